@@ -1,0 +1,60 @@
+// Tape-based reverse-mode autograd. Every op whose inputs require grad (with grad mode on)
+// appends a TapeNode holding its inputs, whatever it saved for backward and its backward
+// function. autograd_backward walks the tape in reverse, accumulating into Tensor.grad, then
+// releases the tape. Leaf tensors (parameters) keep their .grad across steps until zeroed.
+#pragma once
+#include <stdbool.h>
+
+#include "tensor/tensor.h"
+
+#define NODE_MAX_INPUTS 8
+#define NODE_MAX_OUTPUTS 2
+#define NODE_MAX_SAVED 4
+
+typedef struct TapeNode TapeNode;
+typedef void (*BackwardFn)(TapeNode *node);
+
+struct TapeNode {
+  const char *name;  // the op, for error messages
+  BackwardFn backward;
+  Tensor *out[NODE_MAX_OUTPUTS];
+  int n_out;
+  Tensor *in[NODE_MAX_INPUTS];
+  int n_in;
+  Tensor *saved[NODE_MAX_SAVED];  // extra tensors backward needs (references held)
+  int n_saved;
+  int64_t iarg[16];  // op attributes
+  double farg[4];
+  void *buf;  // op-private data (e.g. argmax indices), from detr_alloc on buf_device
+  size_t buf_bytes;
+  Device buf_device;
+};
+
+// Grad mode. autograd_set_grad_enabled returns the previous mode, to restore it later.
+bool autograd_grad_enabled(void);
+bool autograd_set_grad_enabled(bool enabled);
+
+void tensor_set_requires_grad(Tensor *t, bool requires_grad);
+
+// Records an op producing `out` from `in`. Returns NULL (and records nothing) when grad mode is
+// off or no input requires grad; otherwise out->requires_grad is set and the node is returned
+// for the op to fill in its attributes and saved tensors.
+TapeNode *autograd_record(const char *name, BackwardFn backward, Tensor *out, int n_in,
+                          Tensor *const *in);
+void autograd_add_output(TapeNode *node, Tensor *out);
+void autograd_save(TapeNode *node, Tensor *t);
+void *autograd_node_buffer(TapeNode *node, Device dev, size_t bytes);
+
+// The gradient buffer of t, created zero-filled on first use; backward kernels accumulate into it.
+Tensor *autograd_grad(Tensor *t);
+
+// Backward from a one-element loss (seeded with 1), or from `out` seeded with grad_out.
+// Both release the tape afterwards.
+void autograd_backward(Tensor *loss);
+void autograd_backward_with(Tensor *out, const Tensor *grad_out);
+// Drops the tape without running backward (e.g. after an evaluation forward in grad mode).
+void autograd_clear_tape(void);
+size_t autograd_tape_size(void);
+
+// Zero-fills the .grad of each tensor that has one.
+void autograd_zero_grad(Tensor *const *params, int n);

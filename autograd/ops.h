@@ -1,0 +1,80 @@
+// The differentiable op library. Each op returns a scoped tensor (tensor/tensor.h) on the device
+// of its inputs and, when an input requires grad, records its backward on the tape. Forward and
+// backward of each op sit next to each other in autograd/ops_<family>.c.
+#pragma once
+#include "autograd/autograd.h"
+
+// --- elementwise (ops_elementwise.c) ---
+Tensor *op_relu(Tensor *x);
+Tensor *op_sigmoid(Tensor *x);
+Tensor *op_exp(Tensor *x);
+Tensor *op_log(Tensor *x);
+Tensor *op_neg(Tensor *x);
+Tensor *op_add_scalar(Tensor *x, float s);
+Tensor *op_mul_scalar(Tensor *x, float s);
+// Binary ops broadcast numpy-style (shapes aligned at the last dim, size-1 dims stretch).
+Tensor *op_add(Tensor *a, Tensor *b);
+Tensor *op_sub(Tensor *a, Tensor *b);
+Tensor *op_mul(Tensor *a, Tensor *b);
+Tensor *op_div(Tensor *a, Tensor *b);
+// Dropout with probability p, scaling kept values by 1/(1-p); identity when !training or p == 0.
+// The mask is drawn from rng (advancing it) and regenerated in backward, not stored.
+Tensor *op_dropout(Tensor *x, float p, bool training, Rng *rng);
+
+// --- reductions (ops_reduce.c) ---
+Tensor *op_sum(Tensor *x, int axis, bool keepdim);  // axis may be negative
+Tensor *op_mean(Tensor *x, int axis, bool keepdim);
+Tensor *op_sum_all(Tensor *x);  // shape [] (one element)
+Tensor *op_mean_all(Tensor *x);
+
+// --- matrix products (ops_matmul.c) ---
+// [..., M, K] x [K, N] -> [..., M, N] (the leading dims of a are flattened into rows).
+Tensor *op_matmul(Tensor *a, Tensor *b);
+// Batched: a [B, M, K] (or [B, K, M] with trans_a), b [B, K, N] (or [B, N, K] with trans_b).
+Tensor *op_bmm(Tensor *a, Tensor *b, bool trans_a, bool trans_b);
+// x [..., in] W[out, in]^T + bias[out] (bias may be NULL) -> [..., out], as torch's F.linear.
+Tensor *op_linear(Tensor *x, Tensor *weight, Tensor *bias);
+
+// --- convolution, pooling, frozen batch norm (ops_conv.c) ---
+typedef struct {
+  int stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
+} Conv2dParams;
+// x [B, C, H, W], weight [O, C, KH, KW], bias [O] or NULL -> [B, O, HO, WO].
+Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p);
+// Max pooling with -inf padding (torch semantics): x [B, C, H, W] -> [B, C, HO, WO].
+Tensor *op_maxpool2d(Tensor *x, int kernel, int stride, int pad);
+// y = (x - mean) / sqrt(var + eps) * weight + bias per channel of x [B, C, H, W]; the four
+// [C] statistics are frozen buffers (no gradient), as DETR's FrozenBatchNorm2d.
+Tensor *op_frozen_batchnorm2d(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean,
+                              Tensor *running_var, float eps);
+
+// --- softmax and normalisation (ops_softmax.c) ---
+// Over the last axis of x viewed as [A, R, N] with an additive mask [A, N] (or NULL): rows
+// a*R .. a*R+R-1 of x all use mask row a (e.g. a key-padding mask of -inf over [B, heads*Lq, Lk]).
+// A row whose entries are all -inf gives zeros.
+Tensor *op_softmax(Tensor *x, Tensor *mask);
+Tensor *op_log_softmax(Tensor *x, Tensor *mask);
+// Layer norm over the last axis; weight and bias [N] (both or neither may be NULL).
+Tensor *op_layernorm(Tensor *x, Tensor *weight, Tensor *bias, float eps);
+
+// --- shapes and indexing (ops_shape.c) ---
+Tensor *op_reshape(Tensor *x, Shape shape);  // a view; one dim may be -1
+Tensor *op_permute(Tensor *x, const int *perm);  // copies; perm has x->shape.ndim entries
+Tensor *op_transpose(Tensor *x, int dim0, int dim1);
+Tensor *op_concat(Tensor *const *xs, int n, int axis);
+Tensor *op_slice(Tensor *x, int axis, int64_t start, int64_t end);  // [start, end)
+// Rows of x [R, ...] picked by host indices idx[0..n) -> [n, ...].
+Tensor *op_index_select(Tensor *x, const int64_t *idx, int64_t n);
+
+// --- losses and boxes (ops_loss.c) ---
+// sum_i w[t_i] * -log softmax(logits_i)[t_i] / sum_i w[t_i]: logits [N, C], host targets[N] in
+// [0, C), class weights [C] (NULL = all 1). torch's F.cross_entropy(weight=w) with mean reduction.
+Tensor *op_cross_entropy(Tensor *logits, const int64_t *targets, Tensor *class_weight);
+// sum |a - b| over all elements (shape []).
+Tensor *op_l1_sum(Tensor *a, Tensor *b);
+// Boxes [..., 4]: (cx, cy, w, h) <-> (x0, y0, x1, y1).
+Tensor *op_box_cxcywh_to_xyxy(Tensor *boxes);
+Tensor *op_box_xyxy_to_cxcywh(Tensor *boxes);
+// Generalized IoU of matched pairs a[i], b[i] of xyxy boxes [N, 4] -> [N]: IoU from the areas,
+// intersection and union, minus (enclosing - union) / enclosing.
+Tensor *op_box_giou(Tensor *a, Tensor *b);

@@ -1,0 +1,142 @@
+// 2-D convolution (im2col + sgemm on CPU, cuDNN on CUDA), max pooling, frozen batch norm.
+#include <string.h>
+
+#include "autograd/op_util.h"
+
+static ConvGeom conv_geometry(const char *op, Shape x, int64_t out_ch, int64_t kh, int64_t kw,
+                              int sh, int sw, int ph, int pw, int dh, int dw) {
+  char s[64];
+  DETR_CHECK(x.ndim == 4, "%s: input must be [B, C, H, W], got %s", op, shape_str(x, s, sizeof s));
+  DETR_CHECK(sh > 0 && sw > 0 && dh > 0 && dw > 0 && ph >= 0 && pw >= 0,
+             "%s: stride and dilation must be positive and padding non-negative", op);
+  ConvGeom g = {.batch = x.d[0], .in_ch = x.d[1], .in_h = x.d[2], .in_w = x.d[3],
+                .out_ch = out_ch, .kh = kh, .kw = kw,
+                .stride_h = sh, .stride_w = sw, .pad_h = ph, .pad_w = pw, .dil_h = dh, .dil_w = dw};
+  g.out_h = conv_out_size(g.in_h, kh, sh, ph, dh);
+  g.out_w = conv_out_size(g.in_w, kw, sw, pw, dw);
+  DETR_CHECK(g.out_h > 0 && g.out_w > 0, "%s: %lldx%lld input is smaller than the %lldx%lld kernel",
+             op, (long long)g.in_h, (long long)g.in_w, (long long)kh, (long long)kw);
+  return g;
+}
+
+static void conv_geom_to_args(const ConvGeom *g, TapeNode *n) {
+  DETR_CHECK(sizeof(ConvGeom) <= sizeof(n->iarg), "conv: geometry does not fit the node");
+  memcpy(n->iarg, g, sizeof *g);
+}
+
+static ConvGeom conv_geom_from_args(const TapeNode *n) {
+  ConvGeom g;
+  memcpy(&g, n->iarg, sizeof g);
+  return g;
+}
+
+// --- conv2d ---
+
+static void conv2d_backward_node(TapeNode *n) {
+  Tensor *x = n->in[0], *w = n->in[1], *bias = n->in[2], *y = n->out[0];
+  ConvGeom g = conv_geom_from_args(n);
+  float *dx = grad_data_or_null(x), *dw = grad_data_or_null(w), *db = grad_data_or_null(bias);
+  if (x->device == DEVICE_CPU) {
+    int64_t ws_floats = cpu_conv2d_workspace_floats(&g);
+    float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
+    cpu_conv2d_backward(x->data, w->data, y->grad->data, dx, dw, db, &g, ws);
+    detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));
+  } else {
+    DISPATCH(x->device, (void)0, cuda_conv2d_backward(x->data, w->data, y->grad->data, dx, dw, db, &g));
+  }
+}
+
+Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p) {
+  check_same_device("conv2d", x, weight);
+  char sx[64], sw[64];
+  DETR_CHECK(weight->shape.ndim == 4 && x->shape.ndim == 4 && weight->shape.d[1] == x->shape.d[1],
+             "conv2d: input %s does not fit weight %s", shape_str(x->shape, sx, sizeof sx),
+             shape_str(weight->shape, sw, sizeof sw));
+  if (bias) {
+    check_same_device("conv2d", x, bias);
+    DETR_CHECK(bias->numel == weight->shape.d[0], "conv2d: bias has %lld elements for %lld outputs",
+               (long long)bias->numel, (long long)weight->shape.d[0]);
+  }
+  ConvGeom g = conv_geometry("conv2d", x->shape, weight->shape.d[0], weight->shape.d[2],
+                             weight->shape.d[3], p.stride_h, p.stride_w, p.pad_h, p.pad_w,
+                             p.dilation_h, p.dilation_w);
+  Tensor *y = tensor_new_scoped(x->device, SHAPE(g.batch, g.out_ch, g.out_h, g.out_w));
+  const float *bias_data = bias ? bias->data : NULL;
+  if (x->device == DEVICE_CPU) {
+    int64_t ws_floats = cpu_conv2d_workspace_floats(&g);
+    float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
+    cpu_conv2d_forward(x->data, weight->data, bias_data, y->data, &g, ws);
+    detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));
+  } else {
+    DISPATCH(x->device, (void)0, cuda_conv2d_forward(x->data, weight->data, bias_data, y->data, &g));
+  }
+  Tensor *in[3] = {x, weight, bias};
+  TapeNode *n = autograd_record("conv2d", conv2d_backward_node, y, 3, in);
+  if (n) conv_geom_to_args(&g, n);
+  return y;
+}
+
+// --- max pooling: argmax indices (int32, per plane) are kept for backward ---
+
+static void maxpool_backward_node(TapeNode *n) {
+  Tensor *x = n->in[0], *y = n->out[0];
+  ConvGeom g = conv_geom_from_args(n);
+  float *dx = grad_data_or_null(x);
+  if (!dx) return;
+  CPU_ONLY(x->device, "maxpool2d", cpu_maxpool2d_backward(y->grad->data, n->buf, dx, &g));
+}
+
+Tensor *op_maxpool2d(Tensor *x, int kernel, int stride, int pad) {
+  DETR_CHECK(kernel > 0 && 2 * pad <= kernel, "maxpool2d: padding %d is more than half the kernel %d",
+             pad, kernel);
+  ConvGeom g = conv_geometry("maxpool2d", x->shape, x->shape.d[1], kernel, kernel, stride, stride,
+                             pad, pad, 1, 1);
+  Tensor *y = tensor_new_scoped(x->device, SHAPE(g.batch, g.in_ch, g.out_h, g.out_w));
+  size_t idx_bytes = (size_t)y->numel * sizeof(int32_t);
+  int32_t *argmax = detr_alloc(x->device, idx_bytes);
+  CPU_ONLY(x->device, "maxpool2d", cpu_maxpool2d_forward(x->data, y->data, argmax, &g));
+  TapeNode *n = autograd_record("maxpool2d", maxpool_backward_node, y, 1, &x);
+  if (n) {
+    conv_geom_to_args(&g, n);
+    n->buf = argmax;  // the node owns the indices now
+    n->buf_bytes = idx_bytes;
+    n->buf_device = x->device;
+  } else {
+    detr_free(x->device, argmax, idx_bytes);
+  }
+  return y;
+}
+
+// --- frozen batch norm: y = x * scale[c] + shift[c]; only x takes a gradient ---
+
+static void frozen_bn_backward_node(TapeNode *n) {
+  Tensor *x = n->in[0], *y = n->out[0], *scale = n->saved[0];
+  float *dx = grad_data_or_null(x);
+  if (!dx) return;
+  CPU_ONLY(x->device, "frozen_batchnorm2d",
+           cpu_channel_scale_backward(y->grad->data, scale->data, dx, x->shape.d[0], x->shape.d[1],
+                                      x->shape.d[2] * x->shape.d[3]));
+}
+
+Tensor *op_frozen_batchnorm2d(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean,
+                              Tensor *running_var, float eps) {
+  char s[64];
+  DETR_CHECK(x->shape.ndim == 4, "frozen_batchnorm2d: input must be [B, C, H, W], got %s",
+             shape_str(x->shape, s, sizeof s));
+  int64_t C = x->shape.d[1];
+  Tensor *stats[4] = {weight, bias, running_mean, running_var};
+  for (int i = 0; i < 4; i++) {
+    check_same_device("frozen_batchnorm2d", x, stats[i]);
+    DETR_CHECK(stats[i]->numel == C, "frozen_batchnorm2d: statistic %d has %lld elements for %lld "
+               "channels", i, (long long)stats[i]->numel, (long long)C);
+  }
+  Tensor *y = tensor_new_scoped(x->device, x->shape);
+  Tensor *scale = tensor_new_scoped(x->device, SHAPE(C));
+  CPU_ONLY(x->device, "frozen_batchnorm2d",
+           cpu_frozen_bn_forward(x->data, weight->data, bias->data, running_mean->data,
+                                 running_var->data, eps, y->data, scale->data, x->shape.d[0], C,
+                                 x->shape.d[2] * x->shape.d[3]));
+  TapeNode *n = autograd_record("frozen_batchnorm2d", frozen_bn_backward_node, y, 1, &x);
+  if (n) autograd_save(n, scale);
+  return y;
+}

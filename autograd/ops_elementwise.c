@@ -1,0 +1,116 @@
+// Unary, scalar, binary (broadcasting) ops and dropout.
+#include "autograd/op_util.h"
+#include "kernels/rng_math.h"
+
+// --- unary and scalar ops: y = f(x); dx += f'(x) dy (kernels/elementwise_math.h) ---
+
+static const char *unary_names[UNARY_COUNT] = {"relu", "sigmoid", "exp", "log",
+                                                "neg",  "add_scalar", "mul_scalar"};
+
+static void unary_backward_node(TapeNode *n) {
+  Tensor *x = n->in[0], *y = n->out[0];
+  int op = (int)n->iarg[0];
+  float param = (float)n->farg[0];
+  float *dx = grad_data_or_null(x);
+  if (!dx) return;
+  DISPATCH(x->device, cpu_unary_backward(op, x->data, y->data, y->grad->data, dx, x->numel, param),
+           cuda_unary_backward(op, x->data, y->data, y->grad->data, dx, x->numel, param));
+}
+
+static Tensor *unary(Tensor *x, UnaryOp op, float param) {
+  Tensor *y = tensor_new_scoped(x->device, x->shape);
+  DISPATCH(x->device, cpu_unary_forward(op, x->data, y->data, x->numel, param),
+           cuda_unary_forward(op, x->data, y->data, x->numel, param));
+  TapeNode *n = autograd_record(unary_names[op], unary_backward_node, y, 1, &x);
+  if (n) {
+    n->iarg[0] = op;
+    n->farg[0] = param;
+  }
+  return y;
+}
+
+Tensor *op_relu(Tensor *x) { return unary(x, UNARY_RELU, 0.0f); }
+Tensor *op_sigmoid(Tensor *x) { return unary(x, UNARY_SIGMOID, 0.0f); }
+Tensor *op_exp(Tensor *x) { return unary(x, UNARY_EXP, 0.0f); }
+Tensor *op_log(Tensor *x) { return unary(x, UNARY_LOG, 0.0f); }
+Tensor *op_neg(Tensor *x) { return unary(x, UNARY_NEG, 0.0f); }
+Tensor *op_add_scalar(Tensor *x, float s) { return unary(x, UNARY_ADD_SCALAR, s); }
+Tensor *op_mul_scalar(Tensor *x, float s) { return unary(x, UNARY_MUL_SCALAR, s); }
+
+// --- binary ops with numpy broadcasting ---
+
+static const char *binary_names[BINARY_COUNT] = {"add", "sub", "mul", "div"};
+
+static Broadcast make_broadcast(const char *op, Shape a, Shape b) {
+  Broadcast bc = {.ndim = a.ndim > b.ndim ? a.ndim : b.ndim};
+  int64_t sa = 1, sb = 1;
+  for (int d = bc.ndim - 1; d >= 0; d--) {
+    int da = d - (bc.ndim - a.ndim), db = d - (bc.ndim - b.ndim);
+    int64_t na = da >= 0 ? a.d[da] : 1, nb = db >= 0 ? b.d[db] : 1;
+    char x[64], y[64];
+    DETR_CHECK(na == nb || na == 1 || nb == 1, "%s: shapes %s and %s do not broadcast", op,
+               shape_str(a, x, sizeof x), shape_str(b, y, sizeof y));
+    bc.shape[d] = na > nb ? na : nb;
+    if (na == 0 || nb == 0) bc.shape[d] = 0;
+    bc.stride_a[d] = na == 1 ? 0 : sa;
+    bc.stride_b[d] = nb == 1 ? 0 : sb;
+    sa *= na;
+    sb *= nb;
+  }
+  return bc;
+}
+
+static void binary_backward_node(TapeNode *n) {
+  Tensor *a = n->in[0], *b = n->in[1], *y = n->out[0];
+  int op = (int)n->iarg[0];
+  Broadcast bc = make_broadcast(binary_names[op], a->shape, b->shape);
+  float *da = grad_data_or_null(a), *db = grad_data_or_null(b);
+  DISPATCH(y->device, cpu_binary_backward(op, a->data, b->data, y->grad->data, da, db, bc),
+           cuda_binary_backward(op, a->data, b->data, y->grad->data, da, db, bc));
+}
+
+static Tensor *binary(Tensor *a, Tensor *b, BinaryOp op) {
+  check_same_device(binary_names[op], a, b);
+  Broadcast bc = make_broadcast(binary_names[op], a->shape, b->shape);
+  Shape out = {.ndim = bc.ndim};
+  for (int d = 0; d < bc.ndim; d++) out.d[d] = bc.shape[d];
+  Tensor *y = tensor_new_scoped(a->device, out);
+  DISPATCH(a->device, cpu_binary_forward(op, a->data, b->data, y->data, bc),
+           cuda_binary_forward(op, a->data, b->data, y->data, bc));
+  Tensor *in[2] = {a, b};
+  TapeNode *n = autograd_record(binary_names[op], binary_backward_node, y, 2, in);
+  if (n) n->iarg[0] = op;
+  return y;
+}
+
+Tensor *op_add(Tensor *a, Tensor *b) { return binary(a, b, BINARY_ADD); }
+Tensor *op_sub(Tensor *a, Tensor *b) { return binary(a, b, BINARY_SUB); }
+Tensor *op_mul(Tensor *a, Tensor *b) { return binary(a, b, BINARY_MUL); }
+Tensor *op_div(Tensor *a, Tensor *b) { return binary(a, b, BINARY_DIV); }
+
+// --- dropout: the mask is regenerated from (seed, offset) in backward ---
+
+static void dropout_backward_node(TapeNode *n) {
+  Tensor *x = n->in[0], *y = n->out[0];
+  float *dx = grad_data_or_null(x);
+  if (!dx) return;
+  CPU_ONLY(x->device, "dropout",
+           cpu_dropout_backward(y->grad->data, dx, x->numel, (float)n->farg[0],
+                                (uint64_t)n->iarg[0], (uint64_t)n->iarg[1]));
+}
+
+Tensor *op_dropout(Tensor *x, float p, bool training, Rng *rng) {
+  DETR_CHECK(p >= 0.0f && p < 1.0f, "dropout: probability %g is not in [0, 1)", p);
+  if (!training || p == 0.0f) return x;
+  Tensor *y = tensor_new_scoped(x->device, x->shape);
+  uint64_t seed = rng->seed, offset = rng->offset;
+  rng->offset += rng_counters_uniform((uint64_t)x->numel);
+  CPU_ONLY(x->device, "dropout", cpu_dropout_forward(x->data, y->data, x->numel, p, seed, offset));
+  TapeNode *n = autograd_record("dropout", dropout_backward_node, y, 1, &x);
+  if (n) {
+    n->farg[0] = p;
+    n->iarg[0] = (int64_t)seed;
+    n->iarg[1] = (int64_t)offset;
+  }
+  return y;
+}

@@ -1,0 +1,123 @@
+// Losses (weighted cross-entropy, L1) and the box ops of DETR's GIoU loss.
+#include <string.h>
+
+#include "autograd/op_util.h"
+
+// --- weighted cross-entropy, mean over the weights of the targets (torch semantics) ---
+
+static void cross_entropy_backward_node(TapeNode *n) {
+  Tensor *logits = n->in[0], *weight = n->in[1], *y = n->out[0], *lse = n->saved[0];
+  float *dlogits = grad_data_or_null(logits);
+  if (!dlogits) return;
+  int64_t rows = logits->shape.d[0], classes = logits->shape.d[1];
+  float dloss;
+  tensor_to_host(y->grad, &dloss);
+  CPU_ONLY(logits->device, "cross_entropy",
+           cpu_cross_entropy_backward(logits->data, n->buf, weight ? weight->data : NULL, lse->data,
+                                      dloss, dlogits, rows, classes));
+}
+
+Tensor *op_cross_entropy(Tensor *logits, const int64_t *targets, Tensor *class_weight) {
+  char s[64];
+  DETR_CHECK(logits->shape.ndim == 2 && logits->shape.d[0] > 0,
+             "cross_entropy: logits must be [N > 0, C], got %s", shape_str(logits->shape, s, sizeof s));
+  int64_t rows = logits->shape.d[0], classes = logits->shape.d[1];
+  for (int64_t r = 0; r < rows; r++)
+    DETR_CHECK(targets[r] >= 0 && targets[r] < classes,
+               "cross_entropy: target %lld of row %lld is outside [0, %lld)", (long long)targets[r],
+               (long long)r, (long long)classes);
+  if (class_weight) {
+    check_same_device("cross_entropy", logits, class_weight);
+    DETR_CHECK(class_weight->numel == classes, "cross_entropy: %lld class weights for %lld classes",
+               (long long)class_weight->numel, (long long)classes);
+    DETR_CHECK(!class_weight->requires_grad, "cross_entropy: class weights take no gradient");
+  }
+  Tensor *y = tensor_new_scoped(logits->device, (Shape){0});
+  Tensor *lse = tensor_new_scoped(logits->device, SHAPE(rows));
+  float loss = 0.0f;
+  CPU_ONLY(logits->device, "cross_entropy",
+           loss = cpu_cross_entropy_forward(logits->data, targets,
+                                            class_weight ? class_weight->data : NULL, lse->data,
+                                            rows, classes));
+  tensor_fill_(y, loss);
+  Tensor *in[2] = {logits, class_weight};
+  TapeNode *n = autograd_record("cross_entropy", cross_entropy_backward_node, y, 2, in);
+  if (n) {
+    autograd_save(n, lse);
+    size_t bytes = (size_t)rows * sizeof(int64_t);
+    memcpy(autograd_node_buffer(n, DEVICE_CPU, bytes), targets, bytes);
+  }
+  return y;
+}
+
+// --- L1: sum |a - b| ---
+
+static void l1_backward_node(TapeNode *n) {
+  Tensor *a = n->in[0], *b = n->in[1], *y = n->out[0];
+  float dloss;
+  tensor_to_host(y->grad, &dloss);
+  CPU_ONLY(a->device, "l1_sum",
+           cpu_l1_sum_backward(a->data, b->data, dloss, grad_data_or_null(a), grad_data_or_null(b),
+                               a->numel));
+}
+
+Tensor *op_l1_sum(Tensor *a, Tensor *b) {
+  check_same_device("l1_sum", a, b);
+  char sa[64], sb[64];
+  DETR_CHECK(shape_equal(a->shape, b->shape), "l1_sum: shapes %s and %s differ",
+             shape_str(a->shape, sa, sizeof sa), shape_str(b->shape, sb, sizeof sb));
+  Tensor *y = tensor_new_scoped(a->device, (Shape){0});
+  float loss = 0.0f;
+  CPU_ONLY(a->device, "l1_sum", loss = cpu_l1_sum_forward(a->data, b->data, a->numel));
+  tensor_fill_(y, loss);
+  Tensor *in[2] = {a, b};
+  autograd_record("l1_sum", l1_backward_node, y, 2, in);
+  return y;
+}
+
+// --- boxes ---
+
+static int64_t box_count(const char *op, const Tensor *t) {
+  char s[64];
+  DETR_CHECK(t->shape.ndim >= 1 && t->shape.d[t->shape.ndim - 1] == 4, "%s: boxes must be [..., 4], got %s",
+             op, shape_str(t->shape, s, sizeof s));
+  return t->numel / 4;
+}
+
+static void box_convert_backward_node(TapeNode *n) {
+  Tensor *x = n->in[0], *y = n->out[0];
+  float *dx = grad_data_or_null(x);
+  if (!dx) return;
+  CPU_ONLY(x->device, n->name, cpu_box_convert_backward(y->grad->data, dx, x->numel / 4, n->iarg[0]));
+}
+
+static Tensor *box_convert(const char *name, Tensor *boxes, bool to_xyxy) {
+  int64_t count = box_count(name, boxes);
+  Tensor *y = tensor_new_scoped(boxes->device, boxes->shape);
+  CPU_ONLY(boxes->device, name, cpu_box_convert_forward(boxes->data, y->data, count, to_xyxy));
+  TapeNode *n = autograd_record(name, box_convert_backward_node, y, 1, &boxes);
+  if (n) n->iarg[0] = to_xyxy;
+  return y;
+}
+
+Tensor *op_box_cxcywh_to_xyxy(Tensor *boxes) { return box_convert("box_cxcywh_to_xyxy", boxes, true); }
+Tensor *op_box_xyxy_to_cxcywh(Tensor *boxes) { return box_convert("box_xyxy_to_cxcywh", boxes, false); }
+
+static void giou_backward_node(TapeNode *n) {
+  Tensor *a = n->in[0], *b = n->in[1], *y = n->out[0];
+  CPU_ONLY(a->device, "box_giou",
+           cpu_box_giou_backward(a->data, b->data, y->grad->data, grad_data_or_null(a),
+                                 grad_data_or_null(b), a->numel / 4));
+}
+
+Tensor *op_box_giou(Tensor *a, Tensor *b) {
+  check_same_device("box_giou", a, b);
+  int64_t count = box_count("box_giou", a);
+  DETR_CHECK(a->shape.ndim == 2 && shape_equal(a->shape, b->shape),
+             "box_giou: expected two [N, 4] tensors of matched pairs");
+  Tensor *y = tensor_new_scoped(a->device, SHAPE(count));
+  CPU_ONLY(a->device, "box_giou", cpu_box_giou_forward(a->data, b->data, y->data, count));
+  Tensor *in[2] = {a, b};
+  autograd_record("box_giou", giou_backward_node, y, 2, in);
+  return y;
+}

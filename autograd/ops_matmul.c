@@ -1,0 +1,144 @@
+// Matrix products on sgemm (OpenBLAS) / cuBLAS: matmul, batched matmul, linear.
+#include "autograd/op_util.h"
+
+// C[M,N] = alpha op(A) op(B) + beta C on the tensors' device.
+static void gemm(Device dev, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                 const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                 int64_t ldc) {
+  DISPATCH(dev, cpu_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc),
+           cuda_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
+}
+
+// --- matmul: a [..., M, K] x b [K, N]; the leading dims of a fold into M ---
+
+static void matmul_backward_node(TapeNode *n) {
+  Tensor *a = n->in[0], *b = n->in[1], *y = n->out[0];
+  int64_t rows = n->iarg[0], K = n->iarg[1], N = n->iarg[2];
+  float *da = grad_data_or_null(a), *db = grad_data_or_null(b);
+  if (da) gemm(a->device, false, true, rows, K, N, 1.0f, y->grad->data, N, b->data, N, 1.0f, da, K);
+  if (db) gemm(a->device, true, false, K, N, rows, 1.0f, a->data, K, y->grad->data, N, 1.0f, db, N);
+}
+
+Tensor *op_matmul(Tensor *a, Tensor *b) {
+  check_same_device("matmul", a, b);
+  char sa[64], sb[64];
+  DETR_CHECK(a->shape.ndim >= 2 && b->shape.ndim == 2 &&
+                 a->shape.d[a->shape.ndim - 1] == b->shape.d[0],
+             "matmul: cannot multiply %s by %s", shape_str(a->shape, sa, sizeof sa),
+             shape_str(b->shape, sb, sizeof sb));
+  int64_t K = b->shape.d[0], N = b->shape.d[1], rows = K ? a->numel / K : 0;
+  Shape out = a->shape;
+  out.d[out.ndim - 1] = N;
+  Tensor *y = tensor_new_scoped(a->device, out);
+  gemm(a->device, false, false, rows, N, K, 1.0f, a->data, K, b->data, N, 0.0f, y->data, N);
+  Tensor *in[2] = {a, b};
+  TapeNode *n = autograd_record("matmul", matmul_backward_node, y, 2, in);
+  if (n) {
+    n->iarg[0] = rows;
+    n->iarg[1] = K;
+    n->iarg[2] = N;
+  }
+  return y;
+}
+
+// --- bmm: y[i] = op(a[i]) op(b[i]) ---
+
+static void bmm_backward_node(TapeNode *n) {
+  Tensor *a = n->in[0], *b = n->in[1], *y = n->out[0];
+  bool ta = n->iarg[0], tb = n->iarg[1];
+  int64_t B = n->iarg[2], M = n->iarg[3], K = n->iarg[4], N = n->iarg[5];
+  float *da = grad_data_or_null(a), *db = grad_data_or_null(b);
+  const float *dy = y->grad->data;
+  int64_t lda = ta ? M : K, ldb = tb ? K : N;
+  Device dev = a->device;
+#define BMM(tA, tB, m_, n_, k_, A, ldA, sA, Bm, ldB, sB, C, ldC, sC)                             \
+  DISPATCH(dev, cpu_gemm_batched(tA, tB, m_, n_, k_, 1.0f, A, ldA, sA, Bm, ldB, sB, 1.0f, C, ldC, \
+                                 sC, B),                                                         \
+           cuda_gemm_batched(tA, tB, m_, n_, k_, 1.0f, A, ldA, sA, Bm, ldB, sB, 1.0f, C, ldC, sC, \
+                             B))
+  // With Y = A B (A = op(a), B = op(b)): dA = dY B^T, dB = A^T dY; transposed storage swaps roles.
+  if (da) {
+    if (!ta)  // da [M, K] += dY [M, N] op(b)^T
+      BMM(false, !tb, M, K, N, dy, N, M * N, b->data, ldb, K * N, da, K, M * K);
+    else  // da [K, M] += op(b) [K, N] dY^T [N, M]
+      BMM(tb, true, K, M, N, b->data, ldb, K * N, dy, N, M * N, da, M, M * K);
+  }
+  if (db) {
+    if (!tb)  // db [K, N] += op(a)^T [K, M] dY [M, N]
+      BMM(!ta, false, K, N, M, a->data, lda, M * K, dy, N, M * N, db, N, K * N);
+    else  // db [N, K] += dY^T [N, M] op(a) [M, K]
+      BMM(true, ta, N, K, M, dy, N, M * N, a->data, lda, M * K, db, K, K * N);
+  }
+#undef BMM
+}
+
+Tensor *op_bmm(Tensor *a, Tensor *b, bool trans_a, bool trans_b) {
+  check_same_device("bmm", a, b);
+  char sa[64], sb[64];
+  DETR_CHECK(a->shape.ndim == 3 && b->shape.ndim == 3 && a->shape.d[0] == b->shape.d[0],
+             "bmm: need [B, ., .] operands, got %s and %s", shape_str(a->shape, sa, sizeof sa),
+             shape_str(b->shape, sb, sizeof sb));
+  int64_t B = a->shape.d[0];
+  int64_t M = trans_a ? a->shape.d[2] : a->shape.d[1], K = trans_a ? a->shape.d[1] : a->shape.d[2];
+  int64_t Kb = trans_b ? b->shape.d[2] : b->shape.d[1], N = trans_b ? b->shape.d[1] : b->shape.d[2];
+  DETR_CHECK(K == Kb, "bmm: inner dimensions differ (%s%s x %s%s)", shape_str(a->shape, sa, sizeof sa),
+             trans_a ? "^T" : "", shape_str(b->shape, sb, sizeof sb), trans_b ? "^T" : "");
+  Tensor *y = tensor_new_scoped(a->device, SHAPE(B, M, N));
+  int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
+  DISPATCH(a->device,
+           cpu_gemm_batched(trans_a, trans_b, M, N, K, 1.0f, a->data, lda, M * K, b->data, ldb,
+                            K * N, 0.0f, y->data, N, M * N, B),
+           cuda_gemm_batched(trans_a, trans_b, M, N, K, 1.0f, a->data, lda, M * K, b->data, ldb,
+                             K * N, 0.0f, y->data, N, M * N, B));
+  Tensor *in[2] = {a, b};
+  TapeNode *n = autograd_record("bmm", bmm_backward_node, y, 2, in);
+  if (n) {
+    int64_t args[6] = {trans_a, trans_b, B, M, K, N};
+    for (int i = 0; i < 6; i++) n->iarg[i] = args[i];
+  }
+  return y;
+}
+
+// --- linear: y = x W^T + bias, all rows of x in one sgemm ---
+
+static void linear_backward_node(TapeNode *n) {
+  Tensor *x = n->in[0], *w = n->in[1], *bias = n->in[2], *y = n->out[0];
+  int64_t rows = n->iarg[0], in = n->iarg[1], out = n->iarg[2];
+  const float *dy = y->grad->data;
+  float *dx = grad_data_or_null(x), *dw = grad_data_or_null(w), *db = grad_data_or_null(bias);
+  if (dx) gemm(x->device, false, false, rows, in, out, 1.0f, dy, out, w->data, in, 1.0f, dx, in);
+  if (dw) gemm(x->device, true, false, out, in, rows, 1.0f, dy, out, x->data, in, 1.0f, dw, in);
+  if (db)
+    DISPATCH(x->device, cpu_row_bias_backward(dy, db, rows, out),
+             cuda_row_bias_backward(dy, db, rows, out));
+}
+
+Tensor *op_linear(Tensor *x, Tensor *weight, Tensor *bias) {
+  check_same_device("linear", x, weight);
+  char sx[64], sw[64];
+  int64_t in = weight->shape.d[1], out = weight->shape.d[0];
+  DETR_CHECK(weight->shape.ndim == 2 && x->shape.ndim >= 1 && x->shape.d[x->shape.ndim - 1] == in,
+             "linear: input %s does not fit weight %s", shape_str(x->shape, sx, sizeof sx),
+             shape_str(weight->shape, sw, sizeof sw));
+  if (bias) {
+    check_same_device("linear", x, bias);
+    DETR_CHECK(bias->numel == out, "linear: bias has %lld elements, expected %lld",
+               (long long)bias->numel, (long long)out);
+  }
+  int64_t rows = in ? x->numel / in : 0;
+  Shape os = x->shape;
+  os.d[os.ndim - 1] = out;
+  Tensor *y = tensor_new_scoped(x->device, os);
+  gemm(x->device, false, true, rows, out, in, 1.0f, x->data, in, weight->data, in, 0.0f, y->data, out);
+  if (bias)
+    DISPATCH(x->device, cpu_add_row_bias(y->data, bias->data, rows, out),
+             cuda_add_row_bias(y->data, bias->data, rows, out));
+  Tensor *inputs[3] = {x, weight, bias};
+  TapeNode *n = autograd_record("linear", linear_backward_node, y, 3, inputs);
+  if (n) {
+    n->iarg[0] = rows;
+    n->iarg[1] = in;
+    n->iarg[2] = out;
+  }
+  return y;
+}

@@ -1,0 +1,72 @@
+// Softmax and log-softmax over the last axis (optional additive mask), layer norm.
+#include "autograd/op_util.h"
+
+static void softmax_backward_node(TapeNode *n) {
+  Tensor *x = n->in[0], *y = n->out[0];
+  float *dx = grad_data_or_null(x);
+  if (!dx) return;
+  int64_t cols = x->shape.d[x->shape.ndim - 1];
+  CPU_ONLY(x->device, n->name,
+           cpu_softmax_backward(y->data, y->grad->data, dx, cols ? x->numel / cols : 0, cols,
+                                n->iarg[0]));
+}
+
+static Tensor *softmax(const char *name, Tensor *x, Tensor *mask, bool log) {
+  char sx[64], sm[64];
+  DETR_CHECK(x->shape.ndim >= 1, "%s: input must have at least one dimension", name);
+  int64_t cols = x->shape.d[x->shape.ndim - 1], rows = cols ? x->numel / cols : 0;
+  int64_t rows_per_mask = rows;
+  if (mask) {
+    check_same_device(name, x, mask);
+    int64_t mask_rows = cols ? mask->numel / cols : 0;
+    DETR_CHECK(mask->shape.d[mask->shape.ndim - 1] == cols && mask_rows > 0 && rows % mask_rows == 0,
+               "%s: mask %s does not group the rows of %s", name, shape_str(mask->shape, sm, sizeof sm),
+               shape_str(x->shape, sx, sizeof sx));
+    rows_per_mask = rows / mask_rows;
+  }
+  Tensor *y = tensor_new_scoped(x->device, x->shape);
+  CPU_ONLY(x->device, name,
+           cpu_softmax_forward(x->data, mask ? mask->data : NULL, y->data, rows, cols,
+                               rows_per_mask ? rows_per_mask : 1, log));
+  TapeNode *n = autograd_record(name, softmax_backward_node, y, 1, &x);  // the mask is constant
+  if (n) n->iarg[0] = log;
+  return y;
+}
+
+Tensor *op_softmax(Tensor *x, Tensor *mask) { return softmax("softmax", x, mask, false); }
+Tensor *op_log_softmax(Tensor *x, Tensor *mask) { return softmax("log_softmax", x, mask, true); }
+
+static void layernorm_backward_node(TapeNode *n) {
+  Tensor *x = n->in[0], *w = n->in[1], *b = n->in[2], *y = n->out[0];
+  Tensor *mean = n->saved[0], *rstd = n->saved[1];
+  int64_t cols = x->shape.d[x->shape.ndim - 1];
+  CPU_ONLY(x->device, "layernorm",
+           cpu_layernorm_backward(x->data, w ? w->data : NULL, mean->data, rstd->data,
+                                  y->grad->data, grad_data_or_null(x), grad_data_or_null(w),
+                                  grad_data_or_null(b), cols ? x->numel / cols : 0, cols));
+}
+
+Tensor *op_layernorm(Tensor *x, Tensor *weight, Tensor *bias, float eps) {
+  DETR_CHECK(x->shape.ndim >= 1, "layernorm: input must have at least one dimension");
+  int64_t cols = x->shape.d[x->shape.ndim - 1], rows = cols ? x->numel / cols : 0;
+  Tensor *affine[2] = {weight, bias};
+  for (int i = 0; i < 2; i++)
+    if (affine[i]) {
+      check_same_device("layernorm", x, affine[i]);
+      DETR_CHECK(affine[i]->numel == cols, "layernorm: %s has %lld elements, expected %lld",
+                 i ? "bias" : "weight", (long long)affine[i]->numel, (long long)cols);
+    }
+  Tensor *y = tensor_new_scoped(x->device, x->shape);
+  Tensor *mean = tensor_new_scoped(x->device, SHAPE(rows));
+  Tensor *rstd = tensor_new_scoped(x->device, SHAPE(rows));
+  CPU_ONLY(x->device, "layernorm",
+           cpu_layernorm_forward(x->data, weight ? weight->data : NULL, bias ? bias->data : NULL,
+                                 y->data, mean->data, rstd->data, rows, cols, eps));
+  Tensor *in[3] = {x, weight, bias};
+  TapeNode *n = autograd_record("layernorm", layernorm_backward_node, y, 3, in);
+  if (n) {
+    autograd_save(n, mean);
+    autograd_save(n, rstd);
+  }
+  return y;
+}

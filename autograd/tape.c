@@ -1,0 +1,144 @@
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/autograd.h"
+
+static bool grad_enabled = true;
+
+bool autograd_grad_enabled(void) { return grad_enabled; }
+
+bool autograd_set_grad_enabled(bool enabled) {
+  bool previous = grad_enabled;
+  grad_enabled = enabled;
+  return previous;
+}
+
+void tensor_set_requires_grad(Tensor *t, bool requires_grad) {
+  DETR_CHECK(t->grad_fn == NULL || requires_grad,
+             "tensor_set_requires_grad: an op output cannot stop requiring grad");
+  t->requires_grad = requires_grad;
+}
+
+// The tape: node pointers in recording order. Nodes come from a free list so that a
+// steady-state step makes no malloc.
+static TapeNode **tape = NULL;
+static size_t tape_count = 0, tape_capacity = 0;
+static TapeNode *node_pool = NULL;  // linked through `buf`
+
+static TapeNode *node_get(void) {
+  TapeNode *n = node_pool;
+  if (n) {
+    node_pool = (TapeNode *)n->buf;
+  } else {
+    n = malloc(sizeof(TapeNode));
+    DETR_CHECK(n, "autograd: out of host memory for a tape node");
+  }
+  memset(n, 0, sizeof(*n));
+  return n;
+}
+
+// Releases everything the node holds and returns it to the pool.
+static void node_put(TapeNode *n) {
+  for (int i = 0; i < n->n_out; i++) {
+    if (n->out[i]->grad_fn == n) n->out[i]->grad_fn = NULL;
+    tensor_release(n->out[i]);
+  }
+  for (int i = 0; i < n->n_in; i++) tensor_release(n->in[i]);
+  for (int i = 0; i < n->n_saved; i++) tensor_release(n->saved[i]);
+  if (n->buf) detr_free(n->buf_device, n->buf, n->buf_bytes);
+  n->buf = node_pool;
+  node_pool = n;
+}
+
+TapeNode *autograd_record(const char *name, BackwardFn backward, Tensor *out, int n_in,
+                          Tensor *const *in) {
+  if (!grad_enabled) return NULL;
+  bool any = false;
+  for (int i = 0; i < n_in; i++) any = any || (in[i] && in[i]->requires_grad);
+  if (!any) return NULL;
+  DETR_CHECK(n_in <= NODE_MAX_INPUTS, "autograd_record(%s): %d inputs, at most %d", name, n_in,
+             NODE_MAX_INPUTS);
+  if (tape_count == tape_capacity) {
+    size_t cap = tape_capacity ? 2 * tape_capacity : 1024;
+    TapeNode **grown = realloc(tape, cap * sizeof(TapeNode *));
+    DETR_CHECK(grown, "autograd_record(%s): out of host memory", name);
+    tape = grown;
+    tape_capacity = cap;
+  }
+  TapeNode *n = node_get();
+  n->name = name;
+  n->backward = backward;
+  for (int i = 0; i < n_in; i++) n->in[i] = tensor_retain(in[i]);  // NULL inputs stay NULL
+  n->n_in = n_in;
+  tape[tape_count++] = n;
+  autograd_add_output(n, out);
+  return n;
+}
+
+void autograd_add_output(TapeNode *node, Tensor *out) {
+  DETR_CHECK(node->n_out < NODE_MAX_OUTPUTS, "autograd(%s): too many outputs", node->name);
+  node->out[node->n_out++] = tensor_retain(out);
+  out->requires_grad = true;
+  out->grad_fn = node;
+}
+
+void autograd_save(TapeNode *node, Tensor *t) {
+  DETR_CHECK(node->n_saved < NODE_MAX_SAVED, "autograd(%s): too many saved tensors", node->name);
+  node->saved[node->n_saved++] = tensor_retain(t);
+}
+
+void *autograd_node_buffer(TapeNode *node, Device dev, size_t bytes) {
+  DETR_CHECK(node->buf == NULL, "autograd(%s): node buffer requested twice", node->name);
+  node->buf = detr_alloc(dev, bytes);
+  node->buf_bytes = bytes;
+  node->buf_device = dev;
+  return node->buf;
+}
+
+Tensor *autograd_grad(Tensor *t) {
+  if (!t->grad) t->grad = tensor_zeros(t->device, t->shape);
+  return t->grad;
+}
+
+void autograd_clear_tape(void) {
+  while (tape_count > 0) node_put(tape[--tape_count]);
+}
+
+size_t autograd_tape_size(void) { return tape_count; }
+
+void autograd_backward_with(Tensor *out, const Tensor *grad_out) {
+  DETR_CHECK(out->requires_grad, "autograd_backward: the output does not require grad");
+  DETR_CHECK(shape_equal(out->shape, grad_out->shape), "autograd_backward: grad shape mismatch");
+  tensor_copy_(autograd_grad(out), grad_out);
+  // Reverse recording order is a topological order of the graph.
+  for (size_t k = tape_count; k-- > 0;) {
+    TapeNode *n = tape[k];
+    bool has_grad = false;
+    for (int i = 0; i < n->n_out; i++) has_grad = has_grad || n->out[i]->grad != NULL;
+    if (has_grad) {
+      for (int i = 0; i < n->n_out; i++) autograd_grad(n->out[i]);  // unused outputs: zeros
+      n->backward(n);
+    }
+    // An op output's gradient is dead once its producer has run: free it now.
+    for (int i = 0; i < n->n_out; i++) {
+      tensor_release(n->out[i]->grad);
+      n->out[i]->grad = NULL;
+    }
+    tape_count = k;
+    node_put(n);
+  }
+}
+
+void autograd_backward(Tensor *loss) {
+  DETR_CHECK(loss->numel == 1, "autograd_backward: loss has %lld elements; use "
+             "autograd_backward_with for a non-scalar output", (long long)loss->numel);
+  Tensor *one = tensor_ones(loss->device, loss->shape);
+  autograd_backward_with(loss, one);
+  tensor_release(one);
+}
+
+void autograd_zero_grad(Tensor *const *params, int n) {
+  for (int i = 0; i < n; i++)
+    if (params[i]->grad) tensor_fill_(params[i]->grad, 0.0f);
+}

@@ -1,0 +1,95 @@
+// CPU kernels: raw compute on float pointers. Backward kernels *accumulate* into their gradient
+// outputs (dx += ...), so autograd can sum contributions without temporaries.
+#pragma once
+#include <stdbool.h>
+
+#include "kernels/common.h"
+#include "kernels/conv_math.h"
+#include "kernels/elementwise_math.h"
+
+// elementwise.c
+void cpu_fill(float *x, int64_t n, float value);
+void cpu_uniform(float *x, int64_t n, uint64_t seed, uint64_t offset, float low, float high);
+void cpu_normal(float *x, int64_t n, uint64_t seed, uint64_t offset, float mean, float std);
+void cpu_accumulate(float *dst, const float *src, int64_t n);  // dst += src
+void cpu_unary_forward(int op, const float *x, float *y, int64_t n, float param);
+void cpu_unary_backward(int op, const float *x, const float *y, const float *dy, float *dx,
+                        int64_t n, float param);
+void cpu_binary_forward(int op, const float *a, const float *b, float *y, Broadcast bc);
+// da, db may be NULL; they have the broadcast (unexpanded) shapes of a and b.
+void cpu_binary_backward(int op, const float *a, const float *b, const float *dy, float *da,
+                         float *db, Broadcast bc);
+void cpu_dropout_forward(const float *x, float *y, int64_t n, float p, uint64_t seed,
+                         uint64_t offset);
+void cpu_dropout_backward(const float *dy, float *dx, int64_t n, float p, uint64_t seed,
+                          uint64_t offset);
+
+// reduce.c: x viewed as [outer, n, inner]; y [outer, inner] = scale * sum over n.
+void cpu_reduce_sum(const float *x, float *y, int64_t outer, int64_t n, int64_t inner, float scale);
+void cpu_reduce_sum_backward(const float *dy, float *dx, int64_t outer, int64_t n, int64_t inner,
+                             float scale);
+
+// matmul.c: row-major C[M,N] = alpha op(A) op(B) + beta C, and its strided-batched form.
+void cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+              int64_t ldc);
+void cpu_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb,
+                      int64_t stride_b, float beta, float *c, int64_t ldc, int64_t stride_c,
+                      int64_t batch);
+// y[r, j] += bias[j] for r < rows; dbias[j] += sum_r dy[r, j].
+void cpu_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols);
+void cpu_row_bias_backward(const float *dy, float *dbias, int64_t rows, int64_t cols);
+
+// conv.c. workspace: cpu_conv2d_workspace_floats(g) floats.
+int64_t cpu_conv2d_workspace_floats(const ConvGeom *g);
+void cpu_conv2d_forward(const float *x, const float *w, const float *bias, float *y,
+                        const ConvGeom *g, float *workspace);
+// dx, dw, dbias may be NULL.
+void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, float *dw,
+                         float *dbias, const ConvGeom *g, float *workspace);
+void cpu_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const ConvGeom *g);
+void cpu_maxpool2d_backward(const float *dy, const int32_t *argmax, float *dx, const ConvGeom *g);
+void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bias,
+                           const float *mean, const float *var, float eps, float *y,
+                           float *scale, int64_t batch, int64_t channels, int64_t spatial);
+void cpu_channel_scale_backward(const float *dy, const float *scale, float *dx, int64_t batch,
+                                int64_t channels, int64_t spatial);
+
+// softmax.c: x [rows, n]; mask [rows / rows_per_mask, n] or NULL.
+void cpu_softmax_forward(const float *x, const float *mask, float *y, int64_t rows, int64_t n,
+                         int64_t rows_per_mask, bool log);
+void cpu_softmax_backward(const float *y, const float *dy, float *dx, int64_t rows, int64_t n,
+                          bool log);
+void cpu_layernorm_forward(const float *x, const float *w, const float *b, float *y, float *mean,
+                           float *rstd, int64_t rows, int64_t n, float eps);
+void cpu_layernorm_backward(const float *x, const float *w, const float *mean, const float *rstd,
+                            const float *dy, float *dx, float *dw, float *db, int64_t rows,
+                            int64_t n);
+
+// shape.c
+void cpu_permute(const float *x, float *y, int ndim, const int64_t *in_shape, const int *perm,
+                 bool accumulate);
+// dst[o, dst_start + k, i] (+)= src[o, src_start + k, i] for k < len; src/dst viewed as
+// [outer, src_axis, inner] and [outer, dst_axis, inner].
+void cpu_copy_axis_range(const float *src, float *dst, int64_t outer, int64_t src_axis,
+                         int64_t dst_axis, int64_t inner, int64_t src_start, int64_t dst_start,
+                         int64_t len, bool accumulate);
+void cpu_index_select(const float *x, const int64_t *idx, float *y, int64_t n, int64_t row);
+void cpu_index_add(const float *dy, const int64_t *idx, float *dx, int64_t n, int64_t row);
+
+// loss.c
+// Returns the loss; writes each row's log-sum-exp to lse[rows].
+float cpu_cross_entropy_forward(const float *logits, const int64_t *targets, const float *weight,
+                                float *lse, int64_t rows, int64_t classes);
+void cpu_cross_entropy_backward(const float *logits, const int64_t *targets, const float *weight,
+                                const float *lse, float dloss, float *dlogits, int64_t rows,
+                                int64_t classes);
+float cpu_l1_sum_forward(const float *a, const float *b, int64_t n);
+void cpu_l1_sum_backward(const float *a, const float *b, float dloss, float *da, float *db,
+                         int64_t n);
+void cpu_box_convert_forward(const float *in, float *out, int64_t boxes, bool to_xyxy);
+void cpu_box_convert_backward(const float *dout, float *din, int64_t boxes, bool to_xyxy);
+void cpu_box_giou_forward(const float *a, const float *b, float *out, int64_t n);
+void cpu_box_giou_backward(const float *a, const float *b, const float *dout, float *da,
+                           float *db, int64_t n);

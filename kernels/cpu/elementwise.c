@@ -1,0 +1,121 @@
+#include <string.h>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/rng_math.h"
+
+// Loops shorter than this run on one thread: forking costs more than it saves.
+#define PARALLEL_MIN 32768
+
+void cpu_fill(float *x, int64_t n, float value) {
+  if (value == 0.0f) {
+    memset(x, 0, (size_t)n * sizeof(float));
+    return;
+  }
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+  for (int64_t i = 0; i < n; i++) x[i] = value;
+}
+
+void cpu_uniform(float *x, int64_t n, uint64_t seed, uint64_t offset, float low, float high) {
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+  for (int64_t i = 0; i < n; i++) x[i] = low + (high - low) * rng_uniform_at(seed, offset, (uint64_t)i);
+}
+
+void cpu_normal(float *x, int64_t n, uint64_t seed, uint64_t offset, float mean, float std) {
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+  for (int64_t i = 0; i < n; i++) x[i] = mean + std * rng_normal_at(seed, offset, (uint64_t)i);
+}
+
+void cpu_accumulate(float *dst, const float *src, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+  for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+void cpu_unary_forward(int op, const float *x, float *y, int64_t n, float param) {
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+  for (int64_t i = 0; i < n; i++) y[i] = unary_forward(op, x[i], param);
+}
+
+void cpu_unary_backward(int op, const float *x, const float *y, const float *dy, float *dx,
+                        int64_t n, float param) {
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+  for (int64_t i = 0; i < n; i++) dx[i] += unary_backward(op, x[i], y[i], dy[i], param);
+}
+
+static int64_t broadcast_numel(const Broadcast *bc) {
+  int64_t n = 1;
+  for (int d = 0; d < bc->ndim; d++) n *= bc->shape[d];
+  return n;
+}
+
+// True when the operand with these strides is the full, unbroadcast output (offset == index).
+static bool is_dense(const Broadcast *bc, const int64_t *stride) {
+  int64_t expect = 1;
+  for (int d = bc->ndim - 1; d >= 0; d--) {
+    if (bc->shape[d] != 1 && stride[d] != expect) return false;
+    expect *= bc->shape[d];
+  }
+  return true;
+}
+
+void cpu_binary_forward(int op, const float *a, const float *b, float *y, Broadcast bc) {
+  int64_t n = broadcast_numel(&bc);
+  if (is_dense(&bc, bc.stride_a) && is_dense(&bc, bc.stride_b)) {
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] = binary_forward(op, a[i], b[i]);
+    return;
+  }
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+  for (int64_t i = 0; i < n; i++) {
+    int64_t oa, ob;
+    broadcast_offsets(&bc, i, &oa, &ob);
+    y[i] = binary_forward(op, a[oa], b[ob]);
+  }
+}
+
+void cpu_binary_backward(int op, const float *a, const float *b, const float *dy, float *da,
+                         float *db, Broadcast bc) {
+  int64_t n = broadcast_numel(&bc);
+  bool dense_a = is_dense(&bc, bc.stride_a), dense_b = is_dense(&bc, bc.stride_b);
+  // A dense gradient has one writer per element: parallel. A broadcast one sums many output
+  // elements into one: a serial loop keeps the summation order, hence the result, fixed.
+  if (da && dense_a) {
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++) {
+      int64_t oa, ob;
+      broadcast_offsets(&bc, i, &oa, &ob);
+      da[i] += binary_backward_a(op, a[i], b[ob], dy[i]);
+    }
+  }
+  if (db && dense_b) {
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++) {
+      int64_t oa, ob;
+      broadcast_offsets(&bc, i, &oa, &ob);
+      db[i] += binary_backward_b(op, a[oa], b[i], dy[i]);
+    }
+  }
+  if ((da && !dense_a) || (db && !dense_b)) {
+    for (int64_t i = 0; i < n; i++) {
+      int64_t oa, ob;
+      broadcast_offsets(&bc, i, &oa, &ob);
+      if (da && !dense_a) da[oa] += binary_backward_a(op, a[oa], b[ob], dy[i]);
+      if (db && !dense_b) db[ob] += binary_backward_b(op, a[oa], b[ob], dy[i]);
+    }
+  }
+}
+
+void cpu_dropout_forward(const float *x, float *y, int64_t n, float p, uint64_t seed,
+                         uint64_t offset) {
+  float keep_scale = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+  for (int64_t i = 0; i < n; i++)
+    y[i] = rng_uniform_at(seed, offset, (uint64_t)i) >= p ? x[i] * keep_scale : 0.0f;
+}
+
+void cpu_dropout_backward(const float *dy, float *dx, int64_t n, float p, uint64_t seed,
+                          uint64_t offset) {
+  float keep_scale = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+  for (int64_t i = 0; i < n; i++)
+    if (rng_uniform_at(seed, offset, (uint64_t)i) >= p) dx[i] += dy[i] * keep_scale;
+}

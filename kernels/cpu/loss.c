@@ -1,0 +1,82 @@
+#include <math.h>
+
+#include "kernels/box_math.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+float cpu_cross_entropy_forward(const float *logits, const int64_t *targets, const float *weight,
+                                float *lse, int64_t rows, int64_t classes) {
+  double loss = 0.0, wsum = 0.0;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *x = logits + r * classes;
+    float max = -INFINITY;
+    for (int64_t c = 0; c < classes; c++) max = x[c] > max ? x[c] : max;
+    double s = 0.0;
+    for (int64_t c = 0; c < classes; c++) s += expf(x[c] - max);
+    lse[r] = max + logf((float)s);
+    float w = weight ? weight[targets[r]] : 1.0f;
+    loss += (double)w * (lse[r] - x[targets[r]]);
+    wsum += w;
+  }
+  return (float)(loss / wsum);
+}
+
+void cpu_cross_entropy_backward(const float *logits, const int64_t *targets, const float *weight,
+                                const float *lse, float dloss, float *dlogits, int64_t rows,
+                                int64_t classes) {
+  double wsum = 0.0;
+  for (int64_t r = 0; r < rows; r++) wsum += weight ? weight[targets[r]] : 1.0f;
+  float scale = (float)(dloss / wsum);
+  for (int64_t r = 0; r < rows; r++) {
+    float w = (weight ? weight[targets[r]] : 1.0f) * scale;
+    for (int64_t c = 0; c < classes; c++) {
+      float p = expf(logits[r * classes + c] - lse[r]);
+      dlogits[r * classes + c] += w * (p - (c == targets[r] ? 1.0f : 0.0f));
+    }
+  }
+}
+
+float cpu_l1_sum_forward(const float *a, const float *b, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; i++) s += fabsf(a[i] - b[i]);
+  return (float)s;
+}
+
+void cpu_l1_sum_backward(const float *a, const float *b, float dloss, float *da, float *db,
+                         int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    float d = a[i] > b[i] ? dloss : (a[i] < b[i] ? -dloss : 0.0f);  // sign, 0 at the kink as torch
+    if (da) da[i] += d;
+    if (db) db[i] -= d;
+  }
+}
+
+void cpu_box_convert_forward(const float *in, float *out, int64_t boxes, bool to_xyxy) {
+  for (int64_t i = 0; i < boxes; i++) {
+    if (to_xyxy)
+      box_cxcywh_to_xyxy(in + 4 * i, out + 4 * i);
+    else
+      box_xyxy_to_cxcywh(in + 4 * i, out + 4 * i);
+  }
+}
+
+void cpu_box_convert_backward(const float *dout, float *din, int64_t boxes, bool to_xyxy) {
+  for (int64_t i = 0; i < boxes; i++) {
+    if (to_xyxy)
+      box_cxcywh_to_xyxy_backward(dout + 4 * i, din + 4 * i);
+    else
+      box_xyxy_to_cxcywh_backward(dout + 4 * i, din + 4 * i);
+  }
+}
+
+void cpu_box_giou_forward(const float *a, const float *b, float *out, int64_t n) {
+  for (int64_t i = 0; i < n; i++) out[i] = box_giou(a + 4 * i, b + 4 * i);
+}
+
+void cpu_box_giou_backward(const float *a, const float *b, const float *dout, float *da,
+                           float *db, int64_t n) {
+  float scratch_a[4], scratch_b[4];
+  for (int64_t i = 0; i < n; i++) {
+    float *ga = da ? da + 4 * i : scratch_a, *gb = db ? db + 4 * i : scratch_b;
+    box_giou_backward(a + 4 * i, b + 4 * i, dout[i], ga, gb);
+  }
+}

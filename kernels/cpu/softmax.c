@@ -1,0 +1,107 @@
+#include <math.h>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/norm_math.h"
+
+void cpu_softmax_forward(const float *x, const float *mask, float *y, int64_t rows, int64_t n,
+                         int64_t rows_per_mask, bool log) {
+#pragma omp parallel for schedule(static) if (rows * n > 32768)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * n;
+    const float *mr = mask ? mask + (r / rows_per_mask) * n : NULL;
+    float *yr = y + r * n;
+    float max = -INFINITY;
+    for (int64_t j = 0; j < n; j++) {
+      float v = mr ? xr[j] + mr[j] : xr[j];
+      yr[j] = v;
+      if (v > max) max = v;
+    }
+    if (max == -INFINITY) {  // every entry masked: no distribution; zeros, zero gradient
+      for (int64_t j = 0; j < n; j++) yr[j] = log ? -INFINITY : 0.0f;
+      continue;
+    }
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; j++) sum += expf(yr[j] - max);
+    if (log) {
+      float lse = max + (float)logf((float)sum);
+      for (int64_t j = 0; j < n; j++) yr[j] -= lse;
+    } else {
+      float inv = (float)(1.0 / sum);
+      for (int64_t j = 0; j < n; j++) yr[j] = expf(yr[j] - max) * inv;
+    }
+  }
+}
+
+void cpu_softmax_backward(const float *y, const float *dy, float *dx, int64_t rows, int64_t n,
+                          bool log) {
+#pragma omp parallel for schedule(static) if (rows * n > 32768)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *yr = y + r * n, *dyr = dy + r * n;
+    float *dxr = dx + r * n;
+    double acc = 0.0;
+    if (log) {
+      for (int64_t j = 0; j < n; j++) acc += dyr[j];
+      bool live = false;  // a fully masked row (all -inf) passes no gradient
+      for (int64_t j = 0; j < n && !live; j++) live = yr[j] != -INFINITY;
+      if (!live) continue;
+      for (int64_t j = 0; j < n; j++) dxr[j] += log_softmax_backward_elem(yr[j], dyr[j], (float)acc);
+    } else {
+      for (int64_t j = 0; j < n; j++) acc += (double)dyr[j] * yr[j];
+      for (int64_t j = 0; j < n; j++) dxr[j] += softmax_backward_elem(yr[j], dyr[j], (float)acc);
+    }
+  }
+}
+
+void cpu_layernorm_forward(const float *x, const float *w, const float *b, float *y, float *mean,
+                           float *rstd, int64_t rows, int64_t n, float eps) {
+#pragma omp parallel for schedule(static) if (rows * n > 32768)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * n;
+    double s = 0.0, ss = 0.0;
+    for (int64_t j = 0; j < n; j++) s += xr[j];
+    double mu = s / (double)n;
+    for (int64_t j = 0; j < n; j++) ss += (xr[j] - mu) * (xr[j] - mu);
+    float m = (float)mu, rs = (float)(1.0 / sqrt(ss / (double)n + eps));  // biased variance, as torch
+    mean[r] = m;
+    rstd[r] = rs;
+    for (int64_t j = 0; j < n; j++)
+      y[r * n + j] = layernorm_elem(xr[j], m, rs, w ? w[j] : 1.0f, b ? b[j] : 0.0f);
+  }
+}
+
+void cpu_layernorm_backward(const float *x, const float *w, const float *mean, const float *rstd,
+                            const float *dy, float *dx, float *dw, float *db, int64_t rows,
+                            int64_t n) {
+  if (dx) {
+#pragma omp parallel for schedule(static) if (rows * n > 32768)
+    for (int64_t r = 0; r < rows; r++) {
+      const float *xr = x + r * n, *dyr = dy + r * n;
+      double sg = 0.0, sgx = 0.0;
+      for (int64_t j = 0; j < n; j++) {
+        float g = dyr[j] * (w ? w[j] : 1.0f);
+        float xhat = (xr[j] - mean[r]) * rstd[r];
+        sg += g;
+        sgx += (double)g * xhat;
+      }
+      float mg = (float)(sg / n), mgx = (float)(sgx / n);
+      for (int64_t j = 0; j < n; j++) {
+        float g = dyr[j] * (w ? w[j] : 1.0f);
+        float xhat = (xr[j] - mean[r]) * rstd[r];
+        dx[r * n + j] += layernorm_backward_elem(g, xhat, rstd[r], mg, mgx);
+      }
+    }
+  }
+  if (dw || db) {  // column sums over rows in fixed order
+#pragma omp parallel for schedule(static) if (rows * n > 32768)
+    for (int64_t j = 0; j < n; j++) {
+      double aw = 0.0, ab = 0.0;
+      for (int64_t r = 0; r < rows; r++) {
+        float d = dy[r * n + j];
+        aw += (double)d * ((x[r * n + j] - mean[r]) * rstd[r]);
+        ab += d;
+      }
+      if (dw) dw[j] += (float)aw;
+      if (db) db[j] += (float)ab;
+    }
+  }
+}

@@ -1,0 +1,100 @@
+// Element math of the unary, scalar and binary (broadcasting) ops. Compiled into both the CPU
+// kernels (kernels/cpu/elementwise.c) and the CUDA kernels (kernels/cuda/elementwise.cu), so
+// the CPU tests exercise the arithmetic the GPU runs.
+#pragma once
+#include "kernels/common.h"
+
+#include <math.h>
+
+typedef enum {
+  UNARY_RELU,
+  UNARY_SIGMOID,
+  UNARY_EXP,
+  UNARY_LOG,
+  UNARY_NEG,
+  UNARY_ADD_SCALAR,  // x + param
+  UNARY_MUL_SCALAR,  // x * param
+  UNARY_COUNT
+} UnaryOp;
+
+// y = f(x).
+DETR_HD float unary_forward(int op, float x, float param) {
+  switch (op) {
+    case UNARY_RELU: return x > 0.0f ? x : 0.0f;
+    case UNARY_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    case UNARY_EXP: return expf(x);
+    case UNARY_LOG: return logf(x);
+    case UNARY_NEG: return -x;
+    case UNARY_ADD_SCALAR: return x + param;
+    case UNARY_MUL_SCALAR: return x * param;
+    default: return NAN;
+  }
+}
+
+// dL/dx given x, y = f(x) and dL/dy. Each derivative is written once, here.
+DETR_HD float unary_backward(int op, float x, float y, float dy, float param) {
+  switch (op) {
+    case UNARY_RELU: return x > 0.0f ? dy : 0.0f;
+    case UNARY_SIGMOID: return dy * y * (1.0f - y);
+    case UNARY_EXP: return dy * y;
+    case UNARY_LOG: return dy / x;
+    case UNARY_NEG: return -dy;
+    case UNARY_ADD_SCALAR: return dy;
+    case UNARY_MUL_SCALAR: return dy * param;
+    default: return NAN;
+  }
+}
+
+typedef enum { BINARY_ADD, BINARY_SUB, BINARY_MUL, BINARY_DIV, BINARY_COUNT } BinaryOp;
+
+DETR_HD float binary_forward(int op, float a, float b) {
+  switch (op) {
+    case BINARY_ADD: return a + b;
+    case BINARY_SUB: return a - b;
+    case BINARY_MUL: return a * b;
+    case BINARY_DIV: return a / b;
+    default: return NAN;
+  }
+}
+
+// d(a op b)/da and d(a op b)/db, times dy.
+DETR_HD float binary_backward_a(int op, float a, float b, float dy) {
+  switch (op) {
+    case BINARY_ADD: return dy;
+    case BINARY_SUB: return dy;
+    case BINARY_MUL: return dy * b;
+    case BINARY_DIV: return dy / b;
+    default: return NAN;
+  }
+}
+DETR_HD float binary_backward_b(int op, float a, float b, float dy) {
+  switch (op) {
+    case BINARY_ADD: return dy;
+    case BINARY_SUB: return -dy;
+    case BINARY_MUL: return dy * a;
+    case BINARY_DIV: return -dy * a / (b * b);
+    default: return NAN;
+  }
+}
+
+// Broadcasting geometry: the output shape and, for each operand, its element stride along each
+// output dim (0 where the operand has size 1 there). Passed by value to kernels.
+typedef struct {
+  int ndim;
+  int64_t shape[DETR_MAX_DIMS];
+  int64_t stride_a[DETR_MAX_DIMS];
+  int64_t stride_b[DETR_MAX_DIMS];
+} Broadcast;
+
+// Offsets into a and b of output element i.
+DETR_HD void broadcast_offsets(const Broadcast *bc, int64_t i, int64_t *off_a, int64_t *off_b) {
+  int64_t oa = 0, ob = 0;
+  for (int d = bc->ndim - 1; d >= 0; d--) {
+    int64_t coord = i % bc->shape[d];
+    i /= bc->shape[d];
+    oa += coord * bc->stride_a[d];
+    ob += coord * bc->stride_b[d];
+  }
+  *off_a = oa;
+  *off_b = ob;
+}

@@ -1,0 +1,150 @@
+#include "tensor/alloc.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/common.h"
+#if DETR_HAVE_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
+
+const char *device_name(Device dev) { return dev == DEVICE_CUDA ? "cuda" : "cpu"; }
+
+// Size classes: 256 B minimum, then four classes per power of two (256, 320, 384, 448, 512, ...),
+// so a block wastes at most 25% and a recurring request size always maps to the same class.
+#define SIZE_CLASSES 256
+#define MIN_CLASS_BYTES 256
+
+static int size_class(size_t nbytes, size_t *class_bytes) {
+  if (nbytes <= MIN_CLASS_BYTES) {
+    *class_bytes = MIN_CLASS_BYTES;
+    return 0;
+  }
+  int log2 = 63 - __builtin_clzll((unsigned long long)(nbytes - 1));  // 2^log2 < nbytes <= 2^(log2+1)
+  size_t base = (size_t)1 << log2;
+  size_t quarter = base / 4;
+  size_t step = (nbytes - base + quarter - 1) / quarter;  // 1..4
+  *class_bytes = base + step * quarter;
+  return (log2 - 8) * 4 + (int)step;  // log2 >= 8 here
+}
+
+typedef struct {
+  void **blocks;
+  int count, capacity;
+} FreeList;
+
+typedef struct {
+  pthread_mutex_t lock;
+  FreeList lists[SIZE_CLASSES];
+  AllocStats stats;
+} DeviceCache;
+
+static DeviceCache caches[DEVICE_COUNT] = {{.lock = PTHREAD_MUTEX_INITIALIZER},
+                                          {.lock = PTHREAD_MUTEX_INITIALIZER}};
+
+static void *system_alloc(Device dev, size_t bytes) {
+  if (dev == DEVICE_CPU) return aligned_alloc(64, bytes);
+#if DETR_HAVE_CUDA
+  return cuda_device_malloc(bytes);
+#else
+  DETR_FAIL("detr_alloc: this build has no CUDA backend (configure with -DDETR_CUDA=ON)");
+#endif
+}
+
+static void system_free(Device dev, void *ptr) {
+  if (dev == DEVICE_CPU) {
+    free(ptr);
+    return;
+  }
+#if DETR_HAVE_CUDA
+  cuda_device_free(ptr);
+#endif
+}
+
+static void empty_cache_locked(Device dev) {
+  DeviceCache *c = &caches[dev];
+  for (int k = 0; k < SIZE_CLASSES; k++) {
+    FreeList *fl = &c->lists[k];
+    for (int i = 0; i < fl->count; i++) {
+      system_free(dev, fl->blocks[i]);
+      c->stats.system_frees++;
+    }
+    fl->count = 0;
+  }
+  c->stats.cached_bytes = 0;
+}
+
+void *detr_alloc(Device dev, size_t nbytes) {
+  DETR_CHECK(dev >= 0 && dev < DEVICE_COUNT, "detr_alloc: bad device %d", (int)dev);
+  size_t class_bytes;
+  int k = size_class(nbytes, &class_bytes);
+  DETR_CHECK(k < SIZE_CLASSES, "detr_alloc: request of %zu bytes is too large", nbytes);
+  DeviceCache *c = &caches[dev];
+  pthread_mutex_lock(&c->lock);
+  c->stats.requests++;
+  void *ptr = NULL;
+  FreeList *fl = &c->lists[k];
+  if (fl->count > 0) {
+    ptr = fl->blocks[--fl->count];
+    c->stats.cached_bytes -= class_bytes;
+  } else {
+    ptr = system_alloc(dev, class_bytes);
+    if (!ptr) {  // out of memory: give the cache back and try once more
+      empty_cache_locked(dev);
+      ptr = system_alloc(dev, class_bytes);
+    }
+    if (!ptr) {
+      pthread_mutex_unlock(&c->lock);
+      DETR_FAIL("detr_alloc: out of %s memory allocating %zu bytes (%zu bytes live)",
+                device_name(dev), class_bytes, c->stats.live_bytes);
+    }
+    c->stats.system_allocs++;
+  }
+  c->stats.live_bytes += class_bytes;
+  if (c->stats.live_bytes > c->stats.peak_live_bytes) c->stats.peak_live_bytes = c->stats.live_bytes;
+  pthread_mutex_unlock(&c->lock);
+  return ptr;
+}
+
+void detr_free(Device dev, void *ptr, size_t nbytes) {
+  if (!ptr) return;
+  size_t class_bytes;
+  int k = size_class(nbytes, &class_bytes);
+  DeviceCache *c = &caches[dev];
+  pthread_mutex_lock(&c->lock);
+  FreeList *fl = &c->lists[k];
+  if (fl->count == fl->capacity) {
+    int cap = fl->capacity ? 2 * fl->capacity : 16;
+    void **grown = realloc(fl->blocks, (size_t)cap * sizeof(void *));
+    if (!grown) {
+      pthread_mutex_unlock(&c->lock);
+      DETR_FAIL("detr_free: out of host memory growing the free list");
+    }
+    fl->blocks = grown;
+    fl->capacity = cap;
+  }
+  fl->blocks[fl->count++] = ptr;
+  c->stats.live_bytes -= class_bytes;
+  c->stats.cached_bytes += class_bytes;
+  pthread_mutex_unlock(&c->lock);
+}
+
+void detr_alloc_empty_cache(Device dev) {
+  pthread_mutex_lock(&caches[dev].lock);
+  empty_cache_locked(dev);
+  pthread_mutex_unlock(&caches[dev].lock);
+}
+
+AllocStats detr_alloc_stats(Device dev) {
+  pthread_mutex_lock(&caches[dev].lock);
+  AllocStats s = caches[dev].stats;
+  pthread_mutex_unlock(&caches[dev].lock);
+  return s;
+}
+
+void detr_alloc_reset_peak(Device dev) {
+  pthread_mutex_lock(&caches[dev].lock);
+  caches[dev].stats.peak_live_bytes = caches[dev].stats.live_bytes;
+  pthread_mutex_unlock(&caches[dev].lock);
+}

@@ -1,0 +1,28 @@
+// Caching allocator for tensor storage on every device. Freed blocks go back to a per-size-class
+// cache and are reused, so once a training step has run, later steps make no malloc/cudaMalloc.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { DEVICE_CPU = 0, DEVICE_CUDA = 1, DEVICE_COUNT } Device;
+
+const char *device_name(Device dev);
+
+typedef struct {
+  uint64_t system_allocs;  // calls to the system allocator (malloc / cudaMalloc)
+  uint64_t system_frees;   // calls to free / cudaFree (cache trims)
+  uint64_t requests;       // detr_alloc calls served
+  size_t live_bytes;       // bytes handed out and not yet returned (rounded to size classes)
+  size_t peak_live_bytes;  // maximum of live_bytes since the last reset of the peak
+  size_t cached_bytes;     // bytes held in the cache, free for reuse
+} AllocStats;
+
+// Returns at least nbytes (64-byte aligned on CPU). nbytes may be 0. Fails with a message on
+// out-of-memory after trying once more with the cache emptied.
+void *detr_alloc(Device dev, size_t nbytes);
+// Returns a block from detr_alloc(dev, nbytes) to the cache (nbytes as requested).
+void detr_free(Device dev, void *ptr, size_t nbytes);
+// Releases every cached block to the system.
+void detr_alloc_empty_cache(Device dev);
+AllocStats detr_alloc_stats(Device dev);
+void detr_alloc_reset_peak(Device dev);

@@ -1,0 +1,284 @@
+#include "tensor/tensor.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/rng_math.h"
+#if DETR_HAVE_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
+
+// --- shapes ---
+
+Shape shape_make(const int64_t *dims, int ndim) {
+  DETR_CHECK(ndim >= 0 && ndim <= DETR_MAX_DIMS, "shape_make: rank %d is not in 0..%d", ndim,
+             DETR_MAX_DIMS);
+  Shape s = {.ndim = ndim};
+  for (int i = 0; i < ndim; i++) {
+    DETR_CHECK(dims[i] >= 0, "shape_make: negative dimension %lld", (long long)dims[i]);
+    s.d[i] = dims[i];
+  }
+  return s;
+}
+
+int64_t shape_numel(Shape s) {
+  int64_t n = 1;
+  for (int i = 0; i < s.ndim; i++) n *= s.d[i];
+  return n;
+}
+
+bool shape_equal(Shape a, Shape b) {
+  if (a.ndim != b.ndim) return false;
+  for (int i = 0; i < a.ndim; i++)
+    if (a.d[i] != b.d[i]) return false;
+  return true;
+}
+
+const char *shape_str(Shape s, char *buf, size_t cap) {
+  size_t n = (size_t)snprintf(buf, cap, "[");
+  for (int i = 0; i < s.ndim && n < cap; i++)
+    n += (size_t)snprintf(buf + n, cap - n, i ? ", %lld" : "%lld", (long long)s.d[i]);
+  if (n < cap) snprintf(buf + n, cap - n, "]");
+  return buf;
+}
+
+// --- tensor headers come from a free list: a steady-state step makes no malloc for them ---
+
+static Tensor *header_pool = NULL;  // linked through `grad`
+static pthread_mutex_t header_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static Tensor *header_get(void) {
+  pthread_mutex_lock(&header_lock);
+  Tensor *t = header_pool;
+  if (t) header_pool = t->grad;
+  pthread_mutex_unlock(&header_lock);
+  if (!t) {
+    t = malloc(sizeof(Tensor));
+    DETR_CHECK(t, "tensor: out of host memory for a tensor header");
+  }
+  memset(t, 0, sizeof(*t));
+  return t;
+}
+
+static void header_put(Tensor *t) {
+  pthread_mutex_lock(&header_lock);
+  t->grad = header_pool;
+  header_pool = t;
+  pthread_mutex_unlock(&header_lock);
+}
+
+static void check_device(Device dev) {
+  DETR_CHECK(dev == DEVICE_CPU || dev == DEVICE_CUDA, "tensor: unknown device %d", (int)dev);
+#if !DETR_HAVE_CUDA
+  DETR_CHECK(dev == DEVICE_CPU, "tensor: this build has no CUDA backend (configure with -DDETR_CUDA=ON)");
+#endif
+}
+
+Tensor *tensor_new(Device dev, Shape shape) {
+  check_device(dev);
+  Tensor *t = header_get();
+  t->shape = shape;
+  t->numel = shape_numel(shape);
+  t->device = dev;
+  t->refcount = 1;
+  t->alloc_bytes = (size_t)t->numel * sizeof(float);
+  t->data = detr_alloc(dev, t->alloc_bytes);
+  return t;
+}
+
+Tensor *tensor_full(Device dev, Shape shape, float value) {
+  Tensor *t = tensor_new(dev, shape);
+  tensor_fill_(t, value);
+  return t;
+}
+Tensor *tensor_zeros(Device dev, Shape shape) { return tensor_full(dev, shape, 0.0f); }
+Tensor *tensor_ones(Device dev, Shape shape) { return tensor_full(dev, shape, 1.0f); }
+
+Tensor *tensor_from_host(Device dev, Shape shape, const float *host) {
+  Tensor *t = tensor_new(dev, shape);
+  if (dev == DEVICE_CPU) {
+    if (t->numel) memcpy(t->data, host, (size_t)t->numel * sizeof(float));
+  } else {
+#if DETR_HAVE_CUDA
+    cuda_memcpy_h2d(t->data, host, (size_t)t->numel * sizeof(float));
+#endif
+  }
+  return t;
+}
+
+Tensor *tensor_to_device(const Tensor *t, Device dev) {
+  Tensor *out = tensor_new(dev, t->shape);
+  tensor_copy_(out, t);
+  return out;
+}
+
+Tensor *tensor_view(Tensor *t, Shape shape) {
+  char a[64], b[64];
+  DETR_CHECK(shape_numel(shape) == t->numel, "tensor_view: cannot view %s as %s",
+             shape_str(t->shape, a, sizeof a), shape_str(shape, b, sizeof b));
+  Tensor *v = header_get();
+  v->data = t->data;
+  v->shape = shape;
+  v->numel = t->numel;
+  v->device = t->device;
+  v->refcount = 1;
+  v->view_of = tensor_retain(t);
+  return v;
+}
+
+Tensor *tensor_retain(Tensor *t) {
+  if (t) t->refcount++;
+  return t;
+}
+
+void tensor_release(Tensor *t) {
+  if (!t) return;
+  DETR_CHECK(t->refcount > 0, "tensor_release: tensor released too often");
+  if (--t->refcount > 0) return;
+  if (t->view_of)
+    tensor_release(t->view_of);
+  else
+    detr_free(t->device, t->data, t->alloc_bytes);
+  tensor_release(t->grad);
+  header_put(t);
+}
+
+// --- scopes ---
+
+static Tensor **scope_items = NULL;
+static size_t scope_count = 0, scope_capacity = 0;
+
+Tensor *tensor_scoped(Tensor *t) {
+  if (scope_count == scope_capacity) {
+    size_t cap = scope_capacity ? 2 * scope_capacity : 1024;
+    Tensor **grown = realloc(scope_items, cap * sizeof(Tensor *));
+    DETR_CHECK(grown, "tensor_scoped: out of host memory");
+    scope_items = grown;
+    scope_capacity = cap;
+  }
+  scope_items[scope_count++] = t;
+  return t;
+}
+
+Tensor *tensor_new_scoped(Device dev, Shape shape) { return tensor_scoped(tensor_new(dev, shape)); }
+
+ScopeMark tensor_scope_mark(void) { return scope_count; }
+size_t tensor_scope_size(void) { return scope_count; }
+
+void tensor_scope_release(ScopeMark mark) {
+  DETR_CHECK(mark <= scope_count, "tensor_scope_release: mark %zu is past the scope end %zu", mark,
+             scope_count);
+  while (scope_count > mark) tensor_release(scope_items[--scope_count]);
+}
+
+// --- data movement ---
+
+void tensor_copy_(Tensor *dst, const Tensor *src) {
+  DETR_CHECK(dst->numel == src->numel, "tensor_copy_: %lld elements into %lld",
+             (long long)src->numel, (long long)dst->numel);
+  size_t bytes = (size_t)src->numel * sizeof(float);
+  if (bytes == 0 || dst->data == src->data) return;
+  if (dst->device == DEVICE_CPU && src->device == DEVICE_CPU) {
+    memcpy(dst->data, src->data, bytes);
+    return;
+  }
+#if DETR_HAVE_CUDA
+  if (dst->device == DEVICE_CUDA && src->device == DEVICE_CUDA)
+    cuda_memcpy_d2d(dst->data, src->data, bytes);
+  else if (dst->device == DEVICE_CUDA)
+    cuda_memcpy_h2d(dst->data, src->data, bytes);
+  else
+    cuda_memcpy_d2h(dst->data, src->data, bytes);
+#endif
+}
+
+void tensor_to_host(const Tensor *t, float *host) {
+  size_t bytes = (size_t)t->numel * sizeof(float);
+  if (bytes == 0) return;
+  if (t->device == DEVICE_CPU) {
+    memcpy(host, t->data, bytes);
+    return;
+  }
+#if DETR_HAVE_CUDA
+  cuda_memcpy_d2h(host, t->data, bytes);
+#endif
+}
+
+float tensor_item(const Tensor *t) {
+  DETR_CHECK(t->numel == 1, "tensor_item: tensor has %lld elements, not 1", (long long)t->numel);
+  float v;
+  tensor_to_host(t, &v);
+  return v;
+}
+
+void tensor_fill_(Tensor *t, float value) {
+  if (t->device == DEVICE_CPU) {
+    cpu_fill(t->data, t->numel, value);
+    return;
+  }
+#if DETR_HAVE_CUDA
+  cuda_fill(t->data, t->numel, value);
+#endif
+}
+
+// --- random numbers ---
+
+Rng rng_make(uint64_t seed) { return (Rng){.seed = seed, .offset = 0}; }
+
+void tensor_uniform_(Tensor *t, Rng *rng, float low, float high) {
+  if (t->device == DEVICE_CPU) {
+    cpu_uniform(t->data, t->numel, rng->seed, rng->offset, low, high);
+  } else {
+#if DETR_HAVE_CUDA
+    cuda_uniform(t->data, t->numel, rng->seed, rng->offset, low, high);
+#endif
+  }
+  rng->offset += rng_counters_uniform((uint64_t)t->numel);
+}
+
+void tensor_normal_(Tensor *t, Rng *rng, float mean, float std) {
+  if (t->device == DEVICE_CPU) {
+    cpu_normal(t->data, t->numel, rng->seed, rng->offset, mean, std);
+  } else {
+#if DETR_HAVE_CUDA
+    cuda_normal(t->data, t->numel, rng->seed, rng->offset, mean, std);
+#endif
+  }
+  rng->offset += rng_counters_normal((uint64_t)t->numel);
+}
+
+float rng_next_uniform(Rng *rng) {
+  float u = rng_uniform_at(rng->seed, rng->offset, 0);
+  rng->offset += 1;
+  return u;
+}
+
+uint64_t rng_next_below(Rng *rng, uint64_t n) {
+  DETR_CHECK(n > 0, "rng_next_below: empty range");
+  Philox4 r = philox4x32(rng->offset, rng->seed);
+  rng->offset += 1;
+  uint64_t word = ((uint64_t)r.v[0] << 32) | r.v[1];
+  return word % n;  // bias <= n / 2^64: negligible for dataset sizes
+}
+
+// --- debugging ---
+
+void tensor_print(FILE *f, const char *name, const Tensor *t) {
+  char buf[96];
+  fprintf(f, "%s: %s %s", name ? name : "tensor", device_name(t->device),
+          shape_str(t->shape, buf, sizeof buf));
+  float *host = malloc((size_t)(t->numel ? t->numel : 1) * sizeof(float));
+  DETR_CHECK(host, "tensor_print: out of host memory");
+  tensor_to_host(t, host);
+  int64_t last = t->shape.ndim ? t->shape.d[t->shape.ndim - 1] : 1;
+  int64_t shown = t->numel < 64 ? t->numel : 64;
+  for (int64_t i = 0; i < shown; i++) {
+    if (last > 0 && i % last == 0) fprintf(f, "\n ");
+    fprintf(f, " %10.5g", host[i]);
+  }
+  if (shown < t->numel) fprintf(f, " ... (%lld more)", (long long)(t->numel - shown));
+  fprintf(f, "\n");
+  free(host);
+}

@@ -1,0 +1,82 @@
+// Tensor: float32, contiguous row-major, on the CPU or a CUDA device, reference counted.
+//
+// Ownership: tensor_new* return a tensor the caller owns (release with tensor_release). Ops
+// return *scoped* tensors: the current scope owns them and tensor_scope_release(mark) drops them
+// all at once (a training step is one scope). tensor_retain keeps one alive past its scope.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kernels/common.h"
+#include "tensor/alloc.h"
+
+typedef struct {
+  int ndim;
+  int64_t d[DETR_MAX_DIMS];
+} Shape;
+
+Shape shape_make(const int64_t *dims, int ndim);
+#define SHAPE(...) \
+  shape_make((const int64_t[]){__VA_ARGS__}, (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
+int64_t shape_numel(Shape s);
+bool shape_equal(Shape a, Shape b);
+// "[2, 3, 4]" into buf.
+const char *shape_str(Shape s, char *buf, size_t cap);
+
+struct TapeNode;
+
+typedef struct Tensor {
+  float *data;  // numel floats on `device`
+  Shape shape;
+  int64_t numel;
+  Device device;
+  int refcount;
+  struct Tensor *view_of;  // when set, `data` belongs to that tensor (a reference is held)
+  size_t alloc_bytes;      // bytes of the owned allocation (0 for views)
+  bool requires_grad;
+  struct Tensor *grad;        // accumulated gradient (same shape), or NULL
+  struct TapeNode *grad_fn;   // the node that produced this tensor, NULL for leaves
+} Tensor;
+
+// --- creation (caller owns the result) ---
+Tensor *tensor_new(Device dev, Shape shape);  // uninitialised
+Tensor *tensor_zeros(Device dev, Shape shape);
+Tensor *tensor_ones(Device dev, Shape shape);
+Tensor *tensor_full(Device dev, Shape shape, float value);
+Tensor *tensor_from_host(Device dev, Shape shape, const float *host);
+Tensor *tensor_to_device(const Tensor *t, Device dev);  // a copy on dev
+// A tensor sharing t's data with another shape of the same numel (reshape without copy).
+Tensor *tensor_view(Tensor *t, Shape shape);
+
+Tensor *tensor_retain(Tensor *t);
+void tensor_release(Tensor *t);
+
+// --- scopes: ops create their outputs here ---
+typedef size_t ScopeMark;
+Tensor *tensor_scoped(Tensor *t);  // hands ownership of t to the current scope, returns t
+Tensor *tensor_new_scoped(Device dev, Shape shape);
+ScopeMark tensor_scope_mark(void);
+void tensor_scope_release(ScopeMark mark);  // releases every tensor scoped since mark
+size_t tensor_scope_size(void);
+
+// --- data movement and filling ---
+void tensor_copy_(Tensor *dst, const Tensor *src);  // same numel, any devices
+void tensor_to_host(const Tensor *t, float *host);  // t->numel floats
+void tensor_fill_(Tensor *t, float value);
+float tensor_item(const Tensor *t);  // the single element of a 1-element tensor
+
+// --- random numbers: a counter-based stream (kernels/rng_math.h), the same on every device ---
+typedef struct {
+  uint64_t seed;
+  uint64_t offset;  // next unused counter; each draw advances it
+} Rng;
+Rng rng_make(uint64_t seed);
+void tensor_uniform_(Tensor *t, Rng *rng, float low, float high);
+void tensor_normal_(Tensor *t, Rng *rng, float mean, float std);
+// A uniform float in [0,1) and an integer in [0,n) from the host stream (augmentation, shuffles).
+float rng_next_uniform(Rng *rng);
+uint64_t rng_next_below(Rng *rng, uint64_t n);
+
+// --- debugging ---
+void tensor_print(FILE *f, const char *name, const Tensor *t);
