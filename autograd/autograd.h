@@ -55,6 +55,8 @@ void autograd_backward_with(Tensor *out, const Tensor *grad_out);
 // Drops the tape without running backward (e.g. after an evaluation forward in grad mode).
 void autograd_clear_tape(void);
 size_t autograd_tape_size(void);
+// Tape nodes obtained from the system allocator (they are recycled through a free list).
+uint64_t autograd_node_system_allocs(void);
 
 // Zero-fills the .grad of each tensor that has one.
 void autograd_zero_grad(Tensor *const *params, int n);

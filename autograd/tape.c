@@ -25,12 +25,16 @@ void tensor_set_requires_grad(Tensor *t, bool requires_grad) {
 static TapeNode **tape = NULL;
 static size_t tape_count = 0, tape_capacity = 0;
 static TapeNode *node_pool = NULL;  // linked through `buf`
+static uint64_t node_system_allocs = 0;
+
+uint64_t autograd_node_system_allocs(void) { return node_system_allocs; }
 
 static TapeNode *node_get(void) {
   TapeNode *n = node_pool;
   if (n) {
     node_pool = (TapeNode *)n->buf;
   } else {
+    node_system_allocs++;
     n = malloc(sizeof(TapeNode));
     DETR_CHECK(n, "autograd: out of host memory for a tape node");
   }

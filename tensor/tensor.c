@@ -17,7 +17,7 @@ Shape shape_make(const int64_t *dims, int ndim) {
              DETR_MAX_DIMS);
   Shape s = {.ndim = ndim};
   for (int i = 0; i < ndim; i++) {
-    DETR_CHECK(dims[i] >= 0, "shape_make: negative dimension %lld", (long long)dims[i]);
+    DETR_CHECK(dims[i] >= -1, "shape_make: negative dimension %lld", (long long)dims[i]);  // -1: inferred by reshape
     s.d[i] = dims[i];
   }
   return s;
@@ -48,6 +48,9 @@ const char *shape_str(Shape s, char *buf, size_t cap) {
 
 static Tensor *header_pool = NULL;  // linked through `grad`
 static pthread_mutex_t header_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t header_system_allocs = 0;
+
+uint64_t tensor_header_system_allocs(void) { return header_system_allocs; }
 
 static Tensor *header_get(void) {
   pthread_mutex_lock(&header_lock);
@@ -55,6 +58,7 @@ static Tensor *header_get(void) {
   if (t) header_pool = t->grad;
   pthread_mutex_unlock(&header_lock);
   if (!t) {
+    header_system_allocs++;
     t = malloc(sizeof(Tensor));
     DETR_CHECK(t, "tensor: out of host memory for a tensor header");
   }
@@ -78,6 +82,8 @@ static void check_device(Device dev) {
 
 Tensor *tensor_new(Device dev, Shape shape) {
   check_device(dev);
+  for (int i = 0; i < shape.ndim; i++)
+    DETR_CHECK(shape.d[i] >= 0, "tensor_new: negative dimension %lld", (long long)shape.d[i]);
   Tensor *t = header_get();
   t->shape = shape;
   t->numel = shape_numel(shape);

@@ -78,5 +78,8 @@ void tensor_normal_(Tensor *t, Rng *rng, float mean, float std);
 float rng_next_uniform(Rng *rng);
 uint64_t rng_next_below(Rng *rng, uint64_t n);
 
+// Tensor headers obtained from the system allocator (they are recycled through a free list).
+uint64_t tensor_header_system_allocs(void);
+
 // --- debugging ---
 void tensor_print(FILE *f, const char *name, const Tensor *t);

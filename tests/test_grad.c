@@ -1,0 +1,515 @@
+// Finite-difference gradient tests, one suite per differentiable op (`test_grad OP` runs one;
+// ctest registers each as grad.OP). Tolerances: eps 1e-2 steps in float32 give truncation error
+// ~eps^2 |f'''| and rounding error ~1e-7 |L| / eps, so smooth ops use atol 2e-3, rtol 1e-2 unless
+// noted; a backward that is off by 2% or more in any element fails.
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/gradcheck.h"
+
+static const GradTol TOL = {.eps = 1e-2, .atol = 2e-3, .rtol = 1e-2};
+
+// Runs gradcheck and fails the test with its message; releases the inputs.
+static void expect_grad(const char *what, GradFn f, Tensor **in, int n, void *ctx, GradTol tol) {
+  GradReport r = gradcheck(f, in, n, ctx, tol);
+  ck_assert_msg(r.ok, "%s: %s", what, r.message);
+  ck_assert_msg(r.checked > 0, "%s: nothing was checked", what);
+  for (int i = 0; i < n; i++) tensor_release(in[i]);
+}
+
+#define U(shape, seed) test_uniform(shape, -1.0f, 1.0f, seed, true)
+
+// --- the harness itself: a correct op passes, deliberately wrong backwards fail ---
+
+typedef enum { SQUARE_RIGHT, SQUARE_SCALED, SQUARE_WRONG_SIGN_ONE } SquareVariant;
+
+static void square_backward(TapeNode *n) {
+  Tensor *x = n->in[0], *y = n->out[0];
+  Tensor *g = autograd_grad(x);
+  for (int64_t i = 0; i < x->numel; i++) {
+    float d = 2.0f * x->data[i] * y->grad->data[i];
+    if (n->iarg[0] == SQUARE_SCALED) d *= 1.03f;                // 3% too large everywhere
+    if (n->iarg[0] == SQUARE_WRONG_SIGN_ONE && i == x->numel / 2) d = -d;  // one element wrong
+    g->data[i] += d;
+  }
+}
+
+static Tensor *square(Tensor *const *in, void *ctx) {
+  Tensor *x = in[0], *y = tensor_new_scoped(DEVICE_CPU, x->shape);
+  for (int64_t i = 0; i < x->numel; i++) y->data[i] = x->data[i] * x->data[i];
+  TapeNode *n = autograd_record("square", square_backward, y, 1, &x);
+  if (n) n->iarg[0] = *(SquareVariant *)ctx;
+  return y;
+}
+
+START_TEST(grad_harness) {
+  Tensor *x = test_uniform_away_from_zero(SHAPE(3, 5), 0.2f, 1.5f, 1, true);
+  SquareVariant v = SQUARE_RIGHT;
+  GradReport r = gradcheck(square, &x, 1, &v, TOL);
+  ck_assert_msg(r.ok, "correct backward rejected: %s", r.message);
+  v = SQUARE_SCALED;
+  r = gradcheck(square, &x, 1, &v, TOL);
+  ck_assert_msg(!r.ok, "a backward 3%% too large passed: %s", r.message);
+  v = SQUARE_WRONG_SIGN_ONE;
+  r = gradcheck(square, &x, 1, &v, TOL);
+  ck_assert_msg(!r.ok, "a backward with one wrong element passed: %s", r.message);
+  ck_assert_int_eq(r.worst_index, 7);
+  tensor_release(x);
+}
+END_TEST
+
+// --- unary and scalar ops ---
+
+static Tensor *f_relu(Tensor *const *in, void *c) { return op_relu(in[0]); }
+static Tensor *f_sigmoid(Tensor *const *in, void *c) { return op_sigmoid(in[0]); }
+static Tensor *f_exp(Tensor *const *in, void *c) { return op_exp(in[0]); }
+static Tensor *f_log(Tensor *const *in, void *c) { return op_log(in[0]); }
+static Tensor *f_neg(Tensor *const *in, void *c) { return op_neg(in[0]); }
+static Tensor *f_add_scalar(Tensor *const *in, void *c) { return op_add_scalar(in[0], 0.75f); }
+static Tensor *f_mul_scalar(Tensor *const *in, void *c) { return op_mul_scalar(in[0], -1.7f); }
+
+static const Shape *unary_shapes(int *n) {
+  static Shape shapes[4];
+  shapes[0] = SHAPE(1);
+  shapes[1] = SHAPE(7);
+  shapes[2] = SHAPE(3, 1, 5);
+  shapes[3] = SHAPE(2, 3, 4, 2);
+  *n = 4;
+  return shapes;
+}
+
+static void check_unary(const char *name, GradFn f, float margin, float low, float high) {
+  int n;
+  const Shape *shapes = unary_shapes(&n);
+  for (int s = 0; s < n; s++) {
+    Tensor *x = low >= 0 ? test_uniform(shapes[s], low, high, 10 + s, true)
+                         : test_uniform_away_from_zero(shapes[s], margin, high, 10 + s, true);
+    expect_grad(name, f, &x, 1, NULL, TOL);
+  }
+}
+
+START_TEST(grad_relu) { check_unary("relu", f_relu, 0.05f, -1, 1.0f); }  // |x| >= 5 eps: no kink
+END_TEST
+START_TEST(grad_sigmoid) { check_unary("sigmoid", f_sigmoid, 0.0f, -1, 3.0f); }
+END_TEST
+START_TEST(grad_exp) { check_unary("exp", f_exp, 0.0f, -1, 2.0f); }
+END_TEST
+START_TEST(grad_log) { check_unary("log", f_log, 0.0f, 0.3f, 3.0f); }  // x > 0.3: f''' bounded
+END_TEST
+START_TEST(grad_neg) { check_unary("neg", f_neg, 0.0f, -1, 1.0f); }
+END_TEST
+START_TEST(grad_add_scalar) { check_unary("add_scalar", f_add_scalar, 0.0f, -1, 1.0f); }
+END_TEST
+START_TEST(grad_mul_scalar) { check_unary("mul_scalar", f_mul_scalar, 0.0f, -1, 1.0f); }
+END_TEST
+
+// --- binary ops with broadcasting ---
+
+static Tensor *f_add(Tensor *const *in, void *c) { return op_add(in[0], in[1]); }
+static Tensor *f_sub(Tensor *const *in, void *c) { return op_sub(in[0], in[1]); }
+static Tensor *f_mul(Tensor *const *in, void *c) { return op_mul(in[0], in[1]); }
+static Tensor *f_div(Tensor *const *in, void *c) { return op_div(in[0], in[1]); }
+
+static void check_binary(const char *name, GradFn f, bool positive_b) {
+  Shape pairs[][2] = {
+      {SHAPE(5), SHAPE(5)},             {SHAPE(2, 3), SHAPE(3)},        {SHAPE(2, 1, 4), SHAPE(3, 1)},
+      {SHAPE(1), SHAPE(2, 3)},          {SHAPE(4, 1), SHAPE(1, 3)},     {SHAPE(2, 3, 1, 2), SHAPE(3, 5, 1)},
+  };
+  for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++) {
+    Tensor *in[2] = {U(pairs[p][0], 20 + p),
+                     positive_b ? test_uniform(pairs[p][1], 0.5f, 2.0f, 40 + p, true)
+                                : U(pairs[p][1], 40 + p)};
+    expect_grad(name, f, in, 2, NULL, TOL);
+  }
+}
+
+START_TEST(grad_add) { check_binary("add", f_add, false); }
+END_TEST
+START_TEST(grad_sub) { check_binary("sub", f_sub, false); }
+END_TEST
+START_TEST(grad_mul) { check_binary("mul", f_mul, false); }
+END_TEST
+START_TEST(grad_div) { check_binary("div", f_div, true); }  // |b| >= 0.5: away from the pole
+END_TEST
+
+// --- dropout: with a fixed stream, dropout is linear in x; each evaluation redraws from the same
+// (seed, offset) because the test resets the generator ---
+
+static Tensor *f_dropout(Tensor *const *in, void *c) {
+  Rng rng = rng_make(77);
+  return op_dropout(in[0], *(float *)c, true, &rng);
+}
+
+START_TEST(grad_dropout) {
+  float ps[] = {0.1f, 0.5f};
+  for (int i = 0; i < 2; i++) {
+    Tensor *x = U(SHAPE(4, 33), 3 + i);
+    expect_grad("dropout", f_dropout, &x, 1, &ps[i], TOL);
+  }
+}
+END_TEST
+
+// --- reductions ---
+
+typedef struct {
+  int axis;
+  bool keepdim;
+} AxisArg;
+
+static Tensor *f_sum(Tensor *const *in, void *c) { AxisArg *a = c; return op_sum(in[0], a->axis, a->keepdim); }
+static Tensor *f_mean(Tensor *const *in, void *c) { AxisArg *a = c; return op_mean(in[0], a->axis, a->keepdim); }
+static Tensor *f_sum_all(Tensor *const *in, void *c) { return op_sum_all(in[0]); }
+static Tensor *f_mean_all(Tensor *const *in, void *c) { return op_mean_all(in[0]); }
+
+static void check_reduce(const char *name, GradFn f) {
+  AxisArg args[] = {{0, false}, {1, true}, {-1, false}, {2, true}};
+  for (int i = 0; i < 4; i++) {
+    Tensor *x = U(SHAPE(3, 4, 5), 50 + i);
+    expect_grad(name, f, &x, 1, &args[i], TOL);
+  }
+  Tensor *x = U(SHAPE(1, 7), 60);
+  AxisArg a = {0, false};
+  expect_grad(name, f, &x, 1, &a, TOL);
+}
+
+START_TEST(grad_sum) { check_reduce("sum", f_sum); }
+END_TEST
+START_TEST(grad_mean) { check_reduce("mean", f_mean); }
+END_TEST
+START_TEST(grad_sum_all) {
+  Tensor *x = U(SHAPE(3, 4, 5), 61);
+  expect_grad("sum_all", f_sum_all, &x, 1, NULL, TOL);
+}
+END_TEST
+START_TEST(grad_mean_all) {
+  Tensor *x = U(SHAPE(2, 9), 62);
+  expect_grad("mean_all", f_mean_all, &x, 1, NULL, TOL);
+}
+END_TEST
+
+// --- matrix products ---
+
+static Tensor *f_matmul(Tensor *const *in, void *c) { return op_matmul(in[0], in[1]); }
+
+START_TEST(grad_matmul) {
+  Shape cases[][2] = {{SHAPE(3, 4), SHAPE(4, 5)}, {SHAPE(2, 3, 4), SHAPE(4, 1)}, {SHAPE(1, 1), SHAPE(1, 6)}};
+  for (int i = 0; i < 3; i++) {
+    Tensor *in[2] = {U(cases[i][0], 70 + i), U(cases[i][1], 80 + i)};
+    expect_grad("matmul", f_matmul, in, 2, NULL, TOL);
+  }
+}
+END_TEST
+
+static Tensor *f_bmm(Tensor *const *in, void *c) {
+  bool *t = c;
+  return op_bmm(in[0], in[1], t[0], t[1]);
+}
+
+START_TEST(grad_bmm) {
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      int64_t B = 2, M = 3, K = 4, N = 5;
+      Tensor *in[2] = {U(ta ? SHAPE(B, K, M) : SHAPE(B, M, K), 90 + ta),
+                       U(tb ? SHAPE(B, N, K) : SHAPE(B, K, N), 95 + tb)};
+      bool t[2] = {ta, tb};
+      expect_grad("bmm", f_bmm, in, 2, t, TOL);
+    }
+}
+END_TEST
+
+static Tensor *f_linear(Tensor *const *in, void *c) { return op_linear(in[0], in[1], in[2]); }
+
+START_TEST(grad_linear) {
+  Tensor *in[3] = {U(SHAPE(2, 3, 5), 100), U(SHAPE(4, 5), 101), U(SHAPE(4), 102)};
+  expect_grad("linear", f_linear, in, 3, NULL, TOL);
+  Tensor *nobias[3] = {U(SHAPE(7), 103), U(SHAPE(1, 7), 104), NULL};
+  expect_grad("linear without bias", f_linear, nobias, 3, NULL, TOL);
+}
+END_TEST
+
+// --- convolution, pooling, frozen batch norm ---
+
+static Tensor *f_conv2d(Tensor *const *in, void *c) { return op_conv2d(in[0], in[1], in[2], *(Conv2dParams *)c); }
+
+START_TEST(grad_conv2d) {
+  struct {
+    Shape x, w;
+    Conv2dParams p;
+    bool bias;
+  } cases[] = {
+      {SHAPE(2, 3, 6, 5), SHAPE(4, 3, 3, 3), {1, 1, 1, 1, 1, 1}, true},   // 3x3 same
+      {SHAPE(1, 2, 7, 7), SHAPE(3, 2, 3, 3), {2, 2, 1, 1, 1, 1}, false},  // stride 2
+      {SHAPE(1, 2, 7, 6), SHAPE(2, 2, 3, 3), {1, 1, 2, 2, 2, 2}, true},   // dilation 2
+      {SHAPE(2, 4, 3, 3), SHAPE(5, 4, 1, 1), {1, 1, 0, 0, 1, 1}, true},   // 1x1 pointwise
+      {SHAPE(1, 1, 9, 8), SHAPE(2, 1, 7, 7), {2, 2, 3, 3, 1, 1}, false},  // the ResNet stem shape
+      {SHAPE(1, 3, 4, 5), SHAPE(2, 3, 1, 1), {2, 2, 0, 0, 1, 1}, false},  // strided 1x1 (downsample)
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    Tensor *in[3] = {U(cases[i].x, 110 + i), U(cases[i].w, 120 + i),
+                     cases[i].bias ? U(SHAPE(cases[i].w.d[0]), 130 + i) : NULL};
+    expect_grad("conv2d", f_conv2d, in, 3, &cases[i].p, TOL);
+  }
+}
+END_TEST
+
+static Tensor *f_maxpool(Tensor *const *in, void *c) {
+  int *k = c;
+  return op_maxpool2d(in[0], k[0], k[1], k[2]);
+}
+
+// Distinct values spaced 0.05 apart (> 2 eps... with eps 1e-2 the argmax cannot flip).
+static Tensor *spaced_values(Shape s, uint64_t seed) {
+  Tensor *x = tensor_new(DEVICE_CPU, s);
+  Rng rng = rng_make(seed);
+  for (int64_t i = 0; i < x->numel; i++) x->data[i] = 0.05f * (float)i;
+  for (int64_t i = x->numel - 1; i > 0; i--) {  // shuffle
+    int64_t j = (int64_t)rng_next_below(&rng, (uint64_t)i + 1);
+    float t = x->data[i];
+    x->data[i] = x->data[j];
+    x->data[j] = t;
+  }
+  tensor_set_requires_grad(x, true);
+  return x;
+}
+
+START_TEST(grad_maxpool2d) {
+  int params[][3] = {{3, 2, 1}, {2, 2, 0}, {3, 1, 1}};
+  Shape shapes[] = {SHAPE(2, 2, 7, 6), SHAPE(1, 3, 4, 6), SHAPE(1, 1, 5, 5)};
+  for (int i = 0; i < 3; i++) {
+    Tensor *x = spaced_values(shapes[i], 140 + i);
+    expect_grad("maxpool2d", f_maxpool, &x, 1, params[i], TOL);
+  }
+}
+END_TEST
+
+static Tensor *f_frozen_bn(Tensor *const *in, void *c) {
+  return op_frozen_batchnorm2d(in[0], in[1], in[2], in[3], in[4], 1e-5f);
+}
+
+START_TEST(grad_frozen_batchnorm2d) {
+  Tensor *in[5] = {U(SHAPE(2, 3, 4, 5), 150), test_uniform(SHAPE(3), 0.5f, 1.5f, 151, false),
+                   test_uniform(SHAPE(3), -1, 1, 152, false), test_uniform(SHAPE(3), -1, 1, 153, false),
+                   test_uniform(SHAPE(3), 0.2f, 2.0f, 154, false)};
+  expect_grad("frozen_batchnorm2d", f_frozen_bn, in, 5, NULL, TOL);
+}
+END_TEST
+
+// --- softmax family and layer norm ---
+
+static Tensor *f_softmax(Tensor *const *in, void *c) { return op_softmax(in[0], c ? (Tensor *)c : NULL); }
+static Tensor *f_log_softmax(Tensor *const *in, void *c) { return op_log_softmax(in[0], c ? (Tensor *)c : NULL); }
+
+// A key-padding style mask [2, 5]: -inf on the last keys of the second image.
+static Tensor *padding_mask(void) {
+  float m[10] = {0, 0, 0, 0, 0, 0, 0, 0, -INFINITY, -INFINITY};
+  return tensor_from_host(DEVICE_CPU, SHAPE(2, 5), m);
+}
+
+static void check_softmax(const char *name, GradFn f) {
+  Tensor *x = test_uniform(SHAPE(3, 7), -2, 2, 160, true);
+  expect_grad(name, f, &x, 1, NULL, TOL);
+  Tensor *one = test_uniform(SHAPE(4, 1), -2, 2, 161, true);
+  expect_grad(name, f, &one, 1, NULL, TOL);
+  Tensor *mask = padding_mask();  // x [2, 3, 5] = [images, queries, keys]
+  Tensor *xm = test_uniform(SHAPE(2, 3, 5), -2, 2, 162, true);
+  expect_grad(name, f, &xm, 1, mask, TOL);
+  tensor_release(mask);
+}
+
+START_TEST(grad_softmax) { check_softmax("softmax", f_softmax); }
+END_TEST
+START_TEST(grad_log_softmax) { check_softmax("log_softmax", f_log_softmax); }
+END_TEST
+
+static Tensor *f_layernorm(Tensor *const *in, void *c) { return op_layernorm(in[0], in[1], in[2], 1e-5f); }
+
+START_TEST(grad_layernorm) {
+  Tensor *in[3] = {test_uniform(SHAPE(3, 2, 8), -2, 2, 170, true), test_uniform(SHAPE(8), 0.5f, 1.5f, 171, true),
+                   U(SHAPE(8), 172)};
+  expect_grad("layernorm", f_layernorm, in, 3, NULL, TOL);
+  Tensor *plain[3] = {test_uniform(SHAPE(4, 5), -2, 2, 173, true), NULL, NULL};
+  expect_grad("layernorm without affine", f_layernorm, plain, 3, NULL, TOL);
+}
+END_TEST
+
+// --- shapes ---
+
+static Tensor *f_reshape(Tensor *const *in, void *c) {
+  return op_mul(op_reshape(in[0], SHAPE(4, -1)), op_reshape(in[0], SHAPE(4, 6)));
+}
+static Tensor *f_permute(Tensor *const *in, void *c) { return op_permute(in[0], (int *)c); }
+static Tensor *f_transpose(Tensor *const *in, void *c) { return op_transpose(in[0], 0, -1); }
+
+START_TEST(grad_reshape) {
+  Tensor *x = U(SHAPE(2, 3, 4), 180);  // the reshaped tensor is used twice: gradients add up
+  expect_grad("reshape", f_reshape, &x, 1, NULL, TOL);
+}
+END_TEST
+
+START_TEST(grad_permute) {
+  int perms[][4] = {{1, 0, 2, 3}, {0, 2, 3, 1}, {3, 2, 1, 0}};
+  for (int i = 0; i < 3; i++) {
+    Tensor *x = U(SHAPE(2, 3, 1, 4), 181 + i);
+    expect_grad("permute", f_permute, &x, 1, perms[i], TOL);
+  }
+}
+END_TEST
+
+START_TEST(grad_transpose) {
+  Tensor *x = U(SHAPE(3, 2, 5), 185);
+  expect_grad("transpose", f_transpose, &x, 1, NULL, TOL);
+}
+END_TEST
+
+static Tensor *f_concat(Tensor *const *in, void *c) { return op_concat(in, 3, *(int *)c); }
+
+START_TEST(grad_concat) {
+  int axis0 = 0, axis1 = 1, axis_last = -1;
+  Tensor *a[3] = {U(SHAPE(1, 3, 2), 190), U(SHAPE(2, 3, 2), 191), U(SHAPE(3, 3, 2), 192)};
+  expect_grad("concat axis 0", f_concat, a, 3, &axis0, TOL);
+  Tensor *b[3] = {U(SHAPE(2, 1, 2), 193), U(SHAPE(2, 4, 2), 194), U(SHAPE(2, 2, 2), 195)};
+  expect_grad("concat axis 1", f_concat, b, 3, &axis1, TOL);
+  Tensor *c[3] = {U(SHAPE(2, 3, 1), 196), U(SHAPE(2, 3, 2), 197), U(SHAPE(2, 3, 3), 198)};
+  expect_grad("concat last axis", f_concat, c, 3, &axis_last, TOL);
+}
+END_TEST
+
+static Tensor *f_slice(Tensor *const *in, void *c) {
+  int64_t *a = c;
+  return op_slice(in[0], (int)a[0], a[1], a[2]);
+}
+
+START_TEST(grad_slice) {
+  int64_t cases[][3] = {{0, 1, 3}, {1, 0, 2}, {2, 3, 5}, {-1, 0, 5}};
+  for (int i = 0; i < 4; i++) {
+    Tensor *x = U(SHAPE(4, 3, 5), 200 + i);
+    expect_grad("slice", f_slice, &x, 1, cases[i], TOL);
+  }
+}
+END_TEST
+
+static Tensor *f_index_select(Tensor *const *in, void *c) {
+  static const int64_t idx[] = {2, 0, 2, 3, 1, 2};  // repeats: gradients of a row add up
+  return op_index_select(in[0], idx, 6);
+}
+
+START_TEST(grad_index_select) {
+  Tensor *x = U(SHAPE(4, 3), 210);
+  expect_grad("index_select", f_index_select, &x, 1, NULL, TOL);
+  Tensor *v = U(SHAPE(4), 211);
+  expect_grad("index_select 1-d", f_index_select, &v, 1, NULL, TOL);
+}
+END_TEST
+
+// --- losses and boxes ---
+
+static Tensor *f_cross_entropy(Tensor *const *in, void *c) {
+  static const int64_t targets[] = {0, 4, 2, 4, 1};
+  return op_cross_entropy(in[0], targets, c);
+}
+
+START_TEST(grad_cross_entropy) {
+  Tensor *x = test_uniform(SHAPE(5, 5), -2, 2, 220, true);
+  float w[5] = {1, 1, 1, 1, 0.1f};  // DETR's no-object weight on the last class
+  Tensor *weight = tensor_from_host(DEVICE_CPU, SHAPE(5), w);
+  expect_grad("cross_entropy weighted", f_cross_entropy, &x, 1, weight, TOL);
+  Tensor *x2 = test_uniform(SHAPE(5, 5), -2, 2, 221, true);
+  expect_grad("cross_entropy", f_cross_entropy, &x2, 1, NULL, TOL);
+  tensor_release(weight);
+}
+END_TEST
+
+static Tensor *f_l1(Tensor *const *in, void *c) { return op_l1_sum(in[0], in[1]); }
+
+START_TEST(grad_l1_sum) {
+  // b = a + d with |d| >= 0.05: no element sits on the kink |a - b| = 0.
+  Tensor *a = U(SHAPE(6, 4), 230);
+  Tensor *d = test_uniform_away_from_zero(SHAPE(6, 4), 0.05f, 0.5f, 231, false);
+  Tensor *b = tensor_new(DEVICE_CPU, a->shape);
+  for (int64_t i = 0; i < a->numel; i++) b->data[i] = a->data[i] + d->data[i];
+  tensor_set_requires_grad(b, true);
+  tensor_release(d);
+  Tensor *in[2] = {a, b};
+  expect_grad("l1_sum", f_l1, in, 2, NULL, TOL);
+}
+END_TEST
+
+static Tensor *f_to_xyxy(Tensor *const *in, void *c) { return op_box_cxcywh_to_xyxy(in[0]); }
+static Tensor *f_to_cxcywh(Tensor *const *in, void *c) { return op_box_xyxy_to_cxcywh(in[0]); }
+
+START_TEST(grad_box_cxcywh_to_xyxy) {
+  Tensor *b = test_uniform(SHAPE(2, 3, 4), 0.1f, 0.9f, 240, true);
+  expect_grad("box_cxcywh_to_xyxy", f_to_xyxy, &b, 1, NULL, TOL);
+}
+END_TEST
+START_TEST(grad_box_xyxy_to_cxcywh) {
+  Tensor *b = test_uniform(SHAPE(5, 4), 0.1f, 0.9f, 241, true);
+  expect_grad("box_xyxy_to_cxcywh", f_to_cxcywh, &b, 1, NULL, TOL);
+}
+END_TEST
+
+static Tensor *f_giou(Tensor *const *in, void *c) { return op_box_giou(in[0], in[1]); }
+
+// Pairs of xyxy boxes chosen so that no coordinate of a is within 0.05 of b's (no min/max tie),
+// covering overlap, containment and disjoint boxes (where the intersection is clamped at 0).
+START_TEST(grad_box_giou) {
+  float a[] = {0.10f, 0.10f, 0.50f, 0.60f,   0.20f, 0.30f, 0.90f, 0.80f,   0.05f, 0.05f, 0.25f, 0.30f,
+               0.30f, 0.20f, 0.70f, 0.45f};
+  float b[] = {0.30f, 0.20f, 0.70f, 0.90f,   0.40f, 0.45f, 0.60f, 0.65f,   0.55f, 0.50f, 0.85f, 0.95f,
+               0.10f, 0.35f, 0.90f, 0.95f};
+  Tensor *in[2] = {tensor_from_host(DEVICE_CPU, SHAPE(4, 4), a), tensor_from_host(DEVICE_CPU, SHAPE(4, 4), b)};
+  tensor_set_requires_grad(in[0], true);
+  tensor_set_requires_grad(in[1], true);
+  GradTol tol = {.eps = 5e-3, .atol = 2e-3, .rtol = 1e-2};  // eps below the 0.05 tie margin
+  expect_grad("box_giou", f_giou, in, 2, NULL, tol);
+}
+END_TEST
+
+// --- registry: `test_grad NAME` runs one op's suite, no argument runs all ---
+
+typedef struct {
+  const char *name;
+  const TTest *test;
+} GradTest;
+
+int main(int argc, char **argv) {
+  const GradTest ALL[] = {
+    {"harness", grad_harness}, {"relu", grad_relu}, {"sigmoid", grad_sigmoid}, {"exp", grad_exp},
+    {"log", grad_log}, {"neg", grad_neg}, {"add_scalar", grad_add_scalar}, {"mul_scalar", grad_mul_scalar},
+    {"add", grad_add}, {"sub", grad_sub}, {"mul", grad_mul}, {"div", grad_div}, {"dropout", grad_dropout},
+    {"sum", grad_sum}, {"mean", grad_mean}, {"sum_all", grad_sum_all}, {"mean_all", grad_mean_all},
+    {"matmul", grad_matmul}, {"bmm", grad_bmm}, {"linear", grad_linear}, {"conv2d", grad_conv2d},
+    {"maxpool2d", grad_maxpool2d}, {"frozen_batchnorm2d", grad_frozen_batchnorm2d},
+    {"softmax", grad_softmax}, {"log_softmax", grad_log_softmax}, {"layernorm", grad_layernorm},
+    {"reshape", grad_reshape}, {"permute", grad_permute}, {"transpose", grad_transpose},
+    {"concat", grad_concat}, {"slice", grad_slice}, {"index_select", grad_index_select},
+    {"cross_entropy", grad_cross_entropy}, {"l1_sum", grad_l1_sum},
+    {"box_cxcywh_to_xyxy", grad_box_cxcywh_to_xyxy}, {"box_xyxy_to_cxcywh", grad_box_xyxy_to_cxcywh},
+    {"box_giou", grad_box_giou},
+  };
+  const char *only = argc > 1 ? argv[1] : NULL;
+  SRunner *sr = srunner_create(NULL);
+  int added = 0;
+  for (size_t i = 0; i < sizeof ALL / sizeof ALL[0]; i++) {
+    if (only && strcmp(only, ALL[i].name)) continue;
+    Suite *s = suite_create(ALL[i].name);
+    TCase *tc = tcase_create("grad");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, ALL[i].test);
+    suite_add_tcase(s, tc);
+    srunner_add_suite(sr, s);
+    added++;
+  }
+  if (!added) {
+    fprintf(stderr, "test_grad: no gradient test named '%s'\n", only);
+    srunner_free(sr);
+    return 2;
+  }
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,212 @@
+// Forward values of the ops against straightforward loops, and clear failures on bad shapes.
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "tests/gradcheck.h"
+
+static float at4(const Tensor *t, int64_t a, int64_t b, int64_t c, int64_t d) {
+  return t->data[((a * t->shape.d[1] + b) * t->shape.d[2] + c) * t->shape.d[3] + d];
+}
+
+START_TEST(conv2d_matches_direct_loops) {
+  struct {
+    Shape x, w;
+    Conv2dParams p;
+  } cases[] = {{SHAPE(2, 3, 9, 8), SHAPE(5, 3, 3, 3), {1, 1, 1, 1, 1, 1}},
+               {SHAPE(1, 4, 11, 10), SHAPE(3, 4, 3, 3), {2, 2, 1, 1, 1, 1}},
+               {SHAPE(1, 2, 10, 9), SHAPE(2, 2, 3, 3), {1, 1, 2, 2, 2, 2}},
+               {SHAPE(1, 3, 15, 13), SHAPE(4, 3, 7, 7), {2, 2, 3, 3, 1, 1}},
+               {SHAPE(2, 6, 5, 5), SHAPE(4, 6, 1, 1), {1, 1, 0, 0, 1, 1}}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    ScopeMark mark = tensor_scope_mark();
+    Tensor *x = test_uniform(cases[k].x, -1, 1, k, false), *w = test_uniform(cases[k].w, -1, 1, 10 + k, false);
+    Tensor *b = test_uniform(SHAPE(cases[k].w.d[0]), -1, 1, 20 + k, false);
+    Conv2dParams p = cases[k].p;
+    Tensor *y = op_conv2d(x, w, b, p);
+    double worst = 0;
+    for (int64_t n = 0; n < y->shape.d[0]; n++)
+      for (int64_t o = 0; o < y->shape.d[1]; o++)
+        for (int64_t oy = 0; oy < y->shape.d[2]; oy++)
+          for (int64_t ox = 0; ox < y->shape.d[3]; ox++) {
+            double s = b->data[o];
+            for (int64_t c = 0; c < x->shape.d[1]; c++)
+              for (int64_t ky = 0; ky < w->shape.d[2]; ky++)
+                for (int64_t kx = 0; kx < w->shape.d[3]; kx++) {
+                  int64_t iy = oy * p.stride_h - p.pad_h + ky * p.dilation_h;
+                  int64_t ix = ox * p.stride_w - p.pad_w + kx * p.dilation_w;
+                  if (iy < 0 || ix < 0 || iy >= x->shape.d[2] || ix >= x->shape.d[3]) continue;
+                  s += (double)at4(x, n, c, iy, ix) * at4(w, o, c, ky, kx);
+                }
+            worst = fmax(worst, fabs(s - at4(y, n, o, oy, ox)));
+          }
+    ck_assert_msg(worst < 1e-4, "case %zu: max error %g", k, worst);
+    tensor_release(x);
+    tensor_release(w);
+    tensor_release(b);
+    tensor_scope_release(mark);
+  }
+}
+END_TEST
+
+START_TEST(maxpool_matches_torch_semantics) {
+  // 1x1x4x4, kernel 3, stride 2, pad 1 (ResNet's stem pool): out 2x2, padding never wins.
+  float x[16] = {-5, -1, -2, -3, -4, -6, -7, -8, -9, -10, -11, -12, -13, -14, -15, -16};
+  Tensor *t = tensor_from_host(DEVICE_CPU, SHAPE(1, 1, 4, 4), x);
+  ScopeMark mark = tensor_scope_mark();
+  Tensor *y = op_maxpool2d(t, 3, 2, 1);
+  ck_assert_int_eq(y->shape.d[2], 2);
+  ck_assert_float_eq(y->data[0], -1);  // window rows 0-1, cols 0-1
+  ck_assert_float_eq(y->data[1], -1);  // rows 0-1, cols 1-3
+  ck_assert_float_eq(y->data[2], -4);  // rows 1-3, cols 0-1
+  ck_assert_float_eq(y->data[3], -6);
+  tensor_scope_release(mark);
+  tensor_release(t);
+}
+END_TEST
+
+START_TEST(softmax_with_mask_and_layernorm) {
+  float x[6] = {1, 2, 3, 1, 2, 3};
+  float m[6] = {0, 0, 0, 0, -INFINITY, -INFINITY};
+  Tensor *t = tensor_from_host(DEVICE_CPU, SHAPE(2, 1, 3), x), *mask = tensor_from_host(DEVICE_CPU, SHAPE(2, 3), m);
+  ScopeMark mark = tensor_scope_mark();
+  Tensor *y = op_softmax(t, mask);
+  double z = exp(1) + exp(2) + exp(3);
+  ck_assert_double_eq_tol(y->data[2], exp(3) / z, 1e-6);
+  ck_assert_float_eq(y->data[3], 1.0f);
+  ck_assert_float_eq(y->data[4], 0.0f);
+  Tensor *ly = op_log_softmax(t, NULL);
+  ck_assert_double_eq_tol(ly->data[0], 1 - log(z), 1e-6);
+  Tensor *ln = op_layernorm(t, NULL, NULL, 1e-5f);
+  double sd = sqrt(2.0 / 3.0 + 1e-5);
+  ck_assert_double_eq_tol(ln->data[0], -1 / sd, 1e-5);
+  ck_assert_double_eq_tol(ln->data[1], 0, 1e-6);
+  float all_masked[3] = {-INFINITY, -INFINITY, -INFINITY};
+  Tensor *am = tensor_from_host(DEVICE_CPU, SHAPE(1, 3), all_masked);
+  Tensor *ys = op_softmax(am, NULL);
+  ck_assert_float_eq(ys->data[0], 0.0f);  // a fully masked row gives zeros, not NaN
+  tensor_release(am);
+  tensor_scope_release(mark);
+  tensor_release(t);
+  tensor_release(mask);
+}
+END_TEST
+
+START_TEST(cross_entropy_l1_and_giou_values) {
+  float logits[6] = {2, 0, -1, 0.5f, 0.5f, 0.5f};
+  int64_t targets[2] = {0, 2};
+  float w[3] = {1, 1, 0.1f};
+  Tensor *l = tensor_from_host(DEVICE_CPU, SHAPE(2, 3), logits), *wt = tensor_from_host(DEVICE_CPU, SHAPE(3), w);
+  ScopeMark mark = tensor_scope_mark();
+  double l0 = log(exp(2) + 1 + exp(-1)) - 2, l1 = log(3.0);
+  ck_assert_double_eq_tol(tensor_item(op_cross_entropy(l, targets, wt)), (l0 + 0.1 * l1) / 1.1, 1e-6);
+  ck_assert_double_eq_tol(tensor_item(op_cross_entropy(l, targets, NULL)), (l0 + l1) / 2, 1e-6);
+  float a[8] = {0, 0, 2, 2, 0, 0, 1, 1}, b[8] = {1, 1, 3, 3, 2, 2, 3, 3};
+  Tensor *ta = tensor_from_host(DEVICE_CPU, SHAPE(2, 4), a), *tb = tensor_from_host(DEVICE_CPU, SHAPE(2, 4), b);
+  Tensor *g = op_box_giou(ta, tb);
+  ck_assert_double_eq_tol(g->data[0], 1.0 / 7.0 - (9.0 - 7.0) / 9.0, 1e-6);  // I 1, U 7, E 9
+  ck_assert_double_eq_tol(g->data[1], 0.0 - (9.0 - 2.0) / 9.0, 1e-6);        // disjoint
+  ck_assert_double_eq_tol(tensor_item(op_l1_sum(ta, tb)), 1 + 1 + 1 + 1 + 2 + 2 + 2 + 2, 1e-6);
+  float c[4] = {0.5f, 0.5f, 0.2f, 0.4f};
+  Tensor *tc = tensor_from_host(DEVICE_CPU, SHAPE(1, 4), c);
+  Tensor *xy = op_box_cxcywh_to_xyxy(tc), *back = op_box_xyxy_to_cxcywh(xy);
+  ck_assert_double_eq_tol(xy->data[0], 0.4, 1e-6);
+  ck_assert_double_eq_tol(xy->data[3], 0.7, 1e-6);
+  for (int i = 0; i < 4; i++) ck_assert_double_eq_tol(back->data[i], c[i], 1e-6);
+  tensor_scope_release(mark);
+  Tensor *owned[] = {l, wt, ta, tb, tc};
+  for (int i = 0; i < 5; i++) tensor_release(owned[i]);
+}
+END_TEST
+
+START_TEST(shape_ops_and_broadcasting) {
+  float x[6] = {0, 1, 2, 3, 4, 5}, r[3] = {10, 20, 30};
+  Tensor *t = tensor_from_host(DEVICE_CPU, SHAPE(2, 3), x), *row = tensor_from_host(DEVICE_CPU, SHAPE(3), r);
+  ScopeMark mark = tensor_scope_mark();
+  Tensor *s = op_add(t, row);
+  ck_assert_float_eq(s->data[4], 24);
+  Tensor *col = op_reshape(op_slice(row, 0, 0, 2), SHAPE(2, 1));
+  Tensor *m = op_mul(t, col);  // [2,3] * [2,1]
+  ck_assert_float_eq(m->data[5], 100);
+  Tensor *tr = op_transpose(t, 0, 1);
+  ck_assert_int_eq(tr->shape.d[0], 3);
+  ck_assert_float_eq(tr->data[1], 3);
+  Tensor *parts[2] = {t, t};
+  Tensor *cat = op_concat(parts, 2, 1);
+  ck_assert_int_eq(cat->shape.d[1], 6);
+  ck_assert_float_eq(cat->data[4], 1);
+  int64_t idx[2] = {1, 1};
+  Tensor *sel = op_index_select(t, idx, 2);
+  ck_assert_float_eq(sel->data[3], 3);
+  Tensor *sm = op_sum(t, 0, false), *mn = op_mean(t, 1, true);
+  ck_assert_float_eq(sm->data[2], 7);
+  ck_assert_float_eq(mn->data[1], 4);
+  ck_assert_int_eq(mn->shape.ndim, 2);
+  tensor_scope_release(mark);
+  tensor_release(t);
+  tensor_release(row);
+}
+END_TEST
+
+START_TEST(matmul_and_bmm_values) {
+  float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, 0, 1, 1, 1};
+  Tensor *ta = tensor_from_host(DEVICE_CPU, SHAPE(2, 3), a), *tb = tensor_from_host(DEVICE_CPU, SHAPE(3, 2), b);
+  ScopeMark mark = tensor_scope_mark();
+  Tensor *y = op_matmul(ta, tb);  // [[4, 5], [10, 11]]
+  ck_assert_float_eq(y->data[0], 4);
+  ck_assert_float_eq(y->data[3], 11);
+  Tensor *a3 = op_reshape(ta, SHAPE(1, 2, 3));
+  Tensor *z = op_bmm(a3, a3, false, true);  // a a^T = [[14, 32], [32, 77]]
+  ck_assert_float_eq(z->data[1], 32);
+  ck_assert_float_eq(z->data[3], 77);
+  Tensor *lin = op_linear(ta, op_reshape(ta, SHAPE(2, 3)), NULL);  // same as a a^T
+  ck_assert_float_eq(lin->data[3], 77);
+  tensor_scope_release(mark);
+  tensor_release(ta);
+  tensor_release(tb);
+}
+END_TEST
+
+// Bad shapes stop with a message and exit status 1 (run in a forked child by Check).
+START_TEST(bad_broadcast_fails) {
+  Tensor *a = tensor_zeros(DEVICE_CPU, SHAPE(2, 3)), *b = tensor_zeros(DEVICE_CPU, SHAPE(4));
+  op_add(a, b);
+}
+END_TEST
+START_TEST(bad_matmul_fails) {
+  Tensor *a = tensor_zeros(DEVICE_CPU, SHAPE(2, 3)), *b = tensor_zeros(DEVICE_CPU, SHAPE(4, 2));
+  op_matmul(a, b);
+}
+END_TEST
+START_TEST(bad_index_fails) {
+  Tensor *a = tensor_zeros(DEVICE_CPU, SHAPE(2, 3));
+  int64_t idx[1] = {2};
+  op_index_select(a, idx, 1);
+}
+END_TEST
+START_TEST(cuda_tensor_without_backend_fails) {
+  if (DETR_HAVE_CUDA) exit(1);  // with the backend built, this case is covered by the gpu tests
+  tensor_zeros(DEVICE_CUDA, SHAPE(2));
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("ops");
+  TCase *tc = tcase_create("forward");
+  tcase_add_test(tc, conv2d_matches_direct_loops);
+  tcase_add_test(tc, maxpool_matches_torch_semantics);
+  tcase_add_test(tc, softmax_with_mask_and_layernorm);
+  tcase_add_test(tc, cross_entropy_l1_and_giou_values);
+  tcase_add_test(tc, shape_ops_and_broadcasting);
+  tcase_add_test(tc, matmul_and_bmm_values);
+  tcase_add_exit_test(tc, bad_broadcast_fails, 1);
+  tcase_add_exit_test(tc, bad_matmul_fails, 1);
+  tcase_add_exit_test(tc, bad_index_fails, 1);
+  tcase_add_exit_test(tc, cuda_tensor_without_backend_fails, 1);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,174 @@
+// Tensors, the caching allocator, scopes, the RNG and the tape's bookkeeping.
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "tests/gradcheck.h"
+
+START_TEST(shapes_and_host_roundtrip) {
+  float host[6] = {1, 2, 3, 4, 5, 6}, back[6];
+  Tensor *t = tensor_from_host(DEVICE_CPU, SHAPE(2, 3), host);
+  ck_assert_int_eq(t->numel, 6);
+  ck_assert_int_eq(t->shape.ndim, 2);
+  tensor_to_host(t, back);
+  for (int i = 0; i < 6; i++) ck_assert_float_eq(back[i], host[i]);
+  Tensor *v = tensor_view(t, SHAPE(3, 2));
+  ck_assert_ptr_eq(v->data, t->data);
+  tensor_release(t);  // the view keeps the data alive
+  ck_assert_float_eq(v->data[5], 6.0f);
+  tensor_release(v);
+  Tensor *z = tensor_zeros(DEVICE_CPU, SHAPE(0, 3));  // empty tensors are legal
+  ck_assert_int_eq(z->numel, 0);
+  tensor_release(z);
+  char buf[64];
+  ck_assert_str_eq(shape_str(SHAPE(2, 3, 4), buf, sizeof buf), "[2, 3, 4]");
+}
+END_TEST
+
+START_TEST(rng_is_counter_based_and_sane) {
+  Rng a = rng_make(42), b = rng_make(42);
+  Tensor *x = tensor_new(DEVICE_CPU, SHAPE(10000)), *y = tensor_new(DEVICE_CPU, SHAPE(10000));
+  tensor_uniform_(x, &a, 0.0f, 1.0f);
+  tensor_uniform_(y, &b, 0.0f, 1.0f);
+  ck_assert_int_eq(a.offset, b.offset);
+  double mean = 0;
+  for (int i = 0; i < 10000; i++) {
+    ck_assert_float_eq(x->data[i], y->data[i]);
+    ck_assert(x->data[i] >= 0.0f && x->data[i] < 1.0f);
+    mean += x->data[i];
+  }
+  ck_assert_double_eq_tol(mean / 10000, 0.5, 0.02);
+  // A second draw continues the stream: different values.
+  tensor_uniform_(y, &b, 0.0f, 1.0f);
+  ck_assert(x->data[0] != y->data[0] || x->data[1] != y->data[1]);
+  tensor_normal_(x, &a, 1.0f, 2.0f);
+  double m = 0, v = 0;
+  for (int i = 0; i < 10000; i++) m += x->data[i];
+  m /= 10000;
+  for (int i = 0; i < 10000; i++) v += (x->data[i] - m) * (x->data[i] - m);
+  ck_assert_double_eq_tol(m, 1.0, 0.08);
+  ck_assert_double_eq_tol(sqrt(v / 10000), 2.0, 0.08);
+  tensor_release(x);
+  tensor_release(y);
+}
+END_TEST
+
+START_TEST(scope_releases_op_outputs) {
+  Tensor *x = tensor_ones(DEVICE_CPU, SHAPE(4));
+  ScopeMark mark = tensor_scope_mark();
+  Tensor *y = op_add(x, x);
+  ck_assert_int_eq(tensor_scope_size(), mark + 1);
+  ck_assert_float_eq(y->data[0], 2.0f);
+  tensor_scope_release(mark);
+  ck_assert_int_eq(tensor_scope_size(), mark);
+  ck_assert_int_eq(x->refcount, 1);
+  tensor_release(x);
+}
+END_TEST
+
+START_TEST(tape_records_only_when_needed) {
+  Tensor *p = test_uniform(SHAPE(3), -1, 1, 1, true), *c = test_uniform(SHAPE(3), -1, 1, 2, false);
+  ScopeMark mark = tensor_scope_mark();
+  op_mul(c, c);
+  ck_assert_int_eq(autograd_tape_size(), 0);  // no input requires grad
+  bool was = autograd_set_grad_enabled(false);
+  Tensor *y = op_mul(p, c);
+  ck_assert(!y->requires_grad);
+  ck_assert_int_eq(autograd_tape_size(), 0);  // no-grad mode
+  autograd_set_grad_enabled(was);
+  Tensor *loss = op_sum_all(op_mul(p, c));
+  ck_assert_int_eq(autograd_tape_size(), 2);
+  autograd_backward(loss);
+  ck_assert_int_eq(autograd_tape_size(), 0);  // the tape is released after backward
+  for (int i = 0; i < 3; i++) ck_assert_float_eq(p->grad->data[i], c->data[i]);
+  ck_assert_ptr_null(c->grad);
+  // Gradients accumulate across backward calls until zeroed.
+  autograd_backward(op_sum_all(op_mul(p, c)));
+  ck_assert_float_eq(p->grad->data[0], 2.0f * c->data[0]);
+  autograd_zero_grad(&p, 1);
+  ck_assert_float_eq(p->grad->data[0], 0.0f);
+  tensor_scope_release(mark);
+  ck_assert_int_eq(p->refcount, 1);
+  tensor_release(p);
+  tensor_release(c);
+}
+END_TEST
+
+// A tiny two-layer network trained with SGD: once two steps have warmed the caches, later
+// steps make no system allocation for tensor data, tensor headers or tape nodes.
+static void sgd_step(Tensor **params, int n, Tensor *x, const int64_t *targets) {
+  ScopeMark mark = tensor_scope_mark();
+  Tensor *h = op_relu(op_linear(x, params[0], params[1]));
+  Tensor *logits = op_linear(h, params[2], params[3]);
+  Tensor *loss = op_add(op_cross_entropy(logits, targets, NULL), op_mul_scalar(op_sum_all(h), 1e-3f));
+  autograd_backward(loss);
+  for (int i = 0; i < n; i++) {
+    for (int64_t k = 0; k < params[i]->numel; k++) params[i]->data[k] -= 0.1f * params[i]->grad->data[k];
+  }
+  autograd_zero_grad(params, n);
+  tensor_scope_release(mark);
+}
+
+START_TEST(steady_state_step_does_not_allocate) {
+  Tensor *params[4] = {test_uniform(SHAPE(16, 8), -0.3f, 0.3f, 1, true), test_uniform(SHAPE(16), -0.1f, 0.1f, 2, true),
+                       test_uniform(SHAPE(3, 16), -0.3f, 0.3f, 3, true), test_uniform(SHAPE(3), -0.1f, 0.1f, 4, true)};
+  Tensor *x = test_uniform(SHAPE(5, 8), -1, 1, 5, false);
+  int64_t targets[5] = {0, 1, 2, 1, 0};
+  // Warm-up: step 1 creates the parameter gradients, step 2 runs with them held.
+  sgd_step(params, 4, x, targets);
+  sgd_step(params, 4, x, targets);
+  AllocStats warm = detr_alloc_stats(DEVICE_CPU);
+  uint64_t headers = tensor_header_system_allocs(), nodes = autograd_node_system_allocs();
+  for (int step = 0; step < 5; step++) sgd_step(params, 4, x, targets);
+  AllocStats after = detr_alloc_stats(DEVICE_CPU);
+  ck_assert_uint_eq(after.system_allocs, warm.system_allocs);
+  ck_assert_uint_gt(after.requests, warm.requests);  // the steps did allocate, from the cache
+  ck_assert_uint_eq(tensor_header_system_allocs(), headers);
+  ck_assert_uint_eq(autograd_node_system_allocs(), nodes);
+  for (int i = 0; i < 4; i++) tensor_release(params[i]);
+  tensor_release(x);
+}
+END_TEST
+
+START_TEST(allocator_reuses_and_empties) {
+  AllocStats s0 = detr_alloc_stats(DEVICE_CPU);
+  void *p = detr_alloc(DEVICE_CPU, 1000);
+  detr_free(DEVICE_CPU, p, 1000);
+  void *q = detr_alloc(DEVICE_CPU, 1010);  // same size class: the same block
+  ck_assert_ptr_eq(p, q);
+  ck_assert_int_eq((intptr_t)q % 64, 0);
+  detr_free(DEVICE_CPU, q, 1010);
+  AllocStats s1 = detr_alloc_stats(DEVICE_CPU);
+  ck_assert_uint_le(s1.system_allocs - s0.system_allocs, 1);
+  detr_alloc_empty_cache(DEVICE_CPU);
+  ck_assert_uint_eq(detr_alloc_stats(DEVICE_CPU).cached_bytes, 0);
+}
+END_TEST
+
+START_TEST(print_does_not_crash) {
+  Tensor *t = tensor_full(DEVICE_CPU, SHAPE(2, 2), 0.5f);
+  FILE *f = tmpfile();
+  tensor_print(f, "t", t);
+  ck_assert_int_gt(ftell(f), 10);
+  fclose(f);
+  tensor_release(t);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("tensor");
+  TCase *tc = tcase_create("core");
+  tcase_add_test(tc, shapes_and_host_roundtrip);
+  tcase_add_test(tc, rng_is_counter_based_and_sane);
+  tcase_add_test(tc, scope_releases_op_outputs);
+  tcase_add_test(tc, tape_records_only_when_needed);
+  tcase_add_test(tc, steady_state_step_does_not_allocate);
+  tcase_add_test(tc, allocator_reuses_and_empties);
+  tcase_add_test(tc, print_does_not_crash);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}
