@@ -4,59 +4,104 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/norm_math.h"
 
-// Convolution as im2col + one sgemm per image: y[b] [O, HO*WO] = W [O, C*KH*KW] x col
-// [C*KH*KW, HO*WO]. A 1x1, stride-1, unpadded convolution uses the input as col directly.
+// Convolution as im2col + sgemm: y[b] [O, HO*WO] = W [O, C*KH*KW] x col [C*KH*KW, HO*WO]. The
+// output columns are processed in chunks so that col stays cache-resident between im2col and
+// sgemm (a full col of a 200x267 map at 64 channels is 123 MB; unchunked, im2col traffic cost
+// more than the multiply). A 1x1, stride-1, unpadded convolution uses the input as col directly.
+
+// Floats of col per chunk (16 MiB): the best of 0.25-64 MiB on bench/bench_ops.
+#define CONV_CHUNK_FLOATS (4 * 1024 * 1024)
 
 static bool conv_is_pointwise(const ConvGeom *g) {
   return g->kh == 1 && g->kw == 1 && g->stride_h == 1 && g->stride_w == 1 && g->pad_h == 0 &&
          g->pad_w == 0;
 }
 
-int64_t cpu_conv2d_workspace_floats(const ConvGeom *g) {
-  if (conv_is_pointwise(g)) return 0;
-  return g->in_ch * g->kh * g->kw * g->out_h * g->out_w;
+// Output columns per chunk (at least 1).
+static int64_t conv_chunk_columns(const ConvGeom *g) {
+  int64_t rows = g->in_ch * g->kh * g->kw, spatial = g->out_h * g->out_w;
+  int64_t cols = CONV_CHUNK_FLOATS / rows;
+  if (cols < 256) cols = 256;  // keep the sgemm wide enough to run at speed
+  return cols < spatial ? cols : spatial;
 }
 
-// col [C*KH*KW, HO*WO] from one image x [C, H, W].
-static void im2col(const float *x, float *col, const ConvGeom *g) {
-  int64_t rows = g->in_ch * g->kh * g->kw, spatial = g->out_h * g->out_w;
-#pragma omp parallel for schedule(static) if (rows * spatial > 32768)
+int64_t cpu_conv2d_workspace_floats(const ConvGeom *g) {
+  if (conv_is_pointwise(g)) return 0;
+  return g->in_ch * g->kh * g->kw * conv_chunk_columns(g);
+}
+
+// Output positions t in [lo, hi) of a row segment of length seg read input columns
+// base + t * stride inside [0, in_w); the others fall in the padding.
+static void row_tap_range(int64_t base, int stride, int64_t in_w, int64_t seg, int64_t *lo, int64_t *hi) {
+  int64_t l = base >= 0 ? 0 : (-base + stride - 1) / stride;
+  int64_t h = base < in_w ? (in_w - base + stride - 1) / stride : 0;
+  if (l > seg) l = seg;
+  if (h > seg) h = seg;
+  if (h < l) h = l;
+  *lo = l;
+  *hi = h;
+}
+
+// col [C*KH*KW, len] holds output columns [s0, s0 + len) of one image x [C, H, W].
+static void im2col(const float *x, float *col, const ConvGeom *g, int64_t s0, int64_t len) {
+  int64_t rows = g->in_ch * g->kh * g->kw;
+#pragma omp parallel for schedule(static) if (rows * len > 32768)
   for (int64_t r = 0; r < rows; r++) {
     int64_t c = r / (g->kh * g->kw), ky = (r / g->kw) % g->kh, kx = r % g->kw;
     const float *xc = x + c * g->in_h * g->in_w;
-    float *dst = col + r * spatial;
-    for (int64_t oy = 0; oy < g->out_h; oy++) {
+    float *dst = col + r * len;
+    int64_t oy = s0 / g->out_w, ox = s0 % g->out_w;
+    for (int64_t j = 0; j < len;) {  // one output row segment at a time
+      int64_t seg = g->out_w - ox < len - j ? g->out_w - ox : len - j;
       int64_t iy = conv_in_coord(oy, ky, g->stride_h, g->pad_h, g->dil_h);
-      float *row = dst + oy * g->out_w;
       if (iy < 0 || iy >= g->in_h) {
-        memset(row, 0, (size_t)g->out_w * sizeof(float));
-        continue;
+        memset(dst + j, 0, (size_t)seg * sizeof(float));
+      } else {
+        // Taps t in [lo, hi) read inside the row (ix = base + t * stride); the rest is padding.
+        const float *xrow = xc + iy * g->in_w;
+        int64_t lo, hi, base = conv_in_coord(ox, kx, g->stride_w, g->pad_w, g->dil_w);
+        row_tap_range(base, g->stride_w, g->in_w, seg, &lo, &hi);
+        float *out = dst + j;
+        for (int64_t t = 0; t < lo; t++) out[t] = 0.0f;
+        if (g->stride_w == 1)
+          memcpy(out + lo, xrow + base + lo, (size_t)(hi - lo) * sizeof(float));
+        else
+          for (int64_t t = lo; t < hi; t++) out[t] = xrow[base + t * g->stride_w];
+        for (int64_t t = hi; t < seg; t++) out[t] = 0.0f;
       }
-      const float *xrow = xc + iy * g->in_w;
-      for (int64_t ox = 0; ox < g->out_w; ox++) {
-        int64_t ix = conv_in_coord(ox, kx, g->stride_w, g->pad_w, g->dil_w);
-        row[ox] = (ix >= 0 && ix < g->in_w) ? xrow[ix] : 0.0f;
-      }
+      j += seg;
+      ox = 0;
+      oy++;
     }
   }
 }
 
-// dx [C, H, W] += col2im(dcol). Parallel over channels: each channel's taps write only to it.
-static void col2im_add(const float *col, float *dx, const ConvGeom *g) {
-  int64_t spatial = g->out_h * g->out_w;
-#pragma omp parallel for schedule(static) if (g->in_ch * g->kh * g->kw * spatial > 32768)
+// dx [C, H, W] += col2im(dcol) for output columns [s0, s0 + len). Parallel over channels: each
+// channel's taps write only to that channel.
+static void col2im_add(const float *col, float *dx, const ConvGeom *g, int64_t s0, int64_t len) {
+#pragma omp parallel for schedule(static) if (g->in_ch * g->kh * g->kw * len > 32768)
   for (int64_t c = 0; c < g->in_ch; c++) {
     float *dxc = dx + c * g->in_h * g->in_w;
     for (int64_t ky = 0; ky < g->kh; ky++)
       for (int64_t kx = 0; kx < g->kw; kx++) {
-        const float *src = col + ((c * g->kh + ky) * g->kw + kx) * spatial;
-        for (int64_t oy = 0; oy < g->out_h; oy++) {
+        const float *src = col + ((c * g->kh + ky) * g->kw + kx) * len;
+        int64_t oy = s0 / g->out_w, ox = s0 % g->out_w;
+        for (int64_t j = 0; j < len;) {
+          int64_t seg = g->out_w - ox < len - j ? g->out_w - ox : len - j;
           int64_t iy = conv_in_coord(oy, ky, g->stride_h, g->pad_h, g->dil_h);
-          if (iy < 0 || iy >= g->in_h) continue;
-          for (int64_t ox = 0; ox < g->out_w; ox++) {
-            int64_t ix = conv_in_coord(ox, kx, g->stride_w, g->pad_w, g->dil_w);
-            if (ix >= 0 && ix < g->in_w) dxc[iy * g->in_w + ix] += src[oy * g->out_w + ox];
+          if (iy >= 0 && iy < g->in_h) {
+            int64_t lo, hi, base = conv_in_coord(ox, kx, g->stride_w, g->pad_w, g->dil_w);
+            row_tap_range(base, g->stride_w, g->in_w, seg, &lo, &hi);
+            float *dxrow = dxc + iy * g->in_w + base;
+            const float *s = src + j;
+            if (g->stride_w == 1)
+              for (int64_t t = lo; t < hi; t++) dxrow[t] += s[t];
+            else
+              for (int64_t t = lo; t < hi; t++) dxrow[t * g->stride_w] += s[t];
           }
+          j += seg;
+          ox = 0;
+          oy++;
         }
       }
   }
@@ -65,15 +110,20 @@ static void col2im_add(const float *col, float *dx, const ConvGeom *g) {
 void cpu_conv2d_forward(const float *x, const float *w, const float *bias, float *y,
                         const ConvGeom *g, float *workspace) {
   int64_t K = g->in_ch * g->kh * g->kw, spatial = g->out_h * g->out_w;
+  bool pointwise = conv_is_pointwise(g);
+  int64_t chunk = pointwise ? spatial : conv_chunk_columns(g);
   for (int64_t b = 0; b < g->batch; b++) {
     const float *xb = x + b * g->in_ch * g->in_h * g->in_w;
     float *yb = y + b * g->out_ch * spatial;
-    const float *col = xb;
-    if (!conv_is_pointwise(g)) {
-      im2col(xb, workspace, g);
-      col = workspace;
+    for (int64_t s0 = 0; s0 < spatial; s0 += chunk) {
+      int64_t len = spatial - s0 < chunk ? spatial - s0 : chunk;
+      if (pointwise) {  // col is x itself
+        cpu_gemm(false, false, g->out_ch, len, K, 1.0f, w, K, xb + s0, spatial, 0.0f, yb + s0, spatial);
+      } else {
+        im2col(xb, workspace, g, s0, len);
+        cpu_gemm(false, false, g->out_ch, len, K, 1.0f, w, K, workspace, len, 0.0f, yb + s0, spatial);
+      }
     }
-    cpu_gemm(false, false, g->out_ch, spatial, K, 1.0f, w, K, col, spatial, 0.0f, yb, spatial);
     if (bias) {
       for (int64_t o = 0; o < g->out_ch; o++)
         for (int64_t s = 0; s < spatial; s++) yb[o * spatial + s] += bias[o];
@@ -85,25 +135,26 @@ void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float 
                          float *dbias, const ConvGeom *g, float *workspace) {
   int64_t K = g->in_ch * g->kh * g->kw, spatial = g->out_h * g->out_w;
   bool pointwise = conv_is_pointwise(g);
+  int64_t chunk = pointwise ? spatial : conv_chunk_columns(g);
   for (int64_t b = 0; b < g->batch; b++) {
     const float *xb = x + b * g->in_ch * g->in_h * g->in_w;
     const float *dyb = dy + b * g->out_ch * spatial;
     float *dxb = dx ? dx + b * g->in_ch * g->in_h * g->in_w : NULL;
-    if (dw) {  // dW [O, K] += dY [O, S] x col^T [S, K]
-      const float *col = xb;
-      if (!pointwise) {
-        im2col(xb, workspace, g);
-        col = workspace;
-      }
-      cpu_gemm(false, true, g->out_ch, K, spatial, 1.0f, dyb, spatial, col, spatial, 1.0f, dw, K);
+    if (pointwise) {
+      // dW [O, C] += dY [O, S] x X^T [S, C];  dX [C, S] += W^T [C, O] x dY [O, S]
+      if (dw) cpu_gemm(false, true, g->out_ch, K, spatial, 1.0f, dyb, spatial, xb, spatial, 1.0f, dw, K);
+      if (dxb) cpu_gemm(true, false, K, spatial, g->out_ch, 1.0f, w, K, dyb, spatial, 1.0f, dxb, spatial);
+      continue;
     }
-    if (dxb) {  // dcol [K, S] = W^T [K, O] x dY [O, S], then scattered back
-      if (pointwise) {
-        cpu_gemm(true, false, K, spatial, g->out_ch, 1.0f, w, K, dyb, spatial, 1.0f, dxb, spatial);
-      } else {
-        cpu_gemm(true, false, K, spatial, g->out_ch, 1.0f, w, K, dyb, spatial, 0.0f, workspace,
-                 spatial);
-        col2im_add(workspace, dxb, g);
+    for (int64_t s0 = 0; s0 < spatial; s0 += chunk) {
+      int64_t len = spatial - s0 < chunk ? spatial - s0 : chunk;
+      if (dw) {  // dW [O, K] += dY[:, chunk] [O, len] x col^T [len, K]
+        im2col(xb, workspace, g, s0, len);
+        cpu_gemm(false, true, g->out_ch, K, len, 1.0f, dyb + s0, spatial, workspace, len, 1.0f, dw, K);
+      }
+      if (dxb) {  // dcol [K, len] = W^T [K, O] x dY[:, chunk], scattered back into dx
+        cpu_gemm(true, false, K, len, g->out_ch, 1.0f, w, K, dyb + s0, spatial, 0.0f, workspace, len);
+        col2im_add(workspace, dxb, g, s0, len);
       }
     }
   }
