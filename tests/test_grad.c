@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nn/criterion.h"
 #include "tests/gradcheck.h"
 
 static const GradTol TOL = {.eps = 1e-2, .atol = 2e-3, .rtol = 1e-2};
@@ -468,6 +469,46 @@ START_TEST(grad_box_giou) {
 }
 END_TEST
 
+// --- DETR's set criterion as a whole (final + one auxiliary output), matching held fixed ---
+
+typedef struct {
+  CriterionConfig cfg;
+  DetrTarget targets[2];
+  const DetrMatch *matches[2];  // [final, aux0][image]
+} CriterionCtx;
+
+static Tensor *f_criterion(Tensor *const *in, void *c) {
+  CriterionCtx *ctx = c;
+  CriterionResult r;
+  char err[128];
+  DetrLayerOutput final = {in[0], in[1]}, aux = {in[2], in[3]};
+  ck_assert_int_eq(criterion_forward(&ctx->cfg, final, &aux, 1, ctx->targets, 3.0f, ctx->matches, &r, err, sizeof err), 0);
+  criterion_result_free(&r);
+  return r.total;
+}
+
+START_TEST(grad_criterion) {
+  // Two images, 5 queries, 3 classes + no-object; image 0 has 2 targets, image 1 has 1.
+  float boxes0[8] = {0.3f, 0.4f, 0.2f, 0.3f, 0.6f, 0.5f, 0.25f, 0.2f}, boxes1[4] = {0.5f, 0.5f, 0.4f, 0.3f};
+  int64_t labels0[2] = {1, 0}, labels1[1] = {2};
+  CriterionCtx ctx = {.cfg = criterion_config_default(3)};
+  ctx.targets[0] = (DetrTarget){2, boxes0, labels0};
+  ctx.targets[1] = (DetrTarget){1, boxes1, labels1};
+  Tensor *in[4] = {test_uniform(SHAPE(2, 5, 4), -2, 2, 250, true), test_uniform(SHAPE(2, 5, 4), 0.15f, 0.85f, 251, true),
+                   test_uniform(SHAPE(2, 5, 4), -2, 2, 252, true), test_uniform(SHAPE(2, 5, 4), 0.15f, 0.85f, 253, true)};
+  DetrMatch m[2][2];
+  char err[128];
+  for (int l = 0; l < 2; l++) {
+    ck_assert_int_eq(detr_hungarian_match(in[2 * l], in[2 * l + 1], ctx.targets, ctx.cfg.matcher, m[l], err, sizeof err), 0);
+    ctx.matches[l] = m[l];
+  }
+  GradTol tol = {.eps = 2e-3, .atol = 2e-3, .rtol = 1e-2};  // small eps: no |pred - target| kink crossed
+  expect_grad("criterion", f_criterion, in, 4, &ctx, tol);
+  detr_matches_free(m[0], 2);
+  detr_matches_free(m[1], 2);
+}
+END_TEST
+
 // --- registry: `test_grad NAME` runs one op's suite, no argument runs all ---
 
 typedef struct {
@@ -488,7 +529,7 @@ int main(int argc, char **argv) {
     {"concat", grad_concat}, {"slice", grad_slice}, {"index_select", grad_index_select},
     {"cross_entropy", grad_cross_entropy}, {"l1_sum", grad_l1_sum},
     {"box_cxcywh_to_xyxy", grad_box_cxcywh_to_xyxy}, {"box_xyxy_to_cxcywh", grad_box_xyxy_to_cxcywh},
-    {"box_giou", grad_box_giou},
+    {"box_giou", grad_box_giou}, {"criterion", grad_criterion},
   };
   const char *only = argc > 1 ? argv[1] : NULL;
   SRunner *sr = srunner_create(NULL);
