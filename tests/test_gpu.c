@@ -77,7 +77,8 @@ static double max_rel_diff(const float *a, const float *b, int64_t n) {
 }
 
 // The device array d against the host reference ref.
-static void expect_close(const char *what, const float *d, const float *ref, int64_t n, double tol) {
+static void expect_close(const char *what, const float *d, const float *ref, int64_t n,
+                         double tol) {
   float *h = dev_download(d, n);
   double err = max_rel_diff(h, ref, n);
   ck_assert_msg(err <= tol, "%s: relative error %.3g > %.3g", what, err, tol);
@@ -87,8 +88,8 @@ static void expect_close(const char *what, const float *d, const float *ref, int
 static void expect_bitwise(const char *what, const float *d, const float *ref, int64_t n) {
   float *h = dev_download(d, n);
   for (int64_t i = 0; i < n; i++)
-    ck_assert_msg(memcmp(&h[i], &ref[i], sizeof(float)) == 0, "%s: element %lld is %.9g, expected %.9g",
-                  what, (long long)i, h[i], ref[i]);
+    ck_assert_msg(memcmp(&h[i], &ref[i], sizeof(float)) == 0,
+                  "%s: element %lld is %.9g, expected %.9g", what, (long long)i, h[i], ref[i]);
   free(h);
 }
 
@@ -141,13 +142,14 @@ END_TEST
 
 START_TEST(unary_forward_backward) {
   const int64_t sizes[] = {1, 33, 100003};
-  const char *names[UNARY_COUNT] = {"relu", "sigmoid", "exp", "log", "neg", "add_scalar", "mul_scalar"};
+  const char *names[UNARY_COUNT] = {"relu", "sigmoid",    "exp",       "log",
+                                    "neg",  "add_scalar", "mul_scalar"};
   const float param = 0.7f;
   for (int op = 0; op < UNARY_COUNT; op++) {
     for (size_t t = 0; t < sizeof sizes / sizeof *sizes; t++) {
       int64_t n = sizes[t];
       uint64_t seed = 100 + 10 * (uint64_t)op + t;
-      float *x = op == UNARY_LOG ? host_uniform(n, seed, 0.1f, 4.0f)
+      float *x = op == UNARY_LOG   ? host_uniform(n, seed, 0.1f, 4.0f)
                  : op == UNARY_EXP ? host_uniform(n, seed, -4.0f, 4.0f)
                                    : host_away_from_zero(n, seed, 0.05f, 3.0f);
       float *y = host_alloc(n);
@@ -309,7 +311,8 @@ static void check_gemm_case(bool ta, bool tb, int64_t m, int64_t n, int64_t k, i
     cuda_gemm(ta, tb, m, n, k, alpha, d_a, lda, d_b, ldb, beta, d_c, ldc);
   } else {
     cpu_gemm_batched(ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch);
-    cuda_gemm_batched(ta, tb, m, n, k, alpha, d_a, lda, sa, d_b, ldb, sb, beta, d_c, ldc, sc, batch);
+    cuda_gemm_batched(ta, tb, m, n, k, alpha, d_a, lda, sa, d_b, ldb, sb, beta, d_c, ldc, sc,
+                      batch);
   }
   expect_close(what, d_c, c, nc, TOL);  // includes the gaps: they must be untouched
   cuda_device_free(d_a);
@@ -391,8 +394,19 @@ END_TEST
 
 static ConvGeom make_geom(int64_t b, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh,
                           int64_t kw, int sh, int sw, int ph, int pw, int dh, int dw) {
-  ConvGeom g = {.batch = b, .in_ch = c, .in_h = h, .in_w = w, .out_ch = o, .kh = kh, .kw = kw,
-                .stride_h = sh, .stride_w = sw, .pad_h = ph, .pad_w = pw, .dil_h = dh, .dil_w = dw};
+  ConvGeom g = {.batch = b,
+                .in_ch = c,
+                .in_h = h,
+                .in_w = w,
+                .out_ch = o,
+                .kh = kh,
+                .kw = kw,
+                .stride_h = sh,
+                .stride_w = sw,
+                .pad_h = ph,
+                .pad_w = pw,
+                .dil_h = dh,
+                .dil_w = dw};
   g.out_h = conv_out_size(h, kh, sh, ph, dh);
   g.out_w = conv_out_size(w, kw, sw, pw, dw);
   return g;
@@ -401,14 +415,17 @@ static ConvGeom make_geom(int64_t b, int64_t c, int64_t h, int64_t w, int64_t o,
 static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
   int64_t nx = g->batch * g->in_ch * g->in_h * g->in_w, nw = g->out_ch * g->in_ch * g->kh * g->kw;
   int64_t ny = g->batch * g->out_ch * g->out_h * g->out_w, nb = g->out_ch;
+  const char *det = getenv("DETR_CUDNN_DETERMINISTIC");
+  bool deterministic = !det || strcmp(det, "0") != 0;  // as kernels/cuda/conv.cu reads it
   char what[200], msg[240];
-  snprintf(what, sizeof what,
-           "conv2d x[%lld,%lld,%lld,%lld] w[%lld,%lld,%lld,%lld] stride %d,%d pad %d,%d dil %d,%d%s "
-           "(deterministic=%s)",
-           (long long)g->batch, (long long)g->in_ch, (long long)g->in_h, (long long)g->in_w,
-           (long long)g->out_ch, (long long)g->in_ch, (long long)g->kh, (long long)g->kw,
-           g->stride_h, g->stride_w, g->pad_h, g->pad_w, g->dil_h, g->dil_w,
-           with_bias ? " +bias" : "", getenv("DETR_CUDNN_DETERMINISTIC"));
+  snprintf(
+      what, sizeof what,
+      "conv2d x[%lld,%lld,%lld,%lld] w[%lld,%lld,%lld,%lld] stride %d,%d pad %d,%d dil %d,%d%s "
+      "(deterministic=%s)",
+      (long long)g->batch, (long long)g->in_ch, (long long)g->in_h, (long long)g->in_w,
+      (long long)g->out_ch, (long long)g->in_ch, (long long)g->kh, (long long)g->kw, g->stride_h,
+      g->stride_w, g->pad_h, g->pad_w, g->dil_h, g->dil_w, with_bias ? " +bias" : "",
+      det ? det : "unset");
   float *x = host_uniform(nx, seed, -1, 1), *w = host_uniform(nw, seed + 1, -1, 1);
   float *bias = host_uniform(nb, seed + 2, -1, 1), *y = host_alloc(ny);
   float *ws = host_alloc(cpu_conv2d_workspace_floats(g));
@@ -436,8 +453,7 @@ static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
   snprintf(msg, sizeof msg, "%s: dbias", what);
   expect_close(msg, d_db, with_bias ? db : db0, nb, TOL);
 
-  const char *det = getenv("DETR_CUDNN_DETERMINISTIC");
-  if (!det || strcmp(det, "0") != 0) {  // deterministic algorithms: the same bits every run
+  if (deterministic) {  // deterministic algorithms: the same bits every run
     float *first_dx = dev_download(d_dx, nx), *first_dw = dev_download(d_dw, nw);
     float *first_db = dev_download(d_db, nb);
     cuda_memcpy_h2d(d_dx, dx0, (size_t)nx * sizeof(float));
@@ -471,14 +487,14 @@ static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
 
 static void check_conv_geometries(uint64_t seed) {
   const ConvGeom geoms[] = {
-      make_geom(2, 3, 9, 11, 4, 3, 3, 1, 1, 1, 1, 1, 1),    // 3x3 same
-      make_geom(2, 3, 10, 9, 5, 3, 3, 2, 2, 1, 1, 1, 1),    // 3x3 stride 2, odd sizes
-      make_geom(1, 4, 12, 12, 3, 3, 3, 1, 1, 2, 2, 2, 2),   // dilation 2
-      make_geom(2, 8, 7, 5, 6, 1, 1, 1, 1, 0, 0, 1, 1),     // 1x1 (ResNet bottleneck)
-      make_geom(2, 6, 9, 8, 4, 1, 1, 2, 2, 0, 0, 1, 1),     // 1x1 stride 2 (downsample)
-      make_geom(1, 3, 32, 30, 8, 7, 7, 2, 2, 3, 3, 1, 1),   // 7x7 stride 2 pad 3 (ResNet stem)
-      make_geom(2, 5, 11, 13, 3, 3, 3, 1, 2, 1, 0, 1, 1),   // unequal strides and padding
-      make_geom(1, 16, 20, 20, 32, 3, 3, 1, 1, 1, 1, 1, 1), // wider channels
+      make_geom(2, 3, 9, 11, 4, 3, 3, 1, 1, 1, 1, 1, 1),     // 3x3 same
+      make_geom(2, 3, 10, 9, 5, 3, 3, 2, 2, 1, 1, 1, 1),     // 3x3 stride 2, odd sizes
+      make_geom(1, 4, 12, 12, 3, 3, 3, 1, 1, 2, 2, 2, 2),    // dilation 2
+      make_geom(2, 8, 7, 5, 6, 1, 1, 1, 1, 0, 0, 1, 1),      // 1x1 (ResNet bottleneck)
+      make_geom(2, 6, 9, 8, 4, 1, 1, 2, 2, 0, 0, 1, 1),      // 1x1 stride 2 (downsample)
+      make_geom(1, 3, 32, 30, 8, 7, 7, 2, 2, 3, 3, 1, 1),    // 7x7 stride 2 pad 3 (ResNet stem)
+      make_geom(2, 5, 11, 13, 3, 3, 3, 1, 2, 1, 0, 1, 1),    // unequal strides and padding
+      make_geom(1, 16, 20, 20, 32, 3, 3, 1, 1, 1, 1, 1, 1),  // wider channels
   };
   for (size_t i = 0; i < sizeof geoms / sizeof *geoms; i++) {
     check_conv_case(&geoms[i], true, seed + 20 * i);
@@ -565,8 +581,8 @@ START_TEST(autograd_conv2d) {
   leaf_pair(SHAPE(2, 3, 9, 10), 21, -1, 1, &x, &xg);
   leaf_pair(SHAPE(4, 3, 3, 3), 22, -1, 1, &w, &wg);
   leaf_pair(SHAPE(4), 23, -1, 1, &b, &bg);
-  Conv2dParams p = {.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1, .dilation_h = 1,
-                    .dilation_w = 1};
+  Conv2dParams p = {
+      .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1, .dilation_h = 1, .dilation_w = 1};
   Tensor *y = op_conv2d(x, w, b, p);
   backward_seeded(y, 24);
   Tensor *yg = op_conv2d(xg, wg, bg, p);

@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include "nn/criterion.h"
+#include "nn/resnet.h"
+#include "nn/transformer.h"
 #include "tests/gradcheck.h"
 
 static const GradTol TOL = {.eps = 1e-2, .atol = 2e-3, .rtol = 1e-2};
@@ -509,6 +511,130 @@ START_TEST(grad_criterion) {
 }
 END_TEST
 
+// --- composite blocks at tiny sizes: every input and parameter element is checked ---
+
+// The inputs of a block's check: its data inputs followed by all its parameters.
+static int block_inputs(Tensor **in, int n_data, const ParamStore *ps) {
+  int n = n_data;
+  for (int i = 0; i < ps->count; i++)
+    if (ps->items[i].kind == PARAM_TRAINABLE) in[n++] = tensor_retain(ps->items[i].tensor);
+  return n;
+}
+
+// Random parameters: weights U(-0.5, 0.5), layer-norm weights around 1, batch-norm statistics
+// with variances away from 0.
+static void randomize_params(ParamStore *ps, uint64_t seed) {
+  Rng rng = rng_make(seed);
+  for (int i = 0; i < ps->count; i++) {
+    Param *p = &ps->items[i];
+    bool var = strstr(p->name, "running_var") != NULL, scale = strstr(p->name, "norm") && strstr(p->name, "weight");
+    tensor_uniform_(p->tensor, &rng, var || scale ? 0.5f : -0.5f, var || scale ? 1.5f : 0.5f);
+  }
+}
+
+static const NnCtx EVAL_CTX = {.training = false};
+
+typedef struct {
+  MultiheadAttention mha;
+  Tensor *mask;
+} MhaCtx;
+
+static Tensor *f_mha(Tensor *const *in, void *c) {
+  MhaCtx *m = c;
+  return mha_forward(&m->mha, &EVAL_CTX, in[0], in[1], in[1], m->mask);
+}
+
+START_TEST(grad_attention) {
+  ParamStore ps;
+  params_init(&ps, DEVICE_CPU);
+  MhaCtx c = {.mha = mha_create(&ps, "attn", 8, 2, 0.1f)};
+  randomize_params(&ps, 300);
+  float m[2 * 5] = {0, 0, 0, 0, 0, 0, 0, 0, -INFINITY, -INFINITY};  // image 1: 2 padded keys
+  c.mask = tensor_from_host(DEVICE_CPU, SHAPE(2, 5), m);
+  Tensor *in[16] = {U(SHAPE(2, 3, 8), 301), U(SHAPE(2, 5, 8), 302)};
+  int n = block_inputs(in, 2, &ps);
+  expect_grad("attention", f_mha, in, n, &c, TOL);
+  tensor_release(c.mask);
+  params_free(&ps);
+}
+END_TEST
+
+typedef struct {
+  EncoderLayer enc;
+  DecoderLayer dec;
+  Tensor *mask, *pos, *query_pos;
+} LayerCtx;
+
+static Tensor *f_encoder(Tensor *const *in, void *c) {
+  LayerCtx *l = c;
+  return encoder_layer_forward(&l->enc, &EVAL_CTX, in[0], l->pos, l->mask);
+}
+
+static Tensor *f_decoder(Tensor *const *in, void *c) {
+  LayerCtx *l = c;
+  return decoder_layer_forward(&l->dec, &EVAL_CTX, in[0], in[1], l->mask, l->pos, l->query_pos);
+}
+
+static void check_layers(bool pre_norm) {
+  TransformerShape s = {.dim = 8, .heads = 2, .ffn_dim = 12, .dropout = 0.1f, .pre_norm = pre_norm};
+  float m[2 * 6] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -INFINITY, -INFINITY};
+  LayerCtx c = {.mask = tensor_from_host(DEVICE_CPU, SHAPE(2, 6), m),
+                .pos = test_uniform(SHAPE(2, 6, 8), -1, 1, 310, false),
+                .query_pos = test_uniform(SHAPE(3, 8), -1, 1, 311, false)};
+  ParamStore pe, pd;
+  params_init(&pe, DEVICE_CPU);
+  params_init(&pd, DEVICE_CPU);
+  c.enc = encoder_layer_create(&pe, "enc", s);
+  c.dec = decoder_layer_create(&pd, "dec", s);
+  randomize_params(&pe, 312);
+  randomize_params(&pd, 313);
+  // eps 1e-3: the FFN's 144 ReLU inputs must not cross 0 within a step.
+  GradTol tol = {.eps = 1e-3, .atol = 3e-3, .rtol = 1e-2};
+  Tensor *in[40] = {U(SHAPE(2, 6, 8), 314)};
+  int n = block_inputs(in, 1, &pe);
+  expect_grad(pre_norm ? "encoder layer (pre-norm)" : "encoder layer", f_encoder, in, n, &c, tol);
+  Tensor *din[48] = {U(SHAPE(2, 3, 8), 315), U(SHAPE(2, 6, 8), 316)};
+  n = block_inputs(din, 2, &pd);
+  expect_grad(pre_norm ? "decoder layer (pre-norm)" : "decoder layer", f_decoder, din, n, &c, tol);
+  params_free(&pe);
+  params_free(&pd);
+  tensor_release(c.mask);
+  tensor_release(c.pos);
+  tensor_release(c.query_pos);
+}
+
+START_TEST(grad_encoder_layer_and_decoder_layer) {
+  check_layers(false);
+  check_layers(true);
+}
+END_TEST
+
+static Tensor *f_bottleneck(Tensor *const *in, void *c) { return resblock_forward(c, in[0]); }
+
+START_TEST(grad_bottleneck) {
+  // A ResNet-50 layer2-style first block at tiny width: 1x1 (8->4), 3x3 stride 2 (4->4),
+  // 1x1 (4->16), downsample 1x1 stride 2 (8->16), frozen batch norms with random statistics.
+  ParamStore ps;
+  params_init(&ps, DEVICE_CPU);
+  ResBlock b = {.bottleneck = true, .has_downsample = true};
+  b.conv1 = conv2d_create(&ps, "b.conv1", 8, 4, 1, 1, 0, 1, false, PARAM_TRAINABLE, LR_GROUP_BACKBONE);
+  b.bn1 = frozen_bn_create(&ps, "b.bn1", 4);
+  b.conv2 = conv2d_create(&ps, "b.conv2", 4, 4, 3, 2, 1, 1, false, PARAM_TRAINABLE, LR_GROUP_BACKBONE);
+  b.bn2 = frozen_bn_create(&ps, "b.bn2", 4);
+  b.conv3 = conv2d_create(&ps, "b.conv3", 4, 16, 1, 1, 0, 1, false, PARAM_TRAINABLE, LR_GROUP_BACKBONE);
+  b.bn3 = frozen_bn_create(&ps, "b.bn3", 16);
+  b.down_conv = conv2d_create(&ps, "b.downsample.0", 8, 16, 1, 2, 0, 1, false, PARAM_TRAINABLE, LR_GROUP_BACKBONE);
+  b.down_bn = frozen_bn_create(&ps, "b.downsample.1", 16);
+  randomize_params(&ps, 320);
+  Tensor *in[8] = {U(SHAPE(1, 8, 5, 5), 321)};
+  int n = block_inputs(in, 1, &ps);
+  // eps 1e-3: the block has ~300 ReLU inputs; a smaller step keeps them from crossing 0.
+  GradTol tol = {.eps = 1e-3, .atol = 3e-3, .rtol = 1e-2};
+  expect_grad("bottleneck", f_bottleneck, in, n, &b, tol);
+  params_free(&ps);
+}
+END_TEST
+
 // --- registry: `test_grad NAME` runs one op's suite, no argument runs all ---
 
 typedef struct {
@@ -530,6 +656,8 @@ int main(int argc, char **argv) {
     {"cross_entropy", grad_cross_entropy}, {"l1_sum", grad_l1_sum},
     {"box_cxcywh_to_xyxy", grad_box_cxcywh_to_xyxy}, {"box_xyxy_to_cxcywh", grad_box_xyxy_to_cxcywh},
     {"box_giou", grad_box_giou}, {"criterion", grad_criterion},
+    {"attention", grad_attention}, {"encoder_decoder_layers", grad_encoder_layer_and_decoder_layer},
+    {"bottleneck", grad_bottleneck},
   };
   const char *only = argc > 1 ? argv[1] : NULL;
   SRunner *sr = srunner_create(NULL);

@@ -1,0 +1,51 @@
+// Multi-head attention as torch.nn.MultiheadAttention computes it (batch-first here):
+//   q, k, v = x W_{q,k,v}^T + b;  q /= sqrt(head_dim);  A = softmax(q k^T + mask);  y = (A v) W_o^T + b_o
+#include <math.h>
+#include <stdio.h>
+
+#include "nn/layers.h"
+
+MultiheadAttention mha_create(ParamStore *ps, const char *prefix, int64_t dim, int64_t heads, float dropout) {
+  DETR_CHECK(heads > 0 && dim % heads == 0, "attention: dim %lld is not divisible by %lld heads", (long long)dim,
+             (long long)heads);
+  char name[112];
+  param_name_join(name, sizeof name, prefix, "out_proj");
+  MultiheadAttention a = {
+      .in_proj_weight = params_add(ps, SHAPE(3 * dim, dim), PARAM_TRAINABLE, LR_GROUP_MAIN, "%s.in_proj_weight", prefix),
+      .in_proj_bias = params_add(ps, SHAPE(3 * dim), PARAM_TRAINABLE, LR_GROUP_MAIN, "%s.in_proj_bias", prefix),
+      .out_proj = linear_create(ps, name, dim, dim, true, PARAM_TRAINABLE, LR_GROUP_MAIN),
+      .dim = dim,
+      .heads = heads,
+      .dropout = dropout,
+  };
+  return a;
+}
+
+Tensor *mha_project(const MultiheadAttention *a, Tensor *x, int which) {
+  // Rows [which*d, (which+1)*d) of the packed projection (slices are small copies).
+  Tensor *w = op_slice(a->in_proj_weight, 0, which * a->dim, (which + 1) * a->dim);
+  Tensor *b = op_slice(a->in_proj_bias, 0, which * a->dim, (which + 1) * a->dim);
+  return op_linear(x, w, b);
+}
+
+// [B, L, d] -> [B*heads, L, head_dim]
+static Tensor *split_heads(Tensor *x, int64_t heads) {
+  int64_t B = x->shape.d[0], L = x->shape.d[1], d = x->shape.d[2];
+  Tensor *t = op_transpose(op_reshape(x, SHAPE(B, L, heads, d / heads)), 1, 2);  // [B, h, L, hd]
+  return op_reshape(t, SHAPE(B * heads, L, d / heads));
+}
+
+Tensor *mha_forward(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key, Tensor *value,
+                    Tensor *key_padding_mask) {
+  int64_t B = query->shape.d[0], Lq = query->shape.d[1], Lk = key->shape.d[1], h = a->heads, hd = a->dim / h;
+  Tensor *q = op_mul_scalar(mha_project(a, query, 0), 1.0f / sqrtf((float)hd));
+  Tensor *k = mha_project(a, key, 1), *v = mha_project(a, value, 2);
+  Tensor *qh = split_heads(q, h), *kh = split_heads(k, h), *vh = split_heads(v, h);
+  Tensor *logits = op_bmm(qh, kh, false, true);  // [B*h, Lq, Lk]
+  // The mask row of image b serves its h*Lq logit rows.
+  Tensor *attn = op_softmax(op_reshape(logits, SHAPE(B, h * Lq, Lk)), key_padding_mask);
+  attn = nn_dropout(ctx, op_reshape(attn, SHAPE(B * h, Lq, Lk)), a->dropout);
+  Tensor *out = op_bmm(attn, vh, false, false);  // [B*h, Lq, hd]
+  out = op_reshape(op_transpose(op_reshape(out, SHAPE(B, h, Lq, hd)), 1, 2), SHAPE(B, Lq, a->dim));
+  return linear_forward(&a->out_proj, out);
+}

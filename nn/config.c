@@ -1,0 +1,131 @@
+// DETR configuration presets and text overrides.
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn/detr.h"
+
+int detr_config_preset(const char *name, DetrConfig *cfg) {
+  // The paper's DETR-R50: ResNet-50, hidden 256, 8 heads, 6 + 6 layers, FFN 2048, 100 queries,
+  // 91 classes (COCO ids 1..90, plus the unused 0).
+  DetrConfig r50 = {.backbone_depth = 50, .train_backbone = true, .hidden_dim = 256, .nheads = 8,
+                    .enc_layers = 6, .dec_layers = 6, .ffn_dim = 2048, .num_queries = 100,
+                    .num_classes = 91, .dropout = 0.1f, .aux_loss = true};
+  if (!strcmp(name, "detr-r50")) {
+    *cfg = r50;
+  } else if (!strcmp(name, "detr-r18-small")) {  // CPU-sized
+    *cfg = r50;
+    cfg->backbone_depth = 18;
+    cfg->hidden_dim = 128;
+    cfg->nheads = 4;
+    cfg->enc_layers = cfg->dec_layers = 2;
+    cfg->ffn_dim = 512;
+    cfg->num_queries = 50;
+  } else if (!strcmp(name, "tiny")) {  // tests: seconds on a CPU
+    *cfg = r50;
+    cfg->backbone_depth = 18;
+    cfg->hidden_dim = 32;
+    cfg->nheads = 4;
+    cfg->enc_layers = cfg->dec_layers = 2;
+    cfg->ffn_dim = 64;
+    cfg->num_queries = 10;
+    cfg->num_classes = 7;
+  } else {
+    return -1;
+  }
+  return 0;
+}
+
+typedef enum { FIELD_INT, FIELD_BOOL, FIELD_FLOAT } FieldType;
+typedef struct {
+  const char *key;
+  FieldType type;
+  size_t offset;
+} Field;
+
+#define F(key, type) {#key, type, offsetof(DetrConfig, key)}
+static const Field FIELDS[] = {
+    {"backbone", FIELD_INT, offsetof(DetrConfig, backbone_depth)},
+    F(dilation, FIELD_BOOL), F(train_backbone, FIELD_BOOL), F(hidden_dim, FIELD_INT), F(nheads, FIELD_INT),
+    F(enc_layers, FIELD_INT), F(dec_layers, FIELD_INT), F(ffn_dim, FIELD_INT), F(num_queries, FIELD_INT),
+    F(num_classes, FIELD_INT), F(dropout, FIELD_FLOAT), F(pre_norm, FIELD_BOOL), F(aux_loss, FIELD_BOOL),
+};
+#undef F
+
+int detr_config_set(DetrConfig *cfg, const char *key, const char *value, char *err, size_t err_cap) {
+  for (size_t i = 0; i < sizeof FIELDS / sizeof FIELDS[0]; i++) {
+    if (strcmp(FIELDS[i].key, key)) continue;
+    char *at = (char *)cfg + FIELDS[i].offset, *end = NULL;
+    errno = 0;
+    if (FIELDS[i].type == FIELD_BOOL) {
+      bool v;
+      if (!strcmp(value, "1") || !strcmp(value, "true")) v = true;
+      else if (!strcmp(value, "0") || !strcmp(value, "false")) v = false;
+      else {
+        snprintf(err, err_cap, "config %s: '%s' is not a boolean (true/false/1/0)", key, value);
+        return -1;
+      }
+      memcpy(at, &v, sizeof v);
+    } else if (FIELDS[i].type == FIELD_FLOAT) {
+      float v = strtof(value, &end);
+      if (errno || end == value || *end) {
+        snprintf(err, err_cap, "config %s: '%s' is not a number", key, value);
+        return -1;
+      }
+      memcpy(at, &v, sizeof v);
+    } else {
+      long long v = strtoll(value, &end, 10);
+      if (errno || end == value || *end) {
+        snprintf(err, err_cap, "config %s: '%s' is not an integer", key, value);
+        return -1;
+      }
+      if (!strcmp(key, "backbone")) {
+        int depth = (int)v;
+        memcpy(at, &depth, sizeof depth);
+      } else {
+        int64_t v64 = v;
+        memcpy(at, &v64, sizeof v64);
+      }
+    }
+    return 0;
+  }
+  snprintf(err, err_cap, "config: unknown field '%s'", key);
+  return -1;
+}
+
+void detr_config_format(const DetrConfig *cfg, char *buf, size_t cap) {
+  size_t n = 0;
+  for (size_t i = 0; i < sizeof FIELDS / sizeof FIELDS[0] && n < cap; i++) {
+    const char *at = (const char *)cfg + FIELDS[i].offset;
+    if (FIELDS[i].type == FIELD_BOOL)
+      n += (size_t)snprintf(buf + n, cap - n, "%s=%s\n", FIELDS[i].key, *(const bool *)at ? "true" : "false");
+    else if (FIELDS[i].type == FIELD_FLOAT)
+      n += (size_t)snprintf(buf + n, cap - n, "%s=%.9g\n", FIELDS[i].key, *(const float *)at);
+    else if (!strcmp(FIELDS[i].key, "backbone"))
+      n += (size_t)snprintf(buf + n, cap - n, "%s=%d\n", FIELDS[i].key, *(const int *)at);
+    else
+      n += (size_t)snprintf(buf + n, cap - n, "%s=%lld\n", FIELDS[i].key, (long long)*(const int64_t *)at);
+  }
+}
+
+int detr_config_validate(const DetrConfig *c, char *err, size_t err_cap) {
+  const char *problem = NULL;
+  if (c->backbone_depth != 18 && c->backbone_depth != 34 && c->backbone_depth != 50 && c->backbone_depth != 101)
+    problem = "backbone must be 18, 34, 50 or 101";
+  else if (c->dilation && c->backbone_depth < 50) problem = "dilation needs backbone 50 or 101";
+  else if (c->hidden_dim <= 0 || c->hidden_dim % 2) problem = "hidden_dim must be positive and even";
+  else if (c->nheads <= 0 || c->hidden_dim % c->nheads) problem = "nheads must divide hidden_dim";
+  else if (c->enc_layers < 0 || c->enc_layers > DETR_MAX_LAYERS) problem = "enc_layers must be in 0..12";
+  else if (c->dec_layers < 1 || c->dec_layers > DETR_MAX_LAYERS) problem = "dec_layers must be in 1..12";
+  else if (c->ffn_dim <= 0) problem = "ffn_dim must be positive";
+  else if (c->num_queries <= 0) problem = "num_queries must be positive";
+  else if (c->num_classes <= 0) problem = "num_classes must be positive";
+  else if (!(c->dropout >= 0.0f && c->dropout < 1.0f)) problem = "dropout must be in [0, 1)";
+  if (problem) {
+    snprintf(err, err_cap, "config: %s", problem);
+    return -1;
+  }
+  return 0;
+}

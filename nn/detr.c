@@ -1,0 +1,100 @@
+#include "nn/detr.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn/position.h"
+
+DetrModel *detr_model_create(const DetrConfig *cfg, Device dev) {
+  char err[256];
+  DETR_CHECK(detr_config_validate(cfg, err, sizeof err) == 0, "detr_model_create: %s", err);
+  DetrModel *m = calloc(1, sizeof(DetrModel));
+  DETR_CHECK(m, "detr_model_create: out of host memory");
+  m->cfg = *cfg;
+  ParamStore *ps = &m->params;
+  params_init(ps, dev);
+  int64_t d = cfg->hidden_dim;
+  // Registration order follows the reference state_dict: transformer, class/bbox heads, queries,
+  // input_proj, backbone.
+  TransformerShape s = {.dim = d, .heads = cfg->nheads, .ffn_dim = cfg->ffn_dim, .dropout = cfg->dropout,
+                        .pre_norm = cfg->pre_norm};
+  char name[112];
+  for (int i = 0; i < cfg->enc_layers; i++) {
+    snprintf(name, sizeof name, "transformer.encoder.layers.%d", i);
+    m->enc[i] = encoder_layer_create(ps, name, s);
+  }
+  if (cfg->pre_norm) m->enc_norm = layernorm_create(ps, "transformer.encoder.norm", d);
+  for (int i = 0; i < cfg->dec_layers; i++) {
+    snprintf(name, sizeof name, "transformer.decoder.layers.%d", i);
+    m->dec[i] = decoder_layer_create(ps, name, s);
+  }
+  m->dec_norm = layernorm_create(ps, "transformer.decoder.norm", d);
+  m->class_embed = linear_create(ps, "class_embed", d, cfg->num_classes + 1, true, PARAM_TRAINABLE, LR_GROUP_MAIN);
+  m->bbox_embed = mlp_create(ps, "bbox_embed", d, d, 4, 3);
+  m->query_embed = params_add(ps, SHAPE(cfg->num_queries, d), PARAM_TRAINABLE, LR_GROUP_MAIN, "query_embed.weight");
+  resnet_create(&m->backbone, ps, "backbone.0.body", cfg->backbone_depth, cfg->dilation, cfg->train_backbone);
+  m->input_proj = conv2d_create(ps, "input_proj", m->backbone.out_channels, d, 1, 1, 0, 1, true, PARAM_TRAINABLE,
+                                LR_GROUP_MAIN);
+  return m;
+}
+
+void detr_model_init(DetrModel *m, uint64_t seed) {
+  Rng rng = rng_make(seed);
+  for (int i = 0; i < m->cfg.enc_layers; i++) encoder_layer_init(&m->enc[i], &rng);
+  for (int i = 0; i < m->cfg.dec_layers; i++) decoder_layer_init(&m->dec[i], &rng);
+  init_torch_default(m->class_embed.weight, m->class_embed.bias, &rng);
+  for (int i = 0; i < m->bbox_embed.n_layers; i++)
+    init_torch_default(m->bbox_embed.layers[i].weight, m->bbox_embed.layers[i].bias, &rng);
+  init_normal(m->query_embed, &rng, 1.0f);  // nn.Embedding: N(0, 1)
+  init_torch_default(m->input_proj.weight, m->input_proj.bias, &rng);
+  resnet_init(&m->backbone, &rng);
+}
+
+void detr_model_free(DetrModel *m) {
+  if (!m) return;
+  params_free(&m->params);
+  free(m);
+}
+
+void detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, const uint8_t *mask, DetrOutput *out) {
+  char sbuf[64];
+  DETR_CHECK(images->shape.ndim == 4 && images->shape.d[1] == 3, "detr_model_forward: images must be [B, 3, H, W], got %s",
+             shape_str(images->shape, sbuf, sizeof sbuf));
+  const DetrConfig *c = &m->cfg;
+  int64_t B = images->shape.d[0], H = images->shape.d[2], W = images->shape.d[3], d = c->hidden_dim;
+  Tensor *feat = resnet_forward(&m->backbone, images);  // [B, C, h, w]
+  int64_t h = feat->shape.d[2], w = feat->shape.d[3], N = h * w;
+  Tensor *src = conv2d_forward(&m->input_proj, feat);                        // [B, d, h, w]
+  src = op_transpose(op_reshape(src, SHAPE(B, d, N)), 1, 2);                 // [B, N, d]
+
+  // Mask and positional encoding at feature resolution (host), then on the model's device.
+  uint8_t *small = malloc((size_t)(B * N));
+  float *host = malloc((size_t)(B * N * d + B * N) * sizeof(float));
+  DETR_CHECK(small && host, "detr_model_forward: out of host memory");
+  mask_downsample_nearest(mask, B, H, W, h, w, small);
+  position_sine(small, B, h, w, d / 2, 10000.0f, host);
+  float *additive = host + B * N * d;  // [B, N]: -inf on padding, as the key padding mask
+  for (int64_t i = 0; i < B * N; i++) additive[i] = small[i] ? -INFINITY : 0.0f;
+  Device dev = images->device;
+  Tensor *pos = tensor_scoped(tensor_from_host(dev, SHAPE(B, N, d), host));
+  Tensor *key_mask = tensor_scoped(tensor_from_host(dev, SHAPE(B, N), additive));
+  free(small);
+  free(host);
+
+  Tensor *memory = src;
+  for (int i = 0; i < c->enc_layers; i++) memory = encoder_layer_forward(&m->enc[i], ctx, memory, pos, key_mask);
+  if (c->pre_norm) memory = layernorm_forward(&m->enc_norm, memory);
+
+  Tensor *tgt = tensor_scoped(tensor_zeros(dev, SHAPE(B, c->num_queries, d)));
+  out->n_layers = (int)c->dec_layers;
+  out->feat_h = h;
+  out->feat_w = w;
+  for (int i = 0; i < c->dec_layers; i++) {
+    tgt = decoder_layer_forward(&m->dec[i], ctx, tgt, memory, key_mask, pos, m->query_embed);
+    Tensor *hs = layernorm_forward(&m->dec_norm, tgt);  // every intermediate output is normed
+    out->layers[i].logits = linear_forward(&m->class_embed, hs);
+    out->layers[i].boxes = op_sigmoid(mlp_forward(&m->bbox_embed, hs));
+  }
+}

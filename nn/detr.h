@@ -1,0 +1,57 @@
+// The DETR detector (models/detr.py): ResNet backbone -> input_proj (1x1 conv) -> transformer
+// with sine positional encoding and learned queries -> class and box heads on every decoder
+// layer's output (the earlier ones feed the auxiliary losses).
+#pragma once
+#include "nn/criterion.h"
+#include "nn/resnet.h"
+#include "nn/transformer.h"
+
+#define DETR_MAX_LAYERS 12
+
+typedef struct {
+  int backbone_depth;  // 18, 34, 50, 101
+  bool dilation;       // DC5: layer4 dilated instead of strided
+  bool train_backbone; // layer2-4 trainable (lr_backbone > 0)
+  int64_t hidden_dim, nheads, enc_layers, dec_layers, ffn_dim, num_queries, num_classes;
+  float dropout;
+  bool pre_norm;
+  bool aux_loss;
+} DetrConfig;
+
+// Presets: "detr-r50" (the paper), "detr-r18-small", "tiny" (tests). Returns 0, or -1 if unknown.
+int detr_config_preset(const char *name, DetrConfig *cfg);
+// Sets one field from text, e.g. ("hidden_dim", "128"). Returns 0, or -1 with err set.
+int detr_config_set(DetrConfig *cfg, const char *key, const char *value, char *err, size_t err_cap);
+// "key=value" lines of every field (readable by detr_config_set), into buf.
+void detr_config_format(const DetrConfig *cfg, char *buf, size_t cap);
+// Checks ranges (positive sizes, heads dividing hidden_dim, ...). Returns 0 or -1 with err set.
+int detr_config_validate(const DetrConfig *cfg, char *err, size_t err_cap);
+
+typedef struct {
+  DetrConfig cfg;
+  ParamStore params;
+  ResNet backbone;
+  Conv2d input_proj;
+  EncoderLayer enc[DETR_MAX_LAYERS];
+  DecoderLayer dec[DETR_MAX_LAYERS];
+  LayerNorm enc_norm;  // pre-norm only (transformer.encoder.norm)
+  LayerNorm dec_norm;  // transformer.decoder.norm, applied to every layer's output
+  Tensor *query_embed; // [num_queries, hidden]
+  Linear class_embed;
+  Mlp bbox_embed;
+} DetrModel;
+
+// Creates the model's parameters on dev (zeros / identity batch norm until detr_model_init or a load).
+DetrModel *detr_model_create(const DetrConfig *cfg, Device dev);
+// Reference initialisation from a seed (the backbone is torchvision's kaiming-normal init).
+void detr_model_init(DetrModel *m, uint64_t seed);
+void detr_model_free(DetrModel *m);
+
+typedef struct {
+  DetrLayerOutput layers[DETR_MAX_LAYERS];  // decoder layer order; the last is the prediction
+  int n_layers;
+  int64_t feat_h, feat_w;  // feature map size
+} DetrOutput;
+
+// images [B, 3, H, W] normalized; mask host [B, H, W] (1 = padding).
+void detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, const uint8_t *mask, DetrOutput *out);

@@ -1,0 +1,69 @@
+// The layers DETR is built from. Each owns no memory: its tensors live in a ParamStore under
+// their reference names. Forward functions take scoped tensors and return scoped tensors.
+#pragma once
+#include "autograd/ops.h"
+#include "nn/params.h"
+
+// Forward-pass context: dropout is active only when training.
+typedef struct {
+  bool training;
+  Rng *dropout_rng;  // advanced by every dropout draw
+} NnCtx;
+
+Tensor *nn_dropout(const NnCtx *ctx, Tensor *x, float p);
+
+// --- Linear (nn/linear.c): y = x W^T + b, W [out, in] ---
+typedef struct {
+  Tensor *weight, *bias;  // [out, in], [out] or NULL
+} Linear;
+Linear linear_create(ParamStore *ps, const char *prefix, int64_t in, int64_t out, bool bias, ParamKind kind,
+                     LrGroup group);
+Tensor *linear_forward(const Linear *l, Tensor *x);
+
+// --- MLP (nn/mlp.c): Linear layers with ReLU between them (DETR's bbox_embed) ---
+#define MLP_MAX_LAYERS 4
+typedef struct {
+  Linear layers[MLP_MAX_LAYERS];
+  int n_layers;
+} Mlp;
+Mlp mlp_create(ParamStore *ps, const char *prefix, int64_t in, int64_t hidden, int64_t out, int n_layers);
+Tensor *mlp_forward(const Mlp *m, Tensor *x);
+
+// --- Conv2d (nn/conv2d.c) ---
+typedef struct {
+  Tensor *weight, *bias;  // [out, in, kh, kw], [out] or NULL
+  Conv2dParams p;
+} Conv2d;
+Conv2d conv2d_create(ParamStore *ps, const char *prefix, int64_t in, int64_t out, int kernel, int stride,
+                     int pad, int dilation, bool bias, ParamKind kind, LrGroup group);
+Tensor *conv2d_forward(const Conv2d *c, Tensor *x);
+
+// --- FrozenBatchNorm2d (nn/frozen_bn.c): four buffers, eps 1e-5 ---
+typedef struct {
+  Tensor *weight, *bias, *running_mean, *running_var;  // [C] each
+} FrozenBn;
+FrozenBn frozen_bn_create(ParamStore *ps, const char *prefix, int64_t channels);
+Tensor *frozen_bn_forward(const FrozenBn *bn, Tensor *x);
+
+// --- LayerNorm (nn/layernorm.c), eps 1e-5 ---
+typedef struct {
+  Tensor *weight, *bias;  // [d]
+} LayerNorm;
+LayerNorm layernorm_create(ParamStore *ps, const char *prefix, int64_t d);
+Tensor *layernorm_forward(const LayerNorm *ln, Tensor *x);
+
+// --- multi-head attention (nn/attention.c), torch.nn.MultiheadAttention's layout: a packed
+// in_proj_weight [3d, d] (q, k, v rows) and in_proj_bias [3d], out_proj Linear(d, d) ---
+typedef struct {
+  Tensor *in_proj_weight, *in_proj_bias;
+  Linear out_proj;
+  int64_t dim, heads;
+  float dropout;  // on the attention weights
+} MultiheadAttention;
+MultiheadAttention mha_create(ParamStore *ps, const char *prefix, int64_t dim, int64_t heads, float dropout);
+// query [B, Lq, d], key and value [B, Lk, d]; key_padding_mask: additive [B, Lk] (0 or -inf), or
+// NULL. Returns [B, Lq, d]. Logits are scaled by 1/sqrt(d / heads).
+Tensor *mha_forward(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key, Tensor *value,
+                    Tensor *key_padding_mask);
+// The q, k, v projections alone (used by ENACT's attention over clusters).
+Tensor *mha_project(const MultiheadAttention *a, Tensor *x, int which);  // which: 0 q, 1 k, 2 v

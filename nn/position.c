@@ -1,0 +1,55 @@
+#include "nn/position.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "kernels/common.h"
+
+void mask_downsample_nearest(const uint8_t *mask, int64_t B, int64_t H, int64_t W, int64_t h, int64_t w,
+                             uint8_t *out) {
+  float sy = (float)H / (float)h, sx = (float)W / (float)w;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t y = 0; y < h; y++) {
+      int64_t iy = (int64_t)floorf((float)y * sy);
+      if (iy > H - 1) iy = H - 1;
+      for (int64_t x = 0; x < w; x++) {
+        int64_t ix = (int64_t)floorf((float)x * sx);
+        if (ix > W - 1) ix = W - 1;
+        out[(b * h + y) * w + x] = mask[(b * H + iy) * W + ix];
+      }
+    }
+}
+
+void position_sine(const uint8_t *mask, int64_t B, int64_t h, int64_t w, int64_t npf, float temperature,
+                   float *pos) {
+  const float scale = 6.283185307179586f, eps = 1e-6f;  // 2 pi, as float32(2 * math.pi)
+  float *dim_t = malloc((size_t)npf * sizeof(float));
+  float *y_embed = malloc((size_t)(h * w * 2) * sizeof(float)), *x_embed = y_embed + h * w;
+  DETR_CHECK(dim_t && y_embed, "position_sine: out of host memory");
+  for (int64_t i = 0; i < npf; i++) dim_t[i] = powf(temperature, (float)(2 * (i / 2)) / (float)npf);
+  for (int64_t b = 0; b < B; b++) {
+    const uint8_t *m = mask + b * h * w;
+    // Cumulative sums of not-mask down the columns (y) and along the rows (x), in float32.
+    for (int64_t x = 0; x < w; x++) {
+      float acc = 0.0f;
+      for (int64_t y = 0; y < h; y++) y_embed[y * w + x] = (acc += m[y * w + x] ? 0.0f : 1.0f);
+    }
+    for (int64_t y = 0; y < h; y++) {
+      float acc = 0.0f;
+      for (int64_t x = 0; x < w; x++) x_embed[y * w + x] = (acc += m[y * w + x] ? 0.0f : 1.0f);
+    }
+    for (int64_t y = 0; y < h; y++)
+      for (int64_t x = 0; x < w; x++) {
+        float ye = y_embed[y * w + x] / (y_embed[(h - 1) * w + x] + eps) * scale;
+        float xe = x_embed[y * w + x] / (x_embed[y * w + w - 1] + eps) * scale;
+        float *p = pos + ((b * h + y) * w + x) * 2 * npf;
+        for (int64_t i = 0; i < npf; i++) {
+          float vy = ye / dim_t[i], vx = xe / dim_t[i];
+          p[i] = i % 2 == 0 ? sinf(vy) : cosf(vy);
+          p[npf + i] = i % 2 == 0 ? sinf(vx) : cosf(vx);
+        }
+      }
+  }
+  free(dim_t);
+  free(y_embed);
+}

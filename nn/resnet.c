@@ -1,0 +1,95 @@
+#include "nn/resnet.h"
+
+#include <stdio.h>
+
+static Conv2d conv(ParamStore *ps, const char *prefix, const char *name, int64_t in, int64_t out, int k, int stride,
+                   int dilation, ParamKind kind) {
+  char full[112];
+  param_name_join(full, sizeof full, prefix, name);
+  int pad = k == 1 ? 0 : dilation * (k / 2);
+  return conv2d_create(ps, full, in, out, k, stride, pad, dilation, false, kind, LR_GROUP_BACKBONE);
+}
+
+static FrozenBn bn(ParamStore *ps, const char *prefix, const char *name, int64_t channels) {
+  char full[112];
+  param_name_join(full, sizeof full, prefix, name);
+  return frozen_bn_create(ps, full, channels);
+}
+
+void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, bool dilation, bool train_layers) {
+  static const int layers18[4] = {2, 2, 2, 2}, layers34[4] = {3, 4, 6, 3}, layers101[4] = {3, 4, 23, 3};
+  const int *counts = depth == 18 ? layers18 : depth == 101 ? layers101 : layers34;
+  DETR_CHECK(depth == 18 || depth == 34 || depth == 50 || depth == 101,
+             "resnet: depth %d is not one of 18, 34, 50, 101", depth);
+  bool bottleneck = depth >= 50;
+  DETR_CHECK(!(dilation && !bottleneck), "resnet: dilation (DC5) needs a bottleneck ResNet (50/101), as torchvision");
+  int expansion = bottleneck ? 4 : 1;
+  *r = (ResNet){0};
+  r->conv1 = conv(ps, prefix, "conv1", 3, 64, 7, 2, 1, PARAM_FROZEN);
+  r->conv1.p.pad_h = r->conv1.p.pad_w = 3;
+  r->bn1 = bn(ps, prefix, "bn1", 64);
+  int64_t inplanes = 64;
+  int current_dilation = 1;
+  for (int layer = 0; layer < 4; layer++) {
+    int64_t planes = 64 << layer;
+    int stride = layer == 0 ? 1 : 2, previous_dilation = current_dilation;
+    if (layer == 3 && dilation) {  // replace_stride_with_dilation=[False, False, True]
+      current_dilation *= stride;
+      stride = 1;
+    }
+    ParamKind kind = layer >= 1 && train_layers ? PARAM_TRAINABLE : PARAM_FROZEN;
+    for (int i = 0; i < counts[layer]; i++) {
+      ResBlock *b = &r->blocks[r->n_blocks++];
+      char bp[112];
+      snprintf(bp, sizeof bp, "%s.layer%d.%d", prefix, layer + 1, i);
+      int s = i == 0 ? stride : 1, d = i == 0 ? previous_dilation : current_dilation;
+      b->bottleneck = bottleneck;
+      if (bottleneck) {  // torchvision v1.5: the stride sits on the 3x3 convolution
+        b->conv1 = conv(ps, bp, "conv1", inplanes, planes, 1, 1, 1, kind);
+        b->bn1 = bn(ps, bp, "bn1", planes);
+        b->conv2 = conv(ps, bp, "conv2", planes, planes, 3, s, d, kind);
+        b->bn2 = bn(ps, bp, "bn2", planes);
+        b->conv3 = conv(ps, bp, "conv3", planes, planes * 4, 1, 1, 1, kind);
+        b->bn3 = bn(ps, bp, "bn3", planes * 4);
+      } else {
+        b->conv1 = conv(ps, bp, "conv1", inplanes, planes, 3, s, 1, kind);
+        b->bn1 = bn(ps, bp, "bn1", planes);
+        b->conv2 = conv(ps, bp, "conv2", planes, planes, 3, 1, 1, kind);
+        b->bn2 = bn(ps, bp, "bn2", planes);
+      }
+      if (i == 0 && (s != 1 || inplanes != planes * expansion)) {
+        b->has_downsample = true;
+        b->down_conv = conv(ps, bp, "downsample.0", inplanes, planes * expansion, 1, s, 1, kind);
+        b->down_bn = bn(ps, bp, "downsample.1", planes * expansion);
+      }
+      inplanes = planes * expansion;
+    }
+  }
+  r->out_channels = inplanes;
+}
+
+void resnet_init(ResNet *r, Rng *rng) {
+  init_kaiming_normal_fan_out(r->conv1.weight, rng);
+  for (int i = 0; i < r->n_blocks; i++) {
+    ResBlock *b = &r->blocks[i];
+    init_kaiming_normal_fan_out(b->conv1.weight, rng);
+    init_kaiming_normal_fan_out(b->conv2.weight, rng);
+    if (b->bottleneck) init_kaiming_normal_fan_out(b->conv3.weight, rng);
+    if (b->has_downsample) init_kaiming_normal_fan_out(b->down_conv.weight, rng);
+  }
+}
+
+Tensor *resblock_forward(const ResBlock *b, Tensor *x) {
+  Tensor *out = op_relu(frozen_bn_forward(&b->bn1, conv2d_forward(&b->conv1, x)));
+  out = frozen_bn_forward(&b->bn2, conv2d_forward(&b->conv2, out));
+  if (b->bottleneck) out = frozen_bn_forward(&b->bn3, conv2d_forward(&b->conv3, op_relu(out)));
+  Tensor *identity = b->has_downsample ? frozen_bn_forward(&b->down_bn, conv2d_forward(&b->down_conv, x)) : x;
+  return op_relu(op_add(out, identity));
+}
+
+Tensor *resnet_forward(const ResNet *r, Tensor *x) {
+  x = op_relu(frozen_bn_forward(&r->bn1, conv2d_forward(&r->conv1, x)));
+  x = op_maxpool2d(x, 3, 2, 1);
+  for (int i = 0; i < r->n_blocks; i++) x = resblock_forward(&r->blocks[i], x);
+  return x;
+}

@@ -1,0 +1,31 @@
+// torchvision's ResNet-18/34/50/101 with frozen batch norm, as DETR's backbone
+// (models/backbone.py): the stem and layer1 frozen, layer2-4 trained at the backbone learning
+// rate, output of layer4. Parameter names under `prefix` ("backbone.0.body").
+#pragma once
+#include "nn/layers.h"
+
+typedef struct {
+  Conv2d conv1, conv2, conv3;  // conv3 only in bottleneck blocks
+  FrozenBn bn1, bn2, bn3;
+  bool bottleneck, has_downsample;
+  Conv2d down_conv;
+  FrozenBn down_bn;
+} ResBlock;
+
+#define RESNET_MAX_BLOCKS 33  // ResNet-101: 3 + 4 + 23 + 3
+
+typedef struct {
+  Conv2d conv1;
+  FrozenBn bn1;
+  ResBlock blocks[RESNET_MAX_BLOCKS];
+  int n_blocks;
+  int64_t out_channels;  // 512 (18/34) or 2048 (50/101)
+} ResNet;
+
+// depth 18, 34, 50 or 101; dilation: layer4 with dilation 2 instead of stride 2 (DC5);
+// train_layers: layer2-4 trainable (else everything frozen, as lr_backbone = 0).
+void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, bool dilation, bool train_layers);
+void resnet_init(ResNet *r, Rng *rng);  // kaiming-normal (fan out) convolutions
+Tensor *resnet_forward(const ResNet *r, Tensor *x);  // [B, 3, H, W] -> [B, C, H/32, W/32]
+// One residual block alone (its gradient test).
+Tensor *resblock_forward(const ResBlock *b, Tensor *x);

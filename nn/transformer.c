@@ -1,0 +1,112 @@
+#include "nn/transformer.h"
+
+#include <math.h>
+#include <stdio.h>
+
+static Linear ffn_linear(ParamStore *ps, const char *prefix, const char *name, int64_t in, int64_t out) {
+  char full[112];
+  param_name_join(full, sizeof full, prefix, name);
+  return linear_create(ps, full, in, out, true, PARAM_TRAINABLE, LR_GROUP_MAIN);
+}
+
+static LayerNorm norm(ParamStore *ps, const char *prefix, const char *name, int64_t d) {
+  char full[112];
+  param_name_join(full, sizeof full, prefix, name);
+  return layernorm_create(ps, full, d);
+}
+
+static MultiheadAttention attention(ParamStore *ps, const char *prefix, const char *name, TransformerShape s) {
+  char full[112];
+  param_name_join(full, sizeof full, prefix, name);
+  return mha_create(ps, full, s.dim, s.heads, s.dropout);
+}
+
+static Tensor *with_pos(Tensor *x, Tensor *pos) { return pos ? op_add(x, pos) : x; }
+
+EncoderLayer encoder_layer_create(ParamStore *ps, const char *prefix, TransformerShape s) {
+  return (EncoderLayer){.self_attn = attention(ps, prefix, "self_attn", s),
+                        .linear1 = ffn_linear(ps, prefix, "linear1", s.dim, s.ffn_dim),
+                        .linear2 = ffn_linear(ps, prefix, "linear2", s.ffn_dim, s.dim),
+                        .norm1 = norm(ps, prefix, "norm1", s.dim),
+                        .norm2 = norm(ps, prefix, "norm2", s.dim),
+                        .s = s};
+}
+
+static Tensor *ffn(const Linear *l1, const Linear *l2, const NnCtx *ctx, float p, Tensor *x) {
+  return linear_forward(l2, nn_dropout(ctx, op_relu(linear_forward(l1, x)), p));
+}
+
+Tensor *encoder_layer_finish(const EncoderLayer *l, const NnCtx *ctx, Tensor *src, Tensor *attn_out) {
+  float p = l->s.dropout;
+  src = op_add(src, nn_dropout(ctx, attn_out, p));
+  if (l->s.pre_norm) return op_add(src, nn_dropout(ctx, ffn(&l->linear1, &l->linear2, ctx, p, layernorm_forward(&l->norm2, src)), p));
+  src = layernorm_forward(&l->norm1, src);
+  src = op_add(src, nn_dropout(ctx, ffn(&l->linear1, &l->linear2, ctx, p, src), p));
+  return layernorm_forward(&l->norm2, src);
+}
+
+Tensor *encoder_layer_forward(const EncoderLayer *l, const NnCtx *ctx, Tensor *src, Tensor *pos, Tensor *mask) {
+  Tensor *x = l->s.pre_norm ? layernorm_forward(&l->norm1, src) : src;
+  Tensor *qk = with_pos(x, pos);
+  Tensor *attn = mha_forward(&l->self_attn, ctx, qk, qk, x, mask);
+  return encoder_layer_finish(l, ctx, src, attn);
+}
+
+DecoderLayer decoder_layer_create(ParamStore *ps, const char *prefix, TransformerShape s) {
+  return (DecoderLayer){.self_attn = attention(ps, prefix, "self_attn", s),
+                        .multihead_attn = attention(ps, prefix, "multihead_attn", s),
+                        .linear1 = ffn_linear(ps, prefix, "linear1", s.dim, s.ffn_dim),
+                        .linear2 = ffn_linear(ps, prefix, "linear2", s.ffn_dim, s.dim),
+                        .norm1 = norm(ps, prefix, "norm1", s.dim),
+                        .norm2 = norm(ps, prefix, "norm2", s.dim),
+                        .norm3 = norm(ps, prefix, "norm3", s.dim),
+                        .s = s};
+}
+
+Tensor *decoder_layer_forward(const DecoderLayer *l, const NnCtx *ctx, Tensor *tgt, Tensor *memory,
+                              Tensor *memory_mask, Tensor *pos, Tensor *query_pos) {
+  float p = l->s.dropout;
+  Tensor *key = with_pos(memory, pos);
+  if (l->s.pre_norm) {
+    Tensor *t2 = layernorm_forward(&l->norm1, tgt);
+    Tensor *qk = with_pos(t2, query_pos);
+    tgt = op_add(tgt, nn_dropout(ctx, mha_forward(&l->self_attn, ctx, qk, qk, t2, NULL), p));
+    t2 = layernorm_forward(&l->norm2, tgt);
+    tgt = op_add(tgt, nn_dropout(ctx, mha_forward(&l->multihead_attn, ctx, with_pos(t2, query_pos), key, memory,
+                                                  memory_mask), p));
+    t2 = layernorm_forward(&l->norm3, tgt);
+    return op_add(tgt, nn_dropout(ctx, ffn(&l->linear1, &l->linear2, ctx, p, t2), p));
+  }
+  Tensor *qk = with_pos(tgt, query_pos);
+  tgt = layernorm_forward(&l->norm1, op_add(tgt, nn_dropout(ctx, mha_forward(&l->self_attn, ctx, qk, qk, tgt, NULL), p)));
+  Tensor *cross = mha_forward(&l->multihead_attn, ctx, with_pos(tgt, query_pos), key, memory, memory_mask);
+  tgt = layernorm_forward(&l->norm2, op_add(tgt, nn_dropout(ctx, cross, p)));
+  tgt = op_add(tgt, nn_dropout(ctx, ffn(&l->linear1, &l->linear2, ctx, p, tgt), p));
+  return layernorm_forward(&l->norm3, tgt);
+}
+
+static void init_mha(MultiheadAttention *a, Rng *rng) {
+  init_xavier_uniform(a->in_proj_weight, rng);
+  tensor_fill_(a->in_proj_bias, 0.0f);
+  init_xavier_uniform(a->out_proj.weight, rng);
+  tensor_fill_(a->out_proj.bias, 0.0f);
+}
+
+// FFN: torch's Linear default first, then the transformer's xavier reset of the matrices.
+static void init_ffn(Linear *l, Rng *rng) {
+  init_torch_default(l->weight, l->bias, rng);
+  init_xavier_uniform(l->weight, rng);
+}
+
+void encoder_layer_init(EncoderLayer *l, Rng *rng) {
+  init_mha(&l->self_attn, rng);
+  init_ffn(&l->linear1, rng);
+  init_ffn(&l->linear2, rng);
+}
+
+void decoder_layer_init(DecoderLayer *l, Rng *rng) {
+  init_mha(&l->self_attn, rng);
+  init_mha(&l->multihead_attn, rng);
+  init_ffn(&l->linear1, rng);
+  init_ffn(&l->linear2, rng);
+}
