@@ -1,0 +1,14 @@
+// Model tensors to and from safetensors files under their reference names. Loading is strict:
+// every parameter and buffer must be present as F32 with the model's shape, and nothing else may
+// be in the file (beyond names under the given ignored prefixes, e.g. a checkpoint's optimizer
+// state). All problems are reported by name and the load is refused.
+#pragma once
+#include "nn/params.h"
+#include "tensor/safetensors.h"
+
+// ignore_prefixes: NULL-terminated list, or NULL. Returns 0, or -1 with err listing the problems
+// (the model is unchanged unless every check passed).
+int params_load(ParamStore *ps, const StFile *f, const char *const *ignore_prefixes, char *err, size_t err_cap);
+int params_load_file(ParamStore *ps, const char *path, char *err, size_t err_cap);
+// Adds every parameter and buffer to w, with an optional name prefix ("" for none).
+void params_save(const ParamStore *ps, StWriter *w, const char *prefix);

@@ -1,0 +1,238 @@
+// detr step: one forward + loss + backward on a batch read from a safetensors file, writing
+// the outputs, matches, loss terms and every trainable parameter's gradient: the interface for
+// parity tests against other implementations (tools/parity_step.py compares with the reference).
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn/model_io.h"
+#include "train/commands.h"
+#include "train/setup.h"
+
+static const char *USAGE =
+    "--config PRESET|FILE [--set key=value ...] [--weights W.safetensors] --batch B.safetensors\n"
+    "       --out O.safetensors [--no-dropout] [--seed N] [--device cpu|cuda]\n"
+    "Batch file: images F32 [B,3,H,W] (normalized), mask U8 [B,H,W] (1 = padding),\n"
+    "targets.{i}.boxes F32 [n,4] (normalized cxcywh), targets.{i}.labels I64 [n].";
+
+typedef struct {
+  int64_t B, H, W;
+  Tensor *images;          // owned
+  uint8_t *mask;           // [B, H, W]
+  DetrTarget *targets;     // [B], pointing into the file's data (valid while it is open)
+  float *boxes_storage;    // aligned copies of the targets
+  int64_t *labels_storage;
+} StepBatch;
+
+static int fail(const char *msg) {
+  fprintf(stderr, "detr step: %s\n", msg);
+  return 1;
+}
+
+static const StEntry *need(const StFile *f, const char *name, StDtype dtype, int ndim, char *err, size_t cap) {
+  const StEntry *e = st_find(f, name);
+  if (!e)
+    snprintf(err, cap, "%s: no tensor '%s'", st_path(f), name);
+  else if (e->dtype != dtype)
+    snprintf(err, cap, "%s: '%s' is %s, expected %s", st_path(f), name, st_dtype_name(e->dtype), st_dtype_name(dtype));
+  else if (e->ndim != ndim)
+    snprintf(err, cap, "%s: '%s' has %d dimensions, expected %d", st_path(f), name, e->ndim, ndim);
+  else
+    return e;
+  return NULL;
+}
+
+static int read_batch(const StFile *f, Device dev, int64_t num_classes, StepBatch *b, char *err, size_t cap) {
+  memset(b, 0, sizeof *b);
+  const StEntry *img = need(f, "images", ST_F32, 4, err, cap);
+  if (!img) return -1;
+  if (img->shape[1] != 3 || img->shape[0] < 1) {
+    snprintf(err, cap, "%s: images must be [B >= 1, 3, H, W]", st_path(f));
+    return -1;
+  }
+  b->B = img->shape[0], b->H = img->shape[2], b->W = img->shape[3];
+  const StEntry *mask = st_find(f, "mask");
+  if (!mask || (mask->dtype != ST_U8 && mask->dtype != ST_BOOL) || mask->ndim != 3 || mask->shape[0] != b->B ||
+      mask->shape[1] != b->H || mask->shape[2] != b->W) {
+    snprintf(err, cap, "%s: mask must be U8 [%lld, %lld, %lld]", st_path(f), (long long)b->B, (long long)b->H,
+             (long long)b->W);
+    return -1;
+  }
+  float *pixels = malloc(img->nbytes ? img->nbytes : 1);
+  b->mask = malloc((size_t)(b->B * b->H * b->W));
+  b->targets = calloc((size_t)b->B, sizeof(DetrTarget));
+  DETR_CHECK(pixels && b->mask && b->targets, "detr step: out of host memory");
+  memcpy(pixels, st_data(f, img), img->nbytes);
+  memcpy(b->mask, st_data(f, mask), mask->nbytes);
+  b->images = tensor_from_host(dev, SHAPE(b->B, 3, b->H, b->W), pixels);
+  free(pixels);
+  int64_t total = 0;
+  for (int64_t i = 0; i < b->B; i++) {
+    char nb[64], nl[64];
+    snprintf(nb, sizeof nb, "targets.%lld.boxes", (long long)i);
+    snprintf(nl, sizeof nl, "targets.%lld.labels", (long long)i);
+    const StEntry *eb = need(f, nb, ST_F32, 2, err, cap), *el = eb ? need(f, nl, ST_I64, 1, err, cap) : NULL;
+    if (!eb || !el) return -1;
+    if (eb->shape[1] != 4 || el->shape[0] != eb->shape[0]) {
+      snprintf(err, cap, "%s: %s must be [n, 4] and %s [n]", st_path(f), nb, nl);
+      return -1;
+    }
+    total += eb->shape[0];
+  }
+  b->boxes_storage = malloc((size_t)(total ? total : 1) * 4 * sizeof(float));
+  b->labels_storage = malloc((size_t)(total ? total : 1) * sizeof(int64_t));
+  DETR_CHECK(b->boxes_storage && b->labels_storage, "detr step: out of host memory");
+  int64_t at = 0;
+  for (int64_t i = 0; i < b->B; i++) {
+    char nb[64], nl[64];
+    snprintf(nb, sizeof nb, "targets.%lld.boxes", (long long)i);
+    snprintf(nl, sizeof nl, "targets.%lld.labels", (long long)i);
+    const StEntry *eb = st_find(f, nb), *el = st_find(f, nl);
+    int64_t n = eb->shape[0];
+    memcpy(b->boxes_storage + 4 * at, st_data(f, eb), eb->nbytes);
+    memcpy(b->labels_storage + at, st_data(f, el), el->nbytes);
+    for (int64_t k = 0; k < n; k++) {
+      int64_t label = b->labels_storage[at + k];
+      if (label < 0 || label > num_classes) {
+        snprintf(err, cap, "%s: %s[%lld] = %lld is outside [0, %lld]", st_path(f), nl, (long long)k, (long long)label,
+                 (long long)num_classes);
+        return -1;
+      }
+      const float *bx = b->boxes_storage + 4 * (at + k);
+      for (int c = 0; c < 4; c++)
+        if (!isfinite(bx[c])) {
+          snprintf(err, cap, "%s: %s[%lld] is not finite", st_path(f), nb, (long long)k);
+          return -1;
+        }
+    }
+    b->targets[i] = (DetrTarget){.n = n, .boxes = b->boxes_storage + 4 * at, .labels = b->labels_storage + at};
+    at += n;
+  }
+  return 0;
+}
+
+static void free_batch(StepBatch *b) {
+  tensor_release(b->images);
+  free(b->mask);
+  free(b->targets);
+  free(b->boxes_storage);
+  free(b->labels_storage);
+}
+
+int cmd_step(int argc, char **argv) {
+  const char *config = NULL, *weights = NULL, *batch_path = NULL, *out_path = NULL, *device = "cpu";
+  long long seed = 0;
+  bool no_dropout = false;
+  CliList sets = {0};
+  CliFlag flags[] = {
+      {"config", FLAG_STRING, &config, "model preset (detr-r50, detr-r18-small, tiny) or key=value file"},
+      {"set", FLAG_LIST, &sets, "override one config field, e.g. --set hidden_dim=64"},
+      {"weights", FLAG_STRING, &weights, "model safetensors (reference names); default: reference init from --seed"},
+      {"batch", FLAG_STRING, &batch_path, "input batch safetensors"},
+      {"out", FLAG_STRING, &out_path, "output safetensors"},
+      {"no-dropout", FLAG_BOOL, &no_dropout, "run with dropout off (for parity tests)"},
+      {"seed", FLAG_INT, &seed, "seed of the initialisation and of dropout (default 0)"},
+      {"device", FLAG_STRING, &device, "cpu or cuda (default cpu)"},
+  };
+  int n_flags = (int)(sizeof flags / sizeof flags[0]), n_pos = 0;
+  int rc = cli_parse("step", USAGE, argc, argv, 2, flags, n_flags, NULL, 0, &n_pos);
+  if (rc) return rc == 1 ? 0 : 2;
+  if (!config || !batch_path || !out_path) {
+    fprintf(stderr, "detr step: --config, --batch and --out are required (see detr step --help)\n");
+    return 2;
+  }
+  char err[4096];
+  DetrConfig cfg;
+  Device dev;
+  if (setup_model_config(config, &sets, &cfg, err, sizeof err) || setup_device(device, &dev, err, sizeof err))
+    return fail(err);
+
+  DetrModel *model = detr_model_create(&cfg, dev);
+  detr_model_init(model, (uint64_t)seed);
+  if (weights && params_load_file(&model->params, weights, err, sizeof err)) {
+    detr_model_free(model);
+    return fail(err);
+  }
+  StFile *bf = st_open(batch_path, err, sizeof err);
+  StepBatch batch;
+  if (!bf || read_batch(bf, dev, cfg.num_classes, &batch, err, sizeof err)) {
+    if (bf) {
+      free_batch(&batch);
+      st_close(bf);
+    }
+    detr_model_free(model);
+    return fail(err);
+  }
+  st_close(bf);
+
+  Rng dropout_rng = rng_make((uint64_t)seed ^ 0xd40bu);
+  NnCtx ctx = {.training = !no_dropout, .dropout_rng = &dropout_rng};
+  DetrOutput out;
+  detr_model_forward(model, &ctx, batch.images, batch.mask, &out);
+  int64_t total_boxes = 0;
+  for (int64_t i = 0; i < batch.B; i++) total_boxes += batch.targets[i].n;
+  float num_boxes = total_boxes > 1 ? (float)total_boxes : 1.0f;
+  CriterionConfig ccfg = criterion_config_default((int)cfg.num_classes);
+  CriterionResult loss;
+  int n_aux = cfg.aux_loss ? out.n_layers - 1 : 0;
+  if (criterion_forward(&ccfg, out.layers[out.n_layers - 1], out.layers, n_aux, batch.targets, num_boxes, NULL, &loss,
+                        err, sizeof err)) {
+    free_batch(&batch);
+    detr_model_free(model);
+    return fail(err);
+  }
+  float total = tensor_item(loss.total);
+  if (!isfinite(total)) fprintf(stderr, "detr step: warning: the loss is %g\n", total);
+  autograd_backward(loss.total);
+
+  StWriter *w = st_writer_new();
+  char name[160];
+  st_writer_add_tensor(w, "pred_logits", out.layers[out.n_layers - 1].logits);
+  st_writer_add_tensor(w, "pred_boxes", out.layers[out.n_layers - 1].boxes);
+  for (int l = 0; l < out.n_layers - 1; l++) {
+    snprintf(name, sizeof name, "aux.%d.pred_logits", l);
+    st_writer_add_tensor(w, name, out.layers[l].logits);
+    snprintf(name, sizeof name, "aux.%d.pred_boxes", l);
+    st_writer_add_tensor(w, name, out.layers[l].boxes);
+  }
+  for (int i = 0; i < loss.n_images; i++) {
+    const DetrMatch *m = &loss.matches[i];
+    int64_t *pairs = malloc((size_t)(m->n ? m->n : 1) * 2 * sizeof(int64_t));
+    DETR_CHECK(pairs, "detr step: out of host memory");
+    for (int64_t k = 0; k < m->n; k++) pairs[2 * k] = m->query[k], pairs[2 * k + 1] = m->target[k];
+    snprintf(name, sizeof name, "match.%d", i);
+    st_writer_add(w, name, ST_I64, 2, (int64_t[]){m->n, 2}, pairs);
+    free(pairs);
+  }
+  for (int i = 0; i < loss.n_terms; i++) {
+    snprintf(name, sizeof name, "loss.%s", loss.terms[i].name);
+    st_writer_add_tensor(w, name, loss.terms[i].value);
+  }
+  st_writer_add_tensor(w, "loss.total", loss.total);
+  st_writer_add(w, "loss.class_error", ST_F32, 0, NULL, &loss.class_error);
+  st_writer_add(w, "loss.cardinality_error", ST_F32, 0, NULL, &loss.cardinality_error);
+  for (int i = 0; i < model->params.count; i++) {
+    const Param *p = &model->params.items[i];
+    if (p->kind != PARAM_TRAINABLE) continue;
+    snprintf(name, sizeof name, "grad.%s", p->name);
+    if (p->tensor->grad) {
+      st_writer_add_tensor(w, name, p->tensor->grad);
+    } else {  // no path from the loss (e.g. a layer the loss does not reach): zeros
+      Tensor *z = tensor_zeros(dev, p->tensor->shape);
+      st_writer_add_tensor(w, name, z);
+      tensor_release(z);
+    }
+  }
+  char cfg_text[2048];
+  detr_config_format(&cfg, cfg_text, sizeof cfg_text);
+  st_writer_set_metadata(w, "config", cfg_text);
+  rc = st_writer_save(w, out_path, err, sizeof err);
+  st_writer_free(w);
+  criterion_result_free(&loss);
+  free_batch(&batch);
+  detr_model_free(model);
+  if (rc) return fail(err);
+  printf("detr step: loss %.6f (%d terms), wrote %s\n", total, loss.n_terms, out_path);
+  return 0;
+}

@@ -1,0 +1,5 @@
+// The verbs of the `detr` tool: each takes main's argc/argv (argv[1] is the verb) and returns the
+// process exit status (0 ok, 1 failure, 2 bad usage).
+#pragma once
+
+int cmd_step(int argc, char **argv);
