@@ -66,14 +66,9 @@ static void layer_losses(const CriterionConfig *cfg, DetrLayerOutput out, const 
   free(class_weight);
 }
 
-// Logged only: class error over matched queries, cardinality error over all (final output).
-static void logging_metrics(const CriterionConfig *cfg, DetrLayerOutput out, const DetrTarget *targets,
-                            const DetrMatch *matches, CriterionResult *r) {
-  int64_t B = out.logits->shape.d[0], Q = out.logits->shape.d[1], C1 = out.logits->shape.d[2];
-  float *logits = malloc((size_t)out.logits->numel * sizeof(float));
-  DETR_CHECK(logits, "criterion: out of host memory");
-  tensor_to_host(out.logits, logits);
-  int64_t correct = 0, matched = 0;
+// mean |#queries predicting an object - #targets| over the images (logged only).
+static float cardinality_error(const CriterionConfig *cfg, const float *logits, int64_t B, int64_t Q, int64_t C1,
+                               const DetrTarget *targets) {
   double card = 0.0;
   for (int64_t b = 0; b < B; b++) {
     int64_t predicted_objects = 0;
@@ -85,6 +80,27 @@ static void logging_metrics(const CriterionConfig *cfg, DetrLayerOutput out, con
       if (best != cfg->num_classes) predicted_objects++;
     }
     card += fabs((double)predicted_objects - (double)targets[b].n);
+  }
+  return (float)(card / (double)B);
+}
+
+// Logged only: the cardinality error of one output and, for the final output, the class error
+// (100 - top-1 accuracy over matched queries).
+static void logging_metrics(const CriterionConfig *cfg, DetrLayerOutput out, const DetrTarget *targets,
+                            const DetrMatch *matches, int layer, CriterionResult *r) {
+  int64_t B = out.logits->shape.d[0], Q = out.logits->shape.d[1], C1 = out.logits->shape.d[2];
+  float *logits = malloc((size_t)out.logits->numel * sizeof(float));
+  DETR_CHECK(logits, "criterion: out of host memory");
+  tensor_to_host(out.logits, logits);
+  float card = cardinality_error(cfg, logits, B, Q, C1, targets);
+  if (layer >= 0) {
+    r->aux_cardinality_error[layer] = card;
+    free(logits);
+    return;
+  }
+  r->cardinality_error = card;
+  int64_t correct = 0, matched = 0;
+  for (int64_t b = 0; b < B; b++) {
     for (int64_t k = 0; k < matches[b].n; k++) {
       const float *row = logits + (b * Q + matches[b].query[k]) * C1;
       int64_t best = 0;
@@ -96,7 +112,6 @@ static void logging_metrics(const CriterionConfig *cfg, DetrLayerOutput out, con
   }
   // The reference reports 100 - accuracy, with accuracy 0 for no matched query.
   r->class_error = 100.0f - (matched ? 100.0f * (float)correct / (float)matched : 0.0f);
-  r->cardinality_error = (float)(card / (double)B);
   free(logits);
 }
 
@@ -105,6 +120,7 @@ int criterion_forward(const CriterionConfig *cfg, DetrLayerOutput final, const D
                       const DetrMatch *const *fixed_matches, CriterionResult *out, char *err,
                       size_t err_cap) {
   memset(out, 0, sizeof *out);
+  DETR_CHECK(n_aux >= 0 && n_aux < DETR_MAX_LOSS_TERMS / 3 - 1, "criterion: %d auxiliary outputs", n_aux);
   DETR_CHECK(num_boxes >= 1.0f, "criterion: num_boxes %g < 1", num_boxes);
   int B = (int)final.logits->shape.d[0];
   DETR_CHECK(final.logits->shape.ndim == 3 && final.logits->shape.d[2] == cfg->num_classes + 1,
@@ -123,8 +139,8 @@ int criterion_forward(const CriterionConfig *cfg, DetrLayerOutput final, const D
     char suffix[12] = "";
     if (layer >= 0) snprintf(suffix, sizeof suffix, "_%d", layer);
     layer_losses(cfg, o, targets, use, num_boxes, suffix, out);
+    logging_metrics(cfg, o, targets, use, layer, out);
     if (layer < 0) {
-      logging_metrics(cfg, o, targets, use, out);
       out->n_images = B;
       out->matches = calloc((size_t)B, sizeof(DetrMatch));
       DETR_CHECK(out->matches, "criterion: out of host memory");

@@ -33,7 +33,8 @@ typedef struct {
   LossTerm terms[DETR_MAX_LOSS_TERMS];
   int n_terms;
   float class_error;        // 100 - top-1 accuracy (%) of the final output's matched queries
-  float cardinality_error;  // mean |#non-no-object predictions - #targets| per image
+  float cardinality_error;  // mean |#non-no-object predictions - #targets| per image (final output)
+  float aux_cardinality_error[DETR_MAX_LOSS_TERMS / 3];  // the same for each auxiliary output
   DetrMatch *matches;       // [n_images], the final output's matches (owned: criterion_result_free)
   int n_images;
 } CriterionResult;

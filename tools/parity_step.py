@@ -10,7 +10,13 @@ python3-scipy.
 
   /usr/bin/python3 tools/parity_step.py --detr-repo DIR --preset tiny [--padding] [--detr build/detr]
 
-Exit status 0 when every compared quantity agrees to --tol (max |a - b| / max |b|), else 1.
+Errors per tensor: max-relative max |a - b| / max |b| and normwise ||a - b|| / ||b||. The reference
+also runs in float64, the exact answer both float32 implementations approximate. A quantity passes
+when detr-c agrees with the float32 reference to --tol (max-relative or normwise), or when its
+normwise distance to float64 is at most twice the float32 reference's own: at ResNet-50 depth
+float32 gradients carry ~1e-4 error, and a ReLU input within rounding of 0 flips its gradient on or
+off differently in two float32 implementations. Every tensor outside --tol max-relative is listed.
+Exit status 0 when everything passes and the matches are identical, else 1.
 """
 import argparse
 import json
@@ -125,6 +131,41 @@ def rel_err(a, b):
     return float(np.abs(a - b).max(initial=0.0) / scale)
 
 
+def norm_err(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
+
+
+def reference_run(model, criterion, weight_dict, images, mask, targets, dtype):
+    """Outputs, loss terms and parameter gradients of the reference in `dtype`, as float64 numpy."""
+    from util.misc import NestedTensor
+
+    model.to(dtype)
+    criterion.to(dtype)
+    model.zero_grad(set_to_none=True)
+    tg = [{k: (v.to(dtype) if v.is_floating_point() else v) for k, v in t.items()} for t in targets]
+    outputs = model(NestedTensor(images.to(dtype), mask))
+    out_no_aux = {k: v for k, v in outputs.items() if k != "aux_outputs"}
+    indices = criterion.matcher(out_no_aux, tg)
+    losses = criterion(outputs, tg)
+    total = sum(losses[k] * weight_dict[k] for k in losses if k in weight_dict)
+    total.backward()
+    res = {"pred_logits": outputs["pred_logits"], "pred_boxes": outputs["pred_boxes"], "loss.total": total}
+    for l, aux in enumerate(outputs["aux_outputs"]):
+        res[f"aux.{l}.pred_logits"], res[f"aux.{l}.pred_boxes"] = aux["pred_logits"], aux["pred_boxes"]
+    for k, v in losses.items():
+        res[f"loss.{k}"] = v
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            res[f"grad.{name}"] = param.grad if param.grad is not None else torch.zeros_like(param)
+    res = {k: v.detach().double().numpy().copy() for k, v in res.items()}
+    model.to(torch.float32)
+    criterion.to(torch.float32)
+    return res, indices
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--detr-repo", required=True, help="checkout of facebookresearch/detr")
@@ -134,24 +175,16 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--size", default=None, help="HxW of the batch (default: 96x128, 320x320 for detr-r50)")
     ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads for the reference")
     ap.add_argument("--keep", default=None, help="directory to keep the files in")
     args = ap.parse_args()
     p = PRESETS[args.preset]
     size = tuple(int(v) for v in (args.size or ("320x320" if args.preset == "detr-r50" else "96x128")).split("x"))
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
 
     model, criterion, weight_dict = build_reference(args.detr_repo, p, args.seed)
-    from util.misc import NestedTensor
-
     images, mask, targets = make_batch(p, args.padding, args.seed, size)
     model.eval()  # dropout off; frozen batch norm does not care; gradients still flow
-    outputs = model(NestedTensor(images, mask))
-    out_no_aux = {k: v for k, v in outputs.items() if k != "aux_outputs"}
-    indices = criterion.matcher(out_no_aux, targets)
-    losses = criterion(outputs, targets)
-    total = sum(losses[k] * weight_dict[k] for k in losses if k in weight_dict)
-    total.backward()
-
     work = args.keep or tempfile.mkdtemp(prefix="detr-parity-")
     os.makedirs(work, exist_ok=True)
     wpath, bpath, opath = (os.path.join(work, n) for n in ("weights.safetensors", "batch.safetensors", "out.safetensors"))
@@ -161,6 +194,13 @@ def main():
         batch[f"targets.{i}.boxes"] = t["boxes"].numpy()
         batch[f"targets.{i}.labels"] = t["labels"].numpy()
     write_safetensors(bpath, batch)
+
+    # The reference in float32 (what detr-c must match) and float64 (the exact answer both
+    # float32 implementations approximate: at ResNet-50 depth their gradients differ from it by
+    # ~1e-4, so parity is judged against the reference's own float32 error there).
+    ref32, indices = reference_run(model, criterion, weight_dict, images, mask, targets, torch.float32)
+    ref64, _ = reference_run(model, criterion, weight_dict, images, mask, targets, torch.float64)
+
     cmd = [args.detr, "step", "--config", args.preset, "--weights", wpath, "--batch", bpath, "--out", opath, "--no-dropout"]
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
@@ -168,41 +208,52 @@ def main():
         sys.exit(f"parity: detr step failed ({run.returncode})")
     ours = read_safetensors(opath)
 
-    rows = []
-    rows.append(("pred_logits", rel_err(ours["pred_logits"], outputs["pred_logits"].detach())))
-    rows.append(("pred_boxes", rel_err(ours["pred_boxes"], outputs["pred_boxes"].detach())))
-    for l, aux in enumerate(outputs["aux_outputs"]):
-        rows.append((f"aux.{l}.pred_logits", rel_err(ours[f"aux.{l}.pred_logits"], aux["pred_logits"].detach())))
-        rows.append((f"aux.{l}.pred_boxes", rel_err(ours[f"aux.{l}.pred_boxes"], aux["pred_boxes"].detach())))
     match_ok = True
     for i, (q, t) in enumerate(indices):
         ref = np.stack([q.numpy(), t.numpy()], 1) if len(q) else np.zeros((0, 2), np.int64)
         match_ok &= ours[f"match.{i}"].shape == ref.shape and bool((ours[f"match.{i}"] == ref).all())
-    for k in sorted(losses):
-        key = f"loss.{k}"
-        if key in ours:
-            rows.append((key, rel_err(ours[key], losses[k].detach())))
-    rows.append(("loss.total", rel_err(ours["loss.total"], total.detach())))
-    grad_worst, grad_name, n_grads = 0.0, "", 0
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            if f"grad.{name}" in ours:
-                sys.exit(f"parity: {name} is frozen in the reference but detr-c wrote a gradient")
+    missing = [k for k in ref32 if k not in ours]
+    extra = [k for k in ours if k.startswith("grad.") and k not in ref32]
+    print(f"parity {args.preset} {size[0]}x{size[1]} padding={args.padding} (torch {torch.__version__}, {args.threads} threads)")
+    print(f"  {'quantity':56s} {'max ours/32':>11s} {'norm ours/32':>12s} {'norm ours/64':>12s} {'norm 32/64':>10s}")
+    ok, worst32, failures, isolated = True, 0.0, [], []
+    groups = {}
+    for k in ref32:
+        if k not in ours:
             continue
-        ref = param.grad if param.grad is not None else torch.zeros_like(param)
-        e = rel_err(ours[f"grad.{name}"], ref)
-        n_grads += 1
-        if e > grad_worst:
-            grad_worst, grad_name = e, name
-    rows.append((f"grad.* ({n_grads} parameters; worst {grad_name})", grad_worst))
-    ours_trainable = sum(1 for k in ours if k.startswith("grad."))
-    worst = max(e for _, e in rows)
-    print(f"parity {args.preset} {size[0]}x{size[1]} padding={args.padding}:")
-    for name, e in rows:
-        print(f"  {name:60s} {e:.2e}")
-    print(f"  matches identical: {match_ok}; trainable tensors: reference {n_grads}, detr-c {ours_trainable}")
-    ok = match_ok and worst <= args.tol and n_grads == ours_trainable
-    print("PASS" if ok else "FAIL", f"(worst relative error {worst:.2e}, tolerance {args.tol:.0e})")
+        e32, n32 = rel_err(ours[k], ref32[k]), norm_err(ours[k], ref32[k])
+        e64, r = norm_err(ours[k], ref64[k]), norm_err(ref32[k], ref64[k])
+        # Max-relative agreement with the float32 reference; failing that, normwise agreement (the
+        # outliers are listed); failing that, detr-c no further from the float64 answer than twice
+        # the float32 reference's own distance: at ResNet-50 depth float32 gradients carry ~1e-4
+        # normwise error, and a ReLU input within rounding of 0 flips its gradient on or off.
+        passed = e32 <= args.tol or n32 <= args.tol or e64 <= 2 * r
+        if passed and e32 > args.tol:
+            isolated.append((k, e32, n32, e64, r))
+        ok &= passed
+        if not passed:
+            failures.append((k, e32, e64, r))
+        worst32 = max(worst32, e32)
+        group = "grad.*" if k.startswith("grad.") else k
+        g = groups.setdefault(group, [0.0, 0.0, 0.0, 0.0, "", 0, True])
+        if e32 >= g[0]:
+            g[0], g[4] = e32, k
+        g[1], g[2], g[3], g[5], g[6] = max(g[1], n32), max(g[2], e64), max(g[3], r), g[5] + 1, g[6] and passed
+    for group, (e32, n32, e64, r, worst_key, n, passed) in groups.items():
+        label = f"{group} ({n}; worst {worst_key[5:]})" if group == "grad.*" else group
+        print(f"  {label:56s} {e32:11.2e} {n32:12.2e} {e64:11.2e} {r:10.2e}{'' if passed else '  <-- FAIL'}")
+    for k, e32, n32, e64, r in isolated:
+        print(f"  outside {args.tol:.0e} max-relative: {k}: max {e32:.2e}, normwise {n32:.2e}; "
+              f"normwise to float64: ours {e64:.2e}, reference float32 {r:.2e}")
+    for k, e32, e64, r in failures[:10]:
+        print(f"  failed: {k}: ours/ref32 {e32:.2e} ours/ref64 {e64:.2e} ref32/ref64 {r:.2e}")
+    print(f"  matches identical: {match_ok}; trainable tensors: reference {sum(k.startswith('grad.') for k in ref32)},"
+          f" detr-c {sum(k.startswith('grad.') for k in ours)}")
+    ok = ok and match_ok and not missing and not extra
+    if missing or extra:
+        print(f"  missing in detr-c: {missing[:5]}; not in the reference: {extra[:5]}")
+    print("PASS" if ok else "FAIL", f"(worst max-relative ours/ref32 {worst32:.2e}; each quantity within {args.tol:.0e}"
+          " max-relative or normwise of the float32 reference, or within twice its distance to float64)")
     sys.exit(0 if ok else 1)
 
 

@@ -212,6 +212,10 @@ int cmd_step(int argc, char **argv) {
   st_writer_add_tensor(w, "loss.total", loss.total);
   st_writer_add(w, "loss.class_error", ST_F32, 0, NULL, &loss.class_error);
   st_writer_add(w, "loss.cardinality_error", ST_F32, 0, NULL, &loss.cardinality_error);
+  for (int l = 0; l < n_aux; l++) {
+    snprintf(name, sizeof name, "loss.cardinality_error_%d", l);
+    st_writer_add(w, name, ST_F32, 0, NULL, &loss.aux_cardinality_error[l]);
+  }
   for (int i = 0; i < model->params.count; i++) {
     const Param *p = &model->params.items[i];
     if (p->kind != PARAM_TRAINABLE) continue;
