@@ -78,3 +78,15 @@ Tensor *op_box_xyxy_to_cxcywh(Tensor *boxes);
 // Generalized IoU of matched pairs a[i], b[i] of xyxy boxes [N, 4] -> [N]: IoU from the areas,
 // intersection and union, minus (enclosing - union) / enclosing.
 Tensor *op_box_giou(Tensor *a, Tensor *b);
+
+// --- ENACT (ops_enact.c; nn/enact.h builds the layer from them) ---
+// Clustering (the supplement's Eq. 2): K, V [M, d], H [M] -> K' (returned) and V' (*Vc_out),
+// [L, d]: row j = sum over region j (rows starts[j] .. starts[j]+lengths[j]-1) of w_i s_i K_i with
+// w = softmax of H within the region and s_i = -signs[i] (signs: host [M], or NULL for s = 1).
+// Gradients reach K, V and H (the exact form of Eq. 3; docs/enact.md).
+Tensor *op_enact_cluster(Tensor *K, Tensor *V, Tensor *H, const float *signs, const int64_t *starts,
+                         const int64_t *lengths, int64_t L, Tensor **Vc_out);
+// Gaussian smoothing of x [B, Hp*Wp] inside each image's valid top-left valid_h x valid_w region
+// (zero outside): rows then columns, or (one_d) along the valid pixels' row-major sequence.
+Tensor *op_enact_smooth(Tensor *x, int64_t Hp, int64_t Wp, const int64_t *valid_h, const int64_t *valid_w,
+                        const float *taps, int ntaps, bool one_d);

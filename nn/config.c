@@ -12,7 +12,8 @@ int detr_config_preset(const char *name, DetrConfig *cfg) {
   // 91 classes (COCO ids 1..90, plus the unused 0).
   DetrConfig r50 = {.backbone_depth = 50, .train_backbone = true, .hidden_dim = 256, .nheads = 8,
                     .enc_layers = 6, .dec_layers = 6, .ffn_dim = 2048, .num_queries = 100,
-                    .num_classes = 91, .dropout = 0.1f, .aux_loss = true};
+                    .num_classes = 91, .dropout = 0.1f, .aux_loss = true,
+                    .enact_opt = {.sigma = 3.0f}};
   if (!strcmp(name, "detr-r50")) {
     *cfg = r50;
   } else if (!strcmp(name, "detr-r18-small")) {  // CPU-sized
@@ -51,6 +52,9 @@ static const Field FIELDS[] = {
     F(dilation, FIELD_BOOL), F(train_backbone, FIELD_BOOL), F(hidden_dim, FIELD_INT), F(nheads, FIELD_INT),
     F(enc_layers, FIELD_INT), F(dec_layers, FIELD_INT), F(ffn_dim, FIELD_INT), F(num_queries, FIELD_INT),
     F(num_classes, FIELD_INT), F(dropout, FIELD_FLOAT), F(pre_norm, FIELD_BOOL), F(aux_loss, FIELD_BOOL),
+    F(enact, FIELD_BOOL), {"enact_sigma", FIELD_FLOAT, offsetof(DetrConfig, enact_opt.sigma)},
+    {"enact_1d", FIELD_BOOL, offsetof(DetrConfig, enact_opt.one_d)},
+    {"enact_sign_factor", FIELD_BOOL, offsetof(DetrConfig, enact_opt.sign_factor)},
 };
 #undef F
 
@@ -123,6 +127,7 @@ int detr_config_validate(const DetrConfig *c, char *err, size_t err_cap) {
   else if (c->num_queries <= 0) problem = "num_queries must be positive";
   else if (c->num_classes <= 0) problem = "num_classes must be positive";
   else if (!(c->dropout >= 0.0f && c->dropout < 1.0f)) problem = "dropout must be in [0, 1)";
+  else if (c->enact && !(c->enact_opt.sigma > 0.0f && c->enact_opt.sigma <= 10.0f)) problem = "enact_sigma must be in (0, 10]";
   if (problem) {
     snprintf(err, err_cap, "config: %s", problem);
     return -1;

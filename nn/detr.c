@@ -23,7 +23,10 @@ DetrModel *detr_model_create(const DetrConfig *cfg, Device dev) {
   char name[112];
   for (int i = 0; i < cfg->enc_layers; i++) {
     snprintf(name, sizeof name, "transformer.encoder.layers.%d", i);
-    m->enc[i] = encoder_layer_create(ps, name, s);
+    if (cfg->enact)
+      enact_layer_create(&m->enact[i], ps, name, s, cfg->enact_opt);
+    else
+      m->enc[i] = encoder_layer_create(ps, name, s);
   }
   if (cfg->pre_norm) m->enc_norm = layernorm_create(ps, "transformer.encoder.norm", d);
   for (int i = 0; i < cfg->dec_layers; i++) {
@@ -42,7 +45,12 @@ DetrModel *detr_model_create(const DetrConfig *cfg, Device dev) {
 
 void detr_model_init(DetrModel *m, uint64_t seed) {
   Rng rng = rng_make(seed);
-  for (int i = 0; i < m->cfg.enc_layers; i++) encoder_layer_init(&m->enc[i], &rng);
+  for (int i = 0; i < m->cfg.enc_layers; i++) {
+    if (m->cfg.enact)
+      enact_layer_init(&m->enact[i], &rng);
+    else
+      encoder_layer_init(&m->enc[i], &rng);
+  }
   for (int i = 0; i < m->cfg.dec_layers; i++) decoder_layer_init(&m->dec[i], &rng);
   init_torch_default(m->class_embed.weight, m->class_embed.bias, &rng);
   for (int i = 0; i < m->bbox_embed.n_layers; i++)
@@ -58,7 +66,14 @@ void detr_model_free(DetrModel *m) {
   free(m);
 }
 
-void detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, const uint8_t *mask, DetrOutput *out) {
+void detr_output_free(DetrOutput *out) {
+  for (int i = 0; i < out->n_enact; i++) enact_trace_free(&out->enact[i]);
+  out->n_enact = 0;
+}
+
+int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, const uint8_t *mask, DetrOutput *out,
+                       char *err, size_t err_cap) {
+  memset(out, 0, sizeof *out);
   char sbuf[64];
   DETR_CHECK(images->shape.ndim == 4 && images->shape.d[1] == 3, "detr_model_forward: images must be [B, 3, H, W], got %s",
              shape_str(images->shape, sbuf, sizeof sbuf));
@@ -80,11 +95,20 @@ void detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, co
   Device dev = images->device;
   Tensor *pos = tensor_scoped(tensor_from_host(dev, SHAPE(B, N, d), host));
   Tensor *key_mask = tensor_scoped(tensor_from_host(dev, SHAPE(B, N), additive));
+  EnactGeometry geom = {0};
+  int geom_rc = c->enact ? enact_geometry(small, B, h, w, &geom, err, err_cap) : 0;
   free(small);
   free(host);
+  if (geom_rc) return -1;
 
   Tensor *memory = src;
-  for (int i = 0; i < c->enc_layers; i++) memory = encoder_layer_forward(&m->enc[i], ctx, memory, pos, key_mask);
+  for (int i = 0; i < c->enc_layers; i++) {
+    if (c->enact)
+      memory = enact_layer_forward(&m->enact[i], ctx, memory, pos, key_mask, &geom, NULL, &out->enact[out->n_enact++]);
+    else
+      memory = encoder_layer_forward(&m->enc[i], ctx, memory, pos, key_mask);
+  }
+  enact_geometry_free(&geom);
   if (c->pre_norm) memory = layernorm_forward(&m->enc_norm, memory);
 
   Tensor *tgt = tensor_scoped(tensor_zeros(dev, SHAPE(B, c->num_queries, d)));
@@ -97,4 +121,5 @@ void detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, co
     out->layers[i].logits = linear_forward(&m->class_embed, hs);
     out->layers[i].boxes = op_sigmoid(mlp_forward(&m->bbox_embed, hs));
   }
+  return 0;
 }

@@ -3,6 +3,7 @@
 // layer's output (the earlier ones feed the auxiliary losses).
 #pragma once
 #include "nn/criterion.h"
+#include "nn/enact.h"
 #include "nn/resnet.h"
 #include "nn/transformer.h"
 
@@ -16,6 +17,8 @@ typedef struct {
   float dropout;
   bool pre_norm;
   bool aux_loss;
+  bool enact;              // ENACT clustering in every encoder layer's self-attention
+  EnactOptions enact_opt;  // sigma, 1-D variant, Algorithm 1's sign factor
 } DetrConfig;
 
 // Presets: "detr-r50" (the paper), "detr-r18-small", "tiny" (tests). Returns 0, or -1 if unknown.
@@ -32,7 +35,8 @@ typedef struct {
   ParamStore params;
   ResNet backbone;
   Conv2d input_proj;
-  EncoderLayer enc[DETR_MAX_LAYERS];
+  EncoderLayer enc[DETR_MAX_LAYERS];          // plain DETR
+  EnactEncoderLayer enact[DETR_MAX_LAYERS];   // DETR+ENACT (same names plus W_prob)
   DecoderLayer dec[DETR_MAX_LAYERS];
   LayerNorm enc_norm;  // pre-norm only (transformer.encoder.norm)
   LayerNorm dec_norm;  // transformer.decoder.norm, applied to every layer's output
@@ -51,7 +55,12 @@ typedef struct {
   DetrLayerOutput layers[DETR_MAX_LAYERS];  // decoder layer order; the last is the prediction
   int n_layers;
   int64_t feat_h, feat_w;  // feature map size
+  EnactTrace enact[DETR_MAX_LAYERS];  // per encoder layer with ENACT: smoothed entropy and regions
+  int n_enact;
 } DetrOutput;
+void detr_output_free(DetrOutput *out);  // the ENACT traces
 
-// images [B, 3, H, W] normalized; mask host [B, H, W] (1 = padding).
-void detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, const uint8_t *mask, DetrOutput *out);
+// images [B, 3, H, W] normalized; mask host [B, H, W] (1 = padding). Returns 0, or -1 with err
+// set for a batch ENACT cannot cluster (an image with no valid pixel at feature resolution).
+int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, const uint8_t *mask, DetrOutput *out,
+                       char *err, size_t err_cap);

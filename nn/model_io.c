@@ -25,7 +25,7 @@ int params_load(ParamStore *ps, const StFile *f, const char *const *ignore_prefi
     const Param *p = &ps->items[i];
     const StEntry *e = st_find(f, p->name);
     if (!e) {
-      report(err, err_cap, &problems, "\n  missing: %s%s", p->name, "");
+      if (!p->optional) report(err, err_cap, &problems, "\n  missing: %s%s", p->name, "");
       continue;
     }
     Shape s = {.ndim = e->ndim};
@@ -56,8 +56,10 @@ int params_load(ParamStore *ps, const StFile *f, const char *const *ignore_prefi
     }
     return -1;
   }
-  for (int i = 0; i < ps->count; i++)
+  for (int i = 0; i < ps->count; i++) {
+    if (ps->items[i].optional && !st_find(f, ps->items[i].name)) continue;  // keeps its initial value
     if (st_read_f32_into(f, ps->items[i].name, ps->items[i].tensor, err, err_cap)) return -1;
+  }
   return 0;
 }
 

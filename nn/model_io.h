@@ -1,7 +1,7 @@
 // Model tensors to and from safetensors files under their reference names. Loading is strict:
 // every parameter and buffer must be present as F32 with the model's shape, and nothing else may
 // be in the file (beyond names under the given ignored prefixes, e.g. a checkpoint's optimizer
-// state). All problems are reported by name and the load is refused.
+// state). Parameters marked optional (ENACT's W_prob) may be absent and keep their values. All problems are reported by name and the load is refused.
 #pragma once
 #include "nn/params.h"
 #include "tensor/safetensors.h"

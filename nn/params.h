@@ -19,6 +19,7 @@ typedef struct {
   Tensor *tensor;  // owned by the store
   ParamKind kind;
   LrGroup group;
+  bool optional;  // may be absent from a weights file (ENACT's W_prob when loading DETR weights)
 } Param;
 
 typedef struct {

@@ -45,7 +45,8 @@ START_TEST(tiny_forward_loss_backward) {
   NnCtx ctx = {.training = true, .dropout_rng = &drop};
   ScopeMark mark = tensor_scope_mark();
   DetrOutput out;
-  detr_model_forward(m, &ctx, images, mask, &out);
+  char ferr[256];
+  ck_assert_int_eq(detr_model_forward(m, &ctx, images, mask, &out, ferr, sizeof ferr), 0);
   ck_assert_int_eq(out.n_layers, 2);
   ck_assert_int_eq(out.feat_h, 2);
   ck_assert_int_eq(out.feat_w, 3);
@@ -76,6 +77,7 @@ START_TEST(tiny_forward_loss_backward) {
       ck_assert_msg(p->tensor->grad == NULL, "%s is not trainable but has a gradient", p->name);
     }
   }
+  detr_output_free(&out);
   tensor_scope_release(mark);
   tensor_release(images);
   detr_model_free(m);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "nn/criterion.h"
+#include "nn/enact.h"
 #include "nn/resnet.h"
 #include "nn/transformer.h"
 #include "tests/gradcheck.h"
@@ -635,6 +636,135 @@ START_TEST(grad_bottleneck) {
 }
 END_TEST
 
+// --- ENACT: the clustering op (both sign options), the smoothing, the attention over clusters
+// and a whole ENACT encoder layer; batches with padding and regions of length 1 ---
+
+// 2 images of 3x4 pixels; image 1 is padded to its top-left 2x3 (pixels 16,17,18, 20,21,22).
+// Regions: image 0 [0,3) [3,4) [4,9) [9,12); image 1 [12,15) [16,17) [17,19) [20,21) [21,23).
+static const int64_t REGION_STARTS[] = {0, 3, 4, 9, 12, 16, 17, 20, 21};
+static const int64_t REGION_LENGTHS[] = {3, 1, 5, 3, 3, 1, 2, 1, 2};
+#define N_REGIONS 9
+static const float SIGNS[24] = {1, 1, 1, -1, 1, 1, 1, 1, 1, -1, -1, -1,
+                                1, 1, 1, 0, -1, 1, 1, 0, 1, -1, -1, 0};
+
+static Tensor *f_enact_cluster(Tensor *const *in, void *c) {
+  Tensor *vc;
+  Tensor *kc = op_enact_cluster(in[0], in[1], in[2], c ? SIGNS : NULL, REGION_STARTS, REGION_LENGTHS, N_REGIONS, &vc);
+  Tensor *both[2] = {kc, vc};
+  return op_concat(both, 2, 0);
+}
+
+START_TEST(grad_enact_cluster) {
+  for (int with_sign = 0; with_sign < 2; with_sign++) {
+    Tensor *in[3] = {U(SHAPE(24, 5), 400 + with_sign), U(SHAPE(24, 5), 402 + with_sign),
+                     test_uniform(SHAPE(24), -2, 2, 404 + with_sign, true)};
+    expect_grad(with_sign ? "enact_cluster (sign factor)" : "enact_cluster", f_enact_cluster, in, 3,
+                with_sign ? (void *)SIGNS : NULL, TOL);
+  }
+}
+END_TEST
+
+typedef struct {
+  int64_t vh[2], vw[2];
+  float taps[64];
+  int ntaps;
+  bool one_d;
+} SmoothCtx;
+
+static Tensor *f_enact_smooth(Tensor *const *in, void *c) {
+  SmoothCtx *s = c;
+  return op_enact_smooth(in[0], 3, 4, s->vh, s->vw, s->taps, s->ntaps, s->one_d);
+}
+
+START_TEST(grad_enact_smooth) {
+  for (int one_d = 0; one_d < 2; one_d++) {
+    SmoothCtx c = {.vh = {3, 2}, .vw = {4, 3}, .one_d = one_d};
+    c.ntaps = enact_gaussian_taps(1.0f, c.taps);  // 3 taps: the 3x4 map sees the kernel's edges
+    Tensor *x = U(SHAPE(2, 12), 410 + one_d);
+    expect_grad(one_d ? "enact_smooth (1-D)" : "enact_smooth", f_enact_smooth, &x, 1, &c, TOL);
+  }
+}
+END_TEST
+
+typedef struct {
+  MultiheadAttention mha;
+  EnactRegions regions;
+} ClusterAttnCtx;
+
+static Tensor *f_cluster_attention(Tensor *const *in, void *c) {
+  ClusterAttnCtx *a = c;
+  return enact_cluster_attention(&a->mha, &EVAL_CTX, in[0], in[1], in[2], &a->regions);
+}
+
+START_TEST(grad_enact_attention) {
+  ParamStore ps;
+  params_init(&ps, DEVICE_CPU);
+  ClusterAttnCtx c = {.mha = mha_create(&ps, "attn", 8, 2, 0.1f)};
+  randomize_params(&ps, 420);
+  int64_t starts[5] = {0, 2, 3, 7, 9}, lengths[5] = {2, 1, 4, 2, 1}, offsets[3] = {0, 3, 5};
+  c.regions = (EnactRegions){.count = 5, .starts = starts, .lengths = lengths, .image_offset = offsets, .B = 2};
+  // Queries [2, 6, 8]; clusters [5, 8]: image 0 has 3, image 1 has 2 (padded to 3 with a masked key).
+  Tensor *in[16] = {U(SHAPE(2, 6, 8), 421), U(SHAPE(5, 8), 422), U(SHAPE(5, 8), 423)};
+  int n = block_inputs(in, 3, &ps);
+  expect_grad("enact attention", f_cluster_attention, in, n, &c, TOL);
+  params_free(&ps);
+}
+END_TEST
+
+typedef struct {
+  EnactEncoderLayer layer;
+  EnactGeometry geom;
+  EnactTrace fixed;
+  Tensor *pos, *mask;
+} EnactLayerCtx;
+
+static Tensor *f_enact_layer(Tensor *const *in, void *c) {
+  EnactLayerCtx *e = c;
+  return enact_layer_forward(&e->layer, &EVAL_CTX, in[0], e->pos, e->mask, &e->geom, &e->fixed, NULL);
+}
+
+START_TEST(grad_enact_layer) {
+  for (int with_sign = 0; with_sign < 2; with_sign++) {
+    TransformerShape s = {.dim = 8, .heads = 2, .ffn_dim = 12, .dropout = 0.1f};
+    EnactOptions opt = {.sigma = 1.0f, .sign_factor = with_sign};
+    ParamStore ps;
+    params_init(&ps, DEVICE_CPU);
+    EnactLayerCtx c = {0};
+    enact_layer_create(&c.layer, &ps, "enc", s, opt);
+    randomize_params(&ps, 450 + with_sign);
+    // FFN biases of +-4: each hidden ReLU is on or off for every token, none sits within a step of
+    // its kink (288 ReLU inputs would otherwise put one there by chance); both branches are checked.
+    for (int64_t k = 0; k < c.layer.base.linear1.bias->numel; k++) c.layer.base.linear1.bias->data[k] = k % 2 ? 4.0f : -4.0f;
+    uint8_t pad[24] = {0};
+    float additive[24];
+    for (int i = 0; i < 24; i++) {
+      int y = (i % 12) / 4, x = i % 4;
+      pad[i] = i >= 12 && (y >= 2 || x >= 3);
+      additive[i] = pad[i] ? -INFINITY : 0.0f;
+    }
+    char err[128];
+    ck_assert_int_eq(enact_geometry(pad, 2, 3, 4, &c.geom, err, sizeof err), 0);
+    c.mask = tensor_from_host(DEVICE_CPU, SHAPE(2, 12), additive);
+    c.pos = test_uniform(SHAPE(2, 12, 8), -1, 1, 432, false);
+    Tensor *in[24] = {U(SHAPE(2, 12, 8), 433)};
+    // The regions (and signs) of the unperturbed input, held fixed while differencing.
+    ScopeMark mark = tensor_scope_mark();
+    bool was = autograd_set_grad_enabled(false);
+    enact_layer_forward(&c.layer, &EVAL_CTX, in[0], c.pos, c.mask, &c.geom, NULL, &c.fixed);
+    autograd_set_grad_enabled(was);
+    tensor_scope_release(mark);
+    ck_assert_int_gt(c.fixed.regions.count, 2);
+    int n = block_inputs(in, 1, &ps);
+    expect_grad(with_sign ? "enact encoder layer (sign factor)" : "enact encoder layer", f_enact_layer, in, n, &c, TOL);
+    enact_trace_free(&c.fixed);
+    enact_geometry_free(&c.geom);
+    tensor_release(c.mask);
+    tensor_release(c.pos);
+    params_free(&ps);
+  }
+}
+END_TEST
+
 // --- registry: `test_grad NAME` runs one op's suite, no argument runs all ---
 
 typedef struct {
@@ -657,7 +787,8 @@ int main(int argc, char **argv) {
     {"box_cxcywh_to_xyxy", grad_box_cxcywh_to_xyxy}, {"box_xyxy_to_cxcywh", grad_box_xyxy_to_cxcywh},
     {"box_giou", grad_box_giou}, {"criterion", grad_criterion},
     {"attention", grad_attention}, {"encoder_decoder_layers", grad_encoder_layer_and_decoder_layer},
-    {"bottleneck", grad_bottleneck},
+    {"bottleneck", grad_bottleneck}, {"enact_cluster", grad_enact_cluster}, {"enact_smooth", grad_enact_smooth},
+    {"enact_attention", grad_enact_attention}, {"enact_layer", grad_enact_layer},
   };
   const char *only = argc > 1 ? argv[1] : NULL;
   SRunner *sr = srunner_create(NULL);

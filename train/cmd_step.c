@@ -169,7 +169,11 @@ int cmd_step(int argc, char **argv) {
   Rng dropout_rng = rng_make((uint64_t)seed ^ 0xd40bu);
   NnCtx ctx = {.training = !no_dropout, .dropout_rng = &dropout_rng};
   DetrOutput out;
-  detr_model_forward(model, &ctx, batch.images, batch.mask, &out);
+  if (detr_model_forward(model, &ctx, batch.images, batch.mask, &out, err, sizeof err)) {
+    free_batch(&batch);
+    detr_model_free(model);
+    return fail(err);
+  }
   int64_t total_boxes = 0;
   for (int64_t i = 0; i < batch.B; i++) total_boxes += batch.targets[i].n;
   float num_boxes = total_boxes > 1 ? (float)total_boxes : 1.0f;
@@ -178,6 +182,7 @@ int cmd_step(int argc, char **argv) {
   int n_aux = cfg.aux_loss ? out.n_layers - 1 : 0;
   if (criterion_forward(&ccfg, out.layers[out.n_layers - 1], out.layers, n_aux, batch.targets, num_boxes, NULL, &loss,
                         err, sizeof err)) {
+    detr_output_free(&out);
     free_batch(&batch);
     detr_model_free(model);
     return fail(err);
@@ -216,6 +221,15 @@ int cmd_step(int argc, char **argv) {
     snprintf(name, sizeof name, "loss.cardinality_error_%d", l);
     st_writer_add(w, name, ST_F32, 0, NULL, &loss.aux_cardinality_error[l]);
   }
+  for (int l = 0; l < out.n_enact; l++) {  // what ENACT did in each encoder layer
+    const EnactTrace *t = &out.enact[l];
+    snprintf(name, sizeof name, "enact.%d.entropy", l);
+    st_writer_add_tensor(w, name, t->entropy);
+    snprintf(name, sizeof name, "enact.%d.region_starts", l);
+    st_writer_add(w, name, ST_I64, 1, (int64_t[]){t->regions.count}, t->regions.starts);
+    snprintf(name, sizeof name, "enact.%d.region_lengths", l);
+    st_writer_add(w, name, ST_I64, 1, (int64_t[]){t->regions.count}, t->regions.lengths);
+  }
   for (int i = 0; i < model->params.count; i++) {
     const Param *p = &model->params.items[i];
     if (p->kind != PARAM_TRAINABLE) continue;
@@ -233,6 +247,7 @@ int cmd_step(int argc, char **argv) {
   st_writer_set_metadata(w, "config", cfg_text);
   rc = st_writer_save(w, out_path, err, sizeof err);
   st_writer_free(w);
+  detr_output_free(&out);
   criterion_result_free(&loss);
   free_batch(&batch);
   detr_model_free(model);

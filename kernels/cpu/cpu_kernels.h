@@ -93,3 +93,19 @@ void cpu_box_convert_backward(const float *dout, float *din, int64_t boxes, bool
 void cpu_box_giou_forward(const float *a, const float *b, float *out, int64_t n);
 void cpu_box_giou_backward(const float *a, const float *b, const float *dout, float *da,
                            float *db, int64_t n);
+
+// enact.c: ENACT's clustering (kernels/enact_math.h). K, V [M, d]; H [M]; signs [M] or NULL;
+// regions starts/lengths [L]; Kc, Vc [L, d]. dK, dV, dH may be NULL.
+void cpu_enact_cluster_forward(const float *K, const float *V, const float *H, const float *signs,
+                               const int64_t *starts, const int64_t *lengths, int64_t L, int64_t d, float *Kc,
+                               float *Vc);
+void cpu_enact_cluster_backward(const float *K, const float *V, const float *H, const float *signs,
+                                const int64_t *starts, const int64_t *lengths, int64_t L, int64_t d,
+                                const float *Kc, const float *Vc, const float *dKc, const float *dVc, float *dK,
+                                float *dV, float *dH);
+// Gaussian smoothing of each image's valid h_b x w_b region of x [B, Hp*Wp] (zero outside it):
+// taps [ntaps] centred, rows then columns (two_d), or along the valid pixels' row-major sequence.
+// y [B, Hp*Wp] += result (0 on padding). Self-adjoint: backward is the same call on the gradient.
+// workspace: B*Hp*Wp floats.
+void cpu_enact_smooth(const float *x, float *y, int64_t B, int64_t Hp, int64_t Wp, const int64_t *valid_h,
+                      const int64_t *valid_w, const float *taps, int64_t ntaps, bool two_d, float *workspace);

@@ -1,0 +1,101 @@
+// ENACT's differentiable pieces: the clustering op and the Gaussian smoothing of the entropy map.
+#include <string.h>
+
+#include "autograd/op_util.h"
+
+// --- clustering: node buffer = [starts L][lengths L] int64, then signs [M] float (optional) ---
+
+static void enact_cluster_backward_node(TapeNode *n) {
+  Tensor *K = n->in[0], *V = n->in[1], *H = n->in[2], *Kc = n->out[0], *Vc = n->out[1];
+  int64_t L = n->iarg[0], d = K->shape.d[1];
+  const int64_t *starts = n->buf, *lengths = starts + L;
+  const float *signs = n->iarg[1] ? (const float *)(lengths + L) : NULL;
+  CPU_ONLY(K->device, "enact_cluster",
+           cpu_enact_cluster_backward(K->data, V->data, H->data, signs, starts, lengths, L, d, Kc->data, Vc->data,
+                                      Kc->grad->data, Vc->grad->data, grad_data_or_null(K), grad_data_or_null(V),
+                                      grad_data_or_null(H)));
+}
+
+Tensor *op_enact_cluster(Tensor *K, Tensor *V, Tensor *H, const float *signs, const int64_t *starts,
+                         const int64_t *lengths, int64_t L, Tensor **Vc_out) {
+  char sk[64], sv[64], sh[64];
+  DETR_CHECK(K->shape.ndim == 2 && shape_equal(K->shape, V->shape) && H->numel == K->shape.d[0],
+             "enact_cluster: K %s, V %s, H %s are not [M, d], [M, d], [M]", shape_str(K->shape, sk, sizeof sk),
+             shape_str(V->shape, sv, sizeof sv), shape_str(H->shape, sh, sizeof sh));
+  check_same_device("enact_cluster", K, V);
+  check_same_device("enact_cluster", K, H);
+  int64_t M = K->shape.d[0], d = K->shape.d[1];
+  int64_t covered = 0;
+  for (int64_t j = 0; j < L; j++) {
+    DETR_CHECK(lengths[j] >= 1 && starts[j] >= covered && starts[j] + lengths[j] <= M,
+               "enact_cluster: region %lld [%lld, +%lld) is empty, overlaps the previous one or leaves [0, %lld)",
+               (long long)j, (long long)starts[j], (long long)lengths[j], (long long)M);
+    covered = starts[j] + lengths[j];
+  }
+  Tensor *Kc = tensor_new_scoped(K->device, SHAPE(L, d)), *Vc = tensor_new_scoped(K->device, SHAPE(L, d));
+  CPU_ONLY(K->device, "enact_cluster",
+           cpu_enact_cluster_forward(K->data, V->data, H->data, signs, starts, lengths, L, d, Kc->data, Vc->data));
+  Tensor *in[3] = {K, V, H};
+  TapeNode *n = autograd_record("enact_cluster", enact_cluster_backward_node, Kc, 3, in);
+  if (n) {
+    autograd_add_output(n, Vc);
+    n->iarg[0] = L;
+    n->iarg[1] = signs != NULL;
+    size_t index_bytes = (size_t)(2 * L) * sizeof(int64_t), sign_bytes = signs ? (size_t)M * sizeof(float) : 0;
+    char *buf = autograd_node_buffer(n, DEVICE_CPU, index_bytes + sign_bytes);
+    memcpy(buf, starts, (size_t)L * sizeof(int64_t));
+    memcpy(buf + (size_t)L * sizeof(int64_t), lengths, (size_t)L * sizeof(int64_t));
+    if (signs) memcpy(buf + index_bytes, signs, sign_bytes);
+  }
+  *Vc_out = Vc;
+  return Kc;
+}
+
+// --- smoothing: linear and self-adjoint, so backward applies the same filter to the gradient.
+// Node buffer = [valid_h B][valid_w B] int64, then the taps. ---
+
+static void smooth(Device dev, const float *x, float *y, int64_t B, int64_t Hp, int64_t Wp, const int64_t *vh,
+                   const int64_t *vw, const float *taps, int64_t ntaps, bool one_d) {
+  size_t ws_bytes = (size_t)(B * Hp * Wp) * sizeof(float);
+  float *ws = detr_alloc(DEVICE_CPU, ws_bytes);
+  CPU_ONLY(dev, "enact_smooth", cpu_enact_smooth(x, y, B, Hp, Wp, vh, vw, taps, ntaps, !one_d, ws));
+  detr_free(DEVICE_CPU, ws, ws_bytes);
+}
+
+static void enact_smooth_backward_node(TapeNode *n) {
+  Tensor *x = n->in[0], *y = n->out[0];
+  float *dx = grad_data_or_null(x);
+  if (!dx) return;
+  int64_t B = x->shape.d[0], Hp = n->iarg[0], Wp = n->iarg[1], ntaps = n->iarg[2];
+  const int64_t *vh = n->buf, *vw = vh + B;
+  smooth(x->device, y->grad->data, dx, B, Hp, Wp, vh, vw, (const float *)(vw + B), ntaps, n->iarg[3]);
+}
+
+Tensor *op_enact_smooth(Tensor *x, int64_t Hp, int64_t Wp, const int64_t *valid_h, const int64_t *valid_w,
+                        const float *taps, int ntaps, bool one_d) {
+  char s[64];
+  DETR_CHECK(x->shape.ndim == 2 && x->shape.d[1] == Hp * Wp, "enact_smooth: input %s is not [B, %lld]",
+             shape_str(x->shape, s, sizeof s), (long long)(Hp * Wp));
+  DETR_CHECK(ntaps % 2 == 1, "enact_smooth: %d taps, expected an odd count", ntaps);
+  int64_t B = x->shape.d[0];
+  for (int64_t b = 0; b < B; b++)
+    DETR_CHECK(valid_h[b] >= 1 && valid_h[b] <= Hp && valid_w[b] >= 1 && valid_w[b] <= Wp,
+               "enact_smooth: image %lld's valid region %lldx%lld is outside %lldx%lld", (long long)b,
+               (long long)valid_h[b], (long long)valid_w[b], (long long)Hp, (long long)Wp);
+  Tensor *y = tensor_new_scoped(x->device, x->shape);
+  tensor_fill_(y, 0.0f);
+  smooth(x->device, x->data, y->data, B, Hp, Wp, valid_h, valid_w, taps, ntaps, one_d);
+  TapeNode *n = autograd_record("enact_smooth", enact_smooth_backward_node, y, 1, &x);
+  if (n) {
+    n->iarg[0] = Hp;
+    n->iarg[1] = Wp;
+    n->iarg[2] = ntaps;
+    n->iarg[3] = one_d;
+    size_t geom = (size_t)(2 * B) * sizeof(int64_t);
+    char *buf = autograd_node_buffer(n, DEVICE_CPU, geom + (size_t)ntaps * sizeof(float));
+    memcpy(buf, valid_h, (size_t)B * sizeof(int64_t));
+    memcpy(buf + (size_t)B * sizeof(int64_t), valid_w, (size_t)B * sizeof(int64_t));
+    memcpy(buf + geom, taps, (size_t)ntaps * sizeof(float));
+  }
+  return y;
+}

@@ -1,0 +1,81 @@
+// ENACT's clustering on the CPU: regions in parallel (OpenMP), the same arithmetic as the CUDA
+// kernel (kernels/enact_math.h). Gradients accumulate.
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/enact_math.h"
+
+void cpu_enact_cluster_forward(const float *K, const float *V, const float *H, const float *signs,
+                               const int64_t *starts, const int64_t *lengths, int64_t L, int64_t d, float *Kc,
+                               float *Vc) {
+#pragma omp parallel for schedule(static) if (L * d > 4096)
+  for (int64_t j = 0; j < L; j++) {
+    float max, sum;
+    enact_region_softmax(H, starts[j], lengths[j], &max, &sum);
+    for (int64_t c = 0; c < d; c++) {
+      Kc[j * d + c] = enact_cluster_elem(K, H, signs, starts[j], lengths[j], d, c, max, sum);
+      Vc[j * d + c] = enact_cluster_elem(V, H, signs, starts[j], lengths[j], d, c, max, sum);
+    }
+  }
+}
+
+void cpu_enact_cluster_backward(const float *K, const float *V, const float *H, const float *signs,
+                                const int64_t *starts, const int64_t *lengths, int64_t L, int64_t d,
+                                const float *Kc, const float *Vc, const float *dKc, const float *dVc, float *dK,
+                                float *dV, float *dH) {
+  // Regions are disjoint row ranges: parallel over regions writes disjoint rows.
+#pragma omp parallel for schedule(static) if (L * d > 4096)
+  for (int64_t j = 0; j < L; j++) {
+    float max, sum;
+    enact_region_softmax(H, starts[j], lengths[j], &max, &sum);
+    for (int64_t i = starts[j]; i < starts[j] + lengths[j]; i++) {
+      float w = enact_weight(H[i], max, sum), s = enact_sign(signs, i);
+      float dh = 0.0f;
+      for (int64_t c = 0; c < d; c++) {
+        if (dK) dK[i * d + c] += w * s * dKc[j * d + c];
+        if (dV) dV[i * d + c] += w * s * dVc[j * d + c];
+        dh += enact_dh_term(w, s, K[i * d + c], Kc[j * d + c], dKc[j * d + c]);
+        dh += enact_dh_term(w, s, V[i * d + c], Vc[j * d + c], dVc[j * d + c]);
+      }
+      if (dH) dH[i] += dh;
+    }
+  }
+}
+
+// One image: valid region [h, w] inside the padded [Hp, Wp] grid. tmp holds h*w floats.
+static void smooth_image(const float *x, float *y, int64_t Wp, int64_t h, int64_t w, const float *taps,
+                         int64_t ntaps, bool two_d, float *tmp) {
+  int64_t r = ntaps / 2;
+  if (two_d) {
+    for (int64_t yy = 0; yy < h; yy++)  // along rows
+      for (int64_t xx = 0; xx < w; xx++) {
+        float acc = 0.0f;
+        for (int64_t t = -r; t <= r; t++)
+          if (xx + t >= 0 && xx + t < w) acc += taps[t + r] * x[yy * Wp + xx + t];
+        tmp[yy * w + xx] = acc;
+      }
+    for (int64_t yy = 0; yy < h; yy++)  // then along columns
+      for (int64_t xx = 0; xx < w; xx++) {
+        float acc = 0.0f;
+        for (int64_t t = -r; t <= r; t++)
+          if (yy + t >= 0 && yy + t < h) acc += taps[t + r] * tmp[(yy + t) * w + xx];
+        y[yy * Wp + xx] += acc;
+      }
+    return;
+  }
+  // 1-D: the valid pixels in row-major order form one sequence of length h*w.
+  int64_t n = h * w;
+  for (int64_t i = 0; i < n; i++) tmp[i] = x[(i / w) * Wp + i % w];
+  for (int64_t i = 0; i < n; i++) {
+    float acc = 0.0f;
+    for (int64_t t = -r; t <= r; t++)
+      if (i + t >= 0 && i + t < n) acc += taps[t + r] * tmp[i + t];
+    y[(i / w) * Wp + i % w] += acc;
+  }
+}
+
+void cpu_enact_smooth(const float *x, float *y, int64_t B, int64_t Hp, int64_t Wp, const int64_t *valid_h,
+                      const int64_t *valid_w, const float *taps, int64_t ntaps, bool two_d, float *tmp) {
+  int64_t N = Hp * Wp;
+#pragma omp parallel for schedule(static) if (B > 1 && N > 1024)
+  for (int64_t b = 0; b < B; b++)
+    smooth_image(x + b * N, y + b * N, Wp, valid_h[b], valid_w[b], taps, ntaps, two_d, tmp + b * N);
+}

@@ -1,0 +1,212 @@
+#include "nn/enact.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+EnactOptions enact_options_default(void) { return (EnactOptions){.sigma = 3.0f, .one_d = false, .sign_factor = false}; }
+
+int enact_geometry(const uint8_t *mask, int64_t B, int64_t Hp, int64_t Wp, EnactGeometry *g, char *err, size_t cap) {
+  *g = (EnactGeometry){.B = B, .Hp = Hp, .Wp = Wp};
+  g->valid_h = calloc((size_t)(2 * B), sizeof(int64_t));
+  DETR_CHECK(g->valid_h, "enact_geometry: out of host memory");
+  g->valid_w = g->valid_h + B;
+  for (int64_t b = 0; b < B; b++) {
+    const uint8_t *m = mask + b * Hp * Wp;
+    int64_t h = 0, w = 0;
+    while (h < Hp && !m[h * Wp]) h++;
+    while (w < Wp && !m[w]) w++;
+    for (int64_t y = 0; y < Hp; y++)
+      for (int64_t x = 0; x < Wp; x++)
+        if ((bool)m[y * Wp + x] != (y >= h || x >= w)) {
+          snprintf(err, cap, "ENACT: image %lld's valid pixels are not a top-left rectangle (pixel %lld,%lld)",
+                   (long long)b, (long long)y, (long long)x);
+          enact_geometry_free(g);
+          return -1;
+        }
+    if (h == 0 || w == 0) {
+      snprintf(err, cap, "ENACT: image %lld has no valid pixel at feature resolution", (long long)b);
+      enact_geometry_free(g);
+      return -1;
+    }
+    g->valid_h[b] = h;
+    g->valid_w[b] = w;
+  }
+  return 0;
+}
+
+void enact_geometry_free(EnactGeometry *g) {
+  free(g->valid_h);
+  g->valid_h = g->valid_w = NULL;
+}
+
+int enact_gaussian_taps(float sigma, float *taps) {
+  DETR_CHECK(sigma > 0.0f && sigma <= 10.0f, "ENACT: sigma %g is not in (0, 10]", sigma);
+  int r = (int)floorf(3.0f * sigma - 1.0f);
+  if (r < 0) r = 0;
+  for (int x = -r; x <= r; x++)
+    taps[x + r] = expf(-(float)(x * x) / (2.0f * sigma * sigma)) / (sigma * sqrtf(6.283185307179586f));  // sqrt(2 pi)
+  return 2 * r + 1;
+}
+
+void enact_curvature_sign(const float *hsm, const EnactGeometry *g, bool one_d, float *signs) {
+  int64_t N = g->Hp * g->Wp;
+  for (int64_t b = 0; b < g->B; b++) {
+    const float *m = hsm + b * N;
+    float *s = signs + b * N;
+    int64_t h = g->valid_h[b], w = g->valid_w[b];
+    memset(s, 0, (size_t)N * sizeof(float));
+    for (int64_t y = 0; y < h; y++)
+      for (int64_t x = 0; x < w; x++) {
+        float c;
+        if (one_d) {  // [-1, 2, -1] along the valid row-major sequence
+          int64_t i = y * w + x, n = h * w;
+          float prev = i > 0 ? m[((i - 1) / w) * g->Wp + (i - 1) % w] : 0.0f;
+          float next = i + 1 < n ? m[((i + 1) / w) * g->Wp + (i + 1) % w] : 0.0f;
+          c = -prev + 2.0f * m[y * g->Wp + x] - next;
+        } else {  // -(Sxx + Syy) = -[[2, 0, 2], [0, -8, 0], [2, 0, 2]], zero outside the valid region
+          static const float sxx[3][3] = {{1, -2, 1}, {2, -4, 2}, {1, -2, 1}};
+          float acc = 0.0f;
+          for (int dy = -1; dy <= 1; dy++)
+            for (int dx = -1; dx <= 1; dx++) {
+              int64_t yy = y + dy, xx = x + dx;
+              if (yy < 0 || yy >= h || xx < 0 || xx >= w) continue;
+              acc += (sxx[dy + 1][dx + 1] + sxx[dx + 1][dy + 1]) * m[yy * g->Wp + xx];
+            }
+          c = -acc;
+        }
+        s[y * g->Wp + x] = c > 0.0f ? 1.0f : -1.0f;
+      }
+  }
+}
+
+void enact_find_regions(const float *signs, const EnactGeometry *g, EnactRegions *r) {
+  int64_t N = g->Hp * g->Wp, M = g->B * N;
+  *r = (EnactRegions){.B = g->B};
+  // At most one region per valid pixel: size the arrays for that.
+  r->starts = malloc((size_t)(2 * M + g->B + 1) * sizeof(int64_t));
+  DETR_CHECK(r->starts, "enact_find_regions: out of host memory");
+  r->lengths = r->starts + M;
+  r->image_offset = r->lengths + M;
+  for (int64_t b = 0; b < g->B; b++) {
+    r->image_offset[b] = r->count;
+    bool open = false;
+    for (int64_t p = 0; p < N; p++) {
+      int64_t i = b * N + p;
+      if (signs[i] == 0.0f) {  // padding closes a run
+        open = false;
+        continue;
+      }
+      if (open && signs[i] == signs[i - 1]) {
+        r->lengths[r->count - 1]++;
+      } else {
+        r->starts[r->count] = i;
+        r->lengths[r->count] = 1;
+        r->count++;
+        open = true;
+      }
+    }
+  }
+  r->image_offset[g->B] = r->count;
+}
+
+void enact_regions_free(EnactRegions *r) {
+  free(r->starts);
+  *r = (EnactRegions){0};
+}
+
+void enact_trace_free(EnactTrace *t) {
+  free(t->signs);
+  enact_regions_free(&t->regions);
+  t->signs = NULL;
+  t->entropy = NULL;
+}
+
+void enact_layer_create(EnactEncoderLayer *l, ParamStore *ps, const char *prefix, TransformerShape s,
+                        EnactOptions opt) {
+  l->base = encoder_layer_create(ps, prefix, s);
+  char name[112];
+  snprintf(name, sizeof name, "%s.self_attn.W_prob", prefix);
+  l->w_prob = linear_create(ps, name, s.dim, 1, true, PARAM_TRAINABLE, LR_GROUP_MAIN);
+  // DETR weights have no W_prob: a DETR checkpoint loads into DETR+ENACT with W_prob initialised.
+  ps->items[ps->count - 1].optional = ps->items[ps->count - 2].optional = true;
+  l->opt = opt;
+}
+
+void enact_layer_init(EnactEncoderLayer *l, Rng *rng) {
+  encoder_layer_init(&l->base, rng);
+  init_torch_default(l->w_prob.weight, l->w_prob.bias, rng);
+}
+
+Tensor *enact_cluster_attention(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *Kc, Tensor *Vc,
+                                const EnactRegions *r) {
+  int64_t B = r->B, L = r->count, d = Kc->shape.d[1], lmax = 0;
+  for (int64_t b = 0; b < B; b++) {
+    int64_t n = r->image_offset[b + 1] - r->image_offset[b];
+    lmax = n > lmax ? n : lmax;
+  }
+  // Each image's clusters padded to lmax with a zero row (index L) that the key mask hides.
+  int64_t *idx = malloc((size_t)(B * lmax) * sizeof(int64_t));
+  float *mask = malloc((size_t)(B * lmax) * sizeof(float));
+  DETR_CHECK(idx && mask, "enact_cluster_attention: out of host memory");
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t k = 0; k < lmax; k++) {
+      int64_t j = r->image_offset[b] + k;
+      bool real = j < r->image_offset[b + 1];
+      idx[b * lmax + k] = real ? j : L;
+      mask[b * lmax + k] = real ? 0.0f : -INFINITY;
+    }
+  Tensor *zero = tensor_scoped(tensor_zeros(Kc->device, SHAPE(1, d)));
+  Tensor *kparts[2] = {Kc, zero}, *vparts[2] = {Vc, zero};
+  Tensor *kpad = op_reshape(op_index_select(op_concat(kparts, 2, 0), idx, B * lmax), SHAPE(B, lmax, d));
+  Tensor *vpad = op_reshape(op_index_select(op_concat(vparts, 2, 0), idx, B * lmax), SHAPE(B, lmax, d));
+  Tensor *key_mask = tensor_scoped(tensor_from_host(Kc->device, SHAPE(B, lmax), mask));
+  free(idx);
+  free(mask);
+  return mha_forward(a, ctx, query, kpad, vpad, key_mask);
+}
+
+Tensor *enact_layer_forward(const EnactEncoderLayer *l, const NnCtx *ctx, Tensor *src, Tensor *pos, Tensor *mask,
+                            const EnactGeometry *g, const EnactTrace *fixed, EnactTrace *trace) {
+  int64_t B = src->shape.d[0], N = src->shape.d[1], d = src->shape.d[2];
+  DETR_CHECK(N == g->Hp * g->Wp && B == g->B, "enact_layer_forward: input [%lld, %lld, .] does not fit the geometry",
+             (long long)B, (long long)N);
+  Tensor *x = l->base.s.pre_norm ? layernorm_forward(&l->base.norm1, src) : src;
+  Tensor *k_in = op_add(x, pos);  // q = k = src + pos, v = src
+
+  // 1. Self-information of each pixel: H = -p log2(p + 1e-8), p = softmax over valid pixels.
+  Tensor *logit = op_reshape(linear_forward(&l->w_prob, k_in), SHAPE(B, N));
+  Tensor *p = op_softmax(logit, mask);
+  Tensor *H = op_mul_scalar(op_mul(p, op_log(op_add_scalar(p, 1e-8f))), (float)(-1.0 / 0.6931471805599453)  /* log2 = ln / ln 2 */);
+  // 2. Smoothing (differentiable) and the curvature sign (host, no gradient).
+  float taps[64];
+  int ntaps = enact_gaussian_taps(l->opt.sigma, taps);
+  Tensor *hsm = op_enact_smooth(H, g->Hp, g->Wp, g->valid_h, g->valid_w, taps, ntaps, l->opt.one_d);
+  EnactTrace local = {.entropy = hsm};
+  const EnactTrace *use = fixed;
+  if (!use) {
+    float *host = malloc((size_t)(B * N) * sizeof(float));
+    local.signs = malloc((size_t)(B * N) * sizeof(float));
+    DETR_CHECK(host && local.signs, "enact_layer_forward: out of host memory");
+    tensor_to_host(hsm, host);
+    enact_curvature_sign(host, g, l->opt.one_d, local.signs);
+    free(host);
+    // 3. Regions of equal sign.
+    enact_find_regions(local.signs, g, &local.regions);
+    use = &local;
+  }
+  // 4. Cluster the keys' and values' inputs; 5. attend over each image's clusters.
+  Tensor *vc = NULL;
+  Tensor *kc = op_enact_cluster(op_reshape(k_in, SHAPE(B * N, d)), op_reshape(x, SHAPE(B * N, d)),
+                                op_reshape(hsm, SHAPE(B * N)), l->opt.sign_factor ? use->signs : NULL,
+                                use->regions.starts, use->regions.lengths, use->regions.count, &vc);
+  Tensor *attn = enact_cluster_attention(&l->base.self_attn, ctx, k_in, kc, vc, &use->regions);
+  if (trace && !fixed) {
+    *trace = local;
+  } else {
+    if (trace) *trace = (EnactTrace){.entropy = hsm};
+    enact_trace_free(&local);
+  }
+  return encoder_layer_finish(&l->base, ctx, src, attn);
+}

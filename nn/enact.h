@@ -1,0 +1,83 @@
+// ENACT: entropy-based clustering of the encoder's keys and values (../shared/SPEC.md section 6,
+// the supplement in ../shared/seeds/000_*.txt, docs/enact.md). Per encoder layer:
+//   1. self-information H = -p log2(p + 1e-8), p = softmax over each image's valid pixels of
+//      W_prob(k_in) (Linear(d, 1));
+//   2. H smoothed by a Gaussian (differentiable), its curvature's sign Hs (no gradient);
+//   3. regions: maximal runs of equal Hs in batch-flattened row-major order, without padding;
+//   4. K', V' = region-softmax(Hsm)-weighted sums of k_in, v_in rows (op_enact_cluster);
+//   5. every pixel's query attends to its own image's clusters only.
+#pragma once
+#include "nn/transformer.h"
+
+typedef struct {
+  float sigma;          // Gaussian sigma (3)
+  bool one_d;           // the reference code's 1-D smoothing/curvature along each image's row-major order
+  bool sign_factor;     // Algorithm 1's -Hs factor in the clustering sums
+} EnactOptions;
+
+EnactOptions enact_options_default(void);
+
+// Geometry of a batch at feature resolution: padded grid [Hp, Wp], each image's valid top-left
+// h x w region (DETR pads bottom/right).
+typedef struct {
+  int64_t B, Hp, Wp;
+  int64_t *valid_h, *valid_w;  // [B]
+} EnactGeometry;
+
+// From the feature-resolution mask [B, Hp*Wp] (1 = padding). Returns 0, or -1 with err set when
+// an image's valid pixels are not a top-left rectangle.
+int enact_geometry(const uint8_t *mask, int64_t B, int64_t Hp, int64_t Wp, EnactGeometry *g, char *err, size_t cap);
+void enact_geometry_free(EnactGeometry *g);
+
+// The Gaussian taps g(x) = exp(-x^2 / 2 sigma^2) / (sigma sqrt(2 pi)), x = -r..r, r = floor(3 sigma - 1)
+// (not renormalised, as the reference code). Returns the count (2r + 1); taps has room for 64.
+int enact_gaussian_taps(float sigma, float *taps);
+
+// Curvature sign of the smoothed map hsm [B, Hp*Wp] (host): +1 where C > 0 (concave), -1 elsewhere
+// in the valid region, 0 on padding. C = -(Sxx * Hsm + Syy * Hsm) with the second-order Sobel
+// kernels, zero padding outside the valid region (2-D), or C = -Hsm[i-1] + 2 Hsm[i] - Hsm[i+1]
+// along the valid row-major sequence (1-D).
+void enact_curvature_sign(const float *hsm, const EnactGeometry *g, bool one_d, float *signs);
+
+// Regions of a batch: starts/lengths index the batch-flattened pixel order b*N + y*Wp + x.
+typedef struct {
+  int64_t count;           // L
+  int64_t *starts, *lengths;  // [L]
+  int64_t *image_offset;   // [B + 1]: image b's regions are [image_offset[b], image_offset[b+1])
+  int64_t B;
+} EnactRegions;
+
+// Maximal runs of equal sign over valid pixels: a region starts at each image's first pixel, at
+// every sign change and at the first valid pixel after padding. signs: 0 marks padding.
+void enact_find_regions(const float *signs, const EnactGeometry *g, EnactRegions *r);
+void enact_regions_free(EnactRegions *r);
+
+// What a layer's forward leaves for logging and for `detr step`.
+typedef struct {
+  Tensor *entropy;       // smoothed map Hsm [B, N] (scoped)
+  float *signs;          // curvature signs [B * N] (+1, -1; 0 on padding), owned
+  EnactRegions regions;  // owned
+} EnactTrace;
+void enact_trace_free(EnactTrace *t);
+
+// An encoder layer whose self-attention attends over ENACT clusters. Parameters: the DETR encoder
+// layer's, plus `<prefix>.self_attn.W_prob.{weight,bias}`.
+typedef struct {
+  EncoderLayer base;
+  Linear w_prob;
+  EnactOptions opt;
+} EnactEncoderLayer;
+
+void enact_layer_create(EnactEncoderLayer *l, ParamStore *ps, const char *prefix, TransformerShape s,
+                        EnactOptions opt);
+void enact_layer_init(EnactEncoderLayer *l, Rng *rng);  // W_prob: torch's Linear default
+// src, pos [B, N, d]; mask additive [B, N]; g: the batch geometry (N = Hp*Wp). fixed: regions and
+// signs to use instead of computing them (gradient checks hold them fixed), or NULL. trace (may
+// be NULL) receives the smoothed entropy and the regions.
+Tensor *enact_layer_forward(const EnactEncoderLayer *l, const NnCtx *ctx, Tensor *src, Tensor *pos, Tensor *mask,
+                            const EnactGeometry *g, const EnactTrace *fixed, EnactTrace *trace);
+
+// Attention of every pixel's query [B, N, d] over its own image's clusters Kc, Vc [L, d]
+// (multi-head, 1/sqrt(head_dim)); clusters are gathered into [B, Lmax, d] with a -inf key mask.
+Tensor *enact_cluster_attention(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *Kc, Tensor *Vc,
+                                const EnactRegions *r);
