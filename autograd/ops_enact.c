@@ -5,15 +5,18 @@
 
 // --- clustering: node buffer = [starts L][lengths L] int64, then signs [M] float (optional) ---
 
+// The node buffer lives on the tensors' device: [starts L][lengths L] int64, then signs [M] float.
 static void enact_cluster_backward_node(TapeNode *n) {
   Tensor *K = n->in[0], *V = n->in[1], *H = n->in[2], *Kc = n->out[0], *Vc = n->out[1];
   int64_t L = n->iarg[0], d = K->shape.d[1];
   const int64_t *starts = n->buf, *lengths = starts + L;
   const float *signs = n->iarg[1] ? (const float *)(lengths + L) : NULL;
-  CPU_ONLY(K->device, "enact_cluster",
+  float *dK = grad_data_or_null(K), *dV = grad_data_or_null(V), *dH = grad_data_or_null(H);
+  DISPATCH(K->device,
            cpu_enact_cluster_backward(K->data, V->data, H->data, signs, starts, lengths, L, d, Kc->data, Vc->data,
-                                      Kc->grad->data, Vc->grad->data, grad_data_or_null(K), grad_data_or_null(V),
-                                      grad_data_or_null(H)));
+                                      Kc->grad->data, Vc->grad->data, dK, dV, dH),
+           cuda_enact_cluster_backward(K->data, V->data, H->data, signs, starts, lengths, L, d, Kc->data, Vc->data,
+                                       Kc->grad->data, Vc->grad->data, dK, dV, dH));
 }
 
 Tensor *op_enact_cluster(Tensor *K, Tensor *V, Tensor *H, const float *signs, const int64_t *starts,
@@ -33,20 +36,41 @@ Tensor *op_enact_cluster(Tensor *K, Tensor *V, Tensor *H, const float *signs, co
     covered = starts[j] + lengths[j];
   }
   Tensor *Kc = tensor_new_scoped(K->device, SHAPE(L, d)), *Vc = tensor_new_scoped(K->device, SHAPE(L, d));
-  CPU_ONLY(K->device, "enact_cluster",
-           cpu_enact_cluster_forward(K->data, V->data, H->data, signs, starts, lengths, L, d, Kc->data, Vc->data));
+  // Regions (and signs) in one block on the tensors' device: the kernels read them there, and the
+  // node keeps the block for backward.
+  size_t index_bytes = (size_t)(2 * L) * sizeof(int64_t), sign_bytes = signs ? (size_t)M * sizeof(float) : 0;
+  size_t bytes = index_bytes + sign_bytes;
+  char *host = detr_alloc(DEVICE_CPU, bytes);
+  memcpy(host, starts, (size_t)L * sizeof(int64_t));
+  memcpy(host + (size_t)L * sizeof(int64_t), lengths, (size_t)L * sizeof(int64_t));
+  if (signs) memcpy(host + index_bytes, signs, sign_bytes);
+  char *block = host;
+#if DETR_HAVE_CUDA
+  if (K->device == DEVICE_CUDA) {
+    block = detr_alloc(DEVICE_CUDA, bytes);
+    cuda_memcpy_h2d(block, host, bytes);
+  }
+#endif
+  const int64_t *dev_starts = (const int64_t *)block, *dev_lengths = dev_starts + L;
+  const float *dev_signs = signs ? (const float *)(block + index_bytes) : NULL;
+  DISPATCH(K->device,
+           cpu_enact_cluster_forward(K->data, V->data, H->data, dev_signs, dev_starts, dev_lengths, L, d, Kc->data,
+                                     Vc->data),
+           cuda_enact_cluster_forward(K->data, V->data, H->data, dev_signs, dev_starts, dev_lengths, L, d, Kc->data,
+                                      Vc->data));
   Tensor *in[3] = {K, V, H};
   TapeNode *n = autograd_record("enact_cluster", enact_cluster_backward_node, Kc, 3, in);
   if (n) {
     autograd_add_output(n, Vc);
     n->iarg[0] = L;
     n->iarg[1] = signs != NULL;
-    size_t index_bytes = (size_t)(2 * L) * sizeof(int64_t), sign_bytes = signs ? (size_t)M * sizeof(float) : 0;
-    char *buf = autograd_node_buffer(n, DEVICE_CPU, index_bytes + sign_bytes);
-    memcpy(buf, starts, (size_t)L * sizeof(int64_t));
-    memcpy(buf + (size_t)L * sizeof(int64_t), lengths, (size_t)L * sizeof(int64_t));
-    if (signs) memcpy(buf + index_bytes, signs, sign_bytes);
+    n->buf = block;  // the node owns the block now
+    n->buf_bytes = bytes;
+    n->buf_device = K->device;
+  } else {
+    detr_free(K->device, block, bytes);
   }
+  if (block != host) detr_free(DEVICE_CPU, host, bytes);
   *Vc_out = Vc;
   return Kc;
 }

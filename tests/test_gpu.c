@@ -617,6 +617,45 @@ START_TEST(autograd_add_broadcast) {
 }
 END_TEST
 
+// Backward from both outputs of a two-output op, seeded with the same random grads on any device.
+static void backward_two_seeded(Tensor *y0, Tensor *y1, uint64_t seed) {
+  float *g1 = host_uniform(y1->numel, seed + 1, -1, 1);
+  Tensor *t1 = tensor_from_host(y1->device, y1->shape, g1);
+  tensor_copy_(autograd_grad(y1), t1);  // the second output's gradient, before walking the tape
+  backward_seeded(y0, seed);
+  tensor_release(t1);
+  free(g1);
+}
+
+// ENACT's clustering op: regions of lengths 1..5 with gaps (padding), both sign options.
+START_TEST(autograd_enact_cluster) {
+  int64_t starts[] = {0, 3, 4, 9, 12, 16, 17, 20, 21}, lengths[] = {3, 1, 5, 3, 3, 1, 2, 1, 2};
+  float signs[24];
+  for (int i = 0; i < 24; i++) signs[i] = (i / 3) % 2 ? 1.0f : -1.0f;
+  for (int with_sign = 0; with_sign < 2; with_sign++) {
+    ScopeMark mark = tensor_scope_mark();
+    Tensor *k, *kg, *v, *vg, *h, *hg;
+    leaf_pair(SHAPE(24, 37), 41, -1, 1, &k, &kg);
+    leaf_pair(SHAPE(24, 37), 42, -1, 1, &v, &vg);
+    leaf_pair(SHAPE(24), 43, -2, 2, &h, &hg);
+    const float *s = with_sign ? signs : NULL;
+    Tensor *vc, *kc = op_enact_cluster(k, v, h, s, starts, lengths, 9, &vc);
+    backward_two_seeded(kc, vc, 44);
+    Tensor *vcg, *kcg = op_enact_cluster(kg, vg, hg, s, starts, lengths, 9, &vcg);
+    backward_two_seeded(kcg, vcg, 44);
+    ck_assert_int_eq(kcg->device, DEVICE_CUDA);
+    expect_tensor_close("enact_cluster K'", kcg, kc);
+    expect_tensor_close("enact_cluster V'", vcg, vc);
+    expect_tensor_close("enact_cluster dK", kg->grad, k->grad);
+    expect_tensor_close("enact_cluster dV", vg->grad, v->grad);
+    expect_tensor_close("enact_cluster dH", hg->grad, h->grad);
+    tensor_scope_release(mark);
+    Tensor *leaves[] = {k, kg, v, vg, h, hg};
+    for (int i = 0; i < 6; i++) tensor_release(leaves[i]);
+  }
+}
+END_TEST
+
 int main(void) {
   if (cuda_device_count() == 0) {
     printf("no CUDA device: skipping\n");
@@ -639,6 +678,7 @@ int main(void) {
   tcase_add_test(autograd, autograd_linear);
   tcase_add_test(autograd, autograd_conv2d);
   tcase_add_test(autograd, autograd_add_broadcast);
+  tcase_add_test(autograd, autograd_enact_cluster);
   suite_add_tcase(s, autograd);
   SRunner *sr = srunner_create(s);
   // No fork: the CUDA context created above does not survive into a forked child.

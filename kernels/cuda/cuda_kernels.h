@@ -52,6 +52,15 @@ void cuda_conv2d_forward(const float *x, const float *w, const float *bias, floa
 void cuda_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, float *dw,
                           float *dbias, const ConvGeom *g);
 
+// enact.cu: ENACT's clustering (Algorithm 1's regions x features grid); arrays on the device.
+void cuda_enact_cluster_forward(const float *K, const float *V, const float *H, const float *signs,
+                                const int64_t *starts, const int64_t *lengths, int64_t L, int64_t d, float *Kc,
+                                float *Vc);
+void cuda_enact_cluster_backward(const float *K, const float *V, const float *H, const float *signs,
+                                 const int64_t *starts, const int64_t *lengths, int64_t L, int64_t d,
+                                 const float *Kc, const float *Vc, const float *dKc, const float *dVc, float *dK,
+                                 float *dV, float *dH);
+
 #ifdef __cplusplus
 }
 #endif
