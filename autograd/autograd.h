@@ -25,6 +25,7 @@ struct TapeNode {
   int n_saved;
   int64_t iarg[16];  // op attributes
   double farg[4];
+  double flops;  // multiply-adds x 2 of the forward (GEMM-shaped ops set it; for the profile)
   void *buf;  // op-private data (e.g. argmax indices), from detr_alloc on buf_device
   size_t buf_bytes;
   Device buf_device;
@@ -57,6 +58,14 @@ void autograd_clear_tape(void);
 size_t autograd_tape_size(void);
 // Tape nodes obtained from the system allocator (they are recycled through a free list).
 uint64_t autograd_node_system_allocs(void);
+
+// Per-op profile: with profiling on, every recorded op's forward time (the time since the previous
+// record, so ops must be recorded as they run, as they are) and backward time are summed by op
+// name, with the FLOPs GEMM-shaped ops declare. The report lists ops by total time.
+void autograd_profile_enable(bool on);
+void autograd_profile_reset(void);
+void autograd_profile_mark(void);  // restart the forward clock (e.g. at a step's start)
+void autograd_profile_report(FILE *f);
 
 // Zero-fills the .grad of each tensor that has one.
 void autograd_zero_grad(Tensor *const *params, int n);

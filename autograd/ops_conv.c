@@ -72,7 +72,10 @@ Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p) {
   }
   Tensor *in[3] = {x, weight, bias};
   TapeNode *n = autograd_record("conv2d", conv2d_backward_node, y, 3, in);
-  if (n) conv_geom_to_args(&g, n);
+  if (n) {
+    conv_geom_to_args(&g, n);
+    n->flops = 2.0 * (double)(g.batch * g.out_ch * g.out_h * g.out_w) * (double)(g.in_ch * g.kh * g.kw);
+  }
   return y;
 }
 

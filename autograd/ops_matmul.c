@@ -37,6 +37,7 @@ Tensor *op_matmul(Tensor *a, Tensor *b) {
     n->iarg[0] = rows;
     n->iarg[1] = K;
     n->iarg[2] = N;
+    n->flops = 2.0 * (double)rows * (double)K * (double)N;
   }
   return y;
 }
@@ -95,6 +96,7 @@ Tensor *op_bmm(Tensor *a, Tensor *b, bool trans_a, bool trans_b) {
   if (n) {
     int64_t args[6] = {trans_a, trans_b, B, M, K, N};
     for (int i = 0; i < 6; i++) n->iarg[i] = args[i];
+    n->flops = 2.0 * (double)B * (double)M * (double)K * (double)N;
   }
   return y;
 }
@@ -139,6 +141,7 @@ Tensor *op_linear(Tensor *x, Tensor *weight, Tensor *bias) {
     n->iarg[0] = rows;
     n->iarg[1] = in;
     n->iarg[2] = out;
+    n->flops = 2.0 * (double)rows * (double)in * (double)out;
   }
   return y;
 }

@@ -1,8 +1,79 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "autograd/autograd.h"
+
+// --- profile ---
+
+#define PROFILE_MAX_OPS 64
+
+typedef struct {
+  const char *name;
+  int64_t calls;
+  double forward_s, backward_s, flops;
+} OpProfile;
+
+static bool profiling = false;
+static OpProfile profile[PROFILE_MAX_OPS];
+static int profile_count = 0;
+static double last_record_s = 0.0;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static OpProfile *profile_entry(const char *name) {
+  for (int i = 0; i < profile_count; i++)
+    if (profile[i].name == name || !strcmp(profile[i].name, name)) return &profile[i];
+  if (profile_count == PROFILE_MAX_OPS) return NULL;
+  profile[profile_count] = (OpProfile){.name = name};
+  return &profile[profile_count++];
+}
+
+void autograd_profile_enable(bool on) {
+  profiling = on;
+  last_record_s = now_s();
+}
+
+void autograd_profile_reset(void) {
+  profile_count = 0;
+  last_record_s = now_s();
+}
+
+void autograd_profile_mark(void) { last_record_s = now_s(); }
+
+static int by_total_time(const void *a, const void *b) {
+  const OpProfile *x = a, *y = b;
+  double tx = x->forward_s + x->backward_s, ty = y->forward_s + y->backward_s;
+  return (tx < ty) - (tx > ty);
+}
+
+void autograd_profile_report(FILE *f) {
+  OpProfile sorted[PROFILE_MAX_OPS];
+  memcpy(sorted, profile, sizeof(OpProfile) * (size_t)profile_count);
+  qsort(sorted, (size_t)profile_count, sizeof(OpProfile), by_total_time);
+  double total = 0.0, gemm = 0.0;
+  for (int i = 0; i < profile_count; i++) {
+    total += sorted[i].forward_s + sorted[i].backward_s;
+    if (sorted[i].flops > 0) gemm += sorted[i].forward_s + sorted[i].backward_s;
+  }
+  fprintf(f, "%-22s %8s %10s %10s %7s %12s\n", "op", "calls", "fwd ms", "bwd ms", "share", "GFLOP/s");
+  for (int i = 0; i < profile_count; i++) {
+    const OpProfile *p = &sorted[i];
+    double t = p->forward_s + p->backward_s;
+    // Backward of a GEMM-shaped op does twice the forward's multiply-adds.
+    char rate[32] = "";
+    if (p->flops > 0 && t > 0) snprintf(rate, sizeof rate, "%.1f", 3.0 * p->flops / t * 1e-9);
+    fprintf(f, "%-22s %8lld %10.1f %10.1f %6.1f%% %12s\n", p->name, (long long)p->calls, p->forward_s * 1e3,
+            p->backward_s * 1e3, total > 0 ? 100.0 * t / total : 0.0, rate);
+  }
+  fprintf(f, "total %.1f ms recorded; GEMM-shaped ops (matmul, bmm, linear, conv2d) %.1f%% of it\n", total * 1e3,
+          total > 0 ? 100.0 * gemm / total : 0.0);
+}
 
 static bool grad_enabled = true;
 
@@ -71,6 +142,15 @@ TapeNode *autograd_record(const char *name, BackwardFn backward, Tensor *out, in
     tape_capacity = cap;
   }
   TapeNode *n = node_get();
+  if (profiling) {  // the op ran since the previous record
+    double t = now_s();
+    OpProfile *p = profile_entry(name);
+    if (p) {
+      p->calls++;
+      p->forward_s += t - last_record_s;
+    }
+    last_record_s = t;
+  }
   n->name = name;
   n->backward = backward;
   for (int i = 0; i < n_in; i++) n->in[i] = tensor_retain(in[i]);  // NULL inputs stay NULL
@@ -121,8 +201,16 @@ void autograd_backward_with(Tensor *out, const Tensor *grad_out) {
     bool has_grad = false;
     for (int i = 0; i < n->n_out; i++) has_grad = has_grad || n->out[i]->grad != NULL;
     if (has_grad) {
+      double t0 = profiling ? now_s() : 0.0;
       for (int i = 0; i < n->n_out; i++) autograd_grad(n->out[i]);  // unused outputs: zeros
       n->backward(n);
+      if (profiling) {
+        OpProfile *p = profile_entry(n->name);
+        if (p) {
+          p->backward_s += now_s() - t0;
+          p->flops += n->flops;
+        }
+      }
     }
     // An op output's gradient is dead once its producer has run: free it now.
     for (int i = 0; i < n->n_out; i++) {

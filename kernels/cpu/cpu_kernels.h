@@ -109,3 +109,9 @@ void cpu_enact_cluster_backward(const float *K, const float *V, const float *H, 
 // workspace: B*Hp*Wp floats.
 void cpu_enact_smooth(const float *x, float *y, int64_t B, int64_t Hp, int64_t Wp, const int64_t *valid_h,
                       const int64_t *valid_w, const float *taps, int64_t ntaps, bool two_d, float *workspace);
+
+// optim.c: AdamW over n elements (kernels/optim_math.h); sum of squares in double; scale in place.
+#include "kernels/optim_math.h"
+void cpu_adamw(float *p, float *m, float *v, const float *g, int64_t n, AdamWStep s);
+double cpu_sum_squares(const float *x, int64_t n);
+void cpu_scale(float *x, int64_t n, float s);

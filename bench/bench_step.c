@@ -1,0 +1,119 @@
+// The whole DETR training step of detr-c: forward, loss, backward, gradient clipping, AdamW.
+//   build/bench/bench_step [--preset detr-r18-small] [--size 320] [--boxes 3] [--reps 5]
+//                          [--enact] [--profile]
+// Prints one JSON line: median step seconds over reps (after one warm-up step), the steps' times,
+// and the peak resident memory of the process (getrusage). --profile adds the per-op breakdown.
+// bench/compare_torch.sh runs this and bench/torch_step.py alternately.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "nn/detr.h"
+#include "train/optim.h"
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+  const char *preset = "detr-r18-small";
+  int size = 320, boxes = 3, reps = 5;
+  bool enact = false, profile = false;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
+    else if (!strcmp(argv[i], "--size") && i + 1 < argc) size = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--boxes") && i + 1 < argc) boxes = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--enact")) enact = true;
+    else if (!strcmp(argv[i], "--profile")) profile = true;
+    else {
+      fprintf(stderr, "bench_step: unknown argument '%s'\n", argv[i]);
+      return 2;
+    }
+  }
+  if (reps < 1 || size < 32 || boxes < 0) {
+    fprintf(stderr, "bench_step: need --reps >= 1, --size >= 32, --boxes >= 0\n");
+    return 2;
+  }
+  DetrConfig cfg;
+  if (detr_config_preset(preset, &cfg)) {
+    fprintf(stderr, "bench_step: unknown preset '%s'\n", preset);
+    return 2;
+  }
+  cfg.enact = enact;
+  DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
+  detr_model_init(m, 1);
+  AdamW opt;
+  adamw_init(&opt, &m->params, optim_config_default());
+  // Batch 2, size x size, `boxes` targets per image (fixed, as the PyTorch script's).
+  const int B = 2;
+  Tensor *images = tensor_new(DEVICE_CPU, SHAPE(B, 3, size, size));
+  Rng rng = rng_make(7);
+  tensor_normal_(images, &rng, 0.0f, 1.0f);
+  uint8_t *mask = calloc((size_t)(B * size * size), 1);
+  float *tb = malloc((size_t)(B * boxes * 4) * sizeof(float));
+  int64_t *tl = malloc((size_t)(B * boxes) * sizeof(int64_t));
+  for (int i = 0; i < B * boxes; i++) {
+    tb[4 * i + 0] = 0.2f + 0.6f * (float)((i * 37) % 11) / 10.0f;
+    tb[4 * i + 1] = 0.2f + 0.6f * (float)((i * 53) % 7) / 6.0f;
+    tb[4 * i + 2] = 0.1f + 0.2f * (float)(i % 3) / 2.0f;
+    tb[4 * i + 3] = 0.1f + 0.2f * (float)((i + 1) % 3) / 2.0f;
+    tl[i] = (i * 13) % cfg.num_classes;
+  }
+  DetrTarget targets[2] = {{boxes, tb, tl}, {boxes, tb + 4 * boxes, tl + boxes}};
+  CriterionConfig ccfg = criterion_config_default((int)cfg.num_classes);
+  Rng drop = rng_make(3);
+  NnCtx ctx = {.training = true, .dropout_rng = &drop};
+  double *t = malloc(sizeof(double) * (size_t)reps);
+  for (int r = -1; r < reps; r++) {
+    if (r == 0 && profile) {
+      autograd_profile_reset();
+      autograd_profile_enable(true);
+    }
+    double t0 = now();
+    if (profile) autograd_profile_mark();
+    ScopeMark mark = tensor_scope_mark();
+    DetrOutput out;
+    CriterionResult loss;
+    char err[256];
+    if (detr_model_forward(m, &ctx, images, mask, &out, err, sizeof err) ||
+        criterion_forward(&ccfg, out.layers[out.n_layers - 1], out.layers, cfg.aux_loss ? out.n_layers - 1 : 0,
+                          targets, (float)(B * boxes), NULL, &loss, err, sizeof err)) {
+      fprintf(stderr, "bench_step: %s\n", err);
+      return 1;
+    }
+    autograd_backward(loss.total);
+    clip_grad_norm(&m->params, 0.1f);
+    adamw_step(&opt);
+    for (int i = 0; i < m->params.count; i++) autograd_zero_grad(&m->params.items[i].tensor, 1);
+    criterion_result_free(&loss);
+    detr_output_free(&out);
+    tensor_scope_release(mark);
+    if (r >= 0) t[r] = now() - t0;
+  }
+  double *sorted = malloc(sizeof(double) * (size_t)reps);
+  for (int r = 0; r < reps; r++) sorted[r] = t[r];
+  qsort(sorted, (size_t)reps, sizeof(double), cmp_double);
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  printf("{\"impl\": \"detr-c\", \"preset\": \"%s\", \"size\": %d, \"enact\": %s, \"median_s\": %.4f, \"peak_rss_mb\": %.1f, "
+         "\"steps_s\": [",
+         preset, size, enact ? "true" : "false", sorted[reps / 2], ru.ru_maxrss / 1024.0);
+  for (int r = 0; r < reps; r++) printf(r ? ", %.4f" : "%.4f", t[r]);
+  printf("]}\n");
+  if (profile) autograd_profile_report(stderr);
+  adamw_free(&opt);
+  detr_model_free(m);
+  tensor_release(images);
+  free(mask), free(tb), free(tl), free(t), free(sorted);
+  return 0;
+}

@@ -1,0 +1,255 @@
+// The optimizer (AdamW, clipping, step schedule) and checkpoints (round trip, corruption,
+// truncation, foreign files, a write killed by SIGKILL).
+#define _DEFAULT_SOURCE  // mkdtemp, fork, kill, usleep
+#include <check.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/gradcheck.h"
+#include "nn/model_io.h"
+#include "train/checkpoint.h"
+
+START_TEST(adamw_matches_torch_formula) {
+  ParamStore ps;
+  params_init(&ps, DEVICE_CPU);
+  Tensor *w = params_add(&ps, SHAPE(5), PARAM_TRAINABLE, LR_GROUP_MAIN, "w");
+  Tensor *b = params_add(&ps, SHAPE(3), PARAM_TRAINABLE, LR_GROUP_BACKBONE, "backbone.b");
+  params_add(&ps, SHAPE(2), PARAM_BUFFER, LR_GROUP_BACKBONE, "buffer");
+  Rng rng = rng_make(1);
+  tensor_uniform_(w, &rng, -1, 1);
+  tensor_uniform_(b, &rng, -1, 1);
+  OptimConfig cfg = optim_config_default();
+  cfg.lr = 1e-2f;
+  cfg.lr_backbone = 1e-3f;
+  cfg.weight_decay = 0.1f;
+  AdamW opt;
+  adamw_init(&opt, &ps, cfg);
+  // Reference in double, torch.optim.AdamW's update.
+  double p[8], m[8] = {0}, v[8] = {0};
+  for (int i = 0; i < 5; i++) p[i] = w->data[i];
+  for (int i = 0; i < 3; i++) p[5 + i] = b->data[i];
+  for (int step = 1; step <= 3; step++) {
+    double g[8];
+    autograd_grad(w);
+    autograd_grad(b);
+    for (int i = 0; i < 8; i++) {
+      g[i] = sin(step * 1.3 + i);
+      *(i < 5 ? &w->grad->data[i] : &b->grad->data[i - 5]) = (float)g[i];
+    }
+    adamw_step(&opt);
+    for (int i = 0; i < 8; i++) {
+      double lr = i < 5 ? 1e-2 : 1e-3;
+      p[i] *= 1 - lr * 0.1;
+      m[i] = 0.9 * m[i] + 0.1 * g[i];
+      v[i] = 0.999 * v[i] + 0.001 * g[i] * g[i];
+      double denom = sqrt(v[i]) / sqrt(1 - pow(0.999, step)) + 1e-8;
+      p[i] -= lr / (1 - pow(0.9, step)) * m[i] / denom;
+    }
+  }
+  for (int i = 0; i < 8; i++) ck_assert_double_eq_tol(i < 5 ? w->data[i] : b->data[i - 5], p[i], 1e-6);
+  ck_assert_ptr_null(params_find(&ps, "buffer")->tensor->grad);
+  // StepLR: x0.1 per lr_drop epochs.
+  opt.cfg.lr_drop = 2;
+  opt.epoch = 5;
+  ck_assert_double_eq_tol(adamw_lr(&opt, LR_GROUP_MAIN), 1e-4, 1e-10);
+  ck_assert_double_eq_tol(adamw_lr(&opt, LR_GROUP_BACKBONE), 1e-5, 1e-11);
+  adamw_free(&opt);
+  params_free(&ps);
+}
+END_TEST
+
+START_TEST(clip_grad_norm_as_torch) {
+  ParamStore ps;
+  params_init(&ps, DEVICE_CPU);
+  Tensor *a = params_add(&ps, SHAPE(2), PARAM_TRAINABLE, LR_GROUP_MAIN, "a");
+  Tensor *b = params_add(&ps, SHAPE(1), PARAM_TRAINABLE, LR_GROUP_MAIN, "b");
+  autograd_grad(a)->data[0] = 3;
+  a->grad->data[1] = 0;
+  autograd_grad(b)->data[0] = 4;  // norm 5
+  ck_assert_double_eq_tol(clip_grad_norm(&ps, 10.0f), 5.0, 1e-9);
+  ck_assert_float_eq(a->grad->data[0], 3.0f);  // below the limit: untouched
+  ck_assert_double_eq_tol(clip_grad_norm(&ps, 0.1f), 5.0, 1e-9);
+  ck_assert_double_eq_tol(a->grad->data[0], 3 * 0.1 / (5 + 1e-6), 1e-7);
+  ck_assert_double_eq_tol(b->grad->data[0], 4 * 0.1 / (5 + 1e-6), 1e-7);
+  params_free(&ps);
+}
+END_TEST
+
+typedef struct {
+  DetrModel *model;
+  AdamW opt;
+  TrainState state;
+} Run;
+
+static void run_make(Run *r, uint64_t seed) {
+  DetrConfig cfg;
+  ck_assert_int_eq(detr_config_preset("tiny", &cfg), 0);
+  r->model = detr_model_create(&cfg, DEVICE_CPU);
+  detr_model_init(r->model, seed);
+  adamw_init(&r->opt, &r->model->params, optim_config_default());
+  r->state = (TrainState){.step = 7, .epoch = 2, .next_batch = 3, .seed = seed, .dropout_rng = {seed, 99},
+                          .best_map = 0.25};
+  // Non-trivial moments.
+  for (int i = 0; i < r->model->params.count; i++)
+    if (r->opt.exp_avg[i]) {
+      Rng rng = rng_make(seed + (uint64_t)i);
+      tensor_uniform_(r->opt.exp_avg[i], &rng, -1, 1);
+      tensor_uniform_(r->opt.exp_avg_sq[i], &rng, 0, 1);
+    }
+  r->opt.step = 7;
+}
+
+static void run_free(Run *r) {
+  adamw_free(&r->opt);
+  detr_model_free(r->model);
+}
+
+static char dir[64];
+
+// dir/name in out (a buffer of 256).
+static const char *tmp_path_into(char *out, const char *name) {
+  if (!dir[0]) {
+    snprintf(dir, sizeof dir, "/tmp/detr-ckpt-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+  }
+  snprintf(out, 256, "%s/%s", dir, name);
+  return out;
+}
+#define tmp_path(name) tmp_path_into((char[256]){0}, name)
+
+START_TEST(checkpoint_round_trip) {
+  Run a, b;
+  run_make(&a, 1);
+  run_make(&b, 2);
+  char err[1024];
+  const char *path = tmp_path("a.safetensors");
+  ck_assert_int_eq(checkpoint_save(path, a.model, &a.opt, &a.state, "epochs=3\n", err, sizeof err), 0);
+  ck_assert_msg(checkpoint_load(path, b.model, &b.opt, &b.state, err, sizeof err) == 0, "%s", err);
+  for (int i = 0; i < a.model->params.count; i++) {
+    Tensor *x = a.model->params.items[i].tensor, *y = b.model->params.items[i].tensor;
+    ck_assert_mem_eq(x->data, y->data, (size_t)x->numel * sizeof(float));
+    if (a.opt.exp_avg[i])
+      ck_assert_mem_eq(a.opt.exp_avg_sq[i]->data, b.opt.exp_avg_sq[i]->data, (size_t)x->numel * sizeof(float));
+  }
+  ck_assert_int_eq(b.state.step, 7);
+  ck_assert_int_eq(b.state.next_batch, 3);
+  ck_assert_int_eq(b.state.dropout_rng.offset, 99);
+  ck_assert_int_eq(b.opt.step, 7);
+  ck_assert_double_eq(b.state.best_map, 0.25);
+  char *mc, *tc;
+  ck_assert_int_eq(checkpoint_read_configs(path, &mc, &tc, err, sizeof err), 0);
+  ck_assert_str_eq(tc, "epochs=3\n");
+  ck_assert_ptr_nonnull(strstr(mc, "hidden_dim=32"));
+  free(mc);
+  free(tc);
+  run_free(&a);
+  run_free(&b);
+}
+END_TEST
+
+static long file_size(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 ? (long)st.st_size : -1;
+}
+
+START_TEST(checkpoint_damage_is_detected) {
+  Run a;
+  run_make(&a, 3);
+  char err[1024], cmd[600];
+  const char *good = tmp_path("good.safetensors");
+  ck_assert_int_eq(checkpoint_save(good, a.model, &a.opt, &a.state, "", err, sizeof err), 0);
+  long size = file_size(good);
+  // A flipped byte in the data: the checksum catches it.
+  const char *bad = tmp_path("flipped.safetensors");
+  snprintf(cmd, sizeof cmd, "cp %s %s", good, bad);
+  ck_assert_int_eq(system(cmd), 0);
+  FILE *f = fopen(bad, "r+b");
+  fseek(f, size - 100, SEEK_SET);
+  int c = fgetc(f);
+  fseek(f, size - 100, SEEK_SET);
+  fputc(c ^ 0x40, f);
+  fclose(f);
+  ck_assert_int_eq(checkpoint_load(bad, a.model, &a.opt, &a.state, err, sizeof err), -1);
+  ck_assert_msg(strstr(err, "checksum mismatch") && strstr(err, bad), "%s", err);
+  // Truncated: refused, naming the file.
+  const char *cut = tmp_path("cut.safetensors");
+  snprintf(cmd, sizeof cmd, "head -c %ld %s > %s", size / 2, good, cut);
+  ck_assert_int_eq(system(cmd), 0);
+  ck_assert_int_eq(checkpoint_load(cut, a.model, &a.opt, &a.state, err, sizeof err), -1);
+  ck_assert_ptr_nonnull(strstr(err, cut));
+  // Foreign: plain model weights (no checkpoint format tag).
+  const char *weights = tmp_path("weights.safetensors");
+  StWriter *w = st_writer_new();
+  params_save(&a.model->params, w, "");
+  ck_assert_int_eq(st_writer_save(w, weights, err, sizeof err), 0);
+  st_writer_free(w);
+  ck_assert_int_eq(checkpoint_load(weights, a.model, &a.opt, &a.state, err, sizeof err), -1);
+  ck_assert_ptr_nonnull(strstr(err, "not a detr-c checkpoint"));
+  // A checkpoint of another model configuration: refused by tensor name and shape.
+  Run other;
+  DetrConfig cfg;
+  detr_config_preset("tiny", &cfg);
+  cfg.hidden_dim = 16;
+  other.model = detr_model_create(&cfg, DEVICE_CPU);
+  adamw_init(&other.opt, &other.model->params, optim_config_default());
+  ck_assert_int_eq(checkpoint_load(good, other.model, &other.opt, &other.state, err, sizeof err), -1);
+  ck_assert_ptr_nonnull(strstr(err, "wrong shape"));
+  run_free(&other);
+  run_free(&a);
+}
+END_TEST
+
+// A process writing checkpoints over the same path is killed at random moments: the path always
+// holds a complete checkpoint that loads.
+START_TEST(checkpoint_survives_sigkill) {
+  Run a;
+  run_make(&a, 4);
+  char err[1024];
+  const char *path = tmp_path("killed.safetensors");
+  ck_assert_int_eq(checkpoint_save(path, a.model, &a.opt, &a.state, "", err, sizeof err), 0);
+  for (int trial = 0; trial < 6; trial++) {
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+      for (;;) {
+        a.state.step++;
+        if (checkpoint_save(path, a.model, &a.opt, &a.state, "", err, sizeof err)) _exit(3);
+      }
+    }
+    usleep(20000 + 15000 * trial);
+    kill(pid, SIGKILL);
+    int status;
+    waitpid(pid, &status, 0);
+    ck_assert(WIFSIGNALED(status));
+    Run b;
+    run_make(&b, 5);
+    ck_assert_msg(checkpoint_load(path, b.model, &b.opt, &b.state, err, sizeof err) == 0,
+                  "after SIGKILL %d: %s", trial, err);
+    run_free(&b);
+  }
+  run_free(&a);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("train");
+  TCase *tc = tcase_create("train");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, adamw_matches_torch_formula);
+  tcase_add_test(tc, clip_grad_norm_as_torch);
+  tcase_add_test(tc, checkpoint_round_trip);
+  tcase_add_test(tc, checkpoint_damage_is_detected);
+  tcase_add_test(tc, checkpoint_survives_sigkill);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

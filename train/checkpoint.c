@@ -1,0 +1,163 @@
+#include "train/checkpoint.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#include "nn/model_io.h"
+
+#define CHECKPOINT_FORMAT "detr-c checkpoint 1"
+
+// crc32 over (name, bytes) of every tensor in order: computable from the writer's inputs and
+// from the file's entries alike.
+static uLong crc_update(uLong crc, const char *name, const void *data, size_t nbytes) {
+  crc = crc32(crc, (const Bytef *)name, (uInt)strlen(name) + 1);
+  const Bytef *p = data;
+  while (nbytes > 0) {  // zlib takes uInt lengths
+    uInt chunk = nbytes > (1u << 30) ? (1u << 30) : (uInt)nbytes;
+    crc = crc32(crc, p, chunk);
+    p += chunk;
+    nbytes -= chunk;
+  }
+  return crc;
+}
+
+static void add_tensor(StWriter *w, uLong *crc, const char *name, const Tensor *t) {
+  float *host = malloc((size_t)(t->numel ? t->numel : 1) * sizeof(float));
+  DETR_CHECK(host, "checkpoint: out of host memory");
+  tensor_to_host(t, host);
+  int64_t shape[DETR_MAX_DIMS];
+  for (int d = 0; d < t->shape.ndim; d++) shape[d] = t->shape.d[d];
+  st_writer_add(w, name, ST_F32, t->shape.ndim, shape, host);
+  *crc = crc_update(*crc, name, host, (size_t)t->numel * sizeof(float));
+  free(host);
+}
+
+int checkpoint_save(const char *path, const DetrModel *model, const AdamW *opt, const TrainState *state,
+                    const char *extra_config, char *err, size_t err_cap) {
+  StWriter *w = st_writer_new();
+  uLong crc = crc32(0L, Z_NULL, 0);
+  char name[200], value[64];
+  const ParamStore *ps = &model->params;
+  for (int i = 0; i < ps->count; i++) add_tensor(w, &crc, ps->items[i].name, ps->items[i].tensor);
+  for (int i = 0; opt && i < ps->count; i++) {
+    if (!opt->exp_avg[i]) continue;
+    snprintf(name, sizeof name, "optim.exp_avg.%s", ps->items[i].name);
+    add_tensor(w, &crc, name, opt->exp_avg[i]);
+    snprintf(name, sizeof name, "optim.exp_avg_sq.%s", ps->items[i].name);
+    add_tensor(w, &crc, name, opt->exp_avg_sq[i]);
+  }
+  char config[4096];
+  detr_config_format(&model->cfg, config, sizeof config);
+  st_writer_set_metadata(w, "format", CHECKPOINT_FORMAT);
+  st_writer_set_metadata(w, "model_config", config);
+  st_writer_set_metadata(w, "train_config", extra_config ? extra_config : "");
+#define META(key, fmt, v)                          \
+  do {                                             \
+    snprintf(value, sizeof value, fmt, v);         \
+    st_writer_set_metadata(w, key, value);         \
+  } while (0)
+  META("step", "%" PRId64, state->step);
+  META("epoch", "%" PRId64, state->epoch);
+  META("next_batch", "%" PRId64, state->next_batch);
+  META("seed", "%" PRIu64, state->seed);
+  META("dropout_rng_seed", "%" PRIu64, state->dropout_rng.seed);
+  META("dropout_rng_offset", "%" PRIu64, state->dropout_rng.offset);
+  META("best_map", "%.17g", state->best_map);
+  META("optimizer_step", "%" PRId64, opt ? opt->step : (int64_t)0);
+  META("crc32", "%08lx", crc);
+#undef META
+  int rc = st_writer_save(w, path, err, err_cap);
+  st_writer_free(w);
+  return rc;
+}
+
+static int meta_u64(const StFile *f, const char *key, uint64_t *out, char *err, size_t cap) {
+  const char *v = st_metadata(f, key);
+  char *end = NULL;
+  if (!v || !*v || (*out = strtoull(v, &end, 10), *end)) {
+    snprintf(err, cap, "%s: checkpoint metadata '%s' is missing or not a number", st_path(f), key);
+    return -1;
+  }
+  return 0;
+}
+
+static int verify(const StFile *f, char *err, size_t cap) {
+  const char *format = st_metadata(f, "format");
+  if (!format || strcmp(format, CHECKPOINT_FORMAT)) {
+    snprintf(err, cap, "%s: not a detr-c checkpoint (format '%s'); model weights load with --init",
+             st_path(f), format ? format : "none");
+    return -1;
+  }
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (int i = 0; i < st_count(f); i++) {
+    const StEntry *e = st_entry(f, i);
+    crc = crc_update(crc, e->name, st_data(f, e), e->nbytes);
+  }
+  char expect[32];
+  snprintf(expect, sizeof expect, "%08lx", crc);
+  const char *stored = st_metadata(f, "crc32");
+  if (!stored || strcmp(stored, expect)) {
+    snprintf(err, cap, "%s: checksum mismatch (stored %s, computed %s): the checkpoint is corrupted", st_path(f),
+             stored ? stored : "none", expect);
+    return -1;
+  }
+  return 0;
+}
+
+int checkpoint_load(const char *path, DetrModel *model, AdamW *opt, TrainState *state, char *err, size_t err_cap) {
+  StFile *f = st_open(path, err, err_cap);
+  if (!f) return -1;
+  int rc = verify(f, err, err_cap);
+  const char *ignore[] = {"optim.", NULL};
+  if (!rc) rc = params_load(&model->params, f, ignore, err, err_cap);
+  for (int i = 0; !rc && opt && i < model->params.count; i++) {
+    if (!opt->exp_avg[i]) continue;
+    char name[200];
+    snprintf(name, sizeof name, "optim.exp_avg.%s", model->params.items[i].name);
+    rc = st_read_f32_into(f, name, opt->exp_avg[i], err, err_cap);
+    snprintf(name, sizeof name, "optim.exp_avg_sq.%s", model->params.items[i].name);
+    if (!rc) rc = st_read_f32_into(f, name, opt->exp_avg_sq[i], err, err_cap);
+  }
+  uint64_t v[8];
+  const char *keys[8] = {"step", "epoch", "next_batch", "seed", "dropout_rng_seed", "dropout_rng_offset",
+                         "optimizer_step", NULL};
+  for (int k = 0; !rc && keys[k]; k++) rc = meta_u64(f, keys[k], &v[k], err, err_cap);
+  if (!rc) {
+    state->step = (int64_t)v[0];
+    state->epoch = (int64_t)v[1];
+    state->next_batch = (int64_t)v[2];
+    state->seed = v[3];
+    state->dropout_rng = (Rng){.seed = v[4], .offset = v[5]};
+    const char *best = st_metadata(f, "best_map");
+    state->best_map = best ? strtod(best, NULL) : -1.0;
+    if (opt) {
+      opt->step = (int64_t)v[6];
+      opt->epoch = (int)state->epoch;
+    }
+  }
+  st_close(f);
+  return rc;
+}
+
+static char *copy_text(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *c = malloc(n);
+  DETR_CHECK(c, "checkpoint: out of host memory");
+  return memcpy(c, s, n);
+}
+
+int checkpoint_read_configs(const char *path, char **model_config, char **train_config, char *err, size_t err_cap) {
+  StFile *f = st_open(path, err, err_cap);
+  if (!f) return -1;
+  int rc = verify(f, err, err_cap);
+  if (!rc) {
+    const char *m = st_metadata(f, "model_config"), *t = st_metadata(f, "train_config");
+    *model_config = copy_text(m ? m : "");
+    *train_config = copy_text(t ? t : "");
+  }
+  st_close(f);
+  return rc;
+}

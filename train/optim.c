@@ -1,0 +1,77 @@
+#include "train/optim.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "autograd/autograd.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+OptimConfig optim_config_default(void) {
+  return (OptimConfig){.lr = 1e-4f, .lr_backbone = 1e-5f, .weight_decay = 1e-4f, .beta1 = 0.9f,
+                       .beta2 = 0.999f, .eps = 1e-8f, .clip_max_norm = 0.1f, .lr_drop = 200};
+}
+
+void adamw_init(AdamW *opt, ParamStore *params, OptimConfig cfg) {
+  *opt = (AdamW){.cfg = cfg, .params = params};
+  opt->exp_avg = calloc((size_t)(2 * params->count), sizeof(Tensor *));
+  DETR_CHECK(opt->exp_avg, "adamw_init: out of host memory");
+  opt->exp_avg_sq = opt->exp_avg + params->count;
+  for (int i = 0; i < params->count; i++) {
+    const Param *p = &params->items[i];
+    if (p->kind != PARAM_TRAINABLE) continue;
+    opt->exp_avg[i] = tensor_zeros(params->device, p->tensor->shape);
+    opt->exp_avg_sq[i] = tensor_zeros(params->device, p->tensor->shape);
+  }
+}
+
+void adamw_free(AdamW *opt) {
+  if (!opt->exp_avg) return;
+  for (int i = 0; i < opt->params->count; i++) {
+    tensor_release(opt->exp_avg[i]);
+    tensor_release(opt->exp_avg_sq[i]);
+  }
+  free(opt->exp_avg);
+  opt->exp_avg = opt->exp_avg_sq = NULL;
+}
+
+float adamw_lr(const AdamW *opt, LrGroup group) {
+  float base = group == LR_GROUP_BACKBONE ? opt->cfg.lr_backbone : opt->cfg.lr;
+  int drops = opt->cfg.lr_drop > 0 ? opt->epoch / opt->cfg.lr_drop : 0;
+  for (int i = 0; i < drops; i++) base *= 0.1f;  // StepLR(gamma 0.1), applied per drop as torch
+  return base;
+}
+
+double clip_grad_norm(ParamStore *params, float max_norm) {
+  double sum = 0.0;
+  for (int i = 0; i < params->count; i++) {
+    Tensor *t = params->items[i].tensor;
+    if (params->items[i].kind != PARAM_TRAINABLE || !t->grad) continue;
+    DETR_CHECK(t->device == DEVICE_CPU, "clip_grad_norm: no CUDA kernel yet");
+    sum += cpu_sum_squares(t->grad->data, t->numel);
+  }
+  double norm = sqrt(sum);
+  if (max_norm > 0.0f) {
+    double coef = max_norm / (norm + 1e-6);
+    if (coef < 1.0)
+      for (int i = 0; i < params->count; i++) {
+        Tensor *t = params->items[i].tensor;
+        if (params->items[i].kind == PARAM_TRAINABLE && t->grad) cpu_scale(t->grad->data, t->numel, (float)coef);
+      }
+  }
+  return norm;
+}
+
+void adamw_step(AdamW *opt) {
+  opt->step++;
+  double bc1 = 1.0 - pow(opt->cfg.beta1, (double)opt->step), bc2 = 1.0 - pow(opt->cfg.beta2, (double)opt->step);
+  for (int i = 0; i < opt->params->count; i++) {
+    Param *p = &opt->params->items[i];
+    if (p->kind != PARAM_TRAINABLE || !p->tensor->grad) continue;
+    AdamWStep s = {.lr = adamw_lr(opt, p->group), .beta1 = opt->cfg.beta1, .beta2 = opt->cfg.beta2,
+                   .eps = opt->cfg.eps, .weight_decay = opt->cfg.weight_decay, .bias_correction1 = (float)bc1,
+                   .bias_correction2_sqrt = (float)sqrt(bc2)};
+    DETR_CHECK(p->tensor->device == DEVICE_CPU, "adamw_step: no CUDA kernel yet");
+    cpu_adamw(p->tensor->data, opt->exp_avg[i]->data, opt->exp_avg_sq[i]->data, p->tensor->grad->data,
+              p->tensor->numel, s);
+  }
+}
