@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "kernels/cpu/cpu_kernels.h"
 #include "nn/detr.h"
 #include "train/optim.h"
 
@@ -50,6 +51,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   cfg.enact = enact;
+  cpu_flush_denormals(true);  // as `detr train` runs
   DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
   detr_model_init(m, 1);
   AdamW opt;

@@ -32,6 +32,7 @@ Tensor *params_add(ParamStore *ps, Shape shape, ParamKind kind, LrGroup group, c
     ps->capacity = cap;
   }
   Param *p = &ps->items[ps->count++];
+  *p = (Param){0};
   memcpy(p->name, name, sizeof name);
   p->tensor = tensor_zeros(ps->device, shape);
   p->kind = kind;

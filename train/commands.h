@@ -2,4 +2,7 @@
 // process exit status (0 ok, 1 failure, 2 bad usage).
 #pragma once
 
+int cmd_cocoeval(int argc, char **argv);
 int cmd_step(int argc, char **argv);
+int cmd_train(int argc, char **argv);
+int cmd_synth(int argc, char **argv);

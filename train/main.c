@@ -1,5 +1,4 @@
-// detr: the command-line tool. Verbs arrive with the training issues; `detr version` and
-// `detr selftest` work now.
+// detr: the command-line tool. Each verb lives in train/cmd_<verb>.c (train/commands.h).
 #include <stdio.h>
 #include <string.h>
 
@@ -10,7 +9,10 @@ static int usage(FILE *f) {
   fprintf(f,
           "usage: detr <command> [options]\n"
           "commands:\n"
+          "  cocoeval    COCO bbox metrics of a results JSON (pycocotools COCOeval semantics)\n"
+          "  train       train DETR / DETR+ENACT on a COCO-format dataset\n"
           "  step        one forward + loss + backward on a batch file (parity interface)\n"
+          "  synth       write the built-in synthetic COCO-format dataset\n"
           "  version     print the version and the backends this build has\n"
           "  help        this text\n");
   return f == stderr ? 2 : 0;
@@ -19,7 +21,10 @@ static int usage(FILE *f) {
 int main(int argc, char **argv) {
   if (argc < 2) return usage(stderr);
   if (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) return usage(stdout);
+  if (!strcmp(argv[1], "cocoeval")) return cmd_cocoeval(argc, argv);
   if (!strcmp(argv[1], "step")) return cmd_step(argc, argv);
+  if (!strcmp(argv[1], "train")) return cmd_train(argc, argv);
+  if (!strcmp(argv[1], "synth")) return cmd_synth(argc, argv);
   if (!strcmp(argv[1], "version")) {
     printf("detr-c 0.1 (backends: cpu%s)\n", DETR_HAVE_CUDA ? ", cuda" : "");
     return 0;

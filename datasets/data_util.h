@@ -1,0 +1,49 @@
+// Shared by the datasets layer: the bad-input policy, error messages that name the file and item,
+// rate-limited warnings, and checked allocation. Data errors are returned to the caller (a
+// message in a DataError), never exit(): only programming errors and out-of-memory stop here.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+// What to do with a bad item (a malformed annotation, a missing or corrupt image, a box outside
+// its image, an unknown category id): stop with an error, or skip it with a warning and count it.
+typedef enum { BAD_INPUT_FAIL = 0, BAD_INPUT_SKIP = 1 } BadInputPolicy;
+
+const char *bad_input_policy_name(BadInputPolicy p);  // "fail" | "skip"
+// "fail" or "skip" into *out; returns 0, or -1 for anything else.
+int bad_input_policy_parse(const char *s, BadInputPolicy *out);
+
+// Error codes of datasets functions: 0 is success.
+enum { DATA_OK = 0, DATA_ERROR = -1 };
+
+typedef struct {
+  char msg[1024];  // "FILE: item: what is wrong"
+} DataError;
+
+// Formats into err->msg (err may be NULL). Returns DATA_ERROR so `return data_error(...)` reads.
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+int data_error(DataError *err, const char *fmt, ...);
+
+// Prints "detr: warning: ..." to stderr, at most DATA_WARN_LIMIT times per process for each
+// `stream` counter (the final counts are reported separately), thread-safe.
+#define DATA_WARN_LIMIT 20
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+void data_warn(int64_t *stream, const char *fmt, ...);
+
+// Allocation that stops with a message naming `what` on out-of-memory (never returns NULL).
+void *data_malloc(size_t nbytes, const char *what);
+void *data_calloc(size_t n, size_t size, const char *what);
+void *data_realloc(void *p, size_t nbytes, const char *what);
+char *data_strdup(const char *s, const char *what);
+// "dir/name" (just name when dir is NULL or empty), malloc'd.
+char *data_path_join(const char *dir, const char *name);
+// Creates dir and its missing parents (mode 0755). Returns 0 or DATA_ERROR with the reason.
+int data_mkdirs(const char *dir, DataError *err);
+
+// Grows *buf (elements of `elem` bytes, capacity *cap) to hold at least `need` elements.
+void data_reserve(void **buf, int64_t *cap, int64_t need, size_t elem, const char *what);

@@ -1,0 +1,49 @@
+// 8-bit RGB images: decoding (stb_image: JPEG baseline and progressive, PNG; grayscale, CMYK and
+// alpha converted to RGB), the geometric operations DETR's augmentations need, and encoding
+// (stb_image_write) for the synthetic dataset.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "datasets/data_util.h"
+
+typedef struct {
+  int w, h;
+  uint8_t *data;  // [h, w, 3] RGB, row-major, malloc'd (NULL for an empty image)
+} Image;
+
+// Largest accepted width or height: corrupt headers cannot make the decoder allocate gigabytes.
+#define IMAGE_MAX_SIDE 32768
+
+Image image_alloc(int w, int h);  // uninitialised pixels
+void image_free(Image *img);      // frees the pixels, leaves an empty image
+
+// Reads and decodes a JPEG or PNG file to RGB. Errors name the file: cannot open, empty,
+// truncated JPEG (no end-of-image marker), or the decoder's reason for a corrupt file.
+int image_decode_file(const char *path, Image *out, DataError *err);
+// The same for bytes in memory; `name` is used in error messages.
+int image_decode_memory(const uint8_t *buf, size_t n, const char *name, Image *out, DataError *err);
+// Width and height from the file's header only (no pixel decode).
+int image_read_header(const char *path, int *w, int *h, DataError *err);
+// True when the JPEG's marker structure is intact up to its end-of-image marker. stb_image (like
+// libjpeg) decodes a truncated JPEG without complaint, filling the rest with grey; PIL, which the
+// reference DETR reads images with, rejects it. This check rejects it too.
+bool jpeg_is_complete(const uint8_t *buf, size_t n);
+
+// In place: mirror left-right.
+void image_hflip(Image *img);
+// A new image holding rows [top, top+h) and columns [left, left+w) of src (must lie inside).
+Image image_crop(const Image *src, int top, int left, int h, int w);
+// A new image of out_w x out_h, bit-identical to Pillow's Image.resize(BILINEAR), which
+// torchvision's F.resize applies to the PIL images the reference DETR transforms: a triangle
+// filter whose support widens with the downscale factor (antialiased), 22-bit fixed-point weights,
+// horizontal then vertical pass with 8-bit rounding between. Upscaling equals align_corners=False
+// bilinear.
+Image image_resize_bilinear(const Image *src, int out_w, int out_h);
+
+// Writes pixels ([h, w, comp] with comp 1 = grey or 3 = RGB) as a baseline JPEG (quality 1..100)
+// or a PNG. Deterministic: the same pixels give the same bytes.
+int image_write_jpeg(const char *path, const uint8_t *px, int w, int h, int comp, int quality,
+                     DataError *err);
+int image_write_png(const char *path, const uint8_t *px, int w, int h, int comp, DataError *err);

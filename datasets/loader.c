@@ -1,0 +1,462 @@
+#include "datasets/loader.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/common.h"
+
+// --- order and randomness ------------------------------------------------------------------------
+
+// splitmix64's finalizer: decorrelates nearby inputs into independent Philox keys.
+static uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return x;
+}
+
+// Distinct tags keep the data streams apart from each other and from the model's rng_make(seed).
+#define TAG_SHUFFLE 0x53485546464C4500ull
+#define TAG_SAMPLE 0x53414D504C450000ull
+
+Rng loader_sample_rng(uint64_t seed, int64_t epoch, int64_t dataset_index) {
+  return rng_make(mix64(mix64(mix64(seed ^ TAG_SAMPLE) + (uint64_t)epoch) + (uint64_t)dataset_index));
+}
+
+void loader_epoch_order(uint64_t seed, int64_t epoch, bool shuffle, int64_t n, int64_t *perm) {
+  for (int64_t i = 0; i < n; i++) perm[i] = i;
+  if (!shuffle) return;
+  Rng rng = rng_make(mix64(mix64(seed ^ TAG_SHUFFLE) + (uint64_t)epoch));
+  for (int64_t i = n - 1; i > 0; i--) {  // Fisher-Yates
+    int64_t j = (int64_t)rng_next_below(&rng, (uint64_t)(i + 1));
+    int64_t t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
+  }
+}
+
+// --- the loader ----------------------------------------------------------------------------------
+
+typedef enum { SLOT_EMPTY, SLOT_WORKING, SLOT_READY } SlotState;
+
+// One batch in flight. Batch g (global number epoch * batches_per_epoch + index) lives in slot
+// g % n_slots; slots [next_deliver, next_deliver + n_slots) are all distinct, so a worker may
+// start batch g once g < next_deliver + n_slots.
+typedef struct {
+  SlotState state;
+  int64_t g;
+  int count;         // samples in this batch
+  int64_t *indices;  // [batch_size] dataset indices, copied from the epoch order at claim time
+  int status;        // DATA_OK, or DATA_ERROR with err
+  DataError err;
+  Batch batch;
+} Slot;
+
+// Per-thread decode/augment buffers.
+typedef struct {
+  Image *images;    // [batch_size]
+  Target *targets;  // [batch_size]
+  int *orig_w, *orig_h;  // [batch_size] decoded sizes
+  int64_t *kept;         // [batch_size] dataset indices of the samples that loaded
+} Scratch;
+
+typedef struct {
+  DataLoader *L;
+  Scratch scratch;
+} Worker;
+
+struct DataLoader {
+  const CocoDataset *ds;
+  LoaderConfig cfg;
+  int64_t n;    // images in the dataset
+  int64_t bpe;  // batches per epoch
+  float lut[3][256];  // pixel value -> normalized float, per channel
+
+  pthread_mutex_t lock;
+  pthread_cond_t work_cv;   // workers: a slot became free, or stop/pause changed
+  pthread_cond_t ready_cv;  // consumer/seek: a slot became ready, or a worker went idle
+  Slot *slots;              // [n_slots]
+  int n_slots;
+  int64_t next_claim;    // next batch a worker starts
+  int64_t next_deliver;  // next batch loader_next returns (or the one the consumer holds)
+  int64_t end_g;         // one past the last batch (single pass), else INT64_MAX
+  bool holding;          // the consumer holds slot next_deliver
+  bool stop, paused;
+  int busy;              // slots being built
+  bool failed;
+  DataError fail_err;
+  int64_t order_epoch;  // the epoch whose order `order` holds (-1: none)
+  int64_t *order;       // [n]
+  int64_t skipped_images;
+  int64_t warnings;
+
+  Worker *workers;  // [num_workers]
+  pthread_t *threads;
+  int n_threads;
+  Worker inline_worker;  // num_workers == 0: batches built by loader_next itself
+};
+
+LoaderConfig loader_config_default(bool train) {
+  return (LoaderConfig){.batch_size = 2, .num_workers = 2, .prefetch = 4, .shuffle = train, .drop_last = train,
+                        .single_pass = !train, .seed = 42, .aug = aug_config_detr(train), .policy = BAD_INPUT_FAIL};
+}
+
+static void scratch_init(Scratch *s, int batch_size) {
+  s->images = data_calloc((size_t)batch_size, sizeof(Image), "loader images");
+  s->targets = data_calloc((size_t)batch_size, sizeof(Target), "loader targets");
+  s->orig_w = data_calloc((size_t)batch_size, sizeof(int), "loader sizes");
+  s->orig_h = data_calloc((size_t)batch_size, sizeof(int), "loader sizes");
+  s->kept = data_calloc((size_t)batch_size, sizeof(int64_t), "loader indices");
+}
+
+static void scratch_free(Scratch *s, int batch_size) {
+  for (int i = 0; s->images && i < batch_size; i++) {
+    image_free(&s->images[i]);
+    target_free(&s->targets[i]);
+  }
+  free(s->images);
+  free(s->targets);
+  free(s->orig_w);
+  free(s->orig_h);
+  free(s->kept);
+}
+
+// Pads the augmented images into the batch buffers, normalizes, converts the boxes.
+static void collate(DataLoader *L, Batch *b, const Scratch *s, const int64_t *indices, int m) {
+  const CocoDataset *ds = L->ds;
+  int H = 0, W = 0, total = 0;
+  for (int i = 0; i < m; i++) {
+    if (s->images[i].h > H) H = s->images[i].h;
+    if (s->images[i].w > W) W = s->images[i].w;
+    total += s->targets[i].n;
+  }
+  b->size = m;
+  b->h = H;
+  b->w = W;
+  int64_t plane = (int64_t)H * W;
+  void *p = b->images;
+  data_reserve(&p, &b->images_cap, (int64_t)m * 3 * plane, sizeof(float), "batch images");
+  b->images = p;
+  p = b->mask;
+  data_reserve(&p, &b->mask_cap, (int64_t)m * plane, 1, "batch mask");
+  b->mask = p;
+  if (total > b->pool_cap) {
+    int64_t cap = b->pool_cap;
+    p = b->box_pool;
+    data_reserve(&p, &cap, total, 4 * sizeof(float), "batch boxes");
+    b->box_pool = p;
+    b->label_pool = data_realloc(b->label_pool, (size_t)cap * sizeof(int64_t), "batch labels");
+    b->pool_cap = cap;
+  }
+  p = b->targets;
+  data_reserve(&p, &b->targets_cap, m, sizeof(BatchTarget), "batch targets");
+  b->targets = p;
+  int64_t box_at = 0;
+  for (int i = 0; i < m; i++) {
+    const Image *im = &s->images[i];
+    const Target *t = &s->targets[i];
+    float *dst = b->images + (int64_t)i * 3 * plane;  // [3, H, W]
+    uint8_t *mask = b->mask + (int64_t)i * plane;     // [H, W]
+    for (int c = 0; c < 3; c++) {
+      const float *lut = L->lut[c];
+      for (int y = 0; y < H; y++) {
+        float *row = dst + (int64_t)c * plane + (int64_t)y * W;
+        int valid = y < im->h ? im->w : 0;
+        const uint8_t *src = im->data + (int64_t)y * im->w * 3 + c;  // [w, 3] interleaved
+        for (int x = 0; x < valid; x++) row[x] = lut[src[x * 3]];
+        for (int x = valid; x < W; x++) row[x] = 0.0f;  // the reference pads the normalized tensor with 0
+      }
+    }
+    for (int y = 0; y < H; y++) {
+      int valid = y < im->h ? im->w : 0;
+      memset(mask + (int64_t)y * W, 0, (size_t)valid);
+      memset(mask + (int64_t)y * W + valid, 1, (size_t)(W - valid));
+    }
+    BatchTarget *bt = &b->targets[i];
+    int64_t idx = indices[i];
+    float *boxes = b->box_pool + box_at * 4;
+    int64_t *labels = b->label_pool + box_at;
+    target_to_cxcywh_normalized(t, im->w, im->h, boxes);
+    if (t->n) memcpy(labels, t->labels, sizeof(int64_t) * (size_t)t->n);
+    *bt = (BatchTarget){.image_id = ds->images[idx].id, .dataset_index = idx, .orig_w = s->orig_w[i],
+                        .orig_h = s->orig_h[i], .w = im->w, .h = im->h, .n = t->n, .boxes = boxes, .labels = labels};
+    box_at += t->n;
+  }
+}
+
+// Loads, augments and collates the slot's samples (no lock held: reads only shared, constant state).
+static void build_batch(DataLoader *L, Slot *slot, Scratch *s) {
+  int64_t epoch = slot->g / L->bpe;
+  int m = 0, skipped = 0;
+  slot->status = DATA_OK;
+  for (int k = 0; k < slot->count; k++) {
+    int64_t idx = slot->indices[k];
+    DataError e;
+    if (coco_load_sample(L->ds, idx, &s->images[m], &s->targets[m], &e) != DATA_OK) {
+      if (L->cfg.policy == BAD_INPUT_FAIL) {
+        slot->status = DATA_ERROR;
+        slot->err = e;
+        return;
+      }
+      data_warn(&L->warnings, "%s - skipped", e.msg);
+      skipped++;
+      continue;
+    }
+    s->orig_w[m] = s->images[m].w;
+    s->orig_h[m] = s->images[m].h;
+    Rng rng = loader_sample_rng(L->cfg.seed, epoch, idx);
+    aug_apply(&s->images[m], &s->targets[m], &L->cfg.aug, &rng);
+    s->kept[m++] = idx;
+  }
+  collate(L, &slot->batch, s, s->kept, m);
+  slot->batch.epoch = epoch;
+  slot->batch.index = slot->g % L->bpe;
+  slot->batch.skipped = skipped;
+}
+
+// Under the lock: marks batch g as being built in its slot and copies its sample indices.
+static Slot *claim(DataLoader *L, int64_t g) {
+  Slot *slot = &L->slots[g % L->n_slots];
+  DETR_CHECK(slot->state == SLOT_EMPTY, "loader: slot of batch %lld still in use", (long long)g);
+  int64_t epoch = g / L->bpe, first = (g % L->bpe) * L->cfg.batch_size;
+  if (L->order_epoch != epoch) {
+    loader_epoch_order(L->cfg.seed, epoch, L->cfg.shuffle, L->n, L->order);
+    L->order_epoch = epoch;
+  }
+  slot->count = (int)(L->n - first < L->cfg.batch_size ? L->n - first : L->cfg.batch_size);
+  memcpy(slot->indices, L->order + first, sizeof(int64_t) * (size_t)slot->count);
+  slot->state = SLOT_WORKING;
+  slot->g = g;
+  L->busy++;
+  return slot;
+}
+
+static bool can_claim(const DataLoader *L) {
+  return !L->paused && L->next_claim < L->next_deliver + L->n_slots && L->next_claim < L->end_g;
+}
+
+static void *worker_main(void *arg) {
+  Worker *w = arg;
+  DataLoader *L = w->L;
+  pthread_mutex_lock(&L->lock);
+  for (;;) {
+    while (!L->stop && !can_claim(L)) pthread_cond_wait(&L->work_cv, &L->lock);
+    if (L->stop) break;
+    Slot *slot = claim(L, L->next_claim++);
+    pthread_mutex_unlock(&L->lock);
+    build_batch(L, slot, &w->scratch);
+    pthread_mutex_lock(&L->lock);
+    slot->state = SLOT_READY;
+    L->busy--;
+    pthread_cond_broadcast(&L->ready_cv);
+  }
+  pthread_mutex_unlock(&L->lock);
+  return NULL;
+}
+
+static int check_position(const DataLoader *L, LoaderPosition pos, DataError *err) {
+  if (pos.epoch < 0 || pos.batch < 0 || pos.batch > L->bpe || pos.epoch > INT64_MAX / (L->bpe + 1) - 1)
+    return data_error(err, "loader: position (epoch %lld, batch %lld) outside the data (%lld batches per epoch)",
+                      (long long)pos.epoch, (long long)pos.batch, (long long)L->bpe);
+  return DATA_OK;
+}
+
+// Under the lock, with no slot being built: every slot empty, delivery restarts at pos.
+static void reset_to(DataLoader *L, LoaderPosition pos) {
+  for (int i = 0; i < L->n_slots; i++) L->slots[i].state = SLOT_EMPTY;
+  int64_t g = pos.epoch * L->bpe + pos.batch;  // batch == bpe is the next epoch's first batch
+  L->next_claim = L->next_deliver = g;
+  L->end_g = L->cfg.single_pass ? (g / L->bpe + 1) * L->bpe : INT64_MAX;
+  L->holding = false;
+  L->failed = false;
+}
+
+int loader_create(const CocoDataset *ds, const LoaderConfig *cfg, LoaderPosition start, DataLoader **out,
+                  DataError *err) {
+  *out = NULL;
+  if (cfg->batch_size < 1) return data_error(err, "loader: batch size %d", cfg->batch_size);
+  if (cfg->num_workers < 0 || cfg->num_workers > 256) return data_error(err, "loader: %d workers", cfg->num_workers);
+  if (cfg->prefetch < 1) return data_error(err, "loader: prefetch %d (at least 1 batch)", cfg->prefetch);
+  if (aug_config_validate(&cfg->aug, err) != DATA_OK) return DATA_ERROR;
+  if (!ds->image_dir) return data_error(err, "loader: %s was opened without an image folder", ds->ann_path);
+  int64_t bpe = cfg->drop_last ? ds->n_images / cfg->batch_size
+                               : (ds->n_images + cfg->batch_size - 1) / cfg->batch_size;
+  if (bpe < 1)
+    return data_error(err, "loader: %s has %lld images, not enough for a batch of %d", ds->ann_path,
+                      (long long)ds->n_images, cfg->batch_size);
+  DataLoader *L = data_calloc(1, sizeof(DataLoader), "loader");
+  L->ds = ds;
+  L->cfg = *cfg;
+  L->n = ds->n_images;
+  L->bpe = bpe;
+  if (check_position(L, start, err) != DATA_OK) {
+    free(L);
+    return DATA_ERROR;
+  }
+  aug_normalize_lut(&cfg->aug, L->lut);
+  L->order = data_malloc(sizeof(int64_t) * (size_t)L->n, "epoch order");
+  L->order_epoch = -1;
+  L->n_slots = cfg->prefetch;
+  L->slots = data_calloc((size_t)L->n_slots, sizeof(Slot), "loader slots");
+  for (int i = 0; i < L->n_slots; i++)
+    L->slots[i].indices = data_malloc(sizeof(int64_t) * (size_t)cfg->batch_size, "batch indices");
+  pthread_mutex_init(&L->lock, NULL);
+  pthread_cond_init(&L->work_cv, NULL);
+  pthread_cond_init(&L->ready_cv, NULL);
+  reset_to(L, start);
+  L->inline_worker.L = L;
+  scratch_init(&L->inline_worker.scratch, cfg->batch_size);
+  if (cfg->num_workers > 0) {
+    L->workers = data_calloc((size_t)cfg->num_workers, sizeof(Worker), "loader workers");
+    L->threads = data_calloc((size_t)cfg->num_workers, sizeof(pthread_t), "loader threads");
+    for (int i = 0; i < cfg->num_workers; i++) {
+      L->workers[i].L = L;
+      scratch_init(&L->workers[i].scratch, cfg->batch_size);
+      int rc = pthread_create(&L->threads[i], NULL, worker_main, &L->workers[i]);
+      if (rc != 0) {
+        data_error(err, "loader: cannot start worker thread %d: %s", i, strerror(rc));
+        loader_free(L);
+        return DATA_ERROR;
+      }
+      L->n_threads++;
+    }
+  }
+  *out = L;
+  return DATA_OK;
+}
+
+int loader_next(DataLoader *L, const Batch **out, DataError *err) {
+  *out = NULL;
+  pthread_mutex_lock(&L->lock);
+  if (L->holding) {  // the consumer is done with the batch it held: free its slot
+    L->slots[L->next_deliver % L->n_slots].state = SLOT_EMPTY;
+    L->next_deliver++;
+    L->holding = false;
+    pthread_cond_broadcast(&L->work_cv);
+  }
+  for (;;) {
+    if (L->failed) {
+      if (err) *err = L->fail_err;
+      pthread_mutex_unlock(&L->lock);
+      return DATA_ERROR;
+    }
+    if (L->next_deliver >= L->end_g) {
+      pthread_mutex_unlock(&L->lock);
+      return LOADER_END;
+    }
+    Slot *slot = &L->slots[L->next_deliver % L->n_slots];
+    if (L->n_threads == 0) {  // no workers: build it here
+      L->next_claim = L->next_deliver + 1;
+      claim(L, L->next_deliver);
+      pthread_mutex_unlock(&L->lock);
+      build_batch(L, slot, &L->inline_worker.scratch);
+      pthread_mutex_lock(&L->lock);
+      slot->state = SLOT_READY;
+      L->busy--;
+    }
+    while (!(slot->state == SLOT_READY && slot->g == L->next_deliver)) pthread_cond_wait(&L->ready_cv, &L->lock);
+    if (slot->status != DATA_OK) {
+      L->failed = true;
+      L->fail_err = slot->err;
+      continue;
+    }
+    L->skipped_images += slot->batch.skipped;
+    if (slot->batch.size == 0) {  // every image of the batch was skipped: go on to the next
+      slot->state = SLOT_EMPTY;
+      L->next_deliver++;
+      pthread_cond_broadcast(&L->work_cv);
+      continue;
+    }
+    L->holding = true;
+    *out = &slot->batch;
+    pthread_mutex_unlock(&L->lock);
+    return DATA_OK;
+  }
+}
+
+LoaderPosition loader_position(const DataLoader *L) {
+  DataLoader *M = (DataLoader *)L;  // the lock is not part of the value
+  pthread_mutex_lock(&M->lock);
+  int64_t g = L->next_deliver + (L->holding ? 1 : 0);
+  pthread_mutex_unlock(&M->lock);
+  return (LoaderPosition){.epoch = g / L->bpe, .batch = g % L->bpe};
+}
+
+int loader_seek(DataLoader *L, LoaderPosition pos, DataError *err) {
+  if (check_position(L, pos, err) != DATA_OK) return DATA_ERROR;
+  pthread_mutex_lock(&L->lock);
+  L->paused = true;  // no new claims; let the batches being built finish
+  while (L->busy > 0) pthread_cond_wait(&L->ready_cv, &L->lock);
+  reset_to(L, pos);
+  L->paused = false;
+  pthread_cond_broadcast(&L->work_cv);
+  pthread_mutex_unlock(&L->lock);
+  return DATA_OK;
+}
+
+int64_t loader_batches_per_epoch(const DataLoader *L) { return L->bpe; }
+
+int64_t loader_skipped_images(const DataLoader *L) {
+  DataLoader *M = (DataLoader *)L;
+  pthread_mutex_lock(&M->lock);
+  int64_t n = L->skipped_images;
+  pthread_mutex_unlock(&M->lock);
+  return n;
+}
+
+void loader_free(DataLoader *L) {
+  if (!L) return;
+  pthread_mutex_lock(&L->lock);
+  L->stop = true;
+  pthread_cond_broadcast(&L->work_cv);
+  pthread_mutex_unlock(&L->lock);
+  for (int i = 0; i < L->n_threads; i++) pthread_join(L->threads[i], NULL);
+  if (L->skipped_images > 0 && !L->cfg.quiet) {
+    fflush(stdout);
+    fprintf(stderr, "detr: %s: the loader skipped %lld unreadable images\n", L->ds->ann_path,
+            (long long)L->skipped_images);
+  }
+  for (int i = 0; L->workers && i < L->cfg.num_workers; i++) scratch_free(&L->workers[i].scratch, L->cfg.batch_size);
+  scratch_free(&L->inline_worker.scratch, L->cfg.batch_size);
+  for (int i = 0; i < L->n_slots; i++) {
+    Batch *b = &L->slots[i].batch;
+    free(b->images);
+    free(b->mask);
+    free(b->targets);
+    free(b->box_pool);
+    free(b->label_pool);
+    free(L->slots[i].indices);
+  }
+  pthread_cond_destroy(&L->work_cv);
+  pthread_cond_destroy(&L->ready_cv);
+  pthread_mutex_destroy(&L->lock);
+  free(L->slots);
+  free(L->order);
+  free(L->workers);
+  free(L->threads);
+  free(L);
+}
+
+// --- tensors -------------------------------------------------------------------------------------
+
+Tensor *batch_images_tensor(const Batch *b, Device dev) {
+  return tensor_from_host(dev, SHAPE(b->size, 3, b->h, b->w), b->images);
+}
+
+Tensor *batch_mask_tensor(const Batch *b, Device dev) {
+  int64_t n = (int64_t)b->size * b->h * b->w;
+  float *m = data_malloc(sizeof(float) * (size_t)n, "mask tensor staging");  // [size, h, w]
+  for (int64_t i = 0; i < n; i++) m[i] = b->mask[i] ? 1.0f : 0.0f;
+  Tensor *t = tensor_from_host(dev, SHAPE(b->size, b->h, b->w), m);
+  free(m);
+  return t;
+}
+
+Tensor *batch_boxes_tensor(const Batch *b, int i, Device dev) {
+  DETR_CHECK(i >= 0 && i < b->size, "batch_boxes_tensor: image %d of %d", i, b->size);
+  return tensor_from_host(dev, SHAPE(b->targets[i].n, 4), b->targets[i].boxes);
+}

@@ -1,0 +1,92 @@
+// Batches for the trainer: worker threads decode and augment samples ahead of the consumer, and
+// batches come out in order. A batch depends only on (seed, epoch, batch number): the epoch's
+// shuffle comes from (seed, epoch), each sample's augmentation from (seed, epoch, dataset index),
+// so 0, 1 or N workers give byte-identical batches, and a run resumed at a saved position sees
+// the same batches an uninterrupted run would.
+//
+// Batches are host structs in the reference DETR's layout (NestedTensor + targets): images padded
+// bottom/right to the largest in the batch, a mask with 1 at padding, per-image targets with
+// normalized cxcywh boxes relative to the unpadded augmented image.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "datasets/coco.h"
+#include "datasets/transforms.h"
+#include "tensor/tensor.h"
+
+typedef struct {
+  int64_t image_id;
+  int64_t dataset_index;  // into ds->images
+  int orig_w, orig_h;     // decoded image size
+  int w, h;               // after augmentation (the unpadded part of the batch image)
+  int n;                  // boxes
+  const float *boxes;     // [n, 4] cx, cy, w, h divided by (w, h, w, h)
+  const int64_t *labels;  // [n]
+} BatchTarget;
+
+typedef struct {
+  int size;              // images (fewer than batch_size at an epoch's end, or after skipped images)
+  int h, w;              // padded size
+  float *images;         // [size, 3, h, w] normalized, 0 in the padding
+  uint8_t *mask;         // [size, h, w] 1 = padding
+  BatchTarget *targets;  // [size]
+  int64_t epoch, index;  // which batch this is: number `index` of epoch `epoch`
+  int skipped;           // images of this batch dropped under the skip policy
+  // Storage, reused from batch to batch (capacities in elements).
+  float *box_pool;       // [sum n, 4]
+  int64_t *label_pool;   // [sum n]
+  int64_t images_cap, mask_cap, pool_cap, targets_cap;
+} Batch;
+
+// Where the loader is: the next batch it delivers is number `batch` of `epoch`. Save both in a
+// checkpoint and pass them back to resume.
+typedef struct {
+  int64_t epoch, batch;
+} LoaderPosition;
+
+typedef struct {
+  int batch_size;     // 2
+  int num_workers;    // decode/augment threads; 0 loads on the calling thread
+  int prefetch;       // batches decoded ahead (>= 1): default 2 per worker
+  bool shuffle;       // a new order every epoch (train)
+  bool drop_last;     // drop an epoch's incomplete last batch (train, as the reference)
+  bool single_pass;   // end after the starting epoch (evaluation)
+  uint64_t seed;
+  AugConfig aug;
+  BadInputPolicy policy;  // unreadable image: fail, or skip it (warning + count)
+  bool quiet;             // no summary of skipped images on loader_free
+} LoaderConfig;
+
+// The reference's settings: train (shuffle, drop_last, train augmentation) or val (one pass in
+// dataset order, val resize).
+LoaderConfig loader_config_default(bool train);
+
+typedef struct DataLoader DataLoader;
+
+enum { LOADER_END = 1 };  // loader_next after the last batch of a single pass
+
+// ds must outlive the loader (it is read by the workers, never written).
+int loader_create(const CocoDataset *ds, const LoaderConfig *cfg, LoaderPosition start, DataLoader **out,
+                  DataError *err);
+// The next batch, valid until the next loader_next/loader_seek/loader_free. Returns DATA_OK,
+// LOADER_END or DATA_ERROR (an image failed under the fail policy: err names the file; the
+// loader stays failed until loader_seek). One consumer thread.
+int loader_next(DataLoader *L, const Batch **batch, DataError *err);
+// The position of the batch loader_next returns next.
+LoaderPosition loader_position(const DataLoader *L);
+// Restarts at pos (drops what was prefetched). Returns DATA_ERROR for a position outside the data.
+int loader_seek(DataLoader *L, LoaderPosition pos, DataError *err);
+int64_t loader_batches_per_epoch(const DataLoader *L);
+int64_t loader_skipped_images(const DataLoader *L);  // in the batches delivered so far
+void loader_free(DataLoader *L);
+
+// The sample order of an epoch: perm[i] is the dataset index at position i ([n]).
+void loader_epoch_order(uint64_t seed, int64_t epoch, bool shuffle, int64_t n, int64_t *perm);
+// The augmentation stream of one sample.
+Rng loader_sample_rng(uint64_t seed, int64_t epoch, int64_t dataset_index);
+
+// Tensors from a batch (the caller owns them).
+Tensor *batch_images_tensor(const Batch *b, Device dev);       // [size, 3, h, w]
+Tensor *batch_mask_tensor(const Batch *b, Device dev);         // [size, h, w] 1.0 = padding
+Tensor *batch_boxes_tensor(const Batch *b, int i, Device dev); // [n, 4] of image i

@@ -1,0 +1,532 @@
+// Drawing primitives, the embedded font and the line-chart renderer (train/draw.h).
+#define _POSIX_C_SOURCE 200809L  // fsync, getpid
+#include "train/draw.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/common.h"
+
+// --- pixels and shapes ---------------------------------------------------------------------------
+
+// Coordinates are widened to 64 bits before any arithmetic: callers may pass INT_MIN/INT_MAX.
+static inline int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+void draw_pixel(Image *img, int x, int y, Rgb c) {
+  if (!img->data || x < 0 || y < 0 || x >= img->w || y >= img->h) return;
+  uint8_t *p = img->data + ((size_t)y * (size_t)img->w + (size_t)x) * 3;
+  p[0] = c.r, p[1] = c.g, p[2] = c.b;
+}
+
+// Blends c over the inclusive rectangle [x0, x1] x [y0, y1] (ordered), clipped to the image.
+// alpha >= 1 copies c; otherwise out = alpha * c + (1 - alpha) * old, rounded to nearest.
+static void fill(Image *img, int64_t x0, int64_t y0, int64_t x1, int64_t y1, Rgb c, float alpha) {
+  if (!img->data || x1 < 0 || y1 < 0 || x0 >= img->w || y0 >= img->h || x0 > x1 || y0 > y1) return;
+  x0 = clamp64(x0, 0, img->w - 1), x1 = clamp64(x1, 0, img->w - 1);
+  y0 = clamp64(y0, 0, img->h - 1), y1 = clamp64(y1, 0, img->h - 1);
+  const uint8_t col[3] = {c.r, c.g, c.b};
+  for (int64_t y = y0; y <= y1; y++) {
+    uint8_t *p = img->data + ((size_t)y * (size_t)img->w + (size_t)x0) * 3;
+    for (int64_t x = x0; x <= x1; x++, p += 3)
+      for (int k = 0; k < 3; k++)
+        p[k] = alpha >= 1.0f ? col[k] : (uint8_t)lrintf(alpha * (float)col[k] + (1.0f - alpha) * (float)p[k]);
+  }
+}
+
+// Cohen-Sutherland: clips the segment to [xmin, xmax] x [ymin, ymax]; false when nothing is left.
+// Done in doubles so that far-away endpoints neither overflow nor make the stepping loop long.
+static bool clip_segment(double *x0, double *y0, double *x1, double *y1, double xmin, double ymin, double xmax,
+                         double ymax) {
+  enum { LEFT = 1, RIGHT = 2, BELOW = 4, ABOVE = 8 };
+#define OUTCODE(x, y) (((x) < xmin ? LEFT : (x) > xmax ? RIGHT : 0) | ((y) < ymin ? BELOW : (y) > ymax ? ABOVE : 0))
+  int c0 = OUTCODE(*x0, *y0), c1 = OUTCODE(*x1, *y1);
+  for (int iter = 0; iter < 8; iter++) {  // each pass removes one side; 4 suffice
+    if (!(c0 | c1)) return true;
+    if (c0 & c1) return false;
+    int c = c0 ? c0 : c1;
+    double x, y;
+    if (c & ABOVE) x = *x0 + (*x1 - *x0) * (ymax - *y0) / (*y1 - *y0), y = ymax;
+    else if (c & BELOW) x = *x0 + (*x1 - *x0) * (ymin - *y0) / (*y1 - *y0), y = ymin;
+    else if (c & RIGHT) y = *y0 + (*y1 - *y0) * (xmax - *x0) / (*x1 - *x0), x = xmax;
+    else y = *y0 + (*y1 - *y0) * (xmin - *x0) / (*x1 - *x0), x = xmin;
+    if (c == c0) *x0 = x, *y0 = y, c0 = OUTCODE(x, y);
+    else *x1 = x, *y1 = y, c1 = OUTCODE(x, y);
+  }
+#undef OUTCODE
+  return !(c0 | c1);
+}
+
+void draw_line(Image *img, int x0, int y0, int x1, int y1, Rgb c, int thickness) {
+  if (!img->data) return;
+  int t = thickness < 1 ? 1 : thickness;
+  // The brush covers [x - (t-1)/2, x + t/2]: clip to the image grown by the brush.
+  double fx0 = x0, fy0 = y0, fx1 = x1, fy1 = y1, m = t;
+  if (!clip_segment(&fx0, &fy0, &fx1, &fy1, -m, -m, img->w - 1 + m, img->h - 1 + m)) return;
+  int64_t ax = llround(fx0), ay = llround(fy0), bx = llround(fx1), by = llround(fy1);
+  int64_t dx = llabs(bx - ax), dy = -llabs(by - ay), sx = ax < bx ? 1 : -1, sy = ay < by ? 1 : -1, e = dx + dy;
+  for (;;) {  // Bresenham
+    fill(img, ax - (t - 1) / 2, ay - (t - 1) / 2, ax + t / 2, ay + t / 2, c, 1.0f);
+    if (ax == bx && ay == by) break;
+    int64_t e2 = 2 * e;
+    if (e2 >= dy) e += dy, ax += sx;
+    if (e2 <= dx) e += dx, ay += sy;
+  }
+}
+
+void draw_rect(Image *img, int x0, int y0, int x1, int y1, Rgb c, int thickness) {
+  int64_t l = x0 < x1 ? x0 : x1, r = x0 < x1 ? x1 : x0, top = y0 < y1 ? y0 : y1, bot = y0 < y1 ? y1 : y0;
+  int64_t t = thickness < 1 ? 1 : thickness;
+  fill(img, l, top, r, top + t - 1, c, 1.0f);
+  fill(img, l, bot - t + 1, r, bot, c, 1.0f);
+  fill(img, l, top, l + t - 1, bot, c, 1.0f);
+  fill(img, r - t + 1, top, r, bot, c, 1.0f);
+}
+
+void draw_fill_rect(Image *img, int x0, int y0, int x1, int y1, Rgb c, float alpha) {
+  if (!(alpha > 0.0f)) return;  // also NaN
+  int64_t l = x0 < x1 ? x0 : x1, r = x0 < x1 ? x1 : x0, top = y0 < y1 ? y0 : y1, bot = y0 < y1 ? y1 : y0;
+  fill(img, l, top, r, bot, c, alpha > 1.0f ? 1.0f : alpha);
+}
+
+// --- text ------------------------------------------------------------------------------------------
+
+// 5x8 glyphs of ASCII 32..126, drawn for this project: one byte per row, top row first, bit 7 =
+// leftmost column (5 columns used). Capitals and digits use rows 0-6; row 7 is for descenders.
+static const uint8_t FONT[95][8] = {
+    {0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00},  // ' '
+    {0x20, 0x20, 0x20, 0x20, 0x20, 0x00, 0x20, 0x00},  // '!'
+    {0x50, 0x50, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00},  // '"'
+    {0x50, 0x50, 0xf8, 0x50, 0xf8, 0x50, 0x50, 0x00},  // '#'
+    {0x20, 0x78, 0xa0, 0x70, 0x28, 0xf0, 0x20, 0x00},  // '$'
+    {0xc0, 0xc8, 0x10, 0x20, 0x40, 0x98, 0x18, 0x00},  // '%'
+    {0x60, 0x90, 0xa0, 0x40, 0xa8, 0x90, 0x68, 0x00},  // '&'
+    {0x20, 0x20, 0x40, 0x00, 0x00, 0x00, 0x00, 0x00},  // quote
+    {0x10, 0x20, 0x40, 0x40, 0x40, 0x20, 0x10, 0x00},  // '('
+    {0x40, 0x20, 0x10, 0x10, 0x10, 0x20, 0x40, 0x00},  // ')'
+    {0x00, 0x20, 0xa8, 0x70, 0xa8, 0x20, 0x00, 0x00},  // '*'
+    {0x00, 0x20, 0x20, 0xf8, 0x20, 0x20, 0x00, 0x00},  // '+'
+    {0x00, 0x00, 0x00, 0x00, 0x00, 0x60, 0x20, 0x40},  // ','
+    {0x00, 0x00, 0x00, 0xf8, 0x00, 0x00, 0x00, 0x00},  // '-'
+    {0x00, 0x00, 0x00, 0x00, 0x00, 0x60, 0x60, 0x00},  // '.'
+    {0x00, 0x08, 0x10, 0x20, 0x40, 0x80, 0x00, 0x00},  // '/'
+    {0x70, 0x88, 0x98, 0xa8, 0xc8, 0x88, 0x70, 0x00},  // '0'
+    {0x20, 0x60, 0x20, 0x20, 0x20, 0x20, 0x70, 0x00},  // '1'
+    {0x70, 0x88, 0x08, 0x10, 0x20, 0x40, 0xf8, 0x00},  // '2'
+    {0xf8, 0x10, 0x20, 0x10, 0x08, 0x88, 0x70, 0x00},  // '3'
+    {0x10, 0x30, 0x50, 0x90, 0xf8, 0x10, 0x10, 0x00},  // '4'
+    {0xf8, 0x80, 0xf0, 0x08, 0x08, 0x88, 0x70, 0x00},  // '5'
+    {0x30, 0x40, 0x80, 0xf0, 0x88, 0x88, 0x70, 0x00},  // '6'
+    {0xf8, 0x08, 0x10, 0x20, 0x40, 0x40, 0x40, 0x00},  // '7'
+    {0x70, 0x88, 0x88, 0x70, 0x88, 0x88, 0x70, 0x00},  // '8'
+    {0x70, 0x88, 0x88, 0x78, 0x08, 0x10, 0x60, 0x00},  // '9'
+    {0x00, 0x60, 0x60, 0x00, 0x60, 0x60, 0x00, 0x00},  // ':'
+    {0x00, 0x60, 0x60, 0x00, 0x60, 0x20, 0x40, 0x00},  // ';'
+    {0x10, 0x20, 0x40, 0x80, 0x40, 0x20, 0x10, 0x00},  // '<'
+    {0x00, 0x00, 0xf8, 0x00, 0xf8, 0x00, 0x00, 0x00},  // '='
+    {0x40, 0x20, 0x10, 0x08, 0x10, 0x20, 0x40, 0x00},  // '>'
+    {0x70, 0x88, 0x08, 0x10, 0x20, 0x00, 0x20, 0x00},  // '?'
+    {0x70, 0x88, 0x08, 0x68, 0xa8, 0xa8, 0x70, 0x00},  // '@'
+    {0x70, 0x88, 0x88, 0xf8, 0x88, 0x88, 0x88, 0x00},  // 'A'
+    {0xf0, 0x88, 0x88, 0xf0, 0x88, 0x88, 0xf0, 0x00},  // 'B'
+    {0x70, 0x88, 0x80, 0x80, 0x80, 0x88, 0x70, 0x00},  // 'C'
+    {0xe0, 0x90, 0x88, 0x88, 0x88, 0x90, 0xe0, 0x00},  // 'D'
+    {0xf8, 0x80, 0x80, 0xf0, 0x80, 0x80, 0xf8, 0x00},  // 'E'
+    {0xf8, 0x80, 0x80, 0xf0, 0x80, 0x80, 0x80, 0x00},  // 'F'
+    {0x70, 0x88, 0x80, 0xb8, 0x88, 0x88, 0x78, 0x00},  // 'G'
+    {0x88, 0x88, 0x88, 0xf8, 0x88, 0x88, 0x88, 0x00},  // 'H'
+    {0x70, 0x20, 0x20, 0x20, 0x20, 0x20, 0x70, 0x00},  // 'I'
+    {0x38, 0x10, 0x10, 0x10, 0x10, 0x90, 0x60, 0x00},  // 'J'
+    {0x88, 0x90, 0xa0, 0xc0, 0xa0, 0x90, 0x88, 0x00},  // 'K'
+    {0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0xf8, 0x00},  // 'L'
+    {0x88, 0xd8, 0xa8, 0xa8, 0x88, 0x88, 0x88, 0x00},  // 'M'
+    {0x88, 0x88, 0xc8, 0xa8, 0x98, 0x88, 0x88, 0x00},  // 'N'
+    {0x70, 0x88, 0x88, 0x88, 0x88, 0x88, 0x70, 0x00},  // 'O'
+    {0xf0, 0x88, 0x88, 0xf0, 0x80, 0x80, 0x80, 0x00},  // 'P'
+    {0x70, 0x88, 0x88, 0x88, 0xa8, 0x90, 0x68, 0x00},  // 'Q'
+    {0xf0, 0x88, 0x88, 0xf0, 0xa0, 0x90, 0x88, 0x00},  // 'R'
+    {0x78, 0x80, 0x80, 0x70, 0x08, 0x08, 0xf0, 0x00},  // 'S'
+    {0xf8, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x00},  // 'T'
+    {0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x70, 0x00},  // 'U'
+    {0x88, 0x88, 0x88, 0x88, 0x88, 0x50, 0x20, 0x00},  // 'V'
+    {0x88, 0x88, 0x88, 0xa8, 0xa8, 0xa8, 0x50, 0x00},  // 'W'
+    {0x88, 0x88, 0x50, 0x20, 0x50, 0x88, 0x88, 0x00},  // 'X'
+    {0x88, 0x88, 0x88, 0x50, 0x20, 0x20, 0x20, 0x00},  // 'Y'
+    {0xf8, 0x08, 0x10, 0x20, 0x40, 0x80, 0xf8, 0x00},  // 'Z'
+    {0x70, 0x40, 0x40, 0x40, 0x40, 0x40, 0x70, 0x00},  // '['
+    {0x00, 0x80, 0x40, 0x20, 0x10, 0x08, 0x00, 0x00},  // backslash
+    {0x70, 0x10, 0x10, 0x10, 0x10, 0x10, 0x70, 0x00},  // ']'
+    {0x20, 0x50, 0x88, 0x00, 0x00, 0x00, 0x00, 0x00},  // '^'
+    {0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xf8},  // '_'
+    {0x40, 0x20, 0x10, 0x00, 0x00, 0x00, 0x00, 0x00},  // '`'
+    {0x00, 0x00, 0x70, 0x08, 0x78, 0x88, 0x78, 0x00},  // 'a'
+    {0x80, 0x80, 0xb0, 0xc8, 0x88, 0x88, 0xf0, 0x00},  // 'b'
+    {0x00, 0x00, 0x70, 0x80, 0x80, 0x88, 0x70, 0x00},  // 'c'
+    {0x08, 0x08, 0x68, 0x98, 0x88, 0x88, 0x78, 0x00},  // 'd'
+    {0x00, 0x00, 0x70, 0x88, 0xf8, 0x80, 0x70, 0x00},  // 'e'
+    {0x30, 0x48, 0x40, 0xe0, 0x40, 0x40, 0x40, 0x00},  // 'f'
+    {0x00, 0x00, 0x78, 0x88, 0x88, 0x78, 0x08, 0x70},  // 'g'
+    {0x80, 0x80, 0xb0, 0xc8, 0x88, 0x88, 0x88, 0x00},  // 'h'
+    {0x20, 0x00, 0x60, 0x20, 0x20, 0x20, 0x70, 0x00},  // 'i'
+    {0x10, 0x00, 0x30, 0x10, 0x10, 0x10, 0x90, 0x60},  // 'j'
+    {0x80, 0x80, 0x90, 0xa0, 0xc0, 0xa0, 0x90, 0x00},  // 'k'
+    {0x60, 0x20, 0x20, 0x20, 0x20, 0x20, 0x70, 0x00},  // 'l'
+    {0x00, 0x00, 0xd0, 0xa8, 0xa8, 0x88, 0x88, 0x00},  // 'm'
+    {0x00, 0x00, 0xb0, 0xc8, 0x88, 0x88, 0x88, 0x00},  // 'n'
+    {0x00, 0x00, 0x70, 0x88, 0x88, 0x88, 0x70, 0x00},  // 'o'
+    {0x00, 0x00, 0xf0, 0x88, 0x88, 0xf0, 0x80, 0x80},  // 'p'
+    {0x00, 0x00, 0x78, 0x88, 0x88, 0x78, 0x08, 0x08},  // 'q'
+    {0x00, 0x00, 0xb0, 0xc8, 0x80, 0x80, 0x80, 0x00},  // 'r'
+    {0x00, 0x00, 0x78, 0x80, 0x70, 0x08, 0xf0, 0x00},  // 's'
+    {0x40, 0x40, 0xe0, 0x40, 0x40, 0x48, 0x30, 0x00},  // 't'
+    {0x00, 0x00, 0x88, 0x88, 0x88, 0x98, 0x68, 0x00},  // 'u'
+    {0x00, 0x00, 0x88, 0x88, 0x88, 0x50, 0x20, 0x00},  // 'v'
+    {0x00, 0x00, 0x88, 0x88, 0xa8, 0xa8, 0x50, 0x00},  // 'w'
+    {0x00, 0x00, 0x88, 0x50, 0x20, 0x50, 0x88, 0x00},  // 'x'
+    {0x00, 0x00, 0x88, 0x88, 0x88, 0x78, 0x08, 0x70},  // 'y'
+    {0x00, 0x00, 0xf8, 0x10, 0x20, 0x40, 0xf8, 0x00},  // 'z'
+    {0x10, 0x20, 0x20, 0x40, 0x20, 0x20, 0x10, 0x00},  // '{'
+    {0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x00},  // '|'
+    {0x40, 0x20, 0x20, 0x10, 0x20, 0x20, 0x40, 0x00},  // '}'
+    {0x00, 0x00, 0x40, 0xa8, 0x10, 0x00, 0x00, 0x00},  // '~'
+};
+
+static const uint8_t *glyph(unsigned char ch) { return FONT[(ch >= 32 && ch <= 126 ? ch : '?') - 32]; }
+
+// One glyph with its top-left at (x, y) (up = false), or rotated counter-clockwise with the
+// glyph's top-left at (x, y) becoming the bottom-left of the rotated glyph (up = true).
+static void draw_glyph(Image *img, int64_t x, int64_t y, unsigned char ch, Rgb c, int64_t s, bool up) {
+  if (!up && (x >= img->w || y >= img->h || x + DRAW_GLYPH_W * s < 0 || y + DRAW_GLYPH_H * s < 0)) return;
+  if (up && (x >= img->w || y < 0 || x + DRAW_GLYPH_H * s < 0 || y - DRAW_GLYPH_W * s >= img->h)) return;
+  const uint8_t *rows = glyph(ch);
+  for (int v = 0; v < DRAW_GLYPH_H; v++)
+    for (int u = 0; u < DRAW_GLYPH_W; u++) {
+      if (!(rows[v] & (0x80 >> u))) continue;
+      if (up) fill(img, x + v * s, y - (u + 1) * s + 1, x + (v + 1) * s - 1, y - u * s, c, 1.0f);
+      else fill(img, x + u * s, y + v * s, x + (u + 1) * s - 1, y + (v + 1) * s - 1, c, 1.0f);
+    }
+}
+
+static void text_at(Image *img, int x, int y, const char *s, Rgb c, int scale, bool up) {
+  if (!img->data || !s) return;
+  int64_t sc = scale < 1 ? 1 : scale, along = 0, across = 0;  // along the line, and line offset
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p == '\n') {
+      along = 0, across += DRAW_CELL_H * sc;
+      continue;
+    }
+    if (up) draw_glyph(img, (int64_t)x + across, (int64_t)y - along, *p, c, sc, true);
+    else draw_glyph(img, (int64_t)x + along, (int64_t)y + across, *p, c, sc, false);
+    along += DRAW_CELL_W * sc;
+  }
+}
+
+void draw_text(Image *img, int x, int y, const char *s, Rgb c, int scale) { text_at(img, x, y, s, c, scale, false); }
+void draw_text_up(Image *img, int x, int y, const char *s, Rgb c, int scale) { text_at(img, x, y, s, c, scale, true); }
+
+int draw_text_width(const char *s, int scale) {
+  int sc = scale < 1 ? 1 : scale, widest = 0, n = 0;
+  for (const char *p = s; p && *p; p++) {
+    n = *p == '\n' ? 0 : n + 1;
+    if (n > widest) widest = n;
+  }
+  return widest ? (widest * DRAW_CELL_W - (DRAW_CELL_W - DRAW_GLYPH_W)) * sc : 0;  // no gap after the last
+}
+
+int draw_text_height(const char *s, int scale) {
+  int sc = scale < 1 ? 1 : scale, lines = s && *s ? 1 : 0;
+  for (const char *p = s; p && *p; p++) lines += *p == '\n';
+  return lines ? (lines * DRAW_CELL_H - (DRAW_CELL_H - DRAW_GLYPH_H)) * sc : 0;
+}
+
+int draw_label(Image *img, int x, int y, const char *s, Rgb bg, int scale, int pad) {
+  int w = draw_text_width(s, scale), h = draw_text_height(s, scale);
+  pad = pad < 0 ? 0 : pad;
+  draw_fill_rect(img, x, y, x + w + 2 * pad - 1, y + h + 2 * pad - 1, bg, 1.0f);
+  // Rec. 601 luma: dark text on light boxes.
+  bool light = 299 * bg.r + 587 * bg.g + 114 * bg.b > 150 * 1000;
+  draw_text(img, x + pad, y + pad, s, light ? (Rgb){0, 0, 0} : (Rgb){255, 255, 255}, scale);
+  return h + 2 * pad;
+}
+
+Rgb draw_class_colour(int class_id) {
+  static const Rgb PALETTE[16] = {
+      {230, 25, 75},  {60, 180, 75},  {0, 130, 200},  {245, 130, 48}, {145, 30, 180}, {70, 240, 240},
+      {240, 50, 230}, {210, 245, 60}, {0, 128, 128},  {170, 110, 40}, {255, 225, 25}, {128, 0, 0},
+      {0, 0, 128},    {128, 128, 0},  {250, 150, 190}, {100, 100, 255}};
+  unsigned u = (unsigned)class_id;  // negative ids wrap to valid entries too
+  return PALETTE[u % 16u];
+}
+
+// --- files -----------------------------------------------------------------------------------------
+
+static int save_atomic(const char *path, const Image *img, bool png, int quality, char *err, size_t err_cap) {
+  if (!img->data || img->w <= 0 || img->h <= 0) {
+    snprintf(err, err_cap, "%s: nothing to write (empty image)", path);
+    return -1;
+  }
+  char tmp[4096];
+  if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= sizeof tmp) {
+    snprintf(err, err_cap, "%s: path too long", path);
+    return -1;
+  }
+  DataError derr;
+  int rc = png ? image_write_png(tmp, img->data, img->w, img->h, 3, &derr)
+               : image_write_jpeg(tmp, img->data, img->w, img->h, 3, quality, &derr);
+  if (rc) {
+    snprintf(err, err_cap, "%s", derr.msg);
+    remove(tmp);
+    return -1;
+  }
+  int fd = open(tmp, O_RDONLY);  // the bytes reach the disk before the name points at them
+  if (fd < 0 || fsync(fd) != 0) {
+    snprintf(err, err_cap, "%s: fsync failed: %s", tmp, strerror(errno));
+    if (fd >= 0) close(fd);
+    remove(tmp);
+    return -1;
+  }
+  close(fd);
+  if (rename(tmp, path) != 0) {
+    snprintf(err, err_cap, "%s: rename to %s failed: %s", tmp, path, strerror(errno));
+    remove(tmp);
+    return -1;
+  }
+  return 0;
+}
+
+int image_save_png(const char *path, const Image *img, char *err, size_t err_cap) {
+  return save_atomic(path, img, true, 0, err, err_cap);
+}
+
+int image_save_jpeg(const char *path, const Image *img, int quality, char *err, size_t err_cap) {
+  return save_atomic(path, img, false, quality < 1 ? 1 : quality > 100 ? 100 : quality, err, err_cap);
+}
+
+// --- charts ----------------------------------------------------------------------------------------
+
+static const Rgb BLACK = {0, 0, 0}, WHITE = {255, 255, 255}, GRID = {228, 228, 228}, FRAME = {90, 90, 90},
+                 TEXT = {40, 40, 40};
+
+// Heckbert's "nice numbers": 1, 2, 2.5, 5 or 10 times a power of ten, near x (rounded or above).
+static double nice_number(double x, bool round_it) {
+  double e = floor(log10(x)), p = pow(10.0, e), f = x / p, nf;
+  if (round_it) nf = f < 1.5 ? 1 : f < 2.25 ? 2 : f < 3.5 ? 2.5 : f < 7.5 ? 5 : 10;
+  else nf = f <= 1 ? 1 : f <= 2 ? 2 : f <= 2.5 ? 2.5 : f <= 5 ? 5 : 10;
+  return nf * p;
+}
+
+double chart_nice_ticks(double lo, double hi, int target, double *first, double *last) {
+  if (target < 2) target = 2;
+  double range = hi - lo;
+  if (!(range > 0) || !isfinite(range)) range = fabs(lo) > 0 ? fabs(lo) : 1.0;
+  double step = nice_number(nice_number(range, false) / (target - 1), true);
+  if (!(step > 0) || !isfinite(step)) step = 1.0;
+  *first = floor(lo / step) * step;
+  *last = ceil(hi / step) * step;
+  if (*last <= *first) *last = *first + step;
+  return step;
+}
+
+// Decimals that show every multiple of step exactly (2.5 x 10^k needs one more); NULL-safe format
+// of a tick value into buf, exponent form for very large or small magnitudes.
+static void tick_label(double v, double step, char *buf, size_t cap) {
+  if (fabs(v) < step * 1e-9) v = 0.0;  // no "-0.0" from accumulated rounding
+  double e = floor(log10(step)), f = step / pow(10.0, e);
+  int decimals = (int)(-e) + (fabs(f - 2.5) < 1e-9 ? 1 : 0);
+  if (decimals < 0) decimals = 0;
+  if (fabs(v) >= 1e7 || decimals > 6) snprintf(buf, cap, "%.3g", v);
+  else snprintf(buf, cap, "%.*f", decimals, v);
+}
+
+typedef struct {
+  double lo, hi, step;  // axis span and tick step
+  int n_ticks;
+} Axis;
+
+// Axis over the data [lo, hi] (finite, lo <= hi); pad: a fraction of the span added each side
+// before the ticks (keeps a curve off the frame).
+static Axis make_axis(double lo, double hi, double pad, int target) {
+  // Values beyond +-1e300 could overflow hi - lo; plots of such numbers mean nothing anyway.
+  lo = lo < -1e300 ? -1e300 : lo, hi = hi > 1e300 ? 1e300 : hi;
+  if (hi - lo <= 1e-12 * fmax(fabs(lo), fabs(hi))) {  // one value: a span around it
+    double d = fabs(lo) > 0 ? 0.1 * fabs(lo) : 1.0;
+    lo -= d, hi += d;
+  } else {
+    double d = pad * (hi - lo);
+    lo -= d, hi += d;
+  }
+  Axis a;
+  a.step = chart_nice_ticks(lo, hi, target, &a.lo, &a.hi);
+  double n = floor((a.hi - a.lo) / a.step + 0.5) + 1;
+  a.n_ticks = n > 50 ? 50 : (int)n;
+  return a;
+}
+
+static int64_t to_px(double v, const Axis *a, int64_t p0, int64_t len, bool flip) {
+  double t = (v - a->lo) / (a->hi - a->lo);
+  if (!isfinite(t)) t = 0;
+  t = t < -4 ? -4 : t > 5 ? 5 : t;  // data lies within the axis; this only keeps llround defined
+  double px = flip ? (double)(p0 + len - 1) - t * (double)(len - 1) : (double)p0 + t * (double)(len - 1);
+  return llround(px);
+}
+
+static bool point_ok(const ChartSeries *s, int i) { return isfinite(s->x[i]) && isfinite(s->y[i]); }
+
+static void render_panel(Image *img, const ChartPanel *p, int ox, int oy, int pw, int ph) {
+  // Data range over every finite point of every series.
+  double xmin = INFINITY, xmax = -INFINITY, ymin = INFINITY, ymax = -INFINITY;
+  int64_t points = 0;
+  for (int k = 0; k < p->n_series; k++) {
+    const ChartSeries *s = &p->series[k];
+    for (int i = 0; i < s->n; i++) {
+      if (!point_ok(s, i)) continue;
+      xmin = fmin(xmin, s->x[i]), xmax = fmax(xmax, s->x[i]);
+      ymin = fmin(ymin, s->y[i]), ymax = fmax(ymax, s->y[i]);
+      points++;
+    }
+  }
+  if (!points) xmin = 0, xmax = 1, ymin = 0, ymax = 1;
+  Axis ax = make_axis(xmin, xmax, 0.0, 6), ay = make_axis(ymin, ymax, 0.04, 6);
+
+  // Layout: [y title][y tick labels] plot [margin], with the title above and x labels below.
+  char label[64];
+  int tick_w = 0;
+  for (int i = 0; i < ay.n_ticks; i++) {
+    tick_label(ay.lo + i * ay.step, ay.step, label, sizeof label);
+    int w = draw_text_width(label, 1);
+    tick_w = w > tick_w ? w : tick_w;
+  }
+  int title_h = p->title && *p->title ? 2 * DRAW_CELL_H + 6 : 10;
+  int left = 10 + (p->y_label && *p->y_label ? DRAW_CELL_H + 8 : 0) + tick_w + 8;
+  int bottom = DRAW_GLYPH_H + 10 + (p->x_label && *p->x_label ? DRAW_CELL_H + 8 : 0) + 6;
+  int px0 = ox + left, py0 = oy + title_h, plot_w = pw - left - 18, plot_h = ph - title_h - bottom;
+  if (plot_w < 16 || plot_h < 16) return;  // too small to draw anything useful
+
+  if (p->title && *p->title)
+    draw_text(img, px0 + (plot_w - draw_text_width(p->title, 2)) / 2, oy + 4, p->title, TEXT, 2);
+  // Grid and ticks.
+  for (int i = 0; i < ay.n_ticks; i++) {
+    double v = ay.lo + i * ay.step;
+    int y = (int)to_px(v, &ay, py0, plot_h, true);
+    draw_line(img, px0, y, px0 + plot_w - 1, y, GRID, 1);
+    draw_line(img, px0 - 4, y, px0 - 1, y, FRAME, 1);
+    tick_label(v, ay.step, label, sizeof label);
+    draw_text(img, px0 - 7 - draw_text_width(label, 1), y - DRAW_GLYPH_H / 2 + 1, label, TEXT, 1);
+  }
+  for (int i = 0; i < ax.n_ticks; i++) {
+    double v = ax.lo + i * ax.step;
+    int x = (int)to_px(v, &ax, px0, plot_w, false);
+    draw_line(img, x, py0, x, py0 + plot_h - 1, GRID, 1);
+    draw_line(img, x, py0 + plot_h, x, py0 + plot_h + 3, FRAME, 1);
+    tick_label(v, ax.step, label, sizeof label);
+    draw_text(img, x - draw_text_width(label, 1) / 2, py0 + plot_h + 7, label, TEXT, 1);
+  }
+  draw_rect(img, px0 - 1, py0 - 1, px0 + plot_w, py0 + plot_h, FRAME, 1);
+  if (p->x_label && *p->x_label)
+    draw_text(img, px0 + (plot_w - draw_text_width(p->x_label, 1)) / 2, py0 + plot_h + DRAW_GLYPH_H + 16,
+              p->x_label, TEXT, 1);
+  if (p->y_label && *p->y_label)
+    draw_text_up(img, ox + 10, py0 + (plot_h + draw_text_width(p->y_label, 1)) / 2, p->y_label, TEXT, 1);
+  if (!points) {
+    const char *msg = "no data";
+    draw_text(img, px0 + (plot_w - draw_text_width(msg, 2)) / 2, py0 + (plot_h - draw_text_height(msg, 2)) / 2, msg,
+              FRAME, 2);
+  }
+
+  // Series: segments between consecutive finite points (a non-finite one leaves a gap); markers
+  // on isolated points, and on every point of a short series (one value per epoch).
+  for (int k = 0; k < p->n_series; k++) {
+    const ChartSeries *s = &p->series[k];
+    int finite = 0;
+    for (int i = 0; i < s->n; i++) finite += point_ok(s, i);
+    for (int i = 0; i < s->n; i++) {
+      if (!point_ok(s, i)) continue;
+      int x = (int)to_px(s->x[i], &ax, px0, plot_w, false), y = (int)to_px(s->y[i], &ay, py0, plot_h, true);
+      bool prev = i > 0 && point_ok(s, i - 1), next = i + 1 < s->n && point_ok(s, i + 1);
+      if (next) {
+        int x1 = (int)to_px(s->x[i + 1], &ax, px0, plot_w, false), y1 = (int)to_px(s->y[i + 1], &ay, py0, plot_h, true);
+        draw_line(img, x, y, x1, y1, s->colour, 2);
+      }
+      if ((!prev && !next) || finite <= 40) draw_fill_rect(img, x - 2, y - 2, x + 2, y + 2, s->colour, 1.0f);
+    }
+  }
+
+  // Legend, top-right inside the plot.
+  int entries = 0, name_w = 0;
+  for (int k = 0; k < p->n_series; k++) {
+    const char *name = p->series[k].name;
+    if (!name || !*name) continue;
+    entries++;
+    int w = draw_text_width(name, 1);
+    name_w = w > name_w ? w : name_w;
+  }
+  if (entries) {
+    int lw = name_w + 34, lh = entries * (DRAW_CELL_H + 4) + 8, lx = px0 + plot_w - lw - 8, ly = py0 + 8;
+    draw_fill_rect(img, lx, ly, lx + lw - 1, ly + lh - 1, WHITE, 0.85f);
+    draw_rect(img, lx, ly, lx + lw - 1, ly + lh - 1, GRID, 1);
+    int row = 0;
+    for (int k = 0; k < p->n_series; k++) {
+      const ChartSeries *s = &p->series[k];
+      if (!s->name || !*s->name) continue;
+      int y = ly + 6 + row++ * (DRAW_CELL_H + 4);
+      draw_line(img, lx + 6, y + DRAW_GLYPH_H / 2, lx + 22, y + DRAW_GLYPH_H / 2, s->colour, 2);
+      draw_text(img, lx + 28, y, s->name, TEXT, 1);
+    }
+  }
+}
+
+static int chart_check(const ChartSpec *spec, char *err, size_t err_cap) {
+  if (spec->n_panels < 1 || spec->n_panels > CHART_MAX_PANELS) {
+    snprintf(err, err_cap, "chart: %d panels (1..%d)", spec->n_panels, CHART_MAX_PANELS);
+    return -1;
+  }
+  if ((spec->panel_w && (spec->panel_w < 160 || spec->panel_w > 4096)) ||
+      (spec->panel_h && (spec->panel_h < 120 || spec->panel_h > 4096))) {
+    snprintf(err, err_cap, "chart: panel size %dx%d outside 160x120..4096x4096", spec->panel_w, spec->panel_h);
+    return -1;
+  }
+  for (int p = 0; p < spec->n_panels; p++) {
+    const ChartPanel *pa = &spec->panels[p];
+    if (pa->n_series < 0 || pa->n_series > CHART_MAX_SERIES) {
+      snprintf(err, err_cap, "chart: panel %d has %d series (0..%d)", p, pa->n_series, CHART_MAX_SERIES);
+      return -1;
+    }
+    for (int k = 0; k < pa->n_series; k++) {
+      const ChartSeries *s = &pa->series[k];
+      if (s->n < 0 || (s->n > 0 && (!s->x || !s->y))) {
+        snprintf(err, err_cap, "chart: panel %d series %d: %d points without data", p, k, s->n);
+        return -1;
+      }
+    }
+  }
+  return 0;
+}
+
+void chart_render(const ChartSpec *spec, Image *out) {
+  char err[256];
+  DETR_CHECK(chart_check(spec, err, sizeof err) == 0, "%s", err);
+  int pw = spec->panel_w ? spec->panel_w : 560, ph = spec->panel_h ? spec->panel_h : 420;
+  int top = spec->title && *spec->title ? 2 * DRAW_CELL_H + 10 : 0;
+  *out = image_alloc(pw * spec->n_panels, ph + top);
+  memset(out->data, 255, (size_t)out->w * (size_t)out->h * 3);
+  if (top) draw_text(out, (out->w - draw_text_width(spec->title, 2)) / 2, 8, spec->title, BLACK, 2);
+  for (int p = 0; p < spec->n_panels; p++) render_panel(out, &spec->panels[p], p * pw, top, pw, ph);
+}
+
+int chart_write_png(const char *path, const ChartSpec *spec, char *err, size_t err_cap) {
+  char why[256];
+  if (chart_check(spec, why, sizeof why)) {
+    snprintf(err, err_cap, "%s: %s", path, why);
+    return -1;
+  }
+  Image img;
+  chart_render(spec, &img);
+  int rc = image_save_png(path, &img, err, err_cap);
+  image_free(&img);
+  return rc;
+}

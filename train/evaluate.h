@@ -1,0 +1,28 @@
+// COCO evaluation of a model on a dataset: one pass of the val loader (no augmentation beyond the
+// val resize), no-grad forward, DETR's post-processing, and the 12 COCO numbers (train/cocoeval.h)
+// against the annotation file, optionally writing a COCO results JSON.
+#pragma once
+#include "datasets/loader.h"
+#include "nn/detr.h"
+#include "train/cocoeval.h"
+
+typedef struct {
+  int batch_size, num_workers;
+  AugConfig aug;          // val resize (aug.train false)
+  BadInputPolicy policy;  // unreadable images: fail or skip
+  const char *results_path;  // a COCO results JSON to write, or NULL
+  bool progress;             // a progress line on stderr
+} EvalConfig;
+
+typedef struct {
+  CocoEvalResult coco;
+  int64_t images, detections;
+  double seconds;
+  double clusters_per_image;  // ENACT: mean clusters per image (first encoder layer); 0 without
+  double compression;         // ENACT: mean valid pixels per cluster (N / L) over layers and batches
+} EvalReport;
+
+int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConfig *cfg, EvalReport *rep, char *err,
+                   size_t err_cap);
+// A results JSON: [{"image_id", "category_id", "bbox": [x, y, w, h], "score"}, ...], atomically.
+int write_coco_results(const char *path, const CocoEvalDet *dets, int64_t n, char *err, size_t err_cap);
