@@ -10,7 +10,7 @@
 int detr_config_preset(const char *name, DetrConfig *cfg) {
   // The paper's DETR-R50: ResNet-50, hidden 256, 8 heads, 6 + 6 layers, FFN 2048, 100 queries,
   // 91 classes (COCO ids 1..90, plus the unused 0).
-  DetrConfig r50 = {.backbone_depth = 50, .train_backbone = true, .hidden_dim = 256, .nheads = 8,
+  DetrConfig r50 = {.backbone_depth = 50, .train_backbone = true, .frozen_stages = 2, .hidden_dim = 256, .nheads = 8,
                     .enc_layers = 6, .dec_layers = 6, .ffn_dim = 2048, .num_queries = 100,
                     .num_classes = 91, .dropout = 0.1f, .aux_loss = true,
                     .enact_opt = {.sigma = 3.0f}};
@@ -39,7 +39,7 @@ int detr_config_preset(const char *name, DetrConfig *cfg) {
   return 0;
 }
 
-typedef enum { FIELD_INT, FIELD_BOOL, FIELD_FLOAT } FieldType;
+typedef enum { FIELD_INT, FIELD_INT32, FIELD_BOOL, FIELD_FLOAT } FieldType;
 typedef struct {
   const char *key;
   FieldType type;
@@ -48,8 +48,9 @@ typedef struct {
 
 #define F(key, type) {#key, type, offsetof(DetrConfig, key)}
 static const Field FIELDS[] = {
-    {"backbone", FIELD_INT, offsetof(DetrConfig, backbone_depth)},
-    F(dilation, FIELD_BOOL), F(train_backbone, FIELD_BOOL), F(hidden_dim, FIELD_INT), F(nheads, FIELD_INT),
+    {"backbone", FIELD_INT32, offsetof(DetrConfig, backbone_depth)},
+    F(dilation, FIELD_BOOL), F(train_backbone, FIELD_BOOL),
+    {"frozen_stages", FIELD_INT32, offsetof(DetrConfig, frozen_stages)}, F(hidden_dim, FIELD_INT), F(nheads, FIELD_INT),
     F(enc_layers, FIELD_INT), F(dec_layers, FIELD_INT), F(ffn_dim, FIELD_INT), F(num_queries, FIELD_INT),
     F(num_classes, FIELD_INT), F(dropout, FIELD_FLOAT), F(pre_norm, FIELD_BOOL), F(aux_loss, FIELD_BOOL),
     F(enact, FIELD_BOOL), {"enact_sigma", FIELD_FLOAT, offsetof(DetrConfig, enact_opt.sigma)},
@@ -85,9 +86,9 @@ int detr_config_set(DetrConfig *cfg, const char *key, const char *value, char *e
         snprintf(err, err_cap, "config %s: '%s' is not an integer", key, value);
         return -1;
       }
-      if (!strcmp(key, "backbone")) {
-        int depth = (int)v;
-        memcpy(at, &depth, sizeof depth);
+      if (FIELDS[i].type == FIELD_INT32) {
+        int v32 = (int)v;
+        memcpy(at, &v32, sizeof v32);
       } else {
         int64_t v64 = v;
         memcpy(at, &v64, sizeof v64);
@@ -107,7 +108,7 @@ void detr_config_format(const DetrConfig *cfg, char *buf, size_t cap) {
       n += (size_t)snprintf(buf + n, cap - n, "%s=%s\n", FIELDS[i].key, *(const bool *)at ? "true" : "false");
     else if (FIELDS[i].type == FIELD_FLOAT)
       n += (size_t)snprintf(buf + n, cap - n, "%s=%.9g\n", FIELDS[i].key, *(const float *)at);
-    else if (!strcmp(FIELDS[i].key, "backbone"))
+    else if (FIELDS[i].type == FIELD_INT32)
       n += (size_t)snprintf(buf + n, cap - n, "%s=%d\n", FIELDS[i].key, *(const int *)at);
     else
       n += (size_t)snprintf(buf + n, cap - n, "%s=%lld\n", FIELDS[i].key, (long long)*(const int64_t *)at);
@@ -124,6 +125,7 @@ int detr_config_validate(const DetrConfig *c, char *err, size_t err_cap) {
   else if (c->enc_layers < 0 || c->enc_layers > DETR_MAX_LAYERS) problem = "enc_layers must be in 0..12";
   else if (c->dec_layers < 1 || c->dec_layers > DETR_MAX_LAYERS) problem = "dec_layers must be in 1..12";
   else if (c->ffn_dim <= 0) problem = "ffn_dim must be positive";
+  else if (c->frozen_stages < 0 || c->frozen_stages > 5) problem = "frozen_stages must be in 0..5";
   else if (c->num_queries <= 0) problem = "num_queries must be positive";
   else if (c->num_classes <= 0) problem = "num_classes must be positive";
   else if (!(c->dropout >= 0.0f && c->dropout < 1.0f)) problem = "dropout must be in [0, 1)";

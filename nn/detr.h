@@ -12,7 +12,8 @@
 typedef struct {
   int backbone_depth;  // 18, 34, 50, 101
   bool dilation;       // DC5: layer4 dilated instead of strided
-  bool train_backbone; // layer2-4 trainable (lr_backbone > 0)
+  bool train_backbone; // the backbone trains at all (lr_backbone > 0)
+  int frozen_stages;   // leading backbone stages kept frozen: 2 = stem + layer1 (the reference), 0 = none
   int64_t hidden_dim, nheads, enc_layers, dec_layers, ffn_dim, num_queries, num_classes;
   float dropout;
   bool pre_norm;

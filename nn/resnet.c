@@ -16,7 +16,8 @@ static FrozenBn bn(ParamStore *ps, const char *prefix, const char *name, int64_t
   return frozen_bn_create(ps, full, channels);
 }
 
-void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, bool dilation, bool train_layers) {
+void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, bool dilation, bool train_layers,
+                   int frozen_stages) {
   static const int layers18[4] = {2, 2, 2, 2}, layers34[4] = {3, 4, 6, 3}, layers101[4] = {3, 4, 23, 3};
   const int *counts = depth == 18 ? layers18 : depth == 101 ? layers101 : layers34;
   DETR_CHECK(depth == 18 || depth == 34 || depth == 50 || depth == 101,
@@ -25,7 +26,8 @@ void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, boo
   DETR_CHECK(!(dilation && !bottleneck), "resnet: dilation (DC5) needs a bottleneck ResNet (50/101), as torchvision");
   int expansion = bottleneck ? 4 : 1;
   *r = (ResNet){0};
-  r->conv1 = conv(ps, prefix, "conv1", 3, 64, 7, 2, 1, PARAM_FROZEN);
+  // Stage 0 is the stem, stage k (1..4) is layer k.
+  r->conv1 = conv(ps, prefix, "conv1", 3, 64, 7, 2, 1, train_layers && frozen_stages < 1 ? PARAM_TRAINABLE : PARAM_FROZEN);
   r->conv1.p.pad_h = r->conv1.p.pad_w = 3;
   r->bn1 = bn(ps, prefix, "bn1", 64);
   int64_t inplanes = 64;
@@ -37,7 +39,7 @@ void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, boo
       current_dilation *= stride;
       stride = 1;
     }
-    ParamKind kind = layer >= 1 && train_layers ? PARAM_TRAINABLE : PARAM_FROZEN;
+    ParamKind kind = train_layers && layer + 1 >= frozen_stages ? PARAM_TRAINABLE : PARAM_FROZEN;
     for (int i = 0; i < counts[layer]; i++) {
       ResBlock *b = &r->blocks[r->n_blocks++];
       char bp[112];

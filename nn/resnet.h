@@ -23,8 +23,11 @@ typedef struct {
 } ResNet;
 
 // depth 18, 34, 50 or 101; dilation: layer4 with dilation 2 instead of stride 2 (DC5);
-// train_layers: layer2-4 trainable (else everything frozen, as lr_backbone = 0).
-void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, bool dilation, bool train_layers);
+// train_layers: false freezes everything (lr_backbone = 0). frozen_stages: how many leading stages
+// stay frozen when training, 2 = the stem and layer1 as the reference (which starts from ImageNet
+// weights); 0 trains the whole backbone (training from scratch).
+void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, bool dilation, bool train_layers,
+                   int frozen_stages);
 void resnet_init(ResNet *r, Rng *rng);  // kaiming-normal (fan out) convolutions
 Tensor *resnet_forward(const ResNet *r, Tensor *x);  // [B, 3, H, W] -> [B, C, H/32, W/32]
 // One residual block alone (its gradient test).

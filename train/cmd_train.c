@@ -16,7 +16,7 @@ int cmd_train(int argc, char **argv) {
   TrainOptions o = train_options_default();
   const char *config = "detr-r18-small", *device = "cpu", *bad_input = "fail";
   CliList sets = {0};
-  bool enact = false, no_progress = false;
+  bool enact = false, no_progress = false, no_augment = false;
   long long epochs = -1, batch = o.batch_size, workers = o.workers, threads = 0, seed = (long long)o.seed,
             eval_every = o.eval_every, ckpt_every = 0, keep = o.keep_last, max_steps = 0, lr_drop = -1,
             image_size = -1, max_size = -1;
@@ -49,6 +49,7 @@ int cmd_train(int argc, char **argv) {
       {"resume", FLAG_STRING, &o.resume, "auto (newest valid checkpoint in --out) or a checkpoint path"},
       {"max-steps", FLAG_INT, &max_steps, "stop after this many steps in total (default: no limit)"},
       {"bad-input", FLAG_STRING, &bad_input, "fail or skip (with a warning and a count) bad annotations/images"},
+      {"no-augment", FLAG_BOOL, &no_augment, "train on the val transform (resize only): no flips, crops, scales"},
       {"no-progress", FLAG_BOOL, &no_progress, "no progress line"},
   };
   int n_flags = (int)(sizeof flags / sizeof flags[0]), n_pos = 0;
@@ -106,7 +107,7 @@ int cmd_train(int argc, char **argv) {
   o.optim.weight_decay = (float)wd;
   o.optim.clip_max_norm = (float)clip;
   o.optim.lr_drop = (int)lr_drop;
-  o.train_aug = aug_config_scaled(true, (int)image_size, (int)max_size);
+  o.train_aug = aug_config_scaled(!no_augment, (int)image_size, (int)max_size);
   o.val_aug = aug_config_scaled(false, (int)image_size, (int)max_size);
   size_t n = 0;  // the command line, stored in every checkpoint
   for (int i = 1; i < argc && n < sizeof o.train_config_text - 2; i++)

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -64,7 +65,9 @@ static bool clip_segment(double *x0, double *y0, double *x1, double *y1, double 
 
 void draw_line(Image *img, int x0, int y0, int x1, int y1, Rgb c, int thickness) {
   if (!img->data) return;
-  int t = thickness < 1 ? 1 : thickness;
+  // A brush wider than twice the image covers it from anywhere it touches: capping it keeps the
+  // clip box, and so the stepping loop, bounded.
+  int64_t cap = 2 * ((int64_t)img->w + img->h), t = thickness < 1 ? 1 : thickness > cap ? cap : thickness;
   // The brush covers [x - (t-1)/2, x + t/2]: clip to the image grown by the brush.
   double fx0 = x0, fy0 = y0, fx1 = x1, fy1 = y1, m = t;
   if (!clip_segment(&fx0, &fy0, &fx1, &fy1, -m, -m, img->w - 1 + m, img->h - 1 + m)) return;
@@ -212,7 +215,7 @@ static void draw_glyph(Image *img, int64_t x, int64_t y, unsigned char ch, Rgb c
     }
 }
 
-static void text_at(Image *img, int x, int y, const char *s, Rgb c, int scale, bool up) {
+static void text_at(Image *img, int64_t x, int64_t y, const char *s, Rgb c, int scale, bool up) {
   if (!img->data || !s) return;
   int64_t sc = scale < 1 ? 1 : scale, along = 0, across = 0;  // along the line, and line offset
   for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
@@ -220,8 +223,8 @@ static void text_at(Image *img, int x, int y, const char *s, Rgb c, int scale, b
       along = 0, across += DRAW_CELL_H * sc;
       continue;
     }
-    if (up) draw_glyph(img, (int64_t)x + across, (int64_t)y - along, *p, c, sc, true);
-    else draw_glyph(img, (int64_t)x + along, (int64_t)y + across, *p, c, sc, false);
+    if (up) draw_glyph(img, x + across, y - along, *p, c, sc, true);
+    else draw_glyph(img, x + along, y + across, *p, c, sc, false);
     along += DRAW_CELL_W * sc;
   }
 }
@@ -229,29 +232,30 @@ static void text_at(Image *img, int x, int y, const char *s, Rgb c, int scale, b
 void draw_text(Image *img, int x, int y, const char *s, Rgb c, int scale) { text_at(img, x, y, s, c, scale, false); }
 void draw_text_up(Image *img, int x, int y, const char *s, Rgb c, int scale) { text_at(img, x, y, s, c, scale, true); }
 
+static int saturate(int64_t v) { return v > INT_MAX ? INT_MAX : (int)v; }
+
 int draw_text_width(const char *s, int scale) {
-  int sc = scale < 1 ? 1 : scale, widest = 0, n = 0;
+  int64_t sc = scale < 1 ? 1 : scale, widest = 0, n = 0;
   for (const char *p = s; p && *p; p++) {
     n = *p == '\n' ? 0 : n + 1;
     if (n > widest) widest = n;
   }
-  return widest ? (widest * DRAW_CELL_W - (DRAW_CELL_W - DRAW_GLYPH_W)) * sc : 0;  // no gap after the last
+  return widest ? saturate((widest * DRAW_CELL_W - (DRAW_CELL_W - DRAW_GLYPH_W)) * sc) : 0;  // no gap after the last
 }
 
 int draw_text_height(const char *s, int scale) {
-  int sc = scale < 1 ? 1 : scale, lines = s && *s ? 1 : 0;
+  int64_t sc = scale < 1 ? 1 : scale, lines = s && *s ? 1 : 0;
   for (const char *p = s; p && *p; p++) lines += *p == '\n';
-  return lines ? (lines * DRAW_CELL_H - (DRAW_CELL_H - DRAW_GLYPH_H)) * sc : 0;
+  return lines ? saturate((lines * DRAW_CELL_H - (DRAW_CELL_H - DRAW_GLYPH_H)) * sc) : 0;
 }
 
 int draw_label(Image *img, int x, int y, const char *s, Rgb bg, int scale, int pad) {
-  int w = draw_text_width(s, scale), h = draw_text_height(s, scale);
-  pad = pad < 0 ? 0 : pad;
-  draw_fill_rect(img, x, y, x + w + 2 * pad - 1, y + h + 2 * pad - 1, bg, 1.0f);
+  int64_t w = draw_text_width(s, scale), h = draw_text_height(s, scale), p = pad < 0 ? 0 : pad;
+  fill(img, x, y, x + w + 2 * p - 1, y + h + 2 * p - 1, bg, 1.0f);
   // Rec. 601 luma: dark text on light boxes.
   bool light = 299 * bg.r + 587 * bg.g + 114 * bg.b > 150 * 1000;
-  draw_text(img, x + pad, y + pad, s, light ? (Rgb){0, 0, 0} : (Rgb){255, 255, 255}, scale);
-  return h + 2 * pad;
+  text_at(img, (int64_t)x + p, (int64_t)y + p, s, light ? (Rgb){0, 0, 0} : (Rgb){255, 255, 255}, scale, false);
+  return saturate(h + 2 * p);
 }
 
 Rgb draw_class_colour(int class_id) {
@@ -344,15 +348,18 @@ static void tick_label(double v, double step, char *buf, size_t cap) {
 }
 
 typedef struct {
-  double lo, hi, step;  // axis span and tick step
+  double lo, hi;       // the axis span
+  double first, step;  // ticks at first + i * step, i < n_ticks, all inside the span
   int n_ticks;
 } Axis;
 
-// Axis over the data [lo, hi] (finite, lo <= hi); pad: a fraction of the span added each side
-// before the ticks (keeps a curve off the frame).
+// Axis over the data [lo, hi] (finite, lo <= hi), widened by `pad` of the span each side (keeps a
+// curve off the frame) but not below 0 when the data are all >= 0 (losses, AP). The span is the
+// data's, not rounded out to ticks; the ticks are the nice multiples inside it.
 static Axis make_axis(double lo, double hi, double pad, int target) {
   // Values beyond +-1e300 could overflow hi - lo; plots of such numbers mean nothing anyway.
   lo = lo < -1e300 ? -1e300 : lo, hi = hi > 1e300 ? 1e300 : hi;
+  bool nonnegative = lo >= 0;
   if (hi - lo <= 1e-12 * fmax(fabs(lo), fabs(hi))) {  // one value: a span around it
     double d = fabs(lo) > 0 ? 0.1 * fabs(lo) : 1.0;
     lo -= d, hi += d;
@@ -360,10 +367,13 @@ static Axis make_axis(double lo, double hi, double pad, int target) {
     double d = pad * (hi - lo);
     lo -= d, hi += d;
   }
-  Axis a;
-  a.step = chart_nice_ticks(lo, hi, target, &a.lo, &a.hi);
-  double n = floor((a.hi - a.lo) / a.step + 0.5) + 1;
-  a.n_ticks = n > 50 ? 50 : (int)n;
+  if (nonnegative && lo < 0) lo = 0;
+  Axis a = {.lo = lo, .hi = hi};
+  double first, last;
+  a.step = chart_nice_ticks(lo, hi, target, &first, &last);
+  a.first = ceil(lo / a.step - 1e-9) * a.step;
+  double n = floor((hi - a.first) / a.step + 1e-9) + 1;
+  a.n_ticks = n < 0 ? 0 : n > 50 ? 50 : (int)n;
   return a;
 }
 
@@ -391,13 +401,13 @@ static void render_panel(Image *img, const ChartPanel *p, int ox, int oy, int pw
     }
   }
   if (!points) xmin = 0, xmax = 1, ymin = 0, ymax = 1;
-  Axis ax = make_axis(xmin, xmax, 0.0, 6), ay = make_axis(ymin, ymax, 0.04, 6);
+  Axis ax = make_axis(xmin, xmax, 0.02, 6), ay = make_axis(ymin, ymax, 0.04, 6);
 
   // Layout: [y title][y tick labels] plot [margin], with the title above and x labels below.
   char label[64];
   int tick_w = 0;
   for (int i = 0; i < ay.n_ticks; i++) {
-    tick_label(ay.lo + i * ay.step, ay.step, label, sizeof label);
+    tick_label(ay.first + i * ay.step, ay.step, label, sizeof label);
     int w = draw_text_width(label, 1);
     tick_w = w > tick_w ? w : tick_w;
   }
@@ -411,7 +421,7 @@ static void render_panel(Image *img, const ChartPanel *p, int ox, int oy, int pw
     draw_text(img, px0 + (plot_w - draw_text_width(p->title, 2)) / 2, oy + 4, p->title, TEXT, 2);
   // Grid and ticks.
   for (int i = 0; i < ay.n_ticks; i++) {
-    double v = ay.lo + i * ay.step;
+    double v = ay.first + i * ay.step;
     int y = (int)to_px(v, &ay, py0, plot_h, true);
     draw_line(img, px0, y, px0 + plot_w - 1, y, GRID, 1);
     draw_line(img, px0 - 4, y, px0 - 1, y, FRAME, 1);
@@ -419,7 +429,7 @@ static void render_panel(Image *img, const ChartPanel *p, int ox, int oy, int pw
     draw_text(img, px0 - 7 - draw_text_width(label, 1), y - DRAW_GLYPH_H / 2 + 1, label, TEXT, 1);
   }
   for (int i = 0; i < ax.n_ticks; i++) {
-    double v = ax.lo + i * ax.step;
+    double v = ax.first + i * ax.step;
     int x = (int)to_px(v, &ax, px0, plot_w, false);
     draw_line(img, x, py0, x, py0 + plot_h - 1, GRID, 1);
     draw_line(img, x, py0 + plot_h, x, py0 + plot_h + 3, FRAME, 1);
@@ -456,7 +466,7 @@ static void render_panel(Image *img, const ChartPanel *p, int ox, int oy, int pw
     }
   }
 
-  // Legend, top-right inside the plot.
+  // Legend inside the plot, in the corner that hides the fewest curve pixels (top-right on ties).
   int entries = 0, name_w = 0;
   for (int k = 0; k < p->n_series; k++) {
     const char *name = p->series[k].name;
@@ -466,7 +476,26 @@ static void render_panel(Image *img, const ChartPanel *p, int ox, int oy, int pw
     name_w = w > name_w ? w : name_w;
   }
   if (entries) {
-    int lw = name_w + 34, lh = entries * (DRAW_CELL_H + 4) + 8, lx = px0 + plot_w - lw - 8, ly = py0 + 8;
+    int lw = name_w + 34, lh = entries * (DRAW_CELL_H + 4) + 8;
+    const int cx[4] = {px0 + plot_w - lw - 8, px0 + plot_w - lw - 8, px0 + 8, px0 + 8};
+    const int cy[4] = {py0 + 8, py0 + plot_h - lh - 8, py0 + 8, py0 + plot_h - lh - 8};
+    int64_t hidden[4] = {0, 0, 0, 0};
+    for (int k = 0; k < p->n_series; k++) {
+      const ChartSeries *s = &p->series[k];
+      for (int i = 0; i < s->n; i++) {
+        if (!point_ok(s, i)) continue;
+        bool next = i + 1 < s->n && point_ok(s, i + 1);
+        for (int t = 0; t < (next ? 8 : 1); t++) {  // samples along the segment to the next point
+          double f = t / 8.0, x = s->x[i], y = s->y[i];
+          if (next) x += f * (s->x[i + 1] - x), y += f * (s->y[i + 1] - y);
+          int64_t X = to_px(x, &ax, px0, plot_w, false), Y = to_px(y, &ay, py0, plot_h, true);
+          for (int c = 0; c < 4; c++) hidden[c] += X >= cx[c] && X < cx[c] + lw && Y >= cy[c] && Y < cy[c] + lh;
+        }
+      }
+    }
+    int best = 0;
+    for (int c = 1; c < 4; c++) best = hidden[c] < hidden[best] ? c : best;
+    int lx = cx[best], ly = cy[best];
     draw_fill_rect(img, lx, ly, lx + lw - 1, ly + lh - 1, WHITE, 0.85f);
     draw_rect(img, lx, ly, lx + lw - 1, ly + lh - 1, GRID, 1);
     int row = 0;

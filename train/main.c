@@ -11,8 +11,11 @@ static int usage(FILE *f) {
           "commands:\n"
           "  cocoeval    COCO bbox metrics of a results JSON (pycocotools COCOeval semantics)\n"
           "  train       train DETR / DETR+ENACT on a COCO-format dataset\n"
+          "  eval        COCO mAP of a checkpoint or weights on a dataset split\n"
           "  step        one forward + loss + backward on a batch file (parity interface)\n"
           "  synth       write the built-in synthetic COCO-format dataset\n"
+          "  predict     detect objects in images: boxes, labels, scores (JSON) and pictures\n"
+          "  info        describe a checkpoint or any safetensors file\n"
           "  version     print the version and the backends this build has\n"
           "  help        this text\n");
   return f == stderr ? 2 : 0;
@@ -24,7 +27,10 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "cocoeval")) return cmd_cocoeval(argc, argv);
   if (!strcmp(argv[1], "step")) return cmd_step(argc, argv);
   if (!strcmp(argv[1], "train")) return cmd_train(argc, argv);
+  if (!strcmp(argv[1], "eval")) return cmd_eval(argc, argv);
   if (!strcmp(argv[1], "synth")) return cmd_synth(argc, argv);
+  if (!strcmp(argv[1], "predict")) return cmd_predict(argc, argv);
+  if (!strcmp(argv[1], "info")) return cmd_info(argc, argv);
   if (!strcmp(argv[1], "version")) {
     printf("detr-c 0.1 (backends: cpu%s)\n", DETR_HAVE_CUDA ? ", cuda" : "");
     return 0;

@@ -1,7 +1,11 @@
 #include "train/setup.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "nn/model_io.h"
+#include "train/checkpoint.h"
 
 #if DETR_HAVE_CUDA
 #include "kernels/cuda/cuda_kernels.h"
@@ -73,4 +77,53 @@ int setup_device(const char *name, Device *dev, char *err, size_t err_cap) {
   snprintf(err, err_cap, "--device cuda: this build has no CUDA backend (configure with -DDETR_CUDA=ON)");
   return -1;
 #endif
+}
+
+void setup_default_sizes(const DetrConfig *cfg, int *image_size, int *max_size) {
+  bool small = cfg->backbone_depth < 50, tiny = cfg->hidden_dim <= 32;
+  *image_size = tiny ? 128 : small ? 320 : 800;
+  *max_size = tiny ? 192 : small ? 512 : 1333;
+}
+
+int setup_load_model(const char *checkpoint, const char *weights, const char *config, const CliList *sets, bool enact,
+                     Device dev, DetrModel **out, char *err, size_t err_cap) {
+  *out = NULL;
+  if ((checkpoint != NULL) == (weights != NULL)) {
+    snprintf(err, err_cap, "give exactly one of --checkpoint and --weights");
+    return -1;
+  }
+  DetrConfig cfg;
+  if (checkpoint) {
+    char *model_text = NULL, *train_text = NULL;
+    if (checkpoint_read_configs(checkpoint, &model_text, &train_text, err, err_cap)) return -1;
+    detr_config_preset("detr-r50", &cfg);  // every field is then set from the stored text
+    int rc = 0;
+    for (char *line = strtok(model_text, "\n"); line && !rc; line = strtok(NULL, "\n")) {
+      char *eq = strchr(line, '=');
+      if (!eq) continue;
+      *eq = 0;
+      char local[256];
+      if (detr_config_set(&cfg, line, eq + 1, local, sizeof local)) {
+        snprintf(err, err_cap, "%s: stored config: %s", checkpoint, local);
+        rc = -1;
+      }
+    }
+    free(model_text);
+    free(train_text);
+    if (rc || detr_config_validate(&cfg, err, err_cap)) return -1;
+  } else {
+    if (setup_model_config(config, sets, &cfg, err, err_cap)) return -1;
+    if (enact) cfg.enact = true;
+  }
+  DetrModel *m = detr_model_create(&cfg, dev);
+  detr_model_init(m, 0);  // ENACT's W_prob keeps this when the weights have none
+  TrainState state;
+  int rc = checkpoint ? checkpoint_load(checkpoint, m, NULL, &state, err, err_cap)
+                      : params_load_file(&m->params, weights, err, err_cap);
+  if (rc) {
+    detr_model_free(m);
+    return -1;
+  }
+  *out = m;
+  return 0;
 }

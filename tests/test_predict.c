@@ -1,0 +1,755 @@
+// Drawing primitives (exact pixels, clipping never writes outside the image), the embedded font,
+// chart PNGs (decodable, expected size, empty and single-point series), and the `detr predict`
+// and `detr info` verbs run as subprocesses of the built binary on a tiny model. predict's
+// detections are compared with the evaluation path's (COCO reader + val loader + forward +
+// post-processing) on the same image, so its preprocessing is evaluation's.
+#define _GNU_SOURCE  // mkdtemp, nftw, popen
+#include <check.h>
+#include <ftw.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <yajl/yajl_tree.h>
+#include <zlib.h>
+
+#include "datasets/loader.h"
+#include "nn/model_io.h"
+#include "train/checkpoint.h"
+#include "train/draw.h"
+#include "train/postprocess.h"
+
+#ifndef DETR_BIN
+#error "DETR_BIN (the path of the detr executable) comes from tests/CMakeLists.txt"
+#endif
+
+static const Rgb RED = {255, 0, 0}, BLUE = {0, 0, 255}, WHITE = {255, 255, 255};
+
+static Image blank(int w, int h, uint8_t v) {
+  Image img = image_alloc(w, h);
+  memset(img.data, v, (size_t)w * h * 3);
+  return img;
+}
+
+static bool is_rgb(const Image *img, int x, int y, Rgb c) {
+  const uint8_t *p = img->data + ((size_t)y * img->w + x) * 3;
+  return p[0] == c.r && p[1] == c.g && p[2] == c.b;
+}
+
+static bool is_background(const Image *img, int x, int y, uint8_t v) {
+  const uint8_t *p = img->data + ((size_t)y * img->w + x) * 3;
+  return p[0] == v && p[1] == v && p[2] == v;
+}
+
+// --- drawing ---------------------------------------------------------------------------------------
+
+START_TEST(rect_pixels) {
+  Image img = blank(20, 16, 0);
+  draw_rect(&img, 9, 8, 2, 3, RED, 2);  // corners in any order; the border grows inwards
+  for (int y = 0; y < img.h; y++)
+    for (int x = 0; x < img.w; x++) {
+      bool inside = x >= 2 && x <= 9 && y >= 3 && y <= 8;
+      bool border = inside && (x < 4 || x > 7 || y < 5 || y > 6);
+      ck_assert_msg(border ? is_rgb(&img, x, y, RED) : is_background(&img, x, y, 0), "pixel (%d, %d)", x, y);
+    }
+  image_free(&img);
+}
+END_TEST
+
+START_TEST(fill_and_alpha) {
+  Image img = blank(8, 8, 255);
+  draw_fill_rect(&img, 1, 1, 3, 2, (Rgb){0, 0, 0}, 0.25f);  // 0.75 * 255 = 191.25
+  draw_fill_rect(&img, 5, 5, 6, 6, BLUE, 1.0f);
+  draw_fill_rect(&img, 0, 7, 7, 7, BLUE, 0.0f);  // alpha 0: nothing
+  draw_fill_rect(&img, 0, 7, 7, 7, BLUE, NAN);   // NaN: nothing
+  for (int y = 0; y < 8; y++)
+    for (int x = 0; x < 8; x++) {
+      if (x >= 1 && x <= 3 && y >= 1 && y <= 2) ck_assert(is_background(&img, x, y, 191));
+      else if (x >= 5 && x <= 6 && y >= 5 && y <= 6) ck_assert(is_rgb(&img, x, y, BLUE));
+      else ck_assert_msg(is_background(&img, x, y, 255), "pixel (%d, %d)", x, y);
+    }
+  image_free(&img);
+}
+END_TEST
+
+START_TEST(line_pixels) {
+  Image img = blank(10, 10, 0);
+  draw_line(&img, 1, 1, 6, 6, RED, 1);  // the diagonal exactly
+  draw_line(&img, 9, 0, 9, 3, BLUE, 1);  // a vertical run, ends included
+  int red = 0, blue = 0;
+  for (int y = 0; y < 10; y++)
+    for (int x = 0; x < 10; x++) {
+      if (is_rgb(&img, x, y, RED)) ck_assert(x == y && x >= 1 && x <= 6), red++;
+      if (is_rgb(&img, x, y, BLUE)) ck_assert(x == 9 && y <= 3), blue++;
+    }
+  ck_assert_int_eq(red, 6);
+  ck_assert_int_eq(blue, 4);
+  // Thickness 3: a horizontal line covers rows y-1..y+1.
+  Image t = blank(10, 10, 0);
+  draw_line(&t, 2, 5, 7, 5, RED, 3);
+  for (int y = 0; y < 10; y++)
+    for (int x = 0; x < 10; x++)
+      ck_assert_int_eq(is_rgb(&t, x, y, RED), x >= 1 && x <= 8 && y >= 4 && y <= 6);
+  image_free(&t);
+  image_free(&img);
+}
+END_TEST
+
+// Every printable glyph but space draws something, no two are the same, and the text stays in
+// the box draw_text_width/height give.
+START_TEST(font_glyphs) {
+  static uint8_t seen[95][DRAW_GLYPH_W * DRAW_GLYPH_H];
+  for (int c = 32; c <= 126; c++) {
+    Image img = blank(DRAW_CELL_W, DRAW_CELL_H, 0);
+    char s[2] = {(char)c, 0};
+    draw_text(&img, 0, 0, s, WHITE, 1);
+    int on = 0;
+    for (int y = 0; y < DRAW_CELL_H; y++)
+      for (int x = 0; x < DRAW_CELL_W; x++) {
+        bool lit = !is_background(&img, x, y, 0);
+        if (lit) ck_assert_msg(x < DRAW_GLYPH_W && y < DRAW_GLYPH_H, "'%c' outside its glyph box", c);
+        if (x < DRAW_GLYPH_W && y < DRAW_GLYPH_H) seen[c - 32][y * DRAW_GLYPH_W + x] = lit;
+        on += lit;
+      }
+    ck_assert_msg(c == ' ' ? on == 0 : on > 0, "glyph '%c' has %d pixels", c, on);
+    for (int d = 32; d < c; d++) ck_assert_msg(memcmp(seen[c - 32], seen[d - 32], sizeof seen[0]), "'%c' == '%c'", c, d);
+    image_free(&img);
+  }
+  // Scaled text: lit pixels exactly inside the measured box, and the box's last column and row
+  // reached (the measure is tight).
+  const char *text = "Ag_|0.87";
+  int sc = 3, x0 = 5, y0 = 4, w = draw_text_width(text, sc), h = draw_text_height(text, sc);
+  ck_assert_int_eq(w, (8 * DRAW_CELL_W - 1) * sc);
+  ck_assert_int_eq(h, DRAW_GLYPH_H * sc);
+  Image img = blank(w + 12, h + 10, 0);
+  draw_text(&img, x0, y0, text, WHITE, sc);
+  int max_x = -1, max_y = -1, lit = 0;
+  for (int y = 0; y < img.h; y++)
+    for (int x = 0; x < img.w; x++)
+      if (!is_background(&img, x, y, 0)) {
+        ck_assert_msg(x >= x0 && x < x0 + w && y >= y0 && y < y0 + h, "pixel (%d, %d) outside the text box", x, y);
+        max_x = x > max_x ? x : max_x, max_y = y > max_y ? y : max_y, lit++;
+      }
+  ck_assert_int_gt(lit, 0);
+  ck_assert_int_eq(max_y, y0 + h - 1);  // '_' and 'g' reach the bottom row
+  ck_assert_int_eq(max_x, x0 + w - 1);  // '7' reaches the last column
+  image_free(&img);
+  // Rotated: the same pixel count, within the rotated box (bottom-left at the origin).
+  Image up = blank(h + 10, w + 10, 0);
+  draw_text_up(&up, 3, w + 5, text, WHITE, sc);
+  int lit_up = 0;
+  for (int y = 0; y < up.h; y++)
+    for (int x = 0; x < up.w; x++)
+      if (!is_background(&up, x, y, 0)) {
+        ck_assert(x >= 3 && x < 3 + h && y > 5 && y <= w + 5);
+        lit_up++;
+      }
+  ck_assert_int_eq(lit_up, lit);
+  image_free(&up);
+  // A label: text on its box, the box as measured plus padding.
+  Image lab = blank(80, 30, 0);
+  int lh = draw_label(&lab, 2, 3, "cat 0.9", (Rgb){250, 250, 0}, 1, 2);
+  ck_assert_int_eq(lh, DRAW_GLYPH_H + 4);
+  ck_assert(is_rgb(&lab, 2, 3, (Rgb){250, 250, 0}));
+  ck_assert(is_rgb(&lab, 2 + draw_text_width("cat 0.9", 1) + 3, 3 + lh - 1, (Rgb){250, 250, 0}));
+  ck_assert(is_background(&lab, 2 + draw_text_width("cat 0.9", 1) + 4, 3, 0));
+  image_free(&lab);
+}
+END_TEST
+
+// An image inside a larger buffer with guard bytes around it: drawing far outside, across and
+// at the borders changes pixels inside and never a guard byte.
+START_TEST(clipping_stays_inside) {
+  enum { W = 37, H = 23, GUARD = 4096 };
+  size_t n = (size_t)W * H * 3;
+  uint8_t *buf = malloc(n + 2 * GUARD);
+  memset(buf, 0xA5, n + 2 * GUARD);
+  Image img = {.w = W, .h = H, .data = buf + GUARD};
+  memset(img.data, 0, n);
+  draw_line(&img, INT_MIN, INT_MIN, INT_MAX, INT_MAX, RED, 5);
+  draw_line(&img, -1000000000, 5, 1000000000, 7, RED, 9);
+  draw_line(&img, W - 1, -50, W - 1, H + 50, RED, 4);
+  draw_line(&img, -100, -100, -5, -5, RED, 3);  // entirely outside
+  draw_rect(&img, -3, -3, W + 2, H + 2, BLUE, 6);
+  draw_rect(&img, INT_MIN, INT_MIN, INT_MAX, INT_MAX, BLUE, INT_MAX);
+  draw_fill_rect(&img, -10, H - 3, W + 10, INT_MAX, WHITE, 0.5f);
+  draw_text(&img, -7, -5, "clip me\nWWWW", WHITE, 3);
+  draw_text(&img, W - 4, H - 4, "MMMM", WHITE, 4);
+  draw_text(&img, INT_MAX - 10, INT_MAX - 10, "x", WHITE, 2);
+  draw_text_up(&img, -3, 2, "edge", WHITE, 2);
+  draw_text_up(&img, W - 3, H + 20, "edge", WHITE, 2);
+  draw_label(&img, W - 5, H - 5, "label", RED, 2, 3);
+  draw_label(&img, INT_MAX - 5, INT_MIN + 5, "far", RED, INT_MAX, INT_MAX);  // no overflow (UBSan)
+  draw_line(&img, INT_MIN, 3, INT_MAX, 4, BLUE, INT_MAX);  // a brush wider than the image: bounded
+  draw_pixel(&img, -1, 0, RED);
+  draw_pixel(&img, W, H - 1, RED);
+  for (size_t i = 0; i < GUARD; i++) {
+    ck_assert_msg(buf[i] == 0xA5, "guard byte %zu before the image written", i);
+    ck_assert_msg(buf[GUARD + n + i] == 0xA5, "guard byte %zu after the image written", i);
+  }
+  size_t changed = 0;
+  for (size_t i = 0; i < n; i++) changed += img.data[i] != 0;
+  ck_assert_uint_gt(changed, n / 4);
+  free(buf);
+}
+END_TEST
+
+START_TEST(class_colours) {
+  Rgb a = draw_class_colour(1), b = draw_class_colour(2), c = draw_class_colour(17), d = draw_class_colour(-3);
+  ck_assert(a.r != b.r || a.g != b.g || a.b != b.b);
+  ck_assert(a.r == c.r && a.g == c.g && a.b == c.b);  // the palette cycles every 16
+  (void)d;  // a negative id must not index outside the palette (ASan checks)
+}
+END_TEST
+
+// --- charts ----------------------------------------------------------------------------------------
+
+START_TEST(nice_ticks) {
+  double first, last, step = chart_nice_ticks(0.0, 1.0, 6, &first, &last);
+  ck_assert_double_eq_tol(step, 0.2, 1e-12);
+  ck_assert_double_eq_tol(first, 0.0, 1e-12);
+  ck_assert_double_eq_tol(last, 1.0, 1e-12);
+  const double cases[][2] = {{0.013, 0.97}, {-7, 123}, {1e-5, 3e-5}, {-2e6, 5}, {3, 3}, {999.5, 1000.5}, {0, 1e12}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    double lo = cases[i][0], hi = cases[i][1];
+    step = chart_nice_ticks(lo, hi, 6, &first, &last);
+    ck_assert(step > 0);
+    ck_assert(first <= lo && last >= hi);
+    double intervals = (last - first) / step, mant = step / pow(10, floor(log10(step)));
+    ck_assert_msg(intervals >= 1 - 1e-9 && intervals <= 12 + 1e-9, "[%g, %g]: %g intervals", lo, hi, intervals);
+    ck_assert_msg(fabs(mant - 1) < 1e-9 || fabs(mant - 2) < 1e-9 || fabs(mant - 2.5) < 1e-9 || fabs(mant - 5) < 1e-9,
+                  "[%g, %g]: step %g", lo, hi, step);
+    ck_assert(fabs(first / step - round(first / step)) < 1e-6);  // ticks on multiples of the step
+  }
+}
+END_TEST
+
+static char tmp[64];  // this test's scratch folder (each test runs in its own process)
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st, (void)flag, (void)ftw;
+  return remove(path);
+}
+
+static void setup_tmp(void) {
+  snprintf(tmp, sizeof tmp, "/tmp/detr_test_predict_XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(tmp));
+}
+
+static void teardown_tmp(void) { nftw(tmp, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+// tmp/name in one of 16 rotating buffers: valid for the next 15 calls (keep longer-lived paths
+// in a local copy).
+static const char *at(const char *name) {
+  static char bufs[16][300];
+  static int next;
+  char *b = bufs[next++ % 16];
+  snprintf(b, 300, "%s/%s", tmp, name);
+  return b;
+}
+
+static bool has_colour(const Image *img, Rgb c) {
+  for (int y = 0; y < img->h; y++)
+    for (int x = 0; x < img->w; x++)
+      if (is_rgb(img, x, y, c)) return true;
+  return false;
+}
+
+static bool no_temp_files(void) {
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "ls %s | grep -q '\\.tmp\\.'", tmp);
+  return system(cmd) != 0;
+}
+
+START_TEST(chart_png) {
+  double steps[200], loss[200], ep[5] = {1, 2, 3, 4, 5}, ap[5] = {0.01, 0.05, NAN, 0.12, 0.2},
+                                 ap50[5] = {0.03, 0.1, 0.2, 0.25, 0.33}, one_x = 7, one_y = 0.4;
+  for (int i = 0; i < 200; i++) steps[i] = 10 * i, loss[i] = 5.0 * exp(-i / 60.0) + 0.1 * sin(i);
+  loss[50] = INFINITY;  // a gap
+  const Rgb C1 = {1, 2, 250}, C2 = {250, 3, 4}, C3 = {5, 251, 6}, C4 = {7, 8, 9};
+  ChartSpec spec = {.title = "detr-r18-small on synth", .n_panels = 2};
+  spec.panels[0] = (ChartPanel){.title = "loss", .x_label = "step", .y_label = "loss", .n_series = 2,
+                                .series = {{"train loss", steps, loss, 200, C1}, {"empty", NULL, NULL, 0, C4}}};
+  spec.panels[1] = (ChartPanel){.title = "COCO AP", .x_label = "epoch", .y_label = "AP", .n_series = 3,
+                                .series = {{"AP", ep, ap, 5, C2}, {"AP50", ep, ap50, 5, C3},
+                                           {"one", &one_x, &one_y, 1, C4}}};
+  char err[512];
+  ck_assert_msg(chart_write_png(at("chart.png"), &spec, err, sizeof err) == 0, "%s", err);
+  ck_assert(no_temp_files());
+  Image img = {0};
+  DataError derr;
+  ck_assert_msg(image_decode_file(at("chart.png"), &img, &derr) == 0, "%s", derr.msg);
+  ck_assert_int_eq(img.w, 2 * 560);
+  ck_assert_int_gt(img.h, 420);  // the panels plus the title band
+  ck_assert(has_colour(&img, C1) && has_colour(&img, C2) && has_colour(&img, C3) && has_colour(&img, C4));
+  image_free(&img);
+
+  // Panels without data (no series; only empty and non-finite series), a single point, custom size.
+  double nan_x[2] = {NAN, 1}, nan_y[2] = {1, NAN};
+  ChartSpec sparse = {.n_panels = 2, .panel_w = 300, .panel_h = 200};
+  sparse.panels[0] = (ChartPanel){.n_series = 2, .series = {{NULL, NULL, NULL, 0, C1}, {"", nan_x, nan_y, 2, C2}}};
+  sparse.panels[1] = (ChartPanel){.title = "single", .n_series = 1, .series = {{"p", &one_x, &one_y, 1, C3}}};
+  ck_assert_msg(chart_write_png(at("sparse.png"), &sparse, err, sizeof err) == 0, "%s", err);
+  ck_assert_int_eq(image_decode_file(at("sparse.png"), &img, &derr), 0);
+  ck_assert_int_eq(img.w, 600);
+  ck_assert_int_eq(img.h, 200);
+  ck_assert(!has_colour(&img, C1) && !has_colour(&img, C2));  // nothing drawable, no legend in panel 0
+  ck_assert(has_colour(&img, C3));                            // the single point's marker
+  image_free(&img);
+  ChartSpec empty = {.n_panels = 1};
+  ck_assert_int_eq(chart_write_png(at("empty.png"), &empty, err, sizeof err), 0);
+  ck_assert_int_eq(image_decode_file(at("empty.png"), &img, &derr), 0);
+  ck_assert_int_eq(img.w, 560);
+  image_free(&img);
+
+  // Bad specs and unwritable paths are errors naming the file, not crashes.
+  ChartSpec bad = {.n_panels = 3};
+  ck_assert_int_eq(chart_write_png(at("bad.png"), &bad, err, sizeof err), -1);
+  ck_assert_ptr_nonnull(strstr(err, "bad.png"));
+  bad = (ChartSpec){.n_panels = 1, .panels = {{.n_series = 1, .series = {{"x", NULL, NULL, 3, C1}}}}};
+  ck_assert_int_eq(chart_write_png(at("bad.png"), &bad, err, sizeof err), -1);
+  ck_assert_int_eq(chart_write_png(at("no/such/dir/c.png"), &empty, err, sizeof err), -1);
+  ck_assert_ptr_nonnull(strstr(err, "no/such/dir/c.png"));
+  ck_assert(no_temp_files());
+}
+END_TEST
+
+// --- the verbs -------------------------------------------------------------------------------------
+
+// Runs a shell command, capturing stdout and stderr together into out; returns the exit status.
+static int run(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int run(char *out, size_t cap, const char *fmt, ...) {
+  char cmd[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
+  FILE *p = popen(cmd, "r");
+  ck_assert_ptr_nonnull(p);
+  size_t n = fread(out, 1, cap - 1, p);
+  out[n] = 0;
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+enum { IMG_W = 100, IMG_H = 80 };
+
+// A tiny model's weights, an image, a COCO file naming categories 1 and 3 (one with a quote).
+static DetrModel *make_fixture(void) {
+  DetrConfig cfg;
+  detr_config_preset("tiny", &cfg);
+  DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
+  detr_model_init(m, 11);
+  StWriter *w = st_writer_new();
+  params_save(&m->params, w, "");
+  char err[1024];
+  ck_assert_msg(st_writer_save(w, at("w.safetensors"), err, sizeof err) == 0, "%s", err);
+  st_writer_free(w);
+  uint8_t px[IMG_H][IMG_W][3];  // a gradient with a bright square
+  for (int y = 0; y < IMG_H; y++)
+    for (int x = 0; x < IMG_W; x++) {
+      bool sq = x > 30 && x < 70 && y > 20 && y < 50;
+      px[y][x][0] = sq ? 240 : (uint8_t)(2 * x), px[y][x][1] = sq ? 200 : (uint8_t)(3 * y), px[y][x][2] = 90;
+    }
+  DataError derr;
+  ck_assert_int_eq(image_write_jpeg(at("img.jpg"), &px[0][0][0], IMG_W, IMG_H, 3, 92, &derr), 0);
+  FILE *f = fopen(at("names.json"), "w");
+  fprintf(f, "{\"images\": [{\"id\": 1, \"file_name\": \"img.jpg\", \"width\": %d, \"height\": %d}],\n"
+             " \"annotations\": [{\"id\": 1, \"image_id\": 1, \"category_id\": 1, \"bbox\": [10, 10, 30, 20],"
+             " \"area\": 600, \"iscrowd\": 0}],\n"
+             " \"categories\": [{\"id\": 1, \"name\": \"alpha\"}, {\"id\": 3, \"name\": \"be\\\"ta\"}]}\n",
+          IMG_W, IMG_H);
+  fclose(f);
+  return m;
+}
+
+typedef struct {
+  int label, category_id;
+  char name[64];
+  double score, box[4];
+} Pred;
+
+static char *read_bytes(const char *path, long *len);
+static char *read_text(const char *path) { return read_bytes(path, NULL); }
+
+// The whole file, NUL-terminated; *len (when given) is its size.
+static char *read_bytes(const char *path, long *len) {
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "%s missing", path);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *s = malloc((size_t)n + 1);
+  ck_assert_int_eq(fread(s, 1, (size_t)n, f), (size_t)n);
+  s[n] = 0;
+  fclose(f);
+  if (len) *len = n;
+  return s;
+}
+
+static yajl_val get(yajl_val obj, const char *key, yajl_type type) {
+  const char *p[] = {key, NULL};
+  yajl_val v = yajl_tree_get(obj, p, type);
+  ck_assert_msg(v != NULL, "key '%s' missing or of another type", key);
+  return v;
+}
+
+// Image `index` of a predictions.json: its fields are checked, its detections returned.
+static int read_preds(const char *path, int index, const char *file, int n_images, Pred *out, int cap) {
+  char *text = read_text(path), errbuf[256];
+  yajl_val root = yajl_tree_parse(text, errbuf, sizeof errbuf);
+  ck_assert_msg(root != NULL, "%s: %s", path, errbuf);
+  ck_assert(YAJL_IS_ARRAY(root));
+  ck_assert_int_eq((int)root->u.array.len, n_images);
+  yajl_val im = root->u.array.values[index];
+  ck_assert_str_eq(YAJL_GET_STRING(get(im, "file", yajl_t_string)), file);
+  ck_assert_int_eq(YAJL_GET_INTEGER(get(im, "width", yajl_t_number)), IMG_W);
+  ck_assert_int_eq(YAJL_GET_INTEGER(get(im, "height", yajl_t_number)), IMG_H);
+  get(im, "output", yajl_t_string);
+  yajl_val dets = get(im, "detections", yajl_t_array);
+  int n = (int)dets->u.array.len;
+  ck_assert_int_le(n, cap);
+  for (int k = 0; k < n; k++) {
+    yajl_val d = dets->u.array.values[k];
+    Pred *p = &out[k];
+    p->label = (int)YAJL_GET_INTEGER(get(d, "label", yajl_t_number));
+    p->category_id = (int)YAJL_GET_INTEGER(get(d, "category_id", yajl_t_number));
+    snprintf(p->name, sizeof p->name, "%s", YAJL_GET_STRING(get(d, "name", yajl_t_string)));
+    p->score = YAJL_GET_DOUBLE(get(d, "score", yajl_t_number));
+    yajl_val box = get(d, "box", yajl_t_array);
+    ck_assert_int_eq((int)box->u.array.len, 4);
+    for (int c = 0; c < 4; c++) p->box[c] = YAJL_GET_DOUBLE(box->u.array.values[c]);
+    if (k) ck_assert_msg(p->score <= out[k - 1].score, "detections not sorted by score");
+  }
+  yajl_tree_free(root);
+  free(text);
+  return n;
+}
+
+static int by_score_desc(const void *a, const void *b) {
+  const Detection *x = a, *y = b;
+  return x->score != y->score ? (x->score > y->score ? -1 : 1) : (x->query > y->query) - (x->query < y->query);
+}
+
+// The evaluation path on the same image: COCO reader, val loader, forward, post-processing.
+static int reference_detections(const DetrModel *m, Detection *dets) {
+  CocoOpenConfig cc = {.ann_path = at("names.json"), .image_dir = tmp, .quiet = true};
+  CocoDataset *ds;
+  DataError derr;
+  ck_assert_msg(coco_open(&cc, &ds, &derr) == 0, "%s", derr.msg);
+  LoaderConfig lc = loader_config_default(false);
+  lc.batch_size = 1, lc.num_workers = 0, lc.quiet = true;
+  lc.aug = aug_config_scaled(false, 128, 192);  // the tiny preset's defaults
+  DataLoader *L;
+  ck_assert_int_eq(loader_create(ds, &lc, (LoaderPosition){0, 0}, &L, &derr), 0);
+  const Batch *b;
+  ck_assert_int_eq(loader_next(L, &b, &derr), DATA_OK);
+  bool was = autograd_set_grad_enabled(false);
+  ScopeMark mark = tensor_scope_mark();
+  Tensor *images = tensor_scoped(batch_images_tensor(b, DEVICE_CPU));
+  NnCtx ctx = {.training = false};
+  DetrOutput out;
+  char err[512];
+  ck_assert_int_eq(detr_model_forward(m, &ctx, images, b->mask, &out, err, sizeof err), 0);
+  int ow = b->targets[0].orig_w, oh = b->targets[0].orig_h;
+  detr_postprocess(out.layers[out.n_layers - 1].logits, out.layers[out.n_layers - 1].boxes, &ow, &oh, dets);
+  detr_output_free(&out);
+  tensor_scope_release(mark);
+  autograd_set_grad_enabled(was);
+  loader_free(L);
+  coco_free(ds);
+  int n = (int)m->cfg.num_queries;
+  qsort(dets, (size_t)n, sizeof(Detection), by_score_desc);
+  return n;
+}
+
+static const char *expected_name(int label, char *buf) {
+  if (label == 1) return "alpha";
+  if (label == 3) return "be\"ta";
+  sprintf(buf, "class %d", label);
+  return buf;
+}
+
+START_TEST(predict_matches_evaluation) {
+  DetrModel *m = make_fixture();
+  static char out[1 << 16];
+  int rc = run(out, sizeof out, "%s predict --weights %s --config tiny %s --out %s --threshold 0 --names %s", DETR_BIN,
+               at("w.safetensors"), at("img.jpg"), at("out"), at("names.json"));
+  ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+  Pred preds[64];
+  int n = read_preds(at("out/predictions.json"), 0, at("img.jpg"), 1, preds, 64);
+  Detection ref[64];
+  int n_ref = reference_detections(m, ref);
+  ck_assert_int_eq(n, n_ref);  // threshold 0: every query
+  for (int k = 0; k < n; k++) {
+    char buf[32];
+    ck_assert_int_eq(preds[k].label, ref[k].label);
+    ck_assert_int_eq(preds[k].category_id, ref[k].label);
+    ck_assert_str_eq(preds[k].name, expected_name(ref[k].label, buf));
+    ck_assert_msg(fabs(preds[k].score - ref[k].score) <= 1e-5 * fabs(ref[k].score) + 1e-7, "score %d: %g vs %g", k,
+                  preds[k].score, ref[k].score);
+    for (int c = 0; c < 4; c++) ck_assert_double_eq_tol(preds[k].box[c], ref[k].box[c], 0.006);
+  }
+  Image img = {0};
+  DataError derr;
+  ck_assert_msg(image_decode_file(at("out/img.png"), &img, &derr) == 0, "%s", derr.msg);
+  ck_assert_int_eq(img.w, IMG_W);
+  ck_assert_int_eq(img.h, IMG_H);
+  ck_assert(has_colour(&img, draw_class_colour(ref[0].label)));  // the best box is drawn
+  image_free(&img);
+
+  // A threshold keeps exactly the detections scoring at least it (ref[4]'s score printed with
+  // 6 significant digits rounds either way, so compare against the parsed value).
+  double th = preds[4].score;
+  rc = run(out, sizeof out, "%s predict --weights=%s --config tiny --threshold %.9g --out %s %s %s", DETR_BIN,
+           at("w.safetensors"), th, at("out2"), at("img.jpg"), at("img.jpg"));
+  ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+  int expect = 0;
+  for (int k = 0; k < n_ref; k++) expect += ref[k].score >= th;
+  Pred p2[64];
+  ck_assert_int_eq(read_preds(at("out2/predictions.json"), 1, at("img.jpg"), 2, p2, 64), expect);
+  struct stat st;
+  ck_assert_int_eq(stat(at("out2/img.png"), &st), 0);
+  ck_assert_int_eq(stat(at("out2/img-2.png"), &st), 0);  // the same name twice: distinct pictures
+  detr_model_free(m);
+}
+END_TEST
+
+START_TEST(predict_checkpoint) {
+  DetrModel *m = make_fixture();
+  char err[1024];
+  TrainState state = {.step = 7, .epoch = 2, .next_batch = 3, .seed = 42, .best_map = 0.125};
+  ck_assert_int_eq(checkpoint_save(at("plain.safetensors"), m, NULL, &state,
+                                   "train --data d --config tiny --image-size 96 --max-size=160", err, sizeof err),
+                   0);
+  // The same checkpoint with class names in its metadata (the crc covers the tensors only).
+  StFile *f = st_open(at("plain.safetensors"), err, sizeof err);
+  ck_assert_ptr_nonnull(f);
+  StWriter *w = st_writer_new();
+  for (int i = 0; i < st_count(f); i++) {
+    const StEntry *e = st_entry(f, i);
+    st_writer_add(w, e->name, e->dtype, e->ndim, e->shape, st_data(f, e));
+  }
+  for (int i = 0; i < st_metadata_count(f); i++) st_writer_set_metadata(w, st_metadata_key(f, i), st_metadata_value(f, i));
+  st_writer_set_metadata(w, "categories", "1:one;3:three");
+  ck_assert_int_eq(st_writer_save(w, at("ckpt.safetensors"), err, sizeof err), 0);
+  st_writer_free(w);
+  st_close(f);
+
+  static char out[1 << 16];
+  int rc = run(out, sizeof out, "%s predict --checkpoint %s %s --out %s --threshold 0", DETR_BIN,
+               at("ckpt.safetensors"), at("img.jpg"), at("a"));
+  ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+  // The training run's val size (96/160, from the stored command) is used: same as giving it.
+  rc = run(out, sizeof out, "%s predict --weights %s --config tiny --image-size 96 --max-size 160 %s --out %s "
+                            "--threshold 0", DETR_BIN, at("w.safetensors"), at("img.jpg"), at("b"));
+  ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+  rc = run(out, sizeof out, "%s predict --weights %s --config tiny %s --out %s --threshold 0", DETR_BIN,
+           at("w.safetensors"), at("img.jpg"), at("c"));
+  ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+  Pred a[64], b[64], c[64];
+  int na = read_preds(at("a/predictions.json"), 0, at("img.jpg"), 1, a, 64);
+  ck_assert_int_eq(read_preds(at("b/predictions.json"), 0, at("img.jpg"), 1, b, 64), na);
+  ck_assert_int_eq(read_preds(at("c/predictions.json"), 0, at("img.jpg"), 1, c, 64), na);
+  bool differs_from_default = false;
+  for (int k = 0; k < na; k++) {
+    ck_assert_int_eq(a[k].label, b[k].label);
+    ck_assert_double_eq(a[k].score, b[k].score);
+    differs_from_default |= a[k].score != c[k].score;
+    char buf[32];
+    const char *name = a[k].label == 1 ? "one" : a[k].label == 3 ? "three" : (sprintf(buf, "class %d", a[k].label), buf);
+    ck_assert_str_eq(a[k].name, name);
+  }
+  ck_assert(differs_from_default);  // 128/192 gives other numbers: the sizes did matter
+  // --names replaces the checkpoint's names; a file with only "categories" (gzip-compressed) does.
+  gzFile gz = gzopen(at("cats.json.gz"), "wb");
+  gzputs(gz, "{\"info\": {\"x\": [1, {\"id\": 3}]}, \"categories\": [{\"id\": 1, \"name\": \"uno\", "
+             "\"keypoints\": [\"a\"]}]}");
+  gzclose(gz);
+  rc = run(out, sizeof out, "%s predict --checkpoint %s %s --out %s --threshold 0 --names %s", DETR_BIN,
+           at("ckpt.safetensors"), at("img.jpg"), at("e"), at("cats.json.gz"));
+  ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+  ck_assert_int_eq(read_preds(at("e/predictions.json"), 0, at("img.jpg"), 1, c, 64), na);
+  for (int k = 0; k < na; k++) {
+    char buf[32];
+    const char *name = c[k].label == 1 ? "uno" : (sprintf(buf, "class %d", c[k].label), buf);
+    ck_assert_str_eq(c[k].name, name);
+  }
+
+  // `detr info` on the checkpoint: its state, a valid crc, the parameter count.
+  rc = run(out, sizeof out, "%s info %s", DETR_BIN, at("ckpt.safetensors"));
+  ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+  char expect[128];
+  snprintf(expect, sizeof expect, "%d tensors, %lld parameters", m->params.count,
+           (long long)(params_numel(&m->params, PARAM_TRAINABLE) + params_numel(&m->params, PARAM_FROZEN) +
+                       params_numel(&m->params, PARAM_BUFFER)));
+  ck_assert_msg(strstr(out, expect), "no '%s' in:\n%s", expect, out);
+  ck_assert_msg(strstr(out, "step 7, epoch 2, next batch 3") && strstr(out, "best AP:       0.1250") &&
+                    strstr(out, "crc32:         ok") && strstr(out, "hidden_dim=32") &&
+                    strstr(out, "detr train --data d") && strstr(out, "categories: 1:one;3:three") &&
+                    strstr(out, "0 tensors (AdamW moments)"),
+                "%s", out);
+
+  // A flipped byte in the tensor data: info reports the failed checksum, predict refuses.
+  char cmd[700];
+  snprintf(cmd, sizeof cmd, "cp %s %s", at("ckpt.safetensors"), at("bad.safetensors"));
+  ck_assert_int_eq(system(cmd), 0);
+  FILE *g = fopen(at("bad.safetensors"), "r+b");
+  fseek(g, -64, SEEK_END);
+  int ch = fgetc(g);
+  fseek(g, -64, SEEK_END);
+  fputc(ch ^ 0x10, g);
+  fclose(g);
+  rc = run(out, sizeof out, "%s info %s", DETR_BIN, at("bad.safetensors"));
+  ck_assert_int_eq(rc, 1);
+  ck_assert_msg(strstr(out, "checksum mismatch") && strstr(out, at("bad.safetensors")), "%s", out);
+  rc = run(out, sizeof out, "%s predict --checkpoint %s %s --out %s", DETR_BIN, at("bad.safetensors"),
+           at("img.jpg"), at("d"));
+  ck_assert_int_eq(rc, 1);
+  ck_assert_msg(strstr(out, "checksum mismatch"), "%s", out);
+  // Plain weights given as a checkpoint: told to use --weights.
+  rc = run(out, sizeof out, "%s predict --checkpoint %s %s --out %s", DETR_BIN, at("w.safetensors"), at("img.jpg"),
+           at("d"));
+  ck_assert_int_eq(rc, 1);
+  ck_assert_msg(strstr(out, "not a detr-c checkpoint") && strstr(out, "--weights"), "%s", out);
+  detr_model_free(m);
+}
+END_TEST
+
+START_TEST(info_files) {
+  DetrModel *m = make_fixture();
+  static char out[1 << 16];
+  int rc = run(out, sizeof out, "%s info %s", DETR_BIN, at("w.safetensors"));
+  ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+  char expect[128];
+  snprintf(expect, sizeof expect, "... and %d more (--all lists them)", m->params.count - 40);
+  // The first tensor's row: name, dtype, shape.
+  const Param *first = &m->params.items[0];
+  char row[300], shape[64];
+  snprintf(row, sizeof row, "%s ", first->name);
+  char *line = strstr(out, row);
+  snprintf(row, sizeof row, "  F32    %s\n", shape_str(first->tensor->shape, shape, sizeof shape));
+  ck_assert_msg(strstr(out, "not a detr-c checkpoint") && strstr(out, expect) && line && strstr(line, row) &&
+                    strchr(line, '\n') == strstr(line, row) + strlen(row) - 1,
+                "%s", out);
+  rc = run(out, sizeof out, "%s info --all %s", DETR_BIN, at("w.safetensors"));
+  ck_assert_int_eq(rc, 0);
+  ck_assert(!strstr(out, "more (--all"));
+  ck_assert_ptr_nonnull(strstr(out, m->params.items[m->params.count - 1].name));
+  // Truncated, not safetensors at all, missing: exit 1 naming the file.
+  char cmd[700];
+  snprintf(cmd, sizeof cmd, "head -c 3000 %s > %s", at("w.safetensors"), at("cut.safetensors"));
+  ck_assert_int_eq(system(cmd), 0);
+  const char *bad[] = {at("cut.safetensors"), at("img.jpg"), at("missing.safetensors")};
+  for (int i = 0; i < 3; i++) {
+    rc = run(out, sizeof out, "%s info %s", DETR_BIN, bad[i]);
+    ck_assert_int_eq(rc, 1);
+    ck_assert_msg(strstr(out, bad[i]), "no file name in: %s", out);
+  }
+  detr_model_free(m);
+}
+END_TEST
+
+START_TEST(predict_bad_input) {
+  DetrModel *m = make_fixture();
+  static char out[1 << 16];
+  char W[300], bad[2][300];
+  snprintf(W, sizeof W, "%s", at("w.safetensors"));
+  // Usage: unknown flag, missing --out, no model or two, no image, bad threshold -> exit 2.
+  int rc = run(out, sizeof out, "%s predict --weights %s --config tiny --bogus 1 %s --out %s", DETR_BIN, W,
+               at("img.jpg"), at("o"));
+  ck_assert_int_eq(rc, 2);
+  ck_assert_ptr_nonnull(strstr(out, "unknown flag '--bogus'"));
+  ck_assert_int_eq(run(out, sizeof out, "%s predict --weights %s --config tiny %s", DETR_BIN, W, at("img.jpg")), 2);
+  ck_assert_int_eq(run(out, sizeof out, "%s predict %s --out %s", DETR_BIN, at("img.jpg"), at("o")), 2);
+  ck_assert_int_eq(run(out, sizeof out, "%s predict --weights %s --checkpoint %s --config tiny %s --out %s", DETR_BIN,
+                       W, W, at("img.jpg"), at("o")),
+                   2);
+  ck_assert_int_eq(run(out, sizeof out, "%s predict --weights %s --config tiny --out %s", DETR_BIN, W, at("o")), 2);
+  ck_assert_int_eq(run(out, sizeof out, "%s predict --weights %s --config tiny --threshold 1.5 %s --out %s", DETR_BIN,
+                       W, at("img.jpg"), at("o")),
+                   2);
+  ck_assert_int_eq(run(out, sizeof out, "%s info --bogus %s", DETR_BIN, W), 2);
+  ck_assert_int_eq(run(out, sizeof out, "%s info", DETR_BIN), 2);
+  // Data: weights of another configuration, a missing image, a corrupt image -> exit 1, named.
+  rc = run(out, sizeof out, "%s predict --weights %s --config detr-r18-small %s --out %s", DETR_BIN, W, at("img.jpg"),
+           at("o"));
+  ck_assert_int_eq(rc, 1);
+  ck_assert_msg(strstr(out, W), "%s", out);
+  FILE *f = fopen(at("junk.jpg"), "w");
+  fputs("this is not a JPEG", f);
+  fclose(f);
+  snprintf(bad[0], sizeof bad[0], "%s", at("missing.jpg"));
+  snprintf(bad[1], sizeof bad[1], "%s", at("junk.jpg"));
+  for (int i = 0; i < 2; i++) {
+    rc = run(out, sizeof out, "%s predict --weights %s --config tiny %s %s --out %s", DETR_BIN, W, at("img.jpg"),
+             bad[i], at("o"));
+    ck_assert_int_eq(rc, 1);
+    ck_assert_msg(strstr(out, bad[i]), "%s", out);
+  }
+  // A names file that is not COCO JSON: exit 1, named.
+  rc = run(out, sizeof out, "%s predict --weights %s --config tiny %s --out %s --names %s", DETR_BIN, W,
+           at("img.jpg"), at("o"), bad[1]);
+  ck_assert_int_eq(rc, 1);
+  ck_assert_msg(strstr(out, "malformed JSON") && strstr(out, bad[1]), "%s", out);
+  // Under --bad-input skip the readable image is still predicted.
+  rc = run(out, sizeof out, "%s predict --weights %s --config tiny %s %s --out %s --bad-input skip --threshold 0 "
+                            "--json %s", DETR_BIN, W, at("junk.jpg"), at("img.jpg"), at("s"), at("s.json"));
+  ck_assert_msg(rc == 0, "%s", out);
+  ck_assert_ptr_nonnull(strstr(out, "warning"));
+  Pred p[64];
+  ck_assert_int_eq(read_preds(at("s.json"), 0, at("img.jpg"), 1, p, 64), (int)m->cfg.num_queries);
+  // An input PNG inside DIR keeps its bytes: the picture takes another name.
+  ck_assert_int_eq(mkdir(at("same"), 0755), 0);
+  Image src = blank(40, 30, 77);
+  DataError derr;
+  ck_assert_int_eq(image_write_png(at("same/pic.png"), src.data, 40, 30, 3, &derr), 0);
+  long n_before, n_after;
+  char *before = read_bytes(at("same/pic.png"), &n_before);
+  rc = run(out, sizeof out, "%s predict --weights %s --config tiny %s --out %s --threshold 0", DETR_BIN, W,
+           at("same/pic.png"), at("same"));
+  ck_assert_msg(rc == 0, "%s", out);
+  char *after = read_bytes(at("same/pic.png"), &n_after);
+  ck_assert_int_eq(n_before, n_after);
+  ck_assert_mem_eq(before, after, (size_t)n_before);
+  struct stat st;
+  ck_assert_int_eq(stat(at("same/pic-2.png"), &st), 0);
+  free(before);
+  free(after);
+  image_free(&src);
+  detr_model_free(m);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("predict");
+  TCase *draw = tcase_create("draw");
+  tcase_add_test(draw, rect_pixels);
+  tcase_add_test(draw, fill_and_alpha);
+  tcase_add_test(draw, line_pixels);
+  tcase_add_test(draw, font_glyphs);
+  tcase_add_test(draw, clipping_stays_inside);
+  tcase_add_test(draw, class_colours);
+  tcase_add_test(draw, nice_ticks);
+  suite_add_tcase(s, draw);
+  TCase *files = tcase_create("files");
+  tcase_add_checked_fixture(files, setup_tmp, teardown_tmp);
+  tcase_set_timeout(files, 120);
+  tcase_add_test(files, chart_png);
+  tcase_add_test(files, predict_matches_evaluation);
+  tcase_add_test(files, predict_checkpoint);
+  tcase_add_test(files, info_files);
+  tcase_add_test(files, predict_bad_input);
+  suite_add_tcase(s, files);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,91 @@
+// detr eval: COCO bbox evaluation of a checkpoint or weights on a dataset split.
+#include <stdio.h>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "train/commands.h"
+#include "train/evaluate.h"
+#include "train/setup.h"
+
+static const char *USAGE =
+    "(--checkpoint C.safetensors | --weights W.safetensors [--config PRESET|FILE] [--set k=v ...] [--enact])\n"
+    "       --data DIR [--split val] [--results R.json] [--json OUT.json] [--image-size N] [--max-size M]\n"
+    "       [--batch B] [--workers W] [--device cpu|cuda] [--bad-input fail|skip]\n"
+    "Prints the 12 COCO numbers as pycocotools does; --results writes the detections as a COCO results\n"
+    "JSON, --json the numbers as {\"AP\": ..., ..., \"ARl\": ...}.";
+
+int cmd_eval(int argc, char **argv) {
+  const char *checkpoint = NULL, *weights = NULL, *config = "detr-r18-small", *data = NULL, *split = "val",
+             *results = NULL, *json = NULL, *device = "cpu", *bad_input = "fail";
+  CliList sets = {0};
+  bool enact = false;
+  long long image_size = -1, max_size = -1, batch = 2, workers = 2;
+  CliFlag flags[] = {
+      {"checkpoint", FLAG_STRING, &checkpoint, "a detr-c checkpoint (its config is used)"},
+      {"weights", FLAG_STRING, &weights, "model weights (safetensors, reference names)"},
+      {"config", FLAG_STRING, &config, "model preset or key=value file, with --weights (default detr-r18-small)"},
+      {"set", FLAG_LIST, &sets, "override one config field, with --weights"},
+      {"enact", FLAG_BOOL, &enact, "ENACT on, with --weights"},
+      {"data", FLAG_STRING, &data, "dataset root (annotations/instances_<split>.json and <split>/)"},
+      {"split", FLAG_STRING, &split, "split name (default val)"},
+      {"results", FLAG_STRING, &results, "write the detections as a COCO results JSON"},
+      {"json", FLAG_STRING, &json, "write the 12 numbers as a JSON object"},
+      {"image-size", FLAG_INT, &image_size, "shortest side (default from the model, as detr train)"},
+      {"max-size", FLAG_INT, &max_size, "longest side (default from the model)"},
+      {"batch", FLAG_INT, &batch, "images per batch (default 2)"},
+      {"workers", FLAG_INT, &workers, "loader threads (default 2)"},
+      {"device", FLAG_STRING, &device, "cpu or cuda"},
+      {"bad-input", FLAG_STRING, &bad_input, "fail or skip unreadable images"},
+  };
+  int n_pos = 0, rc = cli_parse("eval", USAGE, argc, argv, 2, flags, (int)(sizeof flags / sizeof flags[0]), NULL, 0, &n_pos);
+  if (rc) return rc == 1 ? 0 : 2;
+  char err[4096];
+  BadInputPolicy policy;
+  Device dev;
+  if (!data || bad_input_policy_parse(bad_input, &policy) || batch < 1 || batch > 64 || workers < 0 || workers > 64) {
+    fprintf(stderr, "detr eval: --data is required, --bad-input is fail or skip, --batch 1..64, --workers 0..64 "
+            "(see detr eval --help)\n");
+    return 2;
+  }
+  if (setup_device(device, &dev, err, sizeof err)) {
+    fprintf(stderr, "detr eval: %s\n", err);
+    return 2;
+  }
+  DetrModel *m;
+  if (setup_load_model(checkpoint, weights, config, &sets, enact, dev, &m, err, sizeof err)) {
+    fprintf(stderr, "detr eval: %s\n", err);
+    return 1;
+  }
+  int is, ms;
+  setup_default_sizes(&m->cfg, &is, &ms);
+  if (image_size > 0) is = (int)image_size;
+  if (max_size > 0) ms = (int)max_size;
+  char ann[4096], img[4096];
+  snprintf(ann, sizeof ann, "%s/annotations/instances_%s.json", data, split);
+  snprintf(img, sizeof img, "%s/%s", data, split);
+  CocoOpenConfig cc = {.ann_path = ann, .image_dir = img, .policy = policy};
+  CocoDataset *ds = NULL;
+  DataError derr;
+  if (coco_open(&cc, &ds, &derr)) {
+    fprintf(stderr, "detr eval: %s\n", derr.msg);
+    detr_model_free(m);
+    return 1;
+  }
+  cpu_flush_denormals(true);
+  EvalConfig ec = {.batch_size = (int)batch, .num_workers = (int)workers, .aug = aug_config_scaled(false, is, ms),
+                   .policy = policy, .results_path = results, .progress = true};
+  EvalReport rep;
+  rc = evaluate_model(m, ds, &ec, &rep, err, sizeof err);
+  if (rc == 0) {
+    fprintf(stderr, "detr eval: %lld images, %lld detections in %.1f s\n", (long long)rep.images,
+            (long long)rep.detections, rep.seconds);
+    if (rep.compression > 0)
+      fprintf(stderr, "detr eval: ENACT %.1f clusters per image, %.1f pixels per cluster\n", rep.clusters_per_image,
+              rep.compression);
+    coco_print_summary(&rep.coco, stdout);
+    if (json) rc = coco_write_stats_json(json, &rep.coco, err, sizeof err);
+  }
+  if (rc) fprintf(stderr, "detr eval: %s\n", err);
+  coco_free(ds);
+  detr_model_free(m);
+  return rc ? 1 : 0;
+}
