@@ -1,6 +1,8 @@
 // The whole DETR training step of detr-c: forward, loss, backward, gradient clipping, AdamW.
-//   build/bench/bench_step [--preset detr-r18-small] [--size 320] [--boxes 3] [--reps 5]
-//                          [--enact] [--profile]
+//   build/bench/bench_step [--preset detr-r18-small] [--size 320 | --hw HxW] [--batch 2] [--boxes 3]
+//                          [--reps 5] [--enact] [--profile] [--forward]
+// --forward times the no-grad forward alone (e.g. detr-r50 on one 800x1066 image: --batch 1
+// --hw 800x1066 --forward).
 // Prints one JSON line: median step seconds over reps (after one warm-up step), the steps' times,
 // and the peak resident memory of the process (getrusage). --profile adds the per-op breakdown.
 // bench/compare_torch.sh runs this and bench/torch_step.py alternately.
@@ -27,22 +29,28 @@ static int cmp_double(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
   const char *preset = "detr-r18-small";
-  int size = 320, boxes = 3, reps = 5;
-  bool enact = false, profile = false;
+  int size = 320, boxes = 3, reps = 5, batch = 2, height = 0, width = 0;
+  bool enact = false, profile = false, forward_only = false;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
     else if (!strcmp(argv[i], "--size") && i + 1 < argc) size = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--boxes") && i + 1 < argc) boxes = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--enact")) enact = true;
+    else if (!strcmp(argv[i], "--forward")) forward_only = true;
+    else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--hw") && i + 1 < argc) {
+      if (sscanf(argv[++i], "%dx%d", &height, &width) != 2) height = width = 0;
+    }
     else if (!strcmp(argv[i], "--profile")) profile = true;
     else {
       fprintf(stderr, "bench_step: unknown argument '%s'\n", argv[i]);
       return 2;
     }
   }
-  if (reps < 1 || size < 32 || boxes < 0) {
-    fprintf(stderr, "bench_step: need --reps >= 1, --size >= 32, --boxes >= 0\n");
+  if (!height) height = width = size;
+  if (reps < 1 || height < 32 || width < 32 || boxes < 0 || batch < 1 || batch > 64) {
+    fprintf(stderr, "bench_step: need --reps >= 1, sizes >= 32, --boxes >= 0, --batch 1..64\n");
     return 2;
   }
   DetrConfig cfg;
@@ -56,12 +64,12 @@ int main(int argc, char **argv) {
   detr_model_init(m, 1);
   AdamW opt;
   adamw_init(&opt, &m->params, optim_config_default());
-  // Batch 2, size x size, `boxes` targets per image (fixed, as the PyTorch script's).
-  const int B = 2;
-  Tensor *images = tensor_new(DEVICE_CPU, SHAPE(B, 3, size, size));
+  // `batch` images of height x width, `boxes` targets per image (fixed, as the PyTorch script's).
+  const int B = batch;
+  Tensor *images = tensor_new(DEVICE_CPU, SHAPE(B, 3, height, width));
   Rng rng = rng_make(7);
   tensor_normal_(images, &rng, 0.0f, 1.0f);
-  uint8_t *mask = calloc((size_t)(B * size * size), 1);
+  uint8_t *mask = calloc((size_t)B * (size_t)height * (size_t)width, 1);
   float *tb = malloc((size_t)(B * boxes * 4) * sizeof(float));
   int64_t *tl = malloc((size_t)(B * boxes) * sizeof(int64_t));
   for (int i = 0; i < B * boxes; i++) {
@@ -71,7 +79,8 @@ int main(int argc, char **argv) {
     tb[4 * i + 3] = 0.1f + 0.2f * (float)((i + 1) % 3) / 2.0f;
     tl[i] = (i * 13) % cfg.num_classes;
   }
-  DetrTarget targets[2] = {{boxes, tb, tl}, {boxes, tb + 4 * boxes, tl + boxes}};
+  DetrTarget *targets = malloc(sizeof(DetrTarget) * (size_t)B);
+  for (int b = 0; b < B; b++) targets[b] = (DetrTarget){boxes, tb + 4 * boxes * b, tl + boxes * b};
   CriterionConfig ccfg = criterion_config_default((int)cfg.num_classes);
   Rng drop = rng_make(3);
   NnCtx ctx = {.training = true, .dropout_rng = &drop};
@@ -87,6 +96,19 @@ int main(int argc, char **argv) {
     DetrOutput out;
     CriterionResult loss;
     char err[256];
+    if (forward_only) {  // inference: no tape, no loss
+      bool was = autograd_set_grad_enabled(false);
+      NnCtx eval = {.training = false};
+      if (detr_model_forward(m, &eval, images, mask, &out, err, sizeof err)) {
+        fprintf(stderr, "bench_step: %s\n", err);
+        return 1;
+      }
+      autograd_set_grad_enabled(was);
+      detr_output_free(&out);
+      tensor_scope_release(mark);
+      if (r >= 0) t[r] = now() - t0;
+      continue;
+    }
     if (detr_model_forward(m, &ctx, images, mask, &out, err, sizeof err) ||
         criterion_forward(&ccfg, out.layers[out.n_layers - 1], out.layers, cfg.aux_loss ? out.n_layers - 1 : 0,
                           targets, (float)(B * boxes), NULL, &loss, err, sizeof err)) {
@@ -107,15 +129,16 @@ int main(int argc, char **argv) {
   qsort(sorted, (size_t)reps, sizeof(double), cmp_double);
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
-  printf("{\"impl\": \"detr-c\", \"preset\": \"%s\", \"size\": %d, \"enact\": %s, \"median_s\": %.4f, \"peak_rss_mb\": %.1f, "
-         "\"steps_s\": [",
-         preset, size, enact ? "true" : "false", sorted[reps / 2], ru.ru_maxrss / 1024.0);
+  printf("{\"impl\": \"detr-c\", \"preset\": \"%s\", \"size\": %d, \"hw\": \"%dx%d\", \"batch\": %d, \"what\": \"%s\", "
+         "\"enact\": %s, \"median_s\": %.4f, \"peak_rss_mb\": %.1f, \"steps_s\": [",
+         preset, size, height, width, B, forward_only ? "forward" : "train step", enact ? "true" : "false",
+         sorted[reps / 2], ru.ru_maxrss / 1024.0);
   for (int r = 0; r < reps; r++) printf(r ? ", %.4f" : "%.4f", t[r]);
   printf("]}\n");
   if (profile) autograd_profile_report(stderr);
   adamw_free(&opt);
   detr_model_free(m);
   tensor_release(images);
-  free(mask), free(tb), free(tl), free(t), free(sorted);
+  free(mask), free(tb), free(tl), free(t), free(sorted), free(targets);
   return 0;
 }

@@ -1,6 +1,7 @@
 #include "nn/resnet.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 static Conv2d conv(ParamStore *ps, const char *prefix, const char *name, int64_t in, int64_t out, int k, int stride,
                    int dilation, ParamKind kind) {
@@ -79,6 +80,54 @@ void resnet_init(ResNet *r, Rng *rng) {
     if (b->bottleneck) init_kaiming_normal_fan_out(b->conv3.weight, rng);
     if (b->has_downsample) init_kaiming_normal_fan_out(b->down_conv.weight, rng);
   }
+}
+
+// --- calibration of the frozen batch norms for training from scratch ---
+//
+// DETR freezes batch norm because it starts from ImageNet statistics. Without pretrained weights
+// the statistics are the identity (mean 0, var 1) and activations grow block after block. This
+// sets each norm's running mean/var to the per-channel statistics of its input on a batch, once,
+// before training, as a pretrained backbone's norms would be: every layer starts normalised.
+
+static Tensor *calibrated(const FrozenBn *bn, Tensor *x) {
+  int64_t B = x->shape.d[0], C = x->shape.d[1], S = x->shape.d[2] * x->shape.d[3];
+  float *host = malloc((size_t)x->numel * sizeof(float)), *mean = malloc((size_t)(2 * C) * sizeof(float));
+  DETR_CHECK(host && mean, "resnet_calibrate: out of host memory");
+  float *var = mean + C;
+  tensor_to_host(x, host);
+  for (int64_t c = 0; c < C; c++) {
+    double s = 0, ss = 0;
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t i = 0; i < S; i++) {
+        double v = host[(b * C + c) * S + i];
+        s += v, ss += v * v;
+      }
+    double n = (double)(B * S), mu = s / n;
+    mean[c] = (float)mu;
+    var[c] = (float)(ss / n - mu * mu > 0 ? ss / n - mu * mu : 0);
+  }
+  Tensor *m = tensor_from_host(x->device, SHAPE(C), mean), *v = tensor_from_host(x->device, SHAPE(C), var);
+  tensor_copy_(bn->running_mean, m);
+  tensor_copy_(bn->running_var, v);
+  tensor_release(m), tensor_release(v);
+  free(host), free(mean);
+  return frozen_bn_forward(bn, x);
+}
+
+void resnet_calibrate(ResNet *r, Tensor *x) {
+  bool was = autograd_set_grad_enabled(false);
+  ScopeMark mark = tensor_scope_mark();
+  x = op_maxpool2d(op_relu(calibrated(&r->bn1, conv2d_forward(&r->conv1, x))), 3, 2, 1);
+  for (int i = 0; i < r->n_blocks; i++) {
+    const ResBlock *b = &r->blocks[i];
+    Tensor *out = op_relu(calibrated(&b->bn1, conv2d_forward(&b->conv1, x)));
+    out = calibrated(&b->bn2, conv2d_forward(&b->conv2, out));
+    if (b->bottleneck) out = calibrated(&b->bn3, conv2d_forward(&b->conv3, op_relu(out)));
+    Tensor *identity = b->has_downsample ? calibrated(&b->down_bn, conv2d_forward(&b->down_conv, x)) : x;
+    x = op_relu(op_add(out, identity));
+  }
+  tensor_scope_release(mark);
+  autograd_set_grad_enabled(was);
 }
 
 Tensor *resblock_forward(const ResBlock *b, Tensor *x) {

@@ -29,6 +29,9 @@ typedef struct {
 void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, bool dilation, bool train_layers,
                    int frozen_stages);
 void resnet_init(ResNet *r, Rng *rng);  // kaiming-normal (fan out) convolutions
+// Sets every frozen batch norm's statistics to those of its input on the batch x [B, 3, H, W]
+// (training from scratch: no pretrained statistics). No gradient.
+void resnet_calibrate(ResNet *r, Tensor *x);
 Tensor *resnet_forward(const ResNet *r, Tensor *x);  // [B, 3, H, W] -> [B, C, H/32, W/32]
 // One residual block alone (its gradient test).
 Tensor *resblock_forward(const ResBlock *b, Tensor *x);

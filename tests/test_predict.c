@@ -526,7 +526,8 @@ START_TEST(predict_checkpoint) {
   char err[1024];
   TrainState state = {.step = 7, .epoch = 2, .next_batch = 3, .seed = 42, .best_map = 0.125};
   ck_assert_int_eq(checkpoint_save(at("plain.safetensors"), m, NULL, &state,
-                                   "train --data d --config tiny --image-size 96 --max-size=160", err, sizeof err),
+                                   "train --data d --config tiny --image-size 96 --max-size=160", NULL, err,
+                                   sizeof err),
                    0);
   // The same checkpoint with class names in its metadata (the crc covers the tensors only).
   StFile *f = st_open(at("plain.safetensors"), err, sizeof err);

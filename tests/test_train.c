@@ -129,7 +129,7 @@ START_TEST(checkpoint_round_trip) {
   run_make(&b, 2);
   char err[1024];
   const char *path = tmp_path("a.safetensors");
-  ck_assert_int_eq(checkpoint_save(path, a.model, &a.opt, &a.state, "epochs=3\n", err, sizeof err), 0);
+  ck_assert_int_eq(checkpoint_save(path, a.model, &a.opt, &a.state, "epochs=3\n", "1:circle", err, sizeof err), 0);
   ck_assert_msg(checkpoint_load(path, b.model, &b.opt, &b.state, err, sizeof err) == 0, "%s", err);
   for (int i = 0; i < a.model->params.count; i++) {
     Tensor *x = a.model->params.items[i].tensor, *y = b.model->params.items[i].tensor;
@@ -163,7 +163,7 @@ START_TEST(checkpoint_damage_is_detected) {
   run_make(&a, 3);
   char err[1024], cmd[600];
   const char *good = tmp_path("good.safetensors");
-  ck_assert_int_eq(checkpoint_save(good, a.model, &a.opt, &a.state, "", err, sizeof err), 0);
+  ck_assert_int_eq(checkpoint_save(good, a.model, &a.opt, &a.state, "", NULL, err, sizeof err), 0);
   long size = file_size(good);
   // A flipped byte in the data: the checksum catches it.
   const char *bad = tmp_path("flipped.safetensors");
@@ -212,14 +212,14 @@ START_TEST(checkpoint_survives_sigkill) {
   run_make(&a, 4);
   char err[1024];
   const char *path = tmp_path("killed.safetensors");
-  ck_assert_int_eq(checkpoint_save(path, a.model, &a.opt, &a.state, "", err, sizeof err), 0);
+  ck_assert_int_eq(checkpoint_save(path, a.model, &a.opt, &a.state, "", NULL, err, sizeof err), 0);
   for (int trial = 0; trial < 6; trial++) {
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
       for (;;) {
         a.state.step++;
-        if (checkpoint_save(path, a.model, &a.opt, &a.state, "", err, sizeof err)) _exit(3);
+        if (checkpoint_save(path, a.model, &a.opt, &a.state, "", NULL, err, sizeof err)) _exit(3);
       }
     }
     usleep(20000 + 15000 * trial);

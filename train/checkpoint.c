@@ -36,7 +36,7 @@ static void add_tensor(StWriter *w, uLong *crc, const char *name, const Tensor *
 }
 
 int checkpoint_save(const char *path, const DetrModel *model, const AdamW *opt, const TrainState *state,
-                    const char *extra_config, char *err, size_t err_cap) {
+                    const char *extra_config, const char *categories, char *err, size_t err_cap) {
   StWriter *w = st_writer_new();
   uLong crc = crc32(0L, Z_NULL, 0);
   char name[200], value[64];
@@ -54,6 +54,7 @@ int checkpoint_save(const char *path, const DetrModel *model, const AdamW *opt, 
   st_writer_set_metadata(w, "format", CHECKPOINT_FORMAT);
   st_writer_set_metadata(w, "model_config", config);
   st_writer_set_metadata(w, "train_config", extra_config ? extra_config : "");
+  if (categories) st_writer_set_metadata(w, "categories", categories);
 #define META(key, fmt, v)                          \
   do {                                             \
     snprintf(value, sizeof value, fmt, v);         \

@@ -16,8 +16,10 @@ typedef struct {
   double best_map;         // best evaluation AP so far (-1 if none)
 } TrainState;
 
+// extra_config: the command line that made the run; categories: "id:name;id:name;..." of the
+// training data (predict names classes with it). Either may be NULL.
 int checkpoint_save(const char *path, const DetrModel *model, const AdamW *opt, const TrainState *state,
-                    const char *extra_config, char *err, size_t err_cap);
+                    const char *extra_config, const char *categories, char *err, size_t err_cap);
 // Loads into an existing model and optimizer of the checkpoint's configuration. Refuses (with the
 // reason and the file) a truncated, corrupted or foreign file, or one that does not fit.
 int checkpoint_load(const char *path, DetrModel *model, AdamW *opt, TrainState *state, char *err, size_t err_cap);

@@ -16,7 +16,7 @@ int cmd_train(int argc, char **argv) {
   TrainOptions o = train_options_default();
   const char *config = "detr-r18-small", *device = "cpu", *bad_input = "fail";
   CliList sets = {0};
-  bool enact = false, no_progress = false, no_augment = false;
+  bool enact = false, no_progress = false, no_augment = false, calibrate_bn = false;
   long long epochs = -1, batch = o.batch_size, workers = o.workers, threads = 0, seed = (long long)o.seed,
             eval_every = o.eval_every, ckpt_every = 0, keep = o.keep_last, max_steps = 0, lr_drop = -1,
             image_size = -1, max_size = -1;
@@ -49,6 +49,8 @@ int cmd_train(int argc, char **argv) {
       {"resume", FLAG_STRING, &o.resume, "auto (newest valid checkpoint in --out) or a checkpoint path"},
       {"max-steps", FLAG_INT, &max_steps, "stop after this many steps in total (default: no limit)"},
       {"bad-input", FLAG_STRING, &bad_input, "fail or skip (with a warning and a count) bad annotations/images"},
+      {"calibrate-bn", FLAG_BOOL, &calibrate_bn,
+       "training from scratch: set the frozen batch norms' statistics from 8 training images first"},
       {"no-augment", FLAG_BOOL, &no_augment, "train on the val transform (resize only): no flips, crops, scales"},
       {"no-progress", FLAG_BOOL, &no_progress, "no progress line"},
   };
@@ -102,6 +104,7 @@ int cmd_train(int argc, char **argv) {
   o.keep_last = (int)keep;
   o.max_steps = max_steps;
   o.progress = !no_progress;
+  o.calibrate_bn = calibrate_bn;
   o.optim.lr = (float)lr;
   o.optim.lr_backbone = (float)lr_backbone;
   o.optim.weight_decay = (float)wd;

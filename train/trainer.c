@@ -16,6 +16,7 @@
 #include "nn/model_io.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
+#include "train/draw.h"
 #include "train/progress.h"
 
 TrainOptions train_options_default(void) {
@@ -109,9 +110,10 @@ static void prune_checkpoints(const TrainOptions *o) {
   }
 }
 
-static int save(const TrainOptions *o, const char *path, const DetrModel *m, const AdamW *opt, const TrainState *st) {
+static int save(const TrainOptions *o, const char *path, const DetrModel *m, const AdamW *opt, const TrainState *st,
+                const char *categories) {
   char err[1024];
-  if (checkpoint_save(path, m, opt, st, o->train_config_text, err, sizeof err)) {
+  if (checkpoint_save(path, m, opt, st, o->train_config_text, categories, err, sizeof err)) {
     fprintf(stderr, "detr train: %s\n", err);
     return -1;
   }
@@ -134,6 +136,68 @@ static int resume_auto(const TrainOptions *o, DetrModel *m, AdamW *opt, TrainSta
   }
   *resumed = false;
   return 0;
+}
+
+// A number after `"key": ` in a JSON line, or NAN.
+static double json_number(const char *line, const char *key) {
+  char pattern[64];
+  snprintf(pattern, sizeof pattern, "\"%s\": ", key);
+  const char *at = strstr(line, pattern);
+  return at ? strtod(at + strlen(pattern), NULL) : NAN;
+}
+
+// OUT/chart.png from OUT/metrics.jsonl: the loss (a 50-step running mean) by step, and AP and AP50
+// by epoch. A chart that fails to render is reported and training goes on.
+static void write_chart(const TrainOptions *o) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
+  FILE *f = fopen(path, "r");
+  if (!f) return;
+  int cap = 0, n = 0, ne = 0;
+  double *step = NULL, *loss = NULL, *mean = NULL;
+  double epoch[512], ap[512], ap50[512];
+  char line[8192];
+  bool ok = true;
+  while (ok && fgets(line, sizeof line, f)) {
+    if (strstr(line, "\"type\": \"eval\"") && ne < 512) {
+      epoch[ne] = json_number(line, "epoch") + 1, ap[ne] = json_number(line, "AP"), ap50[ne] = json_number(line, "AP50");
+      ne++;
+    } else if (strstr(line, "\"type\": \"train\"")) {
+      if (n == cap) {
+        cap = cap ? 2 * cap : 1024;
+        double *a = realloc(step, sizeof(double) * (size_t)cap), *b = a ? realloc(loss, sizeof(double) * (size_t)cap) : NULL;
+        if (a) step = a;
+        if (b) loss = b;
+        ok = a && b;
+        if (!ok) break;
+      }
+      step[n] = json_number(line, "step"), loss[n] = json_number(line, "loss");
+      n++;
+    }
+  }
+  fclose(f);
+  mean = ok ? malloc(sizeof(double) * (size_t)(n ? n : 1)) : NULL;
+  if (!mean) {
+    fprintf(stderr, "detr train: chart: out of memory\n");
+    free(step), free(loss);
+    return;
+  }
+  double run = 0;
+  for (int i = 0; i < n; i++) {  // running mean over the last 50 steps
+    run += loss[i] - (i >= 50 ? loss[i - 50] : 0.0);
+    mean[i] = run / (i + 1 < 50 ? i + 1 : 50);
+  }
+  ChartSpec spec = {.title = o->model.enact ? "DETR+ENACT training" : "DETR training", .n_panels = 2};
+  spec.panels[0] = (ChartPanel){.title = "loss", .x_label = "step", .y_label = "weighted loss", .n_series = 2};
+  spec.panels[0].series[0] = (ChartSeries){.name = "step", .x = step, .y = loss, .n = n, .colour = {190, 200, 230}};
+  spec.panels[0].series[1] = (ChartSeries){.name = "mean of 50", .x = step, .y = mean, .n = n, .colour = {30, 80, 200}};
+  spec.panels[1] = (ChartPanel){.title = "COCO AP (val)", .x_label = "epoch", .y_label = "AP", .n_series = 2};
+  spec.panels[1].series[0] = (ChartSeries){.name = "AP", .x = epoch, .y = ap, .n = ne, .colour = {200, 60, 40}};
+  spec.panels[1].series[1] = (ChartSeries){.name = "AP50", .x = epoch, .y = ap50, .n = ne, .colour = {40, 160, 60}};
+  char err[1024];
+  snprintf(path, sizeof path, "%s/chart.png", o->out_dir);
+  if (chart_write_png(path, &spec, err, sizeof err)) fprintf(stderr, "detr train: chart: %s\n", err);
+  free(step), free(loss), free(mean);
 }
 
 static void log_eval(FILE *metrics, int64_t epoch, int64_t step, const EvalReport *r) {
@@ -160,6 +224,7 @@ static int run_eval(const TrainOptions *o, const DetrModel *m, const CocoDataset
           rep->seconds);
   coco_print_summary(&rep->coco, stderr);
   log_eval(metrics, epoch, step, rep);
+  write_chart(o);
   return 0;
 }
 
@@ -185,6 +250,11 @@ int train_run(TrainOptions *o) {
     coco_free(val);
     return 1;
   }
+  // "id:name;..." of the training categories, stored in every checkpoint for `detr predict`.
+  char categories[4096] = "";
+  for (int i = 0, n = 0; i < train->n_categories && n < (int)sizeof categories - 1; i++)
+    n += snprintf(categories + n, sizeof categories - (size_t)n, "%s%d:%s", i ? ";" : "", train->categories[i].id,
+                  train->categories[i].name);
   DetrModel *m = detr_model_create(&o->model, o->device);
   detr_model_init(m, o->seed);
   AdamW opt;
@@ -206,6 +276,27 @@ int train_run(TrainOptions *o) {
   if (!resumed && o->init_weights && params_load_file(&m->params, o->init_weights, err, sizeof err)) {
     fprintf(stderr, "detr train: --init %s\n", err);
     goto done;
+  }
+  if (!resumed && o->calibrate_bn) {  // the first 8 training images, resized as for evaluation
+    LoaderConfig cal = loader_config_default(false);
+    cal.batch_size = 8;
+    cal.num_workers = 0;
+    cal.aug = o->val_aug;
+    cal.policy = o->bad_input;
+    cal.quiet = true;
+    DataLoader *cl = NULL;
+    const Batch *cb;
+    DataError cerr;
+    if (loader_create(train, &cal, (LoaderPosition){0, 0}, &cl, &cerr) || loader_next(cl, &cb, &cerr) != DATA_OK) {
+      fprintf(stderr, "detr train: --calibrate-bn: %s\n", cerr.msg);
+      loader_free(cl);
+      goto done;
+    }
+    Tensor *x = batch_images_tensor(cb, o->device);
+    resnet_calibrate(&m->backbone, x);
+    tensor_release(x);
+    loader_free(cl);
+    fprintf(stderr, "detr train: frozen batch norms calibrated on %d training images\n", cb->size);
   }
   char path[4200];
   snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
@@ -320,7 +411,7 @@ int train_run(TrainOptions *o) {
       if (o->max_steps > 0 && st.step >= o->max_steps) stop = true;
       if ((o->checkpoint_every > 0 && st.step % o->checkpoint_every == 0) || (o->checkpoint_every == 0 && epoch_done)) {
         ckpt_path(o, st.step, path, sizeof path);
-        if (save(o, path, m, &opt, &st)) goto done;
+        if (save(o, path, m, &opt, &st, categories)) goto done;
         prune_checkpoints(o);
       }
       if (epoch_done) break;
@@ -337,19 +428,20 @@ int train_run(TrainOptions *o) {
       if (ap > st.best_map) {
         st.best_map = ap;
         snprintf(path, sizeof path, "%s/best.safetensors", o->out_dir);
-        if (save(o, path, m, &opt, &st)) goto done;
+        if (save(o, path, m, &opt, &st, categories)) goto done;
       }
     }
   }
   // The final state, whatever the checkpoint interval.
   ckpt_path(o, st.step, path, sizeof path);
   if (access(path, F_OK) != 0) {
-    if (save(o, path, m, &opt, &st)) goto done;
+    if (save(o, path, m, &opt, &st, categories)) goto done;
     prune_checkpoints(o);
   }
   rc = 0;
 done:
   if (metrics) fclose(metrics);
+  if (rc == 0) write_chart(o);
   loader_free(loader);
   adamw_free(&opt);
   detr_model_free(m);

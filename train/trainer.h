@@ -28,6 +28,7 @@ typedef struct {
   const char *init_weights; // model weights to start from (strict load; ENACT's W_prob optional)
   const char *resume;       // NULL, "auto" (newest valid checkpoint in out_dir) or a path
   int64_t max_steps;        // stop after this many steps in total (0: no limit), e.g. for tests
+  bool calibrate_bn;        // from scratch: set the frozen BN statistics from a batch before training
   bool progress;            // progress bar on stderr
   char train_config_text[2048];  // the flags that made the run, stored in checkpoints
 } TrainOptions;
