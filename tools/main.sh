@@ -36,7 +36,7 @@ fi
   --epochs "$epochs" --eval-every 2 --resume auto
 
 "$detr" eval --checkpoint "$out/best.safetensors" --data "$data" --json "$out/eval.json" \
-  --results "$out/results.json"
+  --results "$out/results.json" --image-size 192 --max-size 288
 "$detr" predict --checkpoint "$out/best.safetensors" --out "$out/predict" --threshold 0.5 \
   "$data"/val/000000000001.jpg "$data"/val/000000000002.jpg "$data"/val/000000000003.jpg > /dev/null
 

@@ -66,6 +66,7 @@ int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConf
   DETR_CHECK(dets && batch_dets, "evaluate_model: out of host memory");
   bool was = autograd_set_grad_enabled(false);
   NnCtx ctx = {.training = false};
+  bool tty = isatty(STDERR_FILENO);  // the redrawn progress line only on a terminal
   int rc = 0;
   double clusters = 0.0, ratio = 0.0;
   int64_t enact_samples = 0, batches = 0, total_batches = loader_batches_per_epoch(loader);
@@ -112,10 +113,10 @@ int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConf
     detr_output_free(&out);
     tensor_scope_release(mark);
     batches++;
-    if (cfg->progress)
+    if (cfg->progress && tty)
       fprintf(stderr, "\reval %lld/%lld batches", (long long)batches, (long long)total_batches);
   }
-  if (cfg->progress) fprintf(stderr, "\n");
+  if (cfg->progress && tty) fprintf(stderr, "\n");
   autograd_set_grad_enabled(was);
   loader_free(loader);
   if (rc == 0) {
