@@ -29,7 +29,7 @@ int cmd_eval(int argc, char **argv) {
       {"split", FLAG_STRING, &split, "split name (default val)"},
       {"results", FLAG_STRING, &results, "write the detections as a COCO results JSON"},
       {"json", FLAG_STRING, &json, "write the 12 numbers as a JSON object"},
-      {"image-size", FLAG_INT, &image_size, "shortest side (default from the model, as detr train)"},
+      {"image-size", FLAG_INT, &image_size, "shortest side (default: the checkpoint's training run, else as detr train)"},
       {"max-size", FLAG_INT, &max_size, "longest side (default from the model)"},
       {"batch", FLAG_INT, &batch, "images per batch (default 2)"},
       {"workers", FLAG_INT, &workers, "loader threads (default 2)"},
@@ -51,12 +51,14 @@ int cmd_eval(int argc, char **argv) {
     return 2;
   }
   DetrModel *m;
-  if (setup_load_model(checkpoint, weights, config, &sets, enact, dev, &m, err, sizeof err)) {
+  CheckpointInfo ci = {.image_size = -1, .max_size = -1};
+  if (setup_load_model(checkpoint, weights, config, &sets, enact, dev, &m, &ci, err, sizeof err)) {
     fprintf(stderr, "detr eval: %s\n", err);
     return 1;
   }
-  int is, ms;
-  setup_default_sizes(&m->cfg, &is, &ms);
+  int is, ms;  // the training run's sizes when the checkpoint says them
+  setup_eval_sizes(&m->cfg, &ci, &is, &ms);
+  setup_checkpoint_info_free(&ci);
   if (image_size > 0) is = (int)image_size;
   if (max_size > 0) ms = (int)max_size;
   char ann[4096], img[4096];

@@ -226,74 +226,6 @@ static int names_from_text(const char *path, const char *text, Names *nm, char *
 
 // --- the model -----------------------------------------------------------------------------------
 
-// The value of --flag in a stored command line ("train --data d --image-size 256 ..."), or -1.
-static long long flag_in_command(const char *cmd, const char *flag) {
-  size_t fl = strlen(flag);
-  for (const char *p = cmd; p && *p;) {
-    p += strspn(p, " ");
-    size_t len = strcspn(p, " ");
-    const char *value = NULL;
-    if (len == fl && !strncmp(p, flag, fl)) value = p + len + strspn(p + len, " ");
-    else if (len > fl && !strncmp(p, flag, fl) && p[fl] == '=') value = p + fl + 1;
-    if (value) {
-      char *end = NULL;
-      long long v = strtoll(value, &end, 10);
-      return end != value && (*end == 0 || *end == ' ') ? v : -1;
-    }
-    p += len;
-  }
-  return -1;
-}
-
-typedef struct {
-  DetrConfig cfg;
-  char *categories;           // the checkpoint's "categories" metadata, or NULL
-  long long image_size, max_size;  // from the training command line, or -1
-} CheckpointInfo;
-
-// Model config (and names, image sizes) from a checkpoint's metadata. Its tensors are loaded and
-// checksummed afterwards by checkpoint_load. Returns 0, or -1 with err naming the file.
-static int read_checkpoint_info(const char *path, CheckpointInfo *ci, char *err, size_t cap) {
-  *ci = (CheckpointInfo){.image_size = -1, .max_size = -1};
-  StFile *f = st_open(path, err, cap);
-  if (!f) return -1;
-  const char *format = st_metadata(f, "format"), *mc = st_metadata(f, "model_config");
-  int rc = 0;
-  if (!format || strncmp(format, "detr-c checkpoint", 17)) {
-    snprintf(err, cap, "%s: not a detr-c checkpoint (format '%s'); plain model weights load with --weights", path,
-             format ? format : "none");
-    rc = -1;
-  } else if (!mc) {
-    snprintf(err, cap, "%s: checkpoint metadata has no model_config", path);
-    rc = -1;
-  } else {
-    detr_config_preset("detr-r50", &ci->cfg);  // every field is stored; this only fills a gap
-    char *text = xstrdup(mc), *save = NULL;
-    for (char *line = strtok_r(text, "\n", &save); line && !rc; line = strtok_r(NULL, "\n", &save)) {
-      char *eq = strchr(line, '='), local[256];
-      if (!eq) {
-        snprintf(err, cap, "%s: model_config line '%s' is not key=value", path, line);
-        rc = -1;
-        break;
-      }
-      *eq = 0;
-      if (detr_config_set(&ci->cfg, line, eq + 1, local, sizeof local)) {
-        snprintf(err, cap, "%s: model_config: %s", path, local);
-        rc = -1;
-      }
-    }
-    free(text);
-    const char *cats = st_metadata(f, "categories"), *train = st_metadata(f, "train_config");
-    if (!rc && cats && *cats) ci->categories = xstrdup(cats);
-    if (train) {
-      ci->image_size = flag_in_command(train, "--image-size");
-      ci->max_size = flag_in_command(train, "--max-size");
-    }
-  }
-  st_close(f);
-  return rc;
-}
-
 // --- one image -----------------------------------------------------------------------------------
 
 typedef struct {
@@ -523,7 +455,7 @@ int cmd_predict(int argc, char **argv) {
     goto fail;
   }
   if (checkpoint) {
-    if (read_checkpoint_info(checkpoint, &ci, err, sizeof err)) goto fail;
+    if (setup_read_checkpoint_info(checkpoint, &ci, err, sizeof err)) goto fail;
     cfg = ci.cfg;
     for (int i = 0; i < sets.count; i++) {
       char line[512], local[256];
@@ -549,9 +481,10 @@ int cmd_predict(int argc, char **argv) {
     goto fail;
 
   // The val transform of the training run (same defaults as `detr train`).
-  bool small = cfg.backbone_depth < 50, tiny = cfg.hidden_dim <= 32;
-  if (image_size < 0) image_size = ci.image_size >= 32 ? ci.image_size : tiny ? 128 : small ? 320 : 800;
-  if (max_size < 0) max_size = ci.max_size >= 32 ? ci.max_size : tiny ? 192 : small ? 512 : 1333;
+  int default_size, default_max;
+  setup_eval_sizes(&cfg, &ci, &default_size, &default_max);
+  if (image_size < 0) image_size = default_size;
+  if (max_size < 0) max_size = default_max;
   AugConfig aug = aug_config_scaled(false, (int)image_size, (int)max_size);
   float lut[3][256];
   aug_normalize_lut(&aug, lut);
@@ -658,7 +591,7 @@ done:
   free(results);
   if (model) detr_model_free(model);
   names_free(&names);
-  free(ci.categories);
+  setup_checkpoint_info_free(&ci);
   free(inputs);
   return status;
 }

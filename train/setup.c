@@ -1,3 +1,4 @@
+#define _DEFAULT_SOURCE  // strtok_r
 #include "train/setup.h"
 
 #include <stdio.h>
@@ -79,41 +80,113 @@ int setup_device(const char *name, Device *dev, char *err, size_t err_cap) {
 #endif
 }
 
-void setup_default_sizes(const DetrConfig *cfg, int *image_size, int *max_size) {
+static char *copy_text(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *c = malloc(n);
+  DETR_CHECK(c, "out of host memory");
+  return memcpy(c, s, n);
+}
+
+// The value of --flag in a stored command line ("train --data d --image-size 256 ..."), or -1.
+static long long flag_in_command(const char *cmd, const char *flag) {
+  size_t fl = strlen(flag);
+  for (const char *p = cmd; p && *p;) {
+    p += strspn(p, " ");
+    size_t len = strcspn(p, " ");
+    const char *value = NULL;
+    if (len == fl && !strncmp(p, flag, fl)) value = p + len + strspn(p + len, " ");
+    else if (len > fl && !strncmp(p, flag, fl) && p[fl] == '=') value = p + fl + 1;
+    if (value) {
+      char *end = NULL;
+      long long v = strtoll(value, &end, 10);
+      return end != value && (*end == 0 || *end == ' ') ? v : -1;
+    }
+    p += len;
+  }
+  return -1;
+}
+
+int setup_read_checkpoint_info(const char *path, CheckpointInfo *ci, char *err, size_t cap) {
+  *ci = (CheckpointInfo){.image_size = -1, .max_size = -1};
+  StFile *f = st_open(path, err, cap);
+  if (!f) return -1;
+  const char *format = st_metadata(f, "format"), *mc = st_metadata(f, "model_config");
+  int rc = 0;
+  if (!format || strncmp(format, "detr-c checkpoint", 17)) {
+    snprintf(err, cap, "%s: not a detr-c checkpoint (format '%s'); plain model weights load with --weights", path,
+             format ? format : "none");
+    rc = -1;
+  } else if (!mc) {
+    snprintf(err, cap, "%s: checkpoint metadata has no model_config", path);
+    rc = -1;
+  } else {
+    detr_config_preset("detr-r50", &ci->cfg);  // every field is stored; this only fills a gap
+    char *text = copy_text(mc), *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line && !rc; line = strtok_r(NULL, "\n", &save)) {
+      char *eq = strchr(line, '='), local[256];
+      if (!eq) {
+        snprintf(err, cap, "%s: model_config line '%s' is not key=value", path, line);
+        rc = -1;
+        break;
+      }
+      *eq = 0;
+      if (detr_config_set(&ci->cfg, line, eq + 1, local, sizeof local)) {
+        snprintf(err, cap, "%s: model_config: %s", path, local);
+        rc = -1;
+      }
+    }
+    free(text);
+    const char *cats = st_metadata(f, "categories"), *train = st_metadata(f, "train_config");
+    if (!rc && cats && *cats) ci->categories = copy_text(cats);
+    if (train) {
+      ci->image_size = flag_in_command(train, "--image-size");
+      ci->max_size = flag_in_command(train, "--max-size");
+    }
+  }
+  st_close(f);
+  return rc;
+}
+
+void setup_checkpoint_info_free(CheckpointInfo *ci) {
+  free(ci->categories);
+  ci->categories = NULL;
+}
+
+void setup_eval_sizes(const DetrConfig *cfg, const CheckpointInfo *ci, int *image_size, int *max_size) {
   bool small = cfg->backbone_depth < 50, tiny = cfg->hidden_dim <= 32;
-  *image_size = tiny ? 128 : small ? 320 : 800;
-  *max_size = tiny ? 192 : small ? 512 : 1333;
+  *image_size = ci && ci->image_size >= 32 ? (int)ci->image_size : tiny ? 128 : small ? 320 : 800;
+  *max_size = ci && ci->max_size >= 32 ? (int)ci->max_size : tiny ? 192 : small ? 512 : 1333;
 }
 
 int setup_load_model(const char *checkpoint, const char *weights, const char *config, const CliList *sets, bool enact,
-                     Device dev, DetrModel **out, char *err, size_t err_cap) {
+                     Device dev, DetrModel **out, CheckpointInfo *info, char *err, size_t err_cap) {
   *out = NULL;
   if ((checkpoint != NULL) == (weights != NULL)) {
     snprintf(err, err_cap, "give exactly one of --checkpoint and --weights");
     return -1;
   }
   DetrConfig cfg;
+  CheckpointInfo ci = {.image_size = -1, .max_size = -1};
   if (checkpoint) {
-    char *model_text = NULL, *train_text = NULL;
-    if (checkpoint_read_configs(checkpoint, &model_text, &train_text, err, err_cap)) return -1;
-    detr_config_preset("detr-r50", &cfg);  // every field is then set from the stored text
-    int rc = 0;
-    for (char *line = strtok(model_text, "\n"); line && !rc; line = strtok(NULL, "\n")) {
+    if (setup_read_checkpoint_info(checkpoint, &ci, err, err_cap)) return -1;
+    cfg = ci.cfg;
+    for (int i = 0; sets && i < sets->count; i++) {
+      char line[512], local[256];
+      snprintf(line, sizeof line, "%s", sets->items[i]);
       char *eq = strchr(line, '=');
-      if (!eq) continue;
-      *eq = 0;
-      char local[256];
-      if (detr_config_set(&cfg, line, eq + 1, local, sizeof local)) {
-        snprintf(err, err_cap, "%s: stored config: %s", checkpoint, local);
-        rc = -1;
+      if (!eq || (*eq = 0, detr_config_set(&cfg, line, eq + 1, local, sizeof local))) {
+        snprintf(err, err_cap, "--set %s: %s", sets->items[i], eq ? local : "expected key=value");
+        setup_checkpoint_info_free(&ci);
+        return -1;
       }
     }
-    free(model_text);
-    free(train_text);
-    if (rc || detr_config_validate(&cfg, err, err_cap)) return -1;
-  } else {
-    if (setup_model_config(config, sets, &cfg, err, err_cap)) return -1;
-    if (enact) cfg.enact = true;
+  } else if (setup_model_config(config, sets, &cfg, err, err_cap)) {
+    return -1;
+  }
+  if (enact) cfg.enact = true;
+  if (detr_config_validate(&cfg, err, err_cap)) {
+    setup_checkpoint_info_free(&ci);
+    return -1;
   }
   DetrModel *m = detr_model_create(&cfg, dev);
   detr_model_init(m, 0);  // ENACT's W_prob keeps this when the weights have none
@@ -122,8 +195,13 @@ int setup_load_model(const char *checkpoint, const char *weights, const char *co
                       : params_load_file(&m->params, weights, err, err_cap);
   if (rc) {
     detr_model_free(m);
+    setup_checkpoint_info_free(&ci);
     return -1;
   }
   *out = m;
+  if (info)
+    *info = ci;
+  else
+    setup_checkpoint_info_free(&ci);
   return 0;
 }

@@ -10,11 +10,24 @@ int setup_model_config(const char *config, const CliList *sets, DetrConfig *cfg,
 // "cpu" or "cuda". Returns 0, or -1 with err set (unknown name, or CUDA not built / no device).
 int setup_device(const char *name, Device *dev, char *err, size_t err_cap);
 
-// A model to run: from a detr-c checkpoint (its stored config; the crc is verified), or from
-// weights (strict) with a config from `config` (+ sets). enact forces ENACT on (with weights).
-// Returns 0 or -1 with err set.
+// What a detr-c checkpoint says about the run that made it (read from its metadata; the tensors
+// and the crc are checked later by checkpoint_load).
+typedef struct {
+  DetrConfig cfg;                  // the stored model config
+  char *categories;                // "id:name;..." of the training data, or NULL
+  long long image_size, max_size;  // --image-size / --max-size of the training command, or -1
+} CheckpointInfo;
+
+// Returns 0, or -1 with err naming the file (not a checkpoint, a bad stored config).
+int setup_read_checkpoint_info(const char *path, CheckpointInfo *ci, char *err, size_t err_cap);
+void setup_checkpoint_info_free(CheckpointInfo *ci);
+// Evaluation image sizes: the training run's (ci may be NULL), else `detr train`'s defaults for the
+// model: 800/1333 (ResNet-50/101), 320/512 (18/34), 128/192 (hidden_dim <= 32, the tiny preset).
+void setup_eval_sizes(const DetrConfig *cfg, const CheckpointInfo *ci, int *image_size, int *max_size);
+
+// A model to run: from a detr-c checkpoint (its stored config, then `sets`; the crc is verified),
+// or from weights (strict) with a config from `config` (+ sets). enact forces ENACT on. info (may
+// be NULL) receives the checkpoint's info (free it with setup_checkpoint_info_free). Returns 0 or -1
+// with err set.
 int setup_load_model(const char *checkpoint, const char *weights, const char *config, const CliList *sets, bool enact,
-                     Device dev, DetrModel **out, char *err, size_t err_cap);
-// Default evaluation image sizes for a model: 800/1333 (ResNet-50/101), 320/512 (18/34),
-// 128/192 (hidden_dim <= 32, the tiny preset), as `detr train` uses.
-void setup_default_sizes(const DetrConfig *cfg, int *image_size, int *max_size);
+                     Device dev, DetrModel **out, CheckpointInfo *info, char *err, size_t err_cap);
