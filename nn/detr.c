@@ -104,10 +104,16 @@ int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, con
 
   Tensor *memory = src;
   for (int i = 0; i < c->enc_layers; i++) {
-    if (c->enact)
-      memory = enact_layer_forward(&m->enact[i], ctx, memory, pos, key_mask, &geom, NULL, &out->enact[out->n_enact++]);
-    else
+    ScopeMark mark = tensor_scope_mark();  // each layer's dead temporaries are freed after it
+    if (c->enact) {
+      EnactTrace *t = &out->enact[out->n_enact++];
+      memory = enact_layer_forward(&m->enact[i], ctx, memory, pos, key_mask, &geom, NULL, t);
+      Tensor *keep[2] = {memory, t->entropy};
+      tensor_scope_keep(mark, keep, 2);
+    } else {
       memory = encoder_layer_forward(&m->enc[i], ctx, memory, pos, key_mask);
+      tensor_scope_keep(mark, &memory, 1);
+    }
   }
   enact_geometry_free(&geom);
   if (c->pre_norm) memory = layernorm_forward(&m->enc_norm, memory);
@@ -117,10 +123,13 @@ int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, con
   out->feat_h = h;
   out->feat_w = w;
   for (int i = 0; i < c->dec_layers; i++) {
+    ScopeMark mark = tensor_scope_mark();
     tgt = decoder_layer_forward(&m->dec[i], ctx, tgt, memory, key_mask, pos, m->query_embed);
     Tensor *hs = layernorm_forward(&m->dec_norm, tgt);  // every intermediate output is normed
     out->layers[i].logits = linear_forward(&m->class_embed, hs);
     out->layers[i].boxes = op_sigmoid(mlp_forward(&m->bbox_embed, hs));
+    Tensor *keep[3] = {tgt, out->layers[i].logits, out->layers[i].boxes};
+    tensor_scope_keep(mark, keep, 3);
   }
   return 0;
 }

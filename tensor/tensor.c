@@ -179,6 +179,12 @@ void tensor_scope_release(ScopeMark mark) {
   while (scope_count > mark) tensor_release(scope_items[--scope_count]);
 }
 
+void tensor_scope_keep(ScopeMark mark, Tensor *const *keep, int n) {
+  for (int i = 0; i < n; i++) tensor_retain(keep[i]);
+  tensor_scope_release(mark);
+  for (int i = 0; i < n; i++) tensor_scoped(keep[i]);
+}
+
 // --- data movement ---
 
 void tensor_copy_(Tensor *dst, const Tensor *src) {

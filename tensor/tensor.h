@@ -59,6 +59,10 @@ Tensor *tensor_new_scoped(Device dev, Shape shape);
 ScopeMark tensor_scope_mark(void);
 void tensor_scope_release(ScopeMark mark);  // releases every tensor scoped since mark
 size_t tensor_scope_size(void);
+// Releases everything scoped since mark except the n tensors in keep, which are scoped again
+// (they stay valid). Frees a block's dead intermediates early: what the tape still needs for
+// backward is held by its nodes, so only tensors nothing refers to any more are freed.
+void tensor_scope_keep(ScopeMark mark, Tensor *const *keep, int n);
 
 // --- data movement and filling ---
 void tensor_copy_(Tensor *dst, const Tensor *src);  // same numel, any devices
