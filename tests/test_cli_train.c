@@ -172,5 +172,10 @@ int main(void) {
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
   srunner_free(sr);
+  if (!failed && root[0]) {  // the runs' checkpoints take a few GB; keep them only for a failure
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    if (system(cmd) != 0) fprintf(stderr, "test_cli_train: could not remove %s\n", root);
+  }
   return failed ? 1 : 0;
 }

@@ -111,11 +111,12 @@ static void run_free(Run *r) {
 }
 
 static char dir[64];
+static int owner_pid;  // the test runner's pid (forked tests inherit it): names its temp dirs
 
 // dir/name in out (a buffer of 256).
 static const char *tmp_path_into(char *out, const char *name) {
   if (!dir[0]) {
-    snprintf(dir, sizeof dir, "/tmp/detr-ckpt-XXXXXX");
+    snprintf(dir, sizeof dir, "/tmp/detr-ckpt-test-%d-XXXXXX", owner_pid);
     ck_assert_ptr_nonnull(mkdtemp(dir));
   }
   snprintf(out, 256, "%s/%s", dir, name);
@@ -238,6 +239,7 @@ START_TEST(checkpoint_survives_sigkill) {
 END_TEST
 
 int main(void) {
+  owner_pid = (int)getpid();
   Suite *s = suite_create("train");
   TCase *tc = tcase_create("train");
   tcase_set_timeout(tc, 120);
@@ -251,5 +253,10 @@ int main(void) {
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
   srunner_free(sr);
+  // The checkpoints (hundreds of MB) are written by the forked tests, one directory each: remove
+  // this run's on success.
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf /tmp/detr-ckpt-test-%d-*", owner_pid);
+  if (!failed && system(cmd) != 0) fprintf(stderr, "test_train: cleanup failed\n");
   return failed ? 1 : 0;
 }
