@@ -9,7 +9,7 @@
 
 #define NODE_MAX_INPUTS 8
 #define NODE_MAX_OUTPUTS 2
-#define NODE_MAX_SAVED 4
+#define NODE_MAX_SAVED 6
 
 typedef struct TapeNode TapeNode;
 typedef void (*BackwardFn)(TapeNode *node);
@@ -43,6 +43,8 @@ void tensor_set_requires_grad(Tensor *t, bool requires_grad);
 TapeNode *autograd_record(const char *name, BackwardFn backward, Tensor *out, int n_in,
                           Tensor *const *in);
 void autograd_add_output(TapeNode *node, Tensor *out);
+// Keeps t's data for backward (inputs and outputs are otherwise held without their data: an op
+// saves exactly what its backward reads).
 void autograd_save(TapeNode *node, Tensor *t);
 void *autograd_node_buffer(TapeNode *node, Device dev, size_t bytes);
 

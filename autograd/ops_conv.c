@@ -74,6 +74,8 @@ Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p) {
   TapeNode *n = autograd_record("conv2d", conv2d_backward_node, y, 3, in);
   if (n) {
     conv_geom_to_args(&g, n);
+    if (weight->requires_grad) autograd_save(n, x);  // dW = dY x im2col(x); the output is never read
+    if (x->requires_grad) autograd_save(n, weight);
     n->flops = 2.0 * (double)(g.batch * g.out_ch * g.out_h * g.out_w) * (double)(g.in_ch * g.kh * g.kw);
   }
   return y;

@@ -7,14 +7,22 @@
 static const char *unary_names[UNARY_COUNT] = {"relu", "sigmoid", "exp", "log",
                                                 "neg",  "add_scalar", "mul_scalar"};
 
+// What each unary backward reads, and so saves: relu, sigmoid and exp need only y (x > 0 exactly
+// where y > 0); log needs x; the affine ones nothing. The unread argument gets any valid pointer.
+static bool unary_needs_y(int op) { return op == UNARY_RELU || op == UNARY_SIGMOID || op == UNARY_EXP; }
+static bool unary_needs_x(int op) { return op == UNARY_LOG; }
+
 static void unary_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *y = n->out[0];
   int op = (int)n->iarg[0];
   float param = (float)n->farg[0];
   float *dx = grad_data_or_null(x);
   if (!dx) return;
-  DISPATCH(x->device, cpu_unary_backward(op, x->data, y->data, y->grad->data, dx, x->numel, param),
-           cuda_unary_backward(op, x->data, y->data, y->grad->data, dx, x->numel, param));
+  const float *dy = y->grad->data;
+  const float *xs = unary_needs_x(op) ? x->data : unary_needs_y(op) ? y->data : dy;
+  const float *ys = unary_needs_y(op) ? y->data : xs;
+  DISPATCH(x->device, cpu_unary_backward(op, xs, ys, dy, dx, x->numel, param),
+           cuda_unary_backward(op, xs, ys, dy, dx, x->numel, param));
 }
 
 static Tensor *unary(Tensor *x, UnaryOp op, float param) {
@@ -25,6 +33,8 @@ static Tensor *unary(Tensor *x, UnaryOp op, float param) {
   if (n) {
     n->iarg[0] = op;
     n->farg[0] = param;
+    if (unary_needs_x(op)) autograd_save(n, x);
+    if (unary_needs_y(op)) autograd_save(n, y);
   }
   return y;
 }
@@ -60,13 +70,27 @@ static Broadcast make_broadcast(const char *op, Shape a, Shape b) {
   return bc;
 }
 
+// add and sub read neither operand in backward (nothing is saved for them); mul and div both.
+static bool binary_reads_operands(int op) { return op == BINARY_MUL || op == BINARY_DIV; }
+
 static void binary_backward_node(TapeNode *n) {
   Tensor *a = n->in[0], *b = n->in[1], *y = n->out[0];
   int op = (int)n->iarg[0];
   Broadcast bc = make_broadcast(binary_names[op], a->shape, b->shape);
   float *da = grad_data_or_null(a), *db = grad_data_or_null(b);
-  DISPATCH(y->device, cpu_binary_backward(op, a->data, b->data, y->grad->data, da, db, bc),
-           cuda_binary_backward(op, a->data, b->data, y->grad->data, da, db, bc));
+  // Unread operands: any pointer covering their broadcast extent; a zero-filled gradient-sized
+  // buffer is the simplest that is always large enough.
+  const float *av = a->data, *bv = b->data;
+  float *dummy = NULL;
+  size_t dummy_bytes = 0;
+  if (!binary_reads_operands(op)) {
+    dummy_bytes = (size_t)(a->numel > b->numel ? a->numel : b->numel) * sizeof(float);
+    dummy = detr_alloc(y->device, dummy_bytes);
+    av = bv = dummy;
+  }
+  DISPATCH(y->device, cpu_binary_backward(op, av, bv, y->grad->data, da, db, bc),
+           cuda_binary_backward(op, av, bv, y->grad->data, da, db, bc));
+  if (dummy) detr_free(y->device, dummy, dummy_bytes);
 }
 
 static Tensor *binary(Tensor *a, Tensor *b, BinaryOp op) {
@@ -79,7 +103,13 @@ static Tensor *binary(Tensor *a, Tensor *b, BinaryOp op) {
            cuda_binary_forward(op, a->data, b->data, y->data, bc));
   Tensor *in[2] = {a, b};
   TapeNode *n = autograd_record(binary_names[op], binary_backward_node, y, 2, in);
-  if (n) n->iarg[0] = op;
+  if (n) {
+    n->iarg[0] = op;
+    if (binary_reads_operands(op)) {
+      autograd_save(n, a);
+      autograd_save(n, b);
+    }
+  }
   return y;
 }
 

@@ -62,6 +62,8 @@ Tensor *op_enact_cluster(Tensor *K, Tensor *V, Tensor *H, const float *signs, co
   TapeNode *n = autograd_record("enact_cluster", enact_cluster_backward_node, Kc, 3, in);
   if (n) {
     autograd_add_output(n, Vc);
+    Tensor *read[5] = {K, V, H, Kc, Vc};  // backward reads all five
+    for (int i = 0; i < 5; i++) autograd_save(n, read[i]);
     n->iarg[0] = L;
     n->iarg[1] = signs != NULL;
     n->buf = block;  // the node owns the block now

@@ -44,6 +44,8 @@ Tensor *op_cross_entropy(Tensor *logits, const int64_t *targets, Tensor *class_w
   TapeNode *n = autograd_record("cross_entropy", cross_entropy_backward_node, y, 2, in);
   if (n) {
     autograd_save(n, lse);
+    autograd_save(n, logits);
+    if (class_weight) autograd_save(n, class_weight);
     size_t bytes = (size_t)rows * sizeof(int64_t);
     memcpy(autograd_node_buffer(n, DEVICE_CPU, bytes), targets, bytes);
   }
@@ -71,7 +73,11 @@ Tensor *op_l1_sum(Tensor *a, Tensor *b) {
   CPU_ONLY(a->device, "l1_sum", loss = cpu_l1_sum_forward(a->data, b->data, a->numel));
   tensor_fill_(y, loss);
   Tensor *in[2] = {a, b};
-  autograd_record("l1_sum", l1_backward_node, y, 2, in);
+  TapeNode *n = autograd_record("l1_sum", l1_backward_node, y, 2, in);
+  if (n) {
+    autograd_save(n, a);
+    autograd_save(n, b);
+  }
   return y;
 }
 
@@ -118,6 +124,10 @@ Tensor *op_box_giou(Tensor *a, Tensor *b) {
   Tensor *y = tensor_new_scoped(a->device, SHAPE(count));
   CPU_ONLY(a->device, "box_giou", cpu_box_giou_forward(a->data, b->data, y->data, count));
   Tensor *in[2] = {a, b};
-  autograd_record("box_giou", giou_backward_node, y, 2, in);
+  TapeNode *n = autograd_record("box_giou", giou_backward_node, y, 2, in);
+  if (n) {
+    autograd_save(n, a);
+    autograd_save(n, b);
+  }
   return y;
 }

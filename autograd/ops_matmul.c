@@ -34,6 +34,8 @@ Tensor *op_matmul(Tensor *a, Tensor *b) {
   Tensor *in[2] = {a, b};
   TapeNode *n = autograd_record("matmul", matmul_backward_node, y, 2, in);
   if (n) {
+    autograd_save(n, a);
+    autograd_save(n, b);
     n->iarg[0] = rows;
     n->iarg[1] = K;
     n->iarg[2] = N;
@@ -94,6 +96,8 @@ Tensor *op_bmm(Tensor *a, Tensor *b, bool trans_a, bool trans_b) {
   Tensor *in[2] = {a, b};
   TapeNode *n = autograd_record("bmm", bmm_backward_node, y, 2, in);
   if (n) {
+    autograd_save(n, a);
+    autograd_save(n, b);
     int64_t args[6] = {trans_a, trans_b, B, M, K, N};
     for (int i = 0; i < 6; i++) n->iarg[i] = args[i];
     n->flops = 2.0 * (double)B * (double)M * (double)K * (double)N;
@@ -138,6 +142,8 @@ Tensor *op_linear(Tensor *x, Tensor *weight, Tensor *bias) {
   Tensor *inputs[3] = {x, weight, bias};
   TapeNode *n = autograd_record("linear", linear_backward_node, y, 3, inputs);
   if (n) {
+    if (weight->requires_grad) autograd_save(n, x);  // dW = dY^T x
+    if (x->requires_grad) autograd_save(n, weight);  // dx = dY W
     n->iarg[0] = rows;
     n->iarg[1] = in;
     n->iarg[2] = out;

@@ -29,7 +29,10 @@ static Tensor *softmax(const char *name, Tensor *x, Tensor *mask, bool log) {
            cpu_softmax_forward(x->data, mask ? mask->data : NULL, y->data, rows, cols,
                                rows_per_mask ? rows_per_mask : 1, log));
   TapeNode *n = autograd_record(name, softmax_backward_node, y, 1, &x);  // the mask is constant
-  if (n) n->iarg[0] = log;
+  if (n) {
+    n->iarg[0] = log;
+    autograd_save(n, y);  // both backwards read only the output
+  }
   return y;
 }
 
@@ -67,6 +70,8 @@ Tensor *op_layernorm(Tensor *x, Tensor *weight, Tensor *bias, float eps) {
   if (n) {
     autograd_save(n, mean);
     autograd_save(n, rstd);
+    autograd_save(n, x);  // xhat is recomputed from x, mean, rstd
+    if (weight) autograd_save(n, weight);
   }
   return y;
 }

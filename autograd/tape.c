@@ -117,9 +117,9 @@ static TapeNode *node_get(void) {
 static void node_put(TapeNode *n) {
   for (int i = 0; i < n->n_out; i++) {
     if (n->out[i]->grad_fn == n) n->out[i]->grad_fn = NULL;
-    tensor_release(n->out[i]);
+    tensor_release_header(n->out[i]);
   }
-  for (int i = 0; i < n->n_in; i++) tensor_release(n->in[i]);
+  for (int i = 0; i < n->n_in; i++) tensor_release_header(n->in[i]);
   for (int i = 0; i < n->n_saved; i++) tensor_release(n->saved[i]);
   if (n->buf) detr_free(n->buf_device, n->buf, n->buf_bytes);
   n->buf = node_pool;
@@ -153,7 +153,8 @@ TapeNode *autograd_record(const char *name, BackwardFn backward, Tensor *out, in
   }
   n->name = name;
   n->backward = backward;
-  for (int i = 0; i < n_in; i++) n->in[i] = tensor_retain(in[i]);  // NULL inputs stay NULL
+  // Inputs and outputs are held for their shapes and .grad; their data only if saved.
+  for (int i = 0; i < n_in; i++) n->in[i] = tensor_retain_header(in[i]);  // NULL inputs stay NULL
   n->n_in = n_in;
   tape[tape_count++] = n;
   autograd_add_output(n, out);
@@ -162,7 +163,7 @@ TapeNode *autograd_record(const char *name, BackwardFn backward, Tensor *out, in
 
 void autograd_add_output(TapeNode *node, Tensor *out) {
   DETR_CHECK(node->n_out < NODE_MAX_OUTPUTS, "autograd(%s): too many outputs", node->name);
-  node->out[node->n_out++] = tensor_retain(out);
+  node->out[node->n_out++] = tensor_retain_header(out);
   out->requires_grad = true;
   out->grad_fn = node;
 }

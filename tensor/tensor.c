@@ -89,6 +89,7 @@ Tensor *tensor_new(Device dev, Shape shape) {
   t->numel = shape_numel(shape);
   t->device = dev;
   t->refcount = 1;
+  t->data_refs = 1;
   t->alloc_bytes = (size_t)t->numel * sizeof(float);
   t->data = detr_alloc(dev, t->alloc_bytes);
   return t;
@@ -130,25 +131,52 @@ Tensor *tensor_view(Tensor *t, Shape shape) {
   v->numel = t->numel;
   v->device = t->device;
   v->refcount = 1;
+  v->data_refs = 1;
   v->view_of = tensor_retain(t);
   return v;
 }
 
 Tensor *tensor_retain(Tensor *t) {
+  if (t) {
+    DETR_CHECK(t->data || t->numel == 0 || t->data_refs > 0, "tensor_retain: the tensor's data was already freed");
+    t->refcount++;
+    t->data_refs++;
+  }
+  return t;
+}
+
+Tensor *tensor_retain_header(Tensor *t) {
   if (t) t->refcount++;
   return t;
 }
 
-void tensor_release(Tensor *t) {
-  if (!t) return;
-  DETR_CHECK(t->refcount > 0, "tensor_release: tensor released too often");
-  if (--t->refcount > 0) return;
+static void drop_data(Tensor *t) {
   if (t->view_of)
     tensor_release(t->view_of);
-  else
+  else if (t->data)
     detr_free(t->device, t->data, t->alloc_bytes);
+  t->view_of = NULL;
+  t->data = NULL;
+}
+
+static void drop_header(Tensor *t) {
+  if (--t->refcount > 0) return;
+  drop_data(t);
   tensor_release(t->grad);
   header_put(t);
+}
+
+void tensor_release(Tensor *t) {
+  if (!t) return;
+  DETR_CHECK(t->refcount > 0 && t->data_refs > 0, "tensor_release: tensor released too often");
+  if (--t->data_refs == 0) drop_data(t);
+  drop_header(t);
+}
+
+void tensor_release_header(Tensor *t) {
+  if (!t) return;
+  DETR_CHECK(t->refcount > t->data_refs, "tensor_release_header: no header-only reference to release");
+  drop_header(t);
 }
 
 // --- scopes ---

@@ -31,7 +31,8 @@ typedef struct Tensor {
   Shape shape;
   int64_t numel;
   Device device;
-  int refcount;
+  int refcount;            // references to the tensor (header): tensor_retain and tensor_retain_header
+  int data_refs;           // those of them that also need its data; at 0 the data is freed early
   struct Tensor *view_of;  // when set, `data` belongs to that tensor (a reference is held)
   size_t alloc_bytes;      // bytes of the owned allocation (0 for views)
   bool requires_grad;
@@ -51,6 +52,11 @@ Tensor *tensor_view(Tensor *t, Shape shape);
 
 Tensor *tensor_retain(Tensor *t);
 void tensor_release(Tensor *t);
+// A reference to the tensor that does not keep its data alive: autograd's nodes hold their inputs
+// and outputs so (they need their shapes and .grad), and hold data only of what their backward
+// reads (autograd_save). When the last data-holding reference goes, `data` is freed and NULL.
+Tensor *tensor_retain_header(Tensor *t);
+void tensor_release_header(Tensor *t);
 
 // --- scopes: ops create their outputs here ---
 typedef size_t ScopeMark;

@@ -45,7 +45,11 @@ static Tensor *square(Tensor *const *in, void *ctx) {
   Tensor *x = in[0], *y = tensor_new_scoped(DEVICE_CPU, x->shape);
   for (int64_t i = 0; i < x->numel; i++) y->data[i] = x->data[i] * x->data[i];
   TapeNode *n = autograd_record("square", square_backward, y, 1, &x);
-  if (n) n->iarg[0] = *(SquareVariant *)ctx;
+  if (n) {
+    n->iarg[0] = *(SquareVariant *)ctx;
+    autograd_save(n, x);
+    autograd_save(n, y);
+  }
   return y;
 }
 

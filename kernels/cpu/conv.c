@@ -137,7 +137,8 @@ void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float 
   bool pointwise = conv_is_pointwise(g);
   int64_t chunk = pointwise ? spatial : conv_chunk_columns(g);
   for (int64_t b = 0; b < g->batch; b++) {
-    const float *xb = x + b * g->in_ch * g->in_h * g->in_w;
+    // x is read only for dw and w only for dx: the other may be NULL (autograd keeps what it needs).
+    const float *xb = x ? x + b * g->in_ch * g->in_h * g->in_w : NULL;
     const float *dyb = dy + b * g->out_ch * spatial;
     float *dxb = dx ? dx + b * g->in_ch * g->in_h * g->in_w : NULL;
     if (pointwise) {
