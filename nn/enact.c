@@ -111,6 +111,12 @@ void enact_find_regions(const float *signs, const EnactGeometry *g, EnactRegions
   r->image_offset[g->B] = r->count;
 }
 
+double enact_pixels_per_cluster(const EnactRegions *r) {
+  int64_t valid = 0;
+  for (int64_t j = 0; j < r->count; j++) valid += r->lengths[j];
+  return r->count ? (double)valid / (double)r->count : 0.0;
+}
+
 void enact_regions_free(EnactRegions *r) {
   free(r->starts);
   *r = (EnactRegions){0};

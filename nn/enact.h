@@ -51,6 +51,8 @@ typedef struct {
 // every sign change and at the first valid pixel after padding. signs: 0 marks padding.
 void enact_find_regions(const float *signs, const EnactGeometry *g, EnactRegions *r);
 void enact_regions_free(EnactRegions *r);
+// Pixels per cluster N/L: the regions cover exactly the valid pixels.
+double enact_pixels_per_cluster(const EnactRegions *r);
 
 // What a layer's forward leaves for logging and for `detr step`.
 typedef struct {

@@ -62,8 +62,7 @@ int cmd_eval(int argc, char **argv) {
   if (image_size > 0) is = (int)image_size;
   if (max_size > 0) ms = (int)max_size;
   char ann[4096], img[4096];
-  snprintf(ann, sizeof ann, "%s/annotations/instances_%s.json", data, split);
-  snprintf(img, sizeof img, "%s/%s", data, split);
+  setup_split_paths(data, split, ann, sizeof ann, img, sizeof img);
   CocoOpenConfig cc = {.ann_path = ann, .image_dir = img, .policy = policy};
   CocoDataset *ds = NULL;
   DataError derr;

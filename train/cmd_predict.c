@@ -457,15 +457,9 @@ int cmd_predict(int argc, char **argv) {
   if (checkpoint) {
     if (setup_read_checkpoint_info(checkpoint, &ci, err, sizeof err)) goto fail;
     cfg = ci.cfg;
-    for (int i = 0; i < sets.count; i++) {
-      char line[512], local[256];
-      snprintf(line, sizeof line, "%s", sets.items[i]);
-      char *eq = strchr(line, '=');
-      if (!eq || (*eq = 0, detr_config_set(&cfg, line, eq + 1, local, sizeof local))) {
-        snprintf(err, sizeof err, "--set %s: %s", sets.items[i], eq ? local : "expected key=value");
-        status = 2;
-        goto fail;
-      }
+    if (setup_apply_sets(&cfg, &sets, err, sizeof err)) {
+      status = 2;
+      goto fail;
     }
   } else if (setup_model_config(config ? config : "detr-r50", &sets, &cfg, err, sizeof err)) {
     status = 2;

@@ -103,10 +103,8 @@ int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConf
       }
     for (int l = 0; l < out.n_enact; l++) {
       const EnactRegions *r = &out.enact[l].regions;
-      int64_t valid = 0;  // valid pixels: the regions cover exactly them
-      for (int64_t j = 0; j < r->count; j++) valid += r->lengths[j];
       if (l == 0) clusters += (double)r->count / (double)b->size;
-      ratio += (double)valid / (double)r->count;
+      ratio += enact_pixels_per_cluster(r);
       enact_samples++;
     }
     rep->images += b->size;

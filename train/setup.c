@@ -1,9 +1,10 @@
-#define _DEFAULT_SOURCE  // strtok_r
+#define _DEFAULT_SOURCE  // strtok_r, access
 #include "train/setup.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "nn/model_io.h"
 #include "train/checkpoint.h"
@@ -50,12 +51,27 @@ int setup_model_config(const char *config, const CliList *sets, DetrConfig *cfg,
     fclose(f);
     if (rc) return -1;
   }
+  if (setup_apply_sets(cfg, sets, err, err_cap)) return -1;
+  return detr_config_validate(cfg, err, err_cap);
+}
+
+int setup_apply_sets(DetrConfig *cfg, const CliList *sets, char *err, size_t err_cap) {
   for (int i = 0; sets && i < sets->count; i++) {
     char line[512];
     snprintf(line, sizeof line, "%s", sets->items[i]);
     if (apply_line(cfg, line, "--set", err, err_cap)) return -1;
   }
-  return detr_config_validate(cfg, err, err_cap);
+  return 0;
+}
+
+void setup_split_paths(const char *data_dir, const char *split, char *ann, size_t ann_cap, char *img, size_t img_cap) {
+  snprintf(ann, ann_cap, "%s/annotations/instances_%s.json", data_dir, split);
+  size_t len = strlen(ann);
+  if (access(ann, F_OK) != 0 && len + 3 < ann_cap) {
+    memcpy(ann + len, ".gz", 4);
+    if (access(ann, F_OK) != 0) ann[len] = 0;  // neither exists: report the plain name
+  }
+  snprintf(img, img_cap, "%s/%s", data_dir, split);
 }
 
 int setup_device(const char *name, Device *dev, char *err, size_t err_cap) {
@@ -121,20 +137,10 @@ int setup_read_checkpoint_info(const char *path, CheckpointInfo *ci, char *err, 
     rc = -1;
   } else {
     detr_config_preset("detr-r50", &ci->cfg);  // every field is stored; this only fills a gap
-    char *text = copy_text(mc), *save = NULL;
-    for (char *line = strtok_r(text, "\n", &save); line && !rc; line = strtok_r(NULL, "\n", &save)) {
-      char *eq = strchr(line, '='), local[256];
-      if (!eq) {
-        snprintf(err, cap, "%s: model_config line '%s' is not key=value", path, line);
-        rc = -1;
-        break;
-      }
-      *eq = 0;
-      if (detr_config_set(&ci->cfg, line, eq + 1, local, sizeof local)) {
-        snprintf(err, cap, "%s: model_config: %s", path, local);
-        rc = -1;
-      }
-    }
+    char *text = copy_text(mc), *save = NULL, where[4200];
+    snprintf(where, sizeof where, "%s: model_config", path);
+    for (char *line = strtok_r(text, "\n", &save); line && !rc; line = strtok_r(NULL, "\n", &save))
+      rc = apply_line(&ci->cfg, line, where, err, cap);
     free(text);
     const char *cats = st_metadata(f, "categories"), *train = st_metadata(f, "train_config");
     if (!rc && cats && *cats) ci->categories = copy_text(cats);
@@ -170,15 +176,9 @@ int setup_load_model(const char *checkpoint, const char *weights, const char *co
   if (checkpoint) {
     if (setup_read_checkpoint_info(checkpoint, &ci, err, err_cap)) return -1;
     cfg = ci.cfg;
-    for (int i = 0; sets && i < sets->count; i++) {
-      char line[512], local[256];
-      snprintf(line, sizeof line, "%s", sets->items[i]);
-      char *eq = strchr(line, '=');
-      if (!eq || (*eq = 0, detr_config_set(&cfg, line, eq + 1, local, sizeof local))) {
-        snprintf(err, err_cap, "--set %s: %s", sets->items[i], eq ? local : "expected key=value");
-        setup_checkpoint_info_free(&ci);
-        return -1;
-      }
+    if (setup_apply_sets(&cfg, sets, err, err_cap)) {
+      setup_checkpoint_info_free(&ci);
+      return -1;
     }
   } else if (setup_model_config(config, sets, &cfg, err, err_cap)) {
     return -1;

@@ -7,6 +7,11 @@
 // config: a preset name (detr-r50, detr-r18-small, tiny) or a file of key=value lines (# comments);
 // sets: "key=value" overrides applied in order. Returns 0, or -1 with err set.
 int setup_model_config(const char *config, const CliList *sets, DetrConfig *cfg, char *err, size_t err_cap);
+// Applies "key=value" overrides in order (no validation). Returns 0, or -1 with err set.
+int setup_apply_sets(DetrConfig *cfg, const CliList *sets, char *err, size_t err_cap);
+// A dataset split: ann = DIR/annotations/instances_<split>.json, or .json.gz when only that
+// exists; img = DIR/<split>.
+void setup_split_paths(const char *data_dir, const char *split, char *ann, size_t ann_cap, char *img, size_t img_cap);
 // "cpu" or "cuda". Returns 0, or -1 with err set (unknown name, or CUDA not built / no device).
 int setup_device(const char *name, Device *dev, char *err, size_t err_cap);
 

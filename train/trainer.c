@@ -18,6 +18,7 @@
 #include "train/evaluate.h"
 #include "train/draw.h"
 #include "train/progress.h"
+#include "train/setup.h"
 
 TrainOptions train_options_default(void) {
   TrainOptions o = {.optim = optim_config_default(), .epochs = 300, .batch_size = 2, .workers = 2, .seed = 42,
@@ -35,20 +36,9 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-// DIR/annotations/instances_<split>.json, or .json.gz when only that exists.
-static void split_paths(const TrainOptions *o, const char *split, char *ann, size_t ann_cap, char *img, size_t img_cap) {
-  snprintf(ann, ann_cap, "%s/annotations/instances_%s.json", o->data_dir, split);
-  size_t len = strlen(ann);
-  if (access(ann, F_OK) != 0 && len + 3 < ann_cap) {
-    memcpy(ann + len, ".gz", 4);
-    if (access(ann, F_OK) != 0) ann[len] = 0;  // neither exists: report the plain name
-  }
-  snprintf(img, img_cap, "%s/%s", o->data_dir, split);
-}
-
 static CocoDataset *open_split(const TrainOptions *o, const char *split, char *err, size_t cap) {
   char ann[4096], img[4096];
-  split_paths(o, split, ann, sizeof ann, img, sizeof img);
+  setup_split_paths(o->data_dir, split, ann, sizeof ann, img, sizeof img);
   CocoOpenConfig cc = {.ann_path = ann, .image_dir = img, .policy = o->bad_input};
   CocoDataset *ds = NULL;
   DataError derr;
@@ -391,10 +381,8 @@ int train_run(TrainOptions *o) {
       double clusters = 0.0, ratio = 0.0;
       for (int l = 0; l < out.n_enact; l++) {
         const EnactRegions *r = &out.enact[l].regions;
-        int64_t valid = 0;
-        for (int64_t j = 0; j < r->count; j++) valid += r->lengths[j];
         clusters += (double)r->count / b->size / out.n_enact;
-        ratio += (double)valid / (double)r->count / out.n_enact;
+        ratio += enact_pixels_per_cluster(r) / out.n_enact;
       }
       if (out.n_enact) fprintf(metrics, ", \"clusters_per_image\": %.2f, \"compression\": %.2f", clusters, ratio);
       fprintf(metrics, "}\n");
