@@ -74,6 +74,8 @@ struct DataLoader {
   LoaderConfig cfg;
   int64_t n;    // images in the dataset
   int64_t bpe;  // batches per epoch
+  int64_t global_batch;  // samples per batch over all shards (batch_size * shards)
+  int shard;             // which batch_size slice of it this loader delivers
   float lut[3][256];  // pixel value -> normalized float, per channel
 
   pthread_mutex_t lock;
@@ -222,12 +224,13 @@ static void build_batch(DataLoader *L, Slot *slot, Scratch *s) {
 static Slot *claim(DataLoader *L, int64_t g) {
   Slot *slot = &L->slots[g % L->n_slots];
   DETR_CHECK(slot->state == SLOT_EMPTY, "loader: slot of batch %lld still in use", (long long)g);
-  int64_t epoch = g / L->bpe, first = (g % L->bpe) * L->cfg.batch_size;
+  int64_t epoch = g / L->bpe, first = (g % L->bpe) * L->global_batch + (int64_t)L->shard * L->cfg.batch_size;
   if (L->order_epoch != epoch) {
     loader_epoch_order(L->cfg.seed, epoch, L->cfg.shuffle, L->n, L->order);
     L->order_epoch = epoch;
   }
-  slot->count = (int)(L->n - first < L->cfg.batch_size ? L->n - first : L->cfg.batch_size);
+  int64_t left = L->n - first > 0 ? L->n - first : 0;  // a shard past the end of a last batch: empty
+  slot->count = (int)(left < L->cfg.batch_size ? left : L->cfg.batch_size);
   memcpy(slot->indices, L->order + first, sizeof(int64_t) * (size_t)slot->count);
   slot->state = SLOT_WORKING;
   slot->g = g;
@@ -283,16 +286,21 @@ int loader_create(const CocoDataset *ds, const LoaderConfig *cfg, LoaderPosition
   if (cfg->prefetch < 1) return data_error(err, "loader: prefetch %d (at least 1 batch)", cfg->prefetch);
   if (aug_config_validate(&cfg->aug, err) != DATA_OK) return DATA_ERROR;
   if (!ds->image_dir) return data_error(err, "loader: %s was opened without an image folder", ds->ann_path);
-  int64_t bpe = cfg->drop_last ? ds->n_images / cfg->batch_size
-                               : (ds->n_images + cfg->batch_size - 1) / cfg->batch_size;
+  int shards = cfg->shards > 1 ? cfg->shards : 1;
+  if (cfg->shard < 0 || cfg->shard >= shards)
+    return data_error(err, "loader: shard %d of %d", cfg->shard, shards);
+  int64_t global_batch = (int64_t)cfg->batch_size * shards;
+  int64_t bpe = cfg->drop_last ? ds->n_images / global_batch : (ds->n_images + global_batch - 1) / global_batch;
   if (bpe < 1)
-    return data_error(err, "loader: %s has %lld images, not enough for a batch of %d", ds->ann_path,
-                      (long long)ds->n_images, cfg->batch_size);
+    return data_error(err, "loader: %s has %lld images, not enough for a batch of %lld", ds->ann_path,
+                      (long long)ds->n_images, (long long)global_batch);
   DataLoader *L = data_calloc(1, sizeof(DataLoader), "loader");
   L->ds = ds;
   L->cfg = *cfg;
   L->n = ds->n_images;
   L->bpe = bpe;
+  L->global_batch = global_batch;
+  L->shard = shards > 1 ? cfg->shard : 0;
   if (check_position(L, start, err) != DATA_OK) {
     free(L);
     return DATA_ERROR;
@@ -365,7 +373,7 @@ int loader_next(DataLoader *L, const Batch **out, DataError *err) {
       continue;
     }
     L->skipped_images += slot->batch.skipped;
-    if (slot->batch.size == 0) {  // every image of the batch was skipped: go on to the next
+    if (slot->batch.size == 0 && L->global_batch == L->cfg.batch_size) {  // all skipped: go on to the next
       slot->state = SLOT_EMPTY;
       L->next_deliver++;
       pthread_cond_broadcast(&L->work_cv);

@@ -56,6 +56,11 @@ typedef struct {
   AugConfig aug;
   BadInputPolicy policy;  // unreadable image: fail, or skip it (warning + count)
   bool quiet;             // no summary of skipped images on loader_free
+  // Data parallelism: with shards > 1 a batch is this process's slice `shard` of a global batch
+  // of batch_size * shards samples, so the ranks of a run together see exactly the batches one
+  // process with the global batch size would. Slices left empty (the end of a single pass, or
+  // every image skipped) are delivered with size 0, so every rank steps through the same batches.
+  int shard, shards;      // 0, 1: not sharded
 } LoaderConfig;
 
 // The reference's settings: train (shuffle, drop_last, train augmentation) or val (one pass in

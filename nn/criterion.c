@@ -11,6 +11,7 @@ CriterionConfig criterion_config_default(int num_classes) {
                            .weight_ce = 1.0f,
                            .weight_bbox = 5.0f,
                            .weight_giou = 2.0f,
+                           .ce_share = 1.0f,
                            .matcher = {.cost_class = 1.0f, .cost_bbox = 5.0f, .cost_giou = 2.0f}};
 }
 
@@ -51,6 +52,7 @@ static void layer_losses(const CriterionConfig *cfg, DetrLayerOutput out, const 
 
   Tensor *weight = tensor_scoped(tensor_from_host(dev, SHAPE(C1), class_weight));
   Tensor *loss_ce = op_cross_entropy(op_reshape(out.logits, SHAPE(B * Q, C1)), classes, weight);
+  if (cfg->ce_share != 1.0f) loss_ce = op_mul_scalar(loss_ce, cfg->ce_share);
 
   Tensor *src = op_index_select(op_reshape(out.boxes, SHAPE(B * Q, 4)), rows, matched);  // [M, 4]
   Tensor *tgt = tensor_scoped(tensor_from_host(dev, SHAPE(matched, 4), tgt_boxes));
@@ -138,7 +140,7 @@ int criterion_forward(const CriterionConfig *cfg, DetrLayerOutput final, const D
     }
     char suffix[12] = "";
     if (layer >= 0) snprintf(suffix, sizeof suffix, "_%d", layer);
-    layer_losses(cfg, o, targets, use, num_boxes, suffix, out);
+    layer_losses(cfg, o, targets, use, num_boxes, suffix, out);  // the order of criterion_term_names
     logging_metrics(cfg, o, targets, use, layer, out);
     if (layer < 0) {
       out->n_images = B;
@@ -163,6 +165,17 @@ int criterion_forward(const CriterionConfig *cfg, DetrLayerOutput final, const D
   }
   out->total = total;
   return 0;
+}
+
+int criterion_term_names(int n_aux, char names[][24]) {
+  static const char *base[3] = {"loss_ce", "loss_bbox", "loss_giou"};
+  int n = 0;
+  for (int layer = -1; layer < n_aux; layer++)
+    for (int k = 0; k < 3; k++) {
+      if (layer < 0) snprintf(names[n++], 24, "%s", base[k]);
+      else snprintf(names[n++], 24, "%s_%d", base[k], layer);
+    }
+  return n;
 }
 
 void criterion_result_free(CriterionResult *r) {

@@ -11,6 +11,11 @@ typedef struct {
   float eos_coef;   // cross-entropy weight of the no-object class (0.1)
   float weight_ce, weight_bbox, weight_giou;  // 1, 5, 2
   MatcherWeights matcher;                     // 1, 5, 2
+  // Data parallelism: this process's share of the global batch's cross-entropy weight (sum of the
+  // class weights of its queries' targets over the global batch's), 1 in one process. The mean
+  // over the global batch is then the sum over processes of share * local mean, as for L1/GIoU
+  // with the global num_boxes.
+  float ce_share;
 } CriterionConfig;
 
 CriterionConfig criterion_config_default(int num_classes);
@@ -48,5 +53,8 @@ int criterion_forward(const CriterionConfig *cfg, DetrLayerOutput final, const D
                       const DetrMatch *const *fixed_matches, CriterionResult *out, char *err,
                       size_t err_cap);
 void criterion_result_free(CriterionResult *r);
+// The names of the terms criterion_forward makes for n_aux auxiliary outputs, in its order
+// (final then auxiliary, each ce, bbox, giou). Returns their number, 3 * (1 + n_aux).
+int criterion_term_names(int n_aux, char names[][24]);
 // The value of a term by name, or NAN when absent.
 float criterion_term(const CriterionResult *r, const char *name);

@@ -67,6 +67,8 @@ int checkpoint_save(const char *path, const DetrModel *model, const AdamW *opt, 
   META("dropout_rng_seed", "%" PRIu64, state->dropout_rng.seed);
   META("dropout_rng_offset", "%" PRIu64, state->dropout_rng.offset);
   META("best_map", "%.17g", state->best_map);
+  META("world_size", "%d", state->world_size > 0 ? state->world_size : 1);
+  META("global_batch", "%" PRId64, state->global_batch);
   META("optimizer_step", "%" PRId64, opt ? opt->step : (int64_t)0);
   META("crc32", "%08lx", crc);
 #undef META
@@ -134,6 +136,9 @@ int checkpoint_load(const char *path, DetrModel *model, AdamW *opt, TrainState *
     state->dropout_rng = (Rng){.seed = v[4], .offset = v[5]};
     const char *best = st_metadata(f, "best_map");
     state->best_map = best ? strtod(best, NULL) : -1.0;
+    const char *world = st_metadata(f, "world_size"), *global = st_metadata(f, "global_batch");
+    state->world_size = world ? atoi(world) : 1;  // older checkpoints: one process,
+    state->global_batch = global ? strtoll(global, NULL, 10) : 0;  // batch not recorded
     if (opt) {
       opt->step = (int64_t)v[6];
       opt->epoch = (int)state->epoch;

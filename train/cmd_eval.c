@@ -3,6 +3,7 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "train/commands.h"
+#include "train/dist.h"
 #include "train/evaluate.h"
 #include "train/setup.h"
 
@@ -73,10 +74,10 @@ int cmd_eval(int argc, char **argv) {
   }
   cpu_flush_denormals(true);
   EvalConfig ec = {.batch_size = (int)batch, .num_workers = (int)workers, .aug = aug_config_scaled(false, is, ms),
-                   .policy = policy, .results_path = results, .progress = true};
+                   .policy = policy, .results_path = results, .progress = dist_is_main(), .distributed = true};
   EvalReport rep;
   rc = evaluate_model(m, ds, &ec, &rep, err, sizeof err);
-  if (rc == 0) {
+  if (rc == 0 && dist_is_main()) {  // under mpirun the processes split the images; rank 0 reports
     fprintf(stderr, "detr eval: %lld images, %lld detections in %.1f s\n", (long long)rep.images,
             (long long)rep.detections, rep.seconds);
     if (rep.compression > 0)

@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "train/dist.h"
 #include "train/postprocess.h"
 
 static double now_s(void) {
@@ -41,18 +42,50 @@ int write_coco_results(const char *path, const CocoEvalDet *dets, int64_t n, cha
   return 0;
 }
 
+// A detection and its place in the single-process order: (batch, image in the batch, query).
+typedef struct {
+  int64_t order;
+  CocoEvalDet det;
+} OrderedDet;
+
+static int by_order(const void *a, const void *b) {
+  int64_t x = ((const OrderedDet *)a)->order, y = ((const OrderedDet *)b)->order;
+  return (x > y) - (x < y);
+}
+
+// Data parallel: rank 0 gets every process's detections in the order one process would have
+// made them (so ties in score rank the same), and the processes' counters summed.
+static void merge_ranks(OrderedDet **dets, int64_t *n, EvalReport *rep, double enact[3]) {
+  void *all;
+  int64_t bytes;
+  dist_gather_bytes(*dets, *n * (int64_t)sizeof(OrderedDet), &all, &bytes);
+  free(*dets);
+  *dets = all;
+  *n = bytes / (int64_t)sizeof(OrderedDet);
+  if (all) qsort(all, (size_t)*n, sizeof(OrderedDet), by_order);
+  double sums[4] = {(double)rep->images, enact[0], enact[1], enact[2]};
+  dist_allreduce_sum_f64(sums, 4);
+  rep->images = (int64_t)sums[0];
+  enact[0] = sums[1], enact[1] = sums[2], enact[2] = sums[3];
+}
+
 int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConfig *cfg, EvalReport *rep, char *err,
                    size_t err_cap) {
   memset(rep, 0, sizeof *rep);
   double t0 = now_s();
-  CocoEvalGt gt;
-  if (coco_eval_read_gt(ds->ann_path, &gt, err, err_cap)) return -1;
+  bool dist = cfg->distributed && dist_world_size() > 1, scorer = !dist || dist_is_main();
+  CocoEvalGt gt = {0};
+  if (!dist_all_ok(!scorer || coco_eval_read_gt(ds->ann_path, &gt, err, err_cap) == 0)) {
+    if (!scorer) snprintf(err, err_cap, "rank 0 could not read %s", ds->ann_path);
+    return -1;
+  }
   LoaderConfig lc = loader_config_default(false);
   lc.batch_size = cfg->batch_size;
   lc.num_workers = cfg->num_workers;
   lc.aug = cfg->aug;
   lc.policy = cfg->policy;
   lc.quiet = true;
+  if (dist) lc.shard = dist_rank(), lc.shards = dist_world_size();
   DataLoader *loader = NULL;
   DataError derr;
   if (loader_create(ds, &lc, (LoaderPosition){0, 0}, &loader, &derr)) {
@@ -61,7 +94,9 @@ int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConf
     return -1;
   }
   int64_t Q = model->cfg.num_queries, cap = ds->n_images * Q, n = 0;
-  CocoEvalDet *dets = malloc((size_t)(cap ? cap : 1) * sizeof(CocoEvalDet));
+  int64_t global_batch = (int64_t)cfg->batch_size * (dist ? dist_world_size() : 1);
+  int64_t first_slot = dist ? (int64_t)dist_rank() * cfg->batch_size : 0;  // this slice's place in a batch
+  OrderedDet *dets = malloc((size_t)(cap ? cap : 1) * sizeof(OrderedDet));
   Detection *batch_dets = malloc((size_t)(cfg->batch_size * Q) * sizeof(Detection));
   DETR_CHECK(dets && batch_dets, "evaluate_model: out of host memory");
   bool was = autograd_set_grad_enabled(false);
@@ -79,6 +114,8 @@ int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConf
       rc = -1;
       break;
     }
+    batches++;
+    if (b->size == 0) continue;  // an empty slice of the last batch (data parallel)
     ScopeMark mark = tensor_scope_mark();
     Tensor *images = tensor_scoped(batch_images_tensor(b, model->params.device));
     DetrOutput out;
@@ -97,9 +134,10 @@ int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConf
         const Detection *d = &batch_dets[i * Q + q];
         int category = coco_category_of(ds, d->label);
         if (category < 0 || n >= cap) continue;  // a label no category has: pycocotools drops it too
-        dets[n++] = (CocoEvalDet){.image_id = b->targets[i].image_id, .category_id = category,
-                                  .bbox = {d->box[0], d->box[1], d->box[2] - d->box[0], d->box[3] - d->box[1]},
-                                  .score = d->score};
+        dets[n].order = ((b->index * global_batch + first_slot + i) * Q + q);
+        dets[n++].det = (CocoEvalDet){.image_id = b->targets[i].image_id, .category_id = category,
+                                      .bbox = {d->box[0], d->box[1], d->box[2] - d->box[0], d->box[3] - d->box[1]},
+                                      .score = d->score};
       }
     for (int l = 0; l < out.n_enact; l++) {
       const EnactRegions *r = &out.enact[l].regions;
@@ -110,22 +148,48 @@ int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConf
     rep->images += b->size;
     detr_output_free(&out);
     tensor_scope_release(mark);
-    batches++;
     if (cfg->progress && tty)
       fprintf(stderr, "\reval %lld/%lld batches", (long long)batches, (long long)total_batches);
   }
   if (cfg->progress && tty) fprintf(stderr, "\n");
   autograd_set_grad_enabled(was);
   loader_free(loader);
+  if (!dist_all_ok(rc == 0)) {
+    if (rc == 0) snprintf(err, err_cap, "another process failed in the evaluation (see its message)");
+    rc = -1;
+  }
+  bool all_ok = rc == 0;  // the same on every process
+  double enact[3] = {clusters, ratio, (double)enact_samples};
+  if (all_ok && dist) merge_ranks(&dets, &n, rep, enact);
+  // [status, the 12 numbers, detections]: rank 0 scores, every process gets the result.
+  double shared[2 + COCO_N_STATS] = {0};
+  if (rc == 0 && scorer) {
+    CocoEvalDet *plain = malloc((size_t)(n ? n : 1) * sizeof(CocoEvalDet));
+    DETR_CHECK(plain, "evaluate_model: out of host memory");
+    for (int64_t i = 0; i < n; i++) plain[i] = dets[i].det;
+    if (cfg->results_path) rc = write_coco_results(cfg->results_path, plain, n, err, err_cap);
+    if (rc == 0 && coco_evaluate(&gt, plain, n, &rep->coco, err, err_cap)) rc = -1;
+    free(plain);
+    shared[0] = rc;
+    for (int k = 0; k < COCO_N_STATS; k++) shared[1 + k] = rep->coco.stats[k];
+    shared[1 + COCO_N_STATS] = (double)n;
+  }
+  if (dist && all_ok) {
+    dist_broadcast_f64(shared, 2 + COCO_N_STATS);
+    if (!scorer && rc == 0) {
+      rc = (int)shared[0];
+      if (rc) snprintf(err, err_cap, "rank 0 failed to score the evaluation (see its message)");
+      for (int k = 0; k < COCO_N_STATS; k++) rep->coco.stats[k] = shared[1 + k];
+      n = (int64_t)shared[1 + COCO_N_STATS];
+    }
+  }
   if (rc == 0) {
     rep->detections = n;
-    if (enact_samples) {
+    if (enact[2] > 0) {
       int layers = model->cfg.enc_layers;
-      rep->clusters_per_image = clusters / (double)(enact_samples / (layers ? layers : 1));
-      rep->compression = ratio / (double)enact_samples;
+      rep->clusters_per_image = enact[0] / (enact[2] / (layers ? layers : 1));
+      rep->compression = enact[1] / enact[2];
     }
-    if (cfg->results_path) rc = write_coco_results(cfg->results_path, dets, n, err, err_cap);
-    if (rc == 0 && coco_evaluate(&gt, dets, n, &rep->coco, err, err_cap)) rc = -1;
   }
   rep->seconds = now_s() - t0;
   free(dets);

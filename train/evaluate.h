@@ -12,6 +12,9 @@ typedef struct {
   BadInputPolicy policy;  // unreadable images: fail or skip
   const char *results_path;  // a COCO results JSON to write, or NULL
   bool progress;             // a progress line on stderr
+  bool distributed;          // data parallel (train/dist.h): each process evaluates its slice of every
+                             // batch, rank 0 merges the detections in dataset order and scores them,
+                             // and every process gets the report. Collective: all ranks call it.
 } EvalConfig;
 
 typedef struct {

@@ -4,6 +4,7 @@
 
 #include "autograd/ops.h"
 #include "train/commands.h"
+#include "train/dist.h"
 
 static int usage(FILE *f) {
   fprintf(f,
@@ -21,7 +22,7 @@ static int usage(FILE *f) {
   return f == stderr ? 2 : 0;
 }
 
-int main(int argc, char **argv) {
+static int run(int argc, char **argv) {
   if (argc < 2) return usage(stderr);
   if (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) return usage(stdout);
   if (!strcmp(argv[1], "cocoeval")) return cmd_cocoeval(argc, argv);
@@ -32,9 +33,17 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "predict")) return cmd_predict(argc, argv);
   if (!strcmp(argv[1], "info")) return cmd_info(argc, argv);
   if (!strcmp(argv[1], "version")) {
-    printf("detr-c 0.1 (backends: cpu%s)\n", DETR_HAVE_CUDA ? ", cuda" : "");
+    printf("detr-c 0.1 (backends: cpu%s; data parallel: %s)\n", DETR_HAVE_CUDA ? ", cuda" : "",
+           dist_backend_name());
     return 0;
   }
   fprintf(stderr, "detr: unknown command '%s'\n", argv[1]);
   return usage(stderr);
+}
+
+int main(int argc, char **argv) {
+  dist_init(&argc, &argv);  // joins the MPI job when launched by mpirun (train, eval)
+  int rc = run(argc, argv);
+  dist_finalize();
+  return rc;
 }

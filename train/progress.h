@@ -4,7 +4,6 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "nn/criterion.h"
 
 typedef struct {
   bool enabled, tty;
@@ -15,5 +14,5 @@ typedef struct {
 
 void progress_init(Progress *p, bool enabled, int64_t first_step, int64_t total_steps);
 void progress_update(Progress *p, int64_t step, int64_t epoch, int64_t epochs, int images, double step_seconds,
-                     float total, const CriterionResult *loss, double enact_compression);
+                     const double terms[4], double enact_compression);  // total, ce, bbox, giou
 void progress_end_line(Progress *p);

@@ -15,6 +15,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "nn/model_io.h"
 #include "train/checkpoint.h"
+#include "train/dist.h"
 #include "train/evaluate.h"
 #include "train/draw.h"
 #include "train/progress.h"
@@ -91,6 +92,7 @@ static void ckpt_path(const TrainOptions *o, int64_t step, char *out, size_t cap
 }
 
 static void prune_checkpoints(const TrainOptions *o) {
+  if (!dist_is_main()) return;
   int64_t steps[1024];
   int n = list_checkpoints(o->out_dir, steps, 1024);
   for (int i = o->keep_last; i < n; i++) {
@@ -100,14 +102,16 @@ static void prune_checkpoints(const TrainOptions *o) {
   }
 }
 
+// Rank 0 writes (every rank holds the same state); every rank learns whether it worked.
 static int save(const TrainOptions *o, const char *path, const DetrModel *m, const AdamW *opt, const TrainState *st,
                 const char *categories) {
   char err[1024];
-  if (checkpoint_save(path, m, opt, st, o->train_config_text, categories, err, sizeof err)) {
+  bool ok = true;
+  if (dist_is_main() && checkpoint_save(path, m, opt, st, o->train_config_text, categories, err, sizeof err)) {
     fprintf(stderr, "detr train: %s\n", err);
-    return -1;
+    ok = false;
   }
-  return 0;
+  return dist_all_ok(ok) ? 0 : -1;
 }
 
 // The newest checkpoint in the run directory that loads, skipping damaged ones with a message.
@@ -118,7 +122,7 @@ static int resume_auto(const TrainOptions *o, DetrModel *m, AdamW *opt, TrainSta
     char path[4200], err[2048];
     ckpt_path(o, steps[i], path, sizeof path);
     if (checkpoint_load(path, m, opt, st, err, sizeof err) == 0) {
-      fprintf(stderr, "detr train: resuming from %s (step %lld)\n", path, (long long)st->step);
+      if (dist_is_main()) fprintf(stderr, "detr train: resuming from %s (step %lld)\n", path, (long long)st->step);
       *resumed = true;
       return 0;
     }
@@ -139,6 +143,7 @@ static double json_number(const char *line, const char *key) {
 // OUT/chart.png from OUT/metrics.jsonl: the loss (a 50-step running mean) by step, and AP and AP50
 // by epoch. A chart that fails to render is reported and training goes on.
 static void write_chart(const TrainOptions *o) {
+  if (!dist_is_main()) return;
   char path[4200];
   snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
   FILE *f = fopen(path, "r");
@@ -191,6 +196,7 @@ static void write_chart(const TrainOptions *o) {
 }
 
 static void log_eval(FILE *metrics, int64_t epoch, int64_t step, const EvalReport *r) {
+  if (!metrics) return;  // not rank 0
   fprintf(metrics, "{\"type\": \"eval\", \"epoch\": %lld, \"step\": %lld", (long long)epoch, (long long)step);
   for (int k = 0; k < COCO_N_STATS; k++) fprintf(metrics, ", \"%s\": %.6f", coco_stat_names[k], r->coco.stats[k]);
   fprintf(metrics, ", \"images\": %lld, \"seconds\": %.2f", (long long)r->images, r->seconds);
@@ -205,23 +211,160 @@ static int run_eval(const TrainOptions *o, const DetrModel *m, const CocoDataset
   char results[4200], err[2048];
   snprintf(results, sizeof results, "%s/results-epoch%lld.json", o->out_dir, (long long)epoch);
   EvalConfig ec = {.batch_size = o->batch_size, .num_workers = o->workers, .aug = o->val_aug,
-                   .policy = o->bad_input, .results_path = results, .progress = o->progress};
+                   .policy = o->bad_input, .results_path = results, .progress = o->progress && dist_is_main(),
+                   .distributed = true};
   if (evaluate_model(m, val, &ec, rep, err, sizeof err)) {
     fprintf(stderr, "detr train: evaluation failed: %s\n", err);
     return -1;
   }
-  fprintf(stderr, "epoch %lld: COCO evaluation of %lld images (%.1f s)\n", (long long)epoch, (long long)rep->images,
-          rep->seconds);
-  coco_print_summary(&rep->coco, stderr);
+  if (dist_is_main()) {
+    fprintf(stderr, "epoch %lld: COCO evaluation of %lld images (%.1f s)\n", (long long)epoch,
+            (long long)rep->images, rep->seconds);
+    coco_print_summary(&rep->coco, stderr);
+  }
   log_eval(metrics, epoch, step, rep);
   write_chart(o);
   return 0;
+}
+
+// The loss terms of one step summed over the processes, for logging (see train_step).
+typedef struct {
+  double total, terms[DETR_MAX_LOSS_TERMS];
+  char names[DETR_MAX_LOSS_TERMS][24];
+  int n_terms;
+  double class_error, cardinality_error;  // means over the global batch's images
+  double clusters, compression;           // ENACT: clusters per image, pixels per cluster (0 without)
+  double grad_norm;                       // before clipping
+  int images;
+} StepLog;
+
+// Gradients summed over the processes: each process's loss is its share of the global batch's
+// loss (global num_boxes and cross-entropy weight), so the sum is the global batch's gradient.
+// Every trainable tensor takes part, in the same order on every rank (a grad no op wrote is 0).
+static void allreduce_gradients(ParamStore *params) {
+  if (dist_world_size() == 1) return;
+  dist_group_begin();
+  for (int i = 0; i < params->count; i++) {
+    Param *p = &params->items[i];
+    if (p->kind != PARAM_TRAINABLE) continue;
+    Tensor *g = autograd_grad(p->tensor);
+    dist_allreduce_sum_f32(g->data, g->numel, g->device);
+  }
+  dist_group_end();
+}
+
+// One optimizer step on this process's slice b of the global batch: forward, loss, backward,
+// gradient all-reduce (data parallel), clipping, AdamW. An empty slice (all its images skipped)
+// contributes nothing but still takes part. Returns 0, or -1 with err set; a failure on any
+// process fails the step on every process, so all stop together.
+static int train_step(const TrainOptions *o, DetrModel *m, AdamW *opt, const CriterionConfig *ccfg, const Batch *b,
+                      TrainState *st, StepLog *log, char *err, size_t err_cap) {
+  int world = dist_world_size();
+  int64_t Q = o->model.num_queries;
+  int n_aux = o->model.aux_loss ? (int)o->model.dec_layers - 1 : 0;
+  // The global batch's normalisers: its boxes, and the sum of its queries' cross-entropy class
+  // weights (1 for a matched query's class, eos_coef for "no object"; every target is matched
+  // when it has at most Q boxes).
+  DetrTarget targets[64];
+  DETR_CHECK(b->size <= 64, "train: batch of %d images", b->size);
+  double boxes = 0.0, matched = 0.0;
+  for (int i = 0; i < b->size; i++) {
+    targets[i] = (DetrTarget){.n = b->targets[i].n, .boxes = b->targets[i].boxes, .labels = b->targets[i].labels};
+    boxes += b->targets[i].n;
+    matched += b->targets[i].n < Q ? b->targets[i].n : Q;
+  }
+  double ce_weight = matched + ccfg->eos_coef * ((double)b->size * (double)Q - matched);
+  double global[3] = {boxes, ce_weight, matched};
+  dist_allreduce_sum_f64(global, 3);
+  CriterionConfig cc = *ccfg;
+  cc.ce_share = world > 1 ? (float)(ce_weight / global[1]) : 1.0f;
+  float num_boxes = global[0] > 1.0 ? (float)global[0] : 1.0f;
+
+  // [failed, total, terms..., class_error * matched, cardinality_error * images, clusters,
+  //  compression, images with ENACT]
+  enum { S_FAILED, S_TOTAL, S_TERMS };
+  log->n_terms = criterion_term_names(n_aux, log->names);
+  int T = log->n_terms, n_stats = S_TERMS + T + 5;
+  double stats[S_TERMS + DETR_MAX_LOSS_TERMS + 5] = {0};
+  ScopeMark mark = tensor_scope_mark();
+  DetrOutput out = {0};
+  CriterionResult loss = {0};
+  bool have_loss = false;
+  uint64_t dropout_offset = st->dropout_rng.offset;
+  if (b->size > 0) {
+    // Each process draws its own dropout masks (the rank picks the stream; rank 0's is the
+    // single-process one), all from the saved position, so a resumed run draws the same.
+    Rng dropout = st->dropout_rng;
+    dropout.seed ^= 0x9E3779B97F4A7C15ull * (uint64_t)dist_rank();
+    NnCtx ctx = {.training = true, .dropout_rng = &dropout};
+    Tensor *images = tensor_scoped(batch_images_tensor(b, o->device));
+    if (detr_model_forward(m, &ctx, images, b->mask, &out, err, err_cap) ||
+        criterion_forward(&cc, out.layers[out.n_layers - 1], out.layers, n_aux, targets, num_boxes, NULL, &loss, err,
+                          err_cap)) {
+      stats[S_FAILED] = 1.0;
+    } else {
+      have_loss = true;
+      stats[S_TOTAL] = tensor_item(loss.total);
+      DETR_CHECK(loss.n_terms == T, "train: %d loss terms, expected %d", loss.n_terms, T);
+      for (int i = 0; i < T; i++) stats[S_TERMS + i] = tensor_item(loss.terms[i].value);
+      stats[S_TERMS + T] = loss.class_error * matched;  // a percentage of the matched queries
+      stats[S_TERMS + T + 1] = loss.cardinality_error * b->size;
+      for (int l = 0; l < out.n_enact; l++) {
+        const EnactRegions *r = &out.enact[l].regions;
+        stats[S_TERMS + T + 2] += (double)r->count / out.n_enact;
+        stats[S_TERMS + T + 3] += enact_pixels_per_cluster(r) / out.n_enact * b->size;
+      }
+      if (out.n_enact) stats[S_TERMS + T + 4] = b->size;
+    }
+    dropout_offset = dropout.offset;
+  }
+  dist_allreduce_sum_f64(stats, n_stats);
+  int rc = 0;
+  if (stats[S_FAILED] > 0) {
+    if (!(b->size > 0 && !have_loss)) snprintf(err, err_cap, "another process failed at this step (see its message)");
+    rc = -1;
+  } else if (!isfinite(stats[S_TOTAL])) {
+    snprintf(err, err_cap, "the loss is %g", stats[S_TOTAL]);
+    rc = -1;
+  }
+  if (rc == 0) {
+    if (have_loss) autograd_backward(loss.total);
+    allreduce_gradients(&m->params);
+    log->total = stats[S_TOTAL];
+    for (int i = 0; i < T; i++) log->terms[i] = stats[S_TERMS + i];
+    double images = (double)b->size;
+    dist_allreduce_sum_f64(&images, 1);
+    log->images = (int)images;
+    log->class_error = global[2] > 0 ? stats[S_TERMS + T] / global[2] : 100.0;
+    log->cardinality_error = stats[S_TERMS + T + 1] / images;
+    double enact_images = stats[S_TERMS + T + 4];
+    log->clusters = enact_images > 0 ? stats[S_TERMS + T + 2] / enact_images : 0.0;
+    log->compression = enact_images > 0 ? stats[S_TERMS + T + 3] / enact_images : 0.0;
+    log->grad_norm = clip_grad_norm(&m->params, o->optim.clip_max_norm);
+    adamw_step(opt);
+    for (int i = 0; i < m->params.count; i++) autograd_zero_grad(&m->params.items[i].tensor, 1);
+    // Every process's stream moved by its own draws: continue from the furthest, so the state
+    // (saved by rank 0) is one every rank can resume from.
+    uint64_t offset = dropout_offset;
+    dist_allreduce_max_u64(&offset, 1);
+    st->dropout_rng.offset = offset;
+  }
+  if (have_loss) criterion_result_free(&loss);
+  if (out.n_layers) detr_output_free(&out);
+  autograd_clear_tape();
+  tensor_scope_release(mark);
+  return rc;
 }
 
 int train_run(TrainOptions *o) {
   char err[4096];
   if (o->threads > 0) omp_set_num_threads(o->threads);
   cpu_flush_denormals(true);
+  int world = dist_world_size();
+  if (dist_setup_device(o->device, err, sizeof err)) {
+    fprintf(stderr, "detr train: %s\n", err);
+    return 1;
+  }
   if (mkdir_p(o->out_dir, err, sizeof err)) {
     fprintf(stderr, "detr train: %s\n", err);
     return 1;
@@ -249,7 +392,8 @@ int train_run(TrainOptions *o) {
   detr_model_init(m, o->seed);
   AdamW opt;
   adamw_init(&opt, &m->params, o->optim);
-  TrainState st = {.seed = o->seed, .dropout_rng = rng_make(o->seed ^ 0xd40bu), .best_map = -1.0};
+  TrainState st = {.seed = o->seed, .dropout_rng = rng_make(o->seed ^ 0xd40bu), .best_map = -1.0,
+                   .world_size = world, .global_batch = (int64_t)world * o->batch_size};
   int rc = 1;
   FILE *metrics = NULL;
   DataLoader *loader = NULL;
@@ -262,6 +406,21 @@ int train_run(TrainOptions *o) {
       goto done;
     }
     resumed = true;
+  }
+  if (resumed && (st.world_size != world || (st.global_batch && st.global_batch != (int64_t)world * o->batch_size))) {
+    // The data position counts global batches: another split of them would train on other data.
+    fprintf(stderr, "detr train: the checkpoint was written by a run of %d process%s with %lld images per step; this "
+            "run has %d process%s with %lld: resume with the same number of processes and --batch, or start a new "
+            "run directory\n", st.world_size, st.world_size == 1 ? "" : "es", (long long)st.global_batch, world,
+            world == 1 ? "" : "es", (long long)world * o->batch_size);
+    goto done;
+  }
+  uint64_t resumed_at[2] = {(uint64_t)st.step, ~(uint64_t)st.step};  // max of step and of -step: all equal?
+  dist_allreduce_max_u64(resumed_at, 2);
+  if (resumed_at[0] != (uint64_t)st.step || ~resumed_at[1] != (uint64_t)st.step) {
+    fprintf(stderr, "detr train: the processes resumed from different checkpoints (this one at step %lld): is %s "
+            "one directory shared by all of them?\n", (long long)st.step, o->out_dir);
+    goto done;
   }
   if (!resumed && o->init_weights && params_load_file(&m->params, o->init_weights, err, sizeof err)) {
     fprintf(stderr, "detr train: --init %s\n", err);
@@ -286,21 +445,23 @@ int train_run(TrainOptions *o) {
     resnet_calibrate(&m->backbone, x);
     tensor_release(x);
     loader_free(cl);
-    fprintf(stderr, "detr train: frozen batch norms calibrated on %d training images\n", cb->size);
+    if (dist_is_main()) fprintf(stderr, "detr train: frozen batch norms calibrated on %d training images\n", cb->size);
   }
   char path[4200];
   snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
-  metrics = fopen(path, resumed ? "a" : "w");
-  if (!metrics) {
-    fprintf(stderr, "detr train: %s: cannot write: %s\n", path, strerror(errno));
-    goto done;
+  if (dist_is_main()) {  // rank 0 logs; the others compute
+    metrics = fopen(path, resumed ? "a" : "w");
+    if (!metrics) fprintf(stderr, "detr train: %s: cannot write: %s\n", path, strerror(errno));
   }
+  if (!dist_all_ok(metrics || !dist_is_main())) goto done;
   LoaderConfig lc = loader_config_default(true);
   lc.batch_size = o->batch_size;
   lc.num_workers = o->workers;
   lc.seed = o->seed;
   lc.aug = o->train_aug;
   lc.policy = o->bad_input;
+  lc.shard = dist_rank();  // each process: its slice of every global batch
+  lc.shards = world;
   DataError derr;
   if (loader_create(train, &lc, (LoaderPosition){st.epoch, st.next_batch}, &loader, &derr)) {
     fprintf(stderr, "detr train: %s\n", derr.msg);
@@ -311,15 +472,20 @@ int train_run(TrainOptions *o) {
     fprintf(stderr, "detr train: %s has fewer images than one batch of %d\n", train->ann_path, o->batch_size);
     goto done;
   }
-  fprintf(stderr, "detr train: %lld training images (%lld batches of %d per epoch), %lld val images, %lld trainable "
-          "parameters%s, run directory %s\n", (long long)train->n_images, (long long)per_epoch, o->batch_size,
-          (long long)val->n_images, (long long)params_numel(&m->params, PARAM_TRAINABLE), o->model.enact ? ", ENACT on" : "",
-          o->out_dir);
+  if (dist_is_main()) {
+    fprintf(stderr, "detr train: %lld training images (%lld batches of %lld per epoch), %lld val images, %lld trainable "
+            "parameters%s, run directory %s\n", (long long)train->n_images, (long long)per_epoch,
+            (long long)world * o->batch_size, (long long)val->n_images,
+            (long long)params_numel(&m->params, PARAM_TRAINABLE), o->model.enact ? ", ENACT on" : "", o->out_dir);
+    if (world > 1)
+      fprintf(stderr, "detr train: data parallel over %d processes (%s), %d images each per step\n", world,
+              dist_backend_name(), o->batch_size);
+  }
   CriterionConfig ccfg = criterion_config_default((int)o->model.num_classes);
   Progress prog;
   int64_t total_steps = (int64_t)o->epochs * per_epoch;
   if (o->max_steps > 0 && o->max_steps < total_steps) total_steps = o->max_steps;
-  progress_init(&prog, o->progress, st.step, total_steps);
+  progress_init(&prog, o->progress && dist_is_main(), st.step, total_steps);
   bool stop = false;
   while (!stop && st.epoch < o->epochs) {
     opt.epoch = (int)st.epoch;
@@ -327,70 +493,36 @@ int train_run(TrainOptions *o) {
     while (!stop) {
       const Batch *b;
       int s = loader_next(loader, &b, &derr);
-      if (s == DATA_ERROR) {
-        fprintf(stderr, "\ndetr train: %s\n", derr.msg);
+      if (!dist_all_ok(s != DATA_ERROR)) {  // a data error on any process stops them all here
+        if (s == DATA_ERROR) fprintf(stderr, "\ndetr train: %s\n", derr.msg);
         goto done;
       }
       if (b->epoch != st.epoch) break;  // the loader moved on: this epoch is complete
       double t0 = now_s();
-      ScopeMark mark = tensor_scope_mark();
-      NnCtx ctx = {.training = true, .dropout_rng = &st.dropout_rng};
-      Tensor *images = tensor_scoped(batch_images_tensor(b, o->device));
-      DetrTarget targets[64];
-      DETR_CHECK(b->size <= 64, "train: batch of %d images", b->size);
-      int64_t boxes = 0;
-      for (int i = 0; i < b->size; i++) {
-        targets[i] = (DetrTarget){.n = b->targets[i].n, .boxes = b->targets[i].boxes, .labels = b->targets[i].labels};
-        boxes += b->targets[i].n;
-      }
-      DetrOutput out;
-      CriterionResult loss;
-      int n_aux = o->model.aux_loss ? (int)o->model.dec_layers - 1 : 0;
-      if (detr_model_forward(m, &ctx, images, b->mask, &out, err, sizeof err) ||
-          criterion_forward(&ccfg, out.layers[out.n_layers - 1], out.layers, n_aux, targets,
-                            boxes > 1 ? (float)boxes : 1.0f, NULL, &loss, err, sizeof err)) {
+      StepLog log;
+      if (train_step(o, m, &opt, &ccfg, b, &st, &log, err, sizeof err)) {
         fprintf(stderr, "\ndetr train: step %lld (epoch %lld, batch %lld): %s; stopping. The checkpoints in %s are "
                 "from before this step.\n", (long long)st.step + 1, (long long)st.epoch, (long long)b->index, err,
                 o->out_dir);
         goto done;
       }
-      float total = tensor_item(loss.total);
-      if (!isfinite(total)) {
-        fprintf(stderr, "\ndetr train: the loss is %g at step %lld (epoch %lld, batch %lld); stopping. The last "
-                "checkpoint in %s is from before it.\n", total, (long long)st.step + 1, (long long)st.epoch,
-                (long long)b->index, o->out_dir);
-        criterion_result_free(&loss);
-        detr_output_free(&out);
-        tensor_scope_release(mark);
-        goto done;
-      }
-      autograd_backward(loss.total);
-      double grad_norm = clip_grad_norm(&m->params, o->optim.clip_max_norm);
-      adamw_step(&opt);
-      for (int i = 0; i < m->params.count; i++) autograd_zero_grad(&m->params.items[i].tensor, 1);
       st.step++;
       st.next_batch = b->index + 1;
       double dt = now_s() - t0;
-      // Metrics: every loss term, the logged errors, rates and ENACT's clusters.
-      fprintf(metrics, "{\"type\": \"train\", \"step\": %lld, \"epoch\": %lld, \"batch\": %lld, \"loss\": %.6f",
-              (long long)st.step, (long long)st.epoch, (long long)b->index, total);
-      for (int i = 0; i < loss.n_terms; i++) fprintf(metrics, ", \"%s\": %.6f", loss.terms[i].name, tensor_item(loss.terms[i].value));
-      fprintf(metrics, ", \"class_error\": %.4f, \"cardinality_error\": %.4f, \"grad_norm\": %.6f, \"lr\": %.3g, "
-              "\"images_per_s\": %.3f", loss.class_error, loss.cardinality_error, grad_norm,
-              (double)adamw_lr(&opt, LR_GROUP_MAIN), b->size / dt);
-      double clusters = 0.0, ratio = 0.0;
-      for (int l = 0; l < out.n_enact; l++) {
-        const EnactRegions *r = &out.enact[l].regions;
-        clusters += (double)r->count / b->size / out.n_enact;
-        ratio += enact_pixels_per_cluster(r) / out.n_enact;
+      if (metrics) {  // every loss term, the logged errors, rates and ENACT's clusters
+        fprintf(metrics, "{\"type\": \"train\", \"step\": %lld, \"epoch\": %lld, \"batch\": %lld, \"loss\": %.6f",
+                (long long)st.step, (long long)st.epoch, (long long)b->index, log.total);
+        for (int i = 0; i < log.n_terms; i++) fprintf(metrics, ", \"%s\": %.6f", log.names[i], log.terms[i]);
+        fprintf(metrics, ", \"class_error\": %.4f, \"cardinality_error\": %.4f, \"grad_norm\": %.6f, \"lr\": %.3g, "
+                "\"images_per_s\": %.3f", log.class_error, log.cardinality_error, log.grad_norm,
+                (double)adamw_lr(&opt, LR_GROUP_MAIN), log.images / dt);
+        if (log.compression > 0)
+          fprintf(metrics, ", \"clusters_per_image\": %.2f, \"compression\": %.2f", log.clusters, log.compression);
+        fprintf(metrics, "}\n");
+        fflush(metrics);
       }
-      if (out.n_enact) fprintf(metrics, ", \"clusters_per_image\": %.2f, \"compression\": %.2f", clusters, ratio);
-      fprintf(metrics, "}\n");
-      fflush(metrics);
-      progress_update(&prog, st.step, st.epoch, o->epochs, b->size, dt, total, &loss, out.n_enact ? ratio : 0.0);
-      criterion_result_free(&loss);
-      detr_output_free(&out);
-      tensor_scope_release(mark);
+      double shown[4] = {log.total, log.terms[0], log.terms[1], log.terms[2]};  // total, ce, bbox, giou
+      progress_update(&prog, st.step, st.epoch, o->epochs, log.images, dt, shown, log.compression);
       bool epoch_done = st.next_batch >= per_epoch;
       if (epoch_done) {
         st.epoch++;
@@ -406,7 +538,7 @@ int train_run(TrainOptions *o) {
     }
     progress_end_line(&prog);
     bool epoch_finished = st.next_batch == 0;
-    if (epoch_finished)
+    if (epoch_finished && dist_is_main())
       fprintf(stderr, "epoch %lld done in %.1f s\n", (long long)st.epoch - 1, now_s() - epoch_t0);
     bool last = st.epoch >= o->epochs || stop;
     if (epoch_finished && ((o->eval_every > 0 && st.epoch % o->eval_every == 0) || last)) {

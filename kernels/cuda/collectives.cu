@@ -1,0 +1,55 @@
+// NCCL communicator and all-reduce on the backend's stream (kernels/cuda/runtime.cu), so the
+// reduction is ordered after the backward kernels that wrote the gradients and before the
+// optimizer kernels that read them, with no host synchronisation in between.
+#if DETR_HAVE_NCCL
+#include <nccl.h>
+
+#include <cstring>
+
+#include "kernels/cuda/collectives.h"
+#include "kernels/cuda/cuda_util.cuh"
+
+#define NCCL_CHECK(call)                                                                 \
+  do {                                                                                   \
+    ncclResult_t r_ = (call);                                                            \
+    if (r_ != ncclSuccess)                                                               \
+      detr_fail(__FILE__, __LINE__, "%s failed: %s", #call, ncclGetErrorString(r_));    \
+  } while (0)
+
+static_assert(sizeof(ncclUniqueId) == CUDA_NCCL_ID_BYTES, "NCCL unique id size");
+
+static ncclComm_t g_comm = nullptr;
+
+extern "C" {
+
+void cuda_nccl_set_device(int index) { CUDA_CHECK(cudaSetDevice(index)); }
+
+void cuda_nccl_unique_id(unsigned char id[CUDA_NCCL_ID_BYTES]) {
+  ncclUniqueId uid;
+  NCCL_CHECK(ncclGetUniqueId(&uid));
+  memcpy(id, &uid, sizeof uid);
+}
+
+void cuda_nccl_init(const unsigned char id[CUDA_NCCL_ID_BYTES], int rank, int size) {
+  ncclUniqueId uid;
+  memcpy(&uid, id, sizeof uid);
+  NCCL_CHECK(ncclCommInitRank(&g_comm, size, uid, rank));
+}
+
+void cuda_nccl_allreduce_sum(float *data, int64_t n) {
+  if (!g_comm) detr_fail(__FILE__, __LINE__, "cuda_nccl_allreduce_sum: no communicator (cuda_nccl_init)");
+  NCCL_CHECK(ncclAllReduce(data, data, (size_t)n, ncclFloat, ncclSum, g_comm, detr_cuda_stream()));
+}
+
+void cuda_nccl_group_begin(void) { NCCL_CHECK(ncclGroupStart()); }
+void cuda_nccl_group_end(void) { NCCL_CHECK(ncclGroupEnd()); }
+
+void cuda_nccl_destroy(void) {
+  if (!g_comm) return;
+  CUDA_CHECK(cudaStreamSynchronize(detr_cuda_stream()));
+  NCCL_CHECK(ncclCommDestroy(g_comm));
+  g_comm = nullptr;
+}
+
+}  // extern "C"
+#endif  // DETR_HAVE_NCCL

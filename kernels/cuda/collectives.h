@@ -1,0 +1,24 @@
+// NCCL collectives on the backend's one stream, for data-parallel training (train/dist.c).
+// Compiled when the CUDA toolkit has NCCL (DETR_HAVE_NCCL).
+#pragma once
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CUDA_NCCL_ID_BYTES 128  // NCCL_UNIQUE_ID_BYTES
+
+// Selects the GPU this process uses; call before any other CUDA work of the process.
+void cuda_nccl_set_device(int index);
+void cuda_nccl_unique_id(unsigned char id[CUDA_NCCL_ID_BYTES]);  // on rank 0, then broadcast
+void cuda_nccl_init(const unsigned char id[CUDA_NCCL_ID_BYTES], int rank, int size);
+// In-place sum over the ranks of n floats on this GPU, queued on the compute stream.
+void cuda_nccl_allreduce_sum(float *data, int64_t n);
+void cuda_nccl_group_begin(void);  // ncclGroupStart: the all-reduces until _end run as one
+void cuda_nccl_group_end(void);
+void cuda_nccl_destroy(void);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,226 @@
+#define _DEFAULT_SOURCE  // setenv
+#include "train/dist.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/common.h"
+#if DETR_HAVE_MPI
+#include <mpi.h>
+#endif
+#if DETR_HAVE_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
+#if DETR_HAVE_NCCL
+#include "kernels/cuda/collectives.h"
+#endif
+
+static int g_rank = 0, g_size = 1, g_local_rank = 0;
+static bool g_mpi = false;   // MPI_Init was called
+#if DETR_HAVE_NCCL
+static bool g_nccl = false;  // the NCCL communicator exists
+#endif
+
+// A launcher's rank variable: OpenMPI, MPICH/Hydra (PMI), PMIx, Slurm's srun.
+static bool launched_by_mpi(void) {
+  const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_STEP_NUM_TASKS", NULL};
+  for (int i = 0; vars[i]; i++)
+    if (getenv(vars[i])) return true;
+  return false;
+}
+
+#if DETR_HAVE_MPI
+#define MPI_CALL(call)                                                                 \
+  do {                                                                                 \
+    int mpi_rc_ = (call);                                                              \
+    if (mpi_rc_ != MPI_SUCCESS) {                                                      \
+      char mpi_msg_[MPI_MAX_ERROR_STRING];                                             \
+      int mpi_len_ = 0;                                                                \
+      MPI_Error_string(mpi_rc_, mpi_msg_, &mpi_len_);                                  \
+      fprintf(stderr, "detr: %s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, mpi_msg_); \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                                    \
+    }                                                                                  \
+  } while (0)
+#endif
+
+void dist_init(int *argc, char ***argv) {
+#if DETR_HAVE_MPI
+  if (!launched_by_mpi()) return;
+  // Only the main thread calls MPI (the loader's threads never do).
+  int provided = 0;
+  MPI_CALL(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);  // MPI_CALL reports, then aborts all
+  g_mpi = true;
+  MPI_CALL(MPI_Comm_rank(MPI_COMM_WORLD, &g_rank));
+  MPI_CALL(MPI_Comm_size(MPI_COMM_WORLD, &g_size));
+  MPI_Comm local;
+  MPI_CALL(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_rank, MPI_INFO_NULL, &local));
+  MPI_CALL(MPI_Comm_rank(local, &g_local_rank));
+  MPI_CALL(MPI_Comm_free(&local));
+#else
+  (void)argc, (void)argv;
+  if (launched_by_mpi())
+    fprintf(stderr, "detr: launched by an MPI launcher, but this build has no MPI: every process trains alone "
+            "(rebuild with libopenmpi-dev installed)\n");
+#endif
+}
+
+void dist_finalize(void) {
+#if DETR_HAVE_NCCL
+  if (g_nccl) cuda_nccl_destroy();
+  g_nccl = false;
+#endif
+#if DETR_HAVE_MPI
+  if (!g_mpi) return;
+  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Finalize();
+  g_mpi = false;
+#endif
+}
+
+int dist_rank(void) { return g_rank; }
+int dist_world_size(void) { return g_size; }
+int dist_local_rank(void) { return g_local_rank; }
+bool dist_is_main(void) { return g_rank == 0; }
+
+const char *dist_backend_name(void) {
+#if DETR_HAVE_MPI && DETR_HAVE_NCCL
+  return "mpi+nccl";
+#elif DETR_HAVE_MPI
+  return "mpi";
+#else
+  return "none";
+#endif
+}
+
+int dist_setup_device(Device dev, char *err, size_t err_cap) {
+  if (dev != DEVICE_CUDA || g_size == 1) return 0;
+#if DETR_HAVE_NCCL && DETR_HAVE_MPI
+  int count = cuda_device_count();
+  // Before any other CUDA call of this process: the stream and the handles bind to this GPU.
+  cuda_nccl_set_device(g_local_rank % count);
+  unsigned char id[CUDA_NCCL_ID_BYTES];
+  if (g_rank == 0) cuda_nccl_unique_id(id);
+  MPI_CALL(MPI_Bcast(id, CUDA_NCCL_ID_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD));
+  cuda_nccl_init(id, g_rank, g_size);
+  g_nccl = true;
+  if (g_local_rank >= count)
+    fprintf(stderr, "detr: rank %d shares GPU %d (%d GPUs on this host for more ranks)\n", g_rank,
+            g_local_rank % count, count);
+  return 0;
+#else
+  snprintf(err, err_cap, "--device cuda with %d processes needs NCCL and MPI, and this build has %s", g_size,
+           dist_backend_name());
+  return -1;
+#endif
+}
+
+void dist_allreduce_sum_f32(float *data, int64_t n, Device dev) {
+  if (g_size == 1 || n == 0) return;
+#if DETR_HAVE_NCCL
+  if (dev == DEVICE_CUDA) {
+    DETR_CHECK(g_nccl, "dist_allreduce_sum_f32: CUDA data but no NCCL communicator (dist_setup_device)");
+    cuda_nccl_allreduce_sum(data, n);
+    return;
+  }
+#endif
+  DETR_CHECK(dev == DEVICE_CPU, "dist_allreduce_sum_f32: CUDA data needs NCCL, which this build lacks");
+#if DETR_HAVE_MPI
+  for (int64_t at = 0; at < n;) {  // MPI counts are int
+    int chunk = n - at > (1 << 30) ? (1 << 30) : (int)(n - at);
+    MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, data + at, chunk, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+    at += chunk;
+  }
+#else
+  (void)data;
+#endif
+}
+
+void dist_group_begin(void) {
+#if DETR_HAVE_NCCL
+  if (g_nccl) cuda_nccl_group_begin();
+#endif
+}
+
+void dist_group_end(void) {
+#if DETR_HAVE_NCCL
+  if (g_nccl) cuda_nccl_group_end();
+#endif
+}
+
+void dist_allreduce_sum_f64(double *data, int n) {
+  if (g_size == 1 || n == 0) return;
+#if DETR_HAVE_MPI
+  MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, data, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+#else
+  (void)data;
+#endif
+}
+
+void dist_allreduce_max_u64(uint64_t *data, int n) {
+  if (g_size == 1 || n == 0) return;
+#if DETR_HAVE_MPI
+  MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, data, n, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD));
+#else
+  (void)data;
+#endif
+}
+
+bool dist_all_ok(bool ok) {
+  if (g_size == 1) return ok;
+#if DETR_HAVE_MPI
+  int v = ok ? 1 : 0;
+  MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  return v == 1;
+#else
+  return ok;
+#endif
+}
+
+void dist_gather_bytes(const void *data, int64_t bytes, void **out, int64_t *out_bytes) {
+  *out = NULL;
+  *out_bytes = 0;
+  if (g_size == 1) {
+    *out = malloc(bytes ? (size_t)bytes : 1);
+    DETR_CHECK(*out, "dist_gather_bytes: out of host memory (%lld bytes)", (long long)bytes);
+    if (bytes) memcpy(*out, data, (size_t)bytes);
+    *out_bytes = bytes;
+    return;
+  }
+#if DETR_HAVE_MPI
+  DETR_CHECK(bytes <= INT32_MAX, "dist_gather_bytes: %lld bytes from one rank (at most 2 GiB)", (long long)bytes);
+  int mine = (int)bytes, *counts = NULL, *displs = NULL;
+  char *all = NULL;
+  if (g_rank == 0) {
+    counts = malloc(sizeof(int) * (size_t)g_size);
+    displs = malloc(sizeof(int) * (size_t)g_size);
+    DETR_CHECK(counts && displs, "dist_gather_bytes: out of host memory");
+  }
+  MPI_CALL(MPI_Gather(&mine, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD));
+  int64_t total = 0;
+  if (g_rank == 0) {
+    for (int r = 0; r < g_size; r++) {
+      DETR_CHECK(total + counts[r] <= INT32_MAX, "dist_gather_bytes: more than 2 GiB in all");
+      displs[r] = (int)total;
+      total += counts[r];
+    }
+    all = malloc(total ? (size_t)total : 1);
+    DETR_CHECK(all, "dist_gather_bytes: out of host memory (%lld bytes)", (long long)total);
+  }
+  MPI_CALL(MPI_Gatherv(data, mine, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, MPI_COMM_WORLD));
+  free(counts);
+  free(displs);
+  *out = all;
+  *out_bytes = total;
+#endif
+}
+
+void dist_broadcast_f64(double *data, int n) {
+  if (g_size == 1 || n == 0) return;
+#if DETR_HAVE_MPI
+  MPI_CALL(MPI_Bcast(data, n, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+#else
+  (void)data;
+#endif
+}
