@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd/autograd.h"
 #include "kernels/common.h"
 #if DETR_HAVE_MPI
 #include <mpi.h>
@@ -223,4 +224,19 @@ void dist_broadcast_f64(double *data, int n) {
 #else
   (void)data;
 #endif
+}
+
+// Gradients summed over the processes: each process's loss is its share of the global batch's
+// loss (global num_boxes and cross-entropy weight), so the sum is the global batch's gradient.
+// Every trainable tensor takes part, in the same order on every rank (a grad no op wrote is 0).
+void dist_allreduce_gradients(ParamStore *params) {
+  if (g_size == 1) return;
+  dist_group_begin();
+  for (int i = 0; i < params->count; i++) {
+    Param *p = &params->items[i];
+    if (p->kind != PARAM_TRAINABLE) continue;
+    Tensor *g = autograd_grad(p->tensor);
+    dist_allreduce_sum_f32(g->data, g->numel, g->device);
+  }
+  dist_group_end();
 }

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "nn/params.h"
 #include "tensor/tensor.h"
 
 // Joins the process group when launched by mpirun/srun. Call first thing in main.
@@ -36,6 +37,11 @@ void dist_group_begin(void);
 void dist_group_end(void);
 void dist_allreduce_sum_f64(double *data, int n);  // host
 void dist_allreduce_max_u64(uint64_t *data, int n);  // host
+// Sums every trainable parameter's gradient over the processes, in place (a grad no op wrote
+// counts as 0). Each process's loss is its share of the global batch's loss (global num_boxes and
+// cross-entropy weight), so the sum is the global batch's gradient. One tensor at a time: no
+// packing copies; on CUDA the calls are fused into one NCCL group.
+void dist_allreduce_gradients(ParamStore *params);
 // True on every rank when `ok` is true on every rank.
 bool dist_all_ok(bool ok);
 // Rank 0 receives every rank's bytes, concatenated in rank order (*out malloc'd, *out_bytes);

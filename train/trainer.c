@@ -238,21 +238,6 @@ typedef struct {
   int images;
 } StepLog;
 
-// Gradients summed over the processes: each process's loss is its share of the global batch's
-// loss (global num_boxes and cross-entropy weight), so the sum is the global batch's gradient.
-// Every trainable tensor takes part, in the same order on every rank (a grad no op wrote is 0).
-static void allreduce_gradients(ParamStore *params) {
-  if (dist_world_size() == 1) return;
-  dist_group_begin();
-  for (int i = 0; i < params->count; i++) {
-    Param *p = &params->items[i];
-    if (p->kind != PARAM_TRAINABLE) continue;
-    Tensor *g = autograd_grad(p->tensor);
-    dist_allreduce_sum_f32(g->data, g->numel, g->device);
-  }
-  dist_group_end();
-}
-
 // One optimizer step on this process's slice b of the global batch: forward, loss, backward,
 // gradient all-reduce (data parallel), clipping, AdamW. An empty slice (all its images skipped)
 // contributes nothing but still takes part. Returns 0, or -1 with err set; a failure on any
@@ -329,7 +314,7 @@ static int train_step(const TrainOptions *o, DetrModel *m, AdamW *opt, const Cri
   }
   if (rc == 0) {
     if (have_loss) autograd_backward(loss.total);
-    allreduce_gradients(&m->params);
+    dist_allreduce_gradients(&m->params);
     log->total = stats[S_TOTAL];
     for (int i = 0; i < T; i++) log->terms[i] = stats[S_TERMS + i];
     double images = (double)b->size;
