@@ -221,13 +221,17 @@ static void generate_image(const SynthConfig *cfg, int split, int64_t index, Syn
   draw_background(*px, im->w, im->h, &r, key, &mean);
   bool crowd = split == 1 && rng_next_uniform(&r) < 0.2f;
   if (crowd) draw_crowd(*px, im->w, im->h, &r, &im->anns[im->n_anns++]);
-  int n_objects = rng_next_uniform(&r) < 0.1f ? 0 : randint(&r, 1, MAX_OBJECTS);
+  int max_objects = cfg->max_objects > 0 && cfg->max_objects < MAX_OBJECTS ? cfg->max_objects : MAX_OBJECTS;
+  int min_object = cfg->min_object_side > 10 ? cfg->min_object_side : 10;
+  int n_objects = rng_next_uniform(&r) < 0.1f ? 0 : randint(&r, 1, max_objects);
   int min_side = im->w < im->h ? im->w : im->h;
   for (int k = 0; k < n_objects; k++) {
     int size_class = randint(&r, 0, 2);
     int lo = size_class == 0 ? 10 : size_class == 1 ? SMALL_MAX_SIDE + 3 : MEDIUM_MAX_SIDE + 4;
     int hi = size_class == 0 ? SMALL_MAX_SIDE - 3 : size_class == 1 ? MEDIUM_MAX_SIDE - 4 : min_side * 4 / 5;
     if (hi < lo) lo = hi = SMALL_MAX_SIDE + 3;  // too small an image for a large object
+    if (lo < min_object) lo = min_object;
+    if (hi < lo) hi = lo;
     SynthShape s = {.category = randint(&r, 0, SYNTH_NUM_CATEGORIES - 1), .orient = randint(&r, 0, 3)};
     int side = randint(&r, lo, hi);
     float aspect = randf(&r, 0.7f, 1.4f);  // w / h, same area as side^2 (a square of this side)

@@ -21,6 +21,10 @@ typedef struct {
   uint64_t seed;
   int min_side, max_side;  // image width and height are drawn in [min_side, max_side]
   int jpeg_quality;        // 1..100
+  // Difficulty (0: the defaults, which exercise every COCO case): at most max_objects shapes per
+  // image (1..8, default 8), none with a side below min_object_side pixels (default 10; raising it
+  // moves small objects up into the medium range).
+  int max_objects, min_object_side;
 } SynthConfig;
 
 SynthConfig synth_config_default(void);  // 1000 train, 200 val, seed 0, sides 256..448, quality 90

@@ -8,13 +8,14 @@
 
 static const char *USAGE =
     "--out DIR [--train N] [--val M] [--seed S] [--min-side PX] [--max-side PX] [--quality Q]\n"
+    "          [--max-objects N] [--min-object-side PX]\n"
     "Writes DIR/train/*.jpg, DIR/val/*.jpg, DIR/annotations/instances_{train,val}.json.";
 
 int cmd_synth(int argc, char **argv) {
   SynthConfig cfg = synth_config_default();
   const char *out = NULL;
   long long n_train = cfg.n_train, n_val = cfg.n_val, seed = (long long)cfg.seed, min_side = cfg.min_side,
-            max_side = cfg.max_side, quality = cfg.jpeg_quality;
+            max_side = cfg.max_side, quality = cfg.jpeg_quality, max_objects = 8, min_object_side = 10;
   const CliFlag flags[] = {
       {"out", FLAG_STRING, &out, "output folder (created if missing)"},
       {"train", FLAG_INT, &n_train, "training images (default 1000)"},
@@ -23,6 +24,9 @@ int cmd_synth(int argc, char **argv) {
       {"min-side", FLAG_INT, &min_side, "smallest image width/height in pixels (default 256)"},
       {"max-side", FLAG_INT, &max_side, "largest image width/height in pixels (default 448)"},
       {"quality", FLAG_INT, &quality, "JPEG quality 1..100 (default 90)"},
+      {"max-objects", FLAG_INT, &max_objects, "at most this many objects per image, 1..8 (default 8)"},
+      {"min-object-side", FLAG_INT, &min_object_side,
+       "no object side below this many pixels (default 10: COCO's small objects included)"},
   };
   int n_flags = (int)(sizeof flags / sizeof flags[0]), n_positional = 0;
   int rc = cli_parse("synth", USAGE, argc, argv, 2, flags, n_flags, NULL, 0, &n_positional);
@@ -36,7 +40,8 @@ int cmd_synth(int argc, char **argv) {
     const char *flag;
     long long value, lo, hi;
   } ranges[] = {{"train", n_train, 0, 10000000}, {"val", n_val, 0, 10000000},     {"seed", seed, 0, LLONG_MAX},
-                {"min-side", min_side, 64, 4096},  {"max-side", max_side, 64, 4096}, {"quality", quality, 1, 100}};
+                {"min-side", min_side, 64, 4096},  {"max-side", max_side, 64, 4096}, {"quality", quality, 1, 100},
+                {"max-objects", max_objects, 1, 8}, {"min-object-side", min_object_side, 10, 4096}};
   for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
     if (ranges[i].value < ranges[i].lo || ranges[i].value > ranges[i].hi) {
       fprintf(stderr, "detr synth: --%s %lld is outside [%lld, %lld]\n", ranges[i].flag, ranges[i].value, ranges[i].lo,
@@ -55,6 +60,8 @@ int cmd_synth(int argc, char **argv) {
   cfg.min_side = (int)min_side;
   cfg.max_side = (int)max_side;
   cfg.jpeg_quality = (int)quality;
+  cfg.max_objects = (int)max_objects;
+  cfg.min_object_side = (int)min_object_side;
   DataError err;
   if (synth_generate(&cfg, &err) != DATA_OK) {
     fprintf(stderr, "detr synth: %s\n", err.msg);
