@@ -51,7 +51,7 @@ double clip_grad_norm(ParamStore *params, float max_norm) {
   }
   double norm = sqrt(sum);
   if (max_norm > 0.0f) {
-    double coef = max_norm / (norm + 1e-6);
+    double coef = clip_coefficient(max_norm, norm);
     if (coef < 1.0)
       for (int i = 0; i < params->count; i++) {
         Tensor *t = params->items[i].tensor;
