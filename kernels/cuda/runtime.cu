@@ -2,6 +2,9 @@
 // and cuDNN handles bound to it) that every kernel of the backend is queued on. With a single
 // stream, the order of launches is the order of execution, so a block freed to the caching
 // allocator (tensor/alloc.c) can be handed out again at once: later work is queued behind earlier.
+#include <pthread.h>
+#include <string.h>
+
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_util.cuh"
 
@@ -83,11 +86,133 @@ void cuda_device_free(void *ptr) {
   CUDA_CHECK(cudaFree(ptr));  // synchronises the device: no queued kernel still uses ptr
 }
 
+void *cuda_host_alloc(size_t bytes) {
+  void *ptr = NULL;
+  cudaError_t err = cudaMallocHost(&ptr, bytes ? bytes : 1);
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // not sticky: clear it, the caller decides
+    return NULL;
+  }
+  if (err != cudaSuccess)
+    detr_fail(__FILE__, __LINE__, "cudaMallocHost(%zu bytes) failed: %s", bytes, cudaGetErrorString(err));
+  return ptr;
+}
+
+void cuda_host_free(void *ptr) {
+  if (ptr) CUDA_CHECK(cudaFreeHost(ptr));
+}
+
+void cuda_memcpy_h2d_async(void *dst, const void *pinned_src, size_t bytes) {
+  if (bytes == 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, pinned_src, bytes, cudaMemcpyHostToDevice, detr_cuda_stream()));
+}
+
+}  // extern "C"
+
+// --- pinned staging of host-to-device copies ---
+//
+// A copy from pageable memory makes the driver stage it through its own pinned buffer, and it may
+// wait for the stream to do so. Instead every host-to-device copy is memcpy'd into one of our
+// pinned blocks and queued with cudaMemcpyAsync: the call returns at once (src is free to reuse),
+// and the DMA runs in stream order. An event recorded after the copy marks the block busy until
+// the DMA has read it. Blocks are powers of two (at least 64 KiB), kept for reuse: after the first
+// training steps no copy allocates. With every slot busy (more copies in flight than slots), the
+// stream is synchronised, which completes them all.
+
+#define STAGING_SLOTS 64
+#define STAGING_MIN_BYTES ((size_t)64 << 10)
+
+struct StagingBlock {
+  char *host;        // pinned, `bytes` long
+  size_t bytes;
+  cudaEvent_t done;  // recorded after the last copy out of the block
+  bool queued;       // a copy was queued since the block was made (done was recorded)
+};
+
+static StagingBlock g_staging[STAGING_SLOTS];
+static int g_staging_count = 0;
+static pthread_mutex_t g_staging_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bool staging_free(StagingBlock *b) {
+  if (!b->queued) return true;
+  cudaError_t err = cudaEventQuery(b->done);
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // not an error: the copy is still in flight
+    return false;
+  }
+  CUDA_CHECK(err);
+  return true;
+}
+
+// The smallest free block of at least `bytes`, or -1.
+static int staging_find(size_t bytes) {
+  int best = -1;
+  for (int i = 0; i < g_staging_count; i++)
+    if (g_staging[i].bytes >= bytes && (best < 0 || g_staging[i].bytes < g_staging[best].bytes) &&
+        staging_free(&g_staging[i]))
+      best = i;
+  return best;
+}
+
+// (Re)allocates slot i for at least `bytes`. Returns false when pinned memory is exhausted.
+static bool staging_make(int i, size_t bytes) {
+  size_t size = STAGING_MIN_BYTES;
+  while (size < bytes) size *= 2;
+  char *host = (char *)cuda_host_alloc(size);
+  if (!host) return false;
+  StagingBlock *b = &g_staging[i];
+  if (b->host) {
+    CUDA_CHECK(cudaFreeHost(b->host));
+  } else {
+    CUDA_CHECK(cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming));
+  }
+  b->host = host;
+  b->bytes = size;
+  b->queued = false;
+  return true;
+}
+
+// A free block of at least `bytes`, or -1 when no pinned memory can be had (then the caller
+// copies from pageable memory).
+static int staging_block(size_t bytes) {
+  int i = staging_find(bytes);
+  if (i >= 0) return i;
+  if (g_staging_count < STAGING_SLOTS) {
+    if (!staging_make(g_staging_count, bytes)) return -1;
+    return g_staging_count++;
+  }
+  // Every slot is in use or too small: let the queued copies finish, then reuse or regrow one.
+  CUDA_CHECK(cudaStreamSynchronize(detr_cuda_stream()));
+  i = staging_find(bytes);
+  if (i >= 0) return i;
+  int smallest = 0;
+  for (int k = 1; k < g_staging_count; k++)
+    if (g_staging[k].bytes < g_staging[smallest].bytes) smallest = k;
+  return staging_make(smallest, bytes) ? smallest : -1;
+}
+
+extern "C" {
+
 void cuda_memcpy_h2d(void *dst, const void *src, size_t bytes) {
   if (bytes == 0) return;
-  // From pageable host memory this returns once src has been staged, so the caller may reuse
-  // src at once; the copy is ordered with the kernels on the stream.
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, detr_cuda_stream()));
+  cudaStream_t stream = detr_cuda_stream();
+  pthread_mutex_lock(&g_staging_lock);
+  int i = staging_block(bytes);
+  if (i >= 0) {
+    StagingBlock *b = &g_staging[i];
+    memcpy(b->host, src, bytes);
+    cudaError_t err = cudaMemcpyAsync(dst, b->host, bytes, cudaMemcpyHostToDevice, stream);
+    if (err == cudaSuccess) err = cudaEventRecord(b->done, stream);
+    b->queued = true;
+    pthread_mutex_unlock(&g_staging_lock);
+    if (err != cudaSuccess)
+      detr_fail(__FILE__, __LINE__, "staged host-to-device copy of %zu bytes failed: %s", bytes,
+                cudaGetErrorString(err));
+    return;
+  }
+  pthread_mutex_unlock(&g_staging_lock);
+  // No pinned memory left: the driver stages the pageable copy itself (src is free on return).
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
 }
 
 void cuda_memcpy_d2h(void *dst, const void *src, size_t bytes) {
