@@ -116,11 +116,13 @@ void cuda_memcpy_h2d_async(void *dst, const void *pinned_src, size_t bytes) {
 // pinned blocks and queued with cudaMemcpyAsync: the call returns at once (src is free to reuse),
 // and the DMA runs in stream order. An event recorded after the copy marks the block busy until
 // the DMA has read it. Blocks are powers of two (at least 64 KiB), kept for reuse: after the first
-// training steps no copy allocates. With every slot busy (more copies in flight than slots), the
-// stream is synchronised, which completes them all.
+// training steps no copy allocates. When the pool is full (64 blocks, or 512 MiB) and no free
+// block fits, the stream is drained, which frees them all, and if none fits still, the pool
+// starts over.
 
 #define STAGING_SLOTS 64
 #define STAGING_MIN_BYTES ((size_t)64 << 10)
+#define STAGING_MAX_BYTES ((size_t)512 << 20)
 
 struct StagingBlock {
   char *host;        // pinned, `bytes` long
@@ -131,6 +133,7 @@ struct StagingBlock {
 
 static StagingBlock g_staging[STAGING_SLOTS];
 static int g_staging_count = 0;
+static size_t g_staging_bytes = 0;  // sum of the blocks' sizes
 static pthread_mutex_t g_staging_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static bool staging_free(StagingBlock *b) {
@@ -154,22 +157,27 @@ static int staging_find(size_t bytes) {
   return best;
 }
 
-// (Re)allocates slot i for at least `bytes`. Returns false when pinned memory is exhausted.
-static bool staging_make(int i, size_t bytes) {
-  size_t size = STAGING_MIN_BYTES;
-  while (size < bytes) size *= 2;
+// A new block of `size` bytes, or -1 when pinned memory is exhausted.
+static int staging_add(size_t size) {
   char *host = (char *)cuda_host_alloc(size);
-  if (!host) return false;
-  StagingBlock *b = &g_staging[i];
-  if (b->host) {
-    CUDA_CHECK(cudaFreeHost(b->host));
-  } else {
-    CUDA_CHECK(cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming));
-  }
+  if (!host) return -1;
+  StagingBlock *b = &g_staging[g_staging_count];
+  CUDA_CHECK(cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming));
   b->host = host;
   b->bytes = size;
   b->queued = false;
-  return true;
+  g_staging_bytes += size;
+  return g_staging_count++;
+}
+
+// Frees every block; the caller has drained the stream, so none is in use.
+static void staging_release_all(void) {
+  for (int i = 0; i < g_staging_count; i++) {
+    CUDA_CHECK(cudaFreeHost(g_staging[i].host));
+    CUDA_CHECK(cudaEventDestroy(g_staging[i].done));
+  }
+  g_staging_count = 0;
+  g_staging_bytes = 0;
 }
 
 // A free block of at least `bytes`, or -1 when no pinned memory can be had (then the caller
@@ -177,18 +185,15 @@ static bool staging_make(int i, size_t bytes) {
 static int staging_block(size_t bytes) {
   int i = staging_find(bytes);
   if (i >= 0) return i;
-  if (g_staging_count < STAGING_SLOTS) {
-    if (!staging_make(g_staging_count, bytes)) return -1;
-    return g_staging_count++;
+  size_t size = STAGING_MIN_BYTES;
+  while (size < bytes) size *= 2;
+  if (g_staging_count == STAGING_SLOTS || g_staging_bytes + size > STAGING_MAX_BYTES) {
+    CUDA_CHECK(cudaStreamSynchronize(detr_cuda_stream()));  // every queued copy completes
+    i = staging_find(bytes);
+    if (i >= 0) return i;
+    staging_release_all();
   }
-  // Every slot is in use or too small: let the queued copies finish, then reuse or regrow one.
-  CUDA_CHECK(cudaStreamSynchronize(detr_cuda_stream()));
-  i = staging_find(bytes);
-  if (i >= 0) return i;
-  int smallest = 0;
-  for (int k = 1; k < g_staging_count; k++)
-    if (g_staging[k].bytes < g_staging[smallest].bytes) smallest = k;
-  return staging_make(smallest, bytes) ? smallest : -1;
+  return staging_add(size);
 }
 
 extern "C" {
