@@ -947,7 +947,8 @@ START_TEST(ops_pool_and_norm) {
   compare_op("frozen_batchnorm2d", f_frozen_bn, bn, 5, NULL, 25105, false);
   Tensor *big[5] = {cpu_uniform_tensor(SHAPE(2, 64, 20, 30), 25200, -1, 1, true),
                     cpu_uniform_tensor(SHAPE(64), 25201, 0.5f, 1.5f, false),
-                    cpu_uniform_tensor(SHAPE(64), 25202, -1, 1, false), cpu_uniform_tensor(SHAPE(64), 25203, -1, 1, false),
+                    cpu_uniform_tensor(SHAPE(64), 25202, -1, 1, false),
+                    cpu_uniform_tensor(SHAPE(64), 25203, -1, 1, false),
                     cpu_uniform_tensor(SHAPE(64), 25204, 0.2f, 2.0f, false)};
   compare_op("frozen_batchnorm2d 64 channels", f_frozen_bn, big, 5, NULL, 25205, false);
 }
@@ -987,7 +988,8 @@ START_TEST(ops_softmax_layernorm) {
     compare_op(what, fs[l], classes, 2, NULL, 26007, false);
   }
   Tensor *ln[3] = {cpu_uniform_tensor(SHAPE(3, 2, 8), 26100, -2, 2, true),
-                   cpu_uniform_tensor(SHAPE(8), 26101, 0.5f, 1.5f, true), cpu_uniform_tensor(SHAPE(8), 26102, -1, 1, true)};
+                   cpu_uniform_tensor(SHAPE(8), 26101, 0.5f, 1.5f, true),
+                   cpu_uniform_tensor(SHAPE(8), 26102, -1, 1, true)};
   compare_op("layernorm", f_layernorm, ln, 3, NULL, 26103, false);
   Tensor *plain[3] = {cpu_uniform_tensor(SHAPE(4, 5), 26104, -2, 2, true), NULL, NULL};
   compare_op("layernorm without affine", f_layernorm, plain, 3, NULL, 26105, false);
