@@ -80,7 +80,8 @@ Tensor *op_transpose(Tensor *x, int dim0, int dim1) {
 static void copy_range(Device dev, const float *src, float *dst, int64_t outer, int64_t src_axis,
                        int64_t dst_axis, int64_t inner, int64_t src_start, int64_t dst_start,
                        int64_t len, bool accumulate) {
-  DISPATCH(dev, cpu_copy_axis_range(src, dst, outer, src_axis, dst_axis, inner, src_start, dst_start, len, accumulate),
+  DISPATCH(dev,
+           cpu_copy_axis_range(src, dst, outer, src_axis, dst_axis, inner, src_start, dst_start, len, accumulate),
            cuda_copy_axis_range(src, dst, outer, src_axis, dst_axis, inner, src_start, dst_start, len, accumulate));
 }
 
