@@ -1,5 +1,7 @@
 // Helpers shared by the op implementations (private to autograd/).
 #pragma once
+#include <string.h>
+
 #include "autograd/ops.h"
 #include "kernels/cpu/cpu_kernels.h"
 #if DETR_HAVE_CUDA
@@ -24,13 +26,39 @@
   } while (0)
 #endif
 
-// For ops whose CUDA kernel is not written yet: a clear run-time error, never a silent fallback.
-#define CPU_ONLY(dev, op_name, cpu_call)                                                      \
-  do {                                                                                        \
-    DETR_CHECK((dev) == DEVICE_CPU, "%s: no CUDA kernel for this op yet; run it on the CPU", \
-               op_name);                                                                      \
-    cpu_call;                                                                                 \
-  } while (0)
+// Every op runs its CPU kernel or its CUDA kernel through DISPATCH: an op without a CUDA kernel
+// cannot be written this way, so a missing kernel is a build error, not a run-time surprise
+// (tests/CMakeLists.txt also greps autograd/ for run-time device restrictions).
+
+// An owned copy of `bytes` of host data on dev (from detr_alloc; release with detr_free(dev, p,
+// bytes), or hand it to a node with node_take_block): host index arrays that kernels read on the
+// tensors' device. The copy to a GPU is queued on the stream; host is free to reuse on return.
+static inline void *upload_block(Device dev, const void *host, size_t bytes) {
+  void *block = detr_alloc(dev, bytes);
+  if (bytes == 0) return block;
+  if (dev == DEVICE_CPU) {
+    memcpy(block, host, bytes);
+  } else {
+#if DETR_HAVE_CUDA
+    cuda_memcpy_h2d(block, host, bytes);
+#endif
+  }
+  return block;
+}
+
+// The node keeps the block for its backward (and frees it with the tape); with no node (nothing
+// to differentiate) it is freed now. Freeing right after queuing the kernels that read it is safe
+// on the GPU: the caching allocator hands it out again only to work queued later on the stream.
+static inline void node_take_block(TapeNode *n, Device dev, void *block, size_t bytes) {
+  if (!n) {
+    detr_free(dev, block, bytes);
+    return;
+  }
+  DETR_CHECK(n->buf == NULL, "autograd(%s): node buffer set twice", n->name);
+  n->buf = block;
+  n->buf_bytes = bytes;
+  n->buf_device = dev;
+}
 
 // The gradient buffer of t when t takes a gradient, else NULL.
 static inline float *grad_data_or_null(Tensor *t) {

@@ -88,7 +88,8 @@ static void maxpool_backward_node(TapeNode *n) {
   ConvGeom g = conv_geom_from_args(n);
   float *dx = grad_data_or_null(x);
   if (!dx) return;
-  CPU_ONLY(x->device, "maxpool2d", cpu_maxpool2d_backward(y->grad->data, n->buf, dx, &g));
+  DISPATCH(x->device, cpu_maxpool2d_backward(y->grad->data, n->buf, dx, &g),
+           cuda_maxpool2d_backward(y->grad->data, n->buf, dx, &g));
 }
 
 Tensor *op_maxpool2d(Tensor *x, int kernel, int stride, int pad) {
@@ -98,8 +99,9 @@ Tensor *op_maxpool2d(Tensor *x, int kernel, int stride, int pad) {
                              pad, pad, 1, 1);
   Tensor *y = tensor_new_scoped(x->device, SHAPE(g.batch, g.in_ch, g.out_h, g.out_w));
   size_t idx_bytes = (size_t)y->numel * sizeof(int32_t);
-  int32_t *argmax = detr_alloc(x->device, idx_bytes);
-  CPU_ONLY(x->device, "maxpool2d", cpu_maxpool2d_forward(x->data, y->data, argmax, &g));
+  int32_t *argmax = detr_alloc(x->device, idx_bytes);  // [B, C, HO, WO] on x's device
+  DISPATCH(x->device, cpu_maxpool2d_forward(x->data, y->data, argmax, &g),
+           cuda_maxpool2d_forward(x->data, y->data, argmax, &g));
   TapeNode *n = autograd_record("maxpool2d", maxpool_backward_node, y, 1, &x);
   if (n) {
     conv_geom_to_args(&g, n);
@@ -118,9 +120,9 @@ static void frozen_bn_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *y = n->out[0], *scale = n->saved[0];
   float *dx = grad_data_or_null(x);
   if (!dx) return;
-  CPU_ONLY(x->device, "frozen_batchnorm2d",
-           cpu_channel_scale_backward(y->grad->data, scale->data, dx, x->shape.d[0], x->shape.d[1],
-                                      x->shape.d[2] * x->shape.d[3]));
+  int64_t B = x->shape.d[0], C = x->shape.d[1], S = x->shape.d[2] * x->shape.d[3];
+  DISPATCH(x->device, cpu_channel_scale_backward(y->grad->data, scale->data, dx, B, C, S),
+           cuda_channel_scale_backward(y->grad->data, scale->data, dx, B, C, S));
 }
 
 Tensor *op_frozen_batchnorm2d(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean,
@@ -137,10 +139,12 @@ Tensor *op_frozen_batchnorm2d(Tensor *x, Tensor *weight, Tensor *bias, Tensor *r
   }
   Tensor *y = tensor_new_scoped(x->device, x->shape);
   Tensor *scale = tensor_new_scoped(x->device, SHAPE(C));
-  CPU_ONLY(x->device, "frozen_batchnorm2d",
-           cpu_frozen_bn_forward(x->data, weight->data, bias->data, running_mean->data,
-                                 running_var->data, eps, y->data, scale->data, x->shape.d[0], C,
-                                 x->shape.d[2] * x->shape.d[3]));
+  int64_t B = x->shape.d[0], S = x->shape.d[2] * x->shape.d[3];
+  DISPATCH(x->device,
+           cpu_frozen_bn_forward(x->data, weight->data, bias->data, running_mean->data, running_var->data, eps,
+                                 y->data, scale->data, B, C, S),
+           cuda_frozen_bn_forward(x->data, weight->data, bias->data, running_mean->data, running_var->data, eps,
+                                  y->data, scale->data, B, C, S));
   TapeNode *n = autograd_record("frozen_batchnorm2d", frozen_bn_backward_node, y, 1, &x);
   if (n) autograd_save(n, scale);
   return y;

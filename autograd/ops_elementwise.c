@@ -124,9 +124,10 @@ static void dropout_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *y = n->out[0];
   float *dx = grad_data_or_null(x);
   if (!dx) return;
-  CPU_ONLY(x->device, "dropout",
-           cpu_dropout_backward(y->grad->data, dx, x->numel, (float)n->farg[0],
-                                (uint64_t)n->iarg[0], (uint64_t)n->iarg[1]));
+  float p = (float)n->farg[0];
+  uint64_t seed = (uint64_t)n->iarg[0], offset = (uint64_t)n->iarg[1];
+  DISPATCH(x->device, cpu_dropout_backward(y->grad->data, dx, x->numel, p, seed, offset),
+           cuda_dropout_backward(y->grad->data, dx, x->numel, p, seed, offset));
 }
 
 Tensor *op_dropout(Tensor *x, float p, bool training, Rng *rng) {
@@ -135,7 +136,9 @@ Tensor *op_dropout(Tensor *x, float p, bool training, Rng *rng) {
   Tensor *y = tensor_new_scoped(x->device, x->shape);
   uint64_t seed = rng->seed, offset = rng->offset;
   rng->offset += rng_counters_uniform((uint64_t)x->numel);
-  CPU_ONLY(x->device, "dropout", cpu_dropout_forward(x->data, y->data, x->numel, p, seed, offset));
+  // The same (seed, offset) gives the same mask on every device (kernels/rng_math.h).
+  DISPATCH(x->device, cpu_dropout_forward(x->data, y->data, x->numel, p, seed, offset),
+           cuda_dropout_forward(x->data, y->data, x->numel, p, seed, offset));
   TapeNode *n = autograd_record("dropout", dropout_backward_node, y, 1, &x);
   if (n) {
     n->farg[0] = p;

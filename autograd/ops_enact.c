@@ -1,4 +1,5 @@
 // ENACT's differentiable pieces: the clustering op and the Gaussian smoothing of the entropy map.
+#include <stdlib.h>
 #include <string.h>
 
 #include "autograd/op_util.h"
@@ -40,17 +41,13 @@ Tensor *op_enact_cluster(Tensor *K, Tensor *V, Tensor *H, const float *signs, co
   // node keeps the block for backward.
   size_t index_bytes = (size_t)(2 * L) * sizeof(int64_t), sign_bytes = signs ? (size_t)M * sizeof(float) : 0;
   size_t bytes = index_bytes + sign_bytes;
-  char *host = detr_alloc(DEVICE_CPU, bytes);
+  char *host = malloc(bytes ? bytes : 1);
+  DETR_CHECK(host, "enact_cluster: out of host memory");
   memcpy(host, starts, (size_t)L * sizeof(int64_t));
   memcpy(host + (size_t)L * sizeof(int64_t), lengths, (size_t)L * sizeof(int64_t));
   if (signs) memcpy(host + index_bytes, signs, sign_bytes);
-  char *block = host;
-#if DETR_HAVE_CUDA
-  if (K->device == DEVICE_CUDA) {
-    block = detr_alloc(DEVICE_CUDA, bytes);
-    cuda_memcpy_h2d(block, host, bytes);
-  }
-#endif
+  char *block = upload_block(K->device, host, bytes);
+  free(host);
   const int64_t *dev_starts = (const int64_t *)block, *dev_lengths = dev_starts + L;
   const float *dev_signs = signs ? (const float *)(block + index_bytes) : NULL;
   DISPATCH(K->device,
@@ -66,26 +63,26 @@ Tensor *op_enact_cluster(Tensor *K, Tensor *V, Tensor *H, const float *signs, co
     for (int i = 0; i < 5; i++) autograd_save(n, read[i]);
     n->iarg[0] = L;
     n->iarg[1] = signs != NULL;
-    n->buf = block;  // the node owns the block now
-    n->buf_bytes = bytes;
-    n->buf_device = K->device;
-  } else {
-    detr_free(K->device, block, bytes);
   }
-  if (block != host) detr_free(DEVICE_CPU, host, bytes);
+  node_take_block(n, K->device, block, bytes);  // the node owns the block now (or it is freed)
   *Vc_out = Vc;
   return Kc;
 }
 
 // --- smoothing: linear and self-adjoint, so backward applies the same filter to the gradient.
-// Node buffer = [valid_h B][valid_w B] int64, then the taps. ---
+// The geometry block lives on x's device (the node keeps it): [valid_h B][valid_w B] int64, then
+// the taps [ntaps] float. ---
 
-static void smooth(Device dev, const float *x, float *y, int64_t B, int64_t Hp, int64_t Wp, const int64_t *vh,
-                   const int64_t *vw, const float *taps, int64_t ntaps, bool one_d) {
+// y [B, Hp*Wp] += smooth(x); geom = the block above, on dev. Workspace: B*Hp*Wp floats on dev.
+static void smooth(Device dev, const float *x, float *y, int64_t B, int64_t Hp, int64_t Wp, const int64_t *geom,
+                   int64_t ntaps, bool one_d) {
+  const int64_t *vh = geom, *vw = geom + B;
+  const float *taps = (const float *)(geom + 2 * B);
   size_t ws_bytes = (size_t)(B * Hp * Wp) * sizeof(float);
-  float *ws = detr_alloc(DEVICE_CPU, ws_bytes);
-  CPU_ONLY(dev, "enact_smooth", cpu_enact_smooth(x, y, B, Hp, Wp, vh, vw, taps, ntaps, !one_d, ws));
-  detr_free(DEVICE_CPU, ws, ws_bytes);
+  float *ws = detr_alloc(dev, ws_bytes);
+  DISPATCH(dev, cpu_enact_smooth(x, y, B, Hp, Wp, vh, vw, taps, ntaps, !one_d, ws),
+           cuda_enact_smooth(x, y, B, Hp, Wp, vh, vw, taps, ntaps, !one_d, ws));
+  detr_free(dev, ws, ws_bytes);
 }
 
 static void enact_smooth_backward_node(TapeNode *n) {
@@ -93,8 +90,7 @@ static void enact_smooth_backward_node(TapeNode *n) {
   float *dx = grad_data_or_null(x);
   if (!dx) return;
   int64_t B = x->shape.d[0], Hp = n->iarg[0], Wp = n->iarg[1], ntaps = n->iarg[2];
-  const int64_t *vh = n->buf, *vw = vh + B;
-  smooth(x->device, y->grad->data, dx, B, Hp, Wp, vh, vw, (const float *)(vw + B), ntaps, n->iarg[3]);
+  smooth(x->device, y->grad->data, dx, B, Hp, Wp, n->buf, ntaps, n->iarg[3]);
 }
 
 Tensor *op_enact_smooth(Tensor *x, int64_t Hp, int64_t Wp, const int64_t *valid_h, const int64_t *valid_w,
@@ -108,20 +104,24 @@ Tensor *op_enact_smooth(Tensor *x, int64_t Hp, int64_t Wp, const int64_t *valid_
     DETR_CHECK(valid_h[b] >= 1 && valid_h[b] <= Hp && valid_w[b] >= 1 && valid_w[b] <= Wp,
                "enact_smooth: image %lld's valid region %lldx%lld is outside %lldx%lld", (long long)b,
                (long long)valid_h[b], (long long)valid_w[b], (long long)Hp, (long long)Wp);
+  size_t dims_bytes = (size_t)(2 * B) * sizeof(int64_t), bytes = dims_bytes + (size_t)ntaps * sizeof(float);
+  char *host = malloc(bytes);
+  DETR_CHECK(host, "enact_smooth: out of host memory");
+  memcpy(host, valid_h, (size_t)B * sizeof(int64_t));
+  memcpy(host + (size_t)B * sizeof(int64_t), valid_w, (size_t)B * sizeof(int64_t));
+  memcpy(host + dims_bytes, taps, (size_t)ntaps * sizeof(float));
+  int64_t *geom = upload_block(x->device, host, bytes);
+  free(host);
   Tensor *y = tensor_new_scoped(x->device, x->shape);
   tensor_fill_(y, 0.0f);
-  smooth(x->device, x->data, y->data, B, Hp, Wp, valid_h, valid_w, taps, ntaps, one_d);
+  smooth(x->device, x->data, y->data, B, Hp, Wp, geom, ntaps, one_d);
   TapeNode *n = autograd_record("enact_smooth", enact_smooth_backward_node, y, 1, &x);
   if (n) {
     n->iarg[0] = Hp;
     n->iarg[1] = Wp;
     n->iarg[2] = ntaps;
     n->iarg[3] = one_d;
-    size_t geom = (size_t)(2 * B) * sizeof(int64_t);
-    char *buf = autograd_node_buffer(n, DEVICE_CPU, geom + (size_t)ntaps * sizeof(float));
-    memcpy(buf, valid_h, (size_t)B * sizeof(int64_t));
-    memcpy(buf + (size_t)B * sizeof(int64_t), valid_w, (size_t)B * sizeof(int64_t));
-    memcpy(buf + geom, taps, (size_t)ntaps * sizeof(float));
   }
+  node_take_block(n, x->device, geom, bytes);
   return y;
 }

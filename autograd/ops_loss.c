@@ -1,20 +1,19 @@
 // Losses (weighted cross-entropy, L1) and the box ops of DETR's GIoU loss.
-#include <string.h>
-
 #include "autograd/op_util.h"
 
 // --- weighted cross-entropy, mean over the weights of the targets (torch semantics) ---
+// The targets go to the logits' device (node buffer, int64 [rows]). The loss is written and its
+// gradient read in device memory: no synchronisation in either direction.
 
 static void cross_entropy_backward_node(TapeNode *n) {
   Tensor *logits = n->in[0], *weight = n->in[1], *y = n->out[0], *lse = n->saved[0];
   float *dlogits = grad_data_or_null(logits);
   if (!dlogits) return;
   int64_t rows = logits->shape.d[0], classes = logits->shape.d[1];
-  float dloss;
-  tensor_to_host(y->grad, &dloss);
-  CPU_ONLY(logits->device, "cross_entropy",
-           cpu_cross_entropy_backward(logits->data, n->buf, weight ? weight->data : NULL, lse->data,
-                                      dloss, dlogits, rows, classes));
+  const float *w = weight ? weight->data : NULL;
+  DISPATCH(logits->device,
+           cpu_cross_entropy_backward(logits->data, n->buf, w, lse->data, y->grad->data[0], dlogits, rows, classes),
+           cuda_cross_entropy_backward(logits->data, n->buf, w, lse->data, y->grad->data, dlogits, rows, classes));
 }
 
 Tensor *op_cross_entropy(Tensor *logits, const int64_t *targets, Tensor *class_weight) {
@@ -32,23 +31,22 @@ Tensor *op_cross_entropy(Tensor *logits, const int64_t *targets, Tensor *class_w
                (long long)class_weight->numel, (long long)classes);
     DETR_CHECK(!class_weight->requires_grad, "cross_entropy: class weights take no gradient");
   }
-  Tensor *y = tensor_new_scoped(logits->device, (Shape){0});
-  Tensor *lse = tensor_new_scoped(logits->device, SHAPE(rows));
-  float loss = 0.0f;
-  CPU_ONLY(logits->device, "cross_entropy",
-           loss = cpu_cross_entropy_forward(logits->data, targets,
-                                            class_weight ? class_weight->data : NULL, lse->data,
-                                            rows, classes));
-  tensor_fill_(y, loss);
+  Device dev = logits->device;
+  Tensor *y = tensor_new_scoped(dev, (Shape){0});
+  Tensor *lse = tensor_new_scoped(dev, SHAPE(rows));
+  size_t target_bytes = (size_t)rows * sizeof(int64_t);
+  int64_t *dev_targets = upload_block(dev, targets, target_bytes);  // [rows] on dev
+  const float *w = class_weight ? class_weight->data : NULL;
+  DISPATCH(dev, y->data[0] = cpu_cross_entropy_forward(logits->data, dev_targets, w, lse->data, rows, classes),
+           cuda_cross_entropy_forward(logits->data, dev_targets, w, lse->data, y->data, rows, classes));
   Tensor *in[2] = {logits, class_weight};
   TapeNode *n = autograd_record("cross_entropy", cross_entropy_backward_node, y, 2, in);
   if (n) {
     autograd_save(n, lse);
     autograd_save(n, logits);
     if (class_weight) autograd_save(n, class_weight);
-    size_t bytes = (size_t)rows * sizeof(int64_t);
-    memcpy(autograd_node_buffer(n, DEVICE_CPU, bytes), targets, bytes);
   }
+  node_take_block(n, dev, dev_targets, target_bytes);
   return y;
 }
 
@@ -56,11 +54,9 @@ Tensor *op_cross_entropy(Tensor *logits, const int64_t *targets, Tensor *class_w
 
 static void l1_backward_node(TapeNode *n) {
   Tensor *a = n->in[0], *b = n->in[1], *y = n->out[0];
-  float dloss;
-  tensor_to_host(y->grad, &dloss);
-  CPU_ONLY(a->device, "l1_sum",
-           cpu_l1_sum_backward(a->data, b->data, dloss, grad_data_or_null(a), grad_data_or_null(b),
-                               a->numel));
+  float *da = grad_data_or_null(a), *db = grad_data_or_null(b);
+  DISPATCH(a->device, cpu_l1_sum_backward(a->data, b->data, y->grad->data[0], da, db, a->numel),
+           cuda_l1_sum_backward(a->data, b->data, y->grad->data, da, db, a->numel));
 }
 
 Tensor *op_l1_sum(Tensor *a, Tensor *b) {
@@ -69,9 +65,8 @@ Tensor *op_l1_sum(Tensor *a, Tensor *b) {
   DETR_CHECK(shape_equal(a->shape, b->shape), "l1_sum: shapes %s and %s differ",
              shape_str(a->shape, sa, sizeof sa), shape_str(b->shape, sb, sizeof sb));
   Tensor *y = tensor_new_scoped(a->device, (Shape){0});
-  float loss = 0.0f;
-  CPU_ONLY(a->device, "l1_sum", loss = cpu_l1_sum_forward(a->data, b->data, a->numel));
-  tensor_fill_(y, loss);
+  DISPATCH(a->device, y->data[0] = cpu_l1_sum_forward(a->data, b->data, a->numel),
+           cuda_l1_sum_forward(a->data, b->data, y->data, a->numel));
   Tensor *in[2] = {a, b};
   TapeNode *n = autograd_record("l1_sum", l1_backward_node, y, 2, in);
   if (n) {
@@ -94,13 +89,16 @@ static void box_convert_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *y = n->out[0];
   float *dx = grad_data_or_null(x);
   if (!dx) return;
-  CPU_ONLY(x->device, n->name, cpu_box_convert_backward(y->grad->data, dx, x->numel / 4, n->iarg[0]));
+  bool to_xyxy = n->iarg[0];
+  DISPATCH(x->device, cpu_box_convert_backward(y->grad->data, dx, x->numel / 4, to_xyxy),
+           cuda_box_convert_backward(y->grad->data, dx, x->numel / 4, to_xyxy));
 }
 
 static Tensor *box_convert(const char *name, Tensor *boxes, bool to_xyxy) {
   int64_t count = box_count(name, boxes);
   Tensor *y = tensor_new_scoped(boxes->device, boxes->shape);
-  CPU_ONLY(boxes->device, name, cpu_box_convert_forward(boxes->data, y->data, count, to_xyxy));
+  DISPATCH(boxes->device, cpu_box_convert_forward(boxes->data, y->data, count, to_xyxy),
+           cuda_box_convert_forward(boxes->data, y->data, count, to_xyxy));
   TapeNode *n = autograd_record(name, box_convert_backward_node, y, 1, &boxes);
   if (n) n->iarg[0] = to_xyxy;
   return y;
@@ -111,9 +109,9 @@ Tensor *op_box_xyxy_to_cxcywh(Tensor *boxes) { return box_convert("box_xyxy_to_c
 
 static void giou_backward_node(TapeNode *n) {
   Tensor *a = n->in[0], *b = n->in[1], *y = n->out[0];
-  CPU_ONLY(a->device, "box_giou",
-           cpu_box_giou_backward(a->data, b->data, y->grad->data, grad_data_or_null(a),
-                                 grad_data_or_null(b), a->numel / 4));
+  float *da = grad_data_or_null(a), *db = grad_data_or_null(b);
+  DISPATCH(a->device, cpu_box_giou_backward(a->data, b->data, y->grad->data, da, db, a->numel / 4),
+           cuda_box_giou_backward(a->data, b->data, y->grad->data, da, db, a->numel / 4));
 }
 
 Tensor *op_box_giou(Tensor *a, Tensor *b) {
@@ -122,7 +120,8 @@ Tensor *op_box_giou(Tensor *a, Tensor *b) {
   DETR_CHECK(a->shape.ndim == 2 && shape_equal(a->shape, b->shape),
              "box_giou: expected two [N, 4] tensors of matched pairs");
   Tensor *y = tensor_new_scoped(a->device, SHAPE(count));
-  CPU_ONLY(a->device, "box_giou", cpu_box_giou_forward(a->data, b->data, y->data, count));
+  DISPATCH(a->device, cpu_box_giou_forward(a->data, b->data, y->data, count),
+           cuda_box_giou_forward(a->data, b->data, y->data, count));
   Tensor *in[2] = {a, b};
   TapeNode *n = autograd_record("box_giou", giou_backward_node, y, 2, in);
   if (n) {

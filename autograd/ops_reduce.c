@@ -12,16 +12,18 @@ static void sum_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *y = n->out[0];
   float *dx = grad_data_or_null(x);
   if (!dx) return;
-  CPU_ONLY(x->device, "sum",
-           cpu_reduce_sum_backward(y->grad->data, dx, n->iarg[0], n->iarg[1], n->iarg[2],
-                                   (float)n->farg[0]));
+  int64_t outer = n->iarg[0], len = n->iarg[1], inner = n->iarg[2];
+  float scale = (float)n->farg[0];
+  DISPATCH(x->device, cpu_reduce_sum_backward(y->grad->data, dx, outer, len, inner, scale),
+           cuda_reduce_sum_backward(y->grad->data, dx, outer, len, inner, scale));
 }
 
 // y = scale * sum over the [outer, n, inner] middle axis, with output shape `out`.
 static Tensor *reduce(const char *name, Tensor *x, int64_t outer, int64_t len, int64_t inner,
                       float scale, Shape out) {
   Tensor *y = tensor_new_scoped(x->device, out);
-  CPU_ONLY(x->device, name, cpu_reduce_sum(x->data, y->data, outer, len, inner, scale));
+  DISPATCH(x->device, cpu_reduce_sum(x->data, y->data, outer, len, inner, scale),
+           cuda_reduce_sum(x->data, y->data, outer, len, inner, scale));
   TapeNode *node = autograd_record(name, sum_backward_node, y, 1, &x);
   if (node) {
     node->iarg[0] = outer;

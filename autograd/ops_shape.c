@@ -1,4 +1,5 @@
 // Reshape (a view), permute/transpose, concat, slice and row gather.
+#include <stdlib.h>
 #include <string.h>
 
 #include "autograd/op_util.h"
@@ -43,8 +44,8 @@ static void permute_backward_node(TapeNode *n) {
   int perm[DETR_MAX_DIMS], inverse[DETR_MAX_DIMS];
   for (int d = 0; d < x->shape.ndim; d++) perm[d] = (int)n->iarg[d];
   for (int d = 0; d < x->shape.ndim; d++) inverse[perm[d]] = d;
-  CPU_ONLY(x->device, "permute",
-           cpu_permute(y->grad->data, dx, y->shape.ndim, y->shape.d, inverse, true));
+  DISPATCH(x->device, cpu_permute(y->grad->data, dx, y->shape.ndim, y->shape.d, inverse, true),
+           cuda_permute(y->grad->data, dx, y->shape.ndim, y->shape.d, inverse, true));
 }
 
 Tensor *op_permute(Tensor *x, const int *perm) {
@@ -57,7 +58,8 @@ Tensor *op_permute(Tensor *x, const int *perm) {
     out.d[d] = x->shape.d[perm[d]];
   }
   Tensor *y = tensor_new_scoped(x->device, out);
-  CPU_ONLY(x->device, "permute", cpu_permute(x->data, y->data, nd, x->shape.d, perm, false));
+  DISPATCH(x->device, cpu_permute(x->data, y->data, nd, x->shape.d, perm, false),
+           cuda_permute(x->data, y->data, nd, x->shape.d, perm, false));
   TapeNode *n = autograd_record("permute", permute_backward_node, y, 1, &x);
   if (n)
     for (int d = 0; d < nd; d++) n->iarg[d] = perm[d];
@@ -78,9 +80,9 @@ Tensor *op_transpose(Tensor *x, int dim0, int dim1) {
 static void copy_range(Device dev, const float *src, float *dst, int64_t outer, int64_t src_axis,
                        int64_t dst_axis, int64_t inner, int64_t src_start, int64_t dst_start,
                        int64_t len, bool accumulate) {
-  CPU_ONLY(dev, "concat/slice",
-           cpu_copy_axis_range(src, dst, outer, src_axis, dst_axis, inner, src_start, dst_start, len,
-                               accumulate));
+  DISPATCH(dev,
+           cpu_copy_axis_range(src, dst, outer, src_axis, dst_axis, inner, src_start, dst_start, len, accumulate),
+           cuda_copy_axis_range(src, dst, outer, src_axis, dst_axis, inner, src_start, dst_start, len, accumulate));
 }
 
 static void concat_backward_node(TapeNode *n) {
@@ -152,14 +154,35 @@ Tensor *op_slice(Tensor *x, int axis, int64_t start, int64_t end) {
   return y;
 }
 
-// --- index_select: rows by host indices; the indices are kept in the node for backward ---
+// --- index_select: rows by host indices, copied to x's device. The backward adds gradient rows
+// back: on the CPU a serial scatter over the kept indices; on the GPU a gather over their inverse
+// (for each row of x, the positions that picked it, increasing), so that no two threads add into
+// one element and the sums come out in the CPU's order. Node buffer: CPU idx [count]; CUDA
+// offsets [rows + 1] then positions [count] (int64). ---
+
+// The inverse of idx [count] over rows: inv = [offsets rows+1][positions count], the positions i
+// with idx[i] == r at positions[offsets[r] .. offsets[r+1]), increasing (a stable counting sort).
+static int64_t *inverse_index(const int64_t *idx, int64_t count, int64_t rows) {
+  int64_t *inv = malloc((size_t)(rows + 1 + count) * sizeof(int64_t));
+  DETR_CHECK(inv, "index_select: out of host memory");
+  int64_t *offsets = inv, *positions = inv + rows + 1;
+  memset(offsets, 0, (size_t)(rows + 1) * sizeof(int64_t));
+  for (int64_t i = 0; i < count; i++) offsets[idx[i] + 1]++;
+  for (int64_t r = 0; r < rows; r++) offsets[r + 1] += offsets[r];  // offsets[r]: start of row r
+  for (int64_t i = 0; i < count; i++) positions[offsets[idx[i]]++] = i;  // offsets[r]: end of row r
+  for (int64_t r = rows; r > 0; r--) offsets[r] = offsets[r - 1];
+  offsets[0] = 0;
+  return inv;
+}
 
 static void index_select_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *y = n->out[0];
   float *dx = grad_data_or_null(x);
   if (!dx) return;
-  int64_t count = n->iarg[0], row = count ? y->numel / count : 0;
-  CPU_ONLY(x->device, "index_select", cpu_index_add(y->grad->data, n->buf, dx, count, row));
+  int64_t count = n->iarg[0], rows = x->shape.d[0], row = rows ? x->numel / rows : 0;
+  const int64_t *buf = n->buf;
+  DISPATCH(x->device, cpu_index_add(y->grad->data, buf, dx, count, row),
+           cuda_index_add(y->grad->data, buf, buf + rows + 1, dx, rows, row));
 }
 
 Tensor *op_index_select(Tensor *x, const int64_t *idx, int64_t count) {
@@ -170,13 +193,22 @@ Tensor *op_index_select(Tensor *x, const int64_t *idx, int64_t count) {
                "[0, %lld)", (long long)idx[i], (long long)i, (long long)rows);
   Shape out = x->shape;
   out.d[0] = count;
-  Tensor *y = tensor_new_scoped(x->device, out);
-  CPU_ONLY(x->device, "index_select", cpu_index_select(x->data, idx, y->data, count, row));
+  Device dev = x->device;
+  Tensor *y = tensor_new_scoped(dev, out);
+  size_t idx_bytes = (size_t)count * sizeof(int64_t);
+  int64_t *dev_idx = upload_block(dev, idx, idx_bytes);  // [count] on x's device
+  DISPATCH(dev, cpu_index_select(x->data, dev_idx, y->data, count, row),
+           cuda_index_select(x->data, dev_idx, y->data, count, row));
   TapeNode *n = autograd_record("index_select", index_select_backward_node, y, 1, &x);
-  if (n) {
-    n->iarg[0] = count;
-    size_t bytes = (size_t)count * sizeof(int64_t);
-    memcpy(autograd_node_buffer(n, DEVICE_CPU, bytes), idx, bytes);
+  if (n) n->iarg[0] = count;
+  if (n && dev != DEVICE_CPU) {  // the GPU's backward reads the inverse instead
+    detr_free(dev, dev_idx, idx_bytes);
+    int64_t *inv = inverse_index(idx, count, rows);
+    size_t inv_bytes = (size_t)(rows + 1 + count) * sizeof(int64_t);
+    node_take_block(n, dev, upload_block(dev, inv, inv_bytes), inv_bytes);
+    free(inv);
+  } else {
+    node_take_block(n, dev, dev_idx, idx_bytes);
   }
   return y;
 }

@@ -5,10 +5,10 @@ static void softmax_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *y = n->out[0];
   float *dx = grad_data_or_null(x);
   if (!dx) return;
-  int64_t cols = x->shape.d[x->shape.ndim - 1];
-  CPU_ONLY(x->device, n->name,
-           cpu_softmax_backward(y->data, y->grad->data, dx, cols ? x->numel / cols : 0, cols,
-                                n->iarg[0]));
+  int64_t cols = x->shape.d[x->shape.ndim - 1], rows = cols ? x->numel / cols : 0;
+  bool log = n->iarg[0];
+  DISPATCH(x->device, cpu_softmax_backward(y->data, y->grad->data, dx, rows, cols, log),
+           cuda_softmax_backward(y->data, y->grad->data, dx, rows, cols, log));
 }
 
 static Tensor *softmax(const char *name, Tensor *x, Tensor *mask, bool log) {
@@ -25,9 +25,10 @@ static Tensor *softmax(const char *name, Tensor *x, Tensor *mask, bool log) {
     rows_per_mask = rows / mask_rows;
   }
   Tensor *y = tensor_new_scoped(x->device, x->shape);
-  CPU_ONLY(x->device, name,
-           cpu_softmax_forward(x->data, mask ? mask->data : NULL, y->data, rows, cols,
-                               rows_per_mask ? rows_per_mask : 1, log));
+  const float *m = mask ? mask->data : NULL;
+  int64_t group = rows_per_mask ? rows_per_mask : 1;
+  DISPATCH(x->device, cpu_softmax_forward(x->data, m, y->data, rows, cols, group, log),
+           cuda_softmax_forward(x->data, m, y->data, rows, cols, group, log));
   TapeNode *n = autograd_record(name, softmax_backward_node, y, 1, &x);  // the mask is constant
   if (n) {
     n->iarg[0] = log;
@@ -42,11 +43,12 @@ Tensor *op_log_softmax(Tensor *x, Tensor *mask) { return softmax("log_softmax", 
 static void layernorm_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *w = n->in[1], *b = n->in[2], *y = n->out[0];
   Tensor *mean = n->saved[0], *rstd = n->saved[1];
-  int64_t cols = x->shape.d[x->shape.ndim - 1];
-  CPU_ONLY(x->device, "layernorm",
-           cpu_layernorm_backward(x->data, w ? w->data : NULL, mean->data, rstd->data,
-                                  y->grad->data, grad_data_or_null(x), grad_data_or_null(w),
-                                  grad_data_or_null(b), cols ? x->numel / cols : 0, cols));
+  int64_t cols = x->shape.d[x->shape.ndim - 1], rows = cols ? x->numel / cols : 0;
+  const float *wd = w ? w->data : NULL;
+  float *dx = grad_data_or_null(x), *dw = grad_data_or_null(w), *db = grad_data_or_null(b);
+  DISPATCH(x->device,
+           cpu_layernorm_backward(x->data, wd, mean->data, rstd->data, y->grad->data, dx, dw, db, rows, cols),
+           cuda_layernorm_backward(x->data, wd, mean->data, rstd->data, y->grad->data, dx, dw, db, rows, cols));
 }
 
 Tensor *op_layernorm(Tensor *x, Tensor *weight, Tensor *bias, float eps) {
@@ -62,9 +64,9 @@ Tensor *op_layernorm(Tensor *x, Tensor *weight, Tensor *bias, float eps) {
   Tensor *y = tensor_new_scoped(x->device, x->shape);
   Tensor *mean = tensor_new_scoped(x->device, SHAPE(rows));
   Tensor *rstd = tensor_new_scoped(x->device, SHAPE(rows));
-  CPU_ONLY(x->device, "layernorm",
-           cpu_layernorm_forward(x->data, weight ? weight->data : NULL, bias ? bias->data : NULL,
-                                 y->data, mean->data, rstd->data, rows, cols, eps));
+  const float *wd = weight ? weight->data : NULL, *bd = bias ? bias->data : NULL;
+  DISPATCH(x->device, cpu_layernorm_forward(x->data, wd, bd, y->data, mean->data, rstd->data, rows, cols, eps),
+           cuda_layernorm_forward(x->data, wd, bd, y->data, mean->data, rstd->data, rows, cols, eps));
   Tensor *in[3] = {x, weight, bias};
   TapeNode *n = autograd_record("layernorm", layernorm_backward_node, y, 3, in);
   if (n) {

@@ -1,10 +1,12 @@
 // The whole DETR training step of detr-c: forward, loss, backward, gradient clipping, AdamW.
 //   build/bench/bench_step [--preset detr-r18-small] [--size 320 | --hw HxW] [--batch 2] [--boxes 3]
-//                          [--reps 5] [--enact] [--profile] [--forward]
+//                          [--reps 5] [--enact] [--profile] [--forward] [--device cpu|cuda]
 // --forward times the no-grad forward alone (e.g. detr-r50 on one 800x1066 image: --batch 1
 // --hw 800x1066 --forward).
 // Prints one JSON line: median step seconds over reps (after one warm-up step), the steps' times,
-// and the peak resident memory of the process (getrusage). --profile adds the per-op breakdown.
+// and the peak resident memory of the process (getrusage); with --device cuda also the peak of the
+// caching allocator's live device memory. --profile adds the per-op breakdown (on the CPU only:
+// GPU work is asynchronous, so host-side op times say little there; use Nsight Systems).
 // bench/compare_torch.sh runs this and bench/torch_step.py alternately.
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,9 @@
 #include <time.h>
 
 #include "kernels/cpu/cpu_kernels.h"
+#if DETR_HAVE_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
 #include "nn/detr.h"
 #include "train/optim.h"
 
@@ -20,6 +25,14 @@ static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+// Waits for the device's queued work, so that a step's time includes it.
+static void device_sync(Device dev) {
+#if DETR_HAVE_CUDA
+  if (dev == DEVICE_CUDA) cuda_synchronize();
+#endif
+  (void)dev;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -31,6 +44,7 @@ int main(int argc, char **argv) {
   const char *preset = "detr-r18-small";
   int size = 320, boxes = 3, reps = 5, batch = 2, height = 0, width = 0;
   bool enact = false, profile = false, forward_only = false;
+  Device dev = DEVICE_CPU;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
     else if (!strcmp(argv[i], "--size") && i + 1 < argc) size = atoi(argv[++i]);
@@ -43,6 +57,14 @@ int main(int argc, char **argv) {
       if (sscanf(argv[++i], "%dx%d", &height, &width) != 2) height = width = 0;
     }
     else if (!strcmp(argv[i], "--profile")) profile = true;
+    else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
+      const char *d = argv[++i];
+      if (strcmp(d, "cpu") && strcmp(d, "cuda")) {
+        fprintf(stderr, "bench_step: --device %s: expected cpu or cuda\n", d);
+        return 2;
+      }
+      dev = strcmp(d, "cuda") ? DEVICE_CPU : DEVICE_CUDA;
+    }
     else {
       fprintf(stderr, "bench_step: unknown argument '%s'\n", argv[i]);
       return 2;
@@ -60,13 +82,13 @@ int main(int argc, char **argv) {
   }
   cfg.enact = enact;
   cpu_flush_denormals(true);  // as `detr train` runs
-  DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
+  DetrModel *m = detr_model_create(&cfg, dev);
   detr_model_init(m, 1);
   AdamW opt;
   adamw_init(&opt, &m->params, optim_config_default());
   // `batch` images of height x width, `boxes` targets per image (fixed, as the PyTorch script's).
   const int B = batch;
-  Tensor *images = tensor_new(DEVICE_CPU, SHAPE(B, 3, height, width));
+  Tensor *images = tensor_new(dev, SHAPE(B, 3, height, width));
   Rng rng = rng_make(7);
   tensor_normal_(images, &rng, 0.0f, 1.0f);
   uint8_t *mask = calloc((size_t)B * (size_t)height * (size_t)width, 1);
@@ -106,6 +128,7 @@ int main(int argc, char **argv) {
       autograd_set_grad_enabled(was);
       detr_output_free(&out);
       tensor_scope_release(mark);
+      device_sync(dev);
       if (r >= 0) t[r] = now() - t0;
       continue;
     }
@@ -122,6 +145,7 @@ int main(int argc, char **argv) {
     criterion_result_free(&loss);
     detr_output_free(&out);
     tensor_scope_release(mark);
+    device_sync(dev);
     if (r >= 0) t[r] = now() - t0;
   }
   double *sorted = malloc(sizeof(double) * (size_t)reps);
@@ -134,7 +158,11 @@ int main(int argc, char **argv) {
          preset, size, height, width, B, forward_only ? "forward" : "train step", enact ? "true" : "false",
          sorted[reps / 2], ru.ru_maxrss / 1024.0);
   for (int r = 0; r < reps; r++) printf(r ? ", %.4f" : "%.4f", t[r]);
-  printf("]}\n");
+  printf("]");
+  if (dev == DEVICE_CUDA)
+    printf(", \"device\": \"cuda\", \"peak_device_mb\": %.1f",
+           (double)detr_alloc_stats(DEVICE_CUDA).peak_live_bytes / (1 << 20));
+  printf("}\n");
   if (profile) autograd_profile_report(stderr);
   adamw_free(&opt);
   detr_model_free(m);

@@ -3,6 +3,7 @@
 // the CPU tests exercise the arithmetic the GPU runs.
 #pragma once
 #include "kernels/common.h"
+#include "kernels/rng_math.h"
 
 #include <math.h>
 
@@ -98,3 +99,12 @@ DETR_HD void broadcast_offsets(const Broadcast *bc, int64_t i, int64_t *off_a, i
   *off_a = oa;
   *off_b = ob;
 }
+
+// Dropout keeps element i when its uniform draw (rng_math.h: the word of its Philox counter) is
+// >= p, and scales what it keeps by 1 / (1 - p).
+DETR_HD float dropout_keep_scale(float p) { return 1.0f / (1.0f - p); }
+DETR_HD int dropout_keeps(uint32_t word, float p) { return rng_word_to_unit(word) >= p; }
+
+// Sum and mean over an axis: terms are summed in double (long sums such as loss terms stay exact to
+// float precision), then scaled (1 or 1/n) and rounded once.
+DETR_HD float reduce_sum_finish(double acc, float scale) { return (float)(acc * scale); }

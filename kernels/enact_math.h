@@ -39,3 +39,17 @@ DETR_HD float enact_cluster_elem(const float *X, const float *H, const float *si
 
 // dL/dH_i's contribution of one feature c of one clustered tensor: dXc * w_i (s_i X_ic - Xc_jc).
 DETR_HD float enact_dh_term(float w, float s, float x, float xc, float dxc) { return dxc * w * (s * x - xc); }
+
+// Gaussian smoothing of the entropy map (op_enact_smooth): the centred taps[2r+1] at position pos
+// of a line of len values x[0], x[stride], ..., zero outside the line, summed in tap order.
+DETR_HD float enact_smooth_at(const float *x, int64_t stride, int64_t len, int64_t pos, const float *taps,
+                              int64_t r) {
+  float acc = 0.0f;
+  for (int64_t t = -r; t <= r; t++)
+    if (pos + t >= 0 && pos + t < len) acc += taps[t + r] * x[(pos + t) * stride];
+  return acc;
+}
+
+// The 1-D variant runs along an image's valid pixels in row-major order: valid pixel i of a
+// width-w valid region sits at this offset of the padded Wp-wide map.
+DETR_HD int64_t enact_valid_offset(int64_t i, int64_t w, int64_t Wp) { return (i / w) * Wp + i % w; }

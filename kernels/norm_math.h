@@ -1,4 +1,6 @@
-// Element math of frozen batch norm, layer norm and softmax, shared by CPU and CUDA kernels.
+// Element math of frozen batch norm, layer norm and softmax, shared by CPU and CUDA kernels. The
+// kernels own the reductions (row sums in double, in an order fixed by the shape); these functions
+// turn the reduced statistics into outputs and gradients.
 #pragma once
 #include "kernels/common.h"
 
@@ -11,8 +13,13 @@ DETR_HD void frozen_bn_scale_shift(float weight, float bias, float mean, float v
   *scale = s;
   *shift = bias - mean * s;
 }
+DETR_HD float frozen_bn_elem(float x, float scale, float shift) { return x * scale + shift; }
 
-// Layer norm: y = (x - mean) * rstd * w + b.
+// Layer norm: y = (x - mean) * rstd * w + b, with the biased variance (torch) of the row.
+DETR_HD float layernorm_rstd(double sum_sq_dev, int64_t n, float eps) {
+  return (float)(1.0 / sqrt(sum_sq_dev / (double)n + eps));
+}
+DETR_HD float layernorm_xhat(float x, float mean, float rstd) { return (x - mean) * rstd; }
 DETR_HD float layernorm_elem(float x, float mean, float rstd, float w, float b) {
   return (x - mean) * rstd * w + b;
 }
@@ -21,6 +28,16 @@ DETR_HD float layernorm_backward_elem(float g, float xhat, float rstd, float mea
                                       float mean_g_xhat) {
   return rstd * (g - mean_g - xhat * mean_g_xhat);
 }
+
+// Softmax of a row: v = x + mask; m = max v; s = sum exp(v - m) (in double).
+// y = exp(v - m) / s, log-softmax y = v - (m + log s). A row with m = -inf (every entry masked)
+// has no distribution: zeros (log: -inf), and no gradient.
+DETR_HD float softmax_input(float x, const float *mask_row, int64_t j) {
+  return mask_row ? x + mask_row[j] : x;
+}
+DETR_HD float log_sum_exp(float max, double sum) { return max + logf((float)sum); }
+DETR_HD float softmax_inv_sum(double sum) { return (float)(1.0 / sum); }
+DETR_HD float softmax_elem(float v, float max, float inv_sum) { return expf(v - max) * inv_sum; }
 
 // Softmax: dx_i = y_i (dy_i - sum_j dy_j y_j). Log-softmax: dx_i = dy_i - exp(y_i) sum_j dy_j.
 DETR_HD float softmax_backward_elem(float y, float dy, float dot) { return y * (dy - dot); }

@@ -22,3 +22,8 @@ DETR_HD void adamw_update(float *p, float *m, float *v, float g, AdamWStep s) {
   *m = mm;
   *v = vv;
 }
+
+// Gradient clipping (torch's clip_grad_norm_): the global norm is sqrt of the sum over all
+// gradients of x^2 (in double); gradients are scaled by this coefficient when it is below 1.
+DETR_HD double sum_squares_term(float x) { return (double)x * x; }
+DETR_HD double clip_coefficient(float max_norm, double norm) { return max_norm / (norm + 1e-6); }

@@ -140,8 +140,10 @@ int criterion_forward(const CriterionConfig *cfg, DetrLayerOutput final, const D
     }
     char suffix[12] = "";
     if (layer >= 0) snprintf(suffix, sizeof suffix, "_%d", layer);
-    layer_losses(cfg, o, targets, use, num_boxes, suffix, out);  // the order of criterion_term_names
+    // The metrics read the logits on the host: before the loss ops are queued, so that on a GPU
+    // this copy waits for nothing the matcher's copy did not already wait for.
     logging_metrics(cfg, o, targets, use, layer, out);
+    layer_losses(cfg, o, targets, use, num_boxes, suffix, out);  // the order of criterion_term_names
     if (layer < 0) {
       out->n_images = B;
       out->matches = calloc((size_t)B, sizeof(DetrMatch));

@@ -192,6 +192,9 @@ Tensor *enact_layer_forward(const EnactEncoderLayer *l, const NnCtx *ctx, Tensor
   EnactTrace local = {.entropy = hsm};
   const EnactTrace *use = fixed;
   if (!use) {
+    // The curvature sign and the regions are computed on the host from the smoothed map [B, N]
+    // (a few KB): the regions set the shapes of everything after them. On a GPU this copy is a
+    // synchronisation point, one per ENACT encoder layer (docs/cuda.md).
     float *host = malloc((size_t)(B * N) * sizeof(float));
     local.signs = malloc((size_t)(B * N) * sizeof(float));
     DETR_CHECK(host && local.signs, "enact_layer_forward: out of host memory");

@@ -5,6 +5,9 @@
 
 #include "autograd/autograd.h"
 #include "kernels/cpu/cpu_kernels.h"
+#if DETR_HAVE_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
 
 OptimConfig optim_config_default(void) {
   return (OptimConfig){.lr = 1e-4f, .lr_backbone = 1e-5f, .weight_decay = 1e-4f, .beta1 = 0.9f,
@@ -41,21 +44,52 @@ float adamw_lr(const AdamW *opt, LrGroup group) {
   return base;
 }
 
-double clip_grad_norm(ParamStore *params, float max_norm) {
+// Sum of squares of the trainable gradients that live on dev. CPU: one thread per gradient in a
+// fixed order. CUDA: each gradient's CUDA_SUM_SQUARES_PARTIALS partial sums, then one fixed-order
+// sum of them all, read back with one copy: the only synchronisation of the optimizer step.
+static double grad_sum_squares(ParamStore *params, Device dev) {
   double sum = 0.0;
+  int count = 0;
   for (int i = 0; i < params->count; i++) {
     Tensor *t = params->items[i].tensor;
-    if (params->items[i].kind != PARAM_TRAINABLE || !t->grad) continue;
-    DETR_CHECK(t->device == DEVICE_CPU, "clip_grad_norm: no CUDA kernel yet");
-    sum += cpu_sum_squares(t->grad->data, t->numel);
+    if (params->items[i].kind != PARAM_TRAINABLE || !t->grad || t->device != dev) continue;
+    if (dev == DEVICE_CPU) sum += cpu_sum_squares(t->grad->data, t->numel);
+    count++;
   }
-  double norm = sqrt(sum);
+#if DETR_HAVE_CUDA
+  if (dev == DEVICE_CUDA && count > 0) {
+    int64_t n_partials = (int64_t)count * CUDA_SUM_SQUARES_PARTIALS;
+    size_t bytes = (size_t)(n_partials + 1) * sizeof(double);
+    double *partials = detr_alloc(DEVICE_CUDA, bytes);  // [count * PARTIALS] then the total [1]
+    int k = 0;
+    for (int i = 0; i < params->count; i++) {
+      Tensor *t = params->items[i].tensor;
+      if (params->items[i].kind != PARAM_TRAINABLE || !t->grad || t->device != dev) continue;
+      cuda_sum_squares_partials(t->grad->data, t->numel, partials + (int64_t)k++ * CUDA_SUM_SQUARES_PARTIALS);
+    }
+    cuda_sum_doubles(partials, n_partials, partials + n_partials);
+    cuda_memcpy_d2h(&sum, partials + n_partials, sizeof sum);
+    detr_free(DEVICE_CUDA, partials, bytes);
+  }
+#endif
+  return sum;
+}
+
+double clip_grad_norm(ParamStore *params, float max_norm) {
+  double norm = sqrt(grad_sum_squares(params, DEVICE_CPU) + grad_sum_squares(params, DEVICE_CUDA));
   if (max_norm > 0.0f) {
-    double coef = max_norm / (norm + 1e-6);
+    double coef = clip_coefficient(max_norm, norm);
     if (coef < 1.0)
       for (int i = 0; i < params->count; i++) {
         Tensor *t = params->items[i].tensor;
-        if (params->items[i].kind == PARAM_TRAINABLE && t->grad) cpu_scale(t->grad->data, t->numel, (float)coef);
+        if (params->items[i].kind != PARAM_TRAINABLE || !t->grad) continue;
+        if (t->device == DEVICE_CPU) {
+          cpu_scale(t->grad->data, t->numel, (float)coef);
+        } else {
+#if DETR_HAVE_CUDA
+          cuda_scale(t->grad->data, t->numel, (float)coef);
+#endif
+        }
       }
   }
   return norm;
@@ -70,8 +104,14 @@ void adamw_step(AdamW *opt) {
     AdamWStep s = {.lr = adamw_lr(opt, p->group), .beta1 = opt->cfg.beta1, .beta2 = opt->cfg.beta2,
                    .eps = opt->cfg.eps, .weight_decay = opt->cfg.weight_decay, .bias_correction1 = (float)bc1,
                    .bias_correction2_sqrt = (float)sqrt(bc2)};
-    DETR_CHECK(p->tensor->device == DEVICE_CPU, "adamw_step: no CUDA kernel yet");
-    cpu_adamw(p->tensor->data, opt->exp_avg[i]->data, opt->exp_avg_sq[i]->data, p->tensor->grad->data,
-              p->tensor->numel, s);
+    Tensor *t = p->tensor;
+    float *m = opt->exp_avg[i]->data, *v = opt->exp_avg_sq[i]->data;
+    if (t->device == DEVICE_CPU) {
+      cpu_adamw(t->data, m, v, t->grad->data, t->numel, s);
+    } else {
+#if DETR_HAVE_CUDA
+      cuda_adamw(t->data, m, v, t->grad->data, t->numel, s);  // queued: no synchronisation
+#endif
+    }
   }
 }

@@ -187,7 +187,7 @@ void cpu_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const Conv
             int64_t ix = conv_in_coord(ox, kx, g->stride_w, g->pad_w, g->dil_w);
             if (ix < 0 || ix >= g->in_w) continue;
             float v = xp[iy * g->in_w + ix];
-            if (best_at < 0 || v > best || v != v) {  // NaN propagates, as in torch
+            if (maxpool_takes(v, best, best_at)) {
               best = v;
               best_at = (int32_t)(iy * g->in_w + ix);
             }
@@ -227,7 +227,7 @@ void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bia
     frozen_bn_scale_shift(weight[c], bias[c], mean[c], var[c], eps, &s, &t);
     const float *xp = x + bc * spatial;
     float *yp = y + bc * spatial;
-    for (int64_t i = 0; i < spatial; i++) yp[i] = xp[i] * s + t;
+    for (int64_t i = 0; i < spatial; i++) yp[i] = frozen_bn_elem(xp[i], s, t);
   }
 }
 

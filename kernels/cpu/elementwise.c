@@ -112,33 +112,33 @@ void cpu_binary_backward(int op, const float *a, const float *b, const float *dy
   }
 }
 
-// Dropout keeps element i when its uniform draw (rng_uniform_at) is >= p. The loops walk groups
-// of 4 elements that share one Philox counter, computing it once (4x fewer Philox rounds than
-// calling rng_uniform_at per element; the same numbers).
+// Dropout (kernels/elementwise_math.h) keeps element i when its uniform draw is >= p. The loops
+// walk groups of 4 elements that share one Philox counter, computing it once (4x fewer Philox
+// rounds than calling rng_uniform_at per element; the same numbers).
 void cpu_dropout_forward(const float *x, float *y, int64_t n, float p, uint64_t seed,
                          uint64_t offset) {
-  float keep_scale = 1.0f / (1.0f - p);
+  float keep_scale = dropout_keep_scale(p);
   int64_t groups = (n + 3) / 4;
 #pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
   for (int64_t q = 0; q < groups; q++) {
     Philox4 r = philox4x32(offset + (uint64_t)q, seed);
     for (int64_t k = 0; k < 4 && 4 * q + k < n; k++) {
       int64_t i = 4 * q + k;
-      y[i] = rng_word_to_unit(r.v[k]) >= p ? x[i] * keep_scale : 0.0f;
+      y[i] = dropout_keeps(r.v[k], p) ? x[i] * keep_scale : 0.0f;
     }
   }
 }
 
 void cpu_dropout_backward(const float *dy, float *dx, int64_t n, float p, uint64_t seed,
                           uint64_t offset) {
-  float keep_scale = 1.0f / (1.0f - p);
+  float keep_scale = dropout_keep_scale(p);
   int64_t groups = (n + 3) / 4;
 #pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
   for (int64_t q = 0; q < groups; q++) {
     Philox4 r = philox4x32(offset + (uint64_t)q, seed);
     for (int64_t k = 0; k < 4 && 4 * q + k < n; k++) {
       int64_t i = 4 * q + k;
-      if (rng_word_to_unit(r.v[k]) >= p) dx[i] += dy[i] * keep_scale;
+      if (dropout_keeps(r.v[k], p)) dx[i] += dy[i] * keep_scale;
     }
   }
 }

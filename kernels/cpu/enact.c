@@ -46,30 +46,15 @@ static void smooth_image(const float *x, float *y, int64_t Wp, int64_t h, int64_
   int64_t r = ntaps / 2;
   if (two_d) {
     for (int64_t yy = 0; yy < h; yy++)  // along rows
-      for (int64_t xx = 0; xx < w; xx++) {
-        float acc = 0.0f;
-        for (int64_t t = -r; t <= r; t++)
-          if (xx + t >= 0 && xx + t < w) acc += taps[t + r] * x[yy * Wp + xx + t];
-        tmp[yy * w + xx] = acc;
-      }
+      for (int64_t xx = 0; xx < w; xx++) tmp[yy * w + xx] = enact_smooth_at(x + yy * Wp, 1, w, xx, taps, r);
     for (int64_t yy = 0; yy < h; yy++)  // then along columns
-      for (int64_t xx = 0; xx < w; xx++) {
-        float acc = 0.0f;
-        for (int64_t t = -r; t <= r; t++)
-          if (yy + t >= 0 && yy + t < h) acc += taps[t + r] * tmp[(yy + t) * w + xx];
-        y[yy * Wp + xx] += acc;
-      }
+      for (int64_t xx = 0; xx < w; xx++) y[yy * Wp + xx] += enact_smooth_at(tmp + xx, w, h, yy, taps, r);
     return;
   }
   // 1-D: the valid pixels in row-major order form one sequence of length h*w.
   int64_t n = h * w;
-  for (int64_t i = 0; i < n; i++) tmp[i] = x[(i / w) * Wp + i % w];
-  for (int64_t i = 0; i < n; i++) {
-    float acc = 0.0f;
-    for (int64_t t = -r; t <= r; t++)
-      if (i + t >= 0 && i + t < n) acc += taps[t + r] * tmp[i + t];
-    y[(i / w) * Wp + i % w] += acc;
-  }
+  for (int64_t i = 0; i < n; i++) tmp[i] = x[enact_valid_offset(i, w, Wp)];
+  for (int64_t i = 0; i < n; i++) y[enact_valid_offset(i, w, Wp)] += enact_smooth_at(tmp, 1, n, i, taps, r);
 }
 
 void cpu_enact_smooth(const float *x, float *y, int64_t B, int64_t Hp, int64_t Wp, const int64_t *valid_h,

@@ -2,6 +2,7 @@
 
 #include "kernels/box_math.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/loss_math.h"
 
 float cpu_cross_entropy_forward(const float *logits, const int64_t *targets, const float *weight,
                                 float *lse, int64_t rows, int64_t classes) {
@@ -12,9 +13,9 @@ float cpu_cross_entropy_forward(const float *logits, const int64_t *targets, con
     for (int64_t c = 0; c < classes; c++) max = x[c] > max ? x[c] : max;
     double s = 0.0;
     for (int64_t c = 0; c < classes; c++) s += expf(x[c] - max);
-    lse[r] = max + logf((float)s);
-    float w = weight ? weight[targets[r]] : 1.0f;
-    loss += (double)w * (lse[r] - x[targets[r]]);
+    lse[r] = log_sum_exp(max, s);
+    float w = cross_entropy_weight(weight, targets[r]);
+    loss += cross_entropy_term(w, lse[r], x[targets[r]]);
     wsum += w;
   }
   return (float)(loss / wsum);
@@ -24,27 +25,25 @@ void cpu_cross_entropy_backward(const float *logits, const int64_t *targets, con
                                 const float *lse, float dloss, float *dlogits, int64_t rows,
                                 int64_t classes) {
   double wsum = 0.0;
-  for (int64_t r = 0; r < rows; r++) wsum += weight ? weight[targets[r]] : 1.0f;
+  for (int64_t r = 0; r < rows; r++) wsum += cross_entropy_weight(weight, targets[r]);
   float scale = (float)(dloss / wsum);
   for (int64_t r = 0; r < rows; r++) {
-    float w = (weight ? weight[targets[r]] : 1.0f) * scale;
-    for (int64_t c = 0; c < classes; c++) {
-      float p = expf(logits[r * classes + c] - lse[r]);
-      dlogits[r * classes + c] += w * (p - (c == targets[r] ? 1.0f : 0.0f));
-    }
+    float w = cross_entropy_weight(weight, targets[r]) * scale;
+    for (int64_t c = 0; c < classes; c++)
+      dlogits[r * classes + c] += cross_entropy_backward_elem(logits[r * classes + c], lse[r], w, c == targets[r]);
   }
 }
 
 float cpu_l1_sum_forward(const float *a, const float *b, int64_t n) {
   double s = 0.0;
-  for (int64_t i = 0; i < n; i++) s += fabsf(a[i] - b[i]);
+  for (int64_t i = 0; i < n; i++) s += l1_elem(a[i], b[i]);
   return (float)s;
 }
 
 void cpu_l1_sum_backward(const float *a, const float *b, float dloss, float *da, float *db,
                          int64_t n) {
   for (int64_t i = 0; i < n; i++) {
-    float d = a[i] > b[i] ? dloss : (a[i] < b[i] ? -dloss : 0.0f);  // sign, 0 at the kink as torch
+    float d = l1_backward_elem(a[i], b[i], dloss);
     if (da) da[i] += d;
     if (db) db[i] -= d;
   }

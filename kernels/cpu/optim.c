@@ -8,7 +8,7 @@ void cpu_adamw(float *p, float *m, float *v, const float *g, int64_t n, AdamWSte
 
 double cpu_sum_squares(const float *x, int64_t n) {
   double acc = 0.0;  // one thread, fixed order: the clip factor is bit-reproducible
-  for (int64_t i = 0; i < n; i++) acc += (double)x[i] * x[i];
+  for (int64_t i = 0; i < n; i++) acc += sum_squares_term(x[i]);
   return acc;
 }
 

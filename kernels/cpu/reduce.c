@@ -4,9 +4,9 @@ void cpu_reduce_sum(const float *x, float *y, int64_t outer, int64_t n, int64_t 
 #pragma omp parallel for schedule(static) if (outer * n * inner > 32768)
   for (int64_t o = 0; o < outer; o++) {
     for (int64_t i = 0; i < inner; i++) {
-      double acc = 0.0;  // double: long sums (loss terms) stay exact to float precision
+      double acc = 0.0;
       for (int64_t k = 0; k < n; k++) acc += x[(o * n + k) * inner + i];
-      y[o * inner + i] = (float)(acc * scale);
+      y[o * inner + i] = reduce_sum_finish(acc, scale);
     }
   }
 }

@@ -1,29 +1,17 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/shape_math.h"
 
 void cpu_permute(const float *x, float *y, int ndim, const int64_t *in_shape, const int *perm,
                  bool accumulate) {
-  int64_t in_stride[DETR_MAX_DIMS], out_shape[DETR_MAX_DIMS], src_stride[DETR_MAX_DIMS];
-  int64_t n = 1;
-  for (int d = ndim - 1; d >= 0; d--) {
-    in_stride[d] = n;
-    n *= in_shape[d];
-  }
-  for (int d = 0; d < ndim; d++) {
-    out_shape[d] = in_shape[perm[d]];
-    src_stride[d] = in_stride[perm[d]];  // input stride walked by output dim d
-  }
+  PermuteGeom g = permute_geometry(ndim, in_shape, perm);
   // Output rows of the last dim are contiguous: split the index once per row.
-  int64_t last = ndim ? out_shape[ndim - 1] : 1, last_stride = ndim ? src_stride[ndim - 1] : 1;
-  int64_t rows = last ? n / last : 0;
-#pragma omp parallel for schedule(static) if (n > 32768)
+  int64_t last = ndim ? g.out_shape[ndim - 1] : 1, last_stride = ndim ? g.src_stride[ndim - 1] : 1;
+  int64_t rows = last ? g.numel / last : 0;
+#pragma omp parallel for schedule(static) if (g.numel > 32768)
   for (int64_t r = 0; r < rows; r++) {
-    int64_t rem = r, off = 0;
-    for (int d = ndim - 2; d >= 0; d--) {
-      off += (rem % out_shape[d]) * src_stride[d];
-      rem /= out_shape[d];
-    }
+    int64_t off = permute_src_offset(&g, ndim - 1, r);
     float *yr = y + r * last;
     if (accumulate)
       for (int64_t j = 0; j < last; j++) yr[j] += x[off + j * last_stride];

@@ -12,7 +12,7 @@ void cpu_softmax_forward(const float *x, const float *mask, float *y, int64_t ro
     float *yr = y + r * n;
     float max = -INFINITY;
     for (int64_t j = 0; j < n; j++) {
-      float v = mr ? xr[j] + mr[j] : xr[j];
+      float v = softmax_input(xr[j], mr, j);
       yr[j] = v;
       if (v > max) max = v;
     }
@@ -23,11 +23,11 @@ void cpu_softmax_forward(const float *x, const float *mask, float *y, int64_t ro
     double sum = 0.0;
     for (int64_t j = 0; j < n; j++) sum += expf(yr[j] - max);
     if (log) {
-      float lse = max + (float)logf((float)sum);
+      float lse = log_sum_exp(max, sum);
       for (int64_t j = 0; j < n; j++) yr[j] -= lse;
     } else {
-      float inv = (float)(1.0 / sum);
-      for (int64_t j = 0; j < n; j++) yr[j] = expf(yr[j] - max) * inv;
+      float inv = softmax_inv_sum(sum);
+      for (int64_t j = 0; j < n; j++) yr[j] = softmax_elem(yr[j], max, inv);
     }
   }
 }
@@ -61,7 +61,7 @@ void cpu_layernorm_forward(const float *x, const float *w, const float *b, float
     for (int64_t j = 0; j < n; j++) s += xr[j];
     double mu = s / (double)n;
     for (int64_t j = 0; j < n; j++) ss += (xr[j] - mu) * (xr[j] - mu);
-    float m = (float)mu, rs = (float)(1.0 / sqrt(ss / (double)n + eps));  // biased variance, as torch
+    float m = (float)mu, rs = layernorm_rstd(ss, n, eps);
     mean[r] = m;
     rstd[r] = rs;
     for (int64_t j = 0; j < n; j++)
@@ -79,14 +79,14 @@ void cpu_layernorm_backward(const float *x, const float *w, const float *mean, c
       double sg = 0.0, sgx = 0.0;
       for (int64_t j = 0; j < n; j++) {
         float g = dyr[j] * (w ? w[j] : 1.0f);
-        float xhat = (xr[j] - mean[r]) * rstd[r];
+        float xhat = layernorm_xhat(xr[j], mean[r], rstd[r]);
         sg += g;
         sgx += (double)g * xhat;
       }
       float mg = (float)(sg / n), mgx = (float)(sgx / n);
       for (int64_t j = 0; j < n; j++) {
         float g = dyr[j] * (w ? w[j] : 1.0f);
-        float xhat = (xr[j] - mean[r]) * rstd[r];
+        float xhat = layernorm_xhat(xr[j], mean[r], rstd[r]);
         dx[r * n + j] += layernorm_backward_elem(g, xhat, rstd[r], mg, mgx);
       }
     }
@@ -97,7 +97,7 @@ void cpu_layernorm_backward(const float *x, const float *w, const float *mean, c
       double aw = 0.0, ab = 0.0;
       for (int64_t r = 0; r < rows; r++) {
         float d = dy[r * n + j];
-        aw += (double)d * ((x[r * n + j] - mean[r]) * rstd[r]);
+        aw += (double)d * layernorm_xhat(x[r * n + j], mean[r], rstd[r]);
         ab += d;
       }
       if (dw) dw[j] += (float)aw;

@@ -1,4 +1,5 @@
-// 2-D convolution on cuDNN (v9, legacy convolution API): NCHW float32, cross-correlation (as
+// 2-D convolution on cuDNN (v9, legacy convolution API), and the custom max-pooling and frozen
+// batch-norm kernels (kernels/cpu/conv.c's twins). Convolution: NCHW float32, cross-correlation (as
 // torch), one group. Forward = cudnnConvolutionForward + a bias kernel; backward =
 // cudnnConvolutionBackwardData / BackwardFilter with beta = 1 (gradients accumulate, as the CPU
 // kernels) and a deterministic bias-gradient kernel.
@@ -15,11 +16,14 @@
 // cached per geometry.
 //
 // Not thread-safe (like the rest of the backend: one stream, driven from one host thread).
+#include <float.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_util.cuh"
+#include "kernels/norm_math.h"
 
 static int conv_int(int64_t v, const char *what) {
   DETR_CHECK(v >= 0 && v <= INT_MAX, "conv2d (cuDNN): %s = %lld does not fit an int", what,
@@ -317,4 +321,134 @@ extern "C" void cuda_conv2d_backward(const float *x, const float *w, const float
         dy, dbias, g->batch, g->out_ch, g->out_h * g->out_w);
     CUDA_CHECK_LAUNCH("conv_bias_backward_kernel");
   }
+}
+
+// --- max pooling: -inf padding (padded taps are skipped), argmax per output kept for backward ---
+
+// x [B*C planes, in_h, in_w] -> y, argmax [planes, out_h, out_w]; argmax is the index within the
+// input plane (-1 for a window with no input pixel, which padding <= kernel / 2 rules out).
+__global__ void maxpool2d_forward_kernel(const float *x, float *y, int32_t *argmax, ConvGeom g, int64_t total) {
+  GRID_STRIDE_LOOP(o, total) {
+    int64_t ox = o % g.out_w, oy = (o / g.out_w) % g.out_h, p = o / (g.out_w * g.out_h);
+    const float *xp = x + p * g.in_h * g.in_w;
+    float best = -FLT_MAX;
+    int32_t best_at = -1;
+    for (int64_t ky = 0; ky < g.kh; ky++) {
+      int64_t iy = conv_in_coord(oy, ky, g.stride_h, g.pad_h, g.dil_h);
+      if (iy < 0 || iy >= g.in_h) continue;
+      for (int64_t kx = 0; kx < g.kw; kx++) {
+        int64_t ix = conv_in_coord(ox, kx, g.stride_w, g.pad_w, g.dil_w);
+        if (ix < 0 || ix >= g.in_w) continue;
+        float v = xp[iy * g.in_w + ix];
+        if (maxpool_takes(v, best, best_at)) {
+          best = v;
+          best_at = (int32_t)(iy * g.in_w + ix);
+        }
+      }
+    }
+    y[o] = best;
+    argmax[o] = best_at;
+  }
+}
+
+// Gather form of the backward, no atomics: thread i owns input pixel (p, iy, ix) and adds dy of
+// every output whose argmax is i, in increasing output order - the order in which the CPU's
+// scatter loop adds them, so the result is the CPU's bit for bit. dx [planes, in_h, in_w].
+__global__ void maxpool2d_backward_kernel(const float *dy, const int32_t *argmax, float *dx, ConvGeom g,
+                                          int64_t total) {
+  GRID_STRIDE_LOOP(i, total) {
+    int64_t ix = i % g.in_w, iy = (i / g.in_w) % g.in_h, p = i / (g.in_w * g.in_h);
+    int64_t oy0, oy1, ox0, ox1;
+    conv_out_range(iy, g.kh, g.stride_h, g.pad_h, g.dil_h, g.out_h, &oy0, &oy1);
+    conv_out_range(ix, g.kw, g.stride_w, g.pad_w, g.dil_w, g.out_w, &ox0, &ox1);
+    int32_t self = (int32_t)(iy * g.in_w + ix);
+    float acc = dx[i];
+    bool hit = false;
+    for (int64_t oy = oy0; oy <= oy1; oy++)
+      for (int64_t ox = ox0; ox <= ox1; ox++) {
+        int64_t o = (p * g.out_h + oy) * g.out_w + ox;
+        if (argmax[o] == self) {
+          acc += dy[o];
+          hit = true;
+        }
+      }
+    if (hit) dx[i] = acc;
+  }
+}
+
+static void check_plane_index(const ConvGeom *g, const char *what) {
+  DETR_CHECK(g->in_h * g->in_w <= INT32_MAX, "%s: a %lldx%lld plane overflows the int32 argmax", what,
+             (long long)g->in_h, (long long)g->in_w);
+}
+
+extern "C" void cuda_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const ConvGeom *g) {
+  check_plane_index(g, "cuda_maxpool2d_forward");
+  int64_t total = g->batch * g->in_ch * g->out_h * g->out_w;
+  if (total <= 0) return;
+  maxpool2d_forward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
+      x, y, argmax, *g, total);
+  CUDA_CHECK_LAUNCH("maxpool2d_forward_kernel");
+}
+
+extern "C" void cuda_maxpool2d_backward(const float *dy, const int32_t *argmax, float *dx, const ConvGeom *g) {
+  check_plane_index(g, "cuda_maxpool2d_backward");
+  int64_t total = g->batch * g->in_ch * g->in_h * g->in_w;
+  if (total <= 0 || g->out_h <= 0 || g->out_w <= 0) return;
+  maxpool2d_backward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
+      dy, argmax, dx, *g, total);
+  CUDA_CHECK_LAUNCH("maxpool2d_backward_kernel");
+}
+
+// --- frozen batch norm: y = x * scale[c] + shift[c] (kernels/norm_math.h) ---
+
+// scale [C] (kept for backward).
+__global__ void frozen_bn_scale_kernel(const float *weight, const float *bias, const float *mean,
+                                       const float *var, float eps, float *scale, int64_t channels) {
+  GRID_STRIDE_LOOP(c, channels) {
+    float shift;
+    frozen_bn_scale_shift(weight[c], bias[c], mean[c], var[c], eps, &scale[c], &shift);
+  }
+}
+
+// x, y [B, C, S]: each element recomputes its channel's scale and shift (a few flops; the kernel
+// is bound by memory traffic), as the CPU recomputes them per (b, c) plane.
+__global__ void frozen_bn_forward_kernel(const float *x, const float *weight, const float *bias,
+                                         const float *mean, const float *var, float eps, float *y,
+                                         int64_t channels, int64_t spatial, int64_t total) {
+  GRID_STRIDE_LOOP(i, total) {
+    int64_t c = (i / spatial) % channels;
+    float s, t;
+    frozen_bn_scale_shift(weight[c], bias[c], mean[c], var[c], eps, &s, &t);
+    y[i] = frozen_bn_elem(x[i], s, t);
+  }
+}
+
+extern "C" void cuda_frozen_bn_forward(const float *x, const float *weight, const float *bias, const float *mean,
+                                       const float *var, float eps, float *y, float *scale, int64_t batch,
+                                       int64_t channels, int64_t spatial) {
+  if (channels <= 0) return;
+  cudaStream_t stream = detr_cuda_stream();
+  frozen_bn_scale_kernel<<<detr_grid_size(channels, DETR_BLOCK), DETR_BLOCK, 0, stream>>>(
+      weight, bias, mean, var, eps, scale, channels);
+  CUDA_CHECK_LAUNCH("frozen_bn_scale_kernel");
+  int64_t total = batch * channels * spatial;
+  if (total <= 0) return;
+  frozen_bn_forward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, stream>>>(
+      x, weight, bias, mean, var, eps, y, channels, spatial, total);
+  CUDA_CHECK_LAUNCH("frozen_bn_forward_kernel");
+}
+
+// dx [B, C, S] += dy * scale[c].
+__global__ void channel_scale_backward_kernel(const float *dy, const float *scale, float *dx, int64_t channels,
+                                              int64_t spatial, int64_t total) {
+  GRID_STRIDE_LOOP(i, total) dx[i] += dy[i] * scale[(i / spatial) % channels];
+}
+
+extern "C" void cuda_channel_scale_backward(const float *dy, const float *scale, float *dx, int64_t batch,
+                                            int64_t channels, int64_t spatial) {
+  int64_t total = batch * channels * spatial;
+  if (total <= 0) return;
+  channel_scale_backward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
+      dy, scale, dx, channels, spatial, total);
+  CUDA_CHECK_LAUNCH("channel_scale_backward_kernel");
 }

@@ -2,6 +2,7 @@
 // (pointers are device pointers); element math comes from the same kernels/*_math.h headers.
 // Every CUDA, cuBLAS and cuDNN status is checked; a failure stops with file:line and the call.
 // All work is queued on one stream per process; only the copies to the host synchronise.
+// Scalars that a kernel produces or consumes (a loss, its incoming gradient) stay on the device.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -9,6 +10,7 @@
 #include "kernels/common.h"
 #include "kernels/conv_math.h"
 #include "kernels/elementwise_math.h"
+#include "kernels/optim_math.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -18,8 +20,14 @@ extern "C" {
 int cuda_device_count(void);  // 0 when no usable GPU (no driver, no device): never fails
 void *cuda_device_malloc(size_t bytes);  // NULL on out-of-memory
 void cuda_device_free(void *ptr);
+// From any host memory: staged through pinned blocks, queued on the stream; src is free on return.
 void cuda_memcpy_h2d(void *dst, const void *src, size_t bytes);
 void cuda_memcpy_d2h(void *dst, const void *src, size_t bytes);  // synchronises
+// Pinned (page-locked) host memory, NULL when none is left; and a copy from it that is only
+// queued: pinned_src must stay unchanged until the stream has run the copy.
+void *cuda_host_alloc(size_t bytes);
+void cuda_host_free(void *ptr);
+void cuda_memcpy_h2d_async(void *dst, const void *pinned_src, size_t bytes);
 void cuda_memcpy_d2d(void *dst, const void *src, size_t bytes);
 void cuda_synchronize(void);
 
@@ -34,6 +42,12 @@ void cuda_unary_backward(int op, const float *x, const float *y, const float *dy
 void cuda_binary_forward(int op, const float *a, const float *b, float *y, Broadcast bc);
 void cuda_binary_backward(int op, const float *a, const float *b, const float *dy, float *da,
                           float *db, Broadcast bc);
+void cuda_dropout_forward(const float *x, float *y, int64_t n, float p, uint64_t seed, uint64_t offset);
+void cuda_dropout_backward(const float *dy, float *dx, int64_t n, float p, uint64_t seed, uint64_t offset);
+
+// reduce.cu: x viewed as [outer, n, inner]; y [outer, inner] = scale * sum over n.
+void cuda_reduce_sum(const float *x, float *y, int64_t outer, int64_t n, int64_t inner, float scale);
+void cuda_reduce_sum_backward(const float *dy, float *dx, int64_t outer, int64_t n, int64_t inner, float scale);
 
 // matmul.cu (cuBLAS)
 void cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -51,6 +65,46 @@ void cuda_conv2d_forward(const float *x, const float *w, const float *bias, floa
                          const ConvGeom *g);
 void cuda_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, float *dw,
                           float *dbias, const ConvGeom *g);
+// conv.cu: max pooling (argmax [B, C, HO, WO] int32 on the device) and frozen batch norm.
+void cuda_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const ConvGeom *g);
+void cuda_maxpool2d_backward(const float *dy, const int32_t *argmax, float *dx, const ConvGeom *g);
+void cuda_frozen_bn_forward(const float *x, const float *weight, const float *bias, const float *mean,
+                            const float *var, float eps, float *y, float *scale, int64_t batch, int64_t channels,
+                            int64_t spatial);
+void cuda_channel_scale_backward(const float *dy, const float *scale, float *dx, int64_t batch, int64_t channels,
+                                 int64_t spatial);
+
+// softmax.cu: x [rows, n]; mask [rows / rows_per_mask, n] or NULL.
+void cuda_softmax_forward(const float *x, const float *mask, float *y, int64_t rows, int64_t n,
+                          int64_t rows_per_mask, bool log);
+void cuda_softmax_backward(const float *y, const float *dy, float *dx, int64_t rows, int64_t n, bool log);
+void cuda_layernorm_forward(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,
+                            int64_t rows, int64_t n, float eps);
+void cuda_layernorm_backward(const float *x, const float *w, const float *mean, const float *rstd,
+                             const float *dy, float *dx, float *dw, float *db, int64_t rows, int64_t n);
+
+// shape.cu. in_shape and perm are host arrays; idx, offsets, positions device arrays.
+void cuda_permute(const float *x, float *y, int ndim, const int64_t *in_shape, const int *perm, bool accumulate);
+void cuda_copy_axis_range(const float *src, float *dst, int64_t outer, int64_t src_axis, int64_t dst_axis,
+                          int64_t inner, int64_t src_start, int64_t dst_start, int64_t len, bool accumulate);
+void cuda_index_select(const float *x, const int64_t *idx, float *y, int64_t n, int64_t row);
+// index_select's backward as a gather: dx [rows, row] row r += dy rows positions[offsets[r] ..
+// offsets[r+1]) (the i with idx[i] == r, increasing: the CPU's summation order).
+void cuda_index_add(const float *dy, const int64_t *offsets, const int64_t *positions, float *dx, int64_t rows,
+                    int64_t row);
+
+// loss.cu. targets [rows] int64 and the scalars loss [1], dloss [1] are device memory.
+void cuda_cross_entropy_forward(const float *logits, const int64_t *targets, const float *weight, float *lse,
+                                float *loss, int64_t rows, int64_t classes);
+void cuda_cross_entropy_backward(const float *logits, const int64_t *targets, const float *weight,
+                                 const float *lse, const float *dloss, float *dlogits, int64_t rows,
+                                 int64_t classes);
+void cuda_l1_sum_forward(const float *a, const float *b, float *loss, int64_t n);
+void cuda_l1_sum_backward(const float *a, const float *b, const float *dloss, float *da, float *db, int64_t n);
+void cuda_box_convert_forward(const float *in, float *out, int64_t boxes, bool to_xyxy);
+void cuda_box_convert_backward(const float *dout, float *din, int64_t boxes, bool to_xyxy);
+void cuda_box_giou_forward(const float *a, const float *b, float *out, int64_t n);
+void cuda_box_giou_backward(const float *a, const float *b, const float *dout, float *da, float *db, int64_t n);
 
 // enact.cu: ENACT's clustering (Algorithm 1's regions x features grid); arrays on the device.
 void cuda_enact_cluster_forward(const float *K, const float *V, const float *H, const float *signs,
@@ -60,6 +114,18 @@ void cuda_enact_cluster_backward(const float *K, const float *V, const float *H,
                                  const int64_t *starts, const int64_t *lengths, int64_t L, int64_t d,
                                  const float *Kc, const float *Vc, const float *dKc, const float *dVc, float *dK,
                                  float *dV, float *dH);
+// Gaussian smoothing (cpu_enact_smooth's contract); valid_h, valid_w [B], taps and workspace
+// (B*Hp*Wp floats) on the device.
+void cuda_enact_smooth(const float *x, float *y, int64_t B, int64_t Hp, int64_t Wp, const int64_t *valid_h,
+                       const int64_t *valid_w, const float *taps, int64_t ntaps, bool two_d, float *workspace);
+
+// optim.cu: AdamW; the clipping norm as per-gradient partial sums of squares (exactly
+// CUDA_SUM_SQUARES_PARTIALS doubles each), added up by cuda_sum_doubles into out[0]; scaling.
+#define CUDA_SUM_SQUARES_PARTIALS 64
+void cuda_adamw(float *p, float *m, float *v, const float *g, int64_t n, AdamWStep s);
+void cuda_sum_squares_partials(const float *x, int64_t n, double *partials);
+void cuda_sum_doubles(const double *x, int64_t n, double *out);
+void cuda_scale(float *x, int64_t n, float s);
 
 #ifdef __cplusplus
 }

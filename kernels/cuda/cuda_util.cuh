@@ -60,3 +60,48 @@ static inline unsigned int detr_grid_size(int64_t n, int block) {
 #define GRID_STRIDE_LOOP(i, n)                                              \
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
        i += (int64_t)blockDim.x * gridDim.x)
+
+// A grid-stride loop over blocks: block b visits items b, b + gridDim.x, ... (one item per block
+// at a time, e.g. a row that the block reduces).
+#define BLOCK_STRIDE_LOOP(i, n) for (int64_t i = blockIdx.x; i < (n); i += gridDim.x)
+
+// Blocks for a BLOCK_STRIDE_LOOP over n items (at most 65535; the loop covers the rest).
+static inline unsigned int detr_block_grid(int64_t n) {
+  return (unsigned int)(n < 65535 ? (n > 0 ? n : 1) : 65535);
+}
+
+// Block-wide reduction in a fixed order: every thread passes one value, a shared-memory tree
+// combines them (thread t with t + k for k = BLOCK/2, ..., 1), and every thread gets the result.
+// The order depends only on BLOCK, so the result is the same on every run: no atomics. BLOCK must
+// equal blockDim.x (a power of two) and every thread of the block must call it (it synchronises).
+template <int BLOCK, typename T, typename Op>
+__device__ inline T block_reduce(T v, Op op) {
+  static_assert(BLOCK >= 32 && (BLOCK & (BLOCK - 1)) == 0, "BLOCK must be a power of two >= 32");
+  __shared__ T shared[BLOCK];
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int k = BLOCK / 2; k > 0; k >>= 1) {
+    if ((int)threadIdx.x < k) shared[threadIdx.x] = op(shared[threadIdx.x], shared[threadIdx.x + k]);
+    __syncthreads();
+  }
+  T result = shared[0];
+  __syncthreads();  // shared is free for the block's next reduction
+  return result;
+}
+
+struct SumOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return a + b; }
+};
+// Max that never picks a NaN (b > a is false for NaN), as the CPU's `if (v > max) max = v`.
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return b > a ? b : a; }
+};
+struct OrOp {
+  __device__ int operator()(int a, int b) const { return a | b; }
+};
+
+template <int BLOCK>
+__device__ inline double block_sum(double v) { return block_reduce<BLOCK>(v, SumOp()); }
+template <int BLOCK>
+__device__ inline float block_max(float v) { return block_reduce<BLOCK>(v, MaxOp()); }

@@ -284,3 +284,50 @@ extern "C" void cuda_binary_backward(int op, const float *a, const float *b, con
   if (da) binary_backward_operand<0>(op, a, b, dy, da, bc, n);
   if (db) binary_backward_operand<1>(op, a, b, dy, db, bc, n);
 }
+
+// --- dropout: the mask is regenerated from (seed, offset), never stored ---
+//
+// Thread q owns the group of 4 elements 4q .. 4q+3 that share Philox counter offset + q (as the
+// CPU loop): one Philox evaluation per group, and the same keep decisions as the CPU bit for bit.
+
+// x, y [n]; groups = ceil(n / 4).
+__global__ void dropout_forward_kernel(const float *x, float *y, int64_t n, int64_t groups, float p,
+                                       float keep_scale, uint64_t seed, uint64_t offset) {
+  GRID_STRIDE_LOOP(q, groups) {
+    Philox4 r = philox4x32(offset + (uint64_t)q, seed);
+    for (int k = 0; k < 4 && 4 * q + k < n; k++) {
+      int64_t i = 4 * q + k;
+      y[i] = dropout_keeps(r.v[k], p) ? x[i] * keep_scale : 0.0f;
+    }
+  }
+}
+
+// dy, dx [n]: dx += kept dy * keep_scale (one writer per element).
+__global__ void dropout_backward_kernel(const float *dy, float *dx, int64_t n, int64_t groups, float p,
+                                        float keep_scale, uint64_t seed, uint64_t offset) {
+  GRID_STRIDE_LOOP(q, groups) {
+    Philox4 r = philox4x32(offset + (uint64_t)q, seed);
+    for (int k = 0; k < 4 && 4 * q + k < n; k++) {
+      int64_t i = 4 * q + k;
+      if (dropout_keeps(r.v[k], p)) dx[i] += dy[i] * keep_scale;
+    }
+  }
+}
+
+extern "C" void cuda_dropout_forward(const float *x, float *y, int64_t n, float p, uint64_t seed,
+                                     uint64_t offset) {
+  if (n <= 0) return;
+  int64_t groups = (n + 3) / 4;
+  dropout_forward_kernel<<<detr_grid_size(groups, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
+      x, y, n, groups, p, dropout_keep_scale(p), seed, offset);
+  CUDA_CHECK_LAUNCH("dropout_forward_kernel");
+}
+
+extern "C" void cuda_dropout_backward(const float *dy, float *dx, int64_t n, float p, uint64_t seed,
+                                      uint64_t offset) {
+  if (n <= 0) return;
+  int64_t groups = (n + 3) / 4;
+  dropout_backward_kernel<<<detr_grid_size(groups, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
+      dy, dx, n, groups, p, dropout_keep_scale(p), seed, offset);
+  CUDA_CHECK_LAUNCH("dropout_backward_kernel");
+}

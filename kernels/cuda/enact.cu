@@ -2,7 +2,7 @@
 // feature dimensions; each thread loops over its region's rows. The arithmetic is
 // kernels/enact_math.h, shared with the CPU kernel (kernels/cpu/enact.c). Gradients accumulate;
 // dH is summed over features by one thread per region in a fixed order (no atomics), so the
-// backward is deterministic.
+// backward is deterministic. Also the Gaussian smoothing of the entropy map (op_enact_smooth).
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/enact_math.h"
@@ -88,5 +88,79 @@ extern "C" void cuda_enact_cluster_backward(const float *K, const float *V, cons
     enact_cluster_backward_h_kernel<<<detr_grid_size(L, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
         K, V, H, signs, starts, lengths, L, d, Kc, Vc, dKc, dVc, dH);
     CUDA_CHECK_LAUNCH("enact_cluster_backward_h_kernel");
+  }
+}
+
+// --- Gaussian smoothing of the entropy map (op_enact_smooth), kernels/cpu/enact.c's twin ---
+//
+// x, y, tmp [B, N = Hp*Wp]; image b's valid region is its top-left valid_h[b] x valid_w[b] pixels
+// (device arrays, checked by the op); taps [2r+1] on the device. Each pass is one thread per pixel
+// of the padded batch (pixels outside the valid region do nothing), one writer per element.
+
+// 2-D, first pass: tmp[b, yy*w + xx] = the row filter at (yy, xx) (tmp is packed w wide, as the CPU).
+__global__ void enact_smooth_rows_kernel(const float *x, float *tmp, int64_t B, int64_t Hp, int64_t Wp,
+                                         const int64_t *valid_h, const int64_t *valid_w, const float *taps,
+                                         int64_t r) {
+  int64_t N = Hp * Wp, total = B * N;
+  GRID_STRIDE_LOOP(e, total) {
+    int64_t b = e / N, yy = (e % N) / Wp, xx = e % Wp, h = valid_h[b], w = valid_w[b];
+    if (yy >= h || xx >= w) continue;
+    tmp[b * N + yy * w + xx] = enact_smooth_at(x + b * N + yy * Wp, 1, w, xx, taps, r);
+  }
+}
+
+// 2-D, second pass: y[b, yy*Wp + xx] += the column filter of tmp at (yy, xx).
+__global__ void enact_smooth_cols_kernel(const float *tmp, float *y, int64_t B, int64_t Hp, int64_t Wp,
+                                         const int64_t *valid_h, const int64_t *valid_w, const float *taps,
+                                         int64_t r) {
+  int64_t N = Hp * Wp, total = B * N;
+  GRID_STRIDE_LOOP(e, total) {
+    int64_t b = e / N, yy = (e % N) / Wp, xx = e % Wp, h = valid_h[b], w = valid_w[b];
+    if (yy >= h || xx >= w) continue;
+    y[e] += enact_smooth_at(tmp + b * N + xx, w, h, yy, taps, r);
+  }
+}
+
+// 1-D, first pass: tmp[b, i] = x at valid pixel i (row-major over the valid region), i < h*w.
+__global__ void enact_smooth_gather_kernel(const float *x, float *tmp, int64_t B, int64_t N, int64_t Wp,
+                                           const int64_t *valid_h, const int64_t *valid_w) {
+  int64_t total = B * N;
+  GRID_STRIDE_LOOP(e, total) {
+    int64_t b = e / N, i = e % N, w = valid_w[b];
+    if (i >= valid_h[b] * w) continue;
+    tmp[e] = x[b * N + enact_valid_offset(i, w, Wp)];
+  }
+}
+
+// 1-D, second pass: y at valid pixel i += the filter along the sequence tmp[b, 0 .. h*w).
+__global__ void enact_smooth_seq_kernel(const float *tmp, float *y, int64_t B, int64_t N, int64_t Wp,
+                                        const int64_t *valid_h, const int64_t *valid_w, const float *taps,
+                                        int64_t r) {
+  int64_t total = B * N;
+  GRID_STRIDE_LOOP(e, total) {
+    int64_t b = e / N, i = e % N, w = valid_w[b], n = valid_h[b] * w;
+    if (i >= n) continue;
+    y[b * N + enact_valid_offset(i, w, Wp)] += enact_smooth_at(tmp + b * N, 1, n, i, taps, r);
+  }
+}
+
+extern "C" void cuda_enact_smooth(const float *x, float *y, int64_t B, int64_t Hp, int64_t Wp,
+                                  const int64_t *valid_h, const int64_t *valid_w, const float *taps, int64_t ntaps,
+                                  bool two_d, float *tmp) {
+  DETR_CHECK(ntaps % 2 == 1, "cuda_enact_smooth: %lld taps, expected an odd count", (long long)ntaps);
+  int64_t N = Hp * Wp, total = B * N, r = ntaps / 2;
+  if (total <= 0) return;
+  cudaStream_t stream = detr_cuda_stream();
+  unsigned int grid = detr_grid_size(total, DETR_BLOCK);
+  if (two_d) {
+    enact_smooth_rows_kernel<<<grid, DETR_BLOCK, 0, stream>>>(x, tmp, B, Hp, Wp, valid_h, valid_w, taps, r);
+    CUDA_CHECK_LAUNCH("enact_smooth_rows_kernel");
+    enact_smooth_cols_kernel<<<grid, DETR_BLOCK, 0, stream>>>(tmp, y, B, Hp, Wp, valid_h, valid_w, taps, r);
+    CUDA_CHECK_LAUNCH("enact_smooth_cols_kernel");
+  } else {
+    enact_smooth_gather_kernel<<<grid, DETR_BLOCK, 0, stream>>>(x, tmp, B, N, Wp, valid_h, valid_w);
+    CUDA_CHECK_LAUNCH("enact_smooth_gather_kernel");
+    enact_smooth_seq_kernel<<<grid, DETR_BLOCK, 0, stream>>>(tmp, y, B, N, Wp, valid_h, valid_w, taps, r);
+    CUDA_CHECK_LAUNCH("enact_smooth_seq_kernel");
   }
 }

@@ -2,6 +2,9 @@
 // and cuDNN handles bound to it) that every kernel of the backend is queued on. With a single
 // stream, the order of launches is the order of execution, so a block freed to the caching
 // allocator (tensor/alloc.c) can be handed out again at once: later work is queued behind earlier.
+#include <pthread.h>
+#include <string.h>
+
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_util.cuh"
 
@@ -83,11 +86,135 @@ void cuda_device_free(void *ptr) {
   CUDA_CHECK(cudaFree(ptr));  // synchronises the device: no queued kernel still uses ptr
 }
 
+void *cuda_host_alloc(size_t bytes) {
+  void *ptr = NULL;
+  cudaError_t err = cudaMallocHost(&ptr, bytes ? bytes : 1);
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // not sticky: clear it, the caller decides
+    return NULL;
+  }
+  if (err != cudaSuccess)
+    detr_fail(__FILE__, __LINE__, "cudaMallocHost(%zu bytes) failed: %s", bytes, cudaGetErrorString(err));
+  return ptr;
+}
+
+void cuda_host_free(void *ptr) {
+  if (ptr) CUDA_CHECK(cudaFreeHost(ptr));
+}
+
+void cuda_memcpy_h2d_async(void *dst, const void *pinned_src, size_t bytes) {
+  if (bytes == 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, pinned_src, bytes, cudaMemcpyHostToDevice, detr_cuda_stream()));
+}
+
+}  // extern "C"
+
+// --- pinned staging of host-to-device copies ---
+//
+// A copy from pageable memory makes the driver stage it through its own pinned buffer, and it may
+// wait for the stream to do so. Instead every host-to-device copy is memcpy'd into one of our
+// pinned blocks and queued with cudaMemcpyAsync: the call returns at once (src is free to reuse),
+// and the DMA runs in stream order. An event recorded after the copy marks the block busy until
+// the DMA has read it. Blocks are powers of two (at least 64 KiB), kept for reuse: after the first
+// training steps no copy allocates. When the pool is full (64 blocks, or 512 MiB) and no free
+// block fits, the stream is drained, which frees them all, and if none fits still, the pool
+// starts over.
+
+#define STAGING_SLOTS 64
+#define STAGING_MIN_BYTES ((size_t)64 << 10)
+#define STAGING_MAX_BYTES ((size_t)512 << 20)
+
+struct StagingBlock {
+  char *host;        // pinned, `bytes` long
+  size_t bytes;
+  cudaEvent_t done;  // recorded after the last copy out of the block
+  bool queued;       // a copy was queued since the block was made (done was recorded)
+};
+
+static StagingBlock g_staging[STAGING_SLOTS];
+static int g_staging_count = 0;
+static size_t g_staging_bytes = 0;  // sum of the blocks' sizes
+static pthread_mutex_t g_staging_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bool staging_free(StagingBlock *b) {
+  if (!b->queued) return true;
+  cudaError_t err = cudaEventQuery(b->done);
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // not an error: the copy is still in flight
+    return false;
+  }
+  CUDA_CHECK(err);
+  return true;
+}
+
+// The smallest free block of at least `bytes`, or -1.
+static int staging_find(size_t bytes) {
+  int best = -1;
+  for (int i = 0; i < g_staging_count; i++)
+    if (g_staging[i].bytes >= bytes && (best < 0 || g_staging[i].bytes < g_staging[best].bytes) &&
+        staging_free(&g_staging[i]))
+      best = i;
+  return best;
+}
+
+// A new block of `size` bytes, or -1 when pinned memory is exhausted.
+static int staging_add(size_t size) {
+  char *host = (char *)cuda_host_alloc(size);
+  if (!host) return -1;
+  StagingBlock *b = &g_staging[g_staging_count];
+  CUDA_CHECK(cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming));
+  b->host = host;
+  b->bytes = size;
+  b->queued = false;
+  g_staging_bytes += size;
+  return g_staging_count++;
+}
+
+// Frees every block; the caller has drained the stream, so none is in use.
+static void staging_release_all(void) {
+  for (int i = 0; i < g_staging_count; i++) {
+    CUDA_CHECK(cudaFreeHost(g_staging[i].host));
+    CUDA_CHECK(cudaEventDestroy(g_staging[i].done));
+  }
+  g_staging_count = 0;
+  g_staging_bytes = 0;
+}
+
+// A free block of at least `bytes`, or -1 when no pinned memory can be had (then the caller
+// copies from pageable memory).
+static int staging_block(size_t bytes) {
+  int i = staging_find(bytes);
+  if (i >= 0) return i;
+  size_t size = STAGING_MIN_BYTES;
+  while (size < bytes) size *= 2;
+  if (g_staging_count == STAGING_SLOTS || g_staging_bytes + size > STAGING_MAX_BYTES) {
+    CUDA_CHECK(cudaStreamSynchronize(detr_cuda_stream()));  // every queued copy completes
+    i = staging_find(bytes);
+    if (i >= 0) return i;
+    staging_release_all();
+  }
+  return staging_add(size);
+}
+
+extern "C" {
+
 void cuda_memcpy_h2d(void *dst, const void *src, size_t bytes) {
   if (bytes == 0) return;
-  // From pageable host memory this returns once src has been staged, so the caller may reuse
-  // src at once; the copy is ordered with the kernels on the stream.
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, detr_cuda_stream()));
+  cudaStream_t stream = detr_cuda_stream();
+  pthread_mutex_lock(&g_staging_lock);
+  int i = staging_block(bytes);
+  if (i >= 0) {
+    StagingBlock *b = &g_staging[i];
+    memcpy(b->host, src, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(dst, b->host, bytes, cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaEventRecord(b->done, stream));  // the block is busy until the copy has run
+    b->queued = true;
+    pthread_mutex_unlock(&g_staging_lock);
+    return;
+  }
+  pthread_mutex_unlock(&g_staging_lock);
+  // No pinned memory left: the driver stages the pageable copy itself (src is free on return).
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
 }
 
 void cuda_memcpy_d2h(void *dst, const void *src, size_t bytes) {

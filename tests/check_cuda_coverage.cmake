@@ -1,0 +1,52 @@
+# Every op runs on CUDA: fails (listing the places) when
+#   - autograd/ or train/optim.c restricts an op to the CPU at run time (CPU_ONLY, "no CUDA
+#     kernel", a DETR_CHECK that the device is the CPU), or
+#   - an autograd/ source calls a CPU kernel cpu_X( without calling its CUDA twin cuda_X( (every
+#     op dispatches with DISPATCH(dev, cpu_X(...), cuda_X(...)); a kernel with no twin cannot).
+# Needs no GPU and no CUDA toolkit: it reads the sources. Usage (ctest runs it as cuda_coverage):
+#   cmake -DSOURCE_DIR=<repository root> -P tests/check_cuda_coverage.cmake
+cmake_minimum_required(VERSION 3.25)
+if(NOT SOURCE_DIR)
+  message(FATAL_ERROR "check_cuda_coverage: pass -DSOURCE_DIR=<repository root>")
+endif()
+
+# CPU-only helpers with no op behind them: the CPU convolution's im2col workspace size (cuDNN
+# sizes its own workspace).
+set(cpu_only_helpers "cpu_conv2d_workspace_floats(")
+
+file(GLOB op_sources "${SOURCE_DIR}/autograd/*.c")
+file(GLOB op_headers "${SOURCE_DIR}/autograd/*.h")
+set(problems "")
+foreach(f ${op_sources} ${op_headers} "${SOURCE_DIR}/train/optim.c")
+  file(READ "${f}" text)
+  string(REGEX MATCHALL "CPU_ONLY|no CUDA kernel|DETR_CHECK\\([^;]*== *DEVICE_CPU[^;]*;" hits "${text}")
+  foreach(h ${hits})
+    list(APPEND problems "${f}: run-time CPU restriction: ${h}")
+  endforeach()
+endforeach()
+foreach(f ${op_sources})
+  file(READ "${f}" text)
+  string(REGEX MATCHALL "cpu_[a-z0-9_]+\\(" calls "${text}")
+  if(calls)
+    list(REMOVE_DUPLICATES calls)
+  endif()
+  foreach(c ${calls})
+    if(c IN_LIST cpu_only_helpers)
+      continue()
+    endif()
+    string(REGEX REPLACE "^cpu_" "cuda_" twin "${c}")
+    string(FIND "${text}" "${twin}" at)
+    if(at EQUAL -1)
+      list(APPEND problems "${f}: calls ${c}...) but never ${twin}...): no CUDA path")
+    endif()
+  endforeach()
+endforeach()
+list(LENGTH op_sources n_sources)
+if(n_sources EQUAL 0)
+  message(FATAL_ERROR "check_cuda_coverage: no autograd sources under ${SOURCE_DIR}")
+endif()
+if(problems)
+  string(REPLACE ";" "\n  " listed "${problems}")
+  message(FATAL_ERROR "ops that cannot run on CUDA:\n  ${listed}")
+endif()
+message(STATUS "cuda_coverage: ${n_sources} autograd sources, every CPU kernel call has its CUDA twin")
