@@ -11,6 +11,7 @@
 
 typedef struct {
   int backbone_depth;  // 18, 34, 50, 101
+  int backbone_width;  // channels of the stem and layer1, doubling per stage (torchvision: 64; 0 = 64)
   bool dilation;       // DC5: layer4 dilated instead of strided
   bool train_backbone; // the backbone trains at all (lr_backbone > 0)
   int frozen_stages;   // leading backbone stages kept frozen: 2 = stem + layer1 (the reference), 0 = none

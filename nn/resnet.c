@@ -17,7 +17,7 @@ static FrozenBn bn(ParamStore *ps, const char *prefix, const char *name, int64_t
   return frozen_bn_create(ps, full, channels);
 }
 
-void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, bool dilation, bool train_layers,
+void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, int width, bool dilation, bool train_layers,
                    int frozen_stages) {
   static const int layers18[4] = {2, 2, 2, 2}, layers34[4] = {3, 4, 6, 3}, layers101[4] = {3, 4, 23, 3};
   const int *counts = depth == 18 ? layers18 : depth == 101 ? layers101 : layers34;
@@ -28,13 +28,14 @@ void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, boo
   int expansion = bottleneck ? 4 : 1;
   *r = (ResNet){0};
   // Stage 0 is the stem, stage k (1..4) is layer k.
-  r->conv1 = conv(ps, prefix, "conv1", 3, 64, 7, 2, 1, train_layers && frozen_stages < 1 ? PARAM_TRAINABLE : PARAM_FROZEN);
+  int64_t base = width > 0 ? width : 64;
+  r->conv1 = conv(ps, prefix, "conv1", 3, base, 7, 2, 1, train_layers && frozen_stages < 1 ? PARAM_TRAINABLE : PARAM_FROZEN);
   r->conv1.p.pad_h = r->conv1.p.pad_w = 3;
-  r->bn1 = bn(ps, prefix, "bn1", 64);
-  int64_t inplanes = 64;
+  r->bn1 = bn(ps, prefix, "bn1", base);
+  int64_t inplanes = base;
   int current_dilation = 1;
   for (int layer = 0; layer < 4; layer++) {
-    int64_t planes = 64 << layer;
+    int64_t planes = base << layer;
     int stride = layer == 0 ? 1 : 2, previous_dilation = current_dilation;
     if (layer == 3 && dilation) {  // replace_stride_with_dilation=[False, False, True]
       current_dilation *= stride;

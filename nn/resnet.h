@@ -26,7 +26,8 @@ typedef struct {
 // train_layers: false freezes everything (lr_backbone = 0). frozen_stages: how many leading stages
 // stay frozen when training, 2 = the stem and layer1 as the reference (which starts from ImageNet
 // weights); 0 trains the whole backbone (training from scratch).
-void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, bool dilation, bool train_layers,
+// width: channels of the stem and layer1 (torchvision: 64; 0 means 64), doubled by each later layer.
+void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, int width, bool dilation, bool train_layers,
                    int frozen_stages);
 void resnet_init(ResNet *r, Rng *rng);  // kaiming-normal (fan out) convolutions
 // Sets every frozen batch norm's statistics to those of its input on the batch x [B, 3, H, W]
