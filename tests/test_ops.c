@@ -193,6 +193,7 @@ END_TEST
 int main(void) {
   Suite *s = suite_create("ops");
   TCase *tc = tcase_create("forward");
+  tcase_set_timeout(tc, 60);
   tcase_add_test(tc, conv2d_matches_direct_loops);
   tcase_add_test(tc, maxpool_matches_torch_semantics);
   tcase_add_test(tc, softmax_with_mask_and_layernorm);

@@ -731,6 +731,7 @@ END_TEST
 int main(void) {
   Suite *s = suite_create("predict");
   TCase *draw = tcase_create("draw");
+  tcase_set_timeout(draw, 60);
   tcase_add_test(draw, rect_pixels);
   tcase_add_test(draw, fill_and_alpha);
   tcase_add_test(draw, line_pixels);

@@ -720,6 +720,7 @@ END_TEST
 int main(void) {
   Suite *s = suite_create("safetensors");
   TCase *tc = tcase_create("core");
+  tcase_set_timeout(tc, 60);  // Check's 4 s default is too tight on a loaded 2-core machine
   tcase_add_test(tc, dtype_table);
   tcase_add_test(tc, roundtrip_every_dtype);
   tcase_add_test(tc, empty_file_and_overwrite);

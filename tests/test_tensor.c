@@ -158,6 +158,7 @@ END_TEST
 int main(void) {
   Suite *s = suite_create("tensor");
   TCase *tc = tcase_create("core");
+  tcase_set_timeout(tc, 60);  // Check's 4 s default is too tight on a loaded 2-core machine
   tcase_add_test(tc, shapes_and_host_roundtrip);
   tcase_add_test(tc, rng_is_counter_based_and_sane);
   tcase_add_test(tc, scope_releases_op_outputs);
