@@ -1,9 +1,13 @@
 #include <float.h>
 #include <string.h>
 
-#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/conv_onednn.h"
 #include "kernels/norm_math.h"
 
+// Convolution on the CPU: each pass (forward, backward-data, backward-weights) runs on oneDNN
+// (conv_onednn.c) or on im2col + sgemm below, whichever bench_ops measured faster for its shape
+// (cpu_conv2d_impl; figures in bench/README.md). Without oneDNN, im2col + sgemm runs everything.
+//
 // Convolution as im2col + sgemm: y[b] [O, HO*WO] = W [O, C*KH*KW] x col [C*KH*KW, HO*WO]. The
 // output columns are processed in chunks so that col stays cache-resident between im2col and
 // sgemm (a full col of a 200x267 map at 64 channels is 123 MB; unchunked, im2col traffic cost
@@ -25,7 +29,7 @@ static int64_t conv_chunk_columns(const ConvGeom *g) {
   return cols < spatial ? cols : spatial;
 }
 
-int64_t cpu_conv2d_workspace_floats(const ConvGeom *g) {
+static int64_t im2col_workspace_floats(const ConvGeom *g) {
   if (conv_is_pointwise(g)) return 0;
   return g->in_ch * g->kh * g->kw * conv_chunk_columns(g);
 }
@@ -107,8 +111,59 @@ static void col2im_add(const float *col, float *dx, const ConvGeom *g, int64_t s
   }
 }
 
+static ConvImpl forced_impl = CONV_IMPL_AUTO;
+
+void cpu_conv2d_set_impl(ConvImpl impl) {
+  DETR_CHECK(impl == CONV_IMPL_AUTO || impl == CONV_IMPL_IM2COL || DETR_HAVE_ONEDNN,
+             "conv2d: this build has no oneDNN");
+  forced_impl = impl;
+}
+
+ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
+  if (!DETR_HAVE_ONEDNN) return CONV_IMPL_IM2COL;
+  if (forced_impl != CONV_IMPL_AUTO) return forced_impl;
+  return g->kh * g->kw > 1 ? CONV_IMPL_ONEDNN : CONV_IMPL_IM2COL;
+}
+
+static int64_t pass_workspace_floats(const ConvGeom *g, ConvPass pass, bool bias) {
+#if DETR_HAVE_ONEDNN
+  ConvImpl impl = cpu_conv2d_impl(g, pass);
+  if (impl != CONV_IMPL_IM2COL) return onednn_conv2d_workspace_floats(g, pass, impl == CONV_IMPL_ONEDNN, bias);
+#endif
+  return im2col_workspace_floats(g);
+}
+
+int64_t cpu_conv2d_forward_workspace_floats(const ConvGeom *g, bool bias) {
+  return pass_workspace_floats(g, CONV_PASS_FWD, bias);
+}
+
+int64_t cpu_conv2d_backward_workspace_floats(const ConvGeom *g, bool dx, bool dw, bool dbias) {
+  int64_t wd = dx ? pass_workspace_floats(g, CONV_PASS_BWD_DATA, false) : 0;
+  int64_t ww = dw ? pass_workspace_floats(g, CONV_PASS_BWD_WEIGHTS, dbias) : 0;
+  return wd > ww ? wd : ww;  // the passes run one after the other
+}
+
+static void conv_bias_backward(const float *dy, float *dbias, const ConvGeom *g) {
+  int64_t spatial = g->out_h * g->out_w;
+  for (int64_t o = 0; o < g->out_ch; o++) {
+    double acc = 0.0;
+    for (int64_t b = 0; b < g->batch; b++) {
+      const float *dyo = dy + (b * g->out_ch + o) * spatial;
+      for (int64_t s = 0; s < spatial; s++) acc += dyo[s];
+    }
+    dbias[o] += (float)acc;
+  }
+}
+
 void cpu_conv2d_forward(const float *x, const float *w, const float *bias, float *y,
                         const ConvGeom *g, float *workspace) {
+#if DETR_HAVE_ONEDNN
+  ConvImpl impl = cpu_conv2d_impl(g, CONV_PASS_FWD);
+  if (impl != CONV_IMPL_IM2COL) {
+    onednn_conv2d_run(g, CONV_PASS_FWD, impl == CONV_IMPL_ONEDNN, x, w, y, (float *)bias, workspace);
+    return;
+  }
+#endif
   int64_t K = g->in_ch * g->kh * g->kw, spatial = g->out_h * g->out_w;
   bool pointwise = conv_is_pointwise(g);
   int64_t chunk = pointwise ? spatial : conv_chunk_columns(g);
@@ -131,8 +186,9 @@ void cpu_conv2d_forward(const float *x, const float *w, const float *bias, float
   }
 }
 
-void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, float *dw,
-                         float *dbias, const ConvGeom *g, float *workspace) {
+// dx and/or dw (with dbias) by im2col + sgemm.
+static void im2col_backward(const float *x, const float *w, const float *dy, float *dx, float *dw,
+                            float *dbias, const ConvGeom *g, float *workspace) {
   int64_t K = g->in_ch * g->kh * g->kw, spatial = g->out_h * g->out_w;
   bool pointwise = conv_is_pointwise(g);
   int64_t chunk = pointwise ? spatial : conv_chunk_columns(g);
@@ -159,15 +215,31 @@ void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float 
       }
     }
   }
-  if (dbias) {
-    for (int64_t o = 0; o < g->out_ch; o++) {
-      double acc = 0.0;
-      for (int64_t b = 0; b < g->batch; b++) {
-        const float *dyo = dy + (b * g->out_ch + o) * spatial;
-        for (int64_t s = 0; s < spatial; s++) acc += dyo[s];
-      }
-      dbias[o] += (float)acc;
-    }
+  if (dbias) conv_bias_backward(dy, dbias, g);
+}
+
+void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, float *dw,
+                         float *dbias, const ConvGeom *g, float *workspace) {
+  // The two passes may run on different implementations; dbias goes with dw (oneDNN fuses it).
+  if (dx) {
+#if DETR_HAVE_ONEDNN
+    ConvImpl impl = cpu_conv2d_impl(g, CONV_PASS_BWD_DATA);
+    if (impl != CONV_IMPL_IM2COL)
+      onednn_conv2d_run(g, CONV_PASS_BWD_DATA, impl == CONV_IMPL_ONEDNN, dy, w, dx, NULL, workspace);
+    else
+#endif
+      im2col_backward(NULL, w, dy, dx, NULL, NULL, g, workspace);
+  }
+  if (dw) {
+#if DETR_HAVE_ONEDNN
+    ConvImpl impl = cpu_conv2d_impl(g, CONV_PASS_BWD_WEIGHTS);
+    if (impl != CONV_IMPL_IM2COL)
+      onednn_conv2d_run(g, CONV_PASS_BWD_WEIGHTS, impl == CONV_IMPL_ONEDNN, x, dy, dw, dbias, workspace);
+    else
+#endif
+      im2col_backward(x, NULL, dy, NULL, dw, dbias, g, workspace);
+  } else if (dbias) {
+    conv_bias_backward(dy, dbias, g);
   }
 }
 
