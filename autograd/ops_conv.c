@@ -37,7 +37,7 @@ static void conv2d_backward_node(TapeNode *n) {
   ConvGeom g = conv_geom_from_args(n);
   float *dx = grad_data_or_null(x), *dw = grad_data_or_null(w), *db = grad_data_or_null(bias);
   if (x->device == DEVICE_CPU) {
-    int64_t ws_floats = cpu_conv2d_backward_workspace_floats(&g, dx != NULL, dw != NULL, db != NULL);
+    int64_t ws_floats = cpu_conv2d_workspace_floats(&g);
     float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
     cpu_conv2d_backward(x->data, w->data, y->grad->data, dx, dw, db, &g, ws);
     detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));
@@ -63,7 +63,7 @@ Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p) {
   Tensor *y = tensor_new_scoped(x->device, SHAPE(g.batch, g.out_ch, g.out_h, g.out_w));
   const float *bias_data = bias ? bias->data : NULL;
   if (x->device == DEVICE_CPU) {
-    int64_t ws_floats = cpu_conv2d_forward_workspace_floats(&g, bias_data != NULL);
+    int64_t ws_floats = cpu_conv2d_workspace_floats(&g);
     float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
     cpu_conv2d_forward(x->data, weight->data, bias_data, y->data, &g, ws);
     detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));

@@ -126,9 +126,7 @@ static double time_conv_pass(ConvImpl impl, const ConvGeom *g, bool with_bias, C
   double *t = malloc(sizeof(double) * reps);
   for (int r = -1; r < reps; r++) {  // r = -1: warm-up (oneDNN creates its primitive)
     double t0 = now();
-    int64_t ws_floats = pass == CONV_PASS_FWD ? cpu_conv2d_forward_workspace_floats(g, with_bias)
-                                         : cpu_conv2d_backward_workspace_floats(g, pass == CONV_PASS_BWD_DATA,
-                                                                                pass == CONV_PASS_BWD_WEIGHTS, with_bias);
+    int64_t ws_floats = cpu_conv2d_workspace_floats(g);
     float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
     if (pass == CONV_PASS_FWD) cpu_conv2d_forward(x, w, bias, y, g, ws);
     else if (pass == CONV_PASS_BWD_DATA) cpu_conv2d_backward(NULL, w, y, dx, NULL, NULL, g, ws);

@@ -1,10 +1,13 @@
 // The whole DETR training step of detr-c: forward, loss, backward, gradient clipping, AdamW.
 //   build/bench/bench_step [--preset detr-r18-small] [--size 320 | --hw HxW] [--batch 2] [--boxes 3]
 //                          [--reps 5] [--enact] [--profile] [--forward]
+//                          [--conv auto | im2col | onednn | onednn-nchw]
 // --forward times the no-grad forward alone (e.g. detr-r50 on one 800x1066 image: --batch 1
-// --hw 800x1066 --forward).
+// --hw 800x1066 --forward). --conv forces one CPU convolution implementation everywhere (default
+// auto: the faster per shape and pass).
 // Prints one JSON line: median step seconds over reps (after one warm-up step), the steps' times,
-// and the peak resident memory of the process (getrusage). --profile adds the per-op breakdown.
+// the peak resident memory of the process (getrusage), and the tensor allocator's peak live and
+// cached bytes. --profile adds the per-op breakdown.
 // bench/compare_torch.sh runs this and bench/torch_step.py alternately.
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +46,20 @@ int main(int argc, char **argv) {
       if (sscanf(argv[++i], "%dx%d", &height, &width) != 2) height = width = 0;
     }
     else if (!strcmp(argv[i], "--profile")) profile = true;
+    else if (!strcmp(argv[i], "--conv") && i + 1 < argc) {
+      const char *c = argv[++i];
+      ConvImpl impl = !strcmp(c, "im2col") ? CONV_IMPL_IM2COL : !strcmp(c, "onednn") ? CONV_IMPL_ONEDNN
+                    : !strcmp(c, "onednn-nchw") ? CONV_IMPL_ONEDNN_PLAIN : CONV_IMPL_AUTO;
+      if (impl == CONV_IMPL_AUTO && strcmp(c, "auto")) {
+        fprintf(stderr, "bench_step: --conv takes auto, im2col, onednn or onednn-nchw\n");
+        return 2;
+      }
+      if (impl != CONV_IMPL_AUTO && impl != CONV_IMPL_IM2COL && !DETR_HAVE_ONEDNN) {
+        fprintf(stderr, "bench_step: this build has no oneDNN\n");
+        return 2;
+      }
+      cpu_conv2d_set_impl(impl);
+    }
     else {
       fprintf(stderr, "bench_step: unknown argument '%s'\n", argv[i]);
       return 2;
@@ -129,10 +146,12 @@ int main(int argc, char **argv) {
   qsort(sorted, (size_t)reps, sizeof(double), cmp_double);
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
+  AllocStats alloc = detr_alloc_stats(DEVICE_CPU);  // the tensor allocator: peak live, cached now
   printf("{\"impl\": \"detr-c\", \"preset\": \"%s\", \"size\": %d, \"hw\": \"%dx%d\", \"batch\": %d, \"what\": \"%s\", "
-         "\"enact\": %s, \"median_s\": %.4f, \"peak_rss_mb\": %.1f, \"steps_s\": [",
+         "\"enact\": %s, \"median_s\": %.4f, \"peak_rss_mb\": %.1f, \"alloc_peak_mb\": %.1f, "
+         "\"alloc_cached_mb\": %.1f, \"steps_s\": [",
          preset, size, height, width, B, forward_only ? "forward" : "train step", enact ? "true" : "false",
-         sorted[reps / 2], ru.ru_maxrss / 1024.0);
+         sorted[reps / 2], ru.ru_maxrss / 1024.0, alloc.peak_live_bytes / 1048576.0, alloc.cached_bytes / 1048576.0);
   for (int r = 0; r < reps; r++) printf(r ? ", %.4f" : "%.4f", t[r]);
   printf("]}\n");
   if (profile) autograd_profile_report(stderr);

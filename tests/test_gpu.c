@@ -428,9 +428,7 @@ static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
       det ? det : "unset");
   float *x = host_uniform(nx, seed, -1, 1), *w = host_uniform(nw, seed + 1, -1, 1);
   float *bias = host_uniform(nb, seed + 2, -1, 1), *y = host_alloc(ny);
-  int64_t ws_fwd = cpu_conv2d_forward_workspace_floats(g, with_bias);
-  int64_t ws_bwd = cpu_conv2d_backward_workspace_floats(g, true, true, with_bias);
-  float *ws = host_alloc(ws_fwd > ws_bwd ? ws_fwd : ws_bwd);
+  float *ws = host_alloc(cpu_conv2d_workspace_floats(g));
   cpu_conv2d_forward(x, w, with_bias ? bias : NULL, y, g, ws);
   float *d_x = dev_upload(x, nx), *d_w = dev_upload(w, nw), *d_bias = dev_upload(bias, nb);
   float *d_y = dev_upload(y, ny);

@@ -100,7 +100,7 @@ START_TEST(conv2d_backward_implementations_agree) {
         memcpy(gr[0], dx0, (size_t)nx * sizeof(float));
         memcpy(gr[1], dw0, (size_t)nw * sizeof(float));
         memcpy(gr[2], db0, (size_t)nb * sizeof(float));
-        int64_t n_ws = cpu_conv2d_backward_workspace_floats(&g, true, true, true);
+        int64_t n_ws = cpu_conv2d_workspace_floats(&g);
         float *scratch = malloc((size_t)(n_ws > 0 ? n_ws : 1) * sizeof(float));
         if (run == 0) {
           cpu_conv2d_backward(x, w, dy, gr[0], gr[1], gr[2], &g, scratch);

@@ -119,28 +119,28 @@ void cpu_conv2d_set_impl(ConvImpl impl) {
   forced_impl = impl;
 }
 
+// The per-pass choice, from bench_ops and bench_step (bench/README.md):
+//  - 3x3 and 7x7: oneDNN's direct convolution on its blocked layouts, reorders included, runs at
+//    1.1-2.3x im2col + sgemm (most at 64-128 channels, where im2col's column traffic costs most);
+//    except backward-data into fewer than 16 channels (the stem's, which DETR never runs), where
+//    blocking pads 3 channels to 16.
+//  - 1x1: one sgemm per image either way, and the reorders to blocked layouts cost more than the
+//    direct convolution saves. The forward runs on oneDNN's nchw sgemm path (faster than
+//    OpenBLAS's on this machine); backward on OpenBLAS (oneDNN's nchw backward-weights takes a
+//    per-thread copy of dw as scratch, up to 69 MB).
 ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
   if (!DETR_HAVE_ONEDNN) return CONV_IMPL_IM2COL;
   if (forced_impl != CONV_IMPL_AUTO) return forced_impl;
-  return g->kh * g->kw > 1 ? CONV_IMPL_ONEDNN : CONV_IMPL_IM2COL;
+  if (g->kh * g->kw > 1)
+    return pass == CONV_PASS_BWD_DATA && g->in_ch < 16 ? CONV_IMPL_IM2COL : CONV_IMPL_ONEDNN;
+  return pass == CONV_PASS_FWD ? CONV_IMPL_ONEDNN_PLAIN : CONV_IMPL_IM2COL;
 }
 
-static int64_t pass_workspace_floats(const ConvGeom *g, ConvPass pass, bool bias) {
-#if DETR_HAVE_ONEDNN
-  ConvImpl impl = cpu_conv2d_impl(g, pass);
-  if (impl != CONV_IMPL_IM2COL) return onednn_conv2d_workspace_floats(g, pass, impl == CONV_IMPL_ONEDNN, bias);
-#endif
-  return im2col_workspace_floats(g);
-}
-
-int64_t cpu_conv2d_forward_workspace_floats(const ConvGeom *g, bool bias) {
-  return pass_workspace_floats(g, CONV_PASS_FWD, bias);
-}
-
-int64_t cpu_conv2d_backward_workspace_floats(const ConvGeom *g, bool dx, bool dw, bool dbias) {
-  int64_t wd = dx ? pass_workspace_floats(g, CONV_PASS_BWD_DATA, false) : 0;
-  int64_t ww = dw ? pass_workspace_floats(g, CONV_PASS_BWD_WEIGHTS, dbias) : 0;
-  return wd > ww ? wd : ww;  // the passes run one after the other
+int64_t cpu_conv2d_workspace_floats(const ConvGeom *g) {
+  // oneDNN's passes keep their own buffer (conv_onednn.c); im2col's need the column chunk.
+  for (int pass = 0; pass < 3; pass++)
+    if (cpu_conv2d_impl(g, (ConvPass)pass) == CONV_IMPL_IM2COL) return im2col_workspace_floats(g);
+  return 0;
 }
 
 static void conv_bias_backward(const float *dy, float *dbias, const ConvGeom *g) {
@@ -160,7 +160,7 @@ void cpu_conv2d_forward(const float *x, const float *w, const float *bias, float
 #if DETR_HAVE_ONEDNN
   ConvImpl impl = cpu_conv2d_impl(g, CONV_PASS_FWD);
   if (impl != CONV_IMPL_IM2COL) {
-    onednn_conv2d_run(g, CONV_PASS_FWD, impl == CONV_IMPL_ONEDNN, x, w, y, (float *)bias, workspace);
+    onednn_conv2d_run(g, CONV_PASS_FWD, impl == CONV_IMPL_ONEDNN, x, w, y, (float *)bias);
     return;
   }
 #endif
@@ -225,7 +225,7 @@ void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float 
 #if DETR_HAVE_ONEDNN
     ConvImpl impl = cpu_conv2d_impl(g, CONV_PASS_BWD_DATA);
     if (impl != CONV_IMPL_IM2COL)
-      onednn_conv2d_run(g, CONV_PASS_BWD_DATA, impl == CONV_IMPL_ONEDNN, dy, w, dx, NULL, workspace);
+      onednn_conv2d_run(g, CONV_PASS_BWD_DATA, impl == CONV_IMPL_ONEDNN, dy, w, dx, NULL);
     else
 #endif
       im2col_backward(NULL, w, dy, dx, NULL, NULL, g, workspace);
@@ -234,7 +234,7 @@ void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float 
 #if DETR_HAVE_ONEDNN
     ConvImpl impl = cpu_conv2d_impl(g, CONV_PASS_BWD_WEIGHTS);
     if (impl != CONV_IMPL_IM2COL)
-      onednn_conv2d_run(g, CONV_PASS_BWD_WEIGHTS, impl == CONV_IMPL_ONEDNN, x, dy, dw, dbias, workspace);
+      onednn_conv2d_run(g, CONV_PASS_BWD_WEIGHTS, impl == CONV_IMPL_ONEDNN, x, dy, dw, dbias);
     else
 #endif
       im2col_backward(x, NULL, dy, NULL, dw, dbias, g, workspace);

@@ -66,10 +66,12 @@ static dnnl_engine_t engine;
 static dnnl_stream_t stream;
 static ConvPrim cache[CONV_CACHE_SIZE];
 static uint64_t cache_clock;
-// The user-managed scratchpad, shared by all primitives (they run one at a time): grows to the
-// largest any of them asked for.
-static void *scratch;
-static size_t scratch_cap;
+// One buffer for the running pass's reordered copies and oneDNN's (user-managed) scratchpad: the
+// passes run one at a time, so it grows to the largest pass and stays. Measured: taking them from
+// the tensor allocator instead left a cached block per distinct size and raised the R50 step's
+// peak RSS by 106 MB.
+static char *buffer;
+static size_t buffer_cap;
 
 static void onednn_init(void) {
   if (engine) return;
@@ -223,14 +225,14 @@ static ConvPrim *prim_get(const ConvGeom *g, ConvPass pass, bool blocked, bool b
   return victim;
 }
 
-static void *scratch_get(size_t bytes) {
-  if (bytes > scratch_cap) {
-    free(scratch);
-    scratch_cap = (bytes + 4095) / 4096 * 4096;
-    scratch = aligned_alloc(64, scratch_cap);
-    DETR_CHECK(scratch, "oneDNN conv: out of memory for a %zu-byte scratchpad", scratch_cap);
+static char *buffer_get(size_t bytes) {
+  if (bytes > buffer_cap) {
+    free(buffer);
+    buffer_cap = (bytes + 4095) / 4096 * 4096;
+    buffer = aligned_alloc(64, buffer_cap);
+    DETR_CHECK(buffer, "oneDNN conv: out of memory for a %zu-byte buffer", buffer_cap);
   }
-  return scratch;
+  return buffer;
 }
 
 static void reorder_run(dnnl_primitive_t r, const dnnl_memory_desc_t *from_md, const void *from,
@@ -244,9 +246,9 @@ static void reorder_run(dnnl_primitive_t r, const dnnl_memory_desc_t *from_md, c
 
 static size_t round64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
-// Workspace bytes of one pass: its prim-layout copies, and backward-weights' dbias [O].
-static size_t pass_workspace_bytes(const ConvPrim *p) {
-  size_t bytes = 0;
+// Buffer bytes of one pass: its prim-layout copies, backward-weights' dbias [O], the scratchpad.
+static size_t pass_buffer_bytes(const ConvPrim *p) {
+  size_t bytes = round64(p->scratch_bytes);
   for (int i = 0; i < 3; i++)
     if (p->a[i].reorder) bytes += round64(dnnl_memory_desc_get_size(&p->a[i].prim));
   if (p->pass == CONV_PASS_BWD_WEIGHTS && p->bias) bytes += round64((size_t)p->g.out_ch * sizeof(float));
@@ -255,8 +257,11 @@ static size_t pass_workspace_bytes(const ConvPrim *p) {
 
 // Runs one pass: in0, in1 plain inputs, out the plain output (overwritten by the forward,
 // accumulated into by the backward passes); bias: the forward's bias or backward-weights' dbias
-// (accumulated), NULL when p has none. ws: pass_workspace_bytes(p), 64-byte aligned.
-static void pass_run(ConvPrim *p, const float *in0, const float *in1, float *out, float *bias, char *ws) {
+// (accumulated), NULL when p has none.
+static void pass_run(ConvPrim *p, const float *in0, const float *in1, float *out, float *bias) {
+  char *ws = buffer_get(pass_buffer_bytes(p));
+  void *scratchpad = ws;
+  ws += round64(p->scratch_bytes);
   const float *user[3] = {in0, in1, out};
   void *buf[3];  // what the convolution reads or writes: the plain buffer or a prim-layout copy
   for (int i = 0; i < 3; i++) {
@@ -283,7 +288,7 @@ static void pass_run(ConvPrim *p, const float *in0, const float *in1, float *out
     dnnl_dims_t sd = {(int64_t)p->scratch_bytes};
     DNNL_CHECK(dnnl_memory_desc_init_by_tag(&smd, 1, sd, dnnl_u8, dnnl_x));
     args[n].arg = DNNL_ARG_SCRATCHPAD;
-    args[n].memory = mem_wrap(&smd, scratch_get(p->scratch_bytes)), n++;
+    args[n].memory = mem_wrap(&smd, scratchpad), n++;
   }
   DNNL_CHECK(dnnl_primitive_execute(p->conv, stream, n, args));
   for (int i = 0; i < n; i++) DNNL_CHECK(dnnl_memory_destroy(args[i].memory));
@@ -292,14 +297,10 @@ static void pass_run(ConvPrim *p, const float *in0, const float *in1, float *out
     for (int64_t o = 0; o < O; o++) bias[o] += dbias[o];
 }
 
-int64_t onednn_conv2d_workspace_floats(const ConvGeom *g, ConvPass pass, bool blocked, bool bias) {
-  return (int64_t)(pass_workspace_bytes(prim_get(g, pass, blocked, bias)) / sizeof(float));
-}
-
 void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, bool blocked, const float *in0, const float *in1,
-                       float *out, float *bias, float *workspace) {
+                       float *out, float *bias) {
   DETR_CHECK(!bias || pass != CONV_PASS_BWD_DATA, "onednn_conv2d_run: backward-data has no bias");
-  pass_run(prim_get(g, pass, blocked, bias != NULL), in0, in1, out, bias, (char *)workspace);
+  pass_run(prim_get(g, pass, blocked, bias != NULL), in0, in1, out, bias);
 }
 
 const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, bool blocked) {

@@ -42,9 +42,8 @@ void cpu_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols);
 void cpu_row_bias_backward(const float *dy, float *dbias, int64_t rows, int64_t cols);
 
 // conv.c: im2col + sgemm, or oneDNN (conv_onednn.c) where it is the faster (bench/README.md).
-// workspace: the matching *_workspace_floats call's floats (64-byte aligned is best: detr_alloc).
-int64_t cpu_conv2d_forward_workspace_floats(const ConvGeom *g, bool bias);
-int64_t cpu_conv2d_backward_workspace_floats(const ConvGeom *g, bool dx, bool dw, bool dbias);
+// workspace: cpu_conv2d_workspace_floats(g) floats.
+int64_t cpu_conv2d_workspace_floats(const ConvGeom *g);
 void cpu_conv2d_forward(const float *x, const float *w, const float *bias, float *y,
                         const ConvGeom *g, float *workspace);
 // dx, dw, dbias may be NULL; x is read for dw only, w for dx only (the other may be NULL).
