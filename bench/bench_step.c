@@ -1,10 +1,12 @@
 // The whole DETR training step of detr-c: forward, loss, backward, gradient clipping, AdamW.
 //   build/bench/bench_step [--preset detr-r18-small] [--size 320 | --hw HxW] [--batch 2] [--boxes 3]
 //                          [--reps 5] [--enact] [--profile] [--forward]
-//                          [--conv auto | im2col | onednn | onednn-nchw]
+//                          [--conv auto | im2col | onednn | onednn-nchw] [--vary-size]
 // --forward times the no-grad forward alone (e.g. detr-r50 on one 800x1066 image: --batch 1
 // --hw 800x1066 --forward). --conv forces one CPU convolution implementation everywhere (default
-// auto: the faster per shape and pass).
+// auto: the faster per shape and pass). --vary-size gives every step its own input size, 8 and 12
+// pixels smaller each (as multi-scale training's batches have): the times include creating the
+// new shapes' oneDNN primitives.
 // Prints one JSON line: median step seconds over reps (after one warm-up step), the steps' times,
 // the peak resident memory of the process (getrusage), and the tensor allocator's peak live and
 // cached bytes. --profile adds the per-op breakdown.
@@ -33,7 +35,7 @@ static int cmp_double(const void *a, const void *b) {
 int main(int argc, char **argv) {
   const char *preset = "detr-r18-small";
   int size = 320, boxes = 3, reps = 5, batch = 2, height = 0, width = 0;
-  bool enact = false, profile = false, forward_only = false;
+  bool enact = false, profile = false, forward_only = false, vary = false;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
     else if (!strcmp(argv[i], "--size") && i + 1 < argc) size = atoi(argv[++i]);
@@ -46,6 +48,7 @@ int main(int argc, char **argv) {
       if (sscanf(argv[++i], "%dx%d", &height, &width) != 2) height = width = 0;
     }
     else if (!strcmp(argv[i], "--profile")) profile = true;
+    else if (!strcmp(argv[i], "--vary-size")) vary = true;
     else if (!strcmp(argv[i], "--conv") && i + 1 < argc) {
       const char *c = argv[++i];
       ConvImpl impl = !strcmp(c, "im2col") ? CONV_IMPL_IM2COL : !strcmp(c, "onednn") ? CONV_IMPL_ONEDNN
@@ -66,7 +69,8 @@ int main(int argc, char **argv) {
     }
   }
   if (!height) height = width = size;
-  if (reps < 1 || height < 32 || width < 32 || boxes < 0 || batch < 1 || batch > 64) {
+  if (reps < 1 || height - (vary ? 8 * reps : 0) < 32 || width - (vary ? 12 * reps : 0) < 32 || boxes < 0 ||
+      batch < 1 || batch > 64) {
     fprintf(stderr, "bench_step: need --reps >= 1, sizes >= 32, --boxes >= 0, --batch 1..64\n");
     return 2;
   }
@@ -106,6 +110,11 @@ int main(int argc, char **argv) {
     if (r == 0 && profile) {
       autograd_profile_reset();
       autograd_profile_enable(true);
+    }
+    if (vary && r >= 0) {  // step r: (height - 8 (r + 1)) x (width - 12 (r + 1)); the mask is all valid
+      tensor_release(images);
+      images = tensor_new(DEVICE_CPU, SHAPE(B, 3, height - 8 * (r + 1), width - 12 * (r + 1)));
+      tensor_normal_(images, &rng, 0.0f, 1.0f);
     }
     double t0 = now();
     if (profile) autograd_profile_mark();

@@ -119,20 +119,24 @@ void cpu_conv2d_set_impl(ConvImpl impl) {
   forced_impl = impl;
 }
 
-// The per-pass choice, from bench_ops and bench_step (bench/README.md):
-//  - 3x3 and 7x7: oneDNN's direct convolution on its blocked layouts, reorders included, runs at
-//    1.1-2.3x im2col + sgemm (most at 64-128 channels, where im2col's column traffic costs most);
-//    except backward-data into fewer than 16 channels (the stem's, which DETR never runs), where
-//    blocking pads 3 channels to 16.
+// The per-pass choice, from bench_ops' medians at 2 threads (bench/README.md):
+//  - 3x3 and 7x7: oneDNN's direct convolution on its blocked layouts, reorders included: forward
+//    1.1-2.6x im2col + sgemm, backward-data 1.1-2.1x (most at 64-128 channels, where im2col's
+//    column traffic costs most). Not for backward-data into fewer than 16 channels (the stem's,
+//    never run in DETR: blocking pads 3 channels to 16, 0.3x), nor for backward-weights from 256
+//    input channels up (sgemm's K = 9 C is long enough there: im2col 1.0-1.5x oneDNN).
 //  - 1x1: one sgemm per image either way, and the reorders to blocked layouts cost more than the
-//    direct convolution saves. The forward runs on oneDNN's nchw sgemm path (faster than
-//    OpenBLAS's on this machine); backward on OpenBLAS (oneDNN's nchw backward-weights takes a
-//    per-thread copy of dw as scratch, up to 69 MB).
+//    direct convolution saves. The forward runs on oneDNN's nchw sgemm path (1.1-1.7x OpenBLAS's
+//    on this machine); backward on OpenBLAS (oneDNN's nchw backward is no faster, and its
+//    backward-weights takes a per-thread copy of dw as scratch, up to 69 MB).
 ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
   if (!DETR_HAVE_ONEDNN) return CONV_IMPL_IM2COL;
   if (forced_impl != CONV_IMPL_AUTO) return forced_impl;
-  if (g->kh * g->kw > 1)
-    return pass == CONV_PASS_BWD_DATA && g->in_ch < 16 ? CONV_IMPL_IM2COL : CONV_IMPL_ONEDNN;
+  if (g->kh * g->kw > 1) {
+    if (pass == CONV_PASS_BWD_DATA && g->in_ch < 16) return CONV_IMPL_IM2COL;
+    if (pass == CONV_PASS_BWD_WEIGHTS && g->in_ch >= 256) return CONV_IMPL_IM2COL;
+    return CONV_IMPL_ONEDNN;
+  }
   return pass == CONV_PASS_FWD ? CONV_IMPL_ONEDNN_PLAIN : CONV_IMPL_IM2COL;
 }
 
