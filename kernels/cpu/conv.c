@@ -126,9 +126,10 @@ void cpu_conv2d_set_impl(ConvImpl impl) {
 //    never run in DETR: blocking pads 3 channels to 16, 0.3x), nor for backward-weights from 256
 //    input channels up (sgemm's K = 9 C is long enough there: im2col 1.0-1.5x oneDNN).
 //  - 1x1: one sgemm per image either way, and the reorders to blocked layouts cost more than the
-//    direct convolution saves. The forward runs on oneDNN's nchw sgemm path (1.1-1.7x OpenBLAS's
-//    on this machine); backward on OpenBLAS (oneDNN's nchw backward is no faster, and its
-//    backward-weights takes a per-thread copy of dw as scratch, up to 69 MB).
+//    direct convolution saves: OpenBLAS. (oneDNN's nchw sgemm path runs the 1x1 forward at
+//    1.1-1.7x OpenBLAS in bench_ops but only 1.2% faster over the R50 step, for 21 MB more peak
+//    RSS in its packing buffers; its backward is no faster, and backward-weights takes a
+//    per-thread copy of dw as scratch, up to 69 MB.)
 ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
   if (!DETR_HAVE_ONEDNN) return CONV_IMPL_IM2COL;
   if (forced_impl != CONV_IMPL_AUTO) return forced_impl;
@@ -137,7 +138,7 @@ ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
     if (pass == CONV_PASS_BWD_WEIGHTS && g->in_ch >= 256) return CONV_IMPL_IM2COL;
     return CONV_IMPL_ONEDNN;
   }
-  return pass == CONV_PASS_FWD ? CONV_IMPL_ONEDNN_PLAIN : CONV_IMPL_IM2COL;
+  return CONV_IMPL_IM2COL;
 }
 
 int64_t cpu_conv2d_workspace_floats(const ConvGeom *g) {
