@@ -1,15 +1,16 @@
 // Convolution on oneDNN (Debian's libdnnl 2.6, OpenMP runtime: the same libgomp thread pool as
 // OpenBLAS and our loops). Forward, backward-data and backward-weights primitives run on the
-// framework's plain buffers: x [B, C, H, W], w [O, C, KH, KW], y [B, O, HO, WO], bias [O].
+// framework's plain buffers: x [B, C, H, W], w [O, C, KH, KW], y [B, O, HO, WO], bias [O], one image
+// at a time.
 //
-// Each (geometry, pass, bias) gets its primitive once and keeps it in a small LRU cache: creating
-// one (descriptor, implementation choice, JIT) costs about a millisecond, running one about as
-// much as the convolution.
+// Each (one image's geometry, pass, layout, bias) gets its primitive once and keeps it in an LRU
+// cache: creating one (descriptor, implementation choice, JIT) costs 0.5-1 ms here, so a training
+// run with a new input size every step pays that per new shape (bench/README.md: still faster).
 //
-// Layouts: the convolution runs on the layouts oneDNN picks (format_tag any: nChw16c activations
-// and blocked weights on AVX-512), with a reorder from and to the plain buffers on each call. On
-// plain nchw, oneDNN 2.6 falls back to its own im2col + sgemm ("gemm:jit"), no faster than ours;
-// see bench/README.md for the figures.
+// Layouts: blocked runs the convolution on the layouts oneDNN picks (format_tag any: nChw16c
+// activations and blocked weights on AVX-512), with reorders from and to the plain buffers on each
+// call; plain runs it on nchw/oihw, where oneDNN 2.6 falls back to its own im2col + sgemm
+// ("gemm:jit"). conv.c chooses per pass from bench_ops' figures.
 //
 // Gradients accumulate (cpu_conv2d_backward's contract) while oneDNN overwrites: dx and dw are
 // computed into a temporary and added by a reorder with a sum post-op (plain += converted
@@ -59,8 +60,11 @@ typedef struct {
 } ConvPrim;
 
 // DETR has ~20-60 distinct convolutions per input size, 2-3 passes each; training on varying input
-// sizes cycles through more, and the least recently used is dropped.
+// sizes cycles through more, and the least recently used is dropped. The cache, the engine and the
+// buffer below are used from one thread at a time (the op layer's), as every kernel here is.
 #define CONV_CACHE_SIZE 256
+_Static_assert(sizeof(ConvGeom) == 9 * sizeof(int64_t) + 6 * sizeof(int),
+               "ConvGeom must have no padding bytes: the cache compares geometries with memcmp");
 
 static dnnl_engine_t engine;
 static dnnl_stream_t stream;
@@ -110,7 +114,7 @@ static dnnl_primitive_t reorder_create(const dnnl_memory_desc_t *from, const dnn
 }
 
 // The convolution descriptor of one pass on memory descriptors x/w/y (and bias when given).
-static void conv_desc(dnnl_convolution_desc_t *d, const ConvGeom *g, int pass,
+static void conv_desc(dnnl_convolution_desc_t *d, const ConvGeom *g, ConvPass pass,
                       const dnnl_memory_desc_t *x, const dnnl_memory_desc_t *w,
                       const dnnl_memory_desc_t *y, const dnnl_memory_desc_t *bias) {
   // oneDNN counts dilation from 0 (no dilation); right padding as torch's (floor in the
@@ -140,7 +144,7 @@ static void prim_destroy(ConvPrim *p) {
 }
 
 static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, bool blocked, bool bias) {
-  dnnl_dims_t xd = {g->batch, g->in_ch, g->in_h, g->in_w};     // x [B, C, H, W]
+  dnnl_dims_t xd = {g->batch, g->in_ch, g->in_h, g->in_w};     // x [B, C, H, W] (B = 1: pass_run)
   dnnl_dims_t wd = {g->out_ch, g->in_ch, g->kh, g->kw};        // w [O, C, KH, KW]
   dnnl_dims_t yd = {g->batch, g->out_ch, g->out_h, g->out_w};  // y [B, O, HO, WO]
   dnnl_dims_t bd = {g->out_ch};                                // bias [O]
@@ -194,7 +198,9 @@ static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, bool bloc
     ConvArg *a = &p->a[i];
     a->arg = args[pass][i];
     a->user = *users[pass][i];
-    a->prim = *dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, a->arg);
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, a->arg);
+    DETR_CHECK(md, "oneDNN: dnnl_primitive_desc_query_md found no memory for argument %d", a->arg);
+    a->prim = *md;
     bool same = dnnl_memory_desc_equal(&a->user, &a->prim);
     if (i < 2) {
       if (!same) a->reorder = reorder_create(&a->user, &a->prim, false);
@@ -202,7 +208,8 @@ static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, bool bloc
       a->reorder = reorder_create(&a->prim, &a->user, pass != CONV_PASS_FWD);
     }
   }
-  p->scratch_bytes = dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
+  const dnnl_memory_desc_t *scratch_md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+  p->scratch_bytes = scratch_md ? dnnl_memory_desc_get_size(scratch_md) : 0;
   DNNL_CHECK(dnnl_primitive_create(&p->conv, pd));
   DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
 }
@@ -258,8 +265,8 @@ static size_t pass_buffer_bytes(const ConvPrim *p) {
 // Runs one pass of a batch-of-one primitive p over `batch` images: in0, in1 plain inputs, out the
 // plain output (overwritten by the forward, accumulated into by the backward passes); bias: the
 // forward's bias or backward-weights' dbias (accumulated), NULL when p has none. One image at a
-// time keeps the layout copies at one image's size whatever the batch (measured: at batch 2 the
-// batch-wide copies raised the R50 step's peak RSS by 45 MB, one image's by half that).
+// time keeps the layout copies at one image's size whatever the batch (measured at R50 512x512,
+// batch 2: 16 MB less peak RSS than whole-batch copies, the same step time).
 static void pass_run(ConvPrim *p, int64_t batch, const float *in0, const float *in1, float *out, float *bias) {
   const ConvGeom *g = &p->g;
   int64_t x_img = g->in_ch * g->in_h * g->in_w, y_img = g->out_ch * g->out_h * g->out_w;
