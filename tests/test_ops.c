@@ -133,6 +133,31 @@ START_TEST(conv2d_backward_implementations_agree) {
 }
 END_TEST
 
+// More distinct shapes than oneDNN's primitive cache holds (256, as a training run with a new input
+// size every step sees): evicted primitives are destroyed and re-created, results unchanged.
+START_TEST(conv2d_primitive_cache_turns_over) {
+  if (!DETR_HAVE_ONEDNN) return;
+  enum { MAX_HW = 9 * 45 };  // in_h 3..9, in_w 3..45
+  float x[2 * MAX_HW], w[3 * 2 * 3 * 3], y[2][3 * MAX_HW], ws[2 * 3 * 3 * MAX_HW];
+  cpu_uniform(x, 2 * MAX_HW, 1, 0, -1, 1);
+  cpu_uniform(w, 3 * 2 * 3 * 3, 2, 0, -1, 1);
+  for (int i = 0; i < 300 + 1; i++) {
+    int s = i % 300;  // the last one is the first again, long evicted
+    ConvGeom g = {.batch = 1, .in_ch = 2, .in_h = 3 + s % 7, .in_w = 3 + s / 7, .out_ch = 3, .kh = 3, .kw = 3,
+                  .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1};
+    g.out_h = g.in_h, g.out_w = g.in_w;
+    for (int k = 0; k < 2; k++) {
+      cpu_conv2d_set_impl(k ? CONV_IMPL_ONEDNN : CONV_IMPL_IM2COL);
+      ck_assert_int_le(cpu_conv2d_workspace_floats(&g), 2 * 3 * 3 * MAX_HW);
+      cpu_conv2d_forward(x, w, NULL, y[k], &g, ws);
+    }
+    double err = max_rel_diff(y[1], y[0], g.out_ch * g.out_h * g.out_w);
+    ck_assert_msg(err < 1e-5, "shape %d (%lldx%lld): relative error %g", i, (long long)g.in_h, (long long)g.in_w, err);
+  }
+  cpu_conv2d_set_impl(CONV_IMPL_AUTO);
+}
+END_TEST
+
 START_TEST(maxpool_matches_torch_semantics) {
   // 1x1x4x4, kernel 3, stride 2, pad 1 (ResNet's stem pool): out 2x2, padding never wins.
   float x[16] = {-5, -1, -2, -3, -4, -6, -7, -8, -9, -10, -11, -12, -13, -14, -15, -16};
@@ -279,6 +304,7 @@ int main(void) {
   TCase *tc = tcase_create("forward");
   tcase_add_test(tc, conv2d_matches_direct_loops);
   tcase_add_test(tc, conv2d_backward_implementations_agree);
+  tcase_add_test(tc, conv2d_primitive_cache_turns_over);
   tcase_add_test(tc, maxpool_matches_torch_semantics);
   tcase_add_test(tc, softmax_with_mask_and_layernorm);
   tcase_add_test(tc, cross_entropy_l1_and_giou_values);
