@@ -121,15 +121,15 @@ void cpu_conv2d_set_impl(ConvImpl impl) {
 
 // The per-pass choice, from bench_ops' medians at 2 threads (bench/README.md):
 //  - 3x3 and 7x7: oneDNN's direct convolution on its blocked layouts, reorders included: forward
-//    1.1-2.6x im2col + sgemm, backward-data 1.1-2.1x (most at 64-128 channels, where im2col's
+//    1.2-2.2x im2col + sgemm, backward-data 1.0-2.0x (most at 64-128 channels, where im2col's
 //    column traffic costs most). Not for backward-data into fewer than 16 channels (the stem's,
-//    never run in DETR: blocking pads 3 channels to 16, 0.3x), nor for backward-weights from 256
-//    input channels up (sgemm's K = 9 C is long enough there: im2col 1.0-1.5x oneDNN).
-//  - 1x1: one sgemm per image either way, and the reorders to blocked layouts cost more than the
-//    direct convolution saves: OpenBLAS. (oneDNN's nchw sgemm path runs the 1x1 forward at
-//    1.1-1.7x OpenBLAS in bench_ops but only 1.2% faster over the R50 step, for 21 MB more peak
-//    RSS in its packing buffers; its backward is no faster, and backward-weights takes a
-//    per-thread copy of dw as scratch, up to 69 MB.)
+//    never run in DETR: blocking pads 3 channels to 16, 0.4x), nor for backward-weights from 256
+//    input channels up (sgemm's K = 9 C is long enough there: im2col 0.94-1.4x oneDNN).
+//  - 1x1: one sgemm per image either way, and at the large maps, where most 1x1 time goes, the
+//    reorders to blocked layouts cost more than the direct convolution saves: OpenBLAS. (oneDNN's
+//    nchw sgemm path runs the 1x1 forward at mostly 1.1-1.5x OpenBLAS in bench_ops but only 1.2%
+//    faster over the R50 step, for 21 MB more peak RSS in its packing buffers; its backward is no
+//    faster, and backward-weights takes a per-thread copy of dw as scratch, up to 69 MB.)
 ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
   if (!DETR_HAVE_ONEDNN) return CONV_IMPL_IM2COL;
   if (forced_impl != CONV_IMPL_AUTO) return forced_impl;
