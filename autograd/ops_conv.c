@@ -1,4 +1,4 @@
-// 2-D convolution (im2col + sgemm on CPU, cuDNN on CUDA), max pooling, frozen batch norm.
+// 2-D convolution (oneDNN or im2col + sgemm on CPU, cuDNN on CUDA), max pooling, frozen batch norm.
 #include <string.h>
 
 #include "autograd/op_util.h"

@@ -1,13 +1,19 @@
 // Matmul and conv2d throughput against OpenBLAS's raw sgemm on the same machine.
-//   build/bench/bench_ops [reps]
-// For each problem: the median time of our op (forward, and forward+backward for conv) and of
-// the bare cblas_sgemm call(s) doing the same multiply-adds, in GFLOP/s, and their ratio.
+//   build/bench/bench_ops [reps] [--conv]     (--conv: the convolutions only)
+// Matmul: the median time of our op and of the bare cblas_sgemm call doing the same multiply-adds,
+// in GFLOP/s, and their ratio. Conv2d: every convolution of DETR's training step (detr-r18-small at
+// 320x320, detr-r50 at 512x512, batch 2), each pass (forward, backward-data, backward-weights) on
+// im2col + sgemm, oneDNN on its blocked layouts and oneDNN on plain nchw side by side, what
+// AUTO (cpu_conv2d_impl) chooses, and the convolution time per step on each.
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "autograd/ops.h"
+#include "kernels/cpu/conv_onednn.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 static double now(void) {
   struct timespec ts;
@@ -23,6 +29,12 @@ static int cmp_double(const void *a, const void *b) {
 static double median(double *v, int n) {
   qsort(v, (size_t)n, sizeof *v, cmp_double);
   return v[n / 2];
+}
+
+static float *rand_buffer(int64_t n, uint64_t seed) {
+  float *x = malloc((size_t)n * sizeof(float));
+  cpu_uniform(x, n, seed, 0, -1, 1);
+  return x;
 }
 
 static Tensor *rand_tensor(Shape s, uint64_t seed, bool grad) {
@@ -66,52 +78,143 @@ static void bench_matmul(int64_t m, int64_t n, int64_t k, int reps) {
   tensor_release(x), tensor_release(w), free(t);
 }
 
-static void bench_conv(int64_t batch, int64_t c, int64_t h, int64_t w, int64_t o, int k, int stride, int reps) {
-  int pad = k / 2;
-  Tensor *x = rand_tensor(SHAPE(batch, c, h, w), 3, true), *wt = rand_tensor(SHAPE(o, c, k, k), 4, true);
-  Conv2dParams p = {stride, stride, pad, pad, 1, 1};
-  int64_t ho = (h + 2 * pad - k) / stride + 1, wo = (w + 2 * pad - k) / stride + 1;
-  double *tf = malloc(sizeof(double) * reps), *tb = malloc(sizeof(double) * reps);
-  for (int r = -1; r < reps; r++) {
-    ScopeMark mark = tensor_scope_mark();
+// --- convolution: im2col + sgemm against oneDNN on DETR's shapes ---
+
+typedef struct {
+  const char *model;  // preset @ input size, batch 2
+  int calls;          // per training step
+  int grads;          // 0: frozen (forward only), 1: dw, 2: dw and dx
+  int c, hw, o, k, stride;
+  bool bias;
+} DetrConv;
+
+// Every convolution of detr-r18-small at 320x320 and detr-r50 at 512x512, batch 2 (the stem and
+// layer1 are frozen, as in DETR; input_proj has a bias). From DNNL_VERBOSE=1 bench_step.
+static const DetrConv detr_convs[] = {
+    {"r18@320", 1, 0, 3, 320, 64, 7, 2, false},      {"r18@320", 4, 0, 64, 80, 64, 3, 1, false},
+    {"r18@320", 1, 1, 64, 80, 128, 3, 2, false},     {"r18@320", 1, 1, 64, 80, 128, 1, 2, false},
+    {"r18@320", 3, 2, 128, 40, 128, 3, 1, false},    {"r18@320", 1, 2, 128, 40, 256, 3, 2, false},
+    {"r18@320", 1, 2, 128, 40, 256, 1, 2, false},    {"r18@320", 3, 2, 256, 20, 256, 3, 1, false},
+    {"r18@320", 1, 2, 256, 20, 512, 3, 2, false},    {"r18@320", 1, 2, 256, 20, 512, 1, 2, false},
+    {"r18@320", 3, 2, 512, 10, 512, 3, 1, false},    {"r18@320", 1, 2, 512, 10, 128, 1, 1, true},
+    {"r50@512", 1, 0, 3, 512, 64, 7, 2, false},      {"r50@512", 1, 0, 64, 128, 64, 1, 1, false},
+    {"r50@512", 3, 0, 64, 128, 64, 3, 1, false},     {"r50@512", 4, 0, 64, 128, 256, 1, 1, false},
+    {"r50@512", 2, 0, 256, 128, 64, 1, 1, false},    {"r50@512", 1, 1, 256, 128, 128, 1, 1, false},
+    {"r50@512", 1, 2, 128, 128, 128, 3, 2, false},   {"r50@512", 1, 1, 256, 128, 512, 1, 2, false},
+    {"r50@512", 4, 2, 128, 64, 512, 1, 1, false},    {"r50@512", 3, 2, 512, 64, 128, 1, 1, false},
+    {"r50@512", 3, 2, 128, 64, 128, 3, 1, false},    {"r50@512", 1, 2, 512, 64, 256, 1, 1, false},
+    {"r50@512", 1, 2, 256, 64, 256, 3, 2, false},    {"r50@512", 1, 2, 512, 64, 1024, 1, 2, false},
+    {"r50@512", 6, 2, 256, 32, 1024, 1, 1, false},   {"r50@512", 5, 2, 1024, 32, 256, 1, 1, false},
+    {"r50@512", 5, 2, 256, 32, 256, 3, 1, false},    {"r50@512", 1, 2, 1024, 32, 512, 1, 1, false},
+    {"r50@512", 1, 2, 512, 32, 512, 3, 2, false},    {"r50@512", 1, 2, 1024, 32, 2048, 1, 2, false},
+    {"r50@512", 3, 2, 512, 16, 2048, 1, 1, false},   {"r50@512", 2, 2, 2048, 16, 512, 1, 1, false},
+    {"r50@512", 2, 2, 512, 16, 512, 3, 1, false},    {"r50@512", 1, 2, 2048, 16, 256, 1, 1, true},
+};
+
+#define PASSES 3
+#define IMPLS 3  // im2col + sgemm, oneDNN blocked, oneDNN plain
+static const ConvImpl impls[IMPLS] = {CONV_IMPL_IM2COL, CONV_IMPL_ONEDNN, CONV_IMPL_ONEDNN_PLAIN};
+
+// Median seconds of one pass of g through impl's kernel, workspace allocation included.
+static double time_conv_pass(ConvImpl impl, const ConvGeom *g, bool with_bias, ConvPass pass, int reps) {
+  cpu_conv2d_set_impl(impl);
+  int64_t nx = g->batch * g->in_ch * g->in_h * g->in_w, nw = g->out_ch * g->in_ch * g->kh * g->kw;
+  int64_t ny = g->batch * g->out_ch * g->out_h * g->out_w;
+  float *x = rand_buffer(nx, 5), *w = rand_buffer(nw, 6), *y = rand_buffer(ny, 7);  // y is dy too
+  float *dx = calloc((size_t)nx, 4), *dw = calloc((size_t)nw, 4), *b = calloc((size_t)g->out_ch, 4);
+  float *bias = with_bias ? b : NULL;
+  double *t = malloc(sizeof(double) * reps);
+  for (int r = -1; r < reps; r++) {  // r = -1: warm-up (oneDNN creates its primitive)
     double t0 = now();
-    Tensor *y = op_conv2d(x, wt, NULL, p);
-    double t1 = now();
-    Tensor *g = tensor_new_scoped(DEVICE_CPU, y->shape);
-    tensor_fill_(g, 1.0f);
-    autograd_backward_with(y, g);
-    double t2 = now();
-    if (r >= 0) tf[r] = t1 - t0, tb[r] = t2 - t1;
-    tensor_scope_release(mark);
+    int64_t ws_floats = cpu_conv2d_workspace_floats(g);
+    float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
+    if (pass == CONV_PASS_FWD) cpu_conv2d_forward(x, w, bias, y, g, ws);
+    else if (pass == CONV_PASS_BWD_DATA) cpu_conv2d_backward(NULL, w, y, dx, NULL, NULL, g, ws);
+    else cpu_conv2d_backward(x, NULL, y, NULL, dw, bias, g, ws);
+    detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));
+    if (r >= 0) t[r] = now() - t0;
   }
-  double fwd = median(tf, reps), bwd = median(tb, reps);
-  // The same multiply-adds as one sgemm per image: [o, c*k*k] x [c*k*k, ho*wo].
-  double blas = time_sgemm(o, ho * wo, c * k * k, (int)batch, reps);
-  double gflop = 2.0 * batch * o * ho * wo * c * k * k * 1e-9;
-  printf("conv%dx%d s%d %dx%4lldx%3lldx%3lld->%4lld  fwd %7.1f GFLOP/s  bwd %7.1f GFLOP/s  sgemm %7.1f GFLOP/s  "
-         "ratio fwd %.2f bwd %.2f\n",
-         k, k, stride, (int)batch, (long long)c, (long long)h, (long long)w, (long long)o, gflop / fwd,
-         2 * gflop / bwd, gflop / blas, blas / fwd, 2 * blas / bwd);
-  tensor_release(x), tensor_release(wt), free(tf), free(tb);
+  double med = median(t, reps);
+  free(x), free(w), free(y), free(dx), free(dw), free(b), free(t);
+  cpu_conv2d_set_impl(CONV_IMPL_AUTO);
+  return med;
+}
+
+// One row per DETR convolution: GFLOP/s of each pass on each path (and bare sgemm doing the
+// forward's multiply-adds, one call per image), and the step's convolution time on each path.
+static void bench_detr_convs(int reps) {
+  int n_impl = DETR_HAVE_ONEDNN ? IMPLS : 1;
+  printf("\nDETR convolutions, batch 2: GFLOP/s of im2col+sgemm / oneDNN blocked / oneDNN nchw%s\n",
+         DETR_HAVE_ONEDNN ? "" : " (no oneDNN in this build)");
+  printf("calls: per training step; f: frozen (forward only), w: no dx (dw only)\n");
+  printf("%-8s %-26s %5s  %-17s %-17s %-17s %6s  %s\n", "model", "conv", "calls", "fwd", "bwd-data",
+         "bwd-weights", "sgemm", "AUTO's choice (fwd bwd-data bwd-weights), oneDNN blocked fwd");
+  const char *model = NULL;
+  double step_ms[IMPLS + 2] = {0};  // per training step: each path, the fastest per pass, AUTO's choice
+  int n = (int)(sizeof detr_convs / sizeof detr_convs[0]);
+  for (int i = 0; i <= n; i++) {
+    const DetrConv *d = i < n ? &detr_convs[i] : NULL;
+    if (model && (!d || strcmp(d->model, model))) {
+      printf("%-8s convolution ms per step: im2col %.0f, oneDNN blocked %.0f, oneDNN nchw %.0f, fastest per pass "
+             "%.0f, AUTO %.0f\n", model, step_ms[0], step_ms[1], step_ms[2], step_ms[3], step_ms[4]);
+      memset(step_ms, 0, sizeof step_ms);
+    }
+    if (!d) break;
+    model = d->model;
+    int pad = d->k / 2;
+    ConvGeom g = {.batch = 2, .in_ch = d->c, .in_h = d->hw, .in_w = d->hw, .out_ch = d->o, .kh = d->k, .kw = d->k,
+                  .stride_h = d->stride, .stride_w = d->stride, .pad_h = pad, .pad_w = pad, .dil_h = 1, .dil_w = 1};
+    g.out_h = g.out_w = conv_out_size(d->hw, d->k, d->stride, pad, 1);
+    double gflop = 2.0 * g.batch * g.out_ch * g.out_h * g.out_w * g.in_ch * g.kh * g.kw * 1e-9;
+    char what[64], cell[PASSES][48], chosen[8] = "";
+    snprintf(what, sizeof what, "%dx%d s%d %4dx%3d->%4d%s", d->k, d->k, d->stride, d->c, d->hw, d->o, d->bias ? " +b" : "");
+    for (int p = 0; p < PASSES; p++) {
+      double t[IMPLS] = {0};
+      int len = 0;
+      for (int k = 0; k < n_impl; k++) {
+        t[k] = time_conv_pass(impls[k], &g, d->bias, (ConvPass)p, reps);
+        len += snprintf(cell[p] + len, sizeof cell[p] - (size_t)len, k ? " /%4.0f" : "%4.0f", gflop / t[k]);
+      }
+      ConvImpl auto_impl = cpu_conv2d_impl(&g, (ConvPass)p);
+      int a = auto_impl == CONV_IMPL_ONEDNN ? 1 : auto_impl == CONV_IMPL_ONEDNN_PLAIN ? 2 : 0;
+      chosen[p] = "ibp"[a];
+      bool runs = p == CONV_PASS_FWD || (p == CONV_PASS_BWD_WEIGHTS && d->grads >= 1) ||
+                  (p == CONV_PASS_BWD_DATA && d->grads == 2);
+      if (!runs) continue;
+      double best = t[0];
+      for (int k = 0; k < n_impl; k++) {
+        step_ms[k] += 1e3 * d->calls * t[k];
+        if (t[k] < best) best = t[k];
+      }
+      step_ms[IMPLS] += 1e3 * d->calls * best;
+      step_ms[IMPLS + 1] += 1e3 * d->calls * t[a];
+    }
+    double blas = time_sgemm(g.out_ch, g.out_h * g.out_w, g.in_ch * g.kh * g.kw, (int)g.batch, reps);
+    const char *impl = "";
+#if DETR_HAVE_ONEDNN
+    impl = onednn_conv2d_impl(&g, CONV_PASS_FWD, true);
+#endif
+    printf("%-8s %-26s %3d%-2s  %-17s %-17s %-17s %6.0f  %s %s\n", d->model, what, d->calls,
+           d->grads == 0 ? "f" : d->grads == 1 ? "w" : "", cell[0], cell[1], cell[2], gflop / blas, chosen, impl);
+  }
 }
 
 int main(int argc, char **argv) {
   int reps = argc > 1 ? atoi(argv[1]) : 7;
+  bool conv_only = argc > 2 && !strcmp(argv[2], "--conv");
+  if (reps < 1 || (argc > 2 && !conv_only)) {
+    fprintf(stderr, "usage: bench_ops [reps] [--conv]\n");
+    return 2;
+  }
   printf("threads: OpenBLAS %d\n", openblas_get_num_threads());
-  // Transformer shapes: hidden 256, FFN 2048, a 25x38 feature map of 2 images (1900 tokens).
-  bench_matmul(256, 256, 2048, reps);
-  bench_matmul(256, 2048, 256, reps);
-  bench_matmul(1900, 256, 256, reps);
-  bench_matmul(1900, 2048, 256, reps);
-  bench_matmul(1900, 256, 2048, reps);
-  // ResNet 3x3 convolutions at 64-512 channels on an 800x1066-class input (stride 4 .. 32),
-  // one image; and the 7x7 stem.
-  bench_conv(1, 64, 200, 267, 64, 3, 1, reps);
-  bench_conv(1, 128, 100, 134, 128, 3, 1, reps);
-  bench_conv(1, 256, 50, 67, 256, 3, 1, reps);
-  bench_conv(1, 512, 25, 34, 512, 3, 1, reps);
-  bench_conv(1, 128, 100, 134, 128, 3, 2, reps);
-  bench_conv(1, 3, 400, 534, 64, 7, 2, reps);
-  bench_conv(2, 256, 50, 67, 1024, 1, 1, reps);
+  if (!conv_only) {
+    // Transformer shapes: hidden 256, FFN 2048, a 25x38 feature map of 2 images (1900 tokens).
+    bench_matmul(256, 256, 2048, reps);
+    bench_matmul(256, 2048, 256, reps);
+    bench_matmul(1900, 256, 256, reps);
+    bench_matmul(1900, 2048, 256, reps);
+    bench_matmul(1900, 256, 2048, reps);
+  }
+  bench_detr_convs(reps);
   return 0;
 }

@@ -1,12 +1,17 @@
 // The whole DETR training step of detr-c: forward, loss, backward, gradient clipping, AdamW.
 //   build/bench/bench_step [--preset detr-r18-small] [--size 320 | --hw HxW] [--batch 2] [--boxes 3]
 //                          [--reps 5] [--enact] [--profile] [--forward] [--device cpu|cuda]
+//                          [--conv auto | im2col | onednn | onednn-nchw] [--vary-size]
 // --forward times the no-grad forward alone (e.g. detr-r50 on one 800x1066 image: --batch 1
-// --hw 800x1066 --forward).
+// --hw 800x1066 --forward). --conv forces one CPU convolution implementation everywhere (default
+// auto: the faster per shape and pass). --vary-size gives every step its own input size, 8 and 12
+// pixels smaller each (as multi-scale training's batches have): the times include creating the
+// new shapes' oneDNN primitives.
 // Prints one JSON line: median step seconds over reps (after one warm-up step), the steps' times,
-// and the peak resident memory of the process (getrusage); with --device cuda also the peak of the
-// caching allocator's live device memory. --profile adds the per-op breakdown (on the CPU only:
-// GPU work is asynchronous, so host-side op times say little there; use Nsight Systems).
+// the peak resident memory of the process (getrusage), and the tensor allocator's peak live and
+// cached bytes; with --device cuda also the peak of the caching allocator's live device memory.
+// --profile adds the per-op breakdown (on the CPU only: GPU work is asynchronous, so host-side op
+// times say little there; use Nsight Systems).
 // bench/compare_torch.sh runs this and bench/torch_step.py alternately.
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,7 +48,7 @@ static int cmp_double(const void *a, const void *b) {
 int main(int argc, char **argv) {
   const char *preset = "detr-r18-small";
   int size = 320, boxes = 3, reps = 5, batch = 2, height = 0, width = 0;
-  bool enact = false, profile = false, forward_only = false;
+  bool enact = false, profile = false, forward_only = false, vary = false;
   Device dev = DEVICE_CPU;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
@@ -65,13 +70,29 @@ int main(int argc, char **argv) {
       }
       dev = strcmp(d, "cuda") ? DEVICE_CPU : DEVICE_CUDA;
     }
+    else if (!strcmp(argv[i], "--vary-size")) vary = true;
+    else if (!strcmp(argv[i], "--conv") && i + 1 < argc) {
+      const char *c = argv[++i];
+      ConvImpl impl = !strcmp(c, "im2col") ? CONV_IMPL_IM2COL : !strcmp(c, "onednn") ? CONV_IMPL_ONEDNN
+                    : !strcmp(c, "onednn-nchw") ? CONV_IMPL_ONEDNN_PLAIN : CONV_IMPL_AUTO;
+      if (impl == CONV_IMPL_AUTO && strcmp(c, "auto")) {
+        fprintf(stderr, "bench_step: --conv takes auto, im2col, onednn or onednn-nchw\n");
+        return 2;
+      }
+      if (impl != CONV_IMPL_AUTO && impl != CONV_IMPL_IM2COL && !DETR_HAVE_ONEDNN) {
+        fprintf(stderr, "bench_step: this build has no oneDNN\n");
+        return 2;
+      }
+      cpu_conv2d_set_impl(impl);
+    }
     else {
       fprintf(stderr, "bench_step: unknown argument '%s'\n", argv[i]);
       return 2;
     }
   }
   if (!height) height = width = size;
-  if (reps < 1 || height < 32 || width < 32 || boxes < 0 || batch < 1 || batch > 64) {
+  if (reps < 1 || height - (vary ? 8 * reps : 0) < 32 || width - (vary ? 12 * reps : 0) < 32 || boxes < 0 ||
+      batch < 1 || batch > 64) {
     fprintf(stderr, "bench_step: need --reps >= 1, sizes >= 32, --boxes >= 0, --batch 1..64\n");
     return 2;
   }
@@ -111,6 +132,11 @@ int main(int argc, char **argv) {
     if (r == 0 && profile) {
       autograd_profile_reset();
       autograd_profile_enable(true);
+    }
+    if (vary && r >= 0) {  // step r: (height - 8 (r + 1)) x (width - 12 (r + 1)); the mask is all valid
+      tensor_release(images);
+      images = tensor_new(DEVICE_CPU, SHAPE(B, 3, height - 8 * (r + 1), width - 12 * (r + 1)));
+      tensor_normal_(images, &rng, 0.0f, 1.0f);
     }
     double t0 = now();
     if (profile) autograd_profile_mark();
@@ -153,10 +179,12 @@ int main(int argc, char **argv) {
   qsort(sorted, (size_t)reps, sizeof(double), cmp_double);
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
+  AllocStats alloc = detr_alloc_stats(DEVICE_CPU);  // the tensor allocator: peak live, cached now
   printf("{\"impl\": \"detr-c\", \"preset\": \"%s\", \"size\": %d, \"hw\": \"%dx%d\", \"batch\": %d, \"what\": \"%s\", "
-         "\"enact\": %s, \"median_s\": %.4f, \"peak_rss_mb\": %.1f, \"steps_s\": [",
+         "\"enact\": %s, \"median_s\": %.4f, \"peak_rss_mb\": %.1f, \"alloc_peak_mb\": %.1f, "
+         "\"alloc_cached_mb\": %.1f, \"steps_s\": [",
          preset, size, height, width, B, forward_only ? "forward" : "train step", enact ? "true" : "false",
-         sorted[reps / 2], ru.ru_maxrss / 1024.0);
+         sorted[reps / 2], ru.ru_maxrss / 1024.0, alloc.peak_live_bytes / 1048576.0, alloc.cached_bytes / 1048576.0);
   for (int r = 0; r < reps; r++) printf(r ? ", %.4f" : "%.4f", t[r]);
   printf("]");
   if (dev == DEVICE_CUDA)

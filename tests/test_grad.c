@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/cpu_kernels.h"
 #include "nn/criterion.h"
 #include "nn/enact.h"
 #include "nn/resnet.h"
@@ -255,11 +256,17 @@ START_TEST(grad_conv2d) {
       {SHAPE(1, 1, 9, 8), SHAPE(2, 1, 7, 7), {2, 2, 3, 3, 1, 1}, false},  // the ResNet stem shape
       {SHAPE(1, 3, 4, 5), SHAPE(2, 3, 1, 1), {2, 2, 0, 0, 1, 1}, false},  // strided 1x1 (downsample)
   };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    Tensor *in[3] = {U(cases[i].x, 110 + i), U(cases[i].w, 120 + i),
-                     cases[i].bias ? U(SHAPE(cases[i].w.d[0]), 130 + i) : NULL};
-    expect_grad("conv2d", f_conv2d, in, 3, &cases[i].p, TOL);
+  // Every CPU implementation of this build: AUTO's per-shape choice, then each forced.
+  ConvImpl impls[] = {CONV_IMPL_AUTO, CONV_IMPL_IM2COL, CONV_IMPL_ONEDNN, CONV_IMPL_ONEDNN_PLAIN};
+  for (int k = 0; k < (DETR_HAVE_ONEDNN ? 4 : 2); k++) {
+    cpu_conv2d_set_impl(impls[k]);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+      Tensor *in[3] = {U(cases[i].x, 110 + i), U(cases[i].w, 120 + i),
+                       cases[i].bias ? U(SHAPE(cases[i].w.d[0]), 130 + i) : NULL};
+      expect_grad("conv2d", f_conv2d, in, 3, &cases[i].p, TOL);
+    }
   }
+  cpu_conv2d_set_impl(CONV_IMPL_AUTO);
 }
 END_TEST
 

@@ -2,27 +2,44 @@
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "kernels/cpu/cpu_kernels.h"
 #include "tests/gradcheck.h"
 
 static float at4(const Tensor *t, int64_t a, int64_t b, int64_t c, int64_t d) {
   return t->data[((a * t->shape.d[1] + b) * t->shape.d[2] + c) * t->shape.d[3] + d];
 }
 
+// Every CPU convolution implementation of this build (AUTO's per-shape choice, then each forced).
+static const ConvImpl conv_impls[] = {CONV_IMPL_AUTO, CONV_IMPL_IM2COL, CONV_IMPL_ONEDNN, CONV_IMPL_ONEDNN_PLAIN};
+static const int n_conv_impls = DETR_HAVE_ONEDNN ? 4 : 2;
+
+// Convolution cases: odd sizes, stride, padding and dilation per axis, an output size that floors
+// (the last input rows unread), channels that are not a multiple of oneDNN's 16-channel blocks.
+static const struct {
+  int64_t x[4], w[4];  // [B, C, H, W], [O, C, KH, KW]
+  Conv2dParams p;
+} conv_cases[] = {{{2, 3, 9, 8}, {5, 3, 3, 3}, {1, 1, 1, 1, 1, 1}},
+                  {{1, 4, 11, 10}, {3, 4, 3, 3}, {2, 2, 1, 1, 1, 1}},
+                  {{1, 2, 10, 9}, {2, 2, 3, 3}, {1, 1, 2, 2, 2, 2}},
+                  {{1, 3, 15, 13}, {4, 3, 7, 7}, {2, 2, 3, 3, 1, 1}},
+                  {{2, 6, 5, 5}, {4, 6, 1, 1}, {1, 1, 0, 0, 1, 1}},
+                  {{2, 20, 8, 7}, {18, 20, 1, 1}, {2, 2, 0, 0, 1, 1}},
+                  {{2, 24, 9, 12}, {33, 24, 3, 3}, {2, 1, 0, 1, 1, 2}},
+                  {{1, 17, 12, 11}, {16, 17, 3, 2}, {3, 2, 2, 1, 2, 1}}};
+
 START_TEST(conv2d_matches_direct_loops) {
-  struct {
-    Shape x, w;
-    Conv2dParams p;
-  } cases[] = {{SHAPE(2, 3, 9, 8), SHAPE(5, 3, 3, 3), {1, 1, 1, 1, 1, 1}},
-               {SHAPE(1, 4, 11, 10), SHAPE(3, 4, 3, 3), {2, 2, 1, 1, 1, 1}},
-               {SHAPE(1, 2, 10, 9), SHAPE(2, 2, 3, 3), {1, 1, 2, 2, 2, 2}},
-               {SHAPE(1, 3, 15, 13), SHAPE(4, 3, 7, 7), {2, 2, 3, 3, 1, 1}},
-               {SHAPE(2, 6, 5, 5), SHAPE(4, 6, 1, 1), {1, 1, 0, 0, 1, 1}}};
-  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+  for (int i = 0; i < n_conv_impls * (int)(sizeof conv_cases / sizeof conv_cases[0]); i++) {
+    int impl = i % n_conv_impls;
+    size_t k = (size_t)i / (size_t)n_conv_impls;
+    cpu_conv2d_set_impl(conv_impls[impl]);
     ScopeMark mark = tensor_scope_mark();
-    Tensor *x = test_uniform(cases[k].x, -1, 1, k, false), *w = test_uniform(cases[k].w, -1, 1, 10 + k, false);
-    Tensor *b = test_uniform(SHAPE(cases[k].w.d[0]), -1, 1, 20 + k, false);
-    Conv2dParams p = cases[k].p;
+    const int64_t *xd = conv_cases[k].x, *wd = conv_cases[k].w;
+    Tensor *x = test_uniform(SHAPE(xd[0], xd[1], xd[2], xd[3]), -1, 1, k, false);
+    Tensor *w = test_uniform(SHAPE(wd[0], wd[1], wd[2], wd[3]), -1, 1, 10 + k, false);
+    Tensor *b = test_uniform(SHAPE(wd[0]), -1, 1, 20 + k, false);
+    Conv2dParams p = conv_cases[k].p;
     Tensor *y = op_conv2d(x, w, b, p);
     double worst = 0;
     for (int64_t n = 0; n < y->shape.d[0]; n++)
@@ -40,12 +57,104 @@ START_TEST(conv2d_matches_direct_loops) {
                 }
             worst = fmax(worst, fabs(s - at4(y, n, o, oy, ox)));
           }
-    ck_assert_msg(worst < 1e-4, "case %zu: max error %g", k, worst);
+    ck_assert_msg(worst < 1e-4, "implementation %d, case %zu: max error %g", (int)conv_impls[impl], k, worst);
     tensor_release(x);
     tensor_release(w);
     tensor_release(b);
     tensor_scope_release(mark);
   }
+  cpu_conv2d_set_impl(CONV_IMPL_AUTO);
+}
+END_TEST
+
+static float *host_uniform(int64_t n, uint64_t seed) {
+  float *h = malloc((size_t)n * sizeof(float));
+  ck_assert_ptr_nonnull(h);
+  cpu_uniform(h, n, seed, 0, -1, 1);
+  return h;
+}
+
+// The backward kernels of every implementation agree with im2col + sgemm, accumulate onto what dx,
+// dw and dbias held, run each gradient alone, and give the same bits run to run.
+START_TEST(conv2d_backward_implementations_agree) {
+  for (size_t k = 0; k < sizeof conv_cases / sizeof conv_cases[0]; k++) {
+    Conv2dParams p = conv_cases[k].p;
+    const int64_t *xd = conv_cases[k].x, *wd = conv_cases[k].w;
+    ConvGeom g = {.batch = xd[0], .in_ch = xd[1], .in_h = xd[2], .in_w = xd[3], .out_ch = wd[0],
+                  .kh = wd[2], .kw = wd[3], .stride_h = p.stride_h, .stride_w = p.stride_w,
+                  .pad_h = p.pad_h, .pad_w = p.pad_w, .dil_h = p.dilation_h, .dil_w = p.dilation_w};
+    g.out_h = conv_out_size(g.in_h, g.kh, g.stride_h, g.pad_h, g.dil_h);
+    g.out_w = conv_out_size(g.in_w, g.kw, g.stride_w, g.pad_w, g.dil_w);
+    int64_t nx = g.batch * g.in_ch * g.in_h * g.in_w, nw = g.out_ch * g.in_ch * g.kh * g.kw;
+    int64_t ny = g.batch * g.out_ch * g.out_h * g.out_w, nb = g.out_ch;
+    float *x = host_uniform(nx, 100 + k), *w = host_uniform(nw, 200 + k), *dy = host_uniform(ny, 300 + k);
+    float *dx0 = host_uniform(nx, 400 + k), *dw0 = host_uniform(nw, 500 + k), *db0 = host_uniform(nb, 600 + k);
+    float *ref[3] = {NULL, NULL, NULL};  // dx, dw, dbias of im2col + sgemm
+    for (int impl = 1; impl < n_conv_impls; impl++) {
+      cpu_conv2d_set_impl(conv_impls[impl]);
+      float *grads[2][3];  // two runs: dx, dw, dbias from dx0, dw0, db0
+      for (int run = 0; run < 2; run++) {
+        float **gr = grads[run];
+        gr[0] = malloc((size_t)nx * sizeof(float)), gr[1] = malloc((size_t)nw * sizeof(float));
+        gr[2] = malloc((size_t)nb * sizeof(float));
+        memcpy(gr[0], dx0, (size_t)nx * sizeof(float));
+        memcpy(gr[1], dw0, (size_t)nw * sizeof(float));
+        memcpy(gr[2], db0, (size_t)nb * sizeof(float));
+        int64_t n_ws = cpu_conv2d_workspace_floats(&g);
+        float *scratch = malloc((size_t)(n_ws > 0 ? n_ws : 1) * sizeof(float));
+        if (run == 0) {
+          cpu_conv2d_backward(x, w, dy, gr[0], gr[1], gr[2], &g, scratch);
+        } else {  // one gradient at a time: the same sums
+          cpu_conv2d_backward(NULL, w, dy, gr[0], NULL, NULL, &g, scratch);
+          cpu_conv2d_backward(x, NULL, dy, NULL, gr[1], gr[2], &g, scratch);
+        }
+        free(scratch);
+      }
+      int64_t n[3] = {nx, nw, nb};
+      for (int t = 0; t < 3; t++) {
+        ck_assert_msg(!memcmp(grads[0][t], grads[1][t], (size_t)n[t] * sizeof(float)),
+                      "implementation %d, case %zu, gradient %d: not the same bits alone and together",
+                      (int)conv_impls[impl], k, t);
+        if (impl == 1) {
+          ref[t] = grads[0][t];
+        } else {
+          double err = max_rel_diff(grads[0][t], ref[t], n[t]);
+          ck_assert_msg(err < 1e-5, "implementation %d, case %zu, gradient %d: relative error %g",
+                        (int)conv_impls[impl], k, t, err);
+          free(grads[0][t]);
+        }
+        free(grads[1][t]);
+      }
+    }
+    for (int t = 0; t < 3; t++) free(ref[t]);
+    free(x), free(w), free(dy), free(dx0), free(dw0), free(db0);
+  }
+  cpu_conv2d_set_impl(CONV_IMPL_AUTO);
+}
+END_TEST
+
+// More distinct shapes than oneDNN's primitive cache holds (256, as a training run with a new input
+// size every step sees): evicted primitives are destroyed and re-created, results unchanged.
+START_TEST(conv2d_primitive_cache_turns_over) {
+  if (!DETR_HAVE_ONEDNN) return;
+  enum { MAX_HW = 9 * 45 };  // in_h 3..9, in_w 3..45
+  float x[2 * MAX_HW], w[3 * 2 * 3 * 3], y[2][3 * MAX_HW], ws[2 * 3 * 3 * MAX_HW];
+  cpu_uniform(x, 2 * MAX_HW, 1, 0, -1, 1);
+  cpu_uniform(w, 3 * 2 * 3 * 3, 2, 0, -1, 1);
+  for (int i = 0; i < 300 + 1; i++) {
+    int s = i % 300;  // the last one is the first again, long evicted
+    ConvGeom g = {.batch = 1, .in_ch = 2, .in_h = 3 + s % 7, .in_w = 3 + s / 7, .out_ch = 3, .kh = 3, .kw = 3,
+                  .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1};
+    g.out_h = g.in_h, g.out_w = g.in_w;
+    for (int k = 0; k < 2; k++) {
+      cpu_conv2d_set_impl(k ? CONV_IMPL_ONEDNN : CONV_IMPL_IM2COL);
+      ck_assert_int_le(cpu_conv2d_workspace_floats(&g), 2 * 3 * 3 * MAX_HW);
+      cpu_conv2d_forward(x, w, NULL, y[k], &g, ws);
+    }
+    double err = max_rel_diff(y[1], y[0], g.out_ch * g.out_h * g.out_w);
+    ck_assert_msg(err < 1e-5, "shape %d (%lldx%lld): relative error %g", i, (long long)g.in_h, (long long)g.in_w, err);
+  }
+  cpu_conv2d_set_impl(CONV_IMPL_AUTO);
 }
 END_TEST
 
@@ -195,6 +304,8 @@ int main(void) {
   TCase *tc = tcase_create("forward");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, conv2d_matches_direct_loops);
+  tcase_add_test(tc, conv2d_backward_implementations_agree);
+  tcase_add_test(tc, conv2d_primitive_cache_turns_over);
   tcase_add_test(tc, maxpool_matches_torch_semantics);
   tcase_add_test(tc, softmax_with_mask_and_layernorm);
   tcase_add_test(tc, cross_entropy_l1_and_giou_values);

@@ -2,7 +2,8 @@
 # Installs what detr-c needs to build and test on a fresh Debian 12 machine (idempotent).
 set -euo pipefail
 packages=(build-essential cmake pkg-config libopenblas-openmp-dev check libsubunit-dev zlib1g-dev libyajl-dev libstb-dev
-          openmpi-bin libopenmpi-dev)  # the last two: data-parallel training (optional at build time)
+          openmpi-bin libopenmpi-dev   # data-parallel training (optional at build time)
+          libdnnl-dev)                 # oneDNN: CPU convolution (optional at build time)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

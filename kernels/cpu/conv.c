@@ -1,9 +1,13 @@
 #include <float.h>
 #include <string.h>
 
-#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/conv_onednn.h"
 #include "kernels/norm_math.h"
 
+// Convolution on the CPU: each pass (forward, backward-data, backward-weights) runs on oneDNN
+// (conv_onednn.c) or on im2col + sgemm below, whichever bench_ops measured faster for its shape
+// (cpu_conv2d_impl; figures in bench/README.md). Without oneDNN, im2col + sgemm runs everything.
+//
 // Convolution as im2col + sgemm: y[b] [O, HO*WO] = W [O, C*KH*KW] x col [C*KH*KW, HO*WO]. The
 // output columns are processed in chunks so that col stays cache-resident between im2col and
 // sgemm (a full col of a 200x267 map at 64 channels is 123 MB; unchunked, im2col traffic cost
@@ -25,7 +29,7 @@ static int64_t conv_chunk_columns(const ConvGeom *g) {
   return cols < spatial ? cols : spatial;
 }
 
-int64_t cpu_conv2d_workspace_floats(const ConvGeom *g) {
+static int64_t im2col_workspace_floats(const ConvGeom *g) {
   if (conv_is_pointwise(g)) return 0;
   return g->in_ch * g->kh * g->kw * conv_chunk_columns(g);
 }
@@ -107,8 +111,64 @@ static void col2im_add(const float *col, float *dx, const ConvGeom *g, int64_t s
   }
 }
 
+static ConvImpl forced_impl = CONV_IMPL_AUTO;
+
+void cpu_conv2d_set_impl(ConvImpl impl) {
+  DETR_CHECK(impl == CONV_IMPL_AUTO || impl == CONV_IMPL_IM2COL || DETR_HAVE_ONEDNN,
+             "conv2d: this build has no oneDNN");
+  forced_impl = impl;
+}
+
+// The per-pass choice, from bench_ops' medians at 2 threads (bench/README.md):
+//  - 3x3 and 7x7: oneDNN's direct convolution on its blocked layouts, reorders included: forward
+//    1.2-2.2x im2col + sgemm, backward-data 1.0-2.0x (most at 64-128 channels, where im2col's
+//    column traffic costs most). Not for backward-data into fewer than 16 channels (the stem's,
+//    never run in DETR: blocking pads 3 channels to 16, 0.4x), nor for backward-weights from 256
+//    input channels up (sgemm's K = 9 C is long enough there: im2col 0.94-1.4x oneDNN).
+//  - 1x1: one sgemm per image either way, and at the large maps, where most 1x1 time goes, the
+//    reorders to blocked layouts cost more than the direct convolution saves: OpenBLAS. (oneDNN's
+//    nchw sgemm path runs the 1x1 forward at mostly 1.1-1.5x OpenBLAS in bench_ops but only 1.2%
+//    faster over the R50 step, for 21 MB more peak RSS in its packing buffers; its backward is no
+//    faster, and backward-weights takes a per-thread copy of dw as scratch, up to 69 MB.)
+ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
+  if (!DETR_HAVE_ONEDNN) return CONV_IMPL_IM2COL;
+  if (forced_impl != CONV_IMPL_AUTO) return forced_impl;
+  if (g->kh * g->kw > 1) {
+    if (pass == CONV_PASS_BWD_DATA && g->in_ch < 16) return CONV_IMPL_IM2COL;
+    if (pass == CONV_PASS_BWD_WEIGHTS && g->in_ch >= 256) return CONV_IMPL_IM2COL;
+    return CONV_IMPL_ONEDNN;
+  }
+  return CONV_IMPL_IM2COL;
+}
+
+int64_t cpu_conv2d_workspace_floats(const ConvGeom *g) {
+  // oneDNN's passes keep their own buffer (conv_onednn.c); im2col's need the column chunk.
+  for (int pass = 0; pass < 3; pass++)
+    if (cpu_conv2d_impl(g, (ConvPass)pass) == CONV_IMPL_IM2COL) return im2col_workspace_floats(g);
+  return 0;
+}
+
+static void conv_bias_backward(const float *dy, float *dbias, const ConvGeom *g) {
+  int64_t spatial = g->out_h * g->out_w;
+  for (int64_t o = 0; o < g->out_ch; o++) {
+    double acc = 0.0;
+    for (int64_t b = 0; b < g->batch; b++) {
+      const float *dyo = dy + (b * g->out_ch + o) * spatial;
+      for (int64_t s = 0; s < spatial; s++) acc += dyo[s];
+    }
+    dbias[o] += (float)acc;
+  }
+}
+
 void cpu_conv2d_forward(const float *x, const float *w, const float *bias, float *y,
                         const ConvGeom *g, float *workspace) {
+#if DETR_HAVE_ONEDNN
+  ConvImpl impl = cpu_conv2d_impl(g, CONV_PASS_FWD);
+  if (impl != CONV_IMPL_IM2COL) {
+    onednn_conv2d_run(g, CONV_PASS_FWD, impl == CONV_IMPL_ONEDNN, x, w, y, (float *)bias);
+    return;
+  }
+#endif
   int64_t K = g->in_ch * g->kh * g->kw, spatial = g->out_h * g->out_w;
   bool pointwise = conv_is_pointwise(g);
   int64_t chunk = pointwise ? spatial : conv_chunk_columns(g);
@@ -131,8 +191,9 @@ void cpu_conv2d_forward(const float *x, const float *w, const float *bias, float
   }
 }
 
-void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, float *dw,
-                         float *dbias, const ConvGeom *g, float *workspace) {
+// dx and/or dw (with dbias) by im2col + sgemm.
+static void im2col_backward(const float *x, const float *w, const float *dy, float *dx, float *dw,
+                            float *dbias, const ConvGeom *g, float *workspace) {
   int64_t K = g->in_ch * g->kh * g->kw, spatial = g->out_h * g->out_w;
   bool pointwise = conv_is_pointwise(g);
   int64_t chunk = pointwise ? spatial : conv_chunk_columns(g);
@@ -159,15 +220,31 @@ void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float 
       }
     }
   }
-  if (dbias) {
-    for (int64_t o = 0; o < g->out_ch; o++) {
-      double acc = 0.0;
-      for (int64_t b = 0; b < g->batch; b++) {
-        const float *dyo = dy + (b * g->out_ch + o) * spatial;
-        for (int64_t s = 0; s < spatial; s++) acc += dyo[s];
-      }
-      dbias[o] += (float)acc;
-    }
+  if (dbias) conv_bias_backward(dy, dbias, g);
+}
+
+void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, float *dw,
+                         float *dbias, const ConvGeom *g, float *workspace) {
+  // The two passes may run on different implementations; dbias goes with dw (oneDNN fuses it).
+  if (dx) {
+#if DETR_HAVE_ONEDNN
+    ConvImpl impl = cpu_conv2d_impl(g, CONV_PASS_BWD_DATA);
+    if (impl != CONV_IMPL_IM2COL)
+      onednn_conv2d_run(g, CONV_PASS_BWD_DATA, impl == CONV_IMPL_ONEDNN, dy, w, dx, NULL);
+    else
+#endif
+      im2col_backward(NULL, w, dy, dx, NULL, NULL, g, workspace);
+  }
+  if (dw) {
+#if DETR_HAVE_ONEDNN
+    ConvImpl impl = cpu_conv2d_impl(g, CONV_PASS_BWD_WEIGHTS);
+    if (impl != CONV_IMPL_IM2COL)
+      onednn_conv2d_run(g, CONV_PASS_BWD_WEIGHTS, impl == CONV_IMPL_ONEDNN, x, dy, dw, dbias);
+    else
+#endif
+      im2col_backward(x, NULL, dy, NULL, dw, dbias, g, workspace);
+  } else if (dbias) {
+    conv_bias_backward(dy, dbias, g);
   }
 }
 

@@ -41,13 +41,22 @@ void cpu_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
 void cpu_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols);
 void cpu_row_bias_backward(const float *dy, float *dbias, int64_t rows, int64_t cols);
 
-// conv.c. workspace: cpu_conv2d_workspace_floats(g) floats.
+// conv.c: im2col + sgemm, or oneDNN (conv_onednn.c) where it is the faster (bench/README.md).
+// workspace: cpu_conv2d_workspace_floats(g) floats.
 int64_t cpu_conv2d_workspace_floats(const ConvGeom *g);
 void cpu_conv2d_forward(const float *x, const float *w, const float *bias, float *y,
                         const ConvGeom *g, float *workspace);
-// dx, dw, dbias may be NULL.
+// dx, dw, dbias may be NULL; x is read for dw only, w for dx only (the other may be NULL).
 void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, float *dw,
                          float *dbias, const ConvGeom *g, float *workspace);
+// Which implementation runs each pass of a convolution. AUTO: the faster for the shape and pass;
+// the others force one everywhere (bench_ops and bench_step compare them): im2col + sgemm, oneDNN
+// on its blocked layouts (reorders around), oneDNN on plain nchw. The oneDNN ones fail in a build
+// without oneDNN.
+typedef enum { CONV_PASS_FWD, CONV_PASS_BWD_DATA, CONV_PASS_BWD_WEIGHTS } ConvPass;
+typedef enum { CONV_IMPL_AUTO, CONV_IMPL_IM2COL, CONV_IMPL_ONEDNN, CONV_IMPL_ONEDNN_PLAIN } ConvImpl;
+void cpu_conv2d_set_impl(ConvImpl impl);
+ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass);  // never AUTO
 void cpu_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const ConvGeom *g);
 void cpu_maxpool2d_backward(const float *dy, const int32_t *argmax, float *dx, const ConvGeom *g);
 void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bias,

@@ -1,0 +1,342 @@
+// Convolution on oneDNN (Debian's libdnnl 2.6, OpenMP runtime: the same libgomp thread pool as
+// OpenBLAS and our loops). Forward, backward-data and backward-weights primitives run on the
+// framework's plain buffers: x [B, C, H, W], w [O, C, KH, KW], y [B, O, HO, WO], bias [O], one image
+// at a time.
+//
+// Each (one image's geometry, pass, layout, bias) gets its primitive once and keeps it in an LRU
+// cache: creating one (descriptor, implementation choice, JIT) costs 0.5-1 ms here, so a training
+// run with a new input size every step pays that per new shape (bench/README.md: still faster).
+//
+// Layouts: blocked runs the convolution on the layouts oneDNN picks (format_tag any: nChw16c
+// activations and blocked weights on AVX-512), with reorders from and to the plain buffers on each
+// call; plain runs it on nchw/oihw, where oneDNN 2.6 falls back to its own im2col + sgemm
+// ("gemm:jit"). conv.c chooses per pass from bench_ops' figures.
+//
+// Gradients accumulate (cpu_conv2d_backward's contract) while oneDNN overwrites: dx and dw are
+// computed into a temporary and added by a reorder with a sum post-op (plain += converted
+// temporary), which is also the pass that converts a blocked result back to the plain layout.
+#include "kernels/cpu/cpu_kernels.h"
+
+#if DETR_HAVE_ONEDNN
+#include <stdlib.h>
+#include <string.h>
+
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_debug.h>
+
+#include "kernels/cpu/conv_onednn.h"
+
+#if DNNL_CPU_RUNTIME != DNNL_RUNTIME_OMP
+#error "oneDNN must be the OpenMP build: another runtime's threads fight OpenBLAS's and ours for the cores"
+#endif
+
+// Fails with file:line, the call's text and oneDNN's status name.
+#define DNNL_CHECK(call)                                                                          \
+  do {                                                                                            \
+    dnnl_status_t st_ = (call);                                                                   \
+    if (st_ != dnnl_success) DETR_FAIL("oneDNN: %s failed: %s", #call, dnnl_status2str(st_));     \
+  } while (0)
+
+// One tensor argument of a pass: the plain buffer the framework holds and the layout the
+// convolution runs on. Inputs are reordered plain -> prim when they differ; the output is reordered
+// prim -> plain (with a sum post-op when the pass accumulates).
+typedef struct {
+  int arg;                   // DNNL_ARG_*
+  dnnl_memory_desc_t user;   // plain: nchw or oihw
+  dnnl_memory_desc_t prim;   // the convolution's own
+  dnnl_primitive_t reorder;  // NULL: the convolution reads or writes the plain buffer itself
+} ConvArg;
+
+typedef struct {
+  ConvGeom g;
+  ConvPass pass;
+  bool blocked;          // oneDNN's layouts (reorders around the convolution), or plain nchw/oihw
+  bool bias;             // the forward adds one / backward-weights computes its gradient
+  dnnl_primitive_t conv;
+  ConvArg a[3];          // a[0], a[1]: inputs; a[2]: the output
+  dnnl_memory_desc_t bias_md;  // [O]
+  size_t scratch_bytes;  // oneDNN's scratchpad for this primitive
+  uint64_t used;         // LRU stamp; 0: empty slot
+} ConvPrim;
+
+// DETR has ~20-60 distinct convolutions per input size, 2-3 passes each; training on varying input
+// sizes cycles through more, and the least recently used is dropped. The cache, the engine and the
+// buffer below are used from one thread at a time (the op layer's), as every kernel here is.
+#define CONV_CACHE_SIZE 256
+_Static_assert(sizeof(ConvGeom) == 9 * sizeof(int64_t) + 6 * sizeof(int),
+               "ConvGeom must have no padding bytes: the cache compares geometries with memcmp");
+
+static dnnl_engine_t engine;
+static dnnl_stream_t stream;
+static ConvPrim cache[CONV_CACHE_SIZE];
+static uint64_t cache_clock;
+// One buffer for the running pass's reordered copies and oneDNN's (user-managed) scratchpad: the
+// passes run one at a time, so it grows to the largest pass and stays. Measured: taking them from
+// the tensor allocator instead left a cached block per distinct size and raised the R50 step's
+// peak RSS by 106 MB.
+static char *buffer;
+static size_t buffer_cap;
+
+static void onednn_init(void) {
+  if (engine) return;
+  DNNL_CHECK(dnnl_engine_create(&engine, dnnl_cpu, 0));
+  DNNL_CHECK(dnnl_stream_create(&stream, engine, dnnl_stream_default_flags));
+}
+
+static void md_init(dnnl_memory_desc_t *md, int ndims, const dnnl_dims_t dims, dnnl_format_tag_t tag) {
+  DNNL_CHECK(dnnl_memory_desc_init_by_tag(md, ndims, dims, dnnl_f32, tag));
+}
+
+static dnnl_memory_t mem_wrap(const dnnl_memory_desc_t *md, void *data) {
+  dnnl_memory_t m;
+  DNNL_CHECK(dnnl_memory_create(&m, md, engine, data));
+  return m;
+}
+
+static dnnl_primitive_t reorder_create(const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to,
+                                       bool accumulate) {
+  dnnl_primitive_attr_t attr;
+  DNNL_CHECK(dnnl_primitive_attr_create(&attr));
+  if (accumulate) {  // to = 1 * to + from
+    dnnl_post_ops_t po;
+    DNNL_CHECK(dnnl_post_ops_create(&po));
+    DNNL_CHECK(dnnl_post_ops_append_sum(po, 1.0f));
+    DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr, po));
+    DNNL_CHECK(dnnl_post_ops_destroy(po));
+  }
+  dnnl_primitive_desc_t pd;
+  DNNL_CHECK(dnnl_reorder_primitive_desc_create(&pd, from, engine, to, engine, attr));
+  dnnl_primitive_t p;
+  DNNL_CHECK(dnnl_primitive_create(&p, pd));
+  DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
+  DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
+  return p;
+}
+
+// The convolution descriptor of one pass on memory descriptors x/w/y (and bias when given).
+static void conv_desc(dnnl_convolution_desc_t *d, const ConvGeom *g, ConvPass pass,
+                      const dnnl_memory_desc_t *x, const dnnl_memory_desc_t *w,
+                      const dnnl_memory_desc_t *y, const dnnl_memory_desc_t *bias) {
+  // oneDNN counts dilation from 0 (no dilation); right padding as torch's (floor in the
+  // output-size formula, which oneDNN's consistency check shares).
+  dnnl_dims_t strides = {g->stride_h, g->stride_w}, dil = {g->dil_h - 1, g->dil_w - 1};
+  dnnl_dims_t pad = {g->pad_h, g->pad_w};
+  switch (pass) {
+    case CONV_PASS_FWD:
+      DNNL_CHECK(dnnl_dilated_convolution_forward_desc_init(d, dnnl_forward_training, dnnl_convolution_direct,
+                                                            x, w, bias, y, strides, dil, pad, pad));
+      break;
+    case CONV_PASS_BWD_DATA:
+      DNNL_CHECK(dnnl_dilated_convolution_backward_data_desc_init(d, dnnl_convolution_direct, x, w, y,
+                                                                  strides, dil, pad, pad));
+      break;
+    default:
+      DNNL_CHECK(dnnl_dilated_convolution_backward_weights_desc_init(d, dnnl_convolution_direct, x, w, bias,
+                                                                     y, strides, dil, pad, pad));
+  }
+}
+
+static void prim_destroy(ConvPrim *p) {
+  DNNL_CHECK(dnnl_primitive_destroy(p->conv));
+  for (int i = 0; i < 3; i++)
+    if (p->a[i].reorder) DNNL_CHECK(dnnl_primitive_destroy(p->a[i].reorder));
+  memset(p, 0, sizeof *p);
+}
+
+static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, bool blocked, bool bias) {
+  dnnl_dims_t xd = {g->batch, g->in_ch, g->in_h, g->in_w};     // x [B, C, H, W] (B = 1: pass_run)
+  dnnl_dims_t wd = {g->out_ch, g->in_ch, g->kh, g->kw};        // w [O, C, KH, KW]
+  dnnl_dims_t yd = {g->batch, g->out_ch, g->out_h, g->out_w};  // y [B, O, HO, WO]
+  dnnl_dims_t bd = {g->out_ch};                                // bias [O]
+  dnnl_memory_desc_t xu, wu, yu, xa, wa, ya, bmd;
+  md_init(&xu, 4, xd, dnnl_nchw);
+  md_init(&wu, 4, wd, dnnl_oihw);
+  md_init(&yu, 4, yd, dnnl_nchw);
+  if (blocked) {  // format_tag any: oneDNN's choice
+    md_init(&xa, 4, xd, dnnl_format_tag_any);
+    md_init(&wa, 4, wd, dnnl_format_tag_any);
+    md_init(&ya, 4, yd, dnnl_format_tag_any);
+  } else {
+    xa = xu, wa = wu, ya = yu;
+  }
+  md_init(&bmd, 1, bd, dnnl_x);
+
+  dnnl_primitive_attr_t attr;
+  DNNL_CHECK(dnnl_primitive_attr_create(&attr));
+  DNNL_CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
+  // The backward passes need the forward's descriptor as a hint (the layouts it chose).
+  dnnl_convolution_desc_t d;
+  dnnl_primitive_desc_t fwd = NULL, pd;
+  conv_desc(&d, g, CONV_PASS_FWD, &xa, &wa, &ya, pass == CONV_PASS_FWD && bias ? &bmd : NULL);
+  DNNL_CHECK(dnnl_primitive_desc_create(&fwd, &d, attr, engine, NULL));
+  if (pass == CONV_PASS_FWD) {
+    pd = fwd;
+  } else {
+    conv_desc(&d, g, pass, &xa, &wa, &ya, pass == CONV_PASS_BWD_WEIGHTS && bias ? &bmd : NULL);
+    DNNL_CHECK(dnnl_primitive_desc_create(&pd, &d, attr, engine, fwd));
+    DNNL_CHECK(dnnl_primitive_desc_destroy(fwd));
+  }
+  DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
+
+  static const int args[3][3] = {
+      [CONV_PASS_FWD] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST},
+      [CONV_PASS_BWD_DATA] = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC},
+      [CONV_PASS_BWD_WEIGHTS] = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS},
+  };
+  const dnnl_memory_desc_t *users[3][3] = {
+      [CONV_PASS_FWD] = {&xu, &wu, &yu},
+      [CONV_PASS_BWD_DATA] = {&yu, &wu, &xu},
+      [CONV_PASS_BWD_WEIGHTS] = {&xu, &yu, &wu},
+  };
+  memset(p, 0, sizeof *p);
+  p->g = *g;
+  p->pass = pass;
+  p->blocked = blocked;
+  p->bias = bias;
+  p->bias_md = bmd;
+  for (int i = 0; i < 3; i++) {
+    ConvArg *a = &p->a[i];
+    a->arg = args[pass][i];
+    a->user = *users[pass][i];
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, a->arg);
+    DETR_CHECK(md, "oneDNN: dnnl_primitive_desc_query_md found no memory for argument %d", a->arg);
+    a->prim = *md;
+    bool same = dnnl_memory_desc_equal(&a->user, &a->prim);
+    if (i < 2) {
+      if (!same) a->reorder = reorder_create(&a->user, &a->prim, false);
+    } else if (pass != CONV_PASS_FWD || !same) {  // gradients accumulate: always through a reorder
+      a->reorder = reorder_create(&a->prim, &a->user, pass != CONV_PASS_FWD);
+    }
+  }
+  const dnnl_memory_desc_t *scratch_md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+  p->scratch_bytes = scratch_md ? dnnl_memory_desc_get_size(scratch_md) : 0;
+  DNNL_CHECK(dnnl_primitive_create(&p->conv, pd));
+  DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
+}
+
+// The cached primitive of (g, pass, blocked, bias), created on first use.
+static ConvPrim *prim_get(const ConvGeom *g, ConvPass pass, bool blocked, bool bias) {
+  onednn_init();
+  ConvPrim *victim = &cache[0];
+  for (int i = 0; i < CONV_CACHE_SIZE; i++) {
+    ConvPrim *p = &cache[i];
+    if (p->used && p->pass == pass && p->blocked == blocked && p->bias == bias && !memcmp(&p->g, g, sizeof *g)) {
+      p->used = ++cache_clock;
+      return p;
+    }
+    if (p->used < victim->used) victim = p;
+  }
+  if (victim->used) prim_destroy(victim);
+  prim_create(victim, g, pass, blocked, bias);
+  victim->used = ++cache_clock;
+  return victim;
+}
+
+static char *buffer_get(size_t bytes) {
+  if (bytes > buffer_cap) {
+    free(buffer);
+    buffer_cap = (bytes + 4095) / 4096 * 4096;
+    buffer = aligned_alloc(64, buffer_cap);
+    DETR_CHECK(buffer, "oneDNN conv: out of memory for a %zu-byte buffer", buffer_cap);
+  }
+  return buffer;
+}
+
+static void reorder_run(dnnl_primitive_t r, const dnnl_memory_desc_t *from_md, const void *from,
+                        const dnnl_memory_desc_t *to_md, void *to) {
+  dnnl_memory_t mf = mem_wrap(from_md, (void *)from), mt = mem_wrap(to_md, to);
+  dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, mf}, {DNNL_ARG_TO, mt}};
+  DNNL_CHECK(dnnl_primitive_execute(r, stream, 2, args));
+  DNNL_CHECK(dnnl_memory_destroy(mf));
+  DNNL_CHECK(dnnl_memory_destroy(mt));
+}
+
+static size_t round64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// Buffer bytes of one pass: its prim-layout copies, backward-weights' dbias [O], the scratchpad.
+static size_t pass_buffer_bytes(const ConvPrim *p) {
+  size_t bytes = round64(p->scratch_bytes);
+  for (int i = 0; i < 3; i++)
+    if (p->a[i].reorder) bytes += round64(dnnl_memory_desc_get_size(&p->a[i].prim));
+  if (p->pass == CONV_PASS_BWD_WEIGHTS && p->bias) bytes += round64((size_t)p->g.out_ch * sizeof(float));
+  return bytes;
+}
+
+// Runs one pass of a batch-of-one primitive p over `batch` images: in0, in1 plain inputs, out the
+// plain output (overwritten by the forward, accumulated into by the backward passes); bias: the
+// forward's bias or backward-weights' dbias (accumulated), NULL when p has none. One image at a
+// time keeps the layout copies at one image's size whatever the batch (measured at R50 512x512,
+// batch 2: 16 MB less peak RSS than whole-batch copies, the same step time).
+static void pass_run(ConvPrim *p, int64_t batch, const float *in0, const float *in1, float *out, float *bias) {
+  const ConvGeom *g = &p->g;
+  int64_t x_img = g->in_ch * g->in_h * g->in_w, y_img = g->out_ch * g->out_h * g->out_w;
+  // What each argument holds: 1: x or dx, 2: y or dy (both per image), 0: w or dw (shared).
+  static const int holds[3][3] = {[CONV_PASS_FWD] = {1, 0, 2}, [CONV_PASS_BWD_DATA] = {2, 0, 1},
+                                  [CONV_PASS_BWD_WEIGHTS] = {1, 2, 0}};
+  int64_t step[3];  // floats from one image to the next in each plain argument
+  for (int i = 0; i < 3; i++) step[i] = holds[p->pass][i] == 1 ? x_img : holds[p->pass][i] == 2 ? y_img : 0;
+
+  char *ws = buffer_get(pass_buffer_bytes(p));
+  void *scratchpad = ws;
+  ws += round64(p->scratch_bytes);
+  const float *user[3] = {in0, in1, out};
+  void *buf[3] = {NULL, NULL, NULL};  // prim-layout copies, where the layouts differ
+  for (int i = 0; i < 3; i++) {
+    if (!p->a[i].reorder) continue;
+    buf[i] = ws;
+    ws += round64(dnnl_memory_desc_get_size(&p->a[i].prim));
+    if (i < 2 && !step[i]) reorder_run(p->a[i].reorder, &p->a[i].user, user[i], &p->a[i].prim, buf[i]);
+  }
+  int64_t O = g->out_ch;
+  float *dbias = p->pass == CONV_PASS_BWD_WEIGHTS && p->bias ? (float *)ws : NULL;  // [O], added into bias
+
+  dnnl_exec_arg_t args[5];
+  int n = 0;
+  for (int i = 0; i < 3; i++)
+    args[n].arg = p->a[i].arg, args[n].memory = mem_wrap(&p->a[i].prim, buf[i] ? buf[i] : (void *)user[i]), n++;
+  if (p->bias) {
+    args[n].arg = p->pass == CONV_PASS_FWD ? DNNL_ARG_BIAS : DNNL_ARG_DIFF_BIAS;
+    args[n].memory = mem_wrap(&p->bias_md, dbias ? dbias : bias), n++;
+  }
+  if (p->scratch_bytes) {
+    dnnl_memory_desc_t smd;
+    dnnl_dims_t sd = {(int64_t)p->scratch_bytes};
+    DNNL_CHECK(dnnl_memory_desc_init_by_tag(&smd, 1, sd, dnnl_u8, dnnl_x));
+    args[n].arg = DNNL_ARG_SCRATCHPAD;
+    args[n].memory = mem_wrap(&smd, scratchpad), n++;
+  }
+  for (int64_t b = 0; b < batch; b++) {
+    float *img[3];  // this image's part of each plain argument (the weights: all of them)
+    for (int i = 0; i < 3; i++) img[i] = (float *)user[i] + b * step[i];
+    for (int i = 0; i < 3; i++) {
+      if (!step[i]) continue;
+      if (!buf[i]) DNNL_CHECK(dnnl_memory_set_data_handle(args[i].memory, img[i]));
+      else if (i < 2) reorder_run(p->a[i].reorder, &p->a[i].user, img[i], &p->a[i].prim, buf[i]);
+    }
+    DNNL_CHECK(dnnl_primitive_execute(p->conv, stream, n, args));
+    if (p->a[2].reorder) reorder_run(p->a[2].reorder, &p->a[2].prim, buf[2], &p->a[2].user, img[2]);
+    if (dbias)
+      for (int64_t o = 0; o < O; o++) bias[o] += dbias[o];
+  }
+  for (int i = 0; i < n; i++) DNNL_CHECK(dnnl_memory_destroy(args[i].memory));
+}
+
+void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, bool blocked, const float *in0, const float *in1,
+                       float *out, float *bias) {
+  DETR_CHECK(!bias || pass != CONV_PASS_BWD_DATA, "onednn_conv2d_run: backward-data has no bias");
+  ConvGeom one = *g;  // primitives are per image (pass_run), shared by every batch size
+  one.batch = 1;
+  pass_run(prim_get(&one, pass, blocked, bias != NULL), g->batch, in0, in1, out, bias);
+}
+
+const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, bool blocked) {
+  ConvGeom one = *g;
+  one.batch = 1;
+  ConvPrim *p = prim_get(&one, pass, blocked, false);
+  const_dnnl_primitive_desc_t pd;
+  DNNL_CHECK(dnnl_primitive_get_primitive_desc(p->conv, &pd));
+  const char *name = NULL;
+  DNNL_CHECK(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &name));
+  return name;
+}
+#endif
