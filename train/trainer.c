@@ -259,8 +259,8 @@ static int train_step(const TrainOptions *o, DetrModel *m, AdamW *opt, const Cri
     matched += b->targets[i].n < Q ? b->targets[i].n : Q;
   }
   double ce_weight = matched + ccfg->eos_coef * ((double)b->size * (double)Q - matched);
-  double global[3] = {boxes, ce_weight, matched};
-  dist_allreduce_sum_f64(global, 3);
+  double global[4] = {boxes, ce_weight, matched, (double)b->size};  // summed over the processes
+  dist_allreduce_sum_f64(global, 4);
   CriterionConfig cc = *ccfg;
   cc.ce_share = world > 1 ? (float)(ce_weight / global[1]) : 1.0f;
   float num_boxes = global[0] > 1.0 ? (float)global[0] : 1.0f;
@@ -317,8 +317,7 @@ static int train_step(const TrainOptions *o, DetrModel *m, AdamW *opt, const Cri
     dist_allreduce_gradients(&m->params);
     log->total = stats[S_TOTAL];
     for (int i = 0; i < T; i++) log->terms[i] = stats[S_TERMS + i];
-    double images = (double)b->size;
-    dist_allreduce_sum_f64(&images, 1);
+    double images = global[3];
     log->images = (int)images;
     log->class_error = global[2] > 0 ? stats[S_TERMS + T] / global[2] : 100.0;
     log->cardinality_error = stats[S_TERMS + T + 1] / images;
