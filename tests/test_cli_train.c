@@ -3,7 +3,6 @@
 #define _DEFAULT_SOURCE  // mkdtemp, usleep, kill
 #include <check.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,35 +11,21 @@
 #include <unistd.h>
 
 #include "tensor/safetensors.h"
+#include "tests/shell.h"
 
 #ifndef DETR_BIN
 #error "DETR_BIN (the detr binary) must be defined by the build"
 #endif
-
-static char root[64];
-
-// Runs a shell command; returns its exit status (output to root/log.txt).
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...) {
-  char cmd[4096], full[4400];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(cmd, sizeof cmd, fmt, ap);
-  va_end(ap);
-  snprintf(full, sizeof full, "%s >> %s/log.txt 2>&1", cmd, root);
-  int st = system(full);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static const char *TRAIN_FLAGS =
     "--config tiny --set num_classes=100 --epochs 50 --eval-every 0 --checkpoint-every 2 --keep 20 "
     "--workers 2 --threads 2 --seed 5 --no-progress";
 
 static void setup_data(void) {
-  if (root[0]) return;
-  snprintf(root, sizeof root, "/tmp/detr-cli-XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(root));
-  ck_assert_int_eq(sh("%s synth --out %s/data --train 12 --val 4 --seed 3", DETR_BIN, root), 0);
+  if (test_root[0]) return;
+  snprintf(test_root, sizeof test_root, "/tmp/detr-cli-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(test_root));
+  ck_assert_int_eq(sh("%s synth --out %s/data --train 12 --val 4 --seed 3", DETR_BIN, test_root), 0);
 }
 
 // The loss fields of each train line of a metrics file, by step (the last line of a step wins:
@@ -82,8 +67,8 @@ static void same_checkpoint(const char *a, const char *b) {
 static void same_losses(const char *run_a, const char *run_b, int steps) {
   static char la[64][512], lb[64][512];
   char pa[256], pb[256];
-  snprintf(pa, sizeof pa, "%s/%s/metrics.jsonl", root, run_a);
-  snprintf(pb, sizeof pb, "%s/%s/metrics.jsonl", root, run_b);
+  snprintf(pa, sizeof pa, "%s/%s/metrics.jsonl", test_root, run_a);
+  snprintf(pb, sizeof pb, "%s/%s/metrics.jsonl", test_root, run_b);
   ck_assert_int_eq(read_losses(pa, la, 64), steps);
   ck_assert_int_eq(read_losses(pb, lb, 64), steps);
   for (int s = 0; s < steps; s++) ck_assert_msg(!strcmp(la[s], lb[s]), "step %d:\n%s\n%s", s + 1, la[s], lb[s]);
@@ -92,21 +77,21 @@ static void same_losses(const char *run_a, const char *run_b, int steps) {
 START_TEST(resume_is_exact) {
   setup_data();
   // Straight through 8 steps; 4 steps then resumed to 8.
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/straight --max-steps 8 %s", DETR_BIN, root, root, TRAIN_FLAGS), 0);
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/stopped --max-steps 4 %s", DETR_BIN, root, root, TRAIN_FLAGS), 0);
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/stopped --max-steps 8 --resume auto %s", DETR_BIN, root, root,
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/straight --max-steps 8 %s", DETR_BIN, test_root, test_root, TRAIN_FLAGS), 0);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/stopped --max-steps 4 %s", DETR_BIN, test_root, test_root, TRAIN_FLAGS), 0);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/stopped --max-steps 8 --resume auto %s", DETR_BIN, test_root, test_root,
                       TRAIN_FLAGS), 0);
   same_losses("straight", "stopped", 8);
   char a[256], b[256];
-  snprintf(a, sizeof a, "%s/straight/ckpt-8.safetensors", root);
-  snprintf(b, sizeof b, "%s/stopped/ckpt-8.safetensors", root);
+  snprintf(a, sizeof a, "%s/straight/ckpt-8.safetensors", test_root);
+  snprintf(b, sizeof b, "%s/stopped/ckpt-8.safetensors", test_root);
   same_checkpoint(a, b);
 
   // Killed with SIGKILL once its step-4 checkpoint exists, then resumed to 8.
   char cmd[2048], ckpt4[256];
-  snprintf(cmd, sizeof cmd, "exec %s train --data %s/data --out %s/killed --max-steps 8 %s", DETR_BIN, root, root,
+  snprintf(cmd, sizeof cmd, "exec %s train --data %s/data --out %s/killed --max-steps 8 %s", DETR_BIN, test_root, test_root,
            TRAIN_FLAGS);
-  snprintf(ckpt4, sizeof ckpt4, "%s/killed/ckpt-4.safetensors", root);
+  snprintf(ckpt4, sizeof ckpt4, "%s/killed/ckpt-4.safetensors", test_root);
   pid_t pid = fork();
   ck_assert_int_ge(pid, 0);
   if (pid == 0) {
@@ -121,10 +106,10 @@ START_TEST(resume_is_exact) {
   int status;
   waitpid(pid, &status, 0);
   ck_assert_msg(WIFSIGNALED(status), "the run finished before it could be killed");
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/killed --max-steps 8 --resume auto %s", DETR_BIN, root, root,
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/killed --max-steps 8 --resume auto %s", DETR_BIN, test_root, test_root,
                       TRAIN_FLAGS), 0);
   same_losses("straight", "killed", 8);
-  snprintf(b, sizeof b, "%s/killed/ckpt-8.safetensors", root);
+  snprintf(b, sizeof b, "%s/killed/ckpt-8.safetensors", test_root);
   same_checkpoint(a, b);
 }
 END_TEST
@@ -132,31 +117,31 @@ END_TEST
 START_TEST(clear_failures) {
   setup_data();
   char log[256];
-  snprintf(log, sizeof log, "%s/log.txt", root);
-  ck_assert_int_eq(sh("%s train --data %s/data --bogus", DETR_BIN, root), 2);
-  ck_assert_int_eq(sh("%s train --data %s/nowhere --out %s/r0 %s", DETR_BIN, root, root, TRAIN_FLAGS), 1);
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/r1 --epochs 0 %s", DETR_BIN, root, root, "--config tiny"), 2);
+  snprintf(log, sizeof log, "%s/log.txt", test_root);
+  ck_assert_int_eq(sh("%s train --data %s/data --bogus", DETR_BIN, test_root), 2);
+  ck_assert_int_eq(sh("%s train --data %s/nowhere --out %s/r0 %s", DETR_BIN, test_root, test_root, TRAIN_FLAGS), 1);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/r1 --epochs 0 %s", DETR_BIN, test_root, test_root, "--config tiny"), 2);
   // A foreign file and a truncated checkpoint as --resume: refused with the file named.
   char weights[256];
-  snprintf(weights, sizeof weights, "%s/data/annotations/instances_val.json", root);
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/r2 --resume %s %s", DETR_BIN, root, root, weights, TRAIN_FLAGS), 1);
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/r3 --max-steps 2 %s", DETR_BIN, root, root, TRAIN_FLAGS), 0);
-  ck_assert_int_eq(sh("head -c 100000 %s/r3/ckpt-2.safetensors > %s/cut.safetensors", root, root), 0);
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/r4 --resume %s/cut.safetensors %s", DETR_BIN, root, root, root,
+  snprintf(weights, sizeof weights, "%s/data/annotations/instances_val.json", test_root);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/r2 --resume %s %s", DETR_BIN, test_root, test_root, weights, TRAIN_FLAGS), 1);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/r3 --max-steps 2 %s", DETR_BIN, test_root, test_root, TRAIN_FLAGS), 0);
+  ck_assert_int_eq(sh("head -c 100000 %s/r3/ckpt-2.safetensors > %s/cut.safetensors", test_root, test_root), 0);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/r4 --resume %s/cut.safetensors %s", DETR_BIN, test_root, test_root, test_root,
                       TRAIN_FLAGS), 1);
   ck_assert_int_eq(sh("grep -q 'cut.safetensors' %s", log), 0);
   // --resume auto skips a damaged newest checkpoint with a message and takes the previous one.
-  ck_assert_int_eq(sh("cp %s/cut.safetensors %s/r3/ckpt-3.safetensors", root, root), 0);
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/r3 --max-steps 4 --resume auto %s", DETR_BIN, root, root,
+  ck_assert_int_eq(sh("cp %s/cut.safetensors %s/r3/ckpt-3.safetensors", test_root, test_root), 0);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/r3 --max-steps 4 --resume auto %s", DETR_BIN, test_root, test_root,
                       TRAIN_FLAGS), 0);
   ck_assert_int_eq(sh("grep -q 'skipping .*ckpt-3.safetensors' %s", log), 0);
   ck_assert_int_eq(sh("grep -q 'resuming from .*ckpt-2.safetensors' %s", log), 0);
   // A diverging run (the first step's update blows the weights up) stops at the first non-finite
   // prediction or loss, names the step, and keeps the checkpoint from before it, which resumes.
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/nan --max-steps 30 --lr 1e30 --clip 0 %s --checkpoint-every 1",
-                      DETR_BIN, root, root, TRAIN_FLAGS), 1);
+                      DETR_BIN, test_root, test_root, TRAIN_FLAGS), 1);
   ck_assert_int_eq(sh("grep -Eq 'step 2 .*(NaN|nan|loss is)' %s", log), 0);
-  ck_assert_int_eq(sh("%s info %s/nan/ckpt-1.safetensors || test -s %s/nan/ckpt-1.safetensors", DETR_BIN, root, root), 0);
+  ck_assert_int_eq(sh("%s info %s/nan/ckpt-1.safetensors || test -s %s/nan/ckpt-1.safetensors", DETR_BIN, test_root, test_root), 0);
 }
 END_TEST
 
@@ -172,10 +157,10 @@ int main(void) {
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
   srunner_free(sr);
-  if (!failed && root[0]) {  // the runs' checkpoints take a few GB; keep them only for a failure
+  if (!failed && test_root[0]) {  // the runs' checkpoints take a few GB; keep them only for a failure
     char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
-    if (system(cmd) != 0) fprintf(stderr, "test_cli_train: could not remove %s\n", root);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", test_root);
+    if (system(cmd) != 0) fprintf(stderr, "test_cli_train: could not remove %s\n", test_root);
   }
   return failed ? 1 : 0;
 }

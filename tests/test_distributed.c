@@ -6,29 +6,15 @@
 #define _DEFAULT_SOURCE  // mkdtemp, setenv
 #include <check.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
+
+#include "tests/shell.h"
 
 #ifndef DETR_BIN
 #error "DETR_BIN (the detr binary) must be defined by the build"
 #endif
-
-static char root[64];
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...) {
-  char cmd[4096], full[4400];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(cmd, sizeof cmd, fmt, ap);
-  va_end(ap);
-  snprintf(full, sizeof full, "%s >> %s/log.txt 2>&1", cmd, root);
-  int st = system(full);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 // Equal-size images, no augmentation, no dropout: with these the global batch is the same
 // tensor whether one process or two hold it (padding and dropout masks would differ otherwise,
@@ -39,17 +25,17 @@ static const char *FLAGS =
 static const char *MPIRUN = "mpirun -np 2 --oversubscribe";
 
 static void setup_data(void) {
-  if (root[0]) return;
-  snprintf(root, sizeof root, "/tmp/detr-dist-XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(root));
+  if (test_root[0]) return;
+  snprintf(test_root, sizeof test_root, "/tmp/detr-dist-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(test_root));
   ck_assert_int_eq(sh("%s synth --out %s/data --train 16 --val 8 --min-side 96 --max-side 96 --seed 1", DETR_BIN,
-                      root), 0);
+                      test_root), 0);
 }
 
 // Every number after "key": in the lines of type `type` of a metrics file, in order.
 static int read_numbers(const char *run, const char *type, const char *key, double *out, int max) {
   char path[256], line[8192], tag[64], pattern[64];
-  snprintf(path, sizeof path, "%s/%s/metrics.jsonl", root, run);
+  snprintf(path, sizeof path, "%s/%s/metrics.jsonl", test_root, run);
   snprintf(tag, sizeof tag, "\"type\": \"%s\"", type);
   snprintf(pattern, sizeof pattern, "\"%s\": ", key);
   FILE *f = fopen(path, "r");
@@ -74,8 +60,8 @@ static void expect_close(const char *run_a, const char *run_b, const char *type,
 
 START_TEST(two_processes_equal_one_with_twice_the_batch) {
   setup_data();
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/one %s --batch 4", DETR_BIN, root, root, FLAGS), 0);
-  ck_assert_int_eq(sh("%s %s train --data %s/data --out %s/two %s --batch 2", MPIRUN, DETR_BIN, root, root, FLAGS), 0);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/one %s --batch 4", DETR_BIN, test_root, test_root, FLAGS), 0);
+  ck_assert_int_eq(sh("%s %s train --data %s/data --out %s/two %s --batch 2", MPIRUN, DETR_BIN, test_root, test_root, FLAGS), 0);
   // 16 images, 4 per step: 8 steps over 2 epochs, every loss term of the final and aux outputs.
   const char *keys[] = {"loss", "loss_ce", "loss_bbox", "loss_giou", "loss_ce_0", "loss_giou_0", "grad_norm",
                         "class_error", "clusters_per_image"};
@@ -85,25 +71,25 @@ START_TEST(two_processes_equal_one_with_twice_the_batch) {
   // Evaluation split over the processes and merged: the same COCO numbers.
   const char *stats[] = {"AP", "AP50", "AR100"};
   for (size_t k = 0; k < 3; k++) expect_close("one", "two", "eval", stats[k], 1e-4);
-  ck_assert_int_eq(sh("test -f %s/two/ckpt-8.safetensors && test -f %s/two/chart.png", root, root), 0);
+  ck_assert_int_eq(sh("test -f %s/two/ckpt-8.safetensors && test -f %s/two/chart.png", test_root, test_root), 0);
 }
 END_TEST
 
 START_TEST(resume_needs_the_same_number_of_processes) {
   setup_data();
   // Stop after 3 steps, resume to the end: the same log as the uninterrupted two-process run.
-  ck_assert_int_eq(sh("%s %s train --data %s/data --out %s/full %s --batch 2", MPIRUN, DETR_BIN, root, root, FLAGS), 0);
+  ck_assert_int_eq(sh("%s %s train --data %s/data --out %s/full %s --batch 2", MPIRUN, DETR_BIN, test_root, test_root, FLAGS), 0);
   ck_assert_int_eq(sh("%s %s train --data %s/data --out %s/cut %s --batch 2 --max-steps 3 --checkpoint-every 1",
-                      MPIRUN, DETR_BIN, root, root, FLAGS), 0);
-  ck_assert_int_eq(sh("%s %s train --data %s/data --out %s/cut %s --batch 2 --resume auto", MPIRUN, DETR_BIN, root,
-                      root, FLAGS), 0);
+                      MPIRUN, DETR_BIN, test_root, test_root, FLAGS), 0);
+  ck_assert_int_eq(sh("%s %s train --data %s/data --out %s/cut %s --batch 2 --resume auto", MPIRUN, DETR_BIN, test_root,
+                      test_root, FLAGS), 0);
   expect_close("full", "cut", "train", "loss", 0.0);
   expect_close("full", "cut", "train", "loss_giou_0", 0.0);
   // One process on a two-process checkpoint: refused, saying why, and nothing removed.
-  ck_assert_int_ne(sh("%s train --data %s/data --out %s/cut %s --batch 4 --resume auto", DETR_BIN, root, root, FLAGS),
+  ck_assert_int_ne(sh("%s train --data %s/data --out %s/cut %s --batch 4 --resume auto", DETR_BIN, test_root, test_root, FLAGS),
                    0);
-  ck_assert_int_eq(sh("grep -q 'written by a run of 2 processes' %s/log.txt", root), 0);
-  ck_assert_int_eq(sh("test -f %s/cut/ckpt-8.safetensors", root), 0);
+  ck_assert_int_eq(sh("grep -q 'written by a run of 2 processes' %s/log.txt", test_root), 0);
+  ck_assert_int_eq(sh("test -f %s/cut/ckpt-8.safetensors", test_root), 0);
 }
 END_TEST
 
@@ -116,7 +102,7 @@ int main(void) {
     printf("no mpirun: skipped\n");
     return 77;
   }
-  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);  // CI runs as root
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);  // CI runs as test_root
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
   setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
   Suite *s = suite_create("distributed");
@@ -126,10 +112,10 @@ int main(void) {
   tcase_add_test(tc, resume_needs_the_same_number_of_processes);
   suite_add_tcase(s, tc);
   SRunner *r = srunner_create(s);
-  srunner_set_fork_status(r, CK_NOFORK);  // root[] persists across the tests
+  srunner_set_fork_status(r, CK_NOFORK);  // test_root[] persists across the tests
   srunner_run_all(r, CK_NORMAL);
   int failed = srunner_ntests_failed(r);
   srunner_free(r);
-  if (failed == 0) sh("rm -rf %s", root);
+  if (failed == 0) sh("rm -rf %s", test_root);
   return failed ? 1 : 0;
 }
