@@ -10,17 +10,7 @@
 
 #include "nn/detr.h"
 #include "train/dist.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
+#include "bench/bench_util.h"
 
 int main(int argc, char **argv) {
   dist_init(&argc, &argv);

@@ -15,15 +15,10 @@
 #include <zlib.h>
 
 #include "datasets/coco.h"
+#include "bench/bench_util.h"
 
 #define N_IMAGES 118287
 #define N_ANNS 860001
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
 
 // Peak resident set of the process so far, in MB (1e6 bytes, like the file sizes).
 static double peak_rss_mb(void) {

@@ -8,12 +8,7 @@
 
 #include "nn/hungarian.h"
 #include "tensor/tensor.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
+#include "bench/bench_util.h"
 
 static double time_lsa(int64_t r, int64_t c, int integer, int reps) {
   double *cost = malloc((size_t)(r * c) * sizeof(double));

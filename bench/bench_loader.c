@@ -17,12 +17,7 @@
 #include "datasets/loader.h"
 #include "datasets/synth.h"
 #include "nn/detr.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
+#include "bench/bench_util.h"
 
 // Training steps of detr-r18-small on loader batches; the loader prefetches while the step runs.
 static void bench_training(const CocoDataset *ds, int scale, int max_size, int steps) {

@@ -14,17 +14,7 @@
 #include "autograd/ops.h"
 #include "kernels/cpu/conv_onednn.h"
 #include "kernels/cpu/cpu_kernels.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
+#include "bench/bench_util.h"
 
 static double median(double *v, int n) {
   qsort(v, (size_t)n, sizeof *v, cmp_double);

@@ -25,12 +25,7 @@
 #endif
 #include "nn/detr.h"
 #include "train/optim.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
+#include "bench/bench_util.h"
 
 // Waits for the device's queued work, so that a step's time includes it.
 static void device_sync(Device dev) {
@@ -38,11 +33,6 @@ static void device_sync(Device dev) {
   if (dev == DEVICE_CUDA) cuda_synchronize();
 #endif
   (void)dev;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
 }
 
 int main(int argc, char **argv) {
