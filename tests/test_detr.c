@@ -96,6 +96,15 @@ START_TEST(config_overrides) {
   ck_assert_int_eq(detr_config_set(&cfg, "nonsense", "1", err, sizeof err), -1);
   ck_assert_int_eq(detr_config_set(&cfg, "nheads", "5", err, sizeof err), 0);
   ck_assert_int_eq(detr_config_validate(&cfg, err, sizeof err), -1);
+  ck_assert_int_eq(detr_config_preset("detr-r18-small", &cfg), 0);  // the ResNet's base width
+  ck_assert_int_eq(detr_config_set(&cfg, "backbone_width", "2", err, sizeof err), 0);
+  ck_assert_int_eq(detr_config_validate(&cfg, err, sizeof err), -1);
+  ck_assert_ptr_nonnull(strstr(err, "backbone_width"));
+  ck_assert_int_eq(detr_config_set(&cfg, "backbone_width", "16", err, sizeof err), 0);
+  ck_assert_int_eq(detr_config_validate(&cfg, err, sizeof err), 0);
+  DetrModel *narrow = detr_model_create(&cfg, DEVICE_CPU);
+  ck_assert_int_eq(narrow->backbone.out_channels, 16 * 8);  // 16, 32, 64, 128 over the stages
+  detr_model_free(narrow);
   ck_assert_int_eq(detr_config_preset("nope", &cfg), -1);
   ck_assert_int_eq(detr_config_preset("tiny", &cfg), 0);
   cfg.dropout = 0.25f;
