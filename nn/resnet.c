@@ -140,14 +140,14 @@ Tensor *resblock_forward(const ResBlock *b, Tensor *x) {
 }
 
 Tensor *resnet_forward(const ResNet *r, Tensor *x) {
-  // After the stem and after each block, the block's temporaries that backward does not need
-  // (all of them in the frozen stages or without grad) are freed.
+  // After the stem and after each block, everything scoped since the start but the newest
+  // activation is released: what backward needs is held by the tape, the rest (all of it in the
+  // frozen stages, and each block's input once the next block has read it) is freed.
   ScopeMark mark = tensor_scope_mark();
   x = op_relu(frozen_bn_forward(&r->bn1, conv2d_forward(&r->conv1, x)));
   x = op_maxpool2d(x, 3, 2, 1);
   tensor_scope_keep(mark, &x, 1);
   for (int i = 0; i < r->n_blocks; i++) {
-    mark = tensor_scope_mark();
     x = resblock_forward(&r->blocks[i], x);
     tensor_scope_keep(mark, &x, 1);
   }

@@ -1,8 +1,11 @@
+#define _DEFAULT_SOURCE  // MAP_ANONYMOUS
 #include "tensor/alloc.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "kernels/common.h"
 #if DETR_HAVE_CUDA
@@ -38,13 +41,34 @@ typedef struct {
   pthread_mutex_t lock;
   FreeList lists[SIZE_CLASSES];
   AllocStats stats;
+  size_t cache_limit;  // cached bytes kept when new memory is needed (SIZE_MAX: no limit)
 } DeviceCache;
 
-static DeviceCache caches[DEVICE_COUNT] = {{.lock = PTHREAD_MUTEX_INITIALIZER},
-                                          {.lock = PTHREAD_MUTEX_INITIALIZER}};
+// The CPU keeps at most 64 MiB cached when it needs new memory. A training step frees blocks
+// of one size (a finished block's temporaries) and then asks for others (the next, smaller
+// block's): an unbounded cache holds both, 20% above the live peak for detr-r50; bounded, the
+// step re-maps those blocks (page faults, ~5% of the step). CUDA keeps everything: cudaMalloc and
+// cudaFree synchronise the device.
+#define CPU_CACHE_LIMIT_DEFAULT ((size_t)64 << 20)
+static DeviceCache caches[DEVICE_COUNT] = {
+    {.lock = PTHREAD_MUTEX_INITIALIZER, .cache_limit = CPU_CACHE_LIMIT_DEFAULT},
+    {.lock = PTHREAD_MUTEX_INITIALIZER, .cache_limit = SIZE_MAX}};
+
+// CPU blocks of 1 MiB and more are mapped pages of their own, so that freeing one returns its
+// memory to the system at once (glibc keeps freed heap memory below its top).
+#define CPU_MAP_BYTES ((size_t)1 << 20)
+#define CPU_HUGE_BYTES ((size_t)2 << 20)
 
 static void *system_alloc(Device dev, size_t bytes) {
-  if (dev == DEVICE_CPU) return aligned_alloc(64, bytes);
+  if (dev == DEVICE_CPU) {
+    if (bytes < CPU_MAP_BYTES) return aligned_alloc(64, bytes);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    // Transparent huge pages where the system allows them: a re-mapped block then costs one
+    // fault per 2 MiB instead of per 4 KiB (detr-r50 step: 2.40 -> 2.15 s). Advice only.
+    if (bytes >= CPU_HUGE_BYTES) (void)madvise(p, bytes, MADV_HUGEPAGE);
+    return p;  // page-aligned, so 64-byte aligned
+  }
 #if DETR_HAVE_CUDA
   return cuda_device_malloc(bytes);
 #else
@@ -52,9 +76,12 @@ static void *system_alloc(Device dev, size_t bytes) {
 #endif
 }
 
-static void system_free(Device dev, void *ptr) {
+static void system_free(Device dev, void *ptr, size_t bytes) {
   if (dev == DEVICE_CPU) {
-    free(ptr);
+    if (bytes < CPU_MAP_BYTES)
+      free(ptr);
+    else
+      DETR_CHECK(munmap(ptr, bytes) == 0, "detr_free: munmap of %zu bytes failed", bytes);
     return;
   }
 #if DETR_HAVE_CUDA
@@ -62,18 +89,27 @@ static void system_free(Device dev, void *ptr) {
 #endif
 }
 
-static void empty_cache_locked(Device dev) {
+static size_t class_size(int k) {
+  if (k == 0) return MIN_CLASS_BYTES;
+  size_t base = (size_t)1 << ((k - 1) / 4 + 8);
+  return base + (size_t)((k - 1) % 4 + 1) * (base / 4);
+}
+
+// Releases cached blocks, largest first, until at most `keep` bytes stay cached.
+static void trim_cache_locked(Device dev, size_t keep) {
   DeviceCache *c = &caches[dev];
-  for (int k = 0; k < SIZE_CLASSES; k++) {
+  for (int k = SIZE_CLASSES - 1; k >= 0 && c->stats.cached_bytes > keep; k--) {
     FreeList *fl = &c->lists[k];
-    for (int i = 0; i < fl->count; i++) {
-      system_free(dev, fl->blocks[i]);
+    size_t bytes = class_size(k);
+    while (fl->count > 0 && c->stats.cached_bytes > keep) {
+      system_free(dev, fl->blocks[--fl->count], bytes);
+      c->stats.cached_bytes -= bytes;
       c->stats.system_frees++;
     }
-    fl->count = 0;
   }
-  c->stats.cached_bytes = 0;
 }
+
+static void empty_cache_locked(Device dev) { trim_cache_locked(dev, 0); }
 
 void *detr_alloc(Device dev, size_t nbytes) {
   DETR_CHECK(dev >= 0 && dev < DEVICE_COUNT, "detr_alloc: bad device %d", (int)dev);
@@ -89,6 +125,7 @@ void *detr_alloc(Device dev, size_t nbytes) {
     ptr = fl->blocks[--fl->count];
     c->stats.cached_bytes -= class_bytes;
   } else {
+    if (c->stats.cached_bytes > c->cache_limit) trim_cache_locked(dev, c->cache_limit);
     ptr = system_alloc(dev, class_bytes);
     if (!ptr) {  // out of memory: give the cache back and try once more
       empty_cache_locked(dev);
@@ -103,6 +140,8 @@ void *detr_alloc(Device dev, size_t nbytes) {
   }
   c->stats.live_bytes += class_bytes;
   if (c->stats.live_bytes > c->stats.peak_live_bytes) c->stats.peak_live_bytes = c->stats.live_bytes;
+  size_t held = c->stats.live_bytes + c->stats.cached_bytes;
+  if (held > c->stats.peak_held_bytes) c->stats.peak_held_bytes = held;
   pthread_mutex_unlock(&c->lock);
   return ptr;
 }
@@ -128,6 +167,12 @@ void detr_free(Device dev, void *ptr, size_t nbytes) {
   c->stats.live_bytes -= class_bytes;
   c->stats.cached_bytes += class_bytes;
   pthread_mutex_unlock(&c->lock);
+}
+
+void detr_alloc_set_cache_limit(Device dev, size_t bytes) {
+  pthread_mutex_lock(&caches[dev].lock);
+  caches[dev].cache_limit = bytes;
+  pthread_mutex_unlock(&caches[dev].lock);
 }
 
 void detr_alloc_empty_cache(Device dev) {
