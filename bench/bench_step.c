@@ -1,13 +1,12 @@
 // The whole DETR training step of detr-c: forward, loss, backward, gradient clipping, AdamW.
 //   build/bench/bench_step [--preset detr-r18-small] [--size 320 | --hw HxW] [--batch 2] [--boxes 3]
 //                          [--reps 5] [--enact] [--profile] [--forward] [--device cpu|cuda]
-//                          [--conv auto | im2col | onednn | onednn-nchw] [--vary-size] [--cache-mb N]
+//                          [--conv auto | im2col | onednn | onednn-nchw] [--vary-size]
 // --forward times the no-grad forward alone (e.g. detr-r50 on one 800x1066 image: --batch 1
 // --hw 800x1066 --forward). --conv forces one CPU convolution implementation everywhere (default
 // auto: the faster per shape and pass). --vary-size gives every step its own input size, 8 and 12
 // pixels smaller each (as multi-scale training's batches have): the times include creating the
-// new shapes' oneDNN primitives. --cache-mb sets the CPU allocator's cache bound (default 64 MiB;
-// a large value such as 100000 keeps every freed block: faster, more memory; tensor/alloc.c).
+// new shapes' oneDNN primitives.
 // Prints one JSON line: median step seconds over reps (after one warm-up step), the steps' times,
 // the peak resident memory of the process (getrusage), and the tensor allocator's peak live bytes,
 // cached bytes at the end, and peak of live + cached; with --device cuda also the peak of the caching allocator's live device memory.
@@ -40,7 +39,6 @@ int main(int argc, char **argv) {
   const char *preset = "detr-r18-small";
   int size = 320, boxes = 3, reps = 5, batch = 2, height = 0, width = 0;
   bool enact = false, profile = false, forward_only = false, vary = false;
-  long cache_mb = -1;  // -1: the allocator's default
   Device dev = DEVICE_CPU;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
@@ -63,7 +61,6 @@ int main(int argc, char **argv) {
       dev = strcmp(d, "cuda") ? DEVICE_CPU : DEVICE_CUDA;
     }
     else if (!strcmp(argv[i], "--vary-size")) vary = true;
-    else if (!strcmp(argv[i], "--cache-mb") && i + 1 < argc) cache_mb = atol(argv[++i]);
     else if (!strcmp(argv[i], "--conv") && i + 1 < argc) {
       const char *c = argv[++i];
       ConvImpl impl = !strcmp(c, "im2col") ? CONV_IMPL_IM2COL : !strcmp(c, "onednn") ? CONV_IMPL_ONEDNN
@@ -96,7 +93,6 @@ int main(int argc, char **argv) {
   }
   cfg.enact = enact;
   cpu_flush_denormals(true);  // as `detr train` runs
-  if (cache_mb >= 0) detr_alloc_set_cache_limit(DEVICE_CPU, (size_t)cache_mb << 20);
   DetrModel *m = detr_model_create(&cfg, dev);
   detr_model_init(m, 1);
   AdamW opt;

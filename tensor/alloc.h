@@ -1,6 +1,6 @@
 // Caching allocator for tensor storage on every device. Freed blocks go back to a per-size-class
-// cache and are reused, so once a training step has run, later steps make no cudaMalloc (and on
-// the CPU, where the cache is bounded, few system allocations).
+// cache and are reused, so once a training step has run, later steps make no cudaMalloc. On the
+// CPU, blocks of 1 to 32 MiB are the C library's heap blocks instead (see tensor/alloc.c).
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -16,7 +16,7 @@ typedef struct {
   size_t live_bytes;       // bytes handed out and not yet returned (rounded to size classes)
   size_t peak_live_bytes;  // maximum of live_bytes since the last reset of the peak
   size_t cached_bytes;     // bytes held in the cache, free for reuse
-  size_t peak_held_bytes;  // maximum of live_bytes + cached_bytes: what the allocator took from the system
+  size_t peak_held_bytes;  // maximum of live_bytes + cached_bytes (the CPU heap's free blocks not counted)
 } AllocStats;
 
 // Returns at least nbytes (64-byte aligned on CPU). nbytes may be 0. Fails with a message on
@@ -24,10 +24,6 @@ typedef struct {
 void *detr_alloc(Device dev, size_t nbytes);
 // Returns a block from detr_alloc(dev, nbytes) to the cache (nbytes as requested).
 void detr_free(Device dev, void *ptr, size_t nbytes);
-// When a request finds no cached block of its size and more than `bytes` are cached, cached
-// blocks go back to the system (largest first) down to `bytes` before new memory is taken.
-// Defaults: CPU 64 MiB, CUDA no limit (SIZE_MAX).
-void detr_alloc_set_cache_limit(Device dev, size_t bytes);
 // Releases every cached block to the system.
 void detr_alloc_empty_cache(Device dev);
 AllocStats detr_alloc_stats(Device dev);
