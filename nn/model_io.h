@@ -10,5 +10,10 @@
 // (the model is unchanged unless every check passed).
 int params_load(ParamStore *ps, const StFile *f, const char *const *ignore_prefixes, char *err, size_t err_cap);
 int params_load_file(ParamStore *ps, const char *path, char *err, size_t err_cap);
+// Loads only the parameters and buffers whose names start with prefix (e.g. "backbone." from a
+// `detr pretrain` file or any checkpoint); each of them must be in the file as F32 with the
+// model's shape, other entries of the file are not read. Returns 0, or -1 with err naming the
+// first problem (the model is unchanged unless every check passed).
+int params_load_file_prefix(ParamStore *ps, const char *path, const char *prefix, char *err, size_t err_cap);
 // Adds every parameter and buffer to w, with an optional name prefix ("" for none).
 void params_save(const ParamStore *ps, StWriter *w, const char *prefix);

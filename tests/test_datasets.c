@@ -14,6 +14,7 @@
 #include <zlib.h>
 
 #include "datasets/coco.h"
+#include "datasets/crops.h"
 #include "datasets/image.h"
 #include "datasets/loader.h"
 #include "datasets/synth.h"
@@ -989,6 +990,35 @@ START_TEST(synth_is_deterministic) {
 }
 END_TEST
 
+// detr pretrain's crops: one per training box, in dataset order with its label; the batch is the
+// normalized centre window without augmentation and a seeded random window/flip with it.
+START_TEST(crops_cut_every_box) {
+  CocoDataset *ds = tiny_synth(6, 2);
+  CropSet c;
+  DataError err;
+  ck_assert_int_eq(crops_extract(ds, 5, 0.3f, &c, &err), DATA_ERROR);  // side below 8
+  ck_assert_msg(strstr(err.msg, "side 5"), "%s", err.msg);
+  ck_assert_msg(crops_extract(ds, 40, 0.3f, &c, &err) == DATA_OK, "%s", err.msg);
+  ck_assert_int_eq(c.n, ds->n_anns);  // the training split has no crowd boxes
+  ck_assert_int_eq(c.num_classes, ds->num_classes);
+  for (int64_t i = 0; i < c.n; i++) ck_assert_int_eq(c.labels[i], coco_label_of(ds, ds->anns[i].category_id));
+  AugConfig norm = aug_config_scaled(false, 32, 32);
+  float lut[3][256], a[2 * 3 * 32 * 32], b[2 * 3 * 32 * 32];
+  aug_normalize_lut(&norm, lut);
+  int64_t idx[2] = {1, 0};
+  crops_batch(&c, idx, 2, 32, false, NULL, a);
+  const uint8_t *px = c.pixels + ((size_t)1 * 40 * 40 + (size_t)(4 + 5) * 40 + (4 + 7)) * 3;  // crop 1, window (4, 4)
+  ck_assert_float_eq(a[0 * 1024 + 5 * 32 + 7], lut[0][px[0]]);
+  ck_assert_float_eq(a[2 * 1024 + 5 * 32 + 7], lut[2][px[2]]);
+  Rng r1 = rng_make(9), r2 = rng_make(9);
+  crops_batch(&c, idx, 2, 32, true, &r1, a);
+  crops_batch(&c, idx, 2, 32, true, &r2, b);
+  ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+  crops_free(&c);
+  coco_free(ds);
+}
+END_TEST
+
 START_TEST(synth_has_what_coco_has) {
   SynthConfig sc = synth_config_default();
   sc.out_dir = tmp;
@@ -1076,6 +1106,7 @@ int main(void) {
   tcase_add_test(tc, loader_unreadable_images_policy);
   tcase_add_test(tc, synth_is_deterministic);
   tcase_add_test(tc, synth_has_what_coco_has);
+  tcase_add_test(tc, crops_cut_every_box);
   tcase_add_test(tc, policy_names);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

@@ -46,6 +46,8 @@ int cmd_train(int argc, char **argv) {
       {"checkpoint-every", FLAG_INT, &ckpt_every, "steps between checkpoints (default 0: every epoch)"},
       {"keep", FLAG_INT, &keep, "checkpoints kept besides best.safetensors (default 2)"},
       {"init", FLAG_STRING, &o.init_weights, "start from these model weights (safetensors, reference names)"},
+      {"init-backbone", FLAG_STRING, &o.init_backbone,
+       "start the backbone from this file (detr pretrain; its batch-norm statistics included)"},
       {"resume", FLAG_STRING, &o.resume, "auto (newest valid checkpoint in --out) or a checkpoint path"},
       {"max-steps", FLAG_INT, &max_steps, "stop after this many steps in total (default: no limit)"},
       {"bad-input", FLAG_STRING, &bad_input, "fail or skip (with a warning and a count) bad annotations/images"},

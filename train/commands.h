@@ -5,6 +5,7 @@
 int cmd_cocoeval(int argc, char **argv);
 int cmd_step(int argc, char **argv);
 int cmd_train(int argc, char **argv);
+int cmd_pretrain(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_predict(int argc, char **argv);

@@ -12,6 +12,7 @@ static int usage(FILE *f) {
           "commands:\n"
           "  cocoeval    COCO bbox metrics of a results JSON (pycocotools COCOeval semantics)\n"
           "  train       train DETR / DETR+ENACT on a COCO-format dataset\n"
+          "  pretrain    train a backbone as a classifier of a dataset's object crops (for train --init-backbone)\n"
           "  eval        COCO mAP of a checkpoint or weights on a dataset split\n"
           "  step        one forward + loss + backward on a batch file (parity interface)\n"
           "  synth       write the built-in synthetic COCO-format dataset\n"
@@ -28,6 +29,7 @@ static int run(int argc, char **argv) {
   if (!strcmp(argv[1], "cocoeval")) return cmd_cocoeval(argc, argv);
   if (!strcmp(argv[1], "step")) return cmd_step(argc, argv);
   if (!strcmp(argv[1], "train")) return cmd_train(argc, argv);
+  if (!strcmp(argv[1], "pretrain")) return cmd_pretrain(argc, argv);
   if (!strcmp(argv[1], "eval")) return cmd_eval(argc, argv);
   if (!strcmp(argv[1], "synth")) return cmd_synth(argc, argv);
   if (!strcmp(argv[1], "predict")) return cmd_predict(argc, argv);

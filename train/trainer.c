@@ -410,6 +410,11 @@ int train_run(TrainOptions *o) {
     fprintf(stderr, "detr train: --init %s\n", err);
     goto done;
   }
+  if (!resumed && o->init_backbone &&
+      params_load_file_prefix(&m->params, o->init_backbone, "backbone.", err, sizeof err)) {
+    fprintf(stderr, "detr train: --init-backbone %s\n", err);
+    goto done;
+  }
   if (!resumed && o->calibrate_bn) {  // the first 8 training images, resized as for evaluation
     LoaderConfig cal = loader_config_default(false);
     cal.batch_size = 8;

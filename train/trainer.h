@@ -26,6 +26,7 @@ typedef struct {
   int64_t checkpoint_every; // steps between checkpoints (0: at the end of every epoch)
   int keep_last;            // checkpoints kept (ckpt-<step>.safetensors), besides best.safetensors
   const char *init_weights; // model weights to start from (strict load; ENACT's W_prob optional)
+  const char *init_backbone; // backbone weights to start from (`detr pretrain`; backbone.* tensors only)
   const char *resume;       // NULL, "auto" (newest valid checkpoint in out_dir) or a path
   int64_t max_steps;        // stop after this many steps in total (0: no limit), e.g. for tests
   bool calibrate_bn;        // from scratch: set the frozen BN statistics from a batch before training
