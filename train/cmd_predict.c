@@ -19,6 +19,7 @@
 #include "train/commands.h"
 #include "train/draw.h"
 #include "train/postprocess.h"
+#include "train/progress.h"
 #include "train/setup.h"
 
 static const char *USAGE =
@@ -29,12 +30,6 @@ static const char *USAGE =
     "detections [{label, category_id, name, score, box [x0, y0, x1, y1] in pixels}] by falling score) and\n"
     "DIR/<image name>.png with the boxes, class names and scores drawn. Class names come from --names (a COCO\n"
     "instances JSON; only its categories are used), else from the checkpoint, else 'class <id>'.";
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static char *xstrdup(const char *s) {
   char *c = strdup(s);

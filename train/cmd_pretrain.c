@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "autograd/ops.h"
 #include "datasets/crops.h"
@@ -18,6 +17,7 @@
 #include "nn/resnet.h"
 #include "train/commands.h"
 #include "train/optim.h"
+#include "train/progress.h"
 #include "train/setup.h"
 
 static const char *USAGE =
@@ -25,12 +25,6 @@ static const char *USAGE =
     "Pretrains the backbone of a DETR config as a classifier of the object crops of DIR's training\n"
     "split and writes its tensors (DETR's names, batch-norm statistics included) to FILE, for\n"
     "`detr train --init-backbone FILE` with the same config.";
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct {
   ResNet resnet;

@@ -8,12 +8,7 @@
 
 #include "train/dist.h"
 #include "train/postprocess.h"
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "train/progress.h"
 
 int write_coco_results(const char *path, const CocoEvalDet *dets, int64_t n, char *err, size_t err_cap) {
   char tmp[4096];

@@ -4,7 +4,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now_s(void) {
+double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;

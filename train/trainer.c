@@ -31,12 +31,6 @@ TrainOptions train_options_default(void) {
   return o;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static CocoDataset *open_split(const TrainOptions *o, const char *split, char *err, size_t cap) {
   char ann[4096], img[4096];
   setup_split_paths(o->data_dir, split, ann, sizeof ann, img, sizeof img);
