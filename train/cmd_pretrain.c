@@ -161,7 +161,7 @@ int cmd_pretrain(int argc, char **argv) {
   resnet_init(&m.resnet, &init);
   init_torch_default(m.head.weight, m.head.bias, &init);
 
-  const int B = (int)batch;
+  const int B = (int)(batch < train.n ? batch : train.n);  // a set smaller than a batch: one batch of all
   int64_t *order = malloc(sizeof(int64_t) * (size_t)train.n);
   int64_t *labels = malloc(sizeof(int64_t) * (size_t)B);
   float *host = malloc(sizeof(float) * (size_t)B * 3 * (size_t)crop * (size_t)crop);  // [B, 3, crop, crop]
