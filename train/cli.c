@@ -93,3 +93,13 @@ int cli_parse(const char *verb, const char *usage, int argc, char **argv, int fi
   }
   return 0;
 }
+
+int cli_check_ranges(const char *verb, const CliRange *ranges, int n) {
+  for (int i = 0; i < n; i++)
+    if (ranges[i].value < ranges[i].lo || ranges[i].value > ranges[i].hi) {
+      fprintf(stderr, "detr %s: --%s %lld is outside [%lld, %lld]\n", verb, ranges[i].name, ranges[i].value,
+              ranges[i].lo, ranges[i].hi);
+      return 2;
+    }
+  return 0;
+}

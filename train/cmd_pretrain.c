@@ -115,17 +115,10 @@ int cmd_pretrain(int argc, char **argv) {
     fprintf(stderr, "detr pretrain: --data DIR and --out FILE are required (see detr pretrain --help)\n");
     return 2;
   }
-  const struct {
-    const char *flag;
-    long long v, lo, hi;
-  } ranges[] = {{"epochs", epochs, 1, 100000}, {"batch", batch, 1, 4096}, {"crop", crop, 32, 512},
-                {"threads", threads, 0, 1024},  {"seed", seed, 0, 1LL << 62}};
-  for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++)
-    if (ranges[i].v < ranges[i].lo || ranges[i].v > ranges[i].hi) {
-      fprintf(stderr, "detr pretrain: --%s %lld is outside [%lld, %lld]\n", ranges[i].flag, ranges[i].v, ranges[i].lo,
-              ranges[i].hi);
-      return 2;
-    }
+  const CliRange ranges[] = {
+      {"epochs", epochs, 1, 100000}, {"batch", batch, 1, 4096}, {"crop", crop, 32, 512},
+      {"threads", threads, 0, 1024}, {"seed", seed, 0, 1LL << 62}};
+  if (cli_check_ranges("pretrain", ranges, (int)(sizeof ranges / sizeof ranges[0]))) return 2;
   if (!(lr > 0 && wd >= 0)) {
     fprintf(stderr, "detr pretrain: --lr must be > 0 and --weight-decay >= 0\n");
     return 2;

@@ -36,19 +36,11 @@ int cmd_synth(int argc, char **argv) {
     fprintf(stderr, "detr synth: --out DIR is required (see detr synth --help)\n");
     return 2;
   }
-  const struct {
-    const char *flag;
-    long long value, lo, hi;
-  } ranges[] = {{"train", n_train, 0, 10000000}, {"val", n_val, 0, 10000000},     {"seed", seed, 0, LLONG_MAX},
-                {"min-side", min_side, 64, 4096},  {"max-side", max_side, 64, 4096}, {"quality", quality, 1, 100},
-                {"max-objects", max_objects, 1, 8}, {"min-object-side", min_object_side, 10, 4096}};
-  for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
-    if (ranges[i].value < ranges[i].lo || ranges[i].value > ranges[i].hi) {
-      fprintf(stderr, "detr synth: --%s %lld is outside [%lld, %lld]\n", ranges[i].flag, ranges[i].value, ranges[i].lo,
-              ranges[i].hi);
-      return 2;
-    }
-  }
+  const CliRange ranges[] = {
+      {"train", n_train, 0, 10000000}, {"val", n_val, 0, 10000000}, {"seed", seed, 0, LLONG_MAX},
+      {"min-side", min_side, 64, 4096}, {"max-side", max_side, 64, 4096}, {"quality", quality, 1, 100},
+      {"max-objects", max_objects, 1, 8}, {"min-object-side", min_object_side, 10, 4096}};
+  if (cli_check_ranges("synth", ranges, (int)(sizeof ranges / sizeof ranges[0]))) return 2;
   if (min_side > max_side) {
     fprintf(stderr, "detr synth: --min-side %lld is larger than --max-side %lld\n", min_side, max_side);
     return 2;

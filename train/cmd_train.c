@@ -78,19 +78,13 @@ int cmd_train(int argc, char **argv) {
   if (image_size < 0) image_size = tiny ? 128 : small ? 320 : 800;
   if (max_size < 0) max_size = tiny ? 192 : small ? 512 : 1333;
   if (lr_drop < 0) lr_drop = epochs * 2 / 3 > 0 ? epochs * 2 / 3 : 1;
-  const struct {
-    const char *flag;
-    long long v, lo, hi;
-  } ranges[] = {{"epochs", epochs, 1, 100000},      {"batch", batch, 1, 64},          {"workers", workers, 0, 64},
-                {"threads", threads, 0, 1024},      {"eval-every", eval_every, 0, 100000}, {"checkpoint-every", ckpt_every, 0, 1LL << 40},
-                {"keep", keep, 1, 1000},            {"max-steps", max_steps, 0, 1LL << 40},  {"lr-drop", lr_drop, 1, 1000000},
-                {"image-size", image_size, 32, 4096}, {"max-size", max_size, 32, 8192}, {"seed", seed, 0, 1LL << 62}};
-  for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++)
-    if (ranges[i].v < ranges[i].lo || ranges[i].v > ranges[i].hi) {
-      fprintf(stderr, "detr train: --%s %lld is outside [%lld, %lld]\n", ranges[i].flag, ranges[i].v, ranges[i].lo,
-              ranges[i].hi);
-      return 2;
-    }
+  const CliRange ranges[] = {
+      {"epochs", epochs, 1, 100000}, {"batch", batch, 1, 64}, {"workers", workers, 0, 64},
+      {"threads", threads, 0, 1024}, {"eval-every", eval_every, 0, 100000},
+      {"checkpoint-every", ckpt_every, 0, 1LL << 40}, {"keep", keep, 1, 1000},
+      {"max-steps", max_steps, 0, 1LL << 40}, {"lr-drop", lr_drop, 1, 1000000},
+      {"image-size", image_size, 32, 4096}, {"max-size", max_size, 32, 8192}, {"seed", seed, 0, 1LL << 62}};
+  if (cli_check_ranges("train", ranges, (int)(sizeof ranges / sizeof ranges[0]))) return 2;
   if (!(lr > 0 && lr_backbone >= 0 && wd >= 0 && clip >= 0)) {
     fprintf(stderr, "detr train: --lr must be > 0 and --lr-backbone, --weight-decay, --clip >= 0\n");
     return 2;
