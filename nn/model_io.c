@@ -76,24 +76,25 @@ int params_load_file_prefix(ParamStore *ps, const char *path, const char *prefix
   if (!f) return -1;
   size_t n = strlen(prefix);
   int matched = 0, rc = 0;
-  for (int pass = 0; pass < 2 && !rc; pass++) {  // check every tensor, then read them
-    for (int i = 0; i < ps->count && !rc; i++) {
-      const Param *p = &ps->items[i];
-      if (strncmp(p->name, prefix, n)) continue;
-      const StEntry *e = st_find(f, p->name);
-      bool fits = e && e->dtype == ST_F32 && e->ndim == p->tensor->shape.ndim;
-      for (int d = 0; fits && d < e->ndim; d++) fits = e->shape[d] == p->tensor->shape.d[d];
-      if (pass == 0 && !fits) {
-        st_read_f32_into(f, p->name, p->tensor, err, err_cap);  // fails, wording the problem
-        rc = -1;
-      }
-      if (pass == 1) rc = st_read_f32_into(f, p->name, p->tensor, err, err_cap);
-      matched++;
+  for (int i = 0; i < ps->count && !rc; i++) {  // every tensor is checked before any is read
+    const Param *p = &ps->items[i];
+    if (strncmp(p->name, prefix, n)) continue;
+    matched++;
+    const StEntry *e = st_find(f, p->name);
+    bool fits = e && e->dtype == ST_F32 && e->ndim == p->tensor->shape.ndim;
+    for (int d = 0; fits && d < e->ndim; d++) fits = e->shape[d] == p->tensor->shape.d[d];
+    if (!fits) {
+      st_read_f32_into(f, p->name, p->tensor, err, err_cap);  // fails (it does not fit), wording the problem
+      rc = -1;
     }
   }
   if (!rc && matched == 0) {
     snprintf(err, err_cap, "%s: the model has no tensor named %s*", path, prefix);
     rc = -1;
+  }
+  for (int i = 0; i < ps->count && !rc; i++) {
+    const Param *p = &ps->items[i];
+    if (!strncmp(p->name, prefix, n)) rc = st_read_f32_into(f, p->name, p->tensor, err, err_cap);
   }
   st_close(f);
   return rc;
