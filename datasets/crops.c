@@ -47,6 +47,8 @@ int crops_extract(const CocoDataset *ds, int side, float context, CropSet *out, 
   int64_t cap = 0;
   out->side = side;
   out->num_classes = ds->num_classes;
+  AugConfig norm = aug_config_scaled(false, 32, 32);  // only its mean and std are used
+  aug_normalize_lut(&norm, out->lut);
   Image img = {0};
   Target t = {0};
   const size_t crop_bytes = (size_t)side * (size_t)side * 3;
@@ -85,9 +87,6 @@ void crops_free(CropSet *c) {
 }
 
 void crops_batch(const CropSet *c, const int64_t *index, int n, int out_side, bool augment, Rng *rng, float *out) {
-  AugConfig norm = aug_config_scaled(false, 32, 32);  // only its mean and std are used
-  float lut[3][256];
-  aug_normalize_lut(&norm, lut);
   const int S = c->side, room = S - out_side;  // out_side <= side (the caller checks)
   const size_t plane = (size_t)out_side * (size_t)out_side;
   for (int b = 0; b < n; b++) {
@@ -104,7 +103,8 @@ void crops_batch(const CropSet *c, const int64_t *index, int n, int out_side, bo
       for (int x = 0; x < out_side; x++) {
         int sx = left + (flip ? out_side - 1 - x : x);
         const uint8_t *px = src + ((size_t)(top + y) * (size_t)S + (size_t)sx) * 3;
-        for (int ch = 0; ch < 3; ch++) dst[(size_t)ch * plane + (size_t)y * (size_t)out_side + (size_t)x] = lut[ch][px[ch]];
+        for (int ch = 0; ch < 3; ch++)
+          dst[(size_t)ch * plane + (size_t)y * (size_t)out_side + (size_t)x] = c->lut[ch][px[ch]];
       }
   }
 }

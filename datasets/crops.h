@@ -14,6 +14,7 @@ typedef struct {
   uint8_t *pixels;    // [n, side, side, 3] RGB
   int64_t *labels;    // [n] the dataset's labels (contiguous or category ids, as the dataset maps them)
   int num_classes;    // the dataset's label count (ds->num_classes)
+  float lut[3][256];  // pixel value -> normalized float (ImageNet mean and std, as the detector's loader)
 } CropSet;
 
 // Decodes every image of ds and cuts each target box out as a square of side max(w, h) x
