@@ -185,6 +185,11 @@ START_TEST(pretrain_then_init_backbone) {
   ck_assert_int_eq(sh("%s pretrain --data %s/data --out %s/x.safetensors --crop 8", DETR_BIN, test_root, test_root), 2);
   ck_assert_int_eq(sh("%s pretrain --data %s/nowhere --out %s/x.safetensors", DETR_BIN, test_root, test_root), 1);
   ck_assert_int_eq(sh("test -e %s/x.safetensors", test_root), 1);
+  // A diverging pretraining stops at the first non-finite loss, says so, and writes no file.
+  ck_assert_int_eq(sh("%s pretrain --data %s/data --out %s/x.safetensors %s --epochs 5 --batch 8 --crop 32 --lr 1e30 "
+                      "--threads 2 --val-split none", DETR_BIN, test_root, test_root, cfg), 1);
+  ck_assert_int_eq(sh("grep -aq 'detr pretrain: the loss is .*nothing written' %s", log), 0);
+  ck_assert_int_eq(sh("test -e %s/x.safetensors", test_root), 1);
 }
 END_TEST
 

@@ -160,10 +160,9 @@ int cmd_pretrain(int argc, char **argv) {
   float *host = malloc(sizeof(float) * (size_t)B * 3 * (size_t)crop * (size_t)crop);  // [B, 3, crop, crop]
   DETR_CHECK(order && labels && host, "detr pretrain: out of host memory");
   {  // frozen batch norms: statistics of the first batch's inputs, as `detr train --calibrate-bn`
-    int n = (int)(train.n < B ? train.n : B);
-    for (int i = 0; i < n; i++) order[i] = i;
-    crops_batch(&train, order, n, (int)crop, false, NULL, host);
-    Tensor *x = tensor_from_host(dev, SHAPE(n, 3, crop, crop), host);
+    for (int i = 0; i < B; i++) order[i] = i;
+    crops_batch(&train, order, B, (int)crop, false, NULL, host);
+    Tensor *x = tensor_from_host(dev, SHAPE(B, 3, crop, crop), host);
     resnet_calibrate(&m.resnet, x);
     tensor_release(x);
   }
@@ -176,6 +175,7 @@ int cmd_pretrain(int argc, char **argv) {
   adamw_init(&opt, &m.params, oc);
   Rng rng = rng_make((uint64_t)seed ^ 0x9e3779b97f4a7c15ULL);
   int status = 0;
+  double held_out = -1.0;  // the accuracy of the current weights on val, once measured
   for (int epoch = 0; epoch < epochs && !status; epoch++) {
     opt.epoch = epoch;
     for (int64_t i = 0; i < train.n; i++) order[i] = i;
@@ -210,12 +210,15 @@ int cmd_pretrain(int argc, char **argv) {
     double secs = now_s() - te;
     fprintf(stderr, "epoch %d/%lld  loss %.4f  %.0f crops/s", epoch + 1, epochs, steps ? loss_sum / (double)steps : 0.0,
             (double)(steps * B) / (secs > 0 ? secs : 1));
-    if (val.n) fprintf(stderr, "  held-out accuracy %.3f", accuracy(&m, &val, (int)crop, B, dev, host));
+    if (val.n) {
+      held_out = accuracy(&m, &val, (int)crop, B, dev, host);
+      fprintf(stderr, "  held-out accuracy %.3f", held_out);
+    }
     fprintf(stderr, "\n");
   }
   if (!status) {
-    if (val.n) printf("held-out top-1 accuracy %.4f on %lld crops\n", accuracy(&m, &val, (int)crop, B, dev, host),
-                      (long long)val.n);
+    if (val.n && held_out < 0) held_out = accuracy(&m, &val, (int)crop, B, dev, host);  // --no-progress
+    if (val.n) printf("held-out top-1 accuracy %.4f on %lld crops\n", held_out, (long long)val.n);
     StWriter *w = st_writer_new();
     for (int i = 0; i < m.params.count; i++)
       if (!strncmp(m.params.items[i].name, "backbone.", 9))
