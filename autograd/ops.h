@@ -12,6 +12,9 @@ Tensor *op_log(Tensor *x);
 Tensor *op_neg(Tensor *x);
 Tensor *op_add_scalar(Tensor *x, float s);
 Tensor *op_mul_scalar(Tensor *x, float s);
+Tensor *op_sqrt(Tensor *x);
+Tensor *op_pow_scalar(Tensor *x, float p);  // x^p for x > 0
+Tensor *op_softplus(Tensor *x);              // log(1 + e^x); x above 20, as torch
 // Binary ops broadcast numpy-style (shapes aligned at the last dim, size-1 dims stretch).
 Tensor *op_add(Tensor *a, Tensor *b);
 Tensor *op_sub(Tensor *a, Tensor *b);

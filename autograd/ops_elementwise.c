@@ -4,13 +4,13 @@
 
 // --- unary and scalar ops: y = f(x); dx += f'(x) dy (kernels/elementwise_math.h) ---
 
-static const char *unary_names[UNARY_COUNT] = {"relu", "sigmoid", "exp", "log",
-                                                "neg",  "add_scalar", "mul_scalar"};
-
-// What each unary backward reads, and so saves: relu, sigmoid and exp need only y (x > 0 exactly
-// where y > 0); log needs x; the affine ones nothing. The unread argument gets any valid pointer.
-static bool unary_needs_y(int op) { return op == UNARY_RELU || op == UNARY_SIGMOID || op == UNARY_EXP; }
-static bool unary_needs_x(int op) { return op == UNARY_LOG; }
+// What each unary backward reads, and so saves: relu, sigmoid, exp and sqrt need only y (x > 0
+// exactly where y > 0); log, pow and softplus need x; the affine ones nothing. The unread argument
+// gets any valid pointer.
+static bool unary_needs_y(int op) {
+  return op == UNARY_RELU || op == UNARY_SIGMOID || op == UNARY_EXP || op == UNARY_SQRT;
+}
+static bool unary_needs_x(int op) { return op == UNARY_LOG || op == UNARY_POW_SCALAR || op == UNARY_SOFTPLUS; }
 
 static void unary_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *y = n->out[0];
@@ -29,7 +29,7 @@ static Tensor *unary(Tensor *x, UnaryOp op, float param) {
   Tensor *y = tensor_new_scoped(x->device, x->shape);
   DISPATCH(x->device, cpu_unary_forward(op, x->data, y->data, x->numel, param),
            cuda_unary_forward(op, x->data, y->data, x->numel, param));
-  TapeNode *n = autograd_record(unary_names[op], unary_backward_node, y, 1, &x);
+  TapeNode *n = autograd_record(unary_op_name(op), unary_backward_node, y, 1, &x);
   if (n) {
     n->iarg[0] = op;
     n->farg[0] = param;
@@ -46,6 +46,9 @@ Tensor *op_log(Tensor *x) { return unary(x, UNARY_LOG, 0.0f); }
 Tensor *op_neg(Tensor *x) { return unary(x, UNARY_NEG, 0.0f); }
 Tensor *op_add_scalar(Tensor *x, float s) { return unary(x, UNARY_ADD_SCALAR, s); }
 Tensor *op_mul_scalar(Tensor *x, float s) { return unary(x, UNARY_MUL_SCALAR, s); }
+Tensor *op_sqrt(Tensor *x) { return unary(x, UNARY_SQRT, 0.0f); }
+Tensor *op_pow_scalar(Tensor *x, float p) { return unary(x, UNARY_POW_SCALAR, p); }
+Tensor *op_softplus(Tensor *x) { return unary(x, UNARY_SOFTPLUS, 0.0f); }
 
 // --- binary ops with numpy broadcasting ---
 

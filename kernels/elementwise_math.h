@@ -7,16 +7,29 @@
 
 #include <math.h>
 
-typedef enum {
-  UNARY_RELU,
-  UNARY_SIGMOID,
-  UNARY_EXP,
-  UNARY_LOG,
-  UNARY_NEG,
-  UNARY_ADD_SCALAR,  // x + param
-  UNARY_MUL_SCALAR,  // x * param
-  UNARY_COUNT
-} UnaryOp;
+// The unary ops, one list: the enum and the name table are generated from it.
+#define UNARY_OPS(X)                                                            \
+  X(RELU, "relu")                                                               \
+  X(SIGMOID, "sigmoid")                                                         \
+  X(EXP, "exp")                                                                 \
+  X(LOG, "log")                                                                 \
+  X(NEG, "neg")                                                                 \
+  X(ADD_SCALAR, "add_scalar") /* x + param */                                   \
+  X(MUL_SCALAR, "mul_scalar") /* x * param */                                   \
+  X(SQRT, "sqrt")                                                               \
+  X(POW_SCALAR, "pow_scalar") /* x ^ param, x > 0 */                            \
+  X(SOFTPLUS, "softplus")     /* log(1 + e^x), x for x > 20 (torch's threshold) */
+
+#define UNARY_ENUM_ENTRY(id, name) UNARY_##id,
+typedef enum { UNARY_OPS(UNARY_ENUM_ENTRY) UNARY_COUNT } UnaryOp;
+#undef UNARY_ENUM_ENTRY
+
+static inline const char *unary_op_name(int op) {
+#define UNARY_NAME_ENTRY(id, name) name,
+  static const char *const names[UNARY_COUNT] = {UNARY_OPS(UNARY_NAME_ENTRY)};
+#undef UNARY_NAME_ENTRY
+  return op >= 0 && op < UNARY_COUNT ? names[op] : "unknown";
+}
 
 // y = f(x).
 DETR_HD float unary_forward(int op, float x, float param) {
@@ -28,6 +41,9 @@ DETR_HD float unary_forward(int op, float x, float param) {
     case UNARY_NEG: return -x;
     case UNARY_ADD_SCALAR: return x + param;
     case UNARY_MUL_SCALAR: return x * param;
+    case UNARY_SQRT: return sqrtf(x);
+    case UNARY_POW_SCALAR: return powf(x, param);
+    case UNARY_SOFTPLUS: return x > 20.0f ? x : log1pf(expf(x));
     default: return NAN;
   }
 }
@@ -42,6 +58,9 @@ DETR_HD float unary_backward(int op, float x, float y, float dy, float param) {
     case UNARY_NEG: return -dy;
     case UNARY_ADD_SCALAR: return dy;
     case UNARY_MUL_SCALAR: return dy * param;
+    case UNARY_SQRT: return dy * 0.5f / y;
+    case UNARY_POW_SCALAR: return dy * param * powf(x, param - 1.0f);
+    case UNARY_SOFTPLUS: return x > 20.0f ? dy : dy / (1.0f + expf(-x));
     default: return NAN;
   }
 }

@@ -158,14 +158,13 @@ END_TEST
 
 START_TEST(unary_forward_backward) {
   const int64_t sizes[] = {1, 33, 100003};
-  const char *names[UNARY_COUNT] = {"relu", "sigmoid",    "exp",       "log",
-                                    "neg",  "add_scalar", "mul_scalar"};
   const float param = 0.7f;
   for (int op = 0; op < UNARY_COUNT; op++) {
     for (size_t t = 0; t < sizeof sizes / sizeof *sizes; t++) {
       int64_t n = sizes[t];
       uint64_t seed = 100 + 10 * (uint64_t)op + t;
-      float *x = op == UNARY_LOG   ? host_uniform(n, seed, 0.1f, 4.0f)
+      bool positive = op == UNARY_LOG || op == UNARY_SQRT || op == UNARY_POW_SCALAR;
+      float *x = positive          ? host_uniform(n, seed, 0.1f, 4.0f)
                  : op == UNARY_EXP ? host_uniform(n, seed, -4.0f, 4.0f)
                                    : host_away_from_zero(n, seed, 0.05f, 3.0f);
       float *y = host_alloc(n);
@@ -173,7 +172,7 @@ START_TEST(unary_forward_backward) {
       float *d_x = dev_upload(x, n), *d_y = dev_upload(y, n);  // d_y overwritten below
       cuda_unary_forward(op, d_x, d_y, n, param);
       char what[96];
-      snprintf(what, sizeof what, "unary %s forward n=%lld", names[op], (long long)n);
+      snprintf(what, sizeof what, "unary %s forward n=%lld", unary_op_name(op), (long long)n);
       expect_close(what, d_y, y, n, TOL);
 
       // Backward from the same x, y (the CPU's y): dx accumulates onto random values.
@@ -182,7 +181,7 @@ START_TEST(unary_forward_backward) {
       float *d_dy = dev_upload(dy, n), *d_dx = dev_upload(dx, n);
       cpu_unary_backward(op, x, y, dy, dx, n, param);
       cuda_unary_backward(op, d_x, d_y, d_dy, d_dx, n, param);
-      snprintf(what, sizeof what, "unary %s backward n=%lld", names[op], (long long)n);
+      snprintf(what, sizeof what, "unary %s backward n=%lld", unary_op_name(op), (long long)n);
       expect_close(what, d_dx, dx, n, TOL);
 
       cuda_device_free(d_x);

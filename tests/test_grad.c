@@ -79,6 +79,9 @@ static Tensor *f_log(Tensor *const *in, void *c) { return op_log(in[0]); }
 static Tensor *f_neg(Tensor *const *in, void *c) { return op_neg(in[0]); }
 static Tensor *f_add_scalar(Tensor *const *in, void *c) { return op_add_scalar(in[0], 0.75f); }
 static Tensor *f_mul_scalar(Tensor *const *in, void *c) { return op_mul_scalar(in[0], -1.7f); }
+static Tensor *f_sqrt(Tensor *const *in, void *c) { return op_sqrt(in[0]); }
+static Tensor *f_pow_scalar(Tensor *const *in, void *c) { return op_pow_scalar(in[0], 3.0f); }
+static Tensor *f_softplus(Tensor *const *in, void *c) { return op_softplus(in[0]); }
 
 static const Shape *unary_shapes(int *n) {
   static Shape shapes[4];
@@ -113,6 +116,12 @@ END_TEST
 START_TEST(grad_add_scalar) { check_unary("add_scalar", f_add_scalar, 0.0f, -1, 1.0f); }
 END_TEST
 START_TEST(grad_mul_scalar) { check_unary("mul_scalar", f_mul_scalar, 0.0f, -1, 1.0f); }
+END_TEST
+START_TEST(grad_sqrt) { check_unary("sqrt", f_sqrt, 0.0f, 0.3f, 3.0f); }  // x > 0.3: f''' bounded
+END_TEST
+START_TEST(grad_pow_scalar) { check_unary("pow_scalar", f_pow_scalar, 0.0f, 0.1f, 2.0f); }  // FLatten's p = 3
+END_TEST
+START_TEST(grad_softplus) { check_unary("softplus", f_softplus, 0.0f, -1, 3.0f); }
 END_TEST
 
 // --- binary ops with broadcasting ---
@@ -786,6 +795,7 @@ typedef struct {
 int main(int argc, char **argv) {
   const GradTest ALL[] = {
     {"harness", grad_harness}, {"relu", grad_relu}, {"sigmoid", grad_sigmoid}, {"exp", grad_exp},
+    {"sqrt", grad_sqrt}, {"pow_scalar", grad_pow_scalar}, {"softplus", grad_softplus},
     {"log", grad_log}, {"neg", grad_neg}, {"add_scalar", grad_add_scalar}, {"mul_scalar", grad_mul_scalar},
     {"add", grad_add}, {"sub", grad_sub}, {"mul", grad_mul}, {"div", grad_div}, {"dropout", grad_dropout},
     {"sum", grad_sum}, {"mean", grad_mean}, {"sum_all", grad_sum_all}, {"mean_all", grad_mean_all},
