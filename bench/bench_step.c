@@ -91,7 +91,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_step: unknown preset '%s'\n", preset);
     return 2;
   }
-  cfg.enact = enact;
+  if (enact) cfg.encoder_attn = encoder_attn_find("enact");
   cpu_flush_denormals(true);  // as `detr train` runs
   DetrModel *m = detr_model_create(&cfg, dev);
   detr_model_init(m, 1);

@@ -28,11 +28,15 @@ Tensor *mha_project(const MultiheadAttention *a, Tensor *x, int which) {
   return op_linear(x, w, b);
 }
 
-// [B, L, d] -> [B*heads, L, head_dim]
-static Tensor *split_heads(Tensor *x, int64_t heads) {
+Tensor *mha_split_heads(Tensor *x, int64_t heads) {
   int64_t B = x->shape.d[0], L = x->shape.d[1], d = x->shape.d[2];
   Tensor *t = op_transpose(op_reshape(x, SHAPE(B, L, heads, d / heads)), 1, 2);  // [B, h, L, hd]
   return op_reshape(t, SHAPE(B * heads, L, d / heads));
+}
+
+Tensor *mha_merge_heads(Tensor *x, int64_t B) {
+  int64_t h = x->shape.d[0] / B, L = x->shape.d[1], hd = x->shape.d[2];
+  return op_reshape(op_transpose(op_reshape(x, SHAPE(B, h, L, hd)), 1, 2), SHAPE(B, L, h * hd));
 }
 
 Tensor *mha_forward(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key, Tensor *value,
@@ -40,12 +44,11 @@ Tensor *mha_forward(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query
   int64_t B = query->shape.d[0], Lq = query->shape.d[1], Lk = key->shape.d[1], h = a->heads, hd = a->dim / h;
   Tensor *q = op_mul_scalar(mha_project(a, query, 0), 1.0f / sqrtf((float)hd));
   Tensor *k = mha_project(a, key, 1), *v = mha_project(a, value, 2);
-  Tensor *qh = split_heads(q, h), *kh = split_heads(k, h), *vh = split_heads(v, h);
+  Tensor *qh = mha_split_heads(q, h), *kh = mha_split_heads(k, h), *vh = mha_split_heads(v, h);
   Tensor *logits = op_bmm(qh, kh, false, true);  // [B*h, Lq, Lk]
   // The mask row of image b serves its h*Lq logit rows.
   Tensor *attn = op_softmax(op_reshape(logits, SHAPE(B, h * Lq, Lk)), key_padding_mask);
   attn = nn_dropout(ctx, op_reshape(attn, SHAPE(B * h, Lq, Lk)), a->dropout);
   Tensor *out = op_bmm(attn, vh, false, false);  // [B*h, Lq, hd]
-  out = op_reshape(op_transpose(op_reshape(out, SHAPE(B, h, Lq, hd)), 1, 2), SHAPE(B, Lq, a->dim));
-  return linear_forward(&a->out_proj, out);
+  return linear_forward(&a->out_proj, mha_merge_heads(out, B));
 }

@@ -12,8 +12,8 @@ int detr_config_preset(const char *name, DetrConfig *cfg) {
   // 91 classes (COCO ids 1..90, plus the unused 0).
   DetrConfig r50 = {.backbone_depth = 50, .backbone_width = 64, .train_backbone = true, .frozen_stages = 2, .hidden_dim = 256, .nheads = 8,
                     .enc_layers = 6, .dec_layers = 6, .ffn_dim = 2048, .num_queries = 100,
-                    .num_classes = 91, .dropout = 0.1f, .aux_loss = true,
-                    .enact_opt = {.sigma = 3.0f}};
+                    .num_classes = 91, .dropout = 0.1f, .aux_loss = true};
+  attn_settings_default(&r50.attn_settings);
   if (!strcmp(name, "detr-r50")) {
     *cfg = r50;
   } else if (!strcmp(name, "detr-r18-small")) {  // CPU-sized
@@ -54,13 +54,46 @@ static const Field FIELDS[] = {
     {"frozen_stages", FIELD_INT32, offsetof(DetrConfig, frozen_stages)}, F(hidden_dim, FIELD_INT), F(nheads, FIELD_INT),
     F(enc_layers, FIELD_INT), F(dec_layers, FIELD_INT), F(ffn_dim, FIELD_INT), F(num_queries, FIELD_INT),
     F(num_classes, FIELD_INT), F(dropout, FIELD_FLOAT), F(pre_norm, FIELD_BOOL), F(aux_loss, FIELD_BOOL),
-    F(enact, FIELD_BOOL), {"enact_sigma", FIELD_FLOAT, offsetof(DetrConfig, enact_opt.sigma)},
-    {"enact_1d", FIELD_BOOL, offsetof(DetrConfig, enact_opt.one_d)},
-    {"enact_sign_factor", FIELD_BOOL, offsetof(DetrConfig, enact_opt.sign_factor)},
 };
+
+const EncoderAttnKind *detr_encoder_attn(const DetrConfig *cfg) {
+  return cfg->encoder_attn ? cfg->encoder_attn : encoder_attn_default();
+}
+
+// encoder_attn=NAME, the NAME=true|false shortcut, and the variants' settings.
+static int set_encoder_attn(DetrConfig *cfg, const char *key, const char *value, char *err, size_t err_cap) {
+  char names[256];
+  if (!strcmp(key, "encoder_attn")) {
+    const EncoderAttnKind *k = encoder_attn_find(value);
+    if (!k) {
+      snprintf(err, err_cap, "config encoder_attn: unknown variant '%s' (one of %s)", value,
+               encoder_attn_names(names, sizeof names));
+      return -1;
+    }
+    cfg->encoder_attn = k;
+    return 1;
+  }
+  const EncoderAttnKind *k = encoder_attn_find(key);
+  if (k) {
+    bool on;
+    if (!strcmp(value, "1") || !strcmp(value, "true")) on = true;
+    else if (!strcmp(value, "0") || !strcmp(value, "false")) on = false;
+    else {
+      snprintf(err, err_cap, "config %s: '%s' is not a boolean (true/false/1/0)", key, value);
+      return -1;
+    }
+    if (on) cfg->encoder_attn = k;
+    else if (cfg->encoder_attn == k) cfg->encoder_attn = NULL;  // off: back to dense
+    return 1;
+  }
+  if (cfg->attn_settings.n == 0) attn_settings_default(&cfg->attn_settings);
+  return attn_settings_set(&cfg->attn_settings, key, value, err, err_cap);
+}
 #undef F
 
 int detr_config_set(DetrConfig *cfg, const char *key, const char *value, char *err, size_t err_cap) {
+  int attn = set_encoder_attn(cfg, key, value, err, err_cap);
+  if (attn) return attn > 0 ? 0 : -1;
   for (size_t i = 0; i < sizeof FIELDS / sizeof FIELDS[0]; i++) {
     if (strcmp(FIELDS[i].key, key)) continue;
     char *at = (char *)cfg + FIELDS[i].offset, *end = NULL;
@@ -114,6 +147,9 @@ void detr_config_format(const DetrConfig *cfg, char *buf, size_t cap) {
     else
       n += (size_t)snprintf(buf + n, cap - n, "%s=%lld\n", FIELDS[i].key, (long long)*(const int64_t *)at);
   }
+  const EncoderAttnKind *attn = detr_encoder_attn(cfg);
+  if (n < cap) n += (size_t)snprintf(buf + n, cap - n, "encoder_attn=%s\n", attn->name);
+  if (n < cap && cfg->attn_settings.n) attn_settings_format(&cfg->attn_settings, attn, buf + n, cap - n);
 }
 
 int detr_config_validate(const DetrConfig *c, char *err, size_t err_cap) {
@@ -132,7 +168,6 @@ int detr_config_validate(const DetrConfig *c, char *err, size_t err_cap) {
   else if (c->num_queries <= 0) problem = "num_queries must be positive";
   else if (c->num_classes <= 0) problem = "num_classes must be positive";
   else if (!(c->dropout >= 0.0f && c->dropout < 1.0f)) problem = "dropout must be in [0, 1)";
-  else if (c->enact && !(c->enact_opt.sigma > 0.0f && c->enact_opt.sigma <= 10.0f)) problem = "enact_sigma must be in (0, 10]";
   if (problem) {
     snprintf(err, err_cap, "config: %s", problem);
     return -1;

@@ -13,6 +13,7 @@ DetrModel *detr_model_create(const DetrConfig *cfg, Device dev) {
   DetrModel *m = calloc(1, sizeof(DetrModel));
   DETR_CHECK(m, "detr_model_create: out of host memory");
   m->cfg = *cfg;
+  if (m->cfg.attn_settings.n == 0) attn_settings_default(&m->cfg.attn_settings);
   ParamStore *ps = &m->params;
   params_init(ps, dev);
   int64_t d = cfg->hidden_dim;
@@ -23,10 +24,7 @@ DetrModel *detr_model_create(const DetrConfig *cfg, Device dev) {
   char name[112];
   for (int i = 0; i < cfg->enc_layers; i++) {
     snprintf(name, sizeof name, "transformer.encoder.layers.%d", i);
-    if (cfg->enact)
-      enact_layer_create(&m->enact[i], ps, name, s, cfg->enact_opt);
-    else
-      m->enc[i] = encoder_layer_create(ps, name, s);
+    m->enc[i] = encoder_layer_create(ps, name, s, cfg->encoder_attn, &m->cfg.attn_settings);
   }
   if (cfg->pre_norm) m->enc_norm = layernorm_create(ps, "transformer.encoder.norm", d);
   for (int i = 0; i < cfg->dec_layers; i++) {
@@ -46,12 +44,7 @@ DetrModel *detr_model_create(const DetrConfig *cfg, Device dev) {
 
 void detr_model_init(DetrModel *m, uint64_t seed) {
   Rng rng = rng_make(seed);
-  for (int i = 0; i < m->cfg.enc_layers; i++) {
-    if (m->cfg.enact)
-      enact_layer_init(&m->enact[i], &rng);
-    else
-      encoder_layer_init(&m->enc[i], &rng);
-  }
+  for (int i = 0; i < m->cfg.enc_layers; i++) encoder_layer_init(&m->enc[i], &rng);
   for (int i = 0; i < m->cfg.dec_layers; i++) decoder_layer_init(&m->dec[i], &rng);
   init_torch_default(m->class_embed.weight, m->class_embed.bias, &rng);
   for (int i = 0; i < m->bbox_embed.n_layers; i++)
@@ -63,13 +56,14 @@ void detr_model_init(DetrModel *m, uint64_t seed) {
 
 void detr_model_free(DetrModel *m) {
   if (!m) return;
+  for (int i = 0; i < m->cfg.enc_layers; i++) encoder_layer_free(&m->enc[i]);
   params_free(&m->params);
   free(m);
 }
 
 void detr_output_free(DetrOutput *out) {
-  for (int i = 0; i < out->n_enact; i++) enact_trace_free(&out->enact[i]);
-  out->n_enact = 0;
+  for (int i = 0; i < out->n_attn; i++) attn_trace_free(&out->attn[i]);
+  out->n_attn = 0;
 }
 
 int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, const uint8_t *mask, DetrOutput *out,
@@ -87,35 +81,32 @@ int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, con
 
   // Mask and positional encoding at feature resolution (host), then on the model's device.
   uint8_t *small = malloc((size_t)(B * N));
-  float *host = malloc((size_t)(B * N * d + B * N) * sizeof(float));
+  float *host = malloc((size_t)(B * N * d) * sizeof(float));
   DETR_CHECK(small && host, "detr_model_forward: out of host memory");
   mask_downsample_nearest(mask, B, H, W, h, w, small);
   position_sine(small, B, h, w, d / 2, 10000.0f, host);
-  float *additive = host + B * N * d;  // [B, N]: -inf on padding, as the key padding mask
-  for (int64_t i = 0; i < B * N; i++) additive[i] = small[i] ? -INFINITY : 0.0f;
   Device dev = images->device;
   Tensor *pos = tensor_scoped(tensor_from_host(dev, SHAPE(B, N, d), host));
-  Tensor *key_mask = tensor_scoped(tensor_from_host(dev, SHAPE(B, N), additive));
-  EnactGeometry geom = {0};
-  int geom_rc = c->enact ? enact_geometry(small, B, h, w, &geom, err, err_cap) : 0;
-  free(small);
   free(host);
-  if (geom_rc) return -1;
+  FeatureGeometry geom;
+  feature_geometry_make(small, B, h, w, dev, &geom);
 
   Tensor *memory = src;
-  for (int i = 0; i < c->enc_layers; i++) {
+  for (int i = 0; i < c->enc_layers && memory; i++) {
     ScopeMark mark = tensor_scope_mark();  // each layer's dead temporaries are freed after it
-    if (c->enact) {
-      EnactTrace *t = &out->enact[out->n_enact++];
-      memory = enact_layer_forward(&m->enact[i], ctx, memory, pos, key_mask, &geom, NULL, t);
-      Tensor *keep[2] = {memory, t->entropy};
-      tensor_scope_keep(mark, keep, 2);
-    } else {
-      memory = encoder_layer_forward(&m->enc[i], ctx, memory, pos, key_mask);
-      tensor_scope_keep(mark, &memory, 1);
-    }
+    AttnTrace *t = &out->attn[out->n_attn++];
+    memory = encoder_layer_forward(&m->enc[i], ctx, memory, pos, &geom, t, err, err_cap);
+    Tensor *keep[1 + ATTN_TRACE_MAX] = {memory};
+    int n_keep = 1;
+    for (int e = 0; e < t->n_exports; e++)
+      if (t->exports[e].f32) keep[n_keep++] = t->exports[e].f32;
+    tensor_scope_keep(mark, keep, memory ? n_keep : 0);
   }
-  enact_geometry_free(&geom);
+  if (!memory) {
+    feature_geometry_free(&geom);
+    free(small);
+    return -1;
+  }
   if (c->pre_norm) memory = layernorm_forward(&m->enc_norm, memory);
 
   Tensor *tgt = tensor_scoped(tensor_zeros(dev, SHAPE(B, c->num_queries, d)));
@@ -124,12 +115,14 @@ int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, con
   out->feat_w = w;
   for (int i = 0; i < c->dec_layers; i++) {
     ScopeMark mark = tensor_scope_mark();
-    tgt = decoder_layer_forward(&m->dec[i], ctx, tgt, memory, key_mask, pos, m->query_embed);
+    tgt = decoder_layer_forward(&m->dec[i], ctx, tgt, memory, geom.key_mask, pos, m->query_embed);
     Tensor *hs = layernorm_forward(&m->dec_norm, tgt);  // every intermediate output is normed
     out->layers[i].logits = linear_forward(&m->class_embed, hs);
     out->layers[i].boxes = op_sigmoid(mlp_forward(&m->bbox_embed, hs));
     Tensor *keep[3] = {tgt, out->layers[i].logits, out->layers[i].boxes};
     tensor_scope_keep(mark, keep, 3);
   }
+  feature_geometry_free(&geom);
+  free(small);
   return 0;
 }

@@ -3,7 +3,6 @@
 // layer's output (the earlier ones feed the auxiliary losses).
 #pragma once
 #include "nn/criterion.h"
-#include "nn/enact.h"
 #include "nn/resnet.h"
 #include "nn/transformer.h"
 
@@ -19,16 +18,20 @@ typedef struct {
   float dropout;
   bool pre_norm;
   bool aux_loss;
-  bool enact;              // ENACT clustering in every encoder layer's self-attention
-  EnactOptions enact_opt;  // sigma, 1-D variant, Algorithm 1's sign factor
+  const EncoderAttnKind *encoder_attn;  // every encoder layer's self-attention variant (NULL: dense)
+  AttnSettings attn_settings;           // the variants' settings (e.g. enact_sigma); n == 0: defaults
 } DetrConfig;
 
 // Presets: "detr-r50" (the paper), "detr-r18-small", "tiny" (tests). Returns 0, or -1 if unknown.
+// Keys of detr_config_set beyond the fields: encoder_attn=NAME (nn/encoder_attn.h), NAME=true|false
+// as a shortcut for it (e.g. enact=true), and every variant's settings (e.g. enact_sigma=2).
 int detr_config_preset(const char *name, DetrConfig *cfg);
 // Sets one field from text, e.g. ("hidden_dim", "128"). Returns 0, or -1 with err set.
 int detr_config_set(DetrConfig *cfg, const char *key, const char *value, char *err, size_t err_cap);
 // "key=value" lines of every field (readable by detr_config_set), into buf.
 void detr_config_format(const DetrConfig *cfg, char *buf, size_t cap);
+// The encoder's attention variant (dense when unset).
+const EncoderAttnKind *detr_encoder_attn(const DetrConfig *cfg);
 // Checks ranges (positive sizes, heads dividing hidden_dim, ...). Returns 0 or -1 with err set.
 int detr_config_validate(const DetrConfig *cfg, char *err, size_t err_cap);
 
@@ -37,8 +40,7 @@ typedef struct {
   ParamStore params;
   ResNet backbone;
   Conv2d input_proj;
-  EncoderLayer enc[DETR_MAX_LAYERS];          // plain DETR
-  EnactEncoderLayer enact[DETR_MAX_LAYERS];   // DETR+ENACT (same names plus W_prob)
+  EncoderLayer enc[DETR_MAX_LAYERS];
   DecoderLayer dec[DETR_MAX_LAYERS];
   LayerNorm enc_norm;  // pre-norm only (transformer.encoder.norm)
   LayerNorm dec_norm;  // transformer.decoder.norm, applied to every layer's output
@@ -57,12 +59,13 @@ typedef struct {
   DetrLayerOutput layers[DETR_MAX_LAYERS];  // decoder layer order; the last is the prediction
   int n_layers;
   int64_t feat_h, feat_w;  // feature map size
-  EnactTrace enact[DETR_MAX_LAYERS];  // per encoder layer with ENACT: smoothed entropy and regions
-  int n_enact;
+  AttnTrace attn[DETR_MAX_LAYERS];  // per encoder layer: what its attention variant reports
+  int n_attn;
 } DetrOutput;
-void detr_output_free(DetrOutput *out);  // the ENACT traces
+void detr_output_free(DetrOutput *out);  // the attention traces
 
 // images [B, 3, H, W] normalized; mask host [B, H, W] (1 = padding). Returns 0, or -1 with err
-// set for a batch ENACT cannot cluster (an image with no valid pixel at feature resolution).
+// set for a batch the encoder's attention variant cannot handle (e.g. ENACT: an image with no valid
+// pixel at feature resolution).
 int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, const uint8_t *mask, DetrOutput *out,
                        char *err, size_t err_cap);

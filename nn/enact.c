@@ -7,39 +7,31 @@
 
 EnactOptions enact_options_default(void) { return (EnactOptions){.sigma = 3.0f, .one_d = false, .sign_factor = false}; }
 
-int enact_geometry(const uint8_t *mask, int64_t B, int64_t Hp, int64_t Wp, EnactGeometry *g, char *err, size_t cap) {
-  *g = (EnactGeometry){.B = B, .Hp = Hp, .Wp = Wp};
-  g->valid_h = calloc((size_t)(2 * B), sizeof(int64_t));
-  DETR_CHECK(g->valid_h, "enact_geometry: out of host memory");
-  g->valid_w = g->valid_h + B;
-  for (int64_t b = 0; b < B; b++) {
-    const uint8_t *m = mask + b * Hp * Wp;
-    int64_t h = 0, w = 0;
-    while (h < Hp && !m[h * Wp]) h++;
-    while (w < Wp && !m[w]) w++;
-    for (int64_t y = 0; y < Hp; y++)
-      for (int64_t x = 0; x < Wp; x++)
-        if ((bool)m[y * Wp + x] != (y >= h || x >= w)) {
-          snprintf(err, cap, "ENACT: image %lld's valid pixels are not a top-left rectangle (pixel %lld,%lld)",
-                   (long long)b, (long long)y, (long long)x);
-          enact_geometry_free(g);
-          return -1;
-        }
-    if (h == 0 || w == 0) {
+
+int enact_check_geometry(const EnactGeometry *g, char *err, size_t cap) {
+  for (int64_t b = 0; b < g->B; b++) {
+    if (g->valid_h[b] == 0 || g->valid_w[b] == 0) {
       snprintf(err, cap, "ENACT: image %lld has no valid pixel at feature resolution", (long long)b);
-      enact_geometry_free(g);
       return -1;
     }
-    g->valid_h[b] = h;
-    g->valid_w[b] = w;
+  }
+  if (!g->rectangular) {
+    snprintf(err, cap, "ENACT: an image's valid pixels are not a top-left rectangle");
+    return -1;
   }
   return 0;
 }
 
-void enact_geometry_free(EnactGeometry *g) {
-  free(g->valid_h);
-  g->valid_h = g->valid_w = NULL;
+int enact_geometry(const uint8_t *mask, int64_t B, int64_t Hp, int64_t Wp, EnactGeometry *g, char *err, size_t cap) {
+  feature_geometry_make(mask, B, Hp, Wp, DEVICE_CPU, g);
+  if (enact_check_geometry(g, err, cap)) {
+    enact_geometry_free(g);
+    return -1;
+  }
+  return 0;
 }
+
+void enact_geometry_free(EnactGeometry *g) { feature_geometry_free(g); }
 
 int enact_gaussian_taps(float sigma, float *taps) {
   DETR_CHECK(sigma > 0.0f && sigma <= 10.0f, "ENACT: sigma %g is not in (0, 10]", sigma);
@@ -129,22 +121,6 @@ void enact_trace_free(EnactTrace *t) {
   t->entropy = NULL;
 }
 
-void enact_layer_create(EnactEncoderLayer *l, ParamStore *ps, const char *prefix, TransformerShape s,
-                        EnactOptions opt) {
-  l->base = encoder_layer_create(ps, prefix, s);
-  char name[112];
-  snprintf(name, sizeof name, "%s.self_attn.W_prob", prefix);
-  l->w_prob = linear_create(ps, name, s.dim, 1, true, PARAM_TRAINABLE, LR_GROUP_MAIN);
-  // DETR weights have no W_prob: a DETR checkpoint loads into DETR+ENACT with W_prob initialised.
-  ps->items[ps->count - 1].optional = ps->items[ps->count - 2].optional = true;
-  l->opt = opt;
-}
-
-void enact_layer_init(EnactEncoderLayer *l, Rng *rng) {
-  encoder_layer_init(&l->base, rng);
-  init_torch_default(l->w_prob.weight, l->w_prob.bias, rng);
-}
-
 Tensor *enact_cluster_attention(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *Kc, Tensor *Vc,
                                 const EnactRegions *r) {
   int64_t B = r->B, L = r->count, d = Kc->shape.d[1], lmax = 0;
@@ -173,22 +149,21 @@ Tensor *enact_cluster_attention(const MultiheadAttention *a, const NnCtx *ctx, T
   return mha_forward(a, ctx, query, kpad, vpad, key_mask);
 }
 
-Tensor *enact_layer_forward(const EnactEncoderLayer *l, const NnCtx *ctx, Tensor *src, Tensor *pos, Tensor *mask,
-                            const EnactGeometry *g, const EnactTrace *fixed, EnactTrace *trace) {
-  int64_t B = src->shape.d[0], N = src->shape.d[1], d = src->shape.d[2];
-  DETR_CHECK(N == g->Hp * g->Wp && B == g->B, "enact_layer_forward: input [%lld, %lld, .] does not fit the geometry",
+Tensor *enact_attention(const EnactAttn *e, const MultiheadAttention *proj, const NnCtx *ctx, Tensor *x, Tensor *pos,
+                        const EnactGeometry *g, const EnactTrace *fixed, EnactTrace *trace) {
+  int64_t B = x->shape.d[0], N = x->shape.d[1], d = x->shape.d[2];
+  DETR_CHECK(N == g->Hp * g->Wp && B == g->B, "enact_attention: input [%lld, %lld, .] does not fit the geometry",
              (long long)B, (long long)N);
-  Tensor *x = l->base.s.pre_norm ? layernorm_forward(&l->base.norm1, src) : src;
-  Tensor *k_in = op_add(x, pos);  // q = k = src + pos, v = src
+  Tensor *k_in = op_add(x, pos);  // q = k = x + pos, v = x
 
   // 1. Self-information of each pixel: H = -p log2(p + 1e-8), p = softmax over valid pixels.
-  Tensor *logit = op_reshape(linear_forward(&l->w_prob, k_in), SHAPE(B, N));
-  Tensor *p = op_softmax(logit, mask);
+  Tensor *logit = op_reshape(linear_forward(&e->w_prob, k_in), SHAPE(B, N));
+  Tensor *p = op_softmax(logit, g->key_mask);
   Tensor *H = op_mul_scalar(op_mul(p, op_log(op_add_scalar(p, 1e-8f))), (float)(-1.0 / 0.6931471805599453)  /* log2 = ln / ln 2 */);
   // 2. Smoothing (differentiable) and the curvature sign (host, no gradient).
   float taps[64];
-  int ntaps = enact_gaussian_taps(l->opt.sigma, taps);
-  Tensor *hsm = op_enact_smooth(H, g->Hp, g->Wp, g->valid_h, g->valid_w, taps, ntaps, l->opt.one_d);
+  int ntaps = enact_gaussian_taps(e->opt.sigma, taps);
+  Tensor *hsm = op_enact_smooth(H, g->Hp, g->Wp, g->valid_h, g->valid_w, taps, ntaps, e->opt.one_d);
   EnactTrace local = {.entropy = hsm};
   const EnactTrace *use = fixed;
   if (!use) {
@@ -197,9 +172,9 @@ Tensor *enact_layer_forward(const EnactEncoderLayer *l, const NnCtx *ctx, Tensor
     // synchronisation point, one per ENACT encoder layer (docs/cuda.md).
     float *host = malloc((size_t)(B * N) * sizeof(float));
     local.signs = malloc((size_t)(B * N) * sizeof(float));
-    DETR_CHECK(host && local.signs, "enact_layer_forward: out of host memory");
+    DETR_CHECK(host && local.signs, "enact_attention: out of host memory");
     tensor_to_host(hsm, host);
-    enact_curvature_sign(host, g, l->opt.one_d, local.signs);
+    enact_curvature_sign(host, g, e->opt.one_d, local.signs);
     free(host);
     // 3. Regions of equal sign.
     enact_find_regions(local.signs, g, &local.regions);
@@ -208,14 +183,79 @@ Tensor *enact_layer_forward(const EnactEncoderLayer *l, const NnCtx *ctx, Tensor
   // 4. Cluster the keys' and values' inputs; 5. attend over each image's clusters.
   Tensor *vc = NULL;
   Tensor *kc = op_enact_cluster(op_reshape(k_in, SHAPE(B * N, d)), op_reshape(x, SHAPE(B * N, d)),
-                                op_reshape(hsm, SHAPE(B * N)), l->opt.sign_factor ? use->signs : NULL,
+                                op_reshape(hsm, SHAPE(B * N)), e->opt.sign_factor ? use->signs : NULL,
                                 use->regions.starts, use->regions.lengths, use->regions.count, &vc);
-  Tensor *attn = enact_cluster_attention(&l->base.self_attn, ctx, k_in, kc, vc, &use->regions);
+  Tensor *attn = enact_cluster_attention(proj, ctx, k_in, kc, vc, &use->regions);
   if (trace && !fixed) {
     *trace = local;
   } else {
     if (trace) *trace = (EnactTrace){.entropy = hsm};
     enact_trace_free(&local);
   }
-  return encoder_layer_finish(&l->base, ctx, src, attn);
+  return attn;
 }
+
+// --- the encoder-attention variant (nn/encoder_attn.h) ---
+
+static const AttnSettingSpec SETTINGS[] = {
+    {"enact_sigma", ATTN_SETTING_FLOAT, 3.0, 1e-3, 10.0, "the Gaussian's sigma, in (0, 10]"},
+    {"enact_1d", ATTN_SETTING_BOOL, 0.0, 0.0, 1.0, "the reference code's 1-D smoothing and curvature"},
+    {"enact_sign_factor", ATTN_SETTING_BOOL, 0.0, 0.0, 1.0, "Algorithm 1's -Hs factor in the clustering sums"},
+};
+
+static void create(void *extras, ParamStore *ps, const char *prefix, int64_t dim, int64_t heads,
+                   const AttnSettings *settings) {
+  EnactAttn *e = extras;
+  char name[112];
+  param_name_join(name, sizeof name, prefix, "W_prob");
+  e->w_prob = linear_create(ps, name, dim, 1, true, PARAM_TRAINABLE, LR_GROUP_MAIN);
+  e->opt = (EnactOptions){.sigma = (float)attn_setting(settings, "enact_sigma"),
+                          .one_d = attn_setting(settings, "enact_1d") != 0,
+                          .sign_factor = attn_setting(settings, "enact_sign_factor") != 0};
+}
+
+static void init(void *extras, Rng *rng) {
+  EnactAttn *e = extras;
+  init_torch_default(e->w_prob.weight, e->w_prob.bias, rng);
+}
+
+static void release_trace(void *owned) {
+  enact_trace_free(owned);
+  free(owned);
+}
+
+static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnInput *in, AttnTrace *trace, char *err,
+                       size_t err_cap) {
+  if (enact_check_geometry(in->geom, err, err_cap)) return NULL;
+  EnactTrace *t = calloc(1, sizeof *t);
+  DETR_CHECK(t, "ENACT: out of host memory");
+  Tensor *y = enact_attention(extras, in->proj, ctx, in->x, in->pos, in->geom, NULL, t);
+  if (!trace) {
+    release_trace(t);
+    return y;
+  }
+  const EnactRegions *r = &t->regions;
+  *trace = (AttnTrace){
+      .n_stats = 2,
+      .stats = {{"clusters_per_image", "clusters/img", (double)r->count / (double)r->B},
+                {"compression", "N/L", enact_pixels_per_cluster(r)}},
+      .n_exports = 3,
+      .exports = {{"entropy", t->entropy, NULL, 0},
+                  {"region_starts", NULL, r->starts, r->count},
+                  {"region_lengths", NULL, r->lengths, r->count}},
+      .owned = t,
+      .release = release_trace,
+  };
+  return y;
+}
+
+const EncoderAttnKind encoder_attn_enact = {
+    .name = "enact",
+    .summary = "entropy-curvature regions cluster K and V; dense attention over each image's clusters, O(N L d)",
+    .settings = SETTINGS,
+    .n_settings = (int)(sizeof SETTINGS / sizeof SETTINGS[0]),
+    .extras_size = sizeof(EnactAttn),
+    .create = create,
+    .init = init,
+    .forward = forward,
+};

@@ -17,17 +17,17 @@ typedef struct {
 
 EnactOptions enact_options_default(void);
 
-// Geometry of a batch at feature resolution: padded grid [Hp, Wp], each image's valid top-left
-// h x w region (DETR pads bottom/right).
-typedef struct {
-  int64_t B, Hp, Wp;
-  int64_t *valid_h, *valid_w;  // [B]
-} EnactGeometry;
+// ENACT works on the batch's feature-map geometry (nn/encoder_attn.h) and needs each image's valid
+// pixels to be its top-left valid_h x valid_w rectangle, with at least one pixel.
+typedef FeatureGeometry EnactGeometry;
 
-// From the feature-resolution mask [B, Hp*Wp] (1 = padding). Returns 0, or -1 with err set when
-// an image's valid pixels are not a top-left rectangle.
+// The geometry of a feature-resolution mask [B, Hp*Wp] (1 = padding) on the CPU, checked as ENACT
+// needs it. Returns 0, or -1 with err set when an image's valid pixels are not a non-empty
+// top-left rectangle.
 int enact_geometry(const uint8_t *mask, int64_t B, int64_t Hp, int64_t Wp, EnactGeometry *g, char *err, size_t cap);
 void enact_geometry_free(EnactGeometry *g);
+// The same check on a geometry made elsewhere.
+int enact_check_geometry(const EnactGeometry *g, char *err, size_t cap);
 
 // The Gaussian taps g(x) = exp(-x^2 / 2 sigma^2) / (sigma sqrt(2 pi)), x = -r..r, r = floor(3 sigma - 1)
 // (not renormalised, as the reference code). Returns the count (2r + 1); taps has room for 64.
@@ -54,7 +54,7 @@ void enact_regions_free(EnactRegions *r);
 // Pixels per cluster N/L: the regions cover exactly the valid pixels.
 double enact_pixels_per_cluster(const EnactRegions *r);
 
-// What a layer's forward leaves for logging and for `detr step`.
+// What one layer's clustering did (the AttnTrace's exports point into it).
 typedef struct {
   Tensor *entropy;       // smoothed map Hsm [B, N] (scoped)
   float *signs;          // curvature signs [B * N] (+1, -1; 0 on padding), owned
@@ -62,22 +62,18 @@ typedef struct {
 } EnactTrace;
 void enact_trace_free(EnactTrace *t);
 
-// An encoder layer whose self-attention attends over ENACT clusters. Parameters: the DETR encoder
-// layer's, plus `<prefix>.self_attn.W_prob.{weight,bias}`.
+// The variant's per-layer state: `<layer>.self_attn.W_prob.{weight,bias}` and the options.
 typedef struct {
-  EncoderLayer base;
   Linear w_prob;
   EnactOptions opt;
-} EnactEncoderLayer;
+} EnactAttn;
 
-void enact_layer_create(EnactEncoderLayer *l, ParamStore *ps, const char *prefix, TransformerShape s,
-                        EnactOptions opt);
-void enact_layer_init(EnactEncoderLayer *l, Rng *rng);  // W_prob: torch's Linear default
-// src, pos [B, N, d]; mask additive [B, N]; g: the batch geometry (N = Hp*Wp). fixed: regions and
-// signs to use instead of computing them (gradient checks hold them fixed), or NULL. trace (may
-// be NULL) receives the smoothed entropy and the regions.
-Tensor *enact_layer_forward(const EnactEncoderLayer *l, const NnCtx *ctx, Tensor *src, Tensor *pos, Tensor *mask,
-                            const EnactGeometry *g, const EnactTrace *fixed, EnactTrace *trace);
+// ENACT's attention of an encoder layer: x, pos [B, N, d] (q = k = x + pos, v = x); proj: the
+// layer's DETR projections; g: the batch geometry (checked by the caller). fixed: regions and signs
+// to use instead of computing them (gradient checks hold them fixed), or NULL. trace (may be NULL)
+// receives the smoothed entropy and the regions. Returns [B, N, d] before the layer's residual.
+Tensor *enact_attention(const EnactAttn *e, const MultiheadAttention *proj, const NnCtx *ctx, Tensor *x, Tensor *pos,
+                        const EnactGeometry *g, const EnactTrace *fixed, EnactTrace *trace);
 
 // Attention of every pixel's query [B, N, d] over its own image's clusters Kc, Vc [L, d]
 // (multi-head, 1/sqrt(head_dim)); clusters are gathered into [B, Lmax, d] with a -inf key mask.

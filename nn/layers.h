@@ -65,5 +65,8 @@ MultiheadAttention mha_create(ParamStore *ps, const char *prefix, int64_t dim, i
 // NULL. Returns [B, Lq, d]. Logits are scaled by 1/sqrt(d / heads).
 Tensor *mha_forward(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key, Tensor *value,
                     Tensor *key_padding_mask);
-// The q, k, v projections alone (used by ENACT's attention over clusters).
+// The q, k, v projections alone (the encoder-attention variants apply their own attention between
+// the projections: nn/encoder_attn.h).
 Tensor *mha_project(const MultiheadAttention *a, Tensor *x, int which);  // which: 0 q, 1 k, 2 v
+Tensor *mha_split_heads(Tensor *x, int64_t heads);  // [B, L, d] -> [B*heads, L, d/heads]
+Tensor *mha_merge_heads(Tensor *x, int64_t B);      // [B*heads, L, hd] -> [B, L, heads*hd]

@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 static Linear ffn_linear(ParamStore *ps, const char *prefix, const char *name, int64_t in, int64_t out) {
   char full[112];
@@ -23,13 +24,32 @@ static MultiheadAttention attention(ParamStore *ps, const char *prefix, const ch
 
 static Tensor *with_pos(Tensor *x, Tensor *pos) { return pos ? op_add(x, pos) : x; }
 
-EncoderLayer encoder_layer_create(ParamStore *ps, const char *prefix, TransformerShape s) {
-  return (EncoderLayer){.self_attn = attention(ps, prefix, "self_attn", s),
-                        .linear1 = ffn_linear(ps, prefix, "linear1", s.dim, s.ffn_dim),
-                        .linear2 = ffn_linear(ps, prefix, "linear2", s.ffn_dim, s.dim),
-                        .norm1 = norm(ps, prefix, "norm1", s.dim),
-                        .norm2 = norm(ps, prefix, "norm2", s.dim),
-                        .s = s};
+EncoderLayer encoder_layer_create(ParamStore *ps, const char *prefix, TransformerShape s, const EncoderAttnKind *attn,
+                                  const AttnSettings *settings) {
+  EncoderLayer l = {.self_attn = attention(ps, prefix, "self_attn", s),
+                    .linear1 = ffn_linear(ps, prefix, "linear1", s.dim, s.ffn_dim),
+                    .linear2 = ffn_linear(ps, prefix, "linear2", s.ffn_dim, s.dim),
+                    .norm1 = norm(ps, prefix, "norm1", s.dim),
+                    .norm2 = norm(ps, prefix, "norm2", s.dim),
+                    .s = s,
+                    .attn = attn ? attn : encoder_attn_default()};
+  if (l.attn->extras_size) {
+    l.attn_extras = calloc(1, l.attn->extras_size);
+    DETR_CHECK(l.attn_extras, "encoder_layer_create: out of host memory");
+  }
+  if (l.attn->create) {
+    char full[112];
+    param_name_join(full, sizeof full, prefix, "self_attn");
+    int before = ps->count;
+    l.attn->create(l.attn_extras, ps, full, s.dim, s.heads, settings);
+    for (int i = before; i < ps->count; i++) ps->items[i].optional = true;  // absent from DETR weights
+  }
+  return l;
+}
+
+void encoder_layer_free(EncoderLayer *l) {
+  free(l->attn_extras);
+  l->attn_extras = NULL;
 }
 
 static Tensor *ffn(const Linear *l1, const Linear *l2, const NnCtx *ctx, float p, Tensor *x) {
@@ -45,11 +65,15 @@ Tensor *encoder_layer_finish(const EncoderLayer *l, const NnCtx *ctx, Tensor *sr
   return layernorm_forward(&l->norm2, src);
 }
 
-Tensor *encoder_layer_forward(const EncoderLayer *l, const NnCtx *ctx, Tensor *src, Tensor *pos, Tensor *mask) {
-  Tensor *x = l->s.pre_norm ? layernorm_forward(&l->norm1, src) : src;
-  Tensor *qk = with_pos(x, pos);
-  Tensor *attn = mha_forward(&l->self_attn, ctx, qk, qk, x, mask);
-  return encoder_layer_finish(l, ctx, src, attn);
+Tensor *encoder_layer_attn_input(const EncoderLayer *l, Tensor *src) {
+  return l->s.pre_norm ? layernorm_forward(&l->norm1, src) : src;
+}
+
+Tensor *encoder_layer_forward(const EncoderLayer *l, const NnCtx *ctx, Tensor *src, Tensor *pos,
+                              const FeatureGeometry *g, AttnTrace *trace, char *err, size_t err_cap) {
+  EncoderAttnInput in = {.proj = &l->self_attn, .x = encoder_layer_attn_input(l, src), .pos = pos, .geom = g};
+  Tensor *attn = l->attn->forward(l->attn_extras, ctx, &in, trace, err, err_cap);
+  return attn ? encoder_layer_finish(l, ctx, src, attn) : NULL;
 }
 
 DecoderLayer decoder_layer_create(ParamStore *ps, const char *prefix, TransformerShape s) {
@@ -102,6 +126,7 @@ void encoder_layer_init(EncoderLayer *l, Rng *rng) {
   init_mha(&l->self_attn, rng);
   init_ffn(&l->linear1, rng);
   init_ffn(&l->linear2, rng);
+  if (l->attn->init) l->attn->init(l->attn_extras, rng);
 }
 
 void decoder_layer_init(DecoderLayer *l, Rng *rng) {

@@ -2,7 +2,7 @@
 // pre-norm as an option; the decoder returns the final-LayerNorm'd output of every layer.
 // Batch-first layout [B, L, d] throughout (the reference is sequence-first: the same numbers).
 #pragma once
-#include "nn/layers.h"
+#include "nn/encoder_attn.h"
 
 typedef struct {
   int64_t dim, heads, ffn_dim;
@@ -11,10 +11,12 @@ typedef struct {
 } TransformerShape;
 
 typedef struct {
-  MultiheadAttention self_attn;
+  MultiheadAttention self_attn;  // DETR's projections, used by every attention variant
   Linear linear1, linear2;
   LayerNorm norm1, norm2;
   TransformerShape s;
+  const EncoderAttnKind *attn;  // how queries meet keys and values (nn/encoder_attn.h)
+  void *attn_extras;            // the variant's per-layer state (owned), or NULL
 } EncoderLayer;
 
 typedef struct {
@@ -24,11 +26,19 @@ typedef struct {
   TransformerShape s;
 } DecoderLayer;
 
-EncoderLayer encoder_layer_create(ParamStore *ps, const char *prefix, TransformerShape s);
-// src, pos [B, HW, d]; mask additive [B, HW] or NULL.
-Tensor *encoder_layer_forward(const EncoderLayer *l, const NnCtx *ctx, Tensor *src, Tensor *pos, Tensor *mask);
-// The feed-forward half of an encoder layer after its attention output attn_out (shared with
-// ENACT's encoder layer, which replaces only the attention).
+// attn: the self-attention variant (NULL: dense); its parameters are registered after the layer's
+// and are optional in a weights file (DETR weights load into every variant).
+EncoderLayer encoder_layer_create(ParamStore *ps, const char *prefix, TransformerShape s, const EncoderAttnKind *attn,
+                                  const AttnSettings *settings);
+void encoder_layer_free(EncoderLayer *l);
+// src, pos [B, HW, d]; g: the batch's feature map. trace (may be NULL) receives what the variant
+// reports. Returns NULL with err set for a batch the variant cannot handle.
+Tensor *encoder_layer_forward(const EncoderLayer *l, const NnCtx *ctx, Tensor *src, Tensor *pos,
+                              const FeatureGeometry *g, AttnTrace *trace, char *err, size_t err_cap);
+// The layer's input to its attention (post-norm: src; pre-norm: norm1(src)), and the rest of the
+// layer after the attention output attn_out: residual, norms, FFN. encoder_layer_forward is these
+// two around the variant; tests that hold a variant's data-dependent choices fixed call them.
+Tensor *encoder_layer_attn_input(const EncoderLayer *l, Tensor *src);
 Tensor *encoder_layer_finish(const EncoderLayer *l, const NnCtx *ctx, Tensor *src, Tensor *attn_out);
 
 DecoderLayer decoder_layer_create(ParamStore *ps, const char *prefix, TransformerShape s);
@@ -38,5 +48,5 @@ Tensor *decoder_layer_forward(const DecoderLayer *l, const NnCtx *ctx, Tensor *t
 
 // Xavier-uniform on every matrix of the transformer, zero biases for attention (torch's MHA
 // reset), torch's Linear default for the FFN biases; LayerNorm weight 1, bias 0.
-void encoder_layer_init(EncoderLayer *l, Rng *rng);
+void encoder_layer_init(EncoderLayer *l, Rng *rng);  // then the variant's own parameters
 void decoder_layer_init(DecoderLayer *l, Rng *rng);

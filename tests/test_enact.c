@@ -186,7 +186,7 @@ START_TEST(detr_weights_load_into_enact) {
   params_save(&plain->params, w, "");
   ck_assert_int_eq(st_writer_save(w, path, err, sizeof err), 0);
   st_writer_free(w);
-  cfg.enact = true;
+  cfg.encoder_attn = encoder_attn_find("enact");
   DetrModel *enact = detr_model_create(&cfg, DEVICE_CPU);
   detr_model_init(enact, 4);
   ck_assert_ptr_nonnull(params_find(&enact->params, "transformer.encoder.layers.1.self_attn.W_prob.weight"));

@@ -1242,10 +1242,11 @@ typedef struct {
   DetrTarget targets[2];            // 2 boxes and 1 box
 } ModelPair;
 
-static void model_pair_make(ModelPair *mp, bool enact, int64_t H, int64_t W) {
+static void model_pair_make(ModelPair *mp, const char *attn, int64_t H, int64_t W) {
   DetrConfig cfg;
   ck_assert_int_eq(detr_config_preset("tiny", &cfg), 0);
-  cfg.enact = enact;
+  cfg.encoder_attn = encoder_attn_find(attn);
+  ck_assert_ptr_nonnull(cfg.encoder_attn);
   mp->cpu = detr_model_create(&cfg, DEVICE_CPU);
   detr_model_init(mp->cpu, 1);
   mp->gpu = detr_model_create(&cfg, DEVICE_CUDA);
@@ -1304,9 +1305,9 @@ static void loss_backward(const DetrModel *m, const DetrOutput *out, const DetrT
   autograd_backward(loss->total);
 }
 
-static void compare_model_step(bool enact, int64_t H, int64_t W) {
+static void compare_model_step(const char *attn, int64_t H, int64_t W) {
   ModelPair mp;
-  model_pair_make(&mp, enact, H, W);
+  model_pair_make(&mp, attn, H, W);
   ScopeMark mark = tensor_scope_mark();
   DetrOutput out, gout;
   DetrMatch cm[DETR_MAX_LAYERS][2], gm[DETR_MAX_LAYERS][2];
@@ -1319,8 +1320,8 @@ static void compare_model_step(bool enact, int64_t H, int64_t W) {
   match_all(mp.gpu, &gout, mp.targets, gm);
   loss_backward(mp.gpu, &gout, mp.targets, cm, &gloss);  // the CPU's matches (see above)
 
-  char what[160];
-  const char *model = enact ? "DETR+ENACT" : "DETR";
+  char what[160], model[64];
+  snprintf(model, sizeof model, "DETR (%s encoder attention)", attn);
   ck_assert_int_eq(gout.n_layers, out.n_layers);
   for (int l = 0; l < out.n_layers; l++) {
     snprintf(what, sizeof what, "%s decoder output %d logits", model, l);
@@ -1335,16 +1336,21 @@ static void compare_model_step(bool enact, int64_t H, int64_t W) {
         ck_assert_msg(gm[k][b].query[j] == cm[k][b].query[j] && gm[k][b].target[j] == cm[k][b].target[j],
                       "%s: the GPU's matching of output %d, image %d differs from the CPU's", model, k, b);
     }
-  ck_assert_int_eq(gout.n_enact, out.n_enact);
-  for (int l = 0; l < out.n_enact; l++) {
-    const EnactRegions *r = &out.enact[l].regions, *g = &gout.enact[l].regions;
-    snprintf(what, sizeof what, "%s encoder layer %d smoothed entropy", model, l);
-    expect_tensor_close_tol(what, gout.enact[l].entropy, out.enact[l].entropy, MODEL_TOL);
-    ck_assert_msg(g->count == r->count, "%s layer %d: %lld regions on the GPU, %lld on the CPU", model, l,
-                  (long long)g->count, (long long)r->count);
-    for (int64_t j = 0; j < r->count; j++)
-      ck_assert_msg(g->starts[j] == r->starts[j] && g->lengths[j] == r->lengths[j], "%s layer %d: region %lld differs",
-                    model, l, (long long)j);
+  ck_assert_int_eq(gout.n_attn, out.n_attn);
+  for (int l = 0; l < out.n_attn; l++) {  // what the variant reports (ENACT: entropy and regions)
+    const AttnTrace *c = &out.attn[l], *g = &gout.attn[l];
+    ck_assert_int_eq(g->n_exports, c->n_exports);
+    for (int e = 0; e < c->n_exports; e++) {
+      snprintf(what, sizeof what, "%s encoder layer %d %s", model, l, c->exports[e].name);
+      if (c->exports[e].f32) {
+        expect_tensor_close_tol(what, g->exports[e].f32, c->exports[e].f32, MODEL_TOL);
+        continue;
+      }
+      ck_assert_msg(g->exports[e].n == c->exports[e].n, "%s: %lld values on the GPU, %lld on the CPU", what,
+                    (long long)g->exports[e].n, (long long)c->exports[e].n);
+      for (int64_t j = 0; j < c->exports[e].n; j++)
+        ck_assert_msg(g->exports[e].i64[j] == c->exports[e].i64[j], "%s: value %lld differs", what, (long long)j);
+    }
   }
   ck_assert_int_eq(gloss.n_terms, loss.n_terms);
   for (int i = 0; i < loss.n_terms; i++) {
@@ -1376,10 +1382,19 @@ static void compare_model_step(bool enact, int64_t H, int64_t W) {
   model_pair_free(&mp);
 }
 
-START_TEST(model_detr_step) { compare_model_step(false, 64, 96); }
+START_TEST(model_detr_step) { compare_model_step("dense", 64, 96); }
 END_TEST
 
-START_TEST(model_detr_enact_step) { compare_model_step(true, 128, 192); }
+START_TEST(model_detr_enact_step) { compare_model_step("enact", 128, 192); }
+END_TEST
+
+// Every other encoder-attention variant: the same step on both devices.
+START_TEST(model_detr_attn_variants_step) {
+  for (int i = 0; i < encoder_attn_count(); i++) {
+    const char *name = encoder_attn_at(i)->name;
+    if (strcmp(name, "dense") && strcmp(name, "enact")) compare_model_step(name, 64, 96);
+  }
+}
 END_TEST
 
 // AdamW steps from the model's weights, matching on the model's own device (the trainer's path):
@@ -1530,6 +1545,7 @@ int main(void) {
   tcase_set_timeout(model, 900);
   tcase_add_test(model, model_detr_step);
   tcase_add_test(model, model_detr_enact_step);
+  tcase_add_test(model, model_detr_attn_variants_step);
   tcase_add_test(model, model_training_steps);
   suite_add_tcase(s, model);
   SRunner *sr = srunner_create(s);

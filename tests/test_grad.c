@@ -583,12 +583,14 @@ END_TEST
 typedef struct {
   EncoderLayer enc;
   DecoderLayer dec;
+  FeatureGeometry geom;
   Tensor *mask, *pos, *query_pos;
 } LayerCtx;
 
 static Tensor *f_encoder(Tensor *const *in, void *c) {
   LayerCtx *l = c;
-  return encoder_layer_forward(&l->enc, &EVAL_CTX, in[0], l->pos, l->mask);
+  char err[128];
+  return encoder_layer_forward(&l->enc, &EVAL_CTX, in[0], l->pos, &l->geom, NULL, err, sizeof err);
 }
 
 static Tensor *f_decoder(Tensor *const *in, void *c) {
@@ -598,14 +600,17 @@ static Tensor *f_decoder(Tensor *const *in, void *c) {
 
 static void check_layers(bool pre_norm) {
   TransformerShape s = {.dim = 8, .heads = 2, .ffn_dim = 12, .dropout = 0.1f, .pre_norm = pre_norm};
-  float m[2 * 6] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -INFINITY, -INFINITY};
+  float m[2 * 6] = {0, 0, 0, 0, 0, 0, 0, 0, -INFINITY, 0, 0, -INFINITY};  // image 1: 2x2 of a 2x3 map
+  uint8_t pad[2 * 6];
+  for (int i = 0; i < 12; i++) pad[i] = m[i] != 0.0f;
   LayerCtx c = {.mask = tensor_from_host(DEVICE_CPU, SHAPE(2, 6), m),
                 .pos = test_uniform(SHAPE(2, 6, 8), -1, 1, 310, false),
                 .query_pos = test_uniform(SHAPE(3, 8), -1, 1, 311, false)};
   ParamStore pe, pd;
   params_init(&pe, DEVICE_CPU);
   params_init(&pd, DEVICE_CPU);
-  c.enc = encoder_layer_create(&pe, "enc", s);
+  feature_geometry_make(pad, 2, 2, 3, DEVICE_CPU, &c.geom);
+  c.enc = encoder_layer_create(&pe, "enc", s, NULL, NULL);
   c.dec = decoder_layer_create(&pd, "dec", s);
   randomize_params(&pe, 312);
   randomize_params(&pd, 313);
@@ -619,6 +624,7 @@ static void check_layers(bool pre_norm) {
   expect_grad(pre_norm ? "decoder layer (pre-norm)" : "decoder layer", f_decoder, din, n, &c, tol);
   params_free(&pe);
   params_free(&pd);
+  feature_geometry_free(&c.geom);
   tensor_release(c.mask);
   tensor_release(c.pos);
   tensor_release(c.query_pos);
@@ -732,45 +738,52 @@ START_TEST(grad_enact_attention) {
 END_TEST
 
 typedef struct {
-  EnactEncoderLayer layer;
+  EncoderLayer layer;
   EnactGeometry geom;
   EnactTrace fixed;
-  Tensor *pos, *mask;
+  Tensor *pos;
 } EnactLayerCtx;
+
+// The encoder layer with ENACT's attention on regions held fixed.
+static Tensor *enact_layer(EnactLayerCtx *e, Tensor *src, const EnactTrace *fixed, EnactTrace *trace) {
+  Tensor *x = encoder_layer_attn_input(&e->layer, src);
+  Tensor *attn = enact_attention(e->layer.attn_extras, &e->layer.self_attn, &EVAL_CTX, x, e->pos, &e->geom, fixed, trace);
+  return encoder_layer_finish(&e->layer, &EVAL_CTX, src, attn);
+}
 
 static Tensor *f_enact_layer(Tensor *const *in, void *c) {
   EnactLayerCtx *e = c;
-  return enact_layer_forward(&e->layer, &EVAL_CTX, in[0], e->pos, e->mask, &e->geom, &e->fixed, NULL);
+  return enact_layer(e, in[0], &e->fixed, NULL);
 }
 
 START_TEST(grad_enact_layer) {
   for (int with_sign = 0; with_sign < 2; with_sign++) {
     TransformerShape s = {.dim = 8, .heads = 2, .ffn_dim = 12, .dropout = 0.1f};
-    EnactOptions opt = {.sigma = 1.0f, .sign_factor = with_sign};
+    AttnSettings settings;
+    attn_settings_default(&settings);
+    char err[128];
+    ck_assert_int_eq(attn_settings_set(&settings, "enact_sigma", "1", err, sizeof err), 1);
+    ck_assert_int_eq(attn_settings_set(&settings, "enact_sign_factor", with_sign ? "true" : "false", err, sizeof err), 1);
     ParamStore ps;
     params_init(&ps, DEVICE_CPU);
     EnactLayerCtx c = {0};
-    enact_layer_create(&c.layer, &ps, "enc", s, opt);
+    c.layer = encoder_layer_create(&ps, "enc", s, encoder_attn_find("enact"), &settings);
     randomize_params(&ps, 450 + with_sign);
     // FFN biases of +-4: each hidden ReLU is on or off for every token, none sits within a step of
     // its kink (288 ReLU inputs would otherwise put one there by chance); both branches are checked.
-    for (int64_t k = 0; k < c.layer.base.linear1.bias->numel; k++) c.layer.base.linear1.bias->data[k] = k % 2 ? 4.0f : -4.0f;
+    for (int64_t k = 0; k < c.layer.linear1.bias->numel; k++) c.layer.linear1.bias->data[k] = k % 2 ? 4.0f : -4.0f;
     uint8_t pad[24] = {0};
-    float additive[24];
     for (int i = 0; i < 24; i++) {
       int y = (i % 12) / 4, x = i % 4;
       pad[i] = i >= 12 && (y >= 2 || x >= 3);
-      additive[i] = pad[i] ? -INFINITY : 0.0f;
     }
-    char err[128];
     ck_assert_int_eq(enact_geometry(pad, 2, 3, 4, &c.geom, err, sizeof err), 0);
-    c.mask = tensor_from_host(DEVICE_CPU, SHAPE(2, 12), additive);
     c.pos = test_uniform(SHAPE(2, 12, 8), -1, 1, 432, false);
     Tensor *in[24] = {U(SHAPE(2, 12, 8), 433)};
     // The regions (and signs) of the unperturbed input, held fixed while differencing.
     ScopeMark mark = tensor_scope_mark();
     bool was = autograd_set_grad_enabled(false);
-    enact_layer_forward(&c.layer, &EVAL_CTX, in[0], c.pos, c.mask, &c.geom, NULL, &c.fixed);
+    enact_layer(&c, in[0], NULL, &c.fixed);
     autograd_set_grad_enabled(was);
     tensor_scope_release(mark);
     ck_assert_int_gt(c.fixed.regions.count, 2);
@@ -778,11 +791,70 @@ START_TEST(grad_enact_layer) {
     expect_grad(with_sign ? "enact encoder layer (sign factor)" : "enact encoder layer", f_enact_layer, in, n, &c, TOL);
     enact_trace_free(&c.fixed);
     enact_geometry_free(&c.geom);
-    tensor_release(c.mask);
+    encoder_layer_free(&c.layer);
     tensor_release(c.pos);
     params_free(&ps);
   }
 }
+END_TEST
+
+// --- the encoder-attention variants (nn/encoder_attn.h): each one's encoder layer, input and every
+// parameter, on two images of different sizes (image 1 valid in the top-left 2x3 of a 3x4 map).
+// ENACT's is grad_enact_layer above (its regions are held fixed while differencing). ---
+
+typedef struct {
+  EncoderLayer layer;
+  FeatureGeometry geom;
+  Tensor *pos;
+} VariantCtx;
+
+static Tensor *f_variant_layer(Tensor *const *in, void *c) {
+  VariantCtx *v = c;
+  char err[128];
+  Tensor *y = encoder_layer_forward(&v->layer, &EVAL_CTX, in[0], v->pos, &v->geom, NULL, err, sizeof err);
+  ck_assert_msg(y != NULL, "%s", err);
+  return y;
+}
+
+static void check_variant(const char *name) {
+  TransformerShape s = {.dim = 8, .heads = 2, .ffn_dim = 12, .dropout = 0.1f};
+  AttnSettings settings;
+  attn_settings_default(&settings);
+  ParamStore ps;
+  params_init(&ps, DEVICE_CPU);
+  VariantCtx c = {.pos = test_uniform(SHAPE(2, 12, 8), -1, 1, 470, false)};
+  c.layer = encoder_layer_create(&ps, "enc", s, encoder_attn_find(name), &settings);
+  ck_assert_ptr_nonnull(c.layer.attn);
+  randomize_params(&ps, 471);
+  // FFN biases of +-4 keep every hidden ReLU away from its kink (grad_enact_layer says why).
+  for (int64_t k = 0; k < c.layer.linear1.bias->numel; k++) c.layer.linear1.bias->data[k] = k % 2 ? 4.0f : -4.0f;
+  // FLatten's ReLU on q and k: biases of +2 keep those inputs positive (relu's kink is tested alone).
+  if (!strcmp(name, "focused"))
+    for (int64_t k = 0; k < 16; k++) c.layer.self_attn.in_proj_bias->data[k] = 2.0f;
+  uint8_t pad[24] = {0};
+  for (int i = 12; i < 24; i++) pad[i] = (i - 12) / 4 >= 2 || (i - 12) % 4 >= 3;
+  feature_geometry_make(pad, 2, 3, 4, DEVICE_CPU, &c.geom);
+  Tensor *in[40] = {U(SHAPE(2, 12, 8), 472)};
+  int n = block_inputs(in, 1, &ps);
+  GradTol tol = {.eps = 1e-3, .atol = 3e-3, .rtol = 1e-2};
+  char what[64];
+  snprintf(what, sizeof what, "encoder layer, %s attention", name);
+  expect_grad(what, f_variant_layer, in, n, &c, tol);
+  feature_geometry_free(&c.geom);
+  encoder_layer_free(&c.layer);
+  tensor_release(c.pos);
+  params_free(&ps);
+}
+
+START_TEST(grad_attn_dense) { check_variant("dense"); }
+END_TEST
+START_TEST(grad_attn_efficient) { check_variant("efficient"); }
+END_TEST
+START_TEST(grad_attn_hydra) { check_variant("hydra"); }
+END_TEST
+START_TEST(grad_attn_focused) { check_variant("focused"); }
+END_TEST
+START_TEST(grad_attn_sra) { check_variant("sra"); }
 END_TEST
 
 // --- registry: `test_grad NAME` runs one op's suite, no argument runs all ---
@@ -810,6 +882,9 @@ int main(int argc, char **argv) {
     {"attention", grad_attention}, {"encoder_decoder_layers", grad_encoder_layer_and_decoder_layer},
     {"bottleneck", grad_bottleneck}, {"enact_cluster", grad_enact_cluster}, {"enact_smooth", grad_enact_smooth},
     {"enact_attention", grad_enact_attention}, {"enact_layer", grad_enact_layer},
+    {"encoder_attn.dense", grad_attn_dense}, {"encoder_attn.enact", grad_enact_layer},
+    {"encoder_attn.efficient", grad_attn_efficient}, {"encoder_attn.hydra", grad_attn_hydra},
+    {"encoder_attn.focused", grad_attn_focused}, {"encoder_attn.sra", grad_attn_sra},
   };
   const char *only = argc > 1 ? argv[1] : NULL;
   SRunner *sr = srunner_create(NULL);

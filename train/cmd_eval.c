@@ -25,7 +25,7 @@ int cmd_eval(int argc, char **argv) {
       {"weights", FLAG_STRING, &weights, "model weights (safetensors, reference names)"},
       {"config", FLAG_STRING, &config, "model preset or key=value file, with --weights (default detr-r18-small)"},
       {"set", FLAG_LIST, &sets, "override one config field, with --weights"},
-      {"enact", FLAG_BOOL, &enact, "ENACT on, with --weights"},
+      {"enact", FLAG_BOOL, &enact, SETUP_ENACT_HELP},
       {"data", FLAG_STRING, &data, "dataset root (annotations/instances_<split>.json and <split>/)"},
       {"split", FLAG_STRING, &split, "split name (default val)"},
       {"results", FLAG_STRING, &results, "write the detections as a COCO results JSON"},
@@ -80,9 +80,8 @@ int cmd_eval(int argc, char **argv) {
   if (rc == 0 && dist_is_main()) {  // under mpirun the processes split the images; rank 0 reports
     fprintf(stderr, "detr eval: %lld images, %lld detections in %.1f s\n", (long long)rep.images,
             (long long)rep.detections, rep.seconds);
-    if (rep.compression > 0)
-      fprintf(stderr, "detr eval: ENACT %.1f clusters per image, %.1f pixels per cluster\n", rep.clusters_per_image,
-              rep.compression);
+    for (int i = 0; i < rep.attn.n; i++)
+      fprintf(stderr, "detr eval: encoder attention %s %.2f\n", rep.attn.name[i], attn_stats_mean(&rep.attn, i));
     coco_print_summary(&rep.coco, stdout);
     if (json) rc = coco_write_stats_json(json, &rep.coco, err, sizeof err);
   }

@@ -401,7 +401,7 @@ int cmd_predict(int argc, char **argv) {
       {"weights", FLAG_STRING, &weights, "model weights safetensors (reference names), with --config"},
       {"config", FLAG_STRING, &config, "with --weights: preset (detr-r50, detr-r18-small, tiny) or key=value file (default detr-r50)"},
       {"set", FLAG_LIST, &sets, "override one model config field, e.g. --set enact_sigma=2"},
-      {"enact", FLAG_BOOL, &enact, "ENACT clustering in the encoder (same as --set enact=true)"},
+      {"enact", FLAG_BOOL, &enact, SETUP_ENACT_HELP},
       {"out", FLAG_STRING, &out_dir, "output folder (created): predictions.json and the pictures"},
       {"threshold", FLAG_FLOAT, &threshold, "keep detections with score >= this (default 0.5; 0 keeps every query)"},
       {"image-size", FLAG_INT, &image_size, "val shortest side (default: the checkpoint's training run, else 800, 320 small, 128 tiny)"},
@@ -460,7 +460,7 @@ int cmd_predict(int argc, char **argv) {
     status = 2;
     goto fail;
   }
-  if (enact) cfg.enact = true;
+  setup_enact_shortcut(&cfg, enact);
   if (detr_config_validate(&cfg, err, sizeof err)) {
     status = 2;
     goto fail;

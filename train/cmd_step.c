@@ -221,14 +221,13 @@ int cmd_step(int argc, char **argv) {
     snprintf(name, sizeof name, "loss.cardinality_error_%d", l);
     st_writer_add(w, name, ST_F32, 0, NULL, &loss.aux_cardinality_error[l]);
   }
-  for (int l = 0; l < out.n_enact; l++) {  // what ENACT did in each encoder layer
-    const EnactTrace *t = &out.enact[l];
-    snprintf(name, sizeof name, "enact.%d.entropy", l);
-    st_writer_add_tensor(w, name, t->entropy);
-    snprintf(name, sizeof name, "enact.%d.region_starts", l);
-    st_writer_add(w, name, ST_I64, 1, (int64_t[]){t->regions.count}, t->regions.starts);
-    snprintf(name, sizeof name, "enact.%d.region_lengths", l);
-    st_writer_add(w, name, ST_I64, 1, (int64_t[]){t->regions.count}, t->regions.lengths);
+  for (int l = 0; l < out.n_attn; l++) {  // what the attention variant reports of each encoder layer
+    for (int e = 0; e < out.attn[l].n_exports; e++) {
+      const AttnExport *x = &out.attn[l].exports[e];
+      snprintf(name, sizeof name, "%s.%d.%s", detr_encoder_attn(&cfg)->name, l, x->name);
+      if (x->f32) st_writer_add_tensor(w, name, x->f32);
+      else st_writer_add(w, name, ST_I64, 1, (int64_t[]){x->n}, x->i64);
+    }
   }
   for (int i = 0; i < model->params.count; i++) {
     const Param *p = &model->params.items[i];

@@ -27,7 +27,7 @@ int cmd_train(int argc, char **argv) {
       {"val-split", FLAG_STRING, &o.val_split, "validation split name (default val; COCO: val2017)"},
       {"config", FLAG_STRING, &config, "model preset (detr-r50, detr-r18-small, tiny) or key=value file (default detr-r18-small)"},
       {"set", FLAG_LIST, &sets, "override one model config field, e.g. --set num_queries=20"},
-      {"enact", FLAG_BOOL, &enact, "ENACT clustering in the encoder (same as --set enact=true)"},
+      {"enact", FLAG_BOOL, &enact, SETUP_ENACT_HELP},
       {"out", FLAG_STRING, &o.out_dir, "run directory (default runs/detr)"},
       {"epochs", FLAG_INT, &epochs, "epochs (default 300 for detr-r50, 50 for the small presets)"},
       {"batch", FLAG_INT, &batch, "images per batch (default 2)"},
@@ -68,7 +68,7 @@ int cmd_train(int argc, char **argv) {
     fprintf(stderr, "detr train: %s\n", err);
     return 2;
   }
-  if (enact) o.model.enact = true;
+  setup_enact_shortcut(&o.model, enact);
   if (bad_input_policy_parse(bad_input, &o.bad_input)) {
     fprintf(stderr, "detr train: --bad-input %s: expected fail or skip\n", bad_input);
     return 2;

@@ -50,7 +50,7 @@ static int by_order(const void *a, const void *b) {
 
 // Data parallel: rank 0 gets every process's detections in the order one process would have
 // made them (so ties in score rank the same), and the processes' counters summed.
-static void merge_ranks(OrderedDet **dets, int64_t *n, EvalReport *rep, double enact[3]) {
+static void merge_ranks(OrderedDet **dets, int64_t *n, EvalReport *rep) {
   void *all;
   int64_t bytes;
   dist_gather_bytes(*dets, *n * (int64_t)sizeof(OrderedDet), &all, &bytes);
@@ -58,10 +58,12 @@ static void merge_ranks(OrderedDet **dets, int64_t *n, EvalReport *rep, double e
   *dets = all;
   *n = bytes / (int64_t)sizeof(OrderedDet);
   if (all) qsort(all, (size_t)*n, sizeof(OrderedDet), by_order);
-  double sums[4] = {(double)rep->images, enact[0], enact[1], enact[2]};
-  dist_allreduce_sum_f64(sums, 4);
+  double sums[2 + ATTN_TRACE_MAX] = {(double)rep->images, rep->attn.images};
+  for (int i = 0; i < ATTN_TRACE_MAX; i++) sums[2 + i] = rep->attn.sum[i];
+  dist_allreduce_sum_f64(sums, 2 + ATTN_TRACE_MAX);
   rep->images = (int64_t)sums[0];
-  enact[0] = sums[1], enact[1] = sums[2], enact[2] = sums[3];
+  rep->attn.images = sums[1];
+  for (int i = 0; i < ATTN_TRACE_MAX; i++) rep->attn.sum[i] = sums[2 + i];
 }
 
 int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConfig *cfg, EvalReport *rep, char *err,
@@ -98,8 +100,7 @@ int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConf
   NnCtx ctx = {.training = false};
   bool tty = isatty(STDERR_FILENO);  // the redrawn progress line only on a terminal
   int rc = 0;
-  double clusters = 0.0, ratio = 0.0;
-  int64_t enact_samples = 0, batches = 0, total_batches = loader_batches_per_epoch(loader);
+  int64_t batches = 0, total_batches = loader_batches_per_epoch(loader);
   for (;;) {
     const Batch *b;
     int st = loader_next(loader, &b, &derr);
@@ -134,12 +135,7 @@ int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConf
                                       .bbox = {d->box[0], d->box[1], d->box[2] - d->box[0], d->box[3] - d->box[1]},
                                       .score = d->score};
       }
-    for (int l = 0; l < out.n_enact; l++) {
-      const EnactRegions *r = &out.enact[l].regions;
-      if (l == 0) clusters += (double)r->count / (double)b->size;
-      ratio += enact_pixels_per_cluster(r);
-      enact_samples++;
-    }
+    attn_stats_add(&rep->attn, out.attn, out.n_attn, b->size);
     rep->images += b->size;
     detr_output_free(&out);
     tensor_scope_release(mark);
@@ -154,8 +150,7 @@ int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConf
     rc = -1;
   }
   bool all_ok = rc == 0;  // the same on every process
-  double enact[3] = {clusters, ratio, (double)enact_samples};
-  if (all_ok && dist) merge_ranks(&dets, &n, rep, enact);
+  if (all_ok && dist) merge_ranks(&dets, &n, rep);
   // [status, the 12 numbers, detections]: rank 0 scores, every process gets the result.
   double shared[2 + COCO_N_STATS] = {0};
   if (rc == 0 && scorer) {
@@ -178,14 +173,7 @@ int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConf
       n = (int64_t)shared[1 + COCO_N_STATS];
     }
   }
-  if (rc == 0) {
-    rep->detections = n;
-    if (enact[2] > 0) {
-      int layers = model->cfg.enc_layers;
-      rep->clusters_per_image = enact[0] / (enact[2] / (layers ? layers : 1));
-      rep->compression = enact[1] / enact[2];
-    }
-  }
+  if (rc == 0) rep->detections = n;
   rep->seconds = now_s() - t0;
   free(dets);
   free(batch_dets);

@@ -2,6 +2,7 @@
 // val resize), no-grad forward, DETR's post-processing, and the 12 COCO numbers (train/cocoeval.h)
 // against the annotation file, optionally writing a COCO results JSON.
 #pragma once
+#include "nn/encoder_attn.h"
 #include "datasets/loader.h"
 #include "nn/detr.h"
 #include "train/cocoeval.h"
@@ -21,8 +22,7 @@ typedef struct {
   CocoEvalResult coco;
   int64_t images, detections;
   double seconds;
-  double clusters_per_image;  // ENACT: mean clusters per image (first encoder layer); 0 without
-  double compression;         // ENACT: mean valid pixels per cluster (N / L) over layers and batches
+  AttnStatSums attn;  // the encoder-attention variant's statistics (e.g. ENACT's clusters per image)
 } EvalReport;
 
 int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConfig *cfg, EvalReport *rep, char *err,

@@ -28,7 +28,7 @@ static void format_eta(double s, char *buf, size_t cap) {
 }
 
 void progress_update(Progress *p, int64_t step, int64_t epoch, int64_t epochs, int images, double step_seconds,
-                     const double terms[4], double enact_compression) {
+                     const double terms[4], const AttnStatSums *attn) {
   if (!p->enabled) return;
   double rate = step_seconds > 0 ? images / step_seconds : 0.0, t = now_s();
   p->rate_ema = p->rate_ema > 0 ? 0.9 * p->rate_ema + 0.1 * rate : rate;
@@ -45,7 +45,7 @@ void progress_update(Progress *p, int64_t step, int64_t epoch, int64_t epochs, i
   fprintf(stderr, "%s[%s] step %lld/%lld epoch %lld/%lld  %.2f img/s  ETA %s  loss %.3f (ce %.3f bbox %.3f giou %.3f)",
           p->tty ? "\r" : "", bar, (long long)step, (long long)p->total_steps, (long long)epoch + 1, (long long)epochs,
           p->rate_ema, eta_text, terms[0], terms[1], terms[2], terms[3]);
-  if (enact_compression > 0) fprintf(stderr, "  N/L %.1f", enact_compression);
+  for (int i = 0; attn && i < attn->n; i++) fprintf(stderr, "  %s %.1f", attn->label[i], attn_stats_mean(attn, i));
   if (p->tty) {
     fprintf(stderr, "\033[K");  // clear the rest of the line
     p->line_open = true;

@@ -158,6 +158,10 @@ void setup_checkpoint_info_free(CheckpointInfo *ci) {
   ci->categories = NULL;
 }
 
+void setup_enact_shortcut(DetrConfig *cfg, bool enact) {
+  if (enact) cfg->encoder_attn = encoder_attn_find("enact");
+}
+
 void setup_eval_sizes(const DetrConfig *cfg, const CheckpointInfo *ci, int *image_size, int *max_size) {
   bool small = cfg->backbone_depth < 50, tiny = cfg->hidden_dim <= 32;
   *image_size = ci && ci->image_size >= 32 ? (int)ci->image_size : tiny ? 128 : small ? 320 : 800;
@@ -183,7 +187,7 @@ int setup_load_model(const char *checkpoint, const char *weights, const char *co
   } else if (setup_model_config(config, sets, &cfg, err, err_cap)) {
     return -1;
   }
-  if (enact) cfg.enact = true;
+  setup_enact_shortcut(&cfg, enact);
   if (detr_config_validate(&cfg, err, err_cap)) {
     setup_checkpoint_info_free(&ci);
     return -1;

@@ -9,6 +9,9 @@
 int setup_model_config(const char *config, const CliList *sets, DetrConfig *cfg, char *err, size_t err_cap);
 // Applies "key=value" overrides in order (no validation). Returns 0, or -1 with err set.
 int setup_apply_sets(DetrConfig *cfg, const CliList *sets, char *err, size_t err_cap);
+// The --enact flag of every verb that builds a model: a shortcut for --set encoder_attn=enact.
+#define SETUP_ENACT_HELP "ENACT clustering in the encoder (same as --set encoder_attn=enact)"
+void setup_enact_shortcut(DetrConfig *cfg, bool enact);
 // A dataset split: ann = DIR/annotations/instances_<split>.json, or .json.gz when only that
 // exists; img = DIR/<split>.
 void setup_split_paths(const char *data_dir, const char *split, char *ann, size_t ann_cap, char *img, size_t img_cap);

@@ -176,7 +176,9 @@ static void write_chart(const TrainOptions *o) {
     run += loss[i] - (i >= 50 ? loss[i - 50] : 0.0);
     mean[i] = run / (i + 1 < 50 ? i + 1 : 50);
   }
-  ChartSpec spec = {.title = o->model.enact ? "DETR+ENACT training" : "DETR training", .n_panels = 2};
+  char title[96];
+  snprintf(title, sizeof title, "DETR training (encoder attention: %s)", detr_encoder_attn(&o->model)->name);
+  ChartSpec spec = {.title = title, .n_panels = 2};
   spec.panels[0] = (ChartPanel){.title = "loss", .x_label = "step", .y_label = "weighted loss", .n_series = 2};
   spec.panels[0].series[0] = (ChartSeries){.name = "step", .x = step, .y = loss, .n = n, .colour = {190, 200, 230}};
   spec.panels[0].series[1] = (ChartSeries){.name = "mean of 50", .x = step, .y = mean, .n = n, .colour = {30, 80, 200}};
@@ -194,8 +196,7 @@ static void log_eval(FILE *metrics, int64_t epoch, int64_t step, const EvalRepor
   fprintf(metrics, "{\"type\": \"eval\", \"epoch\": %lld, \"step\": %lld", (long long)epoch, (long long)step);
   for (int k = 0; k < COCO_N_STATS; k++) fprintf(metrics, ", \"%s\": %.6f", coco_stat_names[k], r->coco.stats[k]);
   fprintf(metrics, ", \"images\": %lld, \"seconds\": %.2f", (long long)r->images, r->seconds);
-  if (r->compression > 0)
-    fprintf(metrics, ", \"clusters_per_image\": %.2f, \"compression\": %.2f", r->clusters_per_image, r->compression);
+  for (int i = 0; i < r->attn.n; i++) fprintf(metrics, ", \"%s\": %.2f", r->attn.name[i], attn_stats_mean(&r->attn, i));
   fprintf(metrics, "}\n");
   fflush(metrics);
 }
@@ -227,7 +228,7 @@ typedef struct {
   char names[DETR_MAX_LOSS_TERMS][24];
   int n_terms;
   double class_error, cardinality_error;  // means over the global batch's images
-  double clusters, compression;           // ENACT: clusters per image, pixels per cluster (0 without)
+  AttnStatSums attn;                      // the encoder-attention variant's statistics
   double grad_norm;                       // before clipping
   int images;
 } StepLog;
@@ -259,12 +260,13 @@ static int train_step(const TrainOptions *o, DetrModel *m, AdamW *opt, const Cri
   cc.ce_share = world > 1 ? (float)(ce_weight / global[1]) : 1.0f;
   float num_boxes = global[0] > 1.0 ? (float)global[0] : 1.0f;
 
-  // [failed, total, terms..., class_error * matched, cardinality_error * images, clusters,
-  //  compression, images with ENACT]
+  // [failed, total, terms..., class_error * matched, cardinality_error * images, images with
+  //  attention stats, the attention stats' sums...]
   enum { S_FAILED, S_TOTAL, S_TERMS };
   log->n_terms = criterion_term_names(n_aux, log->names);
-  int T = log->n_terms, n_stats = S_TERMS + T + 5;
-  double stats[S_TERMS + DETR_MAX_LOSS_TERMS + 5] = {0};
+  int T = log->n_terms, n_stats = S_TERMS + T + 3 + ATTN_TRACE_MAX;
+  double stats[S_TERMS + DETR_MAX_LOSS_TERMS + 3 + ATTN_TRACE_MAX] = {0};
+  AttnStatSums attn = {0};
   ScopeMark mark = tensor_scope_mark();
   DetrOutput out = {0};
   CriterionResult loss = {0};
@@ -288,12 +290,9 @@ static int train_step(const TrainOptions *o, DetrModel *m, AdamW *opt, const Cri
       for (int i = 0; i < T; i++) stats[S_TERMS + i] = tensor_item(loss.terms[i].value);
       stats[S_TERMS + T] = loss.class_error * matched;  // a percentage of the matched queries
       stats[S_TERMS + T + 1] = loss.cardinality_error * b->size;
-      for (int l = 0; l < out.n_enact; l++) {
-        const EnactRegions *r = &out.enact[l].regions;
-        stats[S_TERMS + T + 2] += (double)r->count / out.n_enact;
-        stats[S_TERMS + T + 3] += enact_pixels_per_cluster(r) / out.n_enact * b->size;
-      }
-      if (out.n_enact) stats[S_TERMS + T + 4] = b->size;
+      attn_stats_add(&attn, out.attn, out.n_attn, b->size);
+      stats[S_TERMS + T + 2] = attn.images;
+      for (int i = 0; i < ATTN_TRACE_MAX; i++) stats[S_TERMS + T + 3 + i] = attn.sum[i];
     }
     dropout_offset = dropout.offset;
   }
@@ -315,9 +314,9 @@ static int train_step(const TrainOptions *o, DetrModel *m, AdamW *opt, const Cri
     log->images = (int)images;
     log->class_error = global[2] > 0 ? stats[S_TERMS + T] / global[2] : 100.0;
     log->cardinality_error = stats[S_TERMS + T + 1] / images;
-    double enact_images = stats[S_TERMS + T + 4];
-    log->clusters = enact_images > 0 ? stats[S_TERMS + T + 2] / enact_images : 0.0;
-    log->compression = enact_images > 0 ? stats[S_TERMS + T + 3] / enact_images : 0.0;
+    log->attn = attn;  // names from this process's forward, sums from every process's
+    log->attn.images = stats[S_TERMS + T + 2];
+    for (int i = 0; i < ATTN_TRACE_MAX; i++) log->attn.sum[i] = stats[S_TERMS + T + 3 + i];
     log->grad_norm = clip_grad_norm(&m->params, o->optim.clip_max_norm);
     adamw_step(opt);
     for (int i = 0; i < m->params.count; i++) autograd_zero_grad(&m->params.items[i].tensor, 1);
@@ -457,9 +456,9 @@ int train_run(TrainOptions *o) {
   }
   if (dist_is_main()) {
     fprintf(stderr, "detr train: %lld training images (%lld batches of %lld per epoch), %lld val images, %lld trainable "
-            "parameters%s, run directory %s\n", (long long)train->n_images, (long long)per_epoch,
+            "parameters, encoder attention %s, run directory %s\n", (long long)train->n_images, (long long)per_epoch,
             (long long)world * o->batch_size, (long long)val->n_images,
-            (long long)params_numel(&m->params, PARAM_TRAINABLE), o->model.enact ? ", ENACT on" : "", o->out_dir);
+            (long long)params_numel(&m->params, PARAM_TRAINABLE), detr_encoder_attn(&m->cfg)->name, o->out_dir);
     if (world > 1)
       fprintf(stderr, "detr train: data parallel over %d processes (%s), %d images each per step\n", world,
               dist_backend_name(), o->batch_size);
@@ -492,20 +491,20 @@ int train_run(TrainOptions *o) {
       st.step++;
       st.next_batch = b->index + 1;
       double dt = now_s() - t0;
-      if (metrics) {  // every loss term, the logged errors, rates and ENACT's clusters
+      if (metrics) {  // every loss term, the logged errors, rates and the attention variant's statistics
         fprintf(metrics, "{\"type\": \"train\", \"step\": %lld, \"epoch\": %lld, \"batch\": %lld, \"loss\": %.6f",
                 (long long)st.step, (long long)st.epoch, (long long)b->index, log.total);
         for (int i = 0; i < log.n_terms; i++) fprintf(metrics, ", \"%s\": %.6f", log.names[i], log.terms[i]);
         fprintf(metrics, ", \"class_error\": %.4f, \"cardinality_error\": %.4f, \"grad_norm\": %.6f, \"lr\": %.3g, "
                 "\"images_per_s\": %.3f", log.class_error, log.cardinality_error, log.grad_norm,
                 (double)adamw_lr(&opt, LR_GROUP_MAIN), log.images / dt);
-        if (log.compression > 0)
-          fprintf(metrics, ", \"clusters_per_image\": %.2f, \"compression\": %.2f", log.clusters, log.compression);
+        for (int i = 0; i < log.attn.n; i++)
+          fprintf(metrics, ", \"%s\": %.2f", log.attn.name[i], attn_stats_mean(&log.attn, i));
         fprintf(metrics, "}\n");
         fflush(metrics);
       }
       double shown[4] = {log.total, log.terms[0], log.terms[1], log.terms[2]};  // total, ce, bbox, giou
-      progress_update(&prog, st.step, st.epoch, o->epochs, log.images, dt, shown, log.compression);
+      progress_update(&prog, st.step, st.epoch, o->epochs, log.images, dt, shown, &log.attn);
       bool epoch_done = st.next_batch >= per_epoch;
       if (epoch_done) {
         st.epoch++;

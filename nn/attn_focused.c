@@ -1,0 +1,108 @@
+// Focused Linear Attention (FLatten; Han et al., ICCV 2023; github LeapLabTHU/FLatten-Transformer,
+// models/flatten_pvt.py, FocusedLinearAttention):
+//   q' = (ReLU(q) + 1e-6) / softplus(scale),  f_p(x) = ||x|| / ||x^p|| * x^p   (norms over the d channels)
+//   per head: out = f_p(q') (f_p(k')^T v) / (f_p(q') . sum_t f_p(k'_t) + 1e-6)  +  DWC(v)
+// with `scale` a learnable [1, 1, d] (zeros: softplus gives ln 2), p the focusing factor (3), and DWC
+// a depthwise k x k convolution (k = 5, padding k/2, bias) of each head's values over the feature
+// map, its hd channels shared by the heads. Padding: padded keys are zeroed after f_p (they drop
+// out of both sums) and padded values are zeroed before the DWC. FLatten's learnable
+// positional_encoding is not used: DETR's sine encoding is already in q and k. O(N d^2 / h).
+#include <stdio.h>
+
+#include "nn/encoder_attn.h"
+
+typedef struct {
+  Tensor *scale;                  // [1, 1, d]
+  Tensor *dwc_weight, *dwc_bias;  // [hd, 1, k, k], [hd]
+  int kernel;
+  float focusing;
+} FocusedAttn;
+
+static const AttnSettingSpec SETTINGS[] = {
+    {"focused_factor", ATTN_SETTING_FLOAT, 3.0, 1.0, 10.0, "FLatten's focusing factor p"},
+    {"focused_kernel", ATTN_SETTING_INT, 5.0, 1.0, 15.0, "the odd kernel size of the depthwise convolution"},
+};
+
+static void create(void *extras, ParamStore *ps, const char *prefix, int64_t dim, int64_t heads,
+                   const AttnSettings *settings) {
+  FocusedAttn *f = extras;
+  f->focusing = (float)attn_setting(settings, "focused_factor");
+  f->kernel = (int)attn_setting(settings, "focused_kernel");
+  DETR_CHECK(f->kernel % 2 == 1, "config focused_kernel: %d is not odd", f->kernel);
+  int64_t hd = dim / heads, k = f->kernel;
+  f->scale = params_add(ps, SHAPE(1, 1, dim), PARAM_TRAINABLE, LR_GROUP_MAIN, "%s.scale", prefix);
+  f->dwc_weight = params_add(ps, SHAPE(hd, 1, k, k), PARAM_TRAINABLE, LR_GROUP_MAIN, "%s.dwc.weight", prefix);
+  f->dwc_bias = params_add(ps, SHAPE(hd), PARAM_TRAINABLE, LR_GROUP_MAIN, "%s.dwc.bias", prefix);
+}
+
+static void init(void *extras, Rng *rng) {
+  FocusedAttn *f = extras;
+  tensor_fill_(f->scale, 0.0f);                             // as the official module
+  init_torch_default(f->dwc_weight, f->dwc_bias, rng);      // nn.Conv2d's default
+}
+
+// f_p of x [B, N, d] (x > 0): ||x|| / ||x^p|| * x^p over the last axis.
+static Tensor *focus(Tensor *x, float p) {
+  Tensor *norm = op_sqrt(op_sum(op_mul(x, x), -1, true));
+  Tensor *xp = op_pow_scalar(x, p);
+  Tensor *norm_p = op_sqrt(op_sum(op_mul(xp, xp), -1, true));
+  return op_mul(op_div(xp, norm_p), norm);
+}
+
+// Depthwise convolution of x [M, C, H, W] with weight [C, 1, k, k] and bias [C], zero padding k/2:
+// a sum over the k*k taps of shifted copies times each channel's tap weight.
+static Tensor *depthwise_conv(Tensor *x, Tensor *weight, Tensor *bias, int k) {
+  int64_t M = x->shape.d[0], C = x->shape.d[1], H = x->shape.d[2], W = x->shape.d[3], r = k / 2;
+  Tensor *padded = x;
+  if (r > 0) {
+    Tensor *zrow = tensor_scoped(tensor_zeros(x->device, SHAPE(M, C, r, W)));
+    Tensor *rows[3] = {zrow, x, zrow};
+    padded = op_concat(rows, 3, 2);  // [M, C, H + 2r, W]
+    Tensor *zcol = tensor_scoped(tensor_zeros(x->device, SHAPE(M, C, H + 2 * r, r)));
+    Tensor *cols[3] = {zcol, padded, zcol};
+    padded = op_concat(cols, 3, 3);  // [M, C, H + 2r, W + 2r]
+  }
+  Tensor *taps = op_reshape(weight, SHAPE(C, k * k));
+  Tensor *out = op_reshape(bias, SHAPE(C, 1, 1));
+  for (int ky = 0; ky < k; ky++)
+    for (int kx = 0; kx < k; kx++) {
+      Tensor *shifted = op_slice(op_slice(padded, 2, ky, ky + H), 3, kx, kx + W);  // [M, C, H, W]
+      Tensor *w = op_reshape(op_slice(taps, 1, ky * k + kx, ky * k + kx + 1), SHAPE(C, 1, 1));
+      out = op_add(out, op_mul(shifted, w));
+    }
+  return out;
+}
+
+static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnInput *in, AttnTrace *trace, char *err,
+                       size_t err_cap) {
+  const FocusedAttn *f = extras;
+  const MultiheadAttention *a = in->proj;
+  const FeatureGeometry *g = in->geom;
+  int64_t B = in->x->shape.d[0], N = in->x->shape.d[1], h = a->heads, hd = a->dim / h;
+  Tensor *qk = op_add(in->x, in->pos);
+  Tensor *q = mha_project(a, qk, 0), *k = mha_project(a, qk, 1), *v = mha_project(a, in->x, 2);  // [B, N, d]
+  Tensor *scale = op_softplus(f->scale);                                                         // [1, 1, d]
+  q = focus(op_div(op_add_scalar(op_relu(q), 1e-6f), scale), f->focusing);
+  k = op_mul(focus(op_div(op_add_scalar(op_relu(k), 1e-6f), scale), f->focusing), g->valid);  // padded keys: 0
+  Tensor *qh = mha_split_heads(q, h), *kh = mha_split_heads(k, h), *vh = mha_split_heads(v, h);
+  Tensor *kv = op_bmm(kh, vh, true, false);                                    // [B*h, hd, hd]
+  Tensor *k_sum = op_sum(kh, 1, true);                                         // [B*h, 1, hd]
+  Tensor *denom = op_add_scalar(op_bmm(qh, k_sum, false, true), 1e-6f);        // [B*h, N, 1]
+  Tensor *out = op_div(op_bmm(qh, kv, false, false), denom);                   // [B*h, N, hd]
+  // DWC over each head's value map (padded pixels zeroed): [B*h, hd, Hp, Wp].
+  Tensor *vmap = op_reshape(op_transpose(mha_split_heads(op_mul(v, g->valid), h), 1, 2), SHAPE(B * h, hd, g->Hp, g->Wp));
+  Tensor *dwc = depthwise_conv(vmap, f->dwc_weight, f->dwc_bias, f->kernel);
+  out = op_add(out, op_transpose(op_reshape(dwc, SHAPE(B * h, hd, N)), 1, 2));
+  return linear_forward(&a->out_proj, mha_merge_heads(out, B));
+}
+
+const EncoderAttnKind encoder_attn_focused = {
+    .name = "focused",
+    .summary = "FLatten's focused linear attention f_p(q) (f_p(k)^T v) / normaliser + depthwise conv of v, O(N d^2 / h)",
+    .settings = SETTINGS,
+    .n_settings = (int)(sizeof SETTINGS / sizeof SETTINGS[0]),
+    .extras_size = sizeof(FocusedAttn),
+    .create = create,
+    .init = init,
+    .forward = forward,
+};
