@@ -1,13 +1,15 @@
 // Focused Linear Attention (FLatten; Han et al., ICCV 2023; github LeapLabTHU/FLatten-Transformer,
 // models/flatten_pvt.py, FocusedLinearAttention):
 //   q' = (ReLU(q) + 1e-6) / softplus(scale),  f_p(x) = ||x|| / ||x^p|| * x^p   (norms over the d channels)
-//   per head: out = f_p(q') (f_p(k')^T v) / (f_p(q') . sum_t f_p(k'_t) + 1e-6)  +  DWC(v)
+//   per head: out = f_p(q') (f_p(k')^T v / n) / (f_p(q') . mean_t f_p(k'_t) + 1e-6)  +  DWC(v)
 // with `scale` a learnable [1, 1, d] (zeros: softplus gives ln 2), p the focusing factor (3), and DWC
 // a depthwise k x k convolution (k = 5, padding k/2, bias) of each head's values over the feature
 // map, its hd channels shared by the heads. Padding: padded keys are zeroed after f_p (they drop
-// out of both sums) and padded values are zeroed before the DWC. FLatten's learnable
+// out of both sums, and n, the mean's count, is the image's number of valid pixels) and padded
+// values are zeroed before the DWC. FLatten's learnable
 // positional_encoding is not used: DETR's sine encoding is already in q and k. O(N d^2 / h).
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "nn/encoder_attn.h"
 
@@ -85,9 +87,19 @@ static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnIn
   q = focus(op_div(op_add_scalar(op_relu(q), 1e-6f), scale), f->focusing);
   k = op_mul(focus(op_div(op_add_scalar(op_relu(k), 1e-6f), scale), f->focusing), g->valid);  // padded keys: 0
   Tensor *qh = mha_split_heads(q, h), *kh = mha_split_heads(k, h), *vh = mha_split_heads(v, h);
-  Tensor *kv = op_bmm(kh, vh, true, false);                                    // [B*h, hd, hd]
-  Tensor *k_sum = op_sum(kh, 1, true);                                         // [B*h, 1, hd]
-  Tensor *denom = op_add_scalar(op_bmm(qh, k_sum, false, true), 1e-6f);        // [B*h, N, 1]
+  // 1 / n per image and head: the official code's means over the keys (k^T v / n, mean_t k).
+  float *host = malloc((size_t)(B * h) * sizeof(float));
+  DETR_CHECK(host, "focused attention: out of host memory");
+  for (int64_t b = 0; b < B; b++) {
+    int64_t valid = 0;
+    for (int64_t p = 0; p < N; p++) valid += !g->mask[b * N + p];
+    for (int64_t j = 0; j < h; j++) host[b * h + j] = 1.0f / (float)(valid ? valid : 1);
+  }
+  Tensor *inv_n = tensor_scoped(tensor_from_host(in->x->device, SHAPE(B * h, 1, 1), host));
+  free(host);
+  Tensor *kv = op_mul(op_bmm(kh, vh, true, false), inv_n);                     // [B*h, hd, hd]
+  Tensor *k_mean = op_mul(op_sum(kh, 1, true), inv_n);                         // [B*h, 1, hd]
+  Tensor *denom = op_add_scalar(op_bmm(qh, k_mean, false, true), 1e-6f);       // [B*h, N, 1]
   Tensor *out = op_div(op_bmm(qh, kv, false, false), denom);                   // [B*h, N, hd]
   // DWC over each head's value map (padded pixels zeroed): [B*h, hd, Hp, Wp].
   Tensor *vmap = op_reshape(op_transpose(mha_split_heads(op_mul(v, g->valid), h), 1, 2), SHAPE(B * h, hd, g->Hp, g->Wp));

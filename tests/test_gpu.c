@@ -1320,7 +1320,7 @@ static void compare_model_step(const char *attn, int64_t H, int64_t W) {
   match_all(mp.gpu, &gout, mp.targets, gm);
   loss_backward(mp.gpu, &gout, mp.targets, cm, &gloss);  // the CPU's matches (see above)
 
-  char what[160], model[64];
+  char what[256], model[64];
   snprintf(model, sizeof model, "DETR (%s encoder attention)", attn);
   ck_assert_int_eq(gout.n_layers, out.n_layers);
   for (int l = 0; l < out.n_layers; l++) {
