@@ -59,7 +59,6 @@ void autograd_add_output(TapeNode *node, Tensor *out);
 // Keeps t's data for backward (inputs and outputs are otherwise held without their data: an op
 // saves exactly what its backward reads).
 void autograd_save(TapeNode *node, Tensor *t);
-void *autograd_node_buffer(TapeNode *node, Device dev, size_t bytes);
 
 // The gradient buffer of t, created zero-filled on first use; backward kernels accumulate into it.
 Tensor *autograd_grad(Tensor *t);
