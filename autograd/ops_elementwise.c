@@ -90,8 +90,9 @@ static void binary_backward_node(TapeNode *n) {
   BinaryOp op = NODE_ATTRS(n, BinaryAttrs)->op;
   Broadcast bc = make_broadcast(binary_names[op], a->shape, b->shape);
   float *da = grad_data_or_null(a), *db = grad_data_or_null(b);
-  // Unread operands: any pointer covering their broadcast extent; a zero-filled gradient-sized
-  // buffer is the simplest that is always large enough.
+  // add and sub: a and b were not saved (their data may be gone), but the kernels still load
+  // a[oa] and b[ob] and pass them to derivatives that ignore them. One uninitialised buffer
+  // (detr_alloc) the size of the larger operand covers both extents; its contents never matter.
   const float *av = a->data, *bv = b->data;
   float *dummy = NULL;
   size_t dummy_bytes = 0;
