@@ -57,8 +57,6 @@ Tensor *op_softplus(Tensor *x) { return unary(x, UNARY_SOFTPLUS, 0.0f); }
 
 // --- binary ops with numpy broadcasting ---
 
-static const char *binary_names[BINARY_COUNT] = {"add", "sub", "mul", "div"};
-
 static Broadcast make_broadcast(const char *op, Shape a, Shape b) {
   Broadcast bc = {.ndim = a.ndim > b.ndim ? a.ndim : b.ndim};
   int64_t sa = 1, sb = 1;
@@ -88,7 +86,7 @@ typedef struct {
 static void binary_backward_node(TapeNode *n) {
   Tensor *a = n->in[0], *b = n->in[1], *y = n->out[0];
   BinaryOp op = NODE_ATTRS(n, BinaryAttrs)->op;
-  Broadcast bc = make_broadcast(binary_names[op], a->shape, b->shape);
+  Broadcast bc = make_broadcast(binary_op_name(op), a->shape, b->shape);
   float *da = grad_data_or_null(a), *db = grad_data_or_null(b);
   // add and sub: a and b were not saved (their data may be gone), but the kernels still load
   // a[oa] and b[ob] and pass them to derivatives that ignore them. One uninitialised buffer
@@ -107,15 +105,16 @@ static void binary_backward_node(TapeNode *n) {
 }
 
 static Tensor *binary(Tensor *a, Tensor *b, BinaryOp op) {
-  check_same_device(binary_names[op], a, b);
-  Broadcast bc = make_broadcast(binary_names[op], a->shape, b->shape);
+  const char *name = binary_op_name(op);
+  check_same_device(name, a, b);
+  Broadcast bc = make_broadcast(name, a->shape, b->shape);
   Shape out = {.ndim = bc.ndim};
   for (int d = 0; d < bc.ndim; d++) out.d[d] = bc.shape[d];
   Tensor *y = tensor_new_scoped(a->device, out);
   DISPATCH(a->device, cpu_binary_forward(op, a->data, b->data, y->data, bc),
            cuda_binary_forward(op, a->data, b->data, y->data, bc));
   Tensor *in[2] = {a, b};
-  TapeNode *n = autograd_record(binary_names[op], binary_backward_node, y, 2, in);
+  TapeNode *n = autograd_record(name, binary_backward_node, y, 2, in);
   if (n) {
     NODE_ATTRS(n, BinaryAttrs)->op = op;
     if (binary_reads_operands(op)) {
