@@ -4,12 +4,14 @@
 // releases the tape. Leaf tensors (parameters) keep their .grad across steps until zeroed.
 #pragma once
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "tensor/tensor.h"
 
 #define NODE_MAX_INPUTS 8
 #define NODE_MAX_OUTPUTS 2
 #define NODE_MAX_SAVED 6
+#define NODE_ATTRS_BYTES 96  // the largest op attributes: conv2d's and maxpool2d's ConvGeom
 
 typedef struct TapeNode TapeNode;
 typedef void (*BackwardFn)(TapeNode *node);
@@ -23,13 +25,24 @@ struct TapeNode {
   int n_in;
   Tensor *saved[NODE_MAX_SAVED];  // extra tensors backward needs (references held)
   int n_saved;
-  int64_t iarg[16];  // op attributes
-  double farg[4];
   double flops;  // multiply-adds x 2 of the forward (GEMM-shaped ops set it; for the profile)
   void *buf;  // op-private data (e.g. argmax indices), from detr_alloc on buf_device
   size_t buf_bytes;
   Device buf_device;
+  // The op's attributes (sizes, flags, scalars): a struct of the op's own, through NODE_ATTRS.
+  _Alignas(max_align_t) unsigned char attrs[NODE_ATTRS_BYTES];
 };
+
+// node's attributes as the op's struct Type, e.g. `NODE_ATTRS(n, SliceAttrs)->start`; the op
+// writes them when recording and its backward reads them. A Type that does not fit the node is a
+// compile-time error.
+#define NODE_ATTRS(node, Type)                                                                 \
+  ((void)sizeof(struct {                                                                       \
+     _Static_assert(sizeof(Type) <= NODE_ATTRS_BYTES && _Alignof(Type) <= _Alignof(max_align_t), \
+                    #Type " does not fit TapeNode.attrs");                                      \
+     char unused;                                                                               \
+   }),                                                                                          \
+   (Type *)(node)->attrs)
 
 // Grad mode. autograd_set_grad_enabled returns the previous mode, to restore it later.
 bool autograd_grad_enabled(void);
@@ -46,7 +59,6 @@ void autograd_add_output(TapeNode *node, Tensor *out);
 // Keeps t's data for backward (inputs and outputs are otherwise held without their data: an op
 // saves exactly what its backward reads).
 void autograd_save(TapeNode *node, Tensor *t);
-void *autograd_node_buffer(TapeNode *node, Device dev, size_t bytes);
 
 // The gradient buffer of t, created zero-filled on first use; backward kernels accumulate into it.
 Tensor *autograd_grad(Tensor *t);

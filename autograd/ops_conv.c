@@ -1,6 +1,4 @@
 // 2-D convolution (oneDNN or im2col + sgemm on CPU, cuDNN on CUDA), max pooling, frozen batch norm.
-#include <string.h>
-
 #include "autograd/op_util.h"
 
 static ConvGeom conv_geometry(const char *op, Shape x, int64_t out_ch, int64_t kh, int64_t kw,
@@ -19,22 +17,11 @@ static ConvGeom conv_geometry(const char *op, Shape x, int64_t out_ch, int64_t k
   return g;
 }
 
-static void conv_geom_to_args(const ConvGeom *g, TapeNode *n) {
-  DETR_CHECK(sizeof(ConvGeom) <= sizeof(n->iarg), "conv: geometry does not fit the node");
-  memcpy(n->iarg, g, sizeof *g);
-}
-
-static ConvGeom conv_geom_from_args(const TapeNode *n) {
-  ConvGeom g;
-  memcpy(&g, n->iarg, sizeof g);
-  return g;
-}
-
 // --- conv2d ---
 
 static void conv2d_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *w = n->in[1], *bias = n->in[2], *y = n->out[0];
-  ConvGeom g = conv_geom_from_args(n);
+  ConvGeom g = *NODE_ATTRS(n, ConvGeom);  // conv2d's and maxpool2d's attributes: the geometry
   float *dx = grad_data_or_null(x), *dw = grad_data_or_null(w), *db = grad_data_or_null(bias);
   if (x->device == DEVICE_CPU) {
     int64_t ws_floats = cpu_conv2d_workspace_floats(&g);
@@ -73,7 +60,7 @@ Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p) {
   Tensor *in[3] = {x, weight, bias};
   TapeNode *n = autograd_record("conv2d", conv2d_backward_node, y, 3, in);
   if (n) {
-    conv_geom_to_args(&g, n);
+    *NODE_ATTRS(n, ConvGeom) = g;
     if (weight->requires_grad) autograd_save(n, x);  // dW = dY x im2col(x); the output is never read
     if (x->requires_grad) autograd_save(n, weight);
     n->flops = 2.0 * (double)(g.batch * g.out_ch * g.out_h * g.out_w) * (double)(g.in_ch * g.kh * g.kw);
@@ -85,7 +72,7 @@ Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p) {
 
 static void maxpool_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *y = n->out[0];
-  ConvGeom g = conv_geom_from_args(n);
+  ConvGeom g = *NODE_ATTRS(n, ConvGeom);
   float *dx = grad_data_or_null(x);
   if (!dx) return;
   DISPATCH(x->device, cpu_maxpool2d_backward(y->grad->data, n->buf, dx, &g),
@@ -103,14 +90,8 @@ Tensor *op_maxpool2d(Tensor *x, int kernel, int stride, int pad) {
   DISPATCH(x->device, cpu_maxpool2d_forward(x->data, y->data, argmax, &g),
            cuda_maxpool2d_forward(x->data, y->data, argmax, &g));
   TapeNode *n = autograd_record("maxpool2d", maxpool_backward_node, y, 1, &x);
-  if (n) {
-    conv_geom_to_args(&g, n);
-    n->buf = argmax;  // the node owns the indices now
-    n->buf_bytes = idx_bytes;
-    n->buf_device = x->device;
-  } else {
-    detr_free(x->device, argmax, idx_bytes);
-  }
+  if (n) *NODE_ATTRS(n, ConvGeom) = g;
+  node_take_block(n, x->device, argmax, idx_bytes);  // the node owns the indices now (or they are freed)
   return y;
 }
 

@@ -12,10 +12,16 @@ static bool unary_needs_y(int op) {
 }
 static bool unary_needs_x(int op) { return op == UNARY_LOG || op == UNARY_POW_SCALAR || op == UNARY_SOFTPLUS; }
 
+typedef struct {
+  UnaryOp op;
+  float param;
+} UnaryAttrs;
+
 static void unary_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *y = n->out[0];
-  int op = (int)n->iarg[0];
-  float param = (float)n->farg[0];
+  const UnaryAttrs *at = NODE_ATTRS(n, UnaryAttrs);
+  UnaryOp op = at->op;
+  float param = at->param;
   float *dx = grad_data_or_null(x);
   if (!dx) return;
   const float *dy = y->grad->data;
@@ -31,8 +37,7 @@ static Tensor *unary(Tensor *x, UnaryOp op, float param) {
            cuda_unary_forward(op, x->data, y->data, x->numel, param));
   TapeNode *n = autograd_record(unary_op_name(op), unary_backward_node, y, 1, &x);
   if (n) {
-    n->iarg[0] = op;
-    n->farg[0] = param;
+    *NODE_ATTRS(n, UnaryAttrs) = (UnaryAttrs){.op = op, .param = param};
     if (unary_needs_x(op)) autograd_save(n, x);
     if (unary_needs_y(op)) autograd_save(n, y);
   }
@@ -51,8 +56,6 @@ Tensor *op_pow_scalar(Tensor *x, float p) { return unary(x, UNARY_POW_SCALAR, p)
 Tensor *op_softplus(Tensor *x) { return unary(x, UNARY_SOFTPLUS, 0.0f); }
 
 // --- binary ops with numpy broadcasting ---
-
-static const char *binary_names[BINARY_COUNT] = {"add", "sub", "mul", "div"};
 
 static Broadcast make_broadcast(const char *op, Shape a, Shape b) {
   Broadcast bc = {.ndim = a.ndim > b.ndim ? a.ndim : b.ndim};
@@ -76,13 +79,18 @@ static Broadcast make_broadcast(const char *op, Shape a, Shape b) {
 // add and sub read neither operand in backward (nothing is saved for them); mul and div both.
 static bool binary_reads_operands(int op) { return op == BINARY_MUL || op == BINARY_DIV; }
 
+typedef struct {
+  BinaryOp op;
+} BinaryAttrs;
+
 static void binary_backward_node(TapeNode *n) {
   Tensor *a = n->in[0], *b = n->in[1], *y = n->out[0];
-  int op = (int)n->iarg[0];
-  Broadcast bc = make_broadcast(binary_names[op], a->shape, b->shape);
+  BinaryOp op = NODE_ATTRS(n, BinaryAttrs)->op;
+  Broadcast bc = make_broadcast(binary_op_name(op), a->shape, b->shape);
   float *da = grad_data_or_null(a), *db = grad_data_or_null(b);
-  // Unread operands: any pointer covering their broadcast extent; a zero-filled gradient-sized
-  // buffer is the simplest that is always large enough.
+  // add and sub: a and b were not saved (their data may be gone), but the kernels still load
+  // a[oa] and b[ob] and pass them to derivatives that ignore them. One uninitialised buffer
+  // (detr_alloc) the size of the larger operand covers both extents; its contents never matter.
   const float *av = a->data, *bv = b->data;
   float *dummy = NULL;
   size_t dummy_bytes = 0;
@@ -97,17 +105,18 @@ static void binary_backward_node(TapeNode *n) {
 }
 
 static Tensor *binary(Tensor *a, Tensor *b, BinaryOp op) {
-  check_same_device(binary_names[op], a, b);
-  Broadcast bc = make_broadcast(binary_names[op], a->shape, b->shape);
+  const char *name = binary_op_name(op);
+  check_same_device(name, a, b);
+  Broadcast bc = make_broadcast(name, a->shape, b->shape);
   Shape out = {.ndim = bc.ndim};
   for (int d = 0; d < bc.ndim; d++) out.d[d] = bc.shape[d];
   Tensor *y = tensor_new_scoped(a->device, out);
   DISPATCH(a->device, cpu_binary_forward(op, a->data, b->data, y->data, bc),
            cuda_binary_forward(op, a->data, b->data, y->data, bc));
   Tensor *in[2] = {a, b};
-  TapeNode *n = autograd_record(binary_names[op], binary_backward_node, y, 2, in);
+  TapeNode *n = autograd_record(name, binary_backward_node, y, 2, in);
   if (n) {
-    n->iarg[0] = op;
+    NODE_ATTRS(n, BinaryAttrs)->op = op;
     if (binary_reads_operands(op)) {
       autograd_save(n, a);
       autograd_save(n, b);
@@ -123,12 +132,18 @@ Tensor *op_div(Tensor *a, Tensor *b) { return binary(a, b, BINARY_DIV); }
 
 // --- dropout: the mask is regenerated from (seed, offset) in backward ---
 
+typedef struct {
+  float p;
+  uint64_t seed, offset;  // the rng position the forward's mask was drawn at
+} DropoutAttrs;
+
 static void dropout_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *y = n->out[0];
   float *dx = grad_data_or_null(x);
   if (!dx) return;
-  float p = (float)n->farg[0];
-  uint64_t seed = (uint64_t)n->iarg[0], offset = (uint64_t)n->iarg[1];
+  const DropoutAttrs *at = NODE_ATTRS(n, DropoutAttrs);
+  float p = at->p;
+  uint64_t seed = at->seed, offset = at->offset;
   DISPATCH(x->device, cpu_dropout_backward(y->grad->data, dx, x->numel, p, seed, offset),
            cuda_dropout_backward(y->grad->data, dx, x->numel, p, seed, offset));
 }
@@ -143,10 +158,6 @@ Tensor *op_dropout(Tensor *x, float p, bool training, Rng *rng) {
   DISPATCH(x->device, cpu_dropout_forward(x->data, y->data, x->numel, p, seed, offset),
            cuda_dropout_forward(x->data, y->data, x->numel, p, seed, offset));
   TapeNode *n = autograd_record("dropout", dropout_backward_node, y, 1, &x);
-  if (n) {
-    n->farg[0] = p;
-    n->iarg[0] = (int64_t)seed;
-    n->iarg[1] = (int64_t)offset;
-  }
+  if (n) *NODE_ATTRS(n, DropoutAttrs) = (DropoutAttrs){.p = p, .seed = seed, .offset = offset};
   return y;
 }

@@ -6,12 +6,18 @@
 
 // --- clustering: node buffer = [starts L][lengths L] int64, then signs [M] float (optional) ---
 
+typedef struct {
+  int64_t regions;  // L
+  bool has_signs;   // the node buffer ends with signs [M]
+} ClusterAttrs;
+
 // The node buffer lives on the tensors' device: [starts L][lengths L] int64, then signs [M] float.
 static void enact_cluster_backward_node(TapeNode *n) {
   Tensor *K = n->in[0], *V = n->in[1], *H = n->in[2], *Kc = n->out[0], *Vc = n->out[1];
-  int64_t L = n->iarg[0], d = K->shape.d[1];
+  const ClusterAttrs *at = NODE_ATTRS(n, ClusterAttrs);
+  int64_t L = at->regions, d = K->shape.d[1];
   const int64_t *starts = n->buf, *lengths = starts + L;
-  const float *signs = n->iarg[1] ? (const float *)(lengths + L) : NULL;
+  const float *signs = at->has_signs ? (const float *)(lengths + L) : NULL;
   float *dK = grad_data_or_null(K), *dV = grad_data_or_null(V), *dH = grad_data_or_null(H);
   DISPATCH(K->device,
            cpu_enact_cluster_backward(K->data, V->data, H->data, signs, starts, lengths, L, d, Kc->data, Vc->data,
@@ -61,8 +67,7 @@ Tensor *op_enact_cluster(Tensor *K, Tensor *V, Tensor *H, const float *signs, co
     autograd_add_output(n, Vc);
     Tensor *read[5] = {K, V, H, Kc, Vc};  // backward reads all five
     for (int i = 0; i < 5; i++) autograd_save(n, read[i]);
-    n->iarg[0] = L;
-    n->iarg[1] = signs != NULL;
+    *NODE_ATTRS(n, ClusterAttrs) = (ClusterAttrs){.regions = L, .has_signs = signs != NULL};
   }
   node_take_block(n, K->device, block, bytes);  // the node owns the block now (or it is freed)
   *Vc_out = Vc;
@@ -85,12 +90,18 @@ static void smooth(Device dev, const float *x, float *y, int64_t B, int64_t Hp, 
   detr_free(dev, ws, ws_bytes);
 }
 
+typedef struct {
+  int64_t Hp, Wp;  // the padded map, x [B, Hp*Wp]
+  int64_t ntaps;
+  bool one_d;
+} SmoothAttrs;
+
 static void enact_smooth_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *y = n->out[0];
   float *dx = grad_data_or_null(x);
   if (!dx) return;
-  int64_t B = x->shape.d[0], Hp = n->iarg[0], Wp = n->iarg[1], ntaps = n->iarg[2];
-  smooth(x->device, y->grad->data, dx, B, Hp, Wp, n->buf, ntaps, n->iarg[3]);
+  const SmoothAttrs *at = NODE_ATTRS(n, SmoothAttrs);
+  smooth(x->device, y->grad->data, dx, x->shape.d[0], at->Hp, at->Wp, n->buf, at->ntaps, at->one_d);
 }
 
 Tensor *op_enact_smooth(Tensor *x, int64_t Hp, int64_t Wp, const int64_t *valid_h, const int64_t *valid_w,
@@ -116,12 +127,7 @@ Tensor *op_enact_smooth(Tensor *x, int64_t Hp, int64_t Wp, const int64_t *valid_
   tensor_fill_(y, 0.0f);
   smooth(x->device, x->data, y->data, B, Hp, Wp, geom, ntaps, one_d);
   TapeNode *n = autograd_record("enact_smooth", enact_smooth_backward_node, y, 1, &x);
-  if (n) {
-    n->iarg[0] = Hp;
-    n->iarg[1] = Wp;
-    n->iarg[2] = ntaps;
-    n->iarg[3] = one_d;
-  }
+  if (n) *NODE_ATTRS(n, SmoothAttrs) = (SmoothAttrs){.Hp = Hp, .Wp = Wp, .ntaps = ntaps, .one_d = one_d};
   node_take_block(n, x->device, geom, bytes);
   return y;
 }

@@ -85,11 +85,15 @@ static int64_t box_count(const char *op, const Tensor *t) {
   return t->numel / 4;
 }
 
+typedef struct {
+  bool to_xyxy;  // else to cxcywh
+} BoxConvertAttrs;
+
 static void box_convert_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *y = n->out[0];
   float *dx = grad_data_or_null(x);
   if (!dx) return;
-  bool to_xyxy = n->iarg[0];
+  bool to_xyxy = NODE_ATTRS(n, BoxConvertAttrs)->to_xyxy;
   DISPATCH(x->device, cpu_box_convert_backward(y->grad->data, dx, x->numel / 4, to_xyxy),
            cuda_box_convert_backward(y->grad->data, dx, x->numel / 4, to_xyxy));
 }
@@ -100,7 +104,7 @@ static Tensor *box_convert(const char *name, Tensor *boxes, bool to_xyxy) {
   DISPATCH(boxes->device, cpu_box_convert_forward(boxes->data, y->data, count, to_xyxy),
            cuda_box_convert_forward(boxes->data, y->data, count, to_xyxy));
   TapeNode *n = autograd_record(name, box_convert_backward_node, y, 1, &boxes);
-  if (n) n->iarg[0] = to_xyxy;
+  if (n) NODE_ATTRS(n, BoxConvertAttrs)->to_xyxy = to_xyxy;
   return y;
 }
 

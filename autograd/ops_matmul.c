@@ -11,9 +11,14 @@ static void gemm(Device dev, bool ta, bool tb, int64_t m, int64_t n, int64_t k, 
 
 // --- matmul: a [..., M, K] x b [K, N]; the leading dims of a fold into M ---
 
+typedef struct {
+  int64_t rows, K, N;  // a [rows, K] x b [K, N]
+} MatmulAttrs;
+
 static void matmul_backward_node(TapeNode *n) {
   Tensor *a = n->in[0], *b = n->in[1], *y = n->out[0];
-  int64_t rows = n->iarg[0], K = n->iarg[1], N = n->iarg[2];
+  const MatmulAttrs *at = NODE_ATTRS(n, MatmulAttrs);
+  int64_t rows = at->rows, K = at->K, N = at->N;
   float *da = grad_data_or_null(a), *db = grad_data_or_null(b);
   if (da) gemm(a->device, false, true, rows, K, N, 1.0f, y->grad->data, N, b->data, N, 1.0f, da, K);
   if (db) gemm(a->device, true, false, K, N, rows, 1.0f, a->data, K, y->grad->data, N, 1.0f, db, N);
@@ -36,9 +41,7 @@ Tensor *op_matmul(Tensor *a, Tensor *b) {
   if (n) {
     autograd_save(n, a);
     autograd_save(n, b);
-    n->iarg[0] = rows;
-    n->iarg[1] = K;
-    n->iarg[2] = N;
+    *NODE_ATTRS(n, MatmulAttrs) = (MatmulAttrs){.rows = rows, .K = K, .N = N};
     n->flops = 2.0 * (double)rows * (double)K * (double)N;
   }
   return y;
@@ -46,10 +49,16 @@ Tensor *op_matmul(Tensor *a, Tensor *b) {
 
 // --- bmm: y[i] = op(a[i]) op(b[i]) ---
 
+typedef struct {
+  bool trans_a, trans_b;
+  int64_t B, M, K, N;  // y [B, M, N] = op(a) [B, M, K] op(b) [B, K, N]
+} BmmAttrs;
+
 static void bmm_backward_node(TapeNode *n) {
   Tensor *a = n->in[0], *b = n->in[1], *y = n->out[0];
-  bool ta = n->iarg[0], tb = n->iarg[1];
-  int64_t B = n->iarg[2], M = n->iarg[3], K = n->iarg[4], N = n->iarg[5];
+  const BmmAttrs *at = NODE_ATTRS(n, BmmAttrs);
+  bool ta = at->trans_a, tb = at->trans_b;
+  int64_t B = at->B, M = at->M, K = at->K, N = at->N;
   float *da = grad_data_or_null(a), *db = grad_data_or_null(b);
   const float *dy = y->grad->data;
   int64_t lda = ta ? M : K, ldb = tb ? K : N;
@@ -98,8 +107,8 @@ Tensor *op_bmm(Tensor *a, Tensor *b, bool trans_a, bool trans_b) {
   if (n) {
     autograd_save(n, a);
     autograd_save(n, b);
-    int64_t args[6] = {trans_a, trans_b, B, M, K, N};
-    for (int i = 0; i < 6; i++) n->iarg[i] = args[i];
+    *NODE_ATTRS(n, BmmAttrs) =
+        (BmmAttrs){.trans_a = trans_a, .trans_b = trans_b, .B = B, .M = M, .K = K, .N = N};
     n->flops = 2.0 * (double)B * (double)M * (double)K * (double)N;
   }
   return y;
@@ -107,9 +116,14 @@ Tensor *op_bmm(Tensor *a, Tensor *b, bool trans_a, bool trans_b) {
 
 // --- linear: y = x W^T + bias, all rows of x in one sgemm ---
 
+typedef struct {
+  int64_t rows, in, out;  // x [rows, in], W [out, in]
+} LinearAttrs;
+
 static void linear_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *w = n->in[1], *bias = n->in[2], *y = n->out[0];
-  int64_t rows = n->iarg[0], in = n->iarg[1], out = n->iarg[2];
+  const LinearAttrs *at = NODE_ATTRS(n, LinearAttrs);
+  int64_t rows = at->rows, in = at->in, out = at->out;
   const float *dy = y->grad->data;
   float *dx = grad_data_or_null(x), *dw = grad_data_or_null(w), *db = grad_data_or_null(bias);
   if (dx) gemm(x->device, false, false, rows, in, out, 1.0f, dy, out, w->data, in, 1.0f, dx, in);
@@ -144,9 +158,7 @@ Tensor *op_linear(Tensor *x, Tensor *weight, Tensor *bias) {
   if (n) {
     if (weight->requires_grad) autograd_save(n, x);  // dW = dY^T x
     if (x->requires_grad) autograd_save(n, weight);  // dx = dY W
-    n->iarg[0] = rows;
-    n->iarg[1] = in;
-    n->iarg[2] = out;
+    *NODE_ATTRS(n, LinearAttrs) = (LinearAttrs){.rows = rows, .in = in, .out = out};
     n->flops = 2.0 * (double)rows * (double)in * (double)out;
   }
   return y;

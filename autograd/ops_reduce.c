@@ -8,12 +8,18 @@ static void reduce_geometry(Shape s, int axis, int64_t *outer, int64_t *n, int64
   *inner = dims_product(s, axis + 1, s.ndim);
 }
 
+typedef struct {
+  int64_t outer, len, inner;  // x viewed as [outer, len, inner], summed over len
+  float scale;                // 1 for a sum, 1 / len for a mean
+} ReduceAttrs;
+
 static void sum_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *y = n->out[0];
   float *dx = grad_data_or_null(x);
   if (!dx) return;
-  int64_t outer = n->iarg[0], len = n->iarg[1], inner = n->iarg[2];
-  float scale = (float)n->farg[0];
+  const ReduceAttrs *at = NODE_ATTRS(n, ReduceAttrs);
+  int64_t outer = at->outer, len = at->len, inner = at->inner;
+  float scale = at->scale;
   DISPATCH(x->device, cpu_reduce_sum_backward(y->grad->data, dx, outer, len, inner, scale),
            cuda_reduce_sum_backward(y->grad->data, dx, outer, len, inner, scale));
 }
@@ -25,12 +31,8 @@ static Tensor *reduce(const char *name, Tensor *x, int64_t outer, int64_t len, i
   DISPATCH(x->device, cpu_reduce_sum(x->data, y->data, outer, len, inner, scale),
            cuda_reduce_sum(x->data, y->data, outer, len, inner, scale));
   TapeNode *node = autograd_record(name, sum_backward_node, y, 1, &x);
-  if (node) {
-    node->iarg[0] = outer;
-    node->iarg[1] = len;
-    node->iarg[2] = inner;
-    node->farg[0] = scale;
-  }
+  if (node)
+    *NODE_ATTRS(node, ReduceAttrs) = (ReduceAttrs){.outer = outer, .len = len, .inner = inner, .scale = scale};
   return y;
 }
 

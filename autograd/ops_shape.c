@@ -37,12 +37,16 @@ Tensor *op_reshape(Tensor *x, Shape shape) {
 
 // --- permute: an explicit copy, so that every kernel sees contiguous data ---
 
+typedef struct {
+  int perm[DETR_MAX_DIMS];  // y dim d is x dim perm[d]
+} PermuteAttrs;
+
 static void permute_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *y = n->out[0];
   float *dx = grad_data_or_null(x);
   if (!dx) return;
-  int perm[DETR_MAX_DIMS], inverse[DETR_MAX_DIMS];
-  for (int d = 0; d < x->shape.ndim; d++) perm[d] = (int)n->iarg[d];
+  const int *perm = NODE_ATTRS(n, PermuteAttrs)->perm;
+  int inverse[DETR_MAX_DIMS];
   for (int d = 0; d < x->shape.ndim; d++) inverse[perm[d]] = d;
   DISPATCH(x->device, cpu_permute(y->grad->data, dx, y->shape.ndim, y->shape.d, inverse, true),
            cuda_permute(y->grad->data, dx, y->shape.ndim, y->shape.d, inverse, true));
@@ -62,7 +66,7 @@ Tensor *op_permute(Tensor *x, const int *perm) {
            cuda_permute(x->data, y->data, nd, x->shape.d, perm, false));
   TapeNode *n = autograd_record("permute", permute_backward_node, y, 1, &x);
   if (n)
-    for (int d = 0; d < nd; d++) n->iarg[d] = perm[d];
+    for (int d = 0; d < nd; d++) NODE_ATTRS(n, PermuteAttrs)->perm[d] = perm[d];
   return y;
 }
 
@@ -85,9 +89,13 @@ static void copy_range(Device dev, const float *src, float *dst, int64_t outer, 
            cuda_copy_axis_range(src, dst, outer, src_axis, dst_axis, inner, src_start, dst_start, len, accumulate));
 }
 
+typedef struct {
+  int axis;  // normalised
+} ConcatAttrs;
+
 static void concat_backward_node(TapeNode *n) {
   Tensor *y = n->out[0];
-  int axis = (int)n->iarg[0];
+  int axis = NODE_ATTRS(n, ConcatAttrs)->axis;
   int64_t outer = dims_product(y->shape, 0, axis), inner = dims_product(y->shape, axis + 1, y->shape.ndim);
   int64_t start = 0;
   for (int i = 0; i < n->n_in; i++) {
@@ -122,18 +130,24 @@ Tensor *op_concat(Tensor *const *xs, int n, int axis) {
     start += len;
   }
   TapeNode *node = autograd_record("concat", concat_backward_node, y, n, xs);
-  if (node) node->iarg[0] = a;
+  if (node) NODE_ATTRS(node, ConcatAttrs)->axis = a;
   return y;
 }
+
+typedef struct {
+  int axis;       // normalised
+  int64_t start;  // y is x[start, start + y's extent) along axis
+} SliceAttrs;
 
 static void slice_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *y = n->out[0];
   float *dx = grad_data_or_null(x);
   if (!dx) return;
-  int axis = (int)n->iarg[0];
+  const SliceAttrs *at = NODE_ATTRS(n, SliceAttrs);
+  int axis = at->axis;
   int64_t outer = dims_product(x->shape, 0, axis), inner = dims_product(x->shape, axis + 1, x->shape.ndim);
   copy_range(x->device, y->grad->data, dx, outer, y->shape.d[axis], x->shape.d[axis], inner, 0,
-             n->iarg[1], y->shape.d[axis], true);
+             at->start, y->shape.d[axis], true);
 }
 
 Tensor *op_slice(Tensor *x, int axis, int64_t start, int64_t end) {
@@ -147,10 +161,7 @@ Tensor *op_slice(Tensor *x, int axis, int64_t start, int64_t end) {
   int64_t outer = dims_product(x->shape, 0, a), inner = dims_product(x->shape, a + 1, x->shape.ndim);
   copy_range(x->device, x->data, y->data, outer, x->shape.d[a], out.d[a], inner, start, 0, out.d[a], false);
   TapeNode *n = autograd_record("slice", slice_backward_node, y, 1, &x);
-  if (n) {
-    n->iarg[0] = a;
-    n->iarg[1] = start;
-  }
+  if (n) *NODE_ATTRS(n, SliceAttrs) = (SliceAttrs){.axis = a, .start = start};
   return y;
 }
 
@@ -175,11 +186,16 @@ static int64_t *inverse_index(const int64_t *idx, int64_t count, int64_t rows) {
   return inv;
 }
 
+typedef struct {
+  int64_t count;  // rows selected
+} IndexSelectAttrs;
+
 static void index_select_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *y = n->out[0];
   float *dx = grad_data_or_null(x);
   if (!dx) return;
-  int64_t count = n->iarg[0], rows = x->shape.d[0], row = rows ? x->numel / rows : 0;
+  int64_t count = NODE_ATTRS(n, IndexSelectAttrs)->count;
+  int64_t rows = x->shape.d[0], row = rows ? x->numel / rows : 0;
   const int64_t *buf = n->buf;
   DISPATCH(x->device, cpu_index_add(y->grad->data, buf, dx, count, row),
            cuda_index_add(y->grad->data, buf, buf + rows + 1, dx, rows, row));
@@ -200,7 +216,7 @@ Tensor *op_index_select(Tensor *x, const int64_t *idx, int64_t count) {
   DISPATCH(dev, cpu_index_select(x->data, dev_idx, y->data, count, row),
            cuda_index_select(x->data, dev_idx, y->data, count, row));
   TapeNode *n = autograd_record("index_select", index_select_backward_node, y, 1, &x);
-  if (n) n->iarg[0] = count;
+  if (n) NODE_ATTRS(n, IndexSelectAttrs)->count = count;
   if (n && dev != DEVICE_CPU) {  // the GPU's backward reads the inverse instead
     detr_free(dev, dev_idx, idx_bytes);
     int64_t *inv = inverse_index(idx, count, rows);

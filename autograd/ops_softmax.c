@@ -1,12 +1,16 @@
 // Softmax and log-softmax over the last axis (optional additive mask), layer norm.
 #include "autograd/op_util.h"
 
+typedef struct {
+  bool log;  // log-softmax
+} SoftmaxAttrs;
+
 static void softmax_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *y = n->out[0];
   float *dx = grad_data_or_null(x);
   if (!dx) return;
   int64_t cols = x->shape.d[x->shape.ndim - 1], rows = cols ? x->numel / cols : 0;
-  bool log = n->iarg[0];
+  bool log = NODE_ATTRS(n, SoftmaxAttrs)->log;
   DISPATCH(x->device, cpu_softmax_backward(y->data, y->grad->data, dx, rows, cols, log),
            cuda_softmax_backward(y->data, y->grad->data, dx, rows, cols, log));
 }
@@ -31,7 +35,7 @@ static Tensor *softmax(const char *name, Tensor *x, Tensor *mask, bool log) {
            cuda_softmax_forward(x->data, m, y->data, rows, cols, group, log));
   TapeNode *n = autograd_record(name, softmax_backward_node, y, 1, &x);  // the mask is constant
   if (n) {
-    n->iarg[0] = log;
+    NODE_ATTRS(n, SoftmaxAttrs)->log = log;
     autograd_save(n, y);  // both backwards read only the output
   }
   return y;

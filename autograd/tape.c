@@ -173,14 +173,6 @@ void autograd_save(TapeNode *node, Tensor *t) {
   node->saved[node->n_saved++] = tensor_retain(t);
 }
 
-void *autograd_node_buffer(TapeNode *node, Device dev, size_t bytes) {
-  DETR_CHECK(node->buf == NULL, "autograd(%s): node buffer requested twice", node->name);
-  node->buf = detr_alloc(dev, bytes);
-  node->buf_bytes = bytes;
-  node->buf_device = dev;
-  return node->buf;
-}
-
 Tensor *autograd_grad(Tensor *t) {
   if (!t->grad) t->grad = tensor_zeros(t->device, t->shape);
   return t->grad;

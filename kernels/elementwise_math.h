@@ -65,7 +65,23 @@ DETR_HD float unary_backward(int op, float x, float y, float dy, float param) {
   }
 }
 
-typedef enum { BINARY_ADD, BINARY_SUB, BINARY_MUL, BINARY_DIV, BINARY_COUNT } BinaryOp;
+// The binary ops, one list: the enum and the name table are generated from it.
+#define BINARY_OPS(X) \
+  X(ADD, "add")       \
+  X(SUB, "sub")       \
+  X(MUL, "mul")       \
+  X(DIV, "div")
+
+#define BINARY_ENUM_ENTRY(id, name) BINARY_##id,
+typedef enum { BINARY_OPS(BINARY_ENUM_ENTRY) BINARY_COUNT } BinaryOp;
+#undef BINARY_ENUM_ENTRY
+
+static inline const char *binary_op_name(int op) {
+#define BINARY_NAME_ENTRY(id, name) name,
+  static const char *const names[BINARY_COUNT] = {BINARY_OPS(BINARY_NAME_ENTRY)};
+#undef BINARY_NAME_ENTRY
+  return op >= 0 && op < BINARY_COUNT ? names[op] : "unknown";
+}
 
 DETR_HD float binary_forward(int op, float a, float b) {
   switch (op) {

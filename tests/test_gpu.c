@@ -229,7 +229,6 @@ static Broadcast test_broadcast(TestShape a, TestShape b) {
 }
 
 static void check_binary_case(int op, TestShape sa, TestShape sb, bool grad_b, uint64_t seed) {
-  const char *names[BINARY_COUNT] = {"add", "sub", "mul", "div"};
   Broadcast bc = test_broadcast(sa, sb);
   int64_t na = test_numel(sa), nb = test_numel(sb), n = 1;
   for (int d = 0; d < bc.ndim; d++) n *= bc.shape[d];
@@ -240,7 +239,7 @@ static void check_binary_case(int op, TestShape sa, TestShape sb, bool grad_b, u
   float *da0 = host_uniform(na, seed + 3, -1, 1), *db0 = host_uniform(nb, seed + 4, -1, 1);
   float *da = host_copy(da0, na), *db = host_copy(db0, nb);
   char what[160];
-  snprintf(what, sizeof what, "binary %s, a rank %d [%lld..] (%lld), b rank %d (%lld)", names[op],
+  snprintf(what, sizeof what, "binary %s, a rank %d [%lld..] (%lld), b rank %d (%lld)", binary_op_name(op),
            sa.ndim, (long long)(sa.ndim ? sa.d[0] : 1), (long long)na, sb.ndim, (long long)nb);
 
   cpu_binary_forward(op, a, b, y, bc);
@@ -799,35 +798,37 @@ static Tensor *f_div(Tensor *const *in, void *c) { return op_div(in[0], in[1]); 
 START_TEST(ops_elementwise) {
   const Shape shapes[] = {SHAPE(7), SHAPE(3, 1, 5), SHAPE(3, 1000), SHAPE(300007)};
   struct {
-    const char *name;
+    UnaryOp op;
     OpFn f;
     float lo, hi;  // lo > 0: positive inputs; else magnitudes in [-lo, hi] away from 0
-  } unary[] = {{"relu", f_relu, -0.05f, 1.0f},       {"sigmoid", f_sigmoid, -0.01f, 3.0f},
-               {"exp", f_exp, -0.01f, 2.0f},         {"log", f_log, 0.3f, 3.0f},
-               {"neg", f_neg, -0.01f, 1.0f},         {"add_scalar", f_add_scalar, -0.01f, 1.0f},
-               {"mul_scalar", f_mul_scalar, -0.01f, 1.0f}};
+  } unary[] = {{UNARY_RELU, f_relu, -0.05f, 1.0f},       {UNARY_SIGMOID, f_sigmoid, -0.01f, 3.0f},
+               {UNARY_EXP, f_exp, -0.01f, 2.0f},         {UNARY_LOG, f_log, 0.3f, 3.0f},
+               {UNARY_NEG, f_neg, -0.01f, 1.0f},         {UNARY_ADD_SCALAR, f_add_scalar, -0.01f, 1.0f},
+               {UNARY_MUL_SCALAR, f_mul_scalar, -0.01f, 1.0f}};
   for (size_t u = 0; u < sizeof unary / sizeof *unary; u++)
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
       uint64_t seed = 20000 + 10 * u + s;
       Tensor *x = unary[u].lo > 0 ? cpu_uniform_tensor(shapes[s], seed, unary[u].lo, unary[u].hi, true)
                                   : cpu_away_tensor(shapes[s], seed, -unary[u].lo, unary[u].hi, true);
       char what[64];
-      snprintf(what, sizeof what, "%s numel %lld", unary[u].name, (long long)shape_numel(shapes[s]));
+      snprintf(what, sizeof what, "%s numel %lld", unary_op_name(unary[u].op),
+               (long long)shape_numel(shapes[s]));
       compare_op(what, unary[u].f, &x, 1, NULL, seed + 5, false);
     }
   Shape pairs[][2] = {{SHAPE(5), SHAPE(5)},         {SHAPE(2, 3), SHAPE(3)},      {SHAPE(2, 1, 4), SHAPE(3, 1)},
                       {SHAPE(1), SHAPE(2, 3)},      {SHAPE(4, 1), SHAPE(1, 3)},   {SHAPE(2, 3, 1, 2), SHAPE(3, 5, 1)},
                       {SHAPE(2000, 64), SHAPE(64)}, {SHAPE(8, 300, 4), SHAPE(8, 1, 4)}};
-  OpFn binary[] = {f_add, f_sub, f_mul, f_div};
-  const char *names[] = {"add", "sub", "mul", "div"};
-  for (int op = 0; op < 4; op++)
+  _Static_assert(BINARY_COUNT == 4, "every binary op needs its f_ below");
+  OpFn binary[BINARY_COUNT] = {[BINARY_ADD] = f_add, [BINARY_SUB] = f_sub, [BINARY_MUL] = f_mul,
+                               [BINARY_DIV] = f_div};
+  for (int op = 0; op < BINARY_COUNT; op++)
     for (size_t p = 0; p < sizeof pairs / sizeof *pairs; p++) {
       uint64_t seed = 21000 + 100 * (uint64_t)op + 2 * p;
       Tensor *in[2] = {cpu_uniform_tensor(pairs[p][0], seed, -1, 1, true),
-                       op == 3 ? cpu_away_tensor(pairs[p][1], seed + 1, 0.5f, 2.0f, true)
-                               : cpu_uniform_tensor(pairs[p][1], seed + 1, -1, 1, true)};
+                       op == BINARY_DIV ? cpu_away_tensor(pairs[p][1], seed + 1, 0.5f, 2.0f, true)
+                                        : cpu_uniform_tensor(pairs[p][1], seed + 1, -1, 1, true)};
       char what[64];
-      snprintf(what, sizeof what, "%s pair %zu", names[op], p);
+      snprintf(what, sizeof what, "%s pair %zu", binary_op_name(op), p);
       compare_op(what, binary[op], in, 2, NULL, seed + 7, false);
     }
 }

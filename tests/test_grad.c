@@ -30,14 +30,18 @@ static void expect_grad(const char *what, GradFn f, Tensor **in, int n, void *ct
 // --- the harness itself: a correct op passes, deliberately wrong backwards fail ---
 
 typedef enum { SQUARE_RIGHT, SQUARE_SCALED, SQUARE_WRONG_SIGN_ONE } SquareVariant;
+typedef struct {
+  SquareVariant variant;
+} SquareAttrs;
 
 static void square_backward(TapeNode *n) {
   Tensor *x = n->in[0], *y = n->out[0];
   Tensor *g = autograd_grad(x);
+  SquareVariant v = NODE_ATTRS(n, SquareAttrs)->variant;
   for (int64_t i = 0; i < x->numel; i++) {
     float d = 2.0f * x->data[i] * y->grad->data[i];
-    if (n->iarg[0] == SQUARE_SCALED) d *= 1.03f;                // 3% too large everywhere
-    if (n->iarg[0] == SQUARE_WRONG_SIGN_ONE && i == x->numel / 2) d = -d;  // one element wrong
+    if (v == SQUARE_SCALED) d *= 1.03f;                           // 3% too large everywhere
+    if (v == SQUARE_WRONG_SIGN_ONE && i == x->numel / 2) d = -d;  // one element wrong
     g->data[i] += d;
   }
 }
@@ -47,7 +51,7 @@ static Tensor *square(Tensor *const *in, void *ctx) {
   for (int64_t i = 0; i < x->numel; i++) y->data[i] = x->data[i] * x->data[i];
   TapeNode *n = autograd_record("square", square_backward, y, 1, &x);
   if (n) {
-    n->iarg[0] = *(SquareVariant *)ctx;
+    NODE_ATTRS(n, SquareAttrs)->variant = *(SquareVariant *)ctx;
     autograd_save(n, x);
     autograd_save(n, y);
   }

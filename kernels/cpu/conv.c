@@ -148,6 +148,16 @@ int64_t cpu_conv2d_workspace_floats(const ConvGeom *g) {
   return 0;
 }
 
+// Runs the pass on oneDNN when cpu_conv2d_impl chooses it (never without oneDNN) and returns
+// true; false: the caller runs im2col + sgemm. Arguments as onednn_conv2d_run's.
+static bool ran_on_onednn(const ConvGeom *g, ConvPass pass, const float *in0, const float *in1, float *out,
+                          float *bias) {
+  ConvImpl impl = cpu_conv2d_impl(g, pass);
+  if (impl == CONV_IMPL_IM2COL) return false;
+  onednn_conv2d_run(g, pass, impl == CONV_IMPL_ONEDNN, in0, in1, out, bias);
+  return true;
+}
+
 static void conv_bias_backward(const float *dy, float *dbias, const ConvGeom *g) {
   int64_t spatial = g->out_h * g->out_w;
   for (int64_t o = 0; o < g->out_ch; o++) {
@@ -162,13 +172,7 @@ static void conv_bias_backward(const float *dy, float *dbias, const ConvGeom *g)
 
 void cpu_conv2d_forward(const float *x, const float *w, const float *bias, float *y,
                         const ConvGeom *g, float *workspace) {
-#if DETR_HAVE_ONEDNN
-  ConvImpl impl = cpu_conv2d_impl(g, CONV_PASS_FWD);
-  if (impl != CONV_IMPL_IM2COL) {
-    onednn_conv2d_run(g, CONV_PASS_FWD, impl == CONV_IMPL_ONEDNN, x, w, y, (float *)bias);
-    return;
-  }
-#endif
+  if (ran_on_onednn(g, CONV_PASS_FWD, x, w, y, (float *)bias)) return;
   int64_t K = g->in_ch * g->kh * g->kw, spatial = g->out_h * g->out_w;
   bool pointwise = conv_is_pointwise(g);
   int64_t chunk = pointwise ? spatial : conv_chunk_columns(g);
@@ -226,22 +230,10 @@ static void im2col_backward(const float *x, const float *w, const float *dy, flo
 void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, float *dw,
                          float *dbias, const ConvGeom *g, float *workspace) {
   // The two passes may run on different implementations; dbias goes with dw (oneDNN fuses it).
-  if (dx) {
-#if DETR_HAVE_ONEDNN
-    ConvImpl impl = cpu_conv2d_impl(g, CONV_PASS_BWD_DATA);
-    if (impl != CONV_IMPL_IM2COL)
-      onednn_conv2d_run(g, CONV_PASS_BWD_DATA, impl == CONV_IMPL_ONEDNN, dy, w, dx, NULL);
-    else
-#endif
-      im2col_backward(NULL, w, dy, dx, NULL, NULL, g, workspace);
-  }
+  if (dx && !ran_on_onednn(g, CONV_PASS_BWD_DATA, dy, w, dx, NULL))
+    im2col_backward(NULL, w, dy, dx, NULL, NULL, g, workspace);
   if (dw) {
-#if DETR_HAVE_ONEDNN
-    ConvImpl impl = cpu_conv2d_impl(g, CONV_PASS_BWD_WEIGHTS);
-    if (impl != CONV_IMPL_IM2COL)
-      onednn_conv2d_run(g, CONV_PASS_BWD_WEIGHTS, impl == CONV_IMPL_ONEDNN, x, dy, dw, dbias);
-    else
-#endif
+    if (!ran_on_onednn(g, CONV_PASS_BWD_WEIGHTS, x, dy, dw, dbias))
       im2col_backward(x, NULL, dy, NULL, dw, dbias, g, workspace);
   } else if (dbias) {
     conv_bias_backward(dy, dbias, g);

@@ -13,4 +13,10 @@ void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, bool blocked, const flo
                        float *out, float *bias);
 // The implementation oneDNN chose for the pass, e.g. "jit:avx512_core" (bench_ops prints it).
 const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, bool blocked);
+#else
+// Without oneDNN cpu_conv2d_impl never chooses it: conv.c's calls compile but never run.
+static inline void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, bool blocked, const float *in0,
+                                     const float *in1, float *out, float *bias) {
+  DETR_FAIL("conv2d: this build has no oneDNN");
+}
 #endif
