@@ -166,6 +166,84 @@ def reference_run(model, criterion, weight_dict, images, mask, targets, dtype):
     return res, indices
 
 
+def write_inputs(work, state_dict, images, mask, targets):
+    """Writes the weights and the batch as safetensors under `work`; returns the weights, batch and output paths."""
+    os.makedirs(work, exist_ok=True)
+    wpath, bpath, opath = (os.path.join(work, n) for n in ("weights.safetensors", "batch.safetensors", "out.safetensors"))
+    write_safetensors(wpath, {k: v.detach().numpy() for k, v in state_dict.items()})
+    batch = {"images": images.numpy(), "mask": mask.numpy().astype(np.uint8)}
+    for i, t in enumerate(targets):
+        batch[f"targets.{i}.boxes"] = t["boxes"].numpy()
+        batch[f"targets.{i}.labels"] = t["labels"].numpy()
+    write_safetensors(bpath, batch)
+    return wpath, bpath, opath
+
+
+def run_step(detr, preset, wpath, bpath, opath, sets=()):
+    """Runs `detr step --no-dropout` (with `--set` for each of `sets`) and returns its output tensors."""
+    cmd = [detr, "step", "--config", preset, "--weights", wpath, "--batch", bpath, "--out", opath, "--no-dropout"]
+    for s in sets:
+        cmd += ["--set", s]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        print(run.stdout, run.stderr)
+        sys.exit(f"parity: detr step failed ({run.returncode}): {' '.join(cmd)}")
+    return read_safetensors(opath)
+
+
+def compare(ours, ref32, ref64, indices, tol, title):
+    """Prints the comparison of detr-c's outputs with the float32 and float64 references; returns
+    (ok, groups), groups mapping each quantity (all gradients as "grad.*") to
+    (max-relative ours/32, normwise ours/32, normwise ours/64, normwise 32/64, worst key, count, passed)."""
+    match_ok = True
+    for i, (q, t) in enumerate(indices):
+        ref = np.stack([q.numpy(), t.numpy()], 1) if len(q) else np.zeros((0, 2), np.int64)
+        match_ok &= ours[f"match.{i}"].shape == ref.shape and bool((ours[f"match.{i}"] == ref).all())
+    missing = [k for k in ref32 if k not in ours]
+    extra = [k for k in ours if k.startswith("grad.") and k not in ref32]
+    print(title)
+    print(f"  {'quantity':56s} {'max ours/32':>11s} {'norm ours/32':>12s} {'norm ours/64':>12s} {'norm 32/64':>10s}")
+    ok, worst32, failures, isolated = True, 0.0, [], []
+    groups = {}
+    for k in ref32:
+        if k not in ours:
+            continue
+        e32, n32 = rel_err(ours[k], ref32[k]), norm_err(ours[k], ref32[k])
+        e64, r = norm_err(ours[k], ref64[k]), norm_err(ref32[k], ref64[k])
+        # Max-relative agreement with the float32 reference; failing that, normwise agreement (the
+        # outliers are listed); failing that, detr-c no further from the float64 answer than twice
+        # the float32 reference's own distance: at ResNet-50 depth float32 gradients carry ~1e-4
+        # normwise error, and a ReLU input within rounding of 0 flips its gradient on or off.
+        passed = e32 <= tol or n32 <= tol or e64 <= 2 * r
+        if passed and e32 > tol:
+            isolated.append((k, e32, n32, e64, r))
+        ok &= passed
+        if not passed:
+            failures.append((k, e32, e64, r))
+        worst32 = max(worst32, e32)
+        group = "grad.*" if k.startswith("grad.") else k
+        g = groups.setdefault(group, [0.0, 0.0, 0.0, 0.0, "", 0, True])
+        if e32 >= g[0]:
+            g[0], g[4] = e32, k
+        g[1], g[2], g[3], g[5], g[6] = max(g[1], n32), max(g[2], e64), max(g[3], r), g[5] + 1, g[6] and passed
+    for group, (e32, n32, e64, r, worst_key, n, passed) in groups.items():
+        label = f"{group} ({n}; worst {worst_key[5:]})" if group == "grad.*" else group
+        print(f"  {label:56s} {e32:11.2e} {n32:12.2e} {e64:11.2e} {r:10.2e}{'' if passed else '  <-- FAIL'}")
+    for k, e32, n32, e64, r in isolated:
+        print(f"  outside {tol:.0e} max-relative: {k}: max {e32:.2e}, normwise {n32:.2e}; "
+              f"normwise to float64: ours {e64:.2e}, reference float32 {r:.2e}")
+    for k, e32, e64, r in failures[:10]:
+        print(f"  failed: {k}: ours/ref32 {e32:.2e} ours/ref64 {e64:.2e} ref32/ref64 {r:.2e}")
+    print(f"  matches identical: {match_ok}; trainable tensors: reference {sum(k.startswith('grad.') for k in ref32)},"
+          f" detr-c {sum(k.startswith('grad.') for k in ours)}")
+    ok = ok and match_ok and not missing and not extra
+    if missing or extra:
+        print(f"  missing in detr-c: {missing[:5]}; not in the reference: {extra[:5]}")
+    print("PASS" if ok else "FAIL", f"(worst max-relative ours/ref32 {worst32:.2e}; each quantity within {tol:.0e}"
+          " max-relative or normwise of the float32 reference, or within twice its distance to float64)")
+    return ok, groups
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--detr-repo", required=True, help="checkout of facebookresearch/detr")
@@ -186,14 +264,7 @@ def main():
     images, mask, targets = make_batch(p, args.padding, args.seed, size)
     model.eval()  # dropout off; frozen batch norm does not care; gradients still flow
     work = args.keep or tempfile.mkdtemp(prefix="detr-parity-")
-    os.makedirs(work, exist_ok=True)
-    wpath, bpath, opath = (os.path.join(work, n) for n in ("weights.safetensors", "batch.safetensors", "out.safetensors"))
-    write_safetensors(wpath, {k: v.detach().numpy() for k, v in model.state_dict().items()})
-    batch = {"images": images.numpy(), "mask": mask.numpy().astype(np.uint8)}
-    for i, t in enumerate(targets):
-        batch[f"targets.{i}.boxes"] = t["boxes"].numpy()
-        batch[f"targets.{i}.labels"] = t["labels"].numpy()
-    write_safetensors(bpath, batch)
+    wpath, bpath, opath = write_inputs(work, model.state_dict(), images, mask, targets)
 
     # The reference in float32 (what detr-c must match) and float64 (the exact answer both
     # float32 implementations approximate: at ResNet-50 depth their gradients differ from it by
@@ -201,59 +272,9 @@ def main():
     ref32, indices = reference_run(model, criterion, weight_dict, images, mask, targets, torch.float32)
     ref64, _ = reference_run(model, criterion, weight_dict, images, mask, targets, torch.float64)
 
-    cmd = [args.detr, "step", "--config", args.preset, "--weights", wpath, "--batch", bpath, "--out", opath, "--no-dropout"]
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    if run.returncode != 0:
-        print(run.stdout, run.stderr)
-        sys.exit(f"parity: detr step failed ({run.returncode})")
-    ours = read_safetensors(opath)
-
-    match_ok = True
-    for i, (q, t) in enumerate(indices):
-        ref = np.stack([q.numpy(), t.numpy()], 1) if len(q) else np.zeros((0, 2), np.int64)
-        match_ok &= ours[f"match.{i}"].shape == ref.shape and bool((ours[f"match.{i}"] == ref).all())
-    missing = [k for k in ref32 if k not in ours]
-    extra = [k for k in ours if k.startswith("grad.") and k not in ref32]
-    print(f"parity {args.preset} {size[0]}x{size[1]} padding={args.padding} (torch {torch.__version__}, {args.threads} threads)")
-    print(f"  {'quantity':56s} {'max ours/32':>11s} {'norm ours/32':>12s} {'norm ours/64':>12s} {'norm 32/64':>10s}")
-    ok, worst32, failures, isolated = True, 0.0, [], []
-    groups = {}
-    for k in ref32:
-        if k not in ours:
-            continue
-        e32, n32 = rel_err(ours[k], ref32[k]), norm_err(ours[k], ref32[k])
-        e64, r = norm_err(ours[k], ref64[k]), norm_err(ref32[k], ref64[k])
-        # Max-relative agreement with the float32 reference; failing that, normwise agreement (the
-        # outliers are listed); failing that, detr-c no further from the float64 answer than twice
-        # the float32 reference's own distance: at ResNet-50 depth float32 gradients carry ~1e-4
-        # normwise error, and a ReLU input within rounding of 0 flips its gradient on or off.
-        passed = e32 <= args.tol or n32 <= args.tol or e64 <= 2 * r
-        if passed and e32 > args.tol:
-            isolated.append((k, e32, n32, e64, r))
-        ok &= passed
-        if not passed:
-            failures.append((k, e32, e64, r))
-        worst32 = max(worst32, e32)
-        group = "grad.*" if k.startswith("grad.") else k
-        g = groups.setdefault(group, [0.0, 0.0, 0.0, 0.0, "", 0, True])
-        if e32 >= g[0]:
-            g[0], g[4] = e32, k
-        g[1], g[2], g[3], g[5], g[6] = max(g[1], n32), max(g[2], e64), max(g[3], r), g[5] + 1, g[6] and passed
-    for group, (e32, n32, e64, r, worst_key, n, passed) in groups.items():
-        label = f"{group} ({n}; worst {worst_key[5:]})" if group == "grad.*" else group
-        print(f"  {label:56s} {e32:11.2e} {n32:12.2e} {e64:11.2e} {r:10.2e}{'' if passed else '  <-- FAIL'}")
-    for k, e32, n32, e64, r in isolated:
-        print(f"  outside {args.tol:.0e} max-relative: {k}: max {e32:.2e}, normwise {n32:.2e}; "
-              f"normwise to float64: ours {e64:.2e}, reference float32 {r:.2e}")
-    for k, e32, e64, r in failures[:10]:
-        print(f"  failed: {k}: ours/ref32 {e32:.2e} ours/ref64 {e64:.2e} ref32/ref64 {r:.2e}")
-    print(f"  matches identical: {match_ok}; trainable tensors: reference {sum(k.startswith('grad.') for k in ref32)},"
-          f" detr-c {sum(k.startswith('grad.') for k in ours)}")
-    ok = ok and match_ok and not missing and not extra
-    if missing or extra:
-        print(f"  missing in detr-c: {missing[:5]}; not in the reference: {extra[:5]}")
-    print("PASS" if ok else "FAIL", f"(worst max-relative ours/ref32 {worst32:.2e}; each quantity within {args.tol:.0e}"
-          " max-relative or normwise of the float32 reference, or within twice its distance to float64)")
+    ours = run_step(args.detr, args.preset, wpath, bpath, opath)
+    title = f"parity {args.preset} {size[0]}x{size[1]} padding={args.padding} (torch {torch.__version__}, {args.threads} threads)"
+    ok, _ = compare(ours, ref32, ref64, indices, args.tol, title)
     sys.exit(0 if ok else 1)
 
 
