@@ -13,7 +13,8 @@ compared with the parity rule of parity_step.py (1e-4 max-relative or normwise a
 reference, or within twice the float32 reference's own normwise distance to float64).
 
   /usr/bin/python3 tools/parity_attention.py --detr-repo DIR --preset tiny --variant focused [--padding]
-                   [--both] [--detr build/detr] [--sra-ratio R] [--focused-z mean|sum] [--set k=v ...]
+                   [--both] [--detr build/detr] [--sra-ratio R] [--enact-sigma S] [--focused-z mean|sum]
+                   [--set k=v ...] [--size HxW] [--seed N] [--keep DIR]
   /usr/bin/python3 tools/parity_attention.py --self-test [--official-root DIR]
 
 `--variant all` runs every variant; `--both` runs each without and with padding and prints a table.
@@ -325,7 +326,7 @@ def make_module(variant, d, nhead, args, gen):
                 m.norm.bias.copy_(0.1 * torch.randn(d, generator=gen))
         return m
     if variant == "enact":
-        return EnactAttention(d, nhead)
+        return EnactAttention(d, nhead, args.enact_sigma or 3.0)
     if variant == "dense":
         return DenseAttention(d, nhead)
     raise ValueError(variant)
@@ -370,6 +371,8 @@ def run_variant(args, variant, padding, size):
     sets = [f"encoder_attn={variant}"] + list(args.set or [])
     if variant == "sra" and args.sra_ratio:
         sets.append(f"sra_ratio={args.sra_ratio}")
+    if variant == "enact" and args.enact_sigma:
+        sets.append(f"enact_sigma={args.enact_sigma:.9g}")
     ours = parity_step.run_step(args.detr, args.preset, wpath, bpath, opath, sets)
 
     notes = []
@@ -457,7 +460,7 @@ def _call(m, src, pos, valid):
 
 
 def _module(variant, d, nhead, gen, sra_ratio=2, z_form="mean"):
-    a = types.SimpleNamespace(focused_z=z_form, sra_ratio=sra_ratio)
+    a = types.SimpleNamespace(focused_z=z_form, sra_ratio=sra_ratio, enact_sigma=None)
     m = make_module(variant, d, nhead, a, gen).double()
     with torch.no_grad():
         m.in_proj_weight.copy_(torch.randn(3 * d, d, generator=gen) / math.sqrt(d))
@@ -653,6 +656,8 @@ def main():
                     help="HxW of the batch (default 160x224: a 5x7 feature map, 4x5 valid with padding; "
                          "enact 320x448, a 10x14 map, so that images have several clusters; 320x320 for detr-r50)")
     ap.add_argument("--sra-ratio", type=int, default=None, help="R for sra (default 2; passed as --set sra_ratio=R)")
+    ap.add_argument("--enact-sigma", type=float, default=None,
+                    help="ENACT's Gaussian sigma (default 3; passed as --set enact_sigma=S)")
     ap.add_argument("--focused-z", default="mean", choices=["mean", "sum"],
                     help="focused denominator: official mean form (default) or the sum form")
     ap.add_argument("--set", action="append", help="extra --set key=value for detr step")
