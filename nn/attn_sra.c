@@ -32,7 +32,7 @@ static void create(void *extras, ParamStore *ps, const char *prefix, int64_t dim
   s->norm = layernorm_create(ps, name, dim);
 }
 
-static void init(void *extras, Rng *rng) {  // PVT's _init_weights
+static void init(void *extras, Rng *rng) {  // pvt_v2.py's _init_weights (pvt.py v1 keeps torch's conv default)
   SraAttn *s = extras;
   if (s->ratio == 1) return;
   init_kaiming_normal_fan_out(s->sr.weight, rng);  // N(0, 2 / (R^2 d)): PVT's fan_out normal
