@@ -57,6 +57,7 @@ static const Field FIELDS[] = {
     F(enact, FIELD_BOOL), {"enact_sigma", FIELD_FLOAT, offsetof(DetrConfig, enact_opt.sigma)},
     {"enact_1d", FIELD_BOOL, offsetof(DetrConfig, enact_opt.one_d)},
     {"enact_sign_factor", FIELD_BOOL, offsetof(DetrConfig, enact_opt.sign_factor)},
+    F(tf32, FIELD_BOOL),
 };
 #undef F
 

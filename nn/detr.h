@@ -21,6 +21,7 @@ typedef struct {
   bool aux_loss;
   bool enact;              // ENACT clustering in every encoder layer's self-attention
   EnactOptions enact_opt;  // sigma, 1-D variant, Algorithm 1's sign factor
+  bool tf32;               // CUDA: TF32 tensor-core matmuls and convolutions (off: fp32, CPU parity)
 } DetrConfig;
 
 // Presets: "detr-r50" (the paper), "detr-r18-small", "tiny" (tests). Returns 0, or -1 if unknown.
