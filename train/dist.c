@@ -18,7 +18,9 @@
 #endif
 
 static int g_rank = 0, g_size = 1, g_local_rank = 0;
+#if DETR_HAVE_MPI
 static bool g_mpi = false;   // MPI_Init was called
+#endif
 #if DETR_HAVE_NCCL
 static bool g_nccl = false;  // the NCCL communicator exists
 #endif
