@@ -1671,7 +1671,8 @@ START_TEST(model_training_steps) {
 }
 END_TEST
 
-int main(void) {
+// test_gpu [--probe]: --probe only reports the device (exit 0, 77 none, 1 unusable) and runs nothing.
+int main(int argc, char **argv) {
   char why[512];
   int devices = cuda_device_probe(why, sizeof why);
   if (devices == 0) {
@@ -1679,12 +1680,13 @@ int main(void) {
     return 77;
   }
   if (devices < 0) {  // CUDA is there but cannot be used: a failure, not a skip
-    fprintf(stderr, "test_gpu: CUDA is present but unusable: %s\n", why);
+    printf("CUDA is present but unusable: %s\n", why);
     return 1;
   }
   g_on_gpu = true;
   printf("test_gpu: %d CUDA device(s); device %d, compute capability %d\n", devices, cuda_current_device(),
          cuda_compute_capability());
+  if (argc > 1 && !strcmp(argv[1], "--probe")) return 0;
   Suite *s = suite_create("gpu");
   TCase *kernels = gpu_tcase(s, "kernels");
   tcase_add_test(kernels, fill_random_accumulate);
