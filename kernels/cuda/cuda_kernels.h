@@ -32,6 +32,7 @@ int cuda_compute_capability(void);  // of the current device: 10 * major + minor
 // default (plain fp32 FMA math, which agrees with the CPU to fp32 rounding). Process-wide; applies
 // to the work queued after the call.
 void cuda_set_tf32(bool on);
+bool cuda_tf32_enabled(void);
 void *cuda_device_malloc(size_t bytes);  // NULL on out-of-memory
 void cuda_device_free(void *ptr);
 // From any host memory: staged through pinned blocks, queued on the stream; src is free on return.

@@ -118,6 +118,8 @@ int cuda_compute_capability(void) {
   return 10 * prop.major + prop.minor;
 }
 
+bool cuda_tf32_enabled(void) { return g_tf32; }
+
 void cuda_set_tf32(bool on) {
   g_tf32 = on;
   // The cuBLAS handle picks the mode up when it is created; an existing one is switched now
