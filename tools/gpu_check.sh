@@ -189,7 +189,17 @@ unpack_bundle() {
 }
 
 cmake_args=(-DDETR_CUDA=ON "-DDETR_CUDA_ARCHS=$arch" -DDETR_WERROR=ON -DCMAKE_BUILD_TYPE=Release)
-if [ "$use_bundle" = 1 ] || ! system_has_deps; then
+deps_mode=system
+if [ "$use_bundle" = 1 ] || ! system_has_deps; then deps_mode=bundle; fi
+# A build directory configured the other way holds that way's cached pkg-config results: start over.
+want_prefix=$([ "$deps_mode" = bundle ] && echo "$build/deps")
+if [ -f "$build/CMakeCache.txt" ] &&
+   [ "$(sed -n 's/^DETR_DEPS_PREFIX:PATH=//p' "$build/CMakeCache.txt")" != "$want_prefix" ]; then
+  say "$build was configured with other dependencies: starting it over"
+  rm -rf "$build"
+fi
+mkdir -p "$build"
+if [ "$deps_mode" = bundle ]; then
   why=$([ "$use_bundle" = 1 ] && echo "--use-bundle" || echo "the system lacks pkg-config, OpenBLAS, Check, YAJL, zlib or stb")
   if [ ! -f "$bundle/MANIFEST" ]; then
     row dependencies FAIL 0 "$why, and there is no bundle in $bundle: run tools/gpu_bundle.sh on a machine with the package registries"
