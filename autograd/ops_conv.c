@@ -19,6 +19,34 @@ static ConvGeom conv_geometry(const char *op, Shape x, int64_t out_ch, int64_t k
 
 // --- conv2d ---
 
+#if DETR_HAVE_CUDA
+// cuDNN's workspace comes from the caching allocator like any tensor, rounded up to a power of two
+// (from 1 MiB) so that a few cached blocks serve the workspaces of every geometry a multi-scale
+// run meets; it goes back to the cache as soon as the call is queued (on the one stream, whatever
+// reuses the block runs after the convolution).
+static size_t conv_workspace_block(size_t bytes) {
+  if (bytes == 0) return 0;
+  size_t block = (size_t)1 << 20;
+  while (block < bytes) block *= 2;
+  return block;
+}
+
+static void conv2d_forward_cuda(const float *x, const float *w, const float *bias, float *y, const ConvGeom *g) {
+  size_t bytes = conv_workspace_block(cuda_conv2d_forward_workspace(g));
+  void *ws = bytes ? detr_alloc(DEVICE_CUDA, bytes) : NULL;
+  cuda_conv2d_forward(x, w, bias, y, g, ws, bytes);
+  detr_free(DEVICE_CUDA, ws, bytes);
+}
+
+static void conv2d_backward_cuda(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db,
+                                 const ConvGeom *g) {
+  size_t bytes = conv_workspace_block(cuda_conv2d_backward_workspace(g, dx != NULL, dw != NULL));
+  void *ws = bytes ? detr_alloc(DEVICE_CUDA, bytes) : NULL;
+  cuda_conv2d_backward(x, w, dy, dx, dw, db, g, ws, bytes);
+  detr_free(DEVICE_CUDA, ws, bytes);
+}
+#endif
+
 static void conv2d_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *w = n->in[1], *bias = n->in[2], *y = n->out[0];
   ConvGeom g = *NODE_ATTRS(n, ConvGeom);  // conv2d's and maxpool2d's attributes: the geometry
@@ -29,7 +57,7 @@ static void conv2d_backward_node(TapeNode *n) {
     cpu_conv2d_backward(x->data, w->data, y->grad->data, dx, dw, db, &g, ws);
     detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));
   } else {
-    DISPATCH(x->device, (void)0, cuda_conv2d_backward(x->data, w->data, y->grad->data, dx, dw, db, &g));
+    DISPATCH(x->device, (void)0, conv2d_backward_cuda(x->data, w->data, y->grad->data, dx, dw, db, &g));
   }
 }
 
@@ -55,7 +83,7 @@ Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p) {
     cpu_conv2d_forward(x->data, weight->data, bias_data, y->data, &g, ws);
     detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));
   } else {
-    DISPATCH(x->device, (void)0, cuda_conv2d_forward(x->data, weight->data, bias_data, y->data, &g));
+    DISPATCH(x->device, (void)0, conv2d_forward_cuda(x->data, weight->data, bias_data, y->data, &g));
   }
   Tensor *in[3] = {x, weight, bias};
   TapeNode *n = autograd_record("conv2d", conv2d_backward_node, y, 3, in);

@@ -2,6 +2,7 @@
 //   build/bench/bench_step [--preset detr-r18-small] [--size 320 | --hw HxW] [--batch 2] [--boxes 3]
 //                          [--reps 5] [--enact] [--profile] [--forward] [--device cpu|cuda]
 //                          [--conv auto | im2col | onednn | onednn-nchw] [--vary-size]
+//                          [--set key=value ...]   (any model config field, e.g. --set tf32=true)
 // --forward times the no-grad forward alone (e.g. detr-r50 on one 800x1066 image: --batch 1
 // --hw 800x1066 --forward). --conv forces one CPU convolution implementation everywhere (default
 // auto: the faster per shape and pass). --vary-size gives every step its own input size, 8 and 12
@@ -40,8 +41,11 @@ int main(int argc, char **argv) {
   int size = 320, boxes = 3, reps = 5, batch = 2, height = 0, width = 0;
   bool enact = false, profile = false, forward_only = false, vary = false;
   Device dev = DEVICE_CPU;
+  const char *sets[32];
+  int n_sets = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
+    else if (!strcmp(argv[i], "--set") && i + 1 < argc && n_sets < 32) sets[n_sets++] = argv[++i];
     else if (!strcmp(argv[i], "--size") && i + 1 < argc) size = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--boxes") && i + 1 < argc) boxes = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
@@ -59,6 +63,18 @@ int main(int argc, char **argv) {
         return 2;
       }
       dev = strcmp(d, "cuda") ? DEVICE_CPU : DEVICE_CUDA;
+#if DETR_HAVE_CUDA
+      char why[512];
+      if (dev == DEVICE_CUDA && cuda_device_probe(why, sizeof why) <= 0) {
+        fprintf(stderr, "bench_step: --device cuda: %s\n", why);
+        return 1;
+      }
+#else
+      if (dev == DEVICE_CUDA) {
+        fprintf(stderr, "bench_step: --device cuda: this build has no CUDA backend\n");
+        return 2;
+      }
+#endif
     }
     else if (!strcmp(argv[i], "--vary-size")) vary = true;
     else if (!strcmp(argv[i], "--conv") && i + 1 < argc) {
@@ -92,6 +108,21 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (enact) cfg.encoder_attn = encoder_attn_find("enact");
+  for (int i = 0; i < n_sets; i++) {
+    char key[128], err[256];
+    const char *eq = strchr(sets[i], '=');
+    if (!eq || eq - sets[i] >= (long)sizeof key) {
+      fprintf(stderr, "bench_step: --set %s: expected key=value\n", sets[i]);
+      return 2;
+    }
+    memcpy(key, sets[i], (size_t)(eq - sets[i]));
+    key[eq - sets[i]] = 0;
+    if (detr_config_set(&cfg, key, eq + 1, err, sizeof err)) {
+      fprintf(stderr, "bench_step: --set %s: %s\n", sets[i], err);
+      return 2;
+    }
+  }
+  enact = cfg.encoder_attn == encoder_attn_find("enact");
   cpu_flush_denormals(true);  // as `detr train` runs
   DetrModel *m = detr_model_create(&cfg, dev);
   detr_model_init(m, 1);
@@ -125,7 +156,7 @@ int main(int argc, char **argv) {
     }
     if (vary && r >= 0) {  // step r: (height - 8 (r + 1)) x (width - 12 (r + 1)); the mask is all valid
       tensor_release(images);
-      images = tensor_new(DEVICE_CPU, SHAPE(B, 3, height - 8 * (r + 1), width - 12 * (r + 1)));
+      images = tensor_new(dev, SHAPE(B, 3, height - 8 * (r + 1), width - 12 * (r + 1)));
       tensor_normal_(images, &rng, 0.0f, 1.0f);
     }
     double t0 = now();
@@ -171,9 +202,9 @@ int main(int argc, char **argv) {
   getrusage(RUSAGE_SELF, &ru);
   AllocStats alloc = detr_alloc_stats(DEVICE_CPU);  // the tensor allocator: peak live, cached now
   printf("{\"impl\": \"detr-c\", \"preset\": \"%s\", \"size\": %d, \"hw\": \"%dx%d\", \"batch\": %d, \"what\": \"%s\", "
-         "\"enact\": %s, \"median_s\": %.4f, \"peak_rss_mb\": %.1f, \"alloc_peak_mb\": %.1f, "
+         "\"enact\": %s, \"tf32\": %s, \"median_s\": %.4f, \"peak_rss_mb\": %.1f, \"alloc_peak_mb\": %.1f, "
          "\"alloc_cached_mb\": %.1f, \"alloc_held_peak_mb\": %.1f, \"steps_s\": [",
-         preset, size, height, width, B, forward_only ? "forward" : "train step", enact ? "true" : "false",
+         preset, size, height, width, B, forward_only ? "forward" : "train step", enact ? "true" : "false", cfg.tf32 ? "true" : "false",
          sorted[reps / 2], ru.ru_maxrss / 1024.0, alloc.peak_live_bytes / 1048576.0, alloc.cached_bytes / 1048576.0,
          alloc.peak_held_bytes / 1048576.0);
   for (int r = 0; r < reps; r++) printf(r ? ", %.4f" : "%.4f", t[r]);

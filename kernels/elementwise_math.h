@@ -6,6 +6,16 @@
 #include "kernels/rng_math.h"
 
 #include <math.h>
+#include <string.h>
+
+// A fill with value can be a memset to zero bytes only when value's bits are all zero: +0.0f. Not
+// -0.0f, which compares equal to 0.0f but has the sign bit set (1 / -0.0f is -inf). Both fills
+// (cpu_fill, cuda_fill) ask this, so each writes exactly value's bits.
+static inline int fill_is_zero_bits(float value) {
+  unsigned int bits;
+  memcpy(&bits, &value, sizeof bits);
+  return bits == 0u;
+}
 
 // The unary ops, one list: the enum and the name table are generated from it.
 #define UNARY_OPS(X)                                                            \

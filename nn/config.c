@@ -54,6 +54,7 @@ static const Field FIELDS[] = {
     {"frozen_stages", FIELD_INT32, offsetof(DetrConfig, frozen_stages)}, F(hidden_dim, FIELD_INT), F(nheads, FIELD_INT),
     F(enc_layers, FIELD_INT), F(dec_layers, FIELD_INT), F(ffn_dim, FIELD_INT), F(num_queries, FIELD_INT),
     F(num_classes, FIELD_INT), F(dropout, FIELD_FLOAT), F(pre_norm, FIELD_BOOL), F(aux_loss, FIELD_BOOL),
+    F(tf32, FIELD_BOOL),
 };
 
 const EncoderAttnKind *detr_encoder_attn(const DetrConfig *cfg) {

@@ -20,6 +20,7 @@ typedef struct {
   bool aux_loss;
   const EncoderAttnKind *encoder_attn;  // every encoder layer's self-attention variant (NULL: dense)
   AttnSettings attn_settings;           // the variants' settings (e.g. enact_sigma); n == 0: defaults
+  bool tf32;               // CUDA: TF32 tensor-core matmuls and convolutions (off: fp32, CPU parity)
 } DetrConfig;
 
 // Presets: "detr-r50" (the paper), "detr-r18-small", "tiny" (tests). Returns 0, or -1 if unknown.

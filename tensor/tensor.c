@@ -322,3 +322,10 @@ void tensor_print(FILE *f, const char *name, const Tensor *t) {
   fprintf(f, "\n");
   free(host);
 }
+
+void device_set_tf32(Device dev, bool on) {
+#if DETR_HAVE_CUDA
+  if (dev == DEVICE_CUDA) cuda_set_tf32(on);
+#endif
+  (void)dev, (void)on;
+}

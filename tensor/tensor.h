@@ -74,6 +74,10 @@ void tensor_scope_keep(ScopeMark mark, Tensor *const *keep, int n);
 void tensor_copy_(Tensor *dst, const Tensor *src);  // same numel, any devices
 void tensor_to_host(const Tensor *t, float *host);  // t->numel floats
 void tensor_fill_(Tensor *t, float value);
+
+// Device-wide math setting: TF32 tensor-core math for matmuls (cuBLAS) and convolutions (cuDNN)
+// on CUDA (sm_80+), off by default. No effect on the CPU or in a build without CUDA.
+void device_set_tf32(Device dev, bool on);
 float tensor_item(const Tensor *t);  // the single element of a 1-element tensor
 
 // --- random numbers: a counter-based stream (kernels/rng_math.h), the same on every device ---

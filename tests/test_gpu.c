@@ -14,14 +14,25 @@
 //   - the normal draw: 1e-6 (device logf / sinf / cosf differ from glibc's by an ulp or two).
 // Every op is also run twice on the GPU and must give the same bits: no kernel uses atomics.
 //
-// Without a CUDA device (no driver, no GPU) it prints "no CUDA device: skipping" and returns 77,
-// which ctest reports as skipped (SKIP_RETURN_CODE in tests/CMakeLists.txt).
-#define _POSIX_C_SOURCE 200809L  // setenv / unsetenv, mkdtemp under -std=c11
+// Without a CUDA device (no NVIDIA driver, or no GPU) it prints "no CUDA device: skipping" and the
+// reason, and returns 77, which ctest reports as skipped (SKIP_RETURN_CODE in tests/CMakeLists.txt).
+// A CUDA that is present but unusable (a driver older than the runtime, ...) is a failure with the
+// reason (cuda_device_probe), never a skip.
+//
+// The tests run in this process (no fork: a CUDA context does not survive into a child), so a
+// checked fixture (gpu_test_setup / gpu_test_teardown) puts the process back in order after each
+// test, failed ones included: the tape is cleared, the tensors scoped since the test began are
+// released, grad mode, TF32 and the cuDNN settings are restored. A per-test watchdog
+// (DETR_GPU_TEST_TIMEOUT seconds, default 120, 0 = none) ends a hung test with its name and exit
+// status 124; ctest's TIMEOUT bounds the whole binary.
+#define _POSIX_C_SOURCE 200809L  // setenv / unsetenv, mkdtemp, sigaction under -std=c11
 #include <check.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "autograd/ops.h"
@@ -32,6 +43,66 @@
 #include "train/checkpoint.h"
 
 #define TOL 1e-4
+
+// --- the per-test fixture and watchdog ---
+
+static bool g_on_gpu = false;  // main() found a device (test_gpu_harness runs without one)
+static ScopeMark g_test_mark;
+static struct timespec g_test_start;
+
+static void watchdog_fired(int sig) {
+  (void)sig;
+  const char *name = tcase_name();  // the running test's (set when its body starts)
+  static const char head[] = "\ntest_gpu: watchdog: test '", tail[] =
+      "' exceeded DETR_GPU_TEST_TIMEOUT (a hung kernel or a deadlock?); stopping\n";
+  ssize_t ignored = write(2, head, sizeof head - 1);
+  if (name) ignored = write(2, name, strlen(name));
+  ignored = write(2, tail, sizeof tail - 1);
+  (void)ignored;
+  _exit(124);
+}
+
+static unsigned gpu_test_timeout(void) {
+  const char *v = getenv("DETR_GPU_TEST_TIMEOUT");
+  return v && *v ? (unsigned)strtoul(v, NULL, 10) : 120u;
+}
+
+static void gpu_test_setup(void) {
+  g_test_mark = tensor_scope_mark();
+  autograd_set_grad_enabled(true);
+  clock_gettime(CLOCK_MONOTONIC, &g_test_start);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = watchdog_fired;
+  sigaction(SIGALRM, &sa, NULL);
+  alarm(gpu_test_timeout());
+}
+
+// Runs after every test, also after a failed assertion (which longjmps out of the test body): the
+// next test starts from a clean tape and scope whatever this one left behind.
+static void gpu_test_teardown(void) {
+  alarm(0);
+  if (g_on_gpu) cuda_synchronize();  // an asynchronous kernel error surfaces here, not in the next test
+  autograd_clear_tape();             // before the scope: the nodes hold saved tensors
+  if (tensor_scope_size() >= g_test_mark) tensor_scope_release(g_test_mark);
+  autograd_set_grad_enabled(true);
+  cuda_set_tf32(false);
+  unsetenv("DETR_CUDNN_DETERMINISTIC");
+  unsetenv("DETR_CUDNN_WORKSPACE_MB");
+  struct timespec end;
+  clock_gettime(CLOCK_MONOTONIC, &end);
+  printf("test_gpu: %-32s %7.2f s\n", tcase_name(),
+         (double)(end.tv_sec - g_test_start.tv_sec) + 1e-9 * (double)(end.tv_nsec - g_test_start.tv_nsec));
+  fflush(stdout);
+}
+
+// A test case with the fixture and the suite-wide settings.
+static TCase *gpu_tcase(Suite *s, const char *name) {
+  TCase *tc = tcase_create(name);
+  tcase_add_checked_fixture(tc, gpu_test_setup, gpu_test_teardown);
+  suite_add_tcase(s, tc);
+  return tc;
+}
 
 // --- host/device buffers ---
 
@@ -119,8 +190,8 @@ START_TEST(fill_random_accumulate) {
     float *ref = host_alloc(n), *d = cuda_device_malloc((size_t)n * sizeof(float));
     ck_assert_ptr_nonnull(d);
 
-    const float values[] = {0.0f, 2.5f, -1e-3f};
-    for (int v = 0; v < 3; v++) {
+    const float values[] = {0.0f, 2.5f, -1e-3f, -0.0f, NAN};  // -0.0: its sign bit too (bitwise)
+    for (int v = 0; v < 5; v++) {
       cpu_fill(ref, n, values[v]);
       cuda_fill(d, n, values[v]);
       snprintf(what, sizeof what, "fill(%g) n=%lld", values[v], (long long)n);
@@ -426,6 +497,24 @@ static ConvGeom make_geom(int64_t b, int64_t c, int64_t h, int64_t w, int64_t o,
   return g;
 }
 
+// The kernels with a workspace of the size they ask for (exactly: no slack hides an undersized one).
+static void conv_forward_ws(const float *x, const float *w, const float *bias, float *y, const ConvGeom *g) {
+  size_t bytes = cuda_conv2d_forward_workspace(g);
+  void *ws = bytes ? cuda_device_malloc(bytes) : NULL;
+  ck_assert(!bytes || ws);
+  cuda_conv2d_forward(x, w, bias, y, g, ws, bytes);
+  cuda_device_free(ws);
+}
+
+static void conv_backward_ws(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db,
+                             const ConvGeom *g) {
+  size_t bytes = cuda_conv2d_backward_workspace(g, dx != NULL, dw != NULL);
+  void *ws = bytes ? cuda_device_malloc(bytes) : NULL;
+  ck_assert(!bytes || ws);
+  cuda_conv2d_backward(x, w, dy, dx, dw, db, g, ws, bytes);
+  cuda_device_free(ws);
+}
+
 static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
   int64_t nx = g->batch * g->in_ch * g->in_h * g->in_w, nw = g->out_ch * g->in_ch * g->kh * g->kw;
   int64_t ny = g->batch * g->out_ch * g->out_h * g->out_w, nb = g->out_ch;
@@ -447,7 +536,7 @@ static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
   float *d_x = dev_upload(x, nx), *d_w = dev_upload(w, nw), *d_bias = dev_upload(bias, nb);
   float *d_y = dev_upload(y, ny);
   cuda_fill(d_y, ny, NAN);  // forward overwrites (beta = 0)
-  cuda_conv2d_forward(d_x, d_w, with_bias ? d_bias : NULL, d_y, g);
+  conv_forward_ws(d_x, d_w, with_bias ? d_bias : NULL, d_y, g);
   snprintf(msg, sizeof msg, "%s: forward", what);
   expect_close(msg, d_y, y, ny, TOL);
 
@@ -459,7 +548,7 @@ static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
   cpu_conv2d_backward(x, w, dy, dx, dw, with_bias ? db : NULL, g, ws);
   float *d_dy = dev_upload(dy, ny), *d_dx = dev_upload(dx0, nx), *d_dw = dev_upload(dw0, nw);
   float *d_db = dev_upload(db0, nb);
-  cuda_conv2d_backward(d_x, d_w, d_dy, d_dx, d_dw, with_bias ? d_db : NULL, g);
+  conv_backward_ws(d_x, d_w, d_dy, d_dx, d_dw, with_bias ? d_db : NULL, g);
   snprintf(msg, sizeof msg, "%s: dx", what);
   expect_close(msg, d_dx, dx, nx, TOL);
   snprintf(msg, sizeof msg, "%s: dw", what);
@@ -473,7 +562,7 @@ static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
     cuda_memcpy_h2d(d_dx, dx0, (size_t)nx * sizeof(float));
     cuda_memcpy_h2d(d_dw, dw0, (size_t)nw * sizeof(float));
     cuda_memcpy_h2d(d_db, db0, (size_t)nb * sizeof(float));
-    cuda_conv2d_backward(d_x, d_w, d_dy, d_dx, d_dw, with_bias ? d_db : NULL, g);
+    conv_backward_ws(d_x, d_w, d_dy, d_dx, d_dw, with_bias ? d_db : NULL, g);
     snprintf(msg, sizeof msg, "%s: dx run to run", what);
     expect_bitwise(msg, d_dx, first_dx, nx);
     snprintf(msg, sizeof msg, "%s: dw run to run", what);
@@ -489,7 +578,7 @@ static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
   memset(dx, 0, (size_t)nx * sizeof(float));
   cpu_conv2d_backward(x, w, dy, dx, NULL, NULL, g, ws);
   cuda_fill(d_dx, nx, 0.0f);
-  cuda_conv2d_backward(d_x, d_w, d_dy, d_dx, NULL, NULL, g);
+  conv_backward_ws(d_x, d_w, d_dy, d_dx, NULL, NULL, g);
   snprintf(msg, sizeof msg, "%s: dx alone", what);
   expect_close(msg, d_dx, dx, nx, TOL);
 
@@ -528,6 +617,99 @@ START_TEST(conv2d_heuristic_algorithms) {
   setenv("DETR_CUDNN_DETERMINISTIC", "0", 1);
   check_conv_geometries(9000);
   unsetenv("DETR_CUDNN_DETERMINISTIC");
+}
+END_TEST
+
+// The workspace limit decides the choice: with DETR_CUDNN_WORKSPACE_MB=0 every pass takes an
+// algorithm that needs no workspace (implicit GEMM forward, ALGO_0 backwards: cuDNN supports them
+// for every geometry), also when the heuristics would rank a workspace-hungry one first; results
+// still match the CPU. Geometries no other test uses, so no earlier choice is cached.
+START_TEST(conv2d_workspace_limit) {
+  const ConvGeom geoms[] = {make_geom(2, 13, 40, 44, 24, 3, 3, 1, 1, 1, 1, 1, 1),
+                            make_geom(1, 9, 64, 61, 17, 5, 5, 2, 2, 2, 2, 1, 1)};
+  setenv("DETR_CUDNN_WORKSPACE_MB", "0", 1);
+  for (int det = 0; det < 2; det++) {
+    setenv("DETR_CUDNN_DETERMINISTIC", det ? "1" : "0", 1);
+    for (size_t i = 0; i < sizeof geoms / sizeof *geoms; i++) {
+      if (!det) {  // deterministic algorithms may all need workspace: the smallest is taken, no bound
+        ck_assert_msg(cuda_conv2d_forward_workspace(&geoms[i]) == 0, "forward: workspace %zu bytes past a 0 limit",
+                      cuda_conv2d_forward_workspace(&geoms[i]));
+        ck_assert_msg(cuda_conv2d_backward_workspace(&geoms[i], true, true) == 0,
+                      "backward: workspace %zu bytes past a 0 limit",
+                      cuda_conv2d_backward_workspace(&geoms[i], true, true));
+      }
+      check_conv_case(&geoms[i], true, 9500 + 20 * i + 100 * (uint64_t)det);
+    }
+  }
+}
+END_TEST
+
+// Dropout's kernels: the CPU's mask and arithmetic bit for bit, the backward accumulating onto
+// non-zero gradients (where a multiply-add contracted into an FMA would round differently).
+START_TEST(dropout_kernels_bitwise) {
+  const int64_t sizes[] = {1, 7, 4099, 1000003};
+  const float ps[] = {0.1f, 0.5f};
+  for (size_t t = 0; t < sizeof sizes / sizeof *sizes; t++)
+    for (int k = 0; k < 2; k++) {
+      int64_t n = sizes[t];
+      char what[96];
+      float *x = host_uniform(n, 40000 + t, -3, 3), *y = host_alloc(n);
+      float *dy = host_uniform(n, 40100 + t, -3, 3), *dx = host_uniform(n, 40200 + t, -3, 3);
+      float *d_x = dev_upload(x, n), *d_y = dev_upload(y, n), *d_dy = dev_upload(dy, n), *d_dx = dev_upload(dx, n);
+      cpu_dropout_forward(x, y, n, ps[k], 77, 1000 + (uint64_t)t);
+      cuda_dropout_forward(d_x, d_y, n, ps[k], 77, 1000 + (uint64_t)t);
+      snprintf(what, sizeof what, "dropout forward p=%g n=%lld", ps[k], (long long)n);
+      expect_bitwise(what, d_y, y, n);
+      cpu_dropout_backward(dy, dx, n, ps[k], 77, 1000 + (uint64_t)t);
+      cuda_dropout_backward(d_dy, d_dx, n, ps[k], 77, 1000 + (uint64_t)t);
+      snprintf(what, sizeof what, "dropout backward (accumulating) p=%g n=%lld", ps[k], (long long)n);
+      expect_bitwise(what, d_dx, dx, n);
+      float *bufs_d[] = {d_x, d_y, d_dy, d_dx};
+      for (int i = 0; i < 4; i++) cuda_device_free(bufs_d[i]);
+      free(x), free(y), free(dy), free(dx);
+    }
+}
+END_TEST
+
+// TF32 (the `tf32` config key): off, sgemm and the convolution agree with the CPU to TOL; on, to
+// TF32's precision (inputs rounded to 10 mantissa bits: ~1e-3 relative); off again, back to TOL
+// (the switch reaches the existing cuBLAS handle). The error with TF32 on is printed: on sm_80+
+// it should be well above the fp32 error (tensor cores in use).
+static double gemm_error(int64_t m, uint64_t seed) {
+  float *a = host_uniform(m * m, seed, -1, 1), *b = host_uniform(m * m, seed + 1, -1, 1), *c = host_alloc(m * m);
+  float *d_a = dev_upload(a, m * m), *d_b = dev_upload(b, m * m), *d_c = dev_upload(c, m * m);
+  cpu_gemm(false, false, m, m, m, 1.0f, a, m, b, m, 0.0f, c, m);
+  cuda_gemm(false, false, m, m, m, 1.0f, d_a, m, d_b, m, 0.0f, d_c, m);
+  float *h = dev_download(d_c, m * m);
+  double err = max_rel_diff(h, c, m * m);
+  cuda_device_free(d_a), cuda_device_free(d_b), cuda_device_free(d_c);
+  free(a), free(b), free(c), free(h);
+  return err;
+}
+
+START_TEST(tf32_switch) {
+  double off = gemm_error(256, 41000);
+  ck_assert_msg(off <= TOL, "sgemm without TF32: relative error %.3g > %.3g", off, TOL);
+  cuda_set_tf32(true);
+  double on = gemm_error(256, 41000);
+  printf("test_gpu: sgemm 256^3 relative error: fp32 %.3g, TF32 %.3g (compute capability %d)\n", off, on,
+         cuda_compute_capability());
+  ck_assert_msg(on <= 1e-2, "sgemm with TF32: relative error %.3g > 1e-2", on);
+  const ConvGeom g = make_geom(2, 16, 24, 20, 32, 3, 3, 1, 1, 1, 1, 1, 1);
+  int64_t nx = 2 * 16 * 24 * 20, nw = 32 * 16 * 9, ny = 2 * 32 * g.out_h * g.out_w;
+  float *x = host_uniform(nx, 41100, -1, 1), *w = host_uniform(nw, 41101, -1, 1), *y = host_alloc(ny);
+  float *ws = host_alloc(cpu_conv2d_workspace_floats(&g));
+  cpu_conv2d_forward(x, w, NULL, y, &g, ws);
+  float *d_x = dev_upload(x, nx), *d_w = dev_upload(w, nw), *d_y = dev_upload(y, ny);
+  conv_forward_ws(d_x, d_w, NULL, d_y, &g);
+  expect_close("conv2d forward with TF32", d_y, y, ny, 1e-2);
+  cuda_set_tf32(false);
+  conv_forward_ws(d_x, d_w, NULL, d_y, &g);
+  expect_close("conv2d forward with TF32 off again", d_y, y, ny, TOL);
+  double again = gemm_error(256, 41000);
+  ck_assert_msg(again <= TOL, "sgemm with TF32 switched off again: relative error %.3g > %.3g", again, TOL);
+  cuda_device_free(d_x), cuda_device_free(d_w), cuda_device_free(d_y);
+  free(x), free(w), free(y), free(ws);
 }
 END_TEST
 
@@ -1505,14 +1687,24 @@ START_TEST(model_training_steps) {
 }
 END_TEST
 
-int main(void) {
-  if (cuda_device_count() == 0) {
-    printf("no CUDA device: skipping\n");
+// test_gpu [--probe]: --probe only reports the device (exit 0, 77 none, 1 unusable) and runs nothing.
+int main(int argc, char **argv) {
+  char why[512];
+  int devices = cuda_device_probe(why, sizeof why);
+  if (devices == 0) {
+    printf("no CUDA device: skipping (%s)\n", why);
     return 77;
   }
+  if (devices < 0) {  // CUDA is there but cannot be used: a failure, not a skip
+    printf("CUDA is present but unusable: %s\n", why);
+    return 1;
+  }
+  g_on_gpu = true;
+  printf("test_gpu: %d CUDA device(s); device %d, compute capability %d\n", devices, cuda_current_device(),
+         cuda_compute_capability());
+  if (argc > 1 && !strcmp(argv[1], "--probe")) return 0;
   Suite *s = suite_create("gpu");
-  TCase *kernels = tcase_create("kernels");
-  tcase_set_timeout(kernels, 600);
+  TCase *kernels = gpu_tcase(s, "kernels");
   tcase_add_test(kernels, fill_random_accumulate);
   tcase_add_test(kernels, unary_forward_backward);
   tcase_add_test(kernels, binary_forward_backward);
@@ -1521,16 +1713,15 @@ int main(void) {
   tcase_add_test(kernels, row_bias_forward_backward);
   tcase_add_test(kernels, conv2d_deterministic_algorithms);
   tcase_add_test(kernels, conv2d_heuristic_algorithms);
-  suite_add_tcase(s, kernels);
-  TCase *autograd = tcase_create("autograd");
-  tcase_set_timeout(autograd, 600);
+  tcase_add_test(kernels, conv2d_workspace_limit);
+  tcase_add_test(kernels, dropout_kernels_bitwise);
+  tcase_add_test(kernels, tf32_switch);
+  TCase *autograd = gpu_tcase(s, "autograd");
   tcase_add_test(autograd, autograd_linear);
   tcase_add_test(autograd, autograd_conv2d);
   tcase_add_test(autograd, autograd_add_broadcast);
   tcase_add_test(autograd, autograd_enact_cluster);
-  suite_add_tcase(s, autograd);
-  TCase *ops = tcase_create("ops");  // every op, forward and backward, against the CPU
-  tcase_set_timeout(ops, 600);
+  TCase *ops = gpu_tcase(s, "ops");  // every op, forward and backward, against the CPU
   tcase_add_test(ops, ops_elementwise);
   tcase_add_test(ops, ops_dropout);
   tcase_add_test(ops, ops_reduce);
@@ -1541,16 +1732,14 @@ int main(void) {
   tcase_add_test(ops, ops_losses_and_boxes);
   tcase_add_test(ops, ops_enact_smooth);
   tcase_add_test(ops, staged_uploads);
-  suite_add_tcase(s, ops);
-  TCase *model = tcase_create("model");  // the tiny DETR: a step, and AdamW training
-  tcase_set_timeout(model, 900);
+  TCase *model = gpu_tcase(s, "model");  // the tiny DETR: a step, and AdamW training
   tcase_add_test(model, model_detr_step);
   tcase_add_test(model, model_detr_enact_step);
   tcase_add_test(model, model_detr_attn_variants_step);
   tcase_add_test(model, model_training_steps);
-  suite_add_tcase(s, model);
   SRunner *sr = srunner_create(s);
-  // No fork: the CUDA context created above does not survive into a forked child.
+  // No fork: the CUDA context created above does not survive into a forked child. (So Check's
+  // own timeouts do not apply: the fixture's watchdog does.) CK_RUN_CASE=ops etc. runs one case.
   srunner_set_fork_status(sr, CK_NOFORK);
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);

@@ -23,9 +23,9 @@
 #undef main
 
 int main(void) {
+  setenv("DETR_GPU_TEST_TIMEOUT", "600", 0);  // the CPU runs both sides here: slower than a GPU
   Suite *s = suite_create("gpu_harness");
-  TCase *tc = tcase_create("cpu_as_gpu");
-  tcase_set_timeout(tc, 900);
+  TCase *tc = gpu_tcase(s, "cpu_as_gpu");  // test_gpu's fixture: clean tape and scope after each test
   tcase_add_test(tc, autograd_linear);
   tcase_add_test(tc, autograd_conv2d);
   tcase_add_test(tc, autograd_add_broadcast);
@@ -42,7 +42,6 @@ int main(void) {
   tcase_add_test(tc, model_detr_step);
   tcase_add_test(tc, model_detr_enact_step);
   tcase_add_test(tc, model_training_steps);
-  suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_set_fork_status(sr, CK_NOFORK);
   srunner_run_all(sr, CK_NORMAL);

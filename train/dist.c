@@ -18,7 +18,9 @@
 #endif
 
 static int g_rank = 0, g_size = 1, g_local_rank = 0;
+#if DETR_HAVE_MPI
 static bool g_mpi = false;   // MPI_Init was called
+#endif
 #if DETR_HAVE_NCCL
 static bool g_nccl = false;  // the NCCL communicator exists
 #endif
@@ -95,20 +97,40 @@ const char *dist_backend_name(void) {
 #endif
 }
 
+int dist_bind_device(Device dev, char *err, size_t err_cap) {
+  if (dev != DEVICE_CUDA || g_size == 1) return 0;
+#if DETR_HAVE_CUDA
+  static bool bound = false;
+  if (bound) return 0;
+  char why[512];
+  int count = cuda_device_probe(why, sizeof why);
+  if (count <= 0) {
+    snprintf(err, err_cap, "--device cuda: rank %d: %s", g_rank, why);
+    return -1;
+  }
+  // Before any other CUDA work of this process: the stream, the handles and every allocation
+  // belong to this GPU.
+  cuda_set_device(g_local_rank % count);
+  bound = true;
+  if (g_local_rank >= count)
+    fprintf(stderr, "detr: rank %d shares GPU %d (%d GPUs on this host for more ranks)\n", g_rank,
+            g_local_rank % count, count);
+  return 0;
+#else
+  snprintf(err, err_cap, "--device cuda: this build has no CUDA backend (configure with -DDETR_CUDA=ON)");
+  return -1;
+#endif
+}
+
 int dist_setup_device(Device dev, char *err, size_t err_cap) {
   if (dev != DEVICE_CUDA || g_size == 1) return 0;
 #if DETR_HAVE_NCCL && DETR_HAVE_MPI
-  int count = cuda_device_count();
-  // Before any other CUDA call of this process: the stream and the handles bind to this GPU.
-  cuda_nccl_set_device(g_local_rank % count);
+  if (dist_bind_device(dev, err, err_cap)) return -1;  // done already by setup_device; idempotent
   unsigned char id[CUDA_NCCL_ID_BYTES];
   if (g_rank == 0) cuda_nccl_unique_id(id);
   MPI_CALL(MPI_Bcast(id, CUDA_NCCL_ID_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD));
   cuda_nccl_init(id, g_rank, g_size);
   g_nccl = true;
-  if (g_local_rank >= count)
-    fprintf(stderr, "detr: rank %d shares GPU %d (%d GPUs on this host for more ranks)\n", g_rank,
-            g_local_rank % count, count);
   return 0;
 #else
   snprintf(err, err_cap, "--device cuda with %d processes needs NCCL and MPI, and this build has %s", g_size,

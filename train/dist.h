@@ -26,8 +26,13 @@ bool dist_is_main(void);    // rank 0: the one that writes files and logs
 // The MPI library this build has, or "none".
 const char *dist_backend_name(void);
 
-// CUDA runs: binds this rank to GPU local_rank % count and creates the NCCL communicator.
-// Returns 0, or -1 with err set (no NCCL in this build, fewer GPUs than ranks on a host).
+// CUDA under mpirun: binds this rank to GPU local_rank % count (once; before any other CUDA work).
+// Every verb that takes --device does it (setup_device), so training, evaluation and prediction
+// ranks spread over the host's GPUs. No-op on the CPU or in a single process. Returns 0, or -1
+// with err set (no usable GPU).
+int dist_bind_device(Device dev, char *err, size_t err_cap);
+// Training on CUDA: the binding above, then the NCCL communicator for the gradients.
+// Returns 0, or -1 with err set (no NCCL in this build).
 int dist_setup_device(Device dev, char *err, size_t err_cap);
 
 // In-place sums over the ranks. data is on `dev` (CUDA: NCCL on the compute stream).

@@ -8,6 +8,7 @@
 
 #include "nn/model_io.h"
 #include "train/checkpoint.h"
+#include "train/dist.h"
 
 #if DETR_HAVE_CUDA
 #include "kernels/cuda/cuda_kernels.h"
@@ -84,12 +85,19 @@ int setup_device(const char *name, Device *dev, char *err, size_t err_cap) {
     return -1;
   }
 #if DETR_HAVE_CUDA
-  if (cuda_device_count() == 0) {
-    snprintf(err, err_cap, "--device cuda: no CUDA device is available");
+  char why[512];
+  int n = cuda_device_probe(why, sizeof why);
+  if (n == 0) {
+    snprintf(err, err_cap, "--device cuda: no CUDA device: %s", why);
+    return -1;
+  }
+  if (n < 0) {
+    snprintf(err, err_cap, "--device cuda: %s", why);
     return -1;
   }
   *dev = DEVICE_CUDA;
-  return 0;
+  // Under mpirun each rank takes its own GPU before its first CUDA work (every verb, not only train).
+  return dist_bind_device(*dev, err, err_cap);
 #else
   snprintf(err, err_cap, "--device cuda: this build has no CUDA backend (configure with -DDETR_CUDA=ON)");
   return -1;

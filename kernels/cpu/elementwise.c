@@ -7,7 +7,7 @@
 #define PARALLEL_MIN 32768
 
 void cpu_fill(float *x, int64_t n, float value) {
-  if (value == 0.0f) {
+  if (fill_is_zero_bits(value)) {  // +0.0 only: -0.0 has its sign bit set
     memset(x, 0, (size_t)n * sizeof(float));
     return;
   }

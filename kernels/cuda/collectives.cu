@@ -22,8 +22,6 @@ static ncclComm_t g_comm = nullptr;
 
 extern "C" {
 
-void cuda_nccl_set_device(int index) { CUDA_CHECK(cudaSetDevice(index)); }
-
 void cuda_nccl_unique_id(unsigned char id[CUDA_NCCL_ID_BYTES]) {
   ncclUniqueId uid;
   NCCL_CHECK(ncclGetUniqueId(&uid));

@@ -9,8 +9,7 @@ extern "C" {
 
 #define CUDA_NCCL_ID_BYTES 128  // NCCL_UNIQUE_ID_BYTES
 
-// Selects the GPU this process uses; call before any other CUDA work of the process.
-void cuda_nccl_set_device(int index);
+// The process's GPU is selected before (cuda_set_device, train/dist.c's dist_bind_device).
 void cuda_nccl_unique_id(unsigned char id[CUDA_NCCL_ID_BYTES]);  // on rank 0, then broadcast
 void cuda_nccl_init(const unsigned char id[CUDA_NCCL_ID_BYTES], int rank, int size);
 // In-place sum over the ranks of n floats on this GPU, queued on the compute stream.

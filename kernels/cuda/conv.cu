@@ -4,16 +4,25 @@
 // cudnnConvolutionBackwardData / BackwardFilter with beta = 1 (gradients accumulate, as the CPU
 // kernels) and a deterministic bias-gradient kernel.
 //
-// Arithmetic: the convolution descriptor's math type is CUDNN_FMA_MATH. CUDNN_DEFAULT_MATH would
-// let cuDNN run fp32 convolutions on TF32 tensor cores on sm_80+ (10-bit mantissa inputs); FMA
-// math restricts it to fp32 FMA kernels, so results agree with the CPU's im2col + sgemm.
+// Arithmetic: the convolution descriptor's math type is CUDNN_FMA_MATH, which restricts cuDNN to
+// fp32 FMA kernels, so results agree with the CPU's im2col + sgemm to fp32 rounding. With TF32 on
+// (cuda_set_tf32, the `tf32` config key) it is CUDNN_DEFAULT_MATH, which lets cuDNN run fp32
+// convolutions on TF32 tensor cores on sm_80+ (inputs rounded to a 10-bit mantissa), as PyTorch's
+// torch.backends.cudnn.allow_tf32.
 //
 // Algorithms: with DETR_CUDNN_DETERMINISTIC unset or anything but "0" (the default), the
 // deterministic IMPLICIT_PRECOMP_GEMM / BWD_DATA_ALGO_1 / BWD_FILTER_ALGO_1 are used (bitwise
-// identical results run to run); should one not support a geometry, the first deterministic
-// algorithm of cuDNN's heuristics is taken instead. With DETR_CUDNN_DETERMINISTIC=0 the
-// heuristics' first usable choice is taken (possibly faster, possibly with atomics). Choices are
-// cached per geometry.
+// identical results run to run); should one not support a geometry, or need more workspace than
+// the limit, the first deterministic algorithm of cuDNN's heuristics that fits is taken instead.
+// With DETR_CUDNN_DETERMINISTIC=0 the heuristics' first usable choice that fits the limit is
+// taken (possibly faster, possibly with atomics). The limit is DETR_CUDNN_WORKSPACE_MB (default
+// 1024 MiB); when no candidate fits, the one with the smallest workspace (kernels/conv_algo.h).
+// Choices and their workspace sizes are cached per geometry.
+//
+// Workspace: the caller passes it in (autograd/ops_conv.c takes it from the caching allocator,
+// tensor/alloc.c, and gives it back once the call is queued), so it is reused across calls like
+// any tensor, counted in the allocator's statistics, and an out-of-memory empties the cache and
+// retries instead of failing. cuda_conv2d_{forward,backward}_workspace say how much.
 //
 // Not thread-safe (like the rest of the backend: one stream, driven from one host thread).
 #include <float.h>
@@ -21,6 +30,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "kernels/conv_algo.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/norm_math.h"
@@ -36,6 +46,19 @@ static bool cudnn_deterministic(void) {
   return !(v && v[0] == '0' && v[1] == '\0');
 }
 
+// The workspace an algorithm may ask for: DETR_CUDNN_WORKSPACE_MB (MiB), default 1 GiB.
+static size_t cudnn_workspace_limit(void) {
+  const char *v = getenv("DETR_CUDNN_WORKSPACE_MB");
+  if (v && *v) {
+    char *end = NULL;
+    unsigned long long mb = strtoull(v, &end, 10);
+    DETR_CHECK(end != v && *end == 0 && mb < (1ull << 40),
+               "DETR_CUDNN_WORKSPACE_MB=%s: expected a number of MiB", v);
+    return (size_t)mb << 20;
+  }
+  return (size_t)1024 << 20;
+}
+
 // --- descriptors: created per call from the geometry, destroyed on scope exit ---
 
 struct ConvDescs {
@@ -43,7 +66,7 @@ struct ConvDescs {
   cudnnFilterDescriptor_t w;     // w [O, C, KH, KW]
   cudnnConvolutionDescriptor_t conv;
 
-  explicit ConvDescs(const ConvGeom *g) {
+  ConvDescs(const ConvGeom *g, bool tf32) {
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
     CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
@@ -60,7 +83,7 @@ struct ConvDescs {
     CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, g->pad_h, g->pad_w, g->stride_h, g->stride_w,
                                                 g->dil_h, g->dil_w, CUDNN_CROSS_CORRELATION,
                                                 CUDNN_DATA_FLOAT));
-    CUDNN_CHECK(cudnnSetConvolutionMathType(conv, CUDNN_FMA_MATH));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(conv, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
     // The geometry's output size (torch's formula) must be the one cuDNN computes.
     int on, oc, oh, ow;
     CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv, x, w, &on, &oc, &oh, &ow));
@@ -80,36 +103,15 @@ struct ConvDescs {
   ConvDescs &operator=(const ConvDescs &) = delete;
 };
 
-// --- workspace: one device buffer, grown on demand and reused by every call ---
-// Kept here, not in the caching allocator, so that kernels/ does not call up into tensor/.
-// Work on the single stream is ordered, so reusing the buffer across calls is safe.
-
-static void *g_workspace = NULL;
-static size_t g_workspace_bytes = 0;
-
-static void *conv_workspace(size_t bytes) {
-  if (bytes <= g_workspace_bytes) return g_workspace;
-  if (g_workspace) CUDA_CHECK(cudaFree(g_workspace));  // synchronises: no queued use remains
-  g_workspace = NULL;
-  g_workspace_bytes = 0;
-  cudaError_t err = cudaMalloc(&g_workspace, bytes);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    detr_fail(__FILE__, __LINE__, "conv2d (cuDNN): cannot allocate a %zu-byte workspace: %s", bytes,
-              cudaGetErrorString(err));
-  }
-  g_workspace_bytes = bytes;
-  return g_workspace;
-}
-
-// --- algorithm choice, cached per (geometry, determinism) ---
+// --- algorithm choice and its workspace, cached per (geometry, determinism, TF32) ---
 
 #define ALGO_UNSET (-1)
 
 struct AlgoCacheEntry {
   ConvGeom g;
-  bool deterministic;
+  bool deterministic, tf32;
   int fwd, bwd_data, bwd_filter;  // ALGO_UNSET until first chosen
+  size_t fwd_bytes, bwd_data_bytes, bwd_filter_bytes;
 };
 
 #define ALGO_CACHE_SIZE 256
@@ -124,9 +126,10 @@ static bool geom_equal(const ConvGeom *a, const ConvGeom *b) {
          a->dil_w == b->dil_w;
 }
 
-static AlgoCacheEntry *algo_cache_entry(const ConvGeom *g, bool deterministic) {
+static AlgoCacheEntry *algo_cache_entry(const ConvGeom *g, bool deterministic, bool tf32) {
   for (int i = 0; i < g_algo_cache_count; i++)
-    if (g_algo_cache[i].deterministic == deterministic && geom_equal(&g_algo_cache[i].g, g))
+    if (g_algo_cache[i].deterministic == deterministic && g_algo_cache[i].tf32 == tf32 &&
+        geom_equal(&g_algo_cache[i].g, g))
       return &g_algo_cache[i];
   // Not cached: take a free slot, or replace the oldest once full (the choice is recomputable).
   int slot = g_algo_cache_count < ALGO_CACHE_SIZE ? g_algo_cache_count++ : g_algo_cache_next;
@@ -134,84 +137,143 @@ static AlgoCacheEntry *algo_cache_entry(const ConvGeom *g, bool deterministic) {
   AlgoCacheEntry *e = &g_algo_cache[slot];
   e->g = *g;
   e->deterministic = deterministic;
+  e->tf32 = tf32;
   e->fwd = e->bwd_data = e->bwd_filter = ALGO_UNSET;
+  e->fwd_bytes = e->bwd_data_bytes = e->bwd_filter_bytes = 0;
   return e;
 }
 
-// Each chooser: the preferred deterministic algorithm when it supports this geometry (its
-// workspace query succeeds), else the first heuristic result that ran fine (and is deterministic
-// when required) and whose workspace query succeeds.
+// The entry for g under the current settings.
+static AlgoCacheEntry *current_entry(const ConvGeom *g) {
+  return algo_cache_entry(g, cudnn_deterministic(), detr_cuda_tf32());
+}
 
-static cudnnConvolutionFwdAlgo_t choose_fwd(const ConvDescs &d, bool deterministic) {
+// Each chooser lists the candidates - the preferred deterministic algorithm first (when
+// determinism is required), then cuDNN's heuristic order - with their workspace sizes, and takes
+// conv_algo_pick's choice (kernels/conv_algo.h): the first usable (deterministic) one within the
+// workspace limit, else the smallest workspace.
+
+#define MAX_CANDIDATES 32
+
+static void choose_fwd(const ConvDescs &d, AlgoCacheEntry *e) {
   cudnnHandle_t h = detr_cudnn_handle();
-  size_t bytes;
-  if (deterministic) {
+  ConvAlgoOption opts[MAX_CANDIDATES];
+  int n = 0;
+  size_t bytes = 0;
+  if (e->deterministic) {
     cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
-    if (cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, algo, &bytes) ==
-        CUDNN_STATUS_SUCCESS)
-      return algo;
+    bool ok = cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, algo, &bytes) ==
+              CUDNN_STATUS_SUCCESS;
+    opts[n++] = {(int)algo, ok, true, ok ? bytes : 0};
   }
   cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
   int returned = 0;
   CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
       h, d.x, d.w, d.conv, d.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf));
-  for (int i = 0; i < returned; i++) {
-    if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
-    if (deterministic && perf[i].determinism != CUDNN_DETERMINISTIC) continue;
-    if (cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, perf[i].algo, &bytes) ==
-        CUDNN_STATUS_SUCCESS)
-      return perf[i].algo;
+  for (int i = 0; i < returned && n < MAX_CANDIDATES; i++) {
+    bool ok = perf[i].status == CUDNN_STATUS_SUCCESS &&
+              cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, perf[i].algo, &bytes) ==
+                  CUDNN_STATUS_SUCCESS;
+    opts[n++] = {(int)perf[i].algo, ok, perf[i].determinism == CUDNN_DETERMINISTIC, ok ? bytes : 0};
   }
-  DETR_FAIL("conv2d (cuDNN): no %sforward algorithm supports this geometry",
-            deterministic ? "deterministic " : "");
+  int k = conv_algo_pick(opts, n, e->deterministic, cudnn_workspace_limit());
+  DETR_CHECK(k >= 0, "conv2d (cuDNN): no %sforward algorithm supports this geometry",
+             e->deterministic ? "deterministic " : "");
+  e->fwd = opts[k].algo;
+  e->fwd_bytes = opts[k].bytes;
 }
 
-static cudnnConvolutionBwdDataAlgo_t choose_bwd_data(const ConvDescs &d, bool deterministic) {
+static void choose_bwd_data(const ConvDescs &d, AlgoCacheEntry *e) {
   cudnnHandle_t h = detr_cudnn_handle();
-  size_t bytes;
-  if (deterministic) {
+  ConvAlgoOption opts[MAX_CANDIDATES];
+  int n = 0;
+  size_t bytes = 0;
+  if (e->deterministic) {
     cudnnConvolutionBwdDataAlgo_t algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-    if (cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, algo, &bytes) ==
-        CUDNN_STATUS_SUCCESS)
-      return algo;
+    bool ok = cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, algo, &bytes) ==
+              CUDNN_STATUS_SUCCESS;
+    opts[n++] = {(int)algo, ok, true, ok ? bytes : 0};
   }
   cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
   int returned = 0;
   CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
       h, d.w, d.y, d.conv, d.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, perf));
-  for (int i = 0; i < returned; i++) {
-    if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
-    if (deterministic && perf[i].determinism != CUDNN_DETERMINISTIC) continue;
-    if (cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, perf[i].algo,
-                                                     &bytes) == CUDNN_STATUS_SUCCESS)
-      return perf[i].algo;
+  for (int i = 0; i < returned && n < MAX_CANDIDATES; i++) {
+    bool ok = perf[i].status == CUDNN_STATUS_SUCCESS &&
+              cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, perf[i].algo, &bytes) ==
+                  CUDNN_STATUS_SUCCESS;
+    opts[n++] = {(int)perf[i].algo, ok, perf[i].determinism == CUDNN_DETERMINISTIC, ok ? bytes : 0};
   }
-  DETR_FAIL("conv2d (cuDNN): no %sbackward-data algorithm supports this geometry",
-            deterministic ? "deterministic " : "");
+  int k = conv_algo_pick(opts, n, e->deterministic, cudnn_workspace_limit());
+  DETR_CHECK(k >= 0, "conv2d (cuDNN): no %sbackward-data algorithm supports this geometry",
+             e->deterministic ? "deterministic " : "");
+  e->bwd_data = opts[k].algo;
+  e->bwd_data_bytes = opts[k].bytes;
 }
 
-static cudnnConvolutionBwdFilterAlgo_t choose_bwd_filter(const ConvDescs &d, bool deterministic) {
+static void choose_bwd_filter(const ConvDescs &d, AlgoCacheEntry *e) {
   cudnnHandle_t h = detr_cudnn_handle();
-  size_t bytes;
-  if (deterministic) {
+  ConvAlgoOption opts[MAX_CANDIDATES];
+  int n = 0;
+  size_t bytes = 0;
+  if (e->deterministic) {
     cudnnConvolutionBwdFilterAlgo_t algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
-    if (cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, algo, &bytes) ==
-        CUDNN_STATUS_SUCCESS)
-      return algo;
+    bool ok = cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, algo, &bytes) ==
+              CUDNN_STATUS_SUCCESS;
+    opts[n++] = {(int)algo, ok, true, ok ? bytes : 0};
   }
   cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
   int returned = 0;
   CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
       h, d.x, d.y, d.conv, d.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, perf));
-  for (int i = 0; i < returned; i++) {
-    if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
-    if (deterministic && perf[i].determinism != CUDNN_DETERMINISTIC) continue;
-    if (cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, perf[i].algo,
-                                                       &bytes) == CUDNN_STATUS_SUCCESS)
-      return perf[i].algo;
+  for (int i = 0; i < returned && n < MAX_CANDIDATES; i++) {
+    bool ok = perf[i].status == CUDNN_STATUS_SUCCESS &&
+              cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, perf[i].algo, &bytes) ==
+                  CUDNN_STATUS_SUCCESS;
+    opts[n++] = {(int)perf[i].algo, ok, perf[i].determinism == CUDNN_DETERMINISTIC, ok ? bytes : 0};
   }
-  DETR_FAIL("conv2d (cuDNN): no %sbackward-filter algorithm supports this geometry",
-            deterministic ? "deterministic " : "");
+  int k = conv_algo_pick(opts, n, e->deterministic, cudnn_workspace_limit());
+  DETR_CHECK(k >= 0, "conv2d (cuDNN): no %sbackward-filter algorithm supports this geometry",
+             e->deterministic ? "deterministic " : "");
+  e->bwd_filter = opts[k].algo;
+  e->bwd_filter_bytes = opts[k].bytes;
+}
+
+// Whether cuDNN runs at all for g (an empty output or C = 0 is handled without it).
+static bool conv_uses_cudnn(const ConvGeom *g) {
+  return g->batch * g->out_ch * g->out_h * g->out_w > 0 && g->in_ch > 0;
+}
+
+// The entry for g with the passes asked for chosen (descriptors made only when a choice is due).
+static AlgoCacheEntry *conv_choose(const ConvGeom *g, bool fwd, bool bwd_data, bool bwd_filter) {
+  AlgoCacheEntry *e = current_entry(g);
+  if ((fwd && e->fwd == ALGO_UNSET) || (bwd_data && e->bwd_data == ALGO_UNSET) ||
+      (bwd_filter && e->bwd_filter == ALGO_UNSET)) {
+    ConvDescs d(g, e->tf32);
+    if (fwd && e->fwd == ALGO_UNSET) choose_fwd(d, e);
+    if (bwd_data && e->bwd_data == ALGO_UNSET) choose_bwd_data(d, e);
+    if (bwd_filter && e->bwd_filter == ALGO_UNSET) choose_bwd_filter(d, e);
+  }
+  return e;
+}
+
+extern "C" size_t cuda_conv2d_forward_workspace(const ConvGeom *g) {
+  if (!conv_uses_cudnn(g)) return 0;
+  return conv_choose(g, true, false, false)->fwd_bytes;
+}
+
+extern "C" size_t cuda_conv2d_backward_workspace(const ConvGeom *g, bool dx, bool dw) {
+  if (!conv_uses_cudnn(g) || (!dx && !dw)) return 0;
+  AlgoCacheEntry *e = conv_choose(g, false, dx, dw);
+  size_t a = dx ? e->bwd_data_bytes : 0, b = dw ? e->bwd_filter_bytes : 0;
+  return a > b ? a : b;  // the passes run one after the other on the stream: one buffer serves both
+}
+
+static void check_workspace(const char *pass, size_t need, void *ws, size_t have) {
+  DETR_CHECK(need <= have && (need == 0 || ws),
+             "conv2d (cuDNN) %s: the algorithm needs a %zu-byte workspace, %zu given "
+             "(cuda_conv2d_*_workspace)",
+             pass, need, ws ? have : 0);
 }
 
 // --- bias ---
@@ -252,24 +314,19 @@ static int64_t conv_output_numel(const ConvGeom *g) {
 }
 
 extern "C" void cuda_conv2d_forward(const float *x, const float *w, const float *bias, float *y,
-                                    const ConvGeom *g) {
+                                    const ConvGeom *g, void *workspace, size_t workspace_bytes) {
   int64_t total = conv_output_numel(g);
   if (total == 0) return;
   if (g->in_ch == 0) {  // an empty sum (cuDNN rejects C = 0): zeros, then the bias, as the CPU
     CUDA_CHECK(cudaMemsetAsync(y, 0, (size_t)total * sizeof(float), detr_cuda_stream()));
   } else {
-    ConvDescs d(g);
-    bool det = cudnn_deterministic();
-    AlgoCacheEntry *e = algo_cache_entry(g, det);
-    if (e->fwd == ALGO_UNSET) e->fwd = (int)choose_fwd(d, det);
+    AlgoCacheEntry *e = conv_choose(g, true, false, false);
+    check_workspace("forward", e->fwd_bytes, workspace, workspace_bytes);
+    ConvDescs d(g, e->tf32);
     cudnnConvolutionFwdAlgo_t algo = (cudnnConvolutionFwdAlgo_t)e->fwd;
-    cudnnHandle_t h = detr_cudnn_handle();
-    size_t bytes = 0;
-    CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, algo, &bytes));
-    void *ws = bytes ? conv_workspace(bytes) : NULL;
     const float one = 1.0f, zero = 0.0f;  // beta = 0: y is overwritten
-    CUDNN_CHECK(
-        cudnnConvolutionForward(h, &one, d.x, x, d.w, w, d.conv, algo, ws, bytes, &zero, d.y, y));
+    CUDNN_CHECK(cudnnConvolutionForward(detr_cudnn_handle(), &one, d.x, x, d.w, w, d.conv, algo,
+                                        e->fwd_bytes ? workspace : NULL, e->fwd_bytes, &zero, d.y, y));
   }
   if (bias) {
     int64_t spatial = g->out_h * g->out_w;
@@ -281,40 +338,33 @@ extern "C" void cuda_conv2d_forward(const float *x, const float *w, const float 
 
 // dx [B, C, H, W] += conv^T(dy), dw [O, C, KH, KW] += dy (*) x; either may be NULL.
 static void conv_backward_cudnn(const float *x, const float *w, const float *dy, float *dx,
-                                float *dw, const ConvGeom *g) {
-  ConvDescs d(g);
-  bool det = cudnn_deterministic();
-  AlgoCacheEntry *e = algo_cache_entry(g, det);
+                                float *dw, const ConvGeom *g, void *ws, size_t ws_bytes) {
+  AlgoCacheEntry *e = conv_choose(g, false, dx != NULL, dw != NULL);
+  ConvDescs d(g, e->tf32);
   cudnnHandle_t h = detr_cudnn_handle();
   const float one = 1.0f;  // alpha = 1, beta = 1: gradients accumulate into dx, dw
   if (dx) {
-    if (e->bwd_data == ALGO_UNSET) e->bwd_data = (int)choose_bwd_data(d, det);
-    cudnnConvolutionBwdDataAlgo_t algo = (cudnnConvolutionBwdDataAlgo_t)e->bwd_data;
-    size_t bytes = 0;
-    CUDNN_CHECK(
-        cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, algo, &bytes));
-    void *ws = bytes ? conv_workspace(bytes) : NULL;
-    CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w, w, d.y, dy, d.conv, algo, ws, bytes,
-                                             &one, d.x, dx));
+    check_workspace("backward-data", e->bwd_data_bytes, ws, ws_bytes);
+    CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w, w, d.y, dy, d.conv,
+                                             (cudnnConvolutionBwdDataAlgo_t)e->bwd_data,
+                                             e->bwd_data_bytes ? ws : NULL, e->bwd_data_bytes, &one, d.x, dx));
   }
   if (dw) {
-    if (e->bwd_filter == ALGO_UNSET) e->bwd_filter = (int)choose_bwd_filter(d, det);
-    cudnnConvolutionBwdFilterAlgo_t algo = (cudnnConvolutionBwdFilterAlgo_t)e->bwd_filter;
-    size_t bytes = 0;
-    CUDNN_CHECK(
-        cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, algo, &bytes));
-    void *ws = bytes ? conv_workspace(bytes) : NULL;
-    CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, d.x, x, d.y, dy, d.conv, algo, ws, bytes,
-                                               &one, d.w, dw));
+    check_workspace("backward-filter", e->bwd_filter_bytes, ws, ws_bytes);
+    CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, d.x, x, d.y, dy, d.conv,
+                                               (cudnnConvolutionBwdFilterAlgo_t)e->bwd_filter,
+                                               e->bwd_filter_bytes ? ws : NULL, e->bwd_filter_bytes, &one, d.w,
+                                               dw));
   }
 }
 
 extern "C" void cuda_conv2d_backward(const float *x, const float *w, const float *dy, float *dx,
-                                     float *dw, float *dbias, const ConvGeom *g) {
+                                     float *dw, float *dbias, const ConvGeom *g, void *workspace,
+                                     size_t workspace_bytes) {
   if (!dx && !dw && !dbias) return;
   if (conv_output_numel(g) == 0) return;  // no output: every gradient term is zero
   if (g->in_ch == 0) dx = dw = NULL;      // both are empty
-  if (dx || dw) conv_backward_cudnn(x, w, dy, dx, dw, g);
+  if (dx || dw) conv_backward_cudnn(x, w, dy, dx, dw, g, workspace, workspace_bytes);
   if (dbias) {
     unsigned int grid = (unsigned int)(g->out_ch < 65535 ? g->out_ch : 65535);
     conv_bias_backward_kernel<<<grid, DETR_BLOCK, 0, detr_cuda_stream()>>>(

@@ -17,7 +17,22 @@ extern "C" {
 #endif
 
 // runtime.cu
-int cuda_device_count(void);  // 0 when no usable GPU (no driver, no device): never fails
+// The number of GPUs this process can use (> 0); 0 with why set when the machine has none (no
+// NVIDIA driver installed, or the driver finds no GPU: skip, or refuse --device cuda); -1 with why
+// set when CUDA is present but unusable (a driver older than this build's runtime, mismatched
+// driver parts, busy GPUs, ...: an error to report). kernels/cuda_status.h words the reasons.
+int cuda_device_probe(char *why, size_t cap);
+int cuda_device_count(void);  // cuda_device_probe's count; stops the process with the reason on -1
+// Binds this process (its stream, handles and allocations) to GPU index; before other CUDA work.
+void cuda_set_device(int index);
+int cuda_current_device(void);
+int cuda_compute_capability(void);  // of the current device: 10 * major + minor (90 for an H100)
+// TF32 tensor-core math for cuBLAS (CUBLAS_TF32_TENSOR_OP_MATH) and cuDNN (CUDNN_DEFAULT_MATH):
+// faster fp32 matmuls and convolutions on sm_80+ with inputs rounded to a 10-bit mantissa. Off by
+// default (plain fp32 FMA math, which agrees with the CPU to fp32 rounding). Process-wide; applies
+// to the work queued after the call.
+void cuda_set_tf32(bool on);
+bool cuda_tf32_enabled(void);
 void *cuda_device_malloc(size_t bytes);  // NULL on out-of-memory
 void cuda_device_free(void *ptr);
 // From any host memory: staged through pinned blocks, queued on the stream; src is free on return.
@@ -60,11 +75,16 @@ void cuda_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
 void cuda_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols);
 void cuda_row_bias_backward(const float *dy, float *dbias, int64_t rows, int64_t cols);
 
-// conv.cu (cuDNN). dx, dw, dbias may be NULL; gradients accumulate.
+// conv.cu (cuDNN). dx, dw, dbias may be NULL; gradients accumulate. The caller provides cuDNN's
+// workspace (device memory, at least the bytes the _workspace function gives for g under the
+// current settings; NULL when that is 0): the algorithms are chosen, within
+// DETR_CUDNN_WORKSPACE_MB, and cached per geometry by the size query.
+size_t cuda_conv2d_forward_workspace(const ConvGeom *g);
+size_t cuda_conv2d_backward_workspace(const ConvGeom *g, bool dx, bool dw);
 void cuda_conv2d_forward(const float *x, const float *w, const float *bias, float *y,
-                         const ConvGeom *g);
+                         const ConvGeom *g, void *workspace, size_t workspace_bytes);
 void cuda_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, float *dw,
-                          float *dbias, const ConvGeom *g);
+                          float *dbias, const ConvGeom *g, void *workspace, size_t workspace_bytes);
 // conv.cu: max pooling (argmax [B, C, HO, WO] int32 on the device) and frozen batch norm.
 void cuda_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const ConvGeom *g);
 void cuda_maxpool2d_backward(const float *dy, const int32_t *argmax, float *dx, const ConvGeom *g);

@@ -34,7 +34,7 @@ __global__ void accumulate_kernel(float *dst, const float *src, int64_t n) {
 
 extern "C" void cuda_fill(float *x, int64_t n, float value) {
   if (n <= 0) return;
-  if (value == 0.0f) {  // all-zero bits: a memset is the fastest fill
+  if (fill_is_zero_bits(value)) {  // +0.0 (not -0.0): all-zero bits, a memset is the fastest fill
     CUDA_CHECK(cudaMemsetAsync(x, 0, (size_t)n * sizeof(float), detr_cuda_stream()));
     return;
   }
@@ -302,14 +302,17 @@ __global__ void dropout_forward_kernel(const float *x, float *y, int64_t n, int6
   }
 }
 
-// dy, dx [n]: dx += kept dy * keep_scale (one writer per element).
+// dy, dx [n]: dx += kept dy * keep_scale (one writer per element). __fmul_rn / __fadd_rn: nvcc
+// would contract `dx + dy * s` into one FMA (one rounding), the CPU rounds the product and the sum
+// separately; with these the gradient is the CPU's bit for bit (tests/check_no_fma.cmake checks
+// the PTX).
 __global__ void dropout_backward_kernel(const float *dy, float *dx, int64_t n, int64_t groups, float p,
                                         float keep_scale, uint64_t seed, uint64_t offset) {
   GRID_STRIDE_LOOP(q, groups) {
     Philox4 r = philox4x32(offset + (uint64_t)q, seed);
     for (int k = 0; k < 4 && 4 * q + k < n; k++) {
       int64_t i = 4 * q + k;
-      if (dropout_keeps(r.v[k], p)) dx[i] += dy[i] * keep_scale;
+      if (dropout_keeps(r.v[k], p)) dx[i] = __fadd_rn(dx[i], __fmul_rn(dy[i], keep_scale));
     }
   }
 }

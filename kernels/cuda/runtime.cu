@@ -3,10 +3,20 @@
 // stream, the order of launches is the order of execution, so a block freed to the caching
 // allocator (tensor/alloc.c) can be handed out again at once: later work is queued behind earlier.
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_util.cuh"
+#include "kernels/cuda_status.h"
+
+static_assert(DETR_CUDA_ERROR_INITIALIZATION == cudaErrorInitializationError, "kernels/cuda_status.h");
+static_assert(DETR_CUDA_ERROR_INSUFFICIENT_DRIVER == cudaErrorInsufficientDriver, "kernels/cuda_status.h");
+static_assert(DETR_CUDA_ERROR_DEVICES_UNAVAILABLE == cudaErrorDevicesUnavailable, "kernels/cuda_status.h");
+static_assert(DETR_CUDA_ERROR_NO_DEVICE == cudaErrorNoDevice, "kernels/cuda_status.h");
+static_assert(DETR_CUDA_ERROR_SYSTEM_NOT_READY == cudaErrorSystemNotReady, "kernels/cuda_status.h");
+static_assert(DETR_CUDA_ERROR_SYSTEM_DRIVER_MISMATCH == cudaErrorSystemDriverMismatch, "kernels/cuda_status.h");
+static_assert(DETR_CUDA_ERROR_COMPAT_NOT_SUPPORTED == cudaErrorCompatNotSupportedOnDevice, "kernels/cuda_status.h");
 
 // Function-local statics: created on first use, and C++ guarantees a thread-safe one-time init.
 
@@ -21,22 +31,34 @@ cudaStream_t detr_cuda_stream(void) {
   return stream;
 }
 
+// TF32 tensor-core math for cuBLAS and cuDNN (cuda_set_tf32): off unless asked for.
+static bool g_tf32 = false;
+static bool g_cublas_created = false;
+
+// CUBLAS_DEFAULT_MATH keeps sgemm in plain fp32 (FMA) arithmetic, so results match the CPU's
+// sgemm to fp32 rounding; CUBLAS_TF32_TENSOR_OP_MATH (the tf32 option) rounds the inputs to TF32
+// (10-bit mantissa) on the tensor cores of sm_80+, as torch.backends.cuda.matmul.allow_tf32.
+// BF16x9 emulation (CUBLAS_FP32_EMULATED_BF16X9_MATH) is never set. Set explicitly rather than
+// relying on the handle's initial mode. (PEDANTIC would also forbid reduced-precision split-K
+// reductions, which fp32 sgemm does not use, at a speed cost.) cuBLAS is bitwise reproducible run
+// to run on one stream and one GPU model, in either mode.
+static void cublas_apply_math_mode(cublasHandle_t h) {
+  CUBLAS_CHECK(cublasSetMathMode(h, g_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+}
+
 cublasHandle_t detr_cublas_handle(void) {
   static cublasHandle_t handle = [] {
     cublasHandle_t h;
     CUBLAS_CHECK(cublasCreate(&h));
     CUBLAS_CHECK(cublasSetStream(h, detr_cuda_stream()));
-    // CUBLAS_DEFAULT_MATH keeps sgemm in plain fp32 (FMA) arithmetic: TF32 tensor cores
-    // (CUBLAS_TF32_TENSOR_OP_MATH) and BF16x9 emulation (CUBLAS_FP32_EMULATED_BF16X9_MATH) are
-    // opt-in modes that we do not set, so results match the CPU's sgemm to fp32 rounding.
-    // Set explicitly rather than relying on the handle's initial mode. (PEDANTIC would also
-    // forbid reduced-precision split-K reductions, which fp32 sgemm does not use, at a speed
-    // cost.) cuBLAS is bitwise reproducible run to run on one stream and one GPU model.
-    CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    cublas_apply_math_mode(h);
+    g_cublas_created = true;
     return h;
   }();
   return handle;
 }
+
+bool detr_cuda_tf32(void) { return g_tf32; }
 
 cudnnHandle_t detr_cudnn_handle(void) {
   static cudnnHandle_t handle = [] {
@@ -50,19 +72,59 @@ cudnnHandle_t detr_cudnn_handle(void) {
 
 extern "C" {
 
-int cuda_device_count(void) {
-  // Without a driver or a GPU this reports an error (cudaErrorNoDevice, ...InsufficientDriver):
-  // that means "no CUDA here", not a failure. Clear it so that no later check trips over it.
-  static int count = [] {
-    int n = 0;
-    cudaError_t err = cudaGetDeviceCount(&n);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      n = 0;
-    }
-    return n;
+int cuda_device_probe(char *why, size_t cap) {
+  // Asked once: cudaGetDeviceCount initialises the runtime, and its answer does not change.
+  struct Probe {
+    int status, count, driver, runtime;
+  };
+  static Probe p = [] {
+    Probe r = {0, 0, 0, 0};
+    cudaError_t err = cudaGetDeviceCount(&r.count);
+    r.status = (int)err;
+    if (err != cudaSuccess) r.count = 0;  // not written on failure
+    // Both version queries work without a driver (the driver's is then 0).
+    if (cudaDriverGetVersion(&r.driver) != cudaSuccess) r.driver = 0;
+    if (cudaRuntimeGetVersion(&r.runtime) != cudaSuccess) r.runtime = CUDART_VERSION;
+    (void)cudaGetLastError();  // clear the status: the caller decides, no later check trips over it
+    return r;
   }();
-  return count;
+  cudaError_t e = (cudaError_t)p.status;
+  return cuda_probe_explain(p.status, p.count, p.driver, p.runtime, cudaGetErrorName(e), cudaGetErrorString(e),
+                            getenv("CUDA_VISIBLE_DEVICES"), why, cap);
+}
+
+int cuda_device_count(void) {
+  char why[512];
+  int n = cuda_device_probe(why, sizeof why);
+  if (n < 0) detr_fail(__FILE__, __LINE__, "CUDA: %s", why);
+  return n;
+}
+
+void cuda_set_device(int index) {
+  int n = cuda_device_count();
+  DETR_CHECK(index >= 0 && index < n, "cuda_set_device(%d): %d CUDA device(s)", index, n);
+  CUDA_CHECK(cudaSetDevice(index));
+}
+
+int cuda_current_device(void) {
+  int d = 0;
+  CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+int cuda_compute_capability(void) {
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, cuda_current_device()));
+  return 10 * prop.major + prop.minor;
+}
+
+bool cuda_tf32_enabled(void) { return g_tf32; }
+
+void cuda_set_tf32(bool on) {
+  g_tf32 = on;
+  // The cuBLAS handle picks the mode up when it is created; an existing one is switched now
+  // (a mode change affects only calls queued after it). cuDNN reads it per convolution (conv.cu).
+  if (g_cublas_created) cublas_apply_math_mode(detr_cublas_handle());
 }
 
 void *cuda_device_malloc(size_t bytes) {

@@ -1,0 +1,209 @@
+// step_compare: the pieces of a `detr step` comparison between two devices (tools/gpu_check.sh),
+// with no Python: a random batch file, a weights file both runs load (so both start from the same
+// bits: an initialisation drawn on the GPU differs from the CPU's by the device's logf ulps), and
+// the comparison of two `detr step` outputs.
+//
+//   step_compare batch   --out B.safetensors [--batch 2] [--hw 128x160] [--classes 7] [--boxes 3] [--seed 1]
+//                        [--target-seed S]   (targets from their own seed; default: --seed)
+//   step_compare weights --config PRESET [--set key=value ...] [--seed 1] --out W.safetensors
+//   step_compare diff    REF.safetensors TEST.safetensors [--tol 1e-3]
+//
+// diff compares every tensor of REF with TEST's (the same names, dtypes and shapes): integer ones
+// (the matches, ENACT's regions) must be equal; float ones to max|test - ref| / max(1, max|ref|)
+// <= tol, reported per group (outputs, losses, gradients, ENACT entropy) with the worst tensor.
+// The verdict follows the order of the computation - ENACT entropy, ENACT regions, outputs,
+// matching, losses and gradients: the first group that disagrees decides. Exit status: 0 agree; 1 a
+// float group is off by more than tol (or the files differ in names, dtypes or shapes); 3 diverged:
+// a discrete choice differs (ENACT's regions or a matching) while everything before it agrees - a
+// near-tie that rounding can tip either way, after which the values are not comparable; 2 usage or
+// unreadable files. The batch has padding (image b > 0: its right third), boxes inside
+// the valid part, labels in [0, classes).
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn/detr.h"
+#include "nn/model_io.h"
+#include "tensor/safetensors.h"
+#include "train/cli.h"
+#include "train/setup.h"
+
+static int usage(void) {
+  fprintf(stderr,
+          "usage: step_compare batch --out B.safetensors [--batch 2] [--hw HxW] [--classes 7] [--boxes 3] [--seed 1]\n"
+          "       step_compare weights --config PRESET [--set key=value ...] [--seed 1] --out W.safetensors\n"
+          "       step_compare diff REF.safetensors TEST.safetensors [--tol 1e-3]\n");
+  return 2;
+}
+
+static const char *arg_value(int argc, char **argv, const char *flag, const char *fallback) {
+  for (int i = 2; i + 1 < argc; i++)
+    if (!strcmp(argv[i], flag)) return argv[i + 1];
+  return fallback;
+}
+
+static int cmd_batch(int argc, char **argv) {
+  const char *out = arg_value(argc, argv, "--out", NULL);
+  int B = atoi(arg_value(argc, argv, "--batch", "2")), classes = atoi(arg_value(argc, argv, "--classes", "7"));
+  int boxes = atoi(arg_value(argc, argv, "--boxes", "3")), H = 0, W = 0;
+  unsigned long long seed = strtoull(arg_value(argc, argv, "--seed", "1"), NULL, 10);
+  if (sscanf(arg_value(argc, argv, "--hw", "128x160"), "%dx%d", &H, &W) != 2 || !out || B < 1 || B > 64 ||
+      classes < 1 || boxes < 0 || boxes > 100 || H < 32 || W < 32)
+    return usage();
+  Rng rng = rng_make(seed);
+  Tensor *images = tensor_new(DEVICE_CPU, SHAPE(B, 3, H, W));
+  tensor_normal_(images, &rng, 0.0f, 1.0f);
+  rng = rng_make(strtoull(arg_value(argc, argv, "--target-seed", arg_value(argc, argv, "--seed", "1")), NULL, 10) +
+                 0x9e3779b97f4a7c15ull);
+  uint8_t *mask = calloc((size_t)B * (size_t)H * (size_t)W, 1);
+  float *bx = malloc(sizeof(float) * 4 * (size_t)(boxes ? boxes : 1));
+  int64_t *lb = malloc(sizeof(int64_t) * (size_t)(boxes ? boxes : 1));
+  if (!mask || !bx || !lb) return 2;
+  StWriter *w = st_writer_new();
+  for (int b = 0; b < B; b++) {
+    int valid_w = b ? W - W / 3 : W;  // image b > 0: the right third is padding
+    for (int y = 0; y < H; y++)
+      for (int x = valid_w; x < W; x++) mask[((size_t)b * H + y) * W + x] = 1;
+    float frac = (float)valid_w / (float)W;  // boxes are normalised by the padded size
+    for (int k = 0; k < boxes; k++) {
+      float cw = (0.1f + 0.3f * rng_next_uniform(&rng)) * frac, ch = 0.1f + 0.3f * rng_next_uniform(&rng);
+      float cx = cw / 2 + (frac - cw) * rng_next_uniform(&rng), cy = ch / 2 + (1.0f - ch) * rng_next_uniform(&rng);
+      bx[4 * k] = cx, bx[4 * k + 1] = cy, bx[4 * k + 2] = cw, bx[4 * k + 3] = ch;
+      lb[k] = (int64_t)rng_next_below(&rng, (uint64_t)classes);
+    }
+    char name[64];
+    snprintf(name, sizeof name, "targets.%d.boxes", b);
+    st_writer_add(w, name, ST_F32, 2, (int64_t[]){boxes, 4}, bx);
+    snprintf(name, sizeof name, "targets.%d.labels", b);
+    st_writer_add(w, name, ST_I64, 1, (int64_t[]){boxes}, lb);
+  }
+  st_writer_add_tensor(w, "images", images);
+  st_writer_add(w, "mask", ST_U8, 3, (int64_t[]){B, H, W}, mask);
+  char err[512];
+  int rc = st_writer_save(w, out, err, sizeof err);
+  if (rc) fprintf(stderr, "step_compare batch: %s\n", err);
+  st_writer_free(w);
+  tensor_release(images);
+  free(mask), free(bx), free(lb);
+  return rc ? 2 : 0;
+}
+
+static int cmd_weights(int argc, char **argv) {
+  const char *config = arg_value(argc, argv, "--config", NULL), *out = arg_value(argc, argv, "--out", NULL);
+  unsigned long long seed = strtoull(arg_value(argc, argv, "--seed", "1"), NULL, 10);
+  CliList sets = {0};
+  for (int i = 2; i + 1 < argc; i++)
+    if (!strcmp(argv[i], "--set") && sets.count < CLI_MAX_LIST) sets.items[sets.count++] = argv[++i];
+  if (!config || !out) return usage();
+  char err[1024];
+  DetrConfig cfg;
+  if (setup_model_config(config, &sets, &cfg, err, sizeof err)) {
+    fprintf(stderr, "step_compare weights: %s\n", err);
+    return 2;
+  }
+  DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
+  detr_model_init(m, seed);
+  StWriter *w = st_writer_new();
+  params_save(&m->params, w, "");
+  int rc = st_writer_save(w, out, err, sizeof err);
+  if (rc) fprintf(stderr, "step_compare weights: %s\n", err);
+  st_writer_free(w);
+  detr_model_free(m);
+  return rc ? 2 : 0;
+}
+
+// --- diff ---
+
+// Float groups and integer kinds in the order the step computes them.
+enum { G_ENTROPY, G_OUTPUT, G_LOSS, G_GRAD, G_OTHER, G_COUNT };
+static const char *GROUP_NAMES[G_COUNT] = {"enact entropy", "outputs", "losses", "gradients", "other"};
+
+static int group_of(const char *name) {
+  if (!strncmp(name, "pred_", 5) || !strncmp(name, "aux.", 4)) return G_OUTPUT;
+  if (!strncmp(name, "loss.", 5)) return G_LOSS;
+  if (!strncmp(name, "grad.", 5)) return G_GRAD;
+  if (!strncmp(name, "enact.", 6)) return G_ENTROPY;
+  return G_OTHER;
+}
+
+static double rel_error(const float *a, const float *ref, int64_t n) {
+  double diff = 0.0, scale = 1.0;
+  for (int64_t i = 0; i < n; i++) {
+    if (isfinite(ref[i]) && fabs((double)ref[i]) > scale) scale = fabs((double)ref[i]);
+    if (a[i] == ref[i] || (isnan(a[i]) && isnan(ref[i]))) continue;
+    double d = fabs((double)a[i] - (double)ref[i]);
+    if (!isfinite(d)) d = INFINITY;
+    if (d > diff) diff = d;
+  }
+  return diff / scale;
+}
+
+static int cmd_diff(int argc, char **argv) {
+  if (argc < 4) return usage();
+  double tol = atof(arg_value(argc, argv, "--tol", "1e-3"));
+  char err[1024];
+  StFile *ref = st_open(argv[2], err, sizeof err), *test = ref ? st_open(argv[3], err, sizeof err) : NULL;
+  if (!ref || !test) {
+    fprintf(stderr, "step_compare diff: %s\n", err);
+    if (ref) st_close(ref);
+    return 2;
+  }
+  double worst[G_COUNT] = {0};
+  const char *worst_name[G_COUNT] = {0};
+  int counts[G_COUNT] = {0}, mismatched = 0, regions_differ = 0, matches_differ = 0;
+  for (int i = 0; i < st_count(ref); i++) {
+    const StEntry *r = st_entry(ref, i), *t = st_find(test, r->name);
+    if (!t || t->dtype != r->dtype || t->ndim != r->ndim || t->numel != r->numel) {
+      printf("  %s: %s\n", r->name, !t ? "missing" : "dtype or shape differs");
+      mismatched++;
+      continue;
+    }
+    if (r->dtype == ST_F32) {
+      int g = group_of(r->name);
+      const float *rd = st_data(ref, r), *td = st_data(test, t);
+      double e = rel_error(td, rd, r->numel);
+      counts[g]++;
+      if (e > worst[g] || !worst_name[g]) worst[g] = e, worst_name[g] = r->name;
+    } else if (memcmp(st_data(ref, r), st_data(test, t), r->nbytes) != 0) {
+      bool region = !strncmp(r->name, "enact.", 6);
+      printf("  %s: differs (%s)\n", r->name, region ? "ENACT's regions" : "the matching");
+      if (region) regions_differ++;
+      else matches_differ++;
+    }
+  }
+  for (int i = 0; i < st_count(test); i++)
+    if (!st_find(ref, st_entry(test, i)->name)) {
+      printf("  %s: not in the reference\n", st_entry(test, i)->name);
+      mismatched++;
+    }
+  bool over[G_COUNT] = {false};
+  for (int g = 0; g < G_COUNT; g++) {
+    if (!counts[g]) continue;
+    over[g] = !(worst[g] <= tol);
+    printf("  %-14s %4d tensors, max relative error %.3g (%s)%s\n", GROUP_NAMES[g], counts[g], worst[g],
+           worst_name[g], over[g] ? "  > tolerance" : "");
+  }
+  // The first disagreement in the order of the computation decides.
+  const char *verdict = "PASS";
+  int rc = 0;
+  if (mismatched) verdict = "FAIL (the files hold different tensors)", rc = 1;
+  else if (over[G_ENTROPY]) verdict = "FAIL (ENACT entropy)", rc = 1;
+  else if (regions_differ) verdict = "DIVERGED (ENACT's regions differ, the entropy agrees)", rc = 3;
+  else if (over[G_OUTPUT]) verdict = "FAIL (outputs)", rc = 1;
+  else if (matches_differ) verdict = "DIVERGED (the matching differs, the outputs agree)", rc = 3;
+  else if (over[G_LOSS] || over[G_GRAD] || over[G_OTHER]) verdict = "FAIL (losses or gradients)", rc = 1;
+  printf("step_compare: %s (tolerance %.3g)\n", verdict, tol);
+  st_close(ref);
+  st_close(test);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) return usage();
+  if (!strcmp(argv[1], "batch")) return cmd_batch(argc, argv);
+  if (!strcmp(argv[1], "weights")) return cmd_weights(argc, argv);
+  if (!strcmp(argv[1], "diff")) return cmd_diff(argc, argv);
+  return usage();
+}
