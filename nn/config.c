@@ -77,12 +77,7 @@ static int set_encoder_attn(DetrConfig *cfg, const char *key, const char *value,
   const EncoderAttnKind *k = encoder_attn_find(key);
   if (k) {
     bool on;
-    if (!strcmp(value, "1") || !strcmp(value, "true")) on = true;
-    else if (!strcmp(value, "0") || !strcmp(value, "false")) on = false;
-    else {
-      snprintf(err, err_cap, "config %s: '%s' is not a boolean (true/false/1/0)", key, value);
-      return -1;
-    }
+    if (config_parse_bool(key, value, &on, err, err_cap)) return -1;
     if (on) cfg->encoder_attn = k;
     else if (cfg->encoder_attn == k) cfg->encoder_attn = NULL;  // off: back to dense
     return 1;
@@ -101,12 +96,7 @@ int detr_config_set(DetrConfig *cfg, const char *key, const char *value, char *e
     errno = 0;
     if (FIELDS[i].type == FIELD_BOOL) {
       bool v;
-      if (!strcmp(value, "1") || !strcmp(value, "true")) v = true;
-      else if (!strcmp(value, "0") || !strcmp(value, "false")) v = false;
-      else {
-        snprintf(err, err_cap, "config %s: '%s' is not a boolean (true/false/1/0)", key, value);
-        return -1;
-      }
+      if (config_parse_bool(key, value, &v, err, err_cap)) return -1;
       memcpy(at, &v, sizeof v);
     } else if (FIELDS[i].type == FIELD_FLOAT) {
       float v = strtof(value, &end);

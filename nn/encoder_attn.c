@@ -53,6 +53,16 @@ double attn_setting(const AttnSettings *s, const char *key) {
   return 0.0;
 }
 
+int config_parse_bool(const char *key, const char *value, bool *out, char *err, size_t err_cap) {
+  if (!strcmp(value, "1") || !strcmp(value, "true")) *out = true;
+  else if (!strcmp(value, "0") || !strcmp(value, "false")) *out = false;
+  else {
+    snprintf(err, err_cap, "config %s: '%s' is not a boolean (true/false/1/0)", key, value);
+    return -1;
+  }
+  return 0;
+}
+
 int attn_settings_set(AttnSettings *s, const char *key, const char *value, char *err, size_t err_cap) {
   for (int i = 0; i < s->n; i++) {
     const AttnSettingSpec *sp = s->spec[i];
@@ -61,12 +71,9 @@ int attn_settings_set(AttnSettings *s, const char *key, const char *value, char 
     char *end = NULL;
     errno = 0;
     if (sp->type == ATTN_SETTING_BOOL) {
-      if (!strcmp(value, "1") || !strcmp(value, "true")) v = 1.0;
-      else if (!strcmp(value, "0") || !strcmp(value, "false")) v = 0.0;
-      else {
-        snprintf(err, err_cap, "config %s: '%s' is not a boolean (true/false/1/0)", key, value);
-        return -1;
-      }
+      bool on;
+      if (config_parse_bool(key, value, &on, err, err_cap)) return -1;
+      v = on ? 1.0 : 0.0;
     } else {
       v = sp->type == ATTN_SETTING_INT ? (double)strtoll(value, &end, 10) : strtod(value, &end);
       if (errno || end == value || *end || !isfinite(v)) {

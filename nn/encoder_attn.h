@@ -114,6 +114,9 @@ const EncoderAttnKind *encoder_attn_at(int i);
 const char *encoder_attn_names(char *buf, size_t cap);
 // Every registered variant's settings at their defaults.
 void attn_settings_default(AttnSettings *s);
+// A config-text boolean (true/false/1/0) for `key`: 0, or -1 with err naming the key and value.
+// The one parser of the config's booleans (nn/config.c's fields use it too).
+int config_parse_bool(const char *key, const char *value, bool *out, char *err, size_t err_cap);
 // Sets `key` when a variant declares it: returns 1 (set), 0 (no such key), -1 (bad value, err set).
 int attn_settings_set(AttnSettings *s, const char *key, const char *value, char *err, size_t err_cap);
 // "key=value\n" lines of kind's settings into buf; returns the bytes written.
