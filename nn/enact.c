@@ -5,9 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-EnactOptions enact_options_default(void) { return (EnactOptions){.sigma = 3.0f, .one_d = false, .sign_factor = false}; }
-
-
 int enact_check_geometry(const EnactGeometry *g, char *err, size_t cap) {
   for (int64_t b = 0; b < g->B; b++) {
     if (g->valid_h[b] == 0 || g->valid_w[b] == 0) {

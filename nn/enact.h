@@ -15,8 +15,6 @@ typedef struct {
   bool sign_factor;     // Algorithm 1's -Hs factor in the clustering sums
 } EnactOptions;
 
-EnactOptions enact_options_default(void);
-
 // ENACT works on the batch's feature-map geometry (nn/encoder_attn.h) and needs each image's valid
 // pixels to be its top-left valid_h x valid_w rectangle, with at least one pixel.
 typedef FeatureGeometry EnactGeometry;
