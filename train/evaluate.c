@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L  // fileno under -std=c11
 #include "train/evaluate.h"
 
 #include <stdio.h>

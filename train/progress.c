@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L  // clock_gettime under -std=c11
 #include "train/progress.h"
 
 #include <stdio.h>
