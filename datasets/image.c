@@ -26,25 +26,69 @@ void image_free(Image *img) {
 
 // --- decoding ----------------------------------------------------------------------------------
 
-bool jpeg_is_complete(const uint8_t *buf, size_t n) {
-  if (n < 4 || buf[0] != 0xFF || buf[1] != 0xD8) return false;  // no start-of-image marker
-  size_t pos = 2;
+// Walks the JPEG's marker segments to its end-of-image marker. Returns 1 when the structure is
+// intact, 0 when it is truncated or broken, -1 when a Huffman table segment (DHT) declares more
+// than 256 codes or runs past its segment, -2 when a scan uses a table never defined: Debian's
+// stb_image 2.27 reads and writes past its arrays on both (fixed upstream in 2.28), so such
+// files must not reach it.
+// A DHT segment's payload: tables of (class/id byte, 16 code counts, the symbols). Marks the
+// tables it defines in defined[class][id] (when given).
+static bool dht_ok(const uint8_t *p, size_t len, bool defined[2][4]) {
+  size_t at = 0;
+  while (at < len) {
+    if (at + 17 > len) return false;
+    size_t codes = 0;
+    for (int i = 1; i <= 16; i++) codes += p[at + i];
+    if (codes > 256 || at + 17 + codes > len) return false;
+    if (defined && p[at] >> 4 <= 1 && (p[at] & 15) <= 3) defined[p[at] >> 4][p[at] & 15] = true;
+    at += 17 + codes;
+  }
+  return true;
+}
+
+// A scan header (SOS payload: Ns, Ns x (component, DC/AC table ids), Ss, Se, Ah/Al): false when it
+// selects a Huffman table no DHT defined before it. stb_image 2.27 leaves undefined tables
+// uninitialised and indexes its arrays with their garbage (2.28 zeroes them).
+static bool sos_tables_defined(const uint8_t *p, size_t len, bool progressive, bool defined[2][4]) {
+  if (len < 1 || len < 1 + 2 * (size_t)p[0] + 3) return true;  // stb_image refuses it itself
+  int ns = p[0], ss = p[1 + 2 * ns];
+  for (int i = 0; i < ns; i++) {
+    int td = p[2 + 2 * i] >> 4, ta = p[2 + 2 * i] & 15;
+    if (td > 3 || ta > 3) return true;  // refused by stb_image
+    // Sequential scans decode DC and AC; progressive ones DC (Ss = 0) or AC (Ss > 0).
+    if ((!progressive || ss == 0) && !defined[0][td]) return false;
+    if ((!progressive || ss > 0) && !defined[1][ta]) return false;
+  }
+  return true;
+}
+
+static int jpeg_walk(const uint8_t *buf, size_t n) {
+  size_t pos = 0;
+  while (pos < n && buf[pos] == 0xFF) pos++;  // stb_image takes FF FF .. FF D8 as the start too
+  if (pos == 0 || pos >= n || buf[pos] != 0xD8) return 0;  // no start-of-image marker
+  pos++;
+  bool defined[2][4] = {{false}}, frame = false, progressive = false;
   for (;;) {
-    if (pos >= n || buf[pos] != 0xFF) return false;  // a marker must follow each segment
-    while (pos < n && buf[pos] == 0xFF) pos++;        // fill bytes
-    if (pos >= n) return false;
+    if (pos >= n || buf[pos] != 0xFF) return 0;  // a marker must follow each segment
+    while (pos < n && buf[pos] == 0xFF) pos++;   // fill bytes
+    if (pos >= n) return 0;
     uint8_t marker = buf[pos++];
-    if (marker == 0xD9) return true;                                    // end of image
+    if (marker == 0xD9) return 1;                                        // end of image
     if (marker == 0x01 || (marker >= 0xD0 && marker <= 0xD7)) continue;  // no length field
-    if (pos + 2 > n) return false;
+    if (pos + 2 > n) return 0;
     size_t len = ((size_t)buf[pos] << 8) | buf[pos + 1];
-    if (len < 2) return false;
+    if (len < 2) return 0;
+    if (pos + len > n) return 0;
+    if (marker == 0xC4 && !dht_ok(buf + pos + 2, len - 2, defined)) return -1;
+    if (marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 && marker != 0xCC)
+      frame = true, progressive = marker == 0xC2;  // a frame header (stb_image reads C0..C2)
+    if (marker == 0xDA && frame && !sos_tables_defined(buf + pos + 2, len - 2, progressive, defined)) return -2;
     pos += len;
     if (marker == 0xDA) {
       // Entropy-coded scan data runs to the next marker: 0xFF followed by anything but a stuffed
       // 0x00, a restart marker 0xD0..0xD7 or another fill byte.
       for (;;) {
-        if (pos + 1 >= n) return false;
+        if (pos + 1 >= n) return 0;
         if (buf[pos] == 0xFF) {
           uint8_t next = buf[pos + 1];
           if (next != 0x00 && !(next >= 0xD0 && next <= 0xD7) && next != 0xFF) break;
@@ -55,13 +99,56 @@ bool jpeg_is_complete(const uint8_t *buf, size_t n) {
   }
 }
 
+bool jpeg_is_complete(const uint8_t *buf, size_t n) { return jpeg_walk(buf, n) == 1; }
+
+// True when a PNG's chunks (length, type, data, crc) lie inside the file up to its IEND chunk. A
+// chunk length is 31 bits, and stb_image allocates for an IDAT's declared length before reading
+// it: a 100-byte file could ask for 2 GiB. PIL refuses a PNG without IEND too.
+static bool png_is_complete(const uint8_t *buf, size_t n) {
+  static const uint8_t sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  if (n < 8 || memcmp(buf, sig, 8)) return false;
+  for (size_t pos = 8;;) {
+    if (n - pos < 12) return false;
+    uint32_t len = (uint32_t)buf[pos] << 24 | (uint32_t)buf[pos + 1] << 16 | (uint32_t)buf[pos + 2] << 8 | buf[pos + 3];
+    if (len > 0x7FFFFFFFu || n - pos - 12 < len) return false;
+    if (!memcmp(buf + pos + 4, "IEND", 4)) return true;
+    pos += 12 + (size_t)len;
+  }
+}
+
+static _Atomic int64_t max_pixels = IMAGE_MAX_PIXELS;
+
+int64_t image_max_pixels(void) { return max_pixels; }
+
+void image_set_max_pixels(int64_t n) {
+  DETR_CHECK(n >= 1 && n <= IMAGE_MAX_PIXELS, "image_set_max_pixels: %lld not in 1..%d", (long long)n, IMAGE_MAX_PIXELS);
+  max_pixels = n;
+}
+
 int image_decode_memory(const uint8_t *buf, size_t n, const char *name, Image *out, DataError *err) {
   *out = (Image){0};
   if (n == 0) return data_error(err, "%s: empty image file", name);
   if (n > (size_t)INT32_MAX) return data_error(err, "%s: image file larger than 2 GiB", name);
-  if (n >= 2 && buf[0] == 0xFF && buf[1] == 0xD8 && !jpeg_is_complete(buf, n))
-    return data_error(err, "%s: truncated or corrupt JPEG (no end-of-image marker after its segments)", name);
+  if (buf[0] == 0xFF) {  // what stb_image tries as a JPEG
+    int walk = jpeg_walk(buf, n);
+    if (walk == 0)
+      return data_error(err, "%s: truncated or corrupt JPEG (no end-of-image marker after its segments)", name);
+    if (walk == -1) return data_error(err, "%s: corrupt JPEG (a Huffman table with more than 256 codes)", name);
+    if (walk == -2) return data_error(err, "%s: corrupt JPEG (a scan uses a Huffman table that is not defined)", name);
+  }
+  if (buf[0] == 0x89 && !png_is_complete(buf, n))
+    return data_error(err, "%s: truncated or corrupt PNG (a chunk runs past the end of the file, or no IEND chunk)", name);
   int w = 0, h = 0, comp = 0;
+  // The size the header declares, before the decoder allocates for it (stb_image allocates the
+  // whole output, and for PNG a zlib buffer of the declared size, before reading the pixels).
+  if (stbi_info_from_memory(buf, (int)n, &w, &h, &comp)) {
+    if (w > IMAGE_MAX_SIDE || h > IMAGE_MAX_SIDE)
+      return data_error(err, "%s: image is %dx%d, larger than the limit of %d pixels per side", name, w, h,
+                        IMAGE_MAX_SIDE);
+    if ((int64_t)w * h > max_pixels)
+      return data_error(err, "%s: image is %dx%d = %lld pixels, more than the limit of %lld (a decompression bomb?)",
+                        name, w, h, (long long)w * h, (long long)max_pixels);
+  }
   uint8_t *px = stbi_load_from_memory(buf, (int)n, &w, &h, &comp, 3);  // any layout -> RGB
   if (!px) return data_error(err, "%s: corrupt or unsupported image (%s)", name, stbi_failure_reason());
   out->w = w;
@@ -91,13 +178,59 @@ int image_decode_file(const char *path, Image *out, DataError *err) {
   return rc;
 }
 
+// The DHT segments of a JPEG file's header (up to its frame header, all that stbi_info reads),
+// read from f: false when one would overflow stb_image's tables (see jpeg_walk). Leaves f at its
+// start.
+static bool jpeg_header_tables_ok(FILE *f) {
+  uint8_t seg[65536];
+  bool ok = true;
+  int c = fgetc(f);
+  if (c == 0xFF) {
+    while ((c = fgetc(f)) == 0xFF) {
+    }
+  }
+  if (c == 0xD8) {
+    for (;;) {
+      // As stb_image, which scans past bytes between segments to the next marker.
+      while ((c = fgetc(f)) != 0xFF && c != EOF) {
+      }
+      while (c == 0xFF) c = fgetc(f);
+      if (c == EOF || c == 0xD9 || c == 0xDA || (c >= 0xC0 && c <= 0xCF && c != 0xC4 && c != 0xC8 && c != 0xCC))
+        break;  // the end, a scan or a frame header: stbi_info stops here
+      if (c == 0x01 || (c >= 0xD0 && c <= 0xD7)) continue;
+      if (fread(seg, 1, 2, f) != 2) break;
+      size_t len = ((size_t)seg[0] << 8) | seg[1];
+      if (len < 2) break;
+      if (c == 0xC4) {
+        size_t got = fread(seg, 1, len - 2, f);  // stb_image reads zeros past the end
+        memset(seg + got, 0, len - 2 - got);
+        if (!dht_ok(seg, len - 2, NULL)) {
+          ok = false;
+          break;
+        }
+      } else if (fseek(f, (long)len - 2, SEEK_CUR) != 0) {
+        break;
+      }
+    }
+  }
+  rewind(f);
+  return ok;
+}
+
 int image_read_header(const char *path, int *w, int *h, DataError *err) {
   FILE *f = fopen(path, "rb");
   if (!f) return data_error(err, "%s: cannot open image: %s", path, strerror(errno));
+  if (!jpeg_header_tables_ok(f)) {
+    fclose(f);
+    return data_error(err, "%s: corrupt JPEG (a Huffman table with more than 256 codes)", path);
+  }
   int comp = 0;
   int ok = stbi_info_from_file(f, w, h, &comp);
   fclose(f);
   if (!ok) return data_error(err, "%s: not a readable JPEG or PNG (%s)", path, stbi_failure_reason());
+  if ((int64_t)*w * *h > max_pixels)
+    return data_error(err, "%s: image is %dx%d = %lld pixels, more than the limit of %lld (a decompression bomb?)", path,
+                      *w, *h, (long long)*w * *h, (long long)max_pixels);
   return DATA_OK;
 }
 

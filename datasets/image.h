@@ -15,16 +15,28 @@ typedef struct {
 
 // Largest accepted width or height: corrupt headers cannot make the decoder allocate gigabytes.
 #define IMAGE_MAX_SIDE 32768
+// Largest accepted image, in pixels: Pillow's decompression-bomb limit (2 * Image.MAX_IMAGE_PIXELS,
+// where PIL refuses to open), so every image the reference can read is read here. A PNG or JPEG
+// declares its size in a few bytes of header and can ask for 32768 x 32768 pixels (3 GiB, seconds
+// of decoding) in a file of a few hundred bytes: the declared size is checked before any pixel is
+// decoded, and a larger image is refused with the file, its size and the limit.
+#define IMAGE_MAX_PIXELS 178956970
+// The pixel limit in force (IMAGE_MAX_PIXELS unless lowered): process-wide, for embedders with
+// less memory and for the fuzz harnesses, whose sanitizers make a full-size decode slow.
+int64_t image_max_pixels(void);
+void image_set_max_pixels(int64_t max_pixels);  // 1..IMAGE_MAX_PIXELS
 
 Image image_alloc(int w, int h);  // uninitialised pixels
 void image_free(Image *img);      // frees the pixels, leaves an empty image
 
 // Reads and decodes a JPEG or PNG file to RGB. Errors name the file: cannot open, empty,
-// truncated JPEG (no end-of-image marker), or the decoder's reason for a corrupt file.
+// truncated JPEG (no end-of-image marker), larger than the side or pixel limits, or the decoder's
+// reason for a corrupt file.
 int image_decode_file(const char *path, Image *out, DataError *err);
 // The same for bytes in memory; `name` is used in error messages.
 int image_decode_memory(const uint8_t *buf, size_t n, const char *name, Image *out, DataError *err);
-// Width and height from the file's header only (no pixel decode).
+// Width and height from the file's header only (no pixel decode); an image over the pixel limit is an
+// error.
 int image_read_header(const char *path, int *w, int *h, DataError *err);
 // True when the JPEG's marker structure is intact up to its end-of-image marker. stb_image (like
 // libjpeg) decodes a truncated JPEG without complaint, filling the rest with grey; PIL, which the

@@ -90,6 +90,17 @@ void aug_resize_size(int w, int h, int size, int max_size, int *out_w, int *out_
   }
   if (*out_w < 1) *out_w = 1;
   if (*out_h < 1) *out_h = 1;
+  // Without max_size (the resize before the random crop) a thin image, say 1 x 2000, would grow
+  // past the largest image side (400 x 800000); its longer side stops at the limit instead.
+  if (*out_h > IMAGE_MAX_SIDE) {
+    *out_w = (int)((int64_t)*out_w * IMAGE_MAX_SIDE / *out_h);
+    *out_h = IMAGE_MAX_SIDE;
+  } else if (*out_w > IMAGE_MAX_SIDE) {
+    *out_h = (int)((int64_t)*out_h * IMAGE_MAX_SIDE / *out_w);
+    *out_w = IMAGE_MAX_SIDE;
+  }
+  if (*out_w < 1) *out_w = 1;
+  if (*out_h < 1) *out_h = 1;
 }
 
 void target_hflip(Target *t, int image_w) {

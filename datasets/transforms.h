@@ -54,7 +54,8 @@ void target_free(Target *t);
 
 // get_size_with_aspect_ratio: the output size for resizing a w x h image so that its shorter
 // side is `size`, shrunk (with the reference's rounding) when the longer side would exceed
-// max_size (<= 0: no limit).
+// max_size (<= 0: no limit). Unlike the reference, a side never exceeds IMAGE_MAX_SIDE (a very
+// thin image resized without max_size keeps its aspect ratio up to that side).
 void aug_resize_size(int w, int h, int size, int max_size, int *out_w, int *out_h);
 
 // The box arithmetic of the reference transforms, in float32 as torch does it.
