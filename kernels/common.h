@@ -32,3 +32,7 @@ void detr_fail(const char *file, int line, const char *fmt, ...);
 
 // Maximum tensor rank; broadcasting index math is unrolled over this many dims.
 #define DETR_MAX_DIMS 6
+// Deepest JSON nesting a reader accepts (safetensors headers, COCO instances and results files):
+// the formats need at most 5 levels (a COCO polygon list); deeper input is refused with the file
+// and the limit rather than walked level by level.
+#define DETR_MAX_JSON_DEPTH 64

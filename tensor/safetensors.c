@@ -87,6 +87,39 @@ static int64_t checked_numel(int ndim, const int64_t *shape, size_t esize, size_
   return (int64_t)n;
 }
 
+// Strict UTF-8 (no overlongs, surrogates or code points past U+10FFFF): what JSON readers accept,
+// the reference's serde_json among them (YAJL's own check lets overlong forms through).
+static bool utf8_valid_n(const unsigned char *s, size_t len) {
+  const unsigned char *end = s + len;
+  while (s < end) {
+    unsigned c = *s, n;
+    uint32_t cp;
+    if (c < 0x80) {
+      s++;
+      continue;
+    }
+    if (c >= 0xC2 && c <= 0xDF)
+      n = 1, cp = c & 0x1F;
+    else if (c >= 0xE0 && c <= 0xEF)
+      n = 2, cp = c & 0x0F;
+    else if (c >= 0xF0 && c <= 0xF4)
+      n = 3, cp = c & 0x07;
+    else
+      return false;
+    if ((size_t)(end - s) <= n) return false;
+    for (unsigned i = 1; i <= n; i++) {
+      if ((s[i] & 0xC0) != 0x80) return false;
+      cp = cp << 6 | (s[i] & 0x3F);
+    }
+    if ((n == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
+        (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
+      return false;
+    s += n + 1;
+  }
+  return true;
+}
+static bool utf8_valid(const char *s) { return utf8_valid_n((const unsigned char *)s, strlen(s)); }
+
 static const char *dims_str(int ndim, const int64_t *d, char *buf, size_t cap) {
   size_t n = (size_t)snprintf(buf, cap, "[");
   for (int i = 0; i < ndim && n < cap; i++)
@@ -220,6 +253,8 @@ static const char *field_name(int field) {
 
 static int on_value(Parser *p, int kind, const unsigned char *s, size_t len) {
   bool container = kind == V_MAP || kind == V_ARRAY;
+  if (container && p->depth >= DETR_MAX_JSON_DEPTH)
+    return parse_fail(p, "JSON nested deeper than the limit of %d levels", DETR_MAX_JSON_DEPTH);
   if (p->ignore_depth) {
     if (container) p->depth++;
     return 1;
@@ -240,6 +275,7 @@ static int on_value(Parser *p, int kind, const unsigned char *s, size_t len) {
           return parse_fail(p, "__metadata__ value of '%s' is not a string", m->key);
         if (memchr(s, 0, len))
           return parse_fail(p, "__metadata__ value of '%s' contains a NUL character", m->key);
+        if (!utf8_valid_n(s, len)) return parse_fail(p, "__metadata__ value of '%s' is not valid UTF-8", m->key);
         m->value = xstrndup(s, len);
         return 1;
       }
@@ -323,6 +359,10 @@ static int on_key(void *ctx, const unsigned char *s, size_t len) {
       return 1;
     }
     if (memchr(s, 0, len)) return parse_fail(p, "a tensor name contains a NUL character");
+    if (len > ST_MAX_NAME_BYTES)
+      return parse_fail(p, "tensor %d's name has %zu bytes, more than the limit of %d", f->n, len, ST_MAX_NAME_BYTES);
+    if (f->n == ST_MAX_TENSORS) return parse_fail(p, "more than the limit of %d tensors", ST_MAX_TENSORS);
+    if (!utf8_valid_n(s, len)) return parse_fail(p, "tensor %d's name is not valid UTF-8", p->f->n);
     p->in_meta = false;
     if (f->n == f->cap) {
       f->cap = f->cap ? 2 * f->cap : 64;
@@ -336,6 +376,12 @@ static int on_key(void *ctx, const unsigned char *s, size_t len) {
   // depth 2: a metadata key or a field of a tensor entry
   if (p->in_meta) {
     if (memchr(s, 0, len)) return parse_fail(p, "a __metadata__ key contains a NUL character");
+    if (len > ST_MAX_NAME_BYTES)
+      return parse_fail(p, "__metadata__ key %d has %zu bytes, more than the limit of %d", f->nmeta, len,
+                        ST_MAX_NAME_BYTES);
+    if (f->nmeta == ST_MAX_TENSORS)
+      return parse_fail(p, "more than the limit of %d __metadata__ entries", ST_MAX_TENSORS);
+    if (!utf8_valid_n(s, len)) return parse_fail(p, "__metadata__ key %d is not valid UTF-8", f->nmeta);
     if (f->nmeta == f->cap_meta) {
       f->cap_meta = f->cap_meta ? 2 * f->cap_meta : 16;
       f->meta = xrealloc(f->meta, (size_t)f->cap_meta * sizeof *f->meta);
@@ -691,41 +737,14 @@ void st_writer_free(StWriter *w) {
   free(w);
 }
 
-// Strict UTF-8 (no overlongs, surrogates or code points past U+10FFFF): what JSON readers accept.
-static bool utf8_valid(const char *str) {
-  const unsigned char *s = (const unsigned char *)str;
-  while (*s) {
-    unsigned c = *s, n;
-    uint32_t cp;
-    if (c < 0x80) {
-      s++;
-      continue;
-    }
-    if (c >= 0xC2 && c <= 0xDF)
-      n = 1, cp = c & 0x1F;
-    else if (c >= 0xE0 && c <= 0xEF)
-      n = 2, cp = c & 0x0F;
-    else if (c >= 0xF0 && c <= 0xF4)
-      n = 3, cp = c & 0x07;
-    else
-      return false;
-    for (unsigned i = 1; i <= n; i++) {
-      if ((s[i] & 0xC0) != 0x80) return false;
-      cp = cp << 6 | (s[i] & 0x3F);
-    }
-    if ((n == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
-        (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
-      return false;
-    s += n + 1;
-  }
-  return true;
-}
-
 // Takes ownership of data.
 static void writer_add_owned(StWriter *w, const char *name, StDtype dtype, int ndim,
                              const int64_t *shape, void *data, size_t nbytes) {
   DETR_CHECK(name && utf8_valid(name), "st_writer_add: tensor name is missing or not UTF-8");
   DETR_CHECK(strcmp(name, "__metadata__") != 0, "st_writer_add: '__metadata__' is reserved");
+  DETR_CHECK(strlen(name) <= ST_MAX_NAME_BYTES && w->n < ST_MAX_TENSORS,
+             "st_writer_add: '%.64s...': name longer than %d bytes or more than %d tensors (readers refuse it)",
+             name, ST_MAX_NAME_BYTES, ST_MAX_TENSORS);
   for (int i = 0; i < w->n; i++)
     DETR_CHECK(strcmp(w->e[i].name, name) != 0, "st_writer_add: duplicate tensor name '%s'", name);
   if (w->n == w->cap) {
@@ -778,6 +797,7 @@ void st_writer_set_metadata(StWriter *w, const char *key, const char *value) {
              "st_writer_set_metadata: value of '%s' is missing or "
              "not UTF-8",
              key);
+  DETR_CHECK(strlen(key) <= ST_MAX_NAME_BYTES, "st_writer_set_metadata: key longer than %d bytes", ST_MAX_NAME_BYTES);
   char *v = xstrndup((const unsigned char *)value, strlen(value));
   for (int i = 0; i < w->nmeta; i++)
     if (strcmp(w->meta[i].key, key) == 0) {

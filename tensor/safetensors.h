@@ -17,7 +17,12 @@
 #include "tensor/tensor.h"
 
 #define ST_MAX_DIMS 8
+// Limits a file cannot exceed (each a clear error naming the file and the limit). The tensors'
+// bytes are bounded by the file itself: they must tile its data buffer exactly, and the file is
+// read once into memory of its size.
 #define ST_MAX_HEADER_BYTES 100000000  // the reference implementation's limit
+#define ST_MAX_TENSORS (1 << 20)       // tensors, and __metadata__ entries, per file
+#define ST_MAX_NAME_BYTES 1024         // a tensor name or __metadata__ key, in bytes
 
 typedef enum {
   // Read and written by detr-c.
