@@ -12,10 +12,13 @@
 
 #include "kernels/common.h"
 
-// Largest category id accepted: the label map is an array indexed by id.
-#define COCO_MAX_CATEGORY_ID (1 << 20)
-// Bytes handed to the parser per call (and zlib's buffer size).
+// Bytes handed to the parser per call (and zlib's buffer size). Fuzz builds read in small chunks,
+// so that inputs of a few kilobytes cross chunk boundaries as real files do.
+#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+#define COCO_READ_CHUNK 509
+#else
 #define COCO_READ_CHUNK (1 << 20)
+#endif
 
 // --- parse state -------------------------------------------------------------------------------
 
@@ -56,6 +59,7 @@ typedef struct {
   Section section;
   Field field;
   int64_t item_index;  // position of the current item in its array
+  int64_t items, max_items;  // items begun in all sections, and the limit for this file's size
 
   // The current item: which fields it had, their values, the first problem found.
   bool has_id, has_file_name, has_width, has_height, has_image_id, has_category_id, has_area, has_iscrowd,
@@ -137,6 +141,16 @@ static void set_error(Parser *p, const char *fmt, ...) {
   vsnprintf(p->err->msg, sizeof p->err->msg, fmt, ap);
   va_end(ap);
   p->failed = true;
+}
+
+// Counts an item against the file's budget; false (err set) past it.
+static bool count_item(Parser *p) {
+  if (++p->items <= p->max_items) return true;
+  set_error(p,
+            "%s: more than %lld images, annotations and categories, the limit for a file of this size (%d per byte "
+            "on disk, at least %d; a gzip bomb?)",
+            p->path, (long long)p->max_items, COCO_MAX_ITEMS_PER_BYTE, COCO_MIN_ITEM_BUDGET);
+  return false;
 }
 
 static void begin_item(Parser *p) {
@@ -274,6 +288,7 @@ static int on_scalar(Parser *p, ValueKind kind, const char *s, size_t n, int boo
     return 1;
   }
   if (p->depth == 2) {  // an array item that is not an object
+    if (!count_item(p)) return 0;
     begin_item(p);
     item_problem(p, "not a JSON object");
     int ok = end_item(p);
@@ -334,6 +349,10 @@ static int on_scalar(Parser *p, ValueKind kind, const char *s, size_t n, int boo
         item_problem(p, "empty 'file_name'");
         return 1;
       }
+      if (n > COCO_MAX_STRING_BYTES) {
+        item_problem(p, "'%s' has %zu bytes, more than the limit of %d", field_key(p->field), n, COCO_MAX_STRING_BYTES);
+        return 1;
+      }
       {
         int64_t off = pool_add(p, (const unsigned char *)s, n);
         if (p->field == F_SUPERCATEGORY) p->supercategory = off, p->has_supercategory = true;
@@ -365,6 +384,10 @@ static void start_skip(Parser *p) {
 }
 
 static int on_start_container(Parser *p, bool is_map) {
+  if (p->depth >= DETR_MAX_JSON_DEPTH) {
+    set_error(p, "%s: JSON nested deeper than the limit of %d levels", p->path, DETR_MAX_JSON_DEPTH);
+    return 0;
+  }
   if (p->skipping) {
     p->depth++;
     return 1;
@@ -391,6 +414,7 @@ static int on_start_container(Parser *p, bool is_map) {
       start_skip(p);  // info, licenses, anything else
       return 1;
     case 2:
+      if (!count_item(p)) return 0;
       if (!is_map) {
         begin_item(p);
         item_problem(p, "an array, not a JSON object");
@@ -508,6 +532,11 @@ static void excerpt(const unsigned char *chunk, size_t n, size_t at, char *out, 
   out[k] = '\0';
 }
 
+// The file's size on disk (0 when stat fails: the open that follows reports it).
+static int64_t file_size_on_disk(const char *path, struct stat *sb) {
+  return stat(path, sb) == 0 && sb->st_size > 0 ? (int64_t)sb->st_size : 0;
+}
+
 // Streams the file (plain or gzip: gzread passes plain files through) into the parser.
 static int parse_file(Parser *p) {
   errno = 0;
@@ -516,6 +545,12 @@ static int parse_file(Parser *p) {
     set_error(p, "%s: cannot open: %s", p->path, errno ? strerror(errno) : "out of memory");
     return DATA_ERROR;
   }
+  struct stat sb;
+  int64_t file_bytes = file_size_on_disk(p->path, &sb);
+  p->max_items = file_bytes * COCO_MAX_ITEMS_PER_BYTE > COCO_MIN_ITEM_BUDGET ? file_bytes * COCO_MAX_ITEMS_PER_BYTE
+                                                                            : COCO_MIN_ITEM_BUDGET;
+  int64_t max_json = file_bytes * COCO_MAX_GZIP_RATIO > COCO_MIN_GZIP_BUDGET ? file_bytes * COCO_MAX_GZIP_RATIO
+                                                                             : COCO_MIN_GZIP_BUDGET;
   gzbuffer(gz, COCO_READ_CHUNK);
   yajl_handle h = yajl_alloc(&callbacks, NULL, p);
   DETR_CHECK(h, "yajl_alloc failed (out of memory)");
@@ -545,6 +580,12 @@ static int parse_file(Parser *p) {
       if (!p->failed && offset == 0) set_error(p, "%s: empty file (not a COCO instances file)", p->path);
       else if (!p->failed && st == yajl_status_error)
         set_error(p, "%s: truncated JSON: the file ends inside a value after %lld bytes", p->path, (long long)offset);
+      break;
+    }
+    if (!gzdirect(gz) && offset + n > max_json) {
+      set_error(p, "%s: decompresses to more than %lld bytes, the limit for a %lld-byte .gz file (%dx, at least %lld; a "
+                "gzip bomb?)", p->path, (long long)max_json, (long long)file_bytes, COCO_MAX_GZIP_RATIO,
+                (long long)COCO_MIN_GZIP_BUDGET);
       break;
     }
     st = yajl_parse(h, chunk, (size_t)n);

@@ -11,6 +11,20 @@
 #include "datasets/image.h"
 #include "datasets/transforms.h"
 
+// Limits an instances file cannot exceed, each a clear error naming the file and the limit, so
+// that a small file cannot make a reader allocate or work without bound (train/cocoeval_io.c
+// applies them too):
+#define COCO_MAX_CATEGORY_ID (1 << 20)   // the label map is an array indexed by category id
+#define COCO_MAX_STRING_BYTES 4096       // a file_name, category name or supercategory (a bad item)
+// Items (images, annotations, categories, detections) per byte of the file on disk, with a floor:
+// a plain JSON item takes a dozen bytes or more, so this bites only a gzip file of repeated items.
+#define COCO_MAX_ITEMS_PER_BYTE 1
+#define COCO_MIN_ITEM_BUDGET (1 << 20)
+// A .json.gz expands at most this much (real annotation files: 3-10x), with a floor of
+// COCO_MIN_GZIP_BUDGET decompressed bytes: a gzip "bomb" expands 1000x.
+#define COCO_MAX_GZIP_RATIO 200
+#define COCO_MIN_GZIP_BUDGET ((int64_t)256 << 20)
+
 typedef struct {
   int64_t id;
   const char *file_name;  // relative to the image folder (points into the dataset's string pool)

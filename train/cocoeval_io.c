@@ -12,6 +12,9 @@
 #include <yajl/yajl_parse.h>
 #include <zlib.h>
 
+#include <sys/stat.h>
+
+#include "datasets/coco.h"  // the limits on instances files (COCO_MAX_*), applied here too
 #include "kernels/common.h"
 #include "train/cocoeval.h"
 
@@ -55,6 +58,7 @@ typedef struct {
   uint32_t sections_seen;
   Field field;
   int64_t count[SEC_COUNT];  // items begun per section: the current one is count - 1
+  int64_t items, max_items;  // items begun in all sections, and the limit for this file's size
   // The current item.
   uint32_t seen;
   int64_t ival[F_COUNT];
@@ -222,6 +226,8 @@ static int finish_item(Reader *r) {
 // Every scalar and every container start comes here: its place (r->depth) says what it must be.
 static int value(Reader *r, ValueKind k, const char *s, size_t len, bool b) {
   bool opens = k == V_MAP || k == V_ARRAY;
+  if (opens && r->depth + r->skip >= DETR_MAX_JSON_DEPTH)
+    return fail(r, false, "JSON nested deeper than the limit of %d levels", DETR_MAX_JSON_DEPTH);
   if (r->skip) {
     r->skip += opens;
     return 1;
@@ -249,6 +255,10 @@ static int value(Reader *r, ValueKind k, const char *s, size_t len, bool b) {
     return 1;
   }
   if (d == r->item_depth - 1) {  // an item
+    if (++r->items > r->max_items)
+      return fail(r, false,
+                  "more than %lld items, the limit for a file of this size (%d per byte on disk, at least %d; a gzip "
+                  "bomb?)", (long long)r->max_items, COCO_MAX_ITEMS_PER_BYTE, COCO_MIN_ITEM_BUDGET);
     r->count[r->section]++;
     r->seen = 0;
     r->ignore_true = false;
@@ -321,9 +331,19 @@ static int parse_file(Reader *r) {
     snprintf(r->err, r->err_cap, "%s: cannot open: %s", r->path, errno ? strerror(errno) : "out of memory");
     return -1;
   }
+  struct stat sb;
+  int64_t file_bytes = stat(r->path, &sb) == 0 && sb.st_size > 0 ? (int64_t)sb.st_size : 0;
+  r->max_items = file_bytes * COCO_MAX_ITEMS_PER_BYTE > COCO_MIN_ITEM_BUDGET ? file_bytes * COCO_MAX_ITEMS_PER_BYTE
+                                                                            : COCO_MIN_ITEM_BUDGET;
+  int64_t max_json = file_bytes * COCO_MAX_GZIP_RATIO > COCO_MIN_GZIP_BUDGET ? file_bytes * COCO_MAX_GZIP_RATIO
+                                                                             : COCO_MIN_GZIP_BUDGET;
   yajl_handle h = yajl_alloc(&callbacks, NULL, r);
   DETR_CHECK(h, "cocoeval: out of host memory (JSON parser)");
+#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+  enum { CHUNK = 509 };  // inputs of a few kilobytes cross chunk boundaries, as real files do
+#else
   enum { CHUNK = 1 << 16 };
+#endif
   unsigned char *buf = malloc(CHUNK);
   DETR_CHECK(buf, "cocoeval: out of host memory (read buffer)");
   long long offset = 0;  // bytes handed to the parser before the current chunk
@@ -340,6 +360,14 @@ static int parse_file(Reader *r) {
     }
     if (n == 0) {
       st = yajl_complete_parse(h);
+      break;
+    }
+    if (!gzdirect(f) && offset + n > max_json) {
+      snprintf(r->err, r->err_cap,
+               "%s: decompresses to more than %lld bytes, the limit for a %lld-byte .gz file (%dx, at least %lld; a "
+               "gzip bomb?)", r->path, (long long)max_json, (long long)file_bytes, COCO_MAX_GZIP_RATIO,
+               (long long)COCO_MIN_GZIP_BUDGET);
+      read_error = true;
       break;
     }
     st = yajl_parse(h, buf, (size_t)n);
