@@ -112,6 +112,10 @@ int detr_config_set(DetrConfig *cfg, const char *key, const char *value, char *e
         return -1;
       }
       if (FIELDS[i].type == FIELD_INT32) {
+        if (v < INT32_MIN || v > INT32_MAX) {  // not truncated to another value
+          snprintf(err, err_cap, "config %s: %s is out of range", key, value);
+          return -1;
+        }
         int v32 = (int)v;
         memcpy(at, &v32, sizeof v32);
       } else {
@@ -150,14 +154,16 @@ int detr_config_validate(const DetrConfig *c, char *err, size_t err_cap) {
   else if (c->dilation && c->backbone_depth < 50) problem = "dilation needs backbone 50 or 101";
   else if (c->backbone_width != 0 && (c->backbone_width < 4 || c->backbone_width > 1024))
     problem = "backbone_width must be in 4..1024 (torchvision's ResNets: 64)";
-  else if (c->hidden_dim <= 0 || c->hidden_dim % 2) problem = "hidden_dim must be positive and even";
+  else if (c->hidden_dim <= 0 || c->hidden_dim % 2 || c->hidden_dim > DETR_CONFIG_MAX_HIDDEN)
+    problem = "hidden_dim must be positive, even and at most 8192";
   else if (c->nheads <= 0 || c->hidden_dim % c->nheads) problem = "nheads must divide hidden_dim";
   else if (c->enc_layers < 0 || c->enc_layers > DETR_MAX_LAYERS) problem = "enc_layers must be in 0..12";
   else if (c->dec_layers < 1 || c->dec_layers > DETR_MAX_LAYERS) problem = "dec_layers must be in 1..12";
-  else if (c->ffn_dim <= 0) problem = "ffn_dim must be positive";
+  else if (c->ffn_dim <= 0 || c->ffn_dim > DETR_CONFIG_MAX_FFN) problem = "ffn_dim must be in 1..65536";
   else if (c->frozen_stages < 0 || c->frozen_stages > 5) problem = "frozen_stages must be in 0..5";
-  else if (c->num_queries <= 0) problem = "num_queries must be positive";
-  else if (c->num_classes <= 0) problem = "num_classes must be positive";
+  else if (c->num_queries <= 0 || c->num_queries > DETR_CONFIG_MAX_QUERIES) problem = "num_queries must be in 1..65536";
+  else if (c->num_classes <= 0 || c->num_classes > DETR_CONFIG_MAX_CLASSES)
+    problem = "num_classes must be in 1..1048577";
   else if (!(c->dropout >= 0.0f && c->dropout < 1.0f)) problem = "dropout must be in [0, 1)";
   if (problem) {
     snprintf(err, err_cap, "config: %s", problem);

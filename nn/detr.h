@@ -34,6 +34,14 @@ void detr_config_format(const DetrConfig *cfg, char *buf, size_t cap);
 // The encoder's attention variant (dense when unset).
 const EncoderAttnKind *detr_encoder_attn(const DetrConfig *cfg);
 // Checks ranges (positive sizes, heads dividing hidden_dim, ...). Returns 0 or -1 with err set.
+// Upper limits keep a config file or a checkpoint's stored config from asking for absurd models
+// (every tensor dimension stays far below 2^31): beyond the backbone width's (1024), hidden_dim
+// <= 8192, ffn_dim and num_queries <= 65536, num_classes <= 2^20 + 1 (COCO_MAX_CATEGORY_ID + 1:
+// labels are category ids).
+#define DETR_CONFIG_MAX_HIDDEN 8192
+#define DETR_CONFIG_MAX_FFN 65536
+#define DETR_CONFIG_MAX_QUERIES 65536
+#define DETR_CONFIG_MAX_CLASSES ((1 << 20) + 1)
 int detr_config_validate(const DetrConfig *cfg, char *err, size_t err_cap);
 
 typedef struct {

@@ -35,6 +35,20 @@ static int apply_line(DetrConfig *cfg, char *line, const char *where, char *err,
   return 0;
 }
 
+// One line of f into buf (cap bytes, NUL-terminated, without its newline); *len is its length
+// in bytes (NULs included), cap or more for a longer line, whose rest is consumed. False at the end.
+static bool read_line(FILE *f, char *buf, size_t cap, size_t *len) {
+  size_t n = 0;
+  int c;
+  while ((c = getc(f)) != EOF && c != '\n') {
+    if (n + 1 < cap) buf[n] = (char)c;
+    n++;
+  }
+  buf[n + 1 < cap ? n : cap - 1] = 0;
+  *len = n;
+  return c != EOF || n > 0;
+}
+
 int setup_model_config(const char *config, const CliList *sets, DetrConfig *cfg, char *err, size_t err_cap) {
   if (detr_config_preset(config, cfg) != 0) {
     FILE *f = fopen(config, "r");
@@ -43,11 +57,24 @@ int setup_model_config(const char *config, const CliList *sets, DetrConfig *cfg,
       return -1;
     }
     detr_config_preset("detr-r50", cfg);  // a file overrides the paper's configuration
-    char line[512], where[600];
+    char line[SETUP_MAX_CONFIG_LINE + 1], where[4200];
     int lineno = 0, rc = 0;
-    while (rc == 0 && fgets(line, sizeof line, f)) {
+    size_t len;
+    while (rc == 0 && read_line(f, line, sizeof line, &len)) {
       snprintf(where, sizeof where, "%s:%d", config, ++lineno);
-      rc = apply_line(cfg, line, where, err, err_cap);
+      if (len > SETUP_MAX_CONFIG_LINE) {
+        snprintf(err, err_cap, "%s: line longer than the limit of %d bytes", where, SETUP_MAX_CONFIG_LINE);
+        rc = -1;
+      } else if (strlen(line) != len) {
+        snprintf(err, err_cap, "%s: a NUL byte in the line (not a text file?)", where);
+        rc = -1;
+      } else {
+        rc = apply_line(cfg, line, where, err, err_cap);
+      }
+    }
+    if (rc == 0 && ferror(f)) {
+      snprintf(err, err_cap, "%s: read error", config);
+      rc = -1;
     }
     fclose(f);
     if (rc) return -1;
@@ -58,7 +85,11 @@ int setup_model_config(const char *config, const CliList *sets, DetrConfig *cfg,
 
 int setup_apply_sets(DetrConfig *cfg, const CliList *sets, char *err, size_t err_cap) {
   for (int i = 0; sets && i < sets->count; i++) {
-    char line[512];
+    char line[SETUP_MAX_CONFIG_LINE + 1];
+    if (strlen(sets->items[i]) > SETUP_MAX_CONFIG_LINE) {
+      snprintf(err, err_cap, "--set %.40s...: longer than the limit of %d bytes", sets->items[i], SETUP_MAX_CONFIG_LINE);
+      return -1;
+    }
     snprintf(line, sizeof line, "%s", sets->items[i]);
     if (apply_line(cfg, line, "--set", err, err_cap)) return -1;
   }
@@ -130,6 +161,36 @@ static long long flag_in_command(const char *cmd, const char *flag) {
   return -1;
 }
 
+// The stored config against the checkpoint's own tensors, before a model is built from it: the
+// tensors that pin hidden_dim, num_queries, num_classes, ffn_dim, dec_layers and the backbone width
+// must be there with the config's shapes, so a small file cannot make the caller build a huge
+// model. The full check of every tensor is checkpoint_load's.
+static int check_config_tensors(const StFile *f, const DetrConfig *c, char *err, size_t cap) {
+  char last_ffn[112];
+  snprintf(last_ffn, sizeof last_ffn, "transformer.decoder.layers.%lld.linear1.weight", (long long)c->dec_layers - 1);
+  const struct {
+    const char *name;
+    int ndim;
+    int64_t d[4];
+  } want[] = {
+      {"query_embed.weight", 2, {c->num_queries, c->hidden_dim}},
+      {"class_embed.weight", 2, {c->num_classes + 1, c->hidden_dim}},
+      {last_ffn, 2, {c->ffn_dim, c->hidden_dim}},
+      {"backbone.0.body.conv1.weight", 4, {c->backbone_width ? c->backbone_width : 64, 3, 7, 7}},
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    const StEntry *e = st_find(f, want[i].name);
+    bool same = e && e->ndim == want[i].ndim;
+    for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == want[i].d[d];
+    if (!same) {
+      snprintf(err, cap, "%s: the stored model_config does not match the checkpoint's tensors (%s %s)", st_path(f),
+               want[i].name, e ? "has another shape" : "is missing");
+      return -1;
+    }
+  }
+  return 0;
+}
+
 int setup_read_checkpoint_info(const char *path, CheckpointInfo *ci, char *err, size_t cap) {
   *ci = (CheckpointInfo){.image_size = -1, .max_size = -1};
   StFile *f = st_open(path, err, cap);
@@ -150,6 +211,12 @@ int setup_read_checkpoint_info(const char *path, CheckpointInfo *ci, char *err, 
     for (char *line = strtok_r(text, "\n", &save); line && !rc; line = strtok_r(NULL, "\n", &save))
       rc = apply_line(&ci->cfg, line, where, err, cap);
     free(text);
+    char why[256];
+    if (!rc && detr_config_validate(&ci->cfg, why, sizeof why)) {
+      snprintf(err, cap, "%s: model_config: %s", path, why);
+      rc = -1;
+    }
+    if (!rc) rc = check_config_tensors(f, &ci->cfg, err, cap);
     const char *cats = st_metadata(f, "categories"), *train = st_metadata(f, "train_config");
     if (!rc && cats && *cats) ci->categories = copy_text(cats);
     if (train) {

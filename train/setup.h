@@ -5,7 +5,10 @@
 #include "datasets/transforms.h"
 
 // config: a preset name (detr-r50, detr-r18-small, tiny) or a file of key=value lines (# comments);
-// sets: "key=value" overrides applied in order. Returns 0, or -1 with err set.
+// sets: "key=value" overrides applied in order. A line or override longer than
+// SETUP_MAX_CONFIG_LINE bytes, or holding a NUL byte, is an error. Returns 0, or -1 with err set
+// (naming FILE:LINE).
+#define SETUP_MAX_CONFIG_LINE 1024
 int setup_model_config(const char *config, const CliList *sets, DetrConfig *cfg, char *err, size_t err_cap);
 // Applies "key=value" overrides in order (no validation). Returns 0, or -1 with err set.
 int setup_apply_sets(DetrConfig *cfg, const CliList *sets, char *err, size_t err_cap);
