@@ -134,24 +134,31 @@ static double json_number(const char *line, const char *key) {
   return at ? strtod(at + strlen(pattern), NULL) : NAN;
 }
 
-// OUT/chart.png from OUT/metrics.jsonl: the loss (a 50-step running mean) by step, and AP and AP50
-// by epoch. A chart that fails to render is reported and training goes on.
-static void write_chart(const TrainOptions *o) {
-  if (!dist_is_main()) return;
-  char path[4200];
-  snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
-  FILE *f = fopen(path, "r");
-  if (!f) return;
+int metrics_chart_render(const char *metrics_path, const char *title, Image *out, char *err, size_t err_cap) {
+  *out = (Image){0};
+  FILE *f = fopen(metrics_path, "r");
+  if (!f) {
+    snprintf(err, err_cap, "%s: cannot open: %s", metrics_path, strerror(errno));
+    return -1;
+  }
   int cap = 0, n = 0, ne = 0;
   double *step = NULL, *loss = NULL, *mean = NULL;
-  double epoch[512], ap[512], ap50[512];
+  double epoch[METRICS_CHART_MAX_EVALS], ap[METRICS_CHART_MAX_EVALS], ap50[METRICS_CHART_MAX_EVALS];
   char line[8192];
-  bool ok = true;
+  bool ok = true, partial = false;
   while (ok && fgets(line, sizeof line, f)) {
-    if (strstr(line, "\"type\": \"eval\"") && ne < 512) {
+    // A line longer than the buffer (not one this program writes) is skipped whole: its
+    // continuation must not be read as a line of its own.
+    bool complete = strchr(line, '\n') || feof(f);
+    bool skip = partial;
+    partial = !complete;
+    if (skip || !complete) continue;
+    if (strstr(line, "\"type\": \"eval\"")) {
+      if (ne == METRICS_CHART_MAX_EVALS) continue;
       epoch[ne] = json_number(line, "epoch") + 1, ap[ne] = json_number(line, "AP"), ap50[ne] = json_number(line, "AP50");
       ne++;
     } else if (strstr(line, "\"type\": \"train\"")) {
+      if (n == METRICS_CHART_MAX_STEPS) continue;
       if (n == cap) {
         cap = cap ? 2 * cap : 1024;
         double *a = realloc(step, sizeof(double) * (size_t)cap), *b = a ? realloc(loss, sizeof(double) * (size_t)cap) : NULL;
@@ -167,17 +174,15 @@ static void write_chart(const TrainOptions *o) {
   fclose(f);
   mean = ok ? malloc(sizeof(double) * (size_t)(n ? n : 1)) : NULL;
   if (!mean) {
-    fprintf(stderr, "detr train: chart: out of memory\n");
+    snprintf(err, err_cap, "%s: out of memory reading %d steps", metrics_path, n);
     free(step), free(loss);
-    return;
+    return -1;
   }
   double run = 0;
   for (int i = 0; i < n; i++) {  // running mean over the last 50 steps
     run += loss[i] - (i >= 50 ? loss[i - 50] : 0.0);
     mean[i] = run / (i + 1 < 50 ? i + 1 : 50);
   }
-  char title[96];
-  snprintf(title, sizeof title, "DETR training (encoder attention: %s)", detr_encoder_attn(&o->model)->name);
   ChartSpec spec = {.title = title, .n_panels = 2};
   spec.panels[0] = (ChartPanel){.title = "loss", .x_label = "step", .y_label = "weighted loss", .n_series = 2};
   spec.panels[0].series[0] = (ChartSeries){.name = "step", .x = step, .y = loss, .n = n, .colour = {190, 200, 230}};
@@ -185,10 +190,27 @@ static void write_chart(const TrainOptions *o) {
   spec.panels[1] = (ChartPanel){.title = "COCO AP (val)", .x_label = "epoch", .y_label = "AP", .n_series = 2};
   spec.panels[1].series[0] = (ChartSeries){.name = "AP", .x = epoch, .y = ap, .n = ne, .colour = {200, 60, 40}};
   spec.panels[1].series[1] = (ChartSeries){.name = "AP50", .x = epoch, .y = ap50, .n = ne, .colour = {40, 160, 60}};
-  char err[1024];
-  snprintf(path, sizeof path, "%s/chart.png", o->out_dir);
-  if (chart_write_png(path, &spec, err, sizeof err)) fprintf(stderr, "detr train: chart: %s\n", err);
+  chart_render(&spec, out);
   free(step), free(loss), free(mean);
+  return 0;
+}
+
+// OUT/chart.png from OUT/metrics.jsonl. A chart that fails to render is reported and training
+// goes on.
+static void write_chart(const TrainOptions *o) {
+  if (!dist_is_main()) return;
+  char path[4200], err[1024], title[96];
+  snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
+  snprintf(title, sizeof title, "DETR training (encoder attention: %s)", detr_encoder_attn(&o->model)->name);
+  Image img;
+  if (access(path, F_OK) != 0) return;  // no metrics yet
+  if (metrics_chart_render(path, title, &img, err, sizeof err)) {
+    fprintf(stderr, "detr train: chart: %s\n", err);
+    return;
+  }
+  snprintf(path, sizeof path, "%s/chart.png", o->out_dir);
+  if (image_save_png(path, &img, err, sizeof err)) fprintf(stderr, "detr train: chart: %s\n", err);
+  image_free(&img);
 }
 
 static void log_eval(FILE *metrics, int64_t epoch, int64_t step, const EvalReport *r) {
