@@ -4,6 +4,8 @@
 #   2. builds with warnings as errors, the CUDA backend included when nvcc is present
 #   3. runs ctest (GPU tests skip themselves without a device)
 #   4. rebuilds with AddressSanitizer + UndefinedBehaviorSanitizer and runs the unit tests again
+#   5. the fuzz smoke run: every libFuzzer harness over its committed corpus, then 5 s of fuzzing
+#      each (tools/fuzz.sh --smoke, about a minute; skipped with a message without clang)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
@@ -19,3 +21,5 @@ cmake -S . -B build-asan -DDETR_CUDA=OFF -DDETR_WERROR=ON -DDETR_SANITIZE=ON -DC
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
    ctest --output-on-failure -j"$jobs" -L unit)
+
+FUZZ_JOBS=$jobs bash tools/fuzz.sh --smoke
