@@ -9,13 +9,12 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <yajl/yajl_parse.h>
-#include <zlib.h>
 
 #include "datasets/image.h"
 #include "datasets/transforms.h"
 #include "nn/model_io.h"
 #include "train/checkpoint.h"
+#include "train/class_names.h"
 #include "train/commands.h"
 #include "train/draw.h"
 #include "train/postprocess.h"
@@ -35,188 +34,6 @@ static char *xstrdup(const char *s) {
   char *c = strdup(s);
   DETR_CHECK(c, "detr predict: out of host memory");
   return c;
-}
-
-// --- class names ---------------------------------------------------------------------------------
-
-typedef struct {
-  char **name;  // [n]: name of label i, or NULL
-  int n;
-} Names;
-
-static void names_set(Names *nm, int label, const char *name) {
-  if (label < 0 || label > 1000000) return;  // ids beyond any model: ignore rather than allocate
-  if (label >= nm->n) {
-    char **grown = realloc(nm->name, (size_t)(label + 1) * sizeof(char *));
-    DETR_CHECK(grown, "detr predict: out of host memory");
-    for (int i = nm->n; i <= label; i++) grown[i] = NULL;
-    nm->name = grown, nm->n = label + 1;
-  }
-  free(nm->name[label]);
-  nm->name[label] = xstrdup(name);
-}
-
-static void names_free(Names *nm) {
-  for (int i = 0; i < nm->n; i++) free(nm->name[i]);
-  free(nm->name);
-  *nm = (Names){0};
-}
-
-// The "categories" of a COCO instances file (plain or .gz), streamed: a file with only that
-// array is accepted too, and a 450 MB train2017 file needs no memory for its annotations.
-typedef struct {
-  Names *nm;
-  const char *path;
-  int depth;              // open maps and arrays
-  bool top_is_categories; // the current key of the top-level object is "categories"
-  bool in_categories;     // inside its array
-  bool seen;              // the array was there
-  char key[16];           // current key inside a category object
-  long long id, index;    // the category being read, and its position in the array
-  bool has_id;
-  char *name;
-  char err[512];
-} NameParser;
-
-static int np_fail(NameParser *p, const char *what) {
-  snprintf(p->err, sizeof p->err, "%s: categories[%lld]: %s", p->path, p->index, what);
-  return 0;  // cancels the parse
-}
-
-static bool np_field(const NameParser *p, const char *key) { return p->in_categories && p->depth == 3 && !strcmp(p->key, key); }
-
-static int np_integer(void *ctx, long long v) {
-  NameParser *p = ctx;
-  if (np_field(p, "id")) p->id = v, p->has_id = true;
-  else if (np_field(p, "name")) return np_fail(p, "'name' is not a string");
-  return 1;
-}
-
-static int np_other(NameParser *p) {
-  if (np_field(p, "id")) return np_fail(p, "'id' is not an integer");
-  if (np_field(p, "name")) return np_fail(p, "'name' is not a string");
-  return 1;
-}
-static int np_null(void *ctx) { return np_other(ctx); }
-static int np_bool(void *ctx, int v) { return (void)v, np_other(ctx); }
-static int np_double(void *ctx, double v) { return (void)v, np_other(ctx); }
-
-static int np_string(void *ctx, const unsigned char *s, size_t len) {
-  NameParser *p = ctx;
-  if (np_field(p, "id")) return np_fail(p, "'id' is not an integer");
-  if (np_field(p, "name")) {
-    free(p->name);
-    p->name = malloc(len + 1);
-    DETR_CHECK(p->name, "detr predict: out of host memory");
-    memcpy(p->name, s, len);
-    p->name[len] = 0;
-  }
-  return 1;
-}
-
-static int np_map_key(void *ctx, const unsigned char *s, size_t len) {
-  NameParser *p = ctx;
-  if (p->depth == 1) p->top_is_categories = len == 10 && !memcmp(s, "categories", 10);
-  if (p->in_categories && p->depth == 3) snprintf(p->key, sizeof p->key, "%.*s", (int)(len < 15 ? len : 15), s);
-  return 1;
-}
-
-static int np_start_map(void *ctx) {
-  NameParser *p = ctx;
-  if (p->depth == 1 && p->top_is_categories) {
-    snprintf(p->err, sizeof p->err, "%s: 'categories' is not an array", p->path);
-    return 0;
-  }
-  if (p->in_categories && p->depth == 2) p->has_id = false, p->key[0] = 0;
-  else if (np_field(p, "id")) return np_fail(p, "'id' is not an integer");
-  p->depth++;
-  return 1;
-}
-
-static int np_end_map(void *ctx) {
-  NameParser *p = ctx;
-  p->depth--;
-  if (p->in_categories && p->depth == 2) {
-    if (!p->has_id || !p->name) return np_fail(p, !p->has_id ? "no integer 'id'" : "no string 'name'");
-    if (p->id < 0 || p->id > 1000000) return np_fail(p, "'id' outside [0, 1000000]");
-    names_set(p->nm, (int)p->id, p->name);
-    free(p->name);
-    p->name = NULL;
-    p->index++;
-  }
-  return 1;
-}
-
-static int np_start_array(void *ctx) {
-  NameParser *p = ctx;
-  if (p->depth == 1 && p->top_is_categories) p->in_categories = p->seen = true;
-  else if (np_field(p, "id")) return np_fail(p, "'id' is not an integer");
-  p->depth++;
-  return 1;
-}
-
-static int np_end_array(void *ctx) {
-  NameParser *p = ctx;
-  if (--p->depth == 1) p->in_categories = false;
-  return 1;
-}
-
-static int names_from_coco(const char *path, Names *nm, char *err, size_t cap) {
-  static const yajl_callbacks CB = {np_null, np_bool, np_integer, np_double, NULL, np_string,
-                                    np_start_map, np_map_key, np_end_map, np_start_array, np_end_array};
-  NameParser p = {.nm = nm, .path = path};
-  gzFile gz = gzopen(path, "rb");  // plain files pass through
-  if (!gz) {
-    snprintf(err, cap, "--names %s: cannot open: %m", path);
-    return -1;
-  }
-  yajl_handle h = yajl_alloc(&CB, NULL, &p);
-  DETR_CHECK(h, "detr predict: out of host memory");
-  unsigned char chunk[1 << 16];
-  long long offset = 0;
-  int n;
-  yajl_status st = yajl_status_ok;
-  while (st == yajl_status_ok && (n = gzread(gz, chunk, sizeof chunk)) > 0) {
-    st = yajl_parse(h, chunk, (size_t)n);
-    if (st == yajl_status_error) {
-      long long at = offset + (long long)yajl_get_bytes_consumed(h);
-      snprintf(p.err, sizeof p.err, "%s: malformed JSON at byte %lld", path, at);
-    }
-    offset += n;
-  }
-  int zerr;
-  const char *zmsg = gzerror(gz, &zerr);
-  if (!p.err[0] && zerr != Z_OK) snprintf(p.err, sizeof p.err, "%s: read error: %s", path, zmsg);
-  if (!p.err[0] && yajl_complete_parse(h) != yajl_status_ok)
-    snprintf(p.err, sizeof p.err, "%s: truncated JSON after %lld bytes", path, offset);
-  if (!p.err[0] && (!p.seen || p.index == 0))
-    snprintf(p.err, sizeof p.err, "%s: no categories (expected a COCO instances file)", path);
-  yajl_free(h);
-  gzclose(gz);
-  free(p.name);
-  if (p.err[0]) {
-    snprintf(err, cap, "--names: %s", p.err);
-    return -1;
-  }
-  return 0;
-}
-
-// A checkpoint's "categories" metadata: "id:name;id:name;...". Returns 0, or -1 naming the entry.
-static int names_from_text(const char *path, const char *text, Names *nm, char *err, size_t cap) {
-  char *copy = xstrdup(text), *save = NULL;
-  int rc = 0;
-  for (char *item = strtok_r(copy, ";", &save); item && !rc; item = strtok_r(NULL, ";", &save)) {
-    char *colon = strchr(item, ':'), *end = NULL;
-    long id = colon ? strtol(item, &end, 10) : -1;
-    if (!colon || end != colon || id < 0) {
-      snprintf(err, cap, "%s: metadata 'categories': '%s' is not id:name", path, item);
-      rc = -1;
-    } else {
-      names_set(nm, (int)id, colon + 1);
-    }
-  }
-  free(copy);
-  return rc;
 }
 
 // --- the model -----------------------------------------------------------------------------------
@@ -267,7 +84,7 @@ static int detect(const DetrModel *m, const Image *orig, const AugConfig *aug, c
   return rc;
 }
 
-static const char *label_name(const Names *nm, int label, char *buf, size_t cap) {
+static const char *label_name(const ClassNames *nm, int label, char *buf, size_t cap) {
   if (label >= 0 && label < nm->n && nm->name[label]) return nm->name[label];
   snprintf(buf, cap, "class %d", label);
   return buf;
@@ -276,7 +93,7 @@ static const char *label_name(const Names *nm, int label, char *buf, size_t cap)
 static int clamp_px(float v, int hi) { return v < -1.0f ? -1 : v > (float)hi ? hi : (int)lrintf(v); }
 
 // Boxes (thickness and text growing with the image), lowest score first so the best is on top.
-static void draw_detections(Image *img, const ImageResult *r, const Names *nm) {
+static void draw_detections(Image *img, const ImageResult *r, const ClassNames *nm) {
   int side = img->w < img->h ? img->w : img->h;
   int thick = 1 + side / 250, scale = 1 + side / 500, pad = 2 * scale;
   for (int i = r->n - 1; i >= 0; i--) {
@@ -335,7 +152,7 @@ static void json_string(FILE *f, const char *s) {
 
 // Labels are COCO category ids (the training data's, as the reference trains), so category_id
 // repeats the label: a consumer of COCO results reads category_id.
-static void write_json(FILE *f, const ImageResult *res, int n, const Names *nm) {
+static void write_json(FILE *f, const ImageResult *res, int n, const ClassNames *nm) {
   fputs("[", f);
   for (int i = 0; i < n; i++) {
     const ImageResult *r = &res[i];
@@ -357,7 +174,7 @@ static void write_json(FILE *f, const ImageResult *res, int n, const Names *nm) 
   fputs("\n]\n", f);
 }
 
-static int save_json(const char *path, const ImageResult *res, int n, const Names *nm, char *err, size_t cap) {
+static int save_json(const char *path, const ImageResult *res, int n, const ClassNames *nm, char *err, size_t cap) {
   if (!strcmp(path, "-")) {
     write_json(stdout, res, n, nm);
     return fflush(stdout) ? (snprintf(err, cap, "stdout: write failed: %m"), -1) : 0;
@@ -439,7 +256,7 @@ int cmd_predict(int argc, char **argv) {
   Device dev;
   DetrConfig cfg;
   CheckpointInfo ci = {.image_size = -1, .max_size = -1};
-  Names names = {0};
+  ClassNames names = {0};
   DetrModel *model = NULL;
   ImageResult *results = calloc((size_t)n_pos, sizeof(ImageResult));
   DETR_CHECK(results, "detr predict: out of host memory");
@@ -465,8 +282,8 @@ int cmd_predict(int argc, char **argv) {
     status = 2;
     goto fail;
   }
-  if (names_path ? names_from_coco(names_path, &names, err, sizeof err)
-                 : ci.categories ? names_from_text(checkpoint, ci.categories, &names, err, sizeof err) : 0)
+  if (names_path ? class_names_from_coco(names_path, &names, err, sizeof err)
+                 : ci.categories ? class_names_from_text(checkpoint, ci.categories, &names, err, sizeof err) : 0)
     goto fail;
 
   // The val transform of the training run (same defaults as `detr train`).
@@ -579,7 +396,7 @@ done:
   }
   free(results);
   if (model) detr_model_free(model);
-  names_free(&names);
+  class_names_free(&names);
   setup_checkpoint_info_free(&ci);
   free(inputs);
   return status;
