@@ -1,6 +1,6 @@
 // Training checkpoints (train/checkpoint.c, train/setup.c): what `detr eval/predict --checkpoint`
 // and `detr train --resume` read from a checkpoint - the stored model config and run info
-// (setup_read_checkpoint_info), the configs (checkpoint_read_configs, `detr info`), and the load
+// (setup_read_checkpoint_info), the class names (class_names_from_text), the configs (checkpoint_read_configs, `detr info`), and the load
 // into a model and optimizer (checkpoint_load: format, crc32, model tensors, AdamW moments, the
 // training state in __metadata__).
 //
@@ -15,6 +15,7 @@
 #include "fuzz_util.h"
 #include "tensor/safetensors.h"
 #include "train/checkpoint.h"
+#include "train/class_names.h"
 #include "train/setup.h"
 
 static DetrModel *model;
@@ -34,7 +35,12 @@ static void read_all(const char *path) {
   CheckpointInfo ci;
   if (setup_read_checkpoint_info(path, &ci, err, sizeof err) == 0) {
     char verr[256];
-    (void)detr_config_validate(&ci.cfg, verr, sizeof verr);
+    FUZZ_ASSERT(detr_config_validate(&ci.cfg, verr, sizeof verr) == 0, "accepted an invalid config: %s", verr);
+    if (ci.categories) {  // `detr predict`'s class names
+      ClassNames names = {0};
+      if (class_names_from_text(path, ci.categories, &names, err, sizeof err)) fuzz_expect_error(err, path);
+      class_names_free(&names);
+    }
     setup_checkpoint_info_free(&ci);
   } else {
     fuzz_expect_error(err, path);

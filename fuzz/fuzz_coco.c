@@ -1,7 +1,7 @@
-// COCO instances JSON, read by both readers of such files: the training reader (datasets/coco.c,
-// coco_open under the fail and the skip policy, ids as labels and contiguous labels) and
-// cocoeval's (train/cocoeval_io.c), whose ground truth is then evaluated against detections made
-// from its own boxes (train/cocoeval.c). fuzz_coco_gz compiles this file with FUZZ_COCO_GZIP: the
+// COCO instances JSON, read by every reader of such files: the training reader (datasets/coco.c,
+// coco_open under the fail and the skip policy, ids as labels and contiguous labels), predict's
+// class names (train/class_names.c) and cocoeval's (train/cocoeval_io.c), whose ground truth is
+// then evaluated against detections made from its own boxes (train/cocoeval.c). fuzz_coco_gz compiles this file with FUZZ_COCO_GZIP: the
 // input is gzip-compressed first and read as a .json.gz.
 #include <math.h>
 #include <stdlib.h>
@@ -10,6 +10,7 @@
 
 #include "datasets/coco.h"
 #include "fuzz_util.h"
+#include "train/class_names.h"
 #include "train/cocoeval.h"
 
 static const char *write_input(const uint8_t *data, size_t size) {
@@ -71,8 +72,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
   }
 
-  CocoEvalGt gt;
+  // `detr predict --names`: the categories only.
+  ClassNames names = {0};
   char err[2048] = "";
+  if (class_names_from_coco(path, &names, err, sizeof err)) fuzz_expect_error(err, path);
+  for (int i = 0; i < names.n; i++) FUZZ_ASSERT(!names.name[i] || strlen(names.name[i]) <= COCO_MAX_STRING_BYTES, "name");
+  class_names_free(&names);
+
+  CocoEvalGt gt;
+  err[0] = 0;
   if (coco_eval_read_gt(path, &gt, err, sizeof err)) {
     fuzz_expect_error(err, path);
     return 0;

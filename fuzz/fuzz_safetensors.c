@@ -1,12 +1,13 @@
 // safetensors reader (tensor/safetensors.c): st_open on any bytes, then everything a consumer
 // reads of an accepted file - every entry's bytes, name lookups, metadata, F32 tensors copied
-// into Tensors - and a round trip: what st_open accepts, st_writer_save writes back and st_open
+// into Tensors, `detr step`'s batch (train/step_batch.c) - and a round trip: what st_open accepts, st_writer_save writes back and st_open
 // reads again with the same names, dtypes, shapes, bytes and metadata.
 #include <stdlib.h>
 #include <string.h>
 
 #include "fuzz_util.h"
 #include "tensor/safetensors.h"
+#include "train/step_batch.h"
 
 static uint64_t touch(const void *p, size_t n) {  // reads every byte, so ASan sees each access
   const uint8_t *b = p;
@@ -68,6 +69,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   FUZZ_ASSERT(!st_find(f, "__metadata__"), "a tensor named __metadata__");
   (void)sum;
+
+  // `detr step`'s batch file.
+  StepBatch batch;
+  err[0] = 0;
+  if (step_batch_read(f, DEVICE_CPU, 3, &batch, err, sizeof err)) fuzz_expect_error(err, path);
+  else FUZZ_ASSERT(batch.B >= 1 && batch.H >= 1 && batch.W >= 1, "batch %lldx%lldx%lld", (long long)batch.B,
+                   (long long)batch.H, (long long)batch.W);
+  step_batch_free(&batch);
 
   // Round trip through the writer, for files of the dtypes it writes.
   bool writable = true;

@@ -242,6 +242,21 @@ static void safetensors_seeds(void) {
   memcpy(file + 8, hdr, hn);
   put("safetensors", "foreign.safetensors", file, 8 + hn + 8);
 
+  // A `detr step` batch: 2 images of 2x3, one with 2 boxes, one with none.
+  w = st_writer_new();
+  float px[2 * 3 * 2 * 3];
+  for (int i = 0; i < 36; i++) px[i] = (float)i / 36 - 0.5f;
+  uint8_t mask[12] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 1};
+  float boxes[8] = {0.5f, 0.5f, 0.2f, 0.3f, 0.25f, 0.75f, 0.5f, 0.5f};
+  int64_t labels[2] = {1, 3};
+  st_writer_add(w, "images", ST_F32, 4, (int64_t[]){2, 3, 2, 3}, px);
+  st_writer_add(w, "mask", ST_U8, 3, (int64_t[]){2, 2, 3}, mask);
+  st_writer_add(w, "targets.0.boxes", ST_F32, 2, (int64_t[]){2, 4}, boxes);
+  st_writer_add(w, "targets.0.labels", ST_I64, 1, (int64_t[]){2}, labels);
+  st_writer_add(w, "targets.1.boxes", ST_F32, 2, (int64_t[]){0, 4}, NULL);
+  st_writer_add(w, "targets.1.labels", ST_I64, 1, (int64_t[]){0}, NULL);
+  save(w, "safetensors", "step-batch.safetensors");
+
   // The fuzz model: weights (model_load), a pretrain-style backbone file, checkpoints.
   DetrConfig cfg;
   fuzz_model_config(&cfg);
