@@ -1,5 +1,6 @@
 #include "train/checkpoint.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,10 +78,12 @@ int checkpoint_save(const char *path, const DetrModel *model, const AdamW *opt, 
   return rc;
 }
 
+// Decimal digits only: strtoull alone would take " 7", "+7" and "-7" (as 2^64 - 7).
 static int meta_u64(const StFile *f, const char *key, uint64_t *out, char *err, size_t cap) {
   const char *v = st_metadata(f, key);
   char *end = NULL;
-  if (!v || !*v || (*out = strtoull(v, &end, 10), *end)) {
+  errno = 0;
+  if (!v || *v < '0' || *v > '9' || (*out = strtoull(v, &end, 10), *end) || errno) {
     snprintf(err, cap, "%s: checkpoint metadata '%s' is missing or not a number", st_path(f), key);
     return -1;
   }
@@ -128,6 +131,10 @@ int checkpoint_load(const char *path, DetrModel *model, AdamW *opt, TrainState *
   const char *keys[8] = {"step", "epoch", "next_batch", "seed", "dropout_rng_seed", "dropout_rng_offset",
                          "optimizer_step", NULL};
   for (int k = 0; !rc && keys[k]; k++) rc = meta_u64(f, keys[k], &v[k], err, err_cap);
+  if (!rc && (v[0] > INT64_MAX || v[1] > INT32_MAX || v[2] > INT64_MAX || v[6] > INT64_MAX)) {
+    snprintf(err, err_cap, "%s: checkpoint metadata step, epoch, next_batch or optimizer_step is out of range", path);
+    rc = -1;
+  }
   if (!rc) {
     state->step = (int64_t)v[0];
     state->epoch = (int64_t)v[1];
@@ -136,9 +143,17 @@ int checkpoint_load(const char *path, DetrModel *model, AdamW *opt, TrainState *
     state->dropout_rng = (Rng){.seed = v[4], .offset = v[5]};
     const char *best = st_metadata(f, "best_map");
     state->best_map = best ? strtod(best, NULL) : -1.0;
-    const char *world = st_metadata(f, "world_size"), *global = st_metadata(f, "global_batch");
-    state->world_size = world ? atoi(world) : 1;  // older checkpoints: one process,
-    state->global_batch = global ? strtoll(global, NULL, 10) : 0;  // batch not recorded
+    // Older checkpoints have neither: one process, batch not recorded.
+    uint64_t world = 1, global = 0;
+    if (st_metadata(f, "world_size")) rc = meta_u64(f, "world_size", &world, err, err_cap);
+    if (!rc && st_metadata(f, "global_batch")) rc = meta_u64(f, "global_batch", &global, err, err_cap);
+    if (!rc && (world < 1 || world > (1 << 20) || global > (1 << 30))) {
+      snprintf(err, err_cap, "%s: checkpoint metadata world_size %llu or global_batch %llu is out of range", path,
+               (unsigned long long)world, (unsigned long long)global);
+      rc = -1;
+    }
+    state->world_size = (int)world;
+    state->global_batch = (int64_t)global;
     if (opt) {
       opt->step = (int64_t)v[6];
       opt->epoch = (int)state->epoch;
