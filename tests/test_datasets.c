@@ -419,6 +419,110 @@ START_TEST(decode_progressive_grey_png) {
 }
 END_TEST
 
+// Limits on what an image file can ask for, and files that would reach bugs of Debian's
+// stb_image 2.27 (found by fuzz/fuzz_image.c): each refused with the file's name.
+static void decode_fails(const char *path, const char *expect) {
+  Image img;
+  DataError err = {{0}};
+  ck_assert_int_eq(image_decode_file(path, &img, &err), DATA_ERROR);
+  ck_assert_ptr_null(img.data);
+  ck_assert_msg(strstr(err.msg, path) && strstr(err.msg, expect), "expected '%s' in: %s", expect, err.msg);
+}
+
+START_TEST(hostile_images) {
+  DataError err;
+  uint8_t grey[8 * 6] = {0};
+  ck_assert_int_eq(image_write_png(at("g.png"), grey, 8, 6, 1, &err), DATA_OK);
+  size_t n;
+  uint8_t *png = read_file(at("g.png"), &n);
+  // A bomb: IHDR (at 16) says 20000 x 20000, the data stays a few bytes.
+  uint8_t *bomb = malloc(n);
+  memcpy(bomb, png, n);
+  const uint8_t big[8] = {0, 0, 0x4e, 0x20, 0, 0, 0x4e, 0x20};
+  memcpy(bomb + 16, big, 8);
+  write_file(at("bomb.png"), bomb, n);
+  decode_fails(at("bomb.png"), "20000x20000 = 400000000 pixels, more than the limit of 178956970");
+  int w, h;
+  ck_assert_int_eq(image_read_header(at("bomb.png"), &w, &h, &err), DATA_ERROR);
+  ck_assert_ptr_nonnull(strstr(err.msg, "more than the limit"));
+  // A lower limit, as an embedder may set.
+  image_set_max_pixels(40);
+  decode_fails(at("g.png"), "8x6 = 48 pixels, more than the limit of 40");
+  image_set_max_pixels(IMAGE_MAX_PIXELS);
+  Image img;
+  ck_assert_int_eq(image_decode_file(at("g.png"), &img, &err), DATA_OK);
+  image_free(&img);
+  // An IDAT chunk declaring 2 GiB in a file of a hundred bytes (stb_image allocates it first).
+  memcpy(bomb, png, n);
+  size_t idat = 0;
+  for (size_t i = 8; i + 8 <= n; i++)
+    if (!memcmp(png + i + 4, "IDAT", 4)) idat = i;
+  ck_assert_uint_gt(idat, 0);
+  const uint8_t len[4] = {0x7f, 0xff, 0xff, 0xf0};
+  memcpy(bomb + idat, len, 4);
+  write_file(at("idat.png"), bomb, n);
+  decode_fails(at("idat.png"), "truncated or corrupt PNG");
+  write_file(at("cut.png"), png, n - 12);  // no IEND chunk
+  decode_fails(at("cut.png"), "truncated or corrupt PNG");
+  free(bomb);
+  free(png);
+
+  // JPEG Huffman tables: more than 256 codes (stb_image 2.27 writes past its size[257] array),
+  // and a scan selecting a table no DHT defined (it reads the uninitialised table).
+  uint8_t jpg[sizeof progressive_jpeg_16x16];
+  size_t dht = 0, sos = 0;
+  for (size_t i = 0; i + 1 < sizeof jpg; i++) {
+    if (!dht && progressive_jpeg_16x16[i] == 0xFF && progressive_jpeg_16x16[i + 1] == 0xC4) dht = i;
+    if (!sos && progressive_jpeg_16x16[i] == 0xFF && progressive_jpeg_16x16[i + 1] == 0xDA) sos = i;
+  }
+  ck_assert(dht && sos);
+  memcpy(jpg, progressive_jpeg_16x16, sizeof jpg);
+  memset(jpg + dht + 5, 0xFF, 16);  // the 16 code counts of the first table
+  write_file(at("dht.jpg"), jpg, sizeof jpg);
+  decode_fails(at("dht.jpg"), "a Huffman table with more than 256 codes");
+  memcpy(jpg, progressive_jpeg_16x16, sizeof jpg);
+  jpg[sos + 6] = 0x30;  // the first component's DC table: 3, never defined
+  write_file(at("undef.jpg"), jpg, sizeof jpg);
+  decode_fails(at("undef.jpg"), "a scan uses a Huffman table that is not defined");
+  // Fill bytes before the start-of-image marker: stb_image takes it as a JPEG, so does the check.
+  uint8_t filled[sizeof progressive_jpeg_16x16 + 3] = {0xFF, 0xFF, 0xFF};
+  memcpy(filled + 3, progressive_jpeg_16x16, sizeof progressive_jpeg_16x16);
+  filled[3 + dht + 5] = 0xFF, filled[3 + dht + 6] = 0xFF;
+  write_file(at("fill.jpg"), filled, sizeof filled);
+  decode_fails(at("fill.jpg"), "a Huffman table with more than 256 codes");
+
+  // A thin image resized without max_size (the crop branch) stops at IMAGE_MAX_SIDE.
+  aug_resize_size(1, 2000, 400, 0, &w, &h);
+  ck_assert_int_eq(h, IMAGE_MAX_SIDE);
+  ck_assert_int_ge(w, 1);
+  aug_resize_size(2000, 3, 400, 0, &w, &h);
+  ck_assert_int_eq(w, IMAGE_MAX_SIDE);
+  ck_assert_int_eq(h, 49);  // 400 * 32768 / 266666
+}
+END_TEST
+
+// Limits of instances files (datasets/coco.h): JSON depth (fatal), string length (a bad item).
+START_TEST(hostile_coco) {
+  char *json = malloc(20000);
+  size_t n = (size_t)snprintf(json, 20000, "{\"info\": ");
+  for (int i = 0; i < 100; i++) json[n++] = '[';
+  for (int i = 0; i < 100; i++) json[n++] = ']';
+  n += (size_t)snprintf(json + n, 20000 - n, ", \"images\": [], \"annotations\": [], \"categories\": []}");
+  write_file(at("deep.json"), json, n);
+  open_fails(at("deep.json"), NULL, BAD_INPUT_SKIP, false, "nested deeper than the limit of 64 levels");
+  n = (size_t)snprintf(json, 20000, "{\"images\": [{\"id\": 1, \"width\": 9, \"height\": 9, \"file_name\": \"");
+  for (int i = 0; i < COCO_MAX_STRING_BYTES + 1; i++) json[n++] = 'a';
+  n += (size_t)snprintf(json + n, 20000 - n, "\"}], \"annotations\": [], \"categories\": []}");
+  write_file(at("long.json"), json, n);
+  open_fails(at("long.json"), NULL, BAD_INPUT_FAIL, false, "images[0] (id 1): 'file_name' has 4097 bytes, more than the limit of 4096");
+  CocoDataset *ds = open_ok(at("long.json"), NULL, BAD_INPUT_SKIP, false);
+  ck_assert_int_eq(ds->n_images, 0);
+  ck_assert_int_eq(ds->stats.malformed_items, 1);
+  coco_free(ds);
+  free(json);
+}
+END_TEST
+
 static Image test_pattern(int w, int h) {
   Image img = image_alloc(w, h);
   for (int y = 0; y < h; y++)
@@ -1094,6 +1198,8 @@ int main(void) {
   tcase_add_loop_test(tc, bad_items_fail_or_skip, 0, (int)(sizeof bad_item_cases / sizeof bad_item_cases[0]));
   tcase_add_test(tc, missing_and_corrupt_images_at_open);
   tcase_add_test(tc, decode_progressive_grey_png);
+  tcase_add_test(tc, hostile_images);
+  tcase_add_test(tc, hostile_coco);
   tcase_add_test(tc, resize_matches_pillow);
   tcase_add_test(tc, flip_and_crop_pixels);
   tcase_add_test(tc, resize_size_as_reference);

@@ -644,6 +644,47 @@ static float first_value(const char *path) {
   return v;
 }
 
+// The limits a file cannot exceed (tensor/safetensors.h) and what the fuzzer found: each a clear
+// error naming the file. Inputs of the fuzz harness (fuzz/corpus/safetensors/crash-*) are rerun
+// by tools/fuzz.sh --smoke.
+START_TEST(hostile_headers) {
+  make_tmpdir();
+  const char *path = in_tmp("h.safetensors");
+  // Overlong UTF-8 ("\xc1\xa9" for U+0069): YAJL lets it through; the writer would refuse it.
+  const char *overlong = "{\"__metadata__\":{\"k\":\"\xc1\xa9\"}}";
+  write_st(path, overlong, strlen(overlong), NULL, 0);
+  expect_open_fails(path, "value of 'k' is not valid UTF-8");
+  const char *bad_name = "{\"\xe0\x80\xaf\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}";
+  write_st(path, bad_name, strlen(bad_name), "x", 1);
+  expect_open_fails(path, "tensor 0's name is not valid UTF-8");
+  // A name of ST_MAX_NAME_BYTES + 1 bytes.
+  char *h = malloc(4096);
+  char *name = malloc(ST_MAX_NAME_BYTES + 2);
+  memset(name, 'n', ST_MAX_NAME_BYTES + 1);
+  name[ST_MAX_NAME_BYTES + 1] = 0;
+  snprintf(h, 4096, "{\"%s\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", name);
+  write_st(path, h, strlen(h), "x", 1);
+  expect_open_fails(path, "more than the limit of 1024");
+  name[ST_MAX_NAME_BYTES] = 0;  // exactly the limit: fine
+  snprintf(h, 4096, "{\"%s\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", name);
+  write_st(path, h, strlen(h), "x", 1);
+  StFile *f = st_open(path, err, sizeof err);
+  ck_assert_msg(f, "%s", err);
+  st_close(f);
+  // Nesting inside an unknown field: DETR_MAX_JSON_DEPTH levels at most.
+  size_t n = 0;
+  n += (size_t)snprintf(h + n, 4096 - n, "{\"a\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1],\"x\":");
+  for (int i = 0; i < 100; i++) h[n++] = '[';
+  for (int i = 0; i < 100; i++) h[n++] = ']';
+  n += (size_t)snprintf(h + n, 4096 - n, "}}");
+  write_st(path, h, n, "x", 1);
+  expect_open_fails(path, "nested deeper than the limit of 64 levels");
+  free(name);
+  free(h);
+  remove_tree(tmpdir);
+}
+END_TEST
+
 START_TEST(atomic_save_failures) {
   make_tmpdir();
   const char *path = in_tmp("ckpt.safetensors");
@@ -731,6 +772,7 @@ int main(void) {
   tcase_add_test(tc, truncated_files);
   tcase_add_test(tc, corrupted_files_never_crash);
   tcase_add_test(tc, atomic_save_failures);
+  tcase_add_test(tc, hostile_headers);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -14,6 +14,7 @@
 #include "tests/gradcheck.h"
 #include "nn/model_io.h"
 #include "train/checkpoint.h"
+#include "train/setup.h"
 
 START_TEST(adamw_matches_torch_formula) {
   ParamStore ps;
@@ -154,6 +155,90 @@ START_TEST(checkpoint_round_trip) {
 }
 END_TEST
 
+// A copy of checkpoint `from` with metadata key set to value (the crc covers the tensors only).
+static void copy_with_metadata(const char *from, const char *to, const char *key, const char *value) {
+  char err[1024];
+  StFile *f = st_open(from, err, sizeof err);
+  ck_assert_msg(f, "%s", err);
+  StWriter *w = st_writer_new();
+  for (int i = 0; i < st_count(f); i++) {
+    const StEntry *e = st_entry(f, i);
+    st_writer_add(w, e->name, e->dtype, e->ndim, e->shape, st_data(f, e));
+  }
+  for (int i = 0; i < st_metadata_count(f); i++) st_writer_set_metadata(w, st_metadata_key(f, i), st_metadata_value(f, i));
+  st_writer_set_metadata(w, key, value);
+  ck_assert_int_eq(st_writer_save(w, to, err, sizeof err), 0);
+  st_writer_free(w);
+  st_close(f);
+}
+
+static void write_text_file(const char *path, const char *text, size_t n) {
+  FILE *f = fopen(path, "wb");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fwrite(text, 1, n, f), n);
+  fclose(f);
+}
+
+// Config files and a checkpoint's stored config and state are hostile input too (fuzz/): values
+// that would wrap, lines that would be split, configs that ask for more than the file holds.
+START_TEST(configs_and_metadata_checked) {
+  char err[1024] = "";
+  DetrConfig cfg;
+  const char *conf = tmp_path("model.conf");
+  const char *cases[][2] = {
+      {"backbone=4294967314\n", "config backbone: 4294967314 is out of range"},  // was read as 18
+      {"hidden_dim=16384\n", "hidden_dim must be positive, even and at most 8192"},
+      {"num_classes=2000000\n", "num_classes must be in 1..1048577"},
+      {"num_queries=100000\n", "num_queries must be in 1..65536"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    write_text_file(conf, cases[i][0], strlen(cases[i][0]));
+    ck_assert_int_eq(setup_model_config(conf, NULL, &cfg, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, cases[i][1]), "expected '%s' in: %s", cases[i][1], err);
+  }
+  // A comment longer than the old 511-byte line buffer used to leave its tail as a line of its own.
+  char line[1200];
+  memset(line, ' ', sizeof line);
+  line[0] = '#';
+  memcpy(line + 1100, "hidden_dim=64\n", 14);
+  write_text_file(conf, line, 1114);
+  ck_assert_int_eq(setup_model_config(conf, NULL, &cfg, err, sizeof err), -1);
+  ck_assert_msg(strstr(err, "model.conf:1: line longer than the limit of 1024 bytes"), "%s", err);
+  write_text_file(conf, "nheads=4\0hidden_dim=64\n", 24);
+  ck_assert_int_eq(setup_model_config(conf, NULL, &cfg, err, sizeof err), -1);
+  ck_assert_msg(strstr(err, "model.conf:1: a NUL byte"), "%s", err);
+  write_text_file(conf, "hidden_dim=64\n# ok\n", 19);
+  ck_assert_msg(setup_model_config(conf, NULL, &cfg, err, sizeof err) == 0, "%s", err);
+  ck_assert_int_eq(cfg.hidden_dim, 64);
+
+  // A checkpoint whose stored config does not match its tensors is refused before a model is
+  // built from it; metadata numbers must be plain decimal.
+  Run a;
+  run_make(&a, 3);
+  const char *path = tmp_path("c.safetensors"), *bad = tmp_path("bad.safetensors");
+  ck_assert_int_eq(checkpoint_save(path, a.model, &a.opt, &a.state, "", NULL, err, sizeof err), 0);
+  CheckpointInfo ci;
+  ck_assert_msg(setup_read_checkpoint_info(path, &ci, err, sizeof err) == 0, "%s", err);
+  setup_checkpoint_info_free(&ci);
+  char text[4096];
+  detr_config_format(&a.model->cfg, text, sizeof text);
+  char *q = strstr(text, "num_queries=10\n");
+  ck_assert_ptr_nonnull(q);
+  memcpy(q, "num_queries=60000\n", 18);  // overwrites "num_queries=10\n" and the next field's start
+  q[18] = 0;
+  copy_with_metadata(path, bad, "model_config", text);
+  ck_assert_int_eq(setup_read_checkpoint_info(bad, &ci, err, sizeof err), -1);
+  ck_assert_msg(strstr(err, "does not match the checkpoint's tensors (query_embed.weight has another shape)"), "%s", err);
+  copy_with_metadata(path, bad, "step", "-7");
+  ck_assert_int_eq(checkpoint_load(bad, a.model, &a.opt, &a.state, err, sizeof err), -1);
+  ck_assert_msg(strstr(err, "metadata 'step' is missing or not a number"), "%s", err);
+  copy_with_metadata(path, bad, "world_size", "2x");
+  ck_assert_int_eq(checkpoint_load(bad, a.model, &a.opt, &a.state, err, sizeof err), -1);
+  ck_assert_msg(strstr(err, "metadata 'world_size' is missing or not a number"), "%s", err);
+  run_free(&a);
+}
+END_TEST
+
 static long file_size(const char *path) {
   struct stat st;
   return stat(path, &st) == 0 ? (long)st.st_size : -1;
@@ -247,6 +332,7 @@ int main(void) {
   tcase_add_test(tc, clip_grad_norm_as_torch);
   tcase_add_test(tc, checkpoint_round_trip);
   tcase_add_test(tc, checkpoint_damage_is_detected);
+  tcase_add_test(tc, configs_and_metadata_checked);
   tcase_add_test(tc, checkpoint_survives_sigkill);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
