@@ -1,6 +1,6 @@
 // Training checkpoints (train/checkpoint.c, train/setup.c): what `detr eval/predict --checkpoint`
 // and `detr train --resume` read from a checkpoint - the stored model config and run info
-// (setup_read_checkpoint_info), the class names (class_names_from_text), the configs (checkpoint_read_configs, `detr info`), and the load
+// (setup_read_checkpoint_info), the class names (class_names_from_text), `detr info`, the configs (checkpoint_read_configs, `detr info`), and the load
 // into a model and optimizer (checkpoint_load: format, crc32, model tensors, AdamW moments, the
 // training state in __metadata__).
 //
@@ -16,6 +16,7 @@
 #include "tensor/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/class_names.h"
+#include "train/commands.h"
 #include "train/setup.h"
 
 static DetrModel *model;
@@ -31,6 +32,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 }
 
 static void read_all(const char *path) {
+  char *argv[] = {"detr", "info", (char *)path, "--all", NULL};  // describe_checkpoint
+  int rc = cmd_info(4, argv);
+  FUZZ_ASSERT(rc == 0 || rc == 1, "detr info returned %d", rc);
   char err[4096] = "";
   CheckpointInfo ci;
   if (setup_read_checkpoint_info(path, &ci, err, sizeof err) == 0) {

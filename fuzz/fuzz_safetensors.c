@@ -1,12 +1,13 @@
 // safetensors reader (tensor/safetensors.c): st_open on any bytes, then everything a consumer
 // reads of an accepted file - every entry's bytes, name lookups, metadata, F32 tensors copied
-// into Tensors, `detr step`'s batch (train/step_batch.c) - and a round trip: what st_open accepts, st_writer_save writes back and st_open
+// into Tensors, `detr step`'s batch (train/step_batch.c), `detr info` - and a round trip: what st_open accepts, st_writer_save writes back and st_open
 // reads again with the same names, dtypes, shapes, bytes and metadata.
 #include <stdlib.h>
 #include <string.h>
 
 #include "fuzz_util.h"
 #include "tensor/safetensors.h"
+#include "train/commands.h"
 #include "train/step_batch.h"
 
 static uint64_t touch(const void *p, size_t n) {  // reads every byte, so ASan sees each access
@@ -34,6 +35,10 @@ static void check_same(const StFile *a, const StFile *b) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const char *path = fuzz_write_file("input.safetensors", data, size);
+  // `detr info FILE --all` (its output goes to stdout, which tools/fuzz.sh closes).
+  char *argv[] = {"detr", "info", (char *)path, "--all", NULL};
+  int rc = cmd_info(4, argv);
+  FUZZ_ASSERT(rc == 0 || rc == 1, "detr info returned %d", rc);
   char err[2048] = "";
   StFile *f = st_open(path, err, sizeof err);
   if (!f) {

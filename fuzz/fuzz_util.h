@@ -21,7 +21,7 @@
     }                                                               \
   } while (0)
 // printf to the stderr the process started with: still open when libFuzzer runs with
-// -close_fd_mask=2 (tools/fuzz.sh does, to drop the readers' warnings).
+// -close_fd_mask=3 (tools/fuzz.sh does, to drop the readers' output).
 #if defined(__GNUC__)
 __attribute__((format(printf, 1, 2)))
 #endif

@@ -75,12 +75,12 @@ for h in "${HARNESSES[@]}"; do
   art=build-fuzz/artifacts/$h
   log=build-fuzz/logs/$h.log
   mkdir -p "$work" "$art"
-  # -close_fd_mask=2: the readers' warnings (skipped items) would flood the log; sanitizer reports
-  # and the harnesses' own assertion messages still reach it.
+  # -close_fd_mask=3: the readers' warnings (skipped items) and `detr info`'s output would flood
+  # the log; sanitizer reports and the harnesses' own assertion messages still reach it.
   set +e
   # shellcheck disable=SC2086
   nice -n 10 build-fuzz/fuzz/fuzz_"$h" -dict=fuzz/dict/"${DICT[$h]}".dict -max_total_time="$seconds" \
-    -rss_limit_mb=2048 -timeout=10 -close_fd_mask=2 -print_final_stats=1 -artifact_prefix="$art"/ \
+    -rss_limit_mb=2048 -timeout=10 -close_fd_mask=3 -print_final_stats=1 -artifact_prefix="$art"/ \
     ${FUZZ_ARGS:-} "$work" fuzz/corpus/"$h" >"$log" 2>&1
   rc=$?
   set -e
