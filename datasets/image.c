@@ -26,11 +26,6 @@ void image_free(Image *img) {
 
 // --- decoding ----------------------------------------------------------------------------------
 
-// Walks the JPEG's marker segments to its end-of-image marker. Returns 1 when the structure is
-// intact, 0 when it is truncated or broken, -1 when a Huffman table segment (DHT) declares more
-// than 256 codes or runs past its segment, -2 when a scan uses a table never defined: Debian's
-// stb_image 2.27 reads and writes past its arrays on both (fixed upstream in 2.28), so such
-// files must not reach it.
 // A DHT segment's payload: tables of (class/id byte, 16 code counts, the symbols). Marks the
 // tables it defines in defined[class][id] (when given).
 static bool dht_ok(const uint8_t *p, size_t len, bool defined[2][4]) {
@@ -62,6 +57,11 @@ static bool sos_tables_defined(const uint8_t *p, size_t len, bool progressive, b
   return true;
 }
 
+// Walks the JPEG's marker segments to its end-of-image marker. Returns 1 when the structure is
+// intact, 0 when it is truncated or broken, -1 when a Huffman table segment (DHT) declares more
+// than 256 codes or runs past its segment, -2 when a scan uses a table never defined: Debian's
+// stb_image 2.27 reads and writes past its arrays on both (fixed upstream in 2.28), so such
+// files must not reach it.
 static int jpeg_walk(const uint8_t *buf, size_t n) {
   size_t pos = 0;
   while (pos < n && buf[pos] == 0xFF) pos++;  // stb_image takes FF FF .. FF D8 as the start too
