@@ -353,6 +353,10 @@ static int on_scalar(Parser *p, ValueKind kind, const char *s, size_t n, int boo
         item_problem(p, "'%s' has %zu bytes, more than the limit of %d", field_key(p->field), n, COCO_MAX_STRING_BYTES);
         return 1;
       }
+      if (memchr(s, 0, n)) {  // "a\u0000b" would name the file "a"
+        item_problem(p, "'%s' contains a NUL character", field_key(p->field));
+        return 1;
+      }
       {
         int64_t off = pool_add(p, (const unsigned char *)s, n);
         if (p->field == F_SUPERCATEGORY) p->supercategory = off, p->has_supercategory = true;

@@ -519,6 +519,10 @@ START_TEST(hostile_coco) {
   ck_assert_int_eq(ds->n_images, 0);
   ck_assert_int_eq(ds->stats.malformed_items, 1);
   coco_free(ds);
+  // A NUL inside a name (found by fuzz/fuzz_coco.c): "a\u0000b.jpg" would have named "a".
+  write_text(at("nul.json"), "{\"images\": [{\"id\": 1, \"width\": 9, \"height\": 9, \"file_name\": \"a\\u0000b.jpg\"}],"
+                             " \"annotations\": [], \"categories\": []}");
+  open_fails(at("nul.json"), NULL, BAD_INPUT_FAIL, false, "images[0] (id 1): 'file_name' contains a NUL character");
   free(json);
 }
 END_TEST

@@ -87,6 +87,7 @@ static int np_string(void *ctx, const unsigned char *s, size_t len) {
   if (np_field(p, "id")) return np_fail(p, "'id' is not an integer");
   if (np_field(p, "name")) {
     if (len > COCO_MAX_STRING_BYTES) return np_fail(p, "'name' is longer than the limit of 4096 bytes");
+    if (memchr(s, 0, len)) return np_fail(p, "'name' contains a NUL character");
     free(p->name);
     p->name = malloc(len + 1);
     DETR_CHECK(p->name, "class names: out of host memory");
