@@ -27,8 +27,7 @@
 #endif
 
 // Every op runs its CPU kernel or its CUDA kernel through DISPATCH: an op without a CUDA kernel
-// cannot be written this way, so a missing kernel is a build error, not a run-time surprise
-// (tests/CMakeLists.txt also greps autograd/ for run-time device restrictions).
+// cannot be written this way, so a missing kernel is a build error, not a run-time surprise.
 
 // An owned copy of `bytes` of host data on dev (from detr_alloc; release with detr_free(dev, p,
 // bytes), or hand it to a node with node_take_block): host index arrays that kernels read on the

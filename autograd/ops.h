@@ -45,6 +45,9 @@ typedef struct {
 // x [B, C, H, W], weight [O, C, KH, KW], bias [O] or NULL -> [B, O, HO, WO].
 Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p);
 // Max pooling with -inf padding (torch semantics): x [B, C, H, W] -> [B, C, HO, WO].
+// Depthwise convolution of x [M, C, H, W] with weight [C, 1, k, k] (odd k) and bias [C] (or NULL):
+// stride 1, zero padding k / 2, so y is [M, C, H, W] (nn.Conv2d(C, C, k, padding=k//2, groups=C)).
+Tensor *op_depthwise_conv2d(Tensor *x, Tensor *weight, Tensor *bias);
 Tensor *op_maxpool2d(Tensor *x, int kernel, int stride, int pad);
 // y = (x - mean) / sqrt(var + eps) * weight + bias per channel of x [B, C, H, W]; the four
 // [C] statistics are frozen buffers (no gradient), as DETR's FrozenBatchNorm2d.
@@ -57,6 +60,13 @@ Tensor *op_frozen_batchnorm2d(Tensor *x, Tensor *weight, Tensor *bias, Tensor *r
 // A row whose entries are all -inf gives zeros.
 Tensor *op_softmax(Tensor *x, Tensor *mask);
 Tensor *op_log_softmax(Tensor *x, Tensor *mask);
+// Cluster-wise argmax (kMaX-DeepLab's k-means assignment; docs/kmeans_cross_attention.md): logits
+// x [N, Q, L] viewed as [A, R, Q, L] with an additive key-padding mask [A, L] (0 valid, -inf padded)
+// or NULL. y[n, q, l] = w(n, q) when q = argmax_q' x[n, q', l] (the first on ties) and pixel l is
+// not padded, else 0; w = 1 (mean false: the sum) or 1 / #pixels assigned to q (mean true). y is
+// a constant: no tape node, no gradient into x. winners (may be NULL) receives a [N, L] tensor of
+// each pixel's query as a float (-1: padded).
+Tensor *op_cluster_argmax(Tensor *x, Tensor *mask, bool mean, Tensor **winners);
 // Layer norm over the last axis; weight and bias [N] (both or neither may be NULL).
 Tensor *op_layernorm(Tensor *x, Tensor *weight, Tensor *bias, float eps);
 

@@ -96,6 +96,42 @@ Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p) {
   return y;
 }
 
+// --- depthwise convolution: x and the weight are kept for backward ---
+
+static void dwconv_backward_node(TapeNode *n) {
+  Tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL, *y = n->out[0];
+  DwConvGeom g = *NODE_ATTRS(n, DwConvGeom);
+  float *dx = grad_data_or_null(x), *dw = grad_data_or_null(w), *db = b ? grad_data_or_null(b) : NULL;
+  DISPATCH(x->device, cpu_dwconv_backward(x->data, w->data, y->grad->data, dx, dw, db, &g),
+           cuda_dwconv_backward(x->data, w->data, y->grad->data, dx, dw, db, &g));
+}
+
+Tensor *op_depthwise_conv2d(Tensor *x, Tensor *weight, Tensor *bias) {
+  DETR_CHECK(x->shape.ndim == 4 && weight->shape.ndim == 4, "depthwise_conv2d: x must be [M, C, H, W] and the "
+             "weight [C, 1, k, k]");
+  int64_t C = x->shape.d[1], k = weight->shape.d[2];
+  DETR_CHECK(weight->shape.d[0] == C && weight->shape.d[1] == 1 && weight->shape.d[3] == k && k % 2 == 1,
+             "depthwise_conv2d: weight [%lld, %lld, %lld, %lld] for %lld channels: expected [C, 1, k, k], k odd",
+             (long long)weight->shape.d[0], (long long)weight->shape.d[1], (long long)weight->shape.d[2],
+             (long long)weight->shape.d[3], (long long)C);
+  DETR_CHECK(!bias || (bias->shape.ndim == 1 && bias->shape.d[0] == C), "depthwise_conv2d: bias must be [%lld]",
+             (long long)C);
+  check_same_device("depthwise_conv2d", x, weight);
+  if (bias) check_same_device("depthwise_conv2d", x, bias);
+  DwConvGeom g = {.planes = x->shape.d[0] * C, .channels = C, .H = x->shape.d[2], .W = x->shape.d[3], .k = (int)k};
+  Tensor *y = tensor_new_scoped(x->device, x->shape);
+  DISPATCH(x->device, cpu_dwconv_forward(x->data, weight->data, bias ? bias->data : NULL, y->data, &g),
+           cuda_dwconv_forward(x->data, weight->data, bias ? bias->data : NULL, y->data, &g));
+  Tensor *in[3] = {x, weight, bias};
+  TapeNode *n = autograd_record("depthwise_conv2d", dwconv_backward_node, y, bias ? 3 : 2, in);
+  if (n) {
+    *NODE_ATTRS(n, DwConvGeom) = g;
+    if (weight->requires_grad) autograd_save(n, x);  // dW reads x; dx reads the weight
+    if (x->requires_grad) autograd_save(n, weight);
+  }
+  return y;
+}
+
 // --- max pooling: argmax indices (int32, per plane) are kept for backward ---
 
 static void maxpool_backward_node(TapeNode *n) {

@@ -81,3 +81,25 @@ Tensor *op_layernorm(Tensor *x, Tensor *weight, Tensor *bias, float eps) {
   }
   return y;
 }
+
+Tensor *op_cluster_argmax(Tensor *x, Tensor *mask, bool mean, Tensor **winners) {
+  char sx[64], sm[64];
+  DETR_CHECK(x->shape.ndim == 3, "cluster_argmax: logits %s must be [N, Q, L]", shape_str(x->shape, sx, sizeof sx));
+  int64_t n = x->shape.d[0], q = x->shape.d[1], l = x->shape.d[2], per_mask = n ? n : 1;
+  if (mask) {
+    check_same_device("cluster_argmax", x, mask);
+    int64_t mask_rows = l ? mask->numel / l : 0;
+    DETR_CHECK(mask->shape.d[mask->shape.ndim - 1] == l && mask_rows > 0 && n % mask_rows == 0,
+               "cluster_argmax: mask %s does not group the rows of %s", shape_str(mask->shape, sm, sizeof sm),
+               shape_str(x->shape, sx, sizeof sx));
+    per_mask = n / mask_rows;
+  }
+  Tensor *y = tensor_new_scoped(x->device, x->shape);
+  Tensor *w = tensor_new_scoped(x->device, SHAPE(n, l)), *counts = tensor_new_scoped(x->device, SHAPE(n, q));
+  const float *m = mask ? mask->data : NULL;
+  if (n * q * l > 0)
+    DISPATCH(x->device, cpu_cluster_argmax(x->data, m, y->data, w->data, counts->data, n, q, l, per_mask ? per_mask : 1, mean),
+             cuda_cluster_argmax(x->data, m, y->data, w->data, counts->data, n, q, l, per_mask ? per_mask : 1, mean));
+  if (winners) *winners = w;
+  return y;  // no tape node: the assignment is a constant (kMaX computes it under torch.no_grad())
+}

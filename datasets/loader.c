@@ -107,6 +107,15 @@ LoaderConfig loader_config_default(bool train) {
                         .single_pass = !train, .seed = 42, .aug = aug_config_detr(train), .policy = BAD_INPUT_FAIL};
 }
 
+LoaderConfig loader_config_make(bool train, int batch_size, int num_workers, AugConfig aug, BadInputPolicy policy) {
+  LoaderConfig c = loader_config_default(train);
+  c.batch_size = batch_size;
+  c.num_workers = num_workers;
+  c.aug = aug;
+  c.policy = policy;
+  return c;
+}
+
 static void scratch_init(Scratch *s, int batch_size) {
   s->images = data_calloc((size_t)batch_size, sizeof(Image), "loader images");
   s->targets = data_calloc((size_t)batch_size, sizeof(Target), "loader targets");

@@ -66,6 +66,8 @@ typedef struct {
 // The reference's settings: train (shuffle, drop_last, train augmentation) or val (one pass in
 // dataset order, val resize).
 LoaderConfig loader_config_default(bool train);
+// The same with a run's batch size, worker threads, transform and bad-input policy.
+LoaderConfig loader_config_make(bool train, int batch_size, int num_workers, AugConfig aug, BadInputPolicy policy);
 
 typedef struct DataLoader DataLoader;
 

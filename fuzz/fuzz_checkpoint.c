@@ -1,6 +1,7 @@
-// Training checkpoints (train/checkpoint.c, train/setup.c): what `detr eval/predict --checkpoint`
-// and `detr train --resume` read from a checkpoint - the stored model config and run info
-// (setup_read_checkpoint_info), the class names (class_names_from_text), `detr info`, the configs (checkpoint_read_configs, `detr info`), and the load
+// Training checkpoints (train/checkpoint.c, api/model_file.c): what `detr eval/predict --checkpoint`
+// and `detr train --resume` read from a checkpoint - the format, stored model config and run info
+// (checkpoint_info_read, checkpoint_verify), the class names (label_names_from_text), `detr info`,
+// the configs (checkpoint_read_configs), the model for inference (model_file_load), and the load
 // into a model and optimizer (checkpoint_load: format, crc32, model tensors, AdamW moments, the
 // training state in __metadata__).
 //
@@ -12,12 +13,11 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "api/model_file.h"
 #include "fuzz_util.h"
 #include "tensor/safetensors.h"
 #include "train/checkpoint.h"
-#include "train/class_names.h"
 #include "train/commands.h"
-#include "train/setup.h"
 
 static DetrModel *model;
 static AdamW opt;
@@ -37,15 +37,28 @@ static void read_all(const char *path) {
   FUZZ_ASSERT(rc == 0 || rc == 1, "detr info returned %d", rc);
   char err[4096] = "";
   CheckpointInfo ci;
-  if (setup_read_checkpoint_info(path, &ci, err, sizeof err) == 0) {
-    char verr[256];
-    FUZZ_ASSERT(detr_config_validate(&ci.cfg, verr, sizeof verr) == 0, "accepted an invalid config: %s", verr);
+  StFile *f = st_open(path, err, sizeof err);
+  if (!f) {
+    fuzz_expect_error(err, path);
+  } else if (checkpoint_info_read(f, &ci, err, sizeof err) == 0) {
     if (ci.categories) {  // `detr predict`'s class names
-      ClassNames names = {0};
-      if (class_names_from_text(path, ci.categories, &names, err, sizeof err)) fuzz_expect_error(err, path);
-      class_names_free(&names);
+      LabelNames names = {0};
+      if (label_names_from_text(path, ci.categories, &names, err, sizeof err)) fuzz_expect_error(err, path);
+      label_names_free(&names);
     }
-    setup_checkpoint_info_free(&ci);
+    checkpoint_info_free(&ci);
+    err[0] = 0;
+    if (checkpoint_verify(f, NULL, err, sizeof err)) fuzz_expect_error(err, path);
+  } else {
+    fuzz_expect_error(err, path);
+  }
+  st_close(f);
+  DetrModel *m = NULL;  // `detr eval/predict --checkpoint`, detr_open_checkpoint
+  err[0] = 0;
+  if (model_file_load(path, NULL, NULL, NULL, 0, DEVICE_CPU, &m, NULL, err, sizeof err) == DETR_OK) {
+    char verr[256];
+    FUZZ_ASSERT(detr_config_validate(&m->cfg, verr, sizeof verr) == 0, "built a model of an invalid config: %s", verr);
+    detr_model_free(m);
   } else {
     fuzz_expect_error(err, path);
   }

@@ -1,6 +1,6 @@
 // COCO instances JSON, read by every reader of such files: the training reader (datasets/coco.c,
 // coco_open under the fail and the skip policy, ids as labels and contiguous labels), predict's
-// class names (train/class_names.c) and cocoeval's (train/cocoeval_io.c), whose ground truth is
+// class names (label_names_from_coco, api/model_file.c) and cocoeval's (train/cocoeval_io.c), whose ground truth is
 // then evaluated against detections made from its own boxes (train/cocoeval.c). fuzz_coco_gz compiles this file with FUZZ_COCO_GZIP: the
 // input is gzip-compressed first and read as a .json.gz.
 #include <math.h>
@@ -8,9 +8,9 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "api/model_file.h"
 #include "datasets/coco.h"
 #include "fuzz_util.h"
-#include "train/class_names.h"
 #include "train/cocoeval.h"
 
 static const char *write_input(const uint8_t *data, size_t size) {
@@ -72,12 +72,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
   }
 
-  // `detr predict --names`: the categories only.
-  ClassNames names = {0};
+  // `detr predict --names` (detr_options.names): the categories only.
+  LabelNames names = {0};
   char err[2048] = "";
-  if (class_names_from_coco(path, &names, err, sizeof err)) fuzz_expect_error(err, path);
+  if (label_names_from_coco(path, &names, err, sizeof err) != DETR_OK) fuzz_expect_error(err, path);
   for (int i = 0; i < names.n; i++) FUZZ_ASSERT(!names.name[i] || strlen(names.name[i]) <= COCO_MAX_STRING_BYTES, "name");
-  class_names_free(&names);
+  label_names_free(&names);
 
   CocoEvalGt gt;
   err[0] = 0;

@@ -36,3 +36,56 @@ DETR_HD void conv_out_range(int64_t i, int64_t kernel, int stride, int pad, int 
   int64_t last = (i + pad) / stride;  // o * stride <= i + pad (i + pad >= 0)
   *hi = last < out - 1 ? last : out - 1;
 }
+
+// --- depthwise convolution: stride 1, zero padding k / 2 (odd k), one k x k filter per channel ---
+// Planes are [H, W]; w_c is the channel's filter [k, k]. The output has the input's size.
+
+typedef struct {
+  int64_t planes, channels, H, W;  // x and y [planes / channels, channels, H, W]
+  int k;                           // odd
+} DwConvGeom;
+
+// The output at (y, x) of one plane, before the bias: the taps over the zero-padded plane.
+DETR_HD float dwconv_at(const float *plane, const float *w_c, int64_t H, int64_t W, int k, int64_t y, int64_t x) {
+  int r = k / 2;
+  float acc = 0.0f;
+  for (int ky = 0; ky < k; ky++) {
+    int64_t iy = y + ky - r;
+    if (iy < 0 || iy >= H) continue;
+    for (int kx = 0; kx < k; kx++) {
+      int64_t ix = x + kx - r;
+      if (ix >= 0 && ix < W) acc += plane[iy * W + ix] * w_c[ky * k + kx];
+    }
+  }
+  return acc;
+}
+
+// The input gradient at (y, x) of one plane: every output that read it, each through its tap
+// (the filter mirrored over dy).
+DETR_HD float dwconv_input_grad_at(const float *dy_plane, const float *w_c, int64_t H, int64_t W, int k, int64_t y,
+                                   int64_t x) {
+  int r = k / 2;
+  float acc = 0.0f;
+  for (int ky = 0; ky < k; ky++) {
+    int64_t oy = y - ky + r;
+    if (oy < 0 || oy >= H) continue;
+    for (int kx = 0; kx < k; kx++) {
+      int64_t ox = x - kx + r;
+      if (ox >= 0 && ox < W) acc += dy_plane[oy * W + ox] * w_c[ky * k + kx];
+    }
+  }
+  return acc;
+}
+
+// Part of one plane's contribution to the filter gradient at tap (ky, kx): the sum over the
+// output pixels first, first + step, ... of dy times the input the tap read, in double.
+DETR_HD double dwconv_weight_grad_part(const float *x_plane, const float *dy_plane, int64_t H, int64_t W, int k,
+                                       int ky, int kx, int64_t first, int64_t step) {
+  int r = k / 2;
+  double acc = 0.0;
+  for (int64_t p = first; p < H * W; p += step) {
+    int64_t y = p / W, x = p % W, iy = y + ky - r, ix = x + kx - r;
+    if (iy >= 0 && iy < H && ix >= 0 && ix < W) acc += (double)dy_plane[p] * (double)x_plane[iy * W + ix];
+  }
+  return acc;
+}

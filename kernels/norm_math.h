@@ -44,3 +44,26 @@ DETR_HD float softmax_backward_elem(float y, float dy, float dot) { return y * (
 DETR_HD float log_softmax_backward_elem(float y, float dy, float sum_dy) {
   return dy - expf(y) * sum_dy;
 }
+
+// Cluster-wise argmax (kMaX-DeepLab's k-means assignment, op_cluster_argmax): logits x [Q, L] of
+// one image and head; pixel l goes to the query with the largest logit in column l (the first on
+// ties, as torch's max), or to none (-1) when the mask marks it padded (mask_row[l] != 0).
+DETR_HD int cluster_winner(const float *x, int64_t Q, int64_t L, int64_t l, const float *mask_row) {
+  if (mask_row && mask_row[l] != 0.0f) return -1;
+  int best = 0;
+  float m = x[l];
+  for (int64_t q = 1; q < Q; q++) {
+    float v = x[q * L + l];
+    if (v > m) {
+      m = v;
+      best = (int)q;
+    }
+  }
+  return best;
+}
+// The assignment weight of (query q, pixel l) given the pixel's winner and q's pixel count:
+// 1 (sum) or 1 / count (mean) when the pixel went to q, else 0.
+DETR_HD float cluster_weight(float winner, int64_t q, float count, bool mean) {
+  if (winner != (float)q) return 0.0f;
+  return mean ? 1.0f / count : 1.0f;
+}

@@ -51,30 +51,6 @@ static Tensor *focus(Tensor *x, float p) {
   return op_mul(op_div(xp, norm_p), norm);
 }
 
-// Depthwise convolution of x [M, C, H, W] with weight [C, 1, k, k] and bias [C], zero padding k/2:
-// a sum over the k*k taps of shifted copies times each channel's tap weight.
-static Tensor *depthwise_conv(Tensor *x, Tensor *weight, Tensor *bias, int k) {
-  int64_t M = x->shape.d[0], C = x->shape.d[1], H = x->shape.d[2], W = x->shape.d[3], r = k / 2;
-  Tensor *padded = x;
-  if (r > 0) {
-    Tensor *zrow = tensor_scoped(tensor_zeros(x->device, SHAPE(M, C, r, W)));
-    Tensor *rows[3] = {zrow, x, zrow};
-    padded = op_concat(rows, 3, 2);  // [M, C, H + 2r, W]
-    Tensor *zcol = tensor_scoped(tensor_zeros(x->device, SHAPE(M, C, H + 2 * r, r)));
-    Tensor *cols[3] = {zcol, padded, zcol};
-    padded = op_concat(cols, 3, 3);  // [M, C, H + 2r, W + 2r]
-  }
-  Tensor *taps = op_reshape(weight, SHAPE(C, k * k));
-  Tensor *out = op_reshape(bias, SHAPE(C, 1, 1));
-  for (int ky = 0; ky < k; ky++)
-    for (int kx = 0; kx < k; kx++) {
-      Tensor *shifted = op_slice(op_slice(padded, 2, ky, ky + H), 3, kx, kx + W);  // [M, C, H, W]
-      Tensor *w = op_reshape(op_slice(taps, 1, ky * k + kx, ky * k + kx + 1), SHAPE(C, 1, 1));
-      out = op_add(out, op_mul(shifted, w));
-    }
-  return out;
-}
-
 static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnInput *in, AttnTrace *trace, char *err,
                        size_t err_cap) {
   const FocusedAttn *f = extras;
@@ -103,7 +79,7 @@ static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnIn
   Tensor *out = op_div(op_bmm(qh, kv, false, false), denom);                   // [B*h, N, hd]
   // DWC over each head's value map (padded pixels zeroed): [B*h, hd, Hp, Wp].
   Tensor *vmap = op_reshape(op_transpose(mha_split_heads(op_mul(v, g->valid), h), 1, 2), SHAPE(B * h, hd, g->Hp, g->Wp));
-  Tensor *dwc = depthwise_conv(vmap, f->dwc_weight, f->dwc_bias, f->kernel);
+  Tensor *dwc = op_depthwise_conv2d(vmap, f->dwc_weight, f->dwc_bias);
   out = op_add(out, op_transpose(op_reshape(dwc, SHAPE(B * h, hd, N)), 1, 2));
   return linear_forward(&a->out_proj, mha_merge_heads(out, B));
 }

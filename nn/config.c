@@ -61,6 +61,8 @@ const EncoderAttnKind *detr_encoder_attn(const DetrConfig *cfg) {
   return cfg->encoder_attn ? cfg->encoder_attn : encoder_attn_default();
 }
 
+const DecoderKind *detr_decoder(const DetrConfig *cfg) { return cfg->decoder ? cfg->decoder : decoder_default(); }
+
 // encoder_attn=NAME, the NAME=true|false shortcut, and the variants' settings.
 static int set_encoder_attn(DetrConfig *cfg, const char *key, const char *value, char *err, size_t err_cap) {
   char names[256];
@@ -88,6 +90,27 @@ static int set_encoder_attn(DetrConfig *cfg, const char *key, const char *value,
 #undef F
 
 int detr_config_set(DetrConfig *cfg, const char *key, const char *value, char *err, size_t err_cap) {
+  if (!strcmp(key, "decoder")) {
+    const DecoderKind *k = decoder_find(value);
+    char names[256];
+    if (!k) {
+      snprintf(err, err_cap, "config decoder: unknown decoder '%s' (one of %s)", value, decoder_names(names, sizeof names));
+      return -1;
+    }
+    cfg->decoder = k;
+    return 0;
+  }
+  if (!strcmp(key, "decoder_cross_attn")) {  // checked against the decoder kind again by validate
+    const char *c = decoder_cross_attn_find(detr_decoder(cfg), value);
+    char names[256];
+    if (!c) {
+      snprintf(err, err_cap, "config decoder_cross_attn: unknown cross-attention '%s' (one of %s)", value,
+               decoder_cross_attn_names(detr_decoder(cfg), names, sizeof names));
+      return -1;
+    }
+    cfg->decoder_cross_attn = c;
+    return 0;
+  }
   int attn = set_encoder_attn(cfg, key, value, err, err_cap);
   if (attn) return attn > 0 ? 0 : -1;
   for (size_t i = 0; i < sizeof FIELDS / sizeof FIELDS[0]; i++) {
@@ -144,7 +167,11 @@ void detr_config_format(const DetrConfig *cfg, char *buf, size_t cap) {
   }
   const EncoderAttnKind *attn = detr_encoder_attn(cfg);
   if (n < cap) n += (size_t)snprintf(buf + n, cap - n, "encoder_attn=%s\n", attn->name);
-  if (n < cap && cfg->attn_settings.n) attn_settings_format(&cfg->attn_settings, attn, buf + n, cap - n);
+  if (n < cap && cfg->attn_settings.n) n += attn_settings_format(&cfg->attn_settings, attn, buf + n, cap - n);
+  if (n < cap) n += (size_t)snprintf(buf + n, cap - n, "decoder=%s\n", detr_decoder(cfg)->name);
+  // Written only when not the default, so default checkpoints are as before; absent reads as softmax.
+  if (n < cap && cfg->decoder_cross_attn && strcmp(cfg->decoder_cross_attn, "softmax"))
+    snprintf(buf + n, cap - n, "decoder_cross_attn=%s\n", cfg->decoder_cross_attn);
 }
 
 int detr_config_validate(const DetrConfig *c, char *err, size_t err_cap) {
@@ -154,6 +181,8 @@ int detr_config_validate(const DetrConfig *c, char *err, size_t err_cap) {
   else if (c->dilation && c->backbone_depth < 50) problem = "dilation needs backbone 50 or 101";
   else if (c->backbone_width != 0 && (c->backbone_width < 4 || c->backbone_width > 1024))
     problem = "backbone_width must be in 4..1024 (torchvision's ResNets: 64)";
+  // Upper bounds far beyond any DETR keep every tensor size well inside int64 (a config file or a
+  // checkpoint's metadata is input: a huge value must be an error, not an overflow).
   else if (c->hidden_dim <= 0 || c->hidden_dim % 2 || c->hidden_dim > DETR_CONFIG_MAX_HIDDEN)
     problem = "hidden_dim must be positive, even and at most 8192";
   else if (c->nheads <= 0 || c->hidden_dim % c->nheads) problem = "nheads must divide hidden_dim";
@@ -165,6 +194,8 @@ int detr_config_validate(const DetrConfig *c, char *err, size_t err_cap) {
   else if (c->num_classes <= 0 || c->num_classes > DETR_CONFIG_MAX_CLASSES)
     problem = "num_classes must be in 1..1048577";
   else if (!(c->dropout >= 0.0f && c->dropout < 1.0f)) problem = "dropout must be in [0, 1)";
+  else if (c->decoder_cross_attn && !decoder_cross_attn_find(detr_decoder(c), c->decoder_cross_attn))
+    problem = "decoder_cross_attn is not offered by the decoder";
   if (problem) {
     snprintf(err, err_cap, "config: %s", problem);
     return -1;

@@ -28,11 +28,10 @@ DetrModel *detr_model_create(const DetrConfig *cfg, Device dev) {
     m->enc[i] = encoder_layer_create(ps, name, s, cfg->encoder_attn, &m->cfg.attn_settings);
   }
   if (cfg->pre_norm) m->enc_norm = layernorm_create(ps, "transformer.encoder.norm", d);
-  for (int i = 0; i < cfg->dec_layers; i++) {
-    snprintf(name, sizeof name, "transformer.decoder.layers.%d", i);
-    m->dec[i] = decoder_layer_create(ps, name, s);
-  }
-  m->dec_norm = layernorm_create(ps, "transformer.decoder.norm", d);
+  const DecoderKind *dk = detr_decoder(cfg);
+  m->decoder_state = calloc(1, dk->state_size);
+  DETR_CHECK(m->decoder_state, "detr_model_create: out of host memory");
+  dk->create(m->decoder_state, ps, "transformer.decoder", &(DecoderShape){.s = s, .layers = cfg->dec_layers, .cross_attn = cfg->decoder_cross_attn});
   m->class_embed = linear_create(ps, "class_embed", d, cfg->num_classes + 1, true, PARAM_TRAINABLE, LR_GROUP_MAIN);
   m->bbox_embed = mlp_create(ps, "bbox_embed", d, d, 4, 3);
   m->query_embed = params_add(ps, SHAPE(cfg->num_queries, d), PARAM_TRAINABLE, LR_GROUP_MAIN, "query_embed.weight");
@@ -46,7 +45,7 @@ DetrModel *detr_model_create(const DetrConfig *cfg, Device dev) {
 void detr_model_init(DetrModel *m, uint64_t seed) {
   Rng rng = rng_make(seed);
   for (int i = 0; i < m->cfg.enc_layers; i++) encoder_layer_init(&m->enc[i], &rng);
-  for (int i = 0; i < m->cfg.dec_layers; i++) decoder_layer_init(&m->dec[i], &rng);
+  detr_decoder(&m->cfg)->init(m->decoder_state, &rng);
   init_torch_default(m->class_embed.weight, m->class_embed.bias, &rng);
   for (int i = 0; i < m->bbox_embed.n_layers; i++)
     init_torch_default(m->bbox_embed.layers[i].weight, m->bbox_embed.layers[i].bias, &rng);
@@ -58,6 +57,7 @@ void detr_model_init(DetrModel *m, uint64_t seed) {
 void detr_model_free(DetrModel *m) {
   if (!m) return;
   for (int i = 0; i < m->cfg.enc_layers; i++) encoder_layer_free(&m->enc[i]);
+  free(m->decoder_state);
   params_free(&m->params);
   free(m);
 }
@@ -110,18 +110,19 @@ int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, con
   }
   if (c->pre_norm) memory = layernorm_forward(&m->enc_norm, memory);
 
-  Tensor *tgt = tensor_scoped(tensor_zeros(dev, SHAPE(B, c->num_queries, d)));
-  out->n_layers = (int)c->dec_layers;
+  const DecoderKind *dk = detr_decoder(c);
+  DecoderOutput dec;
+  DecoderInput din = {.memory = memory, .pos = pos, .key_mask = geom.key_mask, .query_embed = m->query_embed, .batch = B};
+  dk->forward(m->decoder_state, ctx, &din, &dec);
+  out->n_layers = dec.n_layers;
   out->feat_h = h;
   out->feat_w = w;
-  for (int i = 0; i < c->dec_layers; i++) {
+  for (int i = 0; i < dec.n_layers; i++) {  // the heads on every layer's output (the earlier: auxiliary)
     ScopeMark mark = tensor_scope_mark();
-    tgt = decoder_layer_forward(&m->dec[i], ctx, tgt, memory, geom.key_mask, pos, m->query_embed);
-    Tensor *hs = layernorm_forward(&m->dec_norm, tgt);  // every intermediate output is normed
-    out->layers[i].logits = linear_forward(&m->class_embed, hs);
-    out->layers[i].boxes = op_sigmoid(mlp_forward(&m->bbox_embed, hs));
-    Tensor *keep[3] = {tgt, out->layers[i].logits, out->layers[i].boxes};
-    tensor_scope_keep(mark, keep, 3);
+    out->layers[i].logits = linear_forward(&m->class_embed, dec.hs[i]);
+    out->layers[i].boxes = dk->boxes(m->decoder_state, mlp_forward(&m->bbox_embed, dec.hs[i]), &dec, i);
+    Tensor *keep[2] = {out->layers[i].logits, out->layers[i].boxes};
+    tensor_scope_keep(mark, keep, 2);
   }
   feature_geometry_free(&geom);
   free(small);

@@ -4,9 +4,10 @@
 #pragma once
 #include "nn/criterion.h"
 #include "nn/resnet.h"
-#include "nn/transformer.h"
+#include "nn/decoder.h"
 
 #define DETR_MAX_LAYERS 12
+_Static_assert(DETR_MAX_LAYERS == DECODER_MAX_LAYERS, "one layer limit for the model and its decoder");
 
 typedef struct {
   int backbone_depth;  // 18, 34, 50, 101
@@ -19,20 +20,24 @@ typedef struct {
   bool pre_norm;
   bool aux_loss;
   const EncoderAttnKind *encoder_attn;  // every encoder layer's self-attention variant (NULL: dense)
+  const DecoderKind *decoder;           // the decoder (nn/decoder.h; NULL: detr)
+  const char *decoder_cross_attn;       // the decoder's cross-attention (a kind's static name; NULL: its default)
   AttnSettings attn_settings;           // the variants' settings (e.g. enact_sigma); n == 0: defaults
   bool tf32;               // CUDA: TF32 tensor-core matmuls and convolutions (off: fp32, CPU parity)
 } DetrConfig;
 
 // Presets: "detr-r50" (the paper), "detr-r18-small", "tiny" (tests). Returns 0, or -1 if unknown.
 // Keys of detr_config_set beyond the fields: encoder_attn=NAME (nn/encoder_attn.h), NAME=true|false
-// as a shortcut for it (e.g. enact=true), and every variant's settings (e.g. enact_sigma=2).
+// as a shortcut for it (e.g. enact=true), every variant's settings (e.g. enact_sigma=2), and
+// decoder=NAME (nn/decoder.h), decoder_cross_attn=softmax|kmeans (the decoder's cross-attention).
 int detr_config_preset(const char *name, DetrConfig *cfg);
 // Sets one field from text, e.g. ("hidden_dim", "128"). Returns 0, or -1 with err set.
 int detr_config_set(DetrConfig *cfg, const char *key, const char *value, char *err, size_t err_cap);
 // "key=value" lines of every field (readable by detr_config_set), into buf.
 void detr_config_format(const DetrConfig *cfg, char *buf, size_t cap);
-// The encoder's attention variant (dense when unset).
+// The encoder's attention variant (dense when unset) and the decoder (detr when unset).
 const EncoderAttnKind *detr_encoder_attn(const DetrConfig *cfg);
+const DecoderKind *detr_decoder(const DetrConfig *cfg);
 // Checks ranges (positive sizes, heads dividing hidden_dim, ...). Returns 0 or -1 with err set.
 // Upper limits keep a config file or a checkpoint's stored config from asking for absurd models
 // (every tensor dimension stays far below 2^31): beyond the backbone width's (1024), hidden_dim
@@ -50,9 +55,8 @@ typedef struct {
   ResNet backbone;
   Conv2d input_proj;
   EncoderLayer enc[DETR_MAX_LAYERS];
-  DecoderLayer dec[DETR_MAX_LAYERS];
-  LayerNorm enc_norm;  // pre-norm only (transformer.encoder.norm)
-  LayerNorm dec_norm;  // transformer.decoder.norm, applied to every layer's output
+  LayerNorm enc_norm;   // pre-norm only (transformer.encoder.norm)
+  void *decoder_state;  // the decoder kind's layers and norms (transformer.decoder.*), owned
   Tensor *query_embed; // [num_queries, hidden]
   Linear class_embed;
   Mlp bbox_embed;

@@ -63,6 +63,18 @@ typedef struct {
 MultiheadAttention mha_create(ParamStore *ps, const char *prefix, int64_t dim, int64_t heads, float dropout);
 // query [B, Lq, d], key and value [B, Lk, d]; key_padding_mask: additive [B, Lk] (0 or -inf), or
 // NULL. Returns [B, Lq, d]. Logits are scaled by 1/sqrt(d / heads).
+// k-means cross-attention (nn/cross_attn_kmeans.c, docs/kmeans_cross_attention.md): DETR's
+// projections; per head, each unpadded pixel is assigned to the query with the largest logit
+// q.k/sqrt(hd) (a constant: computed without gradient, as kMaX-DeepLab's kMaXTransformerLayer does),
+// and each query's update is the mean of its pixels' values, then out_proj. Same signature as
+// mha_forward (dropout is not applied to the assignment).
+Tensor *kmeans_cross_attention(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key,
+                               Tensor *value, Tensor *key_padding_mask);
+// Its two halves: the assignment [B*h, Lq, Lk] (op_cluster_argmax of the per-head logits, no tape;
+// winners as op_cluster_argmax's), and the differentiable update (assign v_h) W_o^T + b_o given it.
+Tensor *kmeans_cross_attention_assign(const MultiheadAttention *a, Tensor *query, Tensor *key,
+                                      Tensor *key_padding_mask, Tensor **winners);
+Tensor *kmeans_cross_attention_update(const MultiheadAttention *a, Tensor *assign, Tensor *value);
 Tensor *mha_forward(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key, Tensor *value,
                     Tensor *key_padding_mask);
 // The q, k, v projections alone (the encoder-attention variants apply their own attention between

@@ -84,7 +84,8 @@ DecoderLayer decoder_layer_create(ParamStore *ps, const char *prefix, Transforme
                         .norm1 = norm(ps, prefix, "norm1", s.dim),
                         .norm2 = norm(ps, prefix, "norm2", s.dim),
                         .norm3 = norm(ps, prefix, "norm3", s.dim),
-                        .s = s};
+                        .s = s,
+                        .cross_attn = mha_forward};
 }
 
 Tensor *decoder_layer_forward(const DecoderLayer *l, const NnCtx *ctx, Tensor *tgt, Tensor *memory,
@@ -96,14 +97,14 @@ Tensor *decoder_layer_forward(const DecoderLayer *l, const NnCtx *ctx, Tensor *t
     Tensor *qk = with_pos(t2, query_pos);
     tgt = op_add(tgt, nn_dropout(ctx, mha_forward(&l->self_attn, ctx, qk, qk, t2, NULL), p));
     t2 = layernorm_forward(&l->norm2, tgt);
-    tgt = op_add(tgt, nn_dropout(ctx, mha_forward(&l->multihead_attn, ctx, with_pos(t2, query_pos), key, memory,
+    tgt = op_add(tgt, nn_dropout(ctx, l->cross_attn(&l->multihead_attn, ctx, with_pos(t2, query_pos), key, memory,
                                                   memory_mask), p));
     t2 = layernorm_forward(&l->norm3, tgt);
     return op_add(tgt, nn_dropout(ctx, ffn(&l->linear1, &l->linear2, ctx, p, t2), p));
   }
   Tensor *qk = with_pos(tgt, query_pos);
   tgt = layernorm_forward(&l->norm1, op_add(tgt, nn_dropout(ctx, mha_forward(&l->self_attn, ctx, qk, qk, tgt, NULL), p)));
-  Tensor *cross = mha_forward(&l->multihead_attn, ctx, with_pos(tgt, query_pos), key, memory, memory_mask);
+  Tensor *cross = l->cross_attn(&l->multihead_attn, ctx, with_pos(tgt, query_pos), key, memory, memory_mask);
   tgt = layernorm_forward(&l->norm2, op_add(tgt, nn_dropout(ctx, cross, p)));
   tgt = op_add(tgt, nn_dropout(ctx, ffn(&l->linear1, &l->linear2, ctx, p, tgt), p));
   return layernorm_forward(&l->norm3, tgt);

@@ -19,11 +19,18 @@ typedef struct {
   void *attn_extras;            // the variant's per-layer state (owned), or NULL
 } EncoderLayer;
 
+// How a decoder layer's cross-attention forms its weights from DETR's projections (multihead_attn):
+// mha_forward (softmax, the reference) or kmeans_cross_attention (nn/cross_attn_kmeans.c). The
+// decoder kind picks it (nn/decoder_detr.c, config key decoder_cross_attn).
+typedef Tensor *(*CrossAttnFn)(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key,
+                               Tensor *value, Tensor *key_padding_mask);
+
 typedef struct {
   MultiheadAttention self_attn, multihead_attn;
   Linear linear1, linear2;
   LayerNorm norm1, norm2, norm3;
   TransformerShape s;
+  CrossAttnFn cross_attn;  // mha_forward unless the decoder kind sets another
 } DecoderLayer;
 
 // attn: the self-attention variant (NULL: dense); its parameters are registered after the layer's

@@ -32,9 +32,13 @@ START_TEST(reference_parameter_names) {
 }
 END_TEST
 
-START_TEST(tiny_forward_loss_backward) {
+// One training step of the tiny model on a padded batch; cross_attn: the decoder's cross-attention.
+static void tiny_step(const char *cross_attn) {
   DetrConfig cfg;
+  char cerr[256];
   ck_assert_int_eq(detr_config_preset("tiny", &cfg), 0);
+  ck_assert_int_eq(detr_config_set(&cfg, "decoder_cross_attn", cross_attn, cerr, sizeof cerr), 0);
+  ck_assert_int_eq(detr_config_validate(&cfg, cerr, sizeof cerr), 0);
   DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
   detr_model_init(m, 1);
   Tensor *images = test_uniform(SHAPE(2, 3, 64, 96), -2, 2, 5, false);
@@ -76,12 +80,25 @@ START_TEST(tiny_forward_loss_backward) {
     } else {
       ck_assert_msg(p->tensor->grad == NULL, "%s is not trainable but has a gradient", p->name);
     }
+    // k-means: the cross-attention's query and key rows of in_proj get no gradient (the argmax
+    // passes none; docs/kmeans_cross_attention.md), its value rows do.
+    if (!strcmp(cross_attn, "kmeans") && strstr(p->name, "multihead_attn.in_proj_")) {
+      int64_t d = cfg.hidden_dim, per_row = p->tensor->numel / (3 * d);
+      double qk = 0, v = 0;
+      for (int64_t k = 0; k < p->tensor->numel; k++) *(k < 2 * d * per_row ? &qk : &v) += fabs(p->tensor->grad->data[k]);
+      ck_assert_msg(qk == 0 && v > 0, "%s: |grad| of q, k rows %g (expected 0), of v rows %g", p->name, qk, v);
+    }
   }
   detr_output_free(&out);
   tensor_scope_release(mark);
   tensor_release(images);
   detr_model_free(m);
 }
+
+START_TEST(tiny_forward_loss_backward) { tiny_step("softmax"); }
+END_TEST
+
+START_TEST(tiny_kmeans_cross_attn_step) { tiny_step("kmeans"); }
 END_TEST
 
 START_TEST(config_overrides) {
@@ -106,6 +123,24 @@ START_TEST(config_overrides) {
   ck_assert_int_eq(narrow->backbone.out_channels, 16 * 8);  // 16, 32, 64, 128 over the stages
   detr_model_free(narrow);
   ck_assert_int_eq(detr_config_preset("nope", &cfg), -1);
+  // The decoder seam's key: detr by default, written out, an unknown name refused with the choices.
+  ck_assert_int_eq(detr_config_preset("tiny", &cfg), 0);
+  ck_assert_str_eq(detr_decoder(&cfg)->name, "detr");
+  ck_assert_int_eq(detr_config_set(&cfg, "decoder", "detr", err, sizeof err), 0);
+  ck_assert_ptr_eq(cfg.decoder, decoder_find("detr"));
+  ck_assert_int_eq(detr_config_set(&cfg, "decoder", "nonsense", err, sizeof err), -1);
+  ck_assert_ptr_nonnull(strstr(err, "unknown decoder 'nonsense' (one of detr"));
+  detr_config_format(&cfg, text, sizeof text);
+  ck_assert_ptr_nonnull(strstr(text, "\ndecoder=detr\n"));
+  // decoder_cross_attn: softmax by default and then not written (old checkpoints read as softmax);
+  // kmeans written; an unknown name refused with the choices.
+  ck_assert_ptr_null(strstr(text, "decoder_cross_attn"));
+  ck_assert_int_eq(detr_config_set(&cfg, "decoder_cross_attn", "argmax", err, sizeof err), -1);
+  ck_assert_ptr_nonnull(strstr(err, "(one of softmax, kmeans)"));
+  ck_assert_int_eq(detr_config_set(&cfg, "decoder_cross_attn", "kmeans", err, sizeof err), 0);
+  ck_assert_int_eq(detr_config_validate(&cfg, err, sizeof err), 0);
+  detr_config_format(&cfg, text, sizeof text);
+  ck_assert_ptr_nonnull(strstr(text, "\ndecoder_cross_attn=kmeans\n"));
   ck_assert_int_eq(detr_config_preset("tiny", &cfg), 0);
   cfg.dropout = 0.25f;
   detr_config_format(&cfg, text, sizeof text);
@@ -129,6 +164,7 @@ int main(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, reference_parameter_names);
   tcase_add_test(tc, tiny_forward_loss_backward);
+  tcase_add_test(tc, tiny_kmeans_cross_attn_step);
   tcase_add_test(tc, config_overrides);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

@@ -1109,6 +1109,7 @@ static Tensor *f_maxpool(Tensor *const *in, void *c) {
   int *k = c;
   return op_maxpool2d(in[0], k[0], k[1], k[2]);
 }
+static Tensor *f_dwconv(Tensor *const *in, void *c) { return op_depthwise_conv2d(in[0], in[1], in[2]); }
 static Tensor *f_frozen_bn(Tensor *const *in, void *c) {
   return op_frozen_batchnorm2d(in[0], in[1], in[2], in[3], in[4], 1e-5f);
 }
@@ -1122,6 +1123,17 @@ START_TEST(ops_pool_and_norm) {
     Tensor *x = cpu_uniform_tensor(shapes[i], 25000 + i, -1, 1, true);
     compare_op("maxpool2d", f_maxpool, &x, 1, params[i], 25010 + i, true);
   }
+  // Depthwise convolution: FLatten's 5x5 over a feature map, a 3x3 without bias, a 1x1; sizes
+  // past one block of parameter-gradient threads (the [C, k, k] reductions over 2 x 40 x 36).
+  Tensor *dw[3] = {cpu_uniform_tensor(SHAPE(2, 6, 40, 36), 25300, -1, 1, true),
+                   cpu_uniform_tensor(SHAPE(6, 1, 5, 5), 25301, -1, 1, true), cpu_uniform_tensor(SHAPE(6), 25302, -1, 1, true)};
+  compare_op("depthwise_conv2d 5x5", f_dwconv, dw, 3, NULL, 25303, false);
+  Tensor *dw3[3] = {cpu_uniform_tensor(SHAPE(3, 4, 7, 9), 25310, -1, 1, true),
+                    cpu_uniform_tensor(SHAPE(4, 1, 3, 3), 25311, -1, 1, true), NULL};
+  compare_op("depthwise_conv2d 3x3 without bias", f_dwconv, dw3, 3, NULL, 25312, false);
+  Tensor *dw1[3] = {cpu_uniform_tensor(SHAPE(1, 5, 4, 4), 25320, -1, 1, true),
+                    cpu_uniform_tensor(SHAPE(5, 1, 1, 1), 25321, -1, 1, true), cpu_uniform_tensor(SHAPE(5), 25322, -1, 1, true)};
+  compare_op("depthwise_conv2d 1x1", f_dwconv, dw1, 3, NULL, 25323, false);
   Tensor *bn[5] = {cpu_uniform_tensor(SHAPE(2, 3, 4, 5), 25100, -1, 1, true),
                    cpu_uniform_tensor(SHAPE(3), 25101, 0.5f, 1.5f, false),
                    cpu_uniform_tensor(SHAPE(3), 25102, -1, 1, false), cpu_uniform_tensor(SHAPE(3), 25103, -1, 1, false),
@@ -1139,6 +1151,7 @@ END_TEST
 static Tensor *f_softmax(Tensor *const *in, void *c) { return op_softmax(in[0], in[1]); }
 static Tensor *f_log_softmax(Tensor *const *in, void *c) { return op_log_softmax(in[0], in[1]); }
 static Tensor *f_layernorm(Tensor *const *in, void *c) { return op_layernorm(in[0], in[1], in[2], 1e-5f); }
+static Tensor *f_cluster_argmax(Tensor *const *in, void *c) { return op_cluster_argmax(in[0], in[1], c != NULL, NULL); }
 
 // A key-padding mask [images, keys]: -inf on the last `pad[i]` keys of image i.
 static Tensor *padding_mask(int64_t images, int64_t keys, const int64_t *pad) {
@@ -1168,6 +1181,14 @@ START_TEST(ops_softmax_layernorm) {
     Tensor *classes[2] = {cpu_uniform_tensor(SHAPE(2, 100, 92), 26006, -4, 4, true), NULL};
     snprintf(what, sizeof what, "%s [2, 100, 92]", names[l]);
     compare_op(what, fs[l], classes, 2, NULL, 26007, false);
+  }
+  // k-means assignment (no gradient): the same one-hot / mean weights bit for bit, [3 images x 2
+  // heads, 100 queries, 1000 pixels], image 2 all padded (assigned to nothing).
+  for (int mean = 0; mean < 2; mean++) {
+    int64_t pad[3] = {0, 300, 1000};
+    Tensor *km[2] = {cpu_uniform_tensor(SHAPE(6, 100, 1000), 26200 + mean, -4, 4, false), padding_mask(3, 1000, pad)};
+    compare_op(mean ? "cluster_argmax (mean)" : "cluster_argmax (sum)", f_cluster_argmax, km, 2, mean ? (void *)1 : NULL,
+               26210 + mean, true);
   }
   Tensor *ln[3] = {cpu_uniform_tensor(SHAPE(3, 2, 8), 26100, -2, 2, true),
                    cpu_uniform_tensor(SHAPE(8), 26101, 0.5f, 1.5f, true),

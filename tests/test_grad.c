@@ -283,6 +283,41 @@ START_TEST(grad_conv2d) {
 }
 END_TEST
 
+static Tensor *f_dwconv(Tensor *const *in, void *c) { return op_depthwise_conv2d(in[0], in[1], in[2]); }
+
+START_TEST(grad_depthwise_conv2d) {
+  // The forward against the definition (a direct loop), then finite differences: 5x5 (FLatten's),
+  // 3x3 without bias, 1x1, and a kernel wider than the plane (every tap reads some padding).
+  struct {
+    Shape x;
+    int k;
+    bool bias;
+  } cases[] = {{SHAPE(2, 3, 6, 5), 5, true}, {SHAPE(1, 2, 4, 7), 3, false}, {SHAPE(2, 2, 3, 3), 1, true},
+               {SHAPE(1, 2, 2, 3), 5, true}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    Shape xs = cases[i].x;
+    int64_t M = xs.d[0], C = xs.d[1], H = xs.d[2], W = xs.d[3], k = cases[i].k, r = k / 2;
+    Tensor *in[3] = {U(xs, 140 + i), U(SHAPE(C, 1, k, k), 150 + i), cases[i].bias ? U(SHAPE(C), 160 + i) : NULL};
+    Tensor *y = op_depthwise_conv2d(in[0], in[1], in[2]);
+    for (int64_t m = 0; m < M; m++)
+      for (int64_t c = 0; c < C; c++)
+        for (int64_t py = 0; py < H; py++)
+          for (int64_t px = 0; px < W; px++) {
+            double ref = in[2] ? in[2]->data[c] : 0.0;
+            for (int64_t ky = 0; ky < k; ky++)
+              for (int64_t kx = 0; kx < k; kx++) {
+                int64_t iy = py + ky - r, ix = px + kx - r;
+                if (iy >= 0 && iy < H && ix >= 0 && ix < W)
+                  ref += (double)in[0]->data[((m * C + c) * H + iy) * W + ix] * in[1]->data[(c * k + ky) * k + kx];
+              }
+            ck_assert_double_eq_tol(y->data[((m * C + c) * H + py) * W + px], ref, 1e-5);
+          }
+    autograd_clear_tape();
+    expect_grad("depthwise_conv2d", f_dwconv, in, 3, NULL, TOL);
+  }
+}
+END_TEST
+
 static Tensor *f_maxpool(Tensor *const *in, void *c) {
   int *k = c;
   return op_maxpool2d(in[0], k[0], k[1], k[2]);
@@ -850,6 +885,158 @@ static void check_variant(const char *name) {
   params_free(&ps);
 }
 
+// --- k-means cross-attention (nn/cross_attn_kmeans.c, docs/kmeans_cross_attention.md) ---
+
+// op_cluster_argmax against a direct loop: logits [4, 3, 5] = [2 images x 2 heads, queries, pixels],
+// image 1's last 2 pixels padded, a planted tie (the first query wins, as torch's max). Padded
+// pixels go to no query; sum: every unpadded column holds one 1; mean: 1 / the query's pixel count.
+// The output is a constant (no gradient) even when the logits take one.
+START_TEST(grad_cluster_argmax) {
+  Tensor *x = test_uniform(SHAPE(4, 3, 5), -2, 2, 170, true), *mask = padding_mask();
+  x->data[0 * 15 + 0 * 5 + 1] = x->data[0 * 15 + 2 * 5 + 1] = 5.0f;  // image 0, head 0, pixel 1: queries 0 and 2 tie
+  for (int mean = 0; mean < 2; mean++) {
+    ScopeMark mark = tensor_scope_mark();
+    Tensor *winners = NULL, *y = op_cluster_argmax(x, mask, mean, &winners);
+    ck_assert(!y->requires_grad);
+    ck_assert_int_eq(autograd_tape_size(), 0);
+    for (int64_t n = 0; n < 4; n++) {
+      int want[5], count[3] = {0, 0, 0};
+      for (int64_t l = 0; l < 5; l++) {
+        bool padded = n >= 2 && l >= 3;
+        int best = 0;
+        for (int q = 1; q < 3; q++)
+          if (x->data[n * 15 + q * 5 + l] > x->data[n * 15 + best * 5 + l]) best = q;
+        want[l] = padded ? -1 : best;
+        if (!padded) count[best]++;
+        ck_assert_msg(winners->data[n * 5 + l] == (float)want[l], "winner of row %lld pixel %lld", (long long)n, (long long)l);
+      }
+      if (n == 0) ck_assert_int_eq(want[1], 0);  // the tie
+      for (int q = 0; q < 3; q++)
+        for (int64_t l = 0; l < 5; l++) {
+          float w = want[l] == q ? (mean ? 1.0f / (float)count[q] : 1.0f) : 0.0f;
+          ck_assert_msg(y->data[n * 15 + q * 5 + l] == w, "%s: y[%lld, %d, %lld] = %g, expected %g", mean ? "mean" : "sum",
+                        (long long)n, q, (long long)l, y->data[n * 15 + q * 5 + l], w);
+          if (want[l] < 0) ck_assert(y->data[n * 15 + q * 5 + l] == 0.0f);  // padded: never assigned
+        }
+    }
+    tensor_scope_release(mark);
+  }
+  tensor_release(x);
+  tensor_release(mask);
+}
+END_TEST
+
+typedef struct {
+  MultiheadAttention mha;
+  Tensor *mask, *assign;
+} KmeansCtx;
+
+static void drop_grad(Tensor *t) {
+  tensor_release(t->grad);
+  t->grad = NULL;
+}
+
+static Tensor *f_kmeans_update(Tensor *const *in, void *c) {
+  KmeansCtx *k = c;
+  return kmeans_cross_attention_update(&k->mha, k->assign, in[0]);
+}
+
+// The k-means cross-attention in double from the parameters (the definition in
+// docs/kmeans_cross_attention.md): out [B, Lq, d].
+static void kmeans_direct(const MultiheadAttention *a, const Tensor *query, const Tensor *key, const Tensor *value,
+                          const float *mask, double *out) {
+  int64_t B = query->shape.d[0], Lq = query->shape.d[1], Lk = key->shape.d[1], d = a->dim, h = a->heads, hd = d / h;
+  const float *W = a->in_proj_weight->data, *bias = a->in_proj_bias->data;
+  double *q = calloc((size_t)(Lq * d), sizeof *q), *k = calloc((size_t)(Lk * d), sizeof *k),
+         *v = calloc((size_t)(Lk * d), sizeof *v), *mix = calloc((size_t)(Lq * d), sizeof *mix);
+  for (int64_t b = 0; b < B; b++) {
+    for (int64_t o = 0; o < d; o++) {
+      for (int64_t i = 0; i < Lq; i++) {
+        double s = bias[o];
+        for (int64_t c = 0; c < d; c++) s += (double)W[o * d + c] * query->data[(b * Lq + i) * d + c];
+        q[i * d + o] = s / sqrt((double)hd);
+      }
+      for (int64_t j = 0; j < Lk; j++) {
+        double sk = bias[d + o], sv = bias[2 * d + o];
+        for (int64_t c = 0; c < d; c++) {
+          sk += (double)W[(d + o) * d + c] * key->data[(b * Lk + j) * d + c];
+          sv += (double)W[(2 * d + o) * d + c] * value->data[(b * Lk + j) * d + c];
+        }
+        k[j * d + o] = sk;
+        v[j * d + o] = sv;
+      }
+    }
+    for (int64_t i = 0; i < Lq * d; i++) mix[i] = 0;
+    for (int64_t hh = 0; hh < h; hh++) {
+      int win[64], count[64] = {0};
+      for (int64_t j = 0; j < Lk; j++) {
+        win[j] = -1;
+        if (mask && mask[b * Lk + j] != 0.0f) continue;
+        double best = -INFINITY;
+        for (int64_t i = 0; i < Lq; i++) {
+          double s = 0;
+          for (int64_t c = 0; c < hd; c++) s += q[i * d + hh * hd + c] * k[j * d + hh * hd + c];
+          if (s > best) best = s, win[j] = (int)i;
+        }
+        count[win[j]]++;
+      }
+      for (int64_t j = 0; j < Lk; j++)
+        if (win[j] >= 0)
+          for (int64_t c = 0; c < hd; c++) mix[win[j] * d + hh * hd + c] += v[j * d + hh * hd + c] / count[win[j]];
+    }
+    for (int64_t i = 0; i < Lq; i++)
+      for (int64_t o = 0; o < d; o++) {
+        double s = a->out_proj.bias->data[o];
+        for (int64_t c = 0; c < d; c++) s += (double)a->out_proj.weight->data[o * d + c] * mix[i * d + c];
+        out[(b * Lq + i) * d + o] = s;
+      }
+  }
+  free(q), free(k), free(v), free(mix);
+}
+
+// k-means cross-attention: the forward against the direct loop (with padding), finite differences
+// of its differentiable part with the assignment held fixed (value and every parameter; the query
+// and key rows of in_proj have zero gradient there), and the full op passing no gradient to the
+// query or key inputs.
+START_TEST(grad_kmeans_cross_attn) {
+  ParamStore ps;
+  params_init(&ps, DEVICE_CPU);
+  KmeansCtx c = {.mha = mha_create(&ps, "attn", 8, 2, 0.1f)};
+  randomize_params(&ps, 320);
+  c.mask = padding_mask();  // image 1: 2 padded pixels
+  Tensor *query = U(SHAPE(2, 3, 8), 321), *key = U(SHAPE(2, 5, 8), 322), *value = U(SHAPE(2, 5, 8), 323);
+  // Forward against the definition.
+  ScopeMark mark = tensor_scope_mark();
+  Tensor *out = kmeans_cross_attention(&c.mha, &EVAL_CTX, query, key, value, c.mask);
+  double want[2 * 3 * 8];
+  kmeans_direct(&c.mha, query, key, value, c.mask->data, want);
+  for (int64_t i = 0; i < out->numel; i++)
+    ck_assert_msg(fabs(out->data[i] - want[i]) <= 1e-5 * (1 + fabs(want[i])), "out[%lld] = %.7g, expected %.7g",
+                  (long long)i, out->data[i], want[i]);
+  // The full path: gradient into value and the parameters only.
+  autograd_backward(op_sum_all(out));
+  ck_assert_msg(!query->grad && !key->grad, "the assignment passed a gradient to the query or key");
+  ck_assert(value->grad);
+  tensor_scope_release(mark);
+  for (int i = 0; i < ps.count; i++) drop_grad(ps.items[i].tensor);
+  drop_grad(value);
+  // Padded pixels are never assigned, in any head.
+  Tensor *winners = NULL;
+  c.assign = tensor_retain(kmeans_cross_attention_assign(&c.mha, query, key, c.mask, &winners));
+  for (int64_t n = 2; n < 4; n++)
+    for (int64_t l = 3; l < 5; l++) ck_assert(winners->data[n * 5 + l] == -1.0f);
+  // Finite differences with the assignment fixed.
+  Tensor *in[16] = {value};
+  int n = block_inputs(in, 1, &ps);
+  expect_grad("kmeans cross-attention (assignment fixed)", f_kmeans_update, in, n, &c, TOL);
+  tensor_release(c.assign);
+  tensor_release(c.mask);
+  tensor_release(query);
+  tensor_release(key);
+  params_free(&ps);
+}
+END_TEST
+
 START_TEST(grad_attn_dense) { check_variant("dense"); }
 END_TEST
 START_TEST(grad_attn_efficient) { check_variant("efficient"); }
@@ -875,7 +1062,7 @@ int main(int argc, char **argv) {
     {"log", grad_log}, {"neg", grad_neg}, {"add_scalar", grad_add_scalar}, {"mul_scalar", grad_mul_scalar},
     {"add", grad_add}, {"sub", grad_sub}, {"mul", grad_mul}, {"div", grad_div}, {"dropout", grad_dropout},
     {"sum", grad_sum}, {"mean", grad_mean}, {"sum_all", grad_sum_all}, {"mean_all", grad_mean_all},
-    {"matmul", grad_matmul}, {"bmm", grad_bmm}, {"linear", grad_linear}, {"conv2d", grad_conv2d},
+    {"matmul", grad_matmul}, {"bmm", grad_bmm}, {"linear", grad_linear}, {"conv2d", grad_conv2d}, {"depthwise_conv2d", grad_depthwise_conv2d},
     {"maxpool2d", grad_maxpool2d}, {"frozen_batchnorm2d", grad_frozen_batchnorm2d},
     {"softmax", grad_softmax}, {"log_softmax", grad_log_softmax}, {"layernorm", grad_layernorm},
     {"reshape", grad_reshape}, {"permute", grad_permute}, {"transpose", grad_transpose},
@@ -889,6 +1076,7 @@ int main(int argc, char **argv) {
     {"encoder_attn.dense", grad_attn_dense}, {"encoder_attn.enact", grad_enact_layer},
     {"encoder_attn.efficient", grad_attn_efficient}, {"encoder_attn.hydra", grad_attn_hydra},
     {"encoder_attn.focused", grad_attn_focused}, {"encoder_attn.sra", grad_attn_sra},
+    {"cluster_argmax", grad_cluster_argmax}, {"kmeans_cross_attn", grad_kmeans_cross_attn},
   };
   const char *only = argc > 1 ? argv[1] : NULL;
   SRunner *sr = srunner_create(NULL);

@@ -22,7 +22,7 @@
 #include "nn/model_io.h"
 #include "train/checkpoint.h"
 #include "train/draw.h"
-#include "train/postprocess.h"
+#include "nn/postprocess.h"
 
 #ifndef DETR_BIN
 #error "DETR_BIN (the path of the detr executable) comes from tests/CMakeLists.txt"

@@ -217,9 +217,9 @@ START_TEST(configs_and_metadata_checked) {
   run_make(&a, 3);
   const char *path = tmp_path("c.safetensors"), *bad = tmp_path("bad.safetensors");
   ck_assert_int_eq(checkpoint_save(path, a.model, &a.opt, &a.state, "", NULL, err, sizeof err), 0);
-  CheckpointInfo ci;
-  ck_assert_msg(setup_read_checkpoint_info(path, &ci, err, sizeof err) == 0, "%s", err);
-  setup_checkpoint_info_free(&ci);
+  DetrModel *m = NULL;
+  ck_assert_msg(model_file_load(path, NULL, NULL, NULL, 0, DEVICE_CPU, &m, NULL, err, sizeof err) == DETR_OK, "%s", err);
+  detr_model_free(m);
   char text[4096];
   detr_config_format(&a.model->cfg, text, sizeof text);
   char *q = strstr(text, "num_queries=10\n");
@@ -227,7 +227,8 @@ START_TEST(configs_and_metadata_checked) {
   memcpy(q, "num_queries=60000\n", 18);  // overwrites "num_queries=10\n" and the next field's start
   q[18] = 0;
   copy_with_metadata(path, bad, "model_config", text);
-  ck_assert_int_eq(setup_read_checkpoint_info(bad, &ci, err, sizeof err), -1);
+  ck_assert_int_eq(model_file_load(bad, NULL, NULL, NULL, 0, DEVICE_CPU, &m, NULL, err, sizeof err), DETR_ERR_MISMATCH);
+  ck_assert_ptr_null(m);
   ck_assert_msg(strstr(err, "does not match the checkpoint's tensors (query_embed.weight has another shape)"), "%s", err);
   copy_with_metadata(path, bad, "step", "-7");
   ck_assert_int_eq(checkpoint_load(bad, a.model, &a.opt, &a.state, err, sizeof err), -1);

@@ -7,23 +7,8 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "api/model_file.h"  // the format string and crc32 that readers check
 #include "nn/model_io.h"
-
-#define CHECKPOINT_FORMAT "detr-c checkpoint 1"
-
-// crc32 over (name, bytes) of every tensor in order: computable from the writer's inputs and
-// from the file's entries alike.
-static uLong crc_update(uLong crc, const char *name, const void *data, size_t nbytes) {
-  crc = crc32(crc, (const Bytef *)name, (uInt)strlen(name) + 1);
-  const Bytef *p = data;
-  while (nbytes > 0) {  // zlib takes uInt lengths
-    uInt chunk = nbytes > (1u << 30) ? (1u << 30) : (uInt)nbytes;
-    crc = crc32(crc, p, chunk);
-    p += chunk;
-    nbytes -= chunk;
-  }
-  return crc;
-}
 
 static void add_tensor(StWriter *w, uLong *crc, const char *name, const Tensor *t) {
   float *host = malloc((size_t)(t->numel ? t->numel : 1) * sizeof(float));
@@ -32,7 +17,7 @@ static void add_tensor(StWriter *w, uLong *crc, const char *name, const Tensor *
   int64_t shape[DETR_MAX_DIMS];
   for (int d = 0; d < t->shape.ndim; d++) shape[d] = t->shape.d[d];
   st_writer_add(w, name, ST_F32, t->shape.ndim, shape, host);
-  *crc = crc_update(*crc, name, host, (size_t)t->numel * sizeof(float));
+  *crc = checkpoint_crc_update(*crc, name, host, (size_t)t->numel * sizeof(float));
   free(host);
 }
 
@@ -90,33 +75,10 @@ static int meta_u64(const StFile *f, const char *key, uint64_t *out, char *err, 
   return 0;
 }
 
-static int verify(const StFile *f, char *err, size_t cap) {
-  const char *format = st_metadata(f, "format");
-  if (!format || strcmp(format, CHECKPOINT_FORMAT)) {
-    snprintf(err, cap, "%s: not a detr-c checkpoint (format '%s'); model weights load with --init",
-             st_path(f), format ? format : "none");
-    return -1;
-  }
-  uLong crc = crc32(0L, Z_NULL, 0);
-  for (int i = 0; i < st_count(f); i++) {
-    const StEntry *e = st_entry(f, i);
-    crc = crc_update(crc, e->name, st_data(f, e), e->nbytes);
-  }
-  char expect[32];
-  snprintf(expect, sizeof expect, "%08lx", crc);
-  const char *stored = st_metadata(f, "crc32");
-  if (!stored || strcmp(stored, expect)) {
-    snprintf(err, cap, "%s: checksum mismatch (stored %s, computed %s): the checkpoint is corrupted", st_path(f),
-             stored ? stored : "none", expect);
-    return -1;
-  }
-  return 0;
-}
-
 int checkpoint_load(const char *path, DetrModel *model, AdamW *opt, TrainState *state, char *err, size_t err_cap) {
   StFile *f = st_open(path, err, err_cap);
   if (!f) return -1;
-  int rc = verify(f, err, err_cap);
+  int rc = checkpoint_verify(f, "model weights load with --init", err, err_cap);
   const char *ignore[] = {"optim.", NULL};
   if (!rc) rc = params_load(&model->params, f, ignore, err, err_cap);
   for (int i = 0; !rc && opt && i < model->params.count; i++) {
@@ -173,7 +135,7 @@ static char *copy_text(const char *s) {
 int checkpoint_read_configs(const char *path, char **model_config, char **train_config, char *err, size_t err_cap) {
   StFile *f = st_open(path, err, err_cap);
   if (!f) return -1;
-  int rc = verify(f, err, err_cap);
+  int rc = checkpoint_verify(f, "model weights load with --init", err, err_cap);
   if (!rc) {
     const char *m = st_metadata(f, "model_config"), *t = st_metadata(f, "train_config");
     *model_config = copy_text(m ? m : "");

@@ -1,6 +1,8 @@
 #include "train/cli.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,22 +63,37 @@ int cli_parse(const char *verb, const char *usage, int argc, char **argv, int fi
     errno = 0;
     switch (fl->kind) {
       case FLAG_STRING: *(const char **)fl->dest = value; break;
-      case FLAG_INT: {
+      case FLAG_INT:
+      case FLAG_I32:
+      case FLAG_I64:
+      case FLAG_U64: {
         long long v = strtoll(value, &end, 10);
         if (errno || end == value || *end) {
           fprintf(stderr, "detr %s: --%s: '%s' is not an integer\n", verb, fl->name, value);
           return 2;
         }
-        *(long long *)fl->dest = v;
+        long long lo = fl->min, hi = fl->max;
+        if (fl->kind == FLAG_I32 && !(lo || hi)) lo = INT_MIN, hi = INT_MAX;
+        if (fl->kind == FLAG_U64 && !(lo || hi)) lo = 0, hi = LLONG_MAX;
+        if ((lo || hi) && (v < lo || v > hi)) {
+          fprintf(stderr, "detr %s: --%s %lld is outside [%lld, %lld]\n", verb, fl->name, v, lo, hi);
+          return 2;
+        }
+        if (fl->kind == FLAG_INT) *(long long *)fl->dest = v;
+        else if (fl->kind == FLAG_I32) *(int *)fl->dest = (int)v;
+        else if (fl->kind == FLAG_I64) *(int64_t *)fl->dest = (int64_t)v;
+        else *(uint64_t *)fl->dest = (uint64_t)v;
         break;
       }
-      case FLAG_FLOAT: {
+      case FLAG_FLOAT:
+      case FLAG_F32: {
         double v = strtod(value, &end);
         if (errno || end == value || *end) {
           fprintf(stderr, "detr %s: --%s: '%s' is not a number\n", verb, fl->name, value);
           return 2;
         }
-        *(double *)fl->dest = v;
+        if (fl->kind == FLAG_FLOAT) *(double *)fl->dest = v;
+        else *(float *)fl->dest = (float)v;
         break;
       }
       case FLAG_LIST: {

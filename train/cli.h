@@ -4,7 +4,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-typedef enum { FLAG_STRING, FLAG_INT, FLAG_FLOAT, FLAG_BOOL, FLAG_LIST } FlagKind;
+// FLAG_INT, FLAG_I32, FLAG_I64 and FLAG_U64 write a long long, int, int64_t or uint64_t; FLAG_FLOAT
+// and FLAG_F32 a double or float. So a verb binds its flags to its options' own fields.
+typedef enum { FLAG_STRING, FLAG_INT, FLAG_I32, FLAG_I64, FLAG_U64, FLAG_FLOAT, FLAG_F32, FLAG_BOOL, FLAG_LIST } FlagKind;
 
 #define CLI_MAX_LIST 64
 
@@ -16,8 +18,9 @@ typedef struct {
 typedef struct {
   const char *name;  // without the leading dashes
   FlagKind kind;
-  void *dest;        // const char **, long long *, double *, bool *, CliList *
+  void *dest;        // const char **, the integer or float type of its kind, bool *, CliList *
   const char *help;
+  long long min, max;  // integer kinds: a given value must lie in [min, max] (unchecked when both are 0)
 } CliFlag;
 
 // Parses argv[first..argc). Positional arguments go to positional[] (at most max_positional).

@@ -58,8 +58,8 @@ int cmd_eval(int argc, char **argv) {
     return 1;
   }
   int is, ms;  // the training run's sizes when the checkpoint says them
-  setup_eval_sizes(&m->cfg, &ci, &is, &ms);
-  setup_checkpoint_info_free(&ci);
+  model_eval_sizes(&m->cfg, &ci, &is, &ms);
+  checkpoint_info_free(&ci);
   if (image_size > 0) is = (int)image_size;
   if (max_size > 0) ms = (int)max_size;
   char ann[4096], img[4096];

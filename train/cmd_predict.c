@@ -1,6 +1,7 @@
 // detr predict: images in, detections out: a JSON of boxes, labels and scores per image and a
-// picture of each image with its boxes and class names drawn. Preprocessing is evaluation's
-// exactly (the val resize, ImageNet normalization, an all-valid mask), one image per forward.
+// picture of each image with its boxes and class names drawn. The model, the preprocessing
+// (evaluation's: the val resize, ImageNet normalization, an all-valid mask), the forward pass and
+// the post-processing are the C API's (include/detr.h, api/detr_api.c): this verb is its user.
 #define _POSIX_C_SOURCE 200809L  // fsync, getpid, strdup
 #include <math.h>
 #include <stdio.h>
@@ -11,13 +12,9 @@
 #include <unistd.h>
 
 #include "datasets/image.h"
-#include "datasets/transforms.h"
-#include "nn/model_io.h"
-#include "train/checkpoint.h"
-#include "train/class_names.h"
+#include "include/detr.h"
 #include "train/commands.h"
 #include "train/draw.h"
-#include "train/postprocess.h"
 #include "train/progress.h"
 #include "train/setup.h"
 
@@ -36,74 +33,28 @@ static char *xstrdup(const char *s) {
   return c;
 }
 
-// --- the model -----------------------------------------------------------------------------------
-
 // --- one image -----------------------------------------------------------------------------------
 
 typedef struct {
   char *file, *output;  // input path as given; the picture's name in DIR
   int w, h;
-  Detection *dets;  // [n] score >= threshold, by falling score
-  int n;
+  detr_result *res;     // detections with score >= threshold, by falling score
 } ImageResult;
-
-static int by_score(const void *a, const void *b) {
-  const Detection *x = a, *y = b;
-  if (x->score != y->score) return x->score > y->score ? -1 : 1;
-  return x->query < y->query ? -1 : x->query > y->query;  // ties: query order (a total order)
-}
-
-// Forward of one decoded image; dets [Q] receives every query's detection in original pixels.
-static int detect(const DetrModel *m, const Image *orig, const AugConfig *aug, const float lut[3][256],
-                  Detection *dets, char *err, size_t cap) {
-  Image work = image_crop(orig, 0, 0, orig->h, orig->w);  // aug_apply replaces its image
-  Target none = {0};
-  Rng unused = rng_make(0);  // the val transform draws nothing
-  aug_apply(&work, &none, aug, &unused);
-  target_free(&none);
-  int64_t H = work.h, W = work.w;
-  float *pixels = malloc((size_t)(3 * H * W) * sizeof(float));  // [1, 3, H, W] normalized
-  uint8_t *mask = calloc((size_t)(H * W), 1);                      // [1, H, W] all valid
-  DETR_CHECK(pixels && mask, "detr predict: out of host memory");
-  for (int c = 0; c < 3; c++)
-    for (int64_t i = 0; i < H * W; i++) pixels[c * H * W + i] = lut[c][work.data[i * 3 + c]];
-  image_free(&work);
-  ScopeMark mark = tensor_scope_mark();
-  Tensor *images = tensor_scoped(tensor_from_host(m->params.device, SHAPE(1, 3, H, W), pixels));
-  free(pixels);
-  NnCtx ctx = {.training = false};
-  DetrOutput out;
-  int rc = detr_model_forward(m, &ctx, images, mask, &out, err, cap);
-  if (rc == 0) {
-    const DetrLayerOutput *last = &out.layers[out.n_layers - 1];
-    detr_postprocess(last->logits, last->boxes, &orig->w, &orig->h, dets);
-    detr_output_free(&out);
-  }
-  tensor_scope_release(mark);
-  free(mask);
-  return rc;
-}
-
-static const char *label_name(const ClassNames *nm, int label, char *buf, size_t cap) {
-  if (label >= 0 && label < nm->n && nm->name[label]) return nm->name[label];
-  snprintf(buf, cap, "class %d", label);
-  return buf;
-}
 
 static int clamp_px(float v, int hi) { return v < -1.0f ? -1 : v > (float)hi ? hi : (int)lrintf(v); }
 
 // Boxes (thickness and text growing with the image), lowest score first so the best is on top.
-static void draw_detections(Image *img, const ImageResult *r, const ClassNames *nm) {
+static void draw_detections(Image *img, const detr_result *res) {
   int side = img->w < img->h ? img->w : img->h;
   int thick = 1 + side / 250, scale = 1 + side / 500, pad = 2 * scale;
-  for (int i = r->n - 1; i >= 0; i--) {
-    const Detection *d = &r->dets[i];
+  for (int i = detr_result_count(res) - 1; i >= 0; i--) {
+    const detr_detection *d = detr_result_get(res, i);
     Rgb c = draw_class_colour(d->label);
     int x0 = clamp_px(d->box[0], img->w), y0 = clamp_px(d->box[1], img->h);
     int x1 = clamp_px(d->box[2], img->w), y1 = clamp_px(d->box[3], img->h);
     draw_rect(img, x0, y0, x1, y1, c, thick);
-    char text[160], buf[32];
-    snprintf(text, sizeof text, "%s %.2f", label_name(nm, d->label, buf, sizeof buf), d->score);
+    char text[160];
+    snprintf(text, sizeof text, "%s %.2f", d->name, d->score);
     int lw = draw_text_width(text, scale) + 2 * pad, lh = draw_text_height(text, scale) + 2 * pad;
     int lx = x0 < x1 ? x0 : x1, ly = (y0 < y1 ? y0 : y1) - lh;
     if (ly < 0) ly = (y0 < y1 ? y0 : y1) + thick;  // no room above: inside the box's top
@@ -152,7 +103,7 @@ static void json_string(FILE *f, const char *s) {
 
 // Labels are COCO category ids (the training data's, as the reference trains), so category_id
 // repeats the label: a consumer of COCO results reads category_id.
-static void write_json(FILE *f, const ImageResult *res, int n, const ClassNames *nm) {
+static void write_json(FILE *f, const ImageResult *res, int n) {
   fputs("[", f);
   for (int i = 0; i < n; i++) {
     const ImageResult *r = &res[i];
@@ -161,22 +112,22 @@ static void write_json(FILE *f, const ImageResult *res, int n, const ClassNames 
     fprintf(f, ", \"width\": %d, \"height\": %d, \"output\": ", r->w, r->h);
     json_string(f, r->output);
     fputs(", \"detections\": [", f);
-    for (int k = 0; k < r->n; k++) {
-      const Detection *d = &r->dets[k];
-      char buf[32];
+    int count = detr_result_count(r->res);
+    for (int k = 0; k < count; k++) {
+      const detr_detection *d = detr_result_get(r->res, k);
       fprintf(f, "%s\n  {\"label\": %d, \"category_id\": %d, \"name\": ", k ? "," : "", d->label, d->label);
-      json_string(f, label_name(nm, d->label, buf, sizeof buf));
+      json_string(f, d->name);
       fprintf(f, ", \"score\": %.6g, \"box\": [%.2f, %.2f, %.2f, %.2f]}", d->score, d->box[0], d->box[1], d->box[2],
               d->box[3]);
     }
-    fputs(r->n ? "\n ]}" : "]}", f);
+    fputs(count ? "\n ]}" : "]}", f);
   }
   fputs("\n]\n", f);
 }
 
-static int save_json(const char *path, const ImageResult *res, int n, const ClassNames *nm, char *err, size_t cap) {
+static int save_json(const char *path, const ImageResult *res, int n, char *err, size_t cap) {
   if (!strcmp(path, "-")) {
-    write_json(stdout, res, n, nm);
+    write_json(stdout, res, n);
     return fflush(stdout) ? (snprintf(err, cap, "stdout: write failed: %m"), -1) : 0;
   }
   char tmp[2048];
@@ -189,7 +140,7 @@ static int save_json(const char *path, const ImageResult *res, int n, const Clas
     snprintf(err, cap, "%s: cannot write: %m", tmp);
     return -1;
   }
-  write_json(f, res, n, nm);
+  write_json(f, res, n);
   if (fflush(f) || fsync(fileno(f))) {
     snprintf(err, cap, "%s: write failed: %m", tmp);
     fclose(f);
@@ -206,198 +157,185 @@ static int save_json(const char *path, const ImageResult *res, int n, const Clas
 
 // --- the verb ------------------------------------------------------------------------------------
 
-int cmd_predict(int argc, char **argv) {
-  const char *checkpoint = NULL, *weights = NULL, *config = NULL, *out_dir = NULL, *names_path = NULL,
-             *device = "cpu", *json_path = NULL, *bad_input = "fail";
-  CliList sets = {0};
-  bool enact = false;
-  double threshold = 0.5;
-  long long image_size = -1, max_size = -1;
+typedef struct {
+  const char *checkpoint, *weights, *config, *out_dir, *names_path, *device, *json_path, *bad_input;
+  CliList sets;
+  bool enact;
+  double threshold;
+  int image_size, max_size;  // -1: the checkpoint's training run, else the model's defaults
+  const char **inputs;       // [n_inputs] image files
+  int n_inputs;
+  BadInputPolicy policy;
+} PredictArgs;
+
+// The run: its model and what it has written so far.
+typedef struct {
+  const PredictArgs *a;
+  detr_model *model;
+  ImageResult *results;  // [n_results]
+  int n_results, skipped;
+  long long total, nonfinite;  // detections kept, and dropped for a non-finite score or box
+  FILE *log;                   // stdout, or stderr when the JSON goes to stdout
+} Predictor;
+
+// Flags and their usage checks. Returns 0, 1 after --help, or 2 (message printed).
+static int parse_args(int argc, char **argv, PredictArgs *a) {
+  *a = (PredictArgs){.device = "cpu", .bad_input = "fail", .threshold = 0.5, .image_size = -1, .max_size = -1};
   CliFlag flags[] = {
-      {"checkpoint", FLAG_STRING, &checkpoint, "a detr-c training checkpoint (model config and weights)"},
-      {"weights", FLAG_STRING, &weights, "model weights safetensors (reference names), with --config"},
-      {"config", FLAG_STRING, &config, "with --weights: preset (detr-r50, detr-r18-small, tiny) or key=value file (default detr-r50)"},
-      {"set", FLAG_LIST, &sets, "override one model config field, e.g. --set enact_sigma=2"},
-      {"enact", FLAG_BOOL, &enact, SETUP_ENACT_HELP},
-      {"out", FLAG_STRING, &out_dir, "output folder (created): predictions.json and the pictures"},
-      {"threshold", FLAG_FLOAT, &threshold, "keep detections with score >= this (default 0.5; 0 keeps every query)"},
-      {"image-size", FLAG_INT, &image_size, "val shortest side (default: the checkpoint's training run, else 800, 320 small, 128 tiny)"},
-      {"max-size", FLAG_INT, &max_size, "longest side (default: the checkpoint's training run, else 1333, 512 small, 192 tiny)"},
-      {"names", FLAG_STRING, &names_path, "COCO instances JSON whose categories name the labels"},
-      {"device", FLAG_STRING, &device, "cpu or cuda (default cpu)"},
-      {"json", FLAG_STRING, &json_path, "where to write the predictions JSON (default DIR/predictions.json; - for stdout)"},
-      {"bad-input", FLAG_STRING, &bad_input, "fail (default) or skip (with a warning) images that cannot be read"},
+      {"checkpoint", FLAG_STRING, &a->checkpoint, "a detr-c training checkpoint (model config and weights)"},
+      {"weights", FLAG_STRING, &a->weights, "model weights safetensors (reference names), with --config"},
+      {"config", FLAG_STRING, &a->config, "with --weights: preset (detr-r50, detr-r18-small, tiny) or key=value file (default detr-r50)"},
+      {"set", FLAG_LIST, &a->sets, "override one model config field, e.g. --set enact_sigma=2"},
+      {"enact", FLAG_BOOL, &a->enact, SETUP_ENACT_HELP},
+      {"out", FLAG_STRING, &a->out_dir, "output folder (created): predictions.json and the pictures"},
+      {"threshold", FLAG_FLOAT, &a->threshold, "keep detections with score >= this (default 0.5; 0 keeps every query)"},
+      {"image-size", FLAG_I32, &a->image_size, "val shortest side (default: the checkpoint's training run, else 800, 320 small, 128 tiny)", 32, 4096},
+      {"max-size", FLAG_I32, &a->max_size, "longest side (default: the checkpoint's training run, else 1333, 512 small, 192 tiny)", 32, 8192},
+      {"names", FLAG_STRING, &a->names_path, "COCO instances JSON whose categories name the labels"},
+      {"device", FLAG_STRING, &a->device, "cpu or cuda (default cpu)"},
+      {"json", FLAG_STRING, &a->json_path, "where to write the predictions JSON (default DIR/predictions.json; - for stdout)"},
+      {"bad-input", FLAG_STRING, &a->bad_input, "fail (default) or skip (with a warning) images that cannot be read"},
   };
-  int n_flags = (int)(sizeof flags / sizeof flags[0]), n_pos = 0;
-  const char **inputs = malloc((size_t)argc * sizeof(char *));
-  DETR_CHECK(inputs, "detr predict: out of host memory");
-  int rc = cli_parse("predict", USAGE, argc, argv, 2, flags, n_flags, inputs, argc, &n_pos);
-  if (rc) {
-    free(inputs);
-    return rc == 1 ? 0 : 2;
-  }
+  a->inputs = malloc((size_t)argc * sizeof(char *));
+  DETR_CHECK(a->inputs, "detr predict: out of host memory");
+  int rc = cli_parse("predict", USAGE, argc, argv, 2, flags, (int)(sizeof flags / sizeof flags[0]), a->inputs, argc,
+                     &a->n_inputs);
+  if (rc) return rc == 1 ? 1 : 2;
   const char *usage_error = NULL;
-  BadInputPolicy policy = BAD_INPUT_FAIL;
-  if (!checkpoint == !weights) usage_error = "exactly one of --checkpoint and --weights is required";
-  else if (checkpoint && config) usage_error = "--config goes with --weights (a checkpoint stores its config)";
-  else if (!out_dir) usage_error = "--out DIR is required";
-  else if (n_pos == 0) usage_error = "no images given";
-  else if (!(threshold >= 0.0 && threshold <= 1.0)) usage_error = "--threshold must be in [0, 1]";
-  else if (image_size != -1 && (image_size < 32 || image_size > 4096)) usage_error = "--image-size must be in [32, 4096]";
-  else if (max_size != -1 && (max_size < 32 || max_size > 8192)) usage_error = "--max-size must be in [32, 8192]";
-  else if (bad_input_policy_parse(bad_input, &policy)) usage_error = "--bad-input: expected fail or skip";
+  if (!a->checkpoint == !a->weights) usage_error = "exactly one of --checkpoint and --weights is required";
+  else if (a->checkpoint && a->config) usage_error = "--config goes with --weights (a checkpoint stores its config)";
+  else if (!a->out_dir) usage_error = "--out DIR is required";
+  else if (a->n_inputs == 0) usage_error = "no images given";
+  else if (!(a->threshold >= 0.0 && a->threshold <= 1.0)) usage_error = "--threshold must be in [0, 1]";
+  else if (bad_input_policy_parse(a->bad_input, &a->policy)) usage_error = "--bad-input: expected fail or skip";
   if (usage_error) {
     fprintf(stderr, "detr predict: %s (see detr predict --help)\n", usage_error);
-    free(inputs);
     return 2;
   }
+  return 0;
+}
 
+// The model through the C API. Usage-level problems (config, device) return 2; unreadable or
+// wrong files 1.
+static int open_model(const PredictArgs *a, detr_model **model) {
   char err[4096];
   Device dev;
-  DetrConfig cfg;
-  CheckpointInfo ci = {.image_size = -1, .max_size = -1};
-  ClassNames names = {0};
-  DetrModel *model = NULL;
-  ImageResult *results = calloc((size_t)n_pos, sizeof(ImageResult));
-  DETR_CHECK(results, "detr predict: out of host memory");
-  int n_results = 0, skipped = 0, status = 1;
-  // Usage-level problems (flags, config, device) exit 2; unreadable or wrong files exit 1.
-  if (setup_device(device, &dev, err, sizeof err)) {
-    status = 2;
-    goto fail;
+  if (setup_device(a->device, &dev, err, sizeof err)) {  // binds this rank's GPU under mpirun
+    fprintf(stderr, "detr predict: %s\n", err);
+    return 2;
   }
-  if (checkpoint) {
-    if (setup_read_checkpoint_info(checkpoint, &ci, err, sizeof err)) goto fail;
-    cfg = ci.cfg;
-    if (setup_apply_sets(&cfg, &sets, err, sizeof err)) {
-      status = 2;
-      goto fail;
-    }
-  } else if (setup_model_config(config ? config : "detr-r50", &sets, &cfg, err, sizeof err)) {
-    status = 2;
-    goto fail;
-  }
-  setup_enact_shortcut(&cfg, enact);
-  if (detr_config_validate(&cfg, err, sizeof err)) {
-    status = 2;
-    goto fail;
-  }
-  if (names_path ? class_names_from_coco(names_path, &names, err, sizeof err)
-                 : ci.categories ? class_names_from_text(checkpoint, ci.categories, &names, err, sizeof err) : 0)
-    goto fail;
+  const char *all_sets[CLI_MAX_LIST + 2];
+  int n_sets = 0;
+  for (int i = 0; i < a->sets.count; i++) all_sets[n_sets++] = a->sets.items[i];
+  if (a->enact) all_sets[n_sets++] = "encoder_attn=enact";  // the --enact shortcut, last
+  all_sets[n_sets] = NULL;
+  detr_options opt = detr_options_default();
+  opt.device = dev == DEVICE_CUDA ? DETR_DEVICE_CUDA : DETR_DEVICE_CPU;
+  opt.sets = all_sets;
+  opt.image_size = a->image_size > 0 ? a->image_size : 0;  // 0: the checkpoint's training run, else the model's
+  opt.max_size = a->max_size > 0 ? a->max_size : 0;
+  opt.names = a->names_path;
+  detr_status st = a->checkpoint ? detr_open_checkpoint(a->checkpoint, &opt, model)
+                                 : detr_open_weights(a->weights, a->config, &opt, model);
+  if (!st) return 0;
+  fprintf(stderr, "detr predict: %s\n", detr_last_error());
+  return st == DETR_ERR_CONFIG || st == DETR_ERR_ARGUMENT || st == DETR_ERR_DEVICE ? 2 : 1;
+}
 
-  // The val transform of the training run (same defaults as `detr train`).
-  int default_size, default_max;
-  setup_eval_sizes(&cfg, &ci, &default_size, &default_max);
-  if (image_size < 0) image_size = default_size;
-  if (max_size < 0) max_size = default_max;
-  AugConfig aug = aug_config_scaled(false, (int)image_size, (int)max_size);
-  float lut[3][256];
-  aug_normalize_lut(&aug, lut);
-
-  model = detr_model_create(&cfg, dev);
-  detr_model_init(model, 0);  // ENACT's W_prob keeps this when the weights have none
-  if (checkpoint) {
-    TrainState state;
-    if (checkpoint_load(checkpoint, model, NULL, &state, err, sizeof err)) goto fail;  // verifies the crc
-  } else if (params_load_file(&model->params, weights, err, sizeof err)) {
-    goto fail;
-  }
+// One image: decoded here (the API's reader) for the picture, its pixels to the API as they are,
+// the detections drawn into OUT/<name>.png. Returns 0 (also for a skipped image) or -1 with err.
+static int predict_image(Predictor *p, const char *input, char *err, size_t cap) {
+  const PredictArgs *a = p->a;
+  Image img = {0};
   DataError derr;
-  if (data_mkdirs(out_dir, &derr)) {
-    snprintf(err, sizeof err, "%s", derr.msg);
-    goto fail;
+  if (image_decode_file(input, &img, &derr)) {
+    if (a->policy != BAD_INPUT_SKIP) {
+      snprintf(err, cap, "%s", derr.msg);
+      return -1;
+    }
+    fprintf(stderr, "detr predict: warning: %s (skipped)\n", derr.msg);
+    p->skipped++;
+    return 0;
   }
-
-  FILE *log = json_path && !strcmp(json_path, "-") ? stderr : stdout;  // stdout may carry the JSON
-  int64_t Q = cfg.num_queries, total = 0, nonfinite = 0;
-  Detection *dets = malloc((size_t)Q * sizeof(Detection));  // [Q]
-  DETR_CHECK(dets, "detr predict: out of host memory");
-  bool was = autograd_set_grad_enabled(false);
-  double t0 = now_s();
-  int failed = 0;
-  for (int i = 0; i < n_pos && !failed; i++) {
-    Image img = {0};
-    if (image_decode_file(inputs[i], &img, &derr)) {
-      if (policy == BAD_INPUT_SKIP) {
-        fprintf(stderr, "detr predict: warning: %s (skipped)\n", derr.msg);
-        skipped++;
-        continue;
-      }
-      snprintf(err, sizeof err, "%s", derr.msg);
-      failed = 1;
-      break;
-    }
-    if (detect(model, &img, &aug, (const float(*)[256])lut, dets, err, sizeof err)) {
-      image_free(&img);
-      failed = 1;
-      break;
-    }
-    ImageResult *r = &results[n_results];
-    r->file = xstrdup(inputs[i]);
-    r->w = img.w, r->h = img.h;
-    r->dets = malloc((size_t)Q * sizeof(Detection));
-    DETR_CHECK(r->dets, "detr predict: out of host memory");
-    for (int64_t q = 0; q < Q; q++) {
-      const Detection *d = &dets[q];
-      bool finite = isfinite(d->score) && isfinite(d->box[0]) && isfinite(d->box[1]) && isfinite(d->box[2]) &&
-                    isfinite(d->box[3]);
-      if (!finite) nonfinite++;  // NaN weights: never a silent "detection"
-      else if (d->score >= threshold) r->dets[r->n++] = *d;
-    }
-    qsort(r->dets, (size_t)r->n, sizeof(Detection), by_score);
-    r->output = output_name(inputs[i], out_dir, results, n_results);
-    n_results++;
-    total += r->n;
-    draw_detections(&img, r, &names);
-    char *png = data_path_join(out_dir, r->output);
-    int wrc = image_save_png(png, &img, err, sizeof err);
+  detr_result *res = NULL;
+  if (detr_detect_rgb(p->model, img.data, (size_t)img.w * img.h * 3, img.w, img.h, a->threshold, &res)) {
+    snprintf(err, cap, "%s: %s", input, detr_last_error());
     image_free(&img);
-    if (wrc) {
-      free(png);
-      failed = 1;
-      break;
-    }
-    char buf[32];
-    if (r->n)
-      fprintf(log, "%s: %d detection%s (best: %s %.2f) -> %s\n", r->file, r->n, r->n == 1 ? "" : "s",
-              label_name(&names, r->dets[0].label, buf, sizeof buf), r->dets[0].score, png);
-    else
-      fprintf(log, "%s: no detections >= %.2f -> %s\n", r->file, threshold, png);
-    free(png);
+    return -1;
   }
-  autograd_set_grad_enabled(was);
-  free(dets);
-  if (failed) goto fail;
-  if (nonfinite)
+  ImageResult *r = &p->results[p->n_results];
+  *r = (ImageResult){.file = xstrdup(input), .w = img.w, .h = img.h, .res = res,
+                     .output = output_name(input, a->out_dir, p->results, p->n_results)};
+  p->n_results++;
+  int count = detr_result_count(res);
+  p->total += count;
+  p->nonfinite += detr_result_dropped(res);
+  draw_detections(&img, res);
+  char *png = data_path_join(a->out_dir, r->output);
+  int rc = image_save_png(png, &img, err, cap);
+  image_free(&img);
+  const detr_detection *best = detr_result_get(res, 0);
+  if (rc == 0 && best)
+    fprintf(p->log, "%s: %d detection%s (best: %s %.2f) -> %s\n", r->file, count, count == 1 ? "" : "s", best->name,
+            best->score, png);
+  else if (rc == 0)
+    fprintf(p->log, "%s: no detections >= %.2f -> %s\n", r->file, a->threshold, png);
+  free(png);
+  return rc ? -1 : 0;
+}
+
+// Every image, then the predictions JSON. Returns 0, or -1 with err.
+static int predict_all(Predictor *p, char *err, size_t cap) {
+  const PredictArgs *a = p->a;
+  DataError derr;
+  if (data_mkdirs(a->out_dir, &derr)) {
+    snprintf(err, cap, "%s", derr.msg);
+    return -1;
+  }
+  double t0 = now_s();
+  for (int i = 0; i < a->n_inputs; i++)
+    if (predict_image(p, a->inputs[i], err, cap)) return -1;
+  if (p->nonfinite)
     fprintf(stderr, "detr predict: warning: %lld detections with a non-finite score or box were left out\n",
-            (long long)nonfinite);
-  char *default_json = data_path_join(out_dir, "predictions.json");
-  const char *jp = json_path ? json_path : default_json;
-  rc = save_json(jp, results, n_results, &names, err, sizeof err);
+            p->nonfinite);
+  char *default_json = data_path_join(a->out_dir, "predictions.json");
+  const char *jp = a->json_path ? a->json_path : default_json;
+  int rc = save_json(jp, p->results, p->n_results, err, cap);
   double secs = now_s() - t0;
   if (rc == 0) {
-    fprintf(log, "%d images, %lld detections, %.2f s (%.0f ms/image); wrote %s\n", n_results, (long long)total, secs,
-            n_results ? 1e3 * secs / n_results : 0.0, strcmp(jp, "-") ? jp : "stdout");
-    if (skipped) fprintf(stderr, "detr predict: %d unreadable images skipped\n", skipped);
+    fprintf(p->log, "%d images, %lld detections, %.2f s (%.0f ms/image); wrote %s\n", p->n_results, p->total, secs,
+            p->n_results ? 1e3 * secs / p->n_results : 0.0, strcmp(jp, "-") ? jp : "stdout");
+    if (p->skipped) fprintf(stderr, "detr predict: %d unreadable images skipped\n", p->skipped);
   }
   free(default_json);
-  if (rc) goto fail;
-  status = 0;
-  goto done;
+  return rc;
+}
 
-fail:
-  fprintf(stderr, "detr predict: %s\n", err);
-done:
-  for (int i = 0; i < n_results; i++) {
-    free(results[i].file);
-    free(results[i].output);
-    free(results[i].dets);
+int cmd_predict(int argc, char **argv) {
+  PredictArgs a;
+  int rc = parse_args(argc, argv, &a);
+  if (rc == 0) {
+    Predictor p = {.a = &a, .log = a.json_path && !strcmp(a.json_path, "-") ? stderr : stdout};
+    rc = open_model(&a, &p.model);
+    if (rc == 0) {
+      p.results = calloc((size_t)a.n_inputs, sizeof(ImageResult));
+      DETR_CHECK(p.results, "detr predict: out of host memory");
+      char err[4096];
+      if (predict_all(&p, err, sizeof err)) {
+        fprintf(stderr, "detr predict: %s\n", err);
+        rc = 1;
+      }
+      for (int i = 0; i < p.n_results; i++) {
+        free(p.results[i].file);
+        free(p.results[i].output);
+        detr_result_free(p.results[i].res);
+      }
+      free(p.results);
+      detr_close(p.model);
+    }
+  } else if (rc == 1) {
+    rc = 0;  // --help
   }
-  free(results);
-  if (model) detr_model_free(model);
-  class_names_free(&names);
-  setup_checkpoint_info_free(&ci);
-  free(inputs);
-  return status;
+  free(a.inputs);
+  return rc;
 }

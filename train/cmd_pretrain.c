@@ -83,162 +83,196 @@ static int open_crops(const char *data, const char *split, int side, CropSet *ou
   return 0;
 }
 
-int cmd_pretrain(int argc, char **argv) {
-  const char *data = NULL, *out = NULL, *config = "detr-r18-small", *device = "cpu";
-  const char *train_split = "train", *val_split = "val";
-  CliList sets = {0};
-  long long epochs = 10, batch = 32, crop = 64, threads = 0, seed = 42;
-  double lr = 1e-3, wd = 1e-4;
-  bool no_progress = false;
-  CliFlag flags[] = {
-      {"data", FLAG_STRING, &data, "dataset root (annotations/instances_<split>.json and <split>/)"},
-      {"out", FLAG_STRING, &out, "output safetensors file (the backbone's tensors)"},
-      {"config", FLAG_STRING, &config, "model preset or key=value file whose backbone to train (default detr-r18-small)"},
-      {"set", FLAG_LIST, &sets, "override one model config field, as for detr train"},
-      {"train-split", FLAG_STRING, &train_split, "split whose boxes are cut out (default train)"},
-      {"val-split", FLAG_STRING, &val_split, "split for the held-out accuracy (default val; 'none' skips it)"},
-      {"epochs", FLAG_INT, &epochs, "passes over the crops (default 10)"},
-      {"batch", FLAG_INT, &batch, "crops per step (default 32)"},
-      {"crop", FLAG_INT, &crop, "crop side in pixels fed to the network (default 64)"},
-      {"lr", FLAG_FLOAT, &lr, "AdamW learning rate (default 1e-3; x0.1 for the last third of the epochs)"},
-      {"weight-decay", FLAG_FLOAT, &wd, "AdamW weight decay (default 1e-4)"},
-      {"device", FLAG_STRING, &device, "cpu or cuda (default cpu)"},
-      {"threads", FLAG_INT, &threads, "CPU threads (default: OMP_NUM_THREADS or all cores)"},
-      {"seed", FLAG_INT, &seed, "seed of initialisation, crop order and augmentation (default 42)"},
-      {"no-progress", FLAG_BOOL, &no_progress, "no per-epoch lines"},
-  };
-  int n_pos = 0;
-  int rc = cli_parse("pretrain", USAGE, argc, argv, 2, flags, (int)(sizeof flags / sizeof flags[0]), NULL, 0, &n_pos);
-  if (rc) return rc == 1 ? 0 : 2;
-  char err[1024];
-  if (!data || !out) {
-    fprintf(stderr, "detr pretrain: --data DIR and --out FILE are required (see detr pretrain --help)\n");
-    return 2;
-  }
-  const CliRange ranges[] = {
-      {"epochs", epochs, 1, 100000}, {"batch", batch, 1, 4096}, {"crop", crop, 32, 512},
-      {"threads", threads, 0, 1024}, {"seed", seed, 0, 1LL << 62}};
-  if (cli_check_ranges("pretrain", ranges, (int)(sizeof ranges / sizeof ranges[0]))) return 2;
-  if (!(lr > 0 && wd >= 0)) {
-    fprintf(stderr, "detr pretrain: --lr must be > 0 and --weight-decay >= 0\n");
-    return 2;
-  }
+typedef struct {
+  const char *data, *out, *config, *device, *train_split, *val_split;
+  CliList sets;
+  int epochs, batch, crop, threads;
+  uint64_t seed;
+  double lr, weight_decay;
+  bool no_progress;
+} PretrainOptions;
+
+// The run: the crops, the classifier, its optimizer and the batch buffers.
+typedef struct {
+  const PretrainOptions *o;
   DetrConfig cfg;
   Device dev;
-  if (setup_model_config(config, &sets, &cfg, err, sizeof err) || setup_device(device, &dev, err, sizeof err)) {
-    fprintf(stderr, "detr pretrain: %s\n", err);
-    return 2;
-  }
-  if (threads > 0) omp_set_num_threads((int)threads);
-  cpu_flush_denormals(true);
-
-  // Crops are stored 25% larger than --crop: training reads a random window of them.
-  const int side = (int)(crop + crop / 4);
-  CropSet train = {0}, val = {0};
-  double t0 = now_s();
-  if (open_crops(data, train_split, side, &train, err, sizeof err) ||
-      (strcmp(val_split, "none") && open_crops(data, val_split, side, &val, err, sizeof err))) {
-    fprintf(stderr, "detr pretrain: %s\n", err);
-    crops_free(&train);
-    return 1;
-  }
-  fprintf(stderr, "detr pretrain: %lld training crops, %lld held-out, %d classes (%.1f s to cut out)\n",
-          (long long)train.n, (long long)val.n, train.num_classes, now_s() - t0);
-
+  CropSet train, val;
   Classifier m;
-  params_init(&m.params, dev);
-  resnet_create(&m.resnet, &m.params, "backbone.0.body", cfg.backbone_depth, cfg.backbone_width, cfg.dilation, true, 0);
-  m.head = linear_create(&m.params, "head", m.resnet.out_channels, train.num_classes, true, PARAM_TRAINABLE,
-                         LR_GROUP_MAIN);
-  Rng init = rng_make((uint64_t)seed);
-  resnet_init(&m.resnet, &init);
-  init_torch_default(m.head.weight, m.head.bias, &init);
-
-  const int B = (int)(batch < train.n ? batch : train.n);  // a set smaller than a batch: one batch of all
-  int64_t *order = malloc(sizeof(int64_t) * (size_t)train.n);
-  int64_t *labels = malloc(sizeof(int64_t) * (size_t)B);
-  float *host = malloc(sizeof(float) * (size_t)B * 3 * (size_t)crop * (size_t)crop);  // [B, 3, crop, crop]
-  DETR_CHECK(order && labels && host, "detr pretrain: out of host memory");
-  {  // frozen batch norms: statistics of the first batch's inputs, as `detr train --calibrate-bn`
-    for (int i = 0; i < B; i++) order[i] = i;
-    crops_batch(&train, order, B, (int)crop, false, NULL, host);
-    Tensor *x = tensor_from_host(dev, SHAPE(B, 3, crop, crop), host);
-    resnet_calibrate(&m.resnet, x);
-    tensor_release(x);
-  }
-  OptimConfig oc = optim_config_default();
-  oc.lr = oc.lr_backbone = (float)lr;
-  oc.weight_decay = (float)wd;
-  oc.clip_max_norm = 0.0f;
-  oc.lr_drop = (int)(epochs * 2 / 3 > 0 ? epochs * 2 / 3 : 1);
   AdamW opt;
-  adamw_init(&opt, &m.params, oc);
-  Rng rng = rng_make((uint64_t)seed ^ 0x9e3779b97f4a7c15ULL);
-  int status = 0;
-  double held_out = -1.0;  // the accuracy of the current weights on val, once measured
-  for (int epoch = 0; epoch < epochs && !status; epoch++) {
-    opt.epoch = epoch;
-    for (int64_t i = 0; i < train.n; i++) order[i] = i;
-    for (int64_t i = train.n - 1; i > 0; i--) {  // Fisher-Yates
-      int64_t j = (int64_t)rng_next_below(&rng, (uint64_t)i + 1), t = order[i];
-      order[i] = order[j], order[j] = t;
-    }
-    double loss_sum = 0.0, te = now_s();
-    int64_t steps = 0;
-    for (int64_t start = 0; start + B <= train.n; start += B) {  // the last partial batch is dropped
-      crops_batch(&train, order + start, B, (int)crop, true, &rng, host);
-      for (int i = 0; i < B; i++) labels[i] = train.labels[order[start + i]];
-      ScopeMark mark = tensor_scope_mark();
-      Tensor *x = tensor_scoped(tensor_from_host(dev, SHAPE(B, 3, crop, crop), host));
-      Tensor *loss = op_cross_entropy(classify(&m, x), labels, NULL);
-      float l = tensor_item(loss);
-      if (!isfinite(l)) {
-        fprintf(stderr, "detr pretrain: the loss is %g at epoch %d step %lld: stopping (nothing written)\n",
-                (double)l, epoch + 1, (long long)steps);
-        status = 1;
-        tensor_scope_release(mark);
-        break;
-      }
-      autograd_backward(loss);
-      adamw_step(&opt);
-      for (int i = 0; i < m.params.count; i++) autograd_zero_grad(&m.params.items[i].tensor, 1);
+  int B;                    // crops per step (the whole set when smaller than --batch)
+  int64_t *order, *labels;  // [train.n], [B]
+  float *host;              // [B, 3, crop, crop]
+} Pretrainer;
+
+// The classifier on the config's ResNet, its frozen batch norms set from the first batch's inputs
+// (as `detr train --calibrate-bn`), and AdamW (x0.1 for the last third of the epochs).
+static void build_classifier(Pretrainer *p) {
+  const PretrainOptions *o = p->o;
+  Classifier *m = &p->m;
+  params_init(&m->params, p->dev);
+  resnet_create(&m->resnet, &m->params, "backbone.0.body", p->cfg.backbone_depth, p->cfg.backbone_width,
+                p->cfg.dilation, true, 0);
+  m->head = linear_create(&m->params, "head", m->resnet.out_channels, p->train.num_classes, true, PARAM_TRAINABLE,
+                          LR_GROUP_MAIN);
+  Rng init = rng_make(o->seed);
+  resnet_init(&m->resnet, &init);
+  init_torch_default(m->head.weight, m->head.bias, &init);
+  p->B = (int)(o->batch < p->train.n ? o->batch : p->train.n);
+  p->order = malloc(sizeof(int64_t) * (size_t)p->train.n);
+  p->labels = malloc(sizeof(int64_t) * (size_t)p->B);
+  p->host = malloc(sizeof(float) * (size_t)p->B * 3 * (size_t)o->crop * (size_t)o->crop);
+  DETR_CHECK(p->order && p->labels && p->host, "detr pretrain: out of host memory");
+  for (int i = 0; i < p->B; i++) p->order[i] = i;
+  crops_batch(&p->train, p->order, p->B, o->crop, false, NULL, p->host);
+  Tensor *x = tensor_from_host(p->dev, SHAPE(p->B, 3, o->crop, o->crop), p->host);
+  resnet_calibrate(&m->resnet, x);
+  tensor_release(x);
+  OptimConfig oc = optim_config_default();
+  oc.lr = oc.lr_backbone = (float)o->lr;
+  oc.weight_decay = (float)o->weight_decay;
+  oc.clip_max_norm = 0.0f;
+  oc.lr_drop = o->epochs * 2 / 3 > 0 ? o->epochs * 2 / 3 : 1;
+  adamw_init(&p->opt, &m->params, oc);
+}
+
+// One pass over the shuffled crops (the last partial batch dropped). Returns 0 with the mean loss
+// in *loss_mean, or -1 when the loss is not finite.
+static int pretrain_epoch(Pretrainer *p, int epoch, Rng *rng, double *loss_mean) {
+  const PretrainOptions *o = p->o;
+  int64_t n = p->train.n, *order = p->order;
+  for (int64_t i = 0; i < n; i++) order[i] = i;
+  for (int64_t i = n - 1; i > 0; i--) {  // Fisher-Yates
+    int64_t j = (int64_t)rng_next_below(rng, (uint64_t)i + 1), t = order[i];
+    order[i] = order[j], order[j] = t;
+  }
+  double loss_sum = 0.0;
+  int64_t steps = 0;
+  for (int64_t start = 0; start + p->B <= n; start += p->B) {
+    crops_batch(&p->train, order + start, p->B, o->crop, true, rng, p->host);
+    for (int i = 0; i < p->B; i++) p->labels[i] = p->train.labels[order[start + i]];
+    ScopeMark mark = tensor_scope_mark();
+    Tensor *x = tensor_scoped(tensor_from_host(p->dev, SHAPE(p->B, 3, o->crop, o->crop), p->host));
+    Tensor *loss = op_cross_entropy(classify(&p->m, x), p->labels, NULL);
+    float l = tensor_item(loss);
+    if (!isfinite(l)) {
+      fprintf(stderr, "detr pretrain: the loss is %g at epoch %d step %lld: stopping (nothing written)\n", (double)l,
+              epoch + 1, (long long)steps);
       tensor_scope_release(mark);
-      loss_sum += l;
-      steps++;
+      return -1;
     }
-    if (status || no_progress) continue;
-    double secs = now_s() - te;
-    fprintf(stderr, "epoch %d/%lld  loss %.4f  %.0f crops/s", epoch + 1, epochs, steps ? loss_sum / (double)steps : 0.0,
-            (double)(steps * B) / (secs > 0 ? secs : 1));
-    if (val.n) {
-      held_out = accuracy(&m, &val, (int)crop, B, dev, host);
+    autograd_backward(loss);
+    adamw_step(&p->opt);
+    for (int i = 0; i < p->m.params.count; i++) autograd_zero_grad(&p->m.params.items[i].tensor, 1);
+    tensor_scope_release(mark);
+    loss_sum += l;
+    steps++;
+  }
+  *loss_mean = steps ? loss_sum / (double)steps : 0.0;
+  return 0;
+}
+
+// The backbone's tensors (DETR's names) and the config they belong to.
+static int save_backbone(const Pretrainer *p) {
+  StWriter *w = st_writer_new();
+  for (int i = 0; i < p->m.params.count; i++)
+    if (!strncmp(p->m.params.items[i].name, "backbone.", 9))
+      st_writer_add_tensor(w, p->m.params.items[i].name, p->m.params.items[i].tensor);
+  char cfg_text[2048], err[1024];
+  detr_config_format(&p->cfg, cfg_text, sizeof cfg_text);
+  st_writer_set_metadata(w, "format", "detr-c backbone");
+  st_writer_set_metadata(w, "config", cfg_text);
+  int rc = st_writer_save(w, p->o->out, err, sizeof err);
+  if (rc) fprintf(stderr, "detr pretrain: %s\n", err);
+  else printf("wrote the backbone to %s\n", p->o->out);
+  st_writer_free(w);
+  return rc ? 1 : 0;
+}
+
+static int pretrain_run(Pretrainer *p) {
+  const PretrainOptions *o = p->o;
+  build_classifier(p);
+  Rng rng = rng_make(o->seed ^ 0x9e3779b97f4a7c15ULL);
+  double held_out = -1.0;  // the accuracy of the current weights on val, once measured
+  for (int epoch = 0; epoch < o->epochs; epoch++) {
+    p->opt.epoch = epoch;
+    double loss, t0 = now_s();
+    if (pretrain_epoch(p, epoch, &rng, &loss)) return 1;
+    if (o->no_progress) continue;
+    double secs = now_s() - t0;
+    int64_t crops = p->train.n / p->B * p->B;
+    fprintf(stderr, "epoch %d/%d  loss %.4f  %.0f crops/s", epoch + 1, o->epochs, loss,
+            (double)crops / (secs > 0 ? secs : 1));
+    if (p->val.n) {
+      held_out = accuracy(&p->m, &p->val, o->crop, p->B, p->dev, p->host);
       fprintf(stderr, "  held-out accuracy %.3f", held_out);
     }
     fprintf(stderr, "\n");
   }
-  if (!status) {
-    if (val.n && held_out < 0) held_out = accuracy(&m, &val, (int)crop, B, dev, host);  // --no-progress
-    if (val.n) printf("held-out top-1 accuracy %.4f on %lld crops\n", held_out, (long long)val.n);
-    StWriter *w = st_writer_new();
-    for (int i = 0; i < m.params.count; i++)
-      if (!strncmp(m.params.items[i].name, "backbone.", 9))
-        st_writer_add_tensor(w, m.params.items[i].name, m.params.items[i].tensor);
-    char cfg_text[2048];
-    detr_config_format(&cfg, cfg_text, sizeof cfg_text);
-    st_writer_set_metadata(w, "format", "detr-c backbone");
-    st_writer_set_metadata(w, "config", cfg_text);
-    if (st_writer_save(w, out, err, sizeof err)) {
-      fprintf(stderr, "detr pretrain: %s\n", err);
-      status = 1;
-    } else {
-      printf("wrote the backbone to %s\n", out);
-    }
-    st_writer_free(w);
+  if (p->val.n && held_out < 0) held_out = accuracy(&p->m, &p->val, o->crop, p->B, p->dev, p->host);  // --no-progress
+  if (p->val.n) printf("held-out top-1 accuracy %.4f on %lld crops\n", held_out, (long long)p->val.n);
+  return save_backbone(p);
+}
+
+static void pretrainer_free(Pretrainer *p) {
+  if (p->m.params.count) adamw_free(&p->opt);
+  params_free(&p->m.params);
+  free(p->order), free(p->labels), free(p->host);
+  crops_free(&p->train);
+  crops_free(&p->val);
+}
+
+int cmd_pretrain(int argc, char **argv) {
+  PretrainOptions o = {.config = "detr-r18-small", .device = "cpu", .train_split = "train", .val_split = "val",
+                       .epochs = 10, .batch = 32, .crop = 64, .seed = 42, .lr = 1e-3, .weight_decay = 1e-4};
+  CliFlag flags[] = {
+      {"data", FLAG_STRING, &o.data, "dataset root (annotations/instances_<split>.json and <split>/)"},
+      {"out", FLAG_STRING, &o.out, "output safetensors file (the backbone's tensors)"},
+      {"config", FLAG_STRING, &o.config, "model preset or key=value file whose backbone to train (default detr-r18-small)"},
+      {"set", FLAG_LIST, &o.sets, "override one model config field, as for detr train"},
+      {"train-split", FLAG_STRING, &o.train_split, "split whose boxes are cut out (default train)"},
+      {"val-split", FLAG_STRING, &o.val_split, "split for the held-out accuracy (default val; 'none' skips it)"},
+      {"epochs", FLAG_I32, &o.epochs, "passes over the crops (default 10)", 1, 100000},
+      {"batch", FLAG_I32, &o.batch, "crops per step (default 32)", 1, 4096},
+      {"crop", FLAG_I32, &o.crop, "crop side in pixels fed to the network (default 64)", 32, 512},
+      {"lr", FLAG_FLOAT, &o.lr, "AdamW learning rate (default 1e-3; x0.1 for the last third of the epochs)"},
+      {"weight-decay", FLAG_FLOAT, &o.weight_decay, "AdamW weight decay (default 1e-4)"},
+      {"device", FLAG_STRING, &o.device, "cpu or cuda (default cpu)"},
+      {"threads", FLAG_I32, &o.threads, "CPU threads (default: OMP_NUM_THREADS or all cores)", 0, 1024},
+      {"seed", FLAG_U64, &o.seed, "seed of initialisation, crop order and augmentation (default 42)", 0, 1LL << 62},
+      {"no-progress", FLAG_BOOL, &o.no_progress, "no per-epoch lines"},
+  };
+  int n_pos = 0;
+  int rc = cli_parse("pretrain", USAGE, argc, argv, 2, flags, (int)(sizeof flags / sizeof flags[0]), NULL, 0, &n_pos);
+  if (rc) return rc == 1 ? 0 : 2;
+  if (!o.data || !o.out) {
+    fprintf(stderr, "detr pretrain: --data DIR and --out FILE are required (see detr pretrain --help)\n");
+    return 2;
   }
-  adamw_free(&opt);
-  params_free(&m.params);
-  free(order), free(labels), free(host);
-  crops_free(&train);
-  crops_free(&val);
-  return status;
+  if (!(o.lr > 0 && o.weight_decay >= 0)) {
+    fprintf(stderr, "detr pretrain: --lr must be > 0 and --weight-decay >= 0\n");
+    return 2;
+  }
+  Pretrainer p = {.o = &o};
+  char err[1024];
+  if (setup_model_config(o.config, &o.sets, &p.cfg, err, sizeof err) || setup_device(o.device, &p.dev, err, sizeof err)) {
+    fprintf(stderr, "detr pretrain: %s\n", err);
+    return 2;
+  }
+  if (o.threads > 0) omp_set_num_threads(o.threads);
+  cpu_flush_denormals(true);
+  // Crops are stored 25% larger than --crop: training reads a random window of them.
+  const int side = o.crop + o.crop / 4;
+  double t0 = now_s();
+  if (open_crops(o.data, o.train_split, side, &p.train, err, sizeof err) ||
+      (strcmp(o.val_split, "none") && open_crops(o.data, o.val_split, side, &p.val, err, sizeof err))) {
+    fprintf(stderr, "detr pretrain: %s\n", err);
+    pretrainer_free(&p);
+    return 1;
+  }
+  fprintf(stderr, "detr pretrain: %lld training crops, %lld held-out, %d classes (%.1f s to cut out)\n",
+          (long long)p.train.n, (long long)p.val.n, p.train.num_classes, now_s() - t0);
+  rc = pretrain_run(&p);
+  pretrainer_free(&p);
+  return rc;
 }

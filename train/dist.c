@@ -172,23 +172,19 @@ void dist_group_end(void) {
 #endif
 }
 
-void dist_allreduce_sum_f64(double *data, int n) {
+// In place over every process (nothing to do alone): the sum of doubles, or the max of uint64s.
+static void allreduce_in_place(void *data, int n, bool max_u64) {
   if (g_size == 1 || n == 0) return;
 #if DETR_HAVE_MPI
-  MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, data, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+  MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, data, n, max_u64 ? MPI_UINT64_T : MPI_DOUBLE, max_u64 ? MPI_MAX : MPI_SUM,
+                         MPI_COMM_WORLD));
 #else
-  (void)data;
+  (void)data, (void)max_u64;
 #endif
 }
 
-void dist_allreduce_max_u64(uint64_t *data, int n) {
-  if (g_size == 1 || n == 0) return;
-#if DETR_HAVE_MPI
-  MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, data, n, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD));
-#else
-  (void)data;
-#endif
-}
+void dist_allreduce_sum_f64(double *data, int n) { allreduce_in_place(data, n, false); }
+void dist_allreduce_max_u64(uint64_t *data, int n) { allreduce_in_place(data, n, true); }
 
 bool dist_all_ok(bool ok) {
   if (g_size == 1) return ok;

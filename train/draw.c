@@ -387,86 +387,123 @@ static int64_t to_px(double v, const Axis *a, int64_t p0, int64_t len, bool flip
 
 static bool point_ok(const ChartSeries *s, int i) { return isfinite(s->x[i]) && isfinite(s->y[i]); }
 
-static void render_panel(Image *img, const ChartPanel *p, int ox, int oy, int pw, int ph) {
-  // Data range over every finite point of every series.
+// A panel's plot rectangle and its axes.
+typedef struct {
+  int x0, y0, w, h;  // the plot's top-left pixel and size
+  Axis ax, ay;
+  int64_t points;    // finite points over every series
+} Plot;
+
+static int64_t plot_x(const Plot *pl, double x) { return to_px(x, &pl->ax, pl->x0, pl->w, false); }
+static int64_t plot_y(const Plot *pl, double y) { return to_px(y, &pl->ay, pl->y0, pl->h, true); }
+
+// Axes over every finite point of every series, and the plot rectangle inside the panel at
+// (ox, oy, pw, ph): [y title][y tick labels] plot [margin], the title above, x labels below.
+// False when the panel is too small to draw anything useful.
+static bool layout_plot(const ChartPanel *p, int ox, int oy, int pw, int ph, Plot *pl) {
   double xmin = INFINITY, xmax = -INFINITY, ymin = INFINITY, ymax = -INFINITY;
-  int64_t points = 0;
+  pl->points = 0;
   for (int k = 0; k < p->n_series; k++) {
     const ChartSeries *s = &p->series[k];
     for (int i = 0; i < s->n; i++) {
       if (!point_ok(s, i)) continue;
       xmin = fmin(xmin, s->x[i]), xmax = fmax(xmax, s->x[i]);
       ymin = fmin(ymin, s->y[i]), ymax = fmax(ymax, s->y[i]);
-      points++;
+      pl->points++;
     }
   }
-  if (!points) xmin = 0, xmax = 1, ymin = 0, ymax = 1;
-  Axis ax = make_axis(xmin, xmax, 0.02, 6), ay = make_axis(ymin, ymax, 0.04, 6);
-
-  // Layout: [y title][y tick labels] plot [margin], with the title above and x labels below.
+  if (!pl->points) xmin = 0, xmax = 1, ymin = 0, ymax = 1;
+  pl->ax = make_axis(xmin, xmax, 0.02, 6), pl->ay = make_axis(ymin, ymax, 0.04, 6);
   char label[64];
   int tick_w = 0;
-  for (int i = 0; i < ay.n_ticks; i++) {
-    tick_label(ay.first + i * ay.step, ay.step, label, sizeof label);
+  for (int i = 0; i < pl->ay.n_ticks; i++) {
+    tick_label(pl->ay.first + i * pl->ay.step, pl->ay.step, label, sizeof label);
     int w = draw_text_width(label, 1);
     tick_w = w > tick_w ? w : tick_w;
   }
   int title_h = p->title && *p->title ? 2 * DRAW_CELL_H + 6 : 10;
   int left = 10 + (p->y_label && *p->y_label ? DRAW_CELL_H + 8 : 0) + tick_w + 8;
   int bottom = DRAW_GLYPH_H + 10 + (p->x_label && *p->x_label ? DRAW_CELL_H + 8 : 0) + 6;
-  int px0 = ox + left, py0 = oy + title_h, plot_w = pw - left - 18, plot_h = ph - title_h - bottom;
-  if (plot_w < 16 || plot_h < 16) return;  // too small to draw anything useful
+  pl->x0 = ox + left, pl->y0 = oy + title_h, pl->w = pw - left - 18, pl->h = ph - title_h - bottom;
+  return pl->w >= 16 && pl->h >= 16;
+}
 
+// Title, grid, ticks and their labels, the frame, the axis titles ("no data" without points).
+static void draw_axes(Image *img, const ChartPanel *p, const Plot *pl, int ox, int oy) {
+  char label[64];
   if (p->title && *p->title)
-    draw_text(img, px0 + (plot_w - draw_text_width(p->title, 2)) / 2, oy + 4, p->title, TEXT, 2);
-  // Grid and ticks.
-  for (int i = 0; i < ay.n_ticks; i++) {
-    double v = ay.first + i * ay.step;
-    int y = (int)to_px(v, &ay, py0, plot_h, true);
-    draw_line(img, px0, y, px0 + plot_w - 1, y, GRID, 1);
-    draw_line(img, px0 - 4, y, px0 - 1, y, FRAME, 1);
-    tick_label(v, ay.step, label, sizeof label);
-    draw_text(img, px0 - 7 - draw_text_width(label, 1), y - DRAW_GLYPH_H / 2 + 1, label, TEXT, 1);
+    draw_text(img, pl->x0 + (pl->w - draw_text_width(p->title, 2)) / 2, oy + 4, p->title, TEXT, 2);
+  for (int i = 0; i < pl->ay.n_ticks; i++) {
+    double v = pl->ay.first + i * pl->ay.step;
+    int y = (int)plot_y(pl, v);
+    draw_line(img, pl->x0, y, pl->x0 + pl->w - 1, y, GRID, 1);
+    draw_line(img, pl->x0 - 4, y, pl->x0 - 1, y, FRAME, 1);
+    tick_label(v, pl->ay.step, label, sizeof label);
+    draw_text(img, pl->x0 - 7 - draw_text_width(label, 1), y - DRAW_GLYPH_H / 2 + 1, label, TEXT, 1);
   }
-  for (int i = 0; i < ax.n_ticks; i++) {
-    double v = ax.first + i * ax.step;
-    int x = (int)to_px(v, &ax, px0, plot_w, false);
-    draw_line(img, x, py0, x, py0 + plot_h - 1, GRID, 1);
-    draw_line(img, x, py0 + plot_h, x, py0 + plot_h + 3, FRAME, 1);
-    tick_label(v, ax.step, label, sizeof label);
-    draw_text(img, x - draw_text_width(label, 1) / 2, py0 + plot_h + 7, label, TEXT, 1);
+  for (int i = 0; i < pl->ax.n_ticks; i++) {
+    double v = pl->ax.first + i * pl->ax.step;
+    int x = (int)plot_x(pl, v);
+    draw_line(img, x, pl->y0, x, pl->y0 + pl->h - 1, GRID, 1);
+    draw_line(img, x, pl->y0 + pl->h, x, pl->y0 + pl->h + 3, FRAME, 1);
+    tick_label(v, pl->ax.step, label, sizeof label);
+    draw_text(img, x - draw_text_width(label, 1) / 2, pl->y0 + pl->h + 7, label, TEXT, 1);
   }
-  draw_rect(img, px0 - 1, py0 - 1, px0 + plot_w, py0 + plot_h, FRAME, 1);
+  draw_rect(img, pl->x0 - 1, pl->y0 - 1, pl->x0 + pl->w, pl->y0 + pl->h, FRAME, 1);
   if (p->x_label && *p->x_label)
-    draw_text(img, px0 + (plot_w - draw_text_width(p->x_label, 1)) / 2, py0 + plot_h + DRAW_GLYPH_H + 16,
+    draw_text(img, pl->x0 + (pl->w - draw_text_width(p->x_label, 1)) / 2, pl->y0 + pl->h + DRAW_GLYPH_H + 16,
               p->x_label, TEXT, 1);
   if (p->y_label && *p->y_label)
-    draw_text_up(img, ox + 10, py0 + (plot_h + draw_text_width(p->y_label, 1)) / 2, p->y_label, TEXT, 1);
-  if (!points) {
+    draw_text_up(img, ox + 10, pl->y0 + (pl->h + draw_text_width(p->y_label, 1)) / 2, p->y_label, TEXT, 1);
+  if (!pl->points) {
     const char *msg = "no data";
-    draw_text(img, px0 + (plot_w - draw_text_width(msg, 2)) / 2, py0 + (plot_h - draw_text_height(msg, 2)) / 2, msg,
-              FRAME, 2);
+    draw_text(img, pl->x0 + (pl->w - draw_text_width(msg, 2)) / 2, pl->y0 + (pl->h - draw_text_height(msg, 2)) / 2,
+              msg, FRAME, 2);
   }
+}
 
-  // Series: segments between consecutive finite points (a non-finite one leaves a gap); markers
-  // on isolated points, and on every point of a short series (one value per epoch).
+// Segments between consecutive finite points (a non-finite one leaves a gap); markers on isolated
+// points, and on every point of a short series (one value per epoch).
+static void draw_series(Image *img, const ChartPanel *p, const Plot *pl) {
   for (int k = 0; k < p->n_series; k++) {
     const ChartSeries *s = &p->series[k];
     int finite = 0;
     for (int i = 0; i < s->n; i++) finite += point_ok(s, i);
     for (int i = 0; i < s->n; i++) {
       if (!point_ok(s, i)) continue;
-      int x = (int)to_px(s->x[i], &ax, px0, plot_w, false), y = (int)to_px(s->y[i], &ay, py0, plot_h, true);
+      int x = (int)plot_x(pl, s->x[i]), y = (int)plot_y(pl, s->y[i]);
       bool prev = i > 0 && point_ok(s, i - 1), next = i + 1 < s->n && point_ok(s, i + 1);
-      if (next) {
-        int x1 = (int)to_px(s->x[i + 1], &ax, px0, plot_w, false), y1 = (int)to_px(s->y[i + 1], &ay, py0, plot_h, true);
-        draw_line(img, x, y, x1, y1, s->colour, 2);
-      }
+      if (next) draw_line(img, x, y, (int)plot_x(pl, s->x[i + 1]), (int)plot_y(pl, s->y[i + 1]), s->colour, 2);
       if ((!prev && !next) || finite <= 40) draw_fill_rect(img, x - 2, y - 2, x + 2, y + 2, s->colour, 1.0f);
     }
   }
+}
 
-  // Legend inside the plot, in the corner that hides the fewest curve pixels (top-right on ties).
+// Of the plot's four corners (top-right, bottom-right, top-left, bottom-left), the one whose
+// lw x lh box hides the fewest curve pixels (the first on ties); its top-left into (*lx, *ly).
+static void legend_corner(const ChartPanel *p, const Plot *pl, int lw, int lh, int *lx, int *ly) {
+  const int cx[4] = {pl->x0 + pl->w - lw - 8, pl->x0 + pl->w - lw - 8, pl->x0 + 8, pl->x0 + 8};
+  const int cy[4] = {pl->y0 + 8, pl->y0 + pl->h - lh - 8, pl->y0 + 8, pl->y0 + pl->h - lh - 8};
+  int64_t hidden[4] = {0, 0, 0, 0};
+  for (int k = 0; k < p->n_series; k++) {
+    const ChartSeries *s = &p->series[k];
+    for (int i = 0; i < s->n; i++) {
+      if (!point_ok(s, i)) continue;
+      bool next = i + 1 < s->n && point_ok(s, i + 1);
+      for (int t = 0; t < (next ? 8 : 1); t++) {  // samples along the segment to the next point
+        double f = t / 8.0, x = s->x[i], y = s->y[i];
+        if (next) x += f * (s->x[i + 1] - x), y += f * (s->y[i + 1] - y);
+        int64_t X = plot_x(pl, x), Y = plot_y(pl, y);
+        for (int c = 0; c < 4; c++) hidden[c] += X >= cx[c] && X < cx[c] + lw && Y >= cy[c] && Y < cy[c] + lh;
+      }
+    }
+  }
+  int best = 0;
+  for (int c = 1; c < 4; c++) best = hidden[c] < hidden[best] ? c : best;
+  *lx = cx[best], *ly = cy[best];
+}
+
+static void draw_legend(Image *img, const ChartPanel *p, const Plot *pl) {
   int entries = 0, name_w = 0;
   for (int k = 0; k < p->n_series; k++) {
     const char *name = p->series[k].name;
@@ -475,38 +512,27 @@ static void render_panel(Image *img, const ChartPanel *p, int ox, int oy, int pw
     int w = draw_text_width(name, 1);
     name_w = w > name_w ? w : name_w;
   }
-  if (entries) {
-    int lw = name_w + 34, lh = entries * (DRAW_CELL_H + 4) + 8;
-    const int cx[4] = {px0 + plot_w - lw - 8, px0 + plot_w - lw - 8, px0 + 8, px0 + 8};
-    const int cy[4] = {py0 + 8, py0 + plot_h - lh - 8, py0 + 8, py0 + plot_h - lh - 8};
-    int64_t hidden[4] = {0, 0, 0, 0};
-    for (int k = 0; k < p->n_series; k++) {
-      const ChartSeries *s = &p->series[k];
-      for (int i = 0; i < s->n; i++) {
-        if (!point_ok(s, i)) continue;
-        bool next = i + 1 < s->n && point_ok(s, i + 1);
-        for (int t = 0; t < (next ? 8 : 1); t++) {  // samples along the segment to the next point
-          double f = t / 8.0, x = s->x[i], y = s->y[i];
-          if (next) x += f * (s->x[i + 1] - x), y += f * (s->y[i + 1] - y);
-          int64_t X = to_px(x, &ax, px0, plot_w, false), Y = to_px(y, &ay, py0, plot_h, true);
-          for (int c = 0; c < 4; c++) hidden[c] += X >= cx[c] && X < cx[c] + lw && Y >= cy[c] && Y < cy[c] + lh;
-        }
-      }
-    }
-    int best = 0;
-    for (int c = 1; c < 4; c++) best = hidden[c] < hidden[best] ? c : best;
-    int lx = cx[best], ly = cy[best];
-    draw_fill_rect(img, lx, ly, lx + lw - 1, ly + lh - 1, WHITE, 0.85f);
-    draw_rect(img, lx, ly, lx + lw - 1, ly + lh - 1, GRID, 1);
-    int row = 0;
-    for (int k = 0; k < p->n_series; k++) {
-      const ChartSeries *s = &p->series[k];
-      if (!s->name || !*s->name) continue;
-      int y = ly + 6 + row++ * (DRAW_CELL_H + 4);
-      draw_line(img, lx + 6, y + DRAW_GLYPH_H / 2, lx + 22, y + DRAW_GLYPH_H / 2, s->colour, 2);
-      draw_text(img, lx + 28, y, s->name, TEXT, 1);
-    }
+  if (!entries) return;
+  int lw = name_w + 34, lh = entries * (DRAW_CELL_H + 4) + 8, lx, ly;
+  legend_corner(p, pl, lw, lh, &lx, &ly);
+  draw_fill_rect(img, lx, ly, lx + lw - 1, ly + lh - 1, WHITE, 0.85f);
+  draw_rect(img, lx, ly, lx + lw - 1, ly + lh - 1, GRID, 1);
+  int row = 0;
+  for (int k = 0; k < p->n_series; k++) {
+    const ChartSeries *s = &p->series[k];
+    if (!s->name || !*s->name) continue;
+    int y = ly + 6 + row++ * (DRAW_CELL_H + 4);
+    draw_line(img, lx + 6, y + DRAW_GLYPH_H / 2, lx + 22, y + DRAW_GLYPH_H / 2, s->colour, 2);
+    draw_text(img, lx + 28, y, s->name, TEXT, 1);
   }
+}
+
+static void render_panel(Image *img, const ChartPanel *p, int ox, int oy, int pw, int ph) {
+  Plot pl;
+  if (!layout_plot(p, ox, oy, pw, ph, &pl)) return;
+  draw_axes(img, p, &pl, ox, oy);
+  draw_series(img, p, &pl);
+  draw_legend(img, p, &pl);
 }
 
 static int chart_check(const ChartSpec *spec, char *err, size_t err_cap) {

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "train/dist.h"
-#include "train/postprocess.h"
+#include "nn/postprocess.h"
 #include "train/progress.h"
 
 int write_coco_results(const char *path, const CocoEvalDet *dets, int64_t n, char *err, size_t err_cap) {
@@ -77,11 +77,7 @@ int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConf
     if (!scorer) snprintf(err, err_cap, "rank 0 could not read %s", ds->ann_path);
     return -1;
   }
-  LoaderConfig lc = loader_config_default(false);
-  lc.batch_size = cfg->batch_size;
-  lc.num_workers = cfg->num_workers;
-  lc.aug = cfg->aug;
-  lc.policy = cfg->policy;
+  LoaderConfig lc = loader_config_make(false, cfg->batch_size, cfg->num_workers, cfg->aug, cfg->policy);
   lc.quiet = true;
   if (dist) lc.shard = dist_rank(), lc.shards = dist_world_size();
   DataLoader *loader = NULL;

@@ -3,39 +3,68 @@
 #include <string.h>
 
 #include "autograd/ops.h"
+#include "include/detr.h"
 #include "train/commands.h"
 #include "train/dist.h"
 
+typedef struct {
+  const char *name;
+  int (*run)(int argc, char **argv);
+  const char *summary;
+} Verb;
+
+static const Verb VERBS[] = {
+    {"cocoeval", cmd_cocoeval, "COCO bbox metrics of a results JSON (pycocotools COCOeval semantics)"},
+    {"train", cmd_train, "train DETR / DETR+ENACT on a COCO-format dataset"},
+    {"pretrain", cmd_pretrain, "train a backbone as a classifier of a dataset's object crops (for train --init-backbone)"},
+    {"eval", cmd_eval, "COCO mAP of a checkpoint or weights on a dataset split"},
+    {"step", cmd_step, "one forward + loss + backward on a batch file (parity interface)"},
+    {"synth", cmd_synth, "write the built-in synthetic COCO-format dataset"},
+    {"predict", cmd_predict, "detect objects in images: boxes, labels, scores (JSON) and pictures"},
+    {"info", cmd_info, "describe a checkpoint or any safetensors file"},
+};
+#define N_VERBS (int)(sizeof VERBS / sizeof VERBS[0])
+
 static int usage(FILE *f) {
-  fprintf(f,
-          "usage: detr <command> [options]\n"
-          "commands:\n"
-          "  cocoeval    COCO bbox metrics of a results JSON (pycocotools COCOeval semantics)\n"
-          "  train       train DETR / DETR+ENACT on a COCO-format dataset\n"
-          "  pretrain    train a backbone as a classifier of a dataset's object crops (for train --init-backbone)\n"
-          "  eval        COCO mAP of a checkpoint or weights on a dataset split\n"
-          "  step        one forward + loss + backward on a batch file (parity interface)\n"
-          "  synth       write the built-in synthetic COCO-format dataset\n"
-          "  predict     detect objects in images: boxes, labels, scores (JSON) and pictures\n"
-          "  info        describe a checkpoint or any safetensors file\n"
-          "  version     print the version and the backends this build has\n"
-          "  help        this text\n");
+  fprintf(f, "usage: detr <command> [options]\ncommands:\n");
+  for (int i = 0; i < N_VERBS; i++) fprintf(f, "  %-11s %s\n", VERBS[i].name, VERBS[i].summary);
+  fprintf(f, "  %-11s %s\n", "version", "print the version and the backends this build has");
+  fprintf(f, "  %-11s %s\n", "help", "this text; help COMMAND: the command's options (as COMMAND --help)");
   return f == stderr ? 2 : 0;
+}
+
+static const Verb *find_verb(const char *name) {
+  for (int i = 0; i < N_VERBS; i++)
+    if (!strcmp(VERBS[i].name, name)) return &VERBS[i];
+  return NULL;
+}
+
+// `detr help VERB` runs `detr VERB --help`: one text, the verb's own.
+static int help(int argc, char **argv) {
+  if (argc < 3) return usage(stdout);
+  if (argc > 3) {
+    fprintf(stderr, "detr help: one command at a time (detr help COMMAND)\n");
+    return 2;
+  }
+  const Verb *v = find_verb(argv[2]);
+  if (!v) {
+    if (!strcmp(argv[2], "help") || !strcmp(argv[2], "version")) return usage(stdout);
+    fprintf(stderr, "detr help: unknown command '%s'\n", argv[2]);
+    return usage(stderr);
+  }
+  char flag[] = "--help";
+  char *args[] = {argv[0], argv[2], flag, NULL};
+  return v->run(3, args);
 }
 
 static int run(int argc, char **argv) {
   if (argc < 2) return usage(stderr);
-  if (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) return usage(stdout);
-  if (!strcmp(argv[1], "cocoeval")) return cmd_cocoeval(argc, argv);
-  if (!strcmp(argv[1], "step")) return cmd_step(argc, argv);
-  if (!strcmp(argv[1], "train")) return cmd_train(argc, argv);
-  if (!strcmp(argv[1], "pretrain")) return cmd_pretrain(argc, argv);
-  if (!strcmp(argv[1], "eval")) return cmd_eval(argc, argv);
-  if (!strcmp(argv[1], "synth")) return cmd_synth(argc, argv);
-  if (!strcmp(argv[1], "predict")) return cmd_predict(argc, argv);
-  if (!strcmp(argv[1], "info")) return cmd_info(argc, argv);
+  if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) return usage(stdout);
+  if (!strcmp(argv[1], "help")) return help(argc, argv);
+  const Verb *v = find_verb(argv[1]);
+  if (v) return v->run(argc, argv);
   if (!strcmp(argv[1], "version")) {
-    printf("detr-c 0.1 (backends: cpu%s; data parallel: %s)\n", DETR_HAVE_CUDA ? ", cuda" : "",
+    printf("detr-c %s (backends: cpu%s; data parallel: %s)\n", DETR_VERSION_STRING, DETR_HAVE_CUDA ? ", cuda" : "",
            dist_backend_name());
     return 0;
   }

@@ -1,14 +1,14 @@
 // Shared set-up of the verbs: model configuration from a preset or file plus overrides, devices.
 #pragma once
+#include "api/model_file.h"  // CheckpointInfo, model_eval_sizes, checkpoint_info_free
 #include "nn/detr.h"
 #include "train/cli.h"
 #include "datasets/transforms.h"
 
 // config: a preset name (detr-r50, detr-r18-small, tiny) or a file of key=value lines (# comments);
 // sets: "key=value" overrides applied in order. A line or override longer than
-// SETUP_MAX_CONFIG_LINE bytes, or holding a NUL byte, is an error. Returns 0, or -1 with err set
+// MODEL_CONFIG_MAX_LINE bytes, or holding a NUL byte, is an error. Returns 0, or -1 with err set
 // (naming FILE:LINE).
-#define SETUP_MAX_CONFIG_LINE 1024
 int setup_model_config(const char *config, const CliList *sets, DetrConfig *cfg, char *err, size_t err_cap);
 // Applies "key=value" overrides in order (no validation). Returns 0, or -1 with err set.
 int setup_apply_sets(DetrConfig *cfg, const CliList *sets, char *err, size_t err_cap);
@@ -21,24 +21,9 @@ void setup_split_paths(const char *data_dir, const char *split, char *ann, size_
 // "cpu" or "cuda". Returns 0, or -1 with err set (unknown name, or CUDA not built / no device).
 int setup_device(const char *name, Device *dev, char *err, size_t err_cap);
 
-// What a detr-c checkpoint says about the run that made it (read from its metadata; the tensors
-// and the crc are checked later by checkpoint_load).
-typedef struct {
-  DetrConfig cfg;                  // the stored model config
-  char *categories;                // "id:name;..." of the training data, or NULL
-  long long image_size, max_size;  // --image-size / --max-size of the training command, or -1
-} CheckpointInfo;
-
-// Returns 0, or -1 with err naming the file (not a checkpoint, a bad stored config).
-int setup_read_checkpoint_info(const char *path, CheckpointInfo *ci, char *err, size_t err_cap);
-void setup_checkpoint_info_free(CheckpointInfo *ci);
-// Evaluation image sizes: the training run's (ci may be NULL), else `detr train`'s defaults for the
-// model: 800/1333 (ResNet-50/101), 320/512 (18/34), 128/192 (hidden_dim <= 32, the tiny preset).
-void setup_eval_sizes(const DetrConfig *cfg, const CheckpointInfo *ci, int *image_size, int *max_size);
-
 // A model to run: from a detr-c checkpoint (its stored config, then `sets`; the crc is verified),
 // or from weights (strict) with a config from `config` (+ sets). enact forces ENACT on. info (may
-// be NULL) receives the checkpoint's info (free it with setup_checkpoint_info_free). Returns 0 or -1
-// with err set.
+// be NULL) receives the checkpoint's info (free it with checkpoint_info_free). Returns 0 or -1
+// with err set. The same loader as the C API's (api/model_file.c: model_file_load).
 int setup_load_model(const char *checkpoint, const char *weights, const char *config, const CliList *sets, bool enact,
                      Device dev, DetrModel **out, CheckpointInfo *info, char *err, size_t err_cap);

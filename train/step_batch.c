@@ -7,8 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
-
 static const StEntry *need(const StFile *f, const char *name, StDtype dtype, int ndim, char *err, size_t cap) {
   const StEntry *e = st_find(f, name);
   if (!e)

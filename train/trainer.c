@@ -17,6 +17,7 @@
 #include "train/checkpoint.h"
 #include "train/dist.h"
 #include "train/evaluate.h"
+#include "train/history.h"
 #include "train/draw.h"
 #include "train/progress.h"
 #include "train/setup.h"
@@ -126,91 +127,385 @@ static int resume_auto(const TrainOptions *o, DetrModel *m, AdamW *opt, TrainSta
   return 0;
 }
 
-// A number after `"key": ` in a JSON line, or NAN.
-static double json_number(const char *line, const char *key) {
-  char pattern[64];
-  snprintf(pattern, sizeof pattern, "\"%s\": ", key);
-  const char *at = strstr(line, pattern);
-  return at ? strtod(at + strlen(pattern), NULL) : NAN;
+// --- the history kept for the chart (train/history.c) ---
+
+// A value as metrics.jsonl holds it (%.6f): the history is the same whether kept or read back.
+static double as_logged(double v) {
+  char text[64];
+  snprintf(text, sizeof text, "%.6f", v);
+  return strtod(text, NULL);
 }
 
-int metrics_chart_render(const char *metrics_path, const char *title, Image *out, char *err, size_t err_cap) {
-  *out = (Image){0};
-  FILE *f = fopen(metrics_path, "r");
-  if (!f) {
-    snprintf(err, err_cap, "%s: cannot open: %s", metrics_path, strerror(errno));
-    return -1;
-  }
-  int cap = 0, n = 0, ne = 0;
-  double *step = NULL, *loss = NULL, *mean = NULL;
-  double epoch[METRICS_CHART_MAX_EVALS], ap[METRICS_CHART_MAX_EVALS], ap50[METRICS_CHART_MAX_EVALS];
-  char line[8192];
-  bool ok = true, partial = false;
-  while (ok && fgets(line, sizeof line, f)) {
-    // A line longer than the buffer (not one this program writes) is skipped whole: its
-    // continuation must not be read as a line of its own.
-    bool complete = strchr(line, '\n') || feof(f);
-    bool skip = partial;
-    partial = !complete;
-    if (skip || !complete) continue;
-    if (strstr(line, "\"type\": \"eval\"")) {
-      if (ne == METRICS_CHART_MAX_EVALS) continue;
-      epoch[ne] = json_number(line, "epoch") + 1, ap[ne] = json_number(line, "AP"), ap50[ne] = json_number(line, "AP50");
-      ne++;
-    } else if (strstr(line, "\"type\": \"train\"")) {
-      if (n == METRICS_CHART_MAX_STEPS) continue;
-      if (n == cap) {
-        cap = cap ? 2 * cap : 1024;
-        double *a = realloc(step, sizeof(double) * (size_t)cap), *b = a ? realloc(loss, sizeof(double) * (size_t)cap) : NULL;
-        if (a) step = a;
-        if (b) loss = b;
-        ok = a && b;
-        if (!ok) break;
-      }
-      step[n] = json_number(line, "step"), loss[n] = json_number(line, "loss");
-      n++;
-    }
-  }
-  fclose(f);
-  mean = ok ? malloc(sizeof(double) * (size_t)(n ? n : 1)) : NULL;
-  if (!mean) {
-    snprintf(err, err_cap, "%s: out of memory reading %d steps", metrics_path, n);
-    free(step), free(loss);
-    return -1;
-  }
-  double run = 0;
-  for (int i = 0; i < n; i++) {  // running mean over the last 50 steps
-    run += loss[i] - (i >= 50 ? loss[i - 50] : 0.0);
-    mean[i] = run / (i + 1 < 50 ? i + 1 : 50);
-  }
-  ChartSpec spec = {.title = title, .n_panels = 2};
-  spec.panels[0] = (ChartPanel){.title = "loss", .x_label = "step", .y_label = "weighted loss", .n_series = 2};
-  spec.panels[0].series[0] = (ChartSeries){.name = "step", .x = step, .y = loss, .n = n, .colour = {190, 200, 230}};
-  spec.panels[0].series[1] = (ChartSeries){.name = "mean of 50", .x = step, .y = mean, .n = n, .colour = {30, 80, 200}};
-  spec.panels[1] = (ChartPanel){.title = "COCO AP (val)", .x_label = "epoch", .y_label = "AP", .n_series = 2};
-  spec.panels[1].series[0] = (ChartSeries){.name = "AP", .x = epoch, .y = ap, .n = ne, .colour = {200, 60, 40}};
-  spec.panels[1].series[1] = (ChartSeries){.name = "AP50", .x = epoch, .y = ap50, .n = ne, .colour = {40, 160, 60}};
-  chart_render(&spec, out);
-  free(step), free(loss), free(mean);
-  return 0;
-}
-
-// OUT/chart.png from OUT/metrics.jsonl. A chart that fails to render is reported and training
-// goes on.
-static void write_chart(const TrainOptions *o) {
+// OUT/chart.png: the loss (and its 50-step running mean) by step, AP and AP50 by epoch. A chart
+// that fails to render is reported and training goes on.
+static void write_chart(const TrainOptions *o, const TrainHistory *h) {
   if (!dist_is_main()) return;
-  char path[4200], err[1024], title[96];
-  snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
+  char title[96], path[4200], err[1024];
   snprintf(title, sizeof title, "DETR training (encoder attention: %s)", detr_encoder_attn(&o->model)->name);
   Image img;
-  if (access(path, F_OK) != 0) return;  // no metrics yet
-  if (metrics_chart_render(path, title, &img, err, sizeof err)) {
+  if (history_chart_render(h, title, &img, err, sizeof err)) {
     fprintf(stderr, "detr train: chart: %s\n", err);
     return;
   }
   snprintf(path, sizeof path, "%s/chart.png", o->out_dir);
   if (image_save_png(path, &img, err, sizeof err)) fprintf(stderr, "detr train: chart: %s\n", err);
   image_free(&img);
+}
+
+// --- the run's state, shared by the stages ---
+
+typedef struct {
+  TrainOptions *o;
+  int world;                  // processes
+  CocoDataset *train, *val;
+  char categories[4096];      // "id:name;..." of the training categories, stored in every checkpoint
+  DetrModel *m;
+  AdamW opt;
+  TrainState st;              // step, data position, dropout stream, best AP: what a checkpoint resumes
+  bool resumed;
+  FILE *metrics;              // OUT/metrics.jsonl (rank 0; NULL elsewhere)
+  DataLoader *loader;
+  int64_t per_epoch;          // global batches per epoch
+  CriterionConfig criterion;
+  Progress progress;
+  TrainHistory history;
+} Trainer;
+
+// --- stage 1, set-up: data, model, optimizer; resume or initial weights; the log; the loader ---
+
+static int open_data(Trainer *t, char *err, size_t cap) {
+  const TrainOptions *o = t->o;
+  if (mkdir_p(o->out_dir, err, cap)) return -1;
+  t->train = open_split(o, o->train_split, err, cap);
+  if (t->train) t->val = open_split(o, o->val_split, err, cap);
+  if (!t->train || !t->val) return -1;
+  if (o->model.num_classes < t->train->num_classes) {
+    snprintf(err, cap, "the data has category ids up to %d but the model has num_classes %lld (set --set num_classes=%d)",
+             t->train->num_classes - 1, (long long)o->model.num_classes, t->train->num_classes);
+    return -1;
+  }
+  for (int i = 0, n = 0; i < t->train->n_categories && n < (int)sizeof t->categories - 1; i++)
+    n += snprintf(t->categories + n, sizeof t->categories - (size_t)n, "%s%d:%s", i ? ";" : "",
+                  t->train->categories[i].id, t->train->categories[i].name);
+  return 0;
+}
+
+static void create_model(Trainer *t) {
+  const TrainOptions *o = t->o;
+  t->m = detr_model_create(&o->model, o->device);
+  detr_model_init(t->m, o->seed);
+  adamw_init(&t->opt, &t->m->params, o->optim);
+  t->st = (TrainState){.seed = o->seed, .dropout_rng = rng_make(o->seed ^ 0xd40bu), .best_map = -1.0,
+                       .world_size = t->world, .global_batch = (int64_t)t->world * o->batch_size};
+}
+
+// --resume: the state of a checkpoint, which every process must have read at the same step and
+// with the same split of the global batch.
+static int resume(Trainer *t, char *err, size_t cap) {
+  const TrainOptions *o = t->o;
+  TrainState *st = &t->st;
+  if (o->resume && !strcmp(o->resume, "auto")) {
+    resume_auto(o, t->m, &t->opt, st, &t->resumed);
+  } else if (o->resume) {
+    char why[2048];
+    if (checkpoint_load(o->resume, t->m, &t->opt, st, why, sizeof why)) {
+      snprintf(err, cap, "--resume %s", why);
+      return -1;
+    }
+    t->resumed = true;
+  }
+  int64_t global_batch = (int64_t)t->world * o->batch_size;
+  if (t->resumed && (st->world_size != t->world || (st->global_batch && st->global_batch != global_batch))) {
+    // The data position counts global batches: another split of them would train on other data.
+    snprintf(err, cap, "the checkpoint was written by a run of %d process%s with %lld images per step; this run has %d "
+             "process%s with %lld: resume with the same number of processes and --batch, or start a new run directory",
+             st->world_size, st->world_size == 1 ? "" : "es", (long long)st->global_batch, t->world,
+             t->world == 1 ? "" : "es", (long long)global_batch);
+    return -1;
+  }
+  uint64_t resumed_at[2] = {(uint64_t)st->step, ~(uint64_t)st->step};  // max of step and of -step: all equal?
+  dist_allreduce_max_u64(resumed_at, 2);
+  if (resumed_at[0] != (uint64_t)st->step || ~resumed_at[1] != (uint64_t)st->step) {
+    snprintf(err, cap, "the processes resumed from different checkpoints (this one at step %lld): is %s one directory "
+             "shared by all of them?", (long long)st->step, o->out_dir);
+    return -1;
+  }
+  return 0;
+}
+
+// --calibrate-bn: the frozen batch norms' statistics from the first 8 training images, resized
+// as for evaluation.
+static int calibrate_batch_norms(Trainer *t, char *err, size_t cap) {
+  const TrainOptions *o = t->o;
+  LoaderConfig cal = loader_config_make(false, 8, 0, o->val_aug, o->bad_input);
+  cal.quiet = true;
+  DataLoader *cl = NULL;
+  const Batch *cb;
+  DataError cerr;
+  if (loader_create(t->train, &cal, (LoaderPosition){0, 0}, &cl, &cerr) || loader_next(cl, &cb, &cerr) != DATA_OK) {
+    snprintf(err, cap, "--calibrate-bn: %s", cerr.msg);
+    loader_free(cl);
+    return -1;
+  }
+  Tensor *x = batch_images_tensor(cb, o->device);
+  resnet_calibrate(&t->m->backbone, x);
+  tensor_release(x);
+  if (dist_is_main()) fprintf(stderr, "detr train: frozen batch norms calibrated on %d training images\n", cb->size);
+  loader_free(cl);
+  return 0;
+}
+
+// A fresh run's starting weights: --init, --init-backbone, --calibrate-bn.
+static int initial_weights(Trainer *t, char *err, size_t cap) {
+  const TrainOptions *o = t->o;
+  char why[2048];
+  if (o->init_weights && params_load_file(&t->m->params, o->init_weights, why, sizeof why)) {
+    snprintf(err, cap, "--init %s", why);
+    return -1;
+  }
+  if (o->init_backbone && params_load_file_prefix(&t->m->params, o->init_backbone, "backbone.", why, sizeof why)) {
+    snprintf(err, cap, "--init-backbone %s", why);
+    return -1;
+  }
+  return o->calibrate_bn ? calibrate_batch_norms(t, err, cap) : 0;
+}
+
+// metrics.jsonl (appended to when resuming; the history read back first), the loader at the
+// saved data position, and the run's summary line.
+static int open_log_and_loader(Trainer *t, char *err, size_t cap) {
+  const TrainOptions *o = t->o;
+  char path[4200];
+  snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
+  if (dist_is_main()) {  // rank 0 logs; the others compute
+    if (t->resumed) history_load(&t->history, path);
+    t->metrics = fopen(path, t->resumed ? "a" : "w");
+    if (!t->metrics) fprintf(stderr, "detr train: %s: cannot write: %s\n", path, strerror(errno));
+  }
+  if (!dist_all_ok(t->metrics || !dist_is_main())) {
+    snprintf(err, cap, "no metrics log: stopping (see the message of rank 0)");
+    return -1;
+  }
+  LoaderConfig lc = loader_config_make(true, o->batch_size, o->workers, o->train_aug, o->bad_input);
+  lc.seed = o->seed;
+  lc.shard = dist_rank();  // each process: its slice of every global batch
+  lc.shards = t->world;
+  DataError derr;
+  if (loader_create(t->train, &lc, (LoaderPosition){t->st.epoch, t->st.next_batch}, &t->loader, &derr)) {
+    snprintf(err, cap, "%s", derr.msg);
+    return -1;
+  }
+  t->per_epoch = loader_batches_per_epoch(t->loader);
+  if (t->per_epoch == 0) {
+    snprintf(err, cap, "%s has fewer images than one batch of %d", t->train->ann_path, o->batch_size);
+    return -1;
+  }
+  if (dist_is_main()) {
+    fprintf(stderr, "detr train: %lld training images (%lld batches of %lld per epoch), %lld val images, %lld trainable "
+            "parameters, encoder attention %s, run directory %s\n", (long long)t->train->n_images,
+            (long long)t->per_epoch, (long long)t->world * o->batch_size, (long long)t->val->n_images,
+            (long long)params_numel(&t->m->params, PARAM_TRAINABLE), detr_encoder_attn(&t->m->cfg)->name, o->out_dir);
+    if (t->world > 1)
+      fprintf(stderr, "detr train: data parallel over %d processes (%s), %d images each per step\n", t->world,
+              dist_backend_name(), o->batch_size);
+  }
+  return 0;
+}
+
+static int trainer_setup(Trainer *t, char *err, size_t cap) {
+  const TrainOptions *o = t->o;
+  if (o->threads > 0) omp_set_num_threads(o->threads);
+  cpu_flush_denormals(true);
+  t->world = dist_world_size();
+  if (dist_setup_device(o->device, err, cap) || open_data(t, err, cap)) return -1;
+  create_model(t);
+  if (resume(t, err, cap) || (!t->resumed && initial_weights(t, err, cap)) || open_log_and_loader(t, err, cap))
+    return -1;
+  t->criterion = criterion_config_default((int)o->model.num_classes);
+  int64_t total_steps = (int64_t)o->epochs * t->per_epoch;
+  if (o->max_steps > 0 && o->max_steps < total_steps) total_steps = o->max_steps;
+  progress_init(&t->progress, o->progress && dist_is_main(), t->st.step, total_steps);
+  return 0;
+}
+
+static void trainer_free(Trainer *t) {
+  if (t->metrics) fclose(t->metrics);
+  loader_free(t->loader);
+  if (t->m) adamw_free(&t->opt);
+  detr_model_free(t->m);
+  coco_free(t->train);
+  coco_free(t->val);
+  history_free(&t->history);
+}
+
+// --- stage 2, the step ---
+
+// The global batch's normalisers, summed over the processes (one all-reduce of 4 doubles).
+typedef struct {
+  double boxes;      // target boxes
+  double ce_weight;  // the queries' cross-entropy class weights: 1 matched, eos_coef "no object"
+  double matched;    // matched queries (every target is matched when it has at most Q boxes)
+  double images;
+} BatchTotals;
+_Static_assert(sizeof(BatchTotals) == 4 * sizeof(double), "BatchTotals is all-reduced as 4 doubles");
+
+// One step's forward results, summed over the processes (all-reduced as one array of doubles).
+typedef struct {
+  double failed;                      // processes whose forward or loss failed
+  double total, terms[DETR_MAX_LOSS_TERMS];
+  double class_error_x_matched;       // class_error is a percentage of the matched queries
+  double cardinality_error_x_images;
+  double attn_images, attn_sum[ATTN_TRACE_MAX];
+} StepSums;
+#define STEP_SUMS_COUNT (sizeof(StepSums) / sizeof(double))
+_Static_assert(sizeof(StepSums) == STEP_SUMS_COUNT * sizeof(double), "StepSums is all-reduced as doubles");
+
+// What one step reports for logging: the loss terms, the logged errors, the attention variant's
+// statistics (every process's), the gradient norm before clipping.
+typedef struct {
+  double total, terms[DETR_MAX_LOSS_TERMS];
+  char names[DETR_MAX_LOSS_TERMS][24];
+  int n_terms;
+  double class_error, cardinality_error;  // means over the global batch's images
+  AttnStatSums attn;
+  double grad_norm;
+  int images;
+} StepLog;
+
+// What the step needs besides the batch: targets, normalisers, the criterion's share.
+typedef struct {
+  DetrTarget targets[64];      // [images]
+  BatchTotals local, global;   // this process's slice, and summed over the processes
+  CriterionConfig criterion;   // with this process's share of the cross-entropy normaliser
+  float num_boxes;             // the global batch's boxes (at least 1): the box losses' normaliser
+  int n_aux;                   // auxiliary decoder outputs with a loss
+} StepPlan;
+
+// This process's forward pass and loss.
+typedef struct {
+  DetrOutput out;
+  CriterionResult loss;
+  bool have_loss;
+  AttnStatSums attn;
+  uint64_t dropout_offset;  // the dropout stream's position after this process's draws
+} StepForward;
+
+static void plan_step(const Trainer *t, const Batch *b, StepPlan *p) {
+  const DetrConfig *mc = &t->o->model;
+  int64_t Q = mc->num_queries;
+  DETR_CHECK(b->size <= 64, "train: batch of %d images", b->size);
+  BatchTotals *l = &p->local;
+  *l = (BatchTotals){.images = (double)b->size};
+  for (int i = 0; i < b->size; i++) {
+    p->targets[i] = (DetrTarget){.n = b->targets[i].n, .boxes = b->targets[i].boxes, .labels = b->targets[i].labels};
+    l->boxes += b->targets[i].n;
+    l->matched += b->targets[i].n < Q ? b->targets[i].n : Q;
+  }
+  l->ce_weight = l->matched + t->criterion.eos_coef * ((double)b->size * (double)Q - l->matched);
+  p->global = *l;
+  dist_allreduce_sum_f64((double *)&p->global, 4);
+  p->criterion = t->criterion;
+  p->criterion.ce_share = t->world > 1 ? (float)(l->ce_weight / p->global.ce_weight) : 1.0f;
+  p->num_boxes = p->global.boxes > 1.0 ? (float)p->global.boxes : 1.0f;
+  p->n_aux = mc->aux_loss ? (int)mc->dec_layers - 1 : 0;
+}
+
+// Forward and loss of this process's slice; its numbers into sums (failed = 1 on an error).
+// Each process draws its own dropout masks (the rank picks the stream; rank 0's is the
+// single-process one), all from the saved position, so a resumed run draws the same.
+static void forward_loss(const Trainer *t, const Batch *b, const StepPlan *p, int n_terms, StepForward *f,
+                         StepSums *sums, char *err, size_t cap) {
+  Rng dropout = t->st.dropout_rng;
+  dropout.seed ^= 0x9E3779B97F4A7C15ull * (uint64_t)dist_rank();
+  NnCtx ctx = {.training = true, .dropout_rng = &dropout};
+  Tensor *images = tensor_scoped(batch_images_tensor(b, t->o->device));
+  if (detr_model_forward(t->m, &ctx, images, b->mask, &f->out, err, cap) ||
+      criterion_forward(&p->criterion, f->out.layers[f->out.n_layers - 1], f->out.layers, p->n_aux, p->targets,
+                        p->num_boxes, NULL, &f->loss, err, cap)) {
+    sums->failed = 1.0;
+  } else {
+    f->have_loss = true;
+    sums->total = tensor_item(f->loss.total);
+    DETR_CHECK(f->loss.n_terms == n_terms, "train: %d loss terms, expected %d", f->loss.n_terms, n_terms);
+    for (int i = 0; i < n_terms; i++) sums->terms[i] = tensor_item(f->loss.terms[i].value);
+    sums->class_error_x_matched = f->loss.class_error * p->local.matched;
+    sums->cardinality_error_x_images = f->loss.cardinality_error * b->size;
+    attn_stats_add(&f->attn, f->out.attn, f->out.n_attn, b->size);
+    sums->attn_images = f->attn.images;
+    for (int i = 0; i < ATTN_TRACE_MAX; i++) sums->attn_sum[i] = f->attn.sum[i];
+  }
+  f->dropout_offset = dropout.offset;
+}
+
+// The update, once every process's forward succeeded: backward, gradient all-reduce, clipping,
+// AdamW, and the log of the step from the summed numbers.
+static void update(Trainer *t, const StepPlan *p, const StepForward *f, const StepSums *sums, StepLog *log) {
+  if (f->have_loss) autograd_backward(f->loss.total);
+  dist_allreduce_gradients(&t->m->params);
+  log->total = sums->total;
+  for (int i = 0; i < log->n_terms; i++) log->terms[i] = sums->terms[i];
+  log->images = (int)p->global.images;
+  log->class_error = p->global.matched > 0 ? sums->class_error_x_matched / p->global.matched : 100.0;
+  log->cardinality_error = sums->cardinality_error_x_images / p->global.images;
+  log->attn = f->attn;  // names from this process's forward, sums from every process's
+  log->attn.images = sums->attn_images;
+  for (int i = 0; i < ATTN_TRACE_MAX; i++) log->attn.sum[i] = sums->attn_sum[i];
+  log->grad_norm = clip_grad_norm(&t->m->params, t->o->optim.clip_max_norm);
+  adamw_step(&t->opt);
+  for (int i = 0; i < t->m->params.count; i++) autograd_zero_grad(&t->m->params.items[i].tensor, 1);
+  // Every process's stream moved by its own draws: continue from the furthest, so the state
+  // (saved by rank 0) is one every rank can resume from.
+  uint64_t offset = f->dropout_offset;
+  dist_allreduce_max_u64(&offset, 1);
+  t->st.dropout_rng.offset = offset;
+}
+
+// One optimizer step on this process's slice of the global batch. An empty slice (all its images
+// skipped) contributes nothing but still takes part. Returns 0, or -1 with err set; a failure on
+// any process fails the step on every process, so all stop together.
+static int train_step(Trainer *t, const Batch *b, StepLog *log, char *err, size_t cap) {
+  StepPlan plan;
+  plan_step(t, b, &plan);
+  log->n_terms = criterion_term_names(plan.n_aux, log->names);
+  StepSums sums = {0};
+  StepForward f = {.dropout_offset = t->st.dropout_rng.offset};
+  ScopeMark mark = tensor_scope_mark();
+  if (b->size > 0) forward_loss(t, b, &plan, log->n_terms, &f, &sums, err, cap);
+  dist_allreduce_sum_f64((double *)&sums, (int)STEP_SUMS_COUNT);
+  int rc = 0;
+  if (sums.failed > 0) {
+    if (!(b->size > 0 && !f.have_loss)) snprintf(err, cap, "another process failed at this step (see its message)");
+    rc = -1;
+  } else if (!isfinite(sums.total)) {
+    snprintf(err, cap, "the loss is %g", sums.total);
+    rc = -1;
+  } else {
+    update(t, &plan, &f, &sums, log);
+  }
+  if (f.have_loss) criterion_result_free(&f.loss);
+  if (f.out.n_layers) detr_output_free(&f.out);
+  autograd_clear_tape();
+  tensor_scope_release(mark);
+  return rc;
+}
+
+// --- stage 3, logging ---
+
+static void log_train_step(Trainer *t, const Batch *b, const StepLog *log, double seconds) {
+  FILE *f = t->metrics;
+  if (f) {  // every loss term, the logged errors, rates and the attention variant's statistics
+    fprintf(f, "{\"type\": \"train\", \"step\": %lld, \"epoch\": %lld, \"batch\": %lld, \"loss\": %.6f",
+            (long long)t->st.step, (long long)t->st.epoch, (long long)b->index, log->total);
+    for (int i = 0; i < log->n_terms; i++) fprintf(f, ", \"%s\": %.6f", log->names[i], log->terms[i]);
+    fprintf(f, ", \"class_error\": %.4f, \"cardinality_error\": %.4f, \"grad_norm\": %.6f, \"lr\": %.3g, "
+            "\"images_per_s\": %.3f", log->class_error, log->cardinality_error, log->grad_norm,
+            (double)adamw_lr(&t->opt, LR_GROUP_MAIN), log->images / seconds);
+    for (int i = 0; i < log->attn.n; i++) fprintf(f, ", \"%s\": %.2f", log->attn.name[i], attn_stats_mean(&log->attn, i));
+    fprintf(f, "}\n");
+    fflush(f);
+  }
+  history_add_step(&t->history, (double)t->st.step, as_logged(log->total));
+  double shown[4] = {log->total, log->terms[0], log->terms[1], log->terms[2]};  // total, ce, bbox, giou
+  progress_update(&t->progress, t->st.step, t->st.epoch, t->o->epochs, log->images, seconds, shown, &log->attn);
 }
 
 static void log_eval(FILE *metrics, int64_t epoch, int64_t step, const EvalReport *r) {
@@ -223,353 +518,110 @@ static void log_eval(FILE *metrics, int64_t epoch, int64_t step, const EvalRepor
   fflush(metrics);
 }
 
-static int run_eval(const TrainOptions *o, const DetrModel *m, const CocoDataset *val, int64_t epoch, int64_t step,
-                    FILE *metrics, EvalReport *rep) {
+// --- the epoch: steps, their log, checkpoints ---
+
+// Trains until the epoch ends, max_steps is reached (*stop) or a step fails (-1).
+static int train_epoch(Trainer *t, bool *stop) {
+  const TrainOptions *o = t->o;
+  TrainState *st = &t->st;
+  char err[4096], path[4200];
+  while (!*stop) {
+    const Batch *b;
+    DataError derr;
+    int s = loader_next(t->loader, &b, &derr);
+    if (!dist_all_ok(s != DATA_ERROR)) {  // a data error on any process stops them all here
+      if (s == DATA_ERROR) fprintf(stderr, "\ndetr train: %s\n", derr.msg);
+      return -1;
+    }
+    if (b->epoch != st->epoch) break;  // the loader moved on: this epoch is complete
+    double t0 = now_s();
+    StepLog log;
+    if (train_step(t, b, &log, err, sizeof err)) {
+      fprintf(stderr, "\ndetr train: step %lld (epoch %lld, batch %lld): %s; stopping. The checkpoints in %s are "
+              "from before this step.\n", (long long)st->step + 1, (long long)st->epoch, (long long)b->index, err,
+              o->out_dir);
+      return -1;
+    }
+    st->step++;
+    st->next_batch = b->index + 1;
+    log_train_step(t, b, &log, now_s() - t0);
+    bool epoch_done = st->next_batch >= t->per_epoch;
+    if (epoch_done) {
+      st->epoch++;
+      st->next_batch = 0;
+    }
+    if (o->max_steps > 0 && st->step >= o->max_steps) *stop = true;
+    if ((o->checkpoint_every > 0 && st->step % o->checkpoint_every == 0) || (o->checkpoint_every == 0 && epoch_done)) {
+      ckpt_path(o, st->step, path, sizeof path);
+      if (save(o, path, t->m, &t->opt, st, t->categories)) return -1;
+      prune_checkpoints(o);
+    }
+    if (epoch_done) break;
+  }
+  return 0;
+}
+
+// --- stage 4, evaluation: COCO AP on the val split, its log, the best checkpoint ---
+
+static int evaluate_epoch(Trainer *t) {
+  const TrainOptions *o = t->o;
+  int64_t epoch = t->st.epoch - 1;
   char results[4200], err[2048];
   snprintf(results, sizeof results, "%s/results-epoch%lld.json", o->out_dir, (long long)epoch);
   EvalConfig ec = {.batch_size = o->batch_size, .num_workers = o->workers, .aug = o->val_aug,
                    .policy = o->bad_input, .results_path = results, .progress = o->progress && dist_is_main(),
                    .distributed = true};
-  if (evaluate_model(m, val, &ec, rep, err, sizeof err)) {
+  EvalReport rep;
+  if (evaluate_model(t->m, t->val, &ec, &rep, err, sizeof err)) {
     fprintf(stderr, "detr train: evaluation failed: %s\n", err);
     return -1;
   }
   if (dist_is_main()) {
-    fprintf(stderr, "epoch %lld: COCO evaluation of %lld images (%.1f s)\n", (long long)epoch,
-            (long long)rep->images, rep->seconds);
-    coco_print_summary(&rep->coco, stderr);
+    fprintf(stderr, "epoch %lld: COCO evaluation of %lld images (%.1f s)\n", (long long)epoch, (long long)rep.images,
+            rep.seconds);
+    coco_print_summary(&rep.coco, stderr);
   }
-  log_eval(metrics, epoch, step, rep);
-  write_chart(o);
+  log_eval(t->metrics, epoch, t->st.step, &rep);
+  history_add_eval(&t->history, (double)epoch, as_logged(rep.coco.stats[COCO_AP]), as_logged(rep.coco.stats[COCO_AP50]));
+  write_chart(o, &t->history);
+  double ap = rep.coco.stats[COCO_AP];
+  if (ap <= t->st.best_map) return 0;
+  t->st.best_map = ap;
+  char path[4200];
+  snprintf(path, sizeof path, "%s/best.safetensors", o->out_dir);
+  return save(o, path, t->m, &t->opt, &t->st, t->categories);
+}
+
+// --- stage 5, the final checkpoint: the last state, whatever the checkpoint interval ---
+
+static int save_final(Trainer *t) {
+  char path[4200];
+  ckpt_path(t->o, t->st.step, path, sizeof path);
+  if (access(path, F_OK) == 0) return 0;
+  if (save(t->o, path, t->m, &t->opt, &t->st, t->categories)) return -1;
+  prune_checkpoints(t->o);
   return 0;
 }
 
-// The loss terms of one step summed over the processes, for logging (see train_step).
-typedef struct {
-  double total, terms[DETR_MAX_LOSS_TERMS];
-  char names[DETR_MAX_LOSS_TERMS][24];
-  int n_terms;
-  double class_error, cardinality_error;  // means over the global batch's images
-  AttnStatSums attn;                      // the encoder-attention variant's statistics
-  double grad_norm;                       // before clipping
-  int images;
-} StepLog;
-
-// One optimizer step on this process's slice b of the global batch: forward, loss, backward,
-// gradient all-reduce (data parallel), clipping, AdamW. An empty slice (all its images skipped)
-// contributes nothing but still takes part. Returns 0, or -1 with err set; a failure on any
-// process fails the step on every process, so all stop together.
-static int train_step(const TrainOptions *o, DetrModel *m, AdamW *opt, const CriterionConfig *ccfg, const Batch *b,
-                      TrainState *st, StepLog *log, char *err, size_t err_cap) {
-  int world = dist_world_size();
-  int64_t Q = o->model.num_queries;
-  int n_aux = o->model.aux_loss ? (int)o->model.dec_layers - 1 : 0;
-  // The global batch's normalisers: its boxes, and the sum of its queries' cross-entropy class
-  // weights (1 for a matched query's class, eos_coef for "no object"; every target is matched
-  // when it has at most Q boxes).
-  DetrTarget targets[64];
-  DETR_CHECK(b->size <= 64, "train: batch of %d images", b->size);
-  double boxes = 0.0, matched = 0.0;
-  for (int i = 0; i < b->size; i++) {
-    targets[i] = (DetrTarget){.n = b->targets[i].n, .boxes = b->targets[i].boxes, .labels = b->targets[i].labels};
-    boxes += b->targets[i].n;
-    matched += b->targets[i].n < Q ? b->targets[i].n : Q;
-  }
-  double ce_weight = matched + ccfg->eos_coef * ((double)b->size * (double)Q - matched);
-  double global[4] = {boxes, ce_weight, matched, (double)b->size};  // summed over the processes
-  dist_allreduce_sum_f64(global, 4);
-  CriterionConfig cc = *ccfg;
-  cc.ce_share = world > 1 ? (float)(ce_weight / global[1]) : 1.0f;
-  float num_boxes = global[0] > 1.0 ? (float)global[0] : 1.0f;
-
-  // [failed, total, terms..., class_error * matched, cardinality_error * images, images with
-  //  attention stats, the attention stats' sums...]
-  enum { S_FAILED, S_TOTAL, S_TERMS };
-  log->n_terms = criterion_term_names(n_aux, log->names);
-  int T = log->n_terms, n_stats = S_TERMS + T + 3 + ATTN_TRACE_MAX;
-  double stats[S_TERMS + DETR_MAX_LOSS_TERMS + 3 + ATTN_TRACE_MAX] = {0};
-  AttnStatSums attn = {0};
-  ScopeMark mark = tensor_scope_mark();
-  DetrOutput out = {0};
-  CriterionResult loss = {0};
-  bool have_loss = false;
-  uint64_t dropout_offset = st->dropout_rng.offset;
-  if (b->size > 0) {
-    // Each process draws its own dropout masks (the rank picks the stream; rank 0's is the
-    // single-process one), all from the saved position, so a resumed run draws the same.
-    Rng dropout = st->dropout_rng;
-    dropout.seed ^= 0x9E3779B97F4A7C15ull * (uint64_t)dist_rank();
-    NnCtx ctx = {.training = true, .dropout_rng = &dropout};
-    Tensor *images = tensor_scoped(batch_images_tensor(b, o->device));
-    if (detr_model_forward(m, &ctx, images, b->mask, &out, err, err_cap) ||
-        criterion_forward(&cc, out.layers[out.n_layers - 1], out.layers, n_aux, targets, num_boxes, NULL, &loss, err,
-                          err_cap)) {
-      stats[S_FAILED] = 1.0;
-    } else {
-      have_loss = true;
-      stats[S_TOTAL] = tensor_item(loss.total);
-      DETR_CHECK(loss.n_terms == T, "train: %d loss terms, expected %d", loss.n_terms, T);
-      for (int i = 0; i < T; i++) stats[S_TERMS + i] = tensor_item(loss.terms[i].value);
-      stats[S_TERMS + T] = loss.class_error * matched;  // a percentage of the matched queries
-      stats[S_TERMS + T + 1] = loss.cardinality_error * b->size;
-      attn_stats_add(&attn, out.attn, out.n_attn, b->size);
-      stats[S_TERMS + T + 2] = attn.images;
-      for (int i = 0; i < ATTN_TRACE_MAX; i++) stats[S_TERMS + T + 3 + i] = attn.sum[i];
-    }
-    dropout_offset = dropout.offset;
-  }
-  dist_allreduce_sum_f64(stats, n_stats);
-  int rc = 0;
-  if (stats[S_FAILED] > 0) {
-    if (!(b->size > 0 && !have_loss)) snprintf(err, err_cap, "another process failed at this step (see its message)");
-    rc = -1;
-  } else if (!isfinite(stats[S_TOTAL])) {
-    snprintf(err, err_cap, "the loss is %g", stats[S_TOTAL]);
-    rc = -1;
-  }
-  if (rc == 0) {
-    if (have_loss) autograd_backward(loss.total);
-    dist_allreduce_gradients(&m->params);
-    log->total = stats[S_TOTAL];
-    for (int i = 0; i < T; i++) log->terms[i] = stats[S_TERMS + i];
-    double images = global[3];
-    log->images = (int)images;
-    log->class_error = global[2] > 0 ? stats[S_TERMS + T] / global[2] : 100.0;
-    log->cardinality_error = stats[S_TERMS + T + 1] / images;
-    log->attn = attn;  // names from this process's forward, sums from every process's
-    log->attn.images = stats[S_TERMS + T + 2];
-    for (int i = 0; i < ATTN_TRACE_MAX; i++) log->attn.sum[i] = stats[S_TERMS + T + 3 + i];
-    log->grad_norm = clip_grad_norm(&m->params, o->optim.clip_max_norm);
-    adamw_step(opt);
-    for (int i = 0; i < m->params.count; i++) autograd_zero_grad(&m->params.items[i].tensor, 1);
-    // Every process's stream moved by its own draws: continue from the furthest, so the state
-    // (saved by rank 0) is one every rank can resume from.
-    uint64_t offset = dropout_offset;
-    dist_allreduce_max_u64(&offset, 1);
-    st->dropout_rng.offset = offset;
-  }
-  if (have_loss) criterion_result_free(&loss);
-  if (out.n_layers) detr_output_free(&out);
-  autograd_clear_tape();
-  tensor_scope_release(mark);
-  return rc;
-}
-
 int train_run(TrainOptions *o) {
+  Trainer t = {.o = o};
   char err[4096];
-  if (o->threads > 0) omp_set_num_threads(o->threads);
-  cpu_flush_denormals(true);
-  int world = dist_world_size();
-  if (dist_setup_device(o->device, err, sizeof err)) {
-    fprintf(stderr, "detr train: %s\n", err);
-    return 1;
-  }
-  if (mkdir_p(o->out_dir, err, sizeof err)) {
-    fprintf(stderr, "detr train: %s\n", err);
-    return 1;
-  }
-  CocoDataset *train = open_split(o, o->train_split, err, sizeof err), *val = NULL;
-  if (train) val = open_split(o, o->val_split, err, sizeof err);
-  if (!train || !val) {
-    fprintf(stderr, "detr train: %s\n", err);
-    coco_free(train);
-    return 1;
-  }
-  if (o->model.num_classes < train->num_classes) {
-    fprintf(stderr, "detr train: the data has category ids up to %d but the model has num_classes %lld "
-            "(set --set num_classes=%d)\n", train->num_classes - 1, (long long)o->model.num_classes, train->num_classes);
-    coco_free(train);
-    coco_free(val);
-    return 1;
-  }
-  // "id:name;..." of the training categories, stored in every checkpoint for `detr predict`.
-  char categories[4096] = "";
-  for (int i = 0, n = 0; i < train->n_categories && n < (int)sizeof categories - 1; i++)
-    n += snprintf(categories + n, sizeof categories - (size_t)n, "%s%d:%s", i ? ";" : "", train->categories[i].id,
-                  train->categories[i].name);
-  DetrModel *m = detr_model_create(&o->model, o->device);
-  detr_model_init(m, o->seed);
-  AdamW opt;
-  adamw_init(&opt, &m->params, o->optim);
-  TrainState st = {.seed = o->seed, .dropout_rng = rng_make(o->seed ^ 0xd40bu), .best_map = -1.0,
-                   .world_size = world, .global_batch = (int64_t)world * o->batch_size};
-  int rc = 1;
-  FILE *metrics = NULL;
-  DataLoader *loader = NULL;
-  bool resumed = false;
-  if (o->resume && !strcmp(o->resume, "auto")) {
-    resume_auto(o, m, &opt, &st, &resumed);
-  } else if (o->resume) {
-    if (checkpoint_load(o->resume, m, &opt, &st, err, sizeof err)) {
-      fprintf(stderr, "detr train: --resume %s\n", err);
-      goto done;
-    }
-    resumed = true;
-  }
-  if (resumed && (st.world_size != world || (st.global_batch && st.global_batch != (int64_t)world * o->batch_size))) {
-    // The data position counts global batches: another split of them would train on other data.
-    fprintf(stderr, "detr train: the checkpoint was written by a run of %d process%s with %lld images per step; this "
-            "run has %d process%s with %lld: resume with the same number of processes and --batch, or start a new "
-            "run directory\n", st.world_size, st.world_size == 1 ? "" : "es", (long long)st.global_batch, world,
-            world == 1 ? "" : "es", (long long)world * o->batch_size);
-    goto done;
-  }
-  uint64_t resumed_at[2] = {(uint64_t)st.step, ~(uint64_t)st.step};  // max of step and of -step: all equal?
-  dist_allreduce_max_u64(resumed_at, 2);
-  if (resumed_at[0] != (uint64_t)st.step || ~resumed_at[1] != (uint64_t)st.step) {
-    fprintf(stderr, "detr train: the processes resumed from different checkpoints (this one at step %lld): is %s "
-            "one directory shared by all of them?\n", (long long)st.step, o->out_dir);
-    goto done;
-  }
-  if (!resumed && o->init_weights && params_load_file(&m->params, o->init_weights, err, sizeof err)) {
-    fprintf(stderr, "detr train: --init %s\n", err);
-    goto done;
-  }
-  if (!resumed && o->init_backbone &&
-      params_load_file_prefix(&m->params, o->init_backbone, "backbone.", err, sizeof err)) {
-    fprintf(stderr, "detr train: --init-backbone %s\n", err);
-    goto done;
-  }
-  if (!resumed && o->calibrate_bn) {  // the first 8 training images, resized as for evaluation
-    LoaderConfig cal = loader_config_default(false);
-    cal.batch_size = 8;
-    cal.num_workers = 0;
-    cal.aug = o->val_aug;
-    cal.policy = o->bad_input;
-    cal.quiet = true;
-    DataLoader *cl = NULL;
-    const Batch *cb;
-    DataError cerr;
-    if (loader_create(train, &cal, (LoaderPosition){0, 0}, &cl, &cerr) || loader_next(cl, &cb, &cerr) != DATA_OK) {
-      fprintf(stderr, "detr train: --calibrate-bn: %s\n", cerr.msg);
-      loader_free(cl);
-      goto done;
-    }
-    Tensor *x = batch_images_tensor(cb, o->device);
-    resnet_calibrate(&m->backbone, x);
-    tensor_release(x);
-    loader_free(cl);
-    if (dist_is_main()) fprintf(stderr, "detr train: frozen batch norms calibrated on %d training images\n", cb->size);
-  }
-  char path[4200];
-  snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
-  if (dist_is_main()) {  // rank 0 logs; the others compute
-    metrics = fopen(path, resumed ? "a" : "w");
-    if (!metrics) fprintf(stderr, "detr train: %s: cannot write: %s\n", path, strerror(errno));
-  }
-  if (!dist_all_ok(metrics || !dist_is_main())) goto done;
-  LoaderConfig lc = loader_config_default(true);
-  lc.batch_size = o->batch_size;
-  lc.num_workers = o->workers;
-  lc.seed = o->seed;
-  lc.aug = o->train_aug;
-  lc.policy = o->bad_input;
-  lc.shard = dist_rank();  // each process: its slice of every global batch
-  lc.shards = world;
-  DataError derr;
-  if (loader_create(train, &lc, (LoaderPosition){st.epoch, st.next_batch}, &loader, &derr)) {
-    fprintf(stderr, "detr train: %s\n", derr.msg);
-    goto done;
-  }
-  int64_t per_epoch = loader_batches_per_epoch(loader);
-  if (per_epoch == 0) {
-    fprintf(stderr, "detr train: %s has fewer images than one batch of %d\n", train->ann_path, o->batch_size);
-    goto done;
-  }
-  if (dist_is_main()) {
-    fprintf(stderr, "detr train: %lld training images (%lld batches of %lld per epoch), %lld val images, %lld trainable "
-            "parameters, encoder attention %s, run directory %s\n", (long long)train->n_images, (long long)per_epoch,
-            (long long)world * o->batch_size, (long long)val->n_images,
-            (long long)params_numel(&m->params, PARAM_TRAINABLE), detr_encoder_attn(&m->cfg)->name, o->out_dir);
-    if (world > 1)
-      fprintf(stderr, "detr train: data parallel over %d processes (%s), %d images each per step\n", world,
-              dist_backend_name(), o->batch_size);
-  }
-  CriterionConfig ccfg = criterion_config_default((int)o->model.num_classes);
-  Progress prog;
-  int64_t total_steps = (int64_t)o->epochs * per_epoch;
-  if (o->max_steps > 0 && o->max_steps < total_steps) total_steps = o->max_steps;
-  progress_init(&prog, o->progress && dist_is_main(), st.step, total_steps);
+  int rc = trainer_setup(&t, err, sizeof err);
+  if (rc) fprintf(stderr, "detr train: %s\n", err);
   bool stop = false;
-  while (!stop && st.epoch < o->epochs) {
-    opt.epoch = (int)st.epoch;
+  while (rc == 0 && !stop && t.st.epoch < o->epochs) {
+    t.opt.epoch = (int)t.st.epoch;
     double epoch_t0 = now_s();
-    while (!stop) {
-      const Batch *b;
-      int s = loader_next(loader, &b, &derr);
-      if (!dist_all_ok(s != DATA_ERROR)) {  // a data error on any process stops them all here
-        if (s == DATA_ERROR) fprintf(stderr, "\ndetr train: %s\n", derr.msg);
-        goto done;
-      }
-      if (b->epoch != st.epoch) break;  // the loader moved on: this epoch is complete
-      double t0 = now_s();
-      StepLog log;
-      if (train_step(o, m, &opt, &ccfg, b, &st, &log, err, sizeof err)) {
-        fprintf(stderr, "\ndetr train: step %lld (epoch %lld, batch %lld): %s; stopping. The checkpoints in %s are "
-                "from before this step.\n", (long long)st.step + 1, (long long)st.epoch, (long long)b->index, err,
-                o->out_dir);
-        goto done;
-      }
-      st.step++;
-      st.next_batch = b->index + 1;
-      double dt = now_s() - t0;
-      if (metrics) {  // every loss term, the logged errors, rates and the attention variant's statistics
-        fprintf(metrics, "{\"type\": \"train\", \"step\": %lld, \"epoch\": %lld, \"batch\": %lld, \"loss\": %.6f",
-                (long long)st.step, (long long)st.epoch, (long long)b->index, log.total);
-        for (int i = 0; i < log.n_terms; i++) fprintf(metrics, ", \"%s\": %.6f", log.names[i], log.terms[i]);
-        fprintf(metrics, ", \"class_error\": %.4f, \"cardinality_error\": %.4f, \"grad_norm\": %.6f, \"lr\": %.3g, "
-                "\"images_per_s\": %.3f", log.class_error, log.cardinality_error, log.grad_norm,
-                (double)adamw_lr(&opt, LR_GROUP_MAIN), log.images / dt);
-        for (int i = 0; i < log.attn.n; i++)
-          fprintf(metrics, ", \"%s\": %.2f", log.attn.name[i], attn_stats_mean(&log.attn, i));
-        fprintf(metrics, "}\n");
-        fflush(metrics);
-      }
-      double shown[4] = {log.total, log.terms[0], log.terms[1], log.terms[2]};  // total, ce, bbox, giou
-      progress_update(&prog, st.step, st.epoch, o->epochs, log.images, dt, shown, &log.attn);
-      bool epoch_done = st.next_batch >= per_epoch;
-      if (epoch_done) {
-        st.epoch++;
-        st.next_batch = 0;
-      }
-      if (o->max_steps > 0 && st.step >= o->max_steps) stop = true;
-      if ((o->checkpoint_every > 0 && st.step % o->checkpoint_every == 0) || (o->checkpoint_every == 0 && epoch_done)) {
-        ckpt_path(o, st.step, path, sizeof path);
-        if (save(o, path, m, &opt, &st, categories)) goto done;
-        prune_checkpoints(o);
-      }
-      if (epoch_done) break;
-    }
-    progress_end_line(&prog);
-    bool epoch_finished = st.next_batch == 0;
+    rc = train_epoch(&t, &stop);
+    if (rc) break;
+    progress_end_line(&t.progress);
+    bool epoch_finished = t.st.next_batch == 0, last = t.st.epoch >= o->epochs || stop;
     if (epoch_finished && dist_is_main())
-      fprintf(stderr, "epoch %lld done in %.1f s\n", (long long)st.epoch - 1, now_s() - epoch_t0);
-    bool last = st.epoch >= o->epochs || stop;
-    if (epoch_finished && ((o->eval_every > 0 && st.epoch % o->eval_every == 0) || last)) {
-      EvalReport rep;
-      if (run_eval(o, m, val, st.epoch - 1, st.step, metrics, &rep)) goto done;
-      double ap = rep.coco.stats[COCO_AP];
-      if (ap > st.best_map) {
-        st.best_map = ap;
-        snprintf(path, sizeof path, "%s/best.safetensors", o->out_dir);
-        if (save(o, path, m, &opt, &st, categories)) goto done;
-      }
-    }
+      fprintf(stderr, "epoch %lld done in %.1f s\n", (long long)t.st.epoch - 1, now_s() - epoch_t0);
+    if (epoch_finished && ((o->eval_every > 0 && t.st.epoch % o->eval_every == 0) || last)) rc = evaluate_epoch(&t);
   }
-  // The final state, whatever the checkpoint interval.
-  ckpt_path(o, st.step, path, sizeof path);
-  if (access(path, F_OK) != 0) {
-    if (save(o, path, m, &opt, &st, categories)) goto done;
-    prune_checkpoints(o);
-  }
-  rc = 0;
-done:
-  if (metrics) fclose(metrics);
-  if (rc == 0) write_chart(o);
-  loader_free(loader);
-  adamw_free(&opt);
-  detr_model_free(m);
-  coco_free(train);
-  coco_free(val);
-  return rc;
+  if (rc == 0) rc = save_final(&t);
+  if (rc == 0) write_chart(o, &t.history);
+  trainer_free(&t);
+  return rc ? 1 : 0;
 }

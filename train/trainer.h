@@ -37,13 +37,3 @@ typedef struct {
 TrainOptions train_options_default(void);
 // Returns 0 on success, 1 on a failure (message printed; nothing already saved is lost).
 int train_run(TrainOptions *o);
-
-// The training chart (chart.png: the loss and its 50-step running mean by step, AP and AP50 by
-// epoch) from a metrics.jsonl file, rendered into *out (free it with image_free). Reads the lines
-// this program writes; anything else is tolerated: unknown or overlong lines are skipped, a
-// missing or unparsable number leaves a gap, and at most METRICS_CHART_MAX_STEPS train lines and
-// METRICS_CHART_MAX_EVALS eval lines are drawn (the first ones). Returns 0, or -1 with err
-// naming the file (cannot open, out of memory).
-#define METRICS_CHART_MAX_STEPS (1 << 22)
-#define METRICS_CHART_MAX_EVALS 512
-int metrics_chart_render(const char *metrics_path, const char *title, Image *out, char *err, size_t err_cap);

@@ -269,6 +269,51 @@ void cpu_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const Conv
   }
 }
 
+void cpu_dwconv_forward(const float *x, const float *w, const float *bias, float *y, const DwConvGeom *g) {
+  int64_t HW = g->H * g->W;
+#pragma omp parallel for schedule(static) if (g->planes * HW * g->k * g->k > 32768)
+  for (int64_t p = 0; p < g->planes; p++) {
+    int64_t c = p % g->channels;
+    const float *wc = w + c * g->k * g->k;
+    float b = bias ? bias[c] : 0.0f;
+    for (int64_t i = 0; i < HW; i++) y[p * HW + i] = dwconv_at(x + p * HW, wc, g->H, g->W, g->k, i / g->W, i % g->W) + b;
+  }
+}
+
+void cpu_dwconv_backward(const float *x, const float *w, const float *dy, float *dx, float *dw, float *dbias,
+                         const DwConvGeom *g) {
+  int64_t HW = g->H * g->W, kk = (int64_t)g->k * g->k, images = g->planes / g->channels;
+  if (dx) {
+#pragma omp parallel for schedule(static) if (g->planes * HW * kk > 32768)
+    for (int64_t p = 0; p < g->planes; p++) {
+      const float *wc = w + (p % g->channels) * kk;
+      for (int64_t i = 0; i < HW; i++)
+        dx[p * HW + i] += dwconv_input_grad_at(dy + p * HW, wc, g->H, g->W, g->k, i / g->W, i % g->W);
+    }
+  }
+  if (dw) {  // one (channel, tap) per iteration: the images in order, so the sum is deterministic
+#pragma omp parallel for schedule(static) if (g->planes * HW * kk > 32768)
+    for (int64_t ct = 0; ct < g->channels * kk; ct++) {
+      int64_t c = ct / kk, tap = ct % kk;
+      double acc = 0.0;
+      for (int64_t m = 0; m < images; m++) {
+        int64_t p = m * g->channels + c;
+        acc += dwconv_weight_grad_part(x + p * HW, dy + p * HW, g->H, g->W, g->k, (int)(tap / g->k), (int)(tap % g->k),
+                                       0, 1);
+      }
+      dw[ct] += (float)acc;
+    }
+  }
+  if (dbias) {
+    for (int64_t c = 0; c < g->channels; c++) {
+      double acc = 0.0;
+      for (int64_t m = 0; m < images; m++)
+        for (int64_t i = 0; i < HW; i++) acc += dy[(m * g->channels + c) * HW + i];
+      dbias[c] += (float)acc;
+    }
+  }
+}
+
 void cpu_maxpool2d_backward(const float *dy, const int32_t *argmax, float *dx, const ConvGeom *g) {
   int64_t planes = g->batch * g->in_ch, out_plane = g->out_h * g->out_w;
 #pragma omp parallel for schedule(static) if (planes * out_plane > 32768)

@@ -57,6 +57,11 @@ typedef enum { CONV_PASS_FWD, CONV_PASS_BWD_DATA, CONV_PASS_BWD_WEIGHTS } ConvPa
 typedef enum { CONV_IMPL_AUTO, CONV_IMPL_IM2COL, CONV_IMPL_ONEDNN, CONV_IMPL_ONEDNN_PLAIN } ConvImpl;
 void cpu_conv2d_set_impl(ConvImpl impl);
 ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass);  // never AUTO
+// Depthwise convolution (kernels/conv_math.h): w [C, k, k], bias [C] or NULL; the backward
+// accumulates into dx, dw, dbias (each may be NULL).
+void cpu_dwconv_forward(const float *x, const float *w, const float *bias, float *y, const DwConvGeom *g);
+void cpu_dwconv_backward(const float *x, const float *w, const float *dy, float *dx, float *dw, float *dbias,
+                         const DwConvGeom *g);
 void cpu_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const ConvGeom *g);
 void cpu_maxpool2d_backward(const float *dy, const int32_t *argmax, float *dx, const ConvGeom *g);
 void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bias,
@@ -70,6 +75,10 @@ void cpu_softmax_forward(const float *x, const float *mask, float *y, int64_t ro
                          int64_t rows_per_mask, bool log);
 void cpu_softmax_backward(const float *y, const float *dy, float *dx, int64_t rows, int64_t n,
                           bool log);
+// x, y [n, q, l]; mask [n / rows_per_mask, l] or NULL; winners [n, l] and counts [n, q] receive
+// each pixel's query (-1: padded) and each query's pixel count (op_cluster_argmax).
+void cpu_cluster_argmax(const float *x, const float *mask, float *y, float *winners, float *counts, int64_t n,
+                        int64_t q, int64_t l, int64_t rows_per_mask, bool mean);
 void cpu_layernorm_forward(const float *x, const float *w, const float *b, float *y, float *mean,
                            float *rstd, int64_t rows, int64_t n, float eps);
 void cpu_layernorm_backward(const float *x, const float *w, const float *mean, const float *rstd,

@@ -105,3 +105,20 @@ void cpu_layernorm_backward(const float *x, const float *w, const float *mean, c
     }
   }
 }
+
+void cpu_cluster_argmax(const float *x, const float *mask, float *y, float *winners, float *counts, int64_t n,
+                        int64_t q, int64_t l, int64_t rows_per_mask, bool mean) {
+#pragma omp parallel for schedule(static) if (n * q * l > 32768)
+  for (int64_t r = 0; r < n; r++) {
+    const float *xr = x + r * q * l, *mr = mask ? mask + (r / rows_per_mask) * l : NULL;
+    float *wr = winners + r * l, *cr = counts + r * q, *yr = y + r * q * l;
+    for (int64_t i = 0; i < q; i++) cr[i] = 0.0f;
+    for (int64_t j = 0; j < l; j++) {
+      int w = cluster_winner(xr, q, l, j, mr);
+      wr[j] = (float)w;
+      if (w >= 0) cr[w] += 1.0f;  // exact: counts stay far below 2^24
+    }
+    for (int64_t i = 0; i < q; i++)
+      for (int64_t j = 0; j < l; j++) yr[i * l + j] = cluster_weight(wr[j], i, cr[i], mean);
+  }
+}

@@ -426,6 +426,76 @@ __global__ void maxpool2d_backward_kernel(const float *dy, const int32_t *argmax
   }
 }
 
+// --- depthwise convolution (kernels/conv_math.h) ---
+
+// One thread per output element; y [planes, H, W].
+__global__ void dwconv_forward_kernel(const float *x, const float *w, const float *bias, float *y, DwConvGeom g,
+                                      int64_t total) {
+  GRID_STRIDE_LOOP(i, total) {
+    int64_t HW = g.H * g.W, p = i / HW, at = i % HW, c = p % g.channels;
+    y[i] = dwconv_at(x + p * HW, w + c * g.k * g.k, g.H, g.W, g.k, at / g.W, at % g.W) + (bias ? bias[c] : 0.0f);
+  }
+}
+
+// Gather form, no atomics: one thread per input element.
+__global__ void dwconv_input_grad_kernel(const float *w, const float *dy, float *dx, DwConvGeom g, int64_t total) {
+  GRID_STRIDE_LOOP(i, total) {
+    int64_t HW = g.H * g.W, p = i / HW, at = i % HW, c = p % g.channels;
+    dx[i] += dwconv_input_grad_at(dy + p * HW, w + c * g.k * g.k, g.H, g.W, g.k, at / g.W, at % g.W);
+  }
+}
+
+// One block per (channel, tap), or per channel for the bias (taps = 0): the block's threads
+// split each image's pixels, then a fixed-order block sum (deterministic).
+__global__ void dwconv_param_grad_kernel(const float *x, const float *dy, float *dw, float *dbias, DwConvGeom g) {
+  int64_t HW = g.H * g.W, kk = (int64_t)g.k * g.k, images = g.planes / g.channels;
+  int64_t rows = dw ? g.channels * kk : g.channels;
+  BLOCK_STRIDE_LOOP(row, rows) {
+    int64_t c = dw ? row / kk : row, tap = dw ? row % kk : 0;
+    double acc = 0.0;
+    for (int64_t m = 0; m < images; m++) {
+      int64_t p = m * g.channels + c;
+      if (dw)
+        acc += dwconv_weight_grad_part(x + p * HW, dy + p * HW, g.H, g.W, g.k, (int)(tap / g.k), (int)(tap % g.k),
+                                       threadIdx.x, blockDim.x);
+      else
+        for (int64_t i = threadIdx.x; i < HW; i += blockDim.x) acc += dy[p * HW + i];
+    }
+    acc = block_sum<DETR_BLOCK>(acc);
+    if (threadIdx.x == 0) {
+      if (dw) dw[row] += (float)acc;
+      else dbias[row] += (float)acc;
+    }
+  }
+}
+
+extern "C" void cuda_dwconv_forward(const float *x, const float *w, const float *bias, float *y, const DwConvGeom *g) {
+  int64_t total = g->planes * g->H * g->W;
+  if (total <= 0) return;
+  dwconv_forward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(x, w, bias, y, *g,
+                                                                                                   total);
+  CUDA_CHECK_LAUNCH("dwconv_forward_kernel");
+}
+
+extern "C" void cuda_dwconv_backward(const float *x, const float *w, const float *dy, float *dx, float *dw,
+                                     float *dbias, const DwConvGeom *g) {
+  int64_t total = g->planes * g->H * g->W;
+  if (total <= 0) return;
+  cudaStream_t s = detr_cuda_stream();
+  if (dx) {
+    dwconv_input_grad_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, s>>>(w, dy, dx, *g, total);
+    CUDA_CHECK_LAUNCH("dwconv_input_grad_kernel");
+  }
+  if (dw) {
+    dwconv_param_grad_kernel<<<detr_block_grid(g->channels * g->k * g->k), DETR_BLOCK, 0, s>>>(x, dy, dw, NULL, *g);
+    CUDA_CHECK_LAUNCH("dwconv_param_grad_kernel (weight)");
+  }
+  if (dbias) {
+    dwconv_param_grad_kernel<<<detr_block_grid(g->channels), DETR_BLOCK, 0, s>>>(x, dy, NULL, dbias, *g);
+    CUDA_CHECK_LAUNCH("dwconv_param_grad_kernel (bias)");
+  }
+}
+
 static void check_plane_index(const ConvGeom *g, const char *what) {
   DETR_CHECK(g->in_h * g->in_w <= INT32_MAX, "%s: a %lldx%lld plane overflows the int32 argmax", what,
              (long long)g->in_h, (long long)g->in_w);

@@ -85,6 +85,10 @@ void cuda_conv2d_forward(const float *x, const float *w, const float *bias, floa
                          const ConvGeom *g, void *workspace, size_t workspace_bytes);
 void cuda_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, float *dw,
                           float *dbias, const ConvGeom *g, void *workspace, size_t workspace_bytes);
+// conv.cu: depthwise convolution (as cpu_dwconv_*).
+void cuda_dwconv_forward(const float *x, const float *w, const float *bias, float *y, const DwConvGeom *g);
+void cuda_dwconv_backward(const float *x, const float *w, const float *dy, float *dx, float *dw, float *dbias,
+                          const DwConvGeom *g);
 // conv.cu: max pooling (argmax [B, C, HO, WO] int32 on the device) and frozen batch norm.
 void cuda_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const ConvGeom *g);
 void cuda_maxpool2d_backward(const float *dy, const int32_t *argmax, float *dx, const ConvGeom *g);
@@ -98,6 +102,10 @@ void cuda_channel_scale_backward(const float *dy, const float *scale, float *dx,
 void cuda_softmax_forward(const float *x, const float *mask, float *y, int64_t rows, int64_t n,
                           int64_t rows_per_mask, bool log);
 void cuda_softmax_backward(const float *y, const float *dy, float *dx, int64_t rows, int64_t n, bool log);
+// x, y [n, q, l]; mask [n / rows_per_mask, l] or NULL; winners [n, l], counts [n, q] (scratch and
+// results, as the CPU's).
+void cuda_cluster_argmax(const float *x, const float *mask, float *y, float *winners, float *counts, int64_t n,
+                         int64_t q, int64_t l, int64_t rows_per_mask, bool mean);
 void cuda_layernorm_forward(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,
                             int64_t rows, int64_t n, float eps);
 void cuda_layernorm_backward(const float *x, const float *w, const float *mean, const float *rstd,

@@ -192,3 +192,45 @@ extern "C" void cuda_layernorm_backward(const float *x, const float *w, const fl
     CUDA_CHECK_LAUNCH("layernorm_backward_dwdb_kernel");
   }
 }
+
+// op_cluster_argmax in three gather passes (no atomics): each pixel's winner, each query's count
+// (a loop over the pixels in order), each weight.
+__global__ void cluster_winner_kernel(const float *x, const float *mask, float *winners, int64_t n, int64_t q,
+                                      int64_t l, int64_t rows_per_mask) {
+  GRID_STRIDE_LOOP(i, n * l) {
+    int64_t r = i / l, j = i % l;
+    winners[i] = (float)cluster_winner(x + r * q * l, q, l, j, mask ? mask + (r / rows_per_mask) * l : NULL);
+  }
+}
+
+__global__ void cluster_count_kernel(const float *winners, float *counts, int64_t n, int64_t q, int64_t l) {
+  GRID_STRIDE_LOOP(i, n * q) {
+    int64_t r = i / q, k = i % q;
+    float c = 0.0f;
+    for (int64_t j = 0; j < l; j++) c += winners[r * l + j] == (float)k ? 1.0f : 0.0f;
+    counts[i] = c;
+  }
+}
+
+__global__ void cluster_weight_kernel(const float *winners, const float *counts, float *y, int64_t n, int64_t q,
+                                      int64_t l, bool mean) {
+  GRID_STRIDE_LOOP(i, n * q * l) {
+    int64_t j = i % l, rk = i / l, r = rk / q, k = rk % q;
+    y[i] = cluster_weight(winners[r * l + j], k, counts[rk], mean);
+  }
+}
+
+extern "C" void cuda_cluster_argmax(const float *x, const float *mask, float *y, float *winners, float *counts,
+                                    int64_t n, int64_t q, int64_t l, int64_t rows_per_mask, bool mean) {
+  if (n <= 0 || q <= 0 || l <= 0) return;
+  DETR_CHECK(rows_per_mask > 0, "cuda_cluster_argmax: rows_per_mask %lld", (long long)rows_per_mask);
+  cudaStream_t s = detr_cuda_stream();
+  cluster_winner_kernel<<<detr_grid_size(n * l, DETR_BLOCK), DETR_BLOCK, 0, s>>>(x, mask, winners, n, q, l,
+                                                                                  rows_per_mask);
+  CUDA_CHECK_LAUNCH("cluster_winner_kernel");
+  cluster_count_kernel<<<detr_grid_size(n * q, DETR_BLOCK), DETR_BLOCK, 0, s>>>(winners, counts, n, q, l);
+  CUDA_CHECK_LAUNCH("cluster_count_kernel");
+  cluster_weight_kernel<<<detr_grid_size(n * q * l, DETR_BLOCK), DETR_BLOCK, 0, s>>>(winners, counts, y, n, q, l,
+                                                                                      mean);
+  CUDA_CHECK_LAUNCH("cluster_weight_kernel");
+}

@@ -1,4 +1,4 @@
-#include "train/postprocess.h"
+#include "nn/postprocess.h"
 
 #include <math.h>
 #include <stdlib.h>

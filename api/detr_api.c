@@ -1,0 +1,345 @@
+// The public C API (include/detr.h): a model opened from a checkpoint or weights + config, and
+// detection on an image file or RGB pixels - evaluation's preprocessing exactly (the val resize,
+// ImageNet normalization, an all-valid mask), one image per forward, DETR's post-processing.
+// `detr predict` is a user of this file. Every user-input problem is checked here or returned by
+// the readers below as an error; out of memory and CUDA failures stay fatal (DETR_CHECK).
+#define _POSIX_C_SOURCE 200809L
+#include "include/detr.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/model_file.h"
+#include "datasets/image.h"
+#include "datasets/transforms.h"
+#include "nn/postprocess.h"
+
+#if DETR_HAVE_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
+
+struct detr_model {
+  DetrModel *net;
+  AugConfig aug;            // the val transform: shortest side image_size, longest at most max_size
+  float lut[3][256];        // pixel value -> normalized network input, per channel
+  int image_size, max_size;
+  int n_labels;             // num_classes: labels 0..n_labels-1 (the last logit is no-object)
+  char **names;             // [n_labels], never NULL entries
+};
+
+struct detr_result {
+  int width, height;        // of the image given
+  int count, dropped;
+  detr_detection *items;    // [count] by falling score
+  char *strings;            // the names, NUL-separated; items[i].name points in here
+};
+
+// The tensor runtime keeps process-wide state (the scope stack of temporaries, the grad switch),
+// so everything that makes or uses tensors runs under this lock (include/detr.h: Threads).
+static pthread_mutex_t api_lock = PTHREAD_MUTEX_INITIALIZER;
+
+#define ERR_CAP 4096
+static _Thread_local char last_error[ERR_CAP];
+
+static detr_status fail(detr_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static detr_status fail(detr_status st, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  return st;
+}
+
+const char *detr_version(void) { return DETR_VERSION_STRING; }
+const char *detr_last_error(void) { return last_error; }
+
+const char *detr_status_name(detr_status status) {
+  switch (status) {
+    case DETR_OK: return "DETR_OK";
+    case DETR_ERR_ARGUMENT: return "DETR_ERR_ARGUMENT";
+    case DETR_ERR_IO: return "DETR_ERR_IO";
+    case DETR_ERR_FORMAT: return "DETR_ERR_FORMAT";
+    case DETR_ERR_MISMATCH: return "DETR_ERR_MISMATCH";
+    case DETR_ERR_CONFIG: return "DETR_ERR_CONFIG";
+    case DETR_ERR_IMAGE: return "DETR_ERR_IMAGE";
+    case DETR_ERR_DEVICE: return "DETR_ERR_DEVICE";
+    case DETR_ERR_RUNTIME: return "DETR_ERR_RUNTIME";
+  }
+  return "unknown status";
+}
+
+detr_options detr_options_default(void) { return (detr_options){.device = DETR_DEVICE_CPU}; }
+
+// --- opening -------------------------------------------------------------------------------------
+
+static char *copy_text(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *c = malloc(n);
+  DETR_CHECK(c, "detr: out of host memory");
+  return memcpy(c, s, n);
+}
+
+static detr_status check_options(const detr_options *o, int *n_sets, Device *dev) {
+  if (o->device != DETR_DEVICE_CPU && o->device != DETR_DEVICE_CUDA)
+    return fail(DETR_ERR_ARGUMENT, "options.device %d: expected DETR_DEVICE_CPU or DETR_DEVICE_CUDA", (int)o->device);
+  if (o->image_size != 0 && (o->image_size < 32 || o->image_size > 4096))
+    return fail(DETR_ERR_ARGUMENT, "options.image_size %d: expected 0 (default) or 32..4096", o->image_size);
+  if (o->max_size != 0 && (o->max_size < 32 || o->max_size > 8192))
+    return fail(DETR_ERR_ARGUMENT, "options.max_size %d: expected 0 (default) or 32..8192", o->max_size);
+  *n_sets = 0;
+  while (o->sets && o->sets[*n_sets]) {
+    if (++*n_sets > 4096) return fail(DETR_ERR_ARGUMENT, "options.sets: more than 4096 entries (not NULL-terminated?)");
+  }
+  *dev = DEVICE_CPU;
+  if (o->device == DETR_DEVICE_CUDA) {
+#if DETR_HAVE_CUDA
+    char why[512];
+    int n = cuda_device_probe(why, sizeof why);
+    if (n <= 0) return fail(DETR_ERR_DEVICE, "CUDA: %s%s", n == 0 ? "no CUDA device: " : "", why);
+    *dev = DEVICE_CUDA;
+#else
+    return fail(DETR_ERR_DEVICE, "CUDA: this build of libdetr has no CUDA backend (configure with -DDETR_CUDA=ON)");
+#endif
+  }
+  return DETR_OK;
+}
+
+// Names of labels 0..n-1: from the COCO file of the options, else the checkpoint's, else "class N".
+static detr_status make_names(detr_model *m, const detr_options *o, const char *checkpoint, const CheckpointInfo *ci,
+                              char *err, size_t cap) {
+  LabelNames nm = {0};
+  detr_status st = DETR_OK;
+  if (o->names) st = label_names_from_coco(o->names, &nm, err, cap);
+  else if (ci->categories && label_names_from_text(checkpoint, ci->categories, &nm, err, cap)) st = DETR_ERR_FORMAT;
+  if (!st) {
+    m->names = calloc((size_t)m->n_labels, sizeof(char *));
+    DETR_CHECK(m->names, "detr: out of host memory");
+    for (int i = 0; i < m->n_labels; i++) {
+      char buf[32];
+      snprintf(buf, sizeof buf, "class %d", i);
+      m->names[i] = copy_text(i < nm.n && nm.name[i] ? nm.name[i] : buf);
+    }
+  }
+  label_names_free(&nm);
+  return st;
+}
+
+static void model_free(detr_model *m) {
+  if (!m) return;
+  if (m->net) detr_model_free(m->net);
+  for (int i = 0; m->names && i < m->n_labels; i++) free(m->names[i]);
+  free(m->names);
+  free(m);
+}
+
+static detr_status open_model(const char *checkpoint, const char *weights, const char *config,
+                              const detr_options *options, detr_model **out) {
+  last_error[0] = 0;
+  if (!out) return fail(DETR_ERR_ARGUMENT, "model: NULL pointer for the result");
+  *out = NULL;
+  if (checkpoint ? !*checkpoint : !weights || !*weights)
+    return fail(DETR_ERR_ARGUMENT, "%s: NULL or empty path", checkpoint ? "checkpoint" : "weights");
+  if (config && !*config) return fail(DETR_ERR_ARGUMENT, "config: empty string (NULL means detr-r50)");
+  detr_options o = options ? *options : detr_options_default();
+  int n_sets = 0;
+  Device dev = DEVICE_CPU;
+  detr_status st = check_options(&o, &n_sets, &dev);
+  if (st) return st;
+
+  pthread_mutex_lock(&api_lock);
+  detr_model *m = calloc(1, sizeof *m);
+  DETR_CHECK(m, "detr: out of host memory");
+  CheckpointInfo ci;
+  st = model_file_load(checkpoint, weights, config, o.sets, n_sets, dev, &m->net, &ci, last_error, sizeof last_error);
+  if (!st) {
+    m->n_labels = (int)m->net->cfg.num_classes;
+    st = make_names(m, &o, checkpoint, &ci, last_error, sizeof last_error);
+  }
+  if (!st) {
+    // The val transform of the training run (the sizes `detr train` defaults to for the model).
+    model_eval_sizes(&m->net->cfg, &ci, &m->image_size, &m->max_size);
+    if (o.image_size) m->image_size = o.image_size;
+    if (o.max_size) m->max_size = o.max_size;
+    m->aug = aug_config_scaled(false, m->image_size, m->max_size);
+    aug_normalize_lut(&m->aug, m->lut);
+    *out = m;
+  } else {
+    model_free(m);
+  }
+  checkpoint_info_free(&ci);
+  pthread_mutex_unlock(&api_lock);
+  return st;
+}
+
+detr_status detr_open_checkpoint(const char *path, const detr_options *options, detr_model **model) {
+  if (!path) path = "";  // reported as a NULL or empty path
+  return open_model(path, NULL, NULL, options, model);
+}
+
+detr_status detr_open_weights(const char *weights, const char *config, const detr_options *options,
+                              detr_model **model) {
+  return open_model(NULL, weights, config, options, model);
+}
+
+void detr_close(detr_model *model) {
+  if (!model) return;
+  pthread_mutex_lock(&api_lock);
+  model_free(model);
+  pthread_mutex_unlock(&api_lock);
+}
+
+int detr_num_labels(const detr_model *model) { return model ? model->n_labels : 0; }
+
+const char *detr_label_name(const detr_model *model, int label) {
+  return model && label >= 0 && label < model->n_labels ? model->names[label] : NULL;
+}
+
+void detr_input_size(const detr_model *model, int *image_size, int *max_size) {
+  if (image_size) *image_size = model ? model->image_size : 0;
+  if (max_size) *max_size = model ? model->max_size : 0;
+}
+
+// --- detection -----------------------------------------------------------------------------------
+
+static int by_score(const void *a, const void *b) {
+  const Detection *x = a, *y = b;
+  if (x->score != y->score) return x->score > y->score ? -1 : 1;
+  return x->query < y->query ? -1 : x->query > y->query;  // ties: query order (a total order)
+}
+
+// The detections scoring >= threshold among dets [Q] (reordered), with their names copied.
+static detr_result *make_result(const detr_model *m, Detection *dets, int64_t Q, double threshold, int w, int h) {
+  detr_result *r = calloc(1, sizeof *r);
+  DETR_CHECK(r, "detr: out of host memory");
+  r->width = w, r->height = h;
+  int64_t kept = 0;
+  for (int64_t q = 0; q < Q; q++) {
+    const Detection *d = &dets[q];
+    bool finite = isfinite(d->score) && isfinite(d->box[0]) && isfinite(d->box[1]) && isfinite(d->box[2]) &&
+                  isfinite(d->box[3]);
+    if (!finite) r->dropped++;  // NaN weights: never a silent "detection"
+    else if (d->score >= threshold) dets[kept++] = *d;
+  }
+  qsort(dets, (size_t)kept, sizeof(Detection), by_score);
+  size_t bytes = 1;
+  for (int64_t i = 0; i < kept; i++) bytes += strlen(m->names[dets[i].label]) + 1;
+  r->items = malloc((size_t)(kept ? kept : 1) * sizeof(detr_detection));
+  r->strings = malloc(bytes);
+  DETR_CHECK(r->items && r->strings, "detr: out of host memory");
+  char *s = r->strings;
+  for (int64_t i = 0; i < kept; i++) {
+    const Detection *d = &dets[i];
+    size_t n = strlen(m->names[d->label]) + 1;
+    memcpy(s, m->names[d->label], n);
+    r->items[i] = (detr_detection){.box = {d->box[0], d->box[1], d->box[2], d->box[3]}, .score = d->score,
+                                   .label = d->label, .name = s, .query = (int)d->query};
+    s += n;
+  }
+  r->count = (int)kept;
+  return r;
+}
+
+// img is consumed. The forward of one image; every query's detection in the original pixels.
+static detr_status detect_image(detr_model *m, Image *img, double threshold, detr_result **out) {
+  int ow = img->w, oh = img->h;
+  Target none = {0};
+  Rng unused = rng_make(0);  // the val transform draws nothing
+  aug_apply(img, &none, &m->aug, &unused);
+  target_free(&none);
+  int64_t H = img->h, W = img->w, Q = m->net->cfg.num_queries;
+  float *pixels = malloc((size_t)(3 * H * W) * sizeof(float));  // [1, 3, H, W] normalized
+  uint8_t *mask = calloc((size_t)(H * W), 1);                      // [1, H, W] all valid
+  Detection *dets = malloc((size_t)Q * sizeof(Detection));         // [Q]
+  DETR_CHECK(pixels && mask && dets, "detr: out of host memory");
+  for (int c = 0; c < 3; c++)
+    for (int64_t i = 0; i < H * W; i++) pixels[c * H * W + i] = m->lut[c][img->data[i * 3 + c]];
+  image_free(img);
+
+  pthread_mutex_lock(&api_lock);
+  bool was = autograd_set_grad_enabled(false);
+  ScopeMark mark = tensor_scope_mark();
+  Tensor *images = tensor_scoped(tensor_from_host(m->net->params.device, SHAPE(1, 3, H, W), pixels));
+  NnCtx ctx = {.training = false};
+  DetrOutput fwd;
+  detr_status st = DETR_OK;
+  if (detr_model_forward(m->net, &ctx, images, mask, &fwd, last_error, sizeof last_error)) {
+    st = DETR_ERR_RUNTIME;
+  } else {
+    const DetrLayerOutput *last = &fwd.layers[fwd.n_layers - 1];
+    detr_postprocess(last->logits, last->boxes, &ow, &oh, dets);
+    detr_output_free(&fwd);
+  }
+  tensor_scope_release(mark);
+  autograd_set_grad_enabled(was);
+  pthread_mutex_unlock(&api_lock);
+
+  if (!st) *out = make_result(m, dets, Q, threshold, ow, oh);
+  free(pixels);
+  free(mask);
+  free(dets);
+  return st;
+}
+
+static detr_status check_detect(const detr_model *model, double threshold, detr_result **result) {
+  last_error[0] = 0;
+  if (!result) return fail(DETR_ERR_ARGUMENT, "result: NULL pointer");
+  *result = NULL;
+  if (!model) return fail(DETR_ERR_ARGUMENT, "model: NULL");
+  if (!(threshold >= 0.0 && threshold <= 1.0))
+    return fail(DETR_ERR_ARGUMENT, "threshold %g: expected a number in [0, 1]", threshold);
+  return DETR_OK;
+}
+
+detr_status detr_detect_file(detr_model *model, const char *path, double threshold, detr_result **result) {
+  detr_status st = check_detect(model, threshold, result);
+  if (st) return st;
+  if (!path || !*path) return fail(DETR_ERR_ARGUMENT, "image path: NULL or empty");
+  if (file_check_readable(path, last_error, sizeof last_error)) return DETR_ERR_IO;
+  Image img = {0};
+  DataError derr;
+  if (image_decode_file(path, &img, &derr)) return fail(DETR_ERR_IMAGE, "%s", derr.msg);
+  return detect_image(model, &img, threshold, result);
+}
+
+detr_status detr_detect_rgb(detr_model *model, const unsigned char *rgb, size_t size, int width, int height,
+                            double threshold, detr_result **result) {
+  detr_status st = check_detect(model, threshold, result);
+  if (st) return st;
+  if (!rgb) return fail(DETR_ERR_ARGUMENT, "rgb: NULL pixels");
+  if (width < 1 || height < 1 || width > IMAGE_MAX_SIDE || height > IMAGE_MAX_SIDE)
+    return fail(DETR_ERR_ARGUMENT, "image size %dx%d: width and height must be in 1..%d", width, height,
+                IMAGE_MAX_SIDE);
+  size_t want = (size_t)width * (size_t)height * 3;
+  if (size != want)
+    return fail(DETR_ERR_ARGUMENT, "rgb: %zu bytes for a %dx%d image, expected %zu (width * height * 3)", size, width,
+                height, want);
+  Image img = image_alloc(width, height);
+  memcpy(img.data, rgb, want);
+  return detect_image(model, &img, threshold, result);
+}
+
+// --- results -------------------------------------------------------------------------------------
+
+int detr_result_count(const detr_result *result) { return result ? result->count : 0; }
+
+const detr_detection *detr_result_get(const detr_result *result, int i) {
+  return result && i >= 0 && i < result->count ? &result->items[i] : NULL;
+}
+
+int detr_result_dropped(const detr_result *result) { return result ? result->dropped : 0; }
+
+void detr_result_image_size(const detr_result *result, int *width, int *height) {
+  if (width) *width = result ? result->width : 0;
+  if (height) *height = result ? result->height : 0;
+}
+
+void detr_result_free(detr_result *result) {
+  if (!result) return;
+  free(result->items);
+  free(result->strings);
+  free(result);
+}

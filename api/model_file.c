@@ -1,0 +1,540 @@
+#define _POSIX_C_SOURCE 200809L  // strtok_r
+#include "api/model_file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <yajl/yajl_parse.h>
+#include <zlib.h>
+
+#include "datasets/coco.h"  // the limits of instances files
+#include "nn/model_io.h"
+
+static char *copy_text(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *c = malloc(n);
+  DETR_CHECK(c, "model_file: out of host memory");
+  return memcpy(c, s, n);
+}
+
+// --- checkpoint format and checksum ------------------------------------------------------------
+
+unsigned long checkpoint_crc_update(unsigned long crc, const char *name, const void *data, size_t nbytes) {
+  crc = crc32(crc, (const Bytef *)name, (uInt)strlen(name) + 1);
+  const Bytef *p = data;
+  while (nbytes > 0) {  // zlib takes uInt lengths
+    uInt chunk = nbytes > (1u << 30) ? (1u << 30) : (uInt)nbytes;
+    crc = crc32(crc, p, chunk);
+    p += chunk;
+    nbytes -= chunk;
+  }
+  return crc;
+}
+
+static bool is_checkpoint(const StFile *f) {
+  const char *format = st_metadata(f, "format");
+  return format && !strcmp(format, CHECKPOINT_FORMAT);
+}
+
+static void not_a_checkpoint(const StFile *f, const char *hint, char *err, size_t cap) {
+  const char *format = st_metadata(f, "format");
+  snprintf(err, cap, "%s: not a detr-c checkpoint (format '%s')%s%s", st_path(f), format ? format : "none",
+           hint ? "; " : "", hint ? hint : "");
+}
+
+int checkpoint_verify(const StFile *f, const char *hint, char *err, size_t cap) {
+  if (!is_checkpoint(f)) {
+    not_a_checkpoint(f, hint, err, cap);
+    return -1;
+  }
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (int i = 0; i < st_count(f); i++) {
+    const StEntry *e = st_entry(f, i);
+    crc = checkpoint_crc_update(crc, e->name, st_data(f, e), e->nbytes);
+  }
+  char expect[32];
+  snprintf(expect, sizeof expect, "%08lx", crc);
+  const char *stored = st_metadata(f, "crc32");
+  if (!stored || strcmp(stored, expect)) {
+    snprintf(err, cap, "%s: checksum mismatch (stored %s, computed %s): the checkpoint is corrupted", st_path(f),
+             stored ? stored : "none", expect);
+    return -1;
+  }
+  return 0;
+}
+
+// --- model configs -----------------------------------------------------------------------------
+
+int model_config_line(DetrConfig *cfg, char *line, const char *where, char *err, size_t err_cap) {
+  char *hash = strchr(line, '#');
+  if (hash) *hash = 0;
+  char *start = line + strspn(line, " \t\r\n");
+  size_t len = strlen(start);
+  while (len && strchr(" \t\r\n", start[len - 1])) start[--len] = 0;
+  if (!len) return 0;
+  char *eq = strchr(start, '=');
+  if (!eq) {
+    snprintf(err, err_cap, "%s: '%s' is not key=value", where, start);
+    return -1;
+  }
+  *eq = 0;
+  char local[256];
+  if (detr_config_set(cfg, start, eq + 1, local, sizeof local)) {
+    snprintf(err, err_cap, "%s: %s", where, local);
+    return -1;
+  }
+  return 0;
+}
+
+int model_config_apply_sets(DetrConfig *cfg, const char *const *sets, int n_sets, char *err, size_t err_cap) {
+  for (int i = 0; i < n_sets; i++) {
+    char line[MODEL_CONFIG_MAX_LINE + 1];
+    if ((size_t)snprintf(line, sizeof line, "%s", sets[i]) >= sizeof line) {
+      snprintf(err, err_cap, "--set: '%.40s...' is longer than the limit of %d bytes", sets[i], MODEL_CONFIG_MAX_LINE);
+      return -1;
+    }
+    if (model_config_line(cfg, line, "--set", err, err_cap)) return -1;
+  }
+  return 0;
+}
+
+// One line of f into buf (cap bytes, NUL-terminated, without its newline); *len is its length
+// in bytes (NULs included), cap or more for a longer line, whose rest is consumed. False at the end.
+static bool read_line(FILE *f, char *buf, size_t cap, size_t *len) {
+  size_t n = 0;
+  int c;
+  while ((c = getc(f)) != EOF && c != '\n') {
+    if (n + 1 < cap) buf[n] = (char)c;
+    n++;
+  }
+  buf[n + 1 < cap ? n : cap - 1] = 0;
+  *len = n;
+  return c != EOF || n > 0;
+}
+
+int model_config_load(const char *config, const char *const *sets, int n_sets, DetrConfig *cfg, char *err,
+                      size_t err_cap) {
+  if (detr_config_preset(config, cfg) != 0) {
+    FILE *f = fopen(config, "r");
+    struct stat st;
+    if (!f || fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
+      snprintf(err, err_cap, "--config %s: not a preset (detr-r50, detr-r18-small, tiny) nor a readable file", config);
+      if (f) fclose(f);
+      return -1;
+    }
+    detr_config_preset("detr-r50", cfg);  // a file overrides the paper's configuration
+    // Whole lines only: a fixed buffer would split a long line into a second, silently applied one.
+    char line[MODEL_CONFIG_MAX_LINE + 1], where[4200];
+    int lineno = 0, rc = 0;
+    size_t len;
+    while (rc == 0 && read_line(f, line, sizeof line, &len)) {
+      snprintf(where, sizeof where, "%s:%d", config, ++lineno);
+      if (len > MODEL_CONFIG_MAX_LINE) {
+        snprintf(err, err_cap, "%s: line longer than the limit of %d bytes", where, MODEL_CONFIG_MAX_LINE);
+        rc = -1;
+      } else if (strlen(line) != len) {
+        snprintf(err, err_cap, "%s: a NUL byte in the line (not a text file?)", where);
+        rc = -1;
+      } else {
+        rc = model_config_line(cfg, line, where, err, err_cap);
+      }
+    }
+    if (rc == 0 && ferror(f)) {
+      snprintf(err, err_cap, "%s: read error", config);
+      rc = -1;
+    }
+    fclose(f);
+    if (rc) return -1;
+  }
+  if (model_config_apply_sets(cfg, sets, n_sets, err, err_cap)) return -1;
+  return detr_config_validate(cfg, err, err_cap);
+}
+
+// --- checkpoint metadata -----------------------------------------------------------------------
+
+// The value of --flag in a stored command line ("train --data d --image-size 256 ..."), or -1.
+static long long flag_in_command(const char *cmd, const char *flag) {
+  size_t fl = strlen(flag);
+  for (const char *p = cmd; p && *p;) {
+    p += strspn(p, " ");
+    size_t len = strcspn(p, " ");
+    const char *value = NULL;
+    if (len == fl && !strncmp(p, flag, fl)) value = p + len + strspn(p + len, " ");
+    else if (len > fl && !strncmp(p, flag, fl) && p[fl] == '=') value = p + fl + 1;
+    if (value) {
+      char *end = NULL;
+      long long v = strtoll(value, &end, 10);
+      return end != value && (*end == 0 || *end == ' ') ? v : -1;
+    }
+    p += len;
+  }
+  return -1;
+}
+
+// A checkpoint's config (stored, then the overrides) against the file's own tensors, before a
+// model is built from it: the tensors that pin hidden_dim, num_queries, num_classes, ffn_dim,
+// dec_layers and the backbone width must be there with the config's shapes, so a small file
+// cannot make the caller build a huge model. The full check of every tensor is the load's.
+static int check_config_tensors(const StFile *f, const DetrConfig *c, bool overridden, char *err, size_t cap) {
+  char last_ffn[112];
+  snprintf(last_ffn, sizeof last_ffn, "transformer.decoder.layers.%lld.linear1.weight", (long long)c->dec_layers - 1);
+  const struct {
+    const char *name;
+    int ndim;
+    int64_t d[4];
+  } want[] = {
+      {"query_embed.weight", 2, {c->num_queries, c->hidden_dim}},
+      {"class_embed.weight", 2, {c->num_classes + 1, c->hidden_dim}},
+      {last_ffn, 2, {c->ffn_dim, c->hidden_dim}},
+      {"backbone.0.body.conv1.weight", 4, {c->backbone_width ? c->backbone_width : 64, 3, 7, 7}},
+  };
+  // The FFN's name is DETR's decoder's (nn/decoder_detr.c); another kind's layers are checked by the load.
+  bool detr_layers = !strcmp(detr_decoder(c)->name, "detr");
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    if (want[i].name == last_ffn && !detr_layers) continue;
+    const StEntry *e = st_find(f, want[i].name);
+    bool same = e && e->ndim == want[i].ndim;
+    for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == want[i].d[d];
+    if (!same) {
+      snprintf(err, cap, "%s: the model_config%s does not match the checkpoint's tensors (%s %s)", st_path(f),
+               overridden ? " with the overrides" : "", want[i].name, e ? "has another shape" : "is missing");
+      return -1;
+    }
+  }
+  return 0;
+}
+
+int checkpoint_info_read(const StFile *f, CheckpointInfo *ci, char *err, size_t cap) {
+  *ci = (CheckpointInfo){.image_size = -1, .max_size = -1};
+  const char *mc = st_metadata(f, "model_config");
+  if (!is_checkpoint(f)) {
+    not_a_checkpoint(f, "plain model weights load with --weights (detr_open_weights)", err, cap);
+    return -1;
+  }
+  if (!mc) {
+    snprintf(err, cap, "%s: checkpoint metadata has no model_config", st_path(f));
+    return -1;
+  }
+  detr_config_preset("detr-r50", &ci->cfg);  // every field is stored; this only fills a gap
+  char *text = copy_text(mc), *save = NULL, where[4200];
+  snprintf(where, sizeof where, "%s: model_config", st_path(f));
+  int rc = 0;
+  for (char *line = strtok_r(text, "\n", &save); line && !rc; line = strtok_r(NULL, "\n", &save))
+    rc = model_config_line(&ci->cfg, line, where, err, cap);
+  free(text);
+  if (rc) return -1;
+  const char *cats = st_metadata(f, "categories"), *train = st_metadata(f, "train_config");
+  if (cats && *cats) ci->categories = copy_text(cats);
+  if (train) {
+    ci->image_size = flag_in_command(train, "--image-size");
+    ci->max_size = flag_in_command(train, "--max-size");
+  }
+  return 0;
+}
+
+void checkpoint_info_free(CheckpointInfo *ci) {
+  free(ci->categories);
+  ci->categories = NULL;
+}
+
+static const RunDefaults RUN_DEFAULTS[] = {
+    {"detr-r50", 300, 800, 1333},      // the paper's schedule and COCO's sizes
+    {"detr-r18-small", 50, 320, 512},  // the synthetic set's scale
+    {"tiny", 50, 128, 192},            // tests and smoke runs
+};
+
+const RunDefaults *model_run_defaults(const DetrConfig *cfg) {
+  if (cfg->hidden_dim <= 32) return &RUN_DEFAULTS[2];
+  return cfg->backbone_depth < 50 ? &RUN_DEFAULTS[1] : &RUN_DEFAULTS[0];
+}
+
+void model_eval_sizes(const DetrConfig *cfg, const CheckpointInfo *ci, int *image_size, int *max_size) {
+  const RunDefaults *d = model_run_defaults(cfg);
+  *image_size = ci && ci->image_size >= 32 ? (int)ci->image_size : d->image_size;
+  *max_size = ci && ci->max_size >= 32 ? (int)ci->max_size : d->max_size;
+}
+
+// --- class names -------------------------------------------------------------------------------
+
+#define MAX_LABEL 1000000  // ids beyond any model are ignored rather than allocated
+
+static void names_set(LabelNames *nm, int label, const char *name) {
+  if (label < 0 || label > MAX_LABEL) return;
+  if (label >= nm->n) {
+    char **grown = realloc(nm->name, (size_t)(label + 1) * sizeof(char *));
+    DETR_CHECK(grown, "label names: out of host memory");
+    for (int i = nm->n; i <= label; i++) grown[i] = NULL;
+    nm->name = grown, nm->n = label + 1;
+  }
+  free(nm->name[label]);
+  nm->name[label] = copy_text(name);
+}
+
+void label_names_free(LabelNames *nm) {
+  for (int i = 0; i < nm->n; i++) free(nm->name[i]);
+  free(nm->name);
+  *nm = (LabelNames){0};
+}
+
+typedef struct {
+  LabelNames *nm;
+  const char *path;
+  int depth;              // open maps and arrays
+  bool top_is_categories; // the current key of the top-level object is "categories"
+  bool in_categories;     // inside its array
+  bool seen;              // the array was there
+  char key[16];           // current key inside a category object
+  long long id, index;    // the category being read, and its position in the array
+  bool has_id;
+  char *name;
+  char err[512];
+} NameParser;
+
+static int np_fail(NameParser *p, const char *what) {
+  snprintf(p->err, sizeof p->err, "%s: categories[%lld]: %s", p->path, p->index, what);
+  return 0;  // cancels the parse
+}
+
+static int np_deep(NameParser *p) {
+  snprintf(p->err, sizeof p->err, "%s: JSON nested deeper than the limit of %d levels", p->path, DETR_MAX_JSON_DEPTH);
+  return 0;
+}
+
+static bool np_field(const NameParser *p, const char *key) { return p->in_categories && p->depth == 3 && !strcmp(p->key, key); }
+
+static int np_integer(void *ctx, long long v) {
+  NameParser *p = ctx;
+  if (np_field(p, "id")) p->id = v, p->has_id = true;
+  else if (np_field(p, "name")) return np_fail(p, "'name' is not a string");
+  return 1;
+}
+
+static int np_other(NameParser *p) {
+  if (np_field(p, "id")) return np_fail(p, "'id' is not an integer");
+  if (np_field(p, "name")) return np_fail(p, "'name' is not a string");
+  return 1;
+}
+static int np_null(void *ctx) { return np_other(ctx); }
+static int np_bool(void *ctx, int v) { return (void)v, np_other(ctx); }
+static int np_double(void *ctx, double v) { return (void)v, np_other(ctx); }
+
+static int np_string(void *ctx, const unsigned char *s, size_t len) {
+  NameParser *p = ctx;
+  if (np_field(p, "id")) return np_fail(p, "'id' is not an integer");
+  if (np_field(p, "name")) {
+    if (len > COCO_MAX_STRING_BYTES) return np_fail(p, "'name' is longer than the limit of 4096 bytes");
+    if (memchr(s, 0, len)) return np_fail(p, "'name' contains a NUL character");
+    free(p->name);
+    p->name = malloc(len + 1);
+    DETR_CHECK(p->name, "label names: out of host memory");
+    memcpy(p->name, s, len);
+    p->name[len] = 0;
+  }
+  return 1;
+}
+
+static int np_map_key(void *ctx, const unsigned char *s, size_t len) {
+  NameParser *p = ctx;
+  if (p->depth == 1) p->top_is_categories = len == 10 && !memcmp(s, "categories", 10);
+  if (p->in_categories && p->depth == 3) snprintf(p->key, sizeof p->key, "%.*s", (int)(len < 15 ? len : 15), s);
+  return 1;
+}
+
+static int np_start_map(void *ctx) {
+  NameParser *p = ctx;
+  if (p->depth >= DETR_MAX_JSON_DEPTH) return np_deep(p);
+  if (p->depth == 1 && p->top_is_categories) {
+    snprintf(p->err, sizeof p->err, "%s: 'categories' is not an array", p->path);
+    return 0;
+  }
+  if (p->in_categories && p->depth == 2) p->has_id = false, p->key[0] = 0;
+  else if (np_field(p, "id")) return np_fail(p, "'id' is not an integer");
+  p->depth++;
+  return 1;
+}
+
+static int np_end_map(void *ctx) {
+  NameParser *p = ctx;
+  p->depth--;
+  if (p->in_categories && p->depth == 2) {
+    if (!p->has_id || !p->name) return np_fail(p, !p->has_id ? "no integer 'id'" : "no string 'name'");
+    if (p->id < 0 || p->id > MAX_LABEL) return np_fail(p, "'id' outside [0, 1000000]");
+    names_set(p->nm, (int)p->id, p->name);
+    free(p->name);
+    p->name = NULL;
+    p->index++;
+  }
+  return 1;
+}
+
+static int np_start_array(void *ctx) {
+  NameParser *p = ctx;
+  if (p->depth >= DETR_MAX_JSON_DEPTH) return np_deep(p);
+  if (p->depth == 1 && p->top_is_categories) p->in_categories = p->seen = true;
+  else if (np_field(p, "id")) return np_fail(p, "'id' is not an integer");
+  p->depth++;
+  return 1;
+}
+
+static int np_end_array(void *ctx) {
+  NameParser *p = ctx;
+  if (--p->depth == 1) p->in_categories = false;
+  return 1;
+}
+
+// open() + fstat: a missing, unreadable or non-regular file is an I/O error with errno's words.
+int file_check_readable(const char *path, char *err, size_t cap) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    snprintf(err, cap, "%s: cannot open: %s", path, strerror(errno));
+    return -1;
+  }
+  struct stat st;
+  int rc = fstat(fd, &st);
+  close(fd);
+  if (rc || !S_ISREG(st.st_mode)) {
+    snprintf(err, cap, "%s: not a regular file", path);
+    return -1;
+  }
+  return 0;
+}
+
+detr_status label_names_from_coco(const char *path, LabelNames *nm, char *err, size_t cap) {
+  static const yajl_callbacks CB = {np_null, np_bool, np_integer, np_double, NULL, np_string,
+                                    np_start_map, np_map_key, np_end_map, np_start_array, np_end_array};
+  if (file_check_readable(path, err, cap)) return DETR_ERR_IO;
+  NameParser p = {.nm = nm, .path = path};
+  gzFile gz = gzopen(path, "rb");  // plain files pass through
+  if (!gz) {
+    snprintf(err, cap, "%s: cannot open: %s", path, strerror(errno));
+    return DETR_ERR_IO;
+  }
+  yajl_handle h = yajl_alloc(&CB, NULL, &p);
+  DETR_CHECK(h, "label names: out of host memory");
+  unsigned char chunk[1 << 16];
+  long long offset = 0;
+  int n;
+  yajl_status st = yajl_status_ok;
+  // A .gz file may expand to at most what datasets/coco.c allows an instances file.
+  struct stat sb;
+  long long file_bytes = stat(path, &sb) == 0 && sb.st_size > 0 ? (long long)sb.st_size : 0;
+  long long max_json = file_bytes * COCO_MAX_GZIP_RATIO > COCO_MIN_GZIP_BUDGET ? file_bytes * COCO_MAX_GZIP_RATIO
+                                                                               : COCO_MIN_GZIP_BUDGET;
+  while (st == yajl_status_ok && (n = gzread(gz, chunk, sizeof chunk)) > 0) {
+    if (!gzdirect(gz) && offset + n > max_json) {
+      snprintf(p.err, sizeof p.err, "%s: decompresses to more than %lld bytes, the limit for a %lld-byte .gz file",
+               path, max_json, file_bytes);
+      break;
+    }
+    st = yajl_parse(h, chunk, (size_t)n);
+    if (st == yajl_status_error) {
+      long long at = offset + (long long)yajl_get_bytes_consumed(h);
+      snprintf(p.err, sizeof p.err, "%s: malformed JSON at byte %lld", path, at);
+    }
+    offset += n;
+  }
+  int zerr;
+  const char *zmsg = gzerror(gz, &zerr);
+  if (!p.err[0] && zerr != Z_OK) snprintf(p.err, sizeof p.err, "%s: read error: %s", path, zmsg);
+  if (!p.err[0] && yajl_complete_parse(h) != yajl_status_ok)
+    snprintf(p.err, sizeof p.err, "%s: truncated JSON after %lld bytes", path, offset);
+  if (!p.err[0] && (!p.seen || p.index == 0))
+    snprintf(p.err, sizeof p.err, "%s: no categories (expected a COCO instances file)", path);
+  yajl_free(h);
+  gzclose(gz);
+  free(p.name);
+  if (p.err[0]) {
+    snprintf(err, cap, "%s", p.err);
+    return DETR_ERR_FORMAT;
+  }
+  return DETR_OK;
+}
+
+int label_names_from_text(const char *path, const char *text, LabelNames *nm, char *err, size_t cap) {
+  char *copy = copy_text(text), *save = NULL;
+  int rc = 0;
+  for (char *item = strtok_r(copy, ";", &save); item && !rc; item = strtok_r(NULL, ";", &save)) {
+    char *colon = strchr(item, ':'), *end = NULL;
+    long id = colon ? strtol(item, &end, 10) : -1;
+    if (!colon || end != colon || id < 0) {
+      snprintf(err, cap, "%s: metadata 'categories': '%s' is not id:name", path, item);
+      rc = -1;
+    } else {
+      names_set(nm, id > MAX_LABEL ? -1 : (int)id, colon + 1);
+    }
+  }
+  free(copy);
+  return rc;
+}
+
+// --- loading a model ---------------------------------------------------------------------------
+
+// A readable safetensors file: DETR_ERR_IO when it cannot be read, DETR_ERR_FORMAT when it is not
+// a (complete, valid) safetensors file.
+static detr_status open_safetensors(const char *path, StFile **f, char *err, size_t cap) {
+  *f = NULL;
+  if (file_check_readable(path, err, cap)) return DETR_ERR_IO;
+  *f = st_open(path, err, cap);
+  return *f ? DETR_OK : DETR_ERR_FORMAT;
+}
+
+detr_status model_file_load(const char *checkpoint, const char *weights, const char *config, const char *const *sets,
+                            int n_sets, Device dev, DetrModel **out, CheckpointInfo *info, char *err, size_t cap) {
+  *out = NULL;
+  CheckpointInfo ci = {.image_size = -1, .max_size = -1};
+  if (info) *info = ci;
+  if ((checkpoint != NULL) == (weights != NULL)) {
+    snprintf(err, cap, "give exactly one of a checkpoint and weights");
+    return DETR_ERR_ARGUMENT;
+  }
+  DetrConfig cfg;
+  StFile *f = NULL;
+  detr_status st = DETR_OK;
+  if (checkpoint) {
+    // One read of the file: format and crc, then the stored config, then the tensors.
+    if ((st = open_safetensors(checkpoint, &f, err, cap))) return st;
+    if (checkpoint_info_read(f, &ci, err, cap) ||
+        checkpoint_verify(f, "plain model weights load with --weights (detr_open_weights)", err, cap)) {
+      st = DETR_ERR_FORMAT;
+    } else {
+      cfg = ci.cfg;
+      if (model_config_apply_sets(&cfg, sets, n_sets, err, cap) || detr_config_validate(&cfg, err, cap))
+        st = DETR_ERR_CONFIG;
+      else if (check_config_tensors(f, &cfg, n_sets > 0, err, cap))
+        st = DETR_ERR_MISMATCH;
+    }
+  } else {
+    // The config first: a bad one is reported before the (possibly large) weights are read.
+    if (model_config_load(config ? config : "detr-r50", sets, n_sets, &cfg, err, cap)) return DETR_ERR_CONFIG;
+    if ((st = open_safetensors(weights, &f, err, cap))) return st;
+  }
+  if (!st) {
+    DetrModel *m = detr_model_create(&cfg, dev);
+    // A load sets every tensor but the optional ones (ENACT's W_prob) that the file lacks: those
+    // keep the initialisation, which is drawn only then (millions of draws for a ResNet).
+    bool init = false;
+    for (int i = 0; i < m->params.count && !init; i++)
+      init = m->params.items[i].optional && !st_find(f, m->params.items[i].name);
+    if (init) detr_model_init(m, 0);
+    const char *ignore[] = {"optim.", NULL};  // a checkpoint's AdamW moments
+    if (params_load(&m->params, f, checkpoint ? ignore : NULL, err, cap)) {
+      if (weights && is_checkpoint(f)) {  // the tensors name the problem; say what the file is
+        size_t n = strlen(err);
+        snprintf(err + n, cap - n, "\n(%s is a detr-c checkpoint: load it with --checkpoint / detr_open_checkpoint)",
+                 weights);
+      }
+      detr_model_free(m);
+      st = DETR_ERR_MISMATCH;
+    } else {
+      *out = m;
+    }
+  }
+  st_close(f);
+  if (!st && info) *info = ci;
+  else checkpoint_info_free(&ci);
+  return st;
+}

@@ -1,0 +1,55 @@
+// The decoder seam (../shared/SPEC.md section 6b, docs/architecture.md): how the object queries
+// read the encoder's memory, and how the box head's output becomes a box. A decoder kind owns its
+// layers, its final norm and whatever else its reference puts under `transformer.decoder.*`
+// (registered there, so the reference's weights load); the model keeps the backbone, the encoder,
+// the query embedding and the class and box heads, and sees the decoder only through this.
+//
+// Adding a kind: one file nn/decoder_<name>.c defining a `const DecoderKind decoder_<name>`, plus
+// one line in the registry (nn/decoder.c). Kinds: detr (models/transformer.py's decoder).
+#pragma once
+#include "nn/transformer.h"
+
+#define DECODER_MAX_LAYERS 12
+
+typedef struct {
+  TransformerShape s;  // d, heads, FFN, dropout, pre-norm
+  int64_t layers;      // decoder layers (1..DECODER_MAX_LAYERS)
+  const char *cross_attn;  // one of the kind's cross_attns (config decoder_cross_attn); NULL: the first
+} DecoderShape;
+
+typedef struct {
+  Tensor *memory, *pos;  // the encoder's output and the sine positions [B, HW, d]
+  Tensor *key_mask;      // the memory's key padding mask (FeatureGeometry.key_mask)
+  Tensor *query_embed;   // the learned queries [Q, d]
+  int64_t batch;         // B
+} DecoderInput;
+
+typedef struct {
+  Tensor *hs[DECODER_MAX_LAYERS];  // [B, Q, d] every layer's output, after the decoder's final norm
+  int n_layers;
+  Tensor *reference;               // [B, Q, 2] the queries' reference points (sigmoid space), or NULL
+} DecoderOutput;
+
+typedef struct DecoderKind {
+  const char *name;
+  const char *summary;
+  size_t state_size;  // the kind's state (layers, norms), allocated zeroed by the model
+  // Registers the kind's parameters under `prefix` (the reference's "transformer.decoder").
+  void (*create)(void *state, ParamStore *ps, const char *prefix, const DecoderShape *shape);
+  void (*init)(const void *state, Rng *rng);  // the reference's initialisation
+  // Every layer's output (out->hs; each kept past its layer's scope) and the reference points.
+  void (*forward)(const void *state, const NnCtx *ctx, const DecoderInput *in, DecoderOutput *out);
+  // Boxes [B, Q, 4] (cxcywh in [0, 1]) from the box head's raw output [B, Q, 4] for layer `layer`.
+  Tensor *(*boxes)(const void *state, Tensor *head_out, const DecoderOutput *out, int layer);
+  // The cross-attentions it offers (config decoder_cross_attn), NULL-terminated; the first is the
+  // default. NULL: the kind has no choice (only "softmax").
+  const char *const *cross_attns;
+} DecoderKind;
+
+const DecoderKind *decoder_find(const char *name);  // NULL when unknown
+const DecoderKind *decoder_default(void);            // detr
+const char *decoder_names(char *buf, size_t cap);    // "detr, ..." for messages
+// The kind's cross-attention named `name` as its own static string (NULL: unknown to the kind);
+// names: "softmax, ..." for messages.
+const char *decoder_cross_attn_find(const DecoderKind *k, const char *name);
+const char *decoder_cross_attn_names(const DecoderKind *k, char *buf, size_t cap);

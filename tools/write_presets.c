@@ -1,0 +1,40 @@
+// write_presets DIR: the model presets as key=value files (DIR/<preset>.conf), written at build
+// time from nn/config.c's tables and installed to share/detr/presets: a starting point for
+// `--config FILE` (detr train/eval/predict) and detr_open_weights(), and exactly what the built-in
+// preset names mean.
+#include <stdio.h>
+#include <string.h>
+
+#include "nn/detr.h"
+
+int main(int argc, char **argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: write_presets DIR\n");
+    return 2;
+  }
+  static const char *const PRESETS[] = {"detr-r50", "detr-r18-small", "tiny"};
+  for (size_t i = 0; i < sizeof PRESETS / sizeof PRESETS[0]; i++) {
+    DetrConfig cfg;
+    if (detr_config_preset(PRESETS[i], &cfg)) {
+      fprintf(stderr, "write_presets: unknown preset %s\n", PRESETS[i]);
+      return 1;
+    }
+    char text[8192], path[4096];
+    detr_config_format(&cfg, text, sizeof text);
+    snprintf(path, sizeof path, "%s/%s.conf", argv[1], PRESETS[i]);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+      perror(path);
+      return 1;
+    }
+    fprintf(f, "# detr-c model preset '%s': the same model as --config %s. Copy and edit it, then pass\n"
+               "# the file as --config FILE (detr train/eval/predict) or to detr_open_weights(). key=value lines,\n"
+               "# # comments; fields not given keep detr-r50's values.\n%s",
+            PRESETS[i], PRESETS[i], text);
+    if (fclose(f)) {
+      perror(path);
+      return 1;
+    }
+  }
+  return 0;
+}
