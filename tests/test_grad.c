@@ -86,6 +86,8 @@ static Tensor *f_mul_scalar(Tensor *const *in, void *c) { return op_mul_scalar(i
 static Tensor *f_sqrt(Tensor *const *in, void *c) { return op_sqrt(in[0]); }
 static Tensor *f_pow_scalar(Tensor *const *in, void *c) { return op_pow_scalar(in[0], 3.0f); }
 static Tensor *f_softplus(Tensor *const *in, void *c) { return op_softplus(in[0]); }
+static Tensor *f_sin(Tensor *const *in, void *c) { return op_sin(in[0]); }
+static Tensor *f_inverse_sigmoid(Tensor *const *in, void *c) { return op_inverse_sigmoid(in[0], 1e-5f); }
 
 static const Shape *unary_shapes(int *n) {
   static Shape shapes[4];
@@ -126,6 +128,12 @@ END_TEST
 START_TEST(grad_pow_scalar) { check_unary("pow_scalar", f_pow_scalar, 0.0f, 0.1f, 2.0f); }  // FLatten's p = 3
 END_TEST
 START_TEST(grad_softplus) { check_unary("softplus", f_softplus, 0.0f, -1, 3.0f); }
+END_TEST
+START_TEST(grad_sin) { check_unary("sin", f_sin, 0.0f, -1, 7.0f); }
+END_TEST
+// Inside (0, 1), away from the clamps and from 0 and 1 (where the higher derivatives blow up);
+// the clamped regions are checked by value in test_ops.
+START_TEST(grad_inverse_sigmoid) { check_unary("inverse_sigmoid", f_inverse_sigmoid, 0.0f, 0.1f, 0.9f); }
 END_TEST
 
 // --- binary ops with broadcasting ---
@@ -482,6 +490,20 @@ START_TEST(grad_cross_entropy) {
   Tensor *x2 = test_uniform(SHAPE(5, 5), -2, 2, 221, true);
   expect_grad("cross_entropy", f_cross_entropy, &x2, 1, NULL, TOL);
   tensor_release(weight);
+}
+END_TEST
+
+static Tensor *f_focal(Tensor *const *in, void *c) {
+  static const int64_t targets[] = {0, 4, 2, 4, 1, 3};  // 4 = C: a row with no positive class
+  return op_sigmoid_focal_loss(in[0], targets, *(const float *)c, 2.0f);
+}
+
+START_TEST(grad_sigmoid_focal_loss) {
+  float alpha = 0.25f, none = -1.0f;  // Conditional DETR's alpha, and no alpha weighting
+  Tensor *x = test_uniform(SHAPE(6, 4), -3, 3, 225, true);
+  expect_grad("sigmoid_focal_loss", f_focal, &x, 1, &alpha, TOL);
+  Tensor *x2 = test_uniform(SHAPE(6, 4), -3, 3, 226, true);
+  expect_grad("sigmoid_focal_loss, alpha < 0", f_focal, &x2, 1, &none, TOL);
 }
 END_TEST
 
@@ -1059,6 +1081,7 @@ int main(int argc, char **argv) {
   const GradTest ALL[] = {
     {"harness", grad_harness}, {"relu", grad_relu}, {"sigmoid", grad_sigmoid}, {"exp", grad_exp},
     {"sqrt", grad_sqrt}, {"pow_scalar", grad_pow_scalar}, {"softplus", grad_softplus},
+    {"sin", grad_sin}, {"inverse_sigmoid", grad_inverse_sigmoid},
     {"log", grad_log}, {"neg", grad_neg}, {"add_scalar", grad_add_scalar}, {"mul_scalar", grad_mul_scalar},
     {"add", grad_add}, {"sub", grad_sub}, {"mul", grad_mul}, {"div", grad_div}, {"dropout", grad_dropout},
     {"sum", grad_sum}, {"mean", grad_mean}, {"sum_all", grad_sum_all}, {"mean_all", grad_mean_all},
@@ -1067,7 +1090,7 @@ int main(int argc, char **argv) {
     {"softmax", grad_softmax}, {"log_softmax", grad_log_softmax}, {"layernorm", grad_layernorm},
     {"reshape", grad_reshape}, {"permute", grad_permute}, {"transpose", grad_transpose},
     {"concat", grad_concat}, {"slice", grad_slice}, {"index_select", grad_index_select},
-    {"cross_entropy", grad_cross_entropy}, {"l1_sum", grad_l1_sum},
+    {"cross_entropy", grad_cross_entropy}, {"sigmoid_focal_loss", grad_sigmoid_focal_loss}, {"l1_sum", grad_l1_sum},
     {"box_cxcywh_to_xyxy", grad_box_cxcywh_to_xyxy}, {"box_xyxy_to_cxcywh", grad_box_xyxy_to_cxcywh},
     {"box_giou", grad_box_giou}, {"criterion", grad_criterion},
     {"attention", grad_attention}, {"encoder_decoder_layers", grad_encoder_layer_and_decoder_layer},
