@@ -16,6 +16,7 @@ Tensor *op_sqrt(Tensor *x);
 Tensor *op_pow_scalar(Tensor *x, float p);  // x^p for x > 0
 Tensor *op_softplus(Tensor *x);              // log(1 + e^x); x above 20, as torch
 Tensor *op_sin(Tensor *x);
+Tensor *op_cos(Tensor *x);
 // Conditional DETR's inverse_sigmoid: log(max(x, eps) / max(1 - x, eps)) of x clamped to [0, 1].
 Tensor *op_inverse_sigmoid(Tensor *x, float eps);
 // Binary ops broadcast numpy-style (shapes aligned at the last dim, size-1 dims stretch).

@@ -30,6 +30,7 @@ static inline int fill_is_zero_bits(float value) {
   X(POW_SCALAR, "pow_scalar") /* x ^ param, x > 0 */                            \
   X(SOFTPLUS, "softplus")     /* log(1 + e^x), x for x > 20 (torch's threshold) */       \
   X(SIN, "sin")                                                                 \
+  X(COS, "cos")                                                                 \
   X(INVERSE_SIGMOID, "inverse_sigmoid") /* log(x1 / x2), param = eps (below) */
 
 #define UNARY_ENUM_ENTRY(id, name) UNARY_##id,
@@ -72,6 +73,7 @@ DETR_HD float unary_forward(int op, float x, float param) {
     case UNARY_POW_SCALAR: return powf(x, param);
     case UNARY_SOFTPLUS: return x > 20.0f ? x : log1pf(expf(x));
     case UNARY_SIN: return sinf(x);
+    case UNARY_COS: return cosf(x);
     case UNARY_INVERSE_SIGMOID: return inverse_sigmoid_forward(x, param);
     default: return NAN;
   }
@@ -91,6 +93,7 @@ DETR_HD float unary_backward(int op, float x, float y, float dy, float param) {
     case UNARY_POW_SCALAR: return dy * param * powf(x, param - 1.0f);
     case UNARY_SOFTPLUS: return x > 20.0f ? dy : dy / (1.0f + expf(-x));
     case UNARY_SIN: return dy * cosf(x);
+    case UNARY_COS: return -dy * sinf(x);
     case UNARY_INVERSE_SIGMOID: return inverse_sigmoid_backward(x, dy, param);
     default: return NAN;
   }

@@ -970,6 +970,7 @@ static void compare_op(const char *what, OpFn f, Tensor **in, int n, void *ctx, 
 static Tensor *f_relu(Tensor *const *in, void *c) { return op_relu(in[0]); }
 static Tensor *f_sigmoid(Tensor *const *in, void *c) { return op_sigmoid(in[0]); }
 static Tensor *f_sin(Tensor *const *in, void *c) { return op_sin(in[0]); }
+static Tensor *f_cos(Tensor *const *in, void *c) { return op_cos(in[0]); }
 static Tensor *f_inverse_sigmoid(Tensor *const *in, void *c) { return op_inverse_sigmoid(in[0], 1e-5f); }
 static Tensor *f_exp(Tensor *const *in, void *c) { return op_exp(in[0]); }
 static Tensor *f_log(Tensor *const *in, void *c) { return op_log(in[0]); }
@@ -991,6 +992,7 @@ START_TEST(ops_elementwise) {
                {UNARY_EXP, f_exp, -0.01f, 2.0f},         {UNARY_LOG, f_log, 0.3f, 3.0f},
                {UNARY_NEG, f_neg, -0.01f, 1.0f},         {UNARY_ADD_SCALAR, f_add_scalar, -0.01f, 1.0f},
                {UNARY_MUL_SCALAR, f_mul_scalar, -0.01f, 1.0f}, {UNARY_SIN, f_sin, -0.01f, 7.0f},
+               {UNARY_COS, f_cos, -0.01f, 7.0f},
                {UNARY_INVERSE_SIGMOID, f_inverse_sigmoid, 0.05f, 0.95f}};
   for (size_t u = 0; u < sizeof unary / sizeof *unary; u++)
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {

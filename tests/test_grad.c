@@ -87,6 +87,7 @@ static Tensor *f_sqrt(Tensor *const *in, void *c) { return op_sqrt(in[0]); }
 static Tensor *f_pow_scalar(Tensor *const *in, void *c) { return op_pow_scalar(in[0], 3.0f); }
 static Tensor *f_softplus(Tensor *const *in, void *c) { return op_softplus(in[0]); }
 static Tensor *f_sin(Tensor *const *in, void *c) { return op_sin(in[0]); }
+static Tensor *f_cos(Tensor *const *in, void *c) { return op_cos(in[0]); }
 static Tensor *f_inverse_sigmoid(Tensor *const *in, void *c) { return op_inverse_sigmoid(in[0], 1e-5f); }
 
 static const Shape *unary_shapes(int *n) {
@@ -130,6 +131,8 @@ END_TEST
 START_TEST(grad_softplus) { check_unary("softplus", f_softplus, 0.0f, -1, 3.0f); }
 END_TEST
 START_TEST(grad_sin) { check_unary("sin", f_sin, 0.0f, -1, 7.0f); }
+END_TEST
+START_TEST(grad_cos) { check_unary("cos", f_cos, 0.0f, -1, 7.0f); }
 END_TEST
 // Inside (0, 1), away from the clamps and from 0 and 1 (where the higher derivatives blow up);
 // the clamped regions are checked by value in test_ops.
@@ -1081,7 +1084,7 @@ int main(int argc, char **argv) {
   const GradTest ALL[] = {
     {"harness", grad_harness}, {"relu", grad_relu}, {"sigmoid", grad_sigmoid}, {"exp", grad_exp},
     {"sqrt", grad_sqrt}, {"pow_scalar", grad_pow_scalar}, {"softplus", grad_softplus},
-    {"sin", grad_sin}, {"inverse_sigmoid", grad_inverse_sigmoid},
+    {"sin", grad_sin}, {"cos", grad_cos}, {"inverse_sigmoid", grad_inverse_sigmoid},
     {"log", grad_log}, {"neg", grad_neg}, {"add_scalar", grad_add_scalar}, {"mul_scalar", grad_mul_scalar},
     {"add", grad_add}, {"sub", grad_sub}, {"mul", grad_mul}, {"div", grad_div}, {"dropout", grad_dropout},
     {"sum", grad_sum}, {"mean", grad_mean}, {"sum_all", grad_sum_all}, {"mean_all", grad_mean_all},

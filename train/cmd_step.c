@@ -208,7 +208,7 @@ static int forward_backward(DetrModel *model, const DetrConfig *cfg, const StepB
   int64_t total_boxes = 0;
   for (int64_t i = 0; i < batch->B; i++) total_boxes += batch->targets[i].n;
   float num_boxes = total_boxes > 1 ? (float)total_boxes : 1.0f;
-  CriterionConfig ccfg = criterion_config_default((int)cfg->num_classes);
+  CriterionConfig ccfg = detr_criterion_config(cfg);
   int n_aux = cfg->aux_loss ? out->n_layers - 1 : 0;
   if (criterion_forward(&ccfg, out->layers[out->n_layers - 1], out->layers, n_aux, batch->targets, num_boxes, NULL,
                         loss, err, cap)) {
