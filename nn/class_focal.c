@@ -1,7 +1,7 @@
 // Conditional DETR's classes (models/conditional_detr.py, models/matcher.py; from Deformable
-// DETR): C sigmoids, no "no object" column. Loss: sigmoid focal loss (alpha 0.25, gamma 2) over
-// every query and class, mean over classes, summed, over num_boxes, times Q
-// (sigmoid_focal_loss(...) * src_logits.shape[1]); weight 2 (cls_loss_coef). Matcher cost
+// DETR): C sigmoids, no "no object" column. Loss: sigmoid focal loss (alpha 0.25, gamma 2) summed
+// over every query and class, over num_boxes (the reference takes the mean over queries,
+// loss.mean(1), then multiplies by src_logits.shape[1] = Q); weight 2 (cls_loss_coef). Matcher cost
 // alpha (1-p)^2 (-log(p + 1e-8)) - (1-alpha) p^2 (-log(1 - p + 1e-8)) at the target class, weight 2
 // (set_cost_class). Post-processing: the 100 best (query, class) sigmoid scores of the image.
 #include <math.h>
@@ -25,9 +25,7 @@ static float match_cost(const float *prob, int64_t label) {
 }
 
 static Tensor *loss(Tensor *logits, const int64_t *classes, const ClassLossArgs *a) {
-  int64_t cols = logits->shape.d[1];
-  Tensor *sum = op_sigmoid_focal_loss(logits, classes, FOCAL_ALPHA, FOCAL_GAMMA);
-  return op_mul_scalar(sum, (float)a->queries / ((float)cols * a->num_boxes));
+  return op_mul_scalar(op_sigmoid_focal_loss(logits, classes, FOCAL_ALPHA, FOCAL_GAMMA), 1.0f / a->num_boxes);
 }
 
 static int64_t detections_per_image(int64_t queries, int64_t cols) {

@@ -8,7 +8,6 @@
 
 typedef struct {
   int num_classes;  // C; a query's class C means "no object"
-  int64_t queries;  // Q per image (logits rows are B * Q)
   float num_boxes;  // the global batch's targets (at least 1)
   float eos_coef;   // softmax: the no-object class's cross-entropy weight
   float ce_share;   // softmax, data parallel: this process's share of the global CE weight

@@ -57,7 +57,7 @@ static void layer_losses(const CriterionConfig *cfg, DetrLayerOutput out, const 
       m++;
     }
   }
-  ClassLossArgs args = {.num_classes = cfg->num_classes, .queries = Q, .num_boxes = num_boxes,
+  ClassLossArgs args = {.num_classes = cfg->num_classes, .num_boxes = num_boxes,
                         .eos_coef = cfg->eos_coef, .ce_share = cfg->ce_share};
   Tensor *loss_ce = head_of(cfg)->loss(op_reshape(out.logits, SHAPE(B * Q, C1)), classes, &args);
 

@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "nn/criterion.h"
+#include "nn/decoder.h"
 #include "nn/enact.h"
 #include "nn/resnet.h"
 #include "nn/transformer.h"
@@ -1073,6 +1074,50 @@ END_TEST
 START_TEST(grad_attn_sra) { check_variant("sra"); }
 END_TEST
 
+// --- Conditional DETR's decoder (nn/decoder_conditional.c): two layers, every parameter, the
+// memory and the queries, two images of different sizes (padding); the output holds both layers'
+// normed outputs and boxes from the last, so the reference points' path is checked too ---
+
+typedef struct {
+  const DecoderKind *kind;
+  void *state;
+  Tensor *pos, *mask;
+} CondCtx;
+
+static Tensor *f_conditional(Tensor *const *in, void *c) {
+  const CondCtx *k = c;
+  DecoderInput din = {.memory = in[0], .pos = k->pos, .key_mask = k->mask, .query_embed = in[1], .batch = 2};
+  DecoderOutput out;
+  k->kind->forward(k->state, &EVAL_CTX, &din, &out);
+  Tensor *boxes = k->kind->boxes(k->state, op_slice(out.hs[1], 2, 0, 4), &out, 1);  // [2, 3, 4]
+  Tensor *parts[3] = {out.hs[0], out.hs[1], boxes};
+  return op_concat(parts, 3, 2);
+}
+
+START_TEST(grad_decoder_conditional) {
+  float m[2 * 6] = {0, 0, 0, 0, 0, 0, 0, 0, -INFINITY, 0, 0, -INFINITY};  // image 1: 2x2 of a 2x3 map
+  ParamStore ps;
+  params_init(&ps, DEVICE_CPU);
+  CondCtx c = {.kind = decoder_find("conditional"),
+               .pos = test_uniform(SHAPE(2, 6, 8), -1, 1, 340, false),
+               .mask = tensor_from_host(DEVICE_CPU, SHAPE(2, 6), m)};
+  ck_assert_ptr_nonnull(c.kind);
+  c.state = calloc(1, c.kind->state_size);
+  DecoderShape shape = {.s = {.dim = 8, .heads = 2, .ffn_dim = 12, .dropout = 0.1f}, .layers = 2};
+  c.kind->create(c.state, &ps, "dec", &shape);
+  randomize_params(&ps, 341);
+  GradTol tol = {.eps = 1e-3, .atol = 3e-3, .rtol = 1e-2};  // eps: no ReLU input crosses 0 within a step
+  Tensor *in[96] = {U(SHAPE(2, 6, 8), 342), U(SHAPE(3, 8), 343)};  // + 80 parameters
+  int n = block_inputs(in, 2, &ps);
+  ck_assert_int_eq(n, 82);
+  expect_grad("conditional decoder", f_conditional, in, n, &c, tol);
+  params_free(&ps);
+  free(c.state);
+  tensor_release(c.pos);
+  tensor_release(c.mask);
+}
+END_TEST
+
 // --- registry: `test_grad NAME` runs one op's suite, no argument runs all ---
 
 typedef struct {
@@ -1103,6 +1148,7 @@ int main(int argc, char **argv) {
     {"encoder_attn.efficient", grad_attn_efficient}, {"encoder_attn.hydra", grad_attn_hydra},
     {"encoder_attn.focused", grad_attn_focused}, {"encoder_attn.sra", grad_attn_sra},
     {"cluster_argmax", grad_cluster_argmax}, {"kmeans_cross_attn", grad_kmeans_cross_attn},
+    {"decoder.conditional", grad_decoder_conditional},
   };
   const char *only = argc > 1 ? argv[1] : NULL;
   SRunner *sr = srunner_create(NULL);
