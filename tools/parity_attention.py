@@ -361,14 +361,15 @@ def install(model, variant, p, args, seed):
 
 def run_variant(args, variant, padding, size):
     p = parity_step.PRESETS[args.preset]
-    model, criterion, weight_dict = parity_step.build_reference(args.detr_repo, p, args.seed)
+    decoder = args.decoder or p.get("decoder", "detr")
+    model, criterion, weight_dict = parity_step.build_reference(args.detr_repo, p, args.seed, decoder)
     mods = install(model, variant, p, args, args.seed)
     images, mask, targets = parity_step.make_batch(p, padding, args.seed, size)
     model.eval()
     work = os.path.join(args.keep, f"{variant}-{'pad' if padding else 'nopad'}") if args.keep else \
         tempfile.mkdtemp(prefix=f"detr-parity-{variant}-")
     wpath, bpath, opath = parity_step.write_inputs(work, model.state_dict(), images, mask, targets)
-    sets = [f"encoder_attn={variant}"] + list(args.set or [])
+    sets = [f"encoder_attn={variant}", f"decoder={decoder}"] + list(args.set or [])
     if variant == "sra" and args.sra_ratio:
         sets.append(f"sra_ratio={args.sra_ratio}")
     if variant == "enact" and args.enact_sigma:
@@ -393,7 +394,7 @@ def run_variant(args, variant, padding, size):
         for l, m in enumerate(mods):
             ref64[f"enact.{l}.entropy"] = m.last_entropy.double().numpy()
     notes += parity_step.drop_zero_gradients(ours, ref32, ref64, args.tol)
-    title = (f"parity encoder_attn={variant} {args.preset} {size[0]}x{size[1]} padding={padding} "
+    title = (f"parity encoder_attn={variant} decoder={decoder} {args.preset} {size[0]}x{size[1]} padding={padding} "
              f"(torch {torch.__version__}, {args.threads} threads; files in {work})")
     ok, groups = parity_step.compare(ours, ref32, ref64, indices, args.tol, title)
     for line in notes:
@@ -619,7 +620,9 @@ def official_checks(root, check, gen):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--detr-repo", help="checkout of facebookresearch/detr")
+    ap.add_argument("--detr-repo", help="checkout of facebookresearch/detr (Atten4Vis/ConditionalDETR with "
+                    "--decoder conditional or a conditional-* preset)")
+    ap.add_argument("--decoder", default=None, choices=["detr", "conditional"], help="default: the preset's")
     ap.add_argument("--preset", default="tiny", choices=sorted(parity_step.PRESETS))
     ap.add_argument("--variant", default="all", choices=VARIANTS + ["all"])
     ap.add_argument("--padding", action="store_true", help="second image padded bottom/right")
