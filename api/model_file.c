@@ -107,7 +107,7 @@ int model_config_load(const char *config, const char *const *sets, int n_sets, D
     FILE *f = fopen(config, "r");
     struct stat st;
     if (!f || fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
-      snprintf(err, err_cap, "--config %s: not a preset (detr-r50, detr-r18-small, tiny) nor a readable file", config);
+      snprintf(err, err_cap, "--config %s: not a preset (" DETR_PRESET_LIST ") nor a readable file", config);
       if (f) fclose(f);
       return -1;
     }
@@ -180,14 +180,16 @@ void checkpoint_info_free(CheckpointInfo *ci) {
 }
 
 static const RunDefaults RUN_DEFAULTS[] = {
-    {"detr-r50", 300, 800, 1333},      // the paper's schedule and COCO's sizes
-    {"detr-r18-small", 50, 320, 512},  // the synthetic set's scale
-    {"tiny", 50, 128, 192},            // tests and smoke runs
+    {"detr-r50", 300, 800, 1333, 200},             // the paper's schedule and COCO's sizes
+    {"detr-r18-small", 50, 320, 512, 0},           // the synthetic set's scale
+    {"tiny", 50, 128, 192, 0},                     // tests and smoke runs
+    {"conditional-detr-r50", 50, 800, 1333, 40},   // Conditional DETR's main.py: 50 epochs, drop at 40
 };
 
 const RunDefaults *model_run_defaults(const DetrConfig *cfg) {
   if (cfg->hidden_dim <= 32) return &RUN_DEFAULTS[2];
-  return cfg->backbone_depth < 50 ? &RUN_DEFAULTS[1] : &RUN_DEFAULTS[0];
+  if (cfg->backbone_depth < 50) return &RUN_DEFAULTS[1];
+  return strcmp(detr_decoder(cfg)->name, "conditional") ? &RUN_DEFAULTS[0] : &RUN_DEFAULTS[3];
 }
 
 void model_eval_sizes(const DetrConfig *cfg, const CheckpointInfo *ci, int *image_size, int *max_size) {

@@ -7,6 +7,9 @@
 
 #include "nn/detr.h"
 
+const char *const DETR_PRESETS[] = {"detr-r50", "detr-r18-small", "conditional-detr-r50", "conditional-detr-r18-small",
+                                    "tiny", NULL};
+
 int detr_config_preset(const char *name, DetrConfig *cfg) {
   // The paper's DETR-R50: ResNet-50, hidden 256, 8 heads, 6 + 6 layers, FFN 2048, 100 queries,
   // 91 classes (COCO ids 1..90, plus the unused 0).

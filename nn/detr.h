@@ -33,6 +33,8 @@ typedef struct {
 // as a shortcut for it (e.g. enact=true), every variant's settings (e.g. enact_sigma=2), and
 // decoder=NAME (nn/decoder.h), decoder_cross_attn=softmax|kmeans (the decoder's cross-attention).
 int detr_config_preset(const char *name, DetrConfig *cfg);
+#define DETR_PRESET_LIST "detr-r50, detr-r18-small, conditional-detr-r50, conditional-detr-r18-small, tiny"
+extern const char *const DETR_PRESETS[];  // the names above, NULL-terminated
 // Sets one field from text, e.g. ("hidden_dim", "128"). Returns 0, or -1 with err set.
 int detr_config_set(DetrConfig *cfg, const char *key, const char *value, char *err, size_t err_cap);
 // "key=value" lines of every field (readable by detr_config_set), into buf.

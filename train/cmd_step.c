@@ -227,7 +227,7 @@ int cmd_step(int argc, char **argv) {
   bool no_dropout = false;
   CliList sets = {0};
   CliFlag flags[] = {
-      {"config", FLAG_STRING, &config, "model preset (detr-r50, detr-r18-small, tiny) or key=value file"},
+      {"config", FLAG_STRING, &config, "model preset (" DETR_PRESET_LIST ") or key=value file"},
       {"set", FLAG_LIST, &sets, "override one config field, e.g. --set hidden_dim=64"},
       {"weights", FLAG_STRING, &weights, "model safetensors (reference names); default: reference init from --seed"},
       {"batch", FLAG_STRING, &batch_path, "input batch safetensors"},

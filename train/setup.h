@@ -5,7 +5,7 @@
 #include "train/cli.h"
 #include "datasets/transforms.h"
 
-// config: a preset name (detr-r50, detr-r18-small, tiny) or a file of key=value lines (# comments);
+// config: a preset name (DETR_PRESET_LIST in nn/detr.h) or a file of key=value lines (# comments);
 // sets: "key=value" overrides applied in order. Returns 0, or -1 with err set.
 int setup_model_config(const char *config, const CliList *sets, DetrConfig *cfg, char *err, size_t err_cap);
 // Applies "key=value" overrides in order (no validation). Returns 0, or -1 with err set.
