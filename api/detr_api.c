@@ -208,17 +208,18 @@ void detr_input_size(const detr_model *model, int *image_size, int *max_size) {
 static int by_score(const void *a, const void *b) {
   const Detection *x = a, *y = b;
   if (x->score != y->score) return x->score > y->score ? -1 : 1;
-  return x->query < y->query ? -1 : x->query > y->query;  // ties: query order (a total order)
+  if (x->query != y->query) return x->query < y->query ? -1 : 1;  // ties: query, then label (a total order)
+  return (x->label > y->label) - (x->label < y->label);
 }
 
-// The detections scoring >= threshold among dets [Q] (reordered), with their names copied.
-static detr_result *make_result(const detr_model *m, Detection *dets, int64_t Q, double threshold, int w, int h) {
+// The detections scoring >= threshold among dets [K] (reordered), with their names copied.
+static detr_result *make_result(const detr_model *m, Detection *dets, int64_t K, double threshold, int w, int h) {
   detr_result *r = calloc(1, sizeof *r);
   DETR_CHECK(r, "detr: out of host memory");
   r->width = w, r->height = h;
   int64_t kept = 0;
-  for (int64_t q = 0; q < Q; q++) {
-    const Detection *d = &dets[q];
+  for (int64_t k = 0; k < K; k++) {
+    const Detection *d = &dets[k];
     bool finite = isfinite(d->score) && isfinite(d->box[0]) && isfinite(d->box[1]) && isfinite(d->box[2]) &&
                   isfinite(d->box[3]);
     if (!finite) r->dropped++;  // NaN weights: never a silent "detection"
@@ -243,17 +244,18 @@ static detr_result *make_result(const detr_model *m, Detection *dets, int64_t Q,
   return r;
 }
 
-// img is consumed. The forward of one image; every query's detection in the original pixels.
+// img is consumed. The forward of one image; its detections (every query's for DETR) in the
+// original pixels.
 static detr_status detect_image(detr_model *m, Image *img, double threshold, detr_result **out) {
   int ow = img->w, oh = img->h;
   Target none = {0};
   Rng unused = rng_make(0);  // the val transform draws nothing
   aug_apply(img, &none, &m->aug, &unused);
   target_free(&none);
-  int64_t H = img->h, W = img->w, Q = m->net->cfg.num_queries;
+  int64_t H = img->h, W = img->w, K = detr_detections_per_image(&m->net->cfg);
   float *pixels = malloc((size_t)(3 * H * W) * sizeof(float));  // [1, 3, H, W] normalized
   uint8_t *mask = calloc((size_t)(H * W), 1);                      // [1, H, W] all valid
-  Detection *dets = malloc((size_t)Q * sizeof(Detection));         // [Q]
+  Detection *dets = malloc((size_t)K * sizeof(Detection));         // [K]
   DETR_CHECK(pixels && mask && dets, "detr: out of host memory");
   for (int c = 0; c < 3; c++)
     for (int64_t i = 0; i < H * W; i++) pixels[c * H * W + i] = m->lut[c][img->data[i * 3 + c]];
@@ -269,15 +271,14 @@ static detr_status detect_image(detr_model *m, Image *img, double threshold, det
   if (detr_model_forward(m->net, &ctx, images, mask, &fwd, last_error, sizeof last_error)) {
     st = DETR_ERR_RUNTIME;
   } else {
-    const DetrLayerOutput *last = &fwd.layers[fwd.n_layers - 1];
-    detr_postprocess(last->logits, last->boxes, &ow, &oh, dets);
+    detr_postprocess_output(m->net, &fwd, &ow, &oh, dets);
     detr_output_free(&fwd);
   }
   tensor_scope_release(mark);
   autograd_set_grad_enabled(was);
   pthread_mutex_unlock(&api_lock);
 
-  if (!st) *out = make_result(m, dets, Q, threshold, ow, oh);
+  if (!st) *out = make_result(m, dets, K, threshold, ow, oh);
   free(pixels);
   free(mask);
   free(dets);

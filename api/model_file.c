@@ -122,7 +122,7 @@ int model_config_load(const char *config, const char *const *sets, int n_sets, D
     FILE *f = fopen(config, "r");
     struct stat st;
     if (!f || fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
-      snprintf(err, err_cap, "--config %s: not a preset (detr-r50, detr-r18-small, tiny) nor a readable file", config);
+      snprintf(err, err_cap, "--config %s: not a preset (" DETR_PRESET_LIST ") nor a readable file", config);
       if (f) fclose(f);
       return -1;
     }
@@ -188,14 +188,13 @@ static int check_config_tensors(const StFile *f, const DetrConfig *c, bool overr
     int64_t d[4];
   } want[] = {
       {"query_embed.weight", 2, {c->num_queries, c->hidden_dim}},
-      {"class_embed.weight", 2, {c->num_classes + 1, c->hidden_dim}},
+      {"class_embed.weight", 2, {c->num_classes + detr_classes(c)->extra_columns, c->hidden_dim}},
       {last_ffn, 2, {c->ffn_dim, c->hidden_dim}},
       {"backbone.0.body.conv1.weight", 4, {c->backbone_width ? c->backbone_width : 64, 3, 7, 7}},
   };
-  // The FFN's name is DETR's decoder's (nn/decoder_detr.c); another kind's layers are checked by the load.
-  bool detr_layers = !strcmp(detr_decoder(c)->name, "detr");
+  // Both decoder kinds (DETR's, nn/transformer.c; Conditional DETR's, nn/decoder_conditional.c) name
+  // their layers' FFN so; a kind that does not must be given its own entry here.
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-    if (want[i].name == last_ffn && !detr_layers) continue;
     const StEntry *e = st_find(f, want[i].name);
     bool same = e && e->ndim == want[i].ndim;
     for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == want[i].d[d];
@@ -242,14 +241,16 @@ void checkpoint_info_free(CheckpointInfo *ci) {
 }
 
 static const RunDefaults RUN_DEFAULTS[] = {
-    {"detr-r50", 300, 800, 1333},      // the paper's schedule and COCO's sizes
-    {"detr-r18-small", 50, 320, 512},  // the synthetic set's scale
-    {"tiny", 50, 128, 192},            // tests and smoke runs
+    {"detr-r50", 300, 800, 1333, 200},             // the paper's schedule and COCO's sizes
+    {"detr-r18-small", 50, 320, 512, 0},           // the synthetic set's scale
+    {"tiny", 50, 128, 192, 0},                     // tests and smoke runs
+    {"conditional-detr-r50", 50, 800, 1333, 40},   // Conditional DETR's main.py: 50 epochs, drop at 40
 };
 
 const RunDefaults *model_run_defaults(const DetrConfig *cfg) {
   if (cfg->hidden_dim <= 32) return &RUN_DEFAULTS[2];
-  return cfg->backbone_depth < 50 ? &RUN_DEFAULTS[1] : &RUN_DEFAULTS[0];
+  if (cfg->backbone_depth < 50) return &RUN_DEFAULTS[1];
+  return strcmp(detr_decoder(cfg)->name, "conditional") ? &RUN_DEFAULTS[0] : &RUN_DEFAULTS[3];
 }
 
 void model_eval_sizes(const DetrConfig *cfg, const CheckpointInfo *ci, int *image_size, int *max_size) {

@@ -30,7 +30,7 @@ int checkpoint_verify(const StFile *f, const char *hint, char *err, size_t err_c
 int model_config_line(DetrConfig *cfg, char *line, const char *where, char *err, size_t err_cap);
 // Applies "key=value" overrides in order (no validation). Returns 0, or -1 with err set.
 int model_config_apply_sets(DetrConfig *cfg, const char *const *sets, int n_sets, char *err, size_t err_cap);
-// config: a preset (detr-r50, detr-r18-small, tiny) or a file of key=value lines over detr-r50;
+// config: a preset (DETR_PRESET_LIST in nn/detr.h) or a file of key=value lines over detr-r50;
 // then the overrides; then validation. Returns 0, or -1 with err set.
 int model_config_load(const char *config, const char *const *sets, int n_sets, DetrConfig *cfg, char *err,
                       size_t err_cap);
@@ -52,6 +52,7 @@ void checkpoint_info_free(CheckpointInfo *ci);
 typedef struct {
   const char *preset;
   int epochs, image_size, max_size;
+  int lr_drop;  // the epoch of the x0.1 drop (0: two thirds of the epochs)
 } RunDefaults;
 const RunDefaults *model_run_defaults(const DetrConfig *cfg);
 // Evaluation image sizes: the training run's (ci may be NULL), else the model's run defaults.

@@ -15,6 +15,10 @@ Tensor *op_mul_scalar(Tensor *x, float s);
 Tensor *op_sqrt(Tensor *x);
 Tensor *op_pow_scalar(Tensor *x, float p);  // x^p for x > 0
 Tensor *op_softplus(Tensor *x);              // log(1 + e^x); x above 20, as torch
+Tensor *op_sin(Tensor *x);
+Tensor *op_cos(Tensor *x);
+// Conditional DETR's inverse_sigmoid: log(max(x, eps) / max(1 - x, eps)) of x clamped to [0, 1].
+Tensor *op_inverse_sigmoid(Tensor *x, float eps);
 // Binary ops broadcast numpy-style (shapes aligned at the last dim, size-1 dims stretch).
 Tensor *op_add(Tensor *a, Tensor *b);
 Tensor *op_sub(Tensor *a, Tensor *b);
@@ -83,6 +87,10 @@ Tensor *op_index_select(Tensor *x, const int64_t *idx, int64_t n);
 // sum_i w[t_i] * -log softmax(logits_i)[t_i] / sum_i w[t_i]: logits [N, C], host targets[N] in
 // [0, C), class weights [C] (NULL = all 1). torch's F.cross_entropy(weight=w) with mean reduction.
 Tensor *op_cross_entropy(Tensor *logits, const int64_t *targets, Tensor *class_weight);
+// Sigmoid focal loss (RetinaNet) summed over every element of logits [N, C] (shape []): targets
+// [N] host, in [0, C]; row r's binary target is 1 at column targets[r] only (C: all 0).
+// alpha_t BCE (1 - p_t)^gamma (kernels/loss_math.h); alpha < 0: no alpha weighting.
+Tensor *op_sigmoid_focal_loss(Tensor *logits, const int64_t *targets, float alpha, float gamma);
 // sum |a - b| over all elements (shape []).
 Tensor *op_l1_sum(Tensor *a, Tensor *b);
 // Boxes [..., 4]: (cx, cy, w, h) <-> (x0, y0, x1, y1).

@@ -1,4 +1,4 @@
-// Losses (weighted cross-entropy, L1) and the box ops of DETR's GIoU loss.
+// Losses (weighted cross-entropy, sigmoid focal, L1) and the box ops of DETR's GIoU loss.
 #include "autograd/op_util.h"
 
 // --- weighted cross-entropy, mean over the weights of the targets (torch semantics) ---
@@ -45,6 +45,50 @@ Tensor *op_cross_entropy(Tensor *logits, const int64_t *targets, Tensor *class_w
     autograd_save(n, lse);
     autograd_save(n, logits);
     if (class_weight) autograd_save(n, class_weight);
+  }
+  node_take_block(n, dev, dev_targets, target_bytes);
+  return y;
+}
+
+// --- sigmoid focal loss, summed (Conditional DETR's classification loss) ---
+// Targets on the logits' device as for cross-entropy; alpha and gamma in the node's attributes.
+
+typedef struct {
+  float alpha, gamma;
+} FocalAttrs;
+
+static void focal_loss_backward_node(TapeNode *n) {
+  Tensor *logits = n->in[0], *y = n->out[0];
+  float *dlogits = grad_data_or_null(logits);
+  if (!dlogits) return;
+  const FocalAttrs *at = NODE_ATTRS(n, FocalAttrs);
+  int64_t rows = logits->shape.d[0], classes = logits->shape.d[1];
+  DISPATCH(logits->device,
+           cpu_focal_loss_backward(logits->data, n->buf, y->grad->data[0], dlogits, rows, classes, at->alpha, at->gamma),
+           cuda_focal_loss_backward(logits->data, n->buf, y->grad->data, dlogits, rows, classes, at->alpha, at->gamma));
+}
+
+Tensor *op_sigmoid_focal_loss(Tensor *logits, const int64_t *targets, float alpha, float gamma) {
+  char s[64];
+  DETR_CHECK(logits->shape.ndim == 2 && logits->shape.d[0] > 0 && logits->shape.d[1] > 0,
+             "sigmoid_focal_loss: logits must be [N > 0, C > 0], got %s", shape_str(logits->shape, s, sizeof s));
+  DETR_CHECK(alpha <= 1.0f && gamma >= 0.0f, "sigmoid_focal_loss: alpha %g (<= 1) or gamma %g (>= 0) out of range",
+             alpha, gamma);
+  int64_t rows = logits->shape.d[0], classes = logits->shape.d[1];
+  for (int64_t r = 0; r < rows; r++)
+    DETR_CHECK(targets[r] >= 0 && targets[r] <= classes,
+               "sigmoid_focal_loss: target %lld of row %lld is outside [0, %lld]", (long long)targets[r],
+               (long long)r, (long long)classes);
+  Device dev = logits->device;
+  Tensor *y = tensor_new_scoped(dev, (Shape){0});
+  size_t target_bytes = (size_t)rows * sizeof(int64_t);
+  int64_t *dev_targets = upload_block(dev, targets, target_bytes);  // [rows] on dev
+  DISPATCH(dev, y->data[0] = cpu_focal_loss_forward(logits->data, dev_targets, rows, classes, alpha, gamma),
+           cuda_focal_loss_forward(logits->data, dev_targets, y->data, rows, classes, alpha, gamma));
+  TapeNode *n = autograd_record("sigmoid_focal_loss", focal_loss_backward_node, y, 1, &logits);
+  if (n) {
+    *NODE_ATTRS(n, FocalAttrs) = (FocalAttrs){.alpha = alpha, .gamma = gamma};
+    autograd_save(n, logits);
   }
   node_take_block(n, dev, dev_targets, target_bytes);
   return y;

@@ -85,7 +85,7 @@ static Measure bench_step(const EncoderAttnKind *kind, int reps) {
   float boxes[12] = {0.3f, 0.3f, 0.2f, 0.2f, 0.6f, 0.5f, 0.3f, 0.4f, 0.5f, 0.7f, 0.1f, 0.1f};
   int64_t labels[6] = {1, 5, 9, 3, 7, 2};
   DetrTarget targets[2] = {{3, boxes, labels}, {3, boxes, labels + 3}};
-  CriterionConfig ccfg = criterion_config_default((int)cfg.num_classes);
+  CriterionConfig ccfg = detr_criterion_config(&cfg);
   Rng drop = rng_make(2);
   NnCtx ctx = {.training = true, .dropout_rng = &drop};
   double *t = malloc(sizeof(double) * (size_t)reps);

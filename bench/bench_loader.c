@@ -35,7 +35,7 @@ static void bench_training(const CocoDataset *ds, int scale, int max_size, int s
   DETR_CHECK(loader_create(ds, &cfg, (LoaderPosition){0, 0}, &L, &err) == DATA_OK, "%s", err.msg);
   Rng dropout_rng = rng_make(1);
   NnCtx ctx = {.training = true, .dropout_rng = &dropout_rng};
-  CriterionConfig ccfg = criterion_config_default((int)mc.num_classes);
+  CriterionConfig ccfg = detr_criterion_config(&mc);
   double t_start = 0, waited = 0;
   int64_t images = 0;
   for (int step = 0; step <= steps; step++) {

@@ -145,7 +145,7 @@ int main(int argc, char **argv) {
   }
   DetrTarget *targets = malloc(sizeof(DetrTarget) * (size_t)B);
   for (int b = 0; b < B; b++) targets[b] = (DetrTarget){boxes, tb + 4 * boxes * b, tl + boxes * b};
-  CriterionConfig ccfg = criterion_config_default((int)cfg.num_classes);
+  CriterionConfig ccfg = detr_criterion_config(&cfg);
   Rng drop = rng_make(3);
   NnCtx ctx = {.training = true, .dropout_rng = &drop};
   double *t = malloc(sizeof(double) * (size_t)reps);

@@ -28,7 +28,10 @@ static inline int fill_is_zero_bits(float value) {
   X(MUL_SCALAR, "mul_scalar") /* x * param */                                   \
   X(SQRT, "sqrt")                                                               \
   X(POW_SCALAR, "pow_scalar") /* x ^ param, x > 0 */                            \
-  X(SOFTPLUS, "softplus")     /* log(1 + e^x), x for x > 20 (torch's threshold) */
+  X(SOFTPLUS, "softplus")     /* log(1 + e^x), x for x > 20 (torch's threshold) */       \
+  X(SIN, "sin")                                                                 \
+  X(COS, "cos")                                                                 \
+  X(INVERSE_SIGMOID, "inverse_sigmoid") /* log(x1 / x2), param = eps (below) */
 
 #define UNARY_ENUM_ENTRY(id, name) UNARY_##id,
 typedef enum { UNARY_OPS(UNARY_ENUM_ENTRY) UNARY_COUNT } UnaryOp;
@@ -39,6 +42,21 @@ static inline const char *unary_op_name(int op) {
   static const char *const names[UNARY_COUNT] = {UNARY_OPS(UNARY_NAME_ENTRY)};
 #undef UNARY_NAME_ENTRY
   return op >= 0 && op < UNARY_COUNT ? names[op] : "unknown";
+}
+
+// Conditional DETR's inverse_sigmoid (util/misc.py): x clamped to [0, 1], then
+// log(max(x, eps) / max(1 - x, eps)). Its gradient is what torch's clamps pass: nothing outside
+// [0, 1], and each clamp passes where its input is at or above eps (torch: min <= x inclusive).
+DETR_HD float inverse_sigmoid_forward(float x, float eps) {
+  x = fminf(fmaxf(x, 0.0f), 1.0f);
+  return logf(fmaxf(x, eps) / fmaxf(1.0f - x, eps));
+}
+DETR_HD float inverse_sigmoid_backward(float x, float dy, float eps) {
+  if (!(x >= 0.0f && x <= 1.0f)) return 0.0f;
+  float g = 0.0f;
+  if (x >= eps) g += 1.0f / x;
+  if (1.0f - x >= eps) g += 1.0f / (1.0f - x);
+  return dy * g;
 }
 
 // y = f(x).
@@ -54,6 +72,9 @@ DETR_HD float unary_forward(int op, float x, float param) {
     case UNARY_SQRT: return sqrtf(x);
     case UNARY_POW_SCALAR: return powf(x, param);
     case UNARY_SOFTPLUS: return x > 20.0f ? x : log1pf(expf(x));
+    case UNARY_SIN: return sinf(x);
+    case UNARY_COS: return cosf(x);
+    case UNARY_INVERSE_SIGMOID: return inverse_sigmoid_forward(x, param);
     default: return NAN;
   }
 }
@@ -71,6 +92,9 @@ DETR_HD float unary_backward(int op, float x, float y, float dy, float param) {
     case UNARY_SQRT: return dy * 0.5f / y;
     case UNARY_POW_SCALAR: return dy * param * powf(x, param - 1.0f);
     case UNARY_SOFTPLUS: return x > 20.0f ? dy : dy / (1.0f + expf(-x));
+    case UNARY_SIN: return dy * cosf(x);
+    case UNARY_COS: return -dy * sinf(x);
+    case UNARY_INVERSE_SIGMOID: return inverse_sigmoid_backward(x, dy, param);
     default: return NAN;
   }
 }

@@ -39,16 +39,20 @@ Tensor *mha_merge_heads(Tensor *x, int64_t B) {
   return op_reshape(op_transpose(op_reshape(x, SHAPE(B, h, L, hd)), 1, 2), SHAPE(B, L, h * hd));
 }
 
-Tensor *mha_forward(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key, Tensor *value,
-                    Tensor *key_padding_mask) {
-  int64_t B = query->shape.d[0], Lq = query->shape.d[1], Lk = key->shape.d[1], h = a->heads, hd = a->dim / h;
-  Tensor *q = op_mul_scalar(mha_project(a, query, 0), 1.0f / sqrtf((float)hd));
-  Tensor *k = mha_project(a, key, 1), *v = mha_project(a, value, 2);
-  Tensor *qh = mha_split_heads(q, h), *kh = mha_split_heads(k, h), *vh = mha_split_heads(v, h);
+Tensor *attention_heads(const NnCtx *ctx, Tensor *q, Tensor *k, Tensor *v, int64_t heads, Tensor *key_padding_mask,
+                        float dropout) {
+  int64_t B = q->shape.d[0], Lq = q->shape.d[1], Lk = k->shape.d[1], hd = q->shape.d[2] / heads;
+  q = op_mul_scalar(q, 1.0f / sqrtf((float)hd));
+  Tensor *qh = mha_split_heads(q, heads), *kh = mha_split_heads(k, heads), *vh = mha_split_heads(v, heads);
   Tensor *logits = op_bmm(qh, kh, false, true);  // [B*h, Lq, Lk]
   // The mask row of image b serves its h*Lq logit rows.
-  Tensor *attn = op_softmax(op_reshape(logits, SHAPE(B, h * Lq, Lk)), key_padding_mask);
-  attn = nn_dropout(ctx, op_reshape(attn, SHAPE(B * h, Lq, Lk)), a->dropout);
-  Tensor *out = op_bmm(attn, vh, false, false);  // [B*h, Lq, hd]
-  return linear_forward(&a->out_proj, mha_merge_heads(out, B));
+  Tensor *attn = op_softmax(op_reshape(logits, SHAPE(B, heads * Lq, Lk)), key_padding_mask);
+  attn = nn_dropout(ctx, op_reshape(attn, SHAPE(B * heads, Lq, Lk)), dropout);
+  return mha_merge_heads(op_bmm(attn, vh, false, false), B);  // [B, Lq, h * dv]
+}
+
+Tensor *mha_forward(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key, Tensor *value,
+                    Tensor *key_padding_mask) {
+  Tensor *q = mha_project(a, query, 0), *k = mha_project(a, key, 1), *v = mha_project(a, value, 2);
+  return linear_forward(&a->out_proj, attention_heads(ctx, q, k, v, a->heads, key_padding_mask, a->dropout));
 }

@@ -7,6 +7,9 @@
 
 #include "nn/detr.h"
 
+const char *const DETR_PRESETS[] = {"detr-r50", "detr-r18-small", "conditional-detr-r50", "conditional-detr-r18-small",
+                                    "tiny", NULL};
+
 int detr_config_preset(const char *name, DetrConfig *cfg) {
   // The paper's DETR-R50: ResNet-50, hidden 256, 8 heads, 6 + 6 layers, FFN 2048, 100 queries,
   // 91 classes (COCO ids 1..90, plus the unused 0).
@@ -24,6 +27,12 @@ int detr_config_preset(const char *name, DetrConfig *cfg) {
     cfg->enc_layers = cfg->dec_layers = 2;
     cfg->ffn_dim = 512;
     cfg->num_queries = 50;
+  } else if (!strcmp(name, "conditional-detr-r50") || !strcmp(name, "conditional-detr-r18-small")) {
+    // Conditional DETR (Atten4Vis/ConditionalDETR main.py): DETR's sizes, its decoder, and for the
+    // paper's R50 300 queries; the small one keeps detr-r18-small's sizes.
+    detr_config_preset(name + strlen("conditional-"), cfg);
+    cfg->decoder = decoder_find("conditional");
+    if (!strcmp(name, "conditional-detr-r50")) cfg->num_queries = 300;
   } else if (!strcmp(name, "tiny")) {  // tests: seconds on a CPU
     *cfg = r50;
     cfg->backbone_depth = 18;
@@ -56,6 +65,12 @@ static const Field FIELDS[] = {
     F(num_classes, FIELD_INT), F(dropout, FIELD_FLOAT), F(pre_norm, FIELD_BOOL), F(aux_loss, FIELD_BOOL),
     F(tf32, FIELD_BOOL),
 };
+
+const ClassHead *detr_classes(const DetrConfig *cfg) { return decoder_classes(detr_decoder(cfg)); }
+
+CriterionConfig detr_criterion_config(const DetrConfig *cfg) {
+  return criterion_config_for((int)cfg->num_classes, detr_classes(cfg));
+}
 
 const EncoderAttnKind *detr_encoder_attn(const DetrConfig *cfg) {
   return cfg->encoder_attn ? cfg->encoder_attn : encoder_attn_default();
@@ -196,6 +211,10 @@ int detr_config_validate(const DetrConfig *c, char *err, size_t err_cap) {
   else if (!(c->dropout >= 0.0f && c->dropout < 1.0f)) problem = "dropout must be in [0, 1)";
   else if (c->decoder_cross_attn && !decoder_cross_attn_find(detr_decoder(c), c->decoder_cross_attn))
     problem = "decoder_cross_attn is not offered by the decoder";
+  else if (detr_decoder(c)->unsupported)
+    problem = detr_decoder(c)->unsupported(&(DecoderShape){
+        .s = {.dim = c->hidden_dim, .heads = c->nheads, .ffn_dim = c->ffn_dim, .dropout = c->dropout, .pre_norm = c->pre_norm},
+        .layers = c->dec_layers, .cross_attn = c->decoder_cross_attn});
   if (problem) {
     snprintf(err, err_cap, "config: %s", problem);
     return -1;

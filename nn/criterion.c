@@ -5,14 +5,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-CriterionConfig criterion_config_default(int num_classes) {
+CriterionConfig criterion_config_for(int num_classes, const ClassHead *classes) {
   return (CriterionConfig){.num_classes = num_classes,
+                           .classes = classes,
                            .eos_coef = 0.1f,
-                           .weight_ce = 1.0f,
+                           .weight_ce = classes->weight_ce,
                            .weight_bbox = 5.0f,
                            .weight_giou = 2.0f,
                            .ce_share = 1.0f,
-                           .matcher = {.cost_class = 1.0f, .cost_bbox = 5.0f, .cost_giou = 2.0f}};
+                           .matcher = {.cost_class = classes->cost_class, .cost_bbox = 5.0f, .cost_giou = 2.0f,
+                                       .classes = classes}};
+}
+
+CriterionConfig criterion_config_default(int num_classes) {
+  return criterion_config_for(num_classes, &class_head_softmax);
+}
+
+static const ClassHead *head_of(const CriterionConfig *cfg) {
+  return cfg->classes ? cfg->classes : &class_head_softmax;
 }
 
 static void add_term(CriterionResult *r, const char *name, const char *suffix, Tensor *value, float weight) {
@@ -34,8 +44,7 @@ static void layer_losses(const CriterionConfig *cfg, DetrLayerOutput out, const 
   // Host index data: target class of every query [B*Q]; matched rows [M]; matched boxes [M, 4].
   int64_t *classes = malloc((size_t)(B * Q + matched) * sizeof(int64_t));
   float *tgt_boxes = malloc((size_t)(matched ? matched : 1) * 4 * sizeof(float));
-  float *class_weight = malloc((size_t)C1 * sizeof(float));
-  DETR_CHECK(classes && tgt_boxes && class_weight, "criterion: out of host memory");
+  DETR_CHECK(classes && tgt_boxes, "criterion: out of host memory");
   int64_t *rows = classes + B * Q;
   for (int64_t i = 0; i < B * Q; i++) classes[i] = cfg->num_classes;
   int64_t m = 0;
@@ -48,11 +57,9 @@ static void layer_losses(const CriterionConfig *cfg, DetrLayerOutput out, const 
       m++;
     }
   }
-  for (int64_t c = 0; c < C1; c++) class_weight[c] = c == cfg->num_classes ? cfg->eos_coef : 1.0f;
-
-  Tensor *weight = tensor_scoped(tensor_from_host(dev, SHAPE(C1), class_weight));
-  Tensor *loss_ce = op_cross_entropy(op_reshape(out.logits, SHAPE(B * Q, C1)), classes, weight);
-  if (cfg->ce_share != 1.0f) loss_ce = op_mul_scalar(loss_ce, cfg->ce_share);
+  ClassLossArgs args = {.num_classes = cfg->num_classes, .num_boxes = num_boxes,
+                        .eos_coef = cfg->eos_coef, .ce_share = cfg->ce_share};
+  Tensor *loss_ce = head_of(cfg)->loss(op_reshape(out.logits, SHAPE(B * Q, C1)), classes, &args);
 
   Tensor *src = op_index_select(op_reshape(out.boxes, SHAPE(B * Q, 4)), rows, matched);  // [M, 4]
   Tensor *tgt = tensor_scoped(tensor_from_host(dev, SHAPE(matched, 4), tgt_boxes));
@@ -65,11 +72,12 @@ static void layer_losses(const CriterionConfig *cfg, DetrLayerOutput out, const 
   add_term(r, "loss_giou", suffix, loss_giou, cfg->weight_giou);
   free(classes);
   free(tgt_boxes);
-  free(class_weight);
 }
 
-// mean |#queries predicting an object - #targets| over the images (logged only).
-static float cardinality_error(const CriterionConfig *cfg, const float *logits, int64_t B, int64_t Q, int64_t C1,
+// mean |#queries predicting an object - #targets| over the images (logged only). A query predicts
+// an object when its argmax is not the last column: DETR's no-object; with sigmoids (Conditional
+// DETR's loss_cardinality, kept as the reference computes it) the last real class.
+static float cardinality_error(const float *logits, int64_t B, int64_t Q, int64_t C1,
                                const DetrTarget *targets) {
   double card = 0.0;
   for (int64_t b = 0; b < B; b++) {
@@ -79,7 +87,7 @@ static float cardinality_error(const CriterionConfig *cfg, const float *logits, 
       int64_t best = 0;
       for (int64_t c = 1; c < C1; c++)
         if (row[c] > row[best]) best = c;
-      if (best != cfg->num_classes) predicted_objects++;
+      if (best != C1 - 1) predicted_objects++;
     }
     card += fabs((double)predicted_objects - (double)targets[b].n);
   }
@@ -94,7 +102,7 @@ static void logging_metrics(const CriterionConfig *cfg, DetrLayerOutput out, con
   float *logits = malloc((size_t)out.logits->numel * sizeof(float));
   DETR_CHECK(logits, "criterion: out of host memory");
   tensor_to_host(out.logits, logits);
-  float card = cardinality_error(cfg, logits, B, Q, C1, targets);
+  float card = cardinality_error(logits, B, Q, C1, targets);
   if (layer >= 0) {
     r->aux_cardinality_error[layer] = card;
     free(logits);
@@ -125,8 +133,9 @@ int criterion_forward(const CriterionConfig *cfg, DetrLayerOutput final, const D
   DETR_CHECK(n_aux >= 0 && n_aux < DETR_MAX_LOSS_TERMS / 3 - 1, "criterion: %d auxiliary outputs", n_aux);
   DETR_CHECK(num_boxes >= 1.0f, "criterion: num_boxes %g < 1", num_boxes);
   int B = (int)final.logits->shape.d[0];
-  DETR_CHECK(final.logits->shape.ndim == 3 && final.logits->shape.d[2] == cfg->num_classes + 1,
-             "criterion: logits must be [B, Q, %d]", cfg->num_classes + 1);
+  int cols = cfg->num_classes + head_of(cfg)->extra_columns;
+  DETR_CHECK(final.logits->shape.ndim == 3 && final.logits->shape.d[2] == cols, "criterion: logits must be [B, Q, %d]",
+             cols);
   DetrMatch *matches = calloc((size_t)B, sizeof(DetrMatch));
   DETR_CHECK(matches, "criterion: out of host memory");
   Tensor *total = NULL;

@@ -1,16 +1,18 @@
-// DETR's SetCriterion: Hungarian matching per decoder output, then weighted cross-entropy over
-// all queries (no-object weight eos_coef), L1 and GIoU losses over matched pairs divided by
-// num_boxes, for the final output and each auxiliary output (suffix _0, _1, ...). An autograd
-// composite: the total's gradient flows to every layer's logits and boxes.
+// DETR's SetCriterion: Hungarian matching per decoder output, then the class head's loss over all
+// queries (DETR: cross-entropy with no-object weight eos_coef; Conditional DETR: sigmoid focal,
+// nn/class_head.h), L1 and GIoU losses over matched pairs divided by num_boxes, for the final
+// output and each auxiliary output (suffix _0, _1, ...). An autograd composite: the total's
+// gradient flows to every layer's logits and boxes.
 #pragma once
 #include "autograd/ops.h"
 #include "nn/matcher.h"
 
 typedef struct {
-  int num_classes;  // logits have num_classes + 1 columns, the last is "no object"
-  float eos_coef;   // cross-entropy weight of the no-object class (0.1)
-  float weight_ce, weight_bbox, weight_giou;  // 1, 5, 2
-  MatcherWeights matcher;                     // 1, 5, 2
+  int num_classes;             // logits have num_classes + classes->extra_columns columns
+  const ClassHead *classes;    // how logits are read (NULL: DETR's softmax with "no object")
+  float eos_coef;              // softmax: cross-entropy weight of the no-object class (0.1)
+  float weight_ce, weight_bbox, weight_giou;  // DETR 1, 5, 2; Conditional DETR 2, 5, 2
+  MatcherWeights matcher;                     // DETR 1, 5, 2; Conditional DETR 2, 5, 2
   // Data parallelism: this process's share of the global batch's cross-entropy weight (sum of the
   // class weights of its queries' targets over the global batch's), 1 in one process. The mean
   // over the global batch is then the sum over processes of share * local mean, as for L1/GIoU
@@ -18,9 +20,11 @@ typedef struct {
   float ce_share;
 } CriterionConfig;
 
-CriterionConfig criterion_config_default(int num_classes);
+CriterionConfig criterion_config_default(int num_classes);  // DETR's (softmax)
+// The criterion of a class head: its loss and class-cost weights, the rest DETR's.
+CriterionConfig criterion_config_for(int num_classes, const ClassHead *classes);
 
-// One decoder output: logits [B, Q, C+1], boxes [B, Q, 4] (sigmoid, normalized cxcywh).
+// One decoder output: logits [B, Q, C + extra columns], boxes [B, Q, 4] (sigmoid, normalized cxcywh).
 typedef struct {
   Tensor *logits, *boxes;
 } DetrLayerOutput;
@@ -38,7 +42,7 @@ typedef struct {
   LossTerm terms[DETR_MAX_LOSS_TERMS];
   int n_terms;
   float class_error;        // 100 - top-1 accuracy (%) of the final output's matched queries
-  float cardinality_error;  // mean |#non-no-object predictions - #targets| per image (final output)
+  float cardinality_error;  // mean |#queries whose argmax is not the last column - #targets| per image
   float aux_cardinality_error[DETR_MAX_LOSS_TERMS / 3];  // the same for each auxiliary output
   DetrMatch *matches;       // [n_images], the final output's matches (owned: criterion_result_free)
   int n_images;

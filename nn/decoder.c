@@ -4,13 +4,15 @@
 #include <stdio.h>
 #include <string.h>
 
-extern const DecoderKind decoder_detr;
+extern const DecoderKind decoder_detr, decoder_conditional;
 
 // The registry: one line per kind. The first is the default.
-static const DecoderKind *const KINDS[] = {&decoder_detr};
+static const DecoderKind *const KINDS[] = {&decoder_detr, &decoder_conditional};
 #define N_KINDS ((int)(sizeof KINDS / sizeof KINDS[0]))
 
 const DecoderKind *decoder_default(void) { return KINDS[0]; }
+
+const ClassHead *decoder_classes(const DecoderKind *k) { return k->classes ? k->classes : &class_head_softmax; }
 
 const DecoderKind *decoder_find(const char *name) {
   for (int i = 0; i < N_KINDS; i++)

@@ -5,8 +5,10 @@
 // the query embedding and the class and box heads, and sees the decoder only through this.
 //
 // Adding a kind: one file nn/decoder_<name>.c defining a `const DecoderKind decoder_<name>`, plus
-// one line in the registry (nn/decoder.c). Kinds: detr (models/transformer.py's decoder).
+// one line in the registry (nn/decoder.c). Kinds: detr (models/transformer.py's decoder) and
+// conditional (Conditional DETR, nn/decoder_conditional.c).
 #pragma once
+#include "nn/class_head.h"
 #include "nn/transformer.h"
 
 #define DECODER_MAX_LAYERS 12
@@ -27,7 +29,7 @@ typedef struct {
 typedef struct {
   Tensor *hs[DECODER_MAX_LAYERS];  // [B, Q, d] every layer's output, after the decoder's final norm
   int n_layers;
-  Tensor *reference;               // [B, Q, 2] the queries' reference points (sigmoid space), or NULL
+  Tensor *reference;               // [Q, 2] or [B, Q, 2] the queries' reference points (sigmoid space), or NULL
 } DecoderOutput;
 
 typedef struct DecoderKind {
@@ -44,10 +46,19 @@ typedef struct DecoderKind {
   // The cross-attentions it offers (config decoder_cross_attn), NULL-terminated; the first is the
   // default. NULL: the kind has no choice (only "softmax").
   const char *const *cross_attns;
+  // How the class head's logits are read, and so the criterion's class loss and weights, the
+  // matcher's class cost and the post-processing (nn/class_head.h). NULL: DETR's softmax.
+  const ClassHead *classes;
+  // After the model's default initialisation of its heads, the kind's own (e.g. a prior on the
+  // class bias, a zero last box layer). NULL: none.
+  void (*init_heads)(Linear *class_embed, Mlp *bbox_embed);
+  // What the kind cannot build (e.g. pre-norm), as a message for the config error. NULL: all.
+  const char *(*unsupported)(const DecoderShape *shape);
 } DecoderKind;
 
 const DecoderKind *decoder_find(const char *name);  // NULL when unknown
 const DecoderKind *decoder_default(void);            // detr
+const ClassHead *decoder_classes(const DecoderKind *k);  // the kind's class head (softmax when unset)
 const char *decoder_names(char *buf, size_t cap);    // "detr, ..." for messages
 // The kind's cross-attention named `name` as its own static string (NULL: unknown to the kind);
 // names: "softmax, ..." for messages.

@@ -32,7 +32,8 @@ DetrModel *detr_model_create(const DetrConfig *cfg, Device dev) {
   m->decoder_state = calloc(1, dk->state_size);
   DETR_CHECK(m->decoder_state, "detr_model_create: out of host memory");
   dk->create(m->decoder_state, ps, "transformer.decoder", &(DecoderShape){.s = s, .layers = cfg->dec_layers, .cross_attn = cfg->decoder_cross_attn});
-  m->class_embed = linear_create(ps, "class_embed", d, cfg->num_classes + 1, true, PARAM_TRAINABLE, LR_GROUP_MAIN);
+  m->class_embed = linear_create(ps, "class_embed", d, cfg->num_classes + detr_classes(cfg)->extra_columns, true,
+                                 PARAM_TRAINABLE, LR_GROUP_MAIN);
   m->bbox_embed = mlp_create(ps, "bbox_embed", d, d, 4, 3);
   m->query_embed = params_add(ps, SHAPE(cfg->num_queries, d), PARAM_TRAINABLE, LR_GROUP_MAIN, "query_embed.weight");
   resnet_create(&m->backbone, ps, "backbone.0.body", cfg->backbone_depth, cfg->backbone_width, cfg->dilation,
@@ -49,6 +50,8 @@ void detr_model_init(DetrModel *m, uint64_t seed) {
   init_torch_default(m->class_embed.weight, m->class_embed.bias, &rng);
   for (int i = 0; i < m->bbox_embed.n_layers; i++)
     init_torch_default(m->bbox_embed.layers[i].weight, m->bbox_embed.layers[i].bias, &rng);
+  const DecoderKind *dk = detr_decoder(&m->cfg);
+  if (dk->init_heads) dk->init_heads(&m->class_embed, &m->bbox_embed);
   init_normal(m->query_embed, &rng, 1.0f);  // nn.Embedding: N(0, 1)
   init_torch_default(m->input_proj.weight, m->input_proj.bias, &rng);
   resnet_init(&m->backbone, &rng);
@@ -127,4 +130,15 @@ int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, con
   feature_geometry_free(&geom);
   free(small);
   return 0;
+}
+
+int64_t detr_detections_per_image(const DetrConfig *cfg) {
+  const ClassHead *h = detr_classes(cfg);
+  return h->detections_per_image(cfg->num_queries, cfg->num_classes + h->extra_columns);
+}
+
+void detr_postprocess_output(const DetrModel *m, const DetrOutput *o, const int *orig_w, const int *orig_h,
+                             Detection *out) {
+  const DetrLayerOutput *last = &o->layers[o->n_layers - 1];
+  detr_postprocess(detr_classes(&m->cfg), last->logits, last->boxes, orig_w, orig_h, out);
 }

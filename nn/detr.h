@@ -5,6 +5,7 @@
 #include "nn/criterion.h"
 #include "nn/resnet.h"
 #include "nn/decoder.h"
+#include "nn/postprocess.h"
 
 #define DETR_MAX_LAYERS 12
 _Static_assert(DETR_MAX_LAYERS == DECODER_MAX_LAYERS, "one layer limit for the model and its decoder");
@@ -26,11 +27,14 @@ typedef struct {
   bool tf32;               // CUDA: TF32 tensor-core matmuls and convolutions (off: fp32, CPU parity)
 } DetrConfig;
 
-// Presets: "detr-r50" (the paper), "detr-r18-small", "tiny" (tests). Returns 0, or -1 if unknown.
+// Presets: "detr-r50" (the paper), "detr-r18-small", "conditional-detr-r50" (Conditional DETR's
+// paper), "conditional-detr-r18-small", "tiny" (tests). Returns 0, or -1 if unknown.
 // Keys of detr_config_set beyond the fields: encoder_attn=NAME (nn/encoder_attn.h), NAME=true|false
 // as a shortcut for it (e.g. enact=true), every variant's settings (e.g. enact_sigma=2), and
 // decoder=NAME (nn/decoder.h), decoder_cross_attn=softmax|kmeans (the decoder's cross-attention).
 int detr_config_preset(const char *name, DetrConfig *cfg);
+#define DETR_PRESET_LIST "detr-r50, detr-r18-small, conditional-detr-r50, conditional-detr-r18-small, tiny"
+extern const char *const DETR_PRESETS[];  // the names above, NULL-terminated
 // Sets one field from text, e.g. ("hidden_dim", "128"). Returns 0, or -1 with err set.
 int detr_config_set(DetrConfig *cfg, const char *key, const char *value, char *err, size_t err_cap);
 // "key=value" lines of every field (readable by detr_config_set), into buf.
@@ -38,6 +42,10 @@ void detr_config_format(const DetrConfig *cfg, char *buf, size_t cap);
 // The encoder's attention variant (dense when unset) and the decoder (detr when unset).
 const EncoderAttnKind *detr_encoder_attn(const DetrConfig *cfg);
 const DecoderKind *detr_decoder(const DetrConfig *cfg);
+// How the class head's logits are read (the decoder's, nn/class_head.h), and the criterion that
+// goes with it (the head's loss and class-cost weights).
+const ClassHead *detr_classes(const DetrConfig *cfg);
+CriterionConfig detr_criterion_config(const DetrConfig *cfg);
 // Checks ranges (positive sizes, heads dividing hidden_dim, ...). Returns 0 or -1 with err set.
 // Upper limits keep a config file or a checkpoint's stored config from asking for absurd models
 // (every tensor dimension stays far below 2^31): beyond the backbone width's (1024), hidden_dim
@@ -58,7 +66,7 @@ typedef struct {
   LayerNorm enc_norm;   // pre-norm only (transformer.encoder.norm)
   void *decoder_state;  // the decoder kind's layers and norms (transformer.decoder.*), owned
   Tensor *query_embed; // [num_queries, hidden]
-  Linear class_embed;
+  Linear class_embed;  // [num_classes + the class head's extra columns, hidden]
   Mlp bbox_embed;
 } DetrModel;
 
@@ -76,6 +84,12 @@ typedef struct {
   int n_attn;
 } DetrOutput;
 void detr_output_free(DetrOutput *out);  // the attention traces
+// Detections per image of a model (DETR: one per query; Conditional DETR: the 100 best), and the
+// detections of the last layer's output (the class head's post-processing, nn/postprocess.h):
+// out [B * detr_detections_per_image], image by image.
+int64_t detr_detections_per_image(const DetrConfig *cfg);
+void detr_postprocess_output(const DetrModel *m, const DetrOutput *o, const int *orig_w, const int *orig_h,
+                             Detection *out);
 
 // images [B, 3, H, W] normalized; mask host [B, H, W] (1 = padding). Returns 0, or -1 with err
 // set for a batch the encoder's attention variant cannot handle (e.g. ENACT: an image with no valid

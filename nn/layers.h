@@ -77,6 +77,12 @@ Tensor *kmeans_cross_attention_assign(const MultiheadAttention *a, Tensor *query
 Tensor *kmeans_cross_attention_update(const MultiheadAttention *a, Tensor *assign, Tensor *value);
 Tensor *mha_forward(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key, Tensor *value,
                     Tensor *key_padding_mask);
+// The attention between projections, per head: softmax(q k^T / sqrt(dk) + mask) v with dropout p
+// on the weights; q [B, Lq, h*dk], k [B, Lk, h*dk], v [B, Lk, h*dv] -> [B, Lq, h*dv] (before any
+// output projection). mha_forward is its projections around this; Conditional DETR's decoder
+// (dk = 2 dv) calls it directly.
+Tensor *attention_heads(const NnCtx *ctx, Tensor *q, Tensor *k, Tensor *v, int64_t heads, Tensor *key_padding_mask,
+                        float dropout);
 // The q, k, v projections alone (the encoder-attention variants apply their own attention between
 // the projections: nn/encoder_attn.h).
 Tensor *mha_project(const MultiheadAttention *a, Tensor *x, int which);  // which: 0 q, 1 k, 2 v

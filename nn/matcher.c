@@ -8,22 +8,12 @@
 #include "kernels/box_math.h"
 #include "nn/hungarian.h"
 
-// Row-wise softmax of host logits [rows, cols] in place (float32, as the reference).
-static void softmax_rows(float *x, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; r++) {
-    float *row = x + r * cols, max = -INFINITY, sum = 0.0f;
-    for (int64_t c = 0; c < cols; c++) max = row[c] > max ? row[c] : max;
-    for (int64_t c = 0; c < cols; c++) sum += (row[c] = expf(row[c] - max));
-    for (int64_t c = 0; c < cols; c++) row[c] /= sum;
-  }
-}
-
 int detr_hungarian_match(const Tensor *logits, const Tensor *boxes, const DetrTarget *targets,
                          MatcherWeights w, DetrMatch *matches, char *err, size_t err_cap) {
   char s1[64], s2[64];
   DETR_CHECK(logits->shape.ndim == 3 && boxes->shape.ndim == 3 && boxes->shape.d[2] == 4 &&
                  logits->shape.d[0] == boxes->shape.d[0] && logits->shape.d[1] == boxes->shape.d[1],
-             "detr_hungarian_match: logits %s and boxes %s are not [B, Q, C+1] and [B, Q, 4]",
+             "detr_hungarian_match: logits %s and boxes %s are not [B, Q, C'] and [B, Q, 4]",
              shape_str(logits->shape, s1, sizeof s1), shape_str(boxes->shape, s2, sizeof s2));
   int64_t B = logits->shape.d[0], Q = logits->shape.d[1], C = logits->shape.d[2];
   memset(matches, 0, (size_t)B * sizeof(DetrMatch));
@@ -33,8 +23,10 @@ int detr_hungarian_match(const Tensor *logits, const Tensor *boxes, const DetrTa
   float *box = prob + logits->numel;
   tensor_to_host(logits, prob);
   tensor_to_host(boxes, box);
-  softmax_rows(prob, B * Q, C);
+  const ClassHead *head = w.classes ? w.classes : &class_head_softmax;
+  head->probabilities(prob, B * Q, C);
   int status = 0;
+  int64_t n_classes = C - head->extra_columns;  // a target's label is one of them
   for (int64_t b = 0; b < B && status == 0; b++) {
     const DetrTarget *t = &targets[b];
     int64_t n = t->n;
@@ -43,9 +35,9 @@ int detr_hungarian_match(const Tensor *logits, const Tensor *boxes, const DetrTa
     matches[b].target = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
     DETR_CHECK(cost && matches[b].query && matches[b].target, "detr_hungarian_match: out of host memory");
     for (int64_t j = 0; j < n && status == 0; j++) {
-      if (t->labels[j] < 0 || t->labels[j] >= C) {
+      if (t->labels[j] < 0 || t->labels[j] >= n_classes) {
         snprintf(err, err_cap, "image %lld: target %lld has label %lld outside [0, %lld)", (long long)b,
-                 (long long)j, (long long)t->labels[j], (long long)C);
+                 (long long)j, (long long)t->labels[j], (long long)n_classes);
         status = -1;
       }
     }
@@ -57,7 +49,7 @@ int detr_hungarian_match(const Tensor *logits, const Tensor *boxes, const DetrTa
         const float *tj = t->boxes + 4 * j;
         float l1 = fabsf(bq[0] - tj[0]) + fabsf(bq[1] - tj[1]) + fabsf(bq[2] - tj[2]) + fabsf(bq[3] - tj[3]);
         box_cxcywh_to_xyxy(tj, t_xyxy);
-        float c = w.cost_bbox * l1 + w.cost_class * -pq[t->labels[j]] + w.cost_giou * -box_giou(bq_xyxy, t_xyxy);
+        float c = w.cost_bbox * l1 + w.cost_class * head->match_cost(pq, t->labels[j]) + w.cost_giou * -box_giou(bq_xyxy, t_xyxy);
         cost[q * n + j] = (double)c;
       }
     }

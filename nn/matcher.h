@@ -1,10 +1,11 @@
 // DETR's Hungarian matcher: per image, the query-target assignment minimising
-// cost_bbox * L1(cxcywh) + cost_class * (-softmax prob of the target class) + cost_giou * (-GIoU),
-// computed without gradients and solved exactly on the host (nn/hungarian.h).
+// cost_bbox * L1(cxcywh) + cost_class * class cost + cost_giou * (-GIoU), the class cost the class
+// head's (DETR: -softmax prob of the target class; Conditional DETR: the focal cost), computed
+// without gradients and solved exactly on the host (nn/hungarian.h).
 #pragma once
 #include <stddef.h>
 
-#include "tensor/tensor.h"
+#include "nn/class_head.h"
 
 // Ground truth of one image, in host memory: normalized cxcywh boxes [n, 4], labels [n].
 typedef struct {
@@ -22,10 +23,11 @@ typedef struct {
 } DetrMatch;
 
 typedef struct {
-  float cost_class, cost_bbox, cost_giou;  // DETR: 1, 5, 2
+  float cost_class, cost_bbox, cost_giou;  // DETR: 1, 5, 2; Conditional DETR: 2, 5, 2
+  const ClassHead *classes;                // how logits give the class cost (NULL: DETR's softmax)
 } MatcherWeights;
 
-// logits [B, Q, C+1], boxes [B, Q, 4] on any device; targets [B]; fills matches [B] (free with
+// logits [B, Q, C + extra columns], boxes [B, Q, 4] on any device; targets [B]; fills matches [B] (free with
 // detr_matches_free). Returns 0, or -1 with err naming the image and the bad entry (NaN or -inf
 // cost, out-of-range label, infeasible matrix).
 int detr_hungarian_match(const Tensor *logits, const Tensor *boxes, const DetrTarget *targets,

@@ -143,7 +143,7 @@ static void reference_detections(Detection *dets) {
   DetrOutput out;
   ck_assert_int_eq(detr_model_forward(m, &ctx, images, b->mask, &out, err, sizeof err), 0);
   int ow = b->targets[0].orig_w, oh = b->targets[0].orig_h;
-  detr_postprocess(out.layers[out.n_layers - 1].logits, out.layers[out.n_layers - 1].boxes, &ow, &oh, dets);
+  detr_postprocess(NULL, out.layers[out.n_layers - 1].logits, out.layers[out.n_layers - 1].boxes, &ow, &oh, dets);
   detr_output_free(&out);
   tensor_scope_release(mark);
   autograd_set_grad_enabled(was);

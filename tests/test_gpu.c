@@ -235,13 +235,15 @@ START_TEST(unary_forward_backward) {
       int64_t n = sizes[t];
       uint64_t seed = 100 + 10 * (uint64_t)op + t;
       bool positive = op == UNARY_LOG || op == UNARY_SQRT || op == UNARY_POW_SCALAR;
-      float *x = positive          ? host_uniform(n, seed, 0.1f, 4.0f)
+      float p = op == UNARY_INVERSE_SIGMOID ? 1e-3f : param;  // eps: both clamps and the interior
+      float *x = op == UNARY_INVERSE_SIGMOID ? host_uniform(n, seed, -0.2f, 1.2f)
+                 : positive          ? host_uniform(n, seed, 0.1f, 4.0f)
                  : op == UNARY_EXP ? host_uniform(n, seed, -4.0f, 4.0f)
                                    : host_away_from_zero(n, seed, 0.05f, 3.0f);
       float *y = host_alloc(n);
-      cpu_unary_forward(op, x, y, n, param);
+      cpu_unary_forward(op, x, y, n, p);
       float *d_x = dev_upload(x, n), *d_y = dev_upload(y, n);  // d_y overwritten below
-      cuda_unary_forward(op, d_x, d_y, n, param);
+      cuda_unary_forward(op, d_x, d_y, n, p);
       char what[96];
       snprintf(what, sizeof what, "unary %s forward n=%lld", unary_op_name(op), (long long)n);
       expect_close(what, d_y, y, n, TOL);
@@ -250,8 +252,8 @@ START_TEST(unary_forward_backward) {
       cuda_memcpy_h2d(d_y, y, (size_t)n * sizeof(float));
       float *dy = host_uniform(n, seed + 1, -1, 1), *dx = host_uniform(n, seed + 2, -1, 1);
       float *d_dy = dev_upload(dy, n), *d_dx = dev_upload(dx, n);
-      cpu_unary_backward(op, x, y, dy, dx, n, param);
-      cuda_unary_backward(op, d_x, d_y, d_dy, d_dx, n, param);
+      cpu_unary_backward(op, x, y, dy, dx, n, p);
+      cuda_unary_backward(op, d_x, d_y, d_dy, d_dx, n, p);
       snprintf(what, sizeof what, "unary %s backward n=%lld", unary_op_name(op), (long long)n);
       expect_close(what, d_dx, dx, n, TOL);
 
@@ -967,6 +969,9 @@ static void compare_op(const char *what, OpFn f, Tensor **in, int n, void *ctx, 
 
 static Tensor *f_relu(Tensor *const *in, void *c) { return op_relu(in[0]); }
 static Tensor *f_sigmoid(Tensor *const *in, void *c) { return op_sigmoid(in[0]); }
+static Tensor *f_sin(Tensor *const *in, void *c) { return op_sin(in[0]); }
+static Tensor *f_cos(Tensor *const *in, void *c) { return op_cos(in[0]); }
+static Tensor *f_inverse_sigmoid(Tensor *const *in, void *c) { return op_inverse_sigmoid(in[0], 1e-5f); }
 static Tensor *f_exp(Tensor *const *in, void *c) { return op_exp(in[0]); }
 static Tensor *f_log(Tensor *const *in, void *c) { return op_log(in[0]); }
 static Tensor *f_neg(Tensor *const *in, void *c) { return op_neg(in[0]); }
@@ -986,7 +991,9 @@ START_TEST(ops_elementwise) {
   } unary[] = {{UNARY_RELU, f_relu, -0.05f, 1.0f},       {UNARY_SIGMOID, f_sigmoid, -0.01f, 3.0f},
                {UNARY_EXP, f_exp, -0.01f, 2.0f},         {UNARY_LOG, f_log, 0.3f, 3.0f},
                {UNARY_NEG, f_neg, -0.01f, 1.0f},         {UNARY_ADD_SCALAR, f_add_scalar, -0.01f, 1.0f},
-               {UNARY_MUL_SCALAR, f_mul_scalar, -0.01f, 1.0f}};
+               {UNARY_MUL_SCALAR, f_mul_scalar, -0.01f, 1.0f}, {UNARY_SIN, f_sin, -0.01f, 7.0f},
+               {UNARY_COS, f_cos, -0.01f, 7.0f},
+               {UNARY_INVERSE_SIGMOID, f_inverse_sigmoid, 0.05f, 0.95f}};
   for (size_t u = 0; u < sizeof unary / sizeof *unary; u++)
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
       uint64_t seed = 20000 + 10 * u + s;
@@ -1279,6 +1286,9 @@ typedef struct {
 static Tensor *f_cross_entropy(Tensor *const *in, void *c) {
   return op_cross_entropy(in[0], ((TargetsArg *)c)->targets, in[1]);
 }
+static Tensor *f_focal(Tensor *const *in, void *c) {
+  return op_sigmoid_focal_loss(in[0], ((TargetsArg *)c)->targets, 0.25f, 2.0f);
+}
 static Tensor *f_l1(Tensor *const *in, void *c) { return op_l1_sum(in[0], in[1]); }
 static Tensor *f_to_xyxy(Tensor *const *in, void *c) { return op_box_cxcywh_to_xyxy(in[0]); }
 static Tensor *f_to_cxcywh(Tensor *const *in, void *c) { return op_box_xyxy_to_cxcywh(in[0]); }
@@ -1314,6 +1324,9 @@ START_TEST(ops_losses_and_boxes) {
   static const int64_t small_targets[] = {0, 4, 2, 4, 1};
   TargetsArg ts = {small_targets};
   compare_op("cross_entropy", f_cross_entropy, ce2, 2, &ts, 28003, false);
+  // Conditional DETR's classification loss: [B*Q, C] logits, most rows with no positive class.
+  Tensor *fl = cpu_uniform_tensor(SHAPE(rows, classes - 1), 28004, -6, 3, true);
+  compare_op("sigmoid_focal_loss [200, 91]", f_focal, &fl, 1, &ta, 28005, false);
   free(targets);
   free(w);
   const Shape l1_shapes[] = {SHAPE(6, 4), SHAPE(37, 4), SHAPE(100003)};

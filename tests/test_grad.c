@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "nn/criterion.h"
+#include "nn/decoder.h"
 #include "nn/enact.h"
 #include "nn/resnet.h"
 #include "nn/transformer.h"
@@ -86,6 +87,9 @@ static Tensor *f_mul_scalar(Tensor *const *in, void *c) { return op_mul_scalar(i
 static Tensor *f_sqrt(Tensor *const *in, void *c) { return op_sqrt(in[0]); }
 static Tensor *f_pow_scalar(Tensor *const *in, void *c) { return op_pow_scalar(in[0], 3.0f); }
 static Tensor *f_softplus(Tensor *const *in, void *c) { return op_softplus(in[0]); }
+static Tensor *f_sin(Tensor *const *in, void *c) { return op_sin(in[0]); }
+static Tensor *f_cos(Tensor *const *in, void *c) { return op_cos(in[0]); }
+static Tensor *f_inverse_sigmoid(Tensor *const *in, void *c) { return op_inverse_sigmoid(in[0], 1e-5f); }
 
 static const Shape *unary_shapes(int *n) {
   static Shape shapes[4];
@@ -126,6 +130,14 @@ END_TEST
 START_TEST(grad_pow_scalar) { check_unary("pow_scalar", f_pow_scalar, 0.0f, 0.1f, 2.0f); }  // FLatten's p = 3
 END_TEST
 START_TEST(grad_softplus) { check_unary("softplus", f_softplus, 0.0f, -1, 3.0f); }
+END_TEST
+START_TEST(grad_sin) { check_unary("sin", f_sin, 0.0f, -1, 7.0f); }
+END_TEST
+START_TEST(grad_cos) { check_unary("cos", f_cos, 0.0f, -1, 7.0f); }
+END_TEST
+// Inside (0, 1), away from the clamps and from 0 and 1 (where the higher derivatives blow up);
+// the clamped regions are checked by value in test_ops.
+START_TEST(grad_inverse_sigmoid) { check_unary("inverse_sigmoid", f_inverse_sigmoid, 0.0f, 0.1f, 0.9f); }
 END_TEST
 
 // --- binary ops with broadcasting ---
@@ -482,6 +494,20 @@ START_TEST(grad_cross_entropy) {
   Tensor *x2 = test_uniform(SHAPE(5, 5), -2, 2, 221, true);
   expect_grad("cross_entropy", f_cross_entropy, &x2, 1, NULL, TOL);
   tensor_release(weight);
+}
+END_TEST
+
+static Tensor *f_focal(Tensor *const *in, void *c) {
+  static const int64_t targets[] = {0, 4, 2, 4, 1, 3};  // 4 = C: a row with no positive class
+  return op_sigmoid_focal_loss(in[0], targets, *(const float *)c, 2.0f);
+}
+
+START_TEST(grad_sigmoid_focal_loss) {
+  float alpha = 0.25f, none = -1.0f;  // Conditional DETR's alpha, and no alpha weighting
+  Tensor *x = test_uniform(SHAPE(6, 4), -3, 3, 225, true);
+  expect_grad("sigmoid_focal_loss", f_focal, &x, 1, &alpha, TOL);
+  Tensor *x2 = test_uniform(SHAPE(6, 4), -3, 3, 226, true);
+  expect_grad("sigmoid_focal_loss, alpha < 0", f_focal, &x2, 1, &none, TOL);
 }
 END_TEST
 
@@ -1048,6 +1074,50 @@ END_TEST
 START_TEST(grad_attn_sra) { check_variant("sra"); }
 END_TEST
 
+// --- Conditional DETR's decoder (nn/decoder_conditional.c): two layers, every parameter, the
+// memory and the queries, two images of different sizes (padding); the output holds both layers'
+// normed outputs and boxes from the last, so the reference points' path is checked too ---
+
+typedef struct {
+  const DecoderKind *kind;
+  void *state;
+  Tensor *pos, *mask;
+} CondCtx;
+
+static Tensor *f_conditional(Tensor *const *in, void *c) {
+  const CondCtx *k = c;
+  DecoderInput din = {.memory = in[0], .pos = k->pos, .key_mask = k->mask, .query_embed = in[1], .batch = 2};
+  DecoderOutput out;
+  k->kind->forward(k->state, &EVAL_CTX, &din, &out);
+  Tensor *boxes = k->kind->boxes(k->state, op_slice(out.hs[1], 2, 0, 4), &out, 1);  // [2, 3, 4]
+  Tensor *parts[3] = {out.hs[0], out.hs[1], boxes};
+  return op_concat(parts, 3, 2);
+}
+
+START_TEST(grad_decoder_conditional) {
+  float m[2 * 6] = {0, 0, 0, 0, 0, 0, 0, 0, -INFINITY, 0, 0, -INFINITY};  // image 1: 2x2 of a 2x3 map
+  ParamStore ps;
+  params_init(&ps, DEVICE_CPU);
+  CondCtx c = {.kind = decoder_find("conditional"),
+               .pos = test_uniform(SHAPE(2, 6, 8), -1, 1, 340, false),
+               .mask = tensor_from_host(DEVICE_CPU, SHAPE(2, 6), m)};
+  ck_assert_ptr_nonnull(c.kind);
+  c.state = calloc(1, c.kind->state_size);
+  DecoderShape shape = {.s = {.dim = 8, .heads = 2, .ffn_dim = 12, .dropout = 0.1f}, .layers = 2};
+  c.kind->create(c.state, &ps, "dec", &shape);
+  randomize_params(&ps, 341);
+  GradTol tol = {.eps = 1e-3, .atol = 3e-3, .rtol = 1e-2};  // eps: no ReLU input crosses 0 within a step
+  Tensor *in[96] = {U(SHAPE(2, 6, 8), 342), U(SHAPE(3, 8), 343)};  // + 80 parameters
+  int n = block_inputs(in, 2, &ps);
+  ck_assert_int_eq(n, 82);
+  expect_grad("conditional decoder", f_conditional, in, n, &c, tol);
+  params_free(&ps);
+  free(c.state);
+  tensor_release(c.pos);
+  tensor_release(c.mask);
+}
+END_TEST
+
 // --- registry: `test_grad NAME` runs one op's suite, no argument runs all ---
 
 typedef struct {
@@ -1059,6 +1129,7 @@ int main(int argc, char **argv) {
   const GradTest ALL[] = {
     {"harness", grad_harness}, {"relu", grad_relu}, {"sigmoid", grad_sigmoid}, {"exp", grad_exp},
     {"sqrt", grad_sqrt}, {"pow_scalar", grad_pow_scalar}, {"softplus", grad_softplus},
+    {"sin", grad_sin}, {"cos", grad_cos}, {"inverse_sigmoid", grad_inverse_sigmoid},
     {"log", grad_log}, {"neg", grad_neg}, {"add_scalar", grad_add_scalar}, {"mul_scalar", grad_mul_scalar},
     {"add", grad_add}, {"sub", grad_sub}, {"mul", grad_mul}, {"div", grad_div}, {"dropout", grad_dropout},
     {"sum", grad_sum}, {"mean", grad_mean}, {"sum_all", grad_sum_all}, {"mean_all", grad_mean_all},
@@ -1067,7 +1138,7 @@ int main(int argc, char **argv) {
     {"softmax", grad_softmax}, {"log_softmax", grad_log_softmax}, {"layernorm", grad_layernorm},
     {"reshape", grad_reshape}, {"permute", grad_permute}, {"transpose", grad_transpose},
     {"concat", grad_concat}, {"slice", grad_slice}, {"index_select", grad_index_select},
-    {"cross_entropy", grad_cross_entropy}, {"l1_sum", grad_l1_sum},
+    {"cross_entropy", grad_cross_entropy}, {"sigmoid_focal_loss", grad_sigmoid_focal_loss}, {"l1_sum", grad_l1_sum},
     {"box_cxcywh_to_xyxy", grad_box_cxcywh_to_xyxy}, {"box_xyxy_to_cxcywh", grad_box_xyxy_to_cxcywh},
     {"box_giou", grad_box_giou}, {"criterion", grad_criterion},
     {"attention", grad_attention}, {"encoder_decoder_layers", grad_encoder_layer_and_decoder_layer},
@@ -1077,6 +1148,7 @@ int main(int argc, char **argv) {
     {"encoder_attn.efficient", grad_attn_efficient}, {"encoder_attn.hydra", grad_attn_hydra},
     {"encoder_attn.focused", grad_attn_focused}, {"encoder_attn.sra", grad_attn_sra},
     {"cluster_argmax", grad_cluster_argmax}, {"kmeans_cross_attn", grad_kmeans_cross_attn},
+    {"decoder.conditional", grad_decoder_conditional},
   };
   const char *only = argc > 1 ? argv[1] : NULL;
   SRunner *sr = srunner_create(NULL);

@@ -201,6 +201,31 @@ START_TEST(softmax_with_mask_and_layernorm) {
 }
 END_TEST
 
+// Conditional DETR's inverse_sigmoid: torch's values and the gradients its clamps pass.
+START_TEST(inverse_sigmoid_and_focal_values) {
+  float x[6] = {-0.5f, 0.0f, 2e-6f, 0.25f, 1.0f, 1.5f};
+  Tensor *t = tensor_from_host(DEVICE_CPU, SHAPE(6), x);
+  tensor_set_requires_grad(t, true);
+  ScopeMark mark = tensor_scope_mark();
+  Tensor *y = op_inverse_sigmoid(t, 1e-5f);
+  const double want[6] = {log(1e-5), log(1e-5), log(1e-5), log(1.0 / 3.0), -log(1e-5), -log(1e-5)};
+  for (int i = 0; i < 6; i++) ck_assert_double_eq_tol(y->data[i], want[i], 1e-5);
+  autograd_backward(op_sum_all(y));
+  const double grad[6] = {0, 1, 1 / (1 - 2e-6), 1 / 0.25 + 1 / 0.75, 1, 0};  // clamps pass at their bound
+  for (int i = 0; i < 6; i++) ck_assert_double_eq_tol(t->grad->data[i], grad[i], 1e-4);
+  // Focal loss: alpha_t * BCE * (1 - p_t)^2 by hand, a positive and a negative logit.
+  float l[2] = {0.5f, -1.0f};
+  int64_t targets[2] = {0, 1};  // row 0 positive at class 0; row 1: no class (C = 1)
+  Tensor *tl = tensor_from_host(DEVICE_CPU, SHAPE(2, 1), l);
+  double p0 = 1 / (1 + exp(-0.5)), p1 = 1 / (1 + exp(1.0));
+  double want_focal = 0.25 * -log(p0) * (1 - p0) * (1 - p0) + 0.75 * -log(1 - p1) * p1 * p1;
+  ck_assert_double_eq_tol(tensor_item(op_sigmoid_focal_loss(tl, targets, 0.25f, 2.0f)), want_focal, 1e-6);
+  tensor_scope_release(mark);
+  tensor_release(t);
+  tensor_release(tl);
+}
+END_TEST
+
 START_TEST(cross_entropy_l1_and_giou_values) {
   float logits[6] = {2, 0, -1, 0.5f, 0.5f, 0.5f};
   int64_t targets[2] = {0, 2};
@@ -309,6 +334,7 @@ int main(void) {
   tcase_add_test(tc, maxpool_matches_torch_semantics);
   tcase_add_test(tc, softmax_with_mask_and_layernorm);
   tcase_add_test(tc, cross_entropy_l1_and_giou_values);
+  tcase_add_test(tc, inverse_sigmoid_and_focal_values);
   tcase_add_test(tc, shape_ops_and_broadcasting);
   tcase_add_test(tc, matmul_and_bmm_values);
   tcase_add_exit_test(tc, bad_broadcast_fails, 1);

@@ -361,14 +361,15 @@ def install(model, variant, p, args, seed):
 
 def run_variant(args, variant, padding, size):
     p = parity_step.PRESETS[args.preset]
-    model, criterion, weight_dict = parity_step.build_reference(args.detr_repo, p, args.seed)
+    decoder = args.decoder or p.get("decoder", "detr")
+    model, criterion, weight_dict = parity_step.build_reference(args.detr_repo, p, args.seed, decoder)
     mods = install(model, variant, p, args, args.seed)
     images, mask, targets = parity_step.make_batch(p, padding, args.seed, size)
     model.eval()
     work = os.path.join(args.keep, f"{variant}-{'pad' if padding else 'nopad'}") if args.keep else \
         tempfile.mkdtemp(prefix=f"detr-parity-{variant}-")
     wpath, bpath, opath = parity_step.write_inputs(work, model.state_dict(), images, mask, targets)
-    sets = [f"encoder_attn={variant}"] + list(args.set or [])
+    sets = [f"encoder_attn={variant}", f"decoder={decoder}"] + list(args.set or [])
     if variant == "sra" and args.sra_ratio:
         sets.append(f"sra_ratio={args.sra_ratio}")
     if variant == "enact" and args.enact_sigma:
@@ -392,39 +393,13 @@ def run_variant(args, variant, padding, size):
     if variant == "enact":
         for l, m in enumerate(mods):
             ref64[f"enact.{l}.entropy"] = m.last_entropy.double().numpy()
-    notes += drop_zero_gradients(ours, ref32, ref64, args.tol)
-    title = (f"parity encoder_attn={variant} {args.preset} {size[0]}x{size[1]} padding={padding} "
+    notes += parity_step.drop_zero_gradients(ours, ref32, ref64, args.tol)
+    title = (f"parity encoder_attn={variant} decoder={decoder} {args.preset} {size[0]}x{size[1]} padding={padding} "
              f"(torch {torch.__version__}, {args.threads} threads; files in {work})")
     ok, groups = parity_step.compare(ours, ref32, ref64, indices, args.tol, title)
     for line in notes:
         print(line)
     return ok, groups
-
-
-def drop_zero_gradients(ours, ref32, ref64, tol):
-    """Gradients that are exactly 0 in exact arithmetic (ENACT's W_prob.bias: the softmax over pixels is
-    invariant to a shift of its logits) are rounding noise on both sides, where relative errors mean
-    nothing. A gradient counts as such when its float64 reference is below 1e-9 of the largest gradient
-    of the same module; it passes when detr-c's is below tol/10 of that scale (float32 sums of N terms
-    leave ~1e-6 of it), and it is then taken out of the relative comparison. Returns note lines."""
-    notes = []
-    for k in [k for k in ref64 if k.startswith("grad.")]:
-        module = k.rsplit(".", 1)[0]
-        siblings = [s for s in ref64 if s.startswith("grad.") and s.rsplit(".", 1)[0] == module]
-        s64 = max(np.abs(ref64[s]).max(initial=0.0) for s in siblings)
-        s32 = max(np.abs(ref32[s]).max(initial=0.0) for s in siblings)
-        if k not in ours or s64 == 0 or np.abs(ref64[k]).max(initial=0.0) > 1e-9 * s64:
-            continue
-        if parity_step.rel_err(ours[k], ref32[k]) == 0.0:
-            continue  # identical (e.g. both exactly 0): the ordinary rule shows it
-        a, r = float(np.abs(ours[k]).max(initial=0.0)), float(np.abs(ref32[k]).max(initial=0.0))
-        passed = a <= tol / 10 * s32
-        notes.append(f"  {k}: 0 in exact arithmetic (float64 {np.abs(ref64[k]).max():.1e}); detr-c {a:.1e}, float32 "
-                     f"reference {r:.1e}, module's gradient scale {s32:.1e}: {'rounding noise, ok' if passed else 'FAIL'}")
-        if passed:
-            for d in (ours, ref32, ref64):
-                del d[k]
-    return notes
 
 
 def summarise(rows):
@@ -645,7 +620,9 @@ def official_checks(root, check, gen):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--detr-repo", help="checkout of facebookresearch/detr")
+    ap.add_argument("--detr-repo", help="checkout of facebookresearch/detr (Atten4Vis/ConditionalDETR with "
+                    "--decoder conditional or a conditional-* preset)")
+    ap.add_argument("--decoder", default=None, choices=["detr", "conditional"], help="default: the preset's")
     ap.add_argument("--preset", default="tiny", choices=sorted(parity_step.PRESETS))
     ap.add_argument("--variant", default="all", choices=VARIANTS + ["all"])
     ap.add_argument("--padding", action="store_true", help="second image padded bottom/right")

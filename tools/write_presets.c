@@ -12,8 +12,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: write_presets DIR\n");
     return 2;
   }
-  static const char *const PRESETS[] = {"detr-r50", "detr-r18-small", "tiny"};
-  for (size_t i = 0; i < sizeof PRESETS / sizeof PRESETS[0]; i++) {
+  const char *const *PRESETS = DETR_PRESETS;
+  for (size_t i = 0; PRESETS[i]; i++) {
     DetrConfig cfg;
     if (detr_config_preset(PRESETS[i], &cfg)) {
       fprintf(stderr, "write_presets: unknown preset %s\n", PRESETS[i]);

@@ -184,7 +184,7 @@ static int parse_args(int argc, char **argv, PredictArgs *a) {
   CliFlag flags[] = {
       {"checkpoint", FLAG_STRING, &a->checkpoint, "a detr-c training checkpoint (model config and weights)"},
       {"weights", FLAG_STRING, &a->weights, "model weights safetensors (reference names), with --config"},
-      {"config", FLAG_STRING, &a->config, "with --weights: preset (detr-r50, detr-r18-small, tiny) or key=value file (default detr-r50)"},
+      {"config", FLAG_STRING, &a->config, "with --weights: preset (" DETR_PRESET_LIST ") or key=value file (default detr-r50)"},
       {"set", FLAG_LIST, &a->sets, "override one model config field, e.g. --set enact_sigma=2"},
       {"enact", FLAG_BOOL, &a->enact, SETUP_ENACT_HELP},
       {"out", FLAG_STRING, &a->out_dir, "output folder (created): predictions.json and the pictures"},

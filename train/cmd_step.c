@@ -110,7 +110,7 @@ static int forward_backward(DetrModel *model, const DetrConfig *cfg, const StepB
   int64_t total_boxes = 0;
   for (int64_t i = 0; i < batch->B; i++) total_boxes += batch->targets[i].n;
   float num_boxes = total_boxes > 1 ? (float)total_boxes : 1.0f;
-  CriterionConfig ccfg = criterion_config_default((int)cfg->num_classes);
+  CriterionConfig ccfg = detr_criterion_config(cfg);
   int n_aux = cfg->aux_loss ? out->n_layers - 1 : 0;
   if (criterion_forward(&ccfg, out->layers[out->n_layers - 1], out->layers, n_aux, batch->targets, num_boxes, NULL,
                         loss, err, cap)) {
@@ -129,7 +129,7 @@ int cmd_step(int argc, char **argv) {
   bool no_dropout = false;
   CliList sets = {0};
   CliFlag flags[] = {
-      {"config", FLAG_STRING, &config, "model preset (detr-r50, detr-r18-small, tiny) or key=value file"},
+      {"config", FLAG_STRING, &config, "model preset (" DETR_PRESET_LIST ") or key=value file"},
       {"set", FLAG_LIST, &sets, "override one config field, e.g. --set hidden_dim=64"},
       {"weights", FLAG_STRING, &weights, "model safetensors (reference names); default: reference init from --seed"},
       {"batch", FLAG_STRING, &batch_path, "input batch safetensors"},

@@ -41,7 +41,8 @@ static int resolve(TrainOptions *o, const char *config, const CliList *sets, boo
   if (oc->lr_backbone == 0) o->model.train_backbone = false;  // as the reference: lr_backbone 0 freezes it
   const RunDefaults *d = model_run_defaults(&o->model);
   if (o->epochs < 0) o->epochs = d->epochs;
-  if (o->optim.lr_drop < 0) o->optim.lr_drop = o->epochs * 2 / 3 > 0 ? o->epochs * 2 / 3 : 1;
+  if (o->optim.lr_drop < 0)
+    o->optim.lr_drop = d->lr_drop > 0 && o->epochs == d->epochs ? d->lr_drop : o->epochs * 2 / 3 > 0 ? o->epochs * 2 / 3 : 1;
   if (image_size < 0) image_size = d->image_size;
   if (max_size < 0) max_size = d->max_size;
   o->train_aug = aug_config_scaled(augment, image_size, max_size);
@@ -60,7 +61,7 @@ int cmd_train(int argc, char **argv) {
       {"data", FLAG_STRING, &o.data_dir, "dataset root (annotations/instances_<split>.json and <split>/)"},
       {"train-split", FLAG_STRING, &o.train_split, "training split name (default train; COCO: train2017)"},
       {"val-split", FLAG_STRING, &o.val_split, "validation split name (default val; COCO: val2017)"},
-      {"config", FLAG_STRING, &config, "model preset (detr-r50, detr-r18-small, tiny) or key=value file (default detr-r18-small)"},
+      {"config", FLAG_STRING, &config, "model preset (" DETR_PRESET_LIST ") or key=value file (default detr-r18-small)"},
       {"set", FLAG_LIST, &sets, "override one model config field, e.g. --set num_queries=20"},
       {"enact", FLAG_BOOL, &enact, SETUP_ENACT_HELP},
       {"out", FLAG_STRING, &o.out_dir, "run directory (default runs/detr)"},

@@ -87,11 +87,11 @@ int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConf
     coco_eval_free_gt(&gt);
     return -1;
   }
-  int64_t Q = model->cfg.num_queries, cap = ds->n_images * Q, n = 0;
+  int64_t K = detr_detections_per_image(&model->cfg), cap = ds->n_images * K, n = 0;  // K per image
   int64_t global_batch = (int64_t)cfg->batch_size * (dist ? dist_world_size() : 1);
   int64_t first_slot = dist ? (int64_t)dist_rank() * cfg->batch_size : 0;  // this slice's place in a batch
   OrderedDet *dets = malloc((size_t)(cap ? cap : 1) * sizeof(OrderedDet));
-  Detection *batch_dets = malloc((size_t)(cfg->batch_size * Q) * sizeof(Detection));
+  Detection *batch_dets = malloc((size_t)(cfg->batch_size * K) * sizeof(Detection));
   DETR_CHECK(dets && batch_dets, "evaluate_model: out of host memory");
   bool was = autograd_set_grad_enabled(false);
   NnCtx ctx = {.training = false};
@@ -120,14 +120,13 @@ int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConf
     int ow[64], oh[64];
     DETR_CHECK(b->size <= 64, "evaluate_model: batch of %d images", b->size);
     for (int i = 0; i < b->size; i++) ow[i] = b->targets[i].orig_w, oh[i] = b->targets[i].orig_h;
-    const DetrLayerOutput *last = &out.layers[out.n_layers - 1];
-    detr_postprocess(last->logits, last->boxes, ow, oh, batch_dets);
+    detr_postprocess_output(model, &out, ow, oh, batch_dets);
     for (int i = 0; i < b->size; i++)
-      for (int64_t q = 0; q < Q; q++) {
-        const Detection *d = &batch_dets[i * Q + q];
+      for (int64_t k = 0; k < K; k++) {
+        const Detection *d = &batch_dets[i * K + k];
         int category = coco_category_of(ds, d->label);
         if (category < 0 || n >= cap) continue;  // a label no category has: pycocotools drops it too
-        dets[n].order = ((b->index * global_batch + first_slot + i) * Q + q);
+        dets[n].order = ((b->index * global_batch + first_slot + i) * K + k);
         dets[n++].det = (CocoEvalDet){.image_id = b->targets[i].image_id, .category_id = category,
                                       .bbox = {d->box[0], d->box[1], d->box[2] - d->box[0], d->box[3] - d->box[1]},
                                       .score = d->score};

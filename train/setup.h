@@ -5,7 +5,7 @@
 #include "train/cli.h"
 #include "datasets/transforms.h"
 
-// config: a preset name (detr-r50, detr-r18-small, tiny) or a file of key=value lines (# comments);
+// config: a preset name (DETR_PRESET_LIST in nn/detr.h) or a file of key=value lines (# comments);
 // sets: "key=value" overrides applied in order. A line or override longer than
 // MODEL_CONFIG_MAX_LINE bytes, or holding a NUL byte, is an error. Returns 0, or -1 with err set
 // (naming FILE:LINE).

@@ -320,7 +320,7 @@ static int trainer_setup(Trainer *t, char *err, size_t cap) {
   create_model(t);
   if (resume(t, err, cap) || (!t->resumed && initial_weights(t, err, cap)) || open_log_and_loader(t, err, cap))
     return -1;
-  t->criterion = criterion_config_default((int)o->model.num_classes);
+  t->criterion = detr_criterion_config(&o->model);
   int64_t total_steps = (int64_t)o->epochs * t->per_epoch;
   if (o->max_steps > 0 && o->max_steps < total_steps) total_steps = o->max_steps;
   progress_init(&t->progress, o->progress && dist_is_main(), t->st.step, total_steps);

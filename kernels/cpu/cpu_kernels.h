@@ -103,6 +103,12 @@ float cpu_cross_entropy_forward(const float *logits, const int64_t *targets, con
 void cpu_cross_entropy_backward(const float *logits, const int64_t *targets, const float *weight,
                                 const float *lse, float dloss, float *dlogits, int64_t rows,
                                 int64_t classes);
+// Sigmoid focal loss summed over logits [rows, classes]; targets [rows] in [0, classes] (classes:
+// no positive class in that row).
+float cpu_focal_loss_forward(const float *logits, const int64_t *targets, int64_t rows, int64_t classes,
+                             float alpha, float gamma);
+void cpu_focal_loss_backward(const float *logits, const int64_t *targets, float dloss, float *dlogits, int64_t rows,
+                             int64_t classes, float alpha, float gamma);
 float cpu_l1_sum_forward(const float *a, const float *b, int64_t n);
 void cpu_l1_sum_backward(const float *a, const float *b, float dloss, float *da, float *db,
                          int64_t n);

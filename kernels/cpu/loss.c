@@ -49,6 +49,21 @@ void cpu_l1_sum_backward(const float *a, const float *b, float dloss, float *da,
   }
 }
 
+float cpu_focal_loss_forward(const float *logits, const int64_t *targets, int64_t rows, int64_t classes,
+                             float alpha, float gamma) {
+  double s = 0.0;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < classes; c++) s += focal_elem(logits[r * classes + c], c == targets[r], alpha, gamma);
+  return (float)s;
+}
+
+void cpu_focal_loss_backward(const float *logits, const int64_t *targets, float dloss, float *dlogits, int64_t rows,
+                             int64_t classes, float alpha, float gamma) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < classes; c++)
+      dlogits[r * classes + c] += focal_backward_elem(logits[r * classes + c], c == targets[r], alpha, gamma, dloss);
+}
+
 void cpu_box_convert_forward(const float *in, float *out, int64_t boxes, bool to_xyxy) {
   for (int64_t i = 0; i < boxes; i++) {
     if (to_xyxy)

@@ -127,6 +127,10 @@ void cuda_cross_entropy_forward(const float *logits, const int64_t *targets, con
 void cuda_cross_entropy_backward(const float *logits, const int64_t *targets, const float *weight,
                                  const float *lse, const float *dloss, float *dlogits, int64_t rows,
                                  int64_t classes);
+void cuda_focal_loss_forward(const float *logits, const int64_t *targets, float *loss, int64_t rows, int64_t classes,
+                             float alpha, float gamma);
+void cuda_focal_loss_backward(const float *logits, const int64_t *targets, const float *dloss, float *dlogits,
+                              int64_t rows, int64_t classes, float alpha, float gamma);
 void cuda_l1_sum_forward(const float *a, const float *b, float *loss, int64_t n);
 void cuda_l1_sum_backward(const float *a, const float *b, const float *dloss, float *da, float *db, int64_t n);
 void cuda_box_convert_forward(const float *in, float *out, int64_t boxes, bool to_xyxy);

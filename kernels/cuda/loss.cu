@@ -79,6 +79,42 @@ extern "C" void cuda_cross_entropy_backward(const float *logits, const int64_t *
   CUDA_CHECK_LAUNCH("cross_entropy_backward_kernel");
 }
 
+// --- sigmoid focal loss, summed over every logit ---
+
+// loss[0] = sum over logits [rows, classes]: one block; targets [rows] (device, in [0, classes]).
+__global__ void focal_loss_forward_kernel(const float *logits, const int64_t *targets, float *loss, int64_t rows,
+                                          int64_t classes, float alpha, float gamma) {
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < rows * classes; i += SUM_BLOCK)
+    s += focal_elem(logits[i], i % classes == targets[i / classes], alpha, gamma);
+  s = block_sum<SUM_BLOCK>(s);
+  if (threadIdx.x == 0) loss[0] = (float)s;
+}
+
+extern "C" void cuda_focal_loss_forward(const float *logits, const int64_t *targets, float *loss, int64_t rows,
+                                        int64_t classes, float alpha, float gamma) {
+  focal_loss_forward_kernel<<<1, SUM_BLOCK, 0, detr_cuda_stream()>>>(logits, targets, loss, rows, classes, alpha, gamma);
+  CUDA_CHECK_LAUNCH("focal_loss_forward_kernel");
+}
+
+// dlogits [rows, classes] += d focal / d logit * dloss; dloss [1] on the device.
+__global__ void focal_loss_backward_kernel(const float *logits, const int64_t *targets, const float *dloss,
+                                           float *dlogits, int64_t rows, int64_t classes, float alpha, float gamma) {
+  float g = dloss[0];
+  GRID_STRIDE_LOOP(i, rows * classes) {
+    dlogits[i] += focal_backward_elem(logits[i], i % classes == targets[i / classes], alpha, gamma, g);
+  }
+}
+
+extern "C" void cuda_focal_loss_backward(const float *logits, const int64_t *targets, const float *dloss,
+                                         float *dlogits, int64_t rows, int64_t classes, float alpha, float gamma) {
+  int64_t n = rows * classes;
+  if (n <= 0) return;
+  focal_loss_backward_kernel<<<detr_grid_size(n, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
+      logits, targets, dloss, dlogits, rows, classes, alpha, gamma);
+  CUDA_CHECK_LAUNCH("focal_loss_backward_kernel");
+}
+
 // --- L1: sum |a - b| ---
 
 // loss[0] = sum over a, b [n]: one block.
