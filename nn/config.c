@@ -13,7 +13,7 @@ const char *const DETR_PRESETS[] = {"detr-r50", "detr-r18-small", "conditional-d
 int detr_config_preset(const char *name, DetrConfig *cfg) {
   // The paper's DETR-R50: ResNet-50, hidden 256, 8 heads, 6 + 6 layers, FFN 2048, 100 queries,
   // 91 classes (COCO ids 1..90, plus the unused 0).
-  DetrConfig r50 = {.backbone_depth = 50, .backbone_width = 64, .train_backbone = true, .frozen_stages = 2, .hidden_dim = 256, .nheads = 8,
+  DetrConfig r50 = {.backbone_depth = 50, .backbone_width = 64, .backbone_layers = 4, .train_backbone = true, .frozen_stages = 2, .hidden_dim = 256, .nheads = 8,
                     .enc_layers = 6, .dec_layers = 6, .ffn_dim = 2048, .num_queries = 100,
                     .num_classes = 91, .dropout = 0.1f, .aux_loss = true};
   attn_settings_default(&r50.attn_settings);
@@ -59,6 +59,7 @@ typedef struct {
 static const Field FIELDS[] = {
     {"backbone", FIELD_INT32, offsetof(DetrConfig, backbone_depth)},
     {"backbone_width", FIELD_INT32, offsetof(DetrConfig, backbone_width)},
+    {"backbone_layers", FIELD_INT32, offsetof(DetrConfig, backbone_layers)},
     F(dilation, FIELD_BOOL), F(train_backbone, FIELD_BOOL),
     {"frozen_stages", FIELD_INT32, offsetof(DetrConfig, frozen_stages)}, F(hidden_dim, FIELD_INT), F(nheads, FIELD_INT),
     F(enc_layers, FIELD_INT), F(dec_layers, FIELD_INT), F(ffn_dim, FIELD_INT), F(num_queries, FIELD_INT),
@@ -194,6 +195,9 @@ int detr_config_validate(const DetrConfig *c, char *err, size_t err_cap) {
   if (c->backbone_depth != 18 && c->backbone_depth != 34 && c->backbone_depth != 50 && c->backbone_depth != 101)
     problem = "backbone must be 18, 34, 50 or 101";
   else if (c->dilation && c->backbone_depth < 50) problem = "dilation needs backbone 50 or 101";
+  else if (c->backbone_layers != 0 && c->backbone_layers != 3 && c->backbone_layers != 4)
+    problem = "backbone_layers must be 3 (stride 16) or 4 (DETR, stride 32)";
+  else if (c->dilation && c->backbone_layers == 3) problem = "dilation dilates layer4: it needs backbone_layers=4";
   else if (c->backbone_width != 0 && (c->backbone_width < 4 || c->backbone_width > 1024))
     problem = "backbone_width must be in 4..1024 (torchvision's ResNets: 64)";
   // Upper bounds far beyond any DETR keep every tensor size well inside int64 (a config file or a

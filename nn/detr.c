@@ -36,7 +36,8 @@ DetrModel *detr_model_create(const DetrConfig *cfg, Device dev) {
                                  PARAM_TRAINABLE, LR_GROUP_MAIN);
   m->bbox_embed = mlp_create(ps, "bbox_embed", d, d, 4, 3);
   m->query_embed = params_add(ps, SHAPE(cfg->num_queries, d), PARAM_TRAINABLE, LR_GROUP_MAIN, "query_embed.weight");
-  resnet_create(&m->backbone, ps, "backbone.0.body", cfg->backbone_depth, cfg->backbone_width, cfg->dilation,
+  resnet_create(&m->backbone, ps, "backbone.0.body", cfg->backbone_depth, cfg->backbone_width, cfg->backbone_layers,
+                cfg->dilation,
                 cfg->train_backbone, cfg->frozen_stages);
   m->input_proj = conv2d_create(ps, "input_proj", m->backbone.out_channels, d, 1, 1, 0, 1, true, PARAM_TRAINABLE,
                                 LR_GROUP_MAIN);

@@ -13,6 +13,7 @@ _Static_assert(DETR_MAX_LAYERS == DECODER_MAX_LAYERS, "one layer limit for the m
 typedef struct {
   int backbone_depth;  // 18, 34, 50, 101
   int backbone_width;  // channels of the stem and layer1, doubling per stage (torchvision: 64; 0 = 64)
+  int backbone_layers; // ResNet layers run: 4 (DETR, stride 32) or 3 (stop after layer3: stride 16); 0 = 4
   bool dilation;       // DC5: layer4 dilated instead of strided
   bool train_backbone; // the backbone trains at all (lr_backbone > 0)
   int frozen_stages;   // leading backbone stages kept frozen: 2 = stem + layer1 (the reference), 0 = none

@@ -17,14 +17,17 @@ static FrozenBn bn(ParamStore *ps, const char *prefix, const char *name, int64_t
   return frozen_bn_create(ps, full, channels);
 }
 
-void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, int width, bool dilation, bool train_layers,
-                   int frozen_stages) {
+void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, int width, int layers, bool dilation,
+                   bool train_layers, int frozen_stages) {
   static const int layers18[4] = {2, 2, 2, 2}, layers34[4] = {3, 4, 6, 3}, layers101[4] = {3, 4, 23, 3};
   const int *counts = depth == 18 ? layers18 : depth == 101 ? layers101 : layers34;
   DETR_CHECK(depth == 18 || depth == 34 || depth == 50 || depth == 101,
              "resnet: depth %d is not one of 18, 34, 50, 101", depth);
   bool bottleneck = depth >= 50;
   DETR_CHECK(!(dilation && !bottleneck), "resnet: dilation (DC5) needs a bottleneck ResNet (50/101), as torchvision");
+  if (layers == 0) layers = 4;
+  DETR_CHECK(layers == 3 || layers == 4, "resnet: %d layers, expected 3 or 4", layers);
+  DETR_CHECK(!(dilation && layers < 4), "resnet: dilation (DC5) dilates layer4, which 3 layers leave out");
   int expansion = bottleneck ? 4 : 1;
   *r = (ResNet){0};
   // Stage 0 is the stem, stage k (1..4) is layer k.
@@ -34,7 +37,7 @@ void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, int
   r->bn1 = bn(ps, prefix, "bn1", base);
   int64_t inplanes = base;
   int current_dilation = 1;
-  for (int layer = 0; layer < 4; layer++) {
+  for (int layer = 0; layer < layers; layer++) {
     int64_t planes = base << layer;
     int stride = layer == 0 ? 1 : 2, previous_dilation = current_dilation;
     if (layer == 3 && dilation) {  // replace_stride_with_dilation=[False, False, True]

@@ -19,7 +19,7 @@ typedef struct {
   FrozenBn bn1;
   ResBlock blocks[RESNET_MAX_BLOCKS];
   int n_blocks;
-  int64_t out_channels;  // 512 (18/34) or 2048 (50/101)
+  int64_t out_channels;  // 512 (18/34) or 2048 (50/101) at width 64 with 4 layers
 } ResNet;
 
 // depth 18, 34, 50 or 101; dilation: layer4 with dilation 2 instead of stride 2 (DC5);
@@ -27,12 +27,14 @@ typedef struct {
 // stay frozen when training, 2 = the stem and layer1 as the reference (which starts from ImageNet
 // weights); 0 trains the whole backbone (training from scratch).
 // width: channels of the stem and layer1 (torchvision: 64; 0 means 64), doubled by each later layer.
-void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, int width, bool dilation, bool train_layers,
-                   int frozen_stages);
+// layers: how many of layer1..layer4 to build and run (4, DETR: output stride 32; 3: the output of
+// layer3, stride 16, as torchvision's IntermediateLayerGetter returning layer3; 0 means 4).
+void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, int width, int layers, bool dilation,
+                   bool train_layers, int frozen_stages);
 void resnet_init(ResNet *r, Rng *rng);  // kaiming-normal (fan out) convolutions
 // Sets every frozen batch norm's statistics to those of its input on the batch x [B, 3, H, W]
 // (training from scratch: no pretrained statistics). No gradient.
 void resnet_calibrate(ResNet *r, Tensor *x);
-Tensor *resnet_forward(const ResNet *r, Tensor *x);  // [B, 3, H, W] -> [B, C, H/32, W/32]
+Tensor *resnet_forward(const ResNet *r, Tensor *x);  // [B, 3, H, W] -> [B, C, H/32, W/32] (H/16: 3 layers)
 // One residual block alone (its gradient test).
 Tensor *resblock_forward(const ResBlock *b, Tensor *x);

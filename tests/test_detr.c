@@ -33,12 +33,18 @@ START_TEST(reference_parameter_names) {
 END_TEST
 
 // One training step of the tiny model on a padded batch; cross_attn: the decoder's cross-attention.
-static void tiny_step(const char *cross_attn) {
+// sets: key=value overrides of tiny ("k1", "v1", ..., NULL).
+static void tiny_step(const char *const *sets) {
   DetrConfig cfg;
   char cerr[256];
+  const char *cross_attn = "softmax";
   ck_assert_int_eq(detr_config_preset("tiny", &cfg), 0);
-  ck_assert_int_eq(detr_config_set(&cfg, "decoder_cross_attn", cross_attn, cerr, sizeof cerr), 0);
-  ck_assert_int_eq(detr_config_validate(&cfg, cerr, sizeof cerr), 0);
+  for (int i = 0; sets[i]; i += 2) {
+    ck_assert_msg(detr_config_set(&cfg, sets[i], sets[i + 1], cerr, sizeof cerr) == 0, "%s", cerr);
+    if (!strcmp(sets[i], "decoder_cross_attn")) cross_attn = sets[i + 1];
+  }
+  ck_assert_msg(detr_config_validate(&cfg, cerr, sizeof cerr) == 0, "%s", cerr);
+  int stride = cfg.backbone_layers == 3 ? 16 : 32;
   DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
   detr_model_init(m, 1);
   Tensor *images = test_uniform(SHAPE(2, 3, 64, 96), -2, 2, 5, false);
@@ -52,16 +58,16 @@ static void tiny_step(const char *cross_attn) {
   char ferr[256];
   ck_assert_int_eq(detr_model_forward(m, &ctx, images, mask, &out, ferr, sizeof ferr), 0);
   ck_assert_int_eq(out.n_layers, 2);
-  ck_assert_int_eq(out.feat_h, 2);
-  ck_assert_int_eq(out.feat_w, 3);
+  ck_assert_int_eq(out.feat_h, 64 / stride);
+  ck_assert_int_eq(out.feat_w, 96 / stride);
   Tensor *logits = out.layers[1].logits, *boxes = out.layers[1].boxes;
   ck_assert_int_eq(logits->shape.d[1], 10);
-  ck_assert_int_eq(logits->shape.d[2], 8);
+  ck_assert_int_eq(logits->shape.d[2], cfg.num_classes + detr_classes(&cfg)->extra_columns);  // 8 / 7 (focal)
   for (int64_t i = 0; i < boxes->numel; i++) ck_assert(boxes->data[i] > 0 && boxes->data[i] < 1);
   float tb[8] = {0.5f, 0.5f, 0.2f, 0.3f, 0.3f, 0.6f, 0.1f, 0.2f};
   int64_t tl[2] = {3, 6};
   DetrTarget targets[2] = {{2, tb, tl}, {1, tb + 4, tl + 1}};
-  CriterionConfig ccfg = criterion_config_default((int)cfg.num_classes);
+  CriterionConfig ccfg = detr_criterion_config(&cfg);
   CriterionResult r;
   char err[256];
   ck_assert_int_eq(criterion_forward(&ccfg, out.layers[1], out.layers, 1, targets, 3.0f, NULL, &r, err, sizeof err), 0);
@@ -95,10 +101,16 @@ static void tiny_step(const char *cross_attn) {
   detr_model_free(m);
 }
 
-START_TEST(tiny_forward_loss_backward) { tiny_step("softmax"); }
+START_TEST(tiny_forward_loss_backward) { tiny_step((const char *const[]){NULL}); }
 END_TEST
 
-START_TEST(tiny_kmeans_cross_attn_step) { tiny_step("kmeans"); }
+START_TEST(tiny_kmeans_cross_attn_step) { tiny_step((const char *const[]){"decoder_cross_attn", "kmeans", NULL}); }
+END_TEST
+
+// Conditional DETR on a stride-16 backbone with ENACT: the seams together.
+START_TEST(tiny_conditional_stride16_enact_step) {
+  tiny_step((const char *const[]){"decoder", "conditional", "backbone_layers", "3", "encoder_attn", "enact", NULL});
+}
 END_TEST
 
 START_TEST(config_overrides) {
@@ -165,6 +177,7 @@ int main(void) {
   tcase_add_test(tc, reference_parameter_names);
   tcase_add_test(tc, tiny_forward_loss_backward);
   tcase_add_test(tc, tiny_kmeans_cross_attn_step);
+  tcase_add_test(tc, tiny_conditional_stride16_enact_step);
   tcase_add_test(tc, config_overrides);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

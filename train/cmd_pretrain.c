@@ -112,7 +112,7 @@ static void build_classifier(Pretrainer *p) {
   Classifier *m = &p->m;
   params_init(&m->params, p->dev);
   resnet_create(&m->resnet, &m->params, "backbone.0.body", p->cfg.backbone_depth, p->cfg.backbone_width,
-                p->cfg.dilation, true, 0);
+                p->cfg.backbone_layers, p->cfg.dilation, true, 0);
   m->head = linear_create(&m->params, "head", m->resnet.out_channels, p->train.num_classes, true, PARAM_TRAINABLE,
                           LR_GROUP_MAIN);
   Rng init = rng_make(o->seed);
