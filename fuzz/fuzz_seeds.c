@@ -64,23 +64,7 @@ static void copy_file(const char *from, const char *harness, const char *name) {
 
 // --- COCO instances and results ---------------------------------------------------------------
 
-static const char *MINIMAL_COCO =  // tests/test_datasets.c's: nesting, crowd RLE, gaps, 2e0
-    "{\"info\": {\"year\": 2017, \"nested\": {\"a\": [1, 2, {\"b\": null, \"c\": [true, false]}]}},\n"
-    " \"licenses\": [{\"id\": 1, \"name\": \"x\"}],\n"
-    " \"annotations\": [\n"
-    "  {\"id\": 10, \"image_id\": 7, \"category_id\": 5, \"bbox\": [1.5, 2, 10, 20], \"area\": 150.5, \"iscrowd\": 0,\n"
-    "   \"segmentation\": [[1.5, 2, 11.5, 2, 11.5, 22, 1.5, 22]]},\n"
-    "  {\"id\": 11, \"image_id\": 3, \"category_id\": 2, \"bbox\": [0, 0, 4, 4], \"iscrowd\": 1,\n"
-    "   \"segmentation\": {\"counts\": [0, 4, 6, 4, 86], \"size\": [10, 10]}},\n"
-    "  {\"id\": 12, \"image_id\": 7, \"category_id\": 2, \"bbox\": [5, 5, 5, 5], \"area\": 25,\n"
-    "   \"segmentation\": [[5, 5, 10, 5, 10, 10], [1, 1, 2, 2, 1, 2]], \"extra\": {\"x\": [1, {\"y\": \"z\"}]}},\n"
-    "  {\"id\": 13, \"image_id\": 3, \"category_id\": 5, \"bbox\": [1, 1, 2e0, 2.0], \"area\": 4.0e0, \"iscrowd\": false}\n"
-    " ],\n"
-    " \"images\": [{\"id\": 7, \"file_name\": \"b.png\", \"width\": 40, \"height\": 30, \"coco_url\": \"http://x/b\"},\n"
-    "            {\"id\": 3, \"file_name\": \"a.png\", \"width\": 20, \"height\": 10},\n"
-    "            {\"id\": 9, \"file_name\": \"c.png\", \"width\": 8, \"height\": 8}],\n"
-    " \"categories\": [{\"id\": 5, \"name\": \"cat\", \"supercategory\": \"animal\"}, {\"id\": 2, \"name\": \"dog\"}]\n"
-    "}\n";
+// MINIMAL_COCO: tests/test_datasets_fixtures.h (nesting, crowd RLE, gaps, 2e0).
 
 static const char *BAD_ITEMS_COCO =  // one of each bad item (skipped or fatal by policy)
     "{\"images\": [{\"id\": 1, \"file_name\": \"a.jpg\", \"width\": 10, \"height\": 10},"

@@ -1,4 +1,4 @@
-// Fixtures for test_datasets.c.
+// Fixtures for test_datasets.c (fuzz/fuzz_seeds.c writes them as seeds too).
 #pragma once
 #include <stdint.h>
 
@@ -67,3 +67,23 @@ static const uint8_t pillow_5x7_to_3x9[] = {
     40, 127, 65, 98, 135, 77, 156, 143, 103, 49, 168, 88, 107, 176, 100, 165, 184, 126, 58, 209, 111, 116, 217,
     123, 174, 225, 149, 66, 108, 133, 124, 116, 145, 182, 124, 171, 75, 36, 156, 133, 44, 168, 191, 52, 194, 82,
     71, 175, 140, 79, 187, 198, 87, 213};
+
+// Sections in an unusual order, unknown keys and nested values to skip, polygon and RLE
+// segmentations, images out of id order, non-contiguous category ids, a crowd annotation.
+static const char *MINIMAL_COCO =
+    "{\"info\": {\"year\": 2017, \"nested\": {\"a\": [1, 2, {\"b\": null, \"c\": [true, false]}]}},\n"
+    " \"licenses\": [{\"id\": 1, \"name\": \"x\"}],\n"
+    " \"annotations\": [\n"
+    "  {\"id\": 10, \"image_id\": 7, \"category_id\": 5, \"bbox\": [1.5, 2, 10, 20], \"area\": 150.5, \"iscrowd\": 0,\n"
+    "   \"segmentation\": [[1.5, 2, 11.5, 2, 11.5, 22, 1.5, 22]]},\n"
+    "  {\"id\": 11, \"image_id\": 3, \"category_id\": 2, \"bbox\": [0, 0, 4, 4], \"iscrowd\": 1,\n"
+    "   \"segmentation\": {\"counts\": [0, 4, 6, 4, 86], \"size\": [10, 10]}},\n"
+    "  {\"id\": 12, \"image_id\": 7, \"category_id\": 2, \"bbox\": [5, 5, 5, 5], \"area\": 25,\n"
+    "   \"segmentation\": [[5, 5, 10, 5, 10, 10], [1, 1, 2, 2, 1, 2]], \"extra\": {\"x\": [1, {\"y\": \"z\"}]}},\n"
+    "  {\"id\": 13, \"image_id\": 3, \"category_id\": 5, \"bbox\": [1, 1, 2e0, 2.0], \"area\": 4.0e0, \"iscrowd\": false}\n"
+    " ],\n"
+    " \"images\": [{\"id\": 7, \"file_name\": \"b.png\", \"width\": 40, \"height\": 30, \"coco_url\": \"http://x/b\"},\n"
+    "            {\"id\": 3, \"file_name\": \"a.png\", \"width\": 20, \"height\": 10},\n"
+    "            {\"id\": 9, \"file_name\": \"c.png\", \"width\": 8, \"height\": 8}],\n"
+    " \"categories\": [{\"id\": 5, \"name\": \"cat\", \"supercategory\": \"animal\"}, {\"id\": 2, \"name\": \"dog\"}]\n"
+    "}\n";
