@@ -503,9 +503,13 @@ detr_status model_file_load(const char *checkpoint, const char *weights, const c
       st = DETR_ERR_FORMAT;
     } else {
       cfg = ci.cfg;
-      if (model_config_apply_sets(&cfg, sets, n_sets, err, cap) || detr_config_validate(&cfg, err, cap))
+      char why[512];
+      if (model_config_apply_sets(&cfg, sets, n_sets, err, cap)) {
         st = DETR_ERR_CONFIG;
-      else if (check_config_tensors(f, &cfg, n_sets > 0, err, cap))
+      } else if (detr_config_validate(&cfg, why, sizeof why)) {  // the message names the file (found by fuzz_checkpoint)
+        snprintf(err, cap, "%s: model_config%s: %s", checkpoint, n_sets ? " with the overrides" : "", why);
+        st = DETR_ERR_CONFIG;
+      } else if (check_config_tensors(f, &cfg, n_sets > 0, err, cap))
         st = DETR_ERR_MISMATCH;
     }
   } else {

@@ -498,6 +498,7 @@ START_TEST(bad_models) {
   st_close(f);
   EXPECT_OPEN(detr_open_checkpoint(at("badcfg.safetensors"), NULL, &m), DETR_ERR_FORMAT, "hidden_dim");
   EXPECT_OPEN(detr_open_checkpoint(at("hugecfg.safetensors"), NULL, &m), DETR_ERR_CONFIG, "hidden_dim");
+  ck_assert_ptr_nonnull(strstr(detr_last_error(), "hugecfg.safetensors: model_config"));  // names the file
   EXPECT_OPEN(detr_open_checkpoint(at("badcats.safetensors"), NULL, &m), DETR_ERR_FORMAT, "'x' is not id:name");
 
   // Foreign weights: another configuration's, other sizes, F16 tensors. (A checkpoint with
