@@ -217,8 +217,10 @@ int detr_config_validate(const DetrConfig *c, char *err, size_t err_cap) {
     problem = "decoder_cross_attn is not offered by the decoder";
   else if (detr_decoder(c)->unsupported)
     problem = detr_decoder(c)->unsupported(&(DecoderShape){
-        .s = {.dim = c->hidden_dim, .heads = c->nheads, .ffn_dim = c->ffn_dim, .dropout = c->dropout, .pre_norm = c->pre_norm},
-        .layers = c->dec_layers, .cross_attn = c->decoder_cross_attn});
+        .s = {.dim = c->hidden_dim, .heads = c->nheads, .ffn_dim = c->ffn_dim, .dropout = c->dropout,
+              .pre_norm = c->pre_norm},
+        .layers = c->dec_layers,
+        .cross_attn = c->decoder_cross_attn});
   if (problem) {
     snprintf(err, err_cap, "config: %s", problem);
     return -1;

@@ -37,39 +37,27 @@ typedef struct {
   int64_t n_layers;
 } CondDecoder;
 
-static Linear proj(ParamStore *ps, const char *prefix, const char *name, int64_t in, int64_t out) {
-  char full[112];
-  param_name_join(full, sizeof full, prefix, name);
-  return linear_create(ps, full, in, out, true, PARAM_TRAINABLE, LR_GROUP_MAIN);
-}
-
-static LayerNorm norm(ParamStore *ps, const char *prefix, const char *name, int64_t d) {
-  char full[112];
-  param_name_join(full, sizeof full, prefix, name);
-  return layernorm_create(ps, full, d);
-}
-
 // The reference's state_dict order within a layer.
 static void create_layer(CondLayer *l, ParamStore *ps, const char *p, TransformerShape s, bool first) {
   int64_t d = s.dim;
-  l->sa_qcontent = proj(ps, p, "sa_qcontent_proj", d, d);
-  l->sa_qpos = proj(ps, p, "sa_qpos_proj", d, d);
-  l->sa_kcontent = proj(ps, p, "sa_kcontent_proj", d, d);
-  l->sa_kpos = proj(ps, p, "sa_kpos_proj", d, d);
-  l->sa_v = proj(ps, p, "sa_v_proj", d, d);
-  l->sa_out = proj(ps, p, "self_attn.out_proj", d, d);
-  l->ca_qcontent = proj(ps, p, "ca_qcontent_proj", d, d);
-  if (first) l->ca_qpos = proj(ps, p, "ca_qpos_proj", d, d);  // the reference sets it None in later layers
-  l->ca_kcontent = proj(ps, p, "ca_kcontent_proj", d, d);
-  l->ca_kpos = proj(ps, p, "ca_kpos_proj", d, d);
-  l->ca_v = proj(ps, p, "ca_v_proj", d, d);
-  l->ca_qpos_sine = proj(ps, p, "ca_qpos_sine_proj", d, d);
-  l->ca_out = proj(ps, p, "cross_attn.out_proj", d, d);
-  l->linear1 = proj(ps, p, "linear1", d, s.ffn_dim);
-  l->linear2 = proj(ps, p, "linear2", s.ffn_dim, d);
-  l->norm1 = norm(ps, p, "norm1", d);
-  l->norm2 = norm(ps, p, "norm2", d);
-  l->norm3 = norm(ps, p, "norm3", d);
+  l->sa_qcontent = linear_create_named(ps, p, "sa_qcontent_proj", d, d);
+  l->sa_qpos = linear_create_named(ps, p, "sa_qpos_proj", d, d);
+  l->sa_kcontent = linear_create_named(ps, p, "sa_kcontent_proj", d, d);
+  l->sa_kpos = linear_create_named(ps, p, "sa_kpos_proj", d, d);
+  l->sa_v = linear_create_named(ps, p, "sa_v_proj", d, d);
+  l->sa_out = linear_create_named(ps, p, "self_attn.out_proj", d, d);
+  l->ca_qcontent = linear_create_named(ps, p, "ca_qcontent_proj", d, d);
+  if (first) l->ca_qpos = linear_create_named(ps, p, "ca_qpos_proj", d, d);  // None in later layers
+  l->ca_kcontent = linear_create_named(ps, p, "ca_kcontent_proj", d, d);
+  l->ca_kpos = linear_create_named(ps, p, "ca_kpos_proj", d, d);
+  l->ca_v = linear_create_named(ps, p, "ca_v_proj", d, d);
+  l->ca_qpos_sine = linear_create_named(ps, p, "ca_qpos_sine_proj", d, d);
+  l->ca_out = linear_create_named(ps, p, "cross_attn.out_proj", d, d);
+  l->linear1 = linear_create_named(ps, p, "linear1", d, s.ffn_dim);
+  l->linear2 = linear_create_named(ps, p, "linear2", s.ffn_dim, d);
+  l->norm1 = layernorm_create_named(ps, p, "norm1", d);
+  l->norm2 = layernorm_create_named(ps, p, "norm2", d);
+  l->norm3 = layernorm_create_named(ps, p, "norm3", d);
 }
 
 static void create(void *state, ParamStore *ps, const char *prefix, const DecoderShape *shape) {
@@ -174,8 +162,9 @@ static Tensor *layer_forward(const CondLayer *l, const TransformerShape *s, cons
   Tensor *q_sine = linear_forward(&l->ca_qpos_sine, sine);  // [B, Q, d] or, in layer 0, [Q, d]
   if (q_sine->shape.ndim == 2)  // one per query: the same for every image
     q_sine = op_add(tensor_scoped(tensor_zeros(tgt->device, SHAPE(B, Q, d))), q_sine);
-  Tensor *cross = attention_heads(ctx, concat_heads(q_content, q_sine, s->heads), concat_heads(k_content, k_pos, s->heads),
-                                  v, s->heads, key_mask, p);
+  Tensor *q_cross = concat_heads(q_content, q_sine, s->heads);  // [B, Q, 2d]
+  Tensor *k_cross = concat_heads(k_content, k_pos, s->heads);   // [B, HW, 2d]
+  Tensor *cross = attention_heads(ctx, q_cross, k_cross, v, s->heads, key_mask, p);
   tgt = layernorm_forward(&l->norm2, op_add(tgt, nn_dropout(ctx, linear_forward(&l->ca_out, cross), p)));
   tgt = op_add(tgt, nn_dropout(ctx, ffn(l, ctx, p, tgt), p));
   return layernorm_forward(&l->norm3, tgt);

@@ -8,4 +8,10 @@ LayerNorm layernorm_create(ParamStore *ps, const char *prefix, int64_t d) {
   return ln;
 }
 
+LayerNorm layernorm_create_named(ParamStore *ps, const char *prefix, const char *name, int64_t d) {
+  char full[112];
+  param_name_join(full, sizeof full, prefix, name);
+  return layernorm_create(ps, full, d);
+}
+
 Tensor *layernorm_forward(const LayerNorm *ln, Tensor *x) { return op_layernorm(x, ln->weight, ln->bias, 1e-5f); }

@@ -19,6 +19,8 @@ typedef struct {
 Linear linear_create(ParamStore *ps, const char *prefix, int64_t in, int64_t out, bool bias, ParamKind kind,
                      LrGroup group);
 Tensor *linear_forward(const Linear *l, Tensor *x);
+// A trainable Linear with bias (main learning rate) named `prefix.name` (the transformers' layers).
+Linear linear_create_named(ParamStore *ps, const char *prefix, const char *name, int64_t in, int64_t out);
 
 // --- MLP (nn/mlp.c): Linear layers with ReLU between them (DETR's bbox_embed) ---
 #define MLP_MAX_LAYERS 4
@@ -51,6 +53,7 @@ typedef struct {
 } LayerNorm;
 LayerNorm layernorm_create(ParamStore *ps, const char *prefix, int64_t d);
 Tensor *layernorm_forward(const LayerNorm *ln, Tensor *x);
+LayerNorm layernorm_create_named(ParamStore *ps, const char *prefix, const char *name, int64_t d);  // prefix.name
 
 // --- multi-head attention (nn/attention.c), torch.nn.MultiheadAttention's layout: a packed
 // in_proj_weight [3d, d] (q, k, v rows) and in_proj_bias [3d], out_proj Linear(d, d) ---

@@ -15,4 +15,10 @@ Linear linear_create(ParamStore *ps, const char *prefix, int64_t in, int64_t out
   return l;
 }
 
+Linear linear_create_named(ParamStore *ps, const char *prefix, const char *name, int64_t in, int64_t out) {
+  char full[112];
+  param_name_join(full, sizeof full, prefix, name);
+  return linear_create(ps, full, in, out, true, PARAM_TRAINABLE, LR_GROUP_MAIN);
+}
+
 Tensor *linear_forward(const Linear *l, Tensor *x) { return op_linear(x, l->weight, l->bias); }

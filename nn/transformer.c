@@ -4,18 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static Linear ffn_linear(ParamStore *ps, const char *prefix, const char *name, int64_t in, int64_t out) {
-  char full[112];
-  param_name_join(full, sizeof full, prefix, name);
-  return linear_create(ps, full, in, out, true, PARAM_TRAINABLE, LR_GROUP_MAIN);
-}
-
-static LayerNorm norm(ParamStore *ps, const char *prefix, const char *name, int64_t d) {
-  char full[112];
-  param_name_join(full, sizeof full, prefix, name);
-  return layernorm_create(ps, full, d);
-}
-
 static MultiheadAttention attention(ParamStore *ps, const char *prefix, const char *name, TransformerShape s) {
   char full[112];
   param_name_join(full, sizeof full, prefix, name);
@@ -27,10 +15,10 @@ static Tensor *with_pos(Tensor *x, Tensor *pos) { return pos ? op_add(x, pos) : 
 EncoderLayer encoder_layer_create(ParamStore *ps, const char *prefix, TransformerShape s, const EncoderAttnKind *attn,
                                   const AttnSettings *settings) {
   EncoderLayer l = {.self_attn = attention(ps, prefix, "self_attn", s),
-                    .linear1 = ffn_linear(ps, prefix, "linear1", s.dim, s.ffn_dim),
-                    .linear2 = ffn_linear(ps, prefix, "linear2", s.ffn_dim, s.dim),
-                    .norm1 = norm(ps, prefix, "norm1", s.dim),
-                    .norm2 = norm(ps, prefix, "norm2", s.dim),
+                    .linear1 = linear_create_named(ps, prefix, "linear1", s.dim, s.ffn_dim),
+                    .linear2 = linear_create_named(ps, prefix, "linear2", s.ffn_dim, s.dim),
+                    .norm1 = layernorm_create_named(ps, prefix, "norm1", s.dim),
+                    .norm2 = layernorm_create_named(ps, prefix, "norm2", s.dim),
                     .s = s,
                     .attn = attn ? attn : encoder_attn_default()};
   if (l.attn->extras_size) {
@@ -79,11 +67,11 @@ Tensor *encoder_layer_forward(const EncoderLayer *l, const NnCtx *ctx, Tensor *s
 DecoderLayer decoder_layer_create(ParamStore *ps, const char *prefix, TransformerShape s) {
   return (DecoderLayer){.self_attn = attention(ps, prefix, "self_attn", s),
                         .multihead_attn = attention(ps, prefix, "multihead_attn", s),
-                        .linear1 = ffn_linear(ps, prefix, "linear1", s.dim, s.ffn_dim),
-                        .linear2 = ffn_linear(ps, prefix, "linear2", s.ffn_dim, s.dim),
-                        .norm1 = norm(ps, prefix, "norm1", s.dim),
-                        .norm2 = norm(ps, prefix, "norm2", s.dim),
-                        .norm3 = norm(ps, prefix, "norm3", s.dim),
+                        .linear1 = linear_create_named(ps, prefix, "linear1", s.dim, s.ffn_dim),
+                        .linear2 = linear_create_named(ps, prefix, "linear2", s.ffn_dim, s.dim),
+                        .norm1 = layernorm_create_named(ps, prefix, "norm1", s.dim),
+                        .norm2 = layernorm_create_named(ps, prefix, "norm2", s.dim),
+                        .norm3 = layernorm_create_named(ps, prefix, "norm3", s.dim),
                         .s = s,
                         .cross_attn = mha_forward};
 }

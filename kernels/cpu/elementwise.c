@@ -30,15 +30,32 @@ void cpu_accumulate(float *dst, const float *src, int64_t n) {
   for (int64_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
+// One loop per op, the op a constant in each: unary_forward's switch folds away and the loop
+// vectorizes (a switch per element made relu 2-3x slower: bench/README.md, "unary loops").
+#define UNARY_FORWARD_CASE(id, name)                                     \
+  case UNARY_##id:                                                       \
+    _Pragma("omp parallel for schedule(static) if (n > PARALLEL_MIN)")  \
+    for (int64_t i = 0; i < n; i++) y[i] = unary_forward(UNARY_##id, x[i], param); \
+    break;
+#define UNARY_BACKWARD_CASE(id, name)                                    \
+  case UNARY_##id:                                                       \
+    _Pragma("omp parallel for schedule(static) if (n > PARALLEL_MIN)")  \
+    for (int64_t i = 0; i < n; i++) dx[i] += unary_backward(UNARY_##id, x[i], y[i], dy[i], param); \
+    break;
+
 void cpu_unary_forward(int op, const float *x, float *y, int64_t n, float param) {
-#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
-  for (int64_t i = 0; i < n; i++) y[i] = unary_forward(op, x[i], param);
+  switch (op) {
+    UNARY_OPS(UNARY_FORWARD_CASE)
+    default: DETR_FAIL("cpu_unary_forward: unknown op %d", op);
+  }
 }
 
 void cpu_unary_backward(int op, const float *x, const float *y, const float *dy, float *dx,
                         int64_t n, float param) {
-#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
-  for (int64_t i = 0; i < n; i++) dx[i] += unary_backward(op, x[i], y[i], dy[i], param);
+  switch (op) {
+    UNARY_OPS(UNARY_BACKWARD_CASE)
+    default: DETR_FAIL("cpu_unary_backward: unknown op %d", op);
+  }
 }
 
 static int64_t broadcast_numel(const Broadcast *bc) {
