@@ -1,6 +1,9 @@
 // detr: the command-line tool. Each verb lives in train/cmd_<verb>.c (train/commands.h).
+#define _POSIX_C_SOURCE 200809L  // setenv, execv
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "autograd/ops.h"
 #include "include/detr.h"
@@ -72,7 +75,18 @@ static int run(int argc, char **argv) {
   return usage(stderr);
 }
 
+// OpenMP threads that sleep while they wait. libgomp's default spins first, which on a machine
+// with one busy core turns every barrier into a wait for a time slice: the main job's training step
+// took 5-7 s instead of 0.15 s with 2 threads beside a CPU-bound process (bench/README.md, "wait
+// policy"). libgomp reads OMP_WAIT_POLICY once, as it loads, so the policy is set and the program
+// started again, once; a policy set by the user is kept. If the exec fails, libgomp's default stays.
+static void sleep_while_waiting(char **argv) {
+  if (getenv("OMP_WAIT_POLICY")) return;
+  if (setenv("OMP_WAIT_POLICY", "PASSIVE", 1) == 0) execv("/proc/self/exe", argv);
+}
+
 int main(int argc, char **argv) {
+  sleep_while_waiting(argv);
   dist_init(&argc, &argv);  // joins the MPI job when launched by mpirun (train, eval)
   int rc = run(argc, argv);
   dist_finalize();
