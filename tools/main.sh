@@ -7,7 +7,7 @@
 #   bash tools/main.sh [--epochs N] [--out DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-epochs=60
+epochs=75
 threshold=0.3
 out=runs/main
 while [ $# -gt 0 ]; do
@@ -44,17 +44,17 @@ fi
 model="--config tiny --set decoder=conditional --set num_classes=14 --set frozen_stages=0 --set backbone_width=16
   --set backbone_layers=3 --set hidden_dim=128 --set ffn_dim=512 --set dec_layers=3 --set num_queries=10
   --set dropout=0"
-# One compute thread: this model's step gains nothing from a second (66 vs 61-72 images/s, issue
-# #18), and beside any busy process a second thread makes every OpenMP barrier wait for it (12.7
-# vs 34.7 s an epoch with a fuzzer on the other core); the data loader's workers use the other core.
+# Both cores (detr's default): with the short OpenMP spin detr sets, two threads make the step
+# 1.5x faster than one on an idle machine (bench/README.md, "wait policy"). Beside a busy process,
+# one thread is faster: add --threads 1 to the pretrain and train lines below.
 train_start=$(date +%s)  # pretraining, training and evaluation from here
 if [ ! -f "$out/backbone.safetensors" ]; then
   mkdir -p "$out"
-  "$detr" pretrain --data "$data" --out "$out/backbone.safetensors" $model --epochs 10 --threads 1
+  "$detr" pretrain --data "$data" --out "$out/backbone.safetensors" $model --epochs 10
 fi
 "$detr" train --data "$data" --out "$out" $model --enact --init-backbone "$out/backbone.safetensors" \
   --lr 2e-4 --lr-backbone 5e-5 --lr-drop $(( epochs * 2 / 3 > 0 ? epochs * 2 / 3 : 1 )) --batch 4 --image-size 160 --max-size 224 \
-  --epochs "$epochs" --eval-every 10 --resume auto --threads 1
+  --epochs "$epochs" --eval-every 15 --resume auto
 
 "$detr" eval --checkpoint "$out/best.safetensors" --data "$data" --json "$out/eval.json" \
   --results "$out/results.json" --image-size 160 --max-size 224 2>&1 | tee "$out/eval.log"
