@@ -3,6 +3,7 @@
 #define _DEFAULT_SOURCE  // mkdtemp, fork, kill, usleep
 #include <check.h>
 #include <math.h>
+#include <omp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include "tests/gradcheck.h"
 #include "nn/model_io.h"
 #include "train/checkpoint.h"
+#include "train/cpu_share.h"
 #include "train/setup.h"
 
 START_TEST(adamw_matches_torch_formula) {
@@ -324,6 +326,50 @@ START_TEST(checkpoint_survives_sigkill) {
 }
 END_TEST
 
+// /proc/stat's per-CPU lines: busy = user + nice + system + irq + softirq of the CPUs in the set;
+// the "cpu " total line and CPUs outside the set are not counted.
+START_TEST(cpu_share_reads_proc_stat) {
+  const char *text = "cpu  5 1 2 900 1 0 0 0 0 0\n"
+                     "cpu0 100 10 20 5000 7 1 2 3 0 0\n"
+                     "cpu1 200 20 40 6000 9 3 4 5 0 0\n"
+                     "intr 12345\n";
+  uint64_t set[1] = {0x2};  // cpu1 only
+  ck_assert_int_eq(cpu_share_busy_ticks(text, set, 1), 200 + 20 + 40 + 3 + 4);
+  set[0] = 0x3;
+  ck_assert_int_eq(cpu_share_busy_ticks(text, set, 1), 133 + 267);
+  set[0] = 0x4;  // a CPU the text does not list
+  ck_assert_int_eq(cpu_share_busy_ticks(text, set, 1), -1);
+  ck_assert_int_eq(cpu_share_busy_ticks("garbage\n", set, 1), -1);
+}
+END_TEST
+
+// A fixed count is kept; with none, a process keeping a core busy takes a compute thread away.
+START_TEST(cpu_share_yields_to_a_busy_process) {
+  CpuShare s;
+  cpu_share_init(&s, 1);
+  ck_assert(!s.adapt);
+  ck_assert_int_eq(s.threads, 1);
+  unsetenv("OMP_NUM_THREADS");
+  omp_set_num_threads(omp_get_num_procs());
+  cpu_share_init(&s, 0);
+  if (!s.adapt) return;  // one core, or no /proc/stat: nothing to adapt
+  pid_t busy = fork();
+  ck_assert_int_ge(busy, 0);
+  if (busy == 0) {
+    for (volatile uint64_t i = 0;; i++) {
+    }
+  }
+  usleep(2100 * 1000);
+  bool changed = cpu_share_update(&s);
+  kill(busy, SIGKILL);
+  waitpid(busy, NULL, 0);
+  // Other tests running beside this one only add to what the others use.
+  ck_assert_msg(changed && s.threads <= s.max_threads - 1, "others %.2f cores: %d of %d threads", s.others,
+                s.threads, s.max_threads);
+  ck_assert_double_ge(s.others, 0.8);
+}
+END_TEST
+
 int main(void) {
   owner_pid = (int)getpid();
   Suite *s = suite_create("train");
@@ -335,6 +381,8 @@ int main(void) {
   tcase_add_test(tc, checkpoint_damage_is_detected);
   tcase_add_test(tc, configs_and_metadata_checked);
   tcase_add_test(tc, checkpoint_survives_sigkill);
+  tcase_add_test(tc, cpu_share_reads_proc_stat);
+  tcase_add_test(tc, cpu_share_yields_to_a_busy_process);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -16,6 +16,7 @@
 #include "nn/model_io.h"
 #include "nn/resnet.h"
 #include "train/commands.h"
+#include "train/cpu_share.h"
 #include "train/optim.h"
 #include "train/progress.h"
 #include "train/setup.h"
@@ -103,6 +104,7 @@ typedef struct {
   int B;                    // crops per step (the whole set when smaller than --batch)
   int64_t *order, *labels;  // [train.n], [B]
   float *host;              // [B, 3, crop, crop]
+  CpuShare cpu;             // compute threads: the cores other processes leave free
 } Pretrainer;
 
 // The classifier on the config's ResNet, its frozen batch norms set from the first batch's inputs
@@ -167,6 +169,9 @@ static int pretrain_epoch(Pretrainer *p, int epoch, Rng *rng, double *loss_mean)
     tensor_scope_release(mark);
     loss_sum += l;
     steps++;
+    if (cpu_share_update(&p->cpu) && !o->no_progress)
+      fprintf(stderr, "detr pretrain: other processes use %.1f of %d cores: %d compute thread%s\n", p->cpu.others,
+              p->cpu.max_threads, p->cpu.threads, p->cpu.threads > 1 ? "s" : "");
   }
   *loss_mean = steps ? loss_sum / (double)steps : 0.0;
   return 0;
@@ -238,7 +243,7 @@ int cmd_pretrain(int argc, char **argv) {
       {"lr", FLAG_FLOAT, &o.lr, "AdamW learning rate (default 1e-3; x0.1 for the last third of the epochs)"},
       {"weight-decay", FLAG_FLOAT, &o.weight_decay, "AdamW weight decay (default 1e-4)"},
       {"device", FLAG_STRING, &o.device, "cpu or cuda (default cpu)"},
-      {"threads", FLAG_I32, &o.threads, "CPU threads (default: OMP_NUM_THREADS or all cores)", 0, 1024},
+      {"threads", FLAG_I32, &o.threads, "CPU threads (default: OMP_NUM_THREADS, or the cores other processes leave free)", 0, 1024},
       {"seed", FLAG_U64, &o.seed, "seed of initialisation, crop order and augmentation (default 42)", 0, 1LL << 62},
       {"no-progress", FLAG_BOOL, &o.no_progress, "no per-epoch lines"},
   };
@@ -259,7 +264,7 @@ int cmd_pretrain(int argc, char **argv) {
     fprintf(stderr, "detr pretrain: %s\n", err);
     return 2;
   }
-  if (o.threads > 0) omp_set_num_threads(o.threads);
+  cpu_share_init(&p.cpu, o.threads);
   cpu_flush_denormals(true);
   // Crops are stored 25% larger than --crop: training reads a random window of them.
   const int side = o.crop + o.crop / 4;

@@ -77,7 +77,7 @@ int cmd_train(int argc, char **argv) {
        32, 4096},
       {"max-size", FLAG_I32, &max_size, "longest image side (default 1333, 512 small, 192 tiny)", 32, 8192},
       {"device", FLAG_STRING, &device, "cpu or cuda (default cpu)"},
-      {"threads", FLAG_I32, &o.threads, "CPU threads (default: OMP_NUM_THREADS or all cores)", 0, 1024},
+      {"threads", FLAG_I32, &o.threads, "CPU threads (default: OMP_NUM_THREADS, or the cores other processes leave free)", 0, 1024},
       {"workers", FLAG_I32, &o.workers, "data loader threads (default 2)", 0, 64},
       {"seed", FLAG_U64, &o.seed, "seed of initialisation, data order, augmentation and dropout (default 42)", 0,
        1LL << 62},

@@ -15,6 +15,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "nn/model_io.h"
 #include "train/checkpoint.h"
+#include "train/cpu_share.h"
 #include "train/dist.h"
 #include "train/evaluate.h"
 #include "train/history.h"
@@ -169,6 +170,7 @@ typedef struct {
   CriterionConfig criterion;
   Progress progress;
   TrainHistory history;
+  CpuShare cpu;               // compute threads: the cores other processes leave free
 } Trainer;
 
 // --- stage 1, set-up: data, model, optimizer; resume or initial weights; the log; the loader ---
@@ -313,7 +315,7 @@ static int open_log_and_loader(Trainer *t, char *err, size_t cap) {
 
 static int trainer_setup(Trainer *t, char *err, size_t cap) {
   const TrainOptions *o = t->o;
-  if (o->threads > 0) omp_set_num_threads(o->threads);
+  cpu_share_init(&t->cpu, o->threads);
   cpu_flush_denormals(true);
   t->world = dist_world_size();
   if (dist_setup_device(o->device, err, cap) || open_data(t, err, cap)) return -1;
@@ -545,6 +547,11 @@ static int train_epoch(Trainer *t, bool *stop) {
     st->step++;
     st->next_batch = b->index + 1;
     log_train_step(t, b, &log, now_s() - t0);
+    if (cpu_share_update(&t->cpu) && dist_is_main()) {
+      progress_end_line(&t->progress);
+      fprintf(stderr, "detr train: other processes use %.1f of %d cores: %d compute thread%s\n", t->cpu.others,
+              t->cpu.max_threads, t->cpu.threads, t->cpu.threads > 1 ? "s" : "");
+    }
     bool epoch_done = st->next_batch >= t->per_epoch;
     if (epoch_done) {
       st->epoch++;
