@@ -22,8 +22,9 @@ DETR_HD int64_t conv_in_coord(int64_t o, int64_t k, int stride, int pad, int dil
 
 // Max pooling's running choice over a window (torch semantics): v replaces the best so far when
 // nothing is taken yet, when it is larger, or when it is NaN (NaN propagates). best_at < 0: none.
+// Bitwise ors, not ||: no branch to mispredict (which tap wins is data).
 DETR_HD int maxpool_takes(float v, float best, int32_t best_at) {
-  return best_at < 0 || v > best || v != v;
+  return (best_at < 0) | (v > best) | (v != v);
 }
 
 // The output coordinates o whose window can read input coordinate i (o * stride - pad + k * dil

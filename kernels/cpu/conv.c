@@ -240,32 +240,56 @@ void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float 
   }
 }
 
+// The outputs o in [*lo, *hi) whose tap k reads an input coordinate o * stride - pad + k * dil in
+// [0, in), clipped to [o_begin, o_end).
+static void pool_out_range(int64_t k, int stride, int pad, int dil, int64_t in, int64_t o_begin, int64_t o_end,
+                           int64_t *lo, int64_t *hi) {
+  int64_t shift = conv_in_coord(0, k, stride, pad, dil);  // input coordinate of output 0
+  int64_t first = shift >= 0 ? 0 : (-shift + stride - 1) / stride;
+  int64_t last = in - 1 - shift < 0 ? -1 : (in - 1 - shift) / stride;  // last o with coordinate < in
+  *lo = first > o_begin ? first : o_begin;
+  *hi = last + 1 < o_end ? last + 1 : o_end;
+}
+
+// Tap by tap over a row of outputs rather than output by output: each output's choice depends on
+// the one before it (compare, select), and 9 such steps in a chain per output made the main job's
+// stem pool latency-bound (3.7 ms; bench/README.md, "maxpool"). Across the row the chains are
+// independent. Every output still sees its taps in torch's order (rows, then columns).
+#define POOL_ROW_CHUNK 256
 void cpu_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const ConvGeom *g) {
   int64_t planes = g->batch * g->in_ch;
 #pragma omp parallel for schedule(static) if (planes * g->out_h * g->out_w > 32768)
   for (int64_t p = 0; p < planes; p++) {
     const float *xp = x + p * g->in_h * g->in_w;
-    for (int64_t oy = 0; oy < g->out_h; oy++)
-      for (int64_t ox = 0; ox < g->out_w; ox++) {
-        float best = -FLT_MAX;
-        int32_t best_at = -1;
+    for (int64_t oy = 0; oy < g->out_h; oy++) {
+      float *yr = y + (p * g->out_h + oy) * g->out_w;
+      int32_t *ar = argmax + (p * g->out_h + oy) * g->out_w;
+      for (int64_t o0 = 0; o0 < g->out_w; o0 += POOL_ROW_CHUNK) {
+        int64_t o1 = o0 + POOL_ROW_CHUNK < g->out_w ? o0 + POOL_ROW_CHUNK : g->out_w;
+        float best[POOL_ROW_CHUNK];    // [o1 - o0]
+        int32_t at[POOL_ROW_CHUNK];    // [o1 - o0], -1: no tap taken yet
+        for (int64_t o = 0; o < o1 - o0; o++) best[o] = -FLT_MAX, at[o] = -1;
         for (int64_t ky = 0; ky < g->kh; ky++) {
           int64_t iy = conv_in_coord(oy, ky, g->stride_h, g->pad_h, g->dil_h);
           if (iy < 0 || iy >= g->in_h) continue;
           for (int64_t kx = 0; kx < g->kw; kx++) {
-            int64_t ix = conv_in_coord(ox, kx, g->stride_w, g->pad_w, g->dil_w);
-            if (ix < 0 || ix >= g->in_w) continue;
-            float v = xp[iy * g->in_w + ix];
-            if (maxpool_takes(v, best, best_at)) {
-              best = v;
-              best_at = (int32_t)(iy * g->in_w + ix);
+            int64_t lo, hi;
+            pool_out_range(kx, g->stride_w, g->pad_w, g->dil_w, g->in_w, o0, o1, &lo, &hi);
+            int64_t shift = iy * g->in_w + conv_in_coord(0, kx, g->stride_w, g->pad_w, g->dil_w);
+#pragma omp simd
+            for (int64_t o = lo; o < hi; o++) {
+              int32_t a = (int32_t)(shift + o * g->stride_w);
+              float v = xp[a];
+              bool take = maxpool_takes(v, best[o - o0], at[o - o0]);
+              best[o - o0] = take ? v : best[o - o0];
+              at[o - o0] = take ? a : at[o - o0];
             }
           }
         }
-        int64_t o = (p * g->out_h + oy) * g->out_w + ox;
-        y[o] = best;
-        argmax[o] = best_at;
+        memcpy(yr + o0, best, (size_t)(o1 - o0) * sizeof *best);
+        memcpy(ar + o0, at, (size_t)(o1 - o0) * sizeof *at);
       }
+    }
   }
 }
 
