@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Training throughput of the main job's exact configuration (tools/main.sh), in images/s over
+# whole epochs (data loading, step, optimizer: what a user sees), on an idle machine and beside a
+# CPU-bound process on one core (a shell loop: what a package install or a second job does).
+#
+#   bash bench/main_job_speed.sh [--detr BUILD/detr ...] [--model main|issue18] [--epochs 3]
+#                                [--threads T] [--images N] [--rounds 2] [--no-busy]
+#
+# Several --detr binaries are run alternately (A B A B ...), each idle and then busy, so that a
+# before/after pair is measured on the same machine in one run. --model issue18 is the main job's
+# model when issue #18 was written (DETR decoder, stride 32, hidden 64, 5 queries), which older
+# builds can run; main is today's. Epoch 0 (warm-up: allocator, oneDNN primitives) is not
+# counted. --images N trains on a set of N images made as the main job's (data/synth-speed-N): a build whose busy epochs take minutes (libgomp's
+# default spin) is measured on fewer. The run directories go to a temporary folder, removed at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+binaries=()
+model=main
+epochs=3
+threads=""
+images=1000
+busy=1
+rounds=2
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --detr) binaries+=("$2"); shift 2 ;;
+    --model) model="$2"; shift 2 ;;
+    --epochs) epochs="$2"; shift 2 ;;
+    --threads) threads="--threads $2"; shift 2 ;;
+    --images) images="$2"; shift 2 ;;
+    --rounds) rounds="$2"; shift 2 ;;
+    --no-busy) busy=0; shift ;;
+    *) echo "main_job_speed.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[ ${#binaries[@]} -gt 0 ] || binaries=(build/detr)
+case "$model" in
+  main) config="--config tiny --set decoder=conditional --set num_classes=14 --set frozen_stages=0 --set backbone_width=16
+    --set backbone_layers=3 --set hidden_dim=128 --set ffn_dim=512 --set dec_layers=3 --set num_queries=10 --set dropout=0" ;;
+  issue18) config="--config tiny --set num_classes=14 --set frozen_stages=0 --set backbone_width=16 --set hidden_dim=64
+    --set ffn_dim=256 --set num_queries=5 --set dropout=0" ;;
+  *) echo "main_job_speed.sh: --model main or issue18" >&2; exit 2 ;;
+esac
+data=data/synth-main
+[ "$images" = 1000 ] || data=data/synth-speed-$images
+if [ ! -f "$data/annotations/instances_train.json" ]; then  # made as the main job's (tools/main.sh)
+  "${binaries[0]}" synth --out "$data" --train "$images" --val 200 --seed 0 --max-objects 3 --min-object-side 40 \
+    --min-side 160 --max-side 224 > /dev/null
+fi
+work=$(mktemp -d)
+spinner=""
+cleanup() { [ -n "$spinner" ] && kill "$spinner" 2> /dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+
+# Images/s of epochs 1.. of one training run: the training images over each epoch's seconds.
+run_one() {
+  local bin="$1" out="$work/run"
+  rm -rf "$out"
+  "$bin" train --data "$data" --out "$out" $config --enact --lr 2e-4 --lr-backbone 5e-5 --batch 4 \
+    --image-size 160 --max-size 224 --epochs "$epochs" --eval-every 0 --checkpoint-every 1000000 \
+    --no-progress $threads 2> "$work/log" > /dev/null || { cat "$work/log" >&2; exit 1; }
+  local per_epoch
+  per_epoch=$(sed -n 's/.*(\([0-9]*\) batches of \([0-9]*\) per epoch).*/\1 \2/p' "$work/log" | awk '{print $1 * $2}')
+  awk -v n="$per_epoch" '/^epoch [0-9]+ done in/ { if ($2 > 0) printf "%s%.1f", sep, n / $5; sep = " " }' "$work/log"
+  grep -o "other processes use.*" "$work/log" | sort | uniq -c | awk '{$1 = $1 "x"; printf " [%s]", $0}' || true
+}
+
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; model $model, $epochs epochs, images/s of epochs 1..$((epochs - 1))"
+for round in $(seq "$rounds"); do
+  for bin in "${binaries[@]}"; do
+    echo "round $round  $bin  idle: $(run_one "$bin")"
+    if [ "$busy" = 1 ]; then
+      bash -c 'while :; do :; done' &
+      spinner=$!
+      echo "round $round  $bin  busy: $(run_one "$bin")"
+      kill "$spinner"; wait "$spinner" 2> /dev/null || true; spinner=""
+    fi
+  done
+done
