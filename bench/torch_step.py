@@ -61,7 +61,7 @@ def main():
         if r >= 0:
             times.append(time.perf_counter() - t0)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(json.dumps({"impl": "pytorch", "preset": args.preset, "size": args.size, "enact": False,
+    print(json.dumps({"impl": "pytorch-" + torch.__version__.split("+")[0], "preset": args.preset, "size": args.size, "enact": False,
                       "median_s": round(sorted(times)[len(times) // 2], 4), "peak_rss_mb": round(peak_mb, 1),
                       "steps_s": [round(t, 4) for t in times], "torch": torch.__version__}))
 
