@@ -6,8 +6,8 @@
 #   bash bench/attention_training.sh [--detr build/detr] [--epochs 25] [--variants "dense enact ..."]
 #                                    [--backbone FILE] [--out DIR]
 #
-# The model and data are the main job's (tools/main.sh: Conditional DETR, stride-16 ResNet-18 at
-# width 16, hidden 128, 160-224 pixel images, data/synth-main); the backbone is the main job's
+# The model, data and optimiser settings are the main job's (tools/main_job_config.sh: Conditional
+# DETR, stride-16 ResNet-18 at width 16, hidden 128, 160-224 pixel images, data/synth-main); the backbone is the main job's
 # pretrained one (runs/main/backbone.safetensors; made with `detr pretrain` when missing). Each
 # variant's run keeps its directory under --out (default runs/attention) with metrics.jsonl.
 set -euo pipefail
@@ -27,14 +27,10 @@ while [ $# -gt 0 ]; do
     *) echo "attention_training.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-data=data/synth-main
-model="--config tiny --set decoder=conditional --set num_classes=14 --set frozen_stages=0 --set backbone_width=16
-  --set backbone_layers=3 --set hidden_dim=128 --set ffn_dim=512 --set dec_layers=3 --set num_queries=10
-  --set dropout=0"
-if [ ! -f "$data/annotations/instances_val.json" ]; then  # as tools/main.sh makes it
-  "$detr" synth --out "$data" --train 1000 --val 200 --seed 0 --max-objects 3 --min-object-side 40 \
-    --min-side 160 --max-side 224 > /dev/null
-fi
+source tools/main_job_config.sh  # main_data, main_make_data, main_model, main_train_flags
+data=$main_data
+model=$main_model
+main_make_data "$detr" > /dev/null
 if [ ! -f "$backbone" ]; then
   mkdir -p "$(dirname "$backbone")"
   "$detr" pretrain --data "$data" --out "$backbone" $model --epochs 30 --no-progress > /dev/null
@@ -47,8 +43,8 @@ for v in $variants; do
   run="$out/$v"
   rm -rf "$run"
   "$detr" train --data "$data" --out "$run" $model --set encoder_attn="$v" --init-backbone "$backbone" \
-    --lr 2e-4 --lr-backbone 5e-5 --lr-drop $((epochs * 2 / 3)) --batch 4 --image-size 160 --max-size 224 \
-    --epochs "$epochs" --eval-every "$epochs" --no-progress 2> "$run.log" > /dev/null || { cat "$run.log" >&2; exit 1; }
+    $main_train_flags --lr-drop $((epochs * 2 / 3 > 0 ? epochs * 2 / 3 : 1)) --epochs "$epochs" --eval-every "$epochs" \
+    --no-progress 2> "$run.log" > /dev/null || { cat "$run.log" >&2; exit 1; }
   # Images/s over whole epochs 1.. (epoch 0 warms up), the last evaluation's AP50 and AP.
   per_epoch=$(sed -n 's/.*(\([0-9]*\) batches of \([0-9]*\) per epoch).*/\1 \2/p' "$run.log" | awk '{print $1 * $2}')
   ips=$(awk -v n="$per_epoch" '/^epoch [0-9]+ done in/ && $2 > 0 {s += $5; k++} END {printf "%.1f", k ? n * k / s : 0}' "$run.log")

@@ -34,19 +34,16 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ ${#binaries[@]} -gt 0 ] || binaries=(build/detr)
+source tools/main_job_config.sh  # main_data, main_make_data, main_model, main_train_flags
 case "$model" in
-  main) config="--config tiny --set decoder=conditional --set num_classes=14 --set frozen_stages=0 --set backbone_width=16
-    --set backbone_layers=3 --set hidden_dim=128 --set ffn_dim=512 --set dec_layers=3 --set num_queries=10 --set dropout=0" ;;
+  main) config=$main_model ;;
   issue18) config="--config tiny --set num_classes=14 --set frozen_stages=0 --set backbone_width=16 --set hidden_dim=64
     --set ffn_dim=256 --set num_queries=5 --set dropout=0" ;;
   *) echo "main_job_speed.sh: --model main or issue18" >&2; exit 2 ;;
 esac
-data=data/synth-main
+data=$main_data
 [ "$images" = 1000 ] || data=data/synth-speed-$images
-if [ ! -f "$data/annotations/instances_train.json" ]; then  # made as the main job's (tools/main.sh)
-  "${binaries[0]}" synth --out "$data" --train "$images" --val 200 --seed 0 --max-objects 3 --min-object-side 40 \
-    --min-side 160 --max-side 224 > /dev/null
-fi
+main_make_data "${binaries[0]}" "$data" "$images" > /dev/null
 work=$(mktemp -d)
 spinner=""
 cleanup() { [ -n "$spinner" ] && kill "$spinner" 2> /dev/null; rm -rf "$work"; }
@@ -56,8 +53,7 @@ trap cleanup EXIT
 run_one() {
   local bin="$1" out="$work/run"
   rm -rf "$out"
-  "$bin" train --data "$data" --out "$out" $config --enact --lr 2e-4 --lr-backbone 5e-5 --batch 4 \
-    --image-size 160 --max-size 224 --epochs "$epochs" --eval-every 0 --checkpoint-every 1000000 \
+  "$bin" train --data "$data" --out "$out" $config --enact $main_train_flags --epochs "$epochs" --eval-every 0 --checkpoint-every 1000000 \
     --no-progress $threads 2> "$work/log" > /dev/null || { cat "$work/log" >&2; exit 1; }
   local per_epoch
   per_epoch=$(sed -n 's/.*(\([0-9]*\) batches of \([0-9]*\) per epoch).*/\1 \2/p' "$work/log" | awk '{print $1 * $2}')

@@ -28,26 +28,12 @@ cmake -S . -B build-main -DDETR_CUDA=OFF -DCMAKE_BUILD_TYPE=Release > /dev/null
 cmake --build build-main -j"$(nproc)" --target detr_cli
 detr=build-main/detr
 
-# The synthetic set's variant sized for a 15-minute CPU run: at most 3 objects per image, no side
-# below 40 pixels, images of 160-224 pixels (the default set - up to 8 objects from 10 pixels -
-# needs a larger model and hours; docs/training.md).
-data=data/synth-main
-if [ ! -f "$data/annotations/instances_val.json" ]; then
-  "$detr" synth --out "$data" --train 1000 --val 200 --seed 0 --max-objects 3 --min-object-side 40 \
-    --min-side 160 --max-side 224
-fi
-
-# The model (docs/training.md has what was tried): Conditional DETR (its decoder converges faster
-# than DETR's: docs/conditional_detr.md) with ENACT in the encoder, on a ResNet-18 of quarter width
-# (16 channels at the stem) that stops after layer3 - stride 16, so that the 160-224 pixel images
-# give 10x10 to 14x14 feature maps, on which ENACT forms real clusters and the reference points
-# find the objects - every stage trained, hidden 128, 2 encoder and 3 decoder layers, 10 queries
-# for at most 3 objects. Category ids of the synthetic set go up to 13, so 14 classes. DETR starts
-# from a pretrained backbone; none can be downloaded here, so the backbone first learns to classify
-# the training set's object crops (30 epochs, half a minute).
-model="--config tiny --set decoder=conditional --set num_classes=14 --set frozen_stages=0 --set backbone_width=16
-  --set backbone_layers=3 --set hidden_dim=128 --set ffn_dim=512 --set dec_layers=3 --set num_queries=10
-  --set dropout=0"
+source tools/main_job_config.sh  # main_data, main_make_data, main_model, main_train_flags
+data=$main_data
+model=$main_model
+main_make_data "$detr"
+# DETR starts from a pretrained backbone; none can be downloaded here, so the backbone first
+# learns to classify the training set's object crops (30 epochs, half a minute).
 # Both cores, or the one another busy process leaves free (detr's default: bench/README.md, "wait
 # policy" and "the main job's throughput").
 train_start=$(date +%s)  # pretraining, training and evaluation from here
@@ -56,7 +42,7 @@ if [ ! -f "$out/backbone.safetensors" ]; then
   "$detr" pretrain --data "$data" --out "$out/backbone.safetensors" $model --epochs 30 --seed "$seed"
 fi
 "$detr" train --data "$data" --out "$out" $model --enact --init-backbone "$out/backbone.safetensors" \
-  --lr 2e-4 --lr-backbone 5e-5 --lr-drop $(( epochs * 2 / 3 > 0 ? epochs * 2 / 3 : 1 )) --batch 4 --image-size 160 --max-size 224 \
+  $main_train_flags --lr-drop $(( epochs * 2 / 3 > 0 ? epochs * 2 / 3 : 1 )) \
   --epochs "$epochs" --eval-every 17 --seed "$seed" --resume auto
 
 # Evaluated in batches of 4 as during training: padding to the batch's largest image changes a
