@@ -12,7 +12,7 @@
 # --python (repeatable; default /usr/bin/python3, Debian's PyTorch 1.13) adds a PyTorch: each round
 # runs every one, alternating with detr-c. PyTorch 2.x from PyPI, in a virtual environment outside
 # the repository (about 3 GB: PyPI's Linux wheels bring CUDA's libraries; they run on the CPU):
-#   python3 -m venv ~/venvs/torch2 && ~/venvs/torch2/bin/pip install torch==2.5.1 torchvision==0.20.1 scipy
+#   python3 -m venv ~/venvs/torch2 && ~/venvs/torch2/bin/pip install torch==2.5.1 torchvision==0.20.1 scipy packaging
 #   bash bench/compare_torch.sh --detr-repo DIR --python /usr/bin/python3 --python ~/venvs/torch2/bin/python
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +39,7 @@ for r in $(seq "$rounds"); do
   for py in "${pythons[@]}"; do
     OMP_NUM_THREADS=2 "$build/bench/bench_step" --preset "$preset" --size "$size" --boxes "$boxes" --reps "$reps" >> "$out"
     "$py" bench/torch_step.py --detr-repo "$repo" --preset "$preset" --size "$size" --boxes "$boxes" \
-      --reps "$reps" --threads 2 2>/dev/null >> "$out"
+      --reps "$reps" --threads 2 2> "$out.err" >> "$out" || { echo "compare_torch.sh: $py failed:" >&2; tail -5 "$out.err" >&2; exit 1; }
   done
 done
 /usr/bin/python3 - "$out" <<'PY'
@@ -64,4 +64,4 @@ for impl, t in sorted(by.items()):
 if best and len(by) > 1:
     print(f"  against the faster ({best[0]}): time {mc / best[1]:.2f}, peak memory {pc / best[2]:.2f}")
 PY
-rm -f "$out"
+rm -f "$out" "$out.err"
