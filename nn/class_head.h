@@ -38,3 +38,8 @@ typedef struct ClassHead {
 
 extern const ClassHead class_head_softmax;  // DETR (models/detr.py)
 extern const ClassHead class_head_focal;    // Conditional DETR (models/conditional_detr.py)
+
+// An unset head (NULL in a config, a matcher's weights or a decoder kind) is DETR's softmax.
+static inline const ClassHead *class_head_or_softmax(const ClassHead *head) {
+  return head ? head : &class_head_softmax;
+}

@@ -21,10 +21,6 @@ CriterionConfig criterion_config_default(int num_classes) {
   return criterion_config_for(num_classes, &class_head_softmax);
 }
 
-static const ClassHead *head_of(const CriterionConfig *cfg) {
-  return cfg->classes ? cfg->classes : &class_head_softmax;
-}
-
 static void add_term(CriterionResult *r, const char *name, const char *suffix, Tensor *value, float weight) {
   DETR_CHECK(r->n_terms < DETR_MAX_LOSS_TERMS, "criterion: more than %d loss terms", DETR_MAX_LOSS_TERMS);
   LossTerm *t = &r->terms[r->n_terms++];
@@ -59,7 +55,8 @@ static void layer_losses(const CriterionConfig *cfg, DetrLayerOutput out, const 
   }
   ClassLossArgs args = {.num_classes = cfg->num_classes, .num_boxes = num_boxes,
                         .eos_coef = cfg->eos_coef, .ce_share = cfg->ce_share};
-  Tensor *loss_ce = head_of(cfg)->loss(op_reshape(out.logits, SHAPE(B * Q, C1)), classes, &args);
+  const ClassHead *head = class_head_or_softmax(cfg->classes);
+  Tensor *loss_ce = head->loss(op_reshape(out.logits, SHAPE(B * Q, C1)), classes, &args);
 
   Tensor *src = op_index_select(op_reshape(out.boxes, SHAPE(B * Q, 4)), rows, matched);  // [M, 4]
   Tensor *tgt = tensor_scoped(tensor_from_host(dev, SHAPE(matched, 4), tgt_boxes));
@@ -133,7 +130,7 @@ int criterion_forward(const CriterionConfig *cfg, DetrLayerOutput final, const D
   DETR_CHECK(n_aux >= 0 && n_aux < DETR_MAX_LOSS_TERMS / 3 - 1, "criterion: %d auxiliary outputs", n_aux);
   DETR_CHECK(num_boxes >= 1.0f, "criterion: num_boxes %g < 1", num_boxes);
   int B = (int)final.logits->shape.d[0];
-  int cols = cfg->num_classes + head_of(cfg)->extra_columns;
+  int cols = cfg->num_classes + class_head_or_softmax(cfg->classes)->extra_columns;
   DETR_CHECK(final.logits->shape.ndim == 3 && final.logits->shape.d[2] == cols, "criterion: logits must be [B, Q, %d]",
              cols);
   DetrMatch *matches = calloc((size_t)B, sizeof(DetrMatch));

@@ -12,7 +12,7 @@ static const DecoderKind *const KINDS[] = {&decoder_detr, &decoder_conditional};
 
 const DecoderKind *decoder_default(void) { return KINDS[0]; }
 
-const ClassHead *decoder_classes(const DecoderKind *k) { return k->classes ? k->classes : &class_head_softmax; }
+const ClassHead *decoder_classes(const DecoderKind *k) { return class_head_or_softmax(k->classes); }
 
 const DecoderKind *decoder_find(const char *name) {
   for (int i = 0; i < N_KINDS; i++)

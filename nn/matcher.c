@@ -23,7 +23,7 @@ int detr_hungarian_match(const Tensor *logits, const Tensor *boxes, const DetrTa
   float *box = prob + logits->numel;
   tensor_to_host(logits, prob);
   tensor_to_host(boxes, box);
-  const ClassHead *head = w.classes ? w.classes : &class_head_softmax;
+  const ClassHead *head = class_head_or_softmax(w.classes);
   head->probabilities(prob, B * Q, C);
   int status = 0;
   int64_t n_classes = C - head->extra_columns;  // a target's label is one of them

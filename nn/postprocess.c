@@ -5,11 +5,9 @@
 
 #include "kernels/box_math.h"
 
-static const ClassHead *head_or_default(const ClassHead *head) { return head ? head : &class_head_softmax; }
-
 void detr_postprocess(const ClassHead *head, const Tensor *logits, const Tensor *boxes, const int *orig_w,
                       const int *orig_h, Detection *out) {
-  head = head_or_default(head);
+  head = class_head_or_softmax(head);
   int64_t B = logits->shape.d[0], Q = logits->shape.d[1], cols = logits->shape.d[2];
   int64_t K = head->detections_per_image(Q, cols);
   float *prob = malloc((size_t)(logits->numel + boxes->numel) * sizeof(float));  // [B, Q, cols], then [B, Q, 4]
