@@ -169,9 +169,7 @@ static int pretrain_epoch(Pretrainer *p, int epoch, Rng *rng, double *loss_mean)
     tensor_scope_release(mark);
     loss_sum += l;
     steps++;
-    if (cpu_share_update(&p->cpu) && !o->no_progress)
-      fprintf(stderr, "detr pretrain: other processes use %.1f of %d cores: %d compute thread%s\n", p->cpu.others,
-              p->cpu.max_threads, p->cpu.threads, p->cpu.threads > 1 ? "s" : "");
+    if (cpu_share_update(&p->cpu) && !o->no_progress) cpu_share_log(&p->cpu, "detr pretrain");
   }
   *loss_mean = steps ? loss_sum / (double)steps : 0.0;
   return 0;

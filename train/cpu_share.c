@@ -7,17 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 #include <unistd.h>
 
-#define CPU_SHARE_INTERVAL_S 2.0
-#define CPU_SET_WORDS (1024 / 64)
+#include "train/progress.h"  // now_s
 
-static double wall_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#define CPU_SHARE_INTERVAL_S 2.0
 
 static double own_cpu_s(void) {  // every thread of this process: compute, loader, spinning
   struct rusage ru;
@@ -53,10 +47,8 @@ static int64_t read_busy(const uint64_t *set) {
   size_t n = fread(text, 1, sizeof text - 1, f);
   fclose(f);
   text[n] = '\0';
-  return cpu_share_busy_ticks(text, set, CPU_SET_WORDS);
+  return cpu_share_busy_ticks(text, set, CPU_SHARE_SET_WORDS);
 }
-
-static uint64_t allowed_set[CPU_SET_WORDS];
 
 void cpu_share_init(CpuShare *s, int fixed_threads) {
   *s = (CpuShare){0};
@@ -64,22 +56,21 @@ void cpu_share_init(CpuShare *s, int fixed_threads) {
   s->max_threads = s->threads = omp_get_max_threads();
   cpu_set_t cs;
   if (fixed_threads > 0 || getenv("OMP_NUM_THREADS") || sched_getaffinity(0, sizeof cs, &cs)) return;
-  memset(allowed_set, 0, sizeof allowed_set);
-  for (int c = 0; c < CPU_SET_WORDS * 64 && c < CPU_SETSIZE; c++)
-    if (CPU_ISSET(c, &cs)) allowed_set[c / 64] |= 1ull << (c % 64);
-  int64_t busy = read_busy(allowed_set);
+  for (int c = 0; c < CPU_SHARE_SET_WORDS * 64 && c < CPU_SETSIZE; c++)
+    if (CPU_ISSET(c, &cs)) s->allowed[c / 64] |= 1ull << (c % 64);
+  int64_t busy = read_busy(s->allowed);
   if (busy < 0 || s->max_threads < 2) return;
   s->adapt = true;
   s->last_busy = (uint64_t)busy;
-  s->last_wall = wall_s();
+  s->last_wall = now_s();
   s->last_own = own_cpu_s();
 }
 
 bool cpu_share_update(CpuShare *s) {
   if (!s->adapt) return false;
-  double wall = wall_s();
+  double wall = now_s();
   if (wall - s->last_wall < CPU_SHARE_INTERVAL_S) return false;
-  int64_t busy = read_busy(allowed_set);
+  int64_t busy = read_busy(s->allowed);
   if (busy < 0) return false;
   double own = own_cpu_s(), tick = 1.0 / (double)sysconf(_SC_CLK_TCK);
   // Cores the others used: all busy time on our CPUs minus ours, over the interval. Ticks are
@@ -96,4 +87,9 @@ bool cpu_share_update(CpuShare *s) {
   s->threads = want;
   omp_set_num_threads(want);
   return true;
+}
+
+void cpu_share_log(const CpuShare *s, const char *command) {
+  fprintf(stderr, "%s: other processes use %.1f of %d cores: %d compute thread%s\n", command, s->others,
+          s->max_threads, s->threads, s->threads > 1 ? "s" : "");
 }

@@ -10,8 +10,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#define CPU_SHARE_SET_WORDS (1024 / 64)  // CPUs 0..1023, a bit each
+
 typedef struct {
   bool adapt;                 // false: a fixed thread count, or no /proc/stat
+  uint64_t allowed[CPU_SHARE_SET_WORDS];  // the CPUs this process may run on (sched_getaffinity)
   int max_threads, threads;   // the ceiling (cores this process may run on) and the current count
   double last_wall, last_own; // seconds: wall clock and this process's CPU time at the last look
   uint64_t last_busy;         // clock ticks the allowed cores were busy (all processes), last look
@@ -24,6 +27,9 @@ void cpu_share_init(CpuShare *s, int fixed_threads);
 // At most once per interval (2 s): measure, and change the thread count when the cores the others
 // leave free call for it. Returns true when it changed (s->threads, s->others say to what and why).
 bool cpu_share_update(CpuShare *s);
+// The line on stderr that says a change: what the others use and the compute threads now,
+// headed by `command` (e.g. "detr train").
+void cpu_share_log(const CpuShare *s, const char *command);
 
 // The busy ticks of the cpuN lines of /proc/stat text for the CPUs in the set (a bit per CPU,
 // up to 1024). Returns -1 on text it cannot read. Exposed for its test.

@@ -549,8 +549,7 @@ static int train_epoch(Trainer *t, bool *stop) {
     log_train_step(t, b, &log, now_s() - t0);
     if (cpu_share_update(&t->cpu) && dist_is_main()) {
       progress_end_line(&t->progress);
-      fprintf(stderr, "detr train: other processes use %.1f of %d cores: %d compute thread%s\n", t->cpu.others,
-              t->cpu.max_threads, t->cpu.threads, t->cpu.threads > 1 ? "s" : "");
+      cpu_share_log(&t->cpu, "detr train");
     }
     bool epoch_done = st->next_batch >= t->per_epoch;
     if (epoch_done) {
