@@ -190,13 +190,14 @@ static void bench_detr_convs(int reps) {
 }
 
 int main(int argc, char **argv) {
+  cpu_runtime_setup(argv);  // libgomp's and OpenBLAS's settings as the detr command has them
   int reps = argc > 1 ? atoi(argv[1]) : 7;
   bool conv_only = argc > 2 && !strcmp(argv[2], "--conv");
   if (reps < 1 || (argc > 2 && !conv_only)) {
     fprintf(stderr, "usage: bench_ops [reps] [--conv]\n");
     return 2;
   }
-  printf("threads: OpenBLAS %d\n", openblas_get_num_threads());
+  printf("threads: OpenBLAS %d; GEMM: %s\n", openblas_get_num_threads(), cpu_gemm_library());
   if (!conv_only) {
     // Transformer shapes: hidden 256, FFN 2048, a 25x38 feature map of 2 images (1900 tokens).
     bench_matmul(256, 256, 2048, reps);

@@ -37,6 +37,7 @@ static void device_sync(Device dev) {
 }
 
 int main(int argc, char **argv) {
+  cpu_runtime_setup(argv);  // libgomp's and OpenBLAS's settings as the detr command has them
   const char *preset = "detr-r18-small";
   int size = 320, boxes = 3, reps = 5, batch = 2, height = 0, width = 0;
   bool enact = false, profile = false, forward_only = false, vary = false;
@@ -202,10 +203,10 @@ int main(int argc, char **argv) {
   getrusage(RUSAGE_SELF, &ru);
   AllocStats alloc = detr_alloc_stats(DEVICE_CPU);  // the tensor allocator: peak live, cached now
   printf("{\"impl\": \"detr-c\", \"preset\": \"%s\", \"size\": %d, \"hw\": \"%dx%d\", \"batch\": %d, \"what\": \"%s\", "
-         "\"enact\": %s, \"tf32\": %s, \"median_s\": %.4f, \"peak_rss_mb\": %.1f, \"alloc_peak_mb\": %.1f, "
+         "\"enact\": %s, \"tf32\": %s, \"gemm\": \"%s\", \"median_s\": %.4f, \"peak_rss_mb\": %.1f, \"alloc_peak_mb\": %.1f, "
          "\"alloc_cached_mb\": %.1f, \"alloc_held_peak_mb\": %.1f, \"steps_s\": [",
          preset, size, height, width, B, forward_only ? "forward" : "train step", enact ? "true" : "false", cfg.tf32 ? "true" : "false",
-         sorted[reps / 2], ru.ru_maxrss / 1024.0, alloc.peak_live_bytes / 1048576.0, alloc.cached_bytes / 1048576.0,
+         cpu_gemm_library(), sorted[reps / 2], ru.ru_maxrss / 1024.0, alloc.peak_live_bytes / 1048576.0, alloc.cached_bytes / 1048576.0,
          alloc.peak_held_bytes / 1048576.0);
   for (int r = 0; r < reps; r++) printf(r ? ", %.4f" : "%.4f", t[r]);
   printf("]");

@@ -1,12 +1,11 @@
 // detr: the command-line tool. Each verb lives in train/cmd_<verb>.c (train/commands.h).
-#define _POSIX_C_SOURCE 200809L  // setenv, execv
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "autograd/ops.h"
 #include "include/detr.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "train/commands.h"
 #include "train/dist.h"
 
@@ -67,28 +66,16 @@ static int run(int argc, char **argv) {
   const Verb *v = find_verb(argv[1]);
   if (v) return v->run(argc, argv);
   if (!strcmp(argv[1], "version")) {
-    printf("detr-c %s (backends: cpu%s; data parallel: %s)\n", DETR_VERSION_STRING, DETR_HAVE_CUDA ? ", cuda" : "",
-           dist_backend_name());
+    printf("detr-c %s (backends: cpu%s; data parallel: %s; GEMM: %s)\n", DETR_VERSION_STRING,
+           DETR_HAVE_CUDA ? ", cuda" : "", dist_backend_name(), cpu_gemm_library());
     return 0;
   }
   fprintf(stderr, "detr: unknown command '%s'\n", argv[1]);
   return usage(stderr);
 }
 
-// OpenMP threads that spin briefly, then sleep, while they wait. libgomp's default spins 300000
-// times first: with a busy core every barrier then waits for a time slice of the thread stuck there
-// (the main job's 2-thread step 0.29-7.7 s instead of 0.19 s), and with the machine to itself a
-// short spin is faster too (0.0375-0.039 s vs 0.045 s; PASSIVE, no spin: 0.074-0.096 s).
-// bench/README.md, "wait policy". libgomp reads GOMP_SPINCOUNT once, as it loads, so it is set and
-// the program started again, once; a spin count or wait policy the user set is kept. If the exec
-// fails, libgomp's default stays.
-static void short_spin_while_waiting(char **argv) {
-  if (getenv("GOMP_SPINCOUNT") || getenv("OMP_WAIT_POLICY")) return;
-  if (setenv("GOMP_SPINCOUNT", "1000", 1) == 0) execv("/proc/self/exe", argv);
-}
-
 int main(int argc, char **argv) {
-  short_spin_while_waiting(argv);
+  cpu_runtime_setup(argv);  // may start the program again, with libgomp's and OpenBLAS's settings
   dist_init(&argc, &argv);  // joins the MPI job when launched by mpirun (train, eval)
   int rc = run(argc, argv);
   dist_finalize();

@@ -7,6 +7,11 @@
 #include "kernels/conv_math.h"
 #include "kernels/elementwise_math.h"
 
+// cpu_runtime.c: called first thing in main(argv). Puts in the environment what libgomp reads as
+// it loads (a short spin before a waiting thread sleeps) and starts the program again, once; a
+// setting the user made is kept. Returns when nothing needed setting.
+void cpu_runtime_setup(char **argv);
+
 // elementwise.c
 void cpu_fill(float *x, int64_t n, float value);
 void cpu_uniform(float *x, int64_t n, uint64_t seed, uint64_t offset, float low, float high);
@@ -33,6 +38,7 @@ void cpu_reduce_sum_backward(const float *dy, float *dx, int64_t outer, int64_t 
 void cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
               int64_t ldc);
+const char *cpu_gemm_library(void);  // e.g. "oneDNN 2.6 sgemm", "OpenBLAS sgemm (Haswell)"
 void cpu_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                       const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb,
                       int64_t stride_b, float beta, float *c, int64_t ldc, int64_t stride_c,

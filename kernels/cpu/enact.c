@@ -6,13 +6,21 @@
 void cpu_enact_cluster_forward(const float *K, const float *V, const float *H, const float *signs,
                                const int64_t *starts, const int64_t *lengths, int64_t L, int64_t d, float *Kc,
                                float *Vc) {
+  // Rows outer, features inner: one weight per row, contiguous rows of K and V. Each feature still
+  // sums its rows in order, as enact_cluster_elem (the CUDA kernel's form) does: the same floats.
 #pragma omp parallel for schedule(static) if (L * d > 4096)
   for (int64_t j = 0; j < L; j++) {
     float max, sum;
     enact_region_softmax(H, starts[j], lengths[j], &max, &sum);
-    for (int64_t c = 0; c < d; c++) {
-      Kc[j * d + c] = enact_cluster_elem(K, H, signs, starts[j], lengths[j], d, c, max, sum);
-      Vc[j * d + c] = enact_cluster_elem(V, H, signs, starts[j], lengths[j], d, c, max, sum);
+    float *kc = Kc + j * d, *vc = Vc + j * d;
+    for (int64_t c = 0; c < d; c++) kc[c] = vc[c] = 0.0f;
+    for (int64_t i = starts[j]; i < starts[j] + lengths[j]; i++) {
+      float ws = enact_weight(H[i], max, sum) * enact_sign(signs, i);
+      const float *k = K + i * d, *v = V + i * d;
+      for (int64_t c = 0; c < d; c++) {
+        kc[c] += ws * k[c];
+        vc[c] += ws * v[c];
+      }
     }
   }
 }
@@ -27,11 +35,13 @@ void cpu_enact_cluster_backward(const float *K, const float *V, const float *H, 
     float max, sum;
     enact_region_softmax(H, starts[j], lengths[j], &max, &sum);
     for (int64_t i = starts[j]; i < starts[j] + lengths[j]; i++) {
-      float w = enact_weight(H[i], max, sum), s = enact_sign(signs, i);
+      float w = enact_weight(H[i], max, sum), s = enact_sign(signs, i), ws = w * s;
       float dh = 0.0f;
+      if (dK)
+        for (int64_t c = 0; c < d; c++) dK[i * d + c] += ws * dKc[j * d + c];
+      if (dV)
+        for (int64_t c = 0; c < d; c++) dV[i * d + c] += ws * dVc[j * d + c];
       for (int64_t c = 0; c < d; c++) {
-        if (dK) dK[i * d + c] += w * s * dKc[j * d + c];
-        if (dV) dV[i * d + c] += w * s * dVc[j * d + c];
         dh += enact_dh_term(w, s, K[i * d + c], Kc[j * d + c], dKc[j * d + c]);
         dh += enact_dh_term(w, s, V[i * d + c], Vc[j * d + c], dVc[j * d + c]);
       }

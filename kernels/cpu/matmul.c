@@ -1,4 +1,17 @@
+// GEMM on the CPU: oneDNN's sgemm where the build has oneDNN, OpenBLAS's otherwise. oneDNN picks
+// its kernel by the CPU's instruction sets; Debian 12's OpenBLAS 0.3.21 by family and model, and
+// runs its AVX2 kernel on AVX-512 CPUs it does not know (AMD Zen 4, Zen 5). Measured (2 threads,
+// median of 41, the transformer's and the main job's shapes, bench/README.md "GEMM library"): on
+// an AMD family 26 (AVX-512) oneDNN 1.6-3.1x OpenBLAS (410-500 vs 220-245 GFLOP/s; 40-row
+// decoder GEMMs 230-440 vs 125-140); with oneDNN held to AVX2 (DNNL_MAX_CPU_ISA=AVX2) 0.8-1.6x,
+// 1.04x at the median. Results: deterministic for a fixed thread count either way.
 #include <cblas.h>
+#include <omp.h>
+#include <stdio.h>
+#if DETR_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_debug.h>  // dnnl_status2str
+#endif
 
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -11,15 +24,46 @@ void cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
       for (int64_t j = 0; j < n; j++) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
+#if DETR_HAVE_ONEDNN
+  dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb,
+                                beta, c, ldc);
+  DETR_CHECK(st == dnnl_success, "cpu_gemm: dnnl_sgemm(%c%c, %lld x %lld x %lld) failed: %s",
+             trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', (long long)m, (long long)n, (long long)k,
+             dnnl_status2str(st));
+#else
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta, c,
               (blasint)ldc);
+#endif
 }
+
+const char *cpu_gemm_library(void) {
+#if DETR_HAVE_ONEDNN
+  const dnnl_version_t *v = dnnl_version();
+  static char name[64];
+  snprintf(name, sizeof name, "oneDNN %d.%d sgemm", v->major, v->minor);
+  return name;
+#else
+  static char name[64];
+  snprintf(name, sizeof name, "OpenBLAS sgemm (%s)", openblas_get_corename());
+  return name;
+#endif
+}
+
+// Below this a batch of GEMMs runs one matrix per thread. Measured with oneDNN's sgemm, 2 threads
+// (bench/README.md "GEMM library"): one per thread 1.05-1.9x one after another at 0.6-10.6
+// MFLOP per matrix (attention's per-head products: 0.66 MFLOP, 1.5-1.9x), even at 67 MFLOP.
+#define GEMM_BATCH_PARALLEL_MAX_FLOPS 16e6
 
 void cpu_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                       const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb,
                       int64_t stride_b, float beta, float *c, int64_t ldc, int64_t stride_c,
                       int64_t batch) {
+  // Small matrices one per thread (the GEMM library runs single-threaded inside a parallel
+  // region); large ones one after another, each on all threads.
+  double flops = 2.0 * (double)m * (double)n * (double)k;
+  int64_t threads = omp_get_max_threads();
+#pragma omp parallel for schedule(static) if (batch >= threads && flops < GEMM_BATCH_PARALLEL_MAX_FLOPS)
   for (int64_t i = 0; i < batch; i++)
     cpu_gemm(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta,
              c + i * stride_c, ldc);
@@ -32,11 +76,19 @@ void cpu_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols) {
 }
 
 void cpu_row_bias_backward(const float *dy, float *dbias, int64_t rows, int64_t cols) {
-  // Column sums, rows in a fixed order: deterministic for any thread count.
-#pragma omp parallel for schedule(static) if (rows * cols > 32768)
-  for (int64_t j = 0; j < cols; j++) {
-    double acc = 0.0;
-    for (int64_t r = 0; r < rows; r++) acc += dy[r * cols + j];
-    dbias[j] += (float)acc;
+  // Column sums in double, rows in a fixed order: deterministic for any thread count. A thread
+  // takes a block of columns and walks the rows, reading each row's block contiguously (a column
+  // at a time strode over the rows: 2.5% of the main job's step in `perf`).
+  enum { BLOCK = 64 };
+  int64_t blocks = (cols + BLOCK - 1) / BLOCK;
+#pragma omp parallel for schedule(static) if (blocks > 1 && rows * cols > 32768)
+  for (int64_t b = 0; b < blocks; b++) {
+    int64_t j0 = b * BLOCK, width = cols - j0 < BLOCK ? cols - j0 : BLOCK;
+    double acc[BLOCK] = {0};
+    for (int64_t r = 0; r < rows; r++) {
+      const float *row = dy + r * cols + j0;
+      for (int64_t j = 0; j < width; j++) acc[j] += row[j];
+    }
+    for (int64_t j = 0; j < width; j++) dbias[j0 + j] += (float)acc[j];
   }
 }
