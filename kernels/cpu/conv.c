@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "kernels/cpu/conv_onednn.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/norm_math.h"
 
 // Convolution on the CPU: each pass (forward, backward-data, backward-weights) runs on oneDNN
@@ -49,7 +50,7 @@ static void row_tap_range(int64_t base, int stride, int64_t in_w, int64_t seg, i
 // col [C*KH*KW, len] holds output columns [s0, s0 + len) of one image x [C, H, W].
 static void im2col(const float *x, float *col, const ConvGeom *g, int64_t s0, int64_t len) {
   int64_t rows = g->in_ch * g->kh * g->kw;
-#pragma omp parallel for schedule(static) if (rows * len > 32768)
+#pragma omp parallel for schedule(static) if (rows * len > PARALLEL_MIN_LIGHT)
   for (int64_t r = 0; r < rows; r++) {
     int64_t c = r / (g->kh * g->kw), ky = (r / g->kw) % g->kh, kx = r % g->kw;
     const float *xc = x + c * g->in_h * g->in_w;
@@ -83,7 +84,7 @@ static void im2col(const float *x, float *col, const ConvGeom *g, int64_t s0, in
 // dx [C, H, W] += col2im(dcol) for output columns [s0, s0 + len). Parallel over channels: each
 // channel's taps write only to that channel.
 static void col2im_add(const float *col, float *dx, const ConvGeom *g, int64_t s0, int64_t len) {
-#pragma omp parallel for schedule(static) if (g->in_ch * g->kh * g->kw * len > 32768)
+#pragma omp parallel for schedule(static) if (g->in_ch * g->kh * g->kw * len > PARALLEL_MIN_LIGHT)
   for (int64_t c = 0; c < g->in_ch; c++) {
     float *dxc = dx + c * g->in_h * g->in_w;
     for (int64_t ky = 0; ky < g->kh; ky++)
@@ -258,7 +259,7 @@ static void pool_out_range(int64_t k, int stride, int pad, int dil, int64_t in, 
 #define POOL_ROW_CHUNK 256
 void cpu_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const ConvGeom *g) {
   int64_t planes = g->batch * g->in_ch;
-#pragma omp parallel for schedule(static) if (planes * g->out_h * g->out_w > 32768)
+#pragma omp parallel for schedule(static) if (planes * g->out_h * g->out_w > PARALLEL_MIN_LIGHT)
   for (int64_t p = 0; p < planes; p++) {
     const float *xp = x + p * g->in_h * g->in_w;
     for (int64_t oy = 0; oy < g->out_h; oy++) {
@@ -295,7 +296,7 @@ void cpu_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const Conv
 
 void cpu_dwconv_forward(const float *x, const float *w, const float *bias, float *y, const DwConvGeom *g) {
   int64_t HW = g->H * g->W;
-#pragma omp parallel for schedule(static) if (g->planes * HW * g->k * g->k > 32768)
+#pragma omp parallel for schedule(static) if (g->planes * HW * g->k * g->k > PARALLEL_MIN_LIGHT)
   for (int64_t p = 0; p < g->planes; p++) {
     int64_t c = p % g->channels;
     const float *wc = w + c * g->k * g->k;
@@ -308,7 +309,7 @@ void cpu_dwconv_backward(const float *x, const float *w, const float *dy, float 
                          const DwConvGeom *g) {
   int64_t HW = g->H * g->W, kk = (int64_t)g->k * g->k, images = g->planes / g->channels;
   if (dx) {
-#pragma omp parallel for schedule(static) if (g->planes * HW * kk > 32768)
+#pragma omp parallel for schedule(static) if (g->planes * HW * kk > PARALLEL_MIN_LIGHT)
     for (int64_t p = 0; p < g->planes; p++) {
       const float *wc = w + (p % g->channels) * kk;
       for (int64_t i = 0; i < HW; i++)
@@ -316,7 +317,7 @@ void cpu_dwconv_backward(const float *x, const float *w, const float *dy, float 
     }
   }
   if (dw) {  // one (channel, tap) per iteration: the images in order, so the sum is deterministic
-#pragma omp parallel for schedule(static) if (g->planes * HW * kk > 32768)
+#pragma omp parallel for schedule(static) if (g->planes * HW * kk > PARALLEL_MIN_LIGHT)
     for (int64_t ct = 0; ct < g->channels * kk; ct++) {
       int64_t c = ct / kk, tap = ct % kk;
       double acc = 0.0;
@@ -340,7 +341,7 @@ void cpu_dwconv_backward(const float *x, const float *w, const float *dy, float 
 
 void cpu_maxpool2d_backward(const float *dy, const int32_t *argmax, float *dx, const ConvGeom *g) {
   int64_t planes = g->batch * g->in_ch, out_plane = g->out_h * g->out_w;
-#pragma omp parallel for schedule(static) if (planes * out_plane > 32768)
+#pragma omp parallel for schedule(static) if (planes * out_plane > PARALLEL_MIN_LIGHT)
   for (int64_t p = 0; p < planes; p++) {
     float *dxp = dx + p * g->in_h * g->in_w;
     for (int64_t o = 0; o < out_plane; o++) {
@@ -358,7 +359,7 @@ void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bia
     float shift;
     frozen_bn_scale_shift(weight[c], bias[c], mean[c], var[c], eps, &scale[c], &shift);
   }
-#pragma omp parallel for schedule(static) if (batch * channels * spatial > 32768)
+#pragma omp parallel for schedule(static) if (batch * channels * spatial > PARALLEL_MIN_LIGHT)
   for (int64_t bc = 0; bc < batch * channels; bc++) {
     int64_t c = bc % channels;
     float s, t;
@@ -371,7 +372,7 @@ void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bia
 
 void cpu_channel_scale_backward(const float *dy, const float *scale, float *dx, int64_t batch,
                                 int64_t channels, int64_t spatial) {
-#pragma omp parallel for schedule(static) if (batch * channels * spatial > 32768)
+#pragma omp parallel for schedule(static) if (batch * channels * spatial > PARALLEL_MIN_LIGHT)
   for (int64_t bc = 0; bc < batch * channels; bc++) {
     float s = scale[bc % channels];
     for (int64_t i = 0; i < spatial; i++) dx[bc * spatial + i] += dy[bc * spatial + i] * s;

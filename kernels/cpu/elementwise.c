@@ -1,32 +1,31 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/rng_math.h"
 
-// Loops shorter than this run on one thread: forking costs more than it saves.
-#define PARALLEL_MIN 32768
 
 void cpu_fill(float *x, int64_t n, float value) {
   if (fill_is_zero_bits(value)) {  // +0.0 only: -0.0 has its sign bit set
     memset(x, 0, (size_t)n * sizeof(float));
     return;
   }
-#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_LIGHT)
   for (int64_t i = 0; i < n; i++) x[i] = value;
 }
 
 void cpu_uniform(float *x, int64_t n, uint64_t seed, uint64_t offset, float low, float high) {
-#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_HEAVY)
   for (int64_t i = 0; i < n; i++) x[i] = low + (high - low) * rng_uniform_at(seed, offset, (uint64_t)i);
 }
 
 void cpu_normal(float *x, int64_t n, uint64_t seed, uint64_t offset, float mean, float std) {
-#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_HEAVY)
   for (int64_t i = 0; i < n; i++) x[i] = mean + std * rng_normal_at(seed, offset, (uint64_t)i);
 }
 
 void cpu_accumulate(float *dst, const float *src, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_LIGHT)
   for (int64_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
@@ -34,16 +33,23 @@ void cpu_accumulate(float *dst, const float *src, int64_t n) {
 // vectorizes (a switch per element made relu 2-3x slower: bench/README.md, "unary loops").
 #define UNARY_FORWARD_CASE(id, name)                                     \
   case UNARY_##id:                                                       \
-    _Pragma("omp parallel for schedule(static) if (n > PARALLEL_MIN)")  \
+    _Pragma("omp parallel for schedule(static) if (n > parallel_min)")  \
     for (int64_t i = 0; i < n; i++) y[i] = unary_forward(UNARY_##id, x[i], param); \
     break;
 #define UNARY_BACKWARD_CASE(id, name)                                    \
   case UNARY_##id:                                                       \
-    _Pragma("omp parallel for schedule(static) if (n > PARALLEL_MIN)")  \
+    _Pragma("omp parallel for schedule(static) if (n > parallel_min)")  \
     for (int64_t i = 0; i < n; i++) dx[i] += unary_backward(UNARY_##id, x[i], y[i], dy[i], param); \
     break;
 
+// A few operations per element (light) or a transcendental, sqrt or division (heavy).
+static int64_t unary_parallel_min(int op) {
+  bool light = op == UNARY_RELU || op == UNARY_NEG || op == UNARY_ADD_SCALAR || op == UNARY_MUL_SCALAR;
+  return light ? PARALLEL_MIN_LIGHT : PARALLEL_MIN_HEAVY;
+}
+
 void cpu_unary_forward(int op, const float *x, float *y, int64_t n, float param) {
+  int64_t parallel_min = unary_parallel_min(op);
   switch (op) {
     UNARY_OPS(UNARY_FORWARD_CASE)
     default: DETR_FAIL("cpu_unary_forward: unknown op %d", op);
@@ -52,6 +58,7 @@ void cpu_unary_forward(int op, const float *x, float *y, int64_t n, float param)
 
 void cpu_unary_backward(int op, const float *x, const float *y, const float *dy, float *dx,
                         int64_t n, float param) {
+  int64_t parallel_min = unary_parallel_min(op);
   switch (op) {
     UNARY_OPS(UNARY_BACKWARD_CASE)
     default: DETR_FAIL("cpu_unary_backward: unknown op %d", op);
@@ -77,11 +84,11 @@ static bool is_dense(const Broadcast *bc, const int64_t *stride) {
 void cpu_binary_forward(int op, const float *a, const float *b, float *y, Broadcast bc) {
   int64_t n = broadcast_numel(&bc);
   if (is_dense(&bc, bc.stride_a) && is_dense(&bc, bc.stride_b)) {
-#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_LIGHT)
     for (int64_t i = 0; i < n; i++) y[i] = binary_forward(op, a[i], b[i]);
     return;
   }
-#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_HEAVY)
   for (int64_t i = 0; i < n; i++) {
     int64_t oa, ob;
     broadcast_offsets(&bc, i, &oa, &ob);
@@ -94,7 +101,7 @@ void cpu_binary_backward(int op, const float *a, const float *b, const float *dy
   int64_t n = broadcast_numel(&bc);
   bool dense_a = is_dense(&bc, bc.stride_a), dense_b = is_dense(&bc, bc.stride_b);
   if (dense_a && dense_b) {  // same shapes (residual adds): no index arithmetic
-#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_LIGHT)
     for (int64_t i = 0; i < n; i++) {
       if (da) da[i] += binary_backward_a(op, a[i], b[i], dy[i]);
       if (db) db[i] += binary_backward_b(op, a[i], b[i], dy[i]);
@@ -104,7 +111,7 @@ void cpu_binary_backward(int op, const float *a, const float *b, const float *dy
   // A dense gradient has one writer per element: parallel. A broadcast one sums many output
   // elements into one: a serial loop keeps the summation order, hence the result, fixed.
   if (da && dense_a) {
-#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_HEAVY)
     for (int64_t i = 0; i < n; i++) {
       int64_t oa, ob;
       broadcast_offsets(&bc, i, &oa, &ob);
@@ -112,7 +119,7 @@ void cpu_binary_backward(int op, const float *a, const float *b, const float *dy
     }
   }
   if (db && dense_b) {
-#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_HEAVY)
     for (int64_t i = 0; i < n; i++) {
       int64_t oa, ob;
       broadcast_offsets(&bc, i, &oa, &ob);
@@ -136,7 +143,7 @@ void cpu_dropout_forward(const float *x, float *y, int64_t n, float p, uint64_t 
                          uint64_t offset) {
   float keep_scale = dropout_keep_scale(p);
   int64_t groups = (n + 3) / 4;
-#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_HEAVY)
   for (int64_t q = 0; q < groups; q++) {
     Philox4 r = philox4x32(offset + (uint64_t)q, seed);
     for (int64_t k = 0; k < 4 && 4 * q + k < n; k++) {
@@ -150,7 +157,7 @@ void cpu_dropout_backward(const float *dy, float *dx, int64_t n, float p, uint64
                           uint64_t offset) {
   float keep_scale = dropout_keep_scale(p);
   int64_t groups = (n + 3) / 4;
-#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_HEAVY)
   for (int64_t q = 0; q < groups; q++) {
     Philox4 r = philox4x32(offset + (uint64_t)q, seed);
     for (int64_t k = 0; k < 4 && 4 * q + k < n; k++) {

@@ -1,6 +1,7 @@
 // ENACT's clustering on the CPU: regions in parallel (OpenMP), the same arithmetic as the CUDA
 // kernel (kernels/enact_math.h). Gradients accumulate.
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/enact_math.h"
 
 void cpu_enact_cluster_forward(const float *K, const float *V, const float *H, const float *signs,
@@ -8,7 +9,7 @@ void cpu_enact_cluster_forward(const float *K, const float *V, const float *H, c
                                float *Vc) {
   // Rows outer, features inner: one weight per row, contiguous rows of K and V. Each feature still
   // sums its rows in order, as enact_cluster_elem (the CUDA kernel's form) does: the same floats.
-#pragma omp parallel for schedule(static) if (L * d > 4096)
+#pragma omp parallel for schedule(static) if (L * d > PARALLEL_MIN_HEAVY)
   for (int64_t j = 0; j < L; j++) {
     float max, sum;
     enact_region_softmax(H, starts[j], lengths[j], &max, &sum);
@@ -30,7 +31,7 @@ void cpu_enact_cluster_backward(const float *K, const float *V, const float *H, 
                                 const float *Kc, const float *Vc, const float *dKc, const float *dVc, float *dK,
                                 float *dV, float *dH) {
   // Regions are disjoint row ranges: parallel over regions writes disjoint rows.
-#pragma omp parallel for schedule(static) if (L * d > 4096)
+#pragma omp parallel for schedule(static) if (L * d > PARALLEL_MIN_HEAVY)
   for (int64_t j = 0; j < L; j++) {
     float max, sum;
     enact_region_softmax(H, starts[j], lengths[j], &max, &sum);
@@ -70,7 +71,7 @@ static void smooth_image(const float *x, float *y, int64_t Wp, int64_t h, int64_
 void cpu_enact_smooth(const float *x, float *y, int64_t B, int64_t Hp, int64_t Wp, const int64_t *valid_h,
                       const int64_t *valid_w, const float *taps, int64_t ntaps, bool two_d, float *tmp) {
   int64_t N = Hp * Wp;
-#pragma omp parallel for schedule(static) if (B > 1 && N > 1024)
+#pragma omp parallel for schedule(static) if (B > 1 && B * N > PARALLEL_MIN_HEAVY)
   for (int64_t b = 0; b < B; b++)
     smooth_image(x + b * N, y + b * N, Wp, valid_h[b], valid_w[b], taps, ntaps, two_d, tmp + b * N);
 }

@@ -14,6 +14,7 @@
 #endif
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
 
 void cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
@@ -70,7 +71,7 @@ void cpu_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
 }
 
 void cpu_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols) {
-#pragma omp parallel for schedule(static) if (rows * cols > 32768)
+#pragma omp parallel for schedule(static) if (rows * cols > PARALLEL_MIN_LIGHT)
   for (int64_t r = 0; r < rows; r++)
     for (int64_t j = 0; j < cols; j++) y[r * cols + j] += bias[j];
 }
@@ -81,7 +82,7 @@ void cpu_row_bias_backward(const float *dy, float *dbias, int64_t rows, int64_t 
   // at a time strode over the rows: 2.5% of the main job's step in `perf`).
   enum { BLOCK = 64 };
   int64_t blocks = (cols + BLOCK - 1) / BLOCK;
-#pragma omp parallel for schedule(static) if (blocks > 1 && rows * cols > 32768)
+#pragma omp parallel for schedule(static) if (blocks > 1 && rows * cols > PARALLEL_MIN_LIGHT)
   for (int64_t b = 0; b < blocks; b++) {
     int64_t j0 = b * BLOCK, width = cols - j0 < BLOCK ? cols - j0 : BLOCK;
     double acc[BLOCK] = {0};

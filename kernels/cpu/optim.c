@@ -1,8 +1,9 @@
 // Optimizer kernels: AdamW update, gradient norms, gradient scaling (clipping).
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
 
 void cpu_adamw(float *p, float *m, float *v, const float *g, int64_t n, AdamWStep s) {
-#pragma omp parallel for schedule(static) if (n > 32768)
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_HEAVY)
   for (int64_t i = 0; i < n; i++) adamw_update(&p[i], &m[i], &v[i], g[i], s);
 }
 
@@ -13,6 +14,6 @@ double cpu_sum_squares(const float *x, int64_t n) {
 }
 
 void cpu_scale(float *x, int64_t n, float s) {
-#pragma omp parallel for schedule(static) if (n > 32768)
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_LIGHT)
   for (int64_t i = 0; i < n; i++) x[i] *= s;
 }

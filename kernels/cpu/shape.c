@@ -1,6 +1,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/shape_math.h"
 
 void cpu_permute(const float *x, float *y, int ndim, const int64_t *in_shape, const int *perm,
@@ -9,7 +10,7 @@ void cpu_permute(const float *x, float *y, int ndim, const int64_t *in_shape, co
   // Output rows of the last dim are contiguous: split the index once per row.
   int64_t last = ndim ? g.out_shape[ndim - 1] : 1, last_stride = ndim ? g.src_stride[ndim - 1] : 1;
   int64_t rows = last ? g.numel / last : 0;
-#pragma omp parallel for schedule(static) if (g.numel > 32768)
+#pragma omp parallel for schedule(static) if (g.numel > PARALLEL_MIN_LIGHT)
   for (int64_t r = 0; r < rows; r++) {
     int64_t off = permute_src_offset(&g, ndim - 1, r);
     float *yr = y + r * last;
@@ -24,7 +25,7 @@ void cpu_copy_axis_range(const float *src, float *dst, int64_t outer, int64_t sr
                          int64_t dst_axis, int64_t inner, int64_t src_start, int64_t dst_start,
                          int64_t len, bool accumulate) {
   int64_t chunk = len * inner;
-#pragma omp parallel for schedule(static) if (outer * chunk > 32768)
+#pragma omp parallel for schedule(static) if (outer * chunk > PARALLEL_MIN_LIGHT)
   for (int64_t o = 0; o < outer; o++) {
     const float *s = src + (o * src_axis + src_start) * inner;
     float *d = dst + (o * dst_axis + dst_start) * inner;
@@ -36,7 +37,7 @@ void cpu_copy_axis_range(const float *src, float *dst, int64_t outer, int64_t sr
 }
 
 void cpu_index_select(const float *x, const int64_t *idx, float *y, int64_t n, int64_t row) {
-#pragma omp parallel for schedule(static) if (n * row > 32768)
+#pragma omp parallel for schedule(static) if (n * row > PARALLEL_MIN_LIGHT)
   for (int64_t i = 0; i < n; i++) memcpy(y + i * row, x + idx[i] * row, (size_t)row * sizeof(float));
 }
 

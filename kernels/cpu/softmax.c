@@ -1,11 +1,12 @@
 #include <math.h>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/norm_math.h"
 
 void cpu_softmax_forward(const float *x, const float *mask, float *y, int64_t rows, int64_t n,
                          int64_t rows_per_mask, bool log) {
-#pragma omp parallel for schedule(static) if (rows * n > 32768)
+#pragma omp parallel for schedule(static) if (rows * n > PARALLEL_MIN_HEAVY)
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * n;
     const float *mr = mask ? mask + (r / rows_per_mask) * n : NULL;
@@ -34,7 +35,7 @@ void cpu_softmax_forward(const float *x, const float *mask, float *y, int64_t ro
 
 void cpu_softmax_backward(const float *y, const float *dy, float *dx, int64_t rows, int64_t n,
                           bool log) {
-#pragma omp parallel for schedule(static) if (rows * n > 32768)
+#pragma omp parallel for schedule(static) if (rows * n > PARALLEL_MIN_HEAVY)
   for (int64_t r = 0; r < rows; r++) {
     const float *yr = y + r * n, *dyr = dy + r * n;
     float *dxr = dx + r * n;
@@ -54,7 +55,7 @@ void cpu_softmax_backward(const float *y, const float *dy, float *dx, int64_t ro
 
 void cpu_layernorm_forward(const float *x, const float *w, const float *b, float *y, float *mean,
                            float *rstd, int64_t rows, int64_t n, float eps) {
-#pragma omp parallel for schedule(static) if (rows * n > 32768)
+#pragma omp parallel for schedule(static) if (rows * n > PARALLEL_MIN_HEAVY)
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * n;
     double s = 0.0, ss = 0.0;
@@ -73,7 +74,7 @@ void cpu_layernorm_backward(const float *x, const float *w, const float *mean, c
                             const float *dy, float *dx, float *dw, float *db, int64_t rows,
                             int64_t n) {
   if (dx) {
-#pragma omp parallel for schedule(static) if (rows * n > 32768)
+#pragma omp parallel for schedule(static) if (rows * n > PARALLEL_MIN_HEAVY)
     for (int64_t r = 0; r < rows; r++) {
       const float *xr = x + r * n, *dyr = dy + r * n;
       double sg = 0.0, sgx = 0.0;
@@ -92,7 +93,7 @@ void cpu_layernorm_backward(const float *x, const float *w, const float *mean, c
     }
   }
   if (dw || db) {  // column sums over rows in fixed order
-#pragma omp parallel for schedule(static) if (rows * n > 32768)
+#pragma omp parallel for schedule(static) if (rows * n > PARALLEL_MIN_HEAVY)
     for (int64_t j = 0; j < n; j++) {
       double aw = 0.0, ab = 0.0;
       for (int64_t r = 0; r < rows; r++) {
@@ -108,7 +109,7 @@ void cpu_layernorm_backward(const float *x, const float *w, const float *mean, c
 
 void cpu_cluster_argmax(const float *x, const float *mask, float *y, float *winners, float *counts, int64_t n,
                         int64_t q, int64_t l, int64_t rows_per_mask, bool mean) {
-#pragma omp parallel for schedule(static) if (n * q * l > 32768)
+#pragma omp parallel for schedule(static) if (n * q * l > PARALLEL_MIN_LIGHT)
   for (int64_t r = 0; r < n; r++) {
     const float *xr = x + r * q * l, *mr = mask ? mask + (r / rows_per_mask) * l : NULL;
     float *wr = winners + r * l, *cr = counts + r * q, *yr = y + r * q * l;

@@ -1,0 +1,15 @@
+// The smallest CPU loop, counted in floats it touches, that runs on all threads; shorter loops run
+// on the calling thread. Two classes, measured (bench/bench_parallel.c, bench/README.md "parallel
+// thresholds"; AMD family 26, 2 threads, libgomp spinning 1000 rounds as the detr command sets):
+//  - light: a few operations per float (copies, adds, ReLU, max-pool taps, bias, frozen BN). On
+//    all threads from 8-16k floats back to back, but only from 512k-1M when the other thread
+//    must first be woken (12-25 us on this VM). The main job's step: the same time (within the
+//    VM's +-10% noise) at 8k-64k, slower at 512k (0.026-0.034 s vs 0.023-0.031 s).
+//  - heavy: a transcendental, sqrt, division, index arithmetic or a row reduction per float
+//    (sigmoid, exp, softmax, layernorm, AdamW, broadcast binary ops, dropout, ENACT). 1.3-1.9x
+//    from 1-2k floats back to back, from 32-64k after a wake-up.
+#pragma once
+#include <stdint.h>
+
+#define PARALLEL_MIN_LIGHT ((int64_t)32768)
+#define PARALLEL_MIN_HEAVY ((int64_t)8192)
