@@ -76,6 +76,7 @@ typedef struct {
   int grads;          // 0: frozen (forward only), 1: dw, 2: dw and dx
   int c, hw, o, k, stride;
   bool bias;
+  int batch;  // 0: 2
 } DetrConv;
 
 // Every convolution of detr-r18-small at 320x320 and detr-r50 at 512x512, batch 2 (the stem and
@@ -99,6 +100,19 @@ static const DetrConv detr_convs[] = {
     {"r50@512", 1, 2, 512, 32, 512, 3, 2, false},    {"r50@512", 1, 2, 1024, 32, 2048, 1, 2, false},
     {"r50@512", 3, 2, 512, 16, 2048, 1, 1, false},   {"r50@512", 2, 2, 2048, 16, 512, 1, 1, false},
     {"r50@512", 2, 2, 512, 16, 512, 3, 1, false},    {"r50@512", 1, 2, 2048, 16, 256, 1, 1, true},
+    // The main job's model (tools/main_job_config.sh: ResNet-18 at width 16 to layer3, every stage
+    // trained) at 192x192, batch 4, and issue #18's (the same to layer4, input_proj to 64).
+    {"main@192", 1, 1, 3, 192, 16, 7, 2, false, 4},   {"main@192", 4, 2, 16, 48, 16, 3, 1, false, 4},
+    {"main@192", 1, 2, 16, 48, 32, 3, 2, false, 4},   {"main@192", 1, 2, 16, 48, 32, 1, 2, false, 4},
+    {"main@192", 3, 2, 32, 24, 32, 3, 1, false, 4},   {"main@192", 1, 2, 32, 24, 64, 3, 2, false, 4},
+    {"main@192", 1, 2, 32, 24, 64, 1, 2, false, 4},   {"main@192", 3, 2, 64, 12, 64, 3, 1, false, 4},
+    {"main@192", 1, 2, 64, 12, 128, 1, 1, true, 4},   {"i18@192", 1, 1, 3, 192, 16, 7, 2, false, 4},
+    {"i18@192", 4, 2, 16, 48, 16, 3, 1, false, 4},    {"i18@192", 1, 2, 16, 48, 32, 3, 2, false, 4},
+    {"i18@192", 1, 2, 16, 48, 32, 1, 2, false, 4},    {"i18@192", 3, 2, 32, 24, 32, 3, 1, false, 4},
+    {"i18@192", 1, 2, 32, 24, 64, 3, 2, false, 4},    {"i18@192", 1, 2, 32, 24, 64, 1, 2, false, 4},
+    {"i18@192", 3, 2, 64, 12, 64, 3, 1, false, 4},    {"i18@192", 1, 2, 64, 12, 128, 3, 2, false, 4},
+    {"i18@192", 1, 2, 64, 12, 128, 1, 2, false, 4},   {"i18@192", 3, 2, 128, 6, 128, 3, 1, false, 4},
+    {"i18@192", 1, 2, 128, 6, 64, 1, 1, true, 4},
 };
 
 #define PASSES 3
@@ -132,9 +146,9 @@ static double time_conv_pass(ConvImpl impl, const ConvGeom *g, bool with_bias, C
 
 // One row per DETR convolution: GFLOP/s of each pass on each path (and bare sgemm doing the
 // forward's multiply-adds, one call per image), and the step's convolution time on each path.
-static void bench_detr_convs(int reps) {
+static void bench_detr_convs(int reps, const char *only_model) {
   int n_impl = DETR_HAVE_ONEDNN ? IMPLS : 1;
-  printf("\nDETR convolutions, batch 2: GFLOP/s of im2col+sgemm / oneDNN blocked / oneDNN nchw%s\n",
+  printf("\nDETR convolutions, batch 2 (main, i18: 4): GFLOP/s of im2col+sgemm / oneDNN blocked / oneDNN nchw%s\n",
          DETR_HAVE_ONEDNN ? "" : " (no oneDNN in this build)");
   printf("calls: per training step; f: frozen (forward only), w: no dx (dw only)\n");
   printf("%-8s %-26s %5s  %-17s %-17s %-17s %6s  %s\n", "model", "conv", "calls", "fwd", "bwd-data",
@@ -144,6 +158,7 @@ static void bench_detr_convs(int reps) {
   int n = (int)(sizeof detr_convs / sizeof detr_convs[0]);
   for (int i = 0; i <= n; i++) {
     const DetrConv *d = i < n ? &detr_convs[i] : NULL;
+    if (d && only_model && strcmp(d->model, only_model)) continue;
     if (model && (!d || strcmp(d->model, model))) {
       printf("%-8s convolution ms per step: im2col %.0f, oneDNN blocked %.0f, oneDNN nchw %.0f, fastest per pass "
              "%.0f, AUTO %.0f\n", model, step_ms[0], step_ms[1], step_ms[2], step_ms[3], step_ms[4]);
@@ -152,7 +167,7 @@ static void bench_detr_convs(int reps) {
     if (!d) break;
     model = d->model;
     int pad = d->k / 2;
-    ConvGeom g = {.batch = 2, .in_ch = d->c, .in_h = d->hw, .in_w = d->hw, .out_ch = d->o, .kh = d->k, .kw = d->k,
+    ConvGeom g = {.batch = d->batch ? d->batch : 2, .in_ch = d->c, .in_h = d->hw, .in_w = d->hw, .out_ch = d->o, .kh = d->k, .kw = d->k,
                   .stride_h = d->stride, .stride_w = d->stride, .pad_h = pad, .pad_w = pad, .dil_h = 1, .dil_w = 1};
     g.out_h = g.out_w = conv_out_size(d->hw, d->k, d->stride, pad, 1);
     double gflop = 2.0 * g.batch * g.out_ch * g.out_h * g.out_w * g.in_ch * g.kh * g.kw * 1e-9;
@@ -193,8 +208,9 @@ int main(int argc, char **argv) {
   cpu_runtime_setup(argv);  // libgomp's and OpenBLAS's settings as the detr command has them
   int reps = argc > 1 ? atoi(argv[1]) : 7;
   bool conv_only = argc > 2 && !strcmp(argv[2], "--conv");
-  if (reps < 1 || (argc > 2 && !conv_only)) {
-    fprintf(stderr, "usage: bench_ops [reps] [--conv]\n");
+  const char *only_model = conv_only && argc > 3 ? argv[3] : NULL;
+  if (reps < 1 || (argc > 2 && !conv_only) || argc > 4) {
+    fprintf(stderr, "usage: bench_ops [reps] [--conv [r18@320 | r50@512 | main@192 | i18@192]]\n");
     return 2;
   }
   printf("threads: OpenBLAS %d; GEMM: %s\n", openblas_get_num_threads(), cpu_gemm_library());
@@ -206,6 +222,6 @@ int main(int argc, char **argv) {
     bench_matmul(1900, 2048, 256, reps);
     bench_matmul(1900, 256, 2048, reps);
   }
-  bench_detr_convs(reps);
+  bench_detr_convs(reps, only_model);
   return 0;
 }
