@@ -1,7 +1,8 @@
 // Matmul and conv2d throughput against OpenBLAS's raw sgemm on the same machine.
-//   build/bench/bench_ops [reps] [--conv]     (--conv: the convolutions only)
-// Matmul: the median time of our op and of the bare cblas_sgemm call doing the same multiply-adds,
-// in GFLOP/s, and their ratio. Conv2d: every convolution of DETR's training step (detr-r18-small at
+//   build/bench/bench_ops [reps] [--conv [MODEL]]  (--conv: the convolutions only, of one model)
+// Matmul: the median time of our op (on oneDNN's sgemm where the build has oneDNN) and of the bare
+// OpenBLAS cblas_sgemm call doing the same multiply-adds, in GFLOP/s, and their ratio; batches of
+// small GEMMs one per thread (cpu_gemm_batched) against one after another. Conv2d: every convolution of DETR's training step (detr-r18-small at
 // 320x320, detr-r50 at 512x512, batch 2), each pass (forward, backward-data, backward-weights) on
 // im2col + sgemm, oneDNN on its blocked layouts and oneDNN on plain nchw side by side, what
 // AUTO (cpu_conv2d_impl) chooses, and the convolution time per step on each.
@@ -37,9 +38,11 @@ static Tensor *rand_tensor(Shape s, uint64_t seed, bool grad) {
 
 // Median seconds of `batch` sgemm calls of [m,k] x [k,n].
 static double time_sgemm(int64_t m, int64_t n, int64_t k, int batch, int reps) {
-  float *a = calloc((size_t)(m * k), 4), *b = calloc((size_t)(k * n), 4), *c = calloc((size_t)(m * n), 4);
+  // Random inputs: calloc'ed zeros of a fresh mapping all read one shared zero page, which stays
+  // in cache and flatters a memory-bound multiply.
+  float *a = rand_buffer(m * k, 1), *b = rand_buffer(k * n, 2), *c = calloc((size_t)(m * n), 4);
   double *t = malloc(sizeof(double) * reps);
-  for (int r = -1; r < reps; r++) {
+  for (int r = -3; r < reps; r++) {
     double t0 = now();
     for (int i = 0; i < batch; i++)
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)k, b,
@@ -54,7 +57,7 @@ static double time_sgemm(int64_t m, int64_t n, int64_t k, int batch, int reps) {
 static void bench_matmul(int64_t m, int64_t n, int64_t k, int reps) {
   Tensor *x = rand_tensor(SHAPE(m, k), 1, false), *w = rand_tensor(SHAPE(n, k), 2, false);
   double *t = malloc(sizeof(double) * reps);
-  for (int r = -1; r < reps; r++) {
+  for (int r = -3; r < reps; r++) {  // 3 warm-up calls: the first ones fault fresh heap pages in
     ScopeMark mark = tensor_scope_mark();
     double t0 = now();
     op_linear(x, w, NULL);
@@ -66,6 +69,29 @@ static void bench_matmul(int64_t m, int64_t n, int64_t k, int reps) {
   printf("linear  %5lldx%5lldx%5lld          ours %7.1f GFLOP/s  sgemm %7.1f GFLOP/s  ratio %.2f\n",
          (long long)m, (long long)n, (long long)k, gflop / ours, gflop / blas, blas / ours);
   tensor_release(x), tensor_release(w), free(t);
+}
+
+// A batch of small GEMMs (attention's per-head products): cpu_gemm_batched (one matrix per thread
+// below GEMM_BATCH_PARALLEL_MAX_FLOPS) against the matrices one after another, each on all threads.
+static void bench_gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int reps) {
+  float *a = rand_buffer(batch * m * k, 3), *b = rand_buffer(batch * k * n, 4), *c = calloc((size_t)(batch * m * n), 4);
+  double *t = malloc(sizeof(double) * reps), med[2];
+  for (int way = 0; way < 2; way++) {
+    for (int r = -1; r < reps; r++) {
+      double t0 = now();
+      if (way == 0)
+        cpu_gemm_batched(false, false, m, n, k, 1.0f, a, k, m * k, b, n, k * n, 0.0f, c, n, m * n, batch);
+      else
+        for (int64_t i = 0; i < batch; i++)
+          cpu_gemm(false, false, m, n, k, 1.0f, a + i * m * k, k, b + i * k * n, n, 0.0f, c + i * m * n, n);
+      if (r >= 0) t[r] = now() - t0;
+    }
+    med[way] = median(t, reps);
+  }
+  double gflop = 2.0 * batch * m * n * k * 1e-9;
+  printf("batched %3lldx %4lldx%4lldx%4lld  batched %7.1f GFLOP/s  one after another %7.1f GFLOP/s  ratio %.2f\n",
+         (long long)batch, (long long)m, (long long)n, (long long)k, gflop / med[0], gflop / med[1], med[1] / med[0]);
+  free(a), free(b), free(c), free(t);
 }
 
 // --- convolution: im2col + sgemm against oneDNN on DETR's shapes ---
@@ -221,6 +247,19 @@ int main(int argc, char **argv) {
     bench_matmul(1900, 256, 256, reps);
     bench_matmul(1900, 2048, 256, reps);
     bench_matmul(1900, 256, 2048, reps);
+    // The main job's (hidden 128, FFN 512, batch 4): encoder on 12x12 maps, decoder on 10 queries.
+    bench_matmul(576, 128, 128, reps);
+    bench_matmul(576, 512, 128, reps);
+    bench_matmul(576, 128, 512, reps);
+    bench_matmul(40, 128, 128, reps);
+    bench_matmul(40, 512, 128, reps);
+    // Per-head attention products: the main job's (8 heads x 4 images, 144 tokens, 16 per head)
+    // and larger ones, up to past the one-per-thread limit.
+    bench_gemm_batched(32, 144, 144, 16, reps);
+    bench_gemm_batched(32, 144, 16, 144, reps);
+    bench_gemm_batched(16, 256, 256, 32, reps);
+    bench_gemm_batched(16, 576, 576, 16, reps);
+    bench_gemm_batched(8, 1024, 1024, 32, reps);
   }
   bench_detr_convs(reps, only_model);
   return 0;

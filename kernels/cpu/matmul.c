@@ -2,7 +2,7 @@
 // its kernel by the CPU's instruction sets; Debian 12's OpenBLAS 0.3.21 by family and model, and
 // runs its AVX2 kernel on AVX-512 CPUs it does not know (AMD Zen 4, Zen 5). Measured (2 threads,
 // median of 41, the transformer's and the main job's shapes, bench/README.md "GEMM library"): on
-// an AMD family 26 (AVX-512) oneDNN 1.6-3.1x OpenBLAS (410-500 vs 220-245 GFLOP/s; 40-row
+// an AMD family 26 (AVX-512) oneDNN 1.7-3.2x OpenBLAS (410-500 vs 220-245 GFLOP/s; 40-row
 // decoder GEMMs 230-440 vs 125-140); with oneDNN held to AVX2 (DNNL_MAX_CPU_ISA=AVX2) 0.8-1.6x,
 // 1.04x at the median. Results: deterministic for a fixed thread count either way.
 #include <cblas.h>
