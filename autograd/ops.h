@@ -57,6 +57,10 @@ Tensor *op_maxpool2d(Tensor *x, int kernel, int stride, int pad);
 // [C] statistics are frozen buffers (no gradient), as DETR's FrozenBatchNorm2d.
 Tensor *op_frozen_batchnorm2d(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean,
                               Tensor *running_var, float eps);
+// The same fused with what follows it in a ResNet block: relu?(frozen_bn(x) + residual), residual
+// of x's shape or NULL. One pass instead of three (frozen BN, add, ReLU), and the same floats.
+Tensor *op_frozen_batchnorm2d_act(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean,
+                                  Tensor *running_var, float eps, Tensor *residual, bool relu);
 
 // --- softmax and normalisation (ops_softmax.c) ---
 // Over the last axis of x viewed as [A, R, N] with an additive mask [A, N] (or NULL): rows

@@ -159,20 +159,27 @@ Tensor *op_maxpool2d(Tensor *x, int kernel, int stride, int pad) {
   return y;
 }
 
-// --- frozen batch norm: y = x * scale[c] + shift[c]; only x takes a gradient ---
+// --- frozen batch norm: y = relu?(x * scale[c] + shift[c] + residual); the statistics take no
+// gradient ---
+
+typedef struct {
+  bool relu;
+} FrozenBnAttrs;
 
 static void frozen_bn_backward_node(TapeNode *n) {
-  Tensor *x = n->in[0], *y = n->out[0], *scale = n->saved[0];
-  float *dx = grad_data_or_null(x);
-  if (!dx) return;
+  Tensor *x = n->in[0], *residual = n->n_in > 1 ? n->in[1] : NULL, *y = n->out[0], *scale = n->saved[0];
+  bool relu = NODE_ATTRS(n, FrozenBnAttrs)->relu;
+  float *dx = grad_data_or_null(x), *dres = residual ? grad_data_or_null(residual) : NULL;
+  if (!dx && !dres) return;
+  const float *ys = relu ? n->saved[1]->data : NULL;  // the ReLU's mask
   int64_t B = x->shape.d[0], C = x->shape.d[1], S = x->shape.d[2] * x->shape.d[3];
-  DISPATCH(x->device, cpu_channel_scale_backward(y->grad->data, scale->data, dx, B, C, S),
-           cuda_channel_scale_backward(y->grad->data, scale->data, dx, B, C, S));
+  DISPATCH(x->device, cpu_frozen_bn_backward(ys, y->grad->data, scale->data, relu, dx, dres, B, C, S),
+           cuda_frozen_bn_backward(ys, y->grad->data, scale->data, relu, dx, dres, B, C, S));
 }
 
-Tensor *op_frozen_batchnorm2d(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean,
-                              Tensor *running_var, float eps) {
-  char s[64];
+Tensor *op_frozen_batchnorm2d_act(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean,
+                                  Tensor *running_var, float eps, Tensor *residual, bool relu) {
+  char s[64], sr[64];
   DETR_CHECK(x->shape.ndim == 4, "frozen_batchnorm2d: input must be [B, C, H, W], got %s",
              shape_str(x->shape, s, sizeof s));
   int64_t C = x->shape.d[1];
@@ -182,15 +189,33 @@ Tensor *op_frozen_batchnorm2d(Tensor *x, Tensor *weight, Tensor *bias, Tensor *r
     DETR_CHECK(stats[i]->numel == C, "frozen_batchnorm2d: statistic %d has %lld elements for %lld "
                "channels", i, (long long)stats[i]->numel, (long long)C);
   }
+  if (residual) {
+    check_same_device("frozen_batchnorm2d", x, residual);
+    DETR_CHECK(shape_equal(residual->shape, x->shape), "frozen_batchnorm2d: residual %s does not match input %s",
+               shape_str(residual->shape, sr, sizeof sr), shape_str(x->shape, s, sizeof s));
+  }
   Tensor *y = tensor_new_scoped(x->device, x->shape);
   Tensor *scale = tensor_new_scoped(x->device, SHAPE(C));
   int64_t B = x->shape.d[0], S = x->shape.d[2] * x->shape.d[3];
+  const float *res = residual ? residual->data : NULL;
   DISPATCH(x->device,
            cpu_frozen_bn_forward(x->data, weight->data, bias->data, running_mean->data, running_var->data, eps,
-                                 y->data, scale->data, B, C, S),
+                                 res, relu, y->data, scale->data, B, C, S),
            cuda_frozen_bn_forward(x->data, weight->data, bias->data, running_mean->data, running_var->data, eps,
-                                  y->data, scale->data, B, C, S));
-  TapeNode *n = autograd_record("frozen_batchnorm2d", frozen_bn_backward_node, y, 1, &x);
-  if (n) autograd_save(n, scale);
+                                  res, relu, y->data, scale->data, B, C, S));
+  Tensor *inputs[2] = {x, residual};
+  const char *name = residual ? (relu ? "frozen_bn_add_relu" : "frozen_bn_add") : relu ? "frozen_bn_relu"
+                                                                                      : "frozen_batchnorm2d";
+  TapeNode *n = autograd_record(name, frozen_bn_backward_node, y, residual ? 2 : 1, inputs);
+  if (n) {
+    NODE_ATTRS(n, FrozenBnAttrs)->relu = relu;
+    autograd_save(n, scale);
+    if (relu) autograd_save(n, y);
+  }
   return y;
+}
+
+Tensor *op_frozen_batchnorm2d(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean,
+                              Tensor *running_var, float eps) {
+  return op_frozen_batchnorm2d_act(x, weight, bias, running_mean, running_var, eps, NULL, false);
 }

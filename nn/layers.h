@@ -46,6 +46,8 @@ typedef struct {
 } FrozenBn;
 FrozenBn frozen_bn_create(ParamStore *ps, const char *prefix, int64_t channels);
 Tensor *frozen_bn_forward(const FrozenBn *bn, Tensor *x);
+// relu?(bn(x) + residual) in one op (residual NULL: none): a ResNet block's norm, add and ReLU.
+Tensor *frozen_bn_act_forward(const FrozenBn *bn, Tensor *x, Tensor *residual, bool relu);
 
 // --- LayerNorm (nn/layernorm.c), eps 1e-5 ---
 typedef struct {

@@ -1120,6 +1120,10 @@ static Tensor *f_dwconv(Tensor *const *in, void *c) { return op_depthwise_conv2d
 static Tensor *f_frozen_bn(Tensor *const *in, void *c) {
   return op_frozen_batchnorm2d(in[0], in[1], in[2], in[3], in[4], 1e-5f);
 }
+static Tensor *f_frozen_bn_act(Tensor *const *in, void *c) {
+  const bool *flags = c;  // {has residual, relu}
+  return op_frozen_batchnorm2d_act(in[0], in[1], in[2], in[3], in[4], 1e-5f, flags[0] ? in[5] : NULL, flags[1]);
+}
 
 START_TEST(ops_pool_and_norm) {
   // Max pooling: overlapping windows (3/2/1, the ResNet stem's: inputs read by up to 4 windows),
@@ -1146,6 +1150,12 @@ START_TEST(ops_pool_and_norm) {
                    cpu_uniform_tensor(SHAPE(3), 25102, -1, 1, false), cpu_uniform_tensor(SHAPE(3), 25103, -1, 1, false),
                    cpu_uniform_tensor(SHAPE(3), 25104, 0.2f, 2.0f, false)};
   compare_op("frozen_batchnorm2d", f_frozen_bn, bn, 5, NULL, 25105, false);
+  // Fused with the residual add and ReLU (the ResNet blocks' form): every combination.
+  Tensor *bn_res[6] = {bn[0], bn[1], bn[2], bn[3], bn[4], cpu_uniform_tensor(SHAPE(2, 3, 4, 5), 25106, -1, 1, true)};
+  bool combos[3][2] = {{true, false}, {true, true}, {false, true}};
+  const char *combo_names[3] = {"frozen_bn_add", "frozen_bn_add_relu", "frozen_bn_relu"};
+  for (int i = 0; i < 3; i++)
+    compare_op(combo_names[i], f_frozen_bn_act, bn_res, combos[i][0] ? 6 : 5, combos[i], 25107 + i, false);
   Tensor *big[5] = {cpu_uniform_tensor(SHAPE(2, 64, 20, 30), 25200, -1, 1, true),
                     cpu_uniform_tensor(SHAPE(64), 25201, 0.5f, 1.5f, false),
                     cpu_uniform_tensor(SHAPE(64), 25202, -1, 1, false),

@@ -372,6 +372,37 @@ START_TEST(grad_frozen_batchnorm2d) {
 }
 END_TEST
 
+// The fused form: relu?(frozen_bn(x) + residual). c: {has residual, relu}.
+static Tensor *f_frozen_bn_act(Tensor *const *in, void *c) {
+  const bool *flags = c;
+  return op_frozen_batchnorm2d_act(in[0], in[1], in[2], in[3], in[4], 1e-5f, flags[0] ? in[5] : NULL, flags[1]);
+}
+
+START_TEST(grad_frozen_batchnorm2d_act) {
+  // Residual without ReLU: random statistics, no kink.
+  bool add_only[2] = {true, false};
+  Tensor *a[6] = {U(SHAPE(2, 3, 4, 5), 155), test_uniform(SHAPE(3), 0.5f, 1.5f, 156, false),
+                  test_uniform(SHAPE(3), -1, 1, 157, false), test_uniform(SHAPE(3), -1, 1, 158, false),
+                  test_uniform(SHAPE(3), 0.2f, 2.0f, 159, false), U(SHAPE(2, 3, 4, 5), 160)};
+  expect_grad("frozen_bn_add", f_frozen_bn_act, a, 6, add_only, TOL);
+  // ReLU, with and without the residual: unit statistics (scale 1/sqrt(1 + eps), shift 0), x at
+  // least 0.3 from zero and the residual within 0.1, so that no pre-activation is near the kink.
+  bool add_relu[2] = {true, true}, relu_only[2] = {false, true};
+  for (int k = 0; k < 2; k++) {  // expect_grad releases its inputs: a set per call
+    uint64_t seed = 161 + 10 * (uint64_t)k;
+    Tensor *b[6] = {test_uniform_away_from_zero(SHAPE(2, 3, 4, 5), 0.3f, 1.0f, seed, true),
+                    test_uniform(SHAPE(3), 1, 1, seed + 1, false), test_uniform(SHAPE(3), 0, 0, seed + 2, false),
+                    test_uniform(SHAPE(3), 0, 0, seed + 3, false), test_uniform(SHAPE(3), 1, 1, seed + 4, false),
+                    test_uniform(SHAPE(2, 3, 4, 5), -0.1f, 0.1f, seed + 5, true)};
+    if (k == 0) expect_grad("frozen_bn_add_relu", f_frozen_bn_act, b, 6, add_relu, TOL);
+    else {
+      tensor_release(b[5]);
+      expect_grad("frozen_bn_relu", f_frozen_bn_act, b, 5, relu_only, TOL);
+    }
+  }
+}
+END_TEST
+
 // --- softmax family and layer norm ---
 
 static Tensor *f_softmax(Tensor *const *in, void *c) { return op_softmax(in[0], c ? (Tensor *)c : NULL); }
@@ -1135,6 +1166,7 @@ int main(int argc, char **argv) {
     {"sum", grad_sum}, {"mean", grad_mean}, {"sum_all", grad_sum_all}, {"mean_all", grad_mean_all},
     {"matmul", grad_matmul}, {"bmm", grad_bmm}, {"linear", grad_linear}, {"conv2d", grad_conv2d}, {"depthwise_conv2d", grad_depthwise_conv2d},
     {"maxpool2d", grad_maxpool2d}, {"frozen_batchnorm2d", grad_frozen_batchnorm2d},
+    {"frozen_batchnorm2d_act", grad_frozen_batchnorm2d_act},
     {"softmax", grad_softmax}, {"log_softmax", grad_log_softmax}, {"layernorm", grad_layernorm},
     {"reshape", grad_reshape}, {"permute", grad_permute}, {"transpose", grad_transpose},
     {"concat", grad_concat}, {"slice", grad_slice}, {"index_select", grad_index_select},

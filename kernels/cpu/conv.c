@@ -352,8 +352,9 @@ void cpu_maxpool2d_backward(const float *dy, const int32_t *argmax, float *dx, c
 }
 
 void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bias,
-                           const float *mean, const float *var, float eps, float *y,
-                           float *scale, int64_t batch, int64_t channels, int64_t spatial) {
+                           const float *mean, const float *var, float eps, const float *residual,
+                           bool relu, float *y, float *scale, int64_t batch, int64_t channels,
+                           int64_t spatial) {
   // scale is [C] output (kept for backward); shift is recomputed: both are O(C).
   for (int64_t c = 0; c < channels; c++) {
     float shift;
@@ -364,17 +365,35 @@ void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bia
     int64_t c = bc % channels;
     float s, t;
     frozen_bn_scale_shift(weight[c], bias[c], mean[c], var[c], eps, &s, &t);
-    const float *xp = x + bc * spatial;
+    const float *xp = x + bc * spatial, *rp = residual ? residual + bc * spatial : NULL;
     float *yp = y + bc * spatial;
-    for (int64_t i = 0; i < spatial; i++) yp[i] = frozen_bn_elem(xp[i], s, t);
+    if (!rp && !relu)
+      for (int64_t i = 0; i < spatial; i++) yp[i] = frozen_bn_elem(xp[i], s, t);
+    else if (!rp)
+      for (int64_t i = 0; i < spatial; i++) yp[i] = frozen_bn_act_elem(xp[i], s, t, NULL, i, true);
+    else
+      for (int64_t i = 0; i < spatial; i++) yp[i] = frozen_bn_act_elem(xp[i], s, t, rp, i, relu);
   }
 }
 
-void cpu_channel_scale_backward(const float *dy, const float *scale, float *dx, int64_t batch,
-                                int64_t channels, int64_t spatial) {
+void cpu_frozen_bn_backward(const float *y, const float *dy, const float *scale, bool relu, float *dx,
+                            float *dresidual, int64_t batch, int64_t channels, int64_t spatial) {
 #pragma omp parallel for schedule(static) if (batch * channels * spatial > PARALLEL_MIN_LIGHT)
   for (int64_t bc = 0; bc < batch * channels; bc++) {
     float s = scale[bc % channels];
-    for (int64_t i = 0; i < spatial; i++) dx[bc * spatial + i] += dy[bc * spatial + i] * s;
+    const float *dyp = dy + bc * spatial;
+    float *dxp = dx ? dx + bc * spatial : NULL, *drp = dresidual ? dresidual + bc * spatial : NULL;
+    if (!relu) {  // y is not needed (nor saved)
+      if (dxp)
+        for (int64_t i = 0; i < spatial; i++) dxp[i] += dyp[i] * s;
+      if (drp)
+        for (int64_t i = 0; i < spatial; i++) drp[i] += dyp[i];
+      continue;
+    }
+    const float *yp = y + bc * spatial;
+    if (dxp)
+      for (int64_t i = 0; i < spatial; i++) dxp[i] += frozen_bn_act_grad(yp[i], dyp[i], true) * s;
+    if (drp)
+      for (int64_t i = 0; i < spatial; i++) drp[i] += frozen_bn_act_grad(yp[i], dyp[i], true);
   }
 }

@@ -531,21 +531,22 @@ __global__ void frozen_bn_scale_kernel(const float *weight, const float *bias, c
 }
 
 // x, y [B, C, S]: each element recomputes its channel's scale and shift (a few flops; the kernel
-// is bound by memory traffic), as the CPU recomputes them per (b, c) plane.
+// is bound by memory traffic), as the CPU recomputes them per (b, c) plane. residual (or NULL) and
+// relu: the fused add and ReLU of op_frozen_batchnorm2d_act.
 __global__ void frozen_bn_forward_kernel(const float *x, const float *weight, const float *bias,
-                                         const float *mean, const float *var, float eps, float *y,
-                                         int64_t channels, int64_t spatial, int64_t total) {
+                                         const float *mean, const float *var, float eps, const float *residual,
+                                         bool relu, float *y, int64_t channels, int64_t spatial, int64_t total) {
   GRID_STRIDE_LOOP(i, total) {
     int64_t c = (i / spatial) % channels;
     float s, t;
     frozen_bn_scale_shift(weight[c], bias[c], mean[c], var[c], eps, &s, &t);
-    y[i] = frozen_bn_elem(x[i], s, t);
+    y[i] = frozen_bn_act_elem(x[i], s, t, residual, i, relu);
   }
 }
 
 extern "C" void cuda_frozen_bn_forward(const float *x, const float *weight, const float *bias, const float *mean,
-                                       const float *var, float eps, float *y, float *scale, int64_t batch,
-                                       int64_t channels, int64_t spatial) {
+                                       const float *var, float eps, const float *residual, bool relu, float *y,
+                                       float *scale, int64_t batch, int64_t channels, int64_t spatial) {
   if (channels <= 0) return;
   cudaStream_t stream = detr_cuda_stream();
   frozen_bn_scale_kernel<<<detr_grid_size(channels, DETR_BLOCK), DETR_BLOCK, 0, stream>>>(
@@ -554,21 +555,25 @@ extern "C" void cuda_frozen_bn_forward(const float *x, const float *weight, cons
   int64_t total = batch * channels * spatial;
   if (total <= 0) return;
   frozen_bn_forward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, stream>>>(
-      x, weight, bias, mean, var, eps, y, channels, spatial, total);
+      x, weight, bias, mean, var, eps, residual, relu, y, channels, spatial, total);
   CUDA_CHECK_LAUNCH("frozen_bn_forward_kernel");
 }
 
-// dx [B, C, S] += dy * scale[c].
-__global__ void channel_scale_backward_kernel(const float *dy, const float *scale, float *dx, int64_t channels,
-                                              int64_t spatial, int64_t total) {
-  GRID_STRIDE_LOOP(i, total) dx[i] += dy[i] * scale[(i / spatial) % channels];
+// dx [B, C, S] += g * scale[c], dresidual += g; g = dy, masked by y > 0 under ReLU (y read only then).
+__global__ void frozen_bn_backward_kernel(const float *y, const float *dy, const float *scale, bool relu, float *dx,
+                                          float *dresidual, int64_t channels, int64_t spatial, int64_t total) {
+  GRID_STRIDE_LOOP(i, total) {
+    float g = relu ? frozen_bn_act_grad(y[i], dy[i], true) : dy[i];
+    if (dx) dx[i] += g * scale[(i / spatial) % channels];
+    if (dresidual) dresidual[i] += g;
+  }
 }
 
-extern "C" void cuda_channel_scale_backward(const float *dy, const float *scale, float *dx, int64_t batch,
-                                            int64_t channels, int64_t spatial) {
+extern "C" void cuda_frozen_bn_backward(const float *y, const float *dy, const float *scale, bool relu, float *dx,
+                                        float *dresidual, int64_t batch, int64_t channels, int64_t spatial) {
   int64_t total = batch * channels * spatial;
-  if (total <= 0) return;
-  channel_scale_backward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
-      dy, scale, dx, channels, spatial, total);
-  CUDA_CHECK_LAUNCH("channel_scale_backward_kernel");
+  if (total <= 0 || (!dx && !dresidual)) return;
+  frozen_bn_backward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
+      y, dy, scale, relu, dx, dresidual, channels, spatial, total);
+  CUDA_CHECK_LAUNCH("frozen_bn_backward_kernel");
 }

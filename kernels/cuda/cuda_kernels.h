@@ -93,10 +93,10 @@ void cuda_dwconv_backward(const float *x, const float *w, const float *dy, float
 void cuda_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const ConvGeom *g);
 void cuda_maxpool2d_backward(const float *dy, const int32_t *argmax, float *dx, const ConvGeom *g);
 void cuda_frozen_bn_forward(const float *x, const float *weight, const float *bias, const float *mean,
-                            const float *var, float eps, float *y, float *scale, int64_t batch, int64_t channels,
-                            int64_t spatial);
-void cuda_channel_scale_backward(const float *dy, const float *scale, float *dx, int64_t batch, int64_t channels,
-                                 int64_t spatial);
+                            const float *var, float eps, const float *residual, bool relu, float *y, float *scale,
+                            int64_t batch, int64_t channels, int64_t spatial);
+void cuda_frozen_bn_backward(const float *y, const float *dy, const float *scale, bool relu, float *dx,
+                             float *dresidual, int64_t batch, int64_t channels, int64_t spatial);
 
 // softmax.cu: x [rows, n]; mask [rows / rows_per_mask, n] or NULL.
 void cuda_softmax_forward(const float *x, const float *mask, float *y, int64_t rows, int64_t n,
