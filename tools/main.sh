@@ -9,7 +9,7 @@
 # (not the data set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-epochs=85
+epochs=110
 seed=42
 threshold=0.3
 out=runs/main
