@@ -1,4 +1,5 @@
-// Matrix products on sgemm (OpenBLAS) / cuBLAS: matmul, batched matmul, linear.
+// Matrix products on sgemm (oneDNN, or OpenBLAS without it: kernels/cpu/matmul.c) / cuBLAS: matmul,
+// batched matmul, linear.
 #include "autograd/op_util.h"
 
 // C[M,N] = alpha op(A) op(B) + beta C on the tensors' device.

@@ -231,7 +231,7 @@ static void bench_detr_convs(int reps, const char *only_model) {
 }
 
 int main(int argc, char **argv) {
-  cpu_runtime_setup(argv);  // libgomp's and OpenBLAS's settings as the detr command has them
+  cpu_runtime_setup(argv);  // libgomp's spin setting, as the detr command has it
   int reps = argc > 1 ? atoi(argv[1]) : 7;
   bool conv_only = argc > 2 && !strcmp(argv[2], "--conv");
   const char *only_model = conv_only && argc > 3 ? argv[3] : NULL;

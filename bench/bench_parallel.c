@@ -39,7 +39,7 @@ static void run_loop(int which, bool parallel, const float *x, float *y, int64_t
 #pragma omp parallel for schedule(static) if (parallel)
       for (int64_t i = 0; i < n; i++) y[i] = unary_forward(UNARY_SIGMOID, x[i], 0.0f);
       break;
-    case LAYERNORM_ROWS: {  // cpu_layernorm_forward's body without affine: two passes per row
+    case LAYERNORM_ROWS: {  // cpu_layernorm_forward's work without affine (in float, not double)
       const int64_t cols = 128, rows = n / cols;
 #pragma omp parallel for schedule(static) if (parallel)
       for (int64_t r = 0; r < rows; r++) {

@@ -37,7 +37,7 @@ static void device_sync(Device dev) {
 }
 
 int main(int argc, char **argv) {
-  cpu_runtime_setup(argv);  // libgomp's and OpenBLAS's settings as the detr command has them
+  cpu_runtime_setup(argv);  // libgomp's spin setting, as the detr command has it
   const char *preset = "detr-r18-small";
   int size = 320, boxes = 3, reps = 5, batch = 2, height = 0, width = 0;
   bool enact = false, profile = false, forward_only = false, vary = false;

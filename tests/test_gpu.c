@@ -1150,12 +1150,19 @@ START_TEST(ops_pool_and_norm) {
                    cpu_uniform_tensor(SHAPE(3), 25102, -1, 1, false), cpu_uniform_tensor(SHAPE(3), 25103, -1, 1, false),
                    cpu_uniform_tensor(SHAPE(3), 25104, 0.2f, 2.0f, false)};
   compare_op("frozen_batchnorm2d", f_frozen_bn, bn, 5, NULL, 25105, false);
-  // Fused with the residual add and ReLU (the ResNet blocks' form): every combination.
-  Tensor *bn_res[6] = {bn[0], bn[1], bn[2], bn[3], bn[4], cpu_uniform_tensor(SHAPE(2, 3, 4, 5), 25106, -1, 1, true)};
+  // Fused with the residual add and ReLU (the ResNet blocks' form): every combination, each on
+  // inputs of its own (compare_op releases its inputs).
   bool combos[3][2] = {{true, false}, {true, true}, {false, true}};
   const char *combo_names[3] = {"frozen_bn_add", "frozen_bn_add_relu", "frozen_bn_relu"};
-  for (int i = 0; i < 3; i++)
-    compare_op(combo_names[i], f_frozen_bn_act, bn_res, combos[i][0] ? 6 : 5, combos[i], 25107 + i, false);
+  for (int i = 0; i < 3; i++) {
+    uint64_t seed = 25110 + 10 * (uint64_t)i;
+    Tensor *in[6] = {cpu_uniform_tensor(SHAPE(2, 3, 4, 5), seed, -1, 1, true),
+                     cpu_uniform_tensor(SHAPE(3), seed + 1, 0.5f, 1.5f, false),
+                     cpu_uniform_tensor(SHAPE(3), seed + 2, -1, 1, false), cpu_uniform_tensor(SHAPE(3), seed + 3, -1, 1, false),
+                     cpu_uniform_tensor(SHAPE(3), seed + 4, 0.2f, 2.0f, false),
+                     combos[i][0] ? cpu_uniform_tensor(SHAPE(2, 3, 4, 5), seed + 5, -1, 1, true) : NULL};
+    compare_op(combo_names[i], f_frozen_bn_act, in, combos[i][0] ? 6 : 5, combos[i], seed + 6, false);
+  }
   Tensor *big[5] = {cpu_uniform_tensor(SHAPE(2, 64, 20, 30), 25200, -1, 1, true),
                     cpu_uniform_tensor(SHAPE(64), 25201, 0.5f, 1.5f, false),
                     cpu_uniform_tensor(SHAPE(64), 25202, -1, 1, false),

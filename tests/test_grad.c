@@ -385,13 +385,14 @@ START_TEST(grad_frozen_batchnorm2d_act) {
                   test_uniform(SHAPE(3), -1, 1, 157, false), test_uniform(SHAPE(3), -1, 1, 158, false),
                   test_uniform(SHAPE(3), 0.2f, 2.0f, 159, false), U(SHAPE(2, 3, 4, 5), 160)};
   expect_grad("frozen_bn_add", f_frozen_bn_act, a, 6, add_only, TOL);
-  // ReLU, with and without the residual: unit statistics (scale 1/sqrt(1 + eps), shift 0), x at
-  // least 0.3 from zero and the residual within 0.1, so that no pre-activation is near the kink.
+  // ReLU, with and without the residual: weight in [0.5, 1.5], bias and mean 0, var 1 (scale about
+  // the weight, shift 0), x at least 0.3 from zero and the residual within 0.1: every
+  // pre-activation is at least 0.05 from the kink, past the finite differences' step.
   bool add_relu[2] = {true, true}, relu_only[2] = {false, true};
   for (int k = 0; k < 2; k++) {  // expect_grad releases its inputs: a set per call
     uint64_t seed = 161 + 10 * (uint64_t)k;
     Tensor *b[6] = {test_uniform_away_from_zero(SHAPE(2, 3, 4, 5), 0.3f, 1.0f, seed, true),
-                    test_uniform(SHAPE(3), 1, 1, seed + 1, false), test_uniform(SHAPE(3), 0, 0, seed + 2, false),
+                    test_uniform(SHAPE(3), 0.5f, 1.5f, seed + 1, false), test_uniform(SHAPE(3), 0, 0, seed + 2, false),
                     test_uniform(SHAPE(3), 0, 0, seed + 3, false), test_uniform(SHAPE(3), 1, 1, seed + 4, false),
                     test_uniform(SHAPE(2, 3, 4, 5), -0.1f, 0.1f, seed + 5, true)};
     if (k == 0) expect_grad("frozen_bn_add_relu", f_frozen_bn_act, b, 6, add_relu, TOL);

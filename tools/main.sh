@@ -67,4 +67,4 @@ echo "                              $(coco AR1)  $(coco AR10)  $(coco AR100)  $(
 echo "  training speed:             $ips images/s"
 echo "  ENACT:                      $clusters clusters per image in the encoder (val)"
 echo "  chart (loss, AP by epoch):  $out/chart.png"
-echo "  predictions (score >= $threshold): $out/predict/*.png, $(grep -c detections "$out/predict.log" || true) images"
+echo "  predictions (score >= $threshold): $out/predict/*.png, $(grep -c " -> " "$out/predict.log" || true) images"

@@ -75,7 +75,7 @@ static int run(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-  cpu_runtime_setup(argv);  // may start the program again, with libgomp's and OpenBLAS's settings
+  cpu_runtime_setup(argv);  // may start the program again, with libgomp's spin setting
   dist_init(&argc, &argv);  // joins the MPI job when launched by mpirun (train, eval)
   int rc = run(argc, argv);
   dist_finalize();

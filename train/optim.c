@@ -44,8 +44,8 @@ float adamw_lr(const AdamW *opt, LrGroup group) {
   return base;
 }
 
-// Sum of squares of the trainable gradients that live on dev. CPU: one thread per gradient in a
-// fixed order. CUDA: each gradient's CUDA_SUM_SQUARES_PARTIALS partial sums, then one fixed-order
+// Sum of squares of the trainable gradients that live on dev. CPU: the gradients in a fixed order,
+// each summed by cpu_sum_squares' fixed tree (any thread count gives the same double). CUDA: each gradient's CUDA_SUM_SQUARES_PARTIALS partial sums, then one fixed-order
 // sum of them all, read back with one copy: the only synchronisation of the optimizer step.
 static double grad_sum_squares(ParamStore *params, Device dev) {
   double sum = 0.0;

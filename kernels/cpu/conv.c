@@ -127,10 +127,13 @@ void cpu_conv2d_set_impl(ConvImpl impl) {
 //    never run in DETR: blocking pads 3 channels to 16, 0.4x), nor for backward-weights from 256
 //    input channels up (sgemm's K = 9 C is long enough there: im2col 0.94-1.4x oneDNN).
 //  - 1x1: one sgemm per image either way, and at the large maps, where most 1x1 time goes, the
-//    reorders to blocked layouts cost more than the direct convolution saves: OpenBLAS. (oneDNN's
-//    nchw sgemm path runs the 1x1 forward at mostly 1.1-1.5x OpenBLAS in bench_ops but only 1.2%
-//    faster over the R50 step, for 21 MB more peak RSS in its packing buffers; its backward is no
-//    faster, and backward-weights takes a per-thread copy of dw as scratch, up to 69 MB.)
+//    reorders to blocked layouts cost more than the direct convolution saves: im2col + cpu_gemm
+//    (measured when cpu_gemm was OpenBLAS's; it is oneDNN's sgemm now, which only widens the
+//    margin. oneDNN's nchw convolution ran the 1x1 forward at mostly 1.1-1.5x OpenBLAS in
+//    bench_ops but only 1.2% faster over the R50 step, for 21 MB more peak RSS in its packing
+//    buffers; its backward was no faster, and backward-weights takes a per-thread copy of dw as
+//    scratch, up to 69 MB.) `bench_ops --conv main@192` and `i18@192`: this choice is within 1 ms
+//    per step of the fastest per pass for the main job's models.
 ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
   if (!DETR_HAVE_ONEDNN) return CONV_IMPL_IM2COL;
   if (forced_impl != CONV_IMPL_AUTO) return forced_impl;

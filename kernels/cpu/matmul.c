@@ -20,7 +20,7 @@ void cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
               const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
               int64_t ldc) {
   if (m == 0 || n == 0) return;
-  if (k == 0) {  // OpenBLAS would skip the beta scaling too
+  if (k == 0) {  // C = beta C, done here: a GEMM library may skip the beta scaling when k is 0
     for (int64_t i = 0; i < m; i++)
       for (int64_t j = 0; j < n; j++) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
@@ -53,7 +53,7 @@ const char *cpu_gemm_library(void) {
 
 // Below this a batch of GEMMs runs one matrix per thread. Measured with oneDNN's sgemm, 2 threads
 // (bench/README.md "GEMM library"): one per thread 1.05-1.9x one after another at 0.6-10.6
-// MFLOP per matrix (attention's per-head products: 0.66 MFLOP, 1.5-1.9x), even at 67 MFLOP.
+// MFLOP per matrix (attention's per-head products: 0.66 MFLOP, 1.5-1.9x), 1.0x at 67 MFLOP.
 #define GEMM_BATCH_PARALLEL_MAX_FLOPS 16e6
 
 void cpu_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,

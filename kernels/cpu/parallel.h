@@ -5,8 +5,9 @@
 //    all threads from 8-16k floats back to back, but only from 512k-1M when the other thread
 //    must first be woken (12-25 us on this VM). The main job's step: the same time (within the
 //    VM's +-10% noise) at 8k-64k, slower at 512k (0.026-0.034 s vs 0.023-0.031 s).
-//  - heavy: a transcendental, sqrt, division, index arithmetic or a row reduction per float
-//    (sigmoid, exp, softmax, layernorm, AdamW, broadcast binary ops, dropout, ENACT). 1.3-1.9x
+//  - heavy: a transcendental, sqrt, index arithmetic or a row reduction per float (sigmoid, exp,
+//    softmax, layernorm, AdamW, broadcast binary ops, dropout, ENACT). Dense binary ops, division
+//    included, count as light: one loop serves all four, and add dominates them. 1.3-1.9x
 //    from 1-2k floats back to back, from 32-64k after a wake-up.
 #pragma once
 #include <stdint.h>
