@@ -39,7 +39,7 @@ main_make_data "$detr"
 train_start=$(date +%s)  # pretraining, training and evaluation from here
 if [ ! -f "$out/backbone.safetensors" ]; then
   mkdir -p "$out"
-  "$detr" pretrain --data "$data" --out "$out/backbone.safetensors" $model --epochs 30 --seed "$seed"
+  "$detr" pretrain --data "$data" --out "$out/backbone.safetensors" $model --epochs 60 --seed "$seed"
 fi
 "$detr" train --data "$data" --out "$out" $model --enact --init-backbone "$out/backbone.safetensors" \
   $main_train_flags --lr-drop $(( epochs * 2 / 3 > 0 ? epochs * 2 / 3 : 1 )) \
