@@ -3,6 +3,7 @@
 // turn the reduced statistics into outputs and gradients.
 #pragma once
 #include "kernels/common.h"
+#include "kernels/elementwise_math.h"  // the ReLU the fused frozen batch norm ends in
 
 #include <math.h>
 
@@ -15,15 +16,17 @@ DETR_HD void frozen_bn_scale_shift(float weight, float bias, float mean, float v
 }
 DETR_HD float frozen_bn_elem(float x, float scale, float shift) { return x * scale + shift; }
 // Fused with what follows it in a ResNet block (op_frozen_batchnorm2d_act): the residual added,
-// then ReLU - the same float operations, in the same order, as the three ops one after another.
+// then op_relu's own element function - the same float operations, in the same order, as the
+// three ops one after another.
 DETR_HD float frozen_bn_act_elem(float x, float scale, float shift, const float *residual, int64_t i,
                                  bool relu) {
   float v = frozen_bn_elem(x, scale, shift);
   if (residual) v = v + residual[i];
-  return relu ? (v > 0.0f ? v : 0.0f) : v;
+  return relu ? unary_forward(UNARY_RELU, v, 0.0f) : v;
 }
-// The gradient at the pre-activation, from the output (y > 0 exactly where the pre-activation is).
-DETR_HD float frozen_bn_act_grad(float y, float dy, bool relu) { return relu ? (y > 0.0f ? dy : 0.0f) : dy; }
+// The ReLU's gradient at the pre-activation from its output, as op_relu's backward computes it
+// (it passes y for x: y > 0 exactly where x > 0).
+DETR_HD float frozen_bn_relu_grad(float y, float dy) { return unary_backward(UNARY_RELU, y, y, dy, 0.0f); }
 
 // Layer norm: y = (x - mean) * rstd * w + b, with the biased variance (torch) of the row.
 DETR_HD float layernorm_rstd(double sum_sq_dev, int64_t n, float eps) {

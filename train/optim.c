@@ -45,8 +45,9 @@ float adamw_lr(const AdamW *opt, LrGroup group) {
 }
 
 // Sum of squares of the trainable gradients that live on dev. CPU: the gradients in a fixed order,
-// each summed by cpu_sum_squares' fixed tree (any thread count gives the same double). CUDA: each gradient's CUDA_SUM_SQUARES_PARTIALS partial sums, then one fixed-order
-// sum of them all, read back with one copy: the only synchronisation of the optimizer step.
+// each summed by cpu_sum_squares' fixed tree (any thread count gives the same double). CUDA: each
+// gradient's CUDA_SUM_SQUARES_PARTIALS partial sums, then one fixed-order sum of them all, read
+// back with one copy: the only synchronisation of the optimizer step.
 static double grad_sum_squares(ParamStore *params, Device dev) {
   double sum = 0.0;
   int count = 0;

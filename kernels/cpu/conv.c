@@ -370,12 +370,7 @@ void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bia
     frozen_bn_scale_shift(weight[c], bias[c], mean[c], var[c], eps, &s, &t);
     const float *xp = x + bc * spatial, *rp = residual ? residual + bc * spatial : NULL;
     float *yp = y + bc * spatial;
-    if (!rp && !relu)
-      for (int64_t i = 0; i < spatial; i++) yp[i] = frozen_bn_elem(xp[i], s, t);
-    else if (!rp)
-      for (int64_t i = 0; i < spatial; i++) yp[i] = frozen_bn_act_elem(xp[i], s, t, NULL, i, true);
-    else
-      for (int64_t i = 0; i < spatial; i++) yp[i] = frozen_bn_act_elem(xp[i], s, t, rp, i, relu);
+    for (int64_t i = 0; i < spatial; i++) yp[i] = frozen_bn_act_elem(xp[i], s, t, rp, i, relu);
   }
 }
 
@@ -395,8 +390,8 @@ void cpu_frozen_bn_backward(const float *y, const float *dy, const float *scale,
     }
     const float *yp = y + bc * spatial;
     if (dxp)
-      for (int64_t i = 0; i < spatial; i++) dxp[i] += frozen_bn_act_grad(yp[i], dyp[i], true) * s;
+      for (int64_t i = 0; i < spatial; i++) dxp[i] += frozen_bn_relu_grad(yp[i], dyp[i]) * s;
     if (drp)
-      for (int64_t i = 0; i < spatial; i++) drp[i] += frozen_bn_act_grad(yp[i], dyp[i], true);
+      for (int64_t i = 0; i < spatial; i++) drp[i] += frozen_bn_relu_grad(yp[i], dyp[i]);
   }
 }

@@ -39,16 +39,14 @@ void cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
 }
 
 const char *cpu_gemm_library(void) {
+  static char name[64];
 #if DETR_HAVE_ONEDNN
   const dnnl_version_t *v = dnnl_version();
-  static char name[64];
   snprintf(name, sizeof name, "oneDNN %d.%d sgemm", v->major, v->minor);
-  return name;
 #else
-  static char name[64];
   snprintf(name, sizeof name, "OpenBLAS sgemm (%s)", openblas_get_corename());
-  return name;
 #endif
+  return name;
 }
 
 // Below this a batch of GEMMs runs one matrix per thread. Measured with oneDNN's sgemm, 2 threads

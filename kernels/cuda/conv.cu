@@ -563,7 +563,7 @@ extern "C" void cuda_frozen_bn_forward(const float *x, const float *weight, cons
 __global__ void frozen_bn_backward_kernel(const float *y, const float *dy, const float *scale, bool relu, float *dx,
                                           float *dresidual, int64_t channels, int64_t spatial, int64_t total) {
   GRID_STRIDE_LOOP(i, total) {
-    float g = relu ? frozen_bn_act_grad(y[i], dy[i], true) : dy[i];
+    float g = relu ? frozen_bn_relu_grad(y[i], dy[i]) : dy[i];
     if (dx) dx[i] += g * scale[(i / spatial) % channels];
     if (dresidual) dresidual[i] += g;
   }
