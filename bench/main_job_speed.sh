@@ -10,8 +10,9 @@
 # before/after pair is measured on the same machine in one run. --model issue18 is the main job's
 # model when issue #18 was written (DETR decoder, stride 32, hidden 64, 5 queries), which older
 # builds can run; main is today's. Epoch 0 (warm-up: allocator, oneDNN primitives) is not
-# counted. --images N trains on a set of N images made as the main job's (data/synth-speed-N): a build whose busy epochs take minutes (libgomp's
-# default spin) is measured on fewer. The run directories go to a temporary folder, removed at the end.
+# counted. --images N trains on a set of N images made as the main job's (data/synth-main-N; the main job
+# has 6000, 1000 keeps a run short): a build whose busy epochs take minutes (libgomp's default
+# spin) is measured on fewer. The run directories go to a temporary folder, removed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 binaries=()
@@ -41,8 +42,7 @@ case "$model" in
     --set ffn_dim=256 --set num_queries=5 --set dropout=0" ;;
   *) echo "main_job_speed.sh: --model main or issue18" >&2; exit 2 ;;
 esac
-data=$main_data
-[ "$images" = 1000 ] || data=data/synth-speed-$images
+data=data/synth-main-$images
 main_make_data "${binaries[0]}" "$data" "$images" > /dev/null
 work=$(mktemp -d)
 spinner=""

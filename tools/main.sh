@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The main job, from a fresh Debian 12 machine: install, build, generate the synthetic COCO-format
 # dataset, pretrain the backbone on its object crops, train a small Conditional DETR + ENACT on it
-# on the CPU, evaluate it (COCO mAP), draw predictions, print a summary. About 15 minutes on 2
-# cores. Everything lands in runs/main/ (backbone.safetensors, metrics.jsonl, chart.png,
+# on the CPU, evaluate it (COCO mAP), draw predictions, print a summary. About 5 minutes on a
+# 2-core Zen 5 with the packages there; a 2-core Zen 3 is 2.5-3x slower (README). Everything lands in runs/main/ (backbone.safetensors, metrics.jsonl, chart.png,
 # checkpoints, eval.json, eval.log, predict/).
 #   bash tools/main.sh [--epochs N] [--seed S] [--out DIR]
+# --epochs: passes over the 6000 training images (default 7; the learning rate drops x0.1 after
+# 5/7 of them).
 # --seed changes the pretraining's and the training's initialisation, data order and augmentation
 # (not the data set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-epochs=110
+epochs=7
 seed=42
 threshold=0.3
 out=runs/main
@@ -33,17 +35,17 @@ data=$main_data
 model=$main_model
 main_make_data "$detr"
 # DETR starts from a pretrained backbone; none can be downloaded here, so the backbone first
-# learns to classify the training set's object crops (30 epochs, half a minute).
+# learns to classify the training set's object crops (10 passes over 9800 crops, half a minute).
 # Both cores, or the one another busy process leaves free (detr's default: bench/README.md, "wait
 # policy" and "the main job's throughput").
 train_start=$(date +%s)  # pretraining, training and evaluation from here
 if [ ! -f "$out/backbone.safetensors" ]; then
   mkdir -p "$out"
-  "$detr" pretrain --data "$data" --out "$out/backbone.safetensors" $model --epochs 60 --seed "$seed"
+  "$detr" pretrain --data "$data" --out "$out/backbone.safetensors" $model --epochs 10 --seed "$seed"
 fi
 "$detr" train --data "$data" --out "$out" $model --enact --init-backbone "$out/backbone.safetensors" \
-  $main_train_flags --lr-drop $(( epochs * 2 / 3 > 0 ? epochs * 2 / 3 : 1 )) \
-  --epochs "$epochs" --eval-every 17 --seed "$seed" --resume auto
+  $main_train_flags --lr-drop $(( epochs * 5 / 7 > 0 ? epochs * 5 / 7 : 1 )) \
+  --epochs "$epochs" --eval-every 1 --seed "$seed" --resume auto
 
 # Evaluated in batches of 4 as during training: padding to the batch's largest image changes a
 # DETR's output a little (same weights: AP50 0.465 in batches of 4, 0.443 of 2, 2026-11-23).
