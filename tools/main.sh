@@ -63,7 +63,8 @@ ips=$(awk -F'"images_per_s": ' '/"type": "train"/ && NF > 1 {split($2, a, /[,}]/
       END {if (n) printf "%.0f", s / n}' "$out/metrics.jsonl")
 clusters=$(sed -n 's/.*clusters_per_image \([0-9.]*\).*/\1/p' "$out/eval.log" | tail -1)
 echo
-echo "main job done in $(( (end - start + 30) / 60 )) min (pretraining, training and evaluation $(( (end - train_start + 30) / 60 )) min)"
+mmss() { printf "%d min %02d s" $(( $1 / 60 )) $(( $1 % 60 )); }
+echo "main job done in $(mmss $(( end - start ))) (pretraining, training and evaluation $(mmss $(( end - train_start ))))"
 echo "  COCO, best checkpoint, val: $(coco AP)  $(coco AP50)  $(coco AP75)  $(coco APs)  $(coco APm)  $(coco APl)"
 echo "                              $(coco AR1)  $(coco AR10)  $(coco AR100)  $(coco ARs)  $(coco ARm)  $(coco ARl)"
 echo "  training speed:             $ips images/s"
