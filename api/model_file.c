@@ -208,7 +208,7 @@ static int check_config_tensors(const StFile *f, const DetrConfig *c, bool overr
 }
 
 int checkpoint_info_read(const StFile *f, CheckpointInfo *ci, char *err, size_t cap) {
-  *ci = (CheckpointInfo){.image_size = -1, .max_size = -1};
+  *ci = (CheckpointInfo){.image_size = -1, .max_size = -1, .pad_multiple = -1};
   const char *mc = st_metadata(f, "model_config");
   if (!is_checkpoint(f)) {
     not_a_checkpoint(f, "plain model weights load with --weights (detr_open_weights)", err, cap);
@@ -231,6 +231,7 @@ int checkpoint_info_read(const StFile *f, CheckpointInfo *ci, char *err, size_t 
   if (train) {
     ci->image_size = flag_in_command(train, "--image-size");
     ci->max_size = flag_in_command(train, "--max-size");
+    ci->pad_multiple = flag_in_command(train, "--pad-multiple");
   }
   return 0;
 }
@@ -486,7 +487,7 @@ static detr_status open_safetensors(const char *path, StFile **f, char *err, siz
 detr_status model_file_load(const char *checkpoint, const char *weights, const char *config, const char *const *sets,
                             int n_sets, Device dev, DetrModel **out, CheckpointInfo *info, char *err, size_t cap) {
   *out = NULL;
-  CheckpointInfo ci = {.image_size = -1, .max_size = -1};
+  CheckpointInfo ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1};
   if (info) *info = ci;
   if ((checkpoint != NULL) == (weights != NULL)) {
     snprintf(err, cap, "give exactly one of a checkpoint and weights");

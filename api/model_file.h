@@ -40,6 +40,7 @@ typedef struct {
   DetrConfig cfg;                  // the stored model config
   char *categories;                // "id:name;..." of the training data, or NULL
   long long image_size, max_size;  // --image-size / --max-size of the training command, or -1
+  long long pad_multiple;          // --pad-multiple of the training command, or -1
 } CheckpointInfo;
 
 // From an open file: checks the format (not the crc: checkpoint_verify) and reads the stored

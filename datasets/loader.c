@@ -104,7 +104,7 @@ struct DataLoader {
 
 LoaderConfig loader_config_default(bool train) {
   return (LoaderConfig){.batch_size = 2, .num_workers = 2, .prefetch = 4, .shuffle = train, .drop_last = train,
-                        .single_pass = !train, .seed = 42, .aug = aug_config_detr(train), .policy = BAD_INPUT_FAIL};
+                        .pad_multiple = 1, .single_pass = !train, .seed = 42, .aug = aug_config_detr(train), .policy = BAD_INPUT_FAIL};
 }
 
 LoaderConfig loader_config_make(bool train, int batch_size, int num_workers, AugConfig aug, BadInputPolicy policy) {
@@ -145,6 +145,9 @@ static void collate(DataLoader *L, Batch *b, const Scratch *s, const int64_t *in
     if (s->images[i].w > W) W = s->images[i].w;
     total += s->targets[i].n;
   }
+  int pm = L->cfg.pad_multiple;
+  H = (H + pm - 1) / pm * pm;
+  W = (W + pm - 1) / pm * pm;
   b->size = m;
   b->h = H;
   b->w = W;
@@ -293,6 +296,8 @@ int loader_create(const CocoDataset *ds, const LoaderConfig *cfg, LoaderPosition
   if (cfg->batch_size < 1) return data_error(err, "loader: batch size %d", cfg->batch_size);
   if (cfg->num_workers < 0 || cfg->num_workers > 256) return data_error(err, "loader: %d workers", cfg->num_workers);
   if (cfg->prefetch < 1) return data_error(err, "loader: prefetch %d (at least 1 batch)", cfg->prefetch);
+  if (cfg->pad_multiple < 1 || cfg->pad_multiple > 256)
+    return data_error(err, "loader: pad multiple %d (1..256)", cfg->pad_multiple);
   if (aug_config_validate(&cfg->aug, err) != DATA_OK) return DATA_ERROR;
   if (!ds->image_dir) return data_error(err, "loader: %s was opened without an image folder", ds->ann_path);
   int shards = cfg->shards > 1 ? cfg->shards : 1;

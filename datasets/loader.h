@@ -5,8 +5,9 @@
 // the same batches an uninterrupted run would.
 //
 // Batches are host structs in the reference DETR's layout (NestedTensor + targets): images padded
-// bottom/right to the largest in the batch, a mask with 1 at padding, per-image targets with
-// normalized cxcywh boxes relative to the unpadded augmented image.
+// bottom/right to the largest in the batch (its height and width rounded up to a multiple of
+// LoaderConfig.pad_multiple), a mask with 1 at padding, per-image targets with normalized cxcywh
+// boxes relative to the unpadded augmented image.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -51,6 +52,11 @@ typedef struct {
   int prefetch;       // batches decoded ahead (>= 1): default 2 per worker
   bool shuffle;       // a new order every epoch (train)
   bool drop_last;     // drop an epoch's incomplete last batch (train, as the reference)
+  // The padded height and width are multiples of this (1: the largest image's, as the reference).
+  // Random scales give almost every batch a new size, and each new size builds its oneDNN
+  // convolutions anew; a multiple such as 16 leaves a few dozen sizes, each built once
+  // (bench/README.md, "the main job's training against its step"). 1..256.
+  int pad_multiple;
   bool single_pass;   // end after the starting epoch (evaluation)
   uint64_t seed;
   AugConfig aug;

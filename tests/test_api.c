@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "datasets/loader.h"
+#include "api/model_file.h"
 #include "include/detr.h"
 #include "nn/model_io.h"
 #include "nn/postprocess.h"
@@ -70,7 +71,7 @@ static void setup_files(void) {
   char err[1024];
   TrainState state = {.step = 7, .epoch = 2, .next_batch = 3, .seed = 42, .best_map = 0.125};
   ck_assert_msg(checkpoint_save(at("ckpt.safetensors"), m, NULL, &state,
-                                "train --data d --config tiny --image-size 96 --max-size=160", "1:one;3:three", err,
+                                "train --data d --config tiny --image-size 96 --max-size=160 --pad-multiple 16", "1:one;3:three", err,
                                 sizeof err) == 0,
                 "%s", err);
   tensor_fill_(params_find(&m->params, "class_embed.weight")->tensor, NAN);
@@ -237,6 +238,14 @@ START_TEST(checkpoint_sizes_and_names) {
   detr_input_size(c, &size, &max);
   ck_assert_int_eq(size, 96);  // the training command's --image-size / --max-size
   ck_assert_int_eq(max, 160);
+  char err[1024];
+  StFile *f = st_open(at("ckpt.safetensors"), err, sizeof err);  // what detr eval reads: --pad-multiple too
+  ck_assert_msg(f != NULL, "%s", err);
+  CheckpointInfo ci;
+  ck_assert_int_eq(checkpoint_info_read(f, &ci, err, sizeof err), 0);
+  ck_assert(ci.image_size == 96 && ci.max_size == 160 && ci.pad_multiple == 16);
+  checkpoint_info_free(&ci);
+  st_close(f);
   ck_assert_str_eq(detr_label_name(c, 1), "one");
   ck_assert_str_eq(detr_label_name(c, 3), "three");
   ck_assert_str_eq(detr_label_name(c, 2), "class 2");

@@ -732,6 +732,52 @@ END_TEST
 
 // Two PNGs of different sizes, no resize (val, shortest side already val_size): the batch pads
 // bottom/right with 0, the mask marks exactly the padding, pixels are (v/255 - mean)/std.
+// pad_multiple rounds the padded size up (14 x 20 -> 16 x 24 at 8); the extra rows and columns are
+// padding like the rest (mask 1, image 0), the targets keep the unpadded sizes; 0 and 257 are refused.
+START_TEST(batch_pad_multiple) {
+  ck_assert_int_eq(mkdir(at("img"), 0755), 0);
+  write_png(at("img/wide.png"), 20, 10, 200);
+  write_png(at("img/tall.png"), 10, 14, 60);
+  write_text(at("ann.json"),
+             "{\"images\": [{\"id\": 2, \"file_name\": \"tall.png\", \"width\": 10, \"height\": 14},\n"
+             "  {\"id\": 1, \"file_name\": \"wide.png\", \"width\": 20, \"height\": 10}],\n"
+             " \"annotations\": [], \"categories\": [{\"id\": 3, \"name\": \"c\"}]}");
+  CocoDataset *ds = open_ok(at("ann.json"), at("img"), BAD_INPUT_FAIL, true);
+  LoaderConfig cfg = loader_config_default(false);
+  ck_assert_int_eq(cfg.pad_multiple, 1);
+  cfg.aug = aug_config_scaled(false, 10, 1000);
+  cfg.num_workers = 0;
+  DataLoader *L;
+  DataError err;
+  for (int bad = 0; bad < 2; bad++) {
+    cfg.pad_multiple = bad ? 257 : 0;
+    ck_assert_int_eq(loader_create(ds, &cfg, (LoaderPosition){0, 0}, &L, &err), DATA_ERROR);
+    ck_assert_ptr_nonnull(strstr(err.msg, "pad multiple"));
+  }
+  cfg.pad_multiple = 8;
+  ck_assert_int_eq(loader_create(ds, &cfg, (LoaderPosition){0, 0}, &L, &err), DATA_OK);
+  const Batch *b;
+  ck_assert_int_eq(loader_next(L, &b, &err), DATA_OK);
+  ck_assert(b->size == 2 && b->h == 16 && b->w == 24);
+  for (int i = 0; i < 2; i++) {
+    const BatchTarget *t = &b->targets[i];
+    ck_assert(t->w == (i ? 10 : 20) && t->h == (i ? 14 : 10));
+    int64_t valid = 0;
+    for (int y = 0; y < b->h; y++)
+      for (int x = 0; x < b->w; x++) {
+        bool inside = y < t->h && x < t->w;
+        valid += inside;
+        ck_assert_int_eq(b->mask[((size_t)i * b->h + y) * b->w + x], inside ? 0 : 1);
+        for (int c = 0; c < 3 && !inside; c++)
+          ck_assert_float_eq(b->images[(((size_t)i * 3 + c) * b->h + y) * b->w + x], 0.0f);
+      }
+    ck_assert_int_eq(valid, (int64_t)t->w * t->h);
+  }
+  loader_free(L);
+  coco_free(ds);
+}
+END_TEST
+
 START_TEST(batch_padding_mask_normalization) {
   ck_assert_int_eq(mkdir(at("img"), 0755), 0);
   write_png(at("img/wide.png"), 20, 10, 200);
@@ -1191,6 +1237,7 @@ int main(void) {
   tcase_add_test(tc, augmentation_keeps_boxes_on_objects);
   tcase_add_test(tc, crowd_kept_for_eval_not_targets);
   tcase_add_test(tc, batch_padding_mask_normalization);
+  tcase_add_test(tc, batch_pad_multiple);
   tcase_add_test(tc, loader_same_batches_any_worker_count);
   tcase_add_test(tc, loader_resumes_at_saved_position);
   tcase_add_test(tc, loader_unreadable_images_policy);

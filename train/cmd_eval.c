@@ -19,7 +19,7 @@ int cmd_eval(int argc, char **argv) {
              *results = NULL, *json = NULL, *device = "cpu", *bad_input = "fail";
   CliList sets = {0};
   bool enact = false;
-  long long image_size = -1, max_size = -1, batch = 2, workers = 2;
+  long long image_size = -1, max_size = -1, pad_multiple = -1, batch = 2, workers = 2;
   CliFlag flags[] = {
       {"checkpoint", FLAG_STRING, &checkpoint, "a detr-c checkpoint (its config is used)"},
       {"weights", FLAG_STRING, &weights, "model weights (safetensors, reference names)"},
@@ -32,6 +32,8 @@ int cmd_eval(int argc, char **argv) {
       {"json", FLAG_STRING, &json, "write the 12 numbers as a JSON object"},
       {"image-size", FLAG_INT, &image_size, "shortest side (default: the checkpoint's training run, else as detr train)"},
       {"max-size", FLAG_INT, &max_size, "longest side (default from the model)"},
+      {"pad-multiple", FLAG_INT, &pad_multiple,
+       "pad each batch to a multiple of N pixels, 1..256 (default: the checkpoint's training run, else 1)"},
       {"batch", FLAG_INT, &batch, "images per batch (default 2)"},
       {"workers", FLAG_INT, &workers, "loader threads (default 2)"},
       {"device", FLAG_STRING, &device, "cpu or cuda"},
@@ -42,9 +44,10 @@ int cmd_eval(int argc, char **argv) {
   char err[4096];
   BadInputPolicy policy;
   Device dev;
-  if (!data || bad_input_policy_parse(bad_input, &policy) || batch < 1 || batch > 64 || workers < 0 || workers > 64) {
-    fprintf(stderr, "detr eval: --data is required, --bad-input is fail or skip, --batch 1..64, --workers 0..64 "
-            "(see detr eval --help)\n");
+  if (!data || bad_input_policy_parse(bad_input, &policy) || batch < 1 || batch > 64 || workers < 0 || workers > 64 ||
+      pad_multiple == 0 || pad_multiple < -1 || pad_multiple > 256) {
+    fprintf(stderr, "detr eval: --data is required, --bad-input is fail or skip, --batch 1..64, --workers 0..64, "
+            "--pad-multiple 1..256 (see detr eval --help)\n");
     return 2;
   }
   if (setup_device(device, &dev, err, sizeof err)) {
@@ -52,13 +55,14 @@ int cmd_eval(int argc, char **argv) {
     return 2;
   }
   DetrModel *m;
-  CheckpointInfo ci = {.image_size = -1, .max_size = -1};
+  CheckpointInfo ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1};
   if (setup_load_model(checkpoint, weights, config, &sets, enact, dev, &m, &ci, err, sizeof err)) {
     fprintf(stderr, "detr eval: %s\n", err);
     return 1;
   }
   int is, ms;  // the training run's sizes when the checkpoint says them
   model_eval_sizes(&m->cfg, &ci, &is, &ms);
+  if (pad_multiple < 0) pad_multiple = ci.pad_multiple >= 1 && ci.pad_multiple <= 256 ? ci.pad_multiple : 1;
   checkpoint_info_free(&ci);
   if (image_size > 0) is = (int)image_size;
   if (max_size > 0) ms = (int)max_size;
@@ -74,6 +78,7 @@ int cmd_eval(int argc, char **argv) {
   }
   cpu_flush_denormals(true);
   EvalConfig ec = {.batch_size = (int)batch, .num_workers = (int)workers, .aug = aug_config_scaled(false, is, ms),
+                   .pad_multiple = (int)pad_multiple,
                    .policy = policy, .results_path = results, .progress = dist_is_main(), .distributed = true};
   EvalReport rep;
   rc = evaluate_model(m, ds, &ec, &rep, err, sizeof err);

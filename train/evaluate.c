@@ -79,6 +79,7 @@ int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConf
   }
   LoaderConfig lc = loader_config_make(false, cfg->batch_size, cfg->num_workers, cfg->aug, cfg->policy);
   lc.quiet = true;
+  lc.pad_multiple = cfg->pad_multiple > 1 ? cfg->pad_multiple : 1;
   if (dist) lc.shard = dist_rank(), lc.shards = dist_world_size();
   DataLoader *loader = NULL;
   DataError derr;

@@ -25,6 +25,7 @@
 
 TrainOptions train_options_default(void) {
   TrainOptions o = {.optim = optim_config_default(), .epochs = 300, .batch_size = 2, .workers = 2, .seed = 42,
+                    .pad_multiple = 1,
                     .device = DEVICE_CPU, .train_split = "train", .val_split = "val", .bad_input = BAD_INPUT_FAIL,
                     .out_dir = "runs/detr", .eval_every = 1, .keep_last = 2, .progress = true};
   detr_config_preset("detr-r50", &o.model);
@@ -241,6 +242,7 @@ static int calibrate_batch_norms(Trainer *t, char *err, size_t cap) {
   const TrainOptions *o = t->o;
   LoaderConfig cal = loader_config_make(false, 8, 0, o->val_aug, o->bad_input);
   cal.quiet = true;
+  cal.pad_multiple = o->pad_multiple;
   DataLoader *cl = NULL;
   const Batch *cb;
   DataError cerr;
@@ -289,6 +291,7 @@ static int open_log_and_loader(Trainer *t, char *err, size_t cap) {
   }
   LoaderConfig lc = loader_config_make(true, o->batch_size, o->workers, o->train_aug, o->bad_input);
   lc.seed = o->seed;
+  lc.pad_multiple = o->pad_multiple;
   lc.shard = dist_rank();  // each process: its slice of every global batch
   lc.shards = t->world;
   DataError derr;
@@ -575,7 +578,7 @@ static int evaluate_epoch(Trainer *t) {
   char results[4200], err[2048];
   snprintf(results, sizeof results, "%s/results-epoch%lld.json", o->out_dir, (long long)epoch);
   EvalConfig ec = {.batch_size = o->batch_size, .num_workers = o->workers, .aug = o->val_aug,
-                   .policy = o->bad_input, .results_path = results, .progress = o->progress && dist_is_main(),
+                   .pad_multiple = o->pad_multiple, .policy = o->bad_input, .results_path = results, .progress = o->progress && dist_is_main(),
                    .distributed = true};
   EvalReport rep;
   if (evaluate_model(t->m, t->val, &ec, &rep, err, sizeof err)) {

@@ -20,6 +20,7 @@ typedef struct {
   const char *data_dir;     // DIR/annotations/instances_<split>.json[.gz] and DIR/<split>/
   const char *train_split, *val_split;
   AugConfig train_aug, val_aug;
+  int pad_multiple;         // batches padded to a multiple of this many pixels (LoaderConfig; 1: none)
   BadInputPolicy bad_input;
   const char *out_dir;      // run directory: metrics.jsonl, checkpoints, results, chart
   int eval_every;           // epochs between evaluations (0: only at the end)
