@@ -730,19 +730,24 @@ START_TEST(crowd_kept_for_eval_not_targets) {
 }
 END_TEST
 
-// Two PNGs of different sizes, no resize (val, shortest side already val_size): the batch pads
-// bottom/right with 0, the mask marks exactly the padding, pixels are (v/255 - mean)/std.
-// pad_multiple rounds the padded size up (14 x 20 -> 16 x 24 at 8); the extra rows and columns are
-// padding like the rest (mask 1, image 0), the targets keep the unpadded sizes; 0 and 257 are refused.
-START_TEST(batch_pad_multiple) {
+// A 20x10 PNG (id 1, one box) and a 10x14 one (id 2), listed in the other order.
+static CocoDataset *two_pngs(void) {
   ck_assert_int_eq(mkdir(at("img"), 0755), 0);
   write_png(at("img/wide.png"), 20, 10, 200);
   write_png(at("img/tall.png"), 10, 14, 60);
   write_text(at("ann.json"),
              "{\"images\": [{\"id\": 2, \"file_name\": \"tall.png\", \"width\": 10, \"height\": 14},\n"
              "  {\"id\": 1, \"file_name\": \"wide.png\", \"width\": 20, \"height\": 10}],\n"
-             " \"annotations\": [], \"categories\": [{\"id\": 3, \"name\": \"c\"}]}");
+             " \"annotations\": [{\"id\": 1, \"image_id\": 1, \"category_id\": 3, \"bbox\": [2, 3, 8, 4]}],\n"
+             " \"categories\": [{\"id\": 3, \"name\": \"c\"}]}");
   CocoDataset *ds = open_ok(at("ann.json"), at("img"), BAD_INPUT_FAIL, true);
+  return ds;
+}
+
+// pad_multiple rounds the padded size up (14 x 20 -> 16 x 24 at 8); the extra rows and columns are
+// padding like the rest (mask 1, image 0), the targets keep the unpadded sizes; 0 and 257 are refused.
+START_TEST(batch_pad_multiple) {
+  CocoDataset *ds = two_pngs();
   LoaderConfig cfg = loader_config_default(false);
   ck_assert_int_eq(cfg.pad_multiple, 1);
   cfg.aug = aug_config_scaled(false, 10, 1000);
@@ -778,16 +783,10 @@ START_TEST(batch_pad_multiple) {
 }
 END_TEST
 
+// Two PNGs of different sizes, no resize (val, shortest side already val_size): the batch pads
+// bottom/right with 0, the mask marks exactly the padding, pixels are (v/255 - mean)/std.
 START_TEST(batch_padding_mask_normalization) {
-  ck_assert_int_eq(mkdir(at("img"), 0755), 0);
-  write_png(at("img/wide.png"), 20, 10, 200);
-  write_png(at("img/tall.png"), 10, 14, 60);
-  write_text(at("ann.json"),
-             "{\"images\": [{\"id\": 2, \"file_name\": \"tall.png\", \"width\": 10, \"height\": 14},\n"
-             "  {\"id\": 1, \"file_name\": \"wide.png\", \"width\": 20, \"height\": 10}],\n"
-             " \"annotations\": [{\"id\": 1, \"image_id\": 1, \"category_id\": 3, \"bbox\": [2, 3, 8, 4]}],\n"
-             " \"categories\": [{\"id\": 3, \"name\": \"c\"}]}");
-  CocoDataset *ds = open_ok(at("ann.json"), at("img"), BAD_INPUT_FAIL, true);
+  CocoDataset *ds = two_pngs();
   LoaderConfig cfg = loader_config_default(false);
   cfg.aug = aug_config_scaled(false, 10, 1000);
   cfg.num_workers = 1;
