@@ -2,7 +2,8 @@
 # The main job, from a fresh Debian 12 machine: install, build, generate the synthetic COCO-format
 # dataset, pretrain the backbone on its object crops, train a small Conditional DETR + ENACT on it
 # on the CPU, evaluate it (COCO mAP), draw predictions, print a summary. About 5 minutes on a
-# 2-core Zen 5 with the packages there; a 2-core Zen 3 is 2.5-3x slower (README). Everything lands in runs/main/ (backbone.safetensors, metrics.jsonl, chart.png,
+# 2-core Zen 5 with the packages there; a 2-core Zen 3 took 2.4-3.2x as long for the same work
+# (README). Everything lands in runs/main/ (backbone.safetensors, metrics.jsonl, chart.png,
 # checkpoints, eval.json, eval.log, predict/).
 #   bash tools/main.sh [--epochs N] [--seed S] [--out DIR]
 # --epochs: passes over the 6000 training images (default 7; the learning rate drops x0.1 after
