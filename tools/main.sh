@@ -36,7 +36,7 @@ data=$main_data
 model=$main_model
 main_make_data "$detr"
 # DETR starts from a pretrained backbone; none can be downloaded here, so the backbone first
-# learns to classify the training set's object crops (15 passes over 9800 crops, a minute: with 10,
+# learns to classify the training set's object crops (15 passes over 9495 crops, a minute: with 10,
 # a weaker seed's crop accuracy stayed at 0.96 and its detector 0.15 AP50 behind; docs/training.md).
 # Both cores, or the one another busy process leaves free (detr's default: bench/README.md, "wait
 # policy" and "the main job's throughput").
