@@ -104,7 +104,8 @@ struct DataLoader {
 
 LoaderConfig loader_config_default(bool train) {
   return (LoaderConfig){.batch_size = 2, .num_workers = 2, .prefetch = 4, .shuffle = train, .drop_last = train,
-                        .pad_multiple = 1, .single_pass = !train, .seed = 42, .aug = aug_config_detr(train), .policy = BAD_INPUT_FAIL};
+                        .pad_multiple = 1, .single_pass = !train, .seed = 42, .aug = aug_config_detr(train),
+                        .policy = BAD_INPUT_FAIL};
 }
 
 LoaderConfig loader_config_make(bool train, int batch_size, int num_workers, AugConfig aug, BadInputPolicy policy) {

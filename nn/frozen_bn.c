@@ -14,9 +14,7 @@ FrozenBn frozen_bn_create(ParamStore *ps, const char *prefix, int64_t channels) 
   return bn;
 }
 
-Tensor *frozen_bn_forward(const FrozenBn *bn, Tensor *x) {
-  return op_frozen_batchnorm2d(x, bn->weight, bn->bias, bn->running_mean, bn->running_var, 1e-5f);
-}
+Tensor *frozen_bn_forward(const FrozenBn *bn, Tensor *x) { return frozen_bn_act_forward(bn, x, NULL, false); }
 
 Tensor *frozen_bn_act_forward(const FrozenBn *bn, Tensor *x, Tensor *residual, bool relu) {
   return op_frozen_batchnorm2d_act(x, bn->weight, bn->bias, bn->running_mean, bn->running_var, 1e-5f, residual,

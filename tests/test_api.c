@@ -71,8 +71,8 @@ static void setup_files(void) {
   char err[1024];
   TrainState state = {.step = 7, .epoch = 2, .next_batch = 3, .seed = 42, .best_map = 0.125};
   ck_assert_msg(checkpoint_save(at("ckpt.safetensors"), m, NULL, &state,
-                                "train --data d --config tiny --image-size 96 --max-size=160 --pad-multiple 16", "1:one;3:three", err,
-                                sizeof err) == 0,
+                                "train --data d --config tiny --image-size 96 --max-size=160 --pad-multiple 16",
+                                "1:one;3:three", err, sizeof err) == 0,
                 "%s", err);
   tensor_fill_(params_find(&m->params, "class_embed.weight")->tensor, NAN);
   save_weights(m, at("nan.safetensors"));
