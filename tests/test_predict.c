@@ -678,6 +678,17 @@ START_TEST(predict_bad_input) {
                    2);
   ck_assert_int_eq(run(out, sizeof out, "%s info --bogus %s", DETR_BIN, W), 2);
   ck_assert_int_eq(run(out, sizeof out, "%s info", DETR_BIN), 2);
+  // --pad-multiple outside 1..256 (detr eval, detr train) -> exit 2, the flag named.
+  for (int v = 0; v < 2; v++) {
+    int pad = v ? 257 : 0;
+    rc = run(out, sizeof out, "%s eval --weights %s --config tiny --data %s --pad-multiple %d", DETR_BIN, W, at("o"),
+             pad);
+    ck_assert_int_eq(rc, 2);
+    ck_assert_msg(strstr(out, "--pad-multiple"), "%s", out);
+    rc = run(out, sizeof out, "%s train --data %s --config tiny --pad-multiple %d", DETR_BIN, at("o"), pad);
+    ck_assert_int_eq(rc, 2);
+    ck_assert_msg(strstr(out, "pad-multiple"), "%s", out);
+  }
   // Data: weights of another configuration, a missing image, a corrupt image -> exit 1, named.
   rc = run(out, sizeof out, "%s predict --weights %s --config detr-r18-small %s --out %s", DETR_BIN, W, at("img.jpg"),
            at("o"));
