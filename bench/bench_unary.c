@@ -1,5 +1,6 @@
-// Unary ops on the CPU: relu, sigmoid and mul_scalar forward and backward over 590k floats (the
-// main job's first activation, 4 x 16 x 96 x 96), best of 30. bench/README.md "unary loops":
+// Unary ops on the CPU: relu, sigmoid, mul_scalar and dropout (p = 0.1) forward and backward over
+// 590k floats (the main job's first activation, 4 x 16 x 96 x 96), best of 30. bench/README.md
+// "unary loops" and "dropout":
 //   OMP_NUM_THREADS=1 build/bench/bench_unary
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,17 @@ int main(void) {
     printf("%-10s n=%lld forward %.3f ms backward %.3f ms\n", unary_op_name(ops[o]), (long long)n, best_f * 1e3,
            best_b * 1e3);
   }
+  double best_f = 1e9, best_b = 1e9;
+  for (int r = 0; r < 30; r++) {
+    double t0 = now();
+    cpu_dropout_forward(x, y, n, 0.1f, 1234, (uint64_t)r * 1000003);
+    double t1 = now();
+    cpu_dropout_backward(dy, dx, n, 0.1f, 1234, (uint64_t)r * 1000003);
+    double t2 = now();
+    if (t1 - t0 < best_f) best_f = t1 - t0;
+    if (t2 - t1 < best_b) best_b = t2 - t1;
+  }
+  printf("%-10s n=%lld forward %.3f ms backward %.3f ms\n", "dropout", (long long)n, best_f * 1e3, best_b * 1e3);
   free(x), free(y), free(dy), free(dx);
   return 0;
 }

@@ -169,10 +169,13 @@ DETR_HD void broadcast_offsets(const Broadcast *bc, int64_t i, int64_t *off_a, i
   *off_b = ob;
 }
 
-// Dropout keeps element i when its uniform draw (rng_math.h: the word of its Philox counter) is
-// >= p, and scales what it keeps by 1 / (1 - p).
+// Dropout keeps element i when its uniform draw u = (word >> 8) / 2^24 (rng_math.h: the word of
+// its Philox counter) is >= p, and scales what it keeps by 1 / (1 - p). The test runs on integers:
+// u >= p exactly when word >> 8 >= ceil(p * 2^24) (p * 2^24 is exact in double), and an integer
+// compare vectorizes where a float compare under -ftrapping-math does not.
 DETR_HD float dropout_keep_scale(float p) { return 1.0f / (1.0f - p); }
-DETR_HD int dropout_keeps(uint32_t word, float p) { return rng_word_to_unit(word) >= p; }
+DETR_HD uint32_t dropout_threshold(float p) { return (uint32_t)ceil((double)p * 16777216.0); }
+DETR_HD int dropout_keeps(uint32_t word, uint32_t threshold) { return (word >> 8) >= threshold; }
 
 // Sum and mean over an axis: terms are summed in double (long sums such as loss terms stay exact to
 // float precision), then scaled (1 or 1/n) and rounded once.

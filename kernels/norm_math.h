@@ -50,7 +50,8 @@ DETR_HD float softmax_input(float x, const float *mask_row, int64_t j) {
 }
 DETR_HD float log_sum_exp(float max, double sum) { return max + logf((float)sum); }
 DETR_HD float softmax_inv_sum(double sum) { return (float)(1.0 / sum); }
-DETR_HD float softmax_elem(float v, float max, float inv_sum) { return expf(v - max) * inv_sum; }
+DETR_HD float softmax_exp(float v, float max) { return expf(v - max); }
+DETR_HD float softmax_elem(float v, float max, float inv_sum) { return softmax_exp(v, max) * inv_sum; }
 
 // Softmax: dx_i = y_i (dy_i - sum_j dy_j y_j). Log-softmax: dx_i = dy_i - exp(y_i) sum_j dy_j.
 DETR_HD float softmax_backward_elem(float y, float dy, float dot) { return y * (dy - dot); }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/rng_math.h"
 #include "tests/gradcheck.h"
 
 static float at4(const Tensor *t, int64_t a, int64_t b, int64_t c, int64_t d) {
@@ -174,6 +175,43 @@ START_TEST(maxpool_matches_torch_semantics) {
 }
 END_TEST
 
+// Dropout's CPU kernel (Philox blocks of 16 counters, AVX2 where the CPU has it) against the
+// definition element by element: element i of the stream at `offset` is word i % 4 of counter
+// offset + i / 4, kept when its draw (rng_word_to_unit) is >= p and then scaled by 1 / (1 - p).
+// Lengths around the 64-element block and the 4096-element chunk; an offset whose counters carry
+// into the high 32 bits; p where the threshold falls between two draws and on one exactly.
+START_TEST(dropout_matches_philox_definition) {
+  const int64_t ns[] = {1, 3, 63, 64, 65, 4095, 4097, 20000};
+  const uint64_t offsets[] = {0, 7, 0xFFFFFFF0ull};
+  const float ps[] = {0.1f, 0.5f, 0.25f, 1.0f / 16777216.0f};
+  int64_t nmax = 20000;
+  float *x = malloc((size_t)nmax * 4), *y = malloc((size_t)nmax * 4), *dx = malloc((size_t)nmax * 4);
+  ck_assert(x && y && dx);
+  for (int64_t i = 0; i < nmax; i++) x[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+  int64_t dropped = 0, total = 0;
+  for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+    for (size_t b = 0; b < sizeof offsets / sizeof *offsets; b++)
+      for (size_t c = 0; c < sizeof ps / sizeof *ps; c++) {
+        int64_t n = ns[a];
+        float p = ps[c], scale = 1.0f / (1.0f - p);
+        uint64_t seed = 0x1234567890ABCDEFull + a;
+        cpu_dropout_forward(x, y, n, p, seed, offsets[b]);
+        for (int64_t i = 0; i < n; i++) dx[i] = 0.5f;
+        cpu_dropout_backward(x, dx, n, p, seed, offsets[b]);
+        for (int64_t i = 0; i < n; i++) {
+          bool keep = rng_word_to_unit(philox4x32(offsets[b] + (uint64_t)i / 4, seed).v[i % 4]) >= p;
+          float want = keep ? x[i] * scale : 0.0f, want_dx = keep ? 0.5f + x[i] * scale : 0.5f;
+          if (memcmp(&y[i], &want, 4) || memcmp(&dx[i], &want_dx, 4))
+            ck_abort_msg("dropout n=%lld offset=%llu p=%g element %lld: y %a dx %a, want %a %a", (long long)n,
+                         (unsigned long long)offsets[b], p, (long long)i, y[i], dx[i], want, want_dx);
+          dropped += !keep, total++;
+        }
+      }
+  ck_assert(dropped > 0 && dropped < total);
+  free(x), free(y), free(dx);
+}
+END_TEST
+
 START_TEST(softmax_with_mask_and_layernorm) {
   float x[6] = {1, 2, 3, 1, 2, 3};
   float m[6] = {0, 0, 0, 0, -INFINITY, -INFINITY};
@@ -332,6 +370,7 @@ int main(void) {
   tcase_add_test(tc, conv2d_backward_implementations_agree);
   tcase_add_test(tc, conv2d_primitive_cache_turns_over);
   tcase_add_test(tc, maxpool_matches_torch_semantics);
+  tcase_add_test(tc, dropout_matches_philox_definition);
   tcase_add_test(tc, softmax_with_mask_and_layernorm);
   tcase_add_test(tc, cross_entropy_l1_and_giou_values);
   tcase_add_test(tc, inverse_sigmoid_and_focal_values);

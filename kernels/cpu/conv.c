@@ -137,11 +137,13 @@ void cpu_conv2d_set_impl(ConvImpl impl) {
 ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
   if (!DETR_HAVE_ONEDNN) return CONV_IMPL_IM2COL;
   if (forced_impl != CONV_IMPL_AUTO) return forced_impl;
+  int64_t out_spatial = g->out_h * g->out_w;  // per image
   if (g->kh * g->kw > 1) {
     if (pass == CONV_PASS_BWD_DATA && g->in_ch < 16) return CONV_IMPL_IM2COL;
-    if (pass == CONV_PASS_BWD_WEIGHTS && g->in_ch >= 256) return CONV_IMPL_IM2COL;
+    if (pass == CONV_PASS_BWD_WEIGHTS && g->in_ch >= 256 && out_spatial < 400) return CONV_IMPL_IM2COL;
     return CONV_IMPL_ONEDNN;
   }
+  if (pass == CONV_PASS_BWD_WEIGHTS && conv_is_pointwise(g) && out_spatial >= 1024) return CONV_IMPL_ONEDNN;
   return CONV_IMPL_IM2COL;
 }
 

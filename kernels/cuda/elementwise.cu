@@ -291,13 +291,13 @@ extern "C" void cuda_binary_backward(int op, const float *a, const float *b, con
 // CPU loop): one Philox evaluation per group, and the same keep decisions as the CPU bit for bit.
 
 // x, y [n]; groups = ceil(n / 4).
-__global__ void dropout_forward_kernel(const float *x, float *y, int64_t n, int64_t groups, float p,
+__global__ void dropout_forward_kernel(const float *x, float *y, int64_t n, int64_t groups, uint32_t threshold,
                                        float keep_scale, uint64_t seed, uint64_t offset) {
   GRID_STRIDE_LOOP(q, groups) {
     Philox4 r = philox4x32(offset + (uint64_t)q, seed);
     for (int k = 0; k < 4 && 4 * q + k < n; k++) {
       int64_t i = 4 * q + k;
-      y[i] = dropout_keeps(r.v[k], p) ? x[i] * keep_scale : 0.0f;
+      y[i] = dropout_keeps(r.v[k], threshold) ? x[i] * keep_scale : 0.0f;
     }
   }
 }
@@ -306,13 +306,13 @@ __global__ void dropout_forward_kernel(const float *x, float *y, int64_t n, int6
 // would contract `dx + dy * s` into one FMA (one rounding), the CPU rounds the product and the sum
 // separately; with these the gradient is the CPU's bit for bit (tests/check_no_fma.cmake checks
 // the PTX).
-__global__ void dropout_backward_kernel(const float *dy, float *dx, int64_t n, int64_t groups, float p,
+__global__ void dropout_backward_kernel(const float *dy, float *dx, int64_t n, int64_t groups, uint32_t threshold,
                                         float keep_scale, uint64_t seed, uint64_t offset) {
   GRID_STRIDE_LOOP(q, groups) {
     Philox4 r = philox4x32(offset + (uint64_t)q, seed);
     for (int k = 0; k < 4 && 4 * q + k < n; k++) {
       int64_t i = 4 * q + k;
-      if (dropout_keeps(r.v[k], p)) dx[i] = __fadd_rn(dx[i], __fmul_rn(dy[i], keep_scale));
+      if (dropout_keeps(r.v[k], threshold)) dx[i] = __fadd_rn(dx[i], __fmul_rn(dy[i], keep_scale));
     }
   }
 }
@@ -322,7 +322,7 @@ extern "C" void cuda_dropout_forward(const float *x, float *y, int64_t n, float 
   if (n <= 0) return;
   int64_t groups = (n + 3) / 4;
   dropout_forward_kernel<<<detr_grid_size(groups, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
-      x, y, n, groups, p, dropout_keep_scale(p), seed, offset);
+      x, y, n, groups, dropout_threshold(p), dropout_keep_scale(p), seed, offset);
   CUDA_CHECK_LAUNCH("dropout_forward_kernel");
 }
 
@@ -331,6 +331,6 @@ extern "C" void cuda_dropout_backward(const float *dy, float *dx, int64_t n, flo
   if (n <= 0) return;
   int64_t groups = (n + 3) / 4;
   dropout_backward_kernel<<<detr_grid_size(groups, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
-      dy, dx, n, groups, p, dropout_keep_scale(p), seed, offset);
+      dy, dx, n, groups, dropout_threshold(p), dropout_keep_scale(p), seed, offset);
   CUDA_CHECK_LAUNCH("dropout_backward_kernel");
 }
