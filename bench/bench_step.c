@@ -187,9 +187,7 @@ int main(int argc, char **argv) {
       return 1;
     }
     autograd_backward(loss.total);
-    clip_grad_norm(&m->params, 0.1f);
-    adamw_step(&opt);
-    for (int i = 0; i < m->params.count; i++) autograd_zero_grad(&m->params.items[i].tensor, 1);
+    adamw_clip_step(&opt, 0.1f);  // clipping, AdamW, gradients zeroed
     criterion_result_free(&loss);
     detr_output_free(&out);
     tensor_scope_release(mark);

@@ -84,6 +84,56 @@ START_TEST(clip_grad_norm_as_torch) {
 }
 END_TEST
 
+// adamw_clip_step (the trainer's: one pass for the norm, one for the update, both over all tensors
+// at once) against clip_grad_norm, adamw_step and zeroing, bit for bit: tensors across several
+// 16384-float units and within one, both learning-rate groups, a trainable tensor without a
+// gradient and a frozen one with a gradient; with the clip active (max 0.1) and not (max 1e9, 0).
+START_TEST(fused_clip_step_matches_the_three_steps) {
+  const float max_norms[] = {0.1f, 1e9f, 0.0f};
+  for (int c = 0; c < 3; c++) {
+    ParamStore ps[2];
+    AdamW opt[2];
+    for (int k = 0; k < 2; k++) {
+      params_init(&ps[k], DEVICE_CPU);
+      Tensor *t[5] = {params_add(&ps[k], SHAPE(40000), PARAM_TRAINABLE, LR_GROUP_MAIN, "a"),
+                      params_add(&ps[k], SHAPE(7), PARAM_TRAINABLE, LR_GROUP_BACKBONE, "backbone.b"),
+                      params_add(&ps[k], SHAPE(16384), PARAM_TRAINABLE, LR_GROUP_BACKBONE, "backbone.c"),
+                      params_add(&ps[k], SHAPE(5), PARAM_TRAINABLE, LR_GROUP_MAIN, "no_grad"),
+                      params_add(&ps[k], SHAPE(9), PARAM_FROZEN, LR_GROUP_BACKBONE, "frozen")};
+      Rng rng = rng_make(7);
+      for (int i = 0; i < 5; i++) tensor_uniform_(t[i], &rng, -1, 1);
+      OptimConfig cfg = optim_config_default();
+      cfg.weight_decay = 0.05f;
+      adamw_init(&opt[k], &ps[k], cfg);
+    }
+    for (int step = 1; step <= 3; step++) {
+      for (int k = 0; k < 2; k++) {
+        Rng rng = rng_make(100 + (uint64_t)step);
+        const char *with_grad[] = {"a", "backbone.b", "backbone.c", "frozen"};
+        for (int i = 0; i < 4; i++) tensor_uniform_(autograd_grad(params_find(&ps[k], with_grad[i])->tensor), &rng, -1, 1);
+      }
+      double norm0 = clip_grad_norm(&ps[0], max_norms[c]);
+      adamw_step(&opt[0]);
+      for (int i = 0; i < ps[0].count; i++) autograd_zero_grad(&ps[0].items[i].tensor, 1);
+      double norm1 = adamw_clip_step(&opt[1], max_norms[c]);
+      ck_assert(norm0 == norm1);
+      for (int i = 0; i < ps[0].count; i++) {
+        const Tensor *a = ps[0].items[i].tensor, *b = ps[1].items[i].tensor;
+        ck_assert_msg(!memcmp(a->data, b->data, (size_t)a->numel * 4), "max %g step %d: %s differs", max_norms[c],
+                      step, ps[0].items[i].name);
+        ck_assert(!a->grad == !b->grad);
+        if (a->grad) ck_assert(!memcmp(a->grad->data, b->grad->data, (size_t)a->numel * 4));
+        if (opt[0].exp_avg[i]) {
+          ck_assert(!memcmp(opt[0].exp_avg[i]->data, opt[1].exp_avg[i]->data, (size_t)a->numel * 4));
+          ck_assert(!memcmp(opt[0].exp_avg_sq[i]->data, opt[1].exp_avg_sq[i]->data, (size_t)a->numel * 4));
+        }
+      }
+    }
+    for (int k = 0; k < 2; k++) adamw_free(&opt[k]), params_free(&ps[k]);
+  }
+}
+END_TEST
+
 typedef struct {
   DetrModel *model;
   AdamW opt;
@@ -377,6 +427,7 @@ int main(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, adamw_matches_torch_formula);
   tcase_add_test(tc, clip_grad_norm_as_torch);
+  tcase_add_test(tc, fused_clip_step_matches_the_three_steps);
   tcase_add_test(tc, checkpoint_round_trip);
   tcase_add_test(tc, checkpoint_damage_is_detected);
   tcase_add_test(tc, configs_and_metadata_checked);

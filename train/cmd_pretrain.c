@@ -164,8 +164,7 @@ static int pretrain_epoch(Pretrainer *p, int epoch, Rng *rng, double *loss_mean)
       return -1;
     }
     autograd_backward(loss);
-    adamw_step(&p->opt);
-    for (int i = 0; i < p->m.params.count; i++) autograd_zero_grad(&p->m.params.items[i].tensor, 1);
+    adamw_clip_step(&p->opt, 0.0f);  // no clipping; zeroes the gradients
     tensor_scope_release(mark);
     loss_sum += l;
     steps++;

@@ -96,15 +96,20 @@ double clip_grad_norm(ParamStore *params, float max_norm) {
   return norm;
 }
 
+// The element constants of this step for parameter p (opt->step already counts it).
+static AdamWStep step_constants(const AdamW *opt, const Param *p) {
+  double bc1 = 1.0 - pow(opt->cfg.beta1, (double)opt->step), bc2 = 1.0 - pow(opt->cfg.beta2, (double)opt->step);
+  return (AdamWStep){.lr = adamw_lr(opt, p->group), .beta1 = opt->cfg.beta1, .beta2 = opt->cfg.beta2,
+                     .eps = opt->cfg.eps, .weight_decay = opt->cfg.weight_decay, .bias_correction1 = (float)bc1,
+                     .bias_correction2_sqrt = (float)sqrt(bc2)};
+}
+
 void adamw_step(AdamW *opt) {
   opt->step++;
-  double bc1 = 1.0 - pow(opt->cfg.beta1, (double)opt->step), bc2 = 1.0 - pow(opt->cfg.beta2, (double)opt->step);
   for (int i = 0; i < opt->params->count; i++) {
     Param *p = &opt->params->items[i];
     if (p->kind != PARAM_TRAINABLE || !p->tensor->grad) continue;
-    AdamWStep s = {.lr = adamw_lr(opt, p->group), .beta1 = opt->cfg.beta1, .beta2 = opt->cfg.beta2,
-                   .eps = opt->cfg.eps, .weight_decay = opt->cfg.weight_decay, .bias_correction1 = (float)bc1,
-                   .bias_correction2_sqrt = (float)sqrt(bc2)};
+    AdamWStep s = step_constants(opt, p);
     Tensor *t = p->tensor;
     float *m = opt->exp_avg[i]->data, *v = opt->exp_avg_sq[i]->data;
     if (t->device == DEVICE_CPU) {
@@ -115,4 +120,36 @@ void adamw_step(AdamW *opt) {
 #endif
     }
   }
+}
+
+double adamw_clip_step(AdamW *opt, float max_norm) {
+  ParamStore *params = opt->params;
+  if (params->device != DEVICE_CPU) {  // CUDA: the three steps, queued without synchronisation
+    double norm = clip_grad_norm(params, max_norm);
+    adamw_step(opt);
+    for (int i = 0; i < params->count; i++) autograd_zero_grad(&params->items[i].tensor, 1);
+    return norm;
+  }
+  AdamWTensor *ts = malloc(sizeof(AdamWTensor) * (size_t)(params->count > 0 ? params->count : 1));
+  const float **grads = malloc(sizeof(float *) * (size_t)(params->count > 0 ? params->count : 1));
+  int64_t *sizes = malloc(sizeof(int64_t) * (size_t)(params->count > 0 ? params->count : 1));
+  DETR_CHECK(ts && grads && sizes, "adamw_clip_step: out of host memory for %d parameters", params->count);
+  opt->step++;
+  int n = 0;
+  for (int i = 0; i < params->count; i++) {
+    Param *p = &params->items[i];
+    Tensor *t = p->tensor;
+    if (p->kind != PARAM_TRAINABLE || !t->grad) continue;
+    ts[n] = (AdamWTensor){.p = t->data, .m = opt->exp_avg[i]->data, .v = opt->exp_avg_sq[i]->data,
+                          .g = t->grad->data, .n = t->numel, .s = step_constants(opt, p)};
+    grads[n] = t->grad->data, sizes[n] = t->numel, n++;
+  }
+  double norm = sqrt(cpu_sum_squares_multi(grads, sizes, n));
+  double coef = max_norm > 0.0f ? clip_coefficient(max_norm, norm) : 1.0;
+  cpu_adamw_multi(ts, n, coef < 1.0 ? (float)coef : 1.0f, true);
+  // Gradients of parameters the step skips (frozen ones that received one) are zeroed as before.
+  for (int i = 0; i < params->count; i++)
+    if (params->items[i].kind != PARAM_TRAINABLE) autograd_zero_grad(&params->items[i].tensor, 1);
+  free(ts), free(grads), free(sizes);
+  return norm;
 }

@@ -125,7 +125,8 @@ void cpu_conv2d_set_impl(ConvImpl impl) {
 //    1.2-2.2x im2col + sgemm, backward-data 1.0-2.0x (most at 64-128 channels, where im2col's
 //    column traffic costs most). Not for backward-data into fewer than 16 channels (the stem's,
 //    never run in DETR: blocking pads 3 channels to 16, 0.4x), nor for backward-weights from 256
-//    input channels up (sgemm's K = 9 C is long enough there: im2col 0.94-1.4x oneDNN).
+//    input channels on maps under 20x20 per image (sgemm's K = 9 C is long and its N short there:
+//    im2col 1.1-1.6x oneDNN; on larger maps oneDNN 1.2-1.5x: R50's layer3, R18's 20x20 layer3).
 //  - 1x1: one sgemm per image either way, and at the large maps, where most 1x1 time goes, the
 //    reorders to blocked layouts cost more than the direct convolution saves: im2col + cpu_gemm
 //    (measured when cpu_gemm was OpenBLAS's; it is oneDNN's sgemm now, which only widens the
@@ -133,7 +134,10 @@ void cpu_conv2d_set_impl(ConvImpl impl) {
 //    bench_ops but only 1.2% faster over the R50 step, for 21 MB more peak RSS in its packing
 //    buffers; its backward was no faster, and backward-weights takes a per-thread copy of dw as
 //    scratch, up to 69 MB.) `bench_ops --conv main@192` and `i18@192`: this choice is within 1 ms
-//    per step of the fastest per pass for the main job's models.
+//    per step of the fastest per pass for the main job's models. Backward-weights of a stride-1 1x1
+//    from 32x32 per image up runs on oneDNN's blocked layout: im2col's sgemm there is
+//    dw [O, C] += dy [O, HW] x^T with a long K and small M, N (140-400 GFLOP/s in `bench_ops --conv
+//    r50@512`), oneDNN's 1.0-1.8x that; below 32x32 im2col is 1.1-2x oneDNN. R50 step: 3% faster.
 ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
   if (!DETR_HAVE_ONEDNN) return CONV_IMPL_IM2COL;
   if (forced_impl != CONV_IMPL_AUTO) return forced_impl;

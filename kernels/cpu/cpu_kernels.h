@@ -149,6 +149,17 @@ void cpu_enact_smooth(const float *x, float *y, int64_t B, int64_t Hp, int64_t W
 void cpu_adamw(float *p, float *m, float *v, const float *g, int64_t n, AdamWStep s);
 double cpu_sum_squares(const float *x, int64_t n);
 void cpu_scale(float *x, int64_t n, float s);
+// Multi-tensor forms, one parallel region for all: the sum of squares of x[count] (n[count] floats
+// each; the tensors' cpu_sum_squares added in order: the same double), and AdamW on each tensor with
+// its gradient multiplied by grad_scale as it is read (clipping; 1: none), the gradient then set to
+// zero when zero_grad (cpu_scale, cpu_adamw and a fill in one pass: the same floats).
+typedef struct {
+  float *p, *m, *v, *g;  // [n] each
+  int64_t n;
+  AdamWStep s;
+} AdamWTensor;
+double cpu_sum_squares_multi(const float *const *x, const int64_t *n, int count);
+void cpu_adamw_multi(const AdamWTensor *t, int count, float grad_scale, bool zero_grad);
 
 // fpenv.c: flush denormal results and inputs to zero (MXCSR FTZ + DAZ) on the calling thread and
 // every OpenMP worker. Gradients of deep nets underflow into denormals, whose arithmetic runs ~100x

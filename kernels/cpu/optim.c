@@ -9,32 +9,86 @@ void cpu_adamw(float *p, float *m, float *v, const float *g, int64_t n, AdamWSte
   for (int64_t i = 0; i < n; i++) adamw_update(&p[i], &m[i], &v[i], g[i], s);
 }
 
+// The gradient norm's fixed summation tree, whatever the thread count (the clip factor is
+// bit-reproducible): blocks of SUM_BLOCK floats, each summed in SUM_LANES interleaved double lanes
+// (independent chains the compiler can vectorize; one chain waited on each add's latency: 2% of the
+// main job's step), then the lanes and the blocks in order.
+enum { SUM_BLOCK = 16384, SUM_LANES = 8 };
+
+static double block_sum_squares(const float *xb, int64_t len) {
+  double lane[SUM_LANES] = {0};
+  int64_t i = 0;
+  for (; i + SUM_LANES <= len; i += SUM_LANES)
+    for (int k = 0; k < SUM_LANES; k++) lane[k] += sum_squares_term(xb[i + k]);
+  for (; i < len; i++) lane[0] += sum_squares_term(xb[i]);
+  double s = 0.0;
+  for (int k = 0; k < SUM_LANES; k++) s += lane[k];
+  return s;
+}
+
 double cpu_sum_squares(const float *x, int64_t n) {
-  // A fixed summation tree, whatever the thread count (the clip factor is bit-reproducible):
-  // blocks of SUM_BLOCK floats, each summed in 8 interleaved double lanes (independent chains the
-  // compiler can vectorize; one chain waited on each add's latency: 2% of the main job's step),
-  // then the lanes and the blocks in order.
-  enum { SUM_BLOCK = 16384, LANES = 8 };
-  int64_t blocks = (n + SUM_BLOCK - 1) / SUM_BLOCK;
-  double partial_stack[64], *partial = blocks <= 64 ? partial_stack : malloc(sizeof(double) * (size_t)blocks);
-  DETR_CHECK(partial, "cpu_sum_squares: out of memory for %lld partial sums", (long long)blocks);
-#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_LIGHT)
-  for (int64_t b = 0; b < blocks; b++) {
-    const float *xb = x + b * SUM_BLOCK;
-    int64_t len = n - b * SUM_BLOCK < SUM_BLOCK ? n - b * SUM_BLOCK : SUM_BLOCK;
-    double lane[LANES] = {0};
-    int64_t i = 0;
-    for (; i + LANES <= len; i += LANES)
-      for (int k = 0; k < LANES; k++) lane[k] += sum_squares_term(xb[i + k]);
-    for (; i < len; i++) lane[0] += sum_squares_term(xb[i]);
-    double s = 0.0;
-    for (int k = 0; k < LANES; k++) s += lane[k];
-    partial[b] = s;
+  return cpu_sum_squares_multi(&x, &n, 1);
+}
+
+// The multi-tensor forms run every tensor's elements in one parallel region, in units of
+// SUM_BLOCK floats: one region per tensor cost a thread wake-up each (12-25 us on a 2-core VM),
+// over the 100-200 tensors of a DETR (bench/README.md "the optimizer step").
+typedef struct {
+  int tensor;
+  int64_t start, len;
+} OptimUnit;
+
+// The units of tensors of n[count] elements, in order: [*n_units], to free.
+static OptimUnit *optim_units(const int64_t *n, int count, int64_t *n_units) {
+  int64_t total = 0;
+  for (int t = 0; t < count; t++) total += (n[t] + SUM_BLOCK - 1) / SUM_BLOCK;
+  OptimUnit *u = malloc(sizeof(OptimUnit) * (size_t)(total > 0 ? total : 1));
+  DETR_CHECK(u, "optim_units: out of memory for %lld units", (long long)total);
+  int64_t k = 0;
+  for (int t = 0; t < count; t++)
+    for (int64_t start = 0; start < n[t]; start += SUM_BLOCK)
+      u[k++] = (OptimUnit){t, start, n[t] - start < SUM_BLOCK ? n[t] - start : SUM_BLOCK};
+  *n_units = total;
+  return u;
+}
+
+double cpu_sum_squares_multi(const float *const *x, const int64_t *n, int count) {
+  int64_t n_units, total_n = 0;
+  OptimUnit *u = optim_units(n, count, &n_units);
+  for (int t = 0; t < count; t++) total_n += n[t];
+  double *partial = malloc(sizeof(double) * (size_t)(n_units > 0 ? n_units : 1));
+  DETR_CHECK(partial, "cpu_sum_squares_multi: out of memory for %lld partial sums", (long long)n_units);
+#pragma omp parallel for schedule(static) if (total_n > PARALLEL_MIN_LIGHT)
+  for (int64_t k = 0; k < n_units; k++) partial[k] = block_sum_squares(x[u[k].tensor] + u[k].start, u[k].len);
+  double total = 0.0;  // each tensor's blocks in order, then the tensors in order
+  for (int64_t k = 0; k < n_units;) {
+    double acc = 0.0;
+    int t = u[k].tensor;
+    for (; k < n_units && u[k].tensor == t; k++) acc += partial[k];
+    total += acc;
   }
-  double acc = 0.0;
-  for (int64_t b = 0; b < blocks; b++) acc += partial[b];
-  if (partial != partial_stack) free(partial);
-  return acc;
+  free(partial);
+  free(u);
+  return total;
+}
+
+void cpu_adamw_multi(const AdamWTensor *t, int count, float grad_scale, bool zero_grad) {
+  int64_t n_units, total_n = 0;
+  int64_t *n = malloc(sizeof(int64_t) * (size_t)(count > 0 ? count : 1));
+  DETR_CHECK(n, "cpu_adamw_multi: out of memory for %d tensors", count);
+  for (int i = 0; i < count; i++) n[i] = t[i].n, total_n += t[i].n;
+  OptimUnit *u = optim_units(n, count, &n_units);
+#pragma omp parallel for schedule(static) if (total_n > PARALLEL_MIN_HEAVY)
+  for (int64_t k = 0; k < n_units; k++) {
+    const AdamWTensor *a = &t[u[k].tensor];
+    for (int64_t i = u[k].start; i < u[k].start + u[k].len; i++) {
+      // g * 1.0f is g: the unclipped step's floats too.
+      adamw_update(&a->p[i], &a->m[i], &a->v[i], a->g[i] * grad_scale, a->s);
+      if (zero_grad) a->g[i] = 0.0f;
+    }
+  }
+  free(u);
+  free(n);
 }
 
 void cpu_scale(float *x, int64_t n, float s) {
