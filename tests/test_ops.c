@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/conv_onednn.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/rng_math.h"
 #include "tests/gradcheck.h"
@@ -30,7 +31,10 @@ static const struct {
                   {{2, 24, 9, 12}, {33, 24, 3, 3}, {2, 1, 0, 1, 1, 2}},
                   {{1, 17, 12, 11}, {16, 17, 3, 2}, {3, 2, 2, 1, 2, 1}}};
 
+// oneDNN's passes run on the whole batch or, above a size, one image at a time: _i == 1 forces
+// the second on these small cases (the loop tests run twice, "per_image" in the messages).
 START_TEST(conv2d_matches_direct_loops) {
+  onednn_conv2d_set_whole_batch_bytes(_i == 1 ? 0 : -1);
   for (int i = 0; i < n_conv_impls * (int)(sizeof conv_cases / sizeof conv_cases[0]); i++) {
     int impl = i % n_conv_impls;
     size_t k = (size_t)i / (size_t)n_conv_impls;
@@ -58,13 +62,15 @@ START_TEST(conv2d_matches_direct_loops) {
                 }
             worst = fmax(worst, fabs(s - at4(y, n, o, oy, ox)));
           }
-    ck_assert_msg(worst < 1e-4, "implementation %d, case %zu: max error %g", (int)conv_impls[impl], k, worst);
+    ck_assert_msg(worst < 1e-4, "implementation %d, case %zu, per_image %d: max error %g", (int)conv_impls[impl], k,
+                  _i, worst);
     tensor_release(x);
     tensor_release(w);
     tensor_release(b);
     tensor_scope_release(mark);
   }
   cpu_conv2d_set_impl(CONV_IMPL_AUTO);
+  onednn_conv2d_set_whole_batch_bytes(-1);
 }
 END_TEST
 
@@ -78,6 +84,7 @@ static float *host_uniform(int64_t n, uint64_t seed) {
 // The backward kernels of every implementation agree with im2col + sgemm, accumulate onto what dx,
 // dw and dbias held, run each gradient alone, and give the same bits run to run.
 START_TEST(conv2d_backward_implementations_agree) {
+  onednn_conv2d_set_whole_batch_bytes(_i == 1 ? 0 : -1);
   for (size_t k = 0; k < sizeof conv_cases / sizeof conv_cases[0]; k++) {
     Conv2dParams p = conv_cases[k].p;
     const int64_t *xd = conv_cases[k].x, *wd = conv_cases[k].w;
@@ -120,8 +127,8 @@ START_TEST(conv2d_backward_implementations_agree) {
           ref[t] = grads[0][t];
         } else {
           double err = max_rel_diff(grads[0][t], ref[t], n[t]);
-          ck_assert_msg(err < 1e-5, "implementation %d, case %zu, gradient %d: relative error %g",
-                        (int)conv_impls[impl], k, t, err);
+          ck_assert_msg(err < 1e-5, "implementation %d, case %zu, gradient %d, per_image %d: relative error %g",
+                        (int)conv_impls[impl], k, t, _i, err);
           free(grads[0][t]);
         }
         free(grads[1][t]);
@@ -131,6 +138,7 @@ START_TEST(conv2d_backward_implementations_agree) {
     free(x), free(w), free(dy), free(dx0), free(dw0), free(db0);
   }
   cpu_conv2d_set_impl(CONV_IMPL_AUTO);
+  onednn_conv2d_set_whole_batch_bytes(-1);
 }
 END_TEST
 
@@ -366,8 +374,8 @@ int main(void) {
   Suite *s = suite_create("ops");
   TCase *tc = tcase_create("forward");
   tcase_set_timeout(tc, 60);
-  tcase_add_test(tc, conv2d_matches_direct_loops);
-  tcase_add_test(tc, conv2d_backward_implementations_agree);
+  tcase_add_loop_test(tc, conv2d_matches_direct_loops, 0, 2);
+  tcase_add_loop_test(tc, conv2d_backward_implementations_agree, 0, 2);
   tcase_add_test(tc, conv2d_primitive_cache_turns_over);
   tcase_add_test(tc, maxpool_matches_torch_semantics);
   tcase_add_test(tc, dropout_matches_philox_definition);

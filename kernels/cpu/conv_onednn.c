@@ -1,7 +1,7 @@
 // Convolution on oneDNN (Debian's libdnnl 2.6, OpenMP runtime: the same libgomp thread pool as
 // OpenBLAS and our loops). Forward, backward-data and backward-weights primitives run on the
-// framework's plain buffers: x [B, C, H, W], w [O, C, KH, KW], y [B, O, HO, WO], bias [O], one image
-// at a time.
+// framework's plain buffers: x [B, C, H, W], w [O, C, KH, KW], y [B, O, HO, WO], bias [O], the
+// whole batch at once or one image at a time (onednn_conv2d_run).
 //
 // Each (one image's geometry, pass, layout, bias) gets its primitive once and keeps it in an LRU
 // cache: creating one (descriptor, implementation choice, JIT) costs 0.5-1 ms here, so a training
@@ -144,7 +144,7 @@ static void prim_destroy(ConvPrim *p) {
 }
 
 static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, bool blocked, bool bias) {
-  dnnl_dims_t xd = {g->batch, g->in_ch, g->in_h, g->in_w};     // x [B, C, H, W] (B = 1: pass_run)
+  dnnl_dims_t xd = {g->batch, g->in_ch, g->in_h, g->in_w};     // x [B, C, H, W] (B = 1 one image at a time)
   dnnl_dims_t wd = {g->out_ch, g->in_ch, g->kh, g->kw};        // w [O, C, KH, KW]
   dnnl_dims_t yd = {g->batch, g->out_ch, g->out_h, g->out_w};  // y [B, O, HO, WO]
   dnnl_dims_t bd = {g->out_ch};                                // bias [O]
@@ -262,11 +262,10 @@ static size_t pass_buffer_bytes(const ConvPrim *p) {
   return bytes;
 }
 
-// Runs one pass of a batch-of-one primitive p over `batch` images: in0, in1 plain inputs, out the
-// plain output (overwritten by the forward, accumulated into by the backward passes); bias: the
-// forward's bias or backward-weights' dbias (accumulated), NULL when p has none. One image at a
-// time keeps the layout copies at one image's size whatever the batch (measured at R50 512x512,
-// batch 2: 16 MB less peak RSS than whole-batch copies, the same step time).
+// Runs one pass of primitive p (of batch p->g.batch) `batch` times over consecutive parts of the
+// buffers: in0, in1 plain inputs, out the plain output (overwritten by the forward, accumulated
+// into by the backward passes); bias: the forward's bias or backward-weights' dbias (accumulated),
+// NULL when p has none.
 static void pass_run(ConvPrim *p, int64_t batch, const float *in0, const float *in1, float *out, float *bias) {
   const ConvGeom *g = &p->g;
   int64_t x_img = g->in_ch * g->in_h * g->in_w, y_img = g->out_ch * g->out_h * g->out_w;
@@ -321,10 +320,32 @@ static void pass_run(ConvPrim *p, int64_t batch, const float *in0, const float *
   for (int i = 0; i < n; i++) DNNL_CHECK(dnnl_memory_destroy(args[i].memory));
 }
 
+// A pass whose whole batch of x and y takes at most CONV_WHOLE_BATCH_BYTES runs as one primitive
+// over the batch; a larger one image at a time, which keeps the layout copies at one image's size
+// (R50 at 512x512, batch 2: 16-24 MB less peak RSS than whole-batch copies, the same step time).
+// Small convolutions gain from one call per batch: fewer calls and reorders (backward-weights
+// converts and sums dw once, not once per image) and more parallel work per call. `bench_step`,
+// alternating: the main job's step 4.5% faster, issue 18's model's 10%, detr-r18-small's and R50's
+// 2-4%; peak RSS 1.4 MB more for the main job's, the same for R18 and R50 (at 16 MiB R50 took 22 MB
+// more; bench/README.md "whole-batch convolutions").
+#define CONV_WHOLE_BATCH_BYTES ((int64_t)8 << 20)
+static int64_t whole_batch_bytes = CONV_WHOLE_BATCH_BYTES;
+
+int64_t onednn_conv2d_set_whole_batch_bytes(int64_t bytes) {
+  int64_t before = whole_batch_bytes;
+  whole_batch_bytes = bytes < 0 ? CONV_WHOLE_BATCH_BYTES : bytes;
+  return before;
+}
+
 void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, bool blocked, const float *in0, const float *in1,
                        float *out, float *bias) {
   DETR_CHECK(!bias || pass != CONV_PASS_BWD_DATA, "onednn_conv2d_run: backward-data has no bias");
-  ConvGeom one = *g;  // primitives are per image (pass_run), shared by every batch size
+  if ((g->in_ch * g->in_h * g->in_w + g->out_ch * g->out_h * g->out_w) * g->batch * (int64_t)sizeof(float) <=
+      whole_batch_bytes) {
+    pass_run(prim_get(g, pass, blocked, bias != NULL), 1, in0, in1, out, bias);
+    return;
+  }
+  ConvGeom one = *g;  // one image's primitive, shared by every batch size
   one.batch = 1;
   pass_run(prim_get(&one, pass, blocked, bias != NULL), g->batch, in0, in1, out, bias);
 }

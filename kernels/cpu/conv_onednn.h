@@ -13,8 +13,16 @@ void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, bool blocked, const flo
                        float *out, float *bias);
 // The implementation oneDNN chose for the pass, e.g. "jit:avx512_core" (bench_ops prints it).
 const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, bool blocked);
+// Passes whose whole batch of x and y fits in `bytes` run as one primitive, larger ones one image
+// at a time (default 8 MiB; negative: the default; 0: always per image, which tests use). Returns
+// the setting before.
+int64_t onednn_conv2d_set_whole_batch_bytes(int64_t bytes);
 #else
 // Without oneDNN cpu_conv2d_impl never chooses it: conv.c's calls compile but never run.
+static inline int64_t onednn_conv2d_set_whole_batch_bytes(int64_t bytes) {
+  (void)bytes;
+  return 0;
+}
 static inline void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, bool blocked, const float *in0,
                                      const float *in1, float *out, float *bias) {
   DETR_FAIL("conv2d: this build has no oneDNN");
