@@ -266,6 +266,21 @@ static void pool_out_range(int64_t k, int stride, int pad, int dil, int64_t in, 
 // stem pool latency-bound (3.7 ms; bench/README.md, "maxpool"). Across the row the chains are
 // independent. Every output still sees its taps in torch's order (rows, then columns).
 #define POOL_ROW_CHUNK 256
+
+// One tap of a row of max-pool windows: outputs o in [lo, hi) read x[shift + o * stride]; best and
+// at are indexed by o. Inlined with a literal stride where the caller has one.
+static inline __attribute__((always_inline)) void pool_row_taps(const float *x, float *best, int32_t *at,
+                                                                int64_t shift, int stride, int64_t lo, int64_t hi) {
+#pragma omp simd
+  for (int64_t o = lo; o < hi; o++) {
+    int32_t a = (int32_t)(shift + o * stride);
+    float v = x[a];
+    bool take = maxpool_takes(v, best[o], at[o]);
+    best[o] = take ? v : best[o];
+    at[o] = take ? a : at[o];
+  }
+}
+
 void cpu_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const ConvGeom *g) {
   int64_t planes = g->batch * g->in_ch;
 #pragma omp parallel for schedule(static) if (planes * g->out_h * g->out_w > PARALLEL_MIN_LIGHT)
@@ -286,14 +301,10 @@ void cpu_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const Conv
             int64_t lo, hi;
             pool_out_range(kx, g->stride_w, g->pad_w, g->dil_w, g->in_w, o0, o1, &lo, &hi);
             int64_t shift = iy * g->in_w + conv_in_coord(0, kx, g->stride_w, g->pad_w, g->dil_w);
-#pragma omp simd
-            for (int64_t o = lo; o < hi; o++) {
-              int32_t a = (int32_t)(shift + o * g->stride_w);
-              float v = xp[a];
-              bool take = maxpool_takes(v, best[o - o0], at[o - o0]);
-              best[o - o0] = take ? v : best[o - o0];
-              at[o - o0] = take ? a : at[o - o0];
-            }
+            if (g->stride_w == 2)  // ResNet's stem pool: a constant stride vectorizes the gather
+              pool_row_taps(xp, best - o0, at - o0, shift, 2, lo, hi);
+            else
+              pool_row_taps(xp, best - o0, at - o0, shift, g->stride_w, lo, hi);
           }
         }
         memcpy(yr + o0, best, (size_t)(o1 - o0) * sizeof *best);
