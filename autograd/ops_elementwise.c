@@ -93,7 +93,12 @@ static void binary_backward_node(TapeNode *n) {
   Tensor *a = n->in[0], *b = n->in[1], *y = n->out[0];
   BinaryOp op = NODE_ATTRS(n, BinaryAttrs)->op;
   Broadcast bc = make_broadcast(binary_op_name(op), a->shape, b->shape);
-  float *da = grad_data_or_null(a), *db = grad_data_or_null(b);
+  // add's da and db and sub's da are dy itself where not broadcast: an input without a gradient
+  // yet takes dy's buffer (one of them: two would share one buffer) and the kernel skips it.
+  bool a_took = (op == BINARY_ADD || op == BINARY_SUB) && a->numel == y->numel && autograd_grad_take(a, y->grad);
+  bool b_took = !a_took && op == BINARY_ADD && b->numel == y->numel && autograd_grad_take(b, y->grad);
+  float *da = a_took ? NULL : grad_data_or_null(a), *db = b_took ? NULL : grad_data_or_null(b);
+  if (!da && !db) return;
   // add and sub: a and b were not saved (their data may be gone), but the kernels still load
   // a[oa] and b[ob] and pass them to derivatives that ignore them. One uninitialised buffer
   // (detr_alloc) the size of the larger operand covers both extents; its contents never matter.

@@ -8,6 +8,7 @@
 
 static void reshape_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *y = n->out[0];
+  if (autograd_grad_take(x, y->grad)) return;
   float *dx = grad_data_or_null(x);
   if (!dx) return;
   DISPATCH(x->device, cpu_accumulate(dx, y->grad->data, x->numel),

@@ -179,6 +179,12 @@ Tensor *autograd_grad(Tensor *t) {
   return t->grad;
 }
 
+bool autograd_grad_take(Tensor *t, Tensor *g) {
+  if (!t->requires_grad || t->grad || !t->grad_fn || t->numel != g->numel) return false;
+  t->grad = tensor_view(g, t->shape);
+  return true;
+}
+
 void autograd_clear_tape(void) {
   while (tape_count > 0) node_put(tape[--tape_count]);
 }

@@ -456,6 +456,26 @@ START_TEST(grad_reshape) {
 }
 END_TEST
 
+// add, sub and reshape on inputs made by an op (not leaves): there an input without a gradient
+// yet takes the output's gradient buffer (autograd_grad_take) instead of a zero fill and an add.
+// u = 1.5 x and v = x * y are non-leaves; u feeds u + u (one buffer for both), u - v, then a
+// reshape of it, and v + 0.5: each later use accumulates into a buffer an earlier one took.
+static Tensor *f_taken_gradients(Tensor *const *in, void *c) {
+  (void)c;
+  Tensor *u = op_mul_scalar(in[0], 1.5f), *v = op_mul(in[0], in[1]);
+  Tensor *twice = op_add(u, u);                          // [2, 3]
+  Tensor *diff = op_reshape(op_sub(u, v), SHAPE(3, 2));  // [3, 2]
+  Tensor *w = op_add_scalar(v, 0.5f);                    // [2, 3]
+  Tensor *sum = op_add(op_mul(twice, w), op_reshape(diff, SHAPE(2, 3)));
+  return op_add(sum, op_reshape(op_reshape(op_add(v, sum), SHAPE(6)), SHAPE(2, 3)));
+}
+
+START_TEST(grad_taken_buffers) {
+  Tensor *in[2] = {U(SHAPE(2, 3), 190), U(SHAPE(2, 3), 191)};
+  expect_grad("add/sub/reshape on non-leaf inputs", f_taken_gradients, in, 2, NULL, TOL);
+}
+END_TEST
+
 START_TEST(grad_permute) {
   int perms[][4] = {{1, 0, 2, 3}, {0, 2, 3, 1}, {3, 2, 1, 0}};
   for (int i = 0; i < 3; i++) {
@@ -1169,7 +1189,8 @@ int main(int argc, char **argv) {
     {"maxpool2d", grad_maxpool2d}, {"frozen_batchnorm2d", grad_frozen_batchnorm2d},
     {"frozen_batchnorm2d_act", grad_frozen_batchnorm2d_act},
     {"softmax", grad_softmax}, {"log_softmax", grad_log_softmax}, {"layernorm", grad_layernorm},
-    {"reshape", grad_reshape}, {"permute", grad_permute}, {"transpose", grad_transpose},
+    {"reshape", grad_reshape}, {"taken_buffers", grad_taken_buffers}, {"permute", grad_permute},
+    {"transpose", grad_transpose},
     {"concat", grad_concat}, {"slice", grad_slice}, {"index_select", grad_index_select},
     {"cross_entropy", grad_cross_entropy}, {"sigmoid_focal_loss", grad_sigmoid_focal_loss}, {"l1_sum", grad_l1_sum},
     {"box_cxcywh_to_xyxy", grad_box_cxcywh_to_xyxy}, {"box_xyxy_to_cxcywh", grad_box_xyxy_to_cxcywh},
