@@ -41,6 +41,8 @@ Tensor *op_matmul(Tensor *a, Tensor *b);
 Tensor *op_bmm(Tensor *a, Tensor *b, bool trans_a, bool trans_b);
 // x [..., in] W[out, in]^T + bias[out] (bias may be NULL) -> [..., out], as torch's F.linear.
 Tensor *op_linear(Tensor *x, Tensor *weight, Tensor *bias);
+// relu(op_linear(x, weight, bias)) as one op: the same floats, two memory passes fewer.
+Tensor *op_linear_relu(Tensor *x, Tensor *weight, Tensor *bias);
 
 // --- convolution, pooling, frozen batch norm (ops_conv.c) ---
 typedef struct {

@@ -115,18 +115,30 @@ Tensor *op_bmm(Tensor *a, Tensor *b, bool trans_a, bool trans_b) {
   return y;
 }
 
-// --- linear: y = x W^T + bias, all rows of x in one sgemm ---
+// --- linear: y = x W^T + bias, all rows of x in one sgemm; linear_relu: relu of that ---
+//
+// linear_relu adds the bias and applies the ReLU in one pass over y, and its backward takes dy
+// through the ReLU (the mask from y, saved: the next layer keeps it anyway) and sums the bias
+// gradient in one pass, in place in y's gradient (dead after this node): two passes fewer than
+// linear then relu, and no pre-activation kept. The same floats (kernels/elementwise_math.h).
 
 typedef struct {
   int64_t rows, in, out;  // x [rows, in], W [out, in]
+  bool relu;
 } LinearAttrs;
 
 static void linear_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *w = n->in[1], *bias = n->in[2], *y = n->out[0];
   const LinearAttrs *at = NODE_ATTRS(n, LinearAttrs);
   int64_t rows = at->rows, in = at->in, out = at->out;
-  const float *dy = y->grad->data;
   float *dx = grad_data_or_null(x), *dw = grad_data_or_null(w), *db = grad_data_or_null(bias);
+  if (at->relu) {  // dy <- relu'(y) dy in place, db from it in the same pass
+    float *g = y->grad->data;
+    DISPATCH(x->device, cpu_relu_row_bias_backward(y->data, g, g, db, rows, out),
+             cuda_relu_row_bias_backward(y->data, g, g, db, rows, out));
+    db = NULL;
+  }
+  const float *dy = y->grad->data;
   if (dx) gemm(x->device, false, false, rows, in, out, 1.0f, dy, out, w->data, in, 1.0f, dx, in);
   if (dw) gemm(x->device, true, false, out, in, rows, 1.0f, dy, out, x->data, in, 1.0f, dw, in);
   if (db)
@@ -134,7 +146,7 @@ static void linear_backward_node(TapeNode *n) {
              cuda_row_bias_backward(dy, db, rows, out));
 }
 
-Tensor *op_linear(Tensor *x, Tensor *weight, Tensor *bias) {
+static Tensor *linear(Tensor *x, Tensor *weight, Tensor *bias, bool relu) {
   check_same_device("linear", x, weight);
   char sx[64], sw[64];
   int64_t in = weight->shape.d[1], out = weight->shape.d[0];
@@ -151,16 +163,21 @@ Tensor *op_linear(Tensor *x, Tensor *weight, Tensor *bias) {
   os.d[os.ndim - 1] = out;
   Tensor *y = tensor_new_scoped(x->device, os);
   gemm(x->device, false, true, rows, out, in, 1.0f, x->data, in, weight->data, in, 0.0f, y->data, out);
-  if (bias)
-    DISPATCH(x->device, cpu_add_row_bias(y->data, bias->data, rows, out),
-             cuda_add_row_bias(y->data, bias->data, rows, out));
+  if (bias || relu) {
+    const float *b = bias ? bias->data : NULL;
+    DISPATCH(x->device, cpu_add_row_bias(y->data, b, rows, out, relu), cuda_add_row_bias(y->data, b, rows, out, relu));
+  }
   Tensor *inputs[3] = {x, weight, bias};
-  TapeNode *n = autograd_record("linear", linear_backward_node, y, 3, inputs);
+  TapeNode *n = autograd_record(relu ? "linear_relu" : "linear", linear_backward_node, y, 3, inputs);
   if (n) {
     if (weight->requires_grad) autograd_save(n, x);  // dW = dY^T x
     if (x->requires_grad) autograd_save(n, weight);  // dx = dY W
-    *NODE_ATTRS(n, LinearAttrs) = (LinearAttrs){.rows = rows, .in = in, .out = out};
+    if (relu) autograd_save(n, y);                   // the ReLU's mask
+    *NODE_ATTRS(n, LinearAttrs) = (LinearAttrs){.rows = rows, .in = in, .out = out, .relu = relu};
     n->flops = 2.0 * (double)rows * (double)in * (double)out;
   }
   return y;
 }
+
+Tensor *op_linear(Tensor *x, Tensor *weight, Tensor *bias) { return linear(x, weight, bias, false); }
+Tensor *op_linear_relu(Tensor *x, Tensor *weight, Tensor *bias) { return linear(x, weight, bias, true); }

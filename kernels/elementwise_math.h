@@ -177,6 +177,11 @@ DETR_HD float dropout_keep_scale(float p) { return 1.0f / (1.0f - p); }
 DETR_HD uint32_t dropout_threshold(float p) { return (uint32_t)ceil((double)p * 16777216.0); }
 DETR_HD int dropout_keeps(uint32_t word, uint32_t threshold) { return (word >> 8) >= threshold; }
 
+// Linear + bias + ReLU in one op (op_linear_relu): y = relu(z + b) (no bias: b = 0, which gives
+// relu(z) exactly), and the ReLU's gradient from its output: y > 0 exactly where z + b > 0.
+DETR_HD float bias_relu_forward(float z, float b) { return unary_forward(UNARY_RELU, z + b, 0.0f); }
+DETR_HD float relu_backward_from_output(float y, float dy) { return unary_backward(UNARY_RELU, y, y, dy, 0.0f); }
+
 // Sum and mean over an axis: terms are summed in double (long sums such as loss terms stay exact to
 // float precision), then scaled (1 or 1/n) and rounded once.
 DETR_HD float reduce_sum_finish(double acc, float scale) { return (float)(acc * scale); }

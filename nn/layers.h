@@ -19,6 +19,7 @@ typedef struct {
 Linear linear_create(ParamStore *ps, const char *prefix, int64_t in, int64_t out, bool bias, ParamKind kind,
                      LrGroup group);
 Tensor *linear_forward(const Linear *l, Tensor *x);
+Tensor *linear_relu_forward(const Linear *l, Tensor *x);  // relu(linear_forward(l, x)), fused
 // A trainable Linear with bias (main learning rate) named `prefix.name` (the transformers' layers).
 Linear linear_create_named(ParamStore *ps, const char *prefix, const char *name, int64_t in, int64_t out);
 

@@ -22,3 +22,4 @@ Linear linear_create_named(ParamStore *ps, const char *prefix, const char *name,
 }
 
 Tensor *linear_forward(const Linear *l, Tensor *x) { return op_linear(x, l->weight, l->bias); }
+Tensor *linear_relu_forward(const Linear *l, Tensor *x) { return op_linear_relu(x, l->weight, l->bias); }

@@ -17,9 +17,7 @@ Mlp mlp_create(ParamStore *ps, const char *prefix, int64_t in, int64_t hidden, i
 }
 
 Tensor *mlp_forward(const Mlp *m, Tensor *x) {
-  for (int i = 0; i < m->n_layers; i++) {
-    x = linear_forward(&m->layers[i], x);
-    if (i < m->n_layers - 1) x = op_relu(x);
-  }
+  for (int i = 0; i < m->n_layers; i++)
+    x = i < m->n_layers - 1 ? linear_relu_forward(&m->layers[i], x) : linear_forward(&m->layers[i], x);
   return x;
 }

@@ -453,8 +453,8 @@ START_TEST(row_bias_forward_backward) {
     char what[96];
     float *y = host_uniform(n, seed++, -1, 1), *bias = host_uniform(cols, seed++, -1, 1);
     float *d_y = dev_upload(y, n), *d_bias = dev_upload(bias, cols);
-    cpu_add_row_bias(y, bias, rows, cols);
-    cuda_add_row_bias(d_y, d_bias, rows, cols);
+    cpu_add_row_bias(y, bias, rows, cols, false);
+    cuda_add_row_bias(d_y, d_bias, rows, cols, false);
     snprintf(what, sizeof what, "add_row_bias %lldx%lld", (long long)rows, (long long)cols);
     expect_close(what, d_y, y, n, TOL);
 
@@ -1086,6 +1086,7 @@ static Tensor *f_bmm(Tensor *const *in, void *c) {
   return op_bmm(in[0], in[1], t[0], t[1]);
 }
 static Tensor *f_linear(Tensor *const *in, void *c) { return op_linear(in[0], in[1], in[2]); }
+static Tensor *f_linear_relu(Tensor *const *in, void *c) { return op_linear_relu(in[0], in[1], in[2]); }
 
 START_TEST(ops_matmul) {
   Shape mm[][2] = {{SHAPE(3, 4), SHAPE(4, 5)}, {SHAPE(2, 3, 4), SHAPE(4, 1)}, {SHAPE(2, 70, 33), SHAPE(33, 65)}};
@@ -1109,6 +1110,13 @@ START_TEST(ops_matmul) {
   Tensor *nobias[3] = {cpu_uniform_tensor(SHAPE(7), 24210, -1, 1, true),
                        cpu_uniform_tensor(SHAPE(3, 7), 24211, -1, 1, true), NULL};
   compare_op("linear without bias", f_linear, nobias, 3, NULL, 24212, false);
+  // Pre-activations at least 1.4 from the ReLU's kink (biases +-1.5..2.5, alternating: live and
+  // dead units; small x and W), so the two devices' roundings cannot flip a mask.
+  Tensor *lr[3] = {cpu_uniform_tensor(SHAPE(2, 50, 33), 24220, -0.04f, 0.04f, true),
+                   cpu_uniform_tensor(SHAPE(70, 33), 24221, -0.04f, 0.04f, true),
+                   cpu_uniform_tensor(SHAPE(70), 24222, 1.5f, 2.5f, true)};
+  for (int64_t j = 1; j < 70; j += 2) lr[2]->data[j] = -lr[2]->data[j];
+  compare_op("linear_relu", f_linear_relu, lr, 3, NULL, 24223, false);
 }
 END_TEST
 

@@ -264,6 +264,55 @@ START_TEST(grad_linear) {
 }
 END_TEST
 
+static Tensor *f_linear_relu(Tensor *const *in, void *c) { return op_linear_relu(in[0], in[1], in[2]); }
+static Tensor *f_relu_of_linear(Tensor *const *in, void *c) { return op_relu(op_linear(in[0], in[1], in[2])); }
+
+// L = sum(f(in) * R) and the gradient of every input that requires one, into out[] (malloc'ed).
+static void value_and_grads(GradFn f, Tensor *const *in, int n, Tensor *R, float **out) {
+  ScopeMark mark = tensor_scope_mark();
+  Tensor *y = f(in, NULL);
+  out[0] = malloc((size_t)y->numel * sizeof(float));
+  memcpy(out[0], y->data, (size_t)y->numel * sizeof(float));
+  autograd_backward(op_sum_all(op_mul(y, R)));
+  for (int i = 0; i < n; i++) {
+    out[1 + i] = NULL;
+    if (!in[i] || !in[i]->grad) continue;
+    out[1 + i] = malloc((size_t)in[i]->numel * sizeof(float));
+    memcpy(out[1 + i], in[i]->grad->data, (size_t)in[i]->numel * sizeof(float));
+    tensor_release(in[i]->grad);
+    in[i]->grad = NULL;
+  }
+  tensor_scope_release(mark);
+}
+
+// Pre-activations kept at least 1.4 from the ReLU's kink (biases of magnitude 1.5-2.5, half of
+// them negative: dead units, whose gradient is 0; small x and W): the finite differences see no
+// kink. 70 outputs: two of the bias gradient's 64-column blocks. Then the same floats as relu of
+// linear, forward and every gradient, bit for bit.
+START_TEST(grad_linear_relu) {
+  Tensor *in[3] = {test_uniform(SHAPE(2, 3, 5), -0.1f, 0.1f, 105, true),
+                   test_uniform(SHAPE(70, 5), -0.1f, 0.1f, 106, true),
+                   test_uniform_away_from_zero(SHAPE(70), 1.5f, 2.5f, 107, true)};
+  expect_grad("linear_relu", f_linear_relu, in, 3, NULL, TOL);
+  Tensor *nobias[3] = {test_uniform_away_from_zero(SHAPE(7), 0.5f, 1.0f, 108, true),
+                       test_uniform_away_from_zero(SHAPE(3, 7), 0.5f, 1.0f, 109, true), NULL};
+  expect_grad("linear_relu without bias", f_linear_relu, nobias, 3, NULL, TOL);
+  Tensor *R = test_uniform(SHAPE(2, 3, 70), -1.0f, 1.0f, 110, false);
+  Tensor *wide[3] = {U(SHAPE(2, 3, 5), 111), U(SHAPE(70, 5), 112), U(SHAPE(70), 113)};
+  float *fused[4], *apart[4];
+  value_and_grads(f_linear_relu, wide, 3, R, fused);
+  value_and_grads(f_relu_of_linear, wide, 3, R, apart);
+  int64_t n[4] = {2 * 3 * 70, 2 * 3 * 5, 70 * 5, 70};
+  for (int i = 0; i < 4; i++) {
+    ck_assert_msg(!memcmp(fused[i], apart[i], (size_t)n[i] * sizeof(float)), "linear_relu: %s differs from relu(linear)",
+                  i == 0 ? "the output" : i == 1 ? "dx" : i == 2 ? "dW" : "dbias");
+    free(fused[i]), free(apart[i]);
+  }
+  tensor_release(R);
+  for (int i = 0; i < 3; i++) tensor_release(wide[i]);
+}
+END_TEST
+
 // --- convolution, pooling, frozen batch norm ---
 
 static Tensor *f_conv2d(Tensor *const *in, void *c) { return op_conv2d(in[0], in[1], in[2], *(Conv2dParams *)c); }
@@ -1185,7 +1234,7 @@ int main(int argc, char **argv) {
     {"log", grad_log}, {"neg", grad_neg}, {"add_scalar", grad_add_scalar}, {"mul_scalar", grad_mul_scalar},
     {"add", grad_add}, {"sub", grad_sub}, {"mul", grad_mul}, {"div", grad_div}, {"dropout", grad_dropout},
     {"sum", grad_sum}, {"mean", grad_mean}, {"sum_all", grad_sum_all}, {"mean_all", grad_mean_all},
-    {"matmul", grad_matmul}, {"bmm", grad_bmm}, {"linear", grad_linear}, {"conv2d", grad_conv2d}, {"depthwise_conv2d", grad_depthwise_conv2d},
+    {"matmul", grad_matmul}, {"bmm", grad_bmm}, {"linear", grad_linear}, {"linear_relu", grad_linear_relu}, {"conv2d", grad_conv2d}, {"depthwise_conv2d", grad_depthwise_conv2d},
     {"maxpool2d", grad_maxpool2d}, {"frozen_batchnorm2d", grad_frozen_batchnorm2d},
     {"frozen_batchnorm2d_act", grad_frozen_batchnorm2d_act},
     {"softmax", grad_softmax}, {"log_softmax", grad_log_softmax}, {"layernorm", grad_layernorm},

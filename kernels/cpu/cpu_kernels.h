@@ -43,9 +43,12 @@ void cpu_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
                       const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb,
                       int64_t stride_b, float beta, float *c, int64_t ldc, int64_t stride_c,
                       int64_t batch);
-// y[r, j] += bias[j] for r < rows; dbias[j] += sum_r dy[r, j].
-void cpu_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols);
+// y[r, j] += bias[j] for r < rows (bias NULL: 0), then y = relu(y) when relu; dbias[j] += sum_r dy[r, j].
+void cpu_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols, bool relu);
 void cpu_row_bias_backward(const float *dy, float *dbias, int64_t rows, int64_t cols);
+// Through a ReLU given its output y [rows, cols]: dz = relu'(y) dy (dz may be dy itself), and
+// dbias[j] += sum_r dz[r, j] when dbias is not NULL, in one pass.
+void cpu_relu_row_bias_backward(const float *y, const float *dy, float *dz, float *dbias, int64_t rows, int64_t cols);
 
 // conv.c: im2col + sgemm, or oneDNN (conv_onednn.c) where it is the faster (bench/README.md).
 // workspace: cpu_conv2d_workspace_floats(g) floats.

@@ -68,16 +68,23 @@ void cpu_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
              c + i * stride_c, ldc);
 }
 
-void cpu_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols) {
+void cpu_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols, bool relu) {
 #pragma omp parallel for schedule(static) if (rows * cols > PARALLEL_MIN_LIGHT)
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t j = 0; j < cols; j++) y[r * cols + j] += bias[j];
+  for (int64_t r = 0; r < rows; r++) {
+    float *yr = y + r * cols;
+    if (relu)
+      for (int64_t j = 0; j < cols; j++) yr[j] = bias_relu_forward(yr[j], bias ? bias[j] : 0.0f);
+    else
+      for (int64_t j = 0; j < cols; j++) yr[j] += bias[j];
+  }
 }
 
-void cpu_row_bias_backward(const float *dy, float *dbias, int64_t rows, int64_t cols) {
-  // Column sums in double, rows in a fixed order: deterministic for any thread count. A thread
-  // takes a block of columns and walks the rows, reading each row's block contiguously (a column
-  // at a time strode over the rows: 2.5% of the main job's step in `perf`).
+// dbias[j] += sum_r dz[r, j], dz = dy or (relu_y given) relu'(relu_y) dy, also written to dz_out;
+// dbias NULL: only dz_out. Column sums in double, rows in a fixed order: deterministic for any
+// thread count. A thread takes a block of columns and walks the rows, reading each row's block
+// contiguously (a column at a time strode over the rows: 2.5% of the main job's step in `perf`).
+static void row_bias_blocks(const float *dy, const float *relu_y, float *dz_out, float *dbias, int64_t rows,
+                            int64_t cols) {
   enum { BLOCK = 64 };
   int64_t blocks = (cols + BLOCK - 1) / BLOCK;
 #pragma omp parallel for schedule(static) if (blocks > 1 && rows * cols > PARALLEL_MIN_LIGHT)
@@ -86,8 +93,24 @@ void cpu_row_bias_backward(const float *dy, float *dbias, int64_t rows, int64_t 
     double acc[BLOCK] = {0};
     for (int64_t r = 0; r < rows; r++) {
       const float *row = dy + r * cols + j0;
-      for (int64_t j = 0; j < width; j++) acc[j] += row[j];
+      if (relu_y) {
+        const float *yr = relu_y + r * cols + j0;
+        float *dzr = dz_out + r * cols + j0;
+        for (int64_t j = 0; j < width; j++) dzr[j] = relu_backward_from_output(yr[j], row[j]);
+        row = dzr;
+      }
+      if (dbias)
+        for (int64_t j = 0; j < width; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < width; j++) dbias[j0 + j] += (float)acc[j];
+    if (dbias)
+      for (int64_t j = 0; j < width; j++) dbias[j0 + j] += (float)acc[j];
   }
+}
+
+void cpu_row_bias_backward(const float *dy, float *dbias, int64_t rows, int64_t cols) {
+  row_bias_blocks(dy, NULL, NULL, dbias, rows, cols);
+}
+
+void cpu_relu_row_bias_backward(const float *y, const float *dy, float *dz, float *dbias, int64_t rows, int64_t cols) {
+  row_bias_blocks(dy, y, dz, dbias, rows, cols);
 }

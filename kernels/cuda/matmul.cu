@@ -72,17 +72,36 @@ extern "C" void cuda_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t
 
 // --- row bias of linear layers ---
 
-// y [rows, cols] += bias [cols] broadcast over rows.
-__global__ void add_row_bias_kernel(float *y, const float *bias, int64_t rows, int64_t cols) {
+// y [rows, cols] += bias [cols] broadcast over rows (bias NULL: 0), then relu(y) when relu.
+__global__ void add_row_bias_kernel(float *y, const float *bias, int64_t rows, int64_t cols, bool relu) {
   int64_t total = rows * cols;
-  GRID_STRIDE_LOOP(i, total) y[i] += bias[i % cols];
+  GRID_STRIDE_LOOP(i, total) {
+    if (relu)
+      y[i] = bias_relu_forward(y[i], bias ? bias[i % cols] : 0.0f);
+    else
+      y[i] += bias[i % cols];
+  }
 }
 
-extern "C" void cuda_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols) {
+extern "C" void cuda_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols, bool relu) {
   if (rows <= 0 || cols <= 0) return;
   add_row_bias_kernel<<<detr_grid_size(rows * cols, DETR_BLOCK), DETR_BLOCK, 0,
-                        detr_cuda_stream()>>>(y, bias, rows, cols);
+                        detr_cuda_stream()>>>(y, bias, rows, cols, relu);
   CUDA_CHECK_LAUNCH("add_row_bias_kernel");
+}
+
+// dz [n] = relu'(y) dy (dz may be dy itself).
+__global__ void relu_backward_from_output_kernel(const float *y, const float *dy, float *dz, int64_t n) {
+  GRID_STRIDE_LOOP(i, n) dz[i] = relu_backward_from_output(y[i], dy[i]);
+}
+
+extern "C" void cuda_relu_row_bias_backward(const float *y, const float *dy, float *dz, float *dbias, int64_t rows,
+                                            int64_t cols) {
+  if (rows <= 0 || cols <= 0) return;
+  relu_backward_from_output_kernel<<<detr_grid_size(rows * cols, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
+      y, dy, dz, rows * cols);
+  CUDA_CHECK_LAUNCH("relu_backward_from_output_kernel");
+  if (dbias) cuda_row_bias_backward(dz, dbias, rows, cols);
 }
 
 // Column sums without atomics: a block owns BIAS_TILE_X adjacent columns; thread (tx, ty) sums
