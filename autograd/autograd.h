@@ -62,11 +62,12 @@ void autograd_save(TapeNode *node, Tensor *t);
 
 // The gradient buffer of t, created zero-filled on first use; backward kernels accumulate into it.
 Tensor *autograd_grad(Tensor *t);
-// For a backward whose gradient for input t is exactly its output's gradient g (add, reshape): when
-// t needs a gradient and has none yet, t's gradient becomes g itself (a view of its data: no zero
-// fill, no add pass) and true is returned; the caller then must not add g into t as well. Only for
-// t produced by an op (parameters keep buffers of their own) and g an op output's gradient, which
-// the tape drops once its producer has run, so the data has no other user.
+// For a backward whose gradient for input t is exactly its output's gradient g (add, reshape), or
+// one it can write into g's buffer in place once nothing else reads g (frozen batch norm's
+// residual): when t needs a gradient and has none yet, t's gradient becomes g itself (a view of its
+// data: no zero fill, no add pass) and true is returned; the caller then must not add into t as
+// well. Only for t produced by an op (parameters keep buffers of their own) and g an op output's
+// gradient, which the tape drops once its producer has run, so the data has no other user.
 bool autograd_grad_take(Tensor *t, Tensor *g);
 
 // Backward from a one-element loss (seeded with 1), or from `out` seeded with grad_out.

@@ -519,9 +519,27 @@ static Tensor *f_taken_gradients(Tensor *const *in, void *c) {
   return op_add(sum, op_reshape(op_reshape(op_add(v, sum), SHAPE(6)), SHAPE(2, 3)));
 }
 
+// Frozen batch norm + residual + ReLU whose residual u = 1.5 x is made by an op: the residual takes
+// the output's gradient buffer and the kernel writes its gradient there in place; u's other use,
+// recorded earlier, runs its backward later and accumulates into that buffer. Channel 0's shift +5 keeps every unit
+// alive, channel 1's -5 every unit dead (|x| <= 1.5): no kink for the finite differences.
+static Tensor *f_taken_bn_residual(Tensor *const *in, void *c) {
+  Tensor *const *stats = c;  // weight, bias, mean, var [2]
+  Tensor *u = op_mul_scalar(in[0], 1.5f);
+  Tensor *uu = op_mul(u, u);  // recorded before the norm: its backward runs after the norm's
+  Tensor *bn = op_frozen_batchnorm2d_act(op_mul_scalar(in[0], 0.5f), stats[0], stats[1], stats[2], stats[3], 1e-5f, u, true);
+  return op_add(bn, uu);
+}
+
 START_TEST(grad_taken_buffers) {
   Tensor *in[2] = {U(SHAPE(2, 3), 190), U(SHAPE(2, 3), 191)};
   expect_grad("add/sub/reshape on non-leaf inputs", f_taken_gradients, in, 2, NULL, TOL);
+  float w[2] = {1, 1}, b[2] = {5, -5}, mean[2] = {0, 0}, var[2] = {1, 1};
+  Tensor *stats[4] = {tensor_from_host(DEVICE_CPU, SHAPE(2), w), tensor_from_host(DEVICE_CPU, SHAPE(2), b),
+                      tensor_from_host(DEVICE_CPU, SHAPE(2), mean), tensor_from_host(DEVICE_CPU, SHAPE(2), var)};
+  Tensor *x = U(SHAPE(2, 2, 3, 3), 192);
+  expect_grad("frozen batch norm with a non-leaf residual", f_taken_bn_residual, &x, 1, stats, TOL);
+  for (int i = 0; i < 4; i++) tensor_release(stats[i]);
 }
 END_TEST
 

@@ -97,7 +97,7 @@ void cuda_frozen_bn_forward(const float *x, const float *weight, const float *bi
                             const float *var, float eps, const float *residual, bool relu, float *y, float *scale,
                             int64_t batch, int64_t channels, int64_t spatial);
 void cuda_frozen_bn_backward(const float *y, const float *dy, const float *scale, bool relu, float *dx,
-                             float *dresidual, int64_t batch, int64_t channels, int64_t spatial);
+                             float *dresidual, bool set_dresidual, int64_t batch, int64_t channels, int64_t spatial);
 
 // softmax.cu: x [rows, n]; mask [rows / rows_per_mask, n] or NULL.
 void cuda_softmax_forward(const float *x, const float *mask, float *y, int64_t rows, int64_t n,
