@@ -1,5 +1,6 @@
 // Forward values of the ops against straightforward loops, and clear failures on bad shapes.
 #include <check.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,6 +181,50 @@ START_TEST(maxpool_matches_torch_semantics) {
   ck_assert_float_eq(y->data[3], -6);
   tensor_scope_release(mark);
   tensor_release(t);
+}
+END_TEST
+
+// The CPU max-pool (tap by tap over rows of outputs, stride 2 inlined) against a plain scan of each
+// window in tap order - the first maximum wins, a NaN always takes (maxpool_takes) - values and
+// argmax bit for bit, over kernels 1-4, strides 1-3, padding up to half the kernel, odd sizes, on
+// inputs full of ties, -inf and NaN.
+START_TEST(maxpool_matches_window_scan) {
+  float vals[] = {0.0f, 1.0f, 1.0f, -1.0f, 2.0f, -INFINITY, NAN, 2.0f};
+  int cases = 0;
+  for (int k = 1; k <= 4; k++)
+    for (int stride = 1; stride <= 3; stride++)
+      for (int pad = 0; 2 * pad <= k; pad++)
+        for (int size = k; size <= 11; size += 3) {
+          ConvGeom g = {.batch = 2, .in_ch = 3, .in_h = size, .in_w = size + 2, .out_ch = 3, .kh = k, .kw = k,
+                        .stride_h = stride, .stride_w = stride, .pad_h = pad, .pad_w = pad, .dil_h = 1, .dil_w = 1};
+          g.out_h = conv_out_size(g.in_h, k, stride, pad, 1), g.out_w = conv_out_size(g.in_w, k, stride, pad, 1);
+          int64_t nx = g.batch * g.in_ch * g.in_h * g.in_w, ny = g.batch * g.in_ch * g.out_h * g.out_w;
+          float *x = malloc((size_t)nx * 4), *y = malloc((size_t)ny * 4);
+          int32_t *at = malloc((size_t)ny * 4);
+          ck_assert(x && y && at);
+          for (int64_t i = 0; i < nx; i++) x[i] = vals[(i * 2654435761u + (uint64_t)cases) % 8];
+          cpu_maxpool2d_forward(x, y, at, &g);
+          for (int64_t p = 0; p < g.batch * g.in_ch; p++)
+            for (int64_t oy = 0; oy < g.out_h; oy++)
+              for (int64_t ox = 0; ox < g.out_w; ox++) {
+                float best = -FLT_MAX;
+                int32_t best_at = -1;
+                for (int ky = 0; ky < k; ky++)
+                  for (int kx = 0; kx < k; kx++) {
+                    int64_t iy = oy * stride - pad + ky, ix = ox * stride - pad + kx;
+                    if (iy < 0 || iy >= g.in_h || ix < 0 || ix >= g.in_w) continue;
+                    float v = x[p * g.in_h * g.in_w + iy * g.in_w + ix];
+                    if (maxpool_takes(v, best, best_at)) best = v, best_at = (int32_t)(iy * g.in_w + ix);
+                  }
+                int64_t o = (p * g.out_h + oy) * g.out_w + ox;
+                ck_assert_msg(!memcmp(&y[o], &best, 4) && at[o] == best_at,
+                              "k %d stride %d pad %d size %d, output %lld: %g at %d, want %g at %d", k, stride, pad,
+                              size, (long long)o, y[o], at[o], best, best_at);
+              }
+          free(x), free(y), free(at);
+          cases++;
+        }
+  ck_assert_int_gt(cases, 50);
 }
 END_TEST
 
@@ -378,6 +423,7 @@ int main(void) {
   tcase_add_loop_test(tc, conv2d_backward_implementations_agree, 0, 2);
   tcase_add_test(tc, conv2d_primitive_cache_turns_over);
   tcase_add_test(tc, maxpool_matches_torch_semantics);
+  tcase_add_test(tc, maxpool_matches_window_scan);
   tcase_add_test(tc, dropout_matches_philox_definition);
   tcase_add_test(tc, softmax_with_mask_and_layernorm);
   tcase_add_test(tc, cross_entropy_l1_and_giou_values);

@@ -271,10 +271,11 @@ static void pool_out_range(int64_t k, int stride, int pad, int dil, int64_t in, 
 // at are indexed by o. Inlined with a literal stride where the caller has one.
 static inline __attribute__((always_inline)) void pool_row_taps(const float *x, float *best, int32_t *at,
                                                                 int64_t shift, int stride, int64_t lo, int64_t hi) {
+  const float *xs = x + shift;  // addressed in 64 bits: an affine index the compiler can vectorize
 #pragma omp simd
   for (int64_t o = lo; o < hi; o++) {
     int32_t a = (int32_t)(shift + o * stride);
-    float v = x[a];
+    float v = xs[o * stride];
     bool take = maxpool_takes(v, best[o], at[o]);
     best[o] = take ? v : best[o];
     at[o] = take ? a : at[o];
