@@ -169,16 +169,19 @@ typedef struct {
 static void frozen_bn_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *residual = n->n_in > 1 ? n->in[1] : NULL, *y = n->out[0], *scale = n->saved[0];
   bool relu = NODE_ATTRS(n, FrozenBnAttrs)->relu;
-  // The residual's gradient is g = relu'(y) dy: an op-made residual without a gradient yet takes
-  // dy's buffer (dead after this node) and the kernel writes g there in place, after dx has read dy
-  // (no zero fill, no add pass; autograd_grad_take).
-  bool take = residual && residual != x && autograd_grad_take(residual, y->grad);
-  float *dx = grad_data_or_null(x), *dres = take ? y->grad->data : residual ? grad_data_or_null(residual) : NULL;
+  // The residual's gradient is g = relu'(y) dy, x's is g * scale: an op-made input without a
+  // gradient yet takes dy's buffer (dead after this node; autograd_grad_take) and the kernel writes
+  // its gradient there in place - no zero fill, no add pass. The residual first (x's gradient is
+  // computed from dy before the residual's overwrites it); x only where there is no residual.
+  bool take_res = residual && residual != x && autograd_grad_take(residual, y->grad);
+  bool take_x = !residual && autograd_grad_take(x, y->grad);
+  float *dres = take_res ? y->grad->data : residual ? grad_data_or_null(residual) : NULL;
+  float *dx = take_x ? y->grad->data : grad_data_or_null(x);
   if (!dx && !dres) return;
   const float *ys = relu ? n->saved[1]->data : NULL;  // the ReLU's mask
   int64_t B = x->shape.d[0], C = x->shape.d[1], S = x->shape.d[2] * x->shape.d[3];
-  DISPATCH(x->device, cpu_frozen_bn_backward(ys, y->grad->data, scale->data, relu, dx, dres, take, B, C, S),
-           cuda_frozen_bn_backward(ys, y->grad->data, scale->data, relu, dx, dres, take, B, C, S));
+  DISPATCH(x->device, cpu_frozen_bn_backward(ys, y->grad->data, scale->data, relu, dx, take_x, dres, take_res, B, C, S),
+           cuda_frozen_bn_backward(ys, y->grad->data, scale->data, relu, dx, take_x, dres, take_res, B, C, S));
 }
 
 Tensor *op_frozen_batchnorm2d_act(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean,

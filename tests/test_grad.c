@@ -519,16 +519,21 @@ static Tensor *f_taken_gradients(Tensor *const *in, void *c) {
   return op_add(sum, op_reshape(op_reshape(op_add(v, sum), SHAPE(6)), SHAPE(2, 3)));
 }
 
-// Frozen batch norm + residual + ReLU whose residual u = 1.5 x is made by an op: the residual takes
-// the output's gradient buffer and the kernel writes its gradient there in place; u's other use,
-// recorded earlier, runs its backward later and accumulates into that buffer. Channel 0's shift +5 keeps every unit
-// alive, channel 1's -5 every unit dead (|x| <= 1.5): no kink for the finite differences.
+// Frozen batch norm + residual + ReLU whose residual u = 1.5 x is made by an op, and one without a
+// residual whose input z is: the residual (the input) takes the output's gradient buffer and the
+// kernel writes its gradient there in place; u's (z's) other use, recorded earlier, runs its
+// backward later and accumulates into that buffer. Channel 0's shift +5 keeps every unit alive,
+// channel 1's -5 every unit dead (|x| <= 1.5): no kink for the finite differences.
 static Tensor *f_taken_bn_residual(Tensor *const *in, void *c) {
   Tensor *const *stats = c;  // weight, bias, mean, var [2]
   Tensor *u = op_mul_scalar(in[0], 1.5f);
   Tensor *uu = op_mul(u, u);  // recorded before the norm: its backward runs after the norm's
   Tensor *bn = op_frozen_batchnorm2d_act(op_mul_scalar(in[0], 0.5f), stats[0], stats[1], stats[2], stats[3], 1e-5f, u, true);
-  return op_add(bn, uu);
+  // Without a residual the norm's own input takes the buffer (z, used again before it).
+  Tensor *z = op_mul_scalar(in[0], -0.8f);
+  Tensor *zz = op_mul(z, z);
+  Tensor *bn2 = op_frozen_batchnorm2d_act(z, stats[0], stats[1], stats[2], stats[3], 1e-5f, NULL, true);
+  return op_add(op_add(bn, uu), op_add(bn2, zz));
 }
 
 START_TEST(grad_taken_buffers) {

@@ -392,7 +392,7 @@ void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bia
   }
 }
 
-void cpu_frozen_bn_backward(const float *y, const float *dy, const float *scale, bool relu, float *dx,
+void cpu_frozen_bn_backward(const float *y, const float *dy, const float *scale, bool relu, float *dx, bool set_dx,
                             float *dresidual, bool set_dresidual, int64_t batch, int64_t channels, int64_t spatial) {
 #pragma omp parallel for schedule(static) if (batch * channels * spatial > PARALLEL_MIN_LIGHT)
   for (int64_t bc = 0; bc < batch * channels; bc++) {
@@ -400,7 +400,9 @@ void cpu_frozen_bn_backward(const float *y, const float *dy, const float *scale,
     const float *dyp = dy + bc * spatial;
     float *dxp = dx ? dx + bc * spatial : NULL, *drp = dresidual ? dresidual + bc * spatial : NULL;
     if (!relu) {  // y is not needed (nor saved)
-      if (dxp)
+      if (dxp && set_dx)
+        for (int64_t i = 0; i < spatial; i++) dxp[i] = dyp[i] * s;
+      else if (dxp)
         for (int64_t i = 0; i < spatial; i++) dxp[i] += dyp[i] * s;
       if (drp && set_dresidual)
         for (int64_t i = 0; i < spatial; i++) drp[i] = dyp[i];
@@ -408,9 +410,12 @@ void cpu_frozen_bn_backward(const float *y, const float *dy, const float *scale,
         for (int64_t i = 0; i < spatial; i++) drp[i] += dyp[i];
       continue;
     }
-    // dx's loop reads dy before dresidual's may overwrite it (set_dresidual with dresidual = dy).
+    // dx's loop reads dy before dresidual's may overwrite it (set_dresidual with dresidual = dy);
+    // dx itself is dy only without dresidual (set_dx).
     const float *yp = y + bc * spatial;
-    if (dxp)
+    if (dxp && set_dx)
+      for (int64_t i = 0; i < spatial; i++) dxp[i] = frozen_bn_relu_grad(yp[i], dyp[i]) * s;
+    else if (dxp)
       for (int64_t i = 0; i < spatial; i++) dxp[i] += frozen_bn_relu_grad(yp[i], dyp[i]) * s;
     if (drp && set_dresidual)
       for (int64_t i = 0; i < spatial; i++) drp[i] = frozen_bn_relu_grad(yp[i], dyp[i]);

@@ -76,12 +76,13 @@ void cpu_maxpool2d_backward(const float *dy, const int32_t *argmax, float *dx, c
 // Frozen batch norm, optionally fused with a residual add (residual: x's shape, or NULL) and ReLU:
 // y = relu?(x * scale[c] + shift[c] + residual). Backward: dx += g * scale[c], dresidual += g, with
 // g = dy masked by y > 0 under ReLU (y is read only then); dx, dresidual may be NULL;
+// set_dx: dx = g * scale instead of +=, and without dresidual dx may then be dy itself;
 // set_dresidual: dresidual = g instead of += g, and dresidual may then be dy itself.
 void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bias,
                            const float *mean, const float *var, float eps, const float *residual,
                            bool relu, float *y, float *scale, int64_t batch, int64_t channels,
                            int64_t spatial);
-void cpu_frozen_bn_backward(const float *y, const float *dy, const float *scale, bool relu, float *dx,
+void cpu_frozen_bn_backward(const float *y, const float *dy, const float *scale, bool relu, float *dx, bool set_dx,
                             float *dresidual, bool set_dresidual, int64_t batch, int64_t channels, int64_t spatial);
 
 // softmax.c: x [rows, n]; mask [rows / rows_per_mask, n] or NULL.

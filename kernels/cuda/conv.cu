@@ -559,24 +559,28 @@ extern "C" void cuda_frozen_bn_forward(const float *x, const float *weight, cons
   CUDA_CHECK_LAUNCH("frozen_bn_forward_kernel");
 }
 
-// dx [B, C, S] += g * scale[c], dresidual += g (set_dresidual: = g; it may be dy itself); g = dy,
-// masked by y > 0 under ReLU (y read only then).
+// dx [B, C, S] += g * scale[c] (set_dx: =), dresidual += g (set_dresidual: = g); either may be dy
+// itself when set (each element is read before it is written); g = dy, masked by y > 0 under
+// ReLU (y read only then).
 __global__ void frozen_bn_backward_kernel(const float *y, const float *dy, const float *scale, bool relu, float *dx,
-                                          float *dresidual, bool set_dresidual, int64_t channels, int64_t spatial,
-                                          int64_t total) {
+                                          bool set_dx, float *dresidual, bool set_dresidual, int64_t channels,
+                                          int64_t spatial, int64_t total) {
   GRID_STRIDE_LOOP(i, total) {
     float g = relu ? frozen_bn_relu_grad(y[i], dy[i]) : dy[i];
-    if (dx) dx[i] += g * scale[(i / spatial) % channels];
+    if (dx) {
+      float gs = g * scale[(i / spatial) % channels];
+      dx[i] = set_dx ? gs : dx[i] + gs;
+    }
     if (dresidual) dresidual[i] = set_dresidual ? g : dresidual[i] + g;
   }
 }
 
 extern "C" void cuda_frozen_bn_backward(const float *y, const float *dy, const float *scale, bool relu, float *dx,
-                                        float *dresidual, bool set_dresidual, int64_t batch, int64_t channels,
-                                        int64_t spatial) {
+                                        bool set_dx, float *dresidual, bool set_dresidual, int64_t batch,
+                                        int64_t channels, int64_t spatial) {
   int64_t total = batch * channels * spatial;
   if (total <= 0 || (!dx && !dresidual)) return;
   frozen_bn_backward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
-      y, dy, scale, relu, dx, dresidual, set_dresidual, channels, spatial, total);
+      y, dy, scale, relu, dx, set_dx, dresidual, set_dresidual, channels, spatial, total);
   CUDA_CHECK_LAUNCH("frozen_bn_backward_kernel");
 }

@@ -96,7 +96,7 @@ void cuda_maxpool2d_backward(const float *dy, const int32_t *argmax, float *dx, 
 void cuda_frozen_bn_forward(const float *x, const float *weight, const float *bias, const float *mean,
                             const float *var, float eps, const float *residual, bool relu, float *y, float *scale,
                             int64_t batch, int64_t channels, int64_t spatial);
-void cuda_frozen_bn_backward(const float *y, const float *dy, const float *scale, bool relu, float *dx,
+void cuda_frozen_bn_backward(const float *y, const float *dy, const float *scale, bool relu, float *dx, bool set_dx,
                              float *dresidual, bool set_dresidual, int64_t batch, int64_t channels, int64_t spatial);
 
 // softmax.cu: x [rows, n]; mask [rows / rows_per_mask, n] or NULL.
