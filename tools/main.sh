@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job, from a fresh Debian 12 machine: install, build, generate the synthetic COCO-format
 # dataset, pretrain the backbone on its object crops, train a small Conditional DETR + ENACT on it
-# on the CPU, evaluate it (COCO mAP), draw predictions, print a summary. About 4-5 minutes on a
+# on the CPU, evaluate it (COCO mAP), draw predictions, print a summary. About 4 minutes on a
 # 2-core Zen 5 with the packages there; a 2-core Zen 3 took 2.4-3.2x as long for the same work
 # (README). Everything lands in runs/main/ (backbone.safetensors, metrics.jsonl, chart.png,
 # checkpoints, eval.json, eval.log, predict/).
