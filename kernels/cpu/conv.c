@@ -394,32 +394,22 @@ void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bia
 
 void cpu_frozen_bn_backward(const float *y, const float *dy, const float *scale, bool relu, float *dx, bool set_dx,
                             float *dresidual, bool set_dresidual, int64_t batch, int64_t channels, int64_t spatial) {
+  // The flags are loop-invariant (GCC unswitches them). dx's loop reads dy before dresidual's may
+  // overwrite it (set_dresidual with dresidual = dy); dx itself is dy only without dresidual.
 #pragma omp parallel for schedule(static) if (batch * channels * spatial > PARALLEL_MIN_LIGHT)
   for (int64_t bc = 0; bc < batch * channels; bc++) {
     float s = scale[bc % channels];
-    const float *dyp = dy + bc * spatial;
+    const float *dyp = dy + bc * spatial, *yp = relu ? y + bc * spatial : NULL;  // y: only under ReLU
     float *dxp = dx ? dx + bc * spatial : NULL, *drp = dresidual ? dresidual + bc * spatial : NULL;
-    if (!relu) {  // y is not needed (nor saved)
-      if (dxp && set_dx)
-        for (int64_t i = 0; i < spatial; i++) dxp[i] = dyp[i] * s;
-      else if (dxp)
-        for (int64_t i = 0; i < spatial; i++) dxp[i] += dyp[i] * s;
-      if (drp && set_dresidual)
-        for (int64_t i = 0; i < spatial; i++) drp[i] = dyp[i];
-      else if (drp)
-        for (int64_t i = 0; i < spatial; i++) drp[i] += dyp[i];
-      continue;
-    }
-    // dx's loop reads dy before dresidual's may overwrite it (set_dresidual with dresidual = dy);
-    // dx itself is dy only without dresidual (set_dx).
-    const float *yp = y + bc * spatial;
-    if (dxp && set_dx)
-      for (int64_t i = 0; i < spatial; i++) dxp[i] = frozen_bn_relu_grad(yp[i], dyp[i]) * s;
-    else if (dxp)
-      for (int64_t i = 0; i < spatial; i++) dxp[i] += frozen_bn_relu_grad(yp[i], dyp[i]) * s;
-    if (drp && set_dresidual)
-      for (int64_t i = 0; i < spatial; i++) drp[i] = frozen_bn_relu_grad(yp[i], dyp[i]);
-    else if (drp)
-      for (int64_t i = 0; i < spatial; i++) drp[i] += frozen_bn_relu_grad(yp[i], dyp[i]);
+    if (dxp)
+      for (int64_t i = 0; i < spatial; i++) {
+        float gs = (relu ? frozen_bn_relu_grad(yp[i], dyp[i]) : dyp[i]) * s;
+        dxp[i] = set_dx ? gs : dxp[i] + gs;
+      }
+    if (drp)
+      for (int64_t i = 0; i < spatial; i++) {
+        float g = relu ? frozen_bn_relu_grad(yp[i], dyp[i]) : dyp[i];
+        drp[i] = set_dresidual ? g : drp[i] + g;
+      }
   }
 }
