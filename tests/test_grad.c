@@ -304,7 +304,8 @@ START_TEST(grad_linear_relu) {
   value_and_grads(f_relu_of_linear, wide, 3, R, apart);
   int64_t n[4] = {2 * 3 * 70, 2 * 3 * 5, 70 * 5, 70};
   for (int i = 0; i < 4; i++) {
-    ck_assert_msg(!memcmp(fused[i], apart[i], (size_t)n[i] * sizeof(float)), "linear_relu: %s differs from relu(linear)",
+    ck_assert_msg(!memcmp(fused[i], apart[i], (size_t)n[i] * sizeof(float)),
+                  "linear_relu: %s differs from relu(linear)",
                   i == 0 ? "the output" : i == 1 ? "dx" : i == 2 ? "dW" : "dbias");
     free(fused[i]), free(apart[i]);
   }
@@ -528,7 +529,8 @@ static Tensor *f_taken_bn_residual(Tensor *const *in, void *c) {
   Tensor *const *stats = c;  // weight, bias, mean, var [2]
   Tensor *u = op_mul_scalar(in[0], 1.5f);
   Tensor *uu = op_mul(u, u);  // recorded before the norm: its backward runs after the norm's
-  Tensor *bn = op_frozen_batchnorm2d_act(op_mul_scalar(in[0], 0.5f), stats[0], stats[1], stats[2], stats[3], 1e-5f, u, true);
+  Tensor *bn =
+      op_frozen_batchnorm2d_act(op_mul_scalar(in[0], 0.5f), stats[0], stats[1], stats[2], stats[3], 1e-5f, u, true);
   // Without a residual the norm's own input takes the buffer (z, used again before it).
   Tensor *z = op_mul_scalar(in[0], -0.8f);
   Tensor *zz = op_mul(z, z);
@@ -1257,7 +1259,8 @@ int main(int argc, char **argv) {
     {"log", grad_log}, {"neg", grad_neg}, {"add_scalar", grad_add_scalar}, {"mul_scalar", grad_mul_scalar},
     {"add", grad_add}, {"sub", grad_sub}, {"mul", grad_mul}, {"div", grad_div}, {"dropout", grad_dropout},
     {"sum", grad_sum}, {"mean", grad_mean}, {"sum_all", grad_sum_all}, {"mean_all", grad_mean_all},
-    {"matmul", grad_matmul}, {"bmm", grad_bmm}, {"linear", grad_linear}, {"linear_relu", grad_linear_relu}, {"conv2d", grad_conv2d}, {"depthwise_conv2d", grad_depthwise_conv2d},
+    {"matmul", grad_matmul}, {"bmm", grad_bmm}, {"linear", grad_linear}, {"linear_relu", grad_linear_relu},
+    {"conv2d", grad_conv2d}, {"depthwise_conv2d", grad_depthwise_conv2d},
     {"maxpool2d", grad_maxpool2d}, {"frozen_batchnorm2d", grad_frozen_batchnorm2d},
     {"frozen_batchnorm2d_act", grad_frozen_batchnorm2d_act},
     {"softmax", grad_softmax}, {"log_softmax", grad_log_softmax}, {"layernorm", grad_layernorm},

@@ -110,7 +110,8 @@ START_TEST(fused_clip_step_matches_the_three_steps) {
       for (int k = 0; k < 2; k++) {
         Rng rng = rng_make(100 + (uint64_t)step);
         const char *with_grad[] = {"a", "backbone.b", "backbone.c", "frozen"};
-        for (int i = 0; i < 4; i++) tensor_uniform_(autograd_grad(params_find(&ps[k], with_grad[i])->tensor), &rng, -1, 1);
+        for (int i = 0; i < 4; i++)
+          tensor_uniform_(autograd_grad(params_find(&ps[k], with_grad[i])->tensor), &rng, -1, 1);
       }
       double norm0 = clip_grad_norm(&ps[0], max_norms[c]);
       adamw_step(&opt[0]);

@@ -576,8 +576,8 @@ static int evaluate_epoch(Trainer *t) {
   char results[4200], err[2048];
   snprintf(results, sizeof results, "%s/results-epoch%lld.json", o->out_dir, (long long)epoch);
   EvalConfig ec = {.batch_size = o->batch_size, .num_workers = o->workers, .aug = o->val_aug,
-                   .pad_multiple = o->pad_multiple, .policy = o->bad_input, .results_path = results, .progress = o->progress && dist_is_main(),
-                   .distributed = true};
+                   .pad_multiple = o->pad_multiple, .policy = o->bad_input, .results_path = results,
+                   .progress = o->progress && dist_is_main(), .distributed = true};
   EvalReport rep;
   if (evaluate_model(t->m, t->val, &ec, &rep, err, sizeof err)) {
     fprintf(stderr, "detr train: evaluation failed: %s\n", err);

@@ -263,8 +263,9 @@ static void pool_out_range(int64_t k, int stride, int pad, int dil, int64_t in, 
 
 // Tap by tap over a row of outputs rather than output by output: each output's choice depends on
 // the one before it (compare, select), and 9 such steps in a chain per output made the main job's
-// stem pool latency-bound (3.7 ms; bench/README.md, "maxpool"). Across the row the chains are
-// independent. Every output still sees its taps in torch's order (rows, then columns).
+// stem pool latency-bound (3.7 ms; bench/README.md, "-O3 and the max-pool loop"). Across the row
+// the chains are independent. Every output still sees its taps in torch's order (rows, then
+// columns).
 #define POOL_ROW_CHUNK 256
 
 // One tap of a row of max-pool windows: outputs o in [lo, hi) read x[shift + o * stride]; best and

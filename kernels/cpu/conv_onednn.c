@@ -327,7 +327,7 @@ static void pass_run(ConvPrim *p, int64_t batch, const float *in0, const float *
 // converts and sums dw once, not once per image) and more parallel work per call. `bench_step`,
 // alternating: the main job's step 4.5% faster, issue 18's model's 10%, detr-r18-small's and R50's
 // 2-4%; peak RSS 1.4 MB more for the main job's, the same for R18 and R50 (at 16 MiB R50 took 22 MB
-// more; bench/README.md "whole-batch convolutions").
+// more; bench/README.md "Session 10").
 #define CONV_WHOLE_BATCH_BYTES ((int64_t)8 << 20)
 static int64_t whole_batch_bytes = CONV_WHOLE_BATCH_BYTES;
 

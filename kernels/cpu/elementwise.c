@@ -143,7 +143,7 @@ void cpu_binary_backward(int op, const float *a, const float *b, const float *dy
 // a block of 16 counters runs four to a vector (vpmuludq multiplies the low 32 bits of each 64-bit
 // lane: the state words sit zero-extended in 64-bit lanes). The same arithmetic per counter as
 // philox4x32: the same words, so the same masks as the CUDA kernel and as the backward's
-// regenerated mask (tests/test_ops.c compares every word). Figures: bench/README.md "dropout".
+// regenerated mask (tests/test_ops.c compares every word). Figures: bench/README.md "Session 10".
 #define DROPOUT_LANES 16                   // counters per block
 #define DROPOUT_BLOCK (4 * DROPOUT_LANES)  // elements per block
 #define DROPOUT_CHUNK (64 * DROPOUT_BLOCK)  // elements per parallel work item

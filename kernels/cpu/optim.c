@@ -32,7 +32,7 @@ double cpu_sum_squares(const float *x, int64_t n) {
 
 // The multi-tensor forms run every tensor's elements in one parallel region, in units of
 // SUM_BLOCK floats: one region per tensor cost a thread wake-up each (12-25 us on a 2-core VM),
-// over the 100-200 tensors of a DETR (bench/README.md "the optimizer step").
+// over the 100-200 tensors of a DETR (bench/README.md "Session 10").
 typedef struct {
   int tensor;
   int64_t start, len;

@@ -6,7 +6,7 @@
 
 // A row's sum of exponentials is a chain of double adds, each waiting on the last: SM_ROWS rows'
 // chains run side by side (each row still summed in order: the same doubles), which hides that
-// latency. R50's attention softmax forward (rows of 256): 30% faster (bench/README.md "session 10").
+// latency. R50's attention softmax forward (rows of 256): 30% faster (bench/README.md "Session 10").
 enum { SM_ROWS = 4 };
 
 void cpu_softmax_forward(const float *x, const float *mask, float *y, int64_t rows, int64_t n,
@@ -102,7 +102,7 @@ void cpu_layernorm_backward(const float *x, const float *w, const float *mean, c
   // latency. The weight and bias gradients are column sums over the rows, each in row order, by
   // blocks of LN_COLS columns that a thread walks row by row (contiguous reads; a column at a time
   // strode over the rows). The two: the backward 15-20% faster in the main job's profile
-  // (bench/README.md "session 10"; the forward's sums grouped the same way ran 6% slower).
+  // (bench/README.md "Session 10"; the forward's sums grouped the same way ran 6% slower).
   enum { LN_ROWS = 4, LN_COLS = 64 };
   if (dx) {
     int64_t groups = (rows + LN_ROWS - 1) / LN_ROWS;
