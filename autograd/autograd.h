@@ -11,7 +11,7 @@
 #define NODE_MAX_INPUTS 8
 #define NODE_MAX_OUTPUTS 2
 #define NODE_MAX_SAVED 6
-#define NODE_ATTRS_BYTES 96  // the largest op attributes: conv2d's and maxpool2d's ConvGeom
+#define NODE_ATTRS_BYTES 104  // the largest op attributes: conv2d's and maxpool2d's ConvGeom
 
 typedef struct TapeNode TapeNode;
 typedef void (*BackwardFn)(TapeNode *node);
@@ -62,6 +62,11 @@ void autograd_save(TapeNode *node, Tensor *t);
 
 // The gradient buffer of t, created zero-filled on first use; backward kernels accumulate into it.
 Tensor *autograd_grad(Tensor *t);
+// For a backward kernel that can either write or add its whole term: t's gradient buffer, created
+// without zero fill when t has none yet, in which case *overwrite is set true and the kernel must
+// write every element instead of adding (a convolution's dx: oneDNN and cuDNN write it directly,
+// no zero fill, no add pass). NULL when t takes no gradient.
+float *autograd_grad_to_write(Tensor *t, bool *overwrite);
 // For a backward whose gradient for input t is exactly its output's gradient g (add, reshape), or
 // one it can write into g's buffer in place once nothing else reads g (frozen batch norm's
 // residual): when t needs a gradient and has none yet, t's gradient becomes g itself (a view of its

@@ -45,24 +45,31 @@ Tensor *op_linear(Tensor *x, Tensor *weight, Tensor *bias);
 Tensor *op_linear_relu(Tensor *x, Tensor *weight, Tensor *bias);
 
 // --- convolution, pooling, frozen batch norm (ops_conv.c) ---
+// Channels last: activations [B, H, W, C] instead of [B, C, H, W] (the weight's layout does not
+// change). The CPU's oneDNN convolutions run on such buffers without the reorders to and from its
+// blocked layout that nchw needs on every call (bench/README.md "Channels-last backbone").
 typedef struct {
   int stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
+  bool channels_last;
 } Conv2dParams;
-// x [B, C, H, W], weight [O, C, KH, KW], bias [O] or NULL -> [B, O, HO, WO].
+// x [B, C, H, W], weight [O, C, KH, KW], bias [O] or NULL -> [B, O, HO, WO]; channels last x
+// [B, H, W, C] -> [B, HO, WO, O].
 Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p);
-// Max pooling with -inf padding (torch semantics): x [B, C, H, W] -> [B, C, HO, WO].
 // Depthwise convolution of x [M, C, H, W] with weight [C, 1, k, k] (odd k) and bias [C] (or NULL):
 // stride 1, zero padding k / 2, so y is [M, C, H, W] (nn.Conv2d(C, C, k, padding=k//2, groups=C)).
 Tensor *op_depthwise_conv2d(Tensor *x, Tensor *weight, Tensor *bias);
-Tensor *op_maxpool2d(Tensor *x, int kernel, int stride, int pad);
+// Max pooling with -inf padding (torch semantics): x [B, C, H, W] -> [B, C, HO, WO]; channels
+// last [B, H, W, C] -> [B, HO, WO, C].
+Tensor *op_maxpool2d(Tensor *x, int kernel, int stride, int pad, bool channels_last);
 // y = (x - mean) / sqrt(var + eps) * weight + bias per channel of x [B, C, H, W]; the four
 // [C] statistics are frozen buffers (no gradient), as DETR's FrozenBatchNorm2d.
 Tensor *op_frozen_batchnorm2d(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean,
                               Tensor *running_var, float eps);
 // The same fused with what follows it in a ResNet block: relu?(frozen_bn(x) + residual), residual
 // of x's shape or NULL. One pass instead of three (frozen BN, add, ReLU), and the same floats.
+// channels_last: x is [B, H, W, C].
 Tensor *op_frozen_batchnorm2d_act(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean,
-                                  Tensor *running_var, float eps, Tensor *residual, bool relu);
+                                  Tensor *running_var, float eps, Tensor *residual, bool relu, bool channels_last);
 
 // --- softmax and normalisation (ops_softmax.c) ---
 // Over the last axis of x viewed as [A, R, N] with an additive mask [A, N] (or NULL): rows

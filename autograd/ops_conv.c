@@ -1,20 +1,29 @@
 // 2-D convolution (oneDNN or im2col + sgemm on CPU, cuDNN on CUDA), max pooling, frozen batch norm.
 #include "autograd/op_util.h"
 
-static ConvGeom conv_geometry(const char *op, Shape x, int64_t out_ch, int64_t kh, int64_t kw,
+// x is [B, C, H, W], or [B, H, W, C] when channels_last.
+static ConvGeom conv_geometry(const char *op, Shape x, bool channels_last, int64_t out_ch, int64_t kh, int64_t kw,
                               int sh, int sw, int ph, int pw, int dh, int dw) {
   char s[64];
-  DETR_CHECK(x.ndim == 4, "%s: input must be [B, C, H, W], got %s", op, shape_str(x, s, sizeof s));
+  DETR_CHECK(x.ndim == 4, "%s: input must be %s, got %s", op, channels_last ? "[B, H, W, C]" : "[B, C, H, W]",
+             shape_str(x, s, sizeof s));
   DETR_CHECK(sh > 0 && sw > 0 && dh > 0 && dw > 0 && ph >= 0 && pw >= 0,
              "%s: stride and dilation must be positive and padding non-negative", op);
-  ConvGeom g = {.batch = x.d[0], .in_ch = x.d[1], .in_h = x.d[2], .in_w = x.d[3],
-                .out_ch = out_ch, .kh = kh, .kw = kw,
-                .stride_h = sh, .stride_w = sw, .pad_h = ph, .pad_w = pw, .dil_h = dh, .dil_w = dw};
+  int c = channels_last ? 3 : 1, h = channels_last ? 1 : 2;
+  ConvGeom g = {.batch = x.d[0], .in_ch = x.d[c], .in_h = x.d[h], .in_w = x.d[h + 1],
+                .out_ch = out_ch < 0 ? x.d[c] : out_ch, .kh = kh, .kw = kw,
+                .stride_h = sh, .stride_w = sw, .pad_h = ph, .pad_w = pw, .dil_h = dh, .dil_w = dw,
+                .channels_last = channels_last};
   g.out_h = conv_out_size(g.in_h, kh, sh, ph, dh);
   g.out_w = conv_out_size(g.in_w, kw, sw, pw, dw);
   DETR_CHECK(g.out_h > 0 && g.out_w > 0, "%s: %lldx%lld input is smaller than the %lldx%lld kernel",
              op, (long long)g.in_h, (long long)g.in_w, (long long)kh, (long long)kw);
   return g;
+}
+
+// The output shape of g: [B, O, HO, WO] or, channels last, [B, HO, WO, O].
+static Shape conv_out_shape(const ConvGeom *g) {
+  return g->channels_last ? SHAPE(g->batch, g->out_h, g->out_w, g->out_ch) : SHAPE(g->batch, g->out_ch, g->out_h, g->out_w);
 }
 
 // --- conv2d ---
@@ -38,11 +47,11 @@ static void conv2d_forward_cuda(const float *x, const float *w, const float *bia
   detr_free(DEVICE_CUDA, ws, bytes);
 }
 
-static void conv2d_backward_cuda(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db,
-                                 const ConvGeom *g) {
+static void conv2d_backward_cuda(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
+                                 float *db, const ConvGeom *g) {
   size_t bytes = conv_workspace_block(cuda_conv2d_backward_workspace(g, dx != NULL, dw != NULL));
   void *ws = bytes ? detr_alloc(DEVICE_CUDA, bytes) : NULL;
-  cuda_conv2d_backward(x, w, dy, dx, dw, db, g, ws, bytes);
+  cuda_conv2d_backward(x, w, dy, dx, set_dx, dw, db, g, ws, bytes);
   detr_free(DEVICE_CUDA, ws, bytes);
 }
 #endif
@@ -50,32 +59,33 @@ static void conv2d_backward_cuda(const float *x, const float *w, const float *dy
 static void conv2d_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *w = n->in[1], *bias = n->in[2], *y = n->out[0];
   ConvGeom g = *NODE_ATTRS(n, ConvGeom);  // conv2d's and maxpool2d's attributes: the geometry
-  float *dx = grad_data_or_null(x), *dw = grad_data_or_null(w), *db = grad_data_or_null(bias);
+  bool set_dx;  // x has no gradient yet: the kernel writes dx instead of adding to zeros
+  float *dx = autograd_grad_to_write(x, &set_dx), *dw = grad_data_or_null(w), *db = grad_data_or_null(bias);
   if (x->device == DEVICE_CPU) {
     int64_t ws_floats = cpu_conv2d_workspace_floats(&g);
     float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
-    cpu_conv2d_backward(x->data, w->data, y->grad->data, dx, dw, db, &g, ws);
+    cpu_conv2d_backward(x->data, w->data, y->grad->data, dx, set_dx, dw, db, &g, ws);
     detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));
   } else {
-    DISPATCH(x->device, (void)0, conv2d_backward_cuda(x->data, w->data, y->grad->data, dx, dw, db, &g));
+    DISPATCH(x->device, (void)0, conv2d_backward_cuda(x->data, w->data, y->grad->data, dx, set_dx, dw, db, &g));
   }
 }
 
 Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p) {
   check_same_device("conv2d", x, weight);
   char sx[64], sw[64];
-  DETR_CHECK(weight->shape.ndim == 4 && x->shape.ndim == 4 && weight->shape.d[1] == x->shape.d[1],
-             "conv2d: input %s does not fit weight %s", shape_str(x->shape, sx, sizeof sx),
-             shape_str(weight->shape, sw, sizeof sw));
+  DETR_CHECK(weight->shape.ndim == 4 && x->shape.ndim == 4 && weight->shape.d[1] == x->shape.d[p.channels_last ? 3 : 1],
+             "conv2d: input %s%s does not fit weight %s", shape_str(x->shape, sx, sizeof sx),
+             p.channels_last ? " (channels last)" : "", shape_str(weight->shape, sw, sizeof sw));
   if (bias) {
     check_same_device("conv2d", x, bias);
     DETR_CHECK(bias->numel == weight->shape.d[0], "conv2d: bias has %lld elements for %lld outputs",
                (long long)bias->numel, (long long)weight->shape.d[0]);
   }
-  ConvGeom g = conv_geometry("conv2d", x->shape, weight->shape.d[0], weight->shape.d[2],
+  ConvGeom g = conv_geometry("conv2d", x->shape, p.channels_last, weight->shape.d[0], weight->shape.d[2],
                              weight->shape.d[3], p.stride_h, p.stride_w, p.pad_h, p.pad_w,
                              p.dilation_h, p.dilation_w);
-  Tensor *y = tensor_new_scoped(x->device, SHAPE(g.batch, g.out_ch, g.out_h, g.out_w));
+  Tensor *y = tensor_new_scoped(x->device, conv_out_shape(&g));
   const float *bias_data = bias ? bias->data : NULL;
   if (x->device == DEVICE_CPU) {
     int64_t ws_floats = cpu_conv2d_workspace_floats(&g);
@@ -143,14 +153,14 @@ static void maxpool_backward_node(TapeNode *n) {
            cuda_maxpool2d_backward(y->grad->data, n->buf, dx, &g));
 }
 
-Tensor *op_maxpool2d(Tensor *x, int kernel, int stride, int pad) {
+Tensor *op_maxpool2d(Tensor *x, int kernel, int stride, int pad, bool channels_last) {
   DETR_CHECK(kernel > 0 && 2 * pad <= kernel, "maxpool2d: padding %d is more than half the kernel %d",
              pad, kernel);
-  ConvGeom g = conv_geometry("maxpool2d", x->shape, x->shape.d[1], kernel, kernel, stride, stride,
+  ConvGeom g = conv_geometry("maxpool2d", x->shape, channels_last, -1, kernel, kernel, stride, stride,
                              pad, pad, 1, 1);
-  Tensor *y = tensor_new_scoped(x->device, SHAPE(g.batch, g.in_ch, g.out_h, g.out_w));
+  Tensor *y = tensor_new_scoped(x->device, conv_out_shape(&g));
   size_t idx_bytes = (size_t)y->numel * sizeof(int32_t);
-  int32_t *argmax = detr_alloc(x->device, idx_bytes);  // [B, C, HO, WO] on x's device
+  int32_t *argmax = detr_alloc(x->device, idx_bytes);  // y's shape, on x's device
   DISPATCH(x->device, cpu_maxpool2d_forward(x->data, y->data, argmax, &g),
            cuda_maxpool2d_forward(x->data, y->data, argmax, &g));
   TapeNode *n = autograd_record("maxpool2d", maxpool_backward_node, y, 1, &x);
@@ -164,11 +174,14 @@ Tensor *op_maxpool2d(Tensor *x, int kernel, int stride, int pad) {
 
 typedef struct {
   bool relu;
+  int64_t batch, channels, spatial;  // the kernels' [B, C, S] view of x
 } FrozenBnAttrs;
 
 static void frozen_bn_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *residual = n->n_in > 1 ? n->in[1] : NULL, *y = n->out[0], *scale = n->saved[0];
-  bool relu = NODE_ATTRS(n, FrozenBnAttrs)->relu;
+  FrozenBnAttrs a = *NODE_ATTRS(n, FrozenBnAttrs);
+  bool relu = a.relu;
+  int64_t B = a.batch, C = a.channels, S = a.spatial;
   // The residual's gradient is g = relu'(y) dy, x's is g * scale: an op-made input without a
   // gradient yet takes dy's buffer (dead after this node; autograd_grad_take) and the kernel writes
   // its gradient there in place - no zero fill, no add pass. The residual first (x's gradient is
@@ -179,17 +192,18 @@ static void frozen_bn_backward_node(TapeNode *n) {
   float *dx = take_x ? y->grad->data : grad_data_or_null(x);
   if (!dx && !dres) return;
   const float *ys = relu ? n->saved[1]->data : NULL;  // the ReLU's mask
-  int64_t B = x->shape.d[0], C = x->shape.d[1], S = x->shape.d[2] * x->shape.d[3];
   DISPATCH(x->device, cpu_frozen_bn_backward(ys, y->grad->data, scale->data, relu, dx, take_x, dres, take_res, B, C, S),
            cuda_frozen_bn_backward(ys, y->grad->data, scale->data, relu, dx, take_x, dres, take_res, B, C, S));
 }
 
 Tensor *op_frozen_batchnorm2d_act(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean,
-                                  Tensor *running_var, float eps, Tensor *residual, bool relu) {
+                                  Tensor *running_var, float eps, Tensor *residual, bool relu, bool channels_last) {
   char s[64], sr[64];
-  DETR_CHECK(x->shape.ndim == 4, "frozen_batchnorm2d: input must be [B, C, H, W], got %s",
-             shape_str(x->shape, s, sizeof s));
-  int64_t C = x->shape.d[1];
+  DETR_CHECK(x->shape.ndim == 4, "frozen_batchnorm2d: input must be %s, got %s",
+             channels_last ? "[B, H, W, C]" : "[B, C, H, W]", shape_str(x->shape, s, sizeof s));
+  // The kernels see [B, C, S]; channels last is [B*H*W, C, 1].
+  int64_t C = x->shape.d[channels_last ? 3 : 1], S = channels_last ? 1 : x->shape.d[2] * x->shape.d[3];
+  int64_t B = x->numel / (C * S > 0 ? C * S : 1);
   Tensor *stats[4] = {weight, bias, running_mean, running_var};
   for (int i = 0; i < 4; i++) {
     check_same_device("frozen_batchnorm2d", x, stats[i]);
@@ -203,7 +217,6 @@ Tensor *op_frozen_batchnorm2d_act(Tensor *x, Tensor *weight, Tensor *bias, Tenso
   }
   Tensor *y = tensor_new_scoped(x->device, x->shape);
   Tensor *scale = tensor_new_scoped(x->device, SHAPE(C));
-  int64_t B = x->shape.d[0], S = x->shape.d[2] * x->shape.d[3];
   const float *res = residual ? residual->data : NULL;
   DISPATCH(x->device,
            cpu_frozen_bn_forward(x->data, weight->data, bias->data, running_mean->data, running_var->data, eps,
@@ -215,7 +228,7 @@ Tensor *op_frozen_batchnorm2d_act(Tensor *x, Tensor *weight, Tensor *bias, Tenso
                                                                                       : "frozen_batchnorm2d";
   TapeNode *n = autograd_record(name, frozen_bn_backward_node, y, residual ? 2 : 1, inputs);
   if (n) {
-    NODE_ATTRS(n, FrozenBnAttrs)->relu = relu;
+    *NODE_ATTRS(n, FrozenBnAttrs) = (FrozenBnAttrs){.relu = relu, .batch = B, .channels = C, .spatial = S};
     autograd_save(n, scale);
     if (relu) autograd_save(n, y);
   }
@@ -224,5 +237,5 @@ Tensor *op_frozen_batchnorm2d_act(Tensor *x, Tensor *weight, Tensor *bias, Tenso
 
 Tensor *op_frozen_batchnorm2d(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean,
                               Tensor *running_var, float eps) {
-  return op_frozen_batchnorm2d_act(x, weight, bias, running_mean, running_var, eps, NULL, false);
+  return op_frozen_batchnorm2d_act(x, weight, bias, running_mean, running_var, eps, NULL, false, false);
 }

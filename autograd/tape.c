@@ -179,6 +179,16 @@ Tensor *autograd_grad(Tensor *t) {
   return t->grad;
 }
 
+float *autograd_grad_to_write(Tensor *t, bool *overwrite) {
+  *overwrite = false;
+  if (!t || !t->requires_grad) return NULL;
+  if (!t->grad) {
+    t->grad = tensor_new(t->device, t->shape);
+    *overwrite = true;
+  }
+  return t->grad->data;
+}
+
 bool autograd_grad_take(Tensor *t, Tensor *g) {
   if (!t->requires_grad || t->grad || !t->grad_fn || t->numel != g->numel) return false;
   t->grad = tensor_view(g, t->shape);

@@ -159,8 +159,8 @@ static double time_conv_pass(ConvImpl impl, const ConvGeom *g, bool with_bias, C
     int64_t ws_floats = cpu_conv2d_workspace_floats(g);
     float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
     if (pass == CONV_PASS_FWD) cpu_conv2d_forward(x, w, bias, y, g, ws);
-    else if (pass == CONV_PASS_BWD_DATA) cpu_conv2d_backward(NULL, w, y, dx, NULL, NULL, g, ws);
-    else cpu_conv2d_backward(x, NULL, y, NULL, dw, bias, g, ws);
+    else if (pass == CONV_PASS_BWD_DATA) cpu_conv2d_backward(NULL, w, y, dx, false, NULL, NULL, g, ws);
+    else cpu_conv2d_backward(x, NULL, y, NULL, false, dw, bias, g, ws);
     detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));
     if (r >= 0) t[r] = now() - t0;
   }
@@ -172,10 +172,12 @@ static double time_conv_pass(ConvImpl impl, const ConvGeom *g, bool with_bias, C
 
 // One row per DETR convolution: GFLOP/s of each pass on each path (and bare sgemm doing the
 // forward's multiply-adds, one call per image), and the step's convolution time on each path.
-static void bench_detr_convs(int reps, const char *only_model) {
+// channels_last: the same convolutions on [B, H, W, C] activations (the backbone's layout): im2col's
+// rows are pixels, "oneDNN blocked" is nhwc with blocked weights, "oneDNN nchw" nhwc with oihw.
+static void bench_detr_convs(int reps, const char *only_model, bool channels_last) {
   int n_impl = DETR_HAVE_ONEDNN ? IMPLS : 1;
-  printf("\nDETR convolutions, batch 2 (main, i18: 4): GFLOP/s of im2col+sgemm / oneDNN blocked / oneDNN nchw%s\n",
-         DETR_HAVE_ONEDNN ? "" : " (no oneDNN in this build)");
+  printf("\nDETR convolutions%s, batch 2 (main, i18: 4): GFLOP/s of im2col+sgemm / oneDNN blocked / oneDNN nchw%s\n",
+         channels_last ? " CHANNELS LAST" : "", DETR_HAVE_ONEDNN ? "" : " (no oneDNN in this build)");
   printf("calls: per training step; f: frozen (forward only), w: no dx (dw only)\n");
   printf("%-8s %-26s %5s  %-17s %-17s %-17s %6s  %s\n", "model", "conv", "calls", "fwd", "bwd-data",
          "bwd-weights", "sgemm", "AUTO's choice (fwd bwd-data bwd-weights), oneDNN blocked fwd");
@@ -187,14 +189,16 @@ static void bench_detr_convs(int reps, const char *only_model) {
     if (d && only_model && strcmp(d->model, only_model)) continue;
     if (model && (!d || strcmp(d->model, model))) {
       printf("%-8s convolution ms per step: im2col %.0f, oneDNN blocked %.0f, oneDNN nchw %.0f, fastest per pass "
-             "%.0f, AUTO %.0f\n", model, step_ms[0], step_ms[1], step_ms[2], step_ms[3], step_ms[4]);
+             "%.0f, AUTO %.0f\n", model, step_ms[0], step_ms[1], channels_last ? NAN : step_ms[2], step_ms[3],
+             step_ms[4]);
       memset(step_ms, 0, sizeof step_ms);
     }
     if (!d) break;
     model = d->model;
     int pad = d->k / 2;
     ConvGeom g = {.batch = d->batch ? d->batch : 2, .in_ch = d->c, .in_h = d->hw, .in_w = d->hw, .out_ch = d->o, .kh = d->k, .kw = d->k,
-                  .stride_h = d->stride, .stride_w = d->stride, .pad_h = pad, .pad_w = pad, .dil_h = 1, .dil_w = 1};
+                  .stride_h = d->stride, .stride_w = d->stride, .pad_h = pad, .pad_w = pad, .dil_h = 1, .dil_w = 1,
+                  .channels_last = channels_last};
     g.out_h = g.out_w = conv_out_size(d->hw, d->k, d->stride, pad, 1);
     double gflop = 2.0 * g.batch * g.out_ch * g.out_h * g.out_w * g.in_ch * g.kh * g.kw * 1e-9;
     char what[64], cell[PASSES][48], chosen[8] = "";
@@ -203,7 +207,8 @@ static void bench_detr_convs(int reps, const char *only_model) {
       double t[IMPLS] = {0};
       int len = 0;
       for (int k = 0; k < n_impl; k++) {
-        t[k] = time_conv_pass(impls[k], &g, d->bias, (ConvPass)p, reps);
+        // oneDNN on nhwc with plain oihw weights is its reference loop (~1 GFLOP/s): not timed
+        t[k] = channels_last && impls[k] == CONV_IMPL_ONEDNN_PLAIN ? 1e9 : time_conv_pass(impls[k], &g, d->bias, (ConvPass)p, reps);
         len += snprintf(cell[p] + len, sizeof cell[p] - (size_t)len, k ? " /%4.0f" : "%4.0f", gflop / t[k]);
       }
       ConvImpl auto_impl = cpu_conv2d_impl(&g, (ConvPass)p);
@@ -233,10 +238,12 @@ static void bench_detr_convs(int reps, const char *only_model) {
 int main(int argc, char **argv) {
   cpu_runtime_setup(argv);  // libgomp's spin setting, as the detr command has it
   int reps = argc > 1 ? atoi(argv[1]) : 7;
-  bool conv_only = argc > 2 && !strcmp(argv[2], "--conv");
+  bool channels_last = argc > 2 && !strcmp(argv[2], "--conv-last");
+  bool conv_only = argc > 2 && (!strcmp(argv[2], "--conv") || channels_last);
   const char *only_model = conv_only && argc > 3 ? argv[3] : NULL;
   if (reps < 1 || (argc > 2 && !conv_only) || argc > 4) {
-    fprintf(stderr, "usage: bench_ops [reps] [--conv [r18@320 | r50@512 | main@192 | i18@192]]\n");
+    fprintf(stderr, "usage: bench_ops [reps] [--conv | --conv-last [r18@320 | r50@512 | main@192 | i18@192]]\n"
+                    "  --conv-last: the convolutions channels last ([B, H, W, C], as the backbone runs)\n");
     return 2;
   }
   printf("threads: OpenBLAS %d; GEMM: %s\n", openblas_get_num_threads(), cpu_gemm_library());
@@ -261,6 +268,6 @@ int main(int argc, char **argv) {
     bench_gemm_batched(16, 576, 576, 16, reps);
     bench_gemm_batched(8, 1024, 1024, 32, reps);
   }
-  bench_detr_convs(reps, only_model);
+  bench_detr_convs(reps, only_model, channels_last);
   return 0;
 }

@@ -8,7 +8,31 @@ typedef struct {
   int64_t out_ch, kh, kw;             // weight [out_ch, in_ch, kh, kw] (pooling: out_ch = in_ch)
   int64_t out_h, out_w;               // output [batch, out_ch, out_h, out_w]
   int stride_h, stride_w, pad_h, pad_w, dil_h, dil_w;
+  // 1: input and output are channels last, [batch, in_h, in_w, in_ch] and [batch, out_h, out_w,
+  // out_ch] (the weight stays [out_ch, in_ch, kh, kw]); 0: as above.
+  int channels_last;
+  int unused;  // zero: keeps the struct free of padding bytes (caches compare geometries bytewise)
 } ConvGeom;
+
+// Offset of element (b, c, s) of a map with `channels` channels and `plane` = h * w positions
+// (s = y * w + x): [B, C, h, w] or, channels last, [B, h, w, C].
+DETR_HD int64_t conv_offset(int channels_last, int64_t b, int64_t c, int64_t s, int64_t channels, int64_t plane) {
+  return channels_last ? (b * plane + s) * channels + c : (b * channels + c) * plane + s;
+}
+
+// The inverse: the (b, c, s) of flat index i of such a map.
+DETR_HD void conv_decode(int channels_last, int64_t i, int64_t channels, int64_t plane, int64_t *b, int64_t *c,
+                         int64_t *s) {
+  if (channels_last) {
+    *c = i % channels;
+    *s = (i / channels) % plane;
+    *b = i / (channels * plane);
+  } else {
+    *s = i % plane;
+    *c = (i / plane) % channels;
+    *b = i / (plane * channels);
+  }
+}
 
 // torch's output size: floor((in + 2 pad - dil (k - 1) - 1) / stride) + 1.
 DETR_HD int64_t conv_out_size(int64_t in, int64_t k, int stride, int pad, int dil) {

@@ -41,6 +41,7 @@ DetrModel *detr_model_create(const DetrConfig *cfg, Device dev) {
                 cfg->train_backbone, cfg->frozen_stages);
   m->input_proj = conv2d_create(ps, "input_proj", m->backbone.out_channels, d, 1, 1, 0, 1, true, PARAM_TRAINABLE,
                                 LR_GROUP_MAIN);
+  m->input_proj.p.channels_last = true;  // on the backbone's output, whose rows become the tokens
   return m;
 }
 
@@ -79,10 +80,10 @@ int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, con
              shape_str(images->shape, sbuf, sizeof sbuf));
   const DetrConfig *c = &m->cfg;
   int64_t B = images->shape.d[0], H = images->shape.d[2], W = images->shape.d[3], d = c->hidden_dim;
-  Tensor *feat = resnet_forward(&m->backbone, images);  // [B, C, h, w]
-  int64_t h = feat->shape.d[2], w = feat->shape.d[3], N = h * w;
-  Tensor *src = conv2d_forward(&m->input_proj, feat);                        // [B, d, h, w]
-  src = op_transpose(op_reshape(src, SHAPE(B, d, N)), 1, 2);                 // [B, N, d]
+  Tensor *feat = resnet_forward(&m->backbone, images);  // [B, h, w, C] (channels last)
+  int64_t h = feat->shape.d[1], w = feat->shape.d[2], N = h * w;
+  Tensor *src = conv2d_forward(&m->input_proj, feat);  // [B, h, w, d]
+  src = op_reshape(src, SHAPE(B, N, d));                // [B, N, d]
 
   // Mask and positional encoding at feature resolution (host), then on the model's device.
   uint8_t *small = malloc((size_t)(B * N));

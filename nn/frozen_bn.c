@@ -18,5 +18,5 @@ Tensor *frozen_bn_forward(const FrozenBn *bn, Tensor *x) { return frozen_bn_act_
 
 Tensor *frozen_bn_act_forward(const FrozenBn *bn, Tensor *x, Tensor *residual, bool relu) {
   return op_frozen_batchnorm2d_act(x, bn->weight, bn->bias, bn->running_mean, bn->running_var, 1e-5f, residual,
-                                   relu);
+                                   relu, bn->channels_last);
 }

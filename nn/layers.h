@@ -44,6 +44,7 @@ Tensor *conv2d_forward(const Conv2d *c, Tensor *x);
 // --- FrozenBatchNorm2d (nn/frozen_bn.c): four buffers, eps 1e-5 ---
 typedef struct {
   Tensor *weight, *bias, *running_mean, *running_var;  // [C] each
+  bool channels_last;  // its input is [B, H, W, C], not [B, C, H, W]
 } FrozenBn;
 FrozenBn frozen_bn_create(ParamStore *ps, const char *prefix, int64_t channels);
 Tensor *frozen_bn_forward(const FrozenBn *bn, Tensor *x);

@@ -8,13 +8,17 @@ static Conv2d conv(ParamStore *ps, const char *prefix, const char *name, int64_t
   char full[112];
   param_name_join(full, sizeof full, prefix, name);
   int pad = k == 1 ? 0 : dilation * (k / 2);
-  return conv2d_create(ps, full, in, out, k, stride, pad, dilation, false, kind, LR_GROUP_BACKBONE);
+  Conv2d c = conv2d_create(ps, full, in, out, k, stride, pad, dilation, false, kind, LR_GROUP_BACKBONE);
+  c.p.channels_last = true;  // the backbone runs channels last (resnet.h)
+  return c;
 }
 
 static FrozenBn bn(ParamStore *ps, const char *prefix, const char *name, int64_t channels) {
   char full[112];
   param_name_join(full, sizeof full, prefix, name);
-  return frozen_bn_create(ps, full, channels);
+  FrozenBn b = frozen_bn_create(ps, full, channels);
+  b.channels_last = true;
+  return b;
 }
 
 void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, int width, int layers, bool dilation,
@@ -93,20 +97,19 @@ void resnet_init(ResNet *r, Rng *rng) {
 // sets each norm's running mean/var to the per-channel statistics of its input on a batch, once,
 // before training, as a pretrained backbone's norms would be: every layer starts normalised.
 
-static Tensor *calibrated(const FrozenBn *bn, Tensor *x) {
-  int64_t B = x->shape.d[0], C = x->shape.d[1], S = x->shape.d[2] * x->shape.d[3];
+static Tensor *calibrated(const FrozenBn *bn, Tensor *x) {  // x [B, H, W, C]
+  int64_t C = x->shape.d[3], rows = x->numel / C;
   float *host = malloc((size_t)x->numel * sizeof(float)), *mean = malloc((size_t)(2 * C) * sizeof(float));
   DETR_CHECK(host && mean, "resnet_calibrate: out of host memory");
   float *var = mean + C;
   tensor_to_host(x, host);
   for (int64_t c = 0; c < C; c++) {
     double s = 0, ss = 0;
-    for (int64_t b = 0; b < B; b++)
-      for (int64_t i = 0; i < S; i++) {
-        double v = host[(b * C + c) * S + i];
-        s += v, ss += v * v;
-      }
-    double n = (double)(B * S), mu = s / n;
+    for (int64_t r = 0; r < rows; r++) {  // image, then position: the order of the nchw sum
+      double v = host[r * C + c];
+      s += v, ss += v * v;
+    }
+    double n = (double)rows, mu = s / n;
     mean[c] = (float)mu;
     var[c] = (float)(ss / n - mu * mu > 0 ? ss / n - mu * mu : 0);
   }
@@ -121,7 +124,8 @@ static Tensor *calibrated(const FrozenBn *bn, Tensor *x) {
 void resnet_calibrate(ResNet *r, Tensor *x) {
   bool was = autograd_set_grad_enabled(false);
   ScopeMark mark = tensor_scope_mark();
-  x = op_maxpool2d(op_relu(calibrated(&r->bn1, conv2d_forward(&r->conv1, x))), 3, 2, 1);
+  x = op_permute(x, (const int[]){0, 2, 3, 1});  // [B, H, W, 3]
+  x = op_maxpool2d(op_relu(calibrated(&r->bn1, conv2d_forward(&r->conv1, x))), 3, 2, 1, true);
   for (int i = 0; i < r->n_blocks; i++) {
     const ResBlock *b = &r->blocks[i];
     Tensor *out = op_relu(calibrated(&b->bn1, conv2d_forward(&b->conv1, x)));
@@ -155,8 +159,9 @@ Tensor *resnet_forward(const ResNet *r, Tensor *x) {
   // activation is released: what backward needs is held by the tape, the rest (all of it in the
   // frozen stages, and each block's input once the next block has read it) is freed.
   ScopeMark mark = tensor_scope_mark();
+  x = op_permute(x, (const int[]){0, 2, 3, 1});  // [B, H, W, 3]: channels last from here on
   x = frozen_bn_act_forward(&r->bn1, conv2d_forward(&r->conv1, x), NULL, true);
-  x = op_maxpool2d(x, 3, 2, 1);
+  x = op_maxpool2d(x, 3, 2, 1, true);
   tensor_scope_keep(mark, &x, 1);
   for (int i = 0; i < r->n_blocks; i++) {
     x = resblock_forward(&r->blocks[i], x);

@@ -1,6 +1,12 @@
 // torchvision's ResNet-18/34/50/101 with frozen batch norm, as DETR's backbone
 // (models/backbone.py): the stem and layer1 frozen, layer2-4 trained at the backbone learning
 // rate, output of layer4. Parameter names under `prefix` ("backbone.0.body").
+//
+// It runs channels last: every activation from the stem's output on is [B, H, W, C] (the images
+// are permuted once on the way in), which lets the CPU's oneDNN convolutions work on the tensors
+// themselves instead of reordering to and from their blocked layout around every call; max-pool
+// and the frozen batch norms take the same layout. Weights keep torch's [O, C, KH, KW], so
+// checkpoints and the parity tools see no difference (bench/README.md "Channels-last backbone").
 #pragma once
 #include "nn/layers.h"
 
@@ -35,6 +41,6 @@ void resnet_init(ResNet *r, Rng *rng);  // kaiming-normal (fan out) convolutions
 // Sets every frozen batch norm's statistics to those of its input on the batch x [B, 3, H, W]
 // (training from scratch: no pretrained statistics). No gradient.
 void resnet_calibrate(ResNet *r, Tensor *x);
-Tensor *resnet_forward(const ResNet *r, Tensor *x);  // [B, 3, H, W] -> [B, C, H/32, W/32] (H/16: 3 layers)
-// One residual block alone (its gradient test).
+Tensor *resnet_forward(const ResNet *r, Tensor *x);  // [B, 3, H, W] -> [B, H/32, W/32, C] (H/16: 3 layers)
+// One residual block alone (its gradient test): x [B, H, W, C].
 Tensor *resblock_forward(const ResBlock *b, Tensor *x);

@@ -508,12 +508,12 @@ static void conv_forward_ws(const float *x, const float *w, const float *bias, f
   cuda_device_free(ws);
 }
 
-static void conv_backward_ws(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db,
-                             const ConvGeom *g) {
+static void conv_backward_ws(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
+                             float *db, const ConvGeom *g) {
   size_t bytes = cuda_conv2d_backward_workspace(g, dx != NULL, dw != NULL);
   void *ws = bytes ? cuda_device_malloc(bytes) : NULL;
   ck_assert(!bytes || ws);
-  cuda_conv2d_backward(x, w, dy, dx, dw, db, g, ws, bytes);
+  cuda_conv2d_backward(x, w, dy, dx, set_dx, dw, db, g, ws, bytes);
   cuda_device_free(ws);
 }
 
@@ -525,8 +525,9 @@ static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
   char what[200], msg[240];
   snprintf(
       what, sizeof what,
-      "conv2d x[%lld,%lld,%lld,%lld] w[%lld,%lld,%lld,%lld] stride %d,%d pad %d,%d dil %d,%d%s "
+      "conv2d%s x[%lld,%lld,%lld,%lld] w[%lld,%lld,%lld,%lld] stride %d,%d pad %d,%d dil %d,%d%s "
       "(deterministic=%s)",
+      g->channels_last ? " (channels last, x as [B, C, H, W])" : "",
       (long long)g->batch, (long long)g->in_ch, (long long)g->in_h, (long long)g->in_w,
       (long long)g->out_ch, (long long)g->in_ch, (long long)g->kh, (long long)g->kw, g->stride_h,
       g->stride_w, g->pad_h, g->pad_w, g->dil_h, g->dil_w, with_bias ? " +bias" : "",
@@ -547,10 +548,10 @@ static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
   float *dx0 = host_uniform(nx, seed + 4, -1, 1), *dw0 = host_uniform(nw, seed + 5, -1, 1);
   float *db0 = host_uniform(nb, seed + 6, -1, 1);
   float *dx = host_copy(dx0, nx), *dw = host_copy(dw0, nw), *db = host_copy(db0, nb);
-  cpu_conv2d_backward(x, w, dy, dx, dw, with_bias ? db : NULL, g, ws);
+  cpu_conv2d_backward(x, w, dy, dx, false, dw, with_bias ? db : NULL, g, ws);
   float *d_dy = dev_upload(dy, ny), *d_dx = dev_upload(dx0, nx), *d_dw = dev_upload(dw0, nw);
   float *d_db = dev_upload(db0, nb);
-  conv_backward_ws(d_x, d_w, d_dy, d_dx, d_dw, with_bias ? d_db : NULL, g);
+  conv_backward_ws(d_x, d_w, d_dy, d_dx, false, d_dw, with_bias ? d_db : NULL, g);
   snprintf(msg, sizeof msg, "%s: dx", what);
   expect_close(msg, d_dx, dx, nx, TOL);
   snprintf(msg, sizeof msg, "%s: dw", what);
@@ -564,7 +565,7 @@ static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
     cuda_memcpy_h2d(d_dx, dx0, (size_t)nx * sizeof(float));
     cuda_memcpy_h2d(d_dw, dw0, (size_t)nw * sizeof(float));
     cuda_memcpy_h2d(d_db, db0, (size_t)nb * sizeof(float));
-    conv_backward_ws(d_x, d_w, d_dy, d_dx, d_dw, with_bias ? d_db : NULL, g);
+    conv_backward_ws(d_x, d_w, d_dy, d_dx, false, d_dw, with_bias ? d_db : NULL, g);
     snprintf(msg, sizeof msg, "%s: dx run to run", what);
     expect_bitwise(msg, d_dx, first_dx, nx);
     snprintf(msg, sizeof msg, "%s: dw run to run", what);
@@ -576,12 +577,13 @@ static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
     free(first_db);
   }
 
-  // One gradient at a time (the others NULL): dx only, from zero.
+  // One gradient at a time (the others NULL): dx only, from zero on the CPU, written over NaN
+  // (set_dx: a fresh, unfilled buffer) on the GPU.
   memset(dx, 0, (size_t)nx * sizeof(float));
-  cpu_conv2d_backward(x, w, dy, dx, NULL, NULL, g, ws);
-  cuda_fill(d_dx, nx, 0.0f);
-  conv_backward_ws(d_x, d_w, d_dy, d_dx, NULL, NULL, g);
-  snprintf(msg, sizeof msg, "%s: dx alone", what);
+  cpu_conv2d_backward(x, w, dy, dx, false, NULL, NULL, g, ws);
+  cuda_fill(d_dx, nx, NAN);
+  conv_backward_ws(d_x, d_w, d_dy, d_dx, true, NULL, NULL, g);
+  snprintf(msg, sizeof msg, "%s: dx alone, written", what);
   expect_close(msg, d_dx, dx, nx, TOL);
 
   float *bufs_d[] = {d_x, d_w, d_bias, d_y, d_dy, d_dx, d_dw, d_db};
@@ -601,10 +603,13 @@ static void check_conv_geometries(uint64_t seed) {
       make_geom(2, 5, 11, 13, 3, 3, 3, 1, 2, 1, 0, 1, 1),    // unequal strides and padding
       make_geom(1, 16, 20, 20, 32, 3, 3, 1, 1, 1, 1, 1, 1),  // wider channels
   };
-  for (size_t i = 0; i < sizeof geoms / sizeof *geoms; i++) {
-    check_conv_case(&geoms[i], true, seed + 20 * i);
-    check_conv_case(&geoms[i], false, seed + 20 * i + 10);
-  }
+  for (int last = 0; last < 2; last++)  // nchw, then channels last (NHWC descriptors)
+    for (size_t i = 0; i < sizeof geoms / sizeof *geoms; i++) {
+      ConvGeom g = geoms[i];
+      g.channels_last = last;
+      check_conv_case(&g, true, seed + 20 * i);
+      check_conv_case(&g, false, seed + 20 * i + 10);
+    }
 }
 
 START_TEST(conv2d_deterministic_algorithms) {
@@ -1122,25 +1127,27 @@ END_TEST
 
 static Tensor *f_maxpool(Tensor *const *in, void *c) {
   int *k = c;
-  return op_maxpool2d(in[0], k[0], k[1], k[2]);
+  return op_maxpool2d(in[0], k[0], k[1], k[2], k[3]);
 }
 static Tensor *f_dwconv(Tensor *const *in, void *c) { return op_depthwise_conv2d(in[0], in[1], in[2]); }
 static Tensor *f_frozen_bn(Tensor *const *in, void *c) {
   return op_frozen_batchnorm2d(in[0], in[1], in[2], in[3], in[4], 1e-5f);
 }
 static Tensor *f_frozen_bn_act(Tensor *const *in, void *c) {
-  const bool *flags = c;  // {has residual, relu}
-  return op_frozen_batchnorm2d_act(in[0], in[1], in[2], in[3], in[4], 1e-5f, flags[0] ? in[5] : NULL, flags[1]);
+  const bool *flags = c;  // {has residual, relu, channels last}
+  return op_frozen_batchnorm2d_act(in[0], in[1], in[2], in[3], in[4], 1e-5f, flags[0] ? in[5] : NULL, flags[1],
+                                   flags[2]);
 }
 
 START_TEST(ops_pool_and_norm) {
   // Max pooling: overlapping windows (3/2/1, the ResNet stem's: inputs read by up to 4 windows),
   // tiling windows, stride 1; the gather backward must add exactly the CPU's terms in its order.
-  int params[][3] = {{3, 2, 1}, {2, 2, 0}, {3, 1, 1}};
-  Shape shapes[] = {SHAPE(2, 3, 17, 16), SHAPE(1, 3, 4, 6), SHAPE(2, 2, 9, 11)};
-  for (int i = 0; i < 3; i++) {
+  // The last two channels last ({kernel, stride, pad, channels last}).
+  int params[][4] = {{3, 2, 1, 0}, {2, 2, 0, 0}, {3, 1, 1, 0}, {3, 2, 1, 1}, {2, 2, 0, 1}};
+  Shape shapes[] = {SHAPE(2, 3, 17, 16), SHAPE(1, 3, 4, 6), SHAPE(2, 2, 9, 11), SHAPE(2, 17, 16, 5), SHAPE(1, 4, 6, 3)};
+  for (int i = 0; i < 5; i++) {
     Tensor *x = cpu_uniform_tensor(shapes[i], 25000 + i, -1, 1, true);
-    compare_op("maxpool2d", f_maxpool, &x, 1, params[i], 25010 + i, true);
+    compare_op(params[i][3] ? "maxpool2d (channels last)" : "maxpool2d", f_maxpool, &x, 1, params[i], 25010 + i, true);
   }
   // Depthwise convolution: FLatten's 5x5 over a feature map, a 3x3 without bias, a 1x1; sizes
   // past one block of parameter-gradient threads (the [C, k, k] reductions over 2 x 40 x 36).
@@ -1160,15 +1167,18 @@ START_TEST(ops_pool_and_norm) {
   compare_op("frozen_batchnorm2d", f_frozen_bn, bn, 5, NULL, 25105, false);
   // Fused with the residual add and ReLU (the ResNet blocks' form): every combination, each on
   // inputs of its own (compare_op releases its inputs).
-  bool combos[3][2] = {{true, false}, {true, true}, {false, true}};
-  const char *combo_names[3] = {"frozen_bn_add", "frozen_bn_add_relu", "frozen_bn_relu"};
-  for (int i = 0; i < 3; i++) {
+  // The last channels last, as the backbone runs them.
+  bool combos[4][3] = {{true, false, false}, {true, true, false}, {false, true, false}, {true, true, true}};
+  const char *combo_names[4] = {"frozen_bn_add", "frozen_bn_add_relu", "frozen_bn_relu",
+                                "frozen_bn_add_relu (channels last)"};
+  for (int i = 0; i < 4; i++) {
     uint64_t seed = 25110 + 10 * (uint64_t)i;
-    Tensor *in[6] = {cpu_uniform_tensor(SHAPE(2, 3, 4, 5), seed, -1, 1, true),
+    Shape xs = combos[i][2] ? SHAPE(2, 4, 5, 3) : SHAPE(2, 3, 4, 5);
+    Tensor *in[6] = {cpu_uniform_tensor(xs, seed, -1, 1, true),
                      cpu_uniform_tensor(SHAPE(3), seed + 1, 0.5f, 1.5f, false),
                      cpu_uniform_tensor(SHAPE(3), seed + 2, -1, 1, false), cpu_uniform_tensor(SHAPE(3), seed + 3, -1, 1, false),
                      cpu_uniform_tensor(SHAPE(3), seed + 4, 0.2f, 2.0f, false),
-                     combos[i][0] ? cpu_uniform_tensor(SHAPE(2, 3, 4, 5), seed + 5, -1, 1, true) : NULL};
+                     combos[i][0] ? cpu_uniform_tensor(xs, seed + 5, -1, 1, true) : NULL};
     compare_op(combo_names[i], f_frozen_bn_act, in, combos[i][0] ? 6 : 5, combos[i], seed + 6, false);
   }
   Tensor *big[5] = {cpu_uniform_tensor(SHAPE(2, 64, 20, 30), 25200, -1, 1, true),

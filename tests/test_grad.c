@@ -331,16 +331,21 @@ START_TEST(grad_conv2d) {
       {SHAPE(1, 1, 9, 8), SHAPE(2, 1, 7, 7), {2, 2, 3, 3, 1, 1}, false},  // the ResNet stem shape
       {SHAPE(1, 3, 4, 5), SHAPE(2, 3, 1, 1), {2, 2, 0, 0, 1, 1}, false},  // strided 1x1 (downsample)
   };
-  // Every CPU implementation of this build: AUTO's per-shape choice, then each forced.
+  // Every CPU implementation of this build: AUTO's per-shape choice, then each forced; both layouts
+  // (channels last: x [B, H, W, C]).
   ConvImpl impls[] = {CONV_IMPL_AUTO, CONV_IMPL_IM2COL, CONV_IMPL_ONEDNN, CONV_IMPL_ONEDNN_PLAIN};
-  for (int k = 0; k < (DETR_HAVE_ONEDNN ? 4 : 2); k++) {
-    cpu_conv2d_set_impl(impls[k]);
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-      Tensor *in[3] = {U(cases[i].x, 110 + i), U(cases[i].w, 120 + i),
-                       cases[i].bias ? U(SHAPE(cases[i].w.d[0]), 130 + i) : NULL};
-      expect_grad("conv2d", f_conv2d, in, 3, &cases[i].p, TOL);
+  for (int last = 0; last < 2; last++)
+    for (int k = 0; k < (DETR_HAVE_ONEDNN ? 4 : 2); k++) {
+      cpu_conv2d_set_impl(impls[k]);
+      for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        Shape x = cases[i].x;
+        if (last) x = SHAPE(x.d[0], x.d[2], x.d[3], x.d[1]);
+        Conv2dParams p = cases[i].p;
+        p.channels_last = last;
+        Tensor *in[3] = {U(x, 110 + i), U(cases[i].w, 120 + i), cases[i].bias ? U(SHAPE(cases[i].w.d[0]), 130 + i) : NULL};
+        expect_grad(last ? "conv2d (channels last)" : "conv2d", f_conv2d, in, 3, &p, TOL);
+      }
     }
-  }
   cpu_conv2d_set_impl(CONV_IMPL_AUTO);
 }
 END_TEST
@@ -381,8 +386,8 @@ START_TEST(grad_depthwise_conv2d) {
 END_TEST
 
 static Tensor *f_maxpool(Tensor *const *in, void *c) {
-  int *k = c;
-  return op_maxpool2d(in[0], k[0], k[1], k[2]);
+  int *k = c;  // kernel, stride, pad, channels last
+  return op_maxpool2d(in[0], k[0], k[1], k[2], k[3]);
 }
 
 // Distinct values spaced 0.05 apart (> 2 eps... with eps 1e-2 the argmax cannot flip).
@@ -401,11 +406,11 @@ static Tensor *spaced_values(Shape s, uint64_t seed) {
 }
 
 START_TEST(grad_maxpool2d) {
-  int params[][3] = {{3, 2, 1}, {2, 2, 0}, {3, 1, 1}};
-  Shape shapes[] = {SHAPE(2, 2, 7, 6), SHAPE(1, 3, 4, 6), SHAPE(1, 1, 5, 5)};
-  for (int i = 0; i < 3; i++) {
+  int params[][4] = {{3, 2, 1, 0}, {2, 2, 0, 0}, {3, 1, 1, 0}, {3, 2, 1, 1}, {2, 2, 0, 1}};
+  Shape shapes[] = {SHAPE(2, 2, 7, 6), SHAPE(1, 3, 4, 6), SHAPE(1, 1, 5, 5), SHAPE(2, 7, 6, 3), SHAPE(1, 4, 6, 5)};
+  for (int i = 0; i < 5; i++) {
     Tensor *x = spaced_values(shapes[i], 140 + i);
-    expect_grad("maxpool2d", f_maxpool, &x, 1, params[i], TOL);
+    expect_grad(params[i][3] ? "maxpool2d (channels last)" : "maxpool2d", f_maxpool, &x, 1, params[i], TOL);
   }
 }
 END_TEST
@@ -424,31 +429,35 @@ END_TEST
 
 // The fused form: relu?(frozen_bn(x) + residual). c: {has residual, relu}.
 static Tensor *f_frozen_bn_act(Tensor *const *in, void *c) {
-  const bool *flags = c;
-  return op_frozen_batchnorm2d_act(in[0], in[1], in[2], in[3], in[4], 1e-5f, flags[0] ? in[5] : NULL, flags[1]);
+  const bool *flags = c;  // residual, relu, channels last
+  return op_frozen_batchnorm2d_act(in[0], in[1], in[2], in[3], in[4], 1e-5f, flags[0] ? in[5] : NULL, flags[1],
+                                   flags[2]);
 }
 
 START_TEST(grad_frozen_batchnorm2d_act) {
-  // Residual without ReLU: random statistics, no kink.
-  bool add_only[2] = {true, false};
-  Tensor *a[6] = {U(SHAPE(2, 3, 4, 5), 155), test_uniform(SHAPE(3), 0.5f, 1.5f, 156, false),
-                  test_uniform(SHAPE(3), -1, 1, 157, false), test_uniform(SHAPE(3), -1, 1, 158, false),
-                  test_uniform(SHAPE(3), 0.2f, 2.0f, 159, false), U(SHAPE(2, 3, 4, 5), 160)};
-  expect_grad("frozen_bn_add", f_frozen_bn_act, a, 6, add_only, TOL);
-  // ReLU, with and without the residual: weight in [0.5, 1.5], bias and mean 0, var 1 (scale about
-  // the weight, shift 0), x at least 0.3 from zero and the residual within 0.1: every
-  // pre-activation is at least 0.05 from the kink, past the finite differences' step.
-  bool add_relu[2] = {true, true}, relu_only[2] = {false, true};
-  for (int k = 0; k < 2; k++) {  // expect_grad releases its inputs: a set per call
-    uint64_t seed = 161 + 10 * (uint64_t)k;
-    Tensor *b[6] = {test_uniform_away_from_zero(SHAPE(2, 3, 4, 5), 0.3f, 1.0f, seed, true),
-                    test_uniform(SHAPE(3), 0.5f, 1.5f, seed + 1, false), test_uniform(SHAPE(3), 0, 0, seed + 2, false),
-                    test_uniform(SHAPE(3), 0, 0, seed + 3, false), test_uniform(SHAPE(3), 1, 1, seed + 4, false),
-                    test_uniform(SHAPE(2, 3, 4, 5), -0.1f, 0.1f, seed + 5, true)};
-    if (k == 0) expect_grad("frozen_bn_add_relu", f_frozen_bn_act, b, 6, add_relu, TOL);
-    else {
-      tensor_release(b[5]);
-      expect_grad("frozen_bn_relu", f_frozen_bn_act, b, 5, relu_only, TOL);
+  for (int last = 0; last < 2; last++) {  // [2, 3, 4, 5], then channels last [2, 4, 5, 3]
+    Shape xs = last ? SHAPE(2, 4, 5, 3) : SHAPE(2, 3, 4, 5);
+    // Residual without ReLU: random statistics, no kink.
+    bool add_only[3] = {true, false, last};
+    Tensor *a[6] = {U(xs, 155), test_uniform(SHAPE(3), 0.5f, 1.5f, 156, false),
+                    test_uniform(SHAPE(3), -1, 1, 157, false), test_uniform(SHAPE(3), -1, 1, 158, false),
+                    test_uniform(SHAPE(3), 0.2f, 2.0f, 159, false), U(xs, 160)};
+    expect_grad(last ? "frozen_bn_add (channels last)" : "frozen_bn_add", f_frozen_bn_act, a, 6, add_only, TOL);
+    // ReLU, with and without the residual: weight in [0.5, 1.5], bias and mean 0, var 1 (scale about
+    // the weight, shift 0), x at least 0.3 from zero and the residual within 0.1: every
+    // pre-activation is at least 0.05 from the kink, past the finite differences' step.
+    bool add_relu[3] = {true, true, last}, relu_only[3] = {false, true, last};
+    for (int k = 0; k < 2; k++) {  // expect_grad releases its inputs: a set per call
+      uint64_t seed = 161 + 10 * (uint64_t)k;
+      Tensor *b[6] = {test_uniform_away_from_zero(xs, 0.3f, 1.0f, seed, true),
+                      test_uniform(SHAPE(3), 0.5f, 1.5f, seed + 1, false), test_uniform(SHAPE(3), 0, 0, seed + 2, false),
+                      test_uniform(SHAPE(3), 0, 0, seed + 3, false), test_uniform(SHAPE(3), 1, 1, seed + 4, false),
+                      test_uniform(xs, -0.1f, 0.1f, seed + 5, true)};
+      if (k == 0) expect_grad("frozen_bn_add_relu", f_frozen_bn_act, b, 6, add_relu, TOL);
+      else {
+        tensor_release(b[5]);
+        expect_grad("frozen_bn_relu", f_frozen_bn_act, b, 5, relu_only, TOL);
+      }
     }
   }
 }
@@ -530,11 +539,11 @@ static Tensor *f_taken_bn_residual(Tensor *const *in, void *c) {
   Tensor *u = op_mul_scalar(in[0], 1.5f);
   Tensor *uu = op_mul(u, u);  // recorded before the norm: its backward runs after the norm's
   Tensor *bn =
-      op_frozen_batchnorm2d_act(op_mul_scalar(in[0], 0.5f), stats[0], stats[1], stats[2], stats[3], 1e-5f, u, true);
+      op_frozen_batchnorm2d_act(op_mul_scalar(in[0], 0.5f), stats[0], stats[1], stats[2], stats[3], 1e-5f, u, true, false);
   // Without a residual the norm's own input takes the buffer (z, used again before it).
   Tensor *z = op_mul_scalar(in[0], -0.8f);
   Tensor *zz = op_mul(z, z);
-  Tensor *bn2 = op_frozen_batchnorm2d_act(z, stats[0], stats[1], stats[2], stats[3], 1e-5f, NULL, true);
+  Tensor *bn2 = op_frozen_batchnorm2d_act(z, stats[0], stats[1], stats[2], stats[3], 1e-5f, NULL, true, false);
   return op_add(op_add(bn, uu), op_add(bn2, zz));
 }
 
@@ -831,25 +840,31 @@ static Tensor *f_bottleneck(Tensor *const *in, void *c) { return resblock_forwar
 
 START_TEST(grad_bottleneck) {
   // A ResNet-50 layer2-style first block at tiny width: 1x1 (8->4), 3x3 stride 2 (4->4),
-  // 1x1 (4->16), downsample 1x1 stride 2 (8->16), frozen batch norms with random statistics.
-  ParamStore ps;
-  params_init(&ps, DEVICE_CPU);
-  ResBlock b = {.bottleneck = true, .has_downsample = true};
-  b.conv1 = conv2d_create(&ps, "b.conv1", 8, 4, 1, 1, 0, 1, false, PARAM_TRAINABLE, LR_GROUP_BACKBONE);
-  b.bn1 = frozen_bn_create(&ps, "b.bn1", 4);
-  b.conv2 = conv2d_create(&ps, "b.conv2", 4, 4, 3, 2, 1, 1, false, PARAM_TRAINABLE, LR_GROUP_BACKBONE);
-  b.bn2 = frozen_bn_create(&ps, "b.bn2", 4);
-  b.conv3 = conv2d_create(&ps, "b.conv3", 4, 16, 1, 1, 0, 1, false, PARAM_TRAINABLE, LR_GROUP_BACKBONE);
-  b.bn3 = frozen_bn_create(&ps, "b.bn3", 16);
-  b.down_conv = conv2d_create(&ps, "b.downsample.0", 8, 16, 1, 2, 0, 1, false, PARAM_TRAINABLE, LR_GROUP_BACKBONE);
-  b.down_bn = frozen_bn_create(&ps, "b.downsample.1", 16);
-  randomize_params(&ps, 320);
-  Tensor *in[8] = {U(SHAPE(1, 8, 5, 5), 321)};
-  int n = block_inputs(in, 1, &ps);
-  // eps 1e-3: the block has ~300 ReLU inputs; a smaller step keeps them from crossing 0.
-  GradTol tol = {.eps = 1e-3, .atol = 3e-3, .rtol = 1e-2};
-  expect_grad("bottleneck", f_bottleneck, in, n, &b, tol);
-  params_free(&ps);
+  // 1x1 (4->16), downsample 1x1 stride 2 (8->16), frozen batch norms with random statistics; nchw,
+  // then channels last (as resnet.c builds it).
+  for (int last = 0; last < 2; last++) {
+    ParamStore ps;
+    params_init(&ps, DEVICE_CPU);
+    ResBlock b = {.bottleneck = true, .has_downsample = true};
+    b.conv1 = conv2d_create(&ps, "b.conv1", 8, 4, 1, 1, 0, 1, false, PARAM_TRAINABLE, LR_GROUP_BACKBONE);
+    b.bn1 = frozen_bn_create(&ps, "b.bn1", 4);
+    b.conv2 = conv2d_create(&ps, "b.conv2", 4, 4, 3, 2, 1, 1, false, PARAM_TRAINABLE, LR_GROUP_BACKBONE);
+    b.bn2 = frozen_bn_create(&ps, "b.bn2", 4);
+    b.conv3 = conv2d_create(&ps, "b.conv3", 4, 16, 1, 1, 0, 1, false, PARAM_TRAINABLE, LR_GROUP_BACKBONE);
+    b.bn3 = frozen_bn_create(&ps, "b.bn3", 16);
+    b.down_conv = conv2d_create(&ps, "b.downsample.0", 8, 16, 1, 2, 0, 1, false, PARAM_TRAINABLE, LR_GROUP_BACKBONE);
+    b.down_bn = frozen_bn_create(&ps, "b.downsample.1", 16);
+    Conv2d *convs[4] = {&b.conv1, &b.conv2, &b.conv3, &b.down_conv};
+    FrozenBn *bns[4] = {&b.bn1, &b.bn2, &b.bn3, &b.down_bn};
+    for (int i = 0; i < 4; i++) convs[i]->p.channels_last = bns[i]->channels_last = last;
+    randomize_params(&ps, 320);
+    Tensor *in[8] = {U(last ? SHAPE(1, 5, 5, 8) : SHAPE(1, 8, 5, 5), 321)};
+    int n = block_inputs(in, 1, &ps);
+    // eps 1e-3: the block has ~300 ReLU inputs; a smaller step keeps them from crossing 0.
+    GradTol tol = {.eps = 1e-3, .atol = 3e-3, .rtol = 1e-2};
+    expect_grad(last ? "bottleneck (channels last)" : "bottleneck", f_bottleneck, in, n, &b, tol);
+    params_free(&ps);
+  }
 }
 END_TEST
 

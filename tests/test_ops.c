@@ -14,6 +14,11 @@ static float at4(const Tensor *t, int64_t a, int64_t b, int64_t c, int64_t d) {
   return t->data[((a * t->shape.d[1] + b) * t->shape.d[2] + c) * t->shape.d[3] + d];
 }
 
+// Element (n, c, y, x) of a map held as [N, C, H, W] or, channels last, [N, H, W, C].
+static float at_nchw(const Tensor *t, bool channels_last, int64_t n, int64_t c, int64_t y, int64_t x) {
+  return channels_last ? at4(t, n, y, x, c) : at4(t, n, c, y, x);
+}
+
 // Every CPU convolution implementation of this build (AUTO's per-shape choice, then each forced).
 static const ConvImpl conv_impls[] = {CONV_IMPL_AUTO, CONV_IMPL_IM2COL, CONV_IMPL_ONEDNN, CONV_IMPL_ONEDNN_PLAIN};
 static const int n_conv_impls = DETR_HAVE_ONEDNN ? 4 : 2;
@@ -36,35 +41,40 @@ static const struct {
 // the second on these small cases (the loop tests run twice, "per_image" in the messages).
 START_TEST(conv2d_matches_direct_loops) {
   onednn_conv2d_set_whole_batch_bytes(_i == 1 ? 0 : -1);
-  for (int i = 0; i < n_conv_impls * (int)(sizeof conv_cases / sizeof conv_cases[0]); i++) {
+  for (int i = 0; i < 2 * n_conv_impls * (int)(sizeof conv_cases / sizeof conv_cases[0]); i++) {
     int impl = i % n_conv_impls;
-    size_t k = (size_t)i / (size_t)n_conv_impls;
+    bool last = i / n_conv_impls % 2;  // each case nchw, then channels last
+    size_t k = (size_t)i / (size_t)(2 * n_conv_impls);
     cpu_conv2d_set_impl(conv_impls[impl]);
     ScopeMark mark = tensor_scope_mark();
     const int64_t *xd = conv_cases[k].x, *wd = conv_cases[k].w;
-    Tensor *x = test_uniform(SHAPE(xd[0], xd[1], xd[2], xd[3]), -1, 1, k, false);
+    Tensor *x = test_uniform(last ? SHAPE(xd[0], xd[2], xd[3], xd[1]) : SHAPE(xd[0], xd[1], xd[2], xd[3]), -1, 1, k,
+                             false);
     Tensor *w = test_uniform(SHAPE(wd[0], wd[1], wd[2], wd[3]), -1, 1, 10 + k, false);
     Tensor *b = test_uniform(SHAPE(wd[0]), -1, 1, 20 + k, false);
     Conv2dParams p = conv_cases[k].p;
+    p.channels_last = last;
     Tensor *y = op_conv2d(x, w, b, p);
+    int64_t O = wd[0], HO = y->shape.d[last ? 1 : 2], WO = y->shape.d[last ? 2 : 3];
+    ck_assert_int_eq(y->shape.d[last ? 3 : 1], O);
     double worst = 0;
-    for (int64_t n = 0; n < y->shape.d[0]; n++)
-      for (int64_t o = 0; o < y->shape.d[1]; o++)
-        for (int64_t oy = 0; oy < y->shape.d[2]; oy++)
-          for (int64_t ox = 0; ox < y->shape.d[3]; ox++) {
+    for (int64_t n = 0; n < xd[0]; n++)
+      for (int64_t o = 0; o < O; o++)
+        for (int64_t oy = 0; oy < HO; oy++)
+          for (int64_t ox = 0; ox < WO; ox++) {
             double s = b->data[o];
-            for (int64_t c = 0; c < x->shape.d[1]; c++)
+            for (int64_t c = 0; c < xd[1]; c++)
               for (int64_t ky = 0; ky < w->shape.d[2]; ky++)
                 for (int64_t kx = 0; kx < w->shape.d[3]; kx++) {
                   int64_t iy = oy * p.stride_h - p.pad_h + ky * p.dilation_h;
                   int64_t ix = ox * p.stride_w - p.pad_w + kx * p.dilation_w;
-                  if (iy < 0 || ix < 0 || iy >= x->shape.d[2] || ix >= x->shape.d[3]) continue;
-                  s += (double)at4(x, n, c, iy, ix) * at4(w, o, c, ky, kx);
+                  if (iy < 0 || ix < 0 || iy >= xd[2] || ix >= xd[3]) continue;
+                  s += (double)at_nchw(x, last, n, c, iy, ix) * at4(w, o, c, ky, kx);
                 }
-            worst = fmax(worst, fabs(s - at4(y, n, o, oy, ox)));
+            worst = fmax(worst, fabs(s - at_nchw(y, last, n, o, oy, ox)));
           }
-    ck_assert_msg(worst < 1e-4, "implementation %d, case %zu, per_image %d: max error %g", (int)conv_impls[impl], k,
-                  _i, worst);
+    ck_assert_msg(worst < 1e-4, "implementation %d, case %zu, channels last %d, per_image %d: max error %g",
+                  (int)conv_impls[impl], k, last, _i, worst);
     tensor_release(x);
     tensor_release(w);
     tensor_release(b);
@@ -86,12 +96,14 @@ static float *host_uniform(int64_t n, uint64_t seed) {
 // dw and dbias held, run each gradient alone, and give the same bits run to run.
 START_TEST(conv2d_backward_implementations_agree) {
   onednn_conv2d_set_whole_batch_bytes(_i == 1 ? 0 : -1);
-  for (size_t k = 0; k < sizeof conv_cases / sizeof conv_cases[0]; k++) {
+  for (size_t kl = 0; kl < 2 * sizeof conv_cases / sizeof conv_cases[0]; kl++) {
+    size_t k = kl / 2;  // each case nchw, then channels last (the same buffer sizes)
     Conv2dParams p = conv_cases[k].p;
     const int64_t *xd = conv_cases[k].x, *wd = conv_cases[k].w;
     ConvGeom g = {.batch = xd[0], .in_ch = xd[1], .in_h = xd[2], .in_w = xd[3], .out_ch = wd[0],
                   .kh = wd[2], .kw = wd[3], .stride_h = p.stride_h, .stride_w = p.stride_w,
-                  .pad_h = p.pad_h, .pad_w = p.pad_w, .dil_h = p.dilation_h, .dil_w = p.dilation_w};
+                  .pad_h = p.pad_h, .pad_w = p.pad_w, .dil_h = p.dilation_h, .dil_w = p.dilation_w,
+                  .channels_last = (int)(kl % 2)};
     g.out_h = conv_out_size(g.in_h, g.kh, g.stride_h, g.pad_h, g.dil_h);
     g.out_w = conv_out_size(g.in_w, g.kw, g.stride_w, g.pad_w, g.dil_w);
     int64_t nx = g.batch * g.in_ch * g.in_h * g.in_w, nw = g.out_ch * g.in_ch * g.kh * g.kw;
@@ -102,7 +114,21 @@ START_TEST(conv2d_backward_implementations_agree) {
     for (int impl = 1; impl < n_conv_impls; impl++) {
       cpu_conv2d_set_impl(conv_impls[impl]);
       float *grads[2][3];  // two runs: dx, dw, dbias from dx0, dw0, db0
-      for (int run = 0; run < 2; run++) {
+      for (int run = 0; run < 3; run++) {
+        if (run == 2) {  // dx written (set_dx) over NaN: dx0 + it must give run 0's dx, bit for bit
+          float *fresh = malloc((size_t)nx * sizeof(float));
+          for (int64_t i = 0; i < nx; i++) fresh[i] = NAN;
+          int64_t n_ws = cpu_conv2d_workspace_floats(&g);
+          float *scratch = malloc((size_t)(n_ws > 0 ? n_ws : 1) * sizeof(float));
+          cpu_conv2d_backward(NULL, w, dy, fresh, true, NULL, NULL, &g, scratch);
+          float *zeros = calloc((size_t)nx, sizeof(float));  // the same term accumulated onto zeros
+          cpu_conv2d_backward(NULL, w, dy, zeros, false, NULL, NULL, &g, scratch);
+          ck_assert_msg(!memcmp(fresh, zeros, (size_t)nx * sizeof(float)),
+                        "implementation %d, case %zu, channels last %d: dx written differs from dx added to zeros",
+                        (int)conv_impls[impl], k, g.channels_last);
+          free(fresh), free(zeros), free(scratch);
+          continue;
+        }
         float **gr = grads[run];
         gr[0] = malloc((size_t)nx * sizeof(float)), gr[1] = malloc((size_t)nw * sizeof(float));
         gr[2] = malloc((size_t)nb * sizeof(float));
@@ -112,24 +138,24 @@ START_TEST(conv2d_backward_implementations_agree) {
         int64_t n_ws = cpu_conv2d_workspace_floats(&g);
         float *scratch = malloc((size_t)(n_ws > 0 ? n_ws : 1) * sizeof(float));
         if (run == 0) {
-          cpu_conv2d_backward(x, w, dy, gr[0], gr[1], gr[2], &g, scratch);
+          cpu_conv2d_backward(x, w, dy, gr[0], false, gr[1], gr[2], &g, scratch);
         } else {  // one gradient at a time: the same sums
-          cpu_conv2d_backward(NULL, w, dy, gr[0], NULL, NULL, &g, scratch);
-          cpu_conv2d_backward(x, NULL, dy, NULL, gr[1], gr[2], &g, scratch);
+          cpu_conv2d_backward(NULL, w, dy, gr[0], false, NULL, NULL, &g, scratch);
+          cpu_conv2d_backward(x, NULL, dy, NULL, false, gr[1], gr[2], &g, scratch);
         }
         free(scratch);
       }
       int64_t n[3] = {nx, nw, nb};
       for (int t = 0; t < 3; t++) {
         ck_assert_msg(!memcmp(grads[0][t], grads[1][t], (size_t)n[t] * sizeof(float)),
-                      "implementation %d, case %zu, gradient %d: not the same bits alone and together",
-                      (int)conv_impls[impl], k, t);
+                      "implementation %d, case %zu, channels last %d, gradient %d: not the same bits alone and "
+                      "together", (int)conv_impls[impl], k, g.channels_last, t);
         if (impl == 1) {
           ref[t] = grads[0][t];
         } else {
           double err = max_rel_diff(grads[0][t], ref[t], n[t]);
-          ck_assert_msg(err < 1e-5, "implementation %d, case %zu, gradient %d, per_image %d: relative error %g",
-                        (int)conv_impls[impl], k, t, _i, err);
+          ck_assert_msg(err < 1e-5, "implementation %d, case %zu, channels last %d, gradient %d, per_image %d: "
+                        "relative error %g", (int)conv_impls[impl], k, g.channels_last, t, _i, err);
           free(grads[0][t]);
         }
         free(grads[1][t]);
@@ -173,7 +199,7 @@ START_TEST(maxpool_matches_torch_semantics) {
   float x[16] = {-5, -1, -2, -3, -4, -6, -7, -8, -9, -10, -11, -12, -13, -14, -15, -16};
   Tensor *t = tensor_from_host(DEVICE_CPU, SHAPE(1, 1, 4, 4), x);
   ScopeMark mark = tensor_scope_mark();
-  Tensor *y = op_maxpool2d(t, 3, 2, 1);
+  Tensor *y = op_maxpool2d(t, 3, 2, 1, false);
   ck_assert_int_eq(y->shape.d[2], 2);
   ck_assert_float_eq(y->data[0], -1);  // window rows 0-1, cols 0-1
   ck_assert_float_eq(y->data[1], -1);  // rows 0-1, cols 1-3
@@ -221,10 +247,55 @@ START_TEST(maxpool_matches_window_scan) {
                               "k %d stride %d pad %d size %d, output %lld: %g at %d, want %g at %d", k, stride, pad,
                               size, (long long)o, y[o], at[o], best, best_at);
               }
+          // Channels last on the same values, permuted: the same floats and argmax, bit for bit.
+          ConvGeom gl = g;
+          gl.channels_last = 1;
+          float *xl = malloc((size_t)nx * 4), *yl = malloc((size_t)ny * 4);
+          int32_t *atl = malloc((size_t)ny * 4);
+          ck_assert(xl && yl && atl);
+          int64_t C = g.in_ch, HW = g.in_h * g.in_w, OHW = g.out_h * g.out_w;
+          for (int64_t i = 0; i < nx; i++) xl[conv_offset(1, i / (C * HW), i / HW % C, i % HW, C, HW)] = x[i];
+          cpu_maxpool2d_forward(xl, yl, atl, &gl);
+          for (int64_t o = 0; o < ny; o++) {
+            int64_t ol = conv_offset(1, o / (C * OHW), o / OHW % C, o % OHW, C, OHW);
+            ck_assert_msg(!memcmp(&yl[ol], &y[o], 4) && atl[ol] == at[o],
+                          "channels last: k %d stride %d pad %d size %d, output %lld: %g at %d, want %g at %d", k,
+                          stride, pad, size, (long long)o, yl[ol], atl[ol], y[o], at[o]);
+          }
+          free(xl), free(yl), free(atl);
           free(x), free(y), free(at);
           cases++;
         }
   ck_assert_int_gt(cases, 50);
+}
+END_TEST
+
+// Frozen batch norm (+ residual + ReLU) channels last, the kernels' [B*H*W, C, 1] view, against
+// the nchw [B, C, H*W] kernels on the same values permuted: forward and both gradients, bit for bit.
+START_TEST(frozen_bn_channels_last_matches_nchw) {
+  enum { B = 2, C = 5, HW = 12, N = B * C * HW };
+  float x[N], res[N], dy[N], xl[N], resl[N], dyl[N], w[C], bias[C], mean[C], var[C];
+  cpu_uniform(x, N, 1, 0, -1, 1), cpu_uniform(res, N, 2, 0, -1, 1), cpu_uniform(dy, N, 3, 0, -1, 1);
+  cpu_uniform(w, C, 4, 0, 0.5f, 1.5f), cpu_uniform(bias, C, 5, 0, -1, 1), cpu_uniform(mean, C, 6, 0, -1, 1);
+  cpu_uniform(var, C, 7, 0, 0.2f, 2.0f);
+  int64_t to_last[N];  // nchw index -> channels-last index
+  for (int64_t i = 0; i < N; i++) to_last[i] = conv_offset(1, i / (C * HW), i / HW % C, i % HW, C, HW);
+  for (int64_t i = 0; i < N; i++) xl[to_last[i]] = x[i], resl[to_last[i]] = res[i], dyl[to_last[i]] = dy[i];
+  for (int relu = 0; relu < 2; relu++) {
+    float y[N], yl[N], scale[C], scalel[C], dx[N], dxl[N], dr[N], drl[N];
+    cpu_frozen_bn_forward(x, w, bias, mean, var, 1e-5f, res, relu, y, scale, B, C, HW);
+    cpu_frozen_bn_forward(xl, w, bias, mean, var, 1e-5f, resl, relu, yl, scalel, B * HW, C, 1);
+    ck_assert(!memcmp(scale, scalel, sizeof scale));
+    cpu_uniform(dx, N, 8, 0, -1, 1), cpu_uniform(dr, N, 9, 0, -1, 1);  // both accumulate
+    for (int64_t i = 0; i < N; i++) dxl[to_last[i]] = dx[i], drl[to_last[i]] = dr[i];
+    cpu_frozen_bn_backward(y, dy, scale, relu, dx, false, dr, false, B, C, HW);
+    cpu_frozen_bn_backward(yl, dyl, scalel, relu, dxl, false, drl, false, B * HW, C, 1);
+    for (int64_t i = 0; i < N; i++)
+      ck_assert_msg(!memcmp(&yl[to_last[i]], &y[i], 4) && !memcmp(&dxl[to_last[i]], &dx[i], 4) &&
+                        !memcmp(&drl[to_last[i]], &dr[i], 4),
+                    "relu %d, element %lld: y %g/%g dx %g/%g dresidual %g/%g", relu, (long long)i, yl[to_last[i]], y[i],
+                    dxl[to_last[i]], dx[i], drl[to_last[i]], dr[i]);
+  }
 }
 END_TEST
 
@@ -424,6 +495,7 @@ int main(void) {
   tcase_add_test(tc, conv2d_primitive_cache_turns_over);
   tcase_add_test(tc, maxpool_matches_torch_semantics);
   tcase_add_test(tc, maxpool_matches_window_scan);
+  tcase_add_test(tc, frozen_bn_channels_last_matches_nchw);
   tcase_add_test(tc, dropout_matches_philox_definition);
   tcase_add_test(tc, softmax_with_mask_and_layernorm);
   tcase_add_test(tc, cross_entropy_l1_and_giou_values);

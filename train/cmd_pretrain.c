@@ -35,9 +35,9 @@ typedef struct {
 
 // logits [B, classes] of the images [B, 3, S, S].
 static Tensor *classify(const Classifier *m, Tensor *images) {
-  Tensor *feat = resnet_forward(&m->resnet, images);  // [B, C, h, w]
-  int64_t B = feat->shape.d[0], C = feat->shape.d[1];
-  Tensor *pooled = op_mean(op_reshape(feat, SHAPE(B, C, -1)), 2, false);  // [B, C]
+  Tensor *feat = resnet_forward(&m->resnet, images);  // [B, h, w, C]
+  int64_t B = feat->shape.d[0], C = feat->shape.d[3];
+  Tensor *pooled = op_mean(op_reshape(feat, SHAPE(B, -1, C)), 1, false);  // [B, C]
   return linear_forward(&m->head, pooled);
 }
 

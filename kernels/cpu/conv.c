@@ -1,4 +1,6 @@
 #include <float.h>
+#include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/conv_onednn.h"
@@ -30,9 +32,23 @@ static int64_t conv_chunk_columns(const ConvGeom *g) {
   return cols < spatial ? cols : spatial;
 }
 
+// Channels last (g->channels_last): rows are output pixels, y [B*HO*WO, O] = col [B*HO*WO, K] x
+// W'^T with col's K = KH*KW*C in (ky, kx, c) order, so each tap copies C contiguous floats; W'
+// [O, KH, KW, C] is the weight permuted once per call (O*K floats; not needed for 1x1). Rows in
+// chunks, as the columns above; a 1x1, stride-1, unpadded convolution uses x [B*H*W, C] as col.
+static int64_t cl_chunk_rows(const ConvGeom *g) {
+  int64_t k = g->in_ch * g->kh * g->kw, rows = g->batch * g->out_h * g->out_w;
+  int64_t chunk = CONV_CHUNK_FLOATS / (k > 0 ? k : 1);
+  if (chunk < 256) chunk = 256;
+  return chunk < rows ? chunk : rows;
+}
+
 static int64_t im2col_workspace_floats(const ConvGeom *g) {
+  int64_t k = g->in_ch * g->kh * g->kw;
+  if (g->channels_last)  // col chunk, then W' (or dW') where the taps are more than one
+    return (conv_is_pointwise(g) ? 0 : cl_chunk_rows(g) * k) + (g->kh * g->kw > 1 ? g->out_ch * k : 0);
   if (conv_is_pointwise(g)) return 0;
-  return g->in_ch * g->kh * g->kw * conv_chunk_columns(g);
+  return k * conv_chunk_columns(g);
 }
 
 // Output positions t in [lo, hi) of a row segment of length seg read input columns
@@ -112,6 +128,145 @@ static void col2im_add(const float *col, float *dx, const ConvGeom *g, int64_t s
   }
 }
 
+// --- channels last: im2col + sgemm over output pixels (see cl_chunk_rows) ---
+
+// col [len, KH*KW*C] holds output pixels [r0, r0 + len) (of the whole batch) of x [B, H, W, C].
+static void im2col_cl(const float *x, float *col, const ConvGeom *g, int64_t r0, int64_t len) {
+  int64_t C = g->in_ch, K = C * g->kh * g->kw, plane = g->out_h * g->out_w;
+#pragma omp parallel for schedule(static) if (len * K > PARALLEL_MIN_LIGHT)
+  for (int64_t r = r0; r < r0 + len; r++) {
+    int64_t b = r / plane, oy = r % plane / g->out_w, ox = r % g->out_w;
+    float *dst = col + (r - r0) * K;  // [KH, KW, C]
+    for (int64_t ky = 0; ky < g->kh; ky++) {
+      int64_t iy = conv_in_coord(oy, ky, g->stride_h, g->pad_h, g->dil_h);
+      for (int64_t kx = 0; kx < g->kw; kx++, dst += C) {
+        int64_t ix = conv_in_coord(ox, kx, g->stride_w, g->pad_w, g->dil_w);
+        if (iy < 0 || iy >= g->in_h || ix < 0 || ix >= g->in_w)
+          memset(dst, 0, (size_t)C * sizeof(float));
+        else
+          memcpy(dst, x + ((b * g->in_h + iy) * g->in_w + ix) * C, (size_t)C * sizeof(float));
+      }
+    }
+  }
+}
+
+// dx [B, H, W, C] += col2im(dcol) for output pixels [r0, r0 + len). Taps of different pixels hit
+// the same input, so threads split the channels: every element gets its terms in pixel, then tap
+// order, whatever the thread count.
+static void col2im_cl_add(const float *col, float *dx, const ConvGeom *g, int64_t r0, int64_t len) {
+  int64_t C = g->in_ch, K = C * g->kh * g->kw, plane = g->out_h * g->out_w;
+#pragma omp parallel if (len * K > PARALLEL_MIN_LIGHT)
+  {
+    int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    int64_t c0 = C * t / nt, c1 = C * (t + 1) / nt;  // this thread's channels
+    for (int64_t r = r0; r < r0 + len; r++) {
+      int64_t b = r / plane, oy = r % plane / g->out_w, ox = r % g->out_w;
+      const float *src = col + (r - r0) * K;
+      for (int64_t ky = 0; ky < g->kh; ky++) {
+        int64_t iy = conv_in_coord(oy, ky, g->stride_h, g->pad_h, g->dil_h);
+        for (int64_t kx = 0; kx < g->kw; kx++, src += C) {
+          int64_t ix = conv_in_coord(ox, kx, g->stride_w, g->pad_w, g->dil_w);
+          if (iy < 0 || iy >= g->in_h || ix < 0 || ix >= g->in_w) continue;
+          float *d = dx + ((b * g->in_h + iy) * g->in_w + ix) * C;
+          for (int64_t c = c0; c < c1; c++) d[c] += src[c];
+        }
+      }
+    }
+  }
+}
+
+// W' [O, KH, KW, C] from w [O, C, KH, KW] (to_tap_major), or w += the inverse of W' (a gradient).
+static void cl_weight_permute(const ConvGeom *g, float *w, float *wt, bool to_tap_major) {
+  int64_t C = g->in_ch, taps = g->kh * g->kw;
+  for (int64_t o = 0; o < g->out_ch; o++)
+    for (int64_t c = 0; c < C; c++)
+      for (int64_t t = 0; t < taps; t++) {
+        float *a = &w[(o * C + c) * taps + t], *b = &wt[(o * taps + t) * C + c];
+        if (to_tap_major) *b = *a;
+        else *a += *b;
+      }
+}
+
+// dbias [O] += the column sums of dy [B*HO*WO, O], in pixel order (as the nchw sum: image, then
+// position), in double.
+static void cl_bias_backward(const float *dy, float *dbias, const ConvGeom *g) {
+  int64_t rows = g->batch * g->out_h * g->out_w, O = g->out_ch;
+  for (int64_t o = 0; o < O; o++) {
+    double acc = 0.0;
+    for (int64_t r = 0; r < rows; r++) acc += dy[r * O + o];
+    dbias[o] += (float)acc;
+  }
+}
+
+static void im2col_cl_forward(const float *x, const float *w, const float *bias, float *y, const ConvGeom *g,
+                              float *workspace) {
+  int64_t C = g->in_ch, O = g->out_ch, K = C * g->kh * g->kw, rows = g->batch * g->out_h * g->out_w;
+  bool pointwise = conv_is_pointwise(g);
+  int64_t chunk = pointwise ? rows : cl_chunk_rows(g);
+  float *col = workspace, *wt = (float *)w;  // wt: W' [O, K]
+  if (g->kh * g->kw > 1) {
+    wt = workspace + chunk * K;
+    cl_weight_permute(g, (float *)w, wt, true);
+  }
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    int64_t len = rows - r0 < chunk ? rows - r0 : chunk;
+    const float *a = x + r0 * C;  // pointwise: x's pixels are col's rows
+    if (!pointwise) {
+      im2col_cl(x, col, g, r0, len);
+      a = col;
+    }
+    cpu_gemm(false, true, len, O, K, 1.0f, a, K, wt, K, 0.0f, y + r0 * O, O);  // y [len, O] = col W'^T
+  }
+  if (bias) {
+#pragma omp parallel for schedule(static) if (rows * O > PARALLEL_MIN_LIGHT)
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t o = 0; o < O; o++) y[r * O + o] += bias[o];
+  }
+}
+
+static void im2col_cl_backward(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
+                               float *dbias, const ConvGeom *g, float *workspace) {
+  int64_t C = g->in_ch, O = g->out_ch, K = C * g->kh * g->kw, rows = g->batch * g->out_h * g->out_w;
+  bool pointwise = conv_is_pointwise(g), taps = g->kh * g->kw > 1;
+  int64_t chunk = pointwise ? rows : cl_chunk_rows(g);
+  float *col = workspace, *wt = taps ? workspace + chunk * K : NULL;  // W' or dW' [O, K]
+  if (dx) {
+    const float *wk = w;
+    if (taps) {
+      cl_weight_permute(g, (float *)w, wt, true);
+      wk = wt;
+    }
+    if (set_dx && !pointwise) memset(dx, 0, (size_t)(g->batch * g->in_h * g->in_w * C) * sizeof(float));
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      int64_t len = rows - r0 < chunk ? rows - r0 : chunk;
+      if (pointwise) {  // dx [len, C] += dy [len, O] x W [O, C]
+        cpu_gemm(false, false, len, K, O, 1.0f, dy + r0 * O, O, wk, K, set_dx ? 0.0f : 1.0f, dx + r0 * C, C);
+      } else {  // dcol [len, K] = dy x W', scattered back into dx
+        cpu_gemm(false, false, len, K, O, 1.0f, dy + r0 * O, O, wk, K, 0.0f, col, K);
+        col2im_cl_add(col, dx, g, r0, len);
+      }
+    }
+  }
+  if (dw) {
+    float *dwk = dw;  // dW' [O, K] (+= dy^T col), added into dw [O, C, KH, KW] at the end
+    if (taps) {
+      memset(wt, 0, (size_t)(O * K) * sizeof(float));
+      dwk = wt;
+    }
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      int64_t len = rows - r0 < chunk ? rows - r0 : chunk;
+      const float *a = x + r0 * C;
+      if (!pointwise) {
+        im2col_cl(x, col, g, r0, len);
+        a = col;
+      }
+      cpu_gemm(true, false, O, K, len, 1.0f, dy + r0 * O, O, a, K, 1.0f, dwk, K);
+    }
+    if (taps) cl_weight_permute(g, dw, wt, false);
+  }
+  if (dbias) cl_bias_backward(dy, dbias, g);
+}
+
 static ConvImpl forced_impl = CONV_IMPL_AUTO;
 
 void cpu_conv2d_set_impl(ConvImpl impl) {
@@ -140,8 +295,27 @@ void cpu_conv2d_set_impl(ConvImpl impl) {
 //    r50@512`), oneDNN's 1.0-1.8x that; below 32x32 im2col is 1.1-2x oneDNN. R50 step: 3% faster.
 ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
   if (!DETR_HAVE_ONEDNN) return CONV_IMPL_IM2COL;
+  // oneDNN 2.6 on nhwc activations with plain oihw weights runs its reference loop (~1 GFLOP/s,
+  // `bench_ops 5 --conv-last`): forcing the plain layouts keeps oihw weights for nchw only.
+  if (forced_impl == CONV_IMPL_ONEDNN_PLAIN && g->channels_last) return CONV_IMPL_ONEDNN;
   if (forced_impl != CONV_IMPL_AUTO) return forced_impl;
   int64_t out_spatial = g->out_h * g->out_w;  // per image
+  // Channels last (oneDNN on the nhwc buffers themselves; im2col's rows are pixels), from
+  // `bench_ops 5 --conv-last r50@512 / r18@320 / main@192` (bench/README.md "Channels-last
+  // backbone"): oneDNN everywhere but
+  //  - 1x1 backward-data: one sgemm dx [pixels, C] = dy W (stride 1), 1.1-1.6x oneDNN's;
+  //  - 1x1 backward-weights from 256 channels: dW = dy^T x with K = all pixels, 1.0-2.1x;
+  //  - 3x3 stride-2 backward-weights from 64 channels with 400+ output pixels per image: 1.1-1.5x.
+  // (Below those sizes oneDNN's is up to 3x im2col's.) Passes left to im2col create no oneDNN
+  // primitive, which a training run with a new input size each step pays per size.
+  if (g->channels_last) {
+    bool one = g->kh * g->kw == 1;
+    if (pass == CONV_PASS_BWD_DATA && one) return CONV_IMPL_IM2COL;
+    if (pass == CONV_PASS_BWD_WEIGHTS && one && g->in_ch >= 256) return CONV_IMPL_IM2COL;
+    if (pass == CONV_PASS_BWD_WEIGHTS && !one && g->stride_h > 1 && g->in_ch >= 64 && out_spatial >= 400)
+      return CONV_IMPL_IM2COL;
+    return CONV_IMPL_ONEDNN;
+  }
   if (g->kh * g->kw > 1) {
     if (pass == CONV_PASS_BWD_DATA && g->in_ch < 16) return CONV_IMPL_IM2COL;
     if (pass == CONV_PASS_BWD_WEIGHTS && g->in_ch >= 256 && out_spatial < 400) return CONV_IMPL_IM2COL;
@@ -160,11 +334,11 @@ int64_t cpu_conv2d_workspace_floats(const ConvGeom *g) {
 
 // Runs the pass on oneDNN when cpu_conv2d_impl chooses it (never without oneDNN) and returns
 // true; false: the caller runs im2col + sgemm. Arguments as onednn_conv2d_run's.
-static bool ran_on_onednn(const ConvGeom *g, ConvPass pass, const float *in0, const float *in1, float *out,
-                          float *bias) {
+static bool ran_on_onednn(const ConvGeom *g, ConvPass pass, bool accumulate, const float *in0, const float *in1,
+                          float *out, float *bias) {
   ConvImpl impl = cpu_conv2d_impl(g, pass);
   if (impl == CONV_IMPL_IM2COL) return false;
-  onednn_conv2d_run(g, pass, impl == CONV_IMPL_ONEDNN, in0, in1, out, bias);
+  onednn_conv2d_run(g, pass, impl == CONV_IMPL_ONEDNN, accumulate, in0, in1, out, bias);
   return true;
 }
 
@@ -182,7 +356,11 @@ static void conv_bias_backward(const float *dy, float *dbias, const ConvGeom *g)
 
 void cpu_conv2d_forward(const float *x, const float *w, const float *bias, float *y,
                         const ConvGeom *g, float *workspace) {
-  if (ran_on_onednn(g, CONV_PASS_FWD, x, w, y, (float *)bias)) return;
+  if (ran_on_onednn(g, CONV_PASS_FWD, false, x, w, y, (float *)bias)) return;
+  if (g->channels_last) {
+    im2col_cl_forward(x, w, bias, y, g, workspace);
+    return;
+  }
   int64_t K = g->in_ch * g->kh * g->kw, spatial = g->out_h * g->out_w;
   bool pointwise = conv_is_pointwise(g);
   int64_t chunk = pointwise ? spatial : conv_chunk_columns(g);
@@ -205,8 +383,8 @@ void cpu_conv2d_forward(const float *x, const float *w, const float *bias, float
   }
 }
 
-// dx and/or dw (with dbias) by im2col + sgemm.
-static void im2col_backward(const float *x, const float *w, const float *dy, float *dx, float *dw,
+// dx (written when set_dx, else accumulated) and/or dw (with dbias) by im2col + sgemm.
+static void im2col_backward(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
                             float *dbias, const ConvGeom *g, float *workspace) {
   int64_t K = g->in_ch * g->kh * g->kw, spatial = g->out_h * g->out_w;
   bool pointwise = conv_is_pointwise(g);
@@ -219,9 +397,10 @@ static void im2col_backward(const float *x, const float *w, const float *dy, flo
     if (pointwise) {
       // dW [O, C] += dY [O, S] x X^T [S, C];  dX [C, S] += W^T [C, O] x dY [O, S]
       if (dw) cpu_gemm(false, true, g->out_ch, K, spatial, 1.0f, dyb, spatial, xb, spatial, 1.0f, dw, K);
-      if (dxb) cpu_gemm(true, false, K, spatial, g->out_ch, 1.0f, w, K, dyb, spatial, 1.0f, dxb, spatial);
+      if (dxb) cpu_gemm(true, false, K, spatial, g->out_ch, 1.0f, w, K, dyb, spatial, set_dx ? 0.0f : 1.0f, dxb, spatial);
       continue;
     }
+    if (dxb && set_dx) memset(dxb, 0, (size_t)(g->in_ch * g->in_h * g->in_w) * sizeof(float));  // col2im adds
     for (int64_t s0 = 0; s0 < spatial; s0 += chunk) {
       int64_t len = spatial - s0 < chunk ? spatial - s0 : chunk;
       if (dw) {  // dW [O, K] += dY[:, chunk] [O, len] x col^T [len, K]
@@ -237,16 +416,19 @@ static void im2col_backward(const float *x, const float *w, const float *dy, flo
   if (dbias) conv_bias_backward(dy, dbias, g);
 }
 
-void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, float *dw,
+void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
                          float *dbias, const ConvGeom *g, float *workspace) {
   // The two passes may run on different implementations; dbias goes with dw (oneDNN fuses it).
-  if (dx && !ran_on_onednn(g, CONV_PASS_BWD_DATA, dy, w, dx, NULL))
-    im2col_backward(NULL, w, dy, dx, NULL, NULL, g, workspace);
+  void (*fallback)(const float *, const float *, const float *, float *, bool, float *, float *, const ConvGeom *,
+                   float *) = g->channels_last ? im2col_cl_backward : im2col_backward;
+  if (dx && !ran_on_onednn(g, CONV_PASS_BWD_DATA, !set_dx, dy, w, dx, NULL))
+    fallback(NULL, w, dy, dx, set_dx, NULL, NULL, g, workspace);
   if (dw) {
-    if (!ran_on_onednn(g, CONV_PASS_BWD_WEIGHTS, x, dy, dw, dbias))
-      im2col_backward(x, NULL, dy, NULL, dw, dbias, g, workspace);
+    if (!ran_on_onednn(g, CONV_PASS_BWD_WEIGHTS, true, x, dy, dw, dbias))
+      fallback(x, NULL, dy, NULL, false, dw, dbias, g, workspace);
   } else if (dbias) {
-    conv_bias_backward(dy, dbias, g);
+    if (g->channels_last) cl_bias_backward(dy, dbias, g);
+    else conv_bias_backward(dy, dbias, g);
   }
 }
 
@@ -283,7 +465,43 @@ static inline __attribute__((always_inline)) void pool_row_taps(const float *x, 
   }
 }
 
+// Channels last: the window's taps in torch's order for all channels of a pixel at once (the
+// channels are contiguous: the compare and select vectorize across them). argmax [B, HO, WO, C]
+// holds the input position iy * in_w + ix, as the nchw kernel's.
+static void maxpool2d_forward_cl(const float *x, float *y, int32_t *argmax, const ConvGeom *g) {
+  int64_t C = g->in_ch;
+#pragma omp parallel for schedule(static) if (g->batch * g->out_h * g->out_w * C > PARALLEL_MIN_LIGHT)
+  for (int64_t r = 0; r < g->batch * g->out_h; r++) {  // one output row of one image
+    int64_t b = r / g->out_h, oy = r % g->out_h;
+    for (int64_t ox = 0; ox < g->out_w; ox++) {
+      float *best = y + (r * g->out_w + ox) * C;     // [C]
+      int32_t *at = argmax + (r * g->out_w + ox) * C;  // [C], -1: no tap taken yet
+      for (int64_t c = 0; c < C; c++) best[c] = -FLT_MAX, at[c] = -1;
+      for (int64_t ky = 0; ky < g->kh; ky++) {
+        int64_t iy = conv_in_coord(oy, ky, g->stride_h, g->pad_h, g->dil_h);
+        if (iy < 0 || iy >= g->in_h) continue;
+        for (int64_t kx = 0; kx < g->kw; kx++) {
+          int64_t ix = conv_in_coord(ox, kx, g->stride_w, g->pad_w, g->dil_w);
+          if (ix < 0 || ix >= g->in_w) continue;
+          const float *xp = x + ((b * g->in_h + iy) * g->in_w + ix) * C;
+          int32_t pos = (int32_t)(iy * g->in_w + ix);
+#pragma omp simd
+          for (int64_t c = 0; c < C; c++) {
+            bool take = maxpool_takes(xp[c], best[c], at[c]);
+            best[c] = take ? xp[c] : best[c];
+            at[c] = take ? pos : at[c];
+          }
+        }
+      }
+    }
+  }
+}
+
 void cpu_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const ConvGeom *g) {
+  if (g->channels_last) {
+    maxpool2d_forward_cl(x, y, argmax, g);
+    return;
+  }
   int64_t planes = g->batch * g->in_ch;
 #pragma omp parallel for schedule(static) if (planes * g->out_h * g->out_w > PARALLEL_MIN_LIGHT)
   for (int64_t p = 0; p < planes; p++) {
@@ -363,6 +581,19 @@ void cpu_dwconv_backward(const float *x, const float *w, const float *dy, float 
 
 void cpu_maxpool2d_backward(const float *dy, const int32_t *argmax, float *dx, const ConvGeom *g) {
   int64_t planes = g->batch * g->in_ch, out_plane = g->out_h * g->out_w;
+  if (g->channels_last) {  // per image, outputs in order: each element's terms in the nchw order
+    int64_t C = g->in_ch, in_plane = g->in_h * g->in_w;
+#pragma omp parallel for schedule(static) if (planes * out_plane > PARALLEL_MIN_LIGHT)
+    for (int64_t b = 0; b < g->batch; b++)
+      for (int64_t o = 0; o < out_plane; o++) {
+        const int32_t *at = argmax + (b * out_plane + o) * C;
+        const float *d = dy + (b * out_plane + o) * C;
+        float *dxb = dx + b * in_plane * C;
+        for (int64_t c = 0; c < C; c++)
+          if (at[c] >= 0) dxb[at[c] * C + c] += d[c];
+      }
+    return;
+  }
 #pragma omp parallel for schedule(static) if (planes * out_plane > PARALLEL_MIN_LIGHT)
   for (int64_t p = 0; p < planes; p++) {
     float *dxp = dx + p * g->in_h * g->in_w;
@@ -382,6 +613,19 @@ void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bia
     float shift;
     frozen_bn_scale_shift(weight[c], bias[c], mean[c], var[c], eps, &scale[c], &shift);
   }
+  if (spatial == 1) {  // channels last: rows of C, the scale and shift of each channel computed once
+    float *shift = malloc((size_t)channels * sizeof(float));
+    DETR_CHECK(shift || channels == 0, "cpu_frozen_bn_forward: out of memory for %lld shifts", (long long)channels);
+    for (int64_t c = 0; c < channels; c++) frozen_bn_scale_shift(weight[c], bias[c], mean[c], var[c], eps, &scale[c], &shift[c]);
+#pragma omp parallel for schedule(static) if (batch * channels > PARALLEL_MIN_LIGHT)
+    for (int64_t r = 0; r < batch; r++) {
+      const float *xp = x + r * channels, *rp = residual ? residual + r * channels : NULL;
+      float *yp = y + r * channels;
+      for (int64_t c = 0; c < channels; c++) yp[c] = frozen_bn_act_elem(xp[c], scale[c], shift[c], rp, c, relu);
+    }
+    free(shift);
+    return;
+  }
 #pragma omp parallel for schedule(static) if (batch * channels * spatial > PARALLEL_MIN_LIGHT)
   for (int64_t bc = 0; bc < batch * channels; bc++) {
     int64_t c = bc % channels;
@@ -397,6 +641,24 @@ void cpu_frozen_bn_backward(const float *y, const float *dy, const float *scale,
                             float *dresidual, bool set_dresidual, int64_t batch, int64_t channels, int64_t spatial) {
   // The flags are loop-invariant (GCC unswitches them). dx's loop reads dy before dresidual's may
   // overwrite it (set_dresidual with dresidual = dy); dx itself is dy only without dresidual.
+  if (spatial == 1) {  // channels last: rows of C
+#pragma omp parallel for schedule(static) if (batch * channels > PARALLEL_MIN_LIGHT)
+    for (int64_t r = 0; r < batch; r++) {
+      const float *dyp = dy + r * channels, *yp = relu ? y + r * channels : NULL;
+      float *dxp = dx ? dx + r * channels : NULL, *drp = dresidual ? dresidual + r * channels : NULL;
+      if (dxp)
+        for (int64_t c = 0; c < channels; c++) {
+          float gs = (relu ? frozen_bn_relu_grad(yp[c], dyp[c]) : dyp[c]) * scale[c];
+          dxp[c] = set_dx ? gs : dxp[c] + gs;
+        }
+      if (drp)
+        for (int64_t c = 0; c < channels; c++) {
+          float g = relu ? frozen_bn_relu_grad(yp[c], dyp[c]) : dyp[c];
+          drp[c] = set_dresidual ? g : drp[c] + g;
+        }
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static) if (batch * channels * spatial > PARALLEL_MIN_LIGHT)
   for (int64_t bc = 0; bc < batch * channels; bc++) {
     float s = scale[bc % channels];

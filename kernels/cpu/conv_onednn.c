@@ -1,7 +1,8 @@
 // Convolution on oneDNN (Debian's libdnnl 2.6, OpenMP runtime: the same libgomp thread pool as
 // OpenBLAS and our loops). Forward, backward-data and backward-weights primitives run on the
-// framework's plain buffers: x [B, C, H, W], w [O, C, KH, KW], y [B, O, HO, WO], bias [O], the
-// whole batch at once or one image at a time (onednn_conv2d_run).
+// framework's plain buffers: x [B, C, H, W], w [O, C, KH, KW], y [B, O, HO, WO] (channels last: x
+// [B, H, W, C], y [B, HO, WO, O]), bias [O], the whole batch at once or one image at a time
+// (onednn_conv2d_run).
 //
 // Each (one image's geometry, pass, layout, bias) gets its primitive once and keeps it in an LRU
 // cache: creating one (descriptor, implementation choice, JIT) costs 0.5-1 ms here, so a training
@@ -10,11 +11,18 @@
 // Layouts: blocked runs the convolution on the layouts oneDNN picks (format_tag any: nChw16c
 // activations and blocked weights on AVX-512), with reorders from and to the plain buffers on each
 // call; plain runs it on nchw/oihw, where oneDNN 2.6 falls back to its own im2col + sgemm
-// ("gemm:jit"). conv.c chooses per pass from bench_ops' figures.
+// ("gemm:jit"). conv.c chooses per pass from bench_ops' figures. A channels-last geometry keeps the
+// activations in their nhwc buffers either way (only the weights are reordered, when blocked):
+// oneDNN's nhwc convolutions run as fast as on nChw16c (brgconv forward on AVX-512;
+// bench/README.md "Channels-last backbone").
 //
 // Gradients accumulate (cpu_conv2d_backward's contract) while oneDNN overwrites: dx and dw are
 // computed into a temporary and added by a reorder with a sum post-op (plain += converted
-// temporary), which is also the pass that converts a blocked result back to the plain layout.
+// temporary), which is also the pass that converts a blocked result back to the plain layout. A dx
+// that is to be written (set_dx: a fresh buffer) goes through a reorder without the sum, or straight
+// into the buffer where the layouts are the same (channels last); a same-layout gradient that
+// accumulates is computed into the temporary and added by a plain loop (oneDNN's same-layout
+// reorder with a sum is its slow generic one, "simple:any").
 #include "kernels/cpu/cpu_kernels.h"
 
 #if DETR_HAVE_ONEDNN
@@ -25,6 +33,7 @@
 #include <oneapi/dnnl/dnnl_debug.h>
 
 #include "kernels/cpu/conv_onednn.h"
+#include "kernels/cpu/parallel.h"
 
 #if DNNL_CPU_RUNTIME != DNNL_RUNTIME_OMP
 #error "oneDNN must be the OpenMP build: another runtime's threads fight OpenBLAS's and ours for the cores"
@@ -38,13 +47,14 @@
   } while (0)
 
 // One tensor argument of a pass: the plain buffer the framework holds and the layout the
-// convolution runs on. Inputs are reordered plain -> prim when they differ; the output is reordered
-// prim -> plain (with a sum post-op when the pass accumulates).
+// convolution runs on. Inputs are reordered plain -> prim when they differ; an output in another
+// layout is reordered prim -> plain (with a sum post-op when the pass accumulates).
 typedef struct {
   int arg;                   // DNNL_ARG_*
-  dnnl_memory_desc_t user;   // plain: nchw or oihw
+  dnnl_memory_desc_t user;   // plain: nchw, nhwc or oihw
   dnnl_memory_desc_t prim;   // the convolution's own
-  dnnl_primitive_t reorder;  // NULL: the convolution reads or writes the plain buffer itself
+  dnnl_primitive_t reorder;  // NULL: the layouts are the same (output: the accumulating reorder)
+  dnnl_primitive_t reorder_set;  // output of backward-data only: the writing reorder, made on first use
 } ConvArg;
 
 typedef struct {
@@ -53,6 +63,7 @@ typedef struct {
   bool blocked;          // oneDNN's layouts (reorders around the convolution), or plain nchw/oihw
   bool bias;             // the forward adds one / backward-weights computes its gradient
   dnnl_primitive_t conv;
+  dnnl_primitive_desc_t fwd_pd;  // the forward's descriptor (forward entries only): the backward passes' hint
   ConvArg a[3];          // a[0], a[1]: inputs; a[2]: the output
   dnnl_memory_desc_t bias_md;  // [O]
   size_t scratch_bytes;  // oneDNN's scratchpad for this primitive
@@ -63,7 +74,7 @@ typedef struct {
 // sizes cycles through more, and the least recently used is dropped. The cache, the engine and the
 // buffer below are used from one thread at a time (the op layer's), as every kernel here is.
 #define CONV_CACHE_SIZE 256
-_Static_assert(sizeof(ConvGeom) == 9 * sizeof(int64_t) + 6 * sizeof(int),
+_Static_assert(sizeof(ConvGeom) == 9 * sizeof(int64_t) + 8 * sizeof(int),
                "ConvGeom must have no padding bytes: the cache compares geometries with memcmp");
 
 static dnnl_engine_t engine;
@@ -138,24 +149,69 @@ static void conv_desc(dnnl_convolution_desc_t *d, const ConvGeom *g, ConvPass pa
 
 static void prim_destroy(ConvPrim *p) {
   DNNL_CHECK(dnnl_primitive_destroy(p->conv));
-  for (int i = 0; i < 3; i++)
+  if (p->fwd_pd) DNNL_CHECK(dnnl_primitive_desc_destroy(p->fwd_pd));
+  for (int i = 0; i < 3; i++) {
     if (p->a[i].reorder) DNNL_CHECK(dnnl_primitive_destroy(p->a[i].reorder));
+    if (p->a[i].reorder_set) DNNL_CHECK(dnnl_primitive_destroy(p->a[i].reorder_set));
+  }
   memset(p, 0, sizeof *p);
 }
 
-static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, bool blocked, bool bias) {
+// The forward's descriptor. On nhwc oneDNN 2.6 lists its brgemm convolution ("brgconv") first on
+// AVX-512; for convolutions of up to 128 channels in and out its older direct one ("jit") runs as
+// fast or faster (the main job's step 3-4%, its 3-channel stem 2x) and its code is made in about 60%
+// of the time, which a new input size pays (`bench_ops 5 --conv-last`, `bench_step --vary-size`;
+// bench/README.md "Channels-last backbone"). So there the first other implementation is taken.
+static dnnl_primitive_desc_t forward_pd_create(const dnnl_convolution_desc_t *d, const_dnnl_primitive_attr_t attr,
+                                               const ConvGeom *g) {
+  dnnl_primitive_desc_t pd = NULL;
+  if (!g->channels_last || g->in_ch > 128 || g->out_ch > 128) {
+    DNNL_CHECK(dnnl_primitive_desc_create(&pd, d, attr, engine, NULL));
+    return pd;
+  }
+  dnnl_primitive_desc_iterator_t it;
+  DNNL_CHECK(dnnl_primitive_desc_iterator_create(&it, d, attr, engine, NULL));
+  dnnl_primitive_desc_t first = dnnl_primitive_desc_iterator_fetch(it);
+  DETR_CHECK(first, "oneDNN: dnnl_primitive_desc_iterator_fetch gave no convolution");
+  for (dnnl_status_t st = dnnl_success; st == dnnl_success; st = dnnl_primitive_desc_iterator_next(it)) {
+    dnnl_primitive_desc_t cand = dnnl_primitive_desc_iterator_fetch(it);
+    DETR_CHECK(cand, "oneDNN: dnnl_primitive_desc_iterator_fetch gave no convolution");
+    const char *name = NULL;
+    DNNL_CHECK(dnnl_primitive_desc_query(cand, dnnl_query_impl_info_str, 0, &name));
+    if (strncmp(name, "brg", 3)) {
+      pd = cand;
+      break;
+    }
+    DNNL_CHECK(dnnl_primitive_desc_destroy(cand));
+  }
+  DNNL_CHECK(dnnl_primitive_desc_iterator_destroy(it));
+  if (pd) {
+    DNNL_CHECK(dnnl_primitive_desc_destroy(first));
+    return pd;
+  }
+  return first;  // none other: oneDNN's first
+}
+
+// hint: the forward's descriptor of the same geometry and layouts, for a backward pass (NULL: made
+// here and dropped).
+static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, bool blocked, bool bias,
+                        const_dnnl_primitive_desc_t hint) {
   dnnl_dims_t xd = {g->batch, g->in_ch, g->in_h, g->in_w};     // x [B, C, H, W] (B = 1 one image at a time)
   dnnl_dims_t wd = {g->out_ch, g->in_ch, g->kh, g->kw};        // w [O, C, KH, KW]
   dnnl_dims_t yd = {g->batch, g->out_ch, g->out_h, g->out_w};  // y [B, O, HO, WO]
   dnnl_dims_t bd = {g->out_ch};                                // bias [O]
   dnnl_memory_desc_t xu, wu, yu, xa, wa, ya, bmd;
-  md_init(&xu, 4, xd, dnnl_nchw);
+  dnnl_format_tag_t act = g->channels_last ? dnnl_nhwc : dnnl_nchw;  // dims stay in nchw order
+  md_init(&xu, 4, xd, act);
   md_init(&wu, 4, wd, dnnl_oihw);
-  md_init(&yu, 4, yd, dnnl_nchw);
-  if (blocked) {  // format_tag any: oneDNN's choice
+  md_init(&yu, 4, yd, act);
+  if (blocked && !g->channels_last) {  // format_tag any: oneDNN's choice
     md_init(&xa, 4, xd, dnnl_format_tag_any);
     md_init(&wa, 4, wd, dnnl_format_tag_any);
     md_init(&ya, 4, yd, dnnl_format_tag_any);
+  } else if (blocked) {  // channels last: on the nhwc buffers themselves, blocked weights
+    xa = xu, ya = yu;
+    md_init(&wa, 4, wd, dnnl_format_tag_any);
   } else {
     xa = xu, wa = wu, ya = yu;
   }
@@ -167,14 +223,16 @@ static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, bool bloc
   // The backward passes need the forward's descriptor as a hint (the layouts it chose).
   dnnl_convolution_desc_t d;
   dnnl_primitive_desc_t fwd = NULL, pd;
-  conv_desc(&d, g, CONV_PASS_FWD, &xa, &wa, &ya, pass == CONV_PASS_FWD && bias ? &bmd : NULL);
-  DNNL_CHECK(dnnl_primitive_desc_create(&fwd, &d, attr, engine, NULL));
+  if (pass == CONV_PASS_FWD || !hint) {
+    conv_desc(&d, g, CONV_PASS_FWD, &xa, &wa, &ya, pass == CONV_PASS_FWD && bias ? &bmd : NULL);
+    fwd = forward_pd_create(&d, attr, g);
+  }
   if (pass == CONV_PASS_FWD) {
     pd = fwd;
   } else {
     conv_desc(&d, g, pass, &xa, &wa, &ya, pass == CONV_PASS_BWD_WEIGHTS && bias ? &bmd : NULL);
-    DNNL_CHECK(dnnl_primitive_desc_create(&pd, &d, attr, engine, fwd));
-    DNNL_CHECK(dnnl_primitive_desc_destroy(fwd));
+    DNNL_CHECK(dnnl_primitive_desc_create(&pd, &d, attr, engine, hint ? hint : fwd));
+    if (fwd) DNNL_CHECK(dnnl_primitive_desc_destroy(fwd));
   }
   DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
 
@@ -204,30 +262,37 @@ static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, bool bloc
     bool same = dnnl_memory_desc_equal(&a->user, &a->prim);
     if (i < 2) {
       if (!same) a->reorder = reorder_create(&a->user, &a->prim, false);
-    } else if (pass != CONV_PASS_FWD || !same) {  // gradients accumulate: always through a reorder
+    } else if (!same) {  // the backward passes' accumulate (the sum post-op)
       a->reorder = reorder_create(&a->prim, &a->user, pass != CONV_PASS_FWD);
     }
   }
   const dnnl_memory_desc_t *scratch_md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
   p->scratch_bytes = scratch_md ? dnnl_memory_desc_get_size(scratch_md) : 0;
   DNNL_CHECK(dnnl_primitive_create(&p->conv, pd));
-  DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
+  if (pass == CONV_PASS_FWD) p->fwd_pd = pd;  // kept for the backward passes' hint
+  else DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
 }
 
 // The cached primitive of (g, pass, blocked, bias), created on first use.
 static ConvPrim *prim_get(const ConvGeom *g, ConvPass pass, bool blocked, bool bias) {
   onednn_init();
-  ConvPrim *victim = &cache[0];
+  ConvPrim *victim = &cache[0], *forward = NULL;  // forward: this geometry's forward entry
   for (int i = 0; i < CONV_CACHE_SIZE; i++) {
     ConvPrim *p = &cache[i];
-    if (p->used && p->pass == pass && p->blocked == blocked && p->bias == bias && !memcmp(&p->g, g, sizeof *g)) {
-      p->used = ++cache_clock;
-      return p;
+    if (p->used && p->blocked == blocked && !memcmp(&p->g, g, sizeof *g)) {
+      if (p->pass == pass && p->bias == bias) {
+        p->used = ++cache_clock;
+        return p;
+      }
+      if (p->pass == CONV_PASS_FWD) forward = p;
     }
     if (p->used < victim->used) victim = p;
   }
+  // A backward pass takes the forward's descriptor as its hint: one forward descriptor less to
+  // make per new shape (their implementation choice is most of a primitive's creation time).
+  if (victim == forward) forward = NULL;
   if (victim->used) prim_destroy(victim);
-  prim_create(victim, g, pass, blocked, bias);
+  prim_create(victim, g, pass, blocked, bias, pass != CONV_PASS_FWD && forward ? forward->fwd_pd : NULL);
   victim->used = ++cache_clock;
   return victim;
 }
@@ -253,20 +318,22 @@ static void reorder_run(dnnl_primitive_t r, const dnnl_memory_desc_t *from_md, c
 
 static size_t round64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
-// Buffer bytes of one pass: its prim-layout copies, backward-weights' dbias [O], the scratchpad.
-static size_t pass_buffer_bytes(const ConvPrim *p) {
+// Buffer bytes of one pass: its prim-layout copies (out_copy: the output's), backward-weights'
+// dbias [O], the scratchpad.
+static size_t pass_buffer_bytes(const ConvPrim *p, bool out_copy) {
   size_t bytes = round64(p->scratch_bytes);
   for (int i = 0; i < 3; i++)
-    if (p->a[i].reorder) bytes += round64(dnnl_memory_desc_get_size(&p->a[i].prim));
+    if (i < 2 ? p->a[i].reorder != NULL : out_copy) bytes += round64(dnnl_memory_desc_get_size(&p->a[i].prim));
   if (p->pass == CONV_PASS_BWD_WEIGHTS && p->bias) bytes += round64((size_t)p->g.out_ch * sizeof(float));
   return bytes;
 }
 
 // Runs one pass of primitive p (of batch p->g.batch) `batch` times over consecutive parts of the
 // buffers: in0, in1 plain inputs, out the plain output (overwritten by the forward, accumulated
-// into by the backward passes); bias: the forward's bias or backward-weights' dbias (accumulated),
-// NULL when p has none.
-static void pass_run(ConvPrim *p, int64_t batch, const float *in0, const float *in1, float *out, float *bias) {
+// into by the backward passes where `accumulate`); bias: the forward's bias or backward-weights'
+// dbias (accumulated), NULL when p has none.
+static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *in0, const float *in1, float *out,
+                     float *bias) {
   const ConvGeom *g = &p->g;
   int64_t x_img = g->in_ch * g->in_h * g->in_w, y_img = g->out_ch * g->out_h * g->out_w;
   // What each argument holds: 1: x or dx, 2: y or dy (both per image), 0: w or dw (shared).
@@ -275,13 +342,23 @@ static void pass_run(ConvPrim *p, int64_t batch, const float *in0, const float *
   int64_t step[3];  // floats from one image to the next in each plain argument
   for (int i = 0; i < 3; i++) step[i] = holds[p->pass][i] == 1 ? x_img : holds[p->pass][i] == 2 ? y_img : 0;
 
-  char *ws = buffer_get(pass_buffer_bytes(p));
+  // The output goes through a copy where the layouts differ (reordered into out, with a sum when
+  // accumulating) or where it accumulates (added into out).
+  bool out_copy = p->a[2].reorder || accumulate;
+  dnnl_primitive_t out_reorder = p->a[2].reorder;
+  if (out_reorder && p->pass != CONV_PASS_FWD && !accumulate) {  // a dx to be written: no sum
+    if (!p->a[2].reorder_set) p->a[2].reorder_set = reorder_create(&p->a[2].prim, &p->a[2].user, false);
+    out_reorder = p->a[2].reorder_set;
+  }
+  // The output's floats per call: the primitive's images (g->batch of them), or dw.
+  int64_t out_floats = step[2] ? step[2] * g->batch : g->out_ch * g->in_ch * g->kh * g->kw;
+  char *ws = buffer_get(pass_buffer_bytes(p, out_copy));
   void *scratchpad = ws;
   ws += round64(p->scratch_bytes);
   const float *user[3] = {in0, in1, out};
-  void *buf[3] = {NULL, NULL, NULL};  // prim-layout copies, where the layouts differ
+  void *buf[3] = {NULL, NULL, NULL};  // prim-layout copies
   for (int i = 0; i < 3; i++) {
-    if (!p->a[i].reorder) continue;
+    if (i < 2 ? !p->a[i].reorder : !out_copy) continue;
     buf[i] = ws;
     ws += round64(dnnl_memory_desc_get_size(&p->a[i].prim));
     if (i < 2 && !step[i]) reorder_run(p->a[i].reorder, &p->a[i].user, user[i], &p->a[i].prim, buf[i]);
@@ -313,7 +390,14 @@ static void pass_run(ConvPrim *p, int64_t batch, const float *in0, const float *
       else if (i < 2) reorder_run(p->a[i].reorder, &p->a[i].user, img[i], &p->a[i].prim, buf[i]);
     }
     DNNL_CHECK(dnnl_primitive_execute(p->conv, stream, n, args));
-    if (p->a[2].reorder) reorder_run(p->a[2].reorder, &p->a[2].prim, buf[2], &p->a[2].user, img[2]);
+    if (out_reorder) {
+      reorder_run(out_reorder, &p->a[2].prim, buf[2], &p->a[2].user, img[2]);
+    } else if (out_copy) {  // the same layout, accumulated
+      const float *src = buf[2];
+      float *dst = img[2];
+#pragma omp parallel for schedule(static) if (out_floats > PARALLEL_MIN_LIGHT)
+      for (int64_t j = 0; j < out_floats; j++) dst[j] += src[j];
+    }
     if (dbias)
       for (int64_t o = 0; o < O; o++) bias[o] += dbias[o];
   }
@@ -337,17 +421,21 @@ int64_t onednn_conv2d_set_whole_batch_bytes(int64_t bytes) {
   return before;
 }
 
-void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, bool blocked, const float *in0, const float *in1,
-                       float *out, float *bias) {
+void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, bool blocked, bool accumulate, const float *in0,
+                       const float *in1, float *out, float *bias) {
   DETR_CHECK(!bias || pass != CONV_PASS_BWD_DATA, "onednn_conv2d_run: backward-data has no bias");
-  if ((g->in_ch * g->in_h * g->in_w + g->out_ch * g->out_h * g->out_w) * g->batch * (int64_t)sizeof(float) <=
-      whole_batch_bytes) {
-    pass_run(prim_get(g, pass, blocked, bias != NULL), 1, in0, in1, out, bias);
+  DETR_CHECK(pass == CONV_PASS_BWD_DATA || accumulate == (pass == CONV_PASS_BWD_WEIGHTS),
+             "onednn_conv2d_run: only backward-data's dx may be written or accumulated; dw accumulates");
+  // Channels last: no copies of x or y are made (oneDNN runs on nhwc itself), so always whole.
+  if (g->channels_last ||
+      (g->in_ch * g->in_h * g->in_w + g->out_ch * g->out_h * g->out_w) * g->batch * (int64_t)sizeof(float) <=
+          whole_batch_bytes) {
+    pass_run(prim_get(g, pass, blocked, bias != NULL), 1, accumulate, in0, in1, out, bias);
     return;
   }
   ConvGeom one = *g;  // one image's primitive, shared by every batch size
   one.batch = 1;
-  pass_run(prim_get(&one, pass, blocked, bias != NULL), g->batch, in0, in1, out, bias);
+  pass_run(prim_get(&one, pass, blocked, bias != NULL), g->batch, accumulate, in0, in1, out, bias);
 }
 
 const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, bool blocked) {

@@ -1,5 +1,6 @@
 // Convolution on oneDNN (conv_onednn.c), one pass at a time; conv.c chooses where it runs. Buffers
-// are plain: x [B, C, H, W], w [O, C, KH, KW], y [B, O, HO, WO], bias [O].
+// are plain: x [B, C, H, W], w [O, C, KH, KW], y [B, O, HO, WO], bias [O] (channels last: x
+// [B, H, W, C], y [B, HO, WO, O]).
 #pragma once
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -7,10 +8,11 @@
 // blocked: the convolution runs on the layouts oneDNN picks (nChw16c activations and blocked
 // weights on AVX-512), with reorders from and to the plain buffers; otherwise on nchw/oihw itself.
 //   CONV_PASS_FWD:          in0 x, in1 w, out y (overwritten), bias [O] added, or NULL.
-//   CONV_PASS_BWD_DATA:     in0 dy, in1 w, out dx (accumulated), bias NULL.
+//   CONV_PASS_BWD_DATA:     in0 dy, in1 w, out dx (accumulated, or written when !accumulate), bias NULL.
 //   CONV_PASS_BWD_WEIGHTS:  in0 x, in1 dy, out dw (accumulated), bias dbias (accumulated) or NULL.
-void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, bool blocked, const float *in0, const float *in1,
-                       float *out, float *bias);
+// accumulate: false for the forward, true for backward-weights, either for backward-data.
+void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, bool blocked, bool accumulate, const float *in0,
+                       const float *in1, float *out, float *bias);
 // The implementation oneDNN chose for the pass, e.g. "jit:avx512_core" (bench_ops prints it).
 const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, bool blocked);
 // Passes whose whole batch of x and y fits in `bytes` run as one primitive, larger ones one image
@@ -23,8 +25,8 @@ static inline int64_t onednn_conv2d_set_whole_batch_bytes(int64_t bytes) {
   (void)bytes;
   return 0;
 }
-static inline void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, bool blocked, const float *in0,
-                                     const float *in1, float *out, float *bias) {
+static inline void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, bool blocked, bool accumulate,
+                                     const float *in0, const float *in1, float *out, float *bias) {
   DETR_FAIL("conv2d: this build has no oneDNN");
 }
 #endif

@@ -1,5 +1,5 @@
 // 2-D convolution on cuDNN (v9, legacy convolution API), and the custom max-pooling and frozen
-// batch-norm kernels (kernels/cpu/conv.c's twins). Convolution: NCHW float32, cross-correlation (as
+// batch-norm kernels (kernels/cpu/conv.c's twins). Convolution: NCHW or NHWC float32, cross-correlation (as
 // torch), one group. Forward = cudnnConvolutionForward + a bias kernel; backward =
 // cudnnConvolutionBackwardData / BackwardFilter with beta = 1 (gradients accumulate, as the CPU
 // kernels) and a deterministic bias-gradient kernel.
@@ -73,9 +73,13 @@ struct ConvDescs {
     CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
     int B = conv_int(g->batch, "batch"), C = conv_int(g->in_ch, "in_ch");
     int O = conv_int(g->out_ch, "out_ch");
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, B, C,
+    // Channels last: NHWC activations with the filter still KCRS (NCHW), which cuDNN's fp32
+    // convolutions accept (an algorithm that does not reports it in the workspace query and is
+    // passed over, kernels/conv_algo.h).
+    cudnnTensorFormat_t act = g->channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, act, CUDNN_DATA_FLOAT, B, C,
                                            conv_int(g->in_h, "in_h"), conv_int(g->in_w, "in_w")));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, B, O,
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, act, CUDNN_DATA_FLOAT, B, O,
                                            conv_int(g->out_h, "out_h"),
                                            conv_int(g->out_w, "out_w")));
     CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, O, C,
@@ -278,10 +282,10 @@ static void check_workspace(const char *pass, size_t need, void *ws, size_t have
 
 // --- bias ---
 
-// y [B, O, S] += bias [O], S = HO * WO.
+// y [B, O, S] (channels last: [B, S, O]) += bias [O], S = HO * WO.
 __global__ void conv_bias_forward_kernel(float *y, const float *bias, int64_t total, int64_t out_ch,
-                                         int64_t spatial) {
-  GRID_STRIDE_LOOP(i, total) y[i] += bias[(i / spatial) % out_ch];
+                                         int64_t spatial, int channels_last) {
+  GRID_STRIDE_LOOP(i, total) y[i] += bias[channels_last ? i % out_ch : (i / spatial) % out_ch];
 }
 
 // dbias [O] += sum over b, s of dy [B, O, S]. One block per channel (grid-stride over channels);
@@ -289,14 +293,14 @@ __global__ void conv_bias_forward_kernel(float *y, const float *bias, int64_t to
 // adjacent floats of a plane), then a fixed tree adds the partials: no atomics, the same result
 // on every run. Double accumulation, as the CPU's.
 __global__ void conv_bias_backward_kernel(const float *dy, float *dbias, int64_t batch,
-                                          int64_t out_ch, int64_t spatial) {
+                                          int64_t out_ch, int64_t spatial, int channels_last) {
   __shared__ double partial[DETR_BLOCK];  // blockDim.x == DETR_BLOCK, a power of two
   int64_t per_channel = batch * spatial;
   for (int64_t o = blockIdx.x; o < out_ch; o += gridDim.x) {
     double acc = 0.0;
     for (int64_t t = threadIdx.x; t < per_channel; t += DETR_BLOCK) {
       int64_t b = t / spatial, s = t % spatial;
-      acc += dy[(b * out_ch + o) * spatial + s];
+      acc += dy[conv_offset(channels_last, b, o, s, out_ch, spatial)];
     }
     partial[threadIdx.x] = acc;
     __syncthreads();
@@ -331,23 +335,24 @@ extern "C" void cuda_conv2d_forward(const float *x, const float *w, const float 
   if (bias) {
     int64_t spatial = g->out_h * g->out_w;
     conv_bias_forward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0,
-                               detr_cuda_stream()>>>(y, bias, total, g->out_ch, spatial);
+                               detr_cuda_stream()>>>(y, bias, total, g->out_ch, spatial, g->channels_last);
     CUDA_CHECK_LAUNCH("conv_bias_forward_kernel");
   }
 }
 
-// dx [B, C, H, W] += conv^T(dy), dw [O, C, KH, KW] += dy (*) x; either may be NULL.
-static void conv_backward_cudnn(const float *x, const float *w, const float *dy, float *dx,
+// dx [B, C, H, W] += conv^T(dy) (set_dx: =), dw [O, C, KH, KW] += dy (*) x; either may be NULL.
+static void conv_backward_cudnn(const float *x, const float *w, const float *dy, float *dx, bool set_dx,
                                 float *dw, const ConvGeom *g, void *ws, size_t ws_bytes) {
   AlgoCacheEntry *e = conv_choose(g, false, dx != NULL, dw != NULL);
   ConvDescs d(g, e->tf32);
   cudnnHandle_t h = detr_cudnn_handle();
-  const float one = 1.0f;  // alpha = 1, beta = 1: gradients accumulate into dx, dw
+  const float one = 1.0f, zero = 0.0f;  // alpha = 1, beta = 1: gradients accumulate (dx: beta 0 when set)
   if (dx) {
     check_workspace("backward-data", e->bwd_data_bytes, ws, ws_bytes);
     CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w, w, d.y, dy, d.conv,
                                              (cudnnConvolutionBwdDataAlgo_t)e->bwd_data,
-                                             e->bwd_data_bytes ? ws : NULL, e->bwd_data_bytes, &one, d.x, dx));
+                                             e->bwd_data_bytes ? ws : NULL, e->bwd_data_bytes, set_dx ? &zero : &one,
+                                             d.x, dx));
   }
   if (dw) {
     check_workspace("backward-filter", e->bwd_filter_bytes, ws, ws_bytes);
@@ -358,29 +363,35 @@ static void conv_backward_cudnn(const float *x, const float *w, const float *dy,
   }
 }
 
-extern "C" void cuda_conv2d_backward(const float *x, const float *w, const float *dy, float *dx,
+extern "C" void cuda_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, bool set_dx,
                                      float *dw, float *dbias, const ConvGeom *g, void *workspace,
                                      size_t workspace_bytes) {
   if (!dx && !dw && !dbias) return;
+  if (dx && set_dx && (conv_output_numel(g) == 0 || g->in_ch == 0)) {  // no terms: dx = 0
+    int64_t nx = g->batch * g->in_ch * g->in_h * g->in_w;
+    CUDA_CHECK(cudaMemsetAsync(dx, 0, (size_t)nx * sizeof(float), detr_cuda_stream()));
+  }
   if (conv_output_numel(g) == 0) return;  // no output: every gradient term is zero
   if (g->in_ch == 0) dx = dw = NULL;      // both are empty
-  if (dx || dw) conv_backward_cudnn(x, w, dy, dx, dw, g, workspace, workspace_bytes);
+  if (dx || dw) conv_backward_cudnn(x, w, dy, dx, set_dx, dw, g, workspace, workspace_bytes);
   if (dbias) {
     unsigned int grid = (unsigned int)(g->out_ch < 65535 ? g->out_ch : 65535);
     conv_bias_backward_kernel<<<grid, DETR_BLOCK, 0, detr_cuda_stream()>>>(
-        dy, dbias, g->batch, g->out_ch, g->out_h * g->out_w);
+        dy, dbias, g->batch, g->out_ch, g->out_h * g->out_w, g->channels_last);
     CUDA_CHECK_LAUNCH("conv_bias_backward_kernel");
   }
 }
 
 // --- max pooling: -inf padding (padded taps are skipped), argmax per output kept for backward ---
 
-// x [B*C planes, in_h, in_w] -> y, argmax [planes, out_h, out_w]; argmax is the index within the
-// input plane (-1 for a window with no input pixel, which padding <= kernel / 2 rules out).
+// x [B, C, in_h, in_w] -> y, argmax [B, C, out_h, out_w] (channels last: [B, in_h, in_w, C] ->
+// [B, out_h, out_w, C]); argmax is the position iy * in_w + ix within the input plane (-1 for a
+// window with no input pixel, which padding <= kernel / 2 rules out).
 __global__ void maxpool2d_forward_kernel(const float *x, float *y, int32_t *argmax, ConvGeom g, int64_t total) {
   GRID_STRIDE_LOOP(o, total) {
-    int64_t ox = o % g.out_w, oy = (o / g.out_w) % g.out_h, p = o / (g.out_w * g.out_h);
-    const float *xp = x + p * g.in_h * g.in_w;
+    int64_t b, c, s;
+    conv_decode(g.channels_last, o, g.in_ch, g.out_h * g.out_w, &b, &c, &s);
+    int64_t ox = s % g.out_w, oy = s / g.out_w;
     float best = -FLT_MAX;
     int32_t best_at = -1;
     for (int64_t ky = 0; ky < g.kh; ky++) {
@@ -389,7 +400,7 @@ __global__ void maxpool2d_forward_kernel(const float *x, float *y, int32_t *argm
       for (int64_t kx = 0; kx < g.kw; kx++) {
         int64_t ix = conv_in_coord(ox, kx, g.stride_w, g.pad_w, g.dil_w);
         if (ix < 0 || ix >= g.in_w) continue;
-        float v = xp[iy * g.in_w + ix];
+        float v = x[conv_offset(g.channels_last, b, c, iy * g.in_w + ix, g.in_ch, g.in_h * g.in_w)];
         if (maxpool_takes(v, best, best_at)) {
           best = v;
           best_at = (int32_t)(iy * g.in_w + ix);
@@ -403,11 +414,13 @@ __global__ void maxpool2d_forward_kernel(const float *x, float *y, int32_t *argm
 
 // Gather form of the backward, no atomics: thread i owns input pixel (p, iy, ix) and adds dy of
 // every output whose argmax is i, in increasing output order - the order in which the CPU's
-// scatter loop adds them, so the result is the CPU's bit for bit. dx [planes, in_h, in_w].
+// scatter loop adds them, so the result is the CPU's bit for bit. dx: x's shape.
 __global__ void maxpool2d_backward_kernel(const float *dy, const int32_t *argmax, float *dx, ConvGeom g,
                                           int64_t total) {
   GRID_STRIDE_LOOP(i, total) {
-    int64_t ix = i % g.in_w, iy = (i / g.in_w) % g.in_h, p = i / (g.in_w * g.in_h);
+    int64_t b, c, s;
+    conv_decode(g.channels_last, i, g.in_ch, g.in_h * g.in_w, &b, &c, &s);
+    int64_t ix = s % g.in_w, iy = s / g.in_w;
     int64_t oy0, oy1, ox0, ox1;
     conv_out_range(iy, g.kh, g.stride_h, g.pad_h, g.dil_h, g.out_h, &oy0, &oy1);
     conv_out_range(ix, g.kw, g.stride_w, g.pad_w, g.dil_w, g.out_w, &ox0, &ox1);
@@ -416,7 +429,7 @@ __global__ void maxpool2d_backward_kernel(const float *dy, const int32_t *argmax
     bool hit = false;
     for (int64_t oy = oy0; oy <= oy1; oy++)
       for (int64_t ox = ox0; ox <= ox1; ox++) {
-        int64_t o = (p * g.out_h + oy) * g.out_w + ox;
+        int64_t o = conv_offset(g.channels_last, b, c, oy * g.out_w + ox, g.in_ch, g.out_h * g.out_w);
         if (argmax[o] == self) {
           acc += dy[o];
           hit = true;
