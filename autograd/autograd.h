@@ -95,3 +95,8 @@ void autograd_profile_report(FILE *f);
 
 // Zero-fills the .grad of each tensor that has one.
 void autograd_zero_grad(Tensor *const *params, int n);
+// Releases the .grad of each tensor that has one (torch's zero_grad(set_to_none=True)): the next
+// backward makes it afresh, and a kernel that writes its whole term (autograd_grad_to_write: a
+// convolution's or linear layer's dW) then writes instead of adding to zeros, and no pass zeroes
+// it between steps. Until then the memory is free for the forward's activations.
+void autograd_drop_grad(Tensor *const *params, int n);

@@ -48,10 +48,10 @@ static void conv2d_forward_cuda(const float *x, const float *w, const float *bia
 }
 
 static void conv2d_backward_cuda(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
-                                 float *db, const ConvGeom *g) {
+                                 bool set_dw, float *db, const ConvGeom *g) {
   size_t bytes = conv_workspace_block(cuda_conv2d_backward_workspace(g, dx != NULL, dw != NULL));
   void *ws = bytes ? detr_alloc(DEVICE_CUDA, bytes) : NULL;
-  cuda_conv2d_backward(x, w, dy, dx, set_dx, dw, db, g, ws, bytes);
+  cuda_conv2d_backward(x, w, dy, dx, set_dx, dw, set_dw, db, g, ws, bytes);
   detr_free(DEVICE_CUDA, ws, bytes);
 }
 #endif
@@ -59,15 +59,17 @@ static void conv2d_backward_cuda(const float *x, const float *w, const float *dy
 static void conv2d_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *w = n->in[1], *bias = n->in[2], *y = n->out[0];
   ConvGeom g = *NODE_ATTRS(n, ConvGeom);  // conv2d's and maxpool2d's attributes: the geometry
-  bool set_dx;  // x has no gradient yet: the kernel writes dx instead of adding to zeros
-  float *dx = autograd_grad_to_write(x, &set_dx), *dw = grad_data_or_null(w), *db = grad_data_or_null(bias);
+  bool set_dx, set_dw;  // no gradient yet: the kernel writes it instead of adding to zeros
+  float *dx = autograd_grad_to_write(x, &set_dx), *dw = autograd_grad_to_write(w, &set_dw);
+  float *db = grad_data_or_null(bias);
   if (x->device == DEVICE_CPU) {
     int64_t ws_floats = cpu_conv2d_workspace_floats(&g);
     float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
-    cpu_conv2d_backward(x->data, w->data, y->grad->data, dx, set_dx, dw, db, &g, ws);
+    cpu_conv2d_backward(x->data, w->data, y->grad->data, dx, set_dx, dw, set_dw, db, &g, ws);
     detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));
   } else {
-    DISPATCH(x->device, (void)0, conv2d_backward_cuda(x->data, w->data, y->grad->data, dx, set_dx, dw, db, &g));
+    DISPATCH(x->device, (void)0,
+             conv2d_backward_cuda(x->data, w->data, y->grad->data, dx, set_dx, dw, set_dw, db, &g));
   }
 }
 

@@ -131,7 +131,9 @@ static void linear_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *w = n->in[1], *bias = n->in[2], *y = n->out[0];
   const LinearAttrs *at = NODE_ATTRS(n, LinearAttrs);
   int64_t rows = at->rows, in = at->in, out = at->out;
-  float *dx = grad_data_or_null(x), *dw = grad_data_or_null(w), *db = grad_data_or_null(bias);
+  bool set_dx, set_dw;  // a fresh gradient is written (GEMM beta 0), not added to zeros
+  float *dx = autograd_grad_to_write(x, &set_dx), *dw = autograd_grad_to_write(w, &set_dw);
+  float *db = grad_data_or_null(bias);
   if (at->relu) {  // dy <- relu'(y) dy in place, db from it in the same pass
     float *g = y->grad->data;
     DISPATCH(x->device, cpu_relu_row_bias_backward(y->data, g, g, db, rows, out),
@@ -139,8 +141,8 @@ static void linear_backward_node(TapeNode *n) {
     db = NULL;
   }
   const float *dy = y->grad->data;
-  if (dx) gemm(x->device, false, false, rows, in, out, 1.0f, dy, out, w->data, in, 1.0f, dx, in);
-  if (dw) gemm(x->device, true, false, out, in, rows, 1.0f, dy, out, x->data, in, 1.0f, dw, in);
+  if (dx) gemm(x->device, false, false, rows, in, out, 1.0f, dy, out, w->data, in, set_dx ? 0.0f : 1.0f, dx, in);
+  if (dw) gemm(x->device, true, false, out, in, rows, 1.0f, dy, out, x->data, in, set_dw ? 0.0f : 1.0f, dw, in);
   if (db)
     DISPATCH(x->device, cpu_row_bias_backward(dy, db, rows, out),
              cuda_row_bias_backward(dy, db, rows, out));

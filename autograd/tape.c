@@ -244,3 +244,11 @@ void autograd_zero_grad(Tensor *const *params, int n) {
   for (int i = 0; i < n; i++)
     if (params[i]->grad) tensor_fill_(params[i]->grad, 0.0f);
 }
+
+void autograd_drop_grad(Tensor *const *params, int n) {
+  for (int i = 0; i < n; i++)
+    if (params[i]->grad) {
+      tensor_release(params[i]->grad);
+      params[i]->grad = NULL;
+    }
+}

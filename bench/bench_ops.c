@@ -159,8 +159,8 @@ static double time_conv_pass(ConvImpl impl, const ConvGeom *g, bool with_bias, C
     int64_t ws_floats = cpu_conv2d_workspace_floats(g);
     float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
     if (pass == CONV_PASS_FWD) cpu_conv2d_forward(x, w, bias, y, g, ws);
-    else if (pass == CONV_PASS_BWD_DATA) cpu_conv2d_backward(NULL, w, y, dx, false, NULL, NULL, g, ws);
-    else cpu_conv2d_backward(x, NULL, y, NULL, false, dw, bias, g, ws);
+    else if (pass == CONV_PASS_BWD_DATA) cpu_conv2d_backward(NULL, w, y, dx, false, NULL, false, NULL, g, ws);
+    else cpu_conv2d_backward(x, NULL, y, NULL, false, dw, true, bias, g, ws);  // dw fresh, as in training
     detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));
     if (r >= 0) t[r] = now() - t0;
   }

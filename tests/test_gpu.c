@@ -509,11 +509,11 @@ static void conv_forward_ws(const float *x, const float *w, const float *bias, f
 }
 
 static void conv_backward_ws(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
-                             float *db, const ConvGeom *g) {
+                             bool set_dw, float *db, const ConvGeom *g) {
   size_t bytes = cuda_conv2d_backward_workspace(g, dx != NULL, dw != NULL);
   void *ws = bytes ? cuda_device_malloc(bytes) : NULL;
   ck_assert(!bytes || ws);
-  cuda_conv2d_backward(x, w, dy, dx, set_dx, dw, db, g, ws, bytes);
+  cuda_conv2d_backward(x, w, dy, dx, set_dx, dw, set_dw, db, g, ws, bytes);
   cuda_device_free(ws);
 }
 
@@ -548,10 +548,10 @@ static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
   float *dx0 = host_uniform(nx, seed + 4, -1, 1), *dw0 = host_uniform(nw, seed + 5, -1, 1);
   float *db0 = host_uniform(nb, seed + 6, -1, 1);
   float *dx = host_copy(dx0, nx), *dw = host_copy(dw0, nw), *db = host_copy(db0, nb);
-  cpu_conv2d_backward(x, w, dy, dx, false, dw, with_bias ? db : NULL, g, ws);
+  cpu_conv2d_backward(x, w, dy, dx, false, dw, false, with_bias ? db : NULL, g, ws);
   float *d_dy = dev_upload(dy, ny), *d_dx = dev_upload(dx0, nx), *d_dw = dev_upload(dw0, nw);
   float *d_db = dev_upload(db0, nb);
-  conv_backward_ws(d_x, d_w, d_dy, d_dx, false, d_dw, with_bias ? d_db : NULL, g);
+  conv_backward_ws(d_x, d_w, d_dy, d_dx, false, d_dw, false, with_bias ? d_db : NULL, g);
   snprintf(msg, sizeof msg, "%s: dx", what);
   expect_close(msg, d_dx, dx, nx, TOL);
   snprintf(msg, sizeof msg, "%s: dw", what);
@@ -565,7 +565,7 @@ static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
     cuda_memcpy_h2d(d_dx, dx0, (size_t)nx * sizeof(float));
     cuda_memcpy_h2d(d_dw, dw0, (size_t)nw * sizeof(float));
     cuda_memcpy_h2d(d_db, db0, (size_t)nb * sizeof(float));
-    conv_backward_ws(d_x, d_w, d_dy, d_dx, false, d_dw, with_bias ? d_db : NULL, g);
+    conv_backward_ws(d_x, d_w, d_dy, d_dx, false, d_dw, false, with_bias ? d_db : NULL, g);
     snprintf(msg, sizeof msg, "%s: dx run to run", what);
     expect_bitwise(msg, d_dx, first_dx, nx);
     snprintf(msg, sizeof msg, "%s: dw run to run", what);
@@ -577,14 +577,20 @@ static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
     free(first_db);
   }
 
-  // One gradient at a time (the others NULL): dx only, from zero on the CPU, written over NaN
-  // (set_dx: a fresh, unfilled buffer) on the GPU.
+  // One gradient at a time (the others NULL): dx only, then dw only, from zero on the CPU, written
+  // over NaN (set_dx, set_dw: a fresh, unfilled buffer) on the GPU.
   memset(dx, 0, (size_t)nx * sizeof(float));
-  cpu_conv2d_backward(x, w, dy, dx, false, NULL, NULL, g, ws);
+  cpu_conv2d_backward(x, w, dy, dx, false, NULL, false, NULL, g, ws);
   cuda_fill(d_dx, nx, NAN);
-  conv_backward_ws(d_x, d_w, d_dy, d_dx, true, NULL, NULL, g);
+  conv_backward_ws(d_x, d_w, d_dy, d_dx, true, NULL, false, NULL, g);
   snprintf(msg, sizeof msg, "%s: dx alone, written", what);
   expect_close(msg, d_dx, dx, nx, TOL);
+  memset(dw, 0, (size_t)nw * sizeof(float));
+  cpu_conv2d_backward(x, w, dy, NULL, false, dw, false, NULL, g, ws);
+  cuda_fill(d_dw, nw, NAN);
+  conv_backward_ws(d_x, d_w, d_dy, NULL, false, d_dw, true, NULL, g);
+  snprintf(msg, sizeof msg, "%s: dw alone, written", what);
+  expect_close(msg, d_dw, dw, nw, TOL);
 
   float *bufs_d[] = {d_x, d_w, d_bias, d_y, d_dy, d_dx, d_dw, d_db};
   for (size_t i = 0; i < sizeof bufs_d / sizeof *bufs_d; i++) cuda_device_free(bufs_d[i]);

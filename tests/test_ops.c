@@ -115,17 +115,23 @@ START_TEST(conv2d_backward_implementations_agree) {
       cpu_conv2d_set_impl(conv_impls[impl]);
       float *grads[2][3];  // two runs: dx, dw, dbias from dx0, dw0, db0
       for (int run = 0; run < 3; run++) {
-        if (run == 2) {  // dx written (set_dx) over NaN: dx0 + it must give run 0's dx, bit for bit
-          float *fresh = malloc((size_t)nx * sizeof(float));
-          for (int64_t i = 0; i < nx; i++) fresh[i] = NAN;
+        if (run == 2) {  // dx and dw written (set_dx, set_dw) over NaN: the terms added to zeros, bit for bit
+          int64_t nmax = nx > nw ? nx : nw;
+          float *fresh = malloc((size_t)nmax * sizeof(float)), *zeros = malloc((size_t)nmax * sizeof(float));
           int64_t n_ws = cpu_conv2d_workspace_floats(&g);
           float *scratch = malloc((size_t)(n_ws > 0 ? n_ws : 1) * sizeof(float));
-          cpu_conv2d_backward(NULL, w, dy, fresh, true, NULL, NULL, &g, scratch);
-          float *zeros = calloc((size_t)nx, sizeof(float));  // the same term accumulated onto zeros
-          cpu_conv2d_backward(NULL, w, dy, zeros, false, NULL, NULL, &g, scratch);
-          ck_assert_msg(!memcmp(fresh, zeros, (size_t)nx * sizeof(float)),
-                        "implementation %d, case %zu, channels last %d: dx written differs from dx added to zeros",
-                        (int)conv_impls[impl], k, g.channels_last);
+          for (int t = 0; t < 2; t++) {  // dx, then dw
+            int64_t nt = t ? nw : nx;
+            for (int64_t i = 0; i < nt; i++) fresh[i] = NAN, zeros[i] = 0.0f;
+            cpu_conv2d_backward(t ? x : NULL, t ? NULL : w, dy, t ? NULL : fresh, !t, t ? fresh : NULL, t, NULL, &g,
+                                scratch);
+            cpu_conv2d_backward(t ? x : NULL, t ? NULL : w, dy, t ? NULL : zeros, false, t ? zeros : NULL, false, NULL,
+                                &g, scratch);
+            ck_assert_msg(!memcmp(fresh, zeros, (size_t)nt * sizeof(float)),
+                          "implementation %d, case %zu, channels last %d, per_image %d: %s written differs from %s "
+                          "added to zeros", (int)conv_impls[impl], k, g.channels_last, _i, t ? "dw" : "dx",
+                          t ? "dw" : "dx");
+          }
           free(fresh), free(zeros), free(scratch);
           continue;
         }
@@ -138,10 +144,10 @@ START_TEST(conv2d_backward_implementations_agree) {
         int64_t n_ws = cpu_conv2d_workspace_floats(&g);
         float *scratch = malloc((size_t)(n_ws > 0 ? n_ws : 1) * sizeof(float));
         if (run == 0) {
-          cpu_conv2d_backward(x, w, dy, gr[0], false, gr[1], gr[2], &g, scratch);
+          cpu_conv2d_backward(x, w, dy, gr[0], false, gr[1], false, gr[2], &g, scratch);
         } else {  // one gradient at a time: the same sums
-          cpu_conv2d_backward(NULL, w, dy, gr[0], false, NULL, NULL, &g, scratch);
-          cpu_conv2d_backward(x, NULL, dy, NULL, false, gr[1], gr[2], &g, scratch);
+          cpu_conv2d_backward(NULL, w, dy, gr[0], false, NULL, false, NULL, &g, scratch);
+          cpu_conv2d_backward(x, NULL, dy, NULL, false, gr[1], false, gr[2], &g, scratch);
         }
         free(scratch);
       }

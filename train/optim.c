@@ -127,7 +127,7 @@ double adamw_clip_step(AdamW *opt, float max_norm) {
   if (params->device != DEVICE_CPU) {  // CUDA: the three steps, queued without synchronisation
     double norm = clip_grad_norm(params, max_norm);
     adamw_step(opt);
-    for (int i = 0; i < params->count; i++) autograd_zero_grad(&params->items[i].tensor, 1);
+    for (int i = 0; i < params->count; i++) autograd_drop_grad(&params->items[i].tensor, 1);
     return norm;
   }
   AdamWTensor *ts = malloc(sizeof(AdamWTensor) * (size_t)(params->count > 0 ? params->count : 1));
@@ -146,10 +146,10 @@ double adamw_clip_step(AdamW *opt, float max_norm) {
   }
   double norm = sqrt(cpu_sum_squares_multi(grads, sizes, n));
   double coef = max_norm > 0.0f ? clip_coefficient(max_norm, norm) : 1.0;
-  cpu_adamw_multi(ts, n, coef < 1.0 ? (float)coef : 1.0f, true);
-  // Gradients of parameters the step skips (frozen ones that received one) are zeroed as before.
-  for (int i = 0; i < params->count; i++)
-    if (params->items[i].kind != PARAM_TRAINABLE) autograd_zero_grad(&params->items[i].tensor, 1);
+  cpu_adamw_multi(ts, n, coef < 1.0 ? (float)coef : 1.0f, false);
+  // Every gradient is released (those of parameters the step skips too): the next backward makes
+  // them afresh (autograd_drop_grad).
+  for (int i = 0; i < params->count; i++) autograd_drop_grad(&params->items[i].tensor, 1);
   free(ts), free(grads), free(sizes);
   return norm;
 }

@@ -31,8 +31,10 @@ float adamw_lr(const AdamW *opt, LrGroup group);
 double clip_grad_norm(ParamStore *params, float max_norm);
 // One AdamW step on every trainable parameter with a gradient (clipping is the caller's).
 void adamw_step(AdamW *opt);
-// The training step's update: clip_grad_norm(max_norm), adamw_step, then every gradient zeroed;
-// the same floats, but on the CPU in two passes over the parameters (the norm; the update, which
-// scales and zeroes each gradient as it reads it), each one parallel region for all tensors.
-// Returns the norm before clipping.
+// The training step's update: clip_grad_norm(max_norm), adamw_step, then every gradient released
+// (autograd_drop_grad: as torch's zero_grad(set_to_none=True), a parameter that the next backward
+// does not reach gets no gradient and so no AdamW step, where a zeroed gradient would still decay
+// it; DETR's parameters all take part in every step). The same floats as the three calls, but on
+// the CPU in two passes over the parameters (the norm; the update, which scales each gradient as
+// it reads it), each one parallel region for all tensors. Returns the norm before clipping.
 double adamw_clip_step(AdamW *opt, float max_norm);

@@ -417,15 +417,17 @@ static void im2col_backward(const float *x, const float *w, const float *dy, flo
 }
 
 void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
-                         float *dbias, const ConvGeom *g, float *workspace) {
+                         bool set_dw, float *dbias, const ConvGeom *g, float *workspace) {
   // The two passes may run on different implementations; dbias goes with dw (oneDNN fuses it).
   void (*fallback)(const float *, const float *, const float *, float *, bool, float *, float *, const ConvGeom *,
                    float *) = g->channels_last ? im2col_cl_backward : im2col_backward;
   if (dx && !ran_on_onednn(g, CONV_PASS_BWD_DATA, !set_dx, dy, w, dx, NULL))
     fallback(NULL, w, dy, dx, set_dx, NULL, NULL, g, workspace);
   if (dw) {
-    if (!ran_on_onednn(g, CONV_PASS_BWD_WEIGHTS, true, x, dy, dw, dbias))
+    if (!ran_on_onednn(g, CONV_PASS_BWD_WEIGHTS, !set_dw, x, dy, dw, dbias)) {
+      if (set_dw) memset(dw, 0, (size_t)(g->out_ch * g->in_ch * g->kh * g->kw) * sizeof(float));  // im2col adds
       fallback(x, NULL, dy, NULL, false, dw, dbias, g, workspace);
+    }
   } else if (dbias) {
     if (g->channels_last) cl_bias_backward(dy, dbias, g);
     else conv_bias_backward(dy, dbias, g);

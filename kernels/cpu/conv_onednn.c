@@ -344,12 +344,12 @@ static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *i
 
   // The output goes through a copy where the layouts differ (reordered into out, with a sum when
   // accumulating) or where it accumulates (added into out).
-  bool out_copy = p->a[2].reorder || accumulate;
-  dnnl_primitive_t out_reorder = p->a[2].reorder;
-  if (out_reorder && p->pass != CONV_PASS_FWD && !accumulate) {  // a dx to be written: no sum
-    if (!p->a[2].reorder_set) p->a[2].reorder_set = reorder_create(&p->a[2].prim, &p->a[2].user, false);
-    out_reorder = p->a[2].reorder_set;
-  }
+  // One image at a time, dw is shared: the first image writes it (when not accumulating), the
+  // others add.
+  bool shared_out = !step[2];
+  bool out_copy = p->a[2].reorder || accumulate || (shared_out && batch > 1);
+  if (p->a[2].reorder && p->pass != CONV_PASS_FWD && !accumulate && !p->a[2].reorder_set)
+    p->a[2].reorder_set = reorder_create(&p->a[2].prim, &p->a[2].user, false);  // a gradient to be written
   // The output's floats per call: the primitive's images (g->batch of them), or dw.
   int64_t out_floats = step[2] ? step[2] * g->batch : g->out_ch * g->in_ch * g->kh * g->kw;
   char *ws = buffer_get(pass_buffer_bytes(p, out_copy));
@@ -390,13 +390,19 @@ static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *i
       else if (i < 2) reorder_run(p->a[i].reorder, &p->a[i].user, img[i], &p->a[i].prim, buf[i]);
     }
     DNNL_CHECK(dnnl_primitive_execute(p->conv, stream, n, args));
-    if (out_reorder) {
-      reorder_run(out_reorder, &p->a[2].prim, buf[2], &p->a[2].user, img[2]);
-    } else if (out_copy) {  // the same layout, accumulated
+    bool add = accumulate || (shared_out && b > 0);
+    if (p->a[2].reorder) {  // the forward's writes; a backward pass's sums, or writes (reorder_set)
+      dnnl_primitive_t r = p->pass == CONV_PASS_FWD || add ? p->a[2].reorder : p->a[2].reorder_set;
+      reorder_run(r, &p->a[2].prim, buf[2], &p->a[2].user, img[2]);
+    } else if (out_copy) {  // the same layout
       const float *src = buf[2];
       float *dst = img[2];
+      if (add) {
 #pragma omp parallel for schedule(static) if (out_floats > PARALLEL_MIN_LIGHT)
-      for (int64_t j = 0; j < out_floats; j++) dst[j] += src[j];
+        for (int64_t j = 0; j < out_floats; j++) dst[j] += src[j];
+      } else {
+        memcpy(dst, src, (size_t)out_floats * sizeof(float));
+      }
     }
     if (dbias)
       for (int64_t o = 0; o < O; o++) bias[o] += dbias[o];
@@ -424,8 +430,7 @@ int64_t onednn_conv2d_set_whole_batch_bytes(int64_t bytes) {
 void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, bool blocked, bool accumulate, const float *in0,
                        const float *in1, float *out, float *bias) {
   DETR_CHECK(!bias || pass != CONV_PASS_BWD_DATA, "onednn_conv2d_run: backward-data has no bias");
-  DETR_CHECK(pass == CONV_PASS_BWD_DATA || accumulate == (pass == CONV_PASS_BWD_WEIGHTS),
-             "onednn_conv2d_run: only backward-data's dx may be written or accumulated; dw accumulates");
+  DETR_CHECK(pass != CONV_PASS_FWD || !accumulate, "onednn_conv2d_run: the forward writes y");
   // Channels last: no copies of x or y are made (oneDNN runs on nhwc itself), so always whole.
   if (g->channels_last ||
       (g->in_ch * g->in_h * g->in_w + g->out_ch * g->out_h * g->out_w) * g->batch * (int64_t)sizeof(float) <=

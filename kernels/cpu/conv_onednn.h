@@ -9,8 +9,9 @@
 // weights on AVX-512), with reorders from and to the plain buffers; otherwise on nchw/oihw itself.
 //   CONV_PASS_FWD:          in0 x, in1 w, out y (overwritten), bias [O] added, or NULL.
 //   CONV_PASS_BWD_DATA:     in0 dy, in1 w, out dx (accumulated, or written when !accumulate), bias NULL.
-//   CONV_PASS_BWD_WEIGHTS:  in0 x, in1 dy, out dw (accumulated), bias dbias (accumulated) or NULL.
-// accumulate: false for the forward, true for backward-weights, either for backward-data.
+//   CONV_PASS_BWD_WEIGHTS:  in0 x, in1 dy, out dw (accumulated, or written when !accumulate), bias
+//                           dbias (accumulated) or NULL.
+// accumulate: false for the forward.
 void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, bool blocked, bool accumulate, const float *in0,
                        const float *in1, float *out, float *bias);
 // The implementation oneDNN chose for the pass, e.g. "jit:avx512_core" (bench_ops prints it).

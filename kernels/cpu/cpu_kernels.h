@@ -56,10 +56,10 @@ int64_t cpu_conv2d_workspace_floats(const ConvGeom *g);
 void cpu_conv2d_forward(const float *x, const float *w, const float *bias, float *y,
                         const ConvGeom *g, float *workspace);
 // dx, dw, dbias may be NULL; x is read for dw only, w for dx only (the other may be NULL). The
-// gradients accumulate, but dx is written when set_dx (its old contents may be garbage: a fresh
-// buffer, autograd_grad_to_write).
+// gradients accumulate, but dx (dw) is written when set_dx (set_dw): its old contents may be
+// garbage (a fresh buffer, autograd_grad_to_write).
 void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
-                         float *dbias, const ConvGeom *g, float *workspace);
+                         bool set_dw, float *dbias, const ConvGeom *g, float *workspace);
 // Which implementation runs each pass of a convolution. AUTO: the faster for the shape and pass;
 // the others force one everywhere (bench_ops and bench_step compare them): im2col + sgemm, oneDNN
 // on its blocked layouts (reorders around), oneDNN on plain nchw. The oneDNN ones fail in a build

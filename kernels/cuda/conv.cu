@@ -340,9 +340,10 @@ extern "C" void cuda_conv2d_forward(const float *x, const float *w, const float 
   }
 }
 
-// dx [B, C, H, W] += conv^T(dy) (set_dx: =), dw [O, C, KH, KW] += dy (*) x; either may be NULL.
+// dx [B, C, H, W] += conv^T(dy) (set_dx: =), dw [O, C, KH, KW] += dy (*) x (set_dw: =); either may
+// be NULL.
 static void conv_backward_cudnn(const float *x, const float *w, const float *dy, float *dx, bool set_dx,
-                                float *dw, const ConvGeom *g, void *ws, size_t ws_bytes) {
+                                float *dw, bool set_dw, const ConvGeom *g, void *ws, size_t ws_bytes) {
   AlgoCacheEntry *e = conv_choose(g, false, dx != NULL, dw != NULL);
   ConvDescs d(g, e->tf32);
   cudnnHandle_t h = detr_cudnn_handle();
@@ -358,22 +359,23 @@ static void conv_backward_cudnn(const float *x, const float *w, const float *dy,
     check_workspace("backward-filter", e->bwd_filter_bytes, ws, ws_bytes);
     CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, d.x, x, d.y, dy, d.conv,
                                                (cudnnConvolutionBwdFilterAlgo_t)e->bwd_filter,
-                                               e->bwd_filter_bytes ? ws : NULL, e->bwd_filter_bytes, &one, d.w,
-                                               dw));
+                                               e->bwd_filter_bytes ? ws : NULL, e->bwd_filter_bytes,
+                                               set_dw ? &zero : &one, d.w, dw));
   }
 }
 
 extern "C" void cuda_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, bool set_dx,
-                                     float *dw, float *dbias, const ConvGeom *g, void *workspace,
+                                     float *dw, bool set_dw, float *dbias, const ConvGeom *g, void *workspace,
                                      size_t workspace_bytes) {
   if (!dx && !dw && !dbias) return;
-  if (dx && set_dx && (conv_output_numel(g) == 0 || g->in_ch == 0)) {  // no terms: dx = 0
-    int64_t nx = g->batch * g->in_ch * g->in_h * g->in_w;
-    CUDA_CHECK(cudaMemsetAsync(dx, 0, (size_t)nx * sizeof(float), detr_cuda_stream()));
+  if (conv_output_numel(g) == 0 || g->in_ch == 0) {  // no terms: a gradient to be written is zero
+    int64_t nx = g->batch * g->in_ch * g->in_h * g->in_w, nw = g->out_ch * g->in_ch * g->kh * g->kw;
+    if (dx && set_dx) CUDA_CHECK(cudaMemsetAsync(dx, 0, (size_t)nx * sizeof(float), detr_cuda_stream()));
+    if (dw && set_dw) CUDA_CHECK(cudaMemsetAsync(dw, 0, (size_t)nw * sizeof(float), detr_cuda_stream()));
   }
   if (conv_output_numel(g) == 0) return;  // no output: every gradient term is zero
   if (g->in_ch == 0) dx = dw = NULL;      // both are empty
-  if (dx || dw) conv_backward_cudnn(x, w, dy, dx, set_dx, dw, g, workspace, workspace_bytes);
+  if (dx || dw) conv_backward_cudnn(x, w, dy, dx, set_dx, dw, set_dw, g, workspace, workspace_bytes);
   if (dbias) {
     unsigned int grid = (unsigned int)(g->out_ch < 65535 ? g->out_ch : 65535);
     conv_bias_backward_kernel<<<grid, DETR_BLOCK, 0, detr_cuda_stream()>>>(

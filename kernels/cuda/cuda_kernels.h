@@ -84,9 +84,10 @@ size_t cuda_conv2d_forward_workspace(const ConvGeom *g);
 size_t cuda_conv2d_backward_workspace(const ConvGeom *g, bool dx, bool dw);
 void cuda_conv2d_forward(const float *x, const float *w, const float *bias, float *y,
                          const ConvGeom *g, void *workspace, size_t workspace_bytes);
-// set_dx: dx is written (its old contents ignored) instead of accumulated into, as cpu_conv2d_backward.
+// set_dx, set_dw: dx, dw are written (their old contents ignored) instead of accumulated into, as
+// cpu_conv2d_backward.
 void cuda_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
-                          float *dbias, const ConvGeom *g, void *workspace, size_t workspace_bytes);
+                          bool set_dw, float *dbias, const ConvGeom *g, void *workspace, size_t workspace_bytes);
 // conv.cu: depthwise convolution (as cpu_dwconv_*).
 void cuda_dwconv_forward(const float *x, const float *w, const float *bias, float *y, const DwConvGeom *g);
 void cuda_dwconv_backward(const float *x, const float *w, const float *dy, float *dx, float *dw, float *dbias,
