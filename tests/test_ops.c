@@ -450,6 +450,52 @@ START_TEST(shape_ops_and_broadcasting) {
 }
 END_TEST
 
+// cpu_permute (its batched-transpose path and the general one) against index loops: every
+// permutation of 4 dims on shapes with a few or many rows to transpose and more than one block
+// of 256 columns; written and accumulated.
+START_TEST(permute_matches_index_loops) {
+  const int64_t shapes[][4] = {{2, 3, 17, 19}, {1, 70, 5, 3}, {3, 2, 1, 300}};
+  int perms[24][4], np = 0;
+  for (int a = 0; a < 4; a++)
+    for (int b = 0; b < 4; b++)
+      for (int c = 0; c < 4; c++)
+        for (int d = 0; d < 4; d++)
+          if (a != b && a != c && a != d && b != c && b != d && c != d) {
+            int *p = perms[np++];
+            p[0] = a, p[1] = b, p[2] = c, p[3] = d;
+          }
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+    const int64_t *in = shapes[si];
+    int64_t n = in[0] * in[1] * in[2] * in[3];
+    float *x = malloc((size_t)n * 4), *y = malloc((size_t)n * 4), *want = malloc((size_t)n * 4);
+    ck_assert(x && y && want);
+    cpu_uniform(x, n, 40 + si, 0, -1, 1);
+    for (int pi = 0; pi < np; pi++) {
+      const int *p = perms[pi];
+      int64_t out[4] = {in[p[0]], in[p[1]], in[p[2]], in[p[3]]}, stride[4] = {in[1] * in[2] * in[3], in[2] * in[3], in[3], 1};
+      for (int64_t i = 0; i < n; i++) {  // y's element i: its index along each dim of y, then x's offset
+        int64_t rest = i, off = 0;
+        for (int dd = 3; dd >= 0; dd--) {
+          off += (rest % out[dd]) * stride[p[dd]];
+          rest /= out[dd];
+        }
+        want[i] = x[off];
+      }
+      for (int acc = 0; acc < 2; acc++) {
+        for (int64_t i = 0; i < n; i++) y[i] = acc ? 1.0f : NAN;
+        cpu_permute(x, y, 4, in, p, acc);
+        for (int64_t i = 0; i < n; i++) {
+          float w = acc ? 1.0f + want[i] : want[i];
+          ck_assert_msg(!memcmp(&y[i], &w, 4), "shape %zu perm %d%d%d%d accumulate %d: y[%lld] %g, want %g", si, p[0],
+                        p[1], p[2], p[3], acc, (long long)i, y[i], w);
+        }
+      }
+    }
+    free(x), free(y), free(want);
+  }
+}
+END_TEST
+
 START_TEST(matmul_and_bmm_values) {
   float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, 0, 1, 1, 1};
   Tensor *ta = tensor_from_host(DEVICE_CPU, SHAPE(2, 3), a), *tb = tensor_from_host(DEVICE_CPU, SHAPE(3, 2), b);
@@ -507,6 +553,7 @@ int main(void) {
   tcase_add_test(tc, cross_entropy_l1_and_giou_values);
   tcase_add_test(tc, inverse_sigmoid_and_focal_values);
   tcase_add_test(tc, shape_ops_and_broadcasting);
+  tcase_add_test(tc, permute_matches_index_loops);
   tcase_add_test(tc, matmul_and_bmm_values);
   tcase_add_exit_test(tc, bad_broadcast_fails, 1);
   tcase_add_exit_test(tc, bad_matmul_fails, 1);
