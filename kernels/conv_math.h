@@ -20,6 +20,13 @@ DETR_HD int64_t conv_offset(int channels_last, int64_t b, int64_t c, int64_t s, 
   return channels_last ? (b * plane + s) * channels + c : (b * channels + c) * plane + s;
 }
 
+// Channels last, the weight's taps move last for the sgemm (CPU) and cuDNN's NHWC filters (CUDA):
+// element i of w [O, C, KH*KW] is element conv_weight_tap_major(i) of w' [O, KH*KW, C].
+DETR_HD int64_t conv_weight_tap_major(int64_t i, int64_t channels, int64_t taps) {
+  int64_t t = i % taps, c = (i / taps) % channels, o = i / (taps * channels);
+  return (o * taps + t) * channels + c;
+}
+
 // The inverse: the (b, c, s) of flat index i of such a map.
 DETR_HD void conv_decode(int channels_last, int64_t i, int64_t channels, int64_t plane, int64_t *b, int64_t *c,
                          int64_t *s) {

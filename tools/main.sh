@@ -4,7 +4,9 @@
 # on the CPU, evaluate it (COCO mAP), draw predictions, print a summary. About 4 minutes on a
 # 2-core Zen 5 with the packages there; a 2-core Zen 3 took 2.4-3.2x as long for the same work
 # (README). Everything lands in runs/main/ (backbone.safetensors, metrics.jsonl, chart.png,
-# checkpoints, eval.json, eval.log, predict/).
+# checkpoints, eval.json, eval.log, predict/); with another --seed or --epochs in runs/main-seedS,
+# runs/main-epochsN or runs/main-epochsN-seedS, unless --out names the directory. A rerun resumes
+# what its directory holds (a finished run: only the evaluation and pictures again).
 #   bash tools/main.sh [--epochs N] [--seed S] [--out DIR]
 # --epochs: passes over the 6000 training images (default 7; the learning rate drops x0.1 after
 # 5/7 of them).
@@ -15,7 +17,7 @@ cd "$(dirname "$0")/.."
 epochs=7
 seed=42
 threshold=0.3
-out=runs/main
+out=
 while [ $# -gt 0 ]; do
   case "$1" in
     --epochs) epochs="$2"; shift 2 ;;
@@ -24,6 +26,13 @@ while [ $# -gt 0 ]; do
     *) echo "tools/main.sh: unknown argument $1 (see the header of this file)" >&2; exit 2 ;;
   esac
 done
+# A run directory per setting (runs/main, runs/main-seed1, runs/main-epochs6, ...): the job resumes
+# what its directory holds, and a finished run of other settings would be reported as this one's.
+if [ -z "$out" ]; then
+  out=runs/main
+  [ "$epochs" = 7 ] || out="$out-epochs$epochs"
+  [ "$seed" = 42 ] || out="$out-seed$seed"
+fi
 start=$(date +%s)
 bash tools/setup.sh
 # The CPU job needs no CUDA backend: skip its (slow) compilation here; tools/test.sh builds it.

@@ -177,14 +177,12 @@ static void col2im_cl_add(const float *col, float *dx, const ConvGeom *g, int64_
 
 // W' [O, KH, KW, C] from w [O, C, KH, KW] (to_tap_major), or w += the inverse of W' (a gradient).
 static void cl_weight_permute(const ConvGeom *g, float *w, float *wt, bool to_tap_major) {
-  int64_t C = g->in_ch, taps = g->kh * g->kw;
-  for (int64_t o = 0; o < g->out_ch; o++)
-    for (int64_t c = 0; c < C; c++)
-      for (int64_t t = 0; t < taps; t++) {
-        float *a = &w[(o * C + c) * taps + t], *b = &wt[(o * taps + t) * C + c];
-        if (to_tap_major) *b = *a;
-        else *a += *b;
-      }
+  int64_t C = g->in_ch, taps = g->kh * g->kw, n = g->out_ch * C * taps;
+  for (int64_t i = 0; i < n; i++) {
+    float *b = &wt[conv_weight_tap_major(i, C, taps)];
+    if (to_tap_major) *b = w[i];
+    else w[i] += *b;
+  }
 }
 
 // dbias [O] += the column sums of dy [B*HO*WO, O], in pixel order (as the nchw sum: image, then

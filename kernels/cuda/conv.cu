@@ -22,7 +22,9 @@
 // Workspace: the caller passes it in (autograd/ops_conv.c takes it from the caching allocator,
 // tensor/alloc.c, and gives it back once the call is queued), so it is reused across calls like
 // any tensor, counted in the allocator's statistics, and an out-of-memory empties the cache and
-// retries instead of failing. cuda_conv2d_{forward,backward}_workspace say how much.
+// retries instead of failing. cuda_conv2d_{forward,backward}_workspace say how much: the
+// algorithm's, plus for channels last one KRSC copy of the weight per pass that reads it or writes
+// dw (outside DETR_CUDNN_WORKSPACE_MB, which bounds the algorithms' share).
 //
 // Not thread-safe (like the rest of the backend: one stream, driven from one host thread).
 #include <float.h>
@@ -73,16 +75,16 @@ struct ConvDescs {
     CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
     int B = conv_int(g->batch, "batch"), C = conv_int(g->in_ch, "in_ch");
     int O = conv_int(g->out_ch, "out_ch");
-    // Channels last: NHWC activations with the filter still KCRS (NCHW), which cuDNN's fp32
-    // convolutions accept (an algorithm that does not reports it in the workspace query and is
-    // passed over, kernels/conv_algo.h).
+    // Channels last: NHWC activations and an NHWC (KRSC) filter, the weight permuted so per call
+    // (conv_weight_tap_major; PyTorch, too, gives cuDNN a channels-last weight with channels-last
+    // activations rather than mixing the formats).
     cudnnTensorFormat_t act = g->channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, act, CUDNN_DATA_FLOAT, B, C,
                                            conv_int(g->in_h, "in_h"), conv_int(g->in_w, "in_w")));
     CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, act, CUDNN_DATA_FLOAT, B, O,
                                            conv_int(g->out_h, "out_h"),
                                            conv_int(g->out_w, "out_w")));
-    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, O, C,
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, act, O, C,
                                            conv_int(g->kh, "kh"), conv_int(g->kw, "kw")));
     CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, g->pad_h, g->pad_w, g->stride_h, g->stride_w,
                                                 g->dil_h, g->dil_w, CUDNN_CROSS_CORRELATION,
@@ -261,16 +263,44 @@ static AlgoCacheEntry *conv_choose(const ConvGeom *g, bool fwd, bool bwd_data, b
   return e;
 }
 
+// Channels last: the bytes of one KRSC copy of the weight (the weight for the forward and
+// backward-data, dw for backward-filter), 256-byte aligned, at the workspace's start; 0 for nchw.
+static size_t krsc_bytes(const ConvGeom *g) {
+  if (!g->channels_last) return 0;
+  size_t bytes = (size_t)(g->out_ch * g->in_ch * g->kh * g->kw) * sizeof(float);
+  return (bytes + 255) / 256 * 256;
+}
+
 extern "C" size_t cuda_conv2d_forward_workspace(const ConvGeom *g) {
   if (!conv_uses_cudnn(g)) return 0;
-  return conv_choose(g, true, false, false)->fwd_bytes;
+  return krsc_bytes(g) + conv_choose(g, true, false, false)->fwd_bytes;
 }
 
 extern "C" size_t cuda_conv2d_backward_workspace(const ConvGeom *g, bool dx, bool dw) {
   if (!conv_uses_cudnn(g) || (!dx && !dw)) return 0;
   AlgoCacheEntry *e = conv_choose(g, false, dx, dw);
   size_t a = dx ? e->bwd_data_bytes : 0, b = dw ? e->bwd_filter_bytes : 0;
-  return a > b ? a : b;  // the passes run one after the other on the stream: one buffer serves both
+  // The passes run one after the other on the stream: one buffer serves both algorithms.
+  return (dx ? krsc_bytes(g) : 0) + (dw ? krsc_bytes(g) : 0) + (a > b ? a : b);
+}
+
+// w' [O, KH, KW, C] = w [O, C, KH, KW] (to_krsc), or w (+)= the inverse of w' (a gradient: add, or
+// set when `set`).
+__global__ void weight_krsc_kernel(float *w, float *wk, int64_t channels, int64_t taps, int64_t total, bool to_krsc,
+                                   bool set) {
+  GRID_STRIDE_LOOP(i, total) {
+    int64_t j = conv_weight_tap_major(i, channels, taps);
+    if (to_krsc) wk[j] = w[i];
+    else w[i] = set ? wk[j] : w[i] + wk[j];
+  }
+}
+
+static void weight_krsc(const ConvGeom *g, float *w, float *wk, bool to_krsc, bool set) {
+  int64_t total = g->out_ch * g->in_ch * g->kh * g->kw;
+  if (total <= 0) return;
+  weight_krsc_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
+      w, wk, g->in_ch, g->kh * g->kw, total, to_krsc, set);
+  CUDA_CHECK_LAUNCH("weight_krsc_kernel");
 }
 
 static void check_workspace(const char *pass, size_t need, void *ws, size_t have) {
@@ -325,12 +355,19 @@ extern "C" void cuda_conv2d_forward(const float *x, const float *w, const float 
     CUDA_CHECK(cudaMemsetAsync(y, 0, (size_t)total * sizeof(float), detr_cuda_stream()));
   } else {
     AlgoCacheEntry *e = conv_choose(g, true, false, false);
-    check_workspace("forward", e->fwd_bytes, workspace, workspace_bytes);
+    size_t wk_bytes = krsc_bytes(g);
+    check_workspace("forward", wk_bytes + e->fwd_bytes, workspace, workspace_bytes);
+    const float *wk = w;  // channels last: the KRSC copy at the workspace's start
+    if (wk_bytes) {
+      weight_krsc(g, (float *)w, (float *)workspace, true, false);
+      wk = (const float *)workspace;
+    }
+    char *algo_ws = (char *)workspace + wk_bytes;
     ConvDescs d(g, e->tf32);
     cudnnConvolutionFwdAlgo_t algo = (cudnnConvolutionFwdAlgo_t)e->fwd;
     const float one = 1.0f, zero = 0.0f;  // beta = 0: y is overwritten
-    CUDNN_CHECK(cudnnConvolutionForward(detr_cudnn_handle(), &one, d.x, x, d.w, w, d.conv, algo,
-                                        e->fwd_bytes ? workspace : NULL, e->fwd_bytes, &zero, d.y, y));
+    CUDNN_CHECK(cudnnConvolutionForward(detr_cudnn_handle(), &one, d.x, x, d.w, wk, d.conv, algo,
+                                        e->fwd_bytes ? algo_ws : NULL, e->fwd_bytes, &zero, d.y, y));
   }
   if (bias) {
     int64_t spatial = g->out_h * g->out_w;
@@ -347,20 +384,33 @@ static void conv_backward_cudnn(const float *x, const float *w, const float *dy,
   AlgoCacheEntry *e = conv_choose(g, false, dx != NULL, dw != NULL);
   ConvDescs d(g, e->tf32);
   cudnnHandle_t h = detr_cudnn_handle();
-  const float one = 1.0f, zero = 0.0f;  // alpha = 1, beta = 1: gradients accumulate (dx: beta 0 when set)
+  const float one = 1.0f, zero = 0.0f;  // alpha = 1, beta = 1: gradients accumulate (beta 0 when set)
+  // Channels last: KRSC copies at the workspace's start, the weight's (for dx) and dw's.
+  size_t wk_bytes = krsc_bytes(g), copies = (dx ? wk_bytes : 0) + (dw ? wk_bytes : 0);
+  char *algo_ws = (char *)ws + copies;
+  size_t algo_bytes = ws_bytes >= copies ? ws_bytes - copies : 0;
+  const float *wk = w;
+  float *dwk = dw;
+  if (wk_bytes && dx) {
+    check_workspace("backward-data", copies, ws, ws_bytes);
+    weight_krsc(g, (float *)w, (float *)ws, true, false);
+    wk = (const float *)ws;
+  }
+  if (wk_bytes && dw) dwk = (float *)((char *)ws + (dx ? wk_bytes : 0));
   if (dx) {
-    check_workspace("backward-data", e->bwd_data_bytes, ws, ws_bytes);
-    CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w, w, d.y, dy, d.conv,
+    check_workspace("backward-data", e->bwd_data_bytes, algo_ws, algo_bytes);
+    CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w, wk, d.y, dy, d.conv,
                                              (cudnnConvolutionBwdDataAlgo_t)e->bwd_data,
-                                             e->bwd_data_bytes ? ws : NULL, e->bwd_data_bytes, set_dx ? &zero : &one,
-                                             d.x, dx));
+                                             e->bwd_data_bytes ? algo_ws : NULL, e->bwd_data_bytes,
+                                             set_dx ? &zero : &one, d.x, dx));
   }
   if (dw) {
-    check_workspace("backward-filter", e->bwd_filter_bytes, ws, ws_bytes);
+    check_workspace("backward-filter", e->bwd_filter_bytes, algo_ws, algo_bytes);
     CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, d.x, x, d.y, dy, d.conv,
                                                (cudnnConvolutionBwdFilterAlgo_t)e->bwd_filter,
-                                               e->bwd_filter_bytes ? ws : NULL, e->bwd_filter_bytes,
-                                               set_dw ? &zero : &one, d.w, dw));
+                                               e->bwd_filter_bytes ? algo_ws : NULL, e->bwd_filter_bytes,
+                                               set_dw || wk_bytes ? &zero : &one, d.w, dwk));
+    if (wk_bytes) weight_krsc(g, dw, dwk, false, set_dw);  // dw (+)= the KRSC result
   }
 }
 
