@@ -579,18 +579,16 @@ static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
 
   // One gradient at a time (the others NULL): dx only, then dw only, from zero on the CPU, written
   // over NaN (set_dx, set_dw: a fresh, unfilled buffer) on the GPU.
-  memset(dx, 0, (size_t)nx * sizeof(float));
-  cpu_conv2d_backward(x, w, dy, dx, false, NULL, false, NULL, g, ws);
-  cuda_fill(d_dx, nx, NAN);
-  conv_backward_ws(d_x, d_w, d_dy, d_dx, true, NULL, false, NULL, g);
-  snprintf(msg, sizeof msg, "%s: dx alone, written", what);
-  expect_close(msg, d_dx, dx, nx, TOL);
-  memset(dw, 0, (size_t)nw * sizeof(float));
-  cpu_conv2d_backward(x, w, dy, NULL, false, dw, false, NULL, g, ws);
-  cuda_fill(d_dw, nw, NAN);
-  conv_backward_ws(d_x, d_w, d_dy, NULL, false, d_dw, true, NULL, g);
-  snprintf(msg, sizeof msg, "%s: dw alone, written", what);
-  expect_close(msg, d_dw, dw, nw, TOL);
+  for (int t = 0; t < 2; t++) {  // dx, then dw
+    float *host = t ? dw : dx, *dev = t ? d_dw : d_dx;
+    int64_t n = t ? nw : nx;
+    memset(host, 0, (size_t)n * sizeof(float));
+    cpu_conv2d_backward(x, w, dy, t ? NULL : dx, false, t ? dw : NULL, false, NULL, g, ws);
+    cuda_fill(dev, n, NAN);
+    conv_backward_ws(d_x, d_w, d_dy, t ? NULL : d_dx, !t, t ? d_dw : NULL, t, NULL, g);
+    snprintf(msg, sizeof msg, "%s: %s alone, written", what, t ? "dw" : "dx");
+    expect_close(msg, dev, host, n, TOL);
+  }
 
   float *bufs_d[] = {d_x, d_w, d_bias, d_y, d_dy, d_dx, d_dw, d_db};
   for (size_t i = 0; i < sizeof bufs_d / sizeof *bufs_d; i++) cuda_device_free(bufs_d[i]);
