@@ -187,7 +187,7 @@ int main(int argc, char **argv) {
       return 1;
     }
     autograd_backward(loss.total);
-    adamw_clip_step(&opt, 0.1f);  // clipping, AdamW, gradients zeroed
+    adamw_clip_step(&opt, 0.1f);  // clipping, AdamW, gradients released
     criterion_result_free(&loss);
     detr_output_free(&out);
     tensor_scope_release(mark);

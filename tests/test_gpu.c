@@ -1672,9 +1672,7 @@ static void train_steps(DetrModel *m, AdamW *opt, Tensor *images, const uint8_t 
                   "%s", err);
     losses[s] = tensor_item(loss.total);
     autograd_backward(loss.total);
-    norms[s] = clip_grad_norm(&m->params, opt->cfg.clip_max_norm);
-    adamw_step(opt);
-    for (int i = 0; i < m->params.count; i++) autograd_zero_grad(&m->params.items[i].tensor, 1);
+    norms[s] = adamw_clip_step(opt, opt->cfg.clip_max_norm);  // as the trainer: gradients released
     criterion_result_free(&loss);
     detr_output_free(&out);
     tensor_scope_release(mark);

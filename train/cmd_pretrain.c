@@ -164,7 +164,7 @@ static int pretrain_epoch(Pretrainer *p, int epoch, Rng *rng, double *loss_mean)
       return -1;
     }
     autograd_backward(loss);
-    adamw_clip_step(&p->opt, 0.0f);  // no clipping; zeroes the gradients
+    adamw_clip_step(&p->opt, 0.0f);  // no clipping; releases the gradients
     tensor_scope_release(mark);
     loss_sum += l;
     steps++;

@@ -36,5 +36,7 @@ void adamw_step(AdamW *opt);
 // does not reach gets no gradient and so no AdamW step, where a zeroed gradient would still decay
 // it; DETR's parameters all take part in every step). The same floats as the three calls, but on
 // the CPU in two passes over the parameters (the norm; the update, which scales each gradient as
-// it reads it), each one parallel region for all tensors. Returns the norm before clipping.
+// it reads it), each one parallel region for all tensors. Returns the norm before clipping. (With
+// several processes dist_allreduce_gradients gives every trainable parameter a gradient first -
+// zeros where the backward did not reach it - so that the ranks reduce the same tensors.)
 double adamw_clip_step(AdamW *opt, float max_norm);

@@ -454,7 +454,7 @@ static void update(Trainer *t, const StepPlan *p, const StepForward *f, const St
   log->attn = f->attn;  // names from this process's forward, sums from every process's
   log->attn.images = sums->attn_images;
   for (int i = 0; i < ATTN_TRACE_MAX; i++) log->attn.sum[i] = sums->attn_sum[i];
-  log->grad_norm = adamw_clip_step(&t->opt, t->o->optim.clip_max_norm);  // zeroes the gradients
+  log->grad_norm = adamw_clip_step(&t->opt, t->o->optim.clip_max_norm);  // releases the gradients
   // Every process's stream moved by its own draws: continue from the furthest, so the state
   // (saved by rank 0) is one every rank can resume from.
   uint64_t offset = f->dropout_offset;

@@ -416,6 +416,11 @@ static void im2col_backward(const float *x, const float *w, const float *dy, flo
 
 void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
                          bool set_dw, float *dbias, const ConvGeom *g, float *workspace) {
+  if (g->batch * g->out_ch * g->out_h * g->out_w == 0 || g->in_ch == 0) {  // no terms: a fresh gradient is 0
+    if (dx && set_dx) memset(dx, 0, (size_t)(g->batch * g->in_ch * g->in_h * g->in_w) * sizeof(float));
+    if (dw && set_dw) memset(dw, 0, (size_t)(g->out_ch * g->in_ch * g->kh * g->kw) * sizeof(float));
+    return;
+  }
   // The two passes may run on different implementations; dbias goes with dw (oneDNN fuses it).
   void (*fallback)(const float *, const float *, const float *, float *, bool, float *, float *, const ConvGeom *,
                    float *) = g->channels_last ? im2col_cl_backward : im2col_backward;

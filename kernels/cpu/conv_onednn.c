@@ -19,8 +19,8 @@
 // Gradients accumulate (cpu_conv2d_backward's contract) while oneDNN overwrites: dx and dw are
 // computed into a temporary and added by a reorder with a sum post-op (plain += converted
 // temporary), which is also the pass that converts a blocked result back to the plain layout. A dx
-// that is to be written (set_dx: a fresh buffer) goes through a reorder without the sum, or straight
-// into the buffer where the layouts are the same (channels last); a same-layout gradient that
+// or dw that is to be written (set_dx, set_dw: a fresh buffer) goes through a reorder without the
+// sum, or straight into the buffer where the layouts are the same (channels last); a same-layout gradient that
 // accumulates is computed into the temporary and added by a plain loop (oneDNN's same-layout
 // reorder with a sum is its slow generic one, "simple:any").
 #include "kernels/cpu/cpu_kernels.h"
@@ -54,7 +54,7 @@ typedef struct {
   dnnl_memory_desc_t user;   // plain: nchw, nhwc or oihw
   dnnl_memory_desc_t prim;   // the convolution's own
   dnnl_primitive_t reorder;  // NULL: the layouts are the same (output: the accumulating reorder)
-  dnnl_primitive_t reorder_set;  // output of backward-data only: the writing reorder, made on first use
+  dnnl_primitive_t reorder_set;  // a backward pass's output: the writing reorder (a fresh dx or dw), made on first use
 } ConvArg;
 
 typedef struct {
@@ -431,8 +431,11 @@ void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, bool blocked, bool accu
                        const float *in1, float *out, float *bias) {
   DETR_CHECK(!bias || pass != CONV_PASS_BWD_DATA, "onednn_conv2d_run: backward-data has no bias");
   DETR_CHECK(pass != CONV_PASS_FWD || !accumulate, "onednn_conv2d_run: the forward writes y");
-  // Channels last: no copies of x or y are made (oneDNN runs on nhwc itself), so always whole.
-  if (g->channels_last ||
+  // Channels last: no copies of x or y are made (oneDNN runs on nhwc itself), so the whole batch
+  // always, but for a dx that accumulates (computed into a copy, then added), which follows the
+  // size rule so that the copy stays at one image's size for large maps.
+  bool copies = !g->channels_last || (pass == CONV_PASS_BWD_DATA && accumulate);
+  if (!copies ||
       (g->in_ch * g->in_h * g->in_w + g->out_ch * g->out_h * g->out_w) * g->batch * (int64_t)sizeof(float) <=
           whole_batch_bytes) {
     pass_run(prim_get(g, pass, blocked, bias != NULL), 1, accumulate, in0, in1, out, bias);

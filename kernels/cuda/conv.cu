@@ -1,8 +1,9 @@
 // 2-D convolution on cuDNN (v9, legacy convolution API), and the custom max-pooling and frozen
-// batch-norm kernels (kernels/cpu/conv.c's twins). Convolution: NCHW or NHWC float32, cross-correlation (as
-// torch), one group. Forward = cudnnConvolutionForward + a bias kernel; backward =
-// cudnnConvolutionBackwardData / BackwardFilter with beta = 1 (gradients accumulate, as the CPU
-// kernels) and a deterministic bias-gradient kernel.
+// batch-norm kernels (kernels/cpu/conv.c's twins). Convolution: NCHW or NHWC float32,
+// cross-correlation (as torch), one group. Forward = cudnnConvolutionForward + a bias kernel;
+// backward = cudnnConvolutionBackwardData / BackwardFilter with beta = 1 (gradients accumulate, as
+// the CPU kernels; beta = 0 for a fresh dx or dw, set_dx / set_dw) and a deterministic
+// bias-gradient kernel.
 //
 // Arithmetic: the convolution descriptor's math type is CUDNN_FMA_MATH, which restricts cuDNN to
 // fp32 FMA kernels, so results agree with the CPU's im2col + sgemm to fp32 rounding. With TF32 on
@@ -129,7 +130,7 @@ static bool geom_equal(const ConvGeom *a, const ConvGeom *b) {
          a->out_ch == b->out_ch && a->kh == b->kh && a->kw == b->kw && a->out_h == b->out_h &&
          a->out_w == b->out_w && a->stride_h == b->stride_h && a->stride_w == b->stride_w &&
          a->pad_h == b->pad_h && a->pad_w == b->pad_w && a->dil_h == b->dil_h &&
-         a->dil_w == b->dil_w;
+         a->dil_w == b->dil_w && a->channels_last == b->channels_last;
 }
 
 static AlgoCacheEntry *algo_cache_entry(const ConvGeom *g, bool deterministic, bool tf32) {
@@ -391,8 +392,9 @@ static void conv_backward_cudnn(const float *x, const float *w, const float *dy,
   size_t algo_bytes = ws_bytes >= copies ? ws_bytes - copies : 0;
   const float *wk = w;
   float *dwk = dw;
+  if (copies) DETR_CHECK(copies <= ws_bytes && ws, "conv2d (cuDNN) backward: the KRSC weight copies need %zu bytes of "
+                         "workspace, %zu given (cuda_conv2d_backward_workspace)", copies, ws ? ws_bytes : 0);
   if (wk_bytes && dx) {
-    check_workspace("backward-data", copies, ws, ws_bytes);
     weight_krsc(g, (float *)w, (float *)ws, true, false);
     wk = (const float *)ws;
   }
