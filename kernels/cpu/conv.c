@@ -150,39 +150,59 @@ static void im2col_cl(const float *x, float *col, const ConvGeom *g, int64_t r0,
   }
 }
 
-// dx [B, H, W, C] += col2im(dcol) for output pixels [r0, r0 + len). Taps of different pixels hit
-// the same input, so threads split the channels: every element gets its terms in pixel, then tap
-// order, whatever the thread count.
-static void col2im_cl_add(const float *col, float *dx, const ConvGeom *g, int64_t r0, int64_t len) {
-  int64_t C = g->in_ch, K = C * g->kh * g->kw, plane = g->out_h * g->out_w;
-#pragma omp parallel if (len * K > PARALLEL_MIN_LIGHT)
-  {
-    int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    int64_t c0 = C * t / nt, c1 = C * (t + 1) / nt;  // this thread's channels
-    for (int64_t r = r0; r < r0 + len; r++) {
-      int64_t b = r / plane, oy = r % plane / g->out_w, ox = r % g->out_w;
-      const float *src = col + (r - r0) * K;
-      for (int64_t ky = 0; ky < g->kh; ky++) {
-        int64_t iy = conv_in_coord(oy, ky, g->stride_h, g->pad_h, g->dil_h);
-        for (int64_t kx = 0; kx < g->kw; kx++, src += C) {
-          int64_t ix = conv_in_coord(ox, kx, g->stride_w, g->pad_w, g->dil_w);
-          if (iy < 0 || iy >= g->in_h || ix < 0 || ix >= g->in_w) continue;
-          float *d = dx + ((b * g->in_h + iy) * g->in_w + ix) * C;
-          for (int64_t c = c0; c < c1; c++) d[c] += src[c];
-        }
-      }
+// The taps of output pixel r of dcol (row src [KH, KW, C]) added into dx [B, H, W, C], channels
+// [c0, c1).
+static inline void col2im_cl_row(const float *src, float *dx, const ConvGeom *g, int64_t r, int64_t c0, int64_t c1) {
+  int64_t C = g->in_ch, plane = g->out_h * g->out_w;
+  int64_t b = r / plane, oy = r % plane / g->out_w, ox = r % g->out_w;
+  for (int64_t ky = 0; ky < g->kh; ky++) {
+    int64_t iy = conv_in_coord(oy, ky, g->stride_h, g->pad_h, g->dil_h);
+    for (int64_t kx = 0; kx < g->kw; kx++, src += C) {
+      int64_t ix = conv_in_coord(ox, kx, g->stride_w, g->pad_w, g->dil_w);
+      if (iy < 0 || iy >= g->in_h || ix < 0 || ix >= g->in_w) continue;
+      float *d = dx + ((b * g->in_h + iy) * g->in_w + ix) * C;
+      for (int64_t c = c0; c < c1; c++) d[c] += src[c];
     }
   }
 }
 
-// W' [O, KH, KW, C] from w [O, C, KH, KW] (to_tap_major), or w += the inverse of W' (a gradient).
-static void cl_weight_permute(const ConvGeom *g, float *w, float *wt, bool to_tap_major) {
-  int64_t C = g->in_ch, taps = g->kh * g->kw, n = g->out_ch * C * taps;
-  for (int64_t i = 0; i < n; i++) {
-    float *b = &wt[conv_weight_tap_major(i, C, taps)];
-    if (to_tap_major) *b = w[i];
-    else w[i] += *b;
+// dx [B, H, W, C] += col2im(dcol) for output pixels [r0, r0 + len). Taps of different pixels of
+// one image hit the same input, those of different images never: threads take whole images when
+// the chunk spans several, else split the channels (a single-image chunk). Either way every
+// element gets its terms in pixel, then tap order, whatever the thread count.
+static void col2im_cl_add(const float *col, float *dx, const ConvGeom *g, int64_t r0, int64_t len) {
+  int64_t C = g->in_ch, K = C * g->kh * g->kw, plane = g->out_h * g->out_w;
+  int64_t b0 = r0 / plane, b1 = (r0 + len - 1) / plane + 1;  // the images the chunk touches
+  if (b1 - b0 >= 2) {
+#pragma omp parallel for schedule(static) if (len * K > PARALLEL_MIN_LIGHT)
+    for (int64_t b = b0; b < b1; b++) {
+      int64_t lo = b * plane > r0 ? b * plane : r0, hi = (b + 1) * plane < r0 + len ? (b + 1) * plane : r0 + len;
+      for (int64_t r = lo; r < hi; r++) col2im_cl_row(col + (r - r0) * K, dx, g, r, 0, C);
+    }
+    return;
   }
+#pragma omp parallel if (len * K > PARALLEL_MIN_LIGHT)
+  {
+    int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    int64_t c0 = C * t / nt, c1 = C * (t + 1) / nt;  // this thread's channels
+    for (int64_t r = r0; r < r0 + len; r++) col2im_cl_row(col + (r - r0) * K, dx, g, r, c0, c1);
+  }
+}
+
+// W' [O, KH, KW, C] from w [O, C, KH, KW] (to_tap_major), or w += the inverse of W' (a gradient).
+// Element (o, c, t) of w sits at conv_weight_tap_major's (o * taps + t) * C + c of W'; the loops
+// walk it without a division per element.
+static void cl_weight_permute(const ConvGeom *g, float *w, float *wt, bool to_tap_major) {
+  int64_t C = g->in_ch, taps = g->kh * g->kw;
+#pragma omp parallel for schedule(static) if (g->out_ch * C * taps > PARALLEL_MIN_LIGHT)
+  for (int64_t o = 0; o < g->out_ch; o++)
+    for (int64_t c = 0; c < C; c++) {
+      float *a = w + (o * C + c) * taps, *b = wt + o * taps * C + c;
+      for (int64_t t = 0; t < taps; t++) {
+        if (to_tap_major) b[t * C] = a[t];
+        else a[t] += b[t * C];
+      }
+    }
 }
 
 // dbias [O] += the column sums of dy [B*HO*WO, O], in pixel order (as the nchw sum: image, then
