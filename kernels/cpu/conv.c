@@ -128,6 +128,18 @@ static void col2im_add(const float *col, float *dx, const ConvGeom *g, int64_t s
   }
 }
 
+// dbias [O] += the sums of dy over images and positions, image by image, in double (nchw or
+// channels last: the same terms in the same order).
+static void conv_bias_backward(const float *dy, float *dbias, const ConvGeom *g) {
+  int64_t spatial = g->out_h * g->out_w;
+  for (int64_t o = 0; o < g->out_ch; o++) {
+    double acc = 0.0;
+    for (int64_t b = 0; b < g->batch; b++)
+      for (int64_t s = 0; s < spatial; s++) acc += dy[conv_offset(g->channels_last, b, o, s, g->out_ch, spatial)];
+    dbias[o] += (float)acc;
+  }
+}
+
 // --- channels last: im2col + sgemm over output pixels (see cl_chunk_rows) ---
 
 // col [len, KH*KW*C] holds output pixels [r0, r0 + len) (of the whole batch) of x [B, H, W, C].
@@ -205,17 +217,6 @@ static void cl_weight_permute(const ConvGeom *g, float *w, float *wt, bool to_ta
     }
 }
 
-// dbias [O] += the column sums of dy [B*HO*WO, O], in pixel order (as the nchw sum: image, then
-// position), in double.
-static void cl_bias_backward(const float *dy, float *dbias, const ConvGeom *g) {
-  int64_t rows = g->batch * g->out_h * g->out_w, O = g->out_ch;
-  for (int64_t o = 0; o < O; o++) {
-    double acc = 0.0;
-    for (int64_t r = 0; r < rows; r++) acc += dy[r * O + o];
-    dbias[o] += (float)acc;
-  }
-}
-
 static void im2col_cl_forward(const float *x, const float *w, const float *bias, float *y, const ConvGeom *g,
                               float *workspace) {
   int64_t C = g->in_ch, O = g->out_ch, K = C * g->kh * g->kw, rows = g->batch * g->out_h * g->out_w;
@@ -282,7 +283,7 @@ static void im2col_cl_backward(const float *x, const float *w, const float *dy, 
     }
     if (taps) cl_weight_permute(g, dw, wt, false);
   }
-  if (dbias) cl_bias_backward(dy, dbias, g);
+  if (dbias) conv_bias_backward(dy, dbias, g);
 }
 
 static ConvImpl forced_impl = CONV_IMPL_AUTO;
@@ -360,17 +361,6 @@ static bool ran_on_onednn(const ConvGeom *g, ConvPass pass, bool accumulate, con
   return true;
 }
 
-static void conv_bias_backward(const float *dy, float *dbias, const ConvGeom *g) {
-  int64_t spatial = g->out_h * g->out_w;
-  for (int64_t o = 0; o < g->out_ch; o++) {
-    double acc = 0.0;
-    for (int64_t b = 0; b < g->batch; b++) {
-      const float *dyo = dy + (b * g->out_ch + o) * spatial;
-      for (int64_t s = 0; s < spatial; s++) acc += dyo[s];
-    }
-    dbias[o] += (float)acc;
-  }
-}
 
 void cpu_conv2d_forward(const float *x, const float *w, const float *bias, float *y,
                         const ConvGeom *g, float *workspace) {
@@ -452,8 +442,7 @@ void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float 
       fallback(x, NULL, dy, NULL, false, dw, dbias, g, workspace);
     }
   } else if (dbias) {
-    if (g->channels_last) cl_bias_backward(dy, dbias, g);
-    else conv_bias_backward(dy, dbias, g);
+    conv_bias_backward(dy, dbias, g);
   }
 }
 
@@ -629,73 +618,53 @@ void cpu_maxpool2d_backward(const float *dy, const int32_t *argmax, float *dx, c
   }
 }
 
+// x, y [B, C, S] as rows for both kernels below: with S > 1 a row is one channel's plane (its
+// scale and shift one number), with S == 1 (channels last: [B*H*W, C, 1]) a row holds one pixel's
+// C channels (a scale and shift per element).
+
 void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bias,
                            const float *mean, const float *var, float eps, const float *residual,
                            bool relu, float *y, float *scale, int64_t batch, int64_t channels,
                            int64_t spatial) {
-  // scale is [C] output (kept for backward); shift is recomputed: both are O(C).
-  for (int64_t c = 0; c < channels; c++) {
-    float shift;
-    frozen_bn_scale_shift(weight[c], bias[c], mean[c], var[c], eps, &scale[c], &shift);
+  // scale [C] is an output (kept for backward), shift [C] a temporary: each computed once.
+  float *shift = malloc((size_t)(channels > 0 ? channels : 1) * sizeof(float));
+  DETR_CHECK(shift, "cpu_frozen_bn_forward: out of memory for %lld shifts", (long long)channels);
+  for (int64_t c = 0; c < channels; c++)
+    frozen_bn_scale_shift(weight[c], bias[c], mean[c], var[c], eps, &scale[c], &shift[c]);
+  bool last = spatial == 1;
+  int64_t rows = last ? batch : batch * channels, n = last ? channels : spatial;
+#pragma omp parallel for schedule(static) if (rows * n > PARALLEL_MIN_LIGHT)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *sc = last ? scale : scale + r % channels, *sh = last ? shift : shift + r % channels;
+    const float *xp = x + r * n, *rp = residual ? residual + r * n : NULL;
+    float *yp = y + r * n;
+    if (last)
+      for (int64_t i = 0; i < n; i++) yp[i] = frozen_bn_act_elem(xp[i], sc[i], sh[i], rp, i, relu);
+    else
+      for (int64_t i = 0; i < n; i++) yp[i] = frozen_bn_act_elem(xp[i], sc[0], sh[0], rp, i, relu);
   }
-  if (spatial == 1) {  // channels last: rows of C, the scale and shift of each channel computed once
-    float *shift = malloc((size_t)channels * sizeof(float));
-    DETR_CHECK(shift || channels == 0, "cpu_frozen_bn_forward: out of memory for %lld shifts", (long long)channels);
-    for (int64_t c = 0; c < channels; c++) frozen_bn_scale_shift(weight[c], bias[c], mean[c], var[c], eps, &scale[c], &shift[c]);
-#pragma omp parallel for schedule(static) if (batch * channels > PARALLEL_MIN_LIGHT)
-    for (int64_t r = 0; r < batch; r++) {
-      const float *xp = x + r * channels, *rp = residual ? residual + r * channels : NULL;
-      float *yp = y + r * channels;
-      for (int64_t c = 0; c < channels; c++) yp[c] = frozen_bn_act_elem(xp[c], scale[c], shift[c], rp, c, relu);
-    }
-    free(shift);
-    return;
-  }
-#pragma omp parallel for schedule(static) if (batch * channels * spatial > PARALLEL_MIN_LIGHT)
-  for (int64_t bc = 0; bc < batch * channels; bc++) {
-    int64_t c = bc % channels;
-    float s, t;
-    frozen_bn_scale_shift(weight[c], bias[c], mean[c], var[c], eps, &s, &t);
-    const float *xp = x + bc * spatial, *rp = residual ? residual + bc * spatial : NULL;
-    float *yp = y + bc * spatial;
-    for (int64_t i = 0; i < spatial; i++) yp[i] = frozen_bn_act_elem(xp[i], s, t, rp, i, relu);
-  }
+  free(shift);
 }
 
 void cpu_frozen_bn_backward(const float *y, const float *dy, const float *scale, bool relu, float *dx, bool set_dx,
                             float *dresidual, bool set_dresidual, int64_t batch, int64_t channels, int64_t spatial) {
-  // The flags are loop-invariant (GCC unswitches them). dx's loop reads dy before dresidual's may
-  // overwrite it (set_dresidual with dresidual = dy); dx itself is dy only without dresidual.
-  if (spatial == 1) {  // channels last: rows of C
-#pragma omp parallel for schedule(static) if (batch * channels > PARALLEL_MIN_LIGHT)
-    for (int64_t r = 0; r < batch; r++) {
-      const float *dyp = dy + r * channels, *yp = relu ? y + r * channels : NULL;
-      float *dxp = dx ? dx + r * channels : NULL, *drp = dresidual ? dresidual + r * channels : NULL;
-      if (dxp)
-        for (int64_t c = 0; c < channels; c++) {
-          float gs = (relu ? frozen_bn_relu_grad(yp[c], dyp[c]) : dyp[c]) * scale[c];
-          dxp[c] = set_dx ? gs : dxp[c] + gs;
-        }
-      if (drp)
-        for (int64_t c = 0; c < channels; c++) {
-          float g = relu ? frozen_bn_relu_grad(yp[c], dyp[c]) : dyp[c];
-          drp[c] = set_dresidual ? g : drp[c] + g;
-        }
-    }
-    return;
-  }
-#pragma omp parallel for schedule(static) if (batch * channels * spatial > PARALLEL_MIN_LIGHT)
-  for (int64_t bc = 0; bc < batch * channels; bc++) {
-    float s = scale[bc % channels];
-    const float *dyp = dy + bc * spatial, *yp = relu ? y + bc * spatial : NULL;  // y: only under ReLU
-    float *dxp = dx ? dx + bc * spatial : NULL, *drp = dresidual ? dresidual + bc * spatial : NULL;
+  // The flags, `last` too, are loop-invariant (GCC unswitches them). dx's loop reads dy before
+  // dresidual's may overwrite it (set_dresidual with dresidual = dy); dx itself is dy only without
+  // dresidual.
+  bool last = spatial == 1;
+  int64_t rows = last ? batch : batch * channels, n = last ? channels : spatial;
+#pragma omp parallel for schedule(static) if (rows * n > PARALLEL_MIN_LIGHT)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *sc = last ? scale : scale + r % channels;
+    const float *dyp = dy + r * n, *yp = relu ? y + r * n : NULL;  // y: only under ReLU
+    float *dxp = dx ? dx + r * n : NULL, *drp = dresidual ? dresidual + r * n : NULL;
     if (dxp)
-      for (int64_t i = 0; i < spatial; i++) {
-        float gs = (relu ? frozen_bn_relu_grad(yp[i], dyp[i]) : dyp[i]) * s;
+      for (int64_t i = 0; i < n; i++) {
+        float gs = (relu ? frozen_bn_relu_grad(yp[i], dyp[i]) : dyp[i]) * sc[last ? i : 0];
         dxp[i] = set_dx ? gs : dxp[i] + gs;
       }
     if (drp)
-      for (int64_t i = 0; i < spatial; i++) {
+      for (int64_t i = 0; i < n; i++) {
         float g = relu ? frozen_bn_relu_grad(yp[i], dyp[i]) : dyp[i];
         drp[i] = set_dresidual ? g : drp[i] + g;
       }

@@ -20,9 +20,9 @@
 // computed into a temporary and added by a reorder with a sum post-op (plain += converted
 // temporary), which is also the pass that converts a blocked result back to the plain layout. A dx
 // or dw that is to be written (set_dx, set_dw: a fresh buffer) goes through a reorder without the
-// sum, or straight into the buffer where the layouts are the same (channels last); a same-layout gradient that
-// accumulates is computed into the temporary and added by a plain loop (oneDNN's same-layout
-// reorder with a sum is its slow generic one, "simple:any").
+// sum, or straight into the buffer where the layouts are the same (channels last); a same-layout
+// gradient that accumulates is computed into the temporary and added by a plain loop (oneDNN's
+// same-layout reorder with a sum is its slow generic one, "simple:any").
 #include "kernels/cpu/cpu_kernels.h"
 
 #if DETR_HAVE_ONEDNN
@@ -171,25 +171,22 @@ static dnnl_primitive_desc_t forward_pd_create(const dnnl_convolution_desc_t *d,
   }
   dnnl_primitive_desc_iterator_t it;
   DNNL_CHECK(dnnl_primitive_desc_iterator_create(&it, d, attr, engine, NULL));
-  dnnl_primitive_desc_t first = dnnl_primitive_desc_iterator_fetch(it);
-  DETR_CHECK(first, "oneDNN: dnnl_primitive_desc_iterator_fetch gave no convolution");
-  for (dnnl_status_t st = dnnl_success; st == dnnl_success; st = dnnl_primitive_desc_iterator_next(it)) {
+  for (;;) {  // oneDNN's order; the first that is not brgemm, else oneDNN's first
     dnnl_primitive_desc_t cand = dnnl_primitive_desc_iterator_fetch(it);
     DETR_CHECK(cand, "oneDNN: dnnl_primitive_desc_iterator_fetch gave no convolution");
     const char *name = NULL;
     DNNL_CHECK(dnnl_primitive_desc_query(cand, dnnl_query_impl_info_str, 0, &name));
-    if (strncmp(name, "brg", 3)) {
+    bool brgemm = !strncmp(name, "brg", 3);
+    if (pd && brgemm) {
+      DNNL_CHECK(dnnl_primitive_desc_destroy(cand));
+    } else {  // oneDNN's first, or the first other one after it
+      if (pd) DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
       pd = cand;
-      break;
     }
-    DNNL_CHECK(dnnl_primitive_desc_destroy(cand));
+    if (!brgemm || dnnl_primitive_desc_iterator_next(it) != dnnl_success) break;
   }
   DNNL_CHECK(dnnl_primitive_desc_iterator_destroy(it));
-  if (pd) {
-    DNNL_CHECK(dnnl_primitive_desc_destroy(first));
-    return pd;
-  }
-  return first;  // none other: oneDNN's first
+  return pd;
 }
 
 // hint: the forward's descriptor of the same geometry and layouts, for a backward pass (NULL: made
