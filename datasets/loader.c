@@ -1,9 +1,13 @@
+#define _GNU_SOURCE  // SCHED_IDLE
 #include "datasets/loader.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/common.h"
 
@@ -45,9 +49,11 @@ typedef enum { SLOT_EMPTY, SLOT_WORKING, SLOT_READY } SlotState;
 
 // One batch in flight. Batch g (global number epoch * batches_per_epoch + index) lives in slot
 // g % n_slots; slots [next_deliver, next_deliver + n_slots) are all distinct, so a worker may
-// start batch g once g < next_deliver + n_slots.
+// start batch g once g < next_deliver + n_slots and its slot is empty (a slot whose batch the
+// consumer built itself stays the worker's until it finishes).
 typedef struct {
   SlotState state;
+  bool abandoned;    // the consumer built this batch itself: the worker empties the slot when done
   int64_t g;
   int count;         // samples in this batch
   int64_t *indices;  // [batch_size] dataset indices, copied from the epoch order at claim time
@@ -86,7 +92,11 @@ struct DataLoader {
   int64_t next_claim;    // next batch a worker starts
   int64_t next_deliver;  // next batch loader_next returns (or the one the consumer holds)
   int64_t end_g;         // one past the last batch (single pass), else INT64_MAX
-  bool holding;          // the consumer holds slot next_deliver
+  bool holding;          // the consumer holds slot next_deliver (or `spare`)
+  bool holding_spare;
+  Slot spare;            // a batch the consumer builds itself while its slot is still a worker's
+  double image_cpu_s;    // moving average of one sample's build time (CPU time of the building thread)
+  int64_t consumer_builds;
   bool stop, paused;
   int busy;              // slots being built
   bool failed;
@@ -103,7 +113,7 @@ struct DataLoader {
 };
 
 LoaderConfig loader_config_default(bool train) {
-  return (LoaderConfig){.batch_size = 2, .num_workers = 2, .prefetch = 4, .shuffle = train, .drop_last = train,
+  return (LoaderConfig){.batch_size = 2, .num_workers = 2, .worker_wait_us = -1, .prefetch = 4, .shuffle = train, .drop_last = train,
                         .pad_multiple = 1, .single_pass = !train, .seed = 42, .aug = aug_config_detr(train),
                         .policy = BAD_INPUT_FAIL};
 }
@@ -233,10 +243,8 @@ static void build_batch(DataLoader *L, Slot *slot, Scratch *s) {
   slot->batch.skipped = skipped;
 }
 
-// Under the lock: marks batch g as being built in its slot and copies its sample indices.
-static Slot *claim(DataLoader *L, int64_t g) {
-  Slot *slot = &L->slots[g % L->n_slots];
-  DETR_CHECK(slot->state == SLOT_EMPTY, "loader: slot of batch %lld still in use", (long long)g);
+// Under the lock: batch g's sample indices into slot (its own, or the consumer's spare).
+static void assign(DataLoader *L, Slot *slot, int64_t g) {
   int64_t epoch = g / L->bpe, first = (g % L->bpe) * L->global_batch + (int64_t)L->shard * L->cfg.batch_size;
   if (L->order_epoch != epoch) {
     loader_epoch_order(L->cfg.seed, epoch, L->cfg.shuffle, L->n, L->order);
@@ -245,30 +253,63 @@ static Slot *claim(DataLoader *L, int64_t g) {
   int64_t left = L->n - first > 0 ? L->n - first : 0;  // a shard past the end of a last batch: empty
   slot->count = (int)(left < L->cfg.batch_size ? left : L->cfg.batch_size);
   memcpy(slot->indices, L->order + first, sizeof(int64_t) * (size_t)slot->count);
-  slot->state = SLOT_WORKING;
   slot->g = g;
+}
+
+// Under the lock: marks batch g as being built in its slot.
+static Slot *claim(DataLoader *L, int64_t g) {
+  Slot *slot = &L->slots[g % L->n_slots];
+  DETR_CHECK(slot->state == SLOT_EMPTY, "loader: slot of batch %lld still in use", (long long)g);
+  assign(L, slot, g);
+  slot->state = SLOT_WORKING;
   L->busy++;
   return slot;
 }
 
 static bool can_claim(const DataLoader *L) {
-  return !L->paused && L->next_claim < L->next_deliver + L->n_slots && L->next_claim < L->end_g;
+  return !L->paused && L->next_claim < L->next_deliver + L->n_slots && L->next_claim < L->end_g &&
+         L->slots[L->next_claim % L->n_slots].state == SLOT_EMPTY;
 }
 
+static double thread_cpu_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+// Builds the slot's batch with the lock released (taken again on return), timing it for the
+// consumer's wait bound: CPU time, which a starved background thread does not inflate.
+static void build_unlocked(DataLoader *L, Slot *slot, Scratch *s) {
+  pthread_mutex_unlock(&L->lock);
+  double t0 = thread_cpu_s();
+  build_batch(L, slot, s);
+  double per_image = slot->count > 0 ? (thread_cpu_s() - t0) / slot->count : 0.0;
+  pthread_mutex_lock(&L->lock);
+  if (slot->count > 0) L->image_cpu_s = L->image_cpu_s > 0.0 ? 0.8 * L->image_cpu_s + 0.2 * per_image : per_image;
+}
+
+// Workers run at background priority (SCHED_IDLE): decoding in the compute threads' idle moments
+// instead of taking their cores in the middle of a parallel loop, which stalls both threads at its
+// barrier. Measured (bench/README.md, session 12): issue 18's model 323-333 -> 385-400 images/s,
+// the main job 227-233 -> 256. A system that refuses it leaves the workers as they were.
 static void *worker_main(void *arg) {
   Worker *w = arg;
   DataLoader *L = w->L;
+#ifdef SCHED_IDLE
+  struct sched_param background = {0};
+  (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &background);
+#endif
   pthread_mutex_lock(&L->lock);
   for (;;) {
     while (!L->stop && !can_claim(L)) pthread_cond_wait(&L->work_cv, &L->lock);
     if (L->stop) break;
     Slot *slot = claim(L, L->next_claim++);
-    pthread_mutex_unlock(&L->lock);
-    build_batch(L, slot, &w->scratch);
-    pthread_mutex_lock(&L->lock);
-    slot->state = SLOT_READY;
+    build_unlocked(L, slot, &w->scratch);
+    slot->state = slot->abandoned ? SLOT_EMPTY : SLOT_READY;  // abandoned: the consumer built it
+    slot->abandoned = false;
     L->busy--;
     pthread_cond_broadcast(&L->ready_cv);
+    pthread_cond_broadcast(&L->work_cv);  // an emptied slot can be claimed
   }
   pthread_mutex_unlock(&L->lock);
   return NULL;
@@ -283,11 +324,14 @@ static int check_position(const DataLoader *L, LoaderPosition pos, DataError *er
 
 // Under the lock, with no slot being built: every slot empty, delivery restarts at pos.
 static void reset_to(DataLoader *L, LoaderPosition pos) {
-  for (int i = 0; i < L->n_slots; i++) L->slots[i].state = SLOT_EMPTY;
+  for (int i = 0; i < L->n_slots; i++) {
+    L->slots[i].state = SLOT_EMPTY;
+    L->slots[i].abandoned = false;
+  }
   int64_t g = pos.epoch * L->bpe + pos.batch;  // batch == bpe is the next epoch's first batch
   L->next_claim = L->next_deliver = g;
   L->end_g = L->cfg.single_pass ? (g / L->bpe + 1) * L->bpe : INT64_MAX;
-  L->holding = false;
+  L->holding = L->holding_spare = false;
   L->failed = false;
 }
 
@@ -296,6 +340,7 @@ int loader_create(const CocoDataset *ds, const LoaderConfig *cfg, LoaderPosition
   *out = NULL;
   if (cfg->batch_size < 1) return data_error(err, "loader: batch size %d", cfg->batch_size);
   if (cfg->num_workers < 0 || cfg->num_workers > 256) return data_error(err, "loader: %d workers", cfg->num_workers);
+  if (cfg->worker_wait_us < -1) return data_error(err, "loader: worker wait %d us", cfg->worker_wait_us);
   if (cfg->prefetch < 1) return data_error(err, "loader: prefetch %d (at least 1 batch)", cfg->prefetch);
   if (cfg->pad_multiple < 1 || cfg->pad_multiple > 256)
     return data_error(err, "loader: pad multiple %d (1..256)", cfg->pad_multiple);
@@ -327,9 +372,14 @@ int loader_create(const CocoDataset *ds, const LoaderConfig *cfg, LoaderPosition
   L->slots = data_calloc((size_t)L->n_slots, sizeof(Slot), "loader slots");
   for (int i = 0; i < L->n_slots; i++)
     L->slots[i].indices = data_malloc(sizeof(int64_t) * (size_t)cfg->batch_size, "batch indices");
+  L->spare.indices = data_malloc(sizeof(int64_t) * (size_t)cfg->batch_size, "batch indices");
   pthread_mutex_init(&L->lock, NULL);
   pthread_cond_init(&L->work_cv, NULL);
-  pthread_cond_init(&L->ready_cv, NULL);
+  pthread_condattr_t monotonic;  // the consumer's bounded wait counts on CLOCK_MONOTONIC
+  pthread_condattr_init(&monotonic);
+  pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
+  pthread_cond_init(&L->ready_cv, &monotonic);
+  pthread_condattr_destroy(&monotonic);
   reset_to(L, start);
   L->inline_worker.L = L;
   scratch_init(&L->inline_worker.scratch, cfg->batch_size);
@@ -352,13 +402,32 @@ int loader_create(const CocoDataset *ds, const LoaderConfig *cfg, LoaderPosition
   return DATA_OK;
 }
 
+// Under the lock: how long the consumer waits for a worker's unfinished batch of `count` images.
+static double worker_wait_s(const DataLoader *L, int count) {
+  if (L->cfg.worker_wait_us >= 0) return 1e-6 * L->cfg.worker_wait_us;
+  return 0.002 + 2.0 * L->image_cpu_s * count;
+}
+
+// Under the lock: waits until slot holds batch g ready, at most wait_s; false when it does not.
+static bool wait_ready(DataLoader *L, Slot *slot, int64_t g, double wait_s) {
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  double ns = (double)until.tv_nsec + wait_s * 1e9;
+  until.tv_sec += (time_t)(ns / 1e9);
+  until.tv_nsec = (long)(ns - 1e9 * (double)(time_t)(ns / 1e9));
+  while (!(slot->state == SLOT_READY && slot->g == g))
+    if (pthread_cond_timedwait(&L->ready_cv, &L->lock, &until) == ETIMEDOUT)
+      return slot->state == SLOT_READY && slot->g == g;
+  return true;
+}
+
 int loader_next(DataLoader *L, const Batch **out, DataError *err) {
   *out = NULL;
   pthread_mutex_lock(&L->lock);
   if (L->holding) {  // the consumer is done with the batch it held: free its slot
-    L->slots[L->next_deliver % L->n_slots].state = SLOT_EMPTY;
+    if (!L->holding_spare) L->slots[L->next_deliver % L->n_slots].state = SLOT_EMPTY;
     L->next_deliver++;
-    L->holding = false;
+    L->holding = L->holding_spare = false;
     pthread_cond_broadcast(&L->work_cv);
   }
   for (;;) {
@@ -371,31 +440,43 @@ int loader_next(DataLoader *L, const Batch **out, DataError *err) {
       pthread_mutex_unlock(&L->lock);
       return LOADER_END;
     }
-    Slot *slot = &L->slots[L->next_deliver % L->n_slots];
-    if (L->n_threads == 0) {  // no workers: build it here
-      L->next_claim = L->next_deliver + 1;
-      claim(L, L->next_deliver);
-      pthread_mutex_unlock(&L->lock);
-      build_batch(L, slot, &L->inline_worker.scratch);
-      pthread_mutex_lock(&L->lock);
-      slot->state = SLOT_READY;
-      L->busy--;
+    int64_t g = L->next_deliver;
+    Slot *slot = &L->slots[g % L->n_slots], *got = slot;
+    if (L->next_claim == g) {  // no worker has started it: build it here
+      L->next_claim = g + 1;
+      if (slot->state == SLOT_EMPTY) {
+        claim(L, g);
+        build_unlocked(L, slot, &L->inline_worker.scratch);
+        slot->state = SLOT_READY;
+        L->busy--;
+      } else {  // the slot is still a worker's (a batch the consumer built earlier): the spare
+        got = &L->spare;
+      }
+      if (L->n_threads > 0) L->consumer_builds++;
+    } else if (!wait_ready(L, slot, g, worker_wait_s(L, slot->count))) {
+      slot->abandoned = true;  // a worker is still on it (a busy machine starves it): build it here
+      got = &L->spare;
+      L->consumer_builds++;
     }
-    while (!(slot->state == SLOT_READY && slot->g == L->next_deliver)) pthread_cond_wait(&L->ready_cv, &L->lock);
-    if (slot->status != DATA_OK) {
+    if (got == &L->spare) {
+      assign(L, got, g);
+      build_unlocked(L, got, &L->inline_worker.scratch);
+    }
+    if (got->status != DATA_OK) {
       L->failed = true;
-      L->fail_err = slot->err;
+      L->fail_err = got->err;
       continue;
     }
-    L->skipped_images += slot->batch.skipped;
-    if (slot->batch.size == 0 && L->global_batch == L->cfg.batch_size) {  // all skipped: go on to the next
-      slot->state = SLOT_EMPTY;
+    L->skipped_images += got->batch.skipped;
+    if (got->batch.size == 0 && L->global_batch == L->cfg.batch_size) {  // all skipped: go on to the next
+      if (got == slot) slot->state = SLOT_EMPTY;
       L->next_deliver++;
       pthread_cond_broadcast(&L->work_cv);
       continue;
     }
     L->holding = true;
-    *out = &slot->batch;
+    L->holding_spare = got == &L->spare;
+    *out = &got->batch;
     pthread_mutex_unlock(&L->lock);
     return DATA_OK;
   }
@@ -423,6 +504,14 @@ int loader_seek(DataLoader *L, LoaderPosition pos, DataError *err) {
 
 int64_t loader_batches_per_epoch(const DataLoader *L) { return L->bpe; }
 
+int64_t loader_consumer_builds(const DataLoader *L) {
+  DataLoader *M = (DataLoader *)L;
+  pthread_mutex_lock(&M->lock);
+  int64_t n = L->consumer_builds;
+  pthread_mutex_unlock(&M->lock);
+  return n;
+}
+
 int64_t loader_skipped_images(const DataLoader *L) {
   DataLoader *M = (DataLoader *)L;
   pthread_mutex_lock(&M->lock);
@@ -445,14 +534,15 @@ void loader_free(DataLoader *L) {
   }
   for (int i = 0; L->workers && i < L->cfg.num_workers; i++) scratch_free(&L->workers[i].scratch, L->cfg.batch_size);
   scratch_free(&L->inline_worker.scratch, L->cfg.batch_size);
-  for (int i = 0; i < L->n_slots; i++) {
-    Batch *b = &L->slots[i].batch;
+  for (int i = 0; i <= L->n_slots; i++) {  // the slots, then the spare
+    Slot *slot = i < L->n_slots ? &L->slots[i] : &L->spare;
+    Batch *b = &slot->batch;
     free(b->images);
     free(b->mask);
     free(b->targets);
     free(b->box_pool);
     free(b->label_pool);
-    free(L->slots[i].indices);
+    free(slot->indices);
   }
   pthread_cond_destroy(&L->work_cv);
   pthread_cond_destroy(&L->ready_cv);

@@ -48,7 +48,14 @@ typedef struct {
 
 typedef struct {
   int batch_size;     // 2
-  int num_workers;    // decode/augment threads; 0 loads on the calling thread
+  // Decode/augment threads; 0 loads on the calling thread. They run at background priority
+  // (SCHED_IDLE): on cores the training leaves idle, never preempting its compute threads. A batch
+  // the consumer needs and no worker has started, or one a worker has not finished within the
+  // wait below (a busy machine starves background threads), the consumer builds itself.
+  int num_workers;
+  // Microseconds the consumer waits for a worker's unfinished batch before building it itself; -1
+  // (default): 2 ms + twice the batch's build time as measured so far (CPU time per image).
+  int worker_wait_us;
   int prefetch;       // batches decoded ahead (>= 1): default 2 per worker
   bool shuffle;       // a new order every epoch (train)
   bool drop_last;     // drop an epoch's incomplete last batch (train, as the reference)
@@ -92,6 +99,7 @@ LoaderPosition loader_position(const DataLoader *L);
 int loader_seek(DataLoader *L, LoaderPosition pos, DataError *err);
 int64_t loader_batches_per_epoch(const DataLoader *L);
 int64_t loader_skipped_images(const DataLoader *L);  // in the batches delivered so far
+int64_t loader_consumer_builds(const DataLoader *L);  // batches the consumer built itself (with workers)
 void loader_free(DataLoader *L);
 
 // The sample order of an epoch: perm[i] is the dataset index at position i ([n]).

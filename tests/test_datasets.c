@@ -975,6 +975,38 @@ START_TEST(loader_same_batches_any_worker_count) {
 }
 END_TEST
 
+// Workers run in the background; a batch the consumer needs that no worker has started or
+// finished, the consumer builds itself (into its spare slot while a worker still owns the batch's
+// slot). The batches stay the same bit for bit. With one slot the consumer, which frees the slot
+// and asks for the next batch under one lock, always finds the next batch unclaimed; with waits of
+// 0 it also takes over any batch a worker has not finished on arrival.
+START_TEST(loader_consumer_builds_what_workers_have_not) {
+  CocoDataset *ds = tiny_synth(10, 0);
+  BatchLog reference = {0};
+  run_loader(ds, small_train_config(0), (LoaderPosition){0, 0}, 8, &reference);
+  for (int prefetch = 1; prefetch <= 4; prefetch += 3) {
+    LoaderConfig cfg = small_train_config(2);
+    cfg.prefetch = prefetch;
+    cfg.worker_wait_us = 0;
+    DataLoader *L;
+    DataError err;
+    ck_assert_msg(loader_create(ds, &cfg, (LoaderPosition){0, 0}, &L, &err) == DATA_OK, "%s", err.msg);
+    BatchLog log = {0};
+    for (int i = 0; i < 8; i++) {
+      const Batch *b;
+      ck_assert_msg(loader_next(L, &b, &err) == DATA_OK, "%s", err.msg);
+      copy_batch(&log.b[log.n++], b);
+      assert_same_batch(&reference.b[i], &log.b[i]);
+    }
+    if (prefetch == 1) ck_assert_int_ge(loader_consumer_builds(L), 7);
+    loader_free(L);
+    free_log(&log);
+  }
+  free_log(&reference);
+  coco_free(ds);
+}
+END_TEST
+
 // A run resumed from a saved position sees the batches an uninterrupted run sees; seek rewinds.
 START_TEST(loader_resumes_at_saved_position) {
   CocoDataset *ds = tiny_synth(10, 0);
@@ -1238,6 +1270,7 @@ int main(void) {
   tcase_add_test(tc, batch_padding_mask_normalization);
   tcase_add_test(tc, batch_pad_multiple);
   tcase_add_test(tc, loader_same_batches_any_worker_count);
+  tcase_add_test(tc, loader_consumer_builds_what_workers_have_not);
   tcase_add_test(tc, loader_resumes_at_saved_position);
   tcase_add_test(tc, loader_unreadable_images_policy);
   tcase_add_test(tc, synth_is_deterministic);
