@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kernels/common.h"
 
@@ -53,7 +54,7 @@ typedef enum { SLOT_EMPTY, SLOT_WORKING, SLOT_READY } SlotState;
 // consumer built itself stays the worker's until it finishes).
 typedef struct {
   SlotState state;
-  bool abandoned;    // the consumer built this batch itself: the worker empties the slot when done
+  bool abandoned;    // the consumer built this batch itself: the worker stops and empties the slot
   int64_t g;
   int count;         // samples in this batch
   int64_t *indices;  // [batch_size] dataset indices, copied from the epoch order at claim time
@@ -73,6 +74,7 @@ typedef struct {
 typedef struct {
   DataLoader *L;
   Scratch scratch;
+  int64_t *order;  // [n] an epoch's order, shuffled here without the lock, then swapped with the loader's
 } Worker;
 
 struct DataLoader {
@@ -96,7 +98,7 @@ struct DataLoader {
   bool holding_spare;
   Slot spare;            // a batch the consumer builds itself while its slot is still a worker's
   double image_cpu_s;    // moving average of one sample's build time (CPU time of the building thread)
-  int64_t consumer_builds;
+  LoaderStats stats;
   bool stop, paused;
   int busy;              // slots being built
   bool failed;
@@ -213,12 +215,16 @@ static void collate(DataLoader *L, Batch *b, const Scratch *s, const int64_t *in
   }
 }
 
-// Loads, augments and collates the slot's samples (no lock held: reads only shared, constant state).
+// Loads, augments and collates the slot's samples (no lock held: reads only shared, constant state,
+// and `abandoned` and `stop`, atomically: a batch the consumer has built itself, or one of a loader
+// being freed, is left unfinished).
 static void build_batch(DataLoader *L, Slot *slot, Scratch *s) {
   int64_t epoch = slot->g / L->bpe;
   int m = 0, skipped = 0;
   slot->status = DATA_OK;
+  if (L->cfg.worker_delay_us > 0 && s != &L->inline_worker.scratch) usleep((useconds_t)L->cfg.worker_delay_us);
   for (int k = 0; k < slot->count; k++) {
+    if (__atomic_load_n(&slot->abandoned, __ATOMIC_RELAXED) || __atomic_load_n(&L->stop, __ATOMIC_RELAXED)) return;
     int64_t idx = slot->indices[k];
     DataError e;
     if (coco_load_sample(L->ds, idx, &s->images[m], &s->targets[m], &e) != DATA_OK) {
@@ -227,7 +233,8 @@ static void build_batch(DataLoader *L, Slot *slot, Scratch *s) {
         slot->err = e;
         return;
       }
-      data_warn(&L->warnings, "%s - skipped", e.msg);
+      if (!__atomic_load_n(&slot->abandoned, __ATOMIC_RELAXED))  // else the consumer warns
+        data_warn(&L->warnings, "%s - skipped", e.msg);
       skipped++;
       continue;
     }
@@ -303,10 +310,23 @@ static void *worker_main(void *arg) {
   for (;;) {
     while (!L->stop && !can_claim(L)) pthread_cond_wait(&L->work_cv, &L->lock);
     if (L->stop) break;
+    int64_t epoch = L->next_claim / L->bpe;
+    if (L->order_epoch != epoch) {  // a new epoch's order: shuffled without the lock (a background
+      pthread_mutex_unlock(&L->lock);  // thread holding it could stall the consumer), then swapped in
+      loader_epoch_order(L->cfg.seed, epoch, L->cfg.shuffle, L->n, w->order);
+      pthread_mutex_lock(&L->lock);
+      if (L->order_epoch != epoch) {
+        int64_t *t = L->order;
+        L->order = w->order;
+        w->order = t;
+        L->order_epoch = epoch;
+      }
+      continue;  // claims may have moved meanwhile: check again
+    }
     Slot *slot = claim(L, L->next_claim++);
     build_unlocked(L, slot, &w->scratch);
     slot->state = slot->abandoned ? SLOT_EMPTY : SLOT_READY;  // abandoned: the consumer built it
-    slot->abandoned = false;
+    __atomic_store_n(&slot->abandoned, false, __ATOMIC_RELAXED);
     L->busy--;
     pthread_cond_broadcast(&L->ready_cv);
     pthread_cond_broadcast(&L->work_cv);  // an emptied slot can be claimed
@@ -326,7 +346,7 @@ static int check_position(const DataLoader *L, LoaderPosition pos, DataError *er
 static void reset_to(DataLoader *L, LoaderPosition pos) {
   for (int i = 0; i < L->n_slots; i++) {
     L->slots[i].state = SLOT_EMPTY;
-    L->slots[i].abandoned = false;
+    __atomic_store_n(&L->slots[i].abandoned, false, __ATOMIC_RELAXED);
   }
   int64_t g = pos.epoch * L->bpe + pos.batch;  // batch == bpe is the next epoch's first batch
   L->next_claim = L->next_deliver = g;
@@ -340,7 +360,8 @@ int loader_create(const CocoDataset *ds, const LoaderConfig *cfg, LoaderPosition
   *out = NULL;
   if (cfg->batch_size < 1) return data_error(err, "loader: batch size %d", cfg->batch_size);
   if (cfg->num_workers < 0 || cfg->num_workers > 256) return data_error(err, "loader: %d workers", cfg->num_workers);
-  if (cfg->worker_wait_us < -1) return data_error(err, "loader: worker wait %d us", cfg->worker_wait_us);
+  if (cfg->worker_wait_us < -1 || cfg->worker_delay_us < 0)
+    return data_error(err, "loader: worker wait %d us, delay %d us", cfg->worker_wait_us, cfg->worker_delay_us);
   if (cfg->prefetch < 1) return data_error(err, "loader: prefetch %d (at least 1 batch)", cfg->prefetch);
   if (cfg->pad_multiple < 1 || cfg->pad_multiple > 256)
     return data_error(err, "loader: pad multiple %d (1..256)", cfg->pad_multiple);
@@ -388,6 +409,7 @@ int loader_create(const CocoDataset *ds, const LoaderConfig *cfg, LoaderPosition
     L->threads = data_calloc((size_t)cfg->num_workers, sizeof(pthread_t), "loader threads");
     for (int i = 0; i < cfg->num_workers; i++) {
       L->workers[i].L = L;
+      L->workers[i].order = data_malloc(sizeof(int64_t) * (size_t)L->n, "epoch order");
       scratch_init(&L->workers[i].scratch, cfg->batch_size);
       int rc = pthread_create(&L->threads[i], NULL, worker_main, &L->workers[i]);
       if (rc != 0) {
@@ -444,6 +466,7 @@ int loader_next(DataLoader *L, const Batch **out, DataError *err) {
     Slot *slot = &L->slots[g % L->n_slots], *got = slot;
     if (L->next_claim == g) {  // no worker has started it: build it here
       L->next_claim = g + 1;
+      pthread_cond_broadcast(&L->work_cv);  // the batch after it may be claimable now
       if (slot->state == SLOT_EMPTY) {
         claim(L, g);
         build_unlocked(L, slot, &L->inline_worker.scratch);
@@ -452,11 +475,13 @@ int loader_next(DataLoader *L, const Batch **out, DataError *err) {
       } else {  // the slot is still a worker's (a batch the consumer built earlier): the spare
         got = &L->spare;
       }
-      if (L->n_threads > 0) L->consumer_builds++;
+      if (L->n_threads > 0) L->stats.consumer_builds++;
     } else if (!wait_ready(L, slot, g, worker_wait_s(L, slot->count))) {
-      slot->abandoned = true;  // a worker is still on it (a busy machine starves it): build it here
+      // A worker is still on it (a busy machine starves background threads): build it here.
+      __atomic_store_n(&slot->abandoned, true, __ATOMIC_RELAXED);
       got = &L->spare;
-      L->consumer_builds++;
+      L->stats.consumer_builds++;
+      L->stats.taken_over++;
     }
     if (got == &L->spare) {
       assign(L, got, g);
@@ -504,12 +529,12 @@ int loader_seek(DataLoader *L, LoaderPosition pos, DataError *err) {
 
 int64_t loader_batches_per_epoch(const DataLoader *L) { return L->bpe; }
 
-int64_t loader_consumer_builds(const DataLoader *L) {
+LoaderStats loader_stats(const DataLoader *L) {
   DataLoader *M = (DataLoader *)L;
   pthread_mutex_lock(&M->lock);
-  int64_t n = L->consumer_builds;
+  LoaderStats st = L->stats;
   pthread_mutex_unlock(&M->lock);
-  return n;
+  return st;
 }
 
 int64_t loader_skipped_images(const DataLoader *L) {
@@ -523,7 +548,7 @@ int64_t loader_skipped_images(const DataLoader *L) {
 void loader_free(DataLoader *L) {
   if (!L) return;
   pthread_mutex_lock(&L->lock);
-  L->stop = true;
+  __atomic_store_n(&L->stop, true, __ATOMIC_RELAXED);  // read by builds in progress
   pthread_cond_broadcast(&L->work_cv);
   pthread_mutex_unlock(&L->lock);
   for (int i = 0; i < L->n_threads; i++) pthread_join(L->threads[i], NULL);
@@ -532,7 +557,10 @@ void loader_free(DataLoader *L) {
     fprintf(stderr, "detr: %s: the loader skipped %lld unreadable images\n", L->ds->ann_path,
             (long long)L->skipped_images);
   }
-  for (int i = 0; L->workers && i < L->cfg.num_workers; i++) scratch_free(&L->workers[i].scratch, L->cfg.batch_size);
+  for (int i = 0; L->workers && i < L->cfg.num_workers; i++) {
+    scratch_free(&L->workers[i].scratch, L->cfg.batch_size);
+    free(L->workers[i].order);
+  }
   scratch_free(&L->inline_worker.scratch, L->cfg.batch_size);
   for (int i = 0; i <= L->n_slots; i++) {  // the slots, then the spare
     Slot *slot = i < L->n_slots ? &L->slots[i] : &L->spare;

@@ -56,6 +56,8 @@ typedef struct {
   // Microseconds the consumer waits for a worker's unfinished batch before building it itself; -1
   // (default): 2 ms + twice the batch's build time as measured so far (CPU time per image).
   int worker_wait_us;
+  // Tests: a worker sleeps this long before each batch it builds (a slow or starved worker). 0.
+  int worker_delay_us;
   int prefetch;       // batches decoded ahead (>= 1): default 2 per worker
   bool shuffle;       // a new order every epoch (train)
   bool drop_last;     // drop an epoch's incomplete last batch (train, as the reference)
@@ -99,7 +101,11 @@ LoaderPosition loader_position(const DataLoader *L);
 int loader_seek(DataLoader *L, LoaderPosition pos, DataError *err);
 int64_t loader_batches_per_epoch(const DataLoader *L);
 int64_t loader_skipped_images(const DataLoader *L);  // in the batches delivered so far
-int64_t loader_consumer_builds(const DataLoader *L);  // batches the consumer built itself (with workers)
+typedef struct {
+  int64_t consumer_builds;  // batches the consumer built itself although there are workers
+  int64_t taken_over;       // of them, batches a worker had started and not finished in time
+} LoaderStats;
+LoaderStats loader_stats(const DataLoader *L);
 void loader_free(DataLoader *L);
 
 // The sample order of an epoch: perm[i] is the dataset index at position i ([n]).

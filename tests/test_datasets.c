@@ -975,33 +975,51 @@ START_TEST(loader_same_batches_any_worker_count) {
 }
 END_TEST
 
-// Workers run in the background; a batch the consumer needs that no worker has started or
-// finished, the consumer builds itself (into its spare slot while a worker still owns the batch's
-// slot). The batches stay the same bit for bit. With one slot the consumer, which frees the slot
-// and asks for the next batch under one lock, always finds the next batch unclaimed; with waits of
-// 0 it also takes over any batch a worker has not finished on arrival.
+// Workers run in the background; a batch the consumer needs that no worker has started, or one a
+// worker has not finished in time, the consumer builds itself (into its spare slot while a worker
+// still owns the batch's slot). The batches stay the same bit for bit.
+static void check_consumer_builds(const CocoDataset *ds, const BatchLog *reference, int prefetch, int delay_us,
+                                  LoaderStats *stats) {
+  LoaderConfig cfg = small_train_config(2);
+  cfg.prefetch = prefetch;
+  cfg.worker_wait_us = 0;  // take over any batch not ready on arrival
+  cfg.worker_delay_us = delay_us;
+  DataLoader *L;
+  DataError err;
+  ck_assert_msg(loader_create(ds, &cfg, (LoaderPosition){0, 0}, &L, &err) == DATA_OK, "%s", err.msg);
+  if (delay_us) usleep(100000);  // the workers claim the first batches and sit in their delay
+  BatchLog log = {0};
+  for (int i = 0; i < 8; i++) {
+    const Batch *b;
+    ck_assert_msg(loader_next(L, &b, &err) == DATA_OK, "%s", err.msg);
+    copy_batch(&log.b[log.n++], b);
+    assert_same_batch(&reference->b[i], &log.b[i]);
+  }
+  *stats = loader_stats(L);
+  if (delay_us) {  // a seek while workers still hold abandoned batches, then the same batches again
+    ck_assert(loader_seek(L, (LoaderPosition){0, 1}, &err) == DATA_OK);
+    const Batch *b;
+    ck_assert_msg(loader_next(L, &b, &err) == DATA_OK, "%s", err.msg);
+    assert_same_batch(&reference->b[1], b);
+  }
+  loader_free(L);
+  free_log(&log);
+}
+
 START_TEST(loader_consumer_builds_what_workers_have_not) {
   CocoDataset *ds = tiny_synth(10, 0);
   BatchLog reference = {0};
   run_loader(ds, small_train_config(0), (LoaderPosition){0, 0}, 8, &reference);
-  for (int prefetch = 1; prefetch <= 4; prefetch += 3) {
-    LoaderConfig cfg = small_train_config(2);
-    cfg.prefetch = prefetch;
-    cfg.worker_wait_us = 0;
-    DataLoader *L;
-    DataError err;
-    ck_assert_msg(loader_create(ds, &cfg, (LoaderPosition){0, 0}, &L, &err) == DATA_OK, "%s", err.msg);
-    BatchLog log = {0};
-    for (int i = 0; i < 8; i++) {
-      const Batch *b;
-      ck_assert_msg(loader_next(L, &b, &err) == DATA_OK, "%s", err.msg);
-      copy_batch(&log.b[log.n++], b);
-      assert_same_batch(&reference.b[i], &log.b[i]);
-    }
-    if (prefetch == 1) ck_assert_int_ge(loader_consumer_builds(L), 7);
-    loader_free(L);
-    free_log(&log);
-  }
+  LoaderStats st;
+  // One slot: the consumer frees it and asks for the next batch under one lock, so it always finds
+  // the next batch unclaimed (workers can claim only batch 0).
+  check_consumer_builds(ds, &reference, 1, 0, &st);
+  ck_assert_int_ge(st.consumer_builds, 7);
+  // Slow workers (200 ms before each batch) holding every slot: the consumer takes their batches
+  // over, and builds a batch whose slot a worker still owns into the spare.
+  check_consumer_builds(ds, &reference, 4, 200000, &st);
+  ck_assert_int_ge(st.taken_over, 1);
+  ck_assert_int_gt(st.consumer_builds, st.taken_over);
   free_log(&reference);
   coco_free(ds);
 }
