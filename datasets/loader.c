@@ -284,21 +284,23 @@ static double thread_cpu_s(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-// Builds the slot's batch with the lock released (taken again on return), timing it for the
-// consumer's wait bound: CPU time, which a starved background thread does not inflate.
+// Builds the slot's batch with the lock released (taken again on return), timing a finished build
+// for the consumer's wait bound: CPU time, which a starved background thread does not inflate.
 static void build_unlocked(DataLoader *L, Slot *slot, Scratch *s) {
   pthread_mutex_unlock(&L->lock);
   double t0 = thread_cpu_s();
   build_batch(L, slot, s);
   double per_image = slot->count > 0 ? (thread_cpu_s() - t0) / slot->count : 0.0;
   pthread_mutex_lock(&L->lock);
-  if (slot->count > 0) L->image_cpu_s = L->image_cpu_s > 0.0 ? 0.8 * L->image_cpu_s + 0.2 * per_image : per_image;
+  if (slot->count > 0 && !slot->abandoned && !L->stop)  // not a build stopped half-way
+    L->image_cpu_s = L->image_cpu_s > 0.0 ? 0.8 * L->image_cpu_s + 0.2 * per_image : per_image;
 }
 
 // Workers run at background priority (SCHED_IDLE): decoding in the compute threads' idle moments
 // instead of taking their cores in the middle of a parallel loop, which stalls both threads at its
-// barrier. Measured (bench/README.md, session 12): issue 18's model 323-333 -> 385-400 images/s,
-// the main job 227-233 -> 256. A system that refuses it leaves the workers as they were.
+// barrier. Measured (bench/README.md, session 12), with the consumer's takeover below: issue 18's
+// model 256-286 -> 333-370 images/s, the main job 217-227 -> 244-263. A system that refuses
+// SCHED_IDLE leaves the workers at normal priority.
 static void *worker_main(void *arg) {
   Worker *w = arg;
   DataLoader *L = w->L;
