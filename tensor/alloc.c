@@ -57,7 +57,8 @@ static DeviceCache caches[DEVICE_COUNT] = {{.lock = PTHREAD_MUTEX_INITIALIZER},
 // on the first CPU request. Blocks of HEAP_MAX_BYTES and more are glibc's own mappings, unmapped
 // when freed: cached, they stayed resident while unused, as detr-r50@512's three 32 MiB blocks of
 // the frozen stem and layer1 do through the whole backward, when the step peaks (peak RSS 1180 ->
-// 1041 MB; the step's time the same, 0.78 s, alternating on an AMD Zen 5).
+// 1041-1082 MB, the rest moved by the heap's fragmentation from run to run; the step's time the
+// same, 0.78 s, alternating on an AMD Zen 5).
 #define HEAP_MIN_BYTES ((size_t)1 << 20)
 #define HEAP_MAX_BYTES ((size_t)32 << 20)
 
