@@ -105,7 +105,6 @@ struct DataLoader {
   DataError fail_err;
   int64_t order_epoch;  // the epoch whose order `order` holds (-1: none)
   int64_t *order;       // [n]
-  int64_t skipped_images;
   int64_t warnings;
 
   Worker *workers;  // [num_workers]
@@ -222,7 +221,6 @@ static void build_batch(DataLoader *L, Slot *slot, Scratch *s) {
   int64_t epoch = slot->g / L->bpe;
   int m = 0, skipped = 0;
   slot->status = DATA_OK;
-  if (L->cfg.worker_delay_us > 0 && s != &L->inline_worker.scratch) usleep((useconds_t)L->cfg.worker_delay_us);
   for (int k = 0; k < slot->count; k++) {
     if (__atomic_load_n(&slot->abandoned, __ATOMIC_RELAXED) || __atomic_load_n(&L->stop, __ATOMIC_RELAXED)) return;
     int64_t idx = slot->indices[k];
@@ -326,6 +324,11 @@ static void *worker_main(void *arg) {
       continue;  // claims may have moved meanwhile: check again
     }
     Slot *slot = claim(L, L->next_claim++);
+    if (L->cfg.worker_delay_us > 0) {  // tests: a slow or starved worker
+      pthread_mutex_unlock(&L->lock);
+      usleep((useconds_t)L->cfg.worker_delay_us);
+      pthread_mutex_lock(&L->lock);
+    }
     build_unlocked(L, slot, &w->scratch);
     slot->state = slot->abandoned ? SLOT_EMPTY : SLOT_READY;  // abandoned: the consumer built it
     __atomic_store_n(&slot->abandoned, false, __ATOMIC_RELAXED);
@@ -494,7 +497,7 @@ int loader_next(DataLoader *L, const Batch **out, DataError *err) {
       L->fail_err = got->err;
       continue;
     }
-    L->skipped_images += got->batch.skipped;
+    L->stats.skipped_images += got->batch.skipped;
     if (got->batch.size == 0 && L->global_batch == L->cfg.batch_size) {  // all skipped: go on to the next
       if (got == slot) slot->state = SLOT_EMPTY;
       L->next_deliver++;
@@ -539,13 +542,7 @@ LoaderStats loader_stats(const DataLoader *L) {
   return st;
 }
 
-int64_t loader_skipped_images(const DataLoader *L) {
-  DataLoader *M = (DataLoader *)L;
-  pthread_mutex_lock(&M->lock);
-  int64_t n = L->skipped_images;
-  pthread_mutex_unlock(&M->lock);
-  return n;
-}
+int64_t loader_skipped_images(const DataLoader *L) { return loader_stats(L).skipped_images; }
 
 void loader_free(DataLoader *L) {
   if (!L) return;
@@ -554,10 +551,10 @@ void loader_free(DataLoader *L) {
   pthread_cond_broadcast(&L->work_cv);
   pthread_mutex_unlock(&L->lock);
   for (int i = 0; i < L->n_threads; i++) pthread_join(L->threads[i], NULL);
-  if (L->skipped_images > 0 && !L->cfg.quiet) {
+  if (L->stats.skipped_images > 0 && !L->cfg.quiet) {
     fflush(stdout);
     fprintf(stderr, "detr: %s: the loader skipped %lld unreadable images\n", L->ds->ann_path,
-            (long long)L->skipped_images);
+            (long long)L->stats.skipped_images);
   }
   for (int i = 0; L->workers && i < L->cfg.num_workers; i++) {
     scratch_free(&L->workers[i].scratch, L->cfg.batch_size);

@@ -102,6 +102,7 @@ int loader_seek(DataLoader *L, LoaderPosition pos, DataError *err);
 int64_t loader_batches_per_epoch(const DataLoader *L);
 int64_t loader_skipped_images(const DataLoader *L);  // in the batches delivered so far
 typedef struct {
+  int64_t skipped_images;   // unreadable images dropped from the batches delivered so far
   int64_t consumer_builds;  // batches the consumer built itself although there are workers
   int64_t taken_over;       // of them, batches a worker had started and not finished in time
 } LoaderStats;
