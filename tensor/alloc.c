@@ -1,12 +1,13 @@
 #include "tensor/alloc.h"
 
-#include <malloc.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/common.h"
+#include "tensor/arena.h"
 #if DETR_HAVE_CUDA
 #include "kernels/cuda/cuda_kernels.h"
 #endif
@@ -45,35 +46,43 @@ typedef struct {
 static DeviceCache caches[DEVICE_COUNT] = {{.lock = PTHREAD_MUTEX_INITIALIZER},
                                           {.lock = PTHREAD_MUTEX_INITIALIZER}};
 
-// CPU blocks of HEAP_MIN_BYTES and more skip the cache: they go to the C library and back at once.
-// Up to HEAP_MAX_BYTES they are glibc heap blocks. A training step frees one size of block (a
-// finished ResNet stage's temporaries) and then asks for smaller ones (the next stage's); the
-// cache, which reuses a block only for its own size class, would hold both, while the heap
-// coalesces freed neighbours and serves any size from them. Measured (bench_step, 2 threads,
-// CPU-only build): detr-r50@512 peak RSS 1430 -> 1325 MB, step 1.92 -> 1.98 s;
-// detr-r18-small@320 335 -> 288 MB, 0.247 -> 0.255 s. For that glibc must keep such blocks in the
-// heap rather than mmap each one (a fresh mapping faults its pages in every step) and must not
-// return the heap's free top to the system after each step: set_heap_policy does so, process-wide,
-// on the first CPU request. Blocks of HEAP_MAX_BYTES and more are glibc's own mappings, unmapped
-// when freed: cached, they stayed resident while unused, as detr-r50@512's three 32 MiB blocks of
-// the frozen stem and layer1 do through the whole backward, when the step peaks (peak RSS 1180 ->
-// 1041-1082 MB, the rest moved by the heap's fragmentation from run to run; the step's time the
-// same, 0.78 s, alternating on an AMD Zen 5).
-#define HEAP_MIN_BYTES ((size_t)1 << 20)
-#define HEAP_MAX_BYTES ((size_t)32 << 20)
+// CPU blocks of ARENA_MIN_BYTES and more skip the cache: they come from the arena (tensor/arena.c)
+// and go back to it at once, at their own size rounded to a page, not their size class. A
+// training step frees one size of block (a finished ResNet stage's temporaries) and then asks for
+// smaller ones (the next stage's); the cache, which reuses a block only for its own size class,
+// would hold both, while the arena merges freed neighbours and serves any size from them. Before
+// the arena these blocks were glibc heap blocks, and the heap fragmented: aligned_alloc's
+// alignment slack kept a freed block from serving the next request of its own size, and the
+// small blocks (cached here, or anybody's malloc) sat between the large ones. detr-r50@512's peak
+// RSS moved 1041-1083 MB from run to run and with the number of steps, its heap grew in the
+// backbone's backward with 120 MB free in it; with the arena it is 1019-1022 MB, the step no
+// slower (bench/README.md, session 13). Where the range cannot be reserved, or is full, the C
+// library serves these blocks.
+#define ARENA_MIN_BYTES ((size_t)1 << 20)
 
-static pthread_once_t heap_policy_once = PTHREAD_ONCE_INIT;
-static void set_heap_policy(void) {
-  (void)mallopt(M_MMAP_THRESHOLD, (int)HEAP_MAX_BYTES);  // advice: a failure only costs memory
-  (void)mallopt(M_TRIM_THRESHOLD, 1 << 30);
+// The bytes a request of nbytes takes; its size class k (the cache's list); whether it is large
+// (an arena block, not cached).
+static size_t block_bytes(Device dev, size_t nbytes, int *k, bool *large) {
+  size_t class_bytes;
+  *k = size_class(nbytes, &class_bytes);
+  *large = dev == DEVICE_CPU && class_bytes >= ARENA_MIN_BYTES;
+  return *large ? (nbytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN : class_bytes;
 }
 
-static bool uncached(Device dev, size_t class_bytes) {
-  return dev == DEVICE_CPU && class_bytes >= HEAP_MIN_BYTES;
-}
+// The range is the machine's physical memory in size, reserved at the first large block.
+static Arena cpu_arena;
+static bool cpu_arena_tried;
 
-static void *system_alloc(Device dev, size_t bytes) {
-  if (dev == DEVICE_CPU) return aligned_alloc(64, bytes);
+static void *system_alloc(Device dev, size_t bytes, bool large) {
+  if (dev == DEVICE_CPU) {
+    if (large && !cpu_arena_tried) {
+      cpu_arena_tried = true;
+      long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+      if (pages > 0 && page > 0) (void)arena_reserve(&cpu_arena, (size_t)pages * (size_t)page);
+    }
+    void *p = large ? arena_alloc(&cpu_arena, bytes) : NULL;
+    return p ? p : aligned_alloc(64, bytes);
+  }
 #if DETR_HAVE_CUDA
   return cuda_device_malloc(bytes);
 #else
@@ -81,9 +90,9 @@ static void *system_alloc(Device dev, size_t bytes) {
 #endif
 }
 
-static void system_free(Device dev, void *ptr) {
+static void system_free(Device dev, void *ptr, size_t bytes) {
   if (dev == DEVICE_CPU) {
-    free(ptr);
+    if (!arena_free(&cpu_arena, ptr, bytes)) free(ptr);
     return;
   }
 #if DETR_HAVE_CUDA
@@ -96,7 +105,7 @@ static void empty_cache_locked(Device dev) {
   for (int k = 0; k < SIZE_CLASSES; k++) {
     FreeList *fl = &c->lists[k];
     for (int i = 0; i < fl->count; i++) {
-      system_free(dev, fl->blocks[i]);
+      system_free(dev, fl->blocks[i], 0);  // a cached block is never the arena's
       c->stats.system_frees++;
     }
     fl->count = 0;
@@ -106,23 +115,26 @@ static void empty_cache_locked(Device dev) {
 
 void *detr_alloc(Device dev, size_t nbytes) {
   DETR_CHECK(dev >= 0 && dev < DEVICE_COUNT, "detr_alloc: bad device %d", (int)dev);
-  size_t class_bytes;
-  int k = size_class(nbytes, &class_bytes);
+  int k;
+  bool large;
+  size_t class_bytes = block_bytes(dev, nbytes, &k, &large);
   DETR_CHECK(k < SIZE_CLASSES, "detr_alloc: request of %zu bytes is too large", nbytes);
   DeviceCache *c = &caches[dev];
-  if (dev == DEVICE_CPU) pthread_once(&heap_policy_once, set_heap_policy);
   pthread_mutex_lock(&c->lock);
   c->stats.requests++;
   void *ptr = NULL;
   FreeList *fl = &c->lists[k];
-  if (fl->count > 0) {  // never for uncached sizes
+  if (fl->count > 0) {  // never for large blocks
     ptr = fl->blocks[--fl->count];
     c->stats.cached_bytes -= class_bytes;
   } else {
-    ptr = system_alloc(dev, class_bytes);
+    // A large block is asked for at its request's size: the arena rounds it to pages itself, and
+    // AddressSanitizer's bounds are then the request's.
+    size_t ask = large ? nbytes : class_bytes;
+    ptr = system_alloc(dev, ask, large);
     if (!ptr) {  // out of memory: give the cache back and try once more
       empty_cache_locked(dev);
-      ptr = system_alloc(dev, class_bytes);
+      ptr = system_alloc(dev, ask, large);
     }
     if (!ptr) {
       pthread_mutex_unlock(&c->lock);
@@ -141,12 +153,13 @@ void *detr_alloc(Device dev, size_t nbytes) {
 
 void detr_free(Device dev, void *ptr, size_t nbytes) {
   if (!ptr) return;
-  size_t class_bytes;
-  int k = size_class(nbytes, &class_bytes);
+  int k;
+  bool large;
+  size_t class_bytes = block_bytes(dev, nbytes, &k, &large);
   DeviceCache *c = &caches[dev];
   pthread_mutex_lock(&c->lock);
-  if (uncached(dev, class_bytes)) {
-    system_free(dev, ptr);
+  if (large) {
+    system_free(dev, ptr, class_bytes);
     c->stats.system_frees++;
     c->stats.live_bytes -= class_bytes;
     pthread_mutex_unlock(&c->lock);

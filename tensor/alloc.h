@@ -1,6 +1,6 @@
 // Caching allocator for tensor storage on every device. Freed blocks go back to a per-size-class
 // cache and are reused, so once a training step has run, later steps make no cudaMalloc. On the
-// CPU, blocks of 1 MiB and more go to the C library and back instead (see tensor/alloc.c).
+// CPU, blocks of 1 MiB and more come from an arena and go back to it instead (see tensor/alloc.c).
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -10,13 +10,14 @@ typedef enum { DEVICE_CPU = 0, DEVICE_CUDA = 1, DEVICE_COUNT } Device;
 const char *device_name(Device dev);
 
 typedef struct {
-  uint64_t system_allocs;  // calls to the system allocator (malloc / cudaMalloc)
-  uint64_t system_frees;   // calls to free / cudaFree (cache trims)
+  uint64_t system_allocs;  // blocks taken from the system (the CPU arena or malloc / cudaMalloc)
+  uint64_t system_frees;   // blocks given back (large CPU blocks, cache trims)
   uint64_t requests;       // detr_alloc calls served
-  size_t live_bytes;       // bytes handed out and not yet returned (rounded to size classes)
+  size_t live_bytes;       // bytes handed out and not yet returned (rounded to size classes; large
+                           // CPU blocks to pages)
   size_t peak_live_bytes;  // maximum of live_bytes since the last reset of the peak
   size_t cached_bytes;     // bytes held in the cache, free for reuse
-  size_t peak_held_bytes;  // maximum of live_bytes + cached_bytes (the CPU heap's free blocks not counted)
+  size_t peak_held_bytes;  // maximum of live_bytes + cached_bytes (the CPU arena's free extents not counted)
 } AllocStats;
 
 // Returns at least nbytes (64-byte aligned on CPU). nbytes may be 0. Fails with a message on

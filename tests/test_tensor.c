@@ -2,7 +2,9 @@
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "tensor/arena.h"
 #include "tests/gradcheck.h"
 
 START_TEST(shapes_and_host_roundtrip) {
@@ -145,23 +147,24 @@ START_TEST(allocator_reuses_and_empties) {
 }
 END_TEST
 
-// CPU blocks of 1 MiB and more are not cached: freeing one hands it back at once (the heap reuses it
-// for any size; glibc unmaps one of 32 MiB and more), so live and cached bytes both go back down.
-START_TEST(allocator_heap_blocks_are_not_cached) {
+// CPU blocks of 1 MiB and more are not cached: freeing one hands it back to the arena at once (which
+// reuses it for any size), so live and cached bytes both go back down. They take their size rounded
+// to a page, not their size class.
+START_TEST(allocator_large_blocks_are_not_cached) {
   AllocStats s0 = detr_alloc_stats(DEVICE_CPU);
-  const size_t bytes = (size_t)3 << 20;
+  const size_t bytes = ((size_t)5 << 20) / 4 + 100;  // its size class would be 1.5 MiB
   float *a = detr_alloc(DEVICE_CPU, bytes);
   ck_assert_int_eq((intptr_t)a % 64, 0);
   a[0] = 1.0f, a[bytes / sizeof(float) - 1] = 2.0f;  // writable end to end
   AllocStats s1 = detr_alloc_stats(DEVICE_CPU);
-  ck_assert_uint_eq(s1.live_bytes - s0.live_bytes, bytes);
+  ck_assert_uint_eq(s1.live_bytes - s0.live_bytes, (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN);
   ck_assert_uint_eq(s1.system_allocs - s0.system_allocs, 1);
   detr_free(DEVICE_CPU, a, bytes);
   AllocStats s2 = detr_alloc_stats(DEVICE_CPU);
   ck_assert_uint_eq(s2.live_bytes, s0.live_bytes);
   ck_assert_uint_eq(s2.cached_bytes, s0.cached_bytes);
   ck_assert_uint_eq(s2.system_frees - s0.system_frees, 1);
-  float *big = detr_alloc(DEVICE_CPU, (size_t)40 << 20);  // a glibc mapping: not cached either
+  float *big = detr_alloc(DEVICE_CPU, (size_t)40 << 20);
   big[0] = 1.0f, big[((size_t)40 << 20) / sizeof(float) - 1] = 2.0f;
   detr_free(DEVICE_CPU, big, (size_t)40 << 20);
   AllocStats s3 = detr_alloc_stats(DEVICE_CPU);
@@ -170,6 +173,41 @@ START_TEST(allocator_heap_blocks_are_not_cached) {
   void *small = detr_alloc(DEVICE_CPU, 4096);
   detr_free(DEVICE_CPU, small, 4096);  // below 1 MiB: cached as before
   ck_assert_uint_ge(detr_alloc_stats(DEVICE_CPU).cached_bytes, s0.cached_bytes + 4096);
+}
+END_TEST
+
+// The arena places a block at the lowest free address that fits, merges a freed block with free
+// neighbours (so a freed run serves a larger request), and gives a freed top back.
+START_TEST(arena_first_fit_merges_and_lowers_top) {
+  const size_t MiB = (size_t)1 << 20;
+  Arena a;
+  ck_assert(arena_reserve(&a, 16 * MiB));
+  char *b0 = arena_alloc(&a, MiB), *b1 = arena_alloc(&a, 2 * MiB - 100), *b2 = arena_alloc(&a, MiB);
+  char *b3 = arena_alloc(&a, MiB);
+  ck_assert_ptr_eq(b0, a.base);
+  ck_assert_ptr_eq(b1, b0 + MiB);
+  ck_assert_ptr_eq(b2, b1 + 2 * MiB);  // b1 took whole pages
+  ck_assert_ptr_eq(b3, b2 + MiB);
+  memset(b1, 1, 2 * MiB - 100);
+  ck_assert_uint_eq(a.top, 5 * MiB);
+  ck_assert(arena_free(&a, b1, 2 * MiB - 100));
+  ck_assert_ptr_eq(arena_alloc(&a, MiB), b1);  // the lowest fit: b1's extent, not the top
+  ck_assert(arena_free(&a, b1, MiB));
+  ck_assert(arena_free(&a, b2, MiB));  // merges with b1's extent: 3 MiB free at b1
+  ck_assert_int_eq(a.n_free, 1);
+  ck_assert_ptr_eq(arena_alloc(&a, 3 * MiB), b1);
+  ck_assert_int_eq(a.n_free, 0);
+  ck_assert_uint_eq(a.top, 5 * MiB);
+  ck_assert(arena_free(&a, b1, 3 * MiB));
+  ck_assert(arena_free(&a, b3, MiB));  // at the top: the top falls past the free run below it too
+  ck_assert_uint_eq(a.top, MiB);
+  ck_assert_int_eq(a.n_free, 0);
+  ck_assert_ptr_null(arena_alloc(&a, 16 * MiB));  // b0 still there: no room
+  ck_assert_ptr_eq(arena_alloc(&a, 15 * MiB), b0 + MiB);
+  int on_stack;
+  ck_assert(!arena_free(&a, &on_stack, sizeof on_stack));  // not the arena's
+  arena_release(&a);
+  ck_assert_ptr_null(arena_alloc(&a, MiB));  // released: unusable until reserved again
 }
 END_TEST
 
@@ -193,7 +231,8 @@ int main(void) {
   tcase_add_test(tc, tape_records_only_when_needed);
   tcase_add_test(tc, steady_state_step_does_not_allocate);
   tcase_add_test(tc, allocator_reuses_and_empties);
-  tcase_add_test(tc, allocator_heap_blocks_are_not_cached);
+  tcase_add_test(tc, allocator_large_blocks_are_not_cached);
+  tcase_add_test(tc, arena_first_fit_merges_and_lowers_top);
   tcase_add_test(tc, print_does_not_crash);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
