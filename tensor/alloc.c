@@ -185,6 +185,7 @@ void detr_free(Device dev, void *ptr, size_t nbytes) {
 void detr_alloc_empty_cache(Device dev) {
   pthread_mutex_lock(&caches[dev].lock);
   empty_cache_locked(dev);
+  if (dev == DEVICE_CPU) arena_trim(&cpu_arena);
   pthread_mutex_unlock(&caches[dev].lock);
 }
 

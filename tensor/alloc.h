@@ -25,7 +25,8 @@ typedef struct {
 void *detr_alloc(Device dev, size_t nbytes);
 // Returns a block from detr_alloc(dev, nbytes) to the cache (nbytes as requested).
 void detr_free(Device dev, void *ptr, size_t nbytes);
-// Releases every cached block to the system.
+// Releases every cached block to the system, and on the CPU the arena's memory above its highest
+// block in use.
 void detr_alloc_empty_cache(Device dev);
 AllocStats detr_alloc_stats(Device dev);
 void detr_alloc_reset_peak(Device dev);

@@ -63,6 +63,7 @@ void *arena_alloc(Arena *a, size_t bytes) {
     if (len > a->range_bytes - a->top) return NULL;
     p = a->base + a->top;
     a->top += len;
+    if (a->top > a->touched) a->touched = a->top;
   }
   a->n_live++;
   UNPOISON(p, bytes);
@@ -103,4 +104,10 @@ bool arena_free(Arena *a, void *ptr, size_t bytes) {
     a->n_free--;
   }
   return true;
+}
+
+void arena_trim(Arena *a) {
+  if (!a->base || a->touched <= a->top) return;
+  (void)madvise(a->base + a->top, a->touched - a->top, MADV_DONTNEED);  // advice: a failure keeps the memory
+  a->touched = a->top;
 }

@@ -17,6 +17,7 @@ typedef struct {
   char *base;           // the reserved range, range_bytes long; NULL before arena_reserve
   size_t range_bytes;
   size_t top;           // the end of the highest block in use
+  size_t touched;       // the highest top so far (since the last trim): pages below may hold memory
   ArenaExtent *free;    // free extents below top, sorted by offset, never adjacent
   int n_free, free_cap;  // free_cap >= n_live: a free never has to grow the list
   int n_live;           // blocks handed out
@@ -30,3 +31,6 @@ void arena_release(Arena *a);
 void *arena_alloc(Arena *a, size_t bytes);
 // Returns a block of `bytes` (as allocated) and true, or false when ptr is not in the arena.
 bool arena_free(Arena *a, void *ptr, size_t bytes);
+// Gives the memory of the pages above the top back to the system (they read as zeros when used
+// again). Free extents below the top keep theirs.
+void arena_trim(Arena *a);

@@ -202,6 +202,13 @@ START_TEST(arena_first_fit_merges_and_lowers_top) {
   ck_assert(arena_free(&a, b3, MiB));  // at the top: the top falls past the free run below it too
   ck_assert_uint_eq(a.top, MiB);
   ck_assert_int_eq(a.n_free, 0);
+  ck_assert_uint_eq(a.touched, 5 * MiB);  // written pages above the top keep their memory until a trim
+  arena_trim(&a);
+  ck_assert_uint_eq(a.touched, MiB);
+  char *again = arena_alloc(&a, 2 * MiB);
+  ck_assert_ptr_eq(again, b1);
+  ck_assert_int_eq(again[0] | again[MiB], 0);  // b1's bytes were 1: the trimmed pages read as zeros
+  ck_assert(arena_free(&a, again, 2 * MiB));
   ck_assert_ptr_null(arena_alloc(&a, 16 * MiB));  // b0 still there: no room
   ck_assert_ptr_eq(arena_alloc(&a, 15 * MiB), b0 + MiB);
   int on_stack;
