@@ -39,10 +39,16 @@ Tensor *op_mean_all(Tensor *x);
 Tensor *op_matmul(Tensor *a, Tensor *b);
 // Batched: a [B, M, K] (or [B, K, M] with trans_a), b [B, K, N] (or [B, N, K] with trans_b).
 Tensor *op_bmm(Tensor *a, Tensor *b, bool trans_a, bool trans_b);
+// op_bmm(op_dropout(a, p, training, rng), b, false, false) as one op: the same floats and draws,
+// without keeping the dropped-out copy of a for backward.
+Tensor *op_dropout_bmm(Tensor *a, Tensor *b, float p, bool training, Rng *rng);
 // x [..., in] W[out, in]^T + bias[out] (bias may be NULL) -> [..., out], as torch's F.linear.
 Tensor *op_linear(Tensor *x, Tensor *weight, Tensor *bias);
 // relu(op_linear(x, weight, bias)) as one op: the same floats, two memory passes fewer.
 Tensor *op_linear_relu(Tensor *x, Tensor *weight, Tensor *bias);
+// op_dropout(op_linear_relu(x, weight, bias), p, training, rng) as one op: the same floats and the
+// same draws from rng, one tensor fewer kept for backward.
+Tensor *op_linear_relu_dropout(Tensor *x, Tensor *weight, Tensor *bias, float p, bool training, Rng *rng);
 
 // --- convolution, pooling, frozen batch norm (ops_conv.c) ---
 // Channels last: activations [B, H, W, C] instead of [B, C, H, W] (the weight's layout does not

@@ -181,6 +181,13 @@ DETR_HD int dropout_keeps(uint32_t word, uint32_t threshold) { return (word >> 8
 // relu(z) exactly), and the ReLU's gradient from its output: y > 0 exactly where z + b > 0.
 DETR_HD float bias_relu_forward(float z, float b) { return unary_forward(UNARY_RELU, z + b, 0.0f); }
 DETR_HD float relu_backward_from_output(float y, float dy) { return unary_backward(UNARY_RELU, y, y, dy, 0.0f); }
+// Dropout after it (op_linear_relu_dropout), from that op's output d = dropout(y): d > 0 exactly
+// where the element was kept and y > 0 (keep_scale >= 1 keeps a positive y positive), and that is
+// where the gradient passes, scaled: relu'(y) dropout'(dy) without the mask or y. keep_scale 1: no
+// dropout.
+DETR_HD float relu_dropout_backward_from_output(float d, float dd, float keep_scale) {
+  return relu_backward_from_output(d, dd * keep_scale);
+}
 
 // Sum and mean over an axis: terms are summed in double (long sums such as loss terms stay exact to
 // float precision), then scaled (1 or 1/n) and rounded once.

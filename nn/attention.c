@@ -47,8 +47,8 @@ Tensor *attention_heads(const NnCtx *ctx, Tensor *q, Tensor *k, Tensor *v, int64
   Tensor *logits = op_bmm(qh, kh, false, true);  // [B*h, Lq, Lk]
   // The mask row of image b serves its h*Lq logit rows.
   Tensor *attn = op_softmax(op_reshape(logits, SHAPE(B, heads * Lq, Lk)), key_padding_mask);
-  attn = nn_dropout(ctx, op_reshape(attn, SHAPE(B * heads, Lq, Lk)), dropout);
-  return mha_merge_heads(op_bmm(attn, vh, false, false), B);  // [B, Lq, h * dv]
+  attn = op_reshape(attn, SHAPE(B * heads, Lq, Lk));
+  return mha_merge_heads(nn_dropout_bmm(ctx, attn, vh, dropout), B);  // [B, Lq, h * dv]
 }
 
 Tensor *mha_forward(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key, Tensor *value,

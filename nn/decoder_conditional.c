@@ -136,7 +136,7 @@ static Tensor *concat_heads(Tensor *a, Tensor *b, int64_t heads) {
 }
 
 static Tensor *ffn(const CondLayer *l, const NnCtx *ctx, float p, Tensor *x) {
-  return linear_forward(&l->linear2, nn_dropout(ctx, linear_relu_forward(&l->linear1, x), p));
+  return linear_forward(&l->linear2, linear_relu_dropout_forward(ctx, &l->linear1, x, p));
 }
 
 // tgt [B, Q, d]; query_pos [Q, d]; memory, pos [B, HW, d]; sine: p_s T, [B, Q, d] (layer 0: [Q, d]).

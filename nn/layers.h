@@ -11,6 +11,8 @@ typedef struct {
 } NnCtx;
 
 Tensor *nn_dropout(const NnCtx *ctx, Tensor *x, float p);
+// op_bmm(nn_dropout(ctx, a, p), b, false, false), fused: the dropped-out a is not kept for backward.
+Tensor *nn_dropout_bmm(const NnCtx *ctx, Tensor *a, Tensor *b, float p);
 
 // --- Linear (nn/linear.c): y = x W^T + b, W [out, in] ---
 typedef struct {
@@ -20,6 +22,8 @@ Linear linear_create(ParamStore *ps, const char *prefix, int64_t in, int64_t out
                      LrGroup group);
 Tensor *linear_forward(const Linear *l, Tensor *x);
 Tensor *linear_relu_forward(const Linear *l, Tensor *x);  // relu(linear_forward(l, x)), fused
+// nn_dropout(ctx, linear_relu_forward(l, x), p), fused: the ReLU's output is not kept for backward.
+Tensor *linear_relu_dropout_forward(const NnCtx *ctx, const Linear *l, Tensor *x, float p);
 // A trainable Linear with bias (main learning rate) named `prefix.name` (the transformers' layers).
 Linear linear_create_named(ParamStore *ps, const char *prefix, const char *name, int64_t in, int64_t out);
 

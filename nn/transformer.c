@@ -41,7 +41,7 @@ void encoder_layer_free(EncoderLayer *l) {
 }
 
 static Tensor *ffn(const Linear *l1, const Linear *l2, const NnCtx *ctx, float p, Tensor *x) {
-  return linear_forward(l2, nn_dropout(ctx, linear_relu_forward(l1, x), p));
+  return linear_forward(l2, linear_relu_dropout_forward(ctx, l1, x, p));
 }
 
 Tensor *encoder_layer_finish(const EncoderLayer *l, const NnCtx *ctx, Tensor *src, Tensor *attn_out) {

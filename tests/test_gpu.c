@@ -1094,8 +1094,16 @@ static Tensor *f_bmm(Tensor *const *in, void *c) {
   bool *t = c;
   return op_bmm(in[0], in[1], t[0], t[1]);
 }
+static Tensor *f_dropout_bmm(Tensor *const *in, void *c) {
+  Rng rng = rng_make(81);  // the same stream on both devices: the same mask
+  return op_dropout_bmm(in[0], in[1], 0.3f, true, &rng);
+}
 static Tensor *f_linear(Tensor *const *in, void *c) { return op_linear(in[0], in[1], in[2]); }
 static Tensor *f_linear_relu(Tensor *const *in, void *c) { return op_linear_relu(in[0], in[1], in[2]); }
+static Tensor *f_linear_relu_dropout(Tensor *const *in, void *c) {
+  Rng rng = rng_make(79);  // the same stream on both devices: the same mask
+  return op_linear_relu_dropout(in[0], in[1], in[2], 0.3f, true, &rng);
+}
 
 START_TEST(ops_matmul) {
   Shape mm[][2] = {{SHAPE(3, 4), SHAPE(4, 5)}, {SHAPE(2, 3, 4), SHAPE(4, 1)}, {SHAPE(2, 70, 33), SHAPE(33, 65)}};
@@ -1112,6 +1120,9 @@ START_TEST(ops_matmul) {
       bool t[2] = {ta, tb};
       compare_op("bmm", f_bmm, in, 2, t, 24120 + 2 * ta + tb, false);
     }
+  Tensor *dbmm[2] = {cpu_uniform_tensor(SHAPE(3, 17, 9), 24130, -1, 1, true),
+                     cpu_uniform_tensor(SHAPE(3, 9, 12), 24131, -1, 1, true)};
+  compare_op("dropout_bmm", f_dropout_bmm, dbmm, 2, NULL, 24132, false);
   Tensor *lin[3] = {cpu_uniform_tensor(SHAPE(2, 50, 33), 24200, -1, 1, true),
                     cpu_uniform_tensor(SHAPE(40, 33), 24201, -1, 1, true),
                     cpu_uniform_tensor(SHAPE(40), 24202, -1, 1, true)};
@@ -1126,6 +1137,11 @@ START_TEST(ops_matmul) {
                    cpu_uniform_tensor(SHAPE(70), 24222, 1.5f, 2.5f, true)};
   for (int64_t j = 1; j < 70; j += 2) lr[2]->data[j] = -lr[2]->data[j];
   compare_op("linear_relu", f_linear_relu, lr, 3, NULL, 24223, false);
+  Tensor *lrd[3] = {cpu_uniform_tensor(SHAPE(2, 50, 33), 24225, -0.04f, 0.04f, true),
+                    cpu_uniform_tensor(SHAPE(70, 33), 24226, -0.04f, 0.04f, true),
+                    cpu_uniform_tensor(SHAPE(70), 24227, 1.5f, 2.5f, true)};
+  for (int64_t j = 1; j < 70; j += 2) lrd[2]->data[j] = -lrd[2]->data[j];
+  compare_op("linear_relu_dropout", f_linear_relu_dropout, lrd, 3, NULL, 24228, false);
 }
 END_TEST
 

@@ -314,6 +314,96 @@ START_TEST(grad_linear_relu) {
 }
 END_TEST
 
+// The same with dropout after the ReLU, fused: a fixed stream (the generator reset per evaluation,
+// as for dropout), p 0.3 (a third of the units dropped, so the mask matters). Gradients by finite
+// differences; then the same floats as dropout of linear_relu, the same draws from the generator.
+static uint64_t relu_dropout_rng_offset;
+static Tensor *f_linear_relu_dropout(Tensor *const *in, void *c) {
+  Rng rng = rng_make(78);
+  Tensor *y = op_linear_relu_dropout(in[0], in[1], in[2], 0.3f, true, &rng);
+  relu_dropout_rng_offset = rng.offset;
+  return y;
+}
+static Tensor *f_dropout_of_linear_relu(Tensor *const *in, void *c) {
+  Rng rng = rng_make(78);
+  Tensor *y = op_dropout(op_linear_relu(in[0], in[1], in[2]), 0.3f, true, &rng);
+  relu_dropout_rng_offset = rng.offset;
+  return y;
+}
+
+START_TEST(grad_linear_relu_dropout) {
+  Tensor *in[3] = {test_uniform(SHAPE(2, 3, 5), -0.1f, 0.1f, 114, true),
+                   test_uniform(SHAPE(70, 5), -0.1f, 0.1f, 115, true),
+                   test_uniform_away_from_zero(SHAPE(70), 1.5f, 2.5f, 116, true)};
+  expect_grad("linear_relu_dropout", f_linear_relu_dropout, in, 3, NULL, TOL);
+  Tensor *R = test_uniform(SHAPE(2, 3, 70), -1.0f, 1.0f, 117, false);
+  Tensor *wide[3] = {U(SHAPE(2, 3, 5), 118), U(SHAPE(70, 5), 119), U(SHAPE(70), 120)};
+  float *fused[4], *apart[4];
+  value_and_grads(f_linear_relu_dropout, wide, 3, R, fused);
+  uint64_t fused_offset = relu_dropout_rng_offset;
+  value_and_grads(f_dropout_of_linear_relu, wide, 3, R, apart);
+  ck_assert_uint_eq(fused_offset, relu_dropout_rng_offset);
+  int64_t n[4] = {2 * 3 * 70, 2 * 3 * 5, 70 * 5, 70};
+  int64_t zeros = 0, positive = 0;  // both kinds of output: dropped or dead units, and kept live ones
+  for (int64_t i = 0; i < n[0]; i++) zeros += fused[0][i] == 0.0f, positive += fused[0][i] > 0.0f;
+  ck_assert_int_gt(zeros, n[0] / 4);
+  ck_assert_int_gt(positive, n[0] / 4);
+  for (int i = 0; i < 4; i++) {
+    ck_assert_msg(!memcmp(fused[i], apart[i], (size_t)n[i] * sizeof(float)),
+                  "linear_relu_dropout: %s differs from dropout(linear_relu)",
+                  i == 0 ? "the output" : i == 1 ? "dx" : i == 2 ? "dW" : "dbias");
+    free(fused[i]), free(apart[i]);
+  }
+  tensor_release(R);
+  for (int i = 0; i < 3; i++) tensor_release(wide[i]);
+}
+END_TEST
+
+// Attention's dropout on the probabilities, fused into the product with the values: finite
+// differences for both inputs (a fixed stream), then the same floats and draws as bmm of dropout.
+static uint64_t dropout_bmm_rng_offset;
+static Tensor *f_dropout_bmm(Tensor *const *in, void *c) {
+  Rng rng = rng_make(80);
+  Tensor *y = op_dropout_bmm(in[0], in[1], 0.3f, true, &rng);
+  dropout_bmm_rng_offset = rng.offset;
+  return y;
+}
+static Tensor *f_bmm_of_dropout(Tensor *const *in, void *c) {
+  Rng rng = rng_make(80);
+  Tensor *y = op_bmm(op_dropout(in[0], 0.3f, true, &rng), in[1], false, false);
+  dropout_bmm_rng_offset = rng.offset;
+  return y;
+}
+
+START_TEST(grad_dropout_bmm) {
+  Tensor *in[2] = {U(SHAPE(3, 4, 6), 121), U(SHAPE(3, 6, 5), 122)};
+  expect_grad("dropout_bmm", f_dropout_bmm, in, 2, NULL, TOL);
+  Tensor *R = test_uniform(SHAPE(3, 4, 5), -1.0f, 1.0f, 123, false);
+  Tensor *wide[2] = {U(SHAPE(3, 4, 6), 124), U(SHAPE(3, 6, 5), 125)};
+  float *fused[3], *apart[3];
+  value_and_grads(f_dropout_bmm, wide, 2, R, fused);
+  uint64_t fused_offset = dropout_bmm_rng_offset;
+  value_and_grads(f_bmm_of_dropout, wide, 2, R, apart);
+  ck_assert_uint_eq(fused_offset, dropout_bmm_rng_offset);
+  int64_t n[3] = {3 * 4 * 5, 3 * 4 * 6, 3 * 6 * 5};
+  int64_t dropped = 0;  // a's gradient is 0 exactly where its element was dropped
+  for (int64_t i = 0; i < n[1]; i++) dropped += fused[1][i] == 0.0f;
+  ck_assert_int_gt(dropped, n[1] / 8);
+  for (int i = 0; i < 3; i++) {
+    ck_assert_msg(!memcmp(fused[i], apart[i], (size_t)n[i] * sizeof(float)), "dropout_bmm: %s differs from bmm(dropout)",
+                  i == 0 ? "the output" : i == 1 ? "da" : "db");
+    free(fused[i]), free(apart[i]);
+  }
+  tensor_release(R);
+  for (int i = 0; i < 2; i++) tensor_release(wide[i]);
+  // One input without a gradient: the other's is still right.
+  Tensor *frozen_b[2] = {U(SHAPE(2, 3, 4), 126), test_uniform(SHAPE(2, 4, 3), -1, 1, 127, false)};
+  expect_grad("dropout_bmm, b frozen", f_dropout_bmm, frozen_b, 2, NULL, TOL);
+  Tensor *frozen_a[2] = {test_uniform(SHAPE(2, 3, 4), -1, 1, 128, false), U(SHAPE(2, 4, 3), 129)};
+  expect_grad("dropout_bmm, a frozen", f_dropout_bmm, frozen_a, 2, NULL, TOL);
+}
+END_TEST
+
 // --- convolution, pooling, frozen batch norm ---
 
 static Tensor *f_conv2d(Tensor *const *in, void *c) { return op_conv2d(in[0], in[1], in[2], *(Conv2dParams *)c); }
@@ -1275,6 +1365,7 @@ int main(int argc, char **argv) {
     {"add", grad_add}, {"sub", grad_sub}, {"mul", grad_mul}, {"div", grad_div}, {"dropout", grad_dropout},
     {"sum", grad_sum}, {"mean", grad_mean}, {"sum_all", grad_sum_all}, {"mean_all", grad_mean_all},
     {"matmul", grad_matmul}, {"bmm", grad_bmm}, {"linear", grad_linear}, {"linear_relu", grad_linear_relu},
+    {"linear_relu_dropout", grad_linear_relu_dropout}, {"dropout_bmm", grad_dropout_bmm},
     {"conv2d", grad_conv2d}, {"depthwise_conv2d", grad_depthwise_conv2d},
     {"maxpool2d", grad_maxpool2d}, {"frozen_batchnorm2d", grad_frozen_batchnorm2d},
     {"frozen_batchnorm2d_act", grad_frozen_batchnorm2d_act},

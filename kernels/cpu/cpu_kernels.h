@@ -47,8 +47,10 @@ void cpu_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
 void cpu_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols, bool relu);
 void cpu_row_bias_backward(const float *dy, float *dbias, int64_t rows, int64_t cols);
 // Through a ReLU given its output y [rows, cols]: dz = relu'(y) dy (dz may be dy itself), and
-// dbias[j] += sum_r dz[r, j] when dbias is not NULL, in one pass.
-void cpu_relu_row_bias_backward(const float *y, const float *dy, float *dz, float *dbias, int64_t rows, int64_t cols);
+// dbias[j] += sum_r dz[r, j] when dbias is not NULL, in one pass. keep_scale != 1: y is the output
+// of dropout after the ReLU, dy its gradient (relu_dropout_backward_from_output).
+void cpu_relu_row_bias_backward(const float *y, const float *dy, float keep_scale, float *dz, float *dbias, int64_t rows,
+                                int64_t cols);
 
 // conv.c: im2col + sgemm, or oneDNN (conv_onednn.c) where it is the faster (bench/README.md).
 // workspace: cpu_conv2d_workspace_floats(g) floats.

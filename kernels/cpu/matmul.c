@@ -79,12 +79,12 @@ void cpu_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols, b
   }
 }
 
-// dbias[j] += sum_r dz[r, j], dz = dy or (relu_y given) relu'(relu_y) dy, also written to dz_out;
+// dbias[j] += sum_r dz[r, j], dz = dy or (relu_y given) relu'(relu_y) dy keep_scale, also written to dz_out;
 // dbias NULL: only dz_out. Column sums in double, rows in a fixed order: deterministic for any
 // thread count. A thread takes a block of columns and walks the rows, reading each row's block
 // contiguously (a column at a time strode over the rows: 2.5% of the main job's step in `perf`).
-static void row_bias_blocks(const float *dy, const float *relu_y, float *dz_out, float *dbias, int64_t rows,
-                            int64_t cols) {
+static void row_bias_blocks(const float *dy, const float *relu_y, float keep_scale, float *dz_out, float *dbias,
+                            int64_t rows, int64_t cols) {
   enum { BLOCK = 64 };
   int64_t blocks = (cols + BLOCK - 1) / BLOCK;
 #pragma omp parallel for schedule(static) if (blocks > 1 && rows * cols > PARALLEL_MIN_LIGHT)
@@ -96,7 +96,7 @@ static void row_bias_blocks(const float *dy, const float *relu_y, float *dz_out,
       if (relu_y) {
         const float *yr = relu_y + r * cols + j0;
         float *dzr = dz_out + r * cols + j0;
-        for (int64_t j = 0; j < width; j++) dzr[j] = relu_backward_from_output(yr[j], row[j]);
+        for (int64_t j = 0; j < width; j++) dzr[j] = relu_dropout_backward_from_output(yr[j], row[j], keep_scale);
         row = dzr;
       }
       if (dbias)
@@ -108,9 +108,10 @@ static void row_bias_blocks(const float *dy, const float *relu_y, float *dz_out,
 }
 
 void cpu_row_bias_backward(const float *dy, float *dbias, int64_t rows, int64_t cols) {
-  row_bias_blocks(dy, NULL, NULL, dbias, rows, cols);
+  row_bias_blocks(dy, NULL, 1.0f, NULL, dbias, rows, cols);
 }
 
-void cpu_relu_row_bias_backward(const float *y, const float *dy, float *dz, float *dbias, int64_t rows, int64_t cols) {
-  row_bias_blocks(dy, y, dz, dbias, rows, cols);
+void cpu_relu_row_bias_backward(const float *y, const float *dy, float keep_scale, float *dz, float *dbias, int64_t rows,
+                                int64_t cols) {
+  row_bias_blocks(dy, y, keep_scale, dz, dbias, rows, cols);
 }

@@ -74,7 +74,8 @@ void cuda_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
                        int64_t batch);
 void cuda_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols, bool relu);
 void cuda_row_bias_backward(const float *dy, float *dbias, int64_t rows, int64_t cols);
-void cuda_relu_row_bias_backward(const float *y, const float *dy, float *dz, float *dbias, int64_t rows, int64_t cols);
+void cuda_relu_row_bias_backward(const float *y, const float *dy, float keep_scale, float *dz, float *dbias, int64_t rows,
+                                 int64_t cols);
 
 // conv.cu (cuDNN). dx, dw, dbias may be NULL; gradients accumulate. The caller provides cuDNN's
 // workspace (device memory, at least the bytes the _workspace function gives for g under the

@@ -90,16 +90,17 @@ extern "C" void cuda_add_row_bias(float *y, const float *bias, int64_t rows, int
   CUDA_CHECK_LAUNCH("add_row_bias_kernel");
 }
 
-// dz [n] = relu'(y) dy (dz may be dy itself).
-__global__ void relu_backward_from_output_kernel(const float *y, const float *dy, float *dz, int64_t n) {
-  GRID_STRIDE_LOOP(i, n) dz[i] = relu_backward_from_output(y[i], dy[i]);
+// dz [n] = relu'(y) dy keep_scale (dz may be dy itself; y the dropout's output when keep_scale != 1).
+__global__ void relu_backward_from_output_kernel(const float *y, const float *dy, float keep_scale, float *dz,
+                                                 int64_t n) {
+  GRID_STRIDE_LOOP(i, n) dz[i] = relu_dropout_backward_from_output(y[i], dy[i], keep_scale);
 }
 
-extern "C" void cuda_relu_row_bias_backward(const float *y, const float *dy, float *dz, float *dbias, int64_t rows,
-                                            int64_t cols) {
+extern "C" void cuda_relu_row_bias_backward(const float *y, const float *dy, float keep_scale, float *dz, float *dbias,
+                                            int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return;
   relu_backward_from_output_kernel<<<detr_grid_size(rows * cols, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
-      y, dy, dz, rows * cols);
+      y, dy, keep_scale, dz, rows * cols);
   CUDA_CHECK_LAUNCH("relu_backward_from_output_kernel");
   if (dbias) cuda_row_bias_backward(dz, dbias, rows, cols);
 }
