@@ -50,15 +50,18 @@ static DeviceCache caches[DEVICE_COUNT] = {{.lock = PTHREAD_MUTEX_INITIALIZER},
 // and go back to it at once, at their own size rounded to a page, not their size class. A
 // training step frees one size of block (a finished ResNet stage's temporaries) and then asks for
 // smaller ones (the next stage's); the cache, which reuses a block only for its own size class,
-// would hold both, while the arena merges freed neighbours and serves any size from them. Before
-// the arena these blocks were glibc heap blocks, and the heap fragmented: aligned_alloc's
-// alignment slack kept a freed block from serving the next request of its own size, and the
-// small blocks (cached here, or anybody's malloc) sat between the large ones. detr-r50@512's peak
-// RSS moved 1041-1083 MB from run to run and with the number of steps, its heap grew in the
-// backbone's backward with 120 MB free in it; with the arena it is 1019-1022 MB, the step no
-// slower (bench/README.md, session 13). Where the range cannot be reserved, or is full, the C
-// library serves these blocks.
-#define ARENA_MIN_BYTES ((size_t)1 << 20)
+// holds both, while the arena merges freed neighbours and serves any size from them. Before the
+// arena, blocks of 1 MiB and more were glibc heap blocks and the rest cached, and the heap
+// fragmented: aligned_alloc's alignment slack kept a freed block from serving the next request of
+// its own size, and small blocks sat between the large ones. detr-r50@512's peak RSS moved
+// 1041-1083 MB from run to run and with the number of steps (its heap grew in the backbone's
+// backward with 120 MB free in it); with the arena from 1 MiB, 1023 MB in every run; from 64 KiB
+// (the cache had held 68 MB of blocks of 64 KiB - 1 MiB idle at the step's peak), with the
+// dropout fusions of autograd/ops_matmul.c, 931 MB instead of 989. R18@320 270 -> 241 MB. Step
+// times the same in each pair, the main job's too (bench/README.md, session 13). Smaller blocks
+// stay cached: a page each would waste more than their size classes do. Where the range cannot be
+// reserved, or is full, the C library serves these blocks.
+#define ARENA_MIN_BYTES ((size_t)64 << 10)
 
 // The bytes a request of nbytes takes; its size class k (the cache's list); whether it is large
 // (an arena block, not cached).

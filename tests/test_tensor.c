@@ -147,7 +147,7 @@ START_TEST(allocator_reuses_and_empties) {
 }
 END_TEST
 
-// CPU blocks of 1 MiB and more are not cached: freeing one hands it back to the arena at once (which
+// CPU blocks of 64 KiB and more are not cached: freeing one hands it back to the arena at once (which
 // reuses it for any size), so live and cached bytes both go back down. They take their size rounded
 // to a page, not their size class.
 START_TEST(allocator_large_blocks_are_not_cached) {
@@ -171,14 +171,14 @@ START_TEST(allocator_large_blocks_are_not_cached) {
   ck_assert_uint_eq(s3.cached_bytes, s0.cached_bytes);
   ck_assert_uint_eq(s3.system_frees - s0.system_frees, 2);
   void *small = detr_alloc(DEVICE_CPU, 4096);
-  detr_free(DEVICE_CPU, small, 4096);  // below 1 MiB: cached as before
+  detr_free(DEVICE_CPU, small, 4096);  // below 64 KiB: cached
   ck_assert_uint_ge(detr_alloc_stats(DEVICE_CPU).cached_bytes, s0.cached_bytes + 4096);
 }
 END_TEST
 
-// The arena places a block at the lowest free address that fits, merges a freed block with free
+// The arena places a block in the smallest free extent that fits, merges a freed block with free
 // neighbours (so a freed run serves a larger request), and gives a freed top back.
-START_TEST(arena_first_fit_merges_and_lowers_top) {
+START_TEST(arena_best_fit_merges_and_lowers_top) {
   const size_t MiB = (size_t)1 << 20;
   Arena a;
   ck_assert(arena_reserve(&a, 16 * MiB));
@@ -214,6 +214,17 @@ START_TEST(arena_first_fit_merges_and_lowers_top) {
   int on_stack;
   ck_assert(!arena_free(&a, &on_stack, sizeof on_stack));  // not the arena's
   arena_release(&a);
+  // Best fit: extents of 3 MiB (low) and 1 MiB (high) free; a 1 MiB request takes the high one and
+  // leaves the 3 MiB whole for a 3 MiB request.
+  ck_assert(arena_reserve(&a, 16 * MiB));
+  char *c0 = arena_alloc(&a, 3 * MiB), *c1 = arena_alloc(&a, MiB), *c2 = arena_alloc(&a, MiB);
+  (void)arena_alloc(&a, MiB);
+  ck_assert(arena_free(&a, c0, 3 * MiB));
+  ck_assert(arena_free(&a, c2, MiB));
+  ck_assert_ptr_eq(arena_alloc(&a, MiB), c2);
+  ck_assert_ptr_eq(arena_alloc(&a, 3 * MiB), c0);
+  (void)c1;
+  arena_release(&a);
   ck_assert_ptr_null(arena_alloc(&a, MiB));  // released: unusable until reserved again
 }
 END_TEST
@@ -239,7 +250,7 @@ int main(void) {
   tcase_add_test(tc, steady_state_step_does_not_allocate);
   tcase_add_test(tc, allocator_reuses_and_empties);
   tcase_add_test(tc, allocator_large_blocks_are_not_cached);
-  tcase_add_test(tc, arena_first_fit_merges_and_lowers_top);
+  tcase_add_test(tc, arena_best_fit_merges_and_lowers_top);
   tcase_add_test(tc, print_does_not_crash);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
