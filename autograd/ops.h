@@ -46,8 +46,9 @@ Tensor *op_dropout_bmm(Tensor *a, Tensor *b, float p, bool training, Rng *rng);
 Tensor *op_linear(Tensor *x, Tensor *weight, Tensor *bias);
 // relu(op_linear(x, weight, bias)) as one op: the same floats, two memory passes fewer.
 Tensor *op_linear_relu(Tensor *x, Tensor *weight, Tensor *bias);
-// op_dropout(op_linear_relu(x, weight, bias), p, training, rng) as one op: the same floats and the
-// same draws from rng, one tensor fewer kept for backward.
+// op_dropout(op_linear_relu(x, weight, bias), p, training, rng) as one op: the same floats (but
+// for a zero gradient's sign: -0 where the ops apart give +0) and the same draws from rng, one
+// tensor fewer kept for backward.
 Tensor *op_linear_relu_dropout(Tensor *x, Tensor *weight, Tensor *bias, float p, bool training, Rng *rng);
 
 // --- convolution, pooling, frozen batch norm (ops_conv.c) ---

@@ -72,7 +72,11 @@ static size_t block_bytes(Device dev, size_t nbytes, int *k, bool *large) {
   return *large ? (nbytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN : class_bytes;
 }
 
-// The range is the machine's physical memory in size, reserved at the first large block.
+// The range is the machine's physical memory in size, reserved at the first large block. Under
+// AddressSanitizer it is never reserved: the C library (ASan's allocator) serves the large blocks,
+// so a leaked or freed-then-used tensor is reported as any malloc'ed block is (the arena has no
+// quarantine and LeakSanitizer does not see into it), and that build runs the fallback path. The
+// arena itself is tested under ASan by its own tests (tests/test_tensor.c).
 static Arena cpu_arena;
 static bool cpu_arena_tried;
 
@@ -80,11 +84,13 @@ static void *system_alloc(Device dev, size_t bytes, bool large) {
   if (dev == DEVICE_CPU) {
     if (large && !cpu_arena_tried) {
       cpu_arena_tried = true;
+#if !defined(__SANITIZE_ADDRESS__)
       long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
       if (pages > 0 && page > 0) (void)arena_reserve(&cpu_arena, (size_t)pages * (size_t)page);
+#endif
     }
     void *p = large ? arena_alloc(&cpu_arena, bytes) : NULL;
-    return p ? p : aligned_alloc(64, bytes);
+    return p ? p : aligned_alloc(64, (bytes + 63) / 64 * 64);  // C11: a multiple of the alignment
   }
 #if DETR_HAVE_CUDA
   return cuda_device_malloc(bytes);
@@ -120,7 +126,7 @@ void *detr_alloc(Device dev, size_t nbytes) {
   DETR_CHECK(dev >= 0 && dev < DEVICE_COUNT, "detr_alloc: bad device %d", (int)dev);
   int k;
   bool large;
-  size_t class_bytes = block_bytes(dev, nbytes, &k, &large);
+  size_t block = block_bytes(dev, nbytes, &k, &large);
   DETR_CHECK(k < SIZE_CLASSES, "detr_alloc: request of %zu bytes is too large", nbytes);
   DeviceCache *c = &caches[dev];
   pthread_mutex_lock(&c->lock);
@@ -129,11 +135,11 @@ void *detr_alloc(Device dev, size_t nbytes) {
   FreeList *fl = &c->lists[k];
   if (fl->count > 0) {  // never for large blocks
     ptr = fl->blocks[--fl->count];
-    c->stats.cached_bytes -= class_bytes;
+    c->stats.cached_bytes -= block;
   } else {
     // A large block is asked for at its request's size: the arena rounds it to pages itself, and
     // AddressSanitizer's bounds are then the request's.
-    size_t ask = large ? nbytes : class_bytes;
+    size_t ask = large ? nbytes : block;
     ptr = system_alloc(dev, ask, large);
     if (!ptr) {  // out of memory: give the cache back and try once more
       empty_cache_locked(dev);
@@ -142,11 +148,11 @@ void *detr_alloc(Device dev, size_t nbytes) {
     if (!ptr) {
       pthread_mutex_unlock(&c->lock);
       DETR_FAIL("detr_alloc: out of %s memory allocating %zu bytes (%zu bytes live)",
-                device_name(dev), class_bytes, c->stats.live_bytes);
+                device_name(dev), block, c->stats.live_bytes);
     }
     c->stats.system_allocs++;
   }
-  c->stats.live_bytes += class_bytes;
+  c->stats.live_bytes += block;
   if (c->stats.live_bytes > c->stats.peak_live_bytes) c->stats.peak_live_bytes = c->stats.live_bytes;
   size_t held = c->stats.live_bytes + c->stats.cached_bytes;
   if (held > c->stats.peak_held_bytes) c->stats.peak_held_bytes = held;
@@ -158,13 +164,13 @@ void detr_free(Device dev, void *ptr, size_t nbytes) {
   if (!ptr) return;
   int k;
   bool large;
-  size_t class_bytes = block_bytes(dev, nbytes, &k, &large);
+  size_t block = block_bytes(dev, nbytes, &k, &large);
   DeviceCache *c = &caches[dev];
   pthread_mutex_lock(&c->lock);
   if (large) {
-    system_free(dev, ptr, class_bytes);
+    system_free(dev, ptr, block);
     c->stats.system_frees++;
-    c->stats.live_bytes -= class_bytes;
+    c->stats.live_bytes -= block;
     pthread_mutex_unlock(&c->lock);
     return;
   }
@@ -180,8 +186,8 @@ void detr_free(Device dev, void *ptr, size_t nbytes) {
     fl->capacity = cap;
   }
   fl->blocks[fl->count++] = ptr;
-  c->stats.live_bytes -= class_bytes;
-  c->stats.cached_bytes += class_bytes;
+  c->stats.live_bytes -= block;
+  c->stats.cached_bytes += block;
   pthread_mutex_unlock(&c->lock);
 }
 

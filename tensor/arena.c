@@ -27,7 +27,7 @@ bool arena_reserve(Arena *a, size_t range_bytes) {
 
 void arena_release(Arena *a) {
   if (a->base) {
-    UNPOISON(a->base, a->top);
+    UNPOISON(a->base, a->high);  // ASan's shadow outlives the mapping
     munmap(a->base, a->range_bytes);
   }
   free(a->free);
@@ -66,6 +66,7 @@ void *arena_alloc(Arena *a, size_t bytes) {
     p = a->base + a->top;
     a->top += len;
     if (a->top > a->touched) a->touched = a->top;
+    if (a->top > a->high) a->high = a->top;
   }
   a->n_live++;
   UNPOISON(p, bytes);

@@ -1,7 +1,7 @@
 // An arena for the CPU allocator's large blocks (tensor/alloc.c): one reserved address range, a
 // block placed in the smallest free extent that fits (best fit; the lowest of equals), else at the
-// top, a freed block merged with its free neighbours. Best fit keeps large extents whole for large
-// requests: detr-r50@512 peaks at 931 MB with it, 977 MB with address-ordered first fit. Pages take memory when first written and keep it while the arena lives: like a heap
+// top, a freed block merged with its free neighbours. Best fit keeps large extents whole for
+// large requests: detr-r50@512 peaks at 931 MB with it, 977 MB with address-ordered first fit. Pages take memory when first written and keep it while the arena lives: like a heap
 // that is never trimmed, without a heap's other tenants. Not thread-safe: tensor/alloc.c calls it
 // under its lock.
 #pragma once
@@ -18,7 +18,8 @@ typedef struct {
   char *base;           // the reserved range, range_bytes long; NULL before arena_reserve
   size_t range_bytes;
   size_t top;           // the end of the highest block in use
-  size_t touched;       // the highest top so far (since the last trim): pages below may hold memory
+  size_t touched;       // the highest top since the last trim: pages below may hold memory
+  size_t high;          // the highest top ever (what AddressSanitizer may have poisoned)
   ArenaExtent *free;    // free extents below top, sorted by offset, never adjacent
   int n_free, free_cap;  // free_cap >= n_live: a free never has to grow the list
   int n_live;           // blocks handed out

@@ -355,6 +355,16 @@ START_TEST(grad_linear_relu_dropout) {
     free(fused[i]), free(apart[i]);
   }
   tensor_release(R);
+  // Not training (or p 0): linear_relu itself, and the generator untouched.
+  Tensor *x = U(SHAPE(4, 5), 130), *w = U(SHAPE(6, 5), 131), *b = U(SHAPE(6), 132);
+  ScopeMark mark = tensor_scope_mark();
+  Rng rng = rng_make(9);
+  Tensor *off = op_linear_relu_dropout(x, w, b, 0.3f, false, &rng), *zero = op_linear_relu_dropout(x, w, b, 0.0f, true, &rng);
+  Tensor *plain = op_linear_relu(x, w, b);
+  ck_assert_uint_eq(rng.offset, rng_make(9).offset);
+  ck_assert(!memcmp(off->data, plain->data, sizeof(float) * 24) && !memcmp(zero->data, plain->data, sizeof(float) * 24));
+  tensor_scope_release(mark);
+  tensor_release(x), tensor_release(w), tensor_release(b);
   for (int i = 0; i < 3; i++) tensor_release(wide[i]);
 }
 END_TEST
@@ -401,6 +411,16 @@ START_TEST(grad_dropout_bmm) {
   expect_grad("dropout_bmm, b frozen", f_dropout_bmm, frozen_b, 2, NULL, TOL);
   Tensor *frozen_a[2] = {test_uniform(SHAPE(2, 3, 4), -1, 1, 128, false), U(SHAPE(2, 4, 3), 129)};
   expect_grad("dropout_bmm, a frozen", f_dropout_bmm, frozen_a, 2, NULL, TOL);
+  // Not training (or p 0): bmm itself, and the generator untouched.
+  Tensor *a = U(SHAPE(2, 3, 4), 133), *b = U(SHAPE(2, 4, 5), 134);
+  ScopeMark mark = tensor_scope_mark();
+  Rng rng = rng_make(9);
+  Tensor *off = op_dropout_bmm(a, b, 0.3f, false, &rng), *zero = op_dropout_bmm(a, b, 0.0f, true, &rng);
+  Tensor *plain = op_bmm(a, b, false, false);
+  ck_assert_uint_eq(rng.offset, rng_make(9).offset);
+  ck_assert(!memcmp(off->data, plain->data, sizeof(float) * 30) && !memcmp(zero->data, plain->data, sizeof(float) * 30));
+  tensor_scope_release(mark);
+  tensor_release(a), tensor_release(b);
 }
 END_TEST
 

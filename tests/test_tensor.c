@@ -229,6 +229,80 @@ START_TEST(arena_best_fit_merges_and_lowers_top) {
 }
 END_TEST
 
+// Random allocations and frees (1 byte to 48 pages, up to 200 blocks live, a trim every 50) against
+// the arena's invariants after every call: free extents sorted, non-empty, apart and below the top,
+// the last not reaching it; live blocks and free extents tiling [0, top) without overlap; the live
+// count right; every live block's bytes as written (no two blocks share memory).
+typedef struct {
+  size_t off, len;
+} Span;
+static int span_cmp(const void *x, const void *y) {
+  const Span *a = x, *b = y;
+  return a->off < b->off ? -1 : a->off > b->off;
+}
+
+START_TEST(arena_random_keeps_invariants) {
+  const size_t P = ARENA_ALIGN;
+  enum { SLOTS = 200 };
+  Arena a;
+  ck_assert(arena_reserve(&a, 4096 * P));
+  char *ptr[SLOTS] = {NULL};
+  size_t len[SLOTS] = {0};
+  static Span spans[2 * SLOTS + 1];
+  uint64_t s = 12345;
+  int merges_seen = 0;
+  for (int step = 0; step < 6000; step++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    int slot = (int)((s >> 33) % SLOTS);
+    int free_before = a.n_free;
+    if (ptr[slot]) {
+      unsigned char mark = (unsigned char)(slot + 1);  // as written: no other block overlapped it
+      for (size_t j = 0; j < len[slot]; j += 512) ck_assert_int_eq((unsigned char)ptr[slot][j], mark);
+      ck_assert_int_eq((unsigned char)ptr[slot][len[slot] - 1], mark);
+      ck_assert(arena_free(&a, ptr[slot], len[slot]));
+      if (a.n_free < free_before) merges_seen++;  // both neighbours free (or the top fell)
+      ptr[slot] = NULL;
+    } else {
+      size_t bytes = 1 + (size_t)((s >> 13) % (48 * P));
+      char *p = arena_alloc(&a, bytes);
+      if (p) {
+        ptr[slot] = p, len[slot] = bytes;
+        memset(p, (unsigned char)(slot + 1), bytes);
+      }
+    }
+    if (step % 50 == 0) arena_trim(&a);
+    int n = 0, live = 0;
+    size_t total = 0;
+    for (int i = 0; i < a.n_free; i++) {
+      ck_assert_uint_gt(a.free[i].len, 0);
+      if (i > 0) ck_assert_uint_lt(a.free[i - 1].off + a.free[i - 1].len, a.free[i].off);
+      spans[n++] = (Span){a.free[i].off, a.free[i].len};
+      total += a.free[i].len;
+    }
+    if (a.n_free > 0) ck_assert_uint_lt(a.free[a.n_free - 1].off + a.free[a.n_free - 1].len, a.top);
+    for (int i = 0; i < SLOTS; i++)
+      if (ptr[i]) {
+        size_t l = (len[i] + P - 1) / P * P;
+        spans[n++] = (Span){(size_t)(ptr[i] - a.base), l};
+        total += l;
+        live++;
+      }
+    ck_assert_int_eq(a.n_live, live);
+    ck_assert_uint_eq(total, a.top);
+    qsort(spans, (size_t)n, sizeof *spans, span_cmp);
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+      ck_assert_uint_eq(spans[i].off, at);  // tiles: no gap, no overlap
+      at += spans[i].len;
+    }
+    ck_assert_uint_le(a.top, a.touched);
+  }
+  ck_assert_int_gt(merges_seen, 100);
+  ck_assert_int_gt(a.free_cap, 64);  // the extent list grew past its first allocation
+  arena_release(&a);
+}
+END_TEST
+
 START_TEST(print_does_not_crash) {
   Tensor *t = tensor_full(DEVICE_CPU, SHAPE(2, 2), 0.5f);
   FILE *f = tmpfile();
@@ -251,6 +325,7 @@ int main(void) {
   tcase_add_test(tc, allocator_reuses_and_empties);
   tcase_add_test(tc, allocator_large_blocks_are_not_cached);
   tcase_add_test(tc, arena_best_fit_merges_and_lowers_top);
+  tcase_add_test(tc, arena_random_keeps_invariants);
   tcase_add_test(tc, print_does_not_crash);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
