@@ -159,6 +159,7 @@ Tensor *op_bmm(Tensor *a, Tensor *b, bool trans_a, bool trans_b) { return bmm(a,
 
 Tensor *op_dropout_bmm(Tensor *a, Tensor *b, float p, bool training, Rng *rng) {
   DETR_CHECK(p >= 0.0f && p < 1.0f, "dropout_bmm: probability %g is not in [0, 1)", p);
+  DETR_CHECK(rng || !training || p == 0.0f, "dropout_bmm: training with dropout %g needs a generator", p);
   return bmm(a, b, false, false, training ? p : 0.0f, rng);
 }
 
@@ -248,5 +249,6 @@ Tensor *op_linear_relu(Tensor *x, Tensor *weight, Tensor *bias) { return linear(
 
 Tensor *op_linear_relu_dropout(Tensor *x, Tensor *weight, Tensor *bias, float p, bool training, Rng *rng) {
   DETR_CHECK(p >= 0.0f && p < 1.0f, "linear_relu_dropout: probability %g is not in [0, 1)", p);
+  DETR_CHECK(rng || !training || p == 0.0f, "linear_relu_dropout: training with dropout %g needs a generator", p);
   return linear(x, weight, bias, true, training ? p : 0.0f, rng);
 }

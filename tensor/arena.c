@@ -6,7 +6,8 @@
 #include <sys/mman.h>
 
 // Under AddressSanitizer the free extents, and each block's slack past its request, are poisoned:
-// a tensor read past its end is still reported although the arena, not malloc, placed it.
+// a read past a block's end or of a freed block is reported as for malloc's blocks. (The tensor
+// allocator does not use the arena in such a build, tensor/alloc.c; the arena's tests do.)
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
 #define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
