@@ -146,7 +146,7 @@ double adamw_clip_step(AdamW *opt, float max_norm) {
   }
   double norm = sqrt(cpu_sum_squares_multi(grads, sizes, n));
   double coef = max_norm > 0.0f ? clip_coefficient(max_norm, norm) : 1.0;
-  cpu_adamw_multi(ts, n, coef < 1.0 ? (float)coef : 1.0f, false);
+  cpu_adamw_multi(ts, n, coef < 1.0 ? (float)coef : 1.0f);
   // Every gradient is released (those of parameters the step skips too): the next backward makes
   // them afresh (autograd_drop_grad).
   for (int i = 0; i < params->count; i++) autograd_drop_grad(&params->items[i].tensor, 1);

@@ -49,8 +49,8 @@ void cpu_row_bias_backward(const float *dy, float *dbias, int64_t rows, int64_t 
 // Through a ReLU given its output y [rows, cols]: dz = relu'(y) dy (dz may be dy itself), and
 // dbias[j] += sum_r dz[r, j] when dbias is not NULL, in one pass. keep_scale != 1: y is the output
 // of dropout after the ReLU, dy its gradient (relu_dropout_backward_from_output).
-void cpu_relu_row_bias_backward(const float *y, const float *dy, float keep_scale, float *dz, float *dbias, int64_t rows,
-                                int64_t cols);
+void cpu_relu_row_bias_backward(const float *y, const float *dy, float keep_scale, float *dz, float *dbias,
+                                int64_t rows, int64_t cols);
 
 // conv.c: im2col + sgemm, or oneDNN (conv_onednn.c) where it is the faster (bench/README.md).
 // workspace: cpu_conv2d_workspace_floats(g) floats.
@@ -160,15 +160,16 @@ double cpu_sum_squares(const float *x, int64_t n);
 void cpu_scale(float *x, int64_t n, float s);
 // Multi-tensor forms, one parallel region for all: the sum of squares of x[count] (n[count] floats
 // each; the tensors' cpu_sum_squares added in order: the same double), and AdamW on each tensor with
-// its gradient multiplied by grad_scale as it is read (clipping; 1: none), the gradient then set to
-// zero when zero_grad (cpu_scale, cpu_adamw and a fill in one pass: the same floats).
+// its gradient multiplied by grad_scale as it is read (clipping; 1: none; cpu_scale and cpu_adamw
+// in one pass: the same floats).
 typedef struct {
-  float *p, *m, *v, *g;  // [n] each
+  float *p, *m, *v;  // [n] each
+  const float *g;    // [n]
   int64_t n;
   AdamWStep s;
 } AdamWTensor;
 double cpu_sum_squares_multi(const float *const *x, const int64_t *n, int count);
-void cpu_adamw_multi(const AdamWTensor *t, int count, float grad_scale, bool zero_grad);
+void cpu_adamw_multi(const AdamWTensor *t, int count, float grad_scale);
 
 // fpenv.c: flush denormal results and inputs to zero (MXCSR FTZ + DAZ) on the calling thread and
 // every OpenMP worker. Gradients of deep nets underflow into denormals, whose arithmetic runs ~100x

@@ -72,7 +72,7 @@ double cpu_sum_squares_multi(const float *const *x, const int64_t *n, int count)
   return total;
 }
 
-void cpu_adamw_multi(const AdamWTensor *t, int count, float grad_scale, bool zero_grad) {
+void cpu_adamw_multi(const AdamWTensor *t, int count, float grad_scale) {
   int64_t n_units, total_n = 0;
   int64_t *n = malloc(sizeof(int64_t) * (size_t)(count > 0 ? count : 1));
   DETR_CHECK(n, "cpu_adamw_multi: out of memory for %d tensors", count);
@@ -81,11 +81,9 @@ void cpu_adamw_multi(const AdamWTensor *t, int count, float grad_scale, bool zer
 #pragma omp parallel for schedule(static) if (total_n > PARALLEL_MIN_HEAVY)
   for (int64_t k = 0; k < n_units; k++) {
     const AdamWTensor *a = &t[u[k].tensor];
-    for (int64_t i = u[k].start; i < u[k].start + u[k].len; i++) {
-      // g * 1.0f is g: the unclipped step's floats too.
+    // g * 1.0f is g: the unclipped step's floats too.
+    for (int64_t i = u[k].start; i < u[k].start + u[k].len; i++)
       adamw_update(&a->p[i], &a->m[i], &a->v[i], a->g[i] * grad_scale, a->s);
-      if (zero_grad) a->g[i] = 0.0f;
-    }
   }
   free(u);
   free(n);
