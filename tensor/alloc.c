@@ -69,7 +69,7 @@ static size_t block_bytes(Device dev, size_t nbytes, int *k, bool *large) {
   size_t class_bytes;
   *k = size_class(nbytes, &class_bytes);
   *large = dev == DEVICE_CPU && class_bytes >= ARENA_MIN_BYTES;
-  return *large ? (nbytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN : class_bytes;
+  return *large ? arena_block_bytes(nbytes) : class_bytes;
 }
 
 // The range is the machine's physical memory in size, reserved at the first large block. Under

@@ -35,8 +35,6 @@ void arena_release(Arena *a) {
   memset(a, 0, sizeof *a);
 }
 
-static size_t round_len(size_t bytes) { return (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }
-
 static void remove_extent(Arena *a, int i) {
   memmove(&a->free[i], &a->free[i + 1], (size_t)(a->n_free - i - 1) * sizeof(ArenaExtent));
   a->n_free--;
@@ -44,7 +42,7 @@ static void remove_extent(Arena *a, int i) {
 
 void *arena_alloc(Arena *a, size_t bytes) {
   if (!a->base || bytes == 0) return NULL;
-  size_t len = round_len(bytes);
+  size_t len = arena_block_bytes(bytes);
   if (a->n_live + 1 > a->free_cap) {  // room for the extent this block may leave when freed
     int cap = a->free_cap ? 2 * a->free_cap : 64;
     ArenaExtent *grown = realloc(a->free, (size_t)cap * sizeof(ArenaExtent));
@@ -78,7 +76,7 @@ void *arena_alloc(Arena *a, size_t bytes) {
 bool arena_free(Arena *a, void *ptr, size_t bytes) {
   char *p = ptr;
   if (!a->base || p < a->base || p >= a->base + a->range_bytes) return false;
-  size_t off = (size_t)(p - a->base), len = round_len(bytes);
+  size_t off = (size_t)(p - a->base), len = arena_block_bytes(bytes);
   POISON(p, len);
   int at = 0, hi = a->n_free;  // binary search: the first extent above the block
   while (at < hi) {

@@ -1,14 +1,20 @@
 // An arena for the CPU allocator's large blocks (tensor/alloc.c): one reserved address range, a
 // block placed in the smallest free extent that fits (best fit; the lowest of equals), else at the
 // top, a freed block merged with its free neighbours. Best fit keeps large extents whole for
-// large requests: detr-r50@512 peaks at 931 MB with it, 977 MB with address-ordered first fit. Pages take memory when first written and keep it while the arena lives: like a heap
-// that is never trimmed, without a heap's other tenants. Not thread-safe: tensor/alloc.c calls it
-// under its lock.
+// large requests: detr-r50@512 peaks at 931 MB with it, 977 MB with address-ordered first fit.
+// Pages take memory when first written and keep it while the arena lives: like a heap that is
+// never trimmed, without a heap's other tenants. Not thread-safe: tensor/alloc.c calls it under
+// its lock.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 
 #define ARENA_ALIGN 4096  // every block starts on a page and takes whole pages
+
+// The bytes a block of `bytes` takes in the arena.
+static inline size_t arena_block_bytes(size_t bytes) {
+  return (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+}
 
 typedef struct {
   size_t off, len;
