@@ -285,6 +285,18 @@ static void value_and_grads(GradFn f, Tensor *const *in, int n, Tensor *R, float
   tensor_scope_release(mark);
 }
 
+// Fails unless the fused op's output and gradients (value_and_grads: out[0], out[1..]) are the
+// unfused ops' bit for bit; frees both. what[i]: a name for part i.
+static const char *const LINEAR_PARTS[4] = {"the output", "dx", "dW", "dbias"};
+static void expect_same_bits(const char *fused_op, const char *unfused, float **fused, float **apart, const int64_t *n,
+                             const char *const *what, int parts) {
+  for (int i = 0; i < parts; i++) {
+    ck_assert_msg(!memcmp(fused[i], apart[i], (size_t)n[i] * sizeof(float)), "%s: %s differs from %s", fused_op,
+                  what[i], unfused);
+    free(fused[i]), free(apart[i]);
+  }
+}
+
 // Pre-activations kept at least 1.4 from the ReLU's kink (biases of magnitude 1.5-2.5, half of
 // them negative: dead units, whose gradient is 0; small x and W): the finite differences see no
 // kink. 70 outputs: two of the bias gradient's 64-column blocks. Then the same floats as relu of
@@ -303,12 +315,7 @@ START_TEST(grad_linear_relu) {
   value_and_grads(f_linear_relu, wide, 3, R, fused);
   value_and_grads(f_relu_of_linear, wide, 3, R, apart);
   int64_t n[4] = {2 * 3 * 70, 2 * 3 * 5, 70 * 5, 70};
-  for (int i = 0; i < 4; i++) {
-    ck_assert_msg(!memcmp(fused[i], apart[i], (size_t)n[i] * sizeof(float)),
-                  "linear_relu: %s differs from relu(linear)",
-                  i == 0 ? "the output" : i == 1 ? "dx" : i == 2 ? "dW" : "dbias");
-    free(fused[i]), free(apart[i]);
-  }
+  expect_same_bits("linear_relu", "relu(linear)", fused, apart, n, LINEAR_PARTS, 4);
   tensor_release(R);
   for (int i = 0; i < 3; i++) tensor_release(wide[i]);
 }
@@ -348,12 +355,7 @@ START_TEST(grad_linear_relu_dropout) {
   for (int64_t i = 0; i < n[0]; i++) zeros += fused[0][i] == 0.0f, positive += fused[0][i] > 0.0f;
   ck_assert_int_gt(zeros, n[0] / 4);
   ck_assert_int_gt(positive, n[0] / 4);
-  for (int i = 0; i < 4; i++) {
-    ck_assert_msg(!memcmp(fused[i], apart[i], (size_t)n[i] * sizeof(float)),
-                  "linear_relu_dropout: %s differs from dropout(linear_relu)",
-                  i == 0 ? "the output" : i == 1 ? "dx" : i == 2 ? "dW" : "dbias");
-    free(fused[i]), free(apart[i]);
-  }
+  expect_same_bits("linear_relu_dropout", "dropout(linear_relu)", fused, apart, n, LINEAR_PARTS, 4);
   tensor_release(R);
   // Not training (or p 0): linear_relu itself, and the generator untouched.
   Tensor *x = U(SHAPE(4, 5), 130), *w = U(SHAPE(6, 5), 131), *b = U(SHAPE(6), 132);
@@ -399,11 +401,8 @@ START_TEST(grad_dropout_bmm) {
   int64_t dropped = 0;  // a's gradient is 0 exactly where its element was dropped
   for (int64_t i = 0; i < n[1]; i++) dropped += fused[1][i] == 0.0f;
   ck_assert_int_gt(dropped, n[1] / 8);
-  for (int i = 0; i < 3; i++) {
-    ck_assert_msg(!memcmp(fused[i], apart[i], (size_t)n[i] * sizeof(float)), "dropout_bmm: %s differs from bmm(dropout)",
-                  i == 0 ? "the output" : i == 1 ? "da" : "db");
-    free(fused[i]), free(apart[i]);
-  }
+  static const char *const parts[3] = {"the output", "da", "db"};
+  expect_same_bits("dropout_bmm", "bmm(dropout)", fused, apart, n, parts, 3);
   tensor_release(R);
   for (int i = 0; i < 2; i++) tensor_release(wide[i]);
   // One input without a gradient: the other's is still right.
