@@ -4,7 +4,8 @@
 // OpenBLAS cblas_sgemm call doing the same multiply-adds, in GFLOP/s, and their ratio; batches of
 // small GEMMs one per thread (cpu_gemm_batched) against one after another. Conv2d: every convolution of DETR's training step (detr-r18-small at
 // 320x320, detr-r50 at 512x512, batch 2), each pass (forward, backward-data, backward-weights) on
-// im2col + sgemm, oneDNN on its blocked layouts and oneDNN on plain nchw side by side, what
+// im2col + sgemm, oneDNN on its blocked layouts, oneDNN on plain nchw and oneDNN's Winograd (its
+// direct convolution where it has none) side by side, what
 // AUTO (cpu_conv2d_impl) chooses, and the convolution time per step on each.
 #include <cblas.h>
 #include <stdio.h>
@@ -142,8 +143,9 @@ static const DetrConv detr_convs[] = {
 };
 
 #define PASSES 3
-#define IMPLS 3  // im2col + sgemm, oneDNN blocked, oneDNN plain
-static const ConvImpl impls[IMPLS] = {CONV_IMPL_IM2COL, CONV_IMPL_ONEDNN, CONV_IMPL_ONEDNN_PLAIN};
+#define IMPLS 4  // im2col + sgemm, oneDNN blocked, oneDNN plain, oneDNN Winograd
+static const ConvImpl impls[IMPLS] = {CONV_IMPL_IM2COL, CONV_IMPL_ONEDNN, CONV_IMPL_ONEDNN_PLAIN,
+                                      CONV_IMPL_ONEDNN_WINOGRAD};
 
 // Median seconds of one pass of g through impl's kernel, workspace allocation included.
 static double time_conv_pass(ConvImpl impl, const ConvGeom *g, bool with_bias, ConvPass pass, int reps) {
@@ -176,11 +178,12 @@ static double time_conv_pass(ConvImpl impl, const ConvGeom *g, bool with_bias, C
 // rows are pixels, "oneDNN blocked" is nhwc with blocked weights, "oneDNN nchw" nhwc with oihw.
 static void bench_detr_convs(int reps, const char *only_model, bool channels_last) {
   int n_impl = DETR_HAVE_ONEDNN ? IMPLS : 1;
-  printf("\nDETR convolutions%s, batch 2 (main, i18: 4): GFLOP/s of im2col+sgemm / oneDNN blocked / oneDNN nchw%s\n",
+  printf("\nDETR convolutions%s, batch 2 (main, i18: 4): GFLOP/s of im2col+sgemm / oneDNN blocked / oneDNN nchw / "
+         "oneDNN Winograd%s\n",
          channels_last ? " CHANNELS LAST" : "", DETR_HAVE_ONEDNN ? "" : " (no oneDNN in this build)");
   printf("calls: per training step; f: frozen (forward only), w: no dx (dw only)\n");
-  printf("%-8s %-26s %5s  %-17s %-17s %-17s %6s  %s\n", "model", "conv", "calls", "fwd", "bwd-data",
-         "bwd-weights", "sgemm", "AUTO's choice (fwd bwd-data bwd-weights), oneDNN blocked fwd");
+  printf("%-8s %-26s %5s  %-23s %-23s %-23s %6s  %s\n", "model", "conv", "calls", "fwd", "bwd-data",
+         "bwd-weights", "sgemm", "AUTO's choice (fwd bwd-data bwd-weights), oneDNN blocked fwd, Winograd fwd");
   const char *model = NULL;
   double step_ms[IMPLS + 2] = {0};  // per training step: each path, the fastest per pass, AUTO's choice
   int n = (int)(sizeof detr_convs / sizeof detr_convs[0]);
@@ -188,9 +191,9 @@ static void bench_detr_convs(int reps, const char *only_model, bool channels_las
     const DetrConv *d = i < n ? &detr_convs[i] : NULL;
     if (d && only_model && strcmp(d->model, only_model)) continue;
     if (model && (!d || strcmp(d->model, model))) {
-      printf("%-8s convolution ms per step: im2col %.0f, oneDNN blocked %.0f, oneDNN nchw %.0f, fastest per pass "
-             "%.0f, AUTO %.0f\n", model, step_ms[0], step_ms[1], channels_last ? NAN : step_ms[2], step_ms[3],
-             step_ms[4]);
+      printf("%-8s convolution ms per step: im2col %.0f, oneDNN blocked %.0f, oneDNN nchw %.0f, Winograd %.0f, "
+             "fastest per pass %.0f, AUTO %.0f\n", model, step_ms[0], step_ms[1], channels_last ? NAN : step_ms[2],
+             step_ms[3], step_ms[IMPLS], step_ms[IMPLS + 1]);
       memset(step_ms, 0, sizeof step_ms);
     }
     if (!d) break;
@@ -201,7 +204,7 @@ static void bench_detr_convs(int reps, const char *only_model, bool channels_las
                   .channels_last = channels_last};
     g.out_h = g.out_w = conv_out_size(d->hw, d->k, d->stride, pad, 1);
     double gflop = 2.0 * g.batch * g.out_ch * g.out_h * g.out_w * g.in_ch * g.kh * g.kw * 1e-9;
-    char what[64], cell[PASSES][48], chosen[8] = "";
+    char what[64], cell[PASSES][64], chosen[8] = "";
     snprintf(what, sizeof what, "%dx%d s%d %4dx%3d->%4d%s", d->k, d->k, d->stride, d->c, d->hw, d->o, d->bias ? " +b" : "");
     for (int p = 0; p < PASSES; p++) {
       double t[IMPLS] = {0};
@@ -212,8 +215,9 @@ static void bench_detr_convs(int reps, const char *only_model, bool channels_las
         len += snprintf(cell[p] + len, sizeof cell[p] - (size_t)len, k ? " /%4.0f" : "%4.0f", gflop / t[k]);
       }
       ConvImpl auto_impl = cpu_conv2d_impl(&g, (ConvPass)p);
-      int a = auto_impl == CONV_IMPL_ONEDNN ? 1 : auto_impl == CONV_IMPL_ONEDNN_PLAIN ? 2 : 0;
-      chosen[p] = "ibp"[a];
+      int a = 0;
+      while (a < n_impl - 1 && impls[a] != auto_impl) a++;
+      chosen[p] = "ibpw"[a];
       bool runs = p == CONV_PASS_FWD || (p == CONV_PASS_BWD_WEIGHTS && d->grads >= 1) ||
                   (p == CONV_PASS_BWD_DATA && d->grads == 2);
       if (!runs) continue;
@@ -226,12 +230,13 @@ static void bench_detr_convs(int reps, const char *only_model, bool channels_las
       step_ms[IMPLS + 1] += 1e3 * d->calls * t[a];
     }
     double blas = time_sgemm(g.out_ch, g.out_h * g.out_w, g.in_ch * g.kh * g.kw, (int)g.batch, reps);
-    const char *impl = "";
+    const char *impl = "", *wino = "";
 #if DETR_HAVE_ONEDNN
-    impl = onednn_conv2d_impl(&g, CONV_PASS_FWD, true);
+    impl = onednn_conv2d_impl(&g, CONV_PASS_FWD, CONV_IMPL_ONEDNN);
+    wino = onednn_conv2d_impl(&g, CONV_PASS_FWD, CONV_IMPL_ONEDNN_WINOGRAD);
 #endif
-    printf("%-8s %-26s %3d%-2s  %-17s %-17s %-17s %6.0f  %s %s\n", d->model, what, d->calls,
-           d->grads == 0 ? "f" : d->grads == 1 ? "w" : "", cell[0], cell[1], cell[2], gflop / blas, chosen, impl);
+    printf("%-8s %-26s %3d%-2s  %-23s %-23s %-23s %6.0f  %s %s %s\n", d->model, what, d->calls,
+           d->grads == 0 ? "f" : d->grads == 1 ? "w" : "", cell[0], cell[1], cell[2], gflop / blas, chosen, impl, wino);
   }
 }
 

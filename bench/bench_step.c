@@ -1,7 +1,7 @@
 // The whole DETR training step of detr-c: forward, loss, backward, gradient clipping, AdamW.
 //   build/bench/bench_step [--preset detr-r18-small] [--size 320 | --hw HxW] [--batch 2] [--boxes 3]
 //                          [--reps 5] [--enact] [--profile] [--forward] [--device cpu|cuda]
-//                          [--conv auto | im2col | onednn | onednn-nchw] [--vary-size]
+//                          [--conv auto | im2col | onednn | onednn-nchw | onednn-winograd] [--vary-size]
 //                          [--set key=value ...]   (any model config field, e.g. --set tf32=true)
 // --forward times the no-grad forward alone (e.g. detr-r50 on one 800x1066 image: --batch 1
 // --hw 800x1066 --forward). --conv forces one CPU convolution implementation everywhere (default
@@ -81,9 +81,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--conv") && i + 1 < argc) {
       const char *c = argv[++i];
       ConvImpl impl = !strcmp(c, "im2col") ? CONV_IMPL_IM2COL : !strcmp(c, "onednn") ? CONV_IMPL_ONEDNN
-                    : !strcmp(c, "onednn-nchw") ? CONV_IMPL_ONEDNN_PLAIN : CONV_IMPL_AUTO;
+                    : !strcmp(c, "onednn-nchw") ? CONV_IMPL_ONEDNN_PLAIN
+                    : !strcmp(c, "onednn-winograd") ? CONV_IMPL_ONEDNN_WINOGRAD : CONV_IMPL_AUTO;
       if (impl == CONV_IMPL_AUTO && strcmp(c, "auto")) {
-        fprintf(stderr, "bench_step: --conv takes auto, im2col, onednn or onednn-nchw\n");
+        fprintf(stderr, "bench_step: --conv takes auto, im2col, onednn, onednn-nchw or onednn-winograd\n");
         return 2;
       }
       if (impl != CONV_IMPL_AUTO && impl != CONV_IMPL_IM2COL && !DETR_HAVE_ONEDNN) {

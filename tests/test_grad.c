@@ -439,12 +439,14 @@ START_TEST(grad_conv2d) {
       {SHAPE(2, 4, 3, 3), SHAPE(5, 4, 1, 1), {1, 1, 0, 0, 1, 1}, true},   // 1x1 pointwise
       {SHAPE(1, 1, 9, 8), SHAPE(2, 1, 7, 7), {2, 2, 3, 3, 1, 1}, false},  // the ResNet stem shape
       {SHAPE(1, 3, 4, 5), SHAPE(2, 3, 1, 1), {2, 2, 0, 0, 1, 1}, false},  // strided 1x1 (downsample)
+      {SHAPE(1, 16, 5, 6), SHAPE(16, 16, 3, 3), {1, 1, 1, 1, 1, 1}, true}, // oneDNN's Winograd (AVX-512)
   };
   // Every CPU implementation of this build: AUTO's per-shape choice, then each forced; both layouts
   // (channels last: x [B, H, W, C]).
-  ConvImpl impls[] = {CONV_IMPL_AUTO, CONV_IMPL_IM2COL, CONV_IMPL_ONEDNN, CONV_IMPL_ONEDNN_PLAIN};
+  ConvImpl impls[] = {CONV_IMPL_AUTO, CONV_IMPL_IM2COL, CONV_IMPL_ONEDNN, CONV_IMPL_ONEDNN_PLAIN,
+                      CONV_IMPL_ONEDNN_WINOGRAD};
   for (int last = 0; last < 2; last++)
-    for (int k = 0; k < (DETR_HAVE_ONEDNN ? 4 : 2); k++) {
+    for (int k = 0; k < (DETR_HAVE_ONEDNN ? 5 : 2); k++) {
       cpu_conv2d_set_impl(impls[k]);
       for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         Shape x = cases[i].x;

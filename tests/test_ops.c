@@ -19,12 +19,15 @@ static float at_nchw(const Tensor *t, bool channels_last, int64_t n, int64_t c, 
   return channels_last ? at4(t, n, y, x, c) : at4(t, n, c, y, x);
 }
 
-// Every CPU convolution implementation of this build (AUTO's per-shape choice, then each forced).
-static const ConvImpl conv_impls[] = {CONV_IMPL_AUTO, CONV_IMPL_IM2COL, CONV_IMPL_ONEDNN, CONV_IMPL_ONEDNN_PLAIN};
-static const int n_conv_impls = DETR_HAVE_ONEDNN ? 4 : 2;
+// Every CPU convolution implementation of this build (AUTO's per-shape choice, then each forced;
+// Winograd forced on a shape oneDNN has none for runs its direct convolution).
+static const ConvImpl conv_impls[] = {CONV_IMPL_AUTO, CONV_IMPL_IM2COL, CONV_IMPL_ONEDNN, CONV_IMPL_ONEDNN_PLAIN,
+                                      CONV_IMPL_ONEDNN_WINOGRAD};
+static const int n_conv_impls = DETR_HAVE_ONEDNN ? 5 : 2;
 
 // Convolution cases: odd sizes, stride, padding and dilation per axis, an output size that floors
-// (the last input rows unread), channels that are not a multiple of oneDNN's 16-channel blocks.
+// (the last input rows unread), channels that are not a multiple of oneDNN's 16-channel blocks, and
+// one that oneDNN's Winograd runs (3x3, stride 1, 16-channel blocks; conv2d_winograd_runs).
 static const struct {
   int64_t x[4], w[4];  // [B, C, H, W], [O, C, KH, KW]
   Conv2dParams p;
@@ -35,7 +38,8 @@ static const struct {
                   {{2, 6, 5, 5}, {4, 6, 1, 1}, {1, 1, 0, 0, 1, 1}},
                   {{2, 20, 8, 7}, {18, 20, 1, 1}, {2, 2, 0, 0, 1, 1}},
                   {{2, 24, 9, 12}, {33, 24, 3, 3}, {2, 1, 0, 1, 1, 2}},
-                  {{1, 17, 12, 11}, {16, 17, 3, 2}, {3, 2, 2, 1, 2, 1}}};
+                  {{1, 17, 12, 11}, {16, 17, 3, 2}, {3, 2, 2, 1, 2, 1}},
+                  {{2, 16, 9, 10}, {32, 16, 3, 3}, {1, 1, 1, 1, 1, 1}}};
 
 // oneDNN's passes run on the whole batch or, above a size, one image at a time: _i == 1 forces
 // the second on these small cases (the loop tests run twice, "per_image" in the messages).
@@ -172,6 +176,38 @@ START_TEST(conv2d_backward_implementations_agree) {
   }
   cpu_conv2d_set_impl(CONV_IMPL_AUTO);
   onednn_conv2d_set_whole_batch_bytes(-1);
+}
+END_TEST
+
+// Winograd runs where oneDNN has it (AVX-512: the conv cases above then test it) and is AUTO's
+// choice where bench_ops measured it faster (conv.c); forced on a geometry it does not cover, the
+// direct convolution runs.
+START_TEST(conv2d_winograd_runs) {
+  if (!DETR_HAVE_ONEDNN) return;
+  bool avx512_core = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  ConvGeom g = {.batch = 2, .in_ch = 16, .in_h = 9, .in_w = 10, .out_ch = 32, .out_h = 9, .out_w = 10, .kh = 3,
+                .kw = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1};
+  ConvGeom strided = g;
+  strided.stride_h = strided.stride_w = 2, strided.out_h = 5, strided.out_w = 5;
+  for (int last = 0; last < 2; last++) {
+    g.channels_last = strided.channels_last = last;
+    for (int pass = 0; pass < 3; pass++) {
+      const char *name = onednn_conv2d_impl(&g, (ConvPass)pass, CONV_IMPL_ONEDNN_WINOGRAD);
+      ck_assert_msg((strstr(name, "wino") != NULL) == avx512_core, "pass %d, channels last %d: %s on a CPU %s AVX-512",
+                    pass, last, name, avx512_core ? "with" : "without");
+      char direct[128];
+      snprintf(direct, sizeof direct, "%s", onednn_conv2d_impl(&strided, (ConvPass)pass, CONV_IMPL_ONEDNN));
+      ck_assert_str_eq(onednn_conv2d_impl(&strided, (ConvPass)pass, CONV_IMPL_ONEDNN_WINOGRAD), direct);
+    }
+  }
+  // AUTO on the backbone's (channels last) 3x3 stride-1 convolutions: r18@320's layer2, and layer4's 10x10.
+  ConvGeom r18 = {.batch = 2, .in_ch = 128, .in_h = 40, .in_w = 40, .out_ch = 128, .out_h = 40, .out_w = 40, .kh = 3,
+                  .kw = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1,
+                  .channels_last = 1};
+  for (int pass = 0; pass < 3; pass++) ck_assert_int_eq(cpu_conv2d_impl(&r18, (ConvPass)pass), CONV_IMPL_ONEDNN_WINOGRAD);
+  r18.in_ch = r18.out_ch = 512, r18.in_h = r18.in_w = r18.out_h = r18.out_w = 10;
+  for (int pass = 0; pass < 3; pass++) ck_assert_int_eq(cpu_conv2d_impl(&r18, (ConvPass)pass), CONV_IMPL_ONEDNN);
 }
 END_TEST
 
@@ -544,6 +580,7 @@ int main(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, conv2d_matches_direct_loops, 0, 2);
   tcase_add_loop_test(tc, conv2d_backward_implementations_agree, 0, 2);
+  tcase_add_test(tc, conv2d_winograd_runs);
   tcase_add_test(tc, conv2d_primitive_cache_turns_over);
   tcase_add_test(tc, maxpool_matches_torch_semantics);
   tcase_add_test(tc, maxpool_matches_window_scan);

@@ -327,8 +327,16 @@ ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
   //  - 3x3 stride-2 backward-weights from 64 channels with 400+ output pixels per image: 1.1-1.5x.
   // (Below those sizes oneDNN's is up to 3x im2col's.) Passes left to im2col create no oneDNN
   // primitive, which a training run with a new input size each step pays per size.
+  // And oneDNN's Winograd for a 3x3 stride-1 convolution of 64+ channels in and out with 400+
+  // output pixels per image (20x20), reorders to its layouts included: 1.2-2.1x the direct one in
+  // every pass (r18@320's 64x80, 128x40, 256x20, r50@512's 64x128, 128x64, 256x32); at 16x16
+  // (r50's 512x16) 0.9-1.0x, at 10x10 0.4-0.6x, and below 64 channels (main@192's 16-32) 0.7-1.1x,
+  // so not there (bench/README.md "Session 14"). On a CPU without it (AVX2) this is the direct one.
   if (g->channels_last) {
     bool one = g->kh * g->kw == 1;
+    if (g->kh == 3 && g->kw == 3 && g->stride_h == 1 && g->stride_w == 1 && g->dil_h == 1 && g->dil_w == 1 &&
+        g->in_ch >= 64 && g->out_ch >= 64 && out_spatial >= 400)
+      return CONV_IMPL_ONEDNN_WINOGRAD;
     if (pass == CONV_PASS_BWD_DATA && one) return CONV_IMPL_IM2COL;
     if (pass == CONV_PASS_BWD_WEIGHTS && one && g->in_ch >= 256) return CONV_IMPL_IM2COL;
     if (pass == CONV_PASS_BWD_WEIGHTS && !one && g->stride_h > 1 && g->in_ch >= 64 && out_spatial >= 400)
@@ -357,7 +365,7 @@ static bool ran_on_onednn(const ConvGeom *g, ConvPass pass, bool accumulate, con
                           float *out, float *bias) {
   ConvImpl impl = cpu_conv2d_impl(g, pass);
   if (impl == CONV_IMPL_IM2COL) return false;
-  onednn_conv2d_run(g, pass, impl == CONV_IMPL_ONEDNN, accumulate, in0, in1, out, bias);
+  onednn_conv2d_run(g, pass, impl, accumulate, in0, in1, out, bias);
   return true;
 }
 

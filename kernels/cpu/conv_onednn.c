@@ -16,6 +16,14 @@
 // oneDNN's nhwc convolutions run as fast as on nChw16c (brgconv forward on AVX-512;
 // bench/README.md "Channels-last backbone").
 //
+// Winograd: oneDNN's F(4x4, 3x3) ("jit_wino_4x3", AVX-512 only) computes a 3x3 stride-1
+// convolution with 2.25x fewer multiplies, on nChw16c activations and its own weight layout (so a
+// channels-last geometry's activations are reordered too). Its rounding is float32's: in
+// tools/parity_step.py the backbone's gradients are as far from float64 as the reference's own
+// float32 ones (detr-r50: median 1.11x, at most 1.27x their distance; the direct convolution's
+// 0.77x, 1.14x; detr-r18-small at 320x320: 0.63x against 0.60x; bench/README.md "Session 14").
+// Where oneDNN has no Winograd for a geometry or CPU (AVX2), the entry is the direct one.
+//
 // Gradients accumulate (cpu_conv2d_backward's contract) while oneDNN overwrites: dx and dw are
 // computed into a temporary and added by a reorder with a sum post-op (plain += converted
 // temporary), which is also the pass that converts a blocked result back to the plain layout. A dx
@@ -60,7 +68,8 @@ typedef struct {
 typedef struct {
   ConvGeom g;
   ConvPass pass;
-  bool blocked;          // oneDNN's layouts (reorders around the convolution), or plain nchw/oihw
+  ConvImpl impl;         // CONV_IMPL_ONEDNN, _ONEDNN_PLAIN or _ONEDNN_WINOGRAD: the layouts and algorithm asked for
+  bool winograd;         // oneDNN had Winograd for it (else the entry is the direct convolution)
   bool bias;             // the forward adds one / backward-weights computes its gradient
   dnnl_primitive_t conv;
   dnnl_primitive_desc_t fwd_pd;  // the forward's descriptor (forward entries only): the backward passes' hint
@@ -136,7 +145,7 @@ static dnnl_primitive_t reorder_create(const dnnl_memory_desc_t *from, const dnn
 }
 
 // The convolution descriptor of one pass on memory descriptors x/w/y (and bias when given).
-static void conv_desc(dnnl_convolution_desc_t *d, const ConvGeom *g, ConvPass pass,
+static void conv_desc(dnnl_convolution_desc_t *d, const ConvGeom *g, ConvPass pass, dnnl_alg_kind_t alg,
                       const dnnl_memory_desc_t *x, const dnnl_memory_desc_t *w,
                       const dnnl_memory_desc_t *y, const dnnl_memory_desc_t *bias) {
   // oneDNN counts dilation from 0 (no dilation); right padding as torch's (floor in the
@@ -145,16 +154,15 @@ static void conv_desc(dnnl_convolution_desc_t *d, const ConvGeom *g, ConvPass pa
   dnnl_dims_t pad = {g->pad_h, g->pad_w};
   switch (pass) {
     case CONV_PASS_FWD:
-      DNNL_CHECK(dnnl_dilated_convolution_forward_desc_init(d, dnnl_forward_training, dnnl_convolution_direct,
-                                                            x, w, bias, y, strides, dil, pad, pad));
+      DNNL_CHECK(dnnl_dilated_convolution_forward_desc_init(d, dnnl_forward_training, alg, x, w, bias, y, strides,
+                                                            dil, pad, pad));
       break;
     case CONV_PASS_BWD_DATA:
-      DNNL_CHECK(dnnl_dilated_convolution_backward_data_desc_init(d, dnnl_convolution_direct, x, w, y,
-                                                                  strides, dil, pad, pad));
+      DNNL_CHECK(dnnl_dilated_convolution_backward_data_desc_init(d, alg, x, w, y, strides, dil, pad, pad));
       break;
     default:
-      DNNL_CHECK(dnnl_dilated_convolution_backward_weights_desc_init(d, dnnl_convolution_direct, x, w, bias,
-                                                                     y, strides, dil, pad, pad));
+      DNNL_CHECK(dnnl_dilated_convolution_backward_weights_desc_init(d, alg, x, w, bias, y, strides, dil, pad,
+                                                                     pad));
   }
 }
 
@@ -200,10 +208,41 @@ static dnnl_primitive_desc_t forward_pd_create(const dnnl_convolution_desc_t *d,
   return pd;
 }
 
-// hint: the forward's descriptor of the same geometry and layouts, for a backward pass (NULL: made
-// here and dropped).
-static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, bool blocked, bool bias,
-                        const_dnnl_primitive_desc_t hint) {
+// dnnl_primitive_desc_create's descriptor, or NULL where oneDNN has no implementation of it
+// (Winograd on a CPU or geometry it does not cover); any other failure fails.
+static dnnl_primitive_desc_t pd_create_or_null(const dnnl_convolution_desc_t *d, const_dnnl_primitive_attr_t attr,
+                                               const_dnnl_primitive_desc_t hint) {
+  dnnl_primitive_desc_t pd = NULL;
+  dnnl_status_t st = dnnl_primitive_desc_create(&pd, d, attr, engine, hint);
+  if (st == dnnl_unimplemented) return NULL;
+  if (st != dnnl_success) DETR_FAIL("oneDNN: dnnl_primitive_desc_create failed: %s", dnnl_status2str(st));
+  return pd;
+}
+
+// The descriptor of pass with Winograd on x/w/y (format any: oneDNN's layouts), or NULL where
+// oneDNN has none. hint: the forward's Winograd descriptor of the same geometry, for a backward pass
+// (NULL: made here and dropped).
+static dnnl_primitive_desc_t winograd_pd_create(const ConvGeom *g, ConvPass pass, const dnnl_memory_desc_t *x,
+                                                const dnnl_memory_desc_t *w, const dnnl_memory_desc_t *y,
+                                                const dnnl_memory_desc_t *bias, const_dnnl_primitive_attr_t attr,
+                                                const_dnnl_primitive_desc_t hint) {
+  dnnl_convolution_desc_t d;
+  dnnl_primitive_desc_t fwd = NULL;
+  if (pass == CONV_PASS_FWD || !hint) {
+    conv_desc(&d, g, CONV_PASS_FWD, dnnl_convolution_winograd, x, w, y, pass == CONV_PASS_FWD ? bias : NULL);
+    fwd = pd_create_or_null(&d, attr, NULL);
+    if (pass == CONV_PASS_FWD || !fwd) return fwd;
+  }
+  conv_desc(&d, g, pass, dnnl_convolution_winograd, x, w, y, pass == CONV_PASS_BWD_WEIGHTS ? bias : NULL);
+  dnnl_primitive_desc_t pd = pd_create_or_null(&d, attr, hint ? hint : fwd);
+  if (fwd) DNNL_CHECK(dnnl_primitive_desc_destroy(fwd));
+  return pd;
+}
+
+// hint: the forward's descriptor of the same geometry and impl, for a backward pass (NULL: made
+// here and dropped); hint_winograd: whether it is a Winograd one.
+static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, ConvImpl impl, bool bias,
+                        const_dnnl_primitive_desc_t hint, bool hint_winograd) {
   dnnl_dims_t xd = {g->batch, g->in_ch, g->in_h, g->in_w};     // x [B, C, H, W] (B = 1 one image at a time)
   dnnl_dims_t wd = {g->out_ch, g->in_ch, g->kh, g->kw};        // w [O, C, KH, KW]
   dnnl_dims_t yd = {g->batch, g->out_ch, g->out_h, g->out_w};  // y [B, O, HO, WO]
@@ -213,34 +252,47 @@ static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, bool bloc
   md_init(&xu, 4, xd, act);
   md_init(&wu, 4, wd, dnnl_oihw);
   md_init(&yu, 4, yd, act);
-  if (blocked && !g->channels_last) {  // format_tag any: oneDNN's choice
-    md_init(&xa, 4, xd, dnnl_format_tag_any);
-    md_init(&wa, 4, wd, dnnl_format_tag_any);
-    md_init(&ya, 4, yd, dnnl_format_tag_any);
-  } else if (blocked) {  // channels last: on the nhwc buffers themselves, blocked weights
-    xa = xu, ya = yu;
-    md_init(&wa, 4, wd, dnnl_format_tag_any);
-  } else {
-    xa = xu, wa = wu, ya = yu;
-  }
   md_init(&bmd, 1, bd, dnnl_x);
-
   dnnl_primitive_attr_t attr;
   DNNL_CHECK(dnnl_primitive_attr_create(&attr));
   DNNL_CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
-  // The backward passes need the forward's descriptor as a hint (the layouts it chose).
-  dnnl_convolution_desc_t d;
-  dnnl_primitive_desc_t fwd = NULL, pd;
-  if (pass == CONV_PASS_FWD || !hint) {
-    conv_desc(&d, g, CONV_PASS_FWD, &xa, &wa, &ya, pass == CONV_PASS_FWD && bias ? &bmd : NULL);
-    fwd = forward_pd_create(&d, attr, g);
+
+  dnnl_primitive_desc_t pd = NULL;
+  if (impl == CONV_IMPL_ONEDNN_WINOGRAD) {  // format_tag any everywhere: oneDNN's choice
+    md_init(&xa, 4, xd, dnnl_format_tag_any);
+    md_init(&wa, 4, wd, dnnl_format_tag_any);
+    md_init(&ya, 4, yd, dnnl_format_tag_any);
+    pd = winograd_pd_create(g, pass, &xa, &wa, &ya, bias ? &bmd : NULL, attr, hint_winograd ? hint : NULL);
   }
-  if (pass == CONV_PASS_FWD) {
-    pd = fwd;
-  } else {
-    conv_desc(&d, g, pass, &xa, &wa, &ya, pass == CONV_PASS_BWD_WEIGHTS && bias ? &bmd : NULL);
-    DNNL_CHECK(dnnl_primitive_desc_create(&pd, &d, attr, engine, hint ? hint : fwd));
-    if (fwd) DNNL_CHECK(dnnl_primitive_desc_destroy(fwd));
+  bool winograd = pd != NULL;
+  if (!winograd) {  // the direct convolution
+    if (hint_winograd) hint = NULL;
+    bool blocked = impl != CONV_IMPL_ONEDNN_PLAIN;
+    if (blocked && !g->channels_last) {  // format_tag any: oneDNN's choice
+      md_init(&xa, 4, xd, dnnl_format_tag_any);
+      md_init(&wa, 4, wd, dnnl_format_tag_any);
+      md_init(&ya, 4, yd, dnnl_format_tag_any);
+    } else if (blocked) {  // channels last: on the nhwc buffers themselves, blocked weights
+      xa = xu, ya = yu;
+      md_init(&wa, 4, wd, dnnl_format_tag_any);
+    } else {
+      xa = xu, wa = wu, ya = yu;
+    }
+    // The backward passes need the forward's descriptor as a hint (the layouts it chose).
+    dnnl_convolution_desc_t d;
+    dnnl_primitive_desc_t fwd = NULL;
+    if (pass == CONV_PASS_FWD || !hint) {
+      conv_desc(&d, g, CONV_PASS_FWD, dnnl_convolution_direct, &xa, &wa, &ya,
+                pass == CONV_PASS_FWD && bias ? &bmd : NULL);
+      fwd = forward_pd_create(&d, attr, g);
+    }
+    if (pass == CONV_PASS_FWD) {
+      pd = fwd;
+    } else {
+      conv_desc(&d, g, pass, dnnl_convolution_direct, &xa, &wa, &ya, pass == CONV_PASS_BWD_WEIGHTS && bias ? &bmd : NULL);
+      DNNL_CHECK(dnnl_primitive_desc_create(&pd, &d, attr, engine, hint ? hint : fwd));
+      if (fwd) DNNL_CHECK(dnnl_primitive_desc_destroy(fwd));
+    }
   }
   DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
 
@@ -257,7 +309,8 @@ static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, bool bloc
   memset(p, 0, sizeof *p);
   p->g = *g;
   p->pass = pass;
-  p->blocked = blocked;
+  p->impl = impl;
+  p->winograd = winograd;
   p->bias = bias;
   p->bias_md = bmd;
   for (int i = 0; i < 3; i++) {
@@ -281,13 +334,13 @@ static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, bool bloc
   else DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
 }
 
-// The cached primitive of (g, pass, blocked, bias), created on first use.
-static ConvPrim *prim_get(const ConvGeom *g, ConvPass pass, bool blocked, bool bias) {
+// The cached primitive of (g, pass, impl, bias), created on first use.
+static ConvPrim *prim_get(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool bias) {
   onednn_init();
   ConvPrim *victim = &cache[0], *forward = NULL;  // forward: this geometry's forward entry
   for (int i = 0; i < CONV_CACHE_SIZE; i++) {
     ConvPrim *p = &cache[i];
-    if (p->used && p->blocked == blocked && !memcmp(&p->g, g, sizeof *g)) {
+    if (p->used && p->impl == impl && !memcmp(&p->g, g, sizeof *g)) {
       if (p->pass == pass && p->bias == bias) {
         p->used = ++cache_clock;
         return p;
@@ -300,7 +353,8 @@ static ConvPrim *prim_get(const ConvGeom *g, ConvPass pass, bool blocked, bool b
   // make per new shape (their implementation choice is most of a primitive's creation time).
   if (victim == forward) forward = NULL;
   if (victim->used) prim_destroy(victim);
-  prim_create(victim, g, pass, blocked, bias, pass != CONV_PASS_FWD && forward ? forward->fwd_pd : NULL);
+  bool hint = pass != CONV_PASS_FWD && forward;
+  prim_create(victim, g, pass, impl, bias, hint ? forward->fwd_pd : NULL, hint && forward->winograd);
   victim->used = ++cache_clock;
   return victim;
 }
@@ -435,29 +489,32 @@ int64_t onednn_conv2d_set_whole_batch_bytes(int64_t bytes) {
   return before;
 }
 
-void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, bool blocked, bool accumulate, const float *in0,
+void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, const float *in0,
                        const float *in1, float *out, float *bias) {
+  DETR_CHECK(impl == CONV_IMPL_ONEDNN || impl == CONV_IMPL_ONEDNN_PLAIN || impl == CONV_IMPL_ONEDNN_WINOGRAD,
+             "onednn_conv2d_run: implementation %d is not oneDNN's", (int)impl);
   DETR_CHECK(!bias || pass != CONV_PASS_BWD_DATA, "onednn_conv2d_run: backward-data has no bias");
   DETR_CHECK(pass != CONV_PASS_FWD || !accumulate, "onednn_conv2d_run: the forward writes y");
-  // Channels last: no copies of x or y are made (oneDNN runs on nhwc itself), so the whole batch
-  // always, but for a dx that accumulates (computed into a copy, then added), which follows the
-  // size rule so that the copy stays at one image's size for large maps.
-  bool copies = !g->channels_last || (pass == CONV_PASS_BWD_DATA && accumulate);
+  // Channels last: no copies of x or y are made (oneDNN's direct convolution runs on nhwc itself),
+  // so the whole batch always, but for a dx that accumulates (computed into a copy, then added) and
+  // for Winograd (on nChw16c copies), which follow the size rule so that the copies stay at one
+  // image's size for large maps.
+  bool copies = !g->channels_last || impl == CONV_IMPL_ONEDNN_WINOGRAD || (pass == CONV_PASS_BWD_DATA && accumulate);
   if (!copies ||
       (g->in_ch * g->in_h * g->in_w + g->out_ch * g->out_h * g->out_w) * g->batch * (int64_t)sizeof(float) <=
           whole_batch_bytes) {
-    pass_run(prim_get(g, pass, blocked, bias != NULL), 1, accumulate, in0, in1, out, bias);
+    pass_run(prim_get(g, pass, impl, bias != NULL), 1, accumulate, in0, in1, out, bias);
     return;
   }
   ConvGeom one = *g;  // one image's primitive, shared by every batch size
   one.batch = 1;
-  pass_run(prim_get(&one, pass, blocked, bias != NULL), g->batch, accumulate, in0, in1, out, bias);
+  pass_run(prim_get(&one, pass, impl, bias != NULL), g->batch, accumulate, in0, in1, out, bias);
 }
 
-const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, bool blocked) {
+const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, ConvImpl impl) {
   ConvGeom one = *g;
   one.batch = 1;
-  ConvPrim *p = prim_get(&one, pass, blocked, false);
+  ConvPrim *p = prim_get(&one, pass, impl, false);
   const_dnnl_primitive_desc_t pd;
   DNNL_CHECK(dnnl_primitive_get_primitive_desc(p->conv, &pd));
   const char *name = NULL;

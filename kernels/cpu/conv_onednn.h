@@ -5,17 +5,21 @@
 #include "kernels/cpu/cpu_kernels.h"
 
 #if DETR_HAVE_ONEDNN
-// blocked: the convolution runs on the layouts oneDNN picks (nChw16c activations and blocked
-// weights on AVX-512), with reorders from and to the plain buffers; otherwise on nchw/oihw itself.
+// impl (cpu_kernels.h): CONV_IMPL_ONEDNN runs oneDNN's direct convolution on the layouts it picks
+// (nChw16c activations and blocked weights on AVX-512; channels last on nhwc itself), with reorders
+// from and to the plain buffers; CONV_IMPL_ONEDNN_PLAIN on nchw/oihw itself;
+// CONV_IMPL_ONEDNN_WINOGRAD its Winograd convolution on the layouts it picks, or where oneDNN has
+// none for the geometry (or the CPU), what CONV_IMPL_ONEDNN runs.
 //   CONV_PASS_FWD:          in0 x, in1 w, out y (overwritten), bias [O] added, or NULL.
 //   CONV_PASS_BWD_DATA:     in0 dy, in1 w, out dx (accumulated, or written when !accumulate), bias NULL.
 //   CONV_PASS_BWD_WEIGHTS:  in0 x, in1 dy, out dw (accumulated, or written when !accumulate), bias
 //                           dbias (accumulated) or NULL.
 // accumulate: false for the forward.
-void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, bool blocked, bool accumulate, const float *in0,
+void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, const float *in0,
                        const float *in1, float *out, float *bias);
-// The implementation oneDNN chose for the pass, e.g. "jit:avx512_core" (bench_ops prints it).
-const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, bool blocked);
+// The implementation oneDNN chose for the pass, e.g. "jit:avx512_core" or "jit_wino_4x3:avx512_core"
+// (bench_ops prints it; the tests check that Winograd runs where the CPU has it).
+const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, ConvImpl impl);
 // Passes whose whole batch of x and y fits in `bytes` run as one primitive, larger ones one image
 // at a time (default 8 MiB; negative: the default; 0: always per image, which tests use). Returns
 // the setting before.
@@ -26,7 +30,11 @@ static inline int64_t onednn_conv2d_set_whole_batch_bytes(int64_t bytes) {
   (void)bytes;
   return 0;
 }
-static inline void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, bool blocked, bool accumulate,
+static inline const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, ConvImpl impl) {
+  (void)g, (void)pass, (void)impl;
+  DETR_FAIL("conv2d: this build has no oneDNN");
+}
+static inline void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate,
                                      const float *in0, const float *in1, float *out, float *bias) {
   DETR_FAIL("conv2d: this build has no oneDNN");
 }

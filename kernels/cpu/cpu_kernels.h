@@ -64,10 +64,17 @@ void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float 
                          bool set_dw, float *dbias, const ConvGeom *g, float *workspace);
 // Which implementation runs each pass of a convolution. AUTO: the faster for the shape and pass;
 // the others force one everywhere (bench_ops and bench_step compare them): im2col + sgemm, oneDNN
-// on its blocked layouts (reorders around), oneDNN on plain nchw. The oneDNN ones fail in a build
-// without oneDNN.
+// on its blocked layouts (reorders around), oneDNN on plain nchw, oneDNN's Winograd F(4x4, 3x3) on
+// its blocked layouts (where oneDNN has none for the shape or this CPU, its direct convolution as
+// CONV_IMPL_ONEDNN). The oneDNN ones fail in a build without oneDNN.
 typedef enum { CONV_PASS_FWD, CONV_PASS_BWD_DATA, CONV_PASS_BWD_WEIGHTS } ConvPass;
-typedef enum { CONV_IMPL_AUTO, CONV_IMPL_IM2COL, CONV_IMPL_ONEDNN, CONV_IMPL_ONEDNN_PLAIN } ConvImpl;
+typedef enum {
+  CONV_IMPL_AUTO,
+  CONV_IMPL_IM2COL,
+  CONV_IMPL_ONEDNN,
+  CONV_IMPL_ONEDNN_PLAIN,
+  CONV_IMPL_ONEDNN_WINOGRAD
+} ConvImpl;
 void cpu_conv2d_set_impl(ConvImpl impl);
 ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass);  // never AUTO
 // Depthwise convolution (kernels/conv_math.h): w [C, k, k], bias [C] or NULL; the backward
