@@ -63,7 +63,7 @@ static void conv2d_backward_node(TapeNode *n) {
   float *dx = autograd_grad_to_write(x, &set_dx), *dw = autograd_grad_to_write(w, &set_dw);
   float *db = grad_data_or_null(bias);
   if (x->device == DEVICE_CPU) {
-    int64_t ws_floats = cpu_conv2d_workspace_floats(&g);
+    int64_t ws_floats = cpu_conv2d_backward_workspace_floats(&g, dx != NULL, set_dx, dw != NULL, set_dw, db != NULL);
     float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
     cpu_conv2d_backward(x->data, w->data, y->grad->data, dx, set_dx, dw, set_dw, db, &g, ws);
     detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));
@@ -90,7 +90,7 @@ Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p) {
   Tensor *y = tensor_new_scoped(x->device, conv_out_shape(&g));
   const float *bias_data = bias ? bias->data : NULL;
   if (x->device == DEVICE_CPU) {
-    int64_t ws_floats = cpu_conv2d_workspace_floats(&g);
+    int64_t ws_floats = cpu_conv2d_forward_workspace_floats(&g, bias_data != NULL);
     float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
     cpu_conv2d_forward(x->data, weight->data, bias_data, y->data, &g, ws);
     detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));

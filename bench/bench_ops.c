@@ -158,7 +158,9 @@ static double time_conv_pass(ConvImpl impl, const ConvGeom *g, bool with_bias, C
   double *t = malloc(sizeof(double) * reps);
   for (int r = -1; r < reps; r++) {  // r = -1: warm-up (oneDNN creates its primitive)
     double t0 = now();
-    int64_t ws_floats = cpu_conv2d_workspace_floats(g);
+    int64_t ws_floats = pass == CONV_PASS_FWD ? cpu_conv2d_forward_workspace_floats(g, with_bias)
+                        : pass == CONV_PASS_BWD_DATA ? cpu_conv2d_backward_workspace_floats(g, true, false, false, false, false)
+                                                     : cpu_conv2d_backward_workspace_floats(g, false, false, true, true, with_bias);
     float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
     if (pass == CONV_PASS_FWD) cpu_conv2d_forward(x, w, bias, y, g, ws);
     else if (pass == CONV_PASS_BWD_DATA) cpu_conv2d_backward(NULL, w, y, dx, false, NULL, false, NULL, g, ws);

@@ -10,9 +10,9 @@ if(NOT SOURCE_DIR)
   message(FATAL_ERROR "check_cuda_coverage: pass -DSOURCE_DIR=<repository root>")
 endif()
 
-# CPU-only helpers with no op behind them: the CPU convolution's im2col workspace size (cuDNN
-# sizes its own workspace).
-set(cpu_only_helpers "cpu_conv2d_workspace_floats(")
+# CPU-only helpers with no op behind them: the CPU convolution's workspace sizes (the CUDA path
+# asks cuDNN, cuda_conv2d_forward_workspace / cuda_conv2d_backward_workspace).
+set(cpu_only_helpers "cpu_conv2d_forward_workspace_floats(" "cpu_conv2d_backward_workspace_floats(")
 
 file(GLOB op_sources "${SOURCE_DIR}/autograd/*.c")
 file(GLOB op_headers "${SOURCE_DIR}/autograd/*.h")

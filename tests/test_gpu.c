@@ -106,8 +106,9 @@ static TCase *gpu_tcase(Suite *s, const char *name) {
 
 // --- host/device buffers ---
 
+// 64-byte aligned, as the CPU convolution's workspace must be.
 static float *host_alloc(int64_t n) {
-  float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+  float *h = aligned_alloc(64, ((size_t)(n > 0 ? n : 1) * sizeof(float) + 63) / 64 * 64);
   ck_assert_ptr_nonnull(h);
   return h;
 }
@@ -534,7 +535,14 @@ static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
       det ? det : "unset");
   float *x = host_uniform(nx, seed, -1, 1), *w = host_uniform(nw, seed + 1, -1, 1);
   float *bias = host_uniform(nb, seed + 2, -1, 1), *y = host_alloc(ny);
-  float *ws = host_alloc(cpu_conv2d_workspace_floats(g));
+  // One CPU workspace for the forward and the backward passes below (both gradients, or each alone).
+  int64_t ws_floats = cpu_conv2d_forward_workspace_floats(g, with_bias);
+  int64_t bwd_floats[3] = {cpu_conv2d_backward_workspace_floats(g, true, false, true, false, with_bias),
+                           cpu_conv2d_backward_workspace_floats(g, true, false, false, false, false),
+                           cpu_conv2d_backward_workspace_floats(g, false, false, true, false, false)};
+  for (int i = 0; i < 3; i++)
+    if (bwd_floats[i] > ws_floats) ws_floats = bwd_floats[i];
+  float *ws = host_alloc(ws_floats);
   cpu_conv2d_forward(x, w, with_bias ? bias : NULL, y, g, ws);
   float *d_x = dev_upload(x, nx), *d_w = dev_upload(w, nw), *d_bias = dev_upload(bias, nb);
   float *d_y = dev_upload(y, ny);
@@ -709,7 +717,7 @@ START_TEST(tf32_switch) {
   const ConvGeom g = make_geom(2, 16, 24, 20, 32, 3, 3, 1, 1, 1, 1, 1, 1);
   int64_t nx = 2 * 16 * 24 * 20, nw = 32 * 16 * 9, ny = 2 * 32 * g.out_h * g.out_w;
   float *x = host_uniform(nx, 41100, -1, 1), *w = host_uniform(nw, 41101, -1, 1), *y = host_alloc(ny);
-  float *ws = host_alloc(cpu_conv2d_workspace_floats(&g));
+  float *ws = host_alloc(cpu_conv2d_forward_workspace_floats(&g, false));
   cpu_conv2d_forward(x, w, NULL, y, &g, ws);
   float *d_x = dev_upload(x, nx), *d_w = dev_upload(w, nw), *d_y = dev_upload(y, ny);
   conv_forward_ws(d_x, d_w, NULL, d_y, &g);

@@ -288,6 +288,8 @@ static void im2col_cl_backward(const float *x, const float *w, const float *dy, 
 
 static ConvImpl forced_impl = CONV_IMPL_AUTO;
 
+#define WINOGRAD_BWD_WEIGHTS_MAX_BYTES ((int64_t)32 << 20)
+
 void cpu_conv2d_set_impl(ConvImpl impl) {
   DETR_CHECK(impl == CONV_IMPL_AUTO || impl == CONV_IMPL_IM2COL || DETR_HAVE_ONEDNN,
              "conv2d: this build has no oneDNN");
@@ -332,11 +334,20 @@ ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
   // every pass (r18@320's 64x80, 128x40, 256x20, r50@512's 64x128, 128x64, 256x32); at 16x16
   // (r50's 512x16) 0.9-1.0x, at 10x10 0.4-0.6x, and below 64 channels (main@192's 16-32) 0.7-1.1x,
   // so not there (bench/README.md "Session 14"). On a CPU without it (AVX2) this is the direct one.
+  // But not a backward-weights whose Winograd workspace (the transformed tiles and a transformed dW
+  // per thread) is over WINOGRAD_BWD_WEIGHTS_MAX_BYTES: at 256 channels (R18's 20x20, R50's 32x32)
+  // it is 42-50 MB and ran at the step's memory peak (the backbone's backward), +29 MB peak RSS at
+  // R50@512 for 5 ms of its 0.62 s step.
   if (g->channels_last) {
     bool one = g->kh * g->kw == 1;
     if (g->kh == 3 && g->kw == 3 && g->stride_h == 1 && g->stride_w == 1 && g->dil_h == 1 && g->dil_w == 1 &&
-        g->in_ch >= 64 && g->out_ch >= 64 && out_spatial >= 400)
+        g->in_ch >= 64 && g->out_ch >= 64 && out_spatial >= 400) {
+      if (pass == CONV_PASS_BWD_WEIGHTS &&
+          onednn_conv2d_workspace_floats(g, pass, CONV_IMPL_ONEDNN_WINOGRAD, false, false) * (int64_t)sizeof(float) >
+              WINOGRAD_BWD_WEIGHTS_MAX_BYTES)
+        return CONV_IMPL_ONEDNN;
       return CONV_IMPL_ONEDNN_WINOGRAD;
+    }
     if (pass == CONV_PASS_BWD_DATA && one) return CONV_IMPL_IM2COL;
     if (pass == CONV_PASS_BWD_WEIGHTS && one && g->in_ch >= 256) return CONV_IMPL_IM2COL;
     if (pass == CONV_PASS_BWD_WEIGHTS && !one && g->stride_h > 1 && g->in_ch >= 64 && out_spatial >= 400)
@@ -352,27 +363,39 @@ ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
   return CONV_IMPL_IM2COL;
 }
 
-int64_t cpu_conv2d_workspace_floats(const ConvGeom *g) {
-  // oneDNN's passes keep their own buffer (conv_onednn.c); im2col's need the column chunk.
-  for (int pass = 0; pass < 3; pass++)
-    if (cpu_conv2d_impl(g, (ConvPass)pass) == CONV_IMPL_IM2COL) return im2col_workspace_floats(g);
-  return 0;
+// The workspace of one pass on the implementation cpu_conv2d_impl chooses.
+static int64_t pass_workspace_floats(const ConvGeom *g, ConvPass pass, bool accumulate, bool bias) {
+  ConvImpl impl = cpu_conv2d_impl(g, pass);
+  if (impl == CONV_IMPL_IM2COL) return im2col_workspace_floats(g);
+  return onednn_conv2d_workspace_floats(g, pass, impl, accumulate, bias);
+}
+
+int64_t cpu_conv2d_forward_workspace_floats(const ConvGeom *g, bool bias) {
+  return pass_workspace_floats(g, CONV_PASS_FWD, false, bias);
+}
+
+int64_t cpu_conv2d_backward_workspace_floats(const ConvGeom *g, bool dx, bool set_dx, bool dw, bool set_dw, bool dbias) {
+  if (g->batch * g->out_ch * g->out_h * g->out_w == 0 || g->in_ch == 0) return 0;  // nothing runs
+  // The passes run one after the other on the same workspace; dbias goes with dw.
+  int64_t data = dx ? pass_workspace_floats(g, CONV_PASS_BWD_DATA, !set_dx, false) : 0;
+  int64_t weights = dw ? pass_workspace_floats(g, CONV_PASS_BWD_WEIGHTS, !set_dw, dbias) : 0;
+  return data > weights ? data : weights;
 }
 
 // Runs the pass on oneDNN when cpu_conv2d_impl chooses it (never without oneDNN) and returns
 // true; false: the caller runs im2col + sgemm. Arguments as onednn_conv2d_run's.
 static bool ran_on_onednn(const ConvGeom *g, ConvPass pass, bool accumulate, const float *in0, const float *in1,
-                          float *out, float *bias) {
+                          float *out, float *bias, float *workspace) {
   ConvImpl impl = cpu_conv2d_impl(g, pass);
   if (impl == CONV_IMPL_IM2COL) return false;
-  onednn_conv2d_run(g, pass, impl, accumulate, in0, in1, out, bias);
+  onednn_conv2d_run(g, pass, impl, accumulate, in0, in1, out, bias, workspace);
   return true;
 }
 
 
 void cpu_conv2d_forward(const float *x, const float *w, const float *bias, float *y,
                         const ConvGeom *g, float *workspace) {
-  if (ran_on_onednn(g, CONV_PASS_FWD, false, x, w, y, (float *)bias)) return;
+  if (ran_on_onednn(g, CONV_PASS_FWD, false, x, w, y, (float *)bias, workspace)) return;
   if (g->channels_last) {
     im2col_cl_forward(x, w, bias, y, g, workspace);
     return;
@@ -442,10 +465,10 @@ void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float 
   // The two passes may run on different implementations; dbias goes with dw (oneDNN fuses it).
   void (*fallback)(const float *, const float *, const float *, float *, bool, float *, float *, const ConvGeom *,
                    float *) = g->channels_last ? im2col_cl_backward : im2col_backward;
-  if (dx && !ran_on_onednn(g, CONV_PASS_BWD_DATA, !set_dx, dy, w, dx, NULL))
+  if (dx && !ran_on_onednn(g, CONV_PASS_BWD_DATA, !set_dx, dy, w, dx, NULL, workspace))
     fallback(NULL, w, dy, dx, set_dx, NULL, NULL, g, workspace);
   if (dw) {
-    if (!ran_on_onednn(g, CONV_PASS_BWD_WEIGHTS, !set_dw, x, dy, dw, dbias)) {
+    if (!ran_on_onednn(g, CONV_PASS_BWD_WEIGHTS, !set_dw, x, dy, dw, dbias, workspace)) {
       if (set_dw) memset(dw, 0, (size_t)(g->out_ch * g->in_ch * g->kh * g->kw) * sizeof(float));  // im2col adds
       fallback(x, NULL, dy, NULL, false, dw, dbias, g, workspace);
     }

@@ -34,6 +34,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 
 #if DETR_HAVE_ONEDNN
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,8 +81,8 @@ typedef struct {
 } ConvPrim;
 
 // DETR has ~20-60 distinct convolutions per input size, 2-3 passes each; training on varying input
-// sizes cycles through more, and the least recently used is dropped. The cache, the engine and the
-// buffer below are used from one thread at a time (the op layer's), as every kernel here is.
+// sizes cycles through more, and the least recently used is dropped. The cache and the engine are
+// used from one thread at a time (the op layer's), as every kernel here is.
 #define CONV_CACHE_SIZE 256
 _Static_assert(sizeof(ConvGeom) == 9 * sizeof(int64_t) + 8 * sizeof(int),
                "ConvGeom must have no padding bytes: the cache compares geometries with memcmp");
@@ -90,12 +91,11 @@ static dnnl_engine_t engine;
 static dnnl_stream_t stream;
 static ConvPrim cache[CONV_CACHE_SIZE];
 static uint64_t cache_clock;
-// One buffer for the running pass's reordered copies and oneDNN's (user-managed) scratchpad: the
-// passes run one at a time, so it grows to the largest pass and stays. Measured: taking them from
-// the tensor allocator instead left a cached block per distinct size and raised the R50 step's
-// peak RSS by 106 MB.
-static char *buffer;
-static size_t buffer_cap;
+// The running pass's reordered copies and oneDNN's (user-managed) scratchpad are in the caller's
+// workspace, from the tensor allocator's arena: memory only while the pass runs. (A buffer kept
+// here, grown to the largest pass, held 50 MB at R50@512 with Winograd's scratchpads; from the
+// arena R50's peak RSS is 13 MB lower. Before the arena, the size-class cache made the workspace
+// cost 106 MB more than the kept buffer.)
 
 // oneDNN keeps the 1024 most recently created primitives (its default) and JIT-compiles anew any
 // other. Multi-scale training without --pad-multiple gives a new input size nearly every batch:
@@ -359,16 +359,6 @@ static ConvPrim *prim_get(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool 
   return victim;
 }
 
-static char *buffer_get(size_t bytes) {
-  if (bytes > buffer_cap) {
-    free(buffer);
-    buffer_cap = (bytes + 4095) / 4096 * 4096;
-    buffer = aligned_alloc(64, buffer_cap);
-    DETR_CHECK(buffer, "oneDNN conv: out of memory for a %zu-byte buffer", buffer_cap);
-  }
-  return buffer;
-}
-
 static void reorder_run(dnnl_primitive_t r, const dnnl_memory_desc_t *from_md, const void *from,
                         const dnnl_memory_desc_t *to_md, void *to) {
   dnnl_memory_t mf = mem_wrap(from_md, (void *)from), mt = mem_wrap(to_md, to);
@@ -380,7 +370,16 @@ static void reorder_run(dnnl_primitive_t r, const dnnl_memory_desc_t *from_md, c
 
 static size_t round64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
-// Buffer bytes of one pass: its prim-layout copies (out_copy: the output's), backward-weights'
+// Whether a pass of p run `batch` times goes through a copy of its output: where the layouts
+// differ (reordered into out, with a sum when accumulating) or where it accumulates (added into
+// out). One image at a time, dw is shared: the first image writes it (when not accumulating), the
+// others add.
+static bool pass_out_copy(const ConvPrim *p, int64_t batch, bool accumulate) {
+  bool shared_out = p->pass == CONV_PASS_BWD_WEIGHTS;
+  return p->a[2].reorder || accumulate || (shared_out && batch > 1);
+}
+
+// Workspace bytes of one pass: its prim-layout copies (out_copy: the output's), backward-weights'
 // dbias [O], the scratchpad.
 static size_t pass_buffer_bytes(const ConvPrim *p, bool out_copy) {
   size_t bytes = round64(p->scratch_bytes);
@@ -393,9 +392,9 @@ static size_t pass_buffer_bytes(const ConvPrim *p, bool out_copy) {
 // Runs one pass of primitive p (of batch p->g.batch) `batch` times over consecutive parts of the
 // buffers: in0, in1 plain inputs, out the plain output (overwritten by the forward, accumulated
 // into by the backward passes where `accumulate`); bias: the forward's bias or backward-weights'
-// dbias (accumulated), NULL when p has none.
+// dbias (accumulated), NULL when p has none. workspace: pass_buffer_bytes(p, pass_out_copy(...)).
 static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *in0, const float *in1, float *out,
-                     float *bias) {
+                     float *bias, char *workspace) {
   const ConvGeom *g = &p->g;
   int64_t x_img = g->in_ch * g->in_h * g->in_w, y_img = g->out_ch * g->out_h * g->out_w;
   // What each argument holds: 1: x or dx, 2: y or dy (both per image), 0: w or dw (shared).
@@ -404,17 +403,13 @@ static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *i
   int64_t step[3];  // floats from one image to the next in each plain argument
   for (int i = 0; i < 3; i++) step[i] = holds[p->pass][i] == 1 ? x_img : holds[p->pass][i] == 2 ? y_img : 0;
 
-  // The output goes through a copy where the layouts differ (reordered into out, with a sum when
-  // accumulating) or where it accumulates (added into out).
-  // One image at a time, dw is shared: the first image writes it (when not accumulating), the
-  // others add.
   bool shared_out = !step[2];
-  bool out_copy = p->a[2].reorder || accumulate || (shared_out && batch > 1);
+  bool out_copy = pass_out_copy(p, batch, accumulate);
   if (p->a[2].reorder && p->pass != CONV_PASS_FWD && !accumulate && !p->a[2].reorder_set)
     p->a[2].reorder_set = reorder_create(&p->a[2].prim, &p->a[2].user, false);  // a gradient to be written
   // The output's floats per call: the primitive's images (g->batch of them), or dw.
   int64_t out_floats = step[2] ? step[2] * g->batch : g->out_ch * g->in_ch * g->kh * g->kw;
-  char *ws = buffer_get(pass_buffer_bytes(p, out_copy));
+  char *ws = workspace;
   void *scratchpad = ws;
   ws += round64(p->scratch_bytes);
   const float *user[3] = {in0, in1, out};
@@ -489,12 +484,11 @@ int64_t onednn_conv2d_set_whole_batch_bytes(int64_t bytes) {
   return before;
 }
 
-void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, const float *in0,
-                       const float *in1, float *out, float *bias) {
+// The primitive that runs a pass of g, and how many times (*runs): the whole batch at once (1), or
+// one image at a time (g->batch).
+static ConvPrim *pass_prim(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, bool bias, int64_t *runs) {
   DETR_CHECK(impl == CONV_IMPL_ONEDNN || impl == CONV_IMPL_ONEDNN_PLAIN || impl == CONV_IMPL_ONEDNN_WINOGRAD,
-             "onednn_conv2d_run: implementation %d is not oneDNN's", (int)impl);
-  DETR_CHECK(!bias || pass != CONV_PASS_BWD_DATA, "onednn_conv2d_run: backward-data has no bias");
-  DETR_CHECK(pass != CONV_PASS_FWD || !accumulate, "onednn_conv2d_run: the forward writes y");
+             "onednn_conv2d: implementation %d is not oneDNN's", (int)impl);
   // Channels last: no copies of x or y are made (oneDNN's direct convolution runs on nhwc itself),
   // so the whole batch always, but for a dx that accumulates (computed into a copy, then added) and
   // for Winograd (on nChw16c copies), which follow the size rule so that the copies stay at one
@@ -503,12 +497,29 @@ void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool acc
   if (!copies ||
       (g->in_ch * g->in_h * g->in_w + g->out_ch * g->out_h * g->out_w) * g->batch * (int64_t)sizeof(float) <=
           whole_batch_bytes) {
-    pass_run(prim_get(g, pass, impl, bias != NULL), 1, accumulate, in0, in1, out, bias);
-    return;
+    *runs = 1;
+    return prim_get(g, pass, impl, bias);
   }
   ConvGeom one = *g;  // one image's primitive, shared by every batch size
   one.batch = 1;
-  pass_run(prim_get(&one, pass, impl, bias != NULL), g->batch, accumulate, in0, in1, out, bias);
+  *runs = g->batch;
+  return prim_get(&one, pass, impl, bias);
+}
+
+int64_t onednn_conv2d_workspace_floats(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, bool bias) {
+  int64_t runs;
+  const ConvPrim *p = pass_prim(g, pass, impl, accumulate, bias, &runs);
+  return (int64_t)((pass_buffer_bytes(p, pass_out_copy(p, runs, accumulate)) + sizeof(float) - 1) / sizeof(float));
+}
+
+void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, const float *in0,
+                       const float *in1, float *out, float *bias, float *workspace) {
+  DETR_CHECK(!bias || pass != CONV_PASS_BWD_DATA, "onednn_conv2d_run: backward-data has no bias");
+  DETR_CHECK(pass != CONV_PASS_FWD || !accumulate, "onednn_conv2d_run: the forward writes y");
+  DETR_CHECK(((uintptr_t)workspace & 63) == 0, "onednn_conv2d_run: the workspace is not 64-byte aligned");
+  int64_t runs;
+  ConvPrim *p = pass_prim(g, pass, impl, accumulate, bias != NULL, &runs);
+  pass_run(p, runs, accumulate, in0, in1, out, bias, (char *)workspace);
 }
 
 const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, ConvImpl impl) {

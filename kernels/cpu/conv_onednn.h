@@ -14,9 +14,11 @@
 //   CONV_PASS_BWD_DATA:     in0 dy, in1 w, out dx (accumulated, or written when !accumulate), bias NULL.
 //   CONV_PASS_BWD_WEIGHTS:  in0 x, in1 dy, out dw (accumulated, or written when !accumulate), bias
 //                           dbias (accumulated) or NULL.
-// accumulate: false for the forward.
+// accumulate: false for the forward. workspace: onednn_conv2d_workspace_floats(g, pass, impl,
+// accumulate, bias != NULL) floats, 64-byte aligned (the reordered copies and oneDNN's scratchpad).
 void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, const float *in0,
-                       const float *in1, float *out, float *bias);
+                       const float *in1, float *out, float *bias, float *workspace);
+int64_t onednn_conv2d_workspace_floats(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, bool bias);
 // The implementation oneDNN chose for the pass, e.g. "jit:avx512_core" or "jit_wino_4x3:avx512_core"
 // (bench_ops prints it; the tests check that Winograd runs where the CPU has it).
 const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, ConvImpl impl);
@@ -35,7 +37,12 @@ static inline const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, C
   DETR_FAIL("conv2d: this build has no oneDNN");
 }
 static inline void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate,
-                                     const float *in0, const float *in1, float *out, float *bias) {
+                                     const float *in0, const float *in1, float *out, float *bias, float *workspace) {
+  DETR_FAIL("conv2d: this build has no oneDNN");
+}
+static inline int64_t onednn_conv2d_workspace_floats(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate,
+                                                     bool bias) {
+  (void)g, (void)pass, (void)impl, (void)accumulate, (void)bias;
   DETR_FAIL("conv2d: this build has no oneDNN");
 }
 #endif

@@ -53,8 +53,12 @@ void cpu_relu_row_bias_backward(const float *y, const float *dy, float keep_scal
                                 int64_t rows, int64_t cols);
 
 // conv.c: im2col + sgemm, or oneDNN (conv_onednn.c) where it is the faster (bench/README.md).
-// workspace: cpu_conv2d_workspace_floats(g) floats.
-int64_t cpu_conv2d_workspace_floats(const ConvGeom *g);
+// workspace: cpu_conv2d_forward_workspace_floats(g) floats for the forward,
+// cpu_conv2d_backward_workspace_floats(g, ...) for a backward with the same gradients and flags
+// (im2col's column chunk, or oneDNN's layout copies and scratchpad: the caller takes it from the
+// tensor allocator, as cuDNN's, so that it is memory only while a pass runs).
+int64_t cpu_conv2d_forward_workspace_floats(const ConvGeom *g, bool bias);
+int64_t cpu_conv2d_backward_workspace_floats(const ConvGeom *g, bool dx, bool set_dx, bool dw, bool set_dw, bool dbias);
 void cpu_conv2d_forward(const float *x, const float *w, const float *bias, float *y,
                         const ConvGeom *g, float *workspace);
 // dx, dw, dbias may be NULL; x is read for dw only, w for dx only (the other may be NULL). The
