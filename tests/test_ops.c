@@ -2,6 +2,7 @@
 #include <check.h>
 #include <float.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,17 +50,35 @@ static float *conv_workspace(int64_t n) {
   return ws;
 }
 
-// The workspace of any backward of g (each gradient alone or both, written or accumulated, dbias
-// or not).
-static int64_t conv_backward_workspace_any(const ConvGeom *g) {
-  int64_t most = 0;
-  for (int flags = 1; flags < 32; flags++) {
-    bool dx = flags & 1, set_dx = flags & 2, dw = flags & 4, set_dw = flags & 8, dbias = flags & 16;
-    if ((!dx && set_dx) || (!dw && (set_dw || dbias))) continue;
-    int64_t n = cpu_conv2d_backward_workspace_floats(g, dx, set_dx, dw, set_dw, dbias);
-    if (n > most) most = n;
-  }
-  return most;
+// The convolution kernels with a workspace of exactly the size asked for the call, followed by a
+// guard that must come back untouched: a pass that needs more than its size says fails here.
+enum { WS_GUARD = 256 };
+static const float ws_sentinel = -1234.5f;
+static float *guarded_workspace(int64_t n) {
+  float *ws = conv_workspace(n + WS_GUARD);
+  for (int i = 0; i < WS_GUARD; i++) ws[n + i] = ws_sentinel;
+  return ws;
+}
+static void check_guard(const float *ws, int64_t n, const char *what, const ConvGeom *g) {
+  for (int i = 0; i < WS_GUARD; i++)
+    ck_assert_msg(ws[n + i] == ws_sentinel, "%s (%lldx%lld, %lld -> %lld channels, channels last %d, impl %d): wrote "
+                  "past its %lld-float workspace", what, (long long)g->in_h, (long long)g->in_w, (long long)g->in_ch,
+                  (long long)g->out_ch, g->channels_last, (int)cpu_conv2d_impl(g, CONV_PASS_FWD), (long long)n);
+}
+static void conv_forward_guarded(const float *x, const float *w, const float *bias, float *y, const ConvGeom *g) {
+  int64_t n = cpu_conv2d_forward_workspace_floats(g, bias != NULL);
+  float *ws = guarded_workspace(n);
+  cpu_conv2d_forward(x, w, bias, y, g, ws);
+  check_guard(ws, n, "forward", g);
+  free(ws);
+}
+static void conv_backward_guarded(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
+                                  bool set_dw, float *dbias, const ConvGeom *g) {
+  int64_t n = cpu_conv2d_backward_workspace_floats(g, dx != NULL, set_dx, dw != NULL, set_dw, dbias != NULL);
+  float *ws = guarded_workspace(n);
+  cpu_conv2d_backward(x, w, dy, dx, set_dx, dw, set_dw, dbias, g, ws);
+  check_guard(ws, n, "backward", g);
+  free(ws);
 }
 
 // oneDNN's passes run on the whole batch or, above a size, one image at a time: _i == 1 forces
@@ -138,25 +157,26 @@ START_TEST(conv2d_backward_implementations_agree) {
     float *ref[3] = {NULL, NULL, NULL};  // dx, dw, dbias of im2col + sgemm
     for (int impl = 1; impl < n_conv_impls; impl++) {
       cpu_conv2d_set_impl(conv_impls[impl]);
+      float *y = malloc((size_t)ny * sizeof(float));  // the forward's workspace checked too
+      conv_forward_guarded(x, w, db0, y, &g);
+      free(y);
       float *grads[2][3];  // two runs: dx, dw, dbias from dx0, dw0, db0
       for (int run = 0; run < 3; run++) {
         if (run == 2) {  // dx and dw written (set_dx, set_dw) over NaN: the terms added to zeros, bit for bit
           int64_t nmax = nx > nw ? nx : nw;
           float *fresh = malloc((size_t)nmax * sizeof(float)), *zeros = malloc((size_t)nmax * sizeof(float));
-          float *scratch = conv_workspace(conv_backward_workspace_any(&g));
           for (int t = 0; t < 2; t++) {  // dx, then dw
             int64_t nt = t ? nw : nx;
             for (int64_t i = 0; i < nt; i++) fresh[i] = NAN, zeros[i] = 0.0f;
-            cpu_conv2d_backward(t ? x : NULL, t ? NULL : w, dy, t ? NULL : fresh, !t, t ? fresh : NULL, t, NULL, &g,
-                                scratch);
-            cpu_conv2d_backward(t ? x : NULL, t ? NULL : w, dy, t ? NULL : zeros, false, t ? zeros : NULL, false, NULL,
-                                &g, scratch);
+            conv_backward_guarded(t ? x : NULL, t ? NULL : w, dy, t ? NULL : fresh, !t, t ? fresh : NULL, t, NULL, &g);
+            conv_backward_guarded(t ? x : NULL, t ? NULL : w, dy, t ? NULL : zeros, false, t ? zeros : NULL, false, NULL,
+                                  &g);
             ck_assert_msg(!memcmp(fresh, zeros, (size_t)nt * sizeof(float)),
                           "implementation %d, case %zu, channels last %d, per_image %d: %s written differs from %s "
                           "added to zeros", (int)conv_impls[impl], k, g.channels_last, _i, t ? "dw" : "dx",
                           t ? "dw" : "dx");
           }
-          free(fresh), free(zeros), free(scratch);
+          free(fresh), free(zeros);
           continue;
         }
         float **gr = grads[run];
@@ -165,14 +185,12 @@ START_TEST(conv2d_backward_implementations_agree) {
         memcpy(gr[0], dx0, (size_t)nx * sizeof(float));
         memcpy(gr[1], dw0, (size_t)nw * sizeof(float));
         memcpy(gr[2], db0, (size_t)nb * sizeof(float));
-        float *scratch = conv_workspace(conv_backward_workspace_any(&g));
         if (run == 0) {
-          cpu_conv2d_backward(x, w, dy, gr[0], false, gr[1], false, gr[2], &g, scratch);
+          conv_backward_guarded(x, w, dy, gr[0], false, gr[1], false, gr[2], &g);
         } else {  // one gradient at a time: the same sums
-          cpu_conv2d_backward(NULL, w, dy, gr[0], false, NULL, false, NULL, &g, scratch);
-          cpu_conv2d_backward(x, NULL, dy, NULL, false, gr[1], false, gr[2], &g, scratch);
+          conv_backward_guarded(NULL, w, dy, gr[0], false, NULL, false, NULL, &g);
+          conv_backward_guarded(x, NULL, dy, NULL, false, gr[1], false, gr[2], &g);
         }
-        free(scratch);
       }
       int64_t n[3] = {nx, nw, nb};
       for (int t = 0; t < 3; t++) {
@@ -199,12 +217,15 @@ START_TEST(conv2d_backward_implementations_agree) {
 END_TEST
 
 // Winograd runs where oneDNN has it (AVX-512: the conv cases above then test it) and is AUTO's
-// choice where bench_ops measured it faster and its backward-weights workspace is not too large
-// (conv.c); forced on a geometry it does not cover, the direct convolution runs.
+// choice where bench_ops measured it faster and, for a backward pass, its workspace is not too
+// large (conv.c; at 2 threads, as measured: the workspace grows with the thread count); forced on
+// a geometry it does not cover, or on a CPU without it, the direct convolution runs.
 START_TEST(conv2d_winograd_runs) {
   if (!DETR_HAVE_ONEDNN) return;
+  omp_set_num_threads(2);  // this test's own process (Check forks one per test)
   bool avx512_core = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  ck_assert_int_eq(onednn_conv2d_has_winograd(), avx512_core);
   ConvGeom g = {.batch = 2, .in_ch = 16, .in_h = 9, .in_w = 10, .out_ch = 32, .out_h = 9, .out_w = 10, .kh = 3,
                 .kw = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1};
   ConvGeom strided = g;
@@ -215,25 +236,31 @@ START_TEST(conv2d_winograd_runs) {
       const char *name = onednn_conv2d_impl(&g, (ConvPass)pass, CONV_IMPL_ONEDNN_WINOGRAD);
       ck_assert_msg((strstr(name, "wino") != NULL) == avx512_core, "pass %d, channels last %d: %s on a CPU %s AVX-512",
                     pass, last, name, avx512_core ? "with" : "without");
+      ck_assert_int_eq(onednn_conv2d_winograd_workspace_floats(&g, (ConvPass)pass) > 0, avx512_core);
+      if (avx512_core)  // from the descriptor, as the pass itself takes it
+        ck_assert_int_eq(onednn_conv2d_winograd_workspace_floats(&g, (ConvPass)pass),
+                         onednn_conv2d_workspace_floats(&g, (ConvPass)pass, CONV_IMPL_ONEDNN_WINOGRAD, false, false));
+      ck_assert_int_eq(onednn_conv2d_winograd_workspace_floats(&strided, (ConvPass)pass), -1);
       char direct[128];
       snprintf(direct, sizeof direct, "%s", onednn_conv2d_impl(&strided, (ConvPass)pass, CONV_IMPL_ONEDNN));
       ck_assert_str_eq(onednn_conv2d_impl(&strided, (ConvPass)pass, CONV_IMPL_ONEDNN_WINOGRAD), direct);
     }
   }
-  // AUTO on the backbone's (channels last) 3x3 stride-1 convolutions: r18@320's layer2, and layer4's 10x10.
+  // AUTO on the backbone's (channels last) 3x3 stride-1 convolutions: r18@320's layer2, layer4's
+  // 10x10, and r50@512's layer3, whose Winograd backward workspaces are over the limit.
+  ConvImpl wino = avx512_core ? CONV_IMPL_ONEDNN_WINOGRAD : CONV_IMPL_ONEDNN;
   ConvGeom r18 = {.batch = 2, .in_ch = 128, .in_h = 40, .in_w = 40, .out_ch = 128, .out_h = 40, .out_w = 40, .kh = 3,
                   .kw = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1,
                   .channels_last = 1};
-  for (int pass = 0; pass < 3; pass++) ck_assert_int_eq(cpu_conv2d_impl(&r18, (ConvPass)pass), CONV_IMPL_ONEDNN_WINOGRAD);
-  r18.in_ch = r18.out_ch = 512, r18.in_h = r18.in_w = r18.out_h = r18.out_w = 10;
-  for (int pass = 0; pass < 3; pass++) ck_assert_int_eq(cpu_conv2d_impl(&r18, (ConvPass)pass), CONV_IMPL_ONEDNN);
-  // r50@512's layer3: Winograd's backward workspaces are over the limit there (on AVX-512;
-  // elsewhere the Winograd entry is the direct convolution, whose workspace is small).
+  for (int pass = 0; pass < 3; pass++) ck_assert_int_eq(cpu_conv2d_impl(&r18, (ConvPass)pass), wino);
+  ConvGeom r18_layer4 = r18;
+  r18_layer4.in_ch = r18_layer4.out_ch = 512, r18_layer4.in_h = r18_layer4.in_w = 10;
+  r18_layer4.out_h = r18_layer4.out_w = 10;
+  for (int pass = 0; pass < 3; pass++) ck_assert_int_eq(cpu_conv2d_impl(&r18_layer4, (ConvPass)pass), CONV_IMPL_ONEDNN);
   ConvGeom r50 = r18;
   r50.in_ch = r50.out_ch = 256, r50.in_h = r50.in_w = r50.out_h = r50.out_w = 32;
-  ck_assert_int_eq(cpu_conv2d_impl(&r50, CONV_PASS_FWD), CONV_IMPL_ONEDNN_WINOGRAD);
-  for (int pass = 1; pass < 3; pass++)
-    ck_assert_int_eq(cpu_conv2d_impl(&r50, (ConvPass)pass), (avx512_core ? CONV_IMPL_ONEDNN : CONV_IMPL_ONEDNN_WINOGRAD));
+  ck_assert_int_eq(cpu_conv2d_impl(&r50, CONV_PASS_FWD), wino);
+  for (int pass = 1; pass < 3; pass++) ck_assert_int_eq(cpu_conv2d_impl(&r50, (ConvPass)pass), CONV_IMPL_ONEDNN);
 }
 END_TEST
 
@@ -252,9 +279,7 @@ START_TEST(conv2d_primitive_cache_turns_over) {
     g.out_h = g.in_h, g.out_w = g.in_w;
     for (int k = 0; k < 2; k++) {
       cpu_conv2d_set_impl(k ? CONV_IMPL_ONEDNN : CONV_IMPL_IM2COL);
-      float *ws = conv_workspace(cpu_conv2d_forward_workspace_floats(&g, false));
-      cpu_conv2d_forward(x, w, NULL, y[k], &g, ws);
-      free(ws);
+      conv_forward_guarded(x, w, NULL, y[k], &g);
     }
     double err = max_rel_diff(y[1], y[0], g.out_ch * g.out_h * g.out_w);
     ck_assert_msg(err < 1e-5, "shape %d (%lldx%lld): relative error %g", i, (long long)g.in_h, (long long)g.in_w, err);

@@ -333,21 +333,21 @@ ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
   // output pixels per image (20x20), reorders to its layouts included: 1.2-2.1x the direct one in
   // every pass (r18@320's 64x80, 128x40, 256x20, r50@512's 64x128, 128x64, 256x32); at 16x16
   // (r50's 512x16) 0.9-1.0x, at 10x10 0.4-0.6x, and below 64 channels (main@192's 16-32) 0.7-1.1x,
-  // so not there (bench/README.md "Session 14"). On a CPU without it (AVX2) this is the direct one.
-  // But not a backward pass whose Winograd workspace (the transformed tiles, for backward-weights
-  // also a transformed dW per thread) is over WINOGRAD_BACKWARD_MAX_BYTES: the backbone's backward
-  // is the step's memory peak, and there R50@512's layer2-3 take 30-50 MB (R18's layer3 42 MB):
-  // with the cap R50's peak RSS is 923 MB instead of 962, its step 3-5% slower; R18's step the
-  // same (its layer2 backward, 19 MB, stays on Winograd).
+  // so not there (bench/README.md "Session 14"); nor where oneDNN has none (a CPU without AVX-512).
+  // And not a backward pass whose Winograd workspace (its layout copies and scratchpad: the
+  // transformed tiles, for backward-weights also a transformed dW per thread) is over
+  // WINOGRAD_BACKWARD_MAX_BYTES: the backbone's backward is the step's memory peak, and there
+  // R50@512's layer2-3 take 30-50 MB (R18's layer3 42 MB) on 2 threads: with the cap R50's peak
+  // RSS is 923 MB instead of 962, its step 3-5% slower; R18's step the same (its layer2 backward,
+  // 19 MB, stays on Winograd). More threads, larger workspaces: fewer backward passes qualify.
   if (g->channels_last) {
     bool one = g->kh * g->kw == 1;
     if (g->kh == 3 && g->kw == 3 && g->stride_h == 1 && g->stride_w == 1 && g->dil_h == 1 && g->dil_w == 1 &&
         g->in_ch >= 64 && g->out_ch >= 64 && out_spatial >= 400) {
-      if (pass != CONV_PASS_FWD &&
-          onednn_conv2d_workspace_floats(g, pass, CONV_IMPL_ONEDNN_WINOGRAD, false, false) * (int64_t)sizeof(float) >
-              WINOGRAD_BACKWARD_MAX_BYTES)
-        return CONV_IMPL_ONEDNN;
-      return CONV_IMPL_ONEDNN_WINOGRAD;
+      int64_t floats = onednn_conv2d_winograd_workspace_floats(g, pass);
+      if (floats >= 0 && (pass == CONV_PASS_FWD || floats * (int64_t)sizeof(float) <= WINOGRAD_BACKWARD_MAX_BYTES))
+        return CONV_IMPL_ONEDNN_WINOGRAD;
+      return CONV_IMPL_ONEDNN;
     }
     if (pass == CONV_PASS_BWD_DATA && one) return CONV_IMPL_IM2COL;
     if (pass == CONV_PASS_BWD_WEIGHTS && one && g->in_ch >= 256) return CONV_IMPL_IM2COL;

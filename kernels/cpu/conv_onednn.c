@@ -4,7 +4,7 @@
 // [B, H, W, C], y [B, HO, WO, O]), bias [O], the whole batch at once or one image at a time
 // (onednn_conv2d_run).
 //
-// Each (one image's geometry, pass, layout, bias) gets its primitive once and keeps it in an LRU
+// Each (geometry, pass, implementation, bias) gets its primitive once and keeps it in an LRU
 // cache: creating one (descriptor, implementation choice, JIT) costs 0.5-1 ms here, so a training
 // run with a new input size every step pays that per new shape (bench/README.md: still faster).
 //
@@ -484,26 +484,107 @@ int64_t onednn_conv2d_set_whole_batch_bytes(int64_t bytes) {
   return before;
 }
 
-// The primitive that runs a pass of g, and how many times (*runs): the whole batch at once (1), or
-// one image at a time (g->batch).
-static ConvPrim *pass_prim(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, bool bias, int64_t *runs) {
-  DETR_CHECK(impl == CONV_IMPL_ONEDNN || impl == CONV_IMPL_ONEDNN_PLAIN || impl == CONV_IMPL_ONEDNN_WINOGRAD,
-             "onednn_conv2d: implementation %d is not oneDNN's", (int)impl);
+bool onednn_conv2d_has_winograd(void) {
+  static int has = -1;  // not probed yet
+  if (has < 0) {  // a 16-channel 3x3 convolution on 8x8, the simplest Winograd covers
+    onednn_init();
+    ConvGeom g = {.batch = 1, .in_ch = 16, .in_h = 8, .in_w = 8, .out_ch = 16, .out_h = 8, .out_w = 8, .kh = 3,
+                  .kw = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1};
+    dnnl_dims_t xd = {1, 16, 8, 8}, wd = {16, 16, 3, 3};
+    dnnl_memory_desc_t x, w;
+    md_init(&x, 4, xd, dnnl_format_tag_any);
+    md_init(&w, 4, wd, dnnl_format_tag_any);
+    dnnl_primitive_desc_t pd = winograd_pd_create(&g, CONV_PASS_FWD, &x, &w, &x, NULL, NULL, NULL);
+    has = pd != NULL;
+    if (pd) DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
+  }
+  return has;
+}
+
+// The geometry a pass of g runs on (*runs times): the whole batch at once (1), or one image at a
+// time (g->batch).
+static ConvGeom pass_geometry(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, int64_t *runs) {
   // Channels last: no copies of x or y are made (oneDNN's direct convolution runs on nhwc itself),
   // so the whole batch always, but for a dx that accumulates (computed into a copy, then added) and
   // for Winograd (on nChw16c copies), which follow the size rule so that the copies stay at one
   // image's size for large maps.
   bool copies = !g->channels_last || impl == CONV_IMPL_ONEDNN_WINOGRAD || (pass == CONV_PASS_BWD_DATA && accumulate);
-  if (!copies ||
-      (g->in_ch * g->in_h * g->in_w + g->out_ch * g->out_h * g->out_w) * g->batch * (int64_t)sizeof(float) <=
+  ConvGeom run = *g;
+  *runs = 1;
+  if (copies &&
+      (g->in_ch * g->in_h * g->in_w + g->out_ch * g->out_h * g->out_w) * g->batch * (int64_t)sizeof(float) >
           whole_batch_bytes) {
-    *runs = 1;
-    return prim_get(g, pass, impl, bias);
+    run.batch = 1;  // one image's primitive, shared by every batch size
+    *runs = g->batch;
   }
-  ConvGeom one = *g;  // one image's primitive, shared by every batch size
-  one.batch = 1;
-  *runs = g->batch;
-  return prim_get(&one, pass, impl, bias);
+  return run;
+}
+
+// The primitive that runs a pass of g, and how many times (*runs). Winograd on a CPU without it is
+// the direct convolution, the same entries.
+static ConvPrim *pass_prim(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, bool bias, int64_t *runs) {
+  DETR_CHECK(impl == CONV_IMPL_ONEDNN || impl == CONV_IMPL_ONEDNN_PLAIN || impl == CONV_IMPL_ONEDNN_WINOGRAD,
+             "onednn_conv2d: implementation %d is not oneDNN's", (int)impl);
+  if (impl == CONV_IMPL_ONEDNN_WINOGRAD && !onednn_conv2d_has_winograd()) impl = CONV_IMPL_ONEDNN;
+  ConvGeom run = pass_geometry(g, pass, impl, accumulate, runs);
+  return prim_get(&run, pass, impl, bias);
+}
+
+// Winograd's workspace per (geometry, pass), from its descriptor alone (no primitive, no JIT), so
+// that conv.c can weigh it before choosing: the last WINOGRAD_SIZES asked, least recently used
+// dropped. Its scratchpad grows with the thread count (a transformed dW per thread), which is
+// fixed for a process.
+#define WINOGRAD_SIZES 256
+static struct {
+  ConvGeom g;
+  ConvPass pass;
+  int64_t floats;  // -1: no Winograd for it
+  uint64_t used;
+} winograd_sizes[WINOGRAD_SIZES];
+static uint64_t winograd_sizes_clock;
+
+int64_t onednn_conv2d_winograd_workspace_floats(const ConvGeom *g, ConvPass pass) {
+  if (!onednn_conv2d_has_winograd()) return -1;
+  int64_t runs;
+  ConvGeom run = pass_geometry(g, pass, CONV_IMPL_ONEDNN_WINOGRAD, false, &runs);
+  int victim = 0;
+  for (int i = 0; i < WINOGRAD_SIZES; i++) {
+    if (winograd_sizes[i].used && winograd_sizes[i].pass == pass && !memcmp(&winograd_sizes[i].g, &run, sizeof run)) {
+      winograd_sizes[i].used = ++winograd_sizes_clock;
+      return winograd_sizes[i].floats;
+    }
+    if (winograd_sizes[i].used < winograd_sizes[victim].used) victim = i;
+  }
+  dnnl_dims_t xd = {run.batch, run.in_ch, run.in_h, run.in_w}, wd = {run.out_ch, run.in_ch, run.kh, run.kw};
+  dnnl_dims_t yd = {run.batch, run.out_ch, run.out_h, run.out_w};
+  dnnl_memory_desc_t x, w, y;
+  md_init(&x, 4, xd, dnnl_format_tag_any);
+  md_init(&w, 4, wd, dnnl_format_tag_any);
+  md_init(&y, 4, yd, dnnl_format_tag_any);
+  dnnl_primitive_attr_t attr;
+  DNNL_CHECK(dnnl_primitive_attr_create(&attr));
+  DNNL_CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
+  dnnl_primitive_desc_t pd = winograd_pd_create(&run, pass, &x, &w, &y, NULL, attr, NULL);
+  DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
+  int64_t floats = -1;
+  if (pd) {  // as pass_buffer_bytes: the scratchpad and a copy of each argument (all in Winograd's layouts)
+    const dnnl_memory_desc_t *scratch = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    size_t bytes = scratch ? round64(dnnl_memory_desc_get_size(scratch)) : 0;
+    static const int args[3][3] = {
+        [CONV_PASS_FWD] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST},
+        [CONV_PASS_BWD_DATA] = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC},
+        [CONV_PASS_BWD_WEIGHTS] = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS},
+    };
+    for (int i = 0; i < 3; i++)
+      bytes += round64(dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, args[pass][i])));
+    floats = (int64_t)((bytes + sizeof(float) - 1) / sizeof(float));
+    DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
+  }
+  winograd_sizes[victim].g = run;
+  winograd_sizes[victim].pass = pass;
+  winograd_sizes[victim].floats = floats;
+  winograd_sizes[victim].used = ++winograd_sizes_clock;
+  return floats;
 }
 
 int64_t onednn_conv2d_workspace_floats(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, bool bias) {

@@ -19,6 +19,11 @@
 void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, const float *in0,
                        const float *in1, float *out, float *bias, float *workspace);
 int64_t onednn_conv2d_workspace_floats(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, bool bias);
+// Whether oneDNN has Winograd on this CPU (AVX-512; probed once).
+bool onednn_conv2d_has_winograd(void);
+// The workspace (onednn_conv2d_workspace_floats) a Winograd pass of g would take, or -1 where
+// oneDNN has no Winograd for it; from the descriptor, no primitive is made.
+int64_t onednn_conv2d_winograd_workspace_floats(const ConvGeom *g, ConvPass pass);
 // The implementation oneDNN chose for the pass, e.g. "jit:avx512_core" or "jit_wino_4x3:avx512_core"
 // (bench_ops prints it; the tests check that Winograd runs where the CPU has it).
 const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, ConvImpl impl);
@@ -31,6 +36,11 @@ int64_t onednn_conv2d_set_whole_batch_bytes(int64_t bytes);
 static inline int64_t onednn_conv2d_set_whole_batch_bytes(int64_t bytes) {
   (void)bytes;
   return 0;
+}
+static inline bool onednn_conv2d_has_winograd(void) { return false; }
+static inline int64_t onednn_conv2d_winograd_workspace_floats(const ConvGeom *g, ConvPass pass) {
+  (void)g, (void)pass;
+  return -1;
 }
 static inline const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, ConvImpl impl) {
   (void)g, (void)pass, (void)impl;
