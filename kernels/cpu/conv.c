@@ -338,7 +338,7 @@ ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
   // transformed tiles, for backward-weights also a transformed dW per thread) is over
   // WINOGRAD_BACKWARD_MAX_BYTES: the backbone's backward is the step's memory peak, and there
   // R50@512's layer2-3 take 30-50 MB (R18's layer3 42 MB) on 2 threads: with the cap R50's peak
-  // RSS is 923 MB instead of 962, its step 3-5% slower; R18's step the same (its layer2 backward,
+  // RSS is 923 MB instead of 962, its step about 5% slower; R18's the same (its layer2 backward,
   // 19 MB, stays on Winograd). More threads, larger workspaces: fewer backward passes qualify.
   if (g->channels_last) {
     bool one = g->kh * g->kw == 1;
