@@ -144,6 +144,13 @@ static dnnl_primitive_t reorder_create(const dnnl_memory_desc_t *from, const dnn
   return p;
 }
 
+// Each pass's arguments, in the order ConvPrim.a holds them: the two inputs, then the output.
+static const int pass_args[3][3] = {
+    [CONV_PASS_FWD] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST},
+    [CONV_PASS_BWD_DATA] = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC},
+    [CONV_PASS_BWD_WEIGHTS] = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS},
+};
+
 // The convolution descriptor of one pass on memory descriptors x/w/y (and bias when given).
 static void conv_desc(dnnl_convolution_desc_t *d, const ConvGeom *g, ConvPass pass, dnnl_alg_kind_t alg,
                       const dnnl_memory_desc_t *x, const dnnl_memory_desc_t *w,
@@ -219,21 +226,25 @@ static dnnl_primitive_desc_t pd_create_or_null(const dnnl_convolution_desc_t *d,
   return pd;
 }
 
-// The descriptor of pass with Winograd on x/w/y (format any: oneDNN's layouts), or NULL where
-// oneDNN has none. hint: the forward's Winograd descriptor of the same geometry, for a backward pass
-// (NULL: made here and dropped).
-static dnnl_primitive_desc_t winograd_pd_create(const ConvGeom *g, ConvPass pass, const dnnl_memory_desc_t *x,
-                                                const dnnl_memory_desc_t *w, const dnnl_memory_desc_t *y,
-                                                const dnnl_memory_desc_t *bias, const_dnnl_primitive_attr_t attr,
-                                                const_dnnl_primitive_desc_t hint) {
+// The descriptor of pass with Winograd (format any everywhere: oneDNN's layouts), or NULL where
+// oneDNN has none. bias: its [O] descriptor or NULL. hint: the forward's Winograd descriptor of
+// the same geometry, for a backward pass (NULL: made here and dropped).
+static dnnl_primitive_desc_t winograd_pd_create(const ConvGeom *g, ConvPass pass, const dnnl_memory_desc_t *bias,
+                                                const_dnnl_primitive_attr_t attr, const_dnnl_primitive_desc_t hint) {
+  dnnl_dims_t xd = {g->batch, g->in_ch, g->in_h, g->in_w}, wd = {g->out_ch, g->in_ch, g->kh, g->kw};
+  dnnl_dims_t yd = {g->batch, g->out_ch, g->out_h, g->out_w};
+  dnnl_memory_desc_t x, w, y;
+  md_init(&x, 4, xd, dnnl_format_tag_any);
+  md_init(&w, 4, wd, dnnl_format_tag_any);
+  md_init(&y, 4, yd, dnnl_format_tag_any);
   dnnl_convolution_desc_t d;
   dnnl_primitive_desc_t fwd = NULL;
   if (pass == CONV_PASS_FWD || !hint) {
-    conv_desc(&d, g, CONV_PASS_FWD, dnnl_convolution_winograd, x, w, y, pass == CONV_PASS_FWD ? bias : NULL);
+    conv_desc(&d, g, CONV_PASS_FWD, dnnl_convolution_winograd, &x, &w, &y, pass == CONV_PASS_FWD ? bias : NULL);
     fwd = pd_create_or_null(&d, attr, NULL);
     if (pass == CONV_PASS_FWD || !fwd) return fwd;
   }
-  conv_desc(&d, g, pass, dnnl_convolution_winograd, x, w, y, pass == CONV_PASS_BWD_WEIGHTS ? bias : NULL);
+  conv_desc(&d, g, pass, dnnl_convolution_winograd, &x, &w, &y, pass == CONV_PASS_BWD_WEIGHTS ? bias : NULL);
   dnnl_primitive_desc_t pd = pd_create_or_null(&d, attr, hint ? hint : fwd);
   if (fwd) DNNL_CHECK(dnnl_primitive_desc_destroy(fwd));
   return pd;
@@ -258,12 +269,8 @@ static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, ConvImpl 
   DNNL_CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
 
   dnnl_primitive_desc_t pd = NULL;
-  if (impl == CONV_IMPL_ONEDNN_WINOGRAD) {  // format_tag any everywhere: oneDNN's choice
-    md_init(&xa, 4, xd, dnnl_format_tag_any);
-    md_init(&wa, 4, wd, dnnl_format_tag_any);
-    md_init(&ya, 4, yd, dnnl_format_tag_any);
-    pd = winograd_pd_create(g, pass, &xa, &wa, &ya, bias ? &bmd : NULL, attr, hint_winograd ? hint : NULL);
-  }
+  if (impl == CONV_IMPL_ONEDNN_WINOGRAD)
+    pd = winograd_pd_create(g, pass, bias ? &bmd : NULL, attr, hint_winograd ? hint : NULL);
   bool winograd = pd != NULL;
   if (!winograd) {  // the direct convolution
     if (hint_winograd) hint = NULL;
@@ -296,11 +303,6 @@ static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, ConvImpl 
   }
   DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
 
-  static const int args[3][3] = {
-      [CONV_PASS_FWD] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST},
-      [CONV_PASS_BWD_DATA] = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC},
-      [CONV_PASS_BWD_WEIGHTS] = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS},
-  };
   const dnnl_memory_desc_t *users[3][3] = {
       [CONV_PASS_FWD] = {&xu, &wu, &yu},
       [CONV_PASS_BWD_DATA] = {&yu, &wu, &xu},
@@ -315,7 +317,7 @@ static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, ConvImpl 
   p->bias_md = bmd;
   for (int i = 0; i < 3; i++) {
     ConvArg *a = &p->a[i];
-    a->arg = args[pass][i];
+    a->arg = pass_args[pass][i];
     a->user = *users[pass][i];
     const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, a->arg);
     DETR_CHECK(md, "oneDNN: dnnl_primitive_desc_query_md found no memory for argument %d", a->arg);
@@ -490,11 +492,7 @@ bool onednn_conv2d_has_winograd(void) {
     onednn_init();
     ConvGeom g = {.batch = 1, .in_ch = 16, .in_h = 8, .in_w = 8, .out_ch = 16, .out_h = 8, .out_w = 8, .kh = 3,
                   .kw = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1};
-    dnnl_dims_t xd = {1, 16, 8, 8}, wd = {16, 16, 3, 3};
-    dnnl_memory_desc_t x, w;
-    md_init(&x, 4, xd, dnnl_format_tag_any);
-    md_init(&w, 4, wd, dnnl_format_tag_any);
-    dnnl_primitive_desc_t pd = winograd_pd_create(&g, CONV_PASS_FWD, &x, &w, &x, NULL, NULL, NULL);
+    dnnl_primitive_desc_t pd = winograd_pd_create(&g, CONV_PASS_FWD, NULL, NULL, NULL);
     has = pd != NULL;
     if (pd) DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
   }
@@ -555,28 +553,17 @@ int64_t onednn_conv2d_winograd_workspace_floats(const ConvGeom *g, ConvPass pass
     }
     if (winograd_sizes[i].used < winograd_sizes[victim].used) victim = i;
   }
-  dnnl_dims_t xd = {run.batch, run.in_ch, run.in_h, run.in_w}, wd = {run.out_ch, run.in_ch, run.kh, run.kw};
-  dnnl_dims_t yd = {run.batch, run.out_ch, run.out_h, run.out_w};
-  dnnl_memory_desc_t x, w, y;
-  md_init(&x, 4, xd, dnnl_format_tag_any);
-  md_init(&w, 4, wd, dnnl_format_tag_any);
-  md_init(&y, 4, yd, dnnl_format_tag_any);
   dnnl_primitive_attr_t attr;
   DNNL_CHECK(dnnl_primitive_attr_create(&attr));
   DNNL_CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
-  dnnl_primitive_desc_t pd = winograd_pd_create(&run, pass, &x, &w, &y, NULL, attr, NULL);
+  dnnl_primitive_desc_t pd = winograd_pd_create(&run, pass, NULL, attr, NULL);
   DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
   int64_t floats = -1;
   if (pd) {  // as pass_buffer_bytes: the scratchpad and a copy of each argument (all in Winograd's layouts)
     const dnnl_memory_desc_t *scratch = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     size_t bytes = scratch ? round64(dnnl_memory_desc_get_size(scratch)) : 0;
-    static const int args[3][3] = {
-        [CONV_PASS_FWD] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST},
-        [CONV_PASS_BWD_DATA] = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC},
-        [CONV_PASS_BWD_WEIGHTS] = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS},
-    };
     for (int i = 0; i < 3; i++)
-      bytes += round64(dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, args[pass][i])));
+      bytes += round64(dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, pass_args[pass][i])));
     floats = (int64_t)((bytes + sizeof(float) - 1) / sizeof(float));
     DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
   }
