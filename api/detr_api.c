@@ -198,6 +198,10 @@ const char *detr_label_name(const detr_model *model, int label) {
   return model && label >= 0 && label < model->n_labels ? model->names[label] : NULL;
 }
 
+double detr_default_threshold(const detr_model *model) {
+  return model ? detr_classes(&model->net->cfg)->score_threshold : 0.0;
+}
+
 void detr_input_size(const detr_model *model, int *image_size, int *max_size) {
   if (image_size) *image_size = model ? model->image_size : 0;
   if (max_size) *max_size = model ? model->max_size : 0;

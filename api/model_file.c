@@ -82,7 +82,7 @@ int model_config_line(DetrConfig *cfg, char *line, const char *where, char *err,
     return -1;
   }
   *eq = 0;
-  char local[256];
+  char local[2048];  // an unknown key's message lists every key
   if (detr_config_set(cfg, start, eq + 1, local, sizeof local)) {
     snprintf(err, err_cap, "%s: %s", where, local);
     return -1;
@@ -156,8 +156,9 @@ int model_config_load(const char *config, const char *const *sets, int n_sets, D
 
 // --- checkpoint metadata -----------------------------------------------------------------------
 
-// The value of --flag in a stored command line ("train --data d --image-size 256 ..."), or -1.
-static long long flag_in_command(const char *cmd, const char *flag) {
+// The value of --flag in a stored command line ("train --data d --image-size 256 ..."): `absent`
+// when the flag is not there, -1 when its value is not an integer.
+static long long flag_in_command(const char *cmd, const char *flag, long long absent) {
   size_t fl = strlen(flag);
   for (const char *p = cmd; p && *p;) {
     p += strspn(p, " ");
@@ -172,7 +173,7 @@ static long long flag_in_command(const char *cmd, const char *flag) {
     }
     p += len;
   }
-  return -1;
+  return absent;
 }
 
 // A checkpoint's config (stored, then the overrides) against the file's own tensors, before a
@@ -208,7 +209,7 @@ static int check_config_tensors(const StFile *f, const DetrConfig *c, bool overr
 }
 
 int checkpoint_info_read(const StFile *f, CheckpointInfo *ci, char *err, size_t cap) {
-  *ci = (CheckpointInfo){.image_size = -1, .max_size = -1, .pad_multiple = -1};
+  *ci = (CheckpointInfo){.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
   const char *mc = st_metadata(f, "model_config");
   if (!is_checkpoint(f)) {
     not_a_checkpoint(f, "plain model weights load with --weights (detr_open_weights)", err, cap);
@@ -228,10 +229,11 @@ int checkpoint_info_read(const StFile *f, CheckpointInfo *ci, char *err, size_t 
   if (rc) return -1;
   const char *cats = st_metadata(f, "categories"), *train = st_metadata(f, "train_config");
   if (cats && *cats) ci->categories = copy_text(cats);
-  if (train) {
-    ci->image_size = flag_in_command(train, "--image-size");
-    ci->max_size = flag_in_command(train, "--max-size");
-    ci->pad_multiple = flag_in_command(train, "--pad-multiple");
+  if (train && *train) {  // "": a checkpoint written by no training run (tests, tools)
+    ci->image_size = flag_in_command(train, "--image-size", -1);
+    ci->max_size = flag_in_command(train, "--max-size", -1);
+    ci->pad_multiple = flag_in_command(train, "--pad-multiple", -1);
+    ci->batch = flag_in_command(train, "--batch", CHECKPOINT_TRAIN_DEFAULT_BATCH);
   }
   return 0;
 }
@@ -487,7 +489,7 @@ static detr_status open_safetensors(const char *path, StFile **f, char *err, siz
 detr_status model_file_load(const char *checkpoint, const char *weights, const char *config, const char *const *sets,
                             int n_sets, Device dev, DetrModel **out, CheckpointInfo *info, char *err, size_t cap) {
   *out = NULL;
-  CheckpointInfo ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1};
+  CheckpointInfo ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
   if (info) *info = ci;
   if ((checkpoint != NULL) == (weights != NULL)) {
     snprintf(err, cap, "give exactly one of a checkpoint and weights");

@@ -41,7 +41,10 @@ typedef struct {
   char *categories;                // "id:name;..." of the training data, or NULL
   long long image_size, max_size;  // --image-size / --max-size of the training command, or -1
   long long pad_multiple;          // --pad-multiple of the training command, or -1
+  long long batch;                 // --batch of the training command (its default when absent), or -1
 } CheckpointInfo;
+// detr train's --batch when none is given: a stored command without --batch ran with it.
+#define CHECKPOINT_TRAIN_DEFAULT_BATCH 2
 
 // From an open file: checks the format (not the crc: checkpoint_verify) and reads the stored
 // config. Returns 0, or -1 with err naming the file.

@@ -729,7 +729,9 @@ static int build_dataset(Parser *p, CocoDataset *ds) {
     if (!(bw > 0 && bh > 0)) {
       s->skipped_annotations++;
       s->zero_size_boxes++;
-      if (!bad_item(p, "%s: zero-size box [%g, %g, %g, %g]", where, x0, y0, bw, bh)) return DATA_ERROR;
+      if (!bad_item(p, "%s: box [%g, %g, %g, %g] has %s: a COCO bbox is [x, y, width, height] with both > 0", where, x0,
+                    y0, bw, bh, bw < 0 || bh < 0 ? "a negative width or height" : "no area"))
+        return DATA_ERROR;
       continue;
     }
     double cx0 = fmax(x0, 0), cy0 = fmax(y0, 0), cx1 = fmin(x0 + bw, im->width), cy1 = fmin(y0 + bh, im->height);
@@ -810,9 +812,9 @@ static int check_images(CocoDataset *ds, BadInputPolicy policy, int64_t *warning
     keep[i] = true;
     bool missing = false, bad = false;
     struct stat st;
-    int stat_errno = stat(path, &st) != 0 ? errno : 0;
-    if (stat_errno || !S_ISREG(st.st_mode)) {
-      snprintf(e.msg, sizeof e.msg, "%s: missing image file: %s", path, stat_errno ? strerror(stat_errno) : "not a regular file");
+    if (stat(path, &st) != 0) {
+      snprintf(e.msg, sizeof e.msg, "%s: missing image file: %s (file_name \"%s\" is read from %s/)", path,
+               strerror(errno), im->file_name, ds->image_dir);
       missing = bad = true;
     } else if (image_read_header(path, &w, &h, &e) != DATA_OK) {
       bad = true;
@@ -840,6 +842,64 @@ static int check_images(CocoDataset *ds, BadInputPolicy policy, int64_t *warning
   return rc;
 }
 
+static int cmp_image_file(const void *a, const void *b) {
+  const CocoImage *x = *(CocoImage *const *)a, *y = *(CocoImage *const *)b;
+  int c = strcmp(x->file_name, y->file_name);
+  return c ? c : (x->id > y->id) - (x->id < y->id);
+}
+
+// One file under two image ids (an image counted twice, or a copy-paste slip): an error, or under
+// skip the later id dropped with its annotations.
+static int check_duplicate_files(Parser *p, CocoDataset *ds) {
+  if (ds->n_images < 2) return DATA_OK;
+  CocoImage **by_name = data_malloc(sizeof(CocoImage *) * (size_t)ds->n_images, "images by file name");  // [n_images]
+  for (int64_t i = 0; i < ds->n_images; i++) by_name[i] = &ds->images[i];
+  qsort(by_name, (size_t)ds->n_images, sizeof *by_name, cmp_image_file);
+  bool *keep = NULL;
+  int rc = DATA_OK;
+  for (int64_t i = 1; i < ds->n_images && rc == DATA_OK; i++) {
+    const CocoImage *a = by_name[i - 1], *b = by_name[i];
+    if (strcmp(a->file_name, b->file_name)) continue;
+    ds->stats.duplicate_files++;
+    if (!bad_item(p, "%s: image ids %lld and %lld both name the file %s: one picture counted twice", p->path,
+                  (long long)a->id, (long long)b->id, b->file_name)) {
+      rc = DATA_ERROR;
+      break;
+    }
+    if (!keep) {
+      keep = data_malloc(sizeof(bool) * (size_t)ds->n_images, "image keep flags");  // [n_images]
+      for (int64_t k = 0; k < ds->n_images; k++) keep[k] = true;
+    }
+    keep[b - ds->images] = false;
+    ds->stats.skipped_images++;
+  }
+  if (rc == DATA_OK && keep) remove_images(ds, keep);
+  free(keep);
+  free(by_name);
+  return rc;
+}
+
+// Boxes written as [x0, y0, x1, y1]: read as COCO's [x, y, width, height], many reach past their
+// image (then clipped: a model trained on them learns wrong boxes in silence), while read as
+// corners every one fits. An error under either policy: the whole file is in the wrong format.
+static int check_box_format(const CocoDataset *ds, DataError *err) {
+  int64_t boxes = 0, past = 0, fit_as_corners = 0;
+  for (int64_t i = 0; i < ds->n_anns; i++) {
+    const CocoAnn *a = &ds->anns[i];
+    if (a->iscrowd) continue;
+    const CocoImage *im = &ds->images[a->image_index];
+    double x = a->bbox[0], y = a->bbox[1], w = a->bbox[2], h = a->bbox[3];
+    boxes++;
+    past += x + w > im->width + 1.0 || y + h > im->height + 1.0;
+    fit_as_corners += w > x && h > y && w <= im->width + 1.0 && h <= im->height + 1.0;
+  }
+  if (boxes < 4 || past * 5 < boxes || fit_as_corners * 100 < boxes * 95) return DATA_OK;
+  return data_error(err, "%s: %lld of %lld boxes (%.0f%%) reach past their image read as COCO's [x, y, width, height], "
+                    "and %lld fit it read as [x0, y0, x1, y1]: the boxes look like corners. Write each bbox as [x0, y0, "
+                    "x1 - x0, y1 - y0]", ds->ann_path, (long long)past, (long long)boxes, 100.0 * (double)past / (double)boxes,
+                    (long long)fit_as_corners);
+}
+
 void coco_print_stats(const CocoDataset *ds, FILE *f) {
   const CocoStats *s = &ds->stats;
   fprintf(f, "%s: %lld images, %lld annotations (%lld crowd), %lld categories, %lld images without annotations",
@@ -854,8 +914,9 @@ void coco_print_stats(const CocoDataset *ds, FILE *f) {
       int64_t n;
     } kinds[] = {{"malformed items", s->malformed_items},          {"duplicate ids", s->duplicate_ids},
                  {"unknown image ids", s->unknown_image_ids},      {"unknown category ids", s->unknown_category_ids},
-                 {"zero-size boxes", s->zero_size_boxes},          {"out-of-image boxes", s->out_of_image_boxes},
-                 {"missing image files", s->missing_images},       {"corrupt images", s->corrupt_images}};
+                 {"empty or negative boxes", s->zero_size_boxes},          {"out-of-image boxes", s->out_of_image_boxes},
+                 {"missing image files", s->missing_images},       {"corrupt images", s->corrupt_images},
+                 {"files named twice", s->duplicate_files}};
     const char *sep = " ";
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
       if (!kinds[k].n) continue;
@@ -880,6 +941,8 @@ int coco_open(const CocoOpenConfig *cfg, CocoDataset **out, DataError *err) {
   Parser p = {.path = cfg->ann_path, .policy = cfg->policy, .err = err, .stats = &ds->stats};
   int rc = parse_file(&p);
   if (rc == DATA_OK) rc = build_dataset(&p, ds);
+  if (rc == DATA_OK) rc = check_duplicate_files(&p, ds);
+  if (rc == DATA_OK) rc = check_box_format(ds, err);
   free(p.images);
   free(p.anns);
   free(p.cats);

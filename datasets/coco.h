@@ -62,6 +62,7 @@ typedef struct {
   int64_t unknown_image_ids;    // annotation of an image the file does not list
   int64_t unknown_category_ids; // annotation with a category the file does not list
   int64_t zero_size_boxes;      // bbox width or height <= 0
+  int64_t duplicate_files;      // an image file named by a second image id
   int64_t out_of_image_boxes;   // bbox entirely outside its image
   int64_t missing_images;       // image file absent or unreadable (check_images)
   int64_t corrupt_images;       // not a JPEG/PNG, or a size other than the file states (check_images)

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <stb/stb_image.h>
 #include <stb/stb_image_write.h>
@@ -158,10 +159,24 @@ int image_decode_memory(const uint8_t *buf, size_t n, const char *name, Image *o
   return DATA_OK;
 }
 
+// fopen succeeds on a folder, whose "size" is then LONG_MAX: a folder is named as such.
+static FILE *open_image_file(const char *path, DataError *err) {
+  FILE *f = fopen(path, "rb");
+  struct stat st;
+  if (!f) {
+    data_error(err, "%s: cannot open image: %s", path, strerror(errno));
+  } else if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode)) {
+    data_error(err, "%s: is a %s, not an image file", path, S_ISDIR(st.st_mode) ? "folder" : "special file");
+    fclose(f);
+    f = NULL;
+  }
+  return f;
+}
+
 int image_decode_file(const char *path, Image *out, DataError *err) {
   *out = (Image){0};
-  FILE *f = fopen(path, "rb");
-  if (!f) return data_error(err, "%s: cannot open image: %s", path, strerror(errno));
+  FILE *f = open_image_file(path, err);
+  if (!f) return DATA_ERROR;
   int rc = DATA_OK;
   uint8_t *buf = NULL;
   long size = -1;
@@ -218,8 +233,8 @@ static bool jpeg_header_tables_ok(FILE *f) {
 }
 
 int image_read_header(const char *path, int *w, int *h, DataError *err) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return data_error(err, "%s: cannot open image: %s", path, strerror(errno));
+  FILE *f = open_image_file(path, err);
+  if (!f) return DATA_ERROR;
   if (!jpeg_header_tables_ok(f)) {
     fclose(f);
     return data_error(err, "%s: corrupt JPEG (a Huffman table with more than 256 codes)", path);

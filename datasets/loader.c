@@ -94,6 +94,7 @@ struct DataLoader {
   int64_t next_claim;    // next batch a worker starts
   int64_t next_deliver;  // next batch loader_next returns (or the one the consumer holds)
   int64_t end_g;         // one past the last batch (single pass), else INT64_MAX
+  int64_t empty_run;     // batches in a row whose every image was skipped: an epoch of them is an error
   bool holding;          // the consumer holds slot next_deliver (or `spare`)
   bool holding_spare;
   Slot spare;            // a batch the consumer builds itself while its slot is still a worker's
@@ -358,6 +359,7 @@ static void reset_to(DataLoader *L, LoaderPosition pos) {
   L->end_g = L->cfg.single_pass ? (g / L->bpe + 1) * L->bpe : INT64_MAX;
   L->holding = L->holding_spare = false;
   L->failed = false;
+  L->empty_run = 0;
 }
 
 int loader_create(const CocoDataset *ds, const LoaderConfig *cfg, LoaderPosition start, DataLoader **out,
@@ -502,8 +504,15 @@ int loader_next(DataLoader *L, const Batch **out, DataError *err) {
       if (got == slot) slot->state = SLOT_EMPTY;
       L->next_deliver++;
       pthread_cond_broadcast(&L->work_cv);
+      if (++L->empty_run >= L->bpe) {  // not one image of a whole epoch could be read: nothing will come
+        L->failed = true;
+        data_error(&L->fail_err, "%s: no image of a whole epoch could be read (%lld batches, %lld images skipped so "
+                   "far; see the warnings above)", L->ds->ann_path, (long long)L->bpe,
+                   (long long)L->stats.skipped_images);
+      }
       continue;
     }
+    L->empty_run = 0;
     L->holding = true;
     L->holding_spare = got == &L->spare;
     *out = &got->batch;

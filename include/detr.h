@@ -123,6 +123,9 @@ DETR_API void detr_close(detr_model *model);
 DETR_API int detr_num_labels(const detr_model *model);
 /* The name of a label ("class <label>" when the model has none; NULL outside the range). */
 DETR_API const char *detr_label_name(const detr_model *model, int label);
+/* A score threshold that suits the model's class head: 0.5 for DETR's softmax, 0.3 for sigmoid
+ * (focal-loss) heads such as Conditional DETR's, whose scores run lower (0 for a NULL model). */
+DETR_API double detr_default_threshold(const detr_model *model);
 /* The sizes images are resized to before the forward pass (either pointer may be NULL). */
 DETR_API void detr_input_size(const detr_model *model, int *image_size, int *max_size);
 

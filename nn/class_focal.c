@@ -55,6 +55,7 @@ const ClassHead class_head_focal = {
     .extra_columns = 0,
     .weight_ce = 2.0f,
     .cost_class = 2.0f,
+    .score_threshold = 0.3f,  // sigmoid scores run lower than softmax's (tools/main.sh uses 0.3)
     .probabilities = probabilities,
     .match_cost = match_cost,
     .loss = loss,

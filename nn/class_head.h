@@ -24,6 +24,7 @@ typedef struct ClassHead {
   const char *name;
   int extra_columns;            // logits columns beyond the C classes (softmax: 1, the no-object)
   float weight_ce, cost_class;  // the loss's weight in the total and the matcher's class-cost weight
+  float score_threshold;        // a detection's score worth showing (detr predict's default --threshold)
   // Host logits [rows, cols] -> probabilities in place (softmax over the row, or sigmoids).
   void (*probabilities)(float *x, int64_t rows, int64_t cols);
   // The matcher's class cost of a query with probabilities prob [cols] for a target of class label.

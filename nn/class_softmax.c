@@ -45,6 +45,7 @@ const ClassHead class_head_softmax = {
     .extra_columns = 1,
     .weight_ce = 1.0f,
     .cost_class = 1.0f,
+    .score_threshold = 0.5f,
     .probabilities = probabilities,
     .match_cost = match_cost,
     .loss = loss,

@@ -53,19 +53,30 @@ typedef struct {
   const char *key;
   FieldType type;
   size_t offset;
+  const char *help;  // one line for `--help` (detr_config_key)
 } Field;
 
-#define F(key, type) {#key, type, offsetof(DetrConfig, key)}
+#define F(key, type, help) {#key, type, offsetof(DetrConfig, key), help}
 static const Field FIELDS[] = {
-    {"backbone", FIELD_INT32, offsetof(DetrConfig, backbone_depth)},
-    {"backbone_width", FIELD_INT32, offsetof(DetrConfig, backbone_width)},
-    {"backbone_layers", FIELD_INT32, offsetof(DetrConfig, backbone_layers)},
-    F(dilation, FIELD_BOOL), F(train_backbone, FIELD_BOOL),
-    {"frozen_stages", FIELD_INT32, offsetof(DetrConfig, frozen_stages)}, F(hidden_dim, FIELD_INT), F(nheads, FIELD_INT),
-    F(enc_layers, FIELD_INT), F(dec_layers, FIELD_INT), F(ffn_dim, FIELD_INT), F(num_queries, FIELD_INT),
-    F(num_classes, FIELD_INT), F(dropout, FIELD_FLOAT), F(pre_norm, FIELD_BOOL), F(aux_loss, FIELD_BOOL),
-    F(tf32, FIELD_BOOL),
+    {"backbone", FIELD_INT32, offsetof(DetrConfig, backbone_depth), "ResNet depth: 18, 34, 50 or 101"},
+    {"backbone_width", FIELD_INT32, offsetof(DetrConfig, backbone_width), "channels of the stem and layer1 (0: 64)"},
+    {"backbone_layers", FIELD_INT32, offsetof(DetrConfig, backbone_layers), "4 (stride 32) or 3 (stop after layer3: stride 16)"},
+    F(dilation, FIELD_BOOL, "DC5: layer4 dilated instead of strided (ResNet-50/101)"),
+    F(train_backbone, FIELD_BOOL, "the backbone trains at all"),
+    {"frozen_stages", FIELD_INT32, offsetof(DetrConfig, frozen_stages), "leading backbone stages kept frozen (2: stem + layer1)"},
+    F(hidden_dim, FIELD_INT, "the transformer's width"),
+    F(nheads, FIELD_INT, "attention heads (divides hidden_dim)"),
+    F(enc_layers, FIELD_INT, "encoder layers, 0..12"),
+    F(dec_layers, FIELD_INT, "decoder layers, 1..12"),
+    F(ffn_dim, FIELD_INT, "the feed-forward layers' width (the reference's dim_feedforward)"),
+    F(num_queries, FIELD_INT, "object queries: detections per image"),
+    F(num_classes, FIELD_INT, "largest category id + 1"),
+    F(dropout, FIELD_FLOAT, "the transformer's dropout, in [0, 1)"),
+    F(pre_norm, FIELD_BOOL, "LayerNorm before each sublayer instead of after"),
+    F(aux_loss, FIELD_BOOL, "losses on every decoder layer's output"),
+    F(tf32, FIELD_BOOL, "CUDA: TF32 matmuls and convolutions"),
 };
+#define N_FIELDS (int)(sizeof FIELDS / sizeof FIELDS[0])
 
 const ClassHead *detr_classes(const DetrConfig *cfg) { return decoder_classes(detr_decoder(cfg)); }
 
@@ -105,6 +116,47 @@ static int set_encoder_attn(DetrConfig *cfg, const char *key, const char *value,
 }
 #undef F
 
+// The keys beyond the fields, in the order detr_config_key lists them.
+static const char *const KIND_KEYS[] = {"encoder_attn", "decoder", "decoder_cross_attn"};
+
+const char *detr_config_key(int i, char *help, size_t cap) {
+  char names[256];
+  if (i < 0) return NULL;
+  if (i < N_FIELDS) {
+    if (help) snprintf(help, cap, "%s", FIELDS[i].help);
+    return FIELDS[i].key;
+  }
+  i -= N_FIELDS;
+  if (i < 3) {
+    if (help && i == 0)
+      snprintf(help, cap, "the encoder's self-attention: %s (docs/attention.md)", encoder_attn_names(names, sizeof names));
+    else if (help && i == 1)
+      snprintf(help, cap, "the decoder: %s (docs/conditional_detr.md)", decoder_names(names, sizeof names));
+    else if (help)
+      snprintf(help, cap, "the decoder's cross-attention: %s with decoder=detr (docs/kmeans_cross_attention.md)",
+               decoder_cross_attn_names(decoder_default(), names, sizeof names));
+    return KIND_KEYS[i];
+  }
+  i -= 3;
+  for (int k = 0; k < encoder_attn_count(); k++) {  // each variant: its NAME=true shortcut, its settings
+    const EncoderAttnKind *kind = encoder_attn_at(k);
+    if (i == 0) {
+      if (help) snprintf(help, cap, "true: encoder_attn=%s", kind->name);
+      return kind->name;
+    }
+    if (--i < kind->n_settings) {
+      const AttnSettingSpec *sp = &kind->settings[i];
+      char dflt[32];
+      if (sp->type == ATTN_SETTING_BOOL) snprintf(dflt, sizeof dflt, "%s", sp->default_value != 0 ? "true" : "false");
+      else snprintf(dflt, sizeof dflt, "%g", sp->default_value);
+      if (help) snprintf(help, cap, "%s: %s (default %s)", kind->name, sp->help, dflt);
+      return sp->key;
+    }
+    i -= kind->n_settings;
+  }
+  return NULL;
+}
+
 int detr_config_set(DetrConfig *cfg, const char *key, const char *value, char *err, size_t err_cap) {
   if (!strcmp(key, "decoder")) {
     const DecoderKind *k = decoder_find(value);
@@ -129,7 +181,7 @@ int detr_config_set(DetrConfig *cfg, const char *key, const char *value, char *e
   }
   int attn = set_encoder_attn(cfg, key, value, err, err_cap);
   if (attn) return attn > 0 ? 0 : -1;
-  for (size_t i = 0; i < sizeof FIELDS / sizeof FIELDS[0]; i++) {
+  for (int i = 0; i < N_FIELDS; i++) {
     if (strcmp(FIELDS[i].key, key)) continue;
     char *at = (char *)cfg + FIELDS[i].offset, *end = NULL;
     errno = 0;
@@ -164,13 +216,17 @@ int detr_config_set(DetrConfig *cfg, const char *key, const char *value, char *e
     }
     return 0;
   }
-  snprintf(err, err_cap, "config: unknown field '%s'", key);
+  size_t n = (size_t)snprintf(err, err_cap, "config: unknown key '%s' (the keys:", key);
+  const char *k;
+  for (int i = 0; (k = detr_config_key(i, NULL, 0)) && n < err_cap; i++)
+    n += (size_t)snprintf(err + n, err_cap - n, "%s %s", i ? "," : "", k);
+  if (n < err_cap) snprintf(err + n, err_cap - n, "; `detr train --help` says what each sets)");
   return -1;
 }
 
 void detr_config_format(const DetrConfig *cfg, char *buf, size_t cap) {
   size_t n = 0;
-  for (size_t i = 0; i < sizeof FIELDS / sizeof FIELDS[0] && n < cap; i++) {
+  for (int i = 0; i < N_FIELDS && n < cap; i++) {
     const char *at = (const char *)cfg + FIELDS[i].offset;
     if (FIELDS[i].type == FIELD_BOOL)
       n += (size_t)snprintf(buf + n, cap - n, "%s=%s\n", FIELDS[i].key, *(const bool *)at ? "true" : "false");

@@ -38,6 +38,11 @@ int detr_config_preset(const char *name, DetrConfig *cfg);
 extern const char *const DETR_PRESETS[];  // the names above, NULL-terminated
 // Sets one field from text, e.g. ("hidden_dim", "128"). Returns 0, or -1 with err set.
 int detr_config_set(DetrConfig *cfg, const char *key, const char *value, char *err, size_t err_cap);
+// Key i of those detr_config_set takes (i = 0, 1, ...; NULL past the last): the fields, then
+// encoder_attn, decoder and decoder_cross_attn, then each encoder variant's NAME=true shortcut
+// and settings. help (may be NULL) receives a line saying what it sets. The one list of the keys:
+// messages and `--help` take it from here.
+const char *detr_config_key(int i, char *help, size_t cap);
 // "key=value" lines of every field (readable by detr_config_set), into buf.
 void detr_config_format(const DetrConfig *cfg, char *buf, size_t cap);
 // The encoder's attention variant (dense when unset) and the decoder (detr when unset).

@@ -260,8 +260,8 @@ static const BadItemCase bad_item_cases[] = {
      offsetof(CocoStats, malformed_items), 1, 1},
     {NULL, "42", "annotations[1]: not a JSON object", offsetof(CocoStats, malformed_items), 1, 1},
     {NULL, "{\"id\": 5, \"image_id\": 1, \"category_id\": 3, \"bbox\": [10, 10, 0, 5]}",
-     "annotations[1] (id 5, image_id 1): zero-size box", offsetof(CocoStats, zero_size_boxes), 1, 1},
-    {NULL, "{\"id\": 5, \"image_id\": 1, \"category_id\": 3, \"bbox\": [10, 10, -3, 5]}", "zero-size box",
+     "annotations[1] (id 5, image_id 1): box [10, 10, 0, 5] has no area", offsetof(CocoStats, zero_size_boxes), 1, 1},
+    {NULL, "{\"id\": 5, \"image_id\": 1, \"category_id\": 3, \"bbox\": [10, 10, -3, 5]}", "has a negative width or height",
      offsetof(CocoStats, zero_size_boxes), 1, 1},
     {NULL, "{\"id\": 5, \"image_id\": 1, \"category_id\": 3, \"bbox\": [200, 10, 5, 5]}",
      "box [200, 10, 5, 5] lies outside the 100x80 image", offsetof(CocoStats, out_of_image_boxes), 1, 1},
@@ -1122,6 +1122,67 @@ START_TEST(loader_unreadable_images_policy) {
 }
 END_TEST
 
+// Under skip, images that all vanish after the open (no check at open) end the endless training
+// stream with an error after one epoch of empty batches, instead of spinning forever.
+START_TEST(loader_no_readable_image_is_an_error) {
+  ck_assert_int_eq(mkdir(at("img"), 0755), 0);
+  write_text(at("ann.json"),
+             "{\"images\": [{\"id\": 1, \"file_name\": \"1.jpg\", \"width\": 32, \"height\": 24},\n"
+             "  {\"id\": 2, \"file_name\": \"2.jpg\", \"width\": 32, \"height\": 24},\n"
+             "  {\"id\": 3, \"file_name\": \"3.jpg\", \"width\": 32, \"height\": 24}],\n"
+             " \"categories\": [{\"id\": 1, \"name\": \"c\"}]}");
+  CocoDataset *ds = open_ok(at("ann.json"), at("img"), BAD_INPUT_SKIP, false);
+  for (int workers = 0; workers <= 2; workers += 2) {
+    LoaderConfig cfg = loader_config_default(true);  // training: no end of its own
+    cfg.aug = aug_config_scaled(false, 24, 64);
+    cfg.batch_size = 1;
+    cfg.num_workers = workers;
+    cfg.policy = BAD_INPUT_SKIP;
+    cfg.quiet = true;
+    DataLoader *L;
+    DataError err;
+    const Batch *b;
+    ck_assert_int_eq(loader_create(ds, &cfg, (LoaderPosition){0, 0}, &L, &err), DATA_OK);
+    ck_assert_int_eq(loader_next(L, &b, &err), DATA_ERROR);
+    ck_assert_msg(strstr(err.msg, "no image of a whole epoch could be read"), "%s", err.msg);
+    loader_free(L);
+  }
+  coco_free(ds);
+}
+END_TEST
+
+// One file under two ids, and boxes written as corners: refused at open with what to do.
+START_TEST(duplicate_files_and_corner_boxes) {
+  write_text(at("dup.json"),
+             "{\"images\": [{\"id\": 1, \"file_name\": \"a.jpg\", \"width\": 32, \"height\": 24},\n"
+             "  {\"id\": 2, \"file_name\": \"a.jpg\", \"width\": 32, \"height\": 24}],\n"
+             " \"annotations\": [{\"id\": 1, \"image_id\": 2, \"category_id\": 1, \"bbox\": [1, 1, 5, 5]}],\n"
+             " \"categories\": [{\"id\": 1, \"name\": \"c\"}]}");
+  open_fails(at("dup.json"), NULL, BAD_INPUT_FAIL, false, "image ids 1 and 2 both name the file a.jpg");
+  CocoDataset *ds = open_ok(at("dup.json"), NULL, BAD_INPUT_SKIP, false);
+  ck_assert(ds->n_images == 1 && ds->images[0].id == 1 && ds->n_anns == 0 && ds->stats.duplicate_files == 1);
+  coco_free(ds);
+  // Corners [x0, y0, x1, y1] of boxes in the right half of a 100x100 image: as [x, y, w, h] they
+  // reach past it. Real COCO-style boxes near the border (one of four past it) pass.
+  const char *corners = "{\"images\": [{\"id\": 1, \"file_name\": \"a.jpg\", \"width\": 100, \"height\": 100}],\n"
+                        " \"annotations\": [%s],\n \"categories\": [{\"id\": 1, \"name\": \"c\"}]}";
+  char json[1024], anns[512] = "";
+  for (int i = 0, n = 0; i < 4; i++)
+    n += snprintf(anns + n, sizeof anns - (size_t)n, "%s{\"id\": %d, \"image_id\": 1, \"category_id\": 1, \"bbox\": "
+                  "[%d, %d, %d, %d]}", i ? ", " : "", i + 1, 50 + i, 40 + i, 90 + i, 80 + i);
+  snprintf(json, sizeof json, corners, anns);
+  write_text(at("xyxy.json"), json);
+  open_fails(at("xyxy.json"), NULL, BAD_INPUT_SKIP, false, "the boxes look like corners");
+  snprintf(json, sizeof json, corners,
+           "{\"id\": 1, \"image_id\": 1, \"category_id\": 1, \"bbox\": [60, 40, 30, 20]},"
+           "{\"id\": 2, \"image_id\": 1, \"category_id\": 1, \"bbox\": [10, 10, 20, 20]},"
+           "{\"id\": 3, \"image_id\": 1, \"category_id\": 1, \"bbox\": [5, 50, 20, 30]},"
+           "{\"id\": 4, \"image_id\": 1, \"category_id\": 1, \"bbox\": [80, 80, 30, 30]}");
+  write_text(at("xywh.json"), json);
+  coco_free(open_ok(at("xywh.json"), NULL, BAD_INPUT_FAIL, false));
+}
+END_TEST
+
 // --- the synthetic dataset -----------------------------------------------------------------------
 
 static bool same_file(const char *a, const char *b) {
@@ -1291,6 +1352,8 @@ int main(void) {
   tcase_add_test(tc, loader_consumer_builds_what_workers_have_not);
   tcase_add_test(tc, loader_resumes_at_saved_position);
   tcase_add_test(tc, loader_unreadable_images_policy);
+  tcase_add_test(tc, loader_no_readable_image_is_an_error);
+  tcase_add_test(tc, duplicate_files_and_corner_boxes);
   tcase_add_test(tc, synth_is_deterministic);
   tcase_add_test(tc, synth_has_what_coco_has);
   tcase_add_test(tc, crops_cut_every_box);

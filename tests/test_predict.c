@@ -3,6 +3,8 @@
 // and `detr info` verbs run as subprocesses of the built binary on a tiny model. predict's
 // detections are compared with the evaluation path's (COCO reader + val loader + forward +
 // post-processing) on the same image, so its preprocessing is evaluation's.
+// Then the usage of the verbs: flag suggestions, the config keys, the run defaults of eval and
+// predict (threads, batch, preset, threshold), categories against a checkpoint's, the progress line.
 #define _GNU_SOURCE  // mkdtemp, nftw, popen
 #include <check.h>
 #include <ftw.h>
@@ -20,8 +22,11 @@
 
 #include "datasets/loader.h"
 #include "nn/model_io.h"
+#include "include/detr.h"
 #include "train/checkpoint.h"
 #include "train/draw.h"
+#include "train/progress.h"
+#include "train/setup.h"
 #include "nn/postprocess.h"
 
 #ifndef DETR_BIN
@@ -739,6 +744,237 @@ START_TEST(predict_bad_input) {
 }
 END_TEST
 
+// --- usage: flag suggestions, config keys, run defaults -------------------------------------------
+
+// An unknown flag gets the flag the user probably meant: the reference's main.py names, dashes
+// for underscores, a close spelling; only flags the verb has.
+START_TEST(flag_suggestions) {
+  static char out[1 << 16];
+  const struct {
+    const char *args, *expect;
+  } cases[] = {
+      {"train --epoch 3", "unknown flag '--epoch' (did you mean --epochs? see detr train --help)"},
+      {"train --output_dir r", "did you mean --out?"},
+      {"train --coco_path d", "did you mean --data?"},
+      {"train --num_workers 2", "did you mean --workers?"},
+      {"train --lr_backbone 1e-5", "did you mean --lr-backbone?"},
+      {"train --clip_max_norm 0.1", "did you mean --clip?"},
+      {"eval --batch_size 2", "did you mean --batch?"},
+      {"train --dim_feedforward 64", "did you mean --set ffn_dim=N?"},
+      {"train --no_aux_loss", "did you mean --set aux_loss=false?"},
+      {"predict --num_queries 5", "did you mean --set num_queries=N?"},
+      {"train --start_epoch 3", "--resume"},
+      {"train --eval", "detr eval"},
+      {"predict --thresh 0.3", "did you mean --threshold?"},
+      {"eval --checkpiont c", "did you mean --checkpoint?"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ck_assert_int_eq(run(out, sizeof out, "%s %s", DETR_BIN, cases[i].args), 2);
+    ck_assert_msg(strstr(out, cases[i].expect), "detr %s: no '%s' in: %s", cases[i].args, cases[i].expect, out);
+  }
+  // Nothing close, or a flag the verb lacks: no suggestion.
+  const char *none[] = {"train --zzz 1", "eval --eos_coef 0.1", "eval --output_dir r", "info --set_cost_class 1"};
+  for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
+    ck_assert_int_eq(run(out, sizeof out, "%s %s", DETR_BIN, none[i]), 2);
+    ck_assert_msg(strstr(out, "unknown flag") && !strstr(out, "did you mean"), "detr %s: %s", none[i], out);
+  }
+  // The loss-weight flags are suggested where the verb has them.
+  ck_assert_int_eq(run(out, sizeof out, "%s train --help", DETR_BIN), 0);
+  bool has = strstr(out, "--eos-coef") != NULL;
+  ck_assert_int_eq(run(out, sizeof out, "%s train --eos_coef 0.1", DETR_BIN), 2);
+  ck_assert_msg(has == (strstr(out, "did you mean --eos-coef?") != NULL), "%s", out);
+}
+END_TEST
+
+// The --set keys: one list (nn/config.c) that the error for an unknown key and --help print, and
+// every key in it is one that detr_config_set takes.
+START_TEST(config_keys) {
+  DetrConfig cfg;
+  detr_config_preset("tiny", &cfg);
+  char err[2048], help[512];
+  const char *key;
+  int n = 0;
+  for (; (key = detr_config_key(n, help, sizeof help)); n++) {
+    ck_assert_msg(*help, "key %s has no help", key);
+    int rc = detr_config_set(&cfg, key, "not-a-value", err, sizeof err);
+    ck_assert_msg(rc == 0 || !strstr(err, "unknown key"), "%s: %s", key, err);
+  }
+  ck_assert_int_ge(n, 20);
+  ck_assert_int_eq(detr_config_set(&cfg, "ffn_dimm", "64", err, sizeof err), -1);
+  ck_assert_msg(strstr(err, "unknown key 'ffn_dimm'") && strstr(err, "ffn_dim,") && strstr(err, "enact_sigma") &&
+                    strstr(err, "decoder_cross_attn"),
+                "%s", err);
+  static char out[1 << 16];
+  ck_assert_int_eq(run(out, sizeof out, "%s predict --weights w --set hiden_dim=8 x.jpg --out %s", DETR_BIN, at("o")),
+                   2);
+  ck_assert_msg(strstr(out, "--set: config: unknown key 'hiden_dim'") && strstr(out, "hidden_dim"), "%s", out);
+  const char *verbs[] = {"train", "eval", "predict"};
+  for (int v = 0; v < 3; v++) {
+    ck_assert_int_eq(run(out, sizeof out, "%s %s --help", DETR_BIN, verbs[v]), 0);
+    ck_assert_msg(strstr(out, "model config keys") && strstr(out, "  ffn_dim ") && strstr(out, "  enact_sigma "),
+                  "detr %s --help: %s", verbs[v], out);
+  }
+  ck_assert_int_eq(run(out, sizeof out, "%s info --help", DETR_BIN), 0);  // no --set: no keys
+  ck_assert_ptr_null(strstr(out, "model config keys"));
+}
+END_TEST
+
+// The progress line counts epochs from 0, as the logs, metrics.jsonl and results-epoch<E>.json do.
+START_TEST(progress_epochs) {
+  fflush(stderr);
+  int saved = dup(2);
+  FILE *f = fopen(at("progress.txt"), "w");
+  ck_assert_int_ge(dup2(fileno(f), 2), 0);
+  Progress p;
+  progress_init(&p, true, 0, 100);
+  double terms[4] = {1, 2, 3, 4};
+  progress_update(&p, 1, 0, 50, 2, 0.5, terms, NULL);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  fclose(f);
+  char *text = read_text(at("progress.txt"));
+  ck_assert_msg(strstr(text, "step 1/100 epoch 0 (of 0-49)"), "%s", text);
+  free(text);
+}
+END_TEST
+
+// A dataset root in tmp/data: the fixture's image and names.json (categories 1 alpha, 3 be"ta) as
+// the val split.
+static void make_data(void) {
+  char cmd[1400];
+  snprintf(cmd, sizeof cmd, "mkdir -p %s/data/annotations %s/data/val && cp %s %s/data/annotations/instances_val.json "
+           "&& cp %s %s/data/val/img.jpg", tmp, tmp, at("names.json"), tmp, at("img.jpg"), tmp);
+  ck_assert_int_eq(system(cmd), 0);
+}
+
+// A checkpoint of m trained by `train_cmd`, with categories metadata (NULL: none).
+static void save_checkpoint(const DetrModel *m, const char *path, const char *train_cmd, const char *categories) {
+  char err[1024];
+  TrainState state = {.step = 1, .seed = 42};
+  ck_assert_msg(checkpoint_save(path, m, NULL, &state, train_cmd, categories, err, sizeof err) == 0, "%s", err);
+}
+
+START_TEST(checkpoint_batch) {
+  DetrModel *m = make_fixture();
+  const struct {
+    const char *cmd;
+    long long batch;
+  } cases[] = {{"train --data d --batch 4", 4}, {"train --data d --batch=3 --workers 1", 3}, {"train --data d", 2},
+               {NULL, -1}};
+  for (int i = 0; i < 4; i++) {
+    save_checkpoint(m, at("c.safetensors"), cases[i].cmd, NULL);
+    char err[1024];
+    StFile *f = st_open(at("c.safetensors"), err, sizeof err);
+    ck_assert_ptr_nonnull(f);
+    CheckpointInfo ci;
+    ck_assert_msg(checkpoint_info_read(f, &ci, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(ci.batch, cases[i].batch);
+    checkpoint_info_free(&ci);
+    st_close(f);
+  }
+  detr_model_free(m);
+}
+END_TEST
+
+START_TEST(categories_differ) {
+  DetrModel *m = make_fixture();
+  make_data();
+  CocoOpenConfig cc = {.ann_path = at("names.json"), .image_dir = tmp, .quiet = true};
+  CocoDataset *ds;
+  DataError derr;
+  ck_assert_msg(coco_open(&cc, &ds, &derr) == 0, "%s", derr.msg);
+  char msg[512];
+  ck_assert_int_eq(categories_compare(NULL, ds, msg, sizeof msg), 0);
+  ck_assert_int_eq(categories_compare("1:alpha;3:be\"ta", ds, msg, sizeof msg), 0);
+  ck_assert_int_eq(categories_compare("3:be\"ta;1:alpha", ds, msg, sizeof msg), 0);
+  ck_assert_int_eq(categories_compare("1:alpha;3:gamma", ds, msg, sizeof msg), 1);
+  ck_assert_msg(strstr(msg, "id 3 is 'gamma' in the checkpoint, 'be\"ta' in the data"), "%s", msg);
+  ck_assert_int_eq(categories_compare("1:alpha;2:beta", ds, msg, sizeof msg), 2);
+  ck_assert_msg(strstr(msg, "id 2 (beta) only in the checkpoint") && strstr(msg, "id 3 (be\"ta) only in the data"),
+                "%s", msg);
+  ck_assert_int_eq(categories_compare("1:alpha", ds, msg, sizeof msg), 2);
+  coco_free(ds);
+
+  // detr eval: other ids are an error unless allowed, other names a warning.
+  static char out[1 << 16];
+  save_checkpoint(m, at("ids.safetensors"), "train --data d --config tiny", "1:alpha;2:beta");
+  save_checkpoint(m, at("names.safetensors"), "train --data d --config tiny", "1:alpha;3:gamma");
+  save_checkpoint(m, at("same.safetensors"), "train --data d --config tiny", "1:alpha;3:be\"ta");
+  int rc = run(out, sizeof out, "%s eval --checkpoint %s --data %s", DETR_BIN, at("ids.safetensors"), at("data"));
+  ck_assert_msg(rc == 1 && strstr(out, "meaningless") && strstr(out, "--allow-other-categories") &&
+                    strstr(out, "id 2 (beta) only in the checkpoint"),
+                "exit %d: %s", rc, out);
+  rc = run(out, sizeof out, "%s eval --checkpoint %s --data %s --allow-other-categories", DETR_BIN,
+           at("ids.safetensors"), at("data"));
+  ck_assert_msg(rc == 0 && strstr(out, "warning") && strstr(out, "Average Precision"), "exit %d: %s", rc, out);
+  rc = run(out, sizeof out, "%s eval --checkpoint %s --data %s", DETR_BIN, at("names.safetensors"), at("data"));
+  ck_assert_msg(rc == 0 && strstr(out, "warning") && strstr(out, "'gamma'"), "exit %d: %s", rc, out);
+  rc = run(out, sizeof out, "%s eval --checkpoint %s --data %s", DETR_BIN, at("same.safetensors"), at("data"));
+  ck_assert_msg(rc == 0 && !strstr(out, "warning"), "exit %d: %s", rc, out);
+  detr_model_free(m);
+}
+END_TEST
+
+// detr eval: --threads; --batch from the checkpoint's training run unless given.
+START_TEST(eval_run_defaults) {
+  DetrModel *m = make_fixture();
+  make_data();
+  static char out[1 << 16];
+  save_checkpoint(m, at("b4.safetensors"), "train --data d --config tiny --batch 4", NULL);
+  save_checkpoint(m, at("b.safetensors"), "train --data d --config tiny", NULL);
+  int rc = run(out, sizeof out, "%s eval --checkpoint %s --data %s --threads 1", DETR_BIN, at("b4.safetensors"),
+               at("data"));
+  ck_assert_msg(rc == 0 && strstr(out, "in batches of 4 "), "exit %d: %s", rc, out);
+  rc = run(out, sizeof out, "%s eval --checkpoint %s --data %s --batch 1", DETR_BIN, at("b4.safetensors"), at("data"));
+  ck_assert_msg(rc == 0 && strstr(out, "in batches of 1 "), "exit %d: %s", rc, out);
+  rc = run(out, sizeof out, "%s eval --checkpoint %s --data %s", DETR_BIN, at("b.safetensors"), at("data"));
+  ck_assert_msg(rc == 0 && strstr(out, "in batches of 2 "), "exit %d: %s", rc, out);
+  ck_assert_int_eq(run(out, sizeof out, "%s eval --checkpoint %s --data %s --threads -1", DETR_BIN,
+                       at("b.safetensors"), at("data")),
+                   2);
+  ck_assert_int_eq(run(out, sizeof out, "%s eval --help", DETR_BIN), 0);
+  ck_assert_msg(strstr(out, "default " SETUP_DEFAULT_PRESET) && strstr(out, "training run, else 2"), "%s", out);
+  detr_model_free(m);
+}
+END_TEST
+
+// detr predict: --threads; with --weights the config defaults to SETUP_DEFAULT_PRESET; the
+// threshold to the class head's (0.3 sigmoid, 0.5 softmax).
+START_TEST(predict_defaults) {
+  DetrModel *m = make_fixture();
+  static char out[1 << 16];
+  int rc = run(out, sizeof out, "%s predict --weights %s --config tiny --threads 1 %s --out %s", DETR_BIN,
+               at("w.safetensors"), at("img.jpg"), at("o"));
+  ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+  // Without --config, the tiny weights do not fit detr-r18-small's width 128 (detr-r50's: 256).
+  rc = run(out, sizeof out, "%s predict --weights %s %s --out %s", DETR_BIN, at("w.safetensors"), at("img.jpg"),
+           at("o"));
+  ck_assert_msg(rc == 1 && strstr(out, "the model has [384, 128]"), "exit %d: %s", rc, out);
+  detr_model_free(m);
+  // A Conditional DETR (sigmoid classes): threshold 0.3; DETR: 0.5; the API says the same.
+  DetrConfig cfg;
+  detr_config_preset("tiny", &cfg);
+  cfg.decoder = decoder_find("conditional");
+  DetrModel *c = detr_model_create(&cfg, DEVICE_CPU);
+  detr_model_init(c, 5);
+  save_checkpoint(c, at("cond.safetensors"), "train --data d --config tiny --set decoder=conditional", NULL);
+  detr_model_free(c);
+  rc = run(out, sizeof out, "%s predict --checkpoint %s %s --out %s", DETR_BIN, at("cond.safetensors"), at("img.jpg"),
+           at("o"));
+  ck_assert_msg(rc == 0 && strstr(out, "no detections >= 0.30"), "exit %d: %s", rc, out);
+  detr_model *api;
+  ck_assert_int_eq(detr_open_checkpoint(at("cond.safetensors"), NULL, &api), DETR_OK);
+  ck_assert_double_eq_tol(detr_default_threshold(api), 0.3, 1e-6);
+  detr_close(api);
+  ck_assert_int_eq(detr_open_weights(at("w.safetensors"), "tiny", NULL, &api), DETR_OK);
+  ck_assert_double_eq_tol(detr_default_threshold(api), 0.5, 1e-6);
+  detr_close(api);
+  ck_assert_int_eq(run(out, sizeof out, "%s predict --help", DETR_BIN), 0);
+  ck_assert_msg(strstr(out, "default " SETUP_DEFAULT_PRESET) && strstr(out, "0.3 for a sigmoid"), "%s", out);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("predict");
   TCase *draw = tcase_create("draw");
@@ -760,6 +996,17 @@ int main(void) {
   tcase_add_test(files, info_files);
   tcase_add_test(files, predict_bad_input);
   suite_add_tcase(s, files);
+  TCase *usage = tcase_create("usage");
+  tcase_add_checked_fixture(usage, setup_tmp, teardown_tmp);
+  tcase_set_timeout(usage, 120);
+  tcase_add_test(usage, flag_suggestions);
+  tcase_add_test(usage, config_keys);
+  tcase_add_test(usage, progress_epochs);
+  tcase_add_test(usage, checkpoint_batch);
+  tcase_add_test(usage, categories_differ);
+  tcase_add_test(usage, eval_run_defaults);
+  tcase_add_test(usage, predict_defaults);
+  suite_add_tcase(s, usage);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);

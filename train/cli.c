@@ -7,6 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nn/detr.h"  // detr_config_key: the --set keys
+
+static const CliFlag *find_flag(const CliFlag *flags, int n, const char *name, size_t len) {
+  for (int i = 0; i < n; i++)
+    if (strlen(flags[i].name) == len && !strncmp(flags[i].name, name, len)) return &flags[i];
+  return NULL;
+}
+
 void cli_print_usage(const char *verb, const char *usage, const CliFlag *flags, int n_flags, bool to_stderr) {
   FILE *f = to_stderr ? stderr : stdout;
   fprintf(f, "usage: detr %s %s\n", verb, usage);
@@ -14,11 +22,87 @@ void cli_print_usage(const char *verb, const char *usage, const CliFlag *flags, 
     const char *arg = flags[i].kind == FLAG_BOOL ? "" : flags[i].kind == FLAG_LIST ? " VALUE (repeatable)" : " VALUE";
     fprintf(f, "  --%s%s\n      %s\n", flags[i].name, arg, flags[i].help);
   }
+  if (!find_flag(flags, n_flags, "set", 3)) return;
+  fprintf(f, "model config keys (--set KEY=VALUE, or KEY=VALUE lines of a --config file; docs/training.md):\n");
+  char help[512];
+  const char *key;
+  for (int i = 0; (key = detr_config_key(i, help, sizeof help)); i++) fprintf(f, "  %-20s %s\n", key, help);
 }
 
-static const CliFlag *find_flag(const CliFlag *flags, int n, const char *name, size_t len) {
-  for (int i = 0; i < n; i++)
-    if (strlen(flags[i].name) == len && !strncmp(flags[i].name, name, len)) return &flags[i];
+// --- did you mean ------------------------------------------------------------------------------
+
+// facebookresearch/detr's main.py flags whose counterpart here has another name or form: a flag
+// of the verb ("--out"), a config key ("--set ffn_dim=N"; the key must exist), or a note.
+static const struct {
+  const char *ref, *ours;
+} REFERENCE_FLAGS[] = {
+    {"output_dir", "--out"}, {"coco_path", "--data"}, {"num_workers", "--workers"}, {"batch_size", "--batch"},
+    {"clip_max_norm", "--clip"}, {"bbox_loss_coef", "--bbox-loss-coef"}, {"giou_loss_coef", "--giou-loss-coef"},
+    {"eos_coef", "--eos-coef"}, {"set_cost_class", "--cost-class"}, {"set_cost_bbox", "--cost-bbox"},
+    {"set_cost_giou", "--cost-giou"}, {"start_epoch", "--resume"},
+    {"num_queries", "--set num_queries=N"}, {"enc_layers", "--set enc_layers=N"}, {"dec_layers", "--set dec_layers=N"},
+    {"hidden_dim", "--set hidden_dim=N"}, {"nheads", "--set nheads=N"}, {"dim_feedforward", "--set ffn_dim=N"},
+    {"dropout", "--set dropout=P"}, {"backbone", "--set backbone=DEPTH (18, 34, 50 or 101)"},
+    {"dilation", "--set dilation=true"}, {"no_aux_loss", "--set aux_loss=false"},
+};
+
+// Levenshtein distance, capped: short flag names only (longer ones are never close).
+static int edit_distance(const char *a, size_t la, const char *b) {
+  size_t lb = strlen(b);
+  if (la > 63 || lb > 63) return 99;
+  int row[64];
+  for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
+  for (size_t i = 1; i <= la; i++) {
+    int diag = row[0];
+    row[0] = (int)i;
+    for (size_t j = 1; j <= lb; j++) {
+      int up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+      if (up + 1 < best) best = up + 1;
+      if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+      diag = up;
+      row[j] = best;
+    }
+  }
+  return row[lb];
+}
+
+// What an unknown flag (name[0..len), without dashes) probably meant: "did you mean --X?" or a
+// note ending in ';'. NULL when nothing is close. Only the verb's own flags are suggested.
+static const char *suggest(const char *verb, const CliFlag *flags, int n, const char *name, size_t len, char *buf,
+                           size_t cap) {
+  if (len == 4 && !strncmp(name, "eval", 4) && strcmp(verb, "eval"))
+    return snprintf(buf, cap, "`detr eval --checkpoint CKPT --data DIR` evaluates a run's checkpoint;"), buf;
+  for (size_t i = 0; i < sizeof REFERENCE_FLAGS / sizeof REFERENCE_FLAGS[0]; i++) {
+    const char *ref = REFERENCE_FLAGS[i].ref, *ours = REFERENCE_FLAGS[i].ours;
+    if (strlen(ref) != len || strncmp(ref, name, len)) continue;
+    if (!strncmp(ours, "--set ", 6)) {  // a config key: when the verb has --set and the key exists
+      size_t key_len = strcspn(ours + 6, "=");
+      const char *k = NULL;
+      for (int j = 0; (k = detr_config_key(j, NULL, 0)); j++)
+        if (strlen(k) == key_len && !strncmp(k, ours + 6, key_len)) break;
+      if (!k || !find_flag(flags, n, "set", 3)) return NULL;
+    } else if (!find_flag(flags, n, ours + 2, strlen(ours + 2))) {
+      return NULL;
+    }
+    if (!strcmp(ours, "--resume"))
+      return snprintf(buf, cap, "--resume CKPT continues from the checkpoint's epoch; there is no start epoch;"), buf;
+    return snprintf(buf, cap, "did you mean %s?", ours), buf;
+  }
+  char dashed[64];  // the reference's underscores are dashes here
+  if (len >= sizeof dashed) return NULL;
+  for (size_t i = 0; i < len; i++) dashed[i] = name[i] == '_' ? '-' : name[i];
+  dashed[len] = 0;
+  const CliFlag *best = NULL, *prefixed = NULL;
+  int best_d = 3, ties = 0, n_prefixed = 0;
+  for (int i = 0; i < n; i++) {
+    int d = edit_distance(dashed, len, flags[i].name);
+    if (d < best_d) best = &flags[i], best_d = d, ties = 0;
+    else if (d == best_d && best) ties++;
+    if (!strncmp(flags[i].name, dashed, len)) prefixed = &flags[i], n_prefixed++;
+  }
+  // Close: one flag at distance 1 or 2 (less than the name's length), or the only one it begins.
+  if (best && ties == 0 && (size_t)best_d < len) return snprintf(buf, cap, "did you mean --%s?", best->name), buf;
+  if (n_prefixed == 1) return snprintf(buf, cap, "did you mean --%s?", prefixed->name), buf;
   return NULL;
 }
 
@@ -43,7 +127,10 @@ int cli_parse(const char *verb, const char *usage, int argc, char **argv, int fi
     size_t len = eq ? (size_t)(eq - name) : strlen(name);
     const CliFlag *fl = find_flag(flags, n_flags, name, len);
     if (!fl) {
-      fprintf(stderr, "detr %s: unknown flag '--%.*s' (see detr %s --help)\n", verb, (int)len, name, verb);
+      char hint[160];
+      const char *h = suggest(verb, flags, n_flags, name, len, hint, sizeof hint);
+      fprintf(stderr, "detr %s: unknown flag '--%.*s' (%s%ssee detr %s --help)\n", verb, (int)len, name, h ? h : "",
+              h ? " " : "", verb);
       return 2;
     }
     if (fl->kind == FLAG_BOOL) {

@@ -3,6 +3,7 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "train/commands.h"
+#include "train/cpu_share.h"
 #include "train/dist.h"
 #include "train/evaluate.h"
 #include "train/setup.h"
@@ -10,20 +11,25 @@
 static const char *USAGE =
     "(--checkpoint C.safetensors | --weights W.safetensors [--config PRESET|FILE] [--set k=v ...] [--enact])\n"
     "       --data DIR [--split val] [--results R.json] [--json OUT.json] [--image-size N] [--max-size M]\n"
-    "       [--batch B] [--workers W] [--device cpu|cuda] [--bad-input fail|skip]\n"
+    "       [--batch B] [--workers W] [--threads T] [--device cpu|cuda] [--bad-input fail|skip]\n"
+    "       [--allow-other-categories]\n"
     "Prints the 12 COCO numbers as pycocotools does; --results writes the detections as a COCO results\n"
-    "JSON, --json the numbers as {\"AP\": ..., ..., \"ARl\": ...}.";
+    "JSON, --json the numbers as {\"AP\": ..., ..., \"ARl\": ...}. With --checkpoint the defaults of\n"
+    "--image-size, --max-size, --pad-multiple and --batch are the training run's, so the numbers are the\n"
+    "run's own evaluation's (a DETR's output depends on the padding, which depends on the batch).";
 
 int cmd_eval(int argc, char **argv) {
-  const char *checkpoint = NULL, *weights = NULL, *config = "detr-r18-small", *data = NULL, *split = "val",
+  const char *checkpoint = NULL, *weights = NULL, *config = SETUP_DEFAULT_PRESET, *data = NULL, *split = "val",
              *results = NULL, *json = NULL, *device = "cpu", *bad_input = "fail";
   CliList sets = {0};
-  bool enact = false;
-  long long image_size = -1, max_size = -1, pad_multiple = -1, batch = 2, workers = 2;
+  bool enact = false, other_categories = false;
+  long long image_size = -1, max_size = -1, pad_multiple = -1, batch = -1, workers = 2;
+  int threads = 0;
   CliFlag flags[] = {
       {"checkpoint", FLAG_STRING, &checkpoint, "a detr-c checkpoint (its config is used)"},
       {"weights", FLAG_STRING, &weights, "model weights (safetensors, reference names)"},
-      {"config", FLAG_STRING, &config, "model preset or key=value file, with --weights (default detr-r18-small)"},
+      {"config", FLAG_STRING, &config,
+       "model preset (" DETR_PRESET_LIST ") or key=value file, with --weights (default " SETUP_DEFAULT_PRESET ")"},
       {"set", FLAG_LIST, &sets, "override one config field, with --weights"},
       {"enact", FLAG_BOOL, &enact, SETUP_ENACT_HELP},
       {"data", FLAG_STRING, &data, "dataset root (annotations/instances_<split>.json and <split>/)"},
@@ -34,18 +40,21 @@ int cmd_eval(int argc, char **argv) {
       {"max-size", FLAG_INT, &max_size, "longest side (default from the model)"},
       {"pad-multiple", FLAG_INT, &pad_multiple,
        "pad each batch to a multiple of N pixels, 1..256 (default: the checkpoint's training run, else 1)"},
-      {"batch", FLAG_INT, &batch, "images per batch (default 2)"},
+      {"batch", FLAG_INT, &batch, "images per batch (default: the checkpoint's training run, else 2)"},
       {"workers", FLAG_INT, &workers, "loader threads (default 2)"},
+      {"threads", FLAG_I32, &threads, "CPU threads (default: OMP_NUM_THREADS, or every core)", 0, 1024},
       {"device", FLAG_STRING, &device, "cpu or cuda"},
       {"bad-input", FLAG_STRING, &bad_input, "fail or skip unreadable images"},
+      {"allow-other-categories", FLAG_BOOL, &other_categories,
+       "evaluate even when the data's category ids differ from the checkpoint's"},
   };
   int n_pos = 0, rc = cli_parse("eval", USAGE, argc, argv, 2, flags, (int)(sizeof flags / sizeof flags[0]), NULL, 0, &n_pos);
   if (rc) return rc == 1 ? 0 : 2;
   char err[4096];
   BadInputPolicy policy;
   Device dev;
-  if (!data || bad_input_policy_parse(bad_input, &policy) || batch < 1 || batch > 64 || workers < 0 || workers > 64 ||
-      pad_multiple == 0 || pad_multiple < -1 || pad_multiple > 256) {
+  if (!data || bad_input_policy_parse(bad_input, &policy) || batch == 0 || batch < -1 || batch > 64 || workers < 0 ||
+      workers > 64 || pad_multiple == 0 || pad_multiple < -1 || pad_multiple > 256) {
     fprintf(stderr, "detr eval: --data is required, --bad-input is fail or skip, --batch 1..64, --workers 0..64, "
             "--pad-multiple 1..256 (see detr eval --help)\n");
     return 2;
@@ -55,7 +64,7 @@ int cmd_eval(int argc, char **argv) {
     return 2;
   }
   DetrModel *m;
-  CheckpointInfo ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1};
+  CheckpointInfo ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
   if (setup_load_model(checkpoint, weights, config, &sets, enact, dev, &m, &ci, err, sizeof err)) {
     fprintf(stderr, "detr eval: %s\n", err);
     return 1;
@@ -63,7 +72,7 @@ int cmd_eval(int argc, char **argv) {
   int is, ms;  // the training run's sizes when the checkpoint says them
   model_eval_sizes(&m->cfg, &ci, &is, &ms);
   if (pad_multiple < 0) pad_multiple = ci.pad_multiple >= 1 && ci.pad_multiple <= 256 ? ci.pad_multiple : 1;
-  checkpoint_info_free(&ci);
+  if (batch < 0) batch = ci.batch >= 1 && ci.batch <= 64 ? ci.batch : 2;
   if (image_size > 0) is = (int)image_size;
   if (max_size > 0) ms = (int)max_size;
   char ann[4096], img[4096];
@@ -73,9 +82,23 @@ int cmd_eval(int argc, char **argv) {
   DataError derr;
   if (coco_open(&cc, &ds, &derr)) {
     fprintf(stderr, "detr eval: %s\n", derr.msg);
+    checkpoint_info_free(&ci);
     detr_model_free(m);
     return 1;
   }
+  char diff[1024];
+  int same = categories_compare(ci.categories, ds, diff, sizeof diff);
+  checkpoint_info_free(&ci);
+  if (same == 2 && !other_categories) {
+    fprintf(stderr, "detr eval: %s: the category ids differ from those %s was trained on (%s): AP against them "
+            "would be meaningless (--allow-other-categories evaluates anyway)\n", ann, checkpoint, diff);
+    coco_free(ds);
+    detr_model_free(m);
+    return 1;
+  }
+  if (same && dist_is_main()) fprintf(stderr, "detr eval: warning: %s: the categories differ from %s's: %s\n", ann, checkpoint, diff);
+  CpuShare cpu;  // a fixed --threads; else OpenMP's default (no adapting: an evaluation is short)
+  cpu_share_init(&cpu, threads);
   cpu_flush_denormals(true);
   EvalConfig ec = {.batch_size = (int)batch, .num_workers = (int)workers, .aug = aug_config_scaled(false, is, ms),
                    .pad_multiple = (int)pad_multiple,
@@ -83,8 +106,8 @@ int cmd_eval(int argc, char **argv) {
   EvalReport rep;
   rc = evaluate_model(m, ds, &ec, &rep, err, sizeof err);
   if (rc == 0 && dist_is_main()) {  // under mpirun the processes split the images; rank 0 reports
-    fprintf(stderr, "detr eval: %lld images, %lld detections in %.1f s\n", (long long)rep.images,
-            (long long)rep.detections, rep.seconds);
+    fprintf(stderr, "detr eval: %lld images in batches of %lld (padded to multiples of %lld), %lld detections in "
+            "%.1f s\n", (long long)rep.images, batch, pad_multiple, (long long)rep.detections, rep.seconds);
     for (int i = 0; i < rep.attn.n; i++)
       fprintf(stderr, "detr eval: encoder attention %s %.2f\n", rep.attn.name[i], attn_stats_mean(&rep.attn, i));
     coco_print_summary(&rep.coco, stdout);

@@ -14,14 +14,15 @@
 #include "datasets/image.h"
 #include "include/detr.h"
 #include "train/commands.h"
+#include "train/cpu_share.h"
 #include "train/draw.h"
 #include "train/progress.h"
 #include "train/setup.h"
 
 static const char *USAGE =
     "(--checkpoint C.safetensors | --weights W.safetensors [--config PRESET|FILE] [--set key=value ...])\n"
-    "       [--enact] IMAGE... --out DIR [--threshold 0.5] [--image-size N] [--max-size M] [--names ANN.json]\n"
-    "       [--device cpu|cuda] [--json FILE] [--bad-input fail|skip]\n"
+    "       [--enact] IMAGE... --out DIR [--threshold S] [--image-size N] [--max-size M] [--names ANN.json]\n"
+    "       [--device cpu|cuda] [--threads T] [--json FILE] [--bad-input fail|skip]\n"
     "Detects objects in JPEG/PNG images. Writes DIR/predictions.json (per image: file, width, height, output,\n"
     "detections [{label, category_id, name, score, box [x0, y0, x1, y1] in pixels}] by falling score) and\n"
     "DIR/<image name>.png with the boxes, class names and scores drawn. Class names come from --names (a COCO\n"
@@ -161,7 +162,8 @@ typedef struct {
   const char *checkpoint, *weights, *config, *out_dir, *names_path, *device, *json_path, *bad_input;
   CliList sets;
   bool enact;
-  double threshold;
+  double threshold;          // -1: the class head's (detr_default_threshold)
+  int threads;               // 0: OMP_NUM_THREADS, or every core
   int image_size, max_size;  // -1: the checkpoint's training run, else the model's defaults
   const char **inputs;       // [n_inputs] image files
   int n_inputs;
@@ -180,19 +182,23 @@ typedef struct {
 
 // Flags and their usage checks. Returns 0, 1 after --help, or 2 (message printed).
 static int parse_args(int argc, char **argv, PredictArgs *a) {
-  *a = (PredictArgs){.device = "cpu", .bad_input = "fail", .threshold = 0.5, .image_size = -1, .max_size = -1};
+  *a = (PredictArgs){.device = "cpu", .bad_input = "fail", .threshold = -1, .image_size = -1, .max_size = -1};
   CliFlag flags[] = {
       {"checkpoint", FLAG_STRING, &a->checkpoint, "a detr-c training checkpoint (model config and weights)"},
       {"weights", FLAG_STRING, &a->weights, "model weights safetensors (reference names), with --config"},
-      {"config", FLAG_STRING, &a->config, "with --weights: preset (" DETR_PRESET_LIST ") or key=value file (default detr-r50)"},
+      {"config", FLAG_STRING, &a->config,
+       "with --weights: preset (" DETR_PRESET_LIST ") or key=value file (default " SETUP_DEFAULT_PRESET ")"},
       {"set", FLAG_LIST, &a->sets, "override one model config field, e.g. --set enact_sigma=2"},
       {"enact", FLAG_BOOL, &a->enact, SETUP_ENACT_HELP},
       {"out", FLAG_STRING, &a->out_dir, "output folder (created): predictions.json and the pictures"},
-      {"threshold", FLAG_FLOAT, &a->threshold, "keep detections with score >= this (default 0.5; 0 keeps every query)"},
+      {"threshold", FLAG_FLOAT, &a->threshold,
+       "keep detections with score >= this (default 0.5, or 0.3 for a sigmoid class head such as Conditional "
+       "DETR's, whose scores run lower; 0 keeps every query)"},
       {"image-size", FLAG_I32, &a->image_size, "val shortest side (default: the checkpoint's training run, else 800, 320 small, 128 tiny)", 32, 4096},
       {"max-size", FLAG_I32, &a->max_size, "longest side (default: the checkpoint's training run, else 1333, 512 small, 192 tiny)", 32, 8192},
       {"names", FLAG_STRING, &a->names_path, "COCO instances JSON whose categories name the labels"},
       {"device", FLAG_STRING, &a->device, "cpu or cuda (default cpu)"},
+      {"threads", FLAG_I32, &a->threads, "CPU threads (default: OMP_NUM_THREADS, or every core)", 0, 1024},
       {"json", FLAG_STRING, &a->json_path, "where to write the predictions JSON (default DIR/predictions.json; - for stdout)"},
       {"bad-input", FLAG_STRING, &a->bad_input, "fail (default) or skip (with a warning) images that cannot be read"},
   };
@@ -206,7 +212,8 @@ static int parse_args(int argc, char **argv, PredictArgs *a) {
   else if (a->checkpoint && a->config) usage_error = "--config goes with --weights (a checkpoint stores its config)";
   else if (!a->out_dir) usage_error = "--out DIR is required";
   else if (a->n_inputs == 0) usage_error = "no images given";
-  else if (!(a->threshold >= 0.0 && a->threshold <= 1.0)) usage_error = "--threshold must be in [0, 1]";
+  else if (!(a->threshold >= 0.0 && a->threshold <= 1.0) && a->threshold != -1)
+    usage_error = "--threshold must be in [0, 1]";
   else if (bad_input_policy_parse(a->bad_input, &a->policy)) usage_error = "--bad-input: expected fail or skip";
   if (usage_error) {
     fprintf(stderr, "detr predict: %s (see detr predict --help)\n", usage_error);
@@ -235,8 +242,9 @@ static int open_model(const PredictArgs *a, detr_model **model) {
   opt.image_size = a->image_size > 0 ? a->image_size : 0;  // 0: the checkpoint's training run, else the model's
   opt.max_size = a->max_size > 0 ? a->max_size : 0;
   opt.names = a->names_path;
+  const char *config = a->config ? a->config : SETUP_DEFAULT_PRESET;
   detr_status st = a->checkpoint ? detr_open_checkpoint(a->checkpoint, &opt, model)
-                                 : detr_open_weights(a->weights, a->config, &opt, model);
+                                 : detr_open_weights(a->weights, config, &opt, model);
   if (!st) return 0;
   fprintf(stderr, "detr predict: %s\n", detr_last_error());
   return st == DETR_ERR_CONFIG || st == DETR_ERR_ARGUMENT || st == DETR_ERR_DEVICE ? 2 : 1;
@@ -316,8 +324,11 @@ int cmd_predict(int argc, char **argv) {
   int rc = parse_args(argc, argv, &a);
   if (rc == 0) {
     Predictor p = {.a = &a, .log = a.json_path && !strcmp(a.json_path, "-") ? stderr : stdout};
+    CpuShare cpu;  // a fixed --threads; else OpenMP's default (no adapting: a prediction is short)
+    cpu_share_init(&cpu, a.threads);
     rc = open_model(&a, &p.model);
     if (rc == 0) {
+      if (a.threshold < 0) a.threshold = detr_default_threshold(p.model);
       p.results = calloc((size_t)a.n_inputs, sizeof(ImageResult));
       DETR_CHECK(p.results, "detr predict: out of host memory");
       char err[4096];

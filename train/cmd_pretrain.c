@@ -225,12 +225,13 @@ static void pretrainer_free(Pretrainer *p) {
 }
 
 int cmd_pretrain(int argc, char **argv) {
-  PretrainOptions o = {.config = "detr-r18-small", .device = "cpu", .train_split = "train", .val_split = "val",
+  PretrainOptions o = {.config = SETUP_DEFAULT_PRESET, .device = "cpu", .train_split = "train", .val_split = "val",
                        .epochs = 10, .batch = 32, .crop = 64, .seed = 42, .lr = 1e-3, .weight_decay = 1e-4};
   CliFlag flags[] = {
       {"data", FLAG_STRING, &o.data, "dataset root (annotations/instances_<split>.json and <split>/)"},
       {"out", FLAG_STRING, &o.out, "output safetensors file (the backbone's tensors)"},
-      {"config", FLAG_STRING, &o.config, "model preset or key=value file whose backbone to train (default detr-r18-small)"},
+      {"config", FLAG_STRING, &o.config,
+       "model preset or key=value file whose backbone to train (default " SETUP_DEFAULT_PRESET ")"},
       {"set", FLAG_LIST, &o.sets, "override one model config field, as for detr train"},
       {"train-split", FLAG_STRING, &o.train_split, "split whose boxes are cut out (default train)"},
       {"val-split", FLAG_STRING, &o.val_split, "split for the held-out accuracy (default val; 'none' skips it)"},

@@ -1,8 +1,11 @@
 // detr train: flags -> TrainOptions -> train_run (train/trainer.c).
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "tensor/safetensors.h"
 #include "train/commands.h"
+#include "train/run_dir.h"
 #include "train/setup.h"
 #include "train/trainer.h"
 
@@ -10,25 +13,94 @@ static const char *USAGE =
     "--data DIR [--config PRESET|FILE] [--set key=value ...] [--enact] [--out DIR] [options]\n"
     "Trains DETR (or DETR+ENACT) on a COCO-format dataset: DIR/annotations/instances_<split>.json[.gz]\n"
     "and the images in DIR/<split>/ (`detr synth --out DIR` writes one). Metrics go to OUT/metrics.jsonl,\n"
-    "checkpoints to OUT/ckpt-<step>.safetensors and OUT/best.safetensors.";
+    "checkpoints to OUT/ckpt-<step>.safetensors and OUT/best.safetensors. OUT must not hold another run:\n"
+    "--resume auto continues it (its model config from the checkpoint), --move-old-run renames it first.\n"
+    "The progress line: [bar] step N/L (steps done / steps this run will take) epoch E/EPOCHS (from 0, as in\n"
+    "metrics.jsonl), images per second, the time left, the loss and its ce, bbox and giou terms, and the\n"
+    "encoder attention's statistics (docs/training.md).";
 
-// The command line, stored in every checkpoint.
-static void store_command_line(TrainOptions *o, int argc, char **argv) {
-  size_t n = 0;
-  for (int i = 1; i < argc && n < sizeof o->train_config_text - 2; i++)
-    n += (size_t)snprintf(o->train_config_text + n, sizeof o->train_config_text - n, "%s%s", i > 1 ? " " : "", argv[i]);
+static bool has_flag(int argc, char **argv, const char *flag) {
+  size_t len = strlen(flag);
+  for (int i = 1; i < argc; i++)
+    if (!strncmp(argv[i], flag, len) && (argv[i][len] == 0 || argv[i][len] == '=')) return true;
+  return false;
 }
 
-// The model, device and input policy; the defaults that follow the model (model_run_defaults);
-// the learning rates' constraints.
+// The command line, stored in every checkpoint, with the input sizes and batch it ran with where
+// it did not say them (a resumed run takes them from there, and so does `detr eval`).
+static void store_command_line(TrainOptions *o, int argc, char **argv, int image_size, int max_size) {
+  size_t n = 0, cap = sizeof o->train_config_text;
+  for (int i = 1; i < argc && n < cap - 2; i++) n += (size_t)snprintf(o->train_config_text + n, cap - n, "%s%s", i > 1 ? " " : "", argv[i]);
+  const struct {
+    const char *flag;
+    int value;
+  } ran_with[] = {{"--batch", o->batch_size}, {"--pad-multiple", o->pad_multiple}, {"--image-size", image_size},
+                  {"--max-size", max_size}};
+  for (size_t k = 0; k < sizeof ran_with / sizeof ran_with[0]; k++)
+    if (!has_flag(argc, argv, ran_with[k].flag) && n < cap - 2)
+      n += (size_t)snprintf(o->train_config_text + n, cap - n, " %s %d", ran_with[k].flag, ran_with[k].value);
+}
+
+// What --resume continues: the checkpoint (auto: the newest intact one in --out, none in an empty
+// directory) and what it says of its run. Returns 0 (path "" for nothing to resume) or -1.
+static int find_resume(TrainOptions *o, char *path, size_t cap, CheckpointInfo *ci, char *err, size_t err_cap) {
+  if (!o->resume) {
+    path[0] = 0;
+    return 0;
+  }
+  if (run_dir_resume_checkpoint(o->out_dir, o->resume, path, cap, err, err_cap)) return -1;
+  if (!path[0]) {
+    fprintf(stderr, "detr train: --resume auto: no checkpoint in %s: a new run\n", o->out_dir);
+    o->resume = NULL;
+    return 0;
+  }
+  StFile *f = st_open(path, err, err_cap);
+  int rc = f ? checkpoint_info_read(f, ci, err, err_cap) : -1;
+  st_close(f);
+  if (rc) return -1;
+  o->resume = path;
+  o->resume_categories = ci->categories;
+  return 0;
+}
+
+// A resumed run's model config is its checkpoint's. --config/--set/--enact may restate it; where
+// they say otherwise, the keys that differ are named.
+static int resume_model_config(TrainOptions *o, const CheckpointInfo *ci, bool model_given, char *err, size_t cap) {
+  if (!model_given) {
+    o->model = ci->cfg;
+    return 0;
+  }
+  char mine[4096], theirs[4096], *save_a = NULL, *save_b = NULL;
+  detr_config_format(&o->model, mine, sizeof mine);
+  detr_config_format(&ci->cfg, theirs, sizeof theirs);
+  if (!strcmp(mine, theirs)) return 0;
+  size_t n = (size_t)snprintf(err, cap, "%s is a run of another model config:", o->resume);
+  char *a = strtok_r(mine, "\n", &save_a), *b = strtok_r(theirs, "\n", &save_b);
+  for (; a && b; a = strtok_r(NULL, "\n", &save_a), b = strtok_r(NULL, "\n", &save_b))
+    if (strcmp(a, b) && n < cap) n += (size_t)snprintf(err + n, cap - n, " %s in the checkpoint, %s here;", b, a);
+  if (n < cap)
+    snprintf(err + n, cap - n, " resume it without --config/--set (its config is read from the checkpoint), or start "
+             "this model in a new directory with --out NEW_DIR");
+  return -1;
+}
+
+// The model, device and input policy; the defaults that follow the model (model_run_defaults)
+// or, when resuming, the checkpoint's training command; the learning rates' constraints.
 static int resolve(TrainOptions *o, const char *config, const CliList *sets, bool enact, const char *device,
-                   const char *bad_input, int image_size, int max_size, bool augment) {
-  char err[1024];
-  if (setup_model_config(config, sets, &o->model, err, sizeof err) || setup_device(device, &o->device, err, sizeof err)) {
+                   const char *bad_input, int *image_size_io, int *max_size_io, bool augment, const CheckpointInfo *ci) {
+  int image_size = *image_size_io, max_size = *max_size_io;
+  char err[4096];
+  bool model_given = config || sets->count || enact;
+  if (setup_model_config(config ? config : SETUP_DEFAULT_PRESET, sets, &o->model, err, sizeof err) ||
+      setup_device(device, &o->device, err, sizeof err)) {
     fprintf(stderr, "detr train: %s\n", err);
     return 2;
   }
   setup_enact_shortcut(&o->model, enact);
+  if (o->resume && resume_model_config(o, ci, model_given, err, sizeof err)) {
+    fprintf(stderr, "detr train: %s\n", err);
+    return 1;
+  }
   if (bad_input_policy_parse(bad_input, &o->bad_input)) {
     fprintf(stderr, "detr train: --bad-input %s: expected fail or skip\n", bad_input);
     return 2;
@@ -38,35 +110,54 @@ static int resolve(TrainOptions *o, const char *config, const CliList *sets, boo
     fprintf(stderr, "detr train: --lr must be > 0 and --lr-backbone, --weight-decay, --clip >= 0\n");
     return 2;
   }
+  const LossWeights *w = &o->loss;
+  const float weights[] = {w->ce, w->bbox, w->giou, w->eos, w->cost_class, w->cost_bbox, w->cost_giou};
+  for (size_t i = 0; i < sizeof weights / sizeof weights[0]; i++)
+    if (!(isnan(weights[i]) || (weights[i] >= 0 && weights[i] < 1e6f))) {
+      fprintf(stderr, "detr train: the loss and matcher weights (--*-loss-coef, --eos-coef, --cost-*) lie in [0, 1e6)\n");
+      return 2;
+    }
   if (oc->lr_backbone == 0) o->model.train_backbone = false;  // as the reference: lr_backbone 0 freezes it
   const RunDefaults *d = model_run_defaults(&o->model);
+  if (o->resume) {  // what the run's command said, where this one says nothing
+    if (image_size < 0) image_size = (int)ci->image_size;
+    if (max_size < 0) max_size = (int)ci->max_size;
+    if (o->pad_multiple < 0) o->pad_multiple = (int)ci->pad_multiple;
+    if (o->batch_size < 0 && ci->batch >= 1 && ci->batch <= 64) o->batch_size = (int)ci->batch;
+  }
+  if (o->pad_multiple < 1 || o->pad_multiple > 256) o->pad_multiple = 1;
+  if (o->batch_size < 0) o->batch_size = CHECKPOINT_TRAIN_DEFAULT_BATCH;
   if (o->epochs < 0) o->epochs = d->epochs;
   if (o->optim.lr_drop < 0)
     o->optim.lr_drop = d->lr_drop > 0 && o->epochs == d->epochs ? d->lr_drop : o->epochs * 2 / 3 > 0 ? o->epochs * 2 / 3 : 1;
-  if (image_size < 0) image_size = d->image_size;
-  if (max_size < 0) max_size = d->max_size;
+  if (image_size < 32) image_size = d->image_size;
+  if (max_size < 32) max_size = d->max_size;
   o->train_aug = aug_config_scaled(augment, image_size, max_size);
   o->val_aug = aug_config_scaled(false, image_size, max_size);
+  *image_size_io = image_size;
+  *max_size_io = max_size;
   return 0;
 }
 
 int cmd_train(int argc, char **argv) {
   TrainOptions o = train_options_default();
   o.epochs = o.optim.lr_drop = -1;  // from the model (resolve)
-  const char *config = "detr-r18-small", *device = "cpu", *bad_input = "fail";
+  o.batch_size = o.pad_multiple = -1;  // from the resumed run's command, else 2 and 1 (resolve)
+  const char *config = NULL, *device = "cpu", *bad_input = "fail";
   CliList sets = {0};
   bool enact = false, no_progress = false, no_augment = false;
   int image_size = -1, max_size = -1;
   CliFlag flags[] = {
       {"data", FLAG_STRING, &o.data_dir, "dataset root (annotations/instances_<split>.json and <split>/)"},
       {"train-split", FLAG_STRING, &o.train_split, "training split name (default train; COCO: train2017)"},
-      {"val-split", FLAG_STRING, &o.val_split, "validation split name (default val; COCO: val2017)"},
-      {"config", FLAG_STRING, &config, "model preset (" DETR_PRESET_LIST ") or key=value file (default detr-r18-small)"},
+      {"val-split", FLAG_STRING, &o.val_split, "validation split name (default val; COCO: val2017; none: no evaluation)"},
+      {"config", FLAG_STRING, &config, "model preset (" DETR_PRESET_LIST ") or key=value file (default "
+       SETUP_DEFAULT_PRESET "; resuming: the checkpoint's)"},
       {"set", FLAG_LIST, &sets, "override one model config field, e.g. --set num_queries=20"},
       {"enact", FLAG_BOOL, &enact, SETUP_ENACT_HELP},
       {"out", FLAG_STRING, &o.out_dir, "run directory (default runs/detr)"},
       {"epochs", FLAG_I32, &o.epochs, "epochs (default 300 for detr-r50, 50 for the small presets)", 1, 100000},
-      {"batch", FLAG_I32, &o.batch_size, "images per batch (default 2)", 1, 64},
+      {"batch", FLAG_I32, &o.batch_size, "images per batch (default 2; resuming: the run's)", 1, 64},
       {"lr", FLAG_F32, &o.optim.lr, "learning rate (default 1e-4)"},
       {"lr-backbone", FLAG_F32, &o.optim.lr_backbone, "backbone learning rate (default 1e-5; 0 freezes the backbone)"},
       {"weight-decay", FLAG_F32, &o.optim.weight_decay, "AdamW weight decay (default 1e-4)"},
@@ -78,7 +169,7 @@ int cmd_train(int argc, char **argv) {
       {"max-size", FLAG_I32, &max_size, "longest image side (default 1333, 512 small, 192 tiny)", 32, 8192},
       {"pad-multiple", FLAG_I32, &o.pad_multiple,
        "pad each batch to a multiple of N pixels (default 1: to its largest image, as the reference; e.g. 16: "
-       "fewer distinct input sizes, faster on the CPU)", 1, 256},
+       "fewer distinct input sizes, faster on the CPU; resuming: the run's)", 1, 256},
       {"device", FLAG_STRING, &device, "cpu or cuda (default cpu)"},
       {"threads", FLAG_I32, &o.threads, "CPU threads (default: OMP_NUM_THREADS, or the cores other processes leave free)", 0, 1024},
       {"workers", FLAG_I32, &o.workers, "data loader threads (default 2)", 0, 64},
@@ -93,6 +184,15 @@ int cmd_train(int argc, char **argv) {
       {"init-backbone", FLAG_STRING, &o.init_backbone,
        "start the backbone from this file (detr pretrain; its batch-norm statistics included)"},
       {"resume", FLAG_STRING, &o.resume, "auto (newest valid checkpoint in --out) or a checkpoint path"},
+      {"move-old-run", FLAG_BOOL, &o.move_old_run,
+       "a run already in --out is renamed to OUT.old-<time> first (nothing is deleted)"},
+      {"ce-loss-coef", FLAG_F32, &o.loss.ce, "class loss weight (default 1; Conditional DETR 2)"},
+      {"bbox-loss-coef", FLAG_F32, &o.loss.bbox, "L1 box loss weight (default 5)"},
+      {"giou-loss-coef", FLAG_F32, &o.loss.giou, "GIoU loss weight (default 2)"},
+      {"eos-coef", FLAG_F32, &o.loss.eos, "softmax head: the no-object class's cross-entropy weight (default 0.1)"},
+      {"cost-class", FLAG_F32, &o.loss.cost_class, "matcher: class cost weight (default 1; Conditional DETR 2)"},
+      {"cost-bbox", FLAG_F32, &o.loss.cost_bbox, "matcher: L1 box cost weight (default 5)"},
+      {"cost-giou", FLAG_F32, &o.loss.cost_giou, "matcher: GIoU cost weight (default 2)"},
       {"max-steps", FLAG_I64, &o.max_steps, "stop after this many steps in total (default: no limit)", 0, 1LL << 40},
       {"bad-input", FLAG_STRING, &bad_input, "fail or skip (with a warning and a count) bad annotations/images"},
       {"calibrate-bn", FLAG_BOOL, &o.calibrate_bn,
@@ -107,8 +207,18 @@ int cmd_train(int argc, char **argv) {
     fprintf(stderr, "detr train: --data DIR is required (see detr train --help)\n");
     return 2;
   }
-  if (resolve(&o, config, &sets, enact, device, bad_input, image_size, max_size, !no_augment)) return 2;
-  o.progress = !no_progress;
-  store_command_line(&o, argc, argv);
-  return train_run(&o);
+  char resume_path[4200], err[4096];
+  CheckpointInfo ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
+  if (find_resume(&o, resume_path, sizeof resume_path, &ci, err, sizeof err)) {
+    fprintf(stderr, "detr train: --resume %s\n", err);
+    return 1;
+  }
+  rc = resolve(&o, config, &sets, enact, device, bad_input, &image_size, &max_size, !no_augment, &ci);
+  if (rc == 0) {
+    o.progress = !no_progress;
+    store_command_line(&o, argc, argv, image_size, max_size);
+    rc = train_run(&o);
+  }
+  checkpoint_info_free(&ci);
+  return rc;
 }

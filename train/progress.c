@@ -43,8 +43,10 @@ void progress_update(Progress *p, int64_t step, int64_t epoch, int64_t epochs, i
   char bar[32];
   for (int i = 0; i < width; i++) bar[i] = i < filled ? '#' : '.';
   bar[width] = 0;
-  fprintf(stderr, "%s[%s] step %lld/%lld epoch %lld/%lld  %.2f img/s  ETA %s  loss %.3f (ce %.3f bbox %.3f giou %.3f)",
-          p->tty ? "\r" : "", bar, (long long)step, (long long)p->total_steps, (long long)epoch + 1, (long long)epochs,
+  // Epochs count from 0, as in the log lines, metrics.jsonl, results-epoch<E>.json and the reference.
+  fprintf(stderr,
+          "%s[%s] step %lld/%lld epoch %lld (of 0-%lld)  %.2f img/s  ETA %s  loss %.3f (ce %.3f bbox %.3f giou %.3f)",
+          p->tty ? "\r" : "", bar, (long long)step, (long long)p->total_steps, (long long)epoch, (long long)epochs - 1,
           p->rate_ema, eta_text, terms[0], terms[1], terms[2], terms[3]);
   for (int i = 0; attn && i < attn->n; i++) fprintf(stderr, "  %s %.1f", attn->label[i], attn_stats_mean(attn, i));
   if (p->tty) {

@@ -3,7 +3,11 @@
 #include "api/model_file.h"  // CheckpointInfo, model_eval_sizes, checkpoint_info_free
 #include "nn/detr.h"
 #include "train/cli.h"
+#include "datasets/coco.h"
 #include "datasets/transforms.h"
+
+// The model preset of --config when none is given (train, pretrain; eval and predict with --weights).
+#define SETUP_DEFAULT_PRESET "detr-r18-small"
 
 // config: a preset name (DETR_PRESET_LIST in nn/detr.h) or a file of key=value lines (# comments);
 // sets: "key=value" overrides applied in order. A line or override longer than
@@ -27,3 +31,14 @@ int setup_device(const char *name, Device *dev, char *err, size_t err_cap);
 // with err set. The same loader as the C API's (api/model_file.c: model_file_load).
 int setup_load_model(const char *checkpoint, const char *weights, const char *config, const CliList *sets, bool enact,
                      Device dev, DetrModel **out, CheckpointInfo *info, char *err, size_t err_cap);
+
+// A checkpoint's categories ("id:name;id:name;...", CheckpointInfo.categories; NULL: unknown)
+// against a dataset's. Returns 0 when they are the same (or unknown), 1 when the ids are the same
+// but some names differ, 2 when the ids differ; for 1 and 2, msg says the first few differences.
+int categories_compare(const char *checkpoint_categories, const CocoDataset *ds, char *msg, size_t cap);
+
+// The data set's layout for one split, checked before anything is read, with the fix in the
+// message: DIR/annotations/instances_<split>.json[.gz] and DIR/<split>/ must exist; when they do
+// not, err names what is there instead (the instances files and folders) and the flag that picks
+// the split (`flag`, e.g. "--train-split"). Returns 0 or -1 with err set.
+int setup_check_split_layout(const char *data_dir, const char *split, const char *flag, char *err, size_t err_cap);

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,11 +22,13 @@
 #include "train/history.h"
 #include "train/draw.h"
 #include "train/progress.h"
+#include "train/run_dir.h"
 #include "train/setup.h"
 
 TrainOptions train_options_default(void) {
-  TrainOptions o = {.optim = optim_config_default(), .epochs = 300, .batch_size = 2, .workers = 2, .seed = 42,
-                    .pad_multiple = 1,
+  TrainOptions o = {.optim = optim_config_default(), .epochs = 300, .batch_size = CHECKPOINT_TRAIN_DEFAULT_BATCH,
+                    .workers = 2, .seed = 42,
+                    .pad_multiple = 1, .loss = LOSS_WEIGHTS_MODEL,
                     .device = DEVICE_CPU, .train_split = "train", .val_split = "val", .bad_input = BAD_INPUT_FAIL,
                     .out_dir = "runs/detr", .eval_every = 1, .keep_last = 2, .progress = true};
   detr_config_preset("detr-r50", &o.model);
@@ -34,17 +37,48 @@ TrainOptions train_options_default(void) {
   return o;
 }
 
-static CocoDataset *open_split(const TrainOptions *o, const char *split, char *err, size_t cap) {
+void loss_weights_apply(const LossWeights *w, CriterionConfig *c) {
+  if (!isnan(w->ce)) c->weight_ce = w->ce;
+  if (!isnan(w->bbox)) c->weight_bbox = w->bbox;
+  if (!isnan(w->giou)) c->weight_giou = w->giou;
+  if (!isnan(w->eos)) c->eos_coef = w->eos;
+  if (!isnan(w->cost_class)) c->matcher.cost_class = w->cost_class;
+  if (!isnan(w->cost_bbox)) c->matcher.cost_bbox = w->cost_bbox;
+  if (!isnan(w->cost_giou)) c->matcher.cost_giou = w->cost_giou;
+}
+
+// A split, its layout and every image's presence, header and size checked before the first step
+// (headers only: bench/README.md has the time on a COCO-sized set).
+static CocoDataset *open_split(const TrainOptions *o, bool training, char *err, size_t cap) {
+  const char *split = training ? o->train_split : o->val_split, *flag = training ? "--train-split" : "--val-split";
+  if (setup_check_split_layout(o->data_dir, split, flag, err, cap)) return NULL;
   char ann[4096], img[4096];
   setup_split_paths(o->data_dir, split, ann, sizeof ann, img, sizeof img);
-  CocoOpenConfig cc = {.ann_path = ann, .image_dir = img, .policy = o->bad_input};
+  CocoOpenConfig cc = {.ann_path = ann, .image_dir = img, .policy = o->bad_input, .check_images = true};
   CocoDataset *ds = NULL;
   DataError derr;
   if (coco_open(&cc, &ds, &derr)) {
     snprintf(err, cap, "%s", derr.msg);
     return NULL;
   }
-  return ds;
+  const CocoStats *s = &ds->stats;
+  if (ds->n_images == 0) {
+    snprintf(err, cap, "%s: no image is left to %s (%lld skipped: %lld missing files, %lld unreadable or of another "
+             "size than the file says; see the warnings above)", ds->ann_path, training ? "train on" : "evaluate on",
+             (long long)s->skipped_images, (long long)s->missing_images, (long long)s->corrupt_images);
+  } else if (s->annotations - s->crowd_annotations == 0 && training) {
+    snprintf(err, cap, "%s: no annotations (%lld images, none with a box%s): there is nothing to learn", ds->ann_path,
+             (long long)ds->n_images, s->skipped_annotations ? " left after skipping" : "");
+  } else {
+    // A val split without boxes is a warning: training still works, but its AP would be -1 and
+    // no best.safetensors written.
+    if (s->annotations - s->crowd_annotations == 0 && dist_is_main())
+      fprintf(stderr, "detr train: warning: %s has no annotations besides crowd ones: its evaluations will report AP -1 "
+              "and no best.safetensors is written (--val-split none trains without evaluating)\n", ds->ann_path);
+    return ds;
+  }
+  coco_free(ds);
+  return NULL;
 }
 
 static int mkdir_p(const char *dir, char *err, size_t cap) {
@@ -63,40 +97,12 @@ fail:
   return -1;
 }
 
-// Checkpoint steps in the run directory (ckpt-<step>.safetensors), newest first.
-static int list_checkpoints(const char *dir, int64_t *steps, int cap) {
-  DIR *d = opendir(dir);
-  if (!d) return 0;
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) && n < cap) {
-    long long step;
-    char tail[32];
-    if (sscanf(e->d_name, "ckpt-%lld.%31s", &step, tail) == 2 && !strcmp(tail, "safetensors")) steps[n++] = step;
-  }
-  closedir(d);
-  for (int i = 1; i < n; i++)  // insertion sort, descending
-    for (int j = i; j > 0 && steps[j] > steps[j - 1]; j--) {
-      int64_t t = steps[j];
-      steps[j] = steps[j - 1];
-      steps[j - 1] = t;
-    }
-  return n;
-}
-
 static void ckpt_path(const TrainOptions *o, int64_t step, char *out, size_t cap) {
-  snprintf(out, cap, "%s/ckpt-%lld.safetensors", o->out_dir, (long long)step);
+  run_dir_checkpoint_path(o->out_dir, step, out, cap);
 }
 
-static void prune_checkpoints(const TrainOptions *o) {
-  if (!dist_is_main()) return;
-  int64_t steps[1024];
-  int n = list_checkpoints(o->out_dir, steps, 1024);
-  for (int i = o->keep_last; i < n; i++) {
-    char path[4200];
-    ckpt_path(o, steps[i], path, sizeof path);
-    remove(path);
-  }
+static void prune_checkpoints(const TrainOptions *o, int64_t current_step) {
+  if (dist_is_main()) run_dir_prune(o->out_dir, o->keep_last, current_step);
 }
 
 // Rank 0 writes (every rank holds the same state); every rank learns whether it worked.
@@ -109,24 +115,6 @@ static int save(const TrainOptions *o, const char *path, const DetrModel *m, con
     ok = false;
   }
   return dist_all_ok(ok) ? 0 : -1;
-}
-
-// The newest checkpoint in the run directory that loads, skipping damaged ones with a message.
-static int resume_auto(const TrainOptions *o, DetrModel *m, AdamW *opt, TrainState *st, bool *resumed) {
-  int64_t steps[1024];
-  int n = list_checkpoints(o->out_dir, steps, 1024);
-  for (int i = 0; i < n; i++) {
-    char path[4200], err[2048];
-    ckpt_path(o, steps[i], path, sizeof path);
-    if (checkpoint_load(path, m, opt, st, err, sizeof err) == 0) {
-      if (dist_is_main()) fprintf(stderr, "detr train: resuming from %s (step %lld)\n", path, (long long)st->step);
-      *resumed = true;
-      return 0;
-    }
-    fprintf(stderr, "detr train: skipping %s: %s\n", path, err);
-  }
-  *resumed = false;
-  return 0;
 }
 
 // --- the history kept for the chart (train/history.c) ---
@@ -160,7 +148,7 @@ typedef struct {
   TrainOptions *o;
   int world;                  // processes
   CocoDataset *train, *val;
-  char categories[4096];      // "id:name;..." of the training categories, stored in every checkpoint
+  char categories[16384];     // "id:name;..." of the training categories, stored in every checkpoint
   DetrModel *m;
   AdamW opt;
   TrainState st;              // step, data position, dropout stream, best AP: what a checkpoint resumes
@@ -172,16 +160,17 @@ typedef struct {
   Progress progress;
   TrainHistory history;
   CpuShare cpu;               // compute threads: the cores other processes leave free
+  int interrupted;            // the signal that stopped the run (SIGINT, SIGTERM), 0 if none
 } Trainer;
 
 // --- stage 1, set-up: data, model, optimizer; resume or initial weights; the log; the loader ---
 
+// Also the categories against a resumed checkpoint's: a resumed run trains on the same classes.
 static int open_data(Trainer *t, char *err, size_t cap) {
   const TrainOptions *o = t->o;
-  if (mkdir_p(o->out_dir, err, cap)) return -1;
-  t->train = open_split(o, o->train_split, err, cap);
-  if (t->train) t->val = open_split(o, o->val_split, err, cap);
-  if (!t->train || !t->val) return -1;
+  t->train = open_split(o, true, err, cap);
+  if (!t->train) return -1;
+  if (strcmp(o->val_split, "none") && !(t->val = open_split(o, false, err, cap))) return -1;
   if (o->model.num_classes < t->train->num_classes) {
     snprintf(err, cap, "the data has category ids up to %d but the model has num_classes %lld (set --set num_classes=%d)",
              t->train->num_classes - 1, (long long)o->model.num_classes, t->train->num_classes);
@@ -190,6 +179,15 @@ static int open_data(Trainer *t, char *err, size_t cap) {
   for (int i = 0, n = 0; i < t->train->n_categories && n < (int)sizeof t->categories - 1; i++)
     n += snprintf(t->categories + n, sizeof t->categories - (size_t)n, "%s%d:%s", i ? ";" : "",
                   t->train->categories[i].id, t->train->categories[i].name);
+  char diff[1024];
+  int same = o->resume ? categories_compare(o->resume_categories, t->train, diff, sizeof diff) : 0;
+  if (same == 2) {
+    snprintf(err, cap, "the categories of %s differ from those of the run in %s (%s): a resumed run trains on the "
+             "same classes; to train on these, start a new run from its weights: --init %s --out NEW_DIR",
+             t->train->ann_path, o->resume, diff, o->resume);
+    return -1;
+  }
+  if (same == 1 && dist_is_main()) fprintf(stderr, "detr train: warning: the category names differ from %s's: %s\n", o->resume, diff);
   return 0;
 }
 
@@ -207,15 +205,14 @@ static void create_model(Trainer *t) {
 static int resume(Trainer *t, char *err, size_t cap) {
   const TrainOptions *o = t->o;
   TrainState *st = &t->st;
-  if (o->resume && !strcmp(o->resume, "auto")) {
-    resume_auto(o, t->m, &t->opt, st, &t->resumed);
-  } else if (o->resume) {
+  if (o->resume) {
     char why[2048];
     if (checkpoint_load(o->resume, t->m, &t->opt, st, why, sizeof why)) {
       snprintf(err, cap, "--resume %s", why);
       return -1;
     }
     t->resumed = true;
+    if (dist_is_main()) fprintf(stderr, "detr train: resuming from %s (step %lld)\n", o->resume, (long long)st->step);
   }
   int64_t global_batch = (int64_t)t->world * o->batch_size;
   if (t->resumed && (st->world_size != t->world || (st->global_batch && st->global_batch != global_batch))) {
@@ -234,6 +231,53 @@ static int resume(Trainer *t, char *err, size_t cap) {
     return -1;
   }
   return 0;
+}
+
+// What the run directory holds decides what this run may do there, before anything is written:
+// a new run needs a directory without a run (or --move-old-run, which renames it: nothing is
+// deleted); a run resumed from a checkpoint of the directory continues that history only.
+static int check_run_dir(Trainer *t, char *err, size_t cap) {
+  const TrainOptions *o = t->o;
+  RunDirContents c;
+  run_dir_scan(o->out_dir, &c);
+  if (!run_dir_has_run(&c)) return 0;
+  char what[1024], moved[4200];
+  run_dir_describe(&c, what, sizeof what);
+  if (t->resumed && run_dir_contains(o->out_dir, o->resume)) {
+    if (o->move_old_run) {
+      snprintf(err, cap, "--move-old-run would move away the run that --resume %s continues: leave it out", o->resume);
+      return -1;
+    }
+    if (c.n_checkpoints > 0 && c.steps[0] > t->st.step) {
+      snprintf(err, cap, "%s holds ckpt-%lld.safetensors, newer than %s (step %lld): going on from an older checkpoint "
+               "here would mix two histories. Continue the newest with --resume auto, or branch off from this one into "
+               "a new directory with --out NEW_DIR", o->out_dir, (long long)c.steps[0], o->resume, (long long)t->st.step);
+      return -1;
+    }
+    return 0;
+  }
+  if (o->move_old_run) {
+    if (run_dir_move_aside(o->out_dir, moved, sizeof moved, err, cap)) return -1;
+    fprintf(stderr, "detr train: moved the run in %s (%s) to %s\n", o->out_dir, what, moved);
+    return 0;
+  }
+  if (t->resumed)
+    snprintf(err, cap, "%s already holds another run (%s): resuming %s into it would mix two runs. Choose an empty "
+             "--out, or pass --move-old-run to rename that run to %s.old-<time> first (nothing is deleted)", o->out_dir,
+             what, o->resume, o->out_dir);
+  else
+    snprintf(err, cap, "%s already holds a run (%s). Continue it with --resume auto (its model config is read from the "
+             "checkpoint), start a new run with --out NEW_DIR, or pass --move-old-run to rename the directory to "
+             "%s.old-<time> first (nothing is deleted)", o->out_dir, what, o->out_dir);
+  return -1;
+}
+
+// Rank 0 decides (and moves an old run aside); every rank learns the outcome.
+static int claim_run_dir(Trainer *t, char *err, size_t cap) {
+  bool ok = !dist_is_main() || (check_run_dir(t, err, cap) == 0 && mkdir_p(t->o->out_dir, err, cap) == 0);
+  if (dist_all_ok(ok)) return 0;
+  if (ok) snprintf(err, cap, "the run directory was refused (see the message of rank 0)");
+  return -1;
 }
 
 // --calibrate-bn: the frozen batch norms' statistics from the first 8 training images, resized
@@ -281,6 +325,8 @@ static int open_log_and_loader(Trainer *t, char *err, size_t cap) {
   char path[4200];
   snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
   if (dist_is_main()) {  // rank 0 logs; the others compute
+    // A crash after logging steps past the checkpoint: those lines go, the resumed run logs them again.
+    if (t->resumed && run_dir_cut_metrics(path, t->st.step, err, cap)) return -1;
     if (t->resumed) history_load(&t->history, path);
     t->metrics = fopen(path, t->resumed ? "a" : "w");
     if (!t->metrics) fprintf(stderr, "detr train: %s: cannot write: %s\n", path, strerror(errno));
@@ -307,7 +353,7 @@ static int open_log_and_loader(Trainer *t, char *err, size_t cap) {
   if (dist_is_main()) {
     fprintf(stderr, "detr train: %lld training images (%lld batches of %lld per epoch), %lld val images, %lld trainable "
             "parameters, encoder attention %s, run directory %s\n", (long long)t->train->n_images,
-            (long long)t->per_epoch, (long long)t->world * o->batch_size, (long long)t->val->n_images,
+            (long long)t->per_epoch, (long long)t->world * o->batch_size, t->val ? (long long)t->val->n_images : 0LL,
             (long long)params_numel(&t->m->params, PARAM_TRAINABLE), detr_encoder_attn(&t->m->cfg)->name, o->out_dir);
     if (t->world > 1)
       fprintf(stderr, "detr train: data parallel over %d processes (%s), %d images each per step\n", t->world,
@@ -323,9 +369,11 @@ static int trainer_setup(Trainer *t, char *err, size_t cap) {
   t->world = dist_world_size();
   if (dist_setup_device(o->device, err, cap) || open_data(t, err, cap)) return -1;
   create_model(t);
-  if (resume(t, err, cap) || (!t->resumed && initial_weights(t, err, cap)) || open_log_and_loader(t, err, cap))
+  if (resume(t, err, cap) || claim_run_dir(t, err, cap) || (!t->resumed && initial_weights(t, err, cap)) ||
+      open_log_and_loader(t, err, cap))
     return -1;
   t->criterion = detr_criterion_config(&o->model);
+  loss_weights_apply(&o->loss, &t->criterion);
   int64_t total_steps = (int64_t)o->epochs * t->per_epoch;
   if (o->max_steps > 0 && o->max_steps < total_steps) total_steps = o->max_steps;
   progress_init(&t->progress, o->progress && dist_is_main(), t->st.step, total_steps);
@@ -523,6 +571,33 @@ static void log_eval(FILE *metrics, int64_t epoch, int64_t step, const EvalRepor
 
 // --- the epoch: steps, their log, checkpoints ---
 
+// SIGINT or SIGTERM: the step in progress finishes and is checkpointed, then the run stops. The
+// handler is reset by its first call: a second Ctrl-C ends the process at once (the checkpoints
+// written so far are whole: writes are atomic).
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig) {
+  stop_signal = sig;
+  static const char msg[] = "\ndetr train: stopping after this step to write a checkpoint (Ctrl-C again quits now; "
+                            "the last checkpoint is kept)\n";
+  ssize_t ignored = write(STDERR_FILENO, msg, sizeof msg - 1);
+  (void)ignored;
+}
+
+static void catch_stop_signals(bool on) {
+  struct sigaction sa = {.sa_handler = on ? on_stop_signal : SIG_DFL, .sa_flags = on ? (int)SA_RESETHAND : 0};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+}
+
+// Whether any process was asked to stop (every process must stop at the same step).
+static int stop_requested(void) {
+  uint64_t sig = (uint64_t)stop_signal;
+  dist_allreduce_max_u64(&sig, 1);
+  return (int)sig;
+}
+
 // Trains until the epoch ends, max_steps is reached (*stop) or a step fails (-1).
 static int train_epoch(Trainer *t, bool *stop) {
   const TrainOptions *o = t->o;
@@ -558,10 +633,13 @@ static int train_epoch(Trainer *t, bool *stop) {
       st->next_batch = 0;
     }
     if (o->max_steps > 0 && st->step >= o->max_steps) *stop = true;
-    if ((o->checkpoint_every > 0 && st->step % o->checkpoint_every == 0) || (o->checkpoint_every == 0 && epoch_done)) {
+    t->interrupted = stop_requested();
+    if (t->interrupted) *stop = true;
+    if ((o->checkpoint_every > 0 && st->step % o->checkpoint_every == 0) || (o->checkpoint_every == 0 && epoch_done) ||
+        t->interrupted) {
       ckpt_path(o, st->step, path, sizeof path);
       if (save(o, path, t->m, &t->opt, st, t->categories)) return -1;
-      prune_checkpoints(o);
+      prune_checkpoints(o, st->step);
     }
     if (epoch_done) break;
   }
@@ -606,16 +684,72 @@ static int save_final(Trainer *t) {
   ckpt_path(t->o, t->st.step, path, sizeof path);
   if (access(path, F_OK) == 0) return 0;
   if (save(t->o, path, t->m, &t->opt, &t->st, t->categories)) return -1;
-  prune_checkpoints(t->o);
+  prune_checkpoints(t->o, t->st.step);
   return 0;
+}
+
+// How to go on from the run's last checkpoint: the command that made the run, with --resume auto
+// for its --resume and without --move-old-run.
+static void print_resume_hint(const TrainOptions *o) {
+  char text[sizeof o->train_config_text], *save = NULL;
+  snprintf(text, sizeof text, "%s", o->train_config_text);
+  fprintf(stderr, "detr train: resume with: detr");
+  for (char *w = strtok_r(text, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
+    if (!strcmp(w, "--resume")) w = strtok_r(NULL, " ", &save);
+    else if (strncmp(w, "--resume=", 9) && strcmp(w, "--move-old-run")) fprintf(stderr, " %s", w);
+    if (!w) break;
+  }
+  fprintf(stderr, " --resume auto\n");
+}
+
+// Nothing to train: the run is at its --max-steps or past its last epoch.
+static bool run_complete(const Trainer *t) {
+  const TrainOptions *o = t->o;
+  if (o->max_steps > 0 && t->st.step >= o->max_steps) {
+    if (dist_is_main())
+      fprintf(stderr, "detr train: %s is at step %lld, which --max-steps %lld has reached: nothing to do (a larger "
+              "--max-steps trains on)\n", o->out_dir, (long long)t->st.step, (long long)o->max_steps);
+    return true;
+  }
+  if (t->st.epoch >= o->epochs) {
+    if (dist_is_main())
+      fprintf(stderr, "detr train: %s has finished its %d epochs (step %lld): nothing to do (a larger --epochs trains "
+              "on)\n", o->out_dir, o->epochs, (long long)t->st.step);
+    return true;
+  }
+  return false;
+}
+
+// Why the run stopped, where its state is, and how to go on.
+static void report_end(const Trainer *t, int rc) {
+  const TrainOptions *o = t->o;
+  if (!dist_is_main() || rc) return;
+  char path[4200];
+  ckpt_path(o, t->st.step, path, sizeof path);
+  if (t->interrupted) {
+    fprintf(stderr, "detr train: interrupted at step %lld (%s): the state is in %s\n", (long long)t->st.step,
+            t->interrupted == SIGINT ? "Ctrl-C" : "SIGTERM", path);
+    print_resume_hint(o);
+  } else if (o->max_steps > 0 && t->st.step >= o->max_steps) {
+    fprintf(stderr, "detr train: stopped at step %lld (--max-steps %lld): the state is in %s; continue with --resume "
+            "auto and a larger --max-steps\n", (long long)t->st.step, (long long)o->max_steps, path);
+  } else if (t->val && t->st.best_map >= 0) {
+    fprintf(stderr, "detr train: finished %d epochs at step %lld: the state is in %s, the best AP %.4f in "
+            "%s/best.safetensors\n", o->epochs, (long long)t->st.step, path, t->st.best_map, o->out_dir);
+  } else {
+    fprintf(stderr, "detr train: finished %d epochs at step %lld: the state is in %s\n", o->epochs,
+            (long long)t->st.step, path);
+  }
 }
 
 int train_run(TrainOptions *o) {
   Trainer t = {.o = o};
   char err[4096];
+  stop_signal = 0;
+  catch_stop_signals(true);
   int rc = trainer_setup(&t, err, sizeof err);
   if (rc) fprintf(stderr, "detr train: %s\n", err);
-  bool stop = false;
+  bool complete = rc == 0 && run_complete(&t), stop = complete;
   while (rc == 0 && !stop && t.st.epoch < o->epochs) {
     t.opt.epoch = (int)t.st.epoch;
     double epoch_t0 = now_s();
@@ -625,10 +759,14 @@ int train_run(TrainOptions *o) {
     bool epoch_finished = t.st.next_batch == 0, last = t.st.epoch >= o->epochs || stop;
     if (epoch_finished && dist_is_main())
       fprintf(stderr, "epoch %lld done in %.1f s\n", (long long)t.st.epoch - 1, now_s() - epoch_t0);
-    if (epoch_finished && ((o->eval_every > 0 && t.st.epoch % o->eval_every == 0) || last)) rc = evaluate_epoch(&t);
+    if (epoch_finished && t.val && !t.interrupted && ((o->eval_every > 0 && t.st.epoch % o->eval_every == 0) || last))
+      rc = evaluate_epoch(&t);
   }
   if (rc == 0) rc = save_final(&t);
   if (rc == 0) write_chart(o, &t.history);
+  if (!complete) report_end(&t, rc);
+  catch_stop_signals(false);
+  int interrupted = t.interrupted;
   trainer_free(&t);
-  return rc ? 1 : 0;
+  return rc ? 1 : interrupted ? 128 + interrupted : 0;
 }

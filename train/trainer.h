@@ -2,11 +2,22 @@
 // schedule, progress and JSON-lines metrics, evaluation every N epochs, atomic checkpoints
 // (keep-last-K and best-by-AP) and exact resume.
 #pragma once
+#include <math.h>
 #include <stdbool.h>
 
 #include "datasets/loader.h"
+#include "nn/criterion.h"
 #include "nn/detr.h"
 #include "train/optim.h"
+
+// The loss and matcher weights of the reference's flags (--bbox_loss_coef, --set_cost_class, ...);
+// NAN keeps the model's own (DETR: ce 1, bbox 5, giou 2, eos 0.1, costs 1/5/2; Conditional DETR:
+// ce 2, class cost 2).
+typedef struct {
+  float ce, bbox, giou, eos, cost_class, cost_bbox, cost_giou;
+} LossWeights;
+#define LOSS_WEIGHTS_MODEL ((LossWeights){NAN, NAN, NAN, NAN, NAN, NAN, NAN})
+void loss_weights_apply(const LossWeights *w, CriterionConfig *c);
 
 typedef struct {
   DetrConfig model;
@@ -18,7 +29,7 @@ typedef struct {
   uint64_t seed;
   Device device;
   const char *data_dir;     // DIR/annotations/instances_<split>.json[.gz] and DIR/<split>/
-  const char *train_split, *val_split;
+  const char *train_split, *val_split;  // val_split "none": no evaluation (and no best.safetensors)
   AugConfig train_aug, val_aug;
   int pad_multiple;         // batches padded to a multiple of this many pixels (LoaderConfig; 1: none)
   BadInputPolicy bad_input;
@@ -28,7 +39,10 @@ typedef struct {
   int keep_last;            // checkpoints kept (ckpt-<step>.safetensors), besides best.safetensors
   const char *init_weights; // model weights to start from (strict load; ENACT's W_prob optional)
   const char *init_backbone; // backbone weights to start from (`detr pretrain`; backbone.* tensors only)
-  const char *resume;       // NULL, "auto" (newest valid checkpoint in out_dir) or a path
+  const char *resume;       // NULL or the checkpoint to resume (`detr train` resolves --resume auto)
+  const char *resume_categories;  // the resumed checkpoint's "id:name;..." (NULL: unknown)
+  bool move_old_run;        // a run already in out_dir is renamed to out_dir.old-<time> first
+  LossWeights loss;
   int64_t max_steps;        // stop after this many steps in total (0: no limit), e.g. for tests
   bool calibrate_bn;        // from scratch: set the frozen BN statistics from a batch before training
   bool progress;            // progress bar on stderr
@@ -36,5 +50,6 @@ typedef struct {
 } TrainOptions;
 
 TrainOptions train_options_default(void);
-// Returns 0 on success, 1 on a failure (message printed; nothing already saved is lost).
+// Returns 0 on success, 1 on a failure (message printed; nothing already saved is lost), 130 or
+// 143 after SIGINT or SIGTERM (the step in progress finished and checkpointed first).
 int train_run(TrainOptions *o);

@@ -1,0 +1,270 @@
+// The run directory is the user's data, and bad data fails before step 1: `detr train` as a user
+// runs it into an existing run, after a crash, at its --max-steps, under Ctrl-C, and on data with
+// the usual mistakes (images in the wrong folder, sizes or boxes written wrong, no annotations,
+// one file under two ids, a folder where an image should be).
+#define _DEFAULT_SOURCE  // mkdtemp, usleep, kill
+#include <check.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/shell.h"
+
+#ifndef DETR_BIN
+#error "DETR_BIN (the detr binary) must be defined by the build"
+#endif
+
+static const char *TINY =
+    "--config tiny --set num_classes=100 --epochs 50 --eval-every 0 --checkpoint-every 2 --keep 20 "
+    "--workers 2 --threads 2 --seed 5 --no-progress";
+static char log_path[256];
+
+static void setup_data(void) {
+  if (test_root[0]) return;
+  snprintf(test_root, sizeof test_root, "/tmp/detr-safety-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(test_root));
+  snprintf(log_path, sizeof log_path, "%s/log.txt", test_root);
+  ck_assert_int_eq(sh("%s synth --out %s/data --train 12 --val 4 --seed 3", DETR_BIN, test_root), 0);
+}
+
+// The log holds only what the next commands print.
+static void clear_log(void) { ck_assert_int_eq(sh(": > %s", log_path), 0); }
+
+static bool log_has(const char *pattern) { return sh("grep -Eq -- '%s' %s", pattern, log_path) == 0; }
+
+#define ASSERT_LOG(pattern) ck_assert_msg(log_has(pattern), "the log lacks /%s/: see %s", pattern, log_path)
+
+// Training lines in RUN/metrics.jsonl, and whether each step 1..n appears exactly once.
+static int train_lines(const char *run) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "grep -c '\"type\": \"train\"' %s/%s/metrics.jsonl 2>/dev/null", test_root, run);
+  FILE *p = popen(cmd, "r");
+  int n = -1;
+  if (!p || fscanf(p, "%d", &n) != 1) n = -1;
+  if (p) pclose(p);
+  return n;
+}
+
+static bool each_step_once(const char *run, int steps) {
+  char want[512] = "";
+  for (int s = 1, n = 0; s <= steps && n < (int)sizeof want - 16; s++) n += snprintf(want + n, sizeof want - n, "%d ", s);
+  return sh("grep '\"type\": \"train\"' %s/%s/metrics.jsonl | sed 's/.*\"step\": \\([0-9]*\\),.*/\\1/' | "
+            "tr '\\n' ' ' | grep -qx '%s'", test_root, run, want) == 0;
+}
+
+// A run into a directory that holds another run (of another config, or without --resume) stops
+// before it writes anything and says what is there and what to do; --move-old-run keeps the old run.
+START_TEST(existing_run_is_never_overwritten) {
+  setup_data();
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/a --max-steps 4 %s", DETR_BIN, test_root, test_root, TINY), 0);
+  ck_assert_int_eq(sh("(cd %s/a && md5sum ckpt-2.safetensors ckpt-4.safetensors metrics.jsonl > ../a.md5)", test_root), 0);
+  clear_log();
+  // Another model config with --resume auto: refused, naming the differing key.
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/a --max-steps 6 --resume auto %s --set hidden_dim=16", DETR_BIN,
+                      test_root, test_root, TINY), 1);
+  ASSERT_LOG("hidden_dim");
+  ASSERT_LOG("--out");
+  ck_assert_int_eq(sh("cd %s/a && md5sum -c --quiet ../a.md5", test_root), 0);
+  // No --resume: refused with the three choices.
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/a --max-steps 2 %s", DETR_BIN, test_root, test_root, TINY), 1);
+  ASSERT_LOG("--resume auto");
+  ASSERT_LOG("--move-old-run");
+  ASSERT_LOG("ckpt-4");
+  ck_assert_int_eq(sh("cd %s/a && md5sum -c --quiet ../a.md5", test_root), 0);
+  // --resume auto without --config: the checkpoint's model config, continued to step 6.
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/a --max-steps 6 --resume auto --epochs 50 --checkpoint-every 2 "
+                      "--keep 20 --threads 2 --seed 5 --no-progress --eval-every 0", DETR_BIN, test_root, test_root), 0);
+  ck_assert_msg(each_step_once("a", 6), "metrics.jsonl does not hold steps 1-6 once each");
+  ck_assert_int_eq(sh("(cd %s/a && md5sum *.safetensors metrics.jsonl > ../a.md5)", test_root), 0);
+  // --move-old-run: the old run moved aside whole, a new one started.
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/a --max-steps 2 --move-old-run %s", DETR_BIN, test_root, test_root,
+                      TINY), 0);
+  ck_assert_int_eq(train_lines("a"), 2);
+  ck_assert_int_eq(sh("test $(ls -d %s/a.old-* | wc -l) -eq 1 && cd %s/a.old-* && md5sum -c --quiet ../a.md5 && "
+                      "test -e ckpt-6.safetensors", test_root, test_root), 0);
+}
+END_TEST
+
+// A crash between a step's log line and its checkpoint: the resumed run logs each step once.
+// Resuming from an older checkpoint of the same directory would mix two histories: refused, with
+// --out to branch off instead. A run at its --max-steps resumes to nothing and says so.
+START_TEST(resume_keeps_one_history) {
+  setup_data();
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/c --max-steps 6 %s", DETR_BIN, test_root, test_root, TINY), 0);
+  ck_assert_int_eq(sh("rm %s/c/ckpt-6.safetensors", test_root), 0);  // killed after logging step 6
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/c --max-steps 8 --resume auto %s", DETR_BIN, test_root, test_root,
+                      TINY), 0);
+  ck_assert_msg(each_step_once("c", 8), "metrics.jsonl does not hold steps 1-8 once each");
+  ASSERT_LOG("stopped at step 8 .*--max-steps");
+  // At its --max-steps: nothing to do, nothing written.
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/c --max-steps 8 --resume auto %s", DETR_BIN, test_root, test_root,
+                      TINY), 0);
+  ck_assert_int_eq(sh("test -e %s/c/ckpt-9.safetensors", test_root), 1);
+  ASSERT_LOG("--max-steps");
+  ck_assert(each_step_once("c", 8));
+  // An older checkpoint of this directory: refused; into a new --out: a branch, the original kept.
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/c --max-steps 8 --resume %s/c/ckpt-2.safetensors %s", DETR_BIN,
+                      test_root, test_root, test_root, TINY), 1);
+  ASSERT_LOG("ckpt-8");
+  ASSERT_LOG("--out");
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/c2 --max-steps 4 --resume %s/c/ckpt-2.safetensors %s", DETR_BIN,
+                      test_root, test_root, test_root, TINY), 0);
+  ck_assert_int_eq(sh("test -e %s/c2/ckpt-4.safetensors && test -e %s/c/ckpt-8.safetensors", test_root, test_root), 0);
+  // Other categories in the data: a resumed run trains on its own classes (--init starts anew).
+  ck_assert_int_eq(sh("cp -r %s/data %s/dc && sed -i 's/\"id\": 7, \"name\"/\"id\": 99, \"name\"/; "
+                      "s/\"category_id\": 7,/\"category_id\": 99,/' %s/dc/annotations/instances_train.json",
+                      test_root, test_root, test_root), 0);
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data %s/dc --out %s/c --max-steps 10 --resume auto %s", DETR_BIN, test_root, test_root,
+                      TINY), 1);
+  ASSERT_LOG("categories .* differ");
+  ASSERT_LOG("--init");
+}
+END_TEST
+
+// The reference's loss and matcher weights are flags; --val-split none trains without evaluation.
+START_TEST(loss_weights_and_no_val_split) {
+  setup_data();
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/w1 --max-steps 1 %s", DETR_BIN, test_root, test_root, TINY), 0);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/w2 --max-steps 1 %s --bbox-loss-coef 0 --giou-loss-coef 0 "
+                      "--cost-bbox 5 --eos-coef 0.1", DETR_BIN, test_root, test_root, TINY), 0);
+  // The same first step's terms, another weighted total.
+  const char *terms = "grep -o '\"loss_bbox\": [0-9.]*' %s/%s/metrics.jsonl";
+  char a[512], b[512];
+  snprintf(a, sizeof a, terms, test_root, "w1");
+  snprintf(b, sizeof b, terms, test_root, "w2");
+  ck_assert_int_eq(sh("test \"$(%s)\" = \"$(%s)\"", a, b), 0);
+  ck_assert_int_ne(sh("test \"$(grep -o '\"loss\": [0-9.]*' %s/w1/metrics.jsonl)\" = "
+                      "\"$(grep -o '\"loss\": [0-9.]*' %s/w2/metrics.jsonl)\"", test_root, test_root), 0);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/w3 --max-steps 1 %s --bbox-loss-coef -1", DETR_BIN, test_root,
+                      test_root, TINY), 2);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/nv --config tiny --set num_classes=100 --epochs 1 --threads 2 "
+                      "--no-progress --val-split none", DETR_BIN, test_root, test_root), 0);
+  ck_assert_int_eq(sh("test -e %s/nv/best.safetensors || grep -q '\"type\": \"eval\"' %s/nv/metrics.jsonl", test_root,
+                      test_root), 1);
+}
+END_TEST
+
+// Ctrl-C: the step in progress finishes, a checkpoint is written, the message says how to resume,
+// and the exit status is 130.
+START_TEST(ctrl_c_saves_and_says_how_to_resume) {
+  setup_data();
+  char cmd[2048], ckpt2[256];
+  snprintf(cmd, sizeof cmd, "exec %s train --data %s/data --out %s/i --max-steps 100000 %s >> %s 2>&1", DETR_BIN,
+           test_root, test_root, TINY, log_path);
+  snprintf(ckpt2, sizeof ckpt2, "%s/i/ckpt-2.safetensors", test_root);
+  clear_log();
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd, NULL);
+    _exit(127);
+  }
+  struct stat st;
+  for (int i = 0; i < 6000 && stat(ckpt2, &st) != 0; i++) usleep(10000);
+  usleep(100000);
+  kill(pid, SIGINT);
+  int status;
+  waitpid(pid, &status, 0);
+  ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 130, "exit status %d", status);
+  ASSERT_LOG("interrupted at step [0-9]+");
+  ASSERT_LOG("--resume auto");
+  // The checkpoint it names exists and resumes.
+  ck_assert_int_eq(sh("f=$(grep -o '[^ ]*/i/ckpt-[0-9]*.safetensors' %s | tail -1) && test -s \"$f\"", log_path), 0);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/i --max-steps 100000 --resume auto %s --epochs 1", DETR_BIN,
+                      test_root, test_root, TINY), 0);
+}
+END_TEST
+
+// Data with the usual mistakes fails before step 1, saying what is wrong and where.
+START_TEST(bad_data_fails_before_step_one) {
+  setup_data();
+  const char *ann = "annotations/instances_train.json";
+  // The images in images/ instead of train/: the layout and --train-split in the message.
+  ck_assert_int_eq(sh("cp -r %s/data %s/d1 && mv %s/d1/train %s/d1/images", test_root, test_root, test_root, test_root), 0);
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data %s/d1 --out %s/r1 %s", DETR_BIN, test_root, test_root, TINY), 1);
+  ASSERT_LOG("--train-split");
+  ck_assert_int_eq(train_lines("r1"), -1);
+  // Under skip, a folder without one readable image is an error, not a loader spinning forever.
+  ck_assert_int_eq(sh("mkdir %s/d1/train", test_root), 0);
+  clear_log();
+  ck_assert_int_eq(sh("timeout 120 %s train --data %s/d1 --out %s/r1b --bad-input skip %s", DETR_BIN, test_root, test_root,
+                      TINY), 1);
+  ASSERT_LOG("no image is left to train on \\(12 skipped: 12 missing");
+  // One image's width and height doubled in the file.
+  ck_assert_int_eq(sh("cp -r %s/data %s/d2 && sed -i 's/\"width\": 425, \"height\": 416/\"width\": 850, \"height\": 832/' "
+                      "%s/d2/%s", test_root, test_root, test_root, ann), 0);
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data %s/d2 --out %s/r2 %s", DETR_BIN, test_root, test_root, TINY), 1);
+  ASSERT_LOG("425x416 but the annotation file says 850x832");
+  ck_assert_int_eq(train_lines("r2"), -1);
+  // Boxes written as [x0, y0, x1, y1].
+  ck_assert_int_eq(sh("cp -r %s/data %s/d3 && (awk '{ if (match($0, /\"bbox\": \\[[^]]*\\]/)) { "
+                      "split(substr($0, RSTART + 9, RLENGTH - 10), b, \", \"); $0 = substr($0, 1, RSTART - 1) "
+                      "\"\\\"bbox\\\": [\" b[1] \", \" b[2] \", \" b[1] + b[3] \", \" b[2] + b[4] \"]\" "
+                      "substr($0, RSTART + RLENGTH) } print }' %s/data/%s > %s/d3/%s)",
+                      test_root, test_root, test_root, ann, test_root, ann), 0);
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data %s/d3 --out %s/r3 %s --bad-input skip", DETR_BIN, test_root, test_root, TINY), 1);
+  ASSERT_LOG("\\[x, y, width, height\\]");
+  // No annotations at all.
+  ck_assert_int_eq(sh("cp -r %s/data %s/d4 && sed -i '/\"image_id\"/d' %s/d4/%s", test_root, test_root, test_root, ann), 0);
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data %s/d4 --out %s/r4 %s", DETR_BIN, test_root, test_root, TINY), 1);
+  ASSERT_LOG("no annotations");
+  // One file under two image ids.
+  ck_assert_int_eq(sh("cp -r %s/data %s/d5 && sed -i 's/\"file_name\": \"000000000002.jpg\", \"width\": 395, \"height\": "
+                      "440/\"file_name\": \"000000000001.jpg\", \"width\": 425, \"height\": 416/' %s/d5/%s",
+                      test_root, test_root, test_root, ann), 0);
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data %s/d5 --out %s/r5 %s", DETR_BIN, test_root, test_root, TINY), 1);
+  ASSERT_LOG("000000000001.jpg");
+  ASSERT_LOG("image ids 1 and 2");
+  // A folder where an image file should be: named as such, for train and for predict.
+  ck_assert_int_eq(sh("cp -r %s/data %s/d6 && mkdir %s/d6/train/sub && sed -i "
+                      "'s/\"file_name\": \"000000000003.jpg\"/\"file_name\": \"sub\"/' %s/d6/%s",
+                      test_root, test_root, test_root, test_root, ann), 0);
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data %s/d6 --out %s/r6 %s", DETR_BIN, test_root, test_root, TINY), 1);
+  ASSERT_LOG("sub.*folder");
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/p --max-steps 1 %s", DETR_BIN, test_root, test_root, TINY), 0);
+  clear_log();
+  ck_assert_int_eq(sh("%s predict --checkpoint %s/p/ckpt-1.safetensors --out %s/pred %s/data/val", DETR_BIN, test_root,
+                      test_root, test_root), 1);
+  ASSERT_LOG("data/val.*folder");
+  ck_assert(!log_has("bytes for encoded image"));
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("run_safety");
+  TCase *tc = tcase_create("run_safety");
+  tcase_set_timeout(tc, 600);
+  tcase_add_test(tc, existing_run_is_never_overwritten);
+  tcase_add_test(tc, resume_keeps_one_history);
+  tcase_add_test(tc, loss_weights_and_no_val_split);
+  tcase_add_test(tc, ctrl_c_saves_and_says_how_to_resume);
+  tcase_add_test(tc, bad_data_fails_before_step_one);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_set_fork_status(sr, CK_NOFORK);  // the tests fork and exec themselves
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  if (!failed && test_root[0]) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", test_root);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", test_root);
+  }
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

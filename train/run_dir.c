@@ -1,0 +1,173 @@
+#define _DEFAULT_SOURCE  // realpath, getline
+#include "train/run_dir.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "api/model_file.h"  // checkpoint_verify
+#include "tensor/safetensors.h"
+
+static bool exists_in(const char *dir, const char *name) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  return access(path, F_OK) == 0;
+}
+
+void run_dir_scan(const char *dir, RunDirContents *c) {
+  *c = (RunDirContents){0};
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d)) && c->n_checkpoints < RUN_DIR_MAX_CHECKPOINTS) {
+    long long step;
+    char tail[32];
+    if (sscanf(e->d_name, "ckpt-%lld.%31s", &step, tail) == 2 && !strcmp(tail, "safetensors") && step >= 0)
+      c->steps[c->n_checkpoints++] = step;
+  }
+  closedir(d);
+  for (int i = 1; i < c->n_checkpoints; i++)  // insertion sort, newest first
+    for (int j = i; j > 0 && c->steps[j] > c->steps[j - 1]; j--) {
+      int64_t t = c->steps[j];
+      c->steps[j] = c->steps[j - 1];
+      c->steps[j - 1] = t;
+    }
+  c->best = exists_in(dir, "best.safetensors");
+  c->metrics = exists_in(dir, "metrics.jsonl");
+}
+
+bool run_dir_has_run(const RunDirContents *c) { return c->n_checkpoints > 0 || c->best || c->metrics; }
+
+void run_dir_describe(const RunDirContents *c, char *buf, size_t cap) {
+  size_t n = 0;
+  buf[0] = 0;
+#define ADD(...) n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, __VA_ARGS__)
+  if (c->n_checkpoints == 1) ADD("ckpt-%lld.safetensors", (long long)c->steps[0]);
+  if (c->n_checkpoints > 1)
+    ADD("ckpt-%lld.safetensors (the newest of %d checkpoints)", (long long)c->steps[0], c->n_checkpoints);
+  if (c->best) ADD("%sbest.safetensors", n ? ", " : "");
+  if (c->metrics) ADD("%smetrics.jsonl", n ? ", " : "");
+#undef ADD
+}
+
+void run_dir_checkpoint_path(const char *dir, int64_t step, char *out, size_t cap) {
+  snprintf(out, cap, "%s/ckpt-%lld.safetensors", dir, (long long)step);
+}
+
+int run_dir_move_aside(const char *dir, char *moved_to, size_t moved_cap, char *err, size_t err_cap) {
+  char stamp[32], base[4200];
+  time_t now = time(NULL);
+  struct tm tm;
+  strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", localtime_r(&now, &tm));
+  size_t len = strlen(dir);
+  while (len > 1 && dir[len - 1] == '/') len--;  // "runs/a/" moves to "runs/a.old-...", not inside itself
+  snprintf(base, sizeof base, "%.*s.old-%s", (int)len, dir, stamp);
+  snprintf(moved_to, moved_cap, "%s", base);
+  for (int k = 2; access(moved_to, F_OK) == 0 && k < 1000; k++) snprintf(moved_to, moved_cap, "%s-%d", base, k);
+  if (access(moved_to, F_OK) == 0 || rename(dir, moved_to) != 0) {
+    snprintf(err, err_cap, "--move-old-run: cannot rename %s to %s: %s", dir, moved_to,
+             errno ? strerror(errno) : "the name is taken");
+    return -1;
+  }
+  return 0;
+}
+
+int run_dir_resume_checkpoint(const char *dir, const char *resume, char *path, size_t cap, char *err, size_t err_cap) {
+  path[0] = 0;
+  if (strcmp(resume, "auto")) {
+    snprintf(path, cap, "%s", resume);
+    return 0;
+  }
+  RunDirContents c;
+  run_dir_scan(dir, &c);
+  for (int i = 0; i < c.n_checkpoints; i++) {
+    char candidate[4200], why[2048];
+    run_dir_checkpoint_path(dir, c.steps[i], candidate, sizeof candidate);
+    StFile *f = st_open(candidate, why, sizeof why);
+    int rc = f ? checkpoint_verify(f, NULL, why, sizeof why) : -1;
+    st_close(f);
+    if (rc == 0) {
+      snprintf(path, cap, "%s", candidate);
+      return 0;
+    }
+    // Renamed: a later --resume auto would meet it again, and it is kept (never deleted).
+    char damaged[4300];
+    snprintf(damaged, sizeof damaged, "%s.damaged", candidate);
+    bool renamed = rename(candidate, damaged) == 0;
+    fprintf(stderr, "detr train: skipping %s: %s%s%s\n", candidate, why, renamed ? "; renamed to " : "",
+            renamed ? damaged : "");
+  }
+  if (c.n_checkpoints > 0) {
+    snprintf(err, err_cap, "--resume auto: every checkpoint in %s is damaged (see above): resume from another with "
+             "--resume FILE, or start anew with --out NEW_DIR or --move-old-run", dir);
+    return -1;
+  }
+  return 0;
+}
+
+bool run_dir_contains(const char *dir, const char *file) {
+  char d[PATH_MAX], f[PATH_MAX];
+  if (!realpath(dir, d) || !realpath(file, f)) return false;
+  char *slash = strrchr(f, '/');
+  if (!slash) return false;
+  *slash = 0;
+  return !strcmp(d, f[0] ? f : "/");
+}
+
+// The "step" of a metrics.jsonl line, or -1 for a line without one.
+static long long line_step(const char *line) {
+  const char *s = strstr(line, "\"step\": ");
+  return s ? strtoll(s + 8, NULL, 10) : -1;
+}
+
+int run_dir_cut_metrics(const char *path, int64_t step, char *err, size_t err_cap) {
+  FILE *in = fopen(path, "r");
+  if (!in) return 0;
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *out = NULL;
+  char *line = NULL;
+  size_t line_cap = 0;
+  long long cut = 0;
+  int rc = 0;
+  // A first pass finds whether anything is past the step: most resumes change nothing.
+  while (getline(&line, &line_cap, in) > 0) cut += line_step(line) > step;
+  if (cut > 0) {
+    rewind(in);
+    out = fopen(tmp, "w");
+    if (!out) rc = -1;
+    while (!rc && getline(&line, &line_cap, in) > 0)
+      if (line_step(line) <= step && fputs(line, out) == EOF) rc = -1;
+    if (out && (fflush(out) || fsync(fileno(out)))) rc = -1;
+    if (out && fclose(out)) rc = -1;
+    if (!rc && rename(tmp, path)) rc = -1;
+    if (rc) {
+      snprintf(err, err_cap, "%s: cannot cut it back to step %lld: %s", path, (long long)step, strerror(errno));
+      remove(tmp);
+    } else {
+      fprintf(stderr, "detr train: %s: dropped %lld lines past step %lld (the interrupted run's, logged again now)\n",
+              path, cut, (long long)step);
+    }
+  }
+  free(line);
+  fclose(in);
+  return rc;
+}
+
+void run_dir_prune(const char *dir, int keep, int64_t current_step) {
+  RunDirContents c;
+  run_dir_scan(dir, &c);
+  for (int i = 0, kept = 0; i < c.n_checkpoints; i++) {
+    if (c.steps[i] > current_step) continue;
+    if (kept++ < keep) continue;
+    char path[4200];
+    run_dir_checkpoint_path(dir, c.steps[i], path, sizeof path);
+    remove(path);
+  }
+}

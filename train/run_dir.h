@@ -1,0 +1,44 @@
+// The run directory is the user's data: what `detr train --out DIR` finds there, which checkpoint
+// a --resume means, and the few ways the trainer changes a directory (moving an old run aside,
+// cutting metrics.jsonl back to a resumed step, pruning its own old checkpoints). Nothing here
+// deletes what another run wrote.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RUN_DIR_MAX_CHECKPOINTS 1024
+
+// What a directory holds of a run.
+typedef struct {
+  int64_t steps[RUN_DIR_MAX_CHECKPOINTS];  // ckpt-<step>.safetensors, newest first
+  int n_checkpoints;
+  bool best;     // best.safetensors
+  bool metrics;  // metrics.jsonl
+} RunDirContents;
+
+void run_dir_scan(const char *dir, RunDirContents *c);
+bool run_dir_has_run(const RunDirContents *c);
+// "ckpt-4.safetensors (the newest of 2 checkpoints), best.safetensors, metrics.jsonl".
+void run_dir_describe(const RunDirContents *c, char *buf, size_t cap);
+// DIR/ckpt-<step>.safetensors.
+void run_dir_checkpoint_path(const char *dir, int64_t step, char *out, size_t cap);
+
+// Renames DIR to DIR.old-<YYYYmmdd-HHMMSS>[-N] (a name not yet taken). Returns 0 with the new name
+// in moved_to, or -1 with err set.
+int run_dir_move_aside(const char *dir, char *moved_to, size_t moved_cap, char *err, size_t err_cap);
+
+// The checkpoint `resume` means: "auto", the newest checkpoint in dir whose file is intact (the
+// damaged ones are skipped with a message on stderr; path "" when there is none); otherwise
+// `resume` itself. Returns 0, or -1 with err set (auto: every checkpoint damaged).
+int run_dir_resume_checkpoint(const char *dir, const char *resume, char *path, size_t cap, char *err, size_t err_cap);
+// Whether the checkpoint file lies in dir (the same directory, however either is spelled).
+bool run_dir_contains(const char *dir, const char *file);
+
+// Cuts metrics.jsonl back to the lines of steps <= step (the lines of an interrupted run past its
+// last checkpoint, which the resumed run logs again), atomically. A missing file is no error.
+int run_dir_cut_metrics(const char *path, int64_t step, char *err, size_t err_cap);
+
+// Removes this run's checkpoints beyond the newest `keep` among those at steps <= current_step;
+// never a checkpoint from past current_step (not this run's).
+void run_dir_prune(const char *dir, int keep, int64_t current_step);
