@@ -6,12 +6,18 @@
 // (getrusage ru_maxrss; the writer streams through a 1 MB buffer, so the peak is the parser's).
 // MB = 1e6 bytes throughout (COCO's instances_train2017.json is 469.8 MB).
 // --gz writes and parses a .json.gz instead. The file is removed afterwards unless --keep.
+// --check-images DIR: also fills DIR with the 118287 image files (hard links to one 640x480 JPEG)
+// and times coco_open with check_images, the check `detr train` runs before its first step
+// (every file's presence, header and size; the page cache warm after the first of 3 runs, and cold
+// for the first with BENCH_DROP_CACHES=1 as root).
+#define _DEFAULT_SOURCE  // sync, link
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "datasets/coco.h"
@@ -173,17 +179,67 @@ static void write_instances(const char *path, double target_mb, bool gz) {
   free(o);
 }
 
+// DIR/000000000001.jpg ... as hard links to a 640x480 JPEG (train2017's typical size), a new one
+// every 50000 (ext4 allows 65000 links to a file).
+static void write_images(const char *dir) {
+  mkdir(dir, 0755);
+  static uint8_t px[480 * 640 * 3];  // [480, 640, 3]
+  for (int i = 0; i < 480 * 640 * 3; i++) px[i] = (uint8_t)((i * 7) ^ (i >> 9));
+  char first[4200], path[4200];
+  for (int i = 0; i < N_IMAGES; i++) {
+    snprintf(path, sizeof path, "%s/%012d.jpg", dir, i + 1);
+    if (i % 50000 == 0) {
+      DataError err;
+      snprintf(first, sizeof first, "%s", path);
+      if (access(path, F_OK) != 0 && image_write_jpeg(first, px, 640, 480, 3, 90, &err) != DATA_OK) {
+        fprintf(stderr, "bench_coco_parse: %s\n", err.msg);
+        exit(1);
+      }
+      continue;
+    }
+    if (access(path, F_OK) != 0 && link(first, path) != 0) {
+      fprintf(stderr, "bench_coco_parse: cannot link %s\n", path);
+      exit(1);
+    }
+  }
+}
+
+static void time_check_images(const char *ann, const char *dir) {
+  write_images(dir);
+  if (getenv("BENCH_DROP_CACHES")) {  // root only: the first run then reads inodes and headers from disk
+    sync();
+    FILE *f = fopen("/proc/sys/vm/drop_caches", "w");
+    if (!f || fputs("3\n", f) == EOF || fclose(f)) fprintf(stderr, "bench_coco_parse: cannot drop the page cache\n");
+  }
+  for (int run = 0; run < 3; run++) {
+    CocoOpenConfig cfg = {.ann_path = ann, .image_dir = dir, .policy = BAD_INPUT_FAIL, .quiet = true};
+    for (int check = 0; check < 2; check++) {
+      cfg.check_images = check;
+      CocoDataset *ds = NULL;
+      DataError err;
+      double t0 = now();
+      if (coco_open(&cfg, &ds, &err) != DATA_OK) {
+        fprintf(stderr, "bench_coco_parse: %s\n", err.msg);
+        exit(1);
+      }
+      printf("run %d: coco_open %s the image check: %.2f s\n", run, check ? "with" : "without", now() - t0);
+      coco_free(ds);
+    }
+  }
+}
+
 int main(int argc, char **argv) {
   double mb = 450;
-  const char *out = NULL;
+  const char *out = NULL, *images = NULL;
   bool gz = false, keep = false;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--mb") && i + 1 < argc) mb = atof(argv[++i]);
     else if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
     else if (!strcmp(argv[i], "--gz")) gz = true;
     else if (!strcmp(argv[i], "--keep")) keep = true;
+    else if (!strcmp(argv[i], "--check-images") && i + 1 < argc) images = argv[++i];
     else {
-      fprintf(stderr, "usage: bench_coco_parse [--mb 450] [--out PATH] [--gz] [--keep]\n");
+      fprintf(stderr, "usage: bench_coco_parse [--mb 450] [--out PATH] [--gz] [--keep] [--check-images DIR]\n");
       return 2;
     }
   }
@@ -211,6 +267,7 @@ int main(int argc, char **argv) {
   if (json_mb > 0) printf(" (%.1f%% of the %.1f MB file)", 100.0 * peak_rss_mb() / json_mb, json_mb);
   printf("; %.0f MB/s of JSON\n", ds ? (double)bytes_of_json / 1e6 / secs : 0);
   coco_free(ds);
+  if (images) time_check_images(out, images);
   if (!keep) remove(out);
   return 0;
 }

@@ -159,17 +159,16 @@ int image_decode_memory(const uint8_t *buf, size_t n, const char *name, Image *o
   return DATA_OK;
 }
 
-// fopen succeeds on a folder, whose "size" is then LONG_MAX: a folder is named as such.
+// Only a regular file is opened: fopen succeeds on a folder (whose "size" is then LONG_MAX) and
+// blocks on a named pipe.
 static FILE *open_image_file(const char *path, DataError *err) {
-  FILE *f = fopen(path, "rb");
   struct stat st;
-  if (!f) {
-    data_error(err, "%s: cannot open image: %s", path, strerror(errno));
-  } else if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode)) {
+  if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
     data_error(err, "%s: is a %s, not an image file", path, S_ISDIR(st.st_mode) ? "folder" : "special file");
-    fclose(f);
-    f = NULL;
+    return NULL;
   }
+  FILE *f = fopen(path, "rb");
+  if (!f) data_error(err, "%s: cannot open image: %s", path, strerror(errno));
   return f;
 }
 

@@ -82,12 +82,21 @@ START_TEST(existing_run_is_never_overwritten) {
                       "--keep 20 --threads 2 --seed 5 --no-progress --eval-every 0", DETR_BIN, test_root, test_root), 0);
   ck_assert_msg(each_step_once("a", 6), "metrics.jsonl does not hold steps 1-6 once each");
   ck_assert_int_eq(sh("(cd %s/a && md5sum *.safetensors metrics.jsonl > ../a.md5)", test_root), 0);
-  // --move-old-run: the old run moved aside whole, a new one started.
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/a --max-steps 2 --move-old-run %s", DETR_BIN, test_root, test_root,
-                      TINY), 0);
+  // --move-old-run: the old run moved aside whole, a new one started; its starting backbone, kept
+  // in the old run's directory, is read before the move.
+  ck_assert_int_eq(sh("cp %s/a/ckpt-2.safetensors %s/a/backbone.safetensors", test_root, test_root), 0);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/a --max-steps 2 --move-old-run --init-backbone "
+                      "%s/a/backbone.safetensors %s", DETR_BIN, test_root, test_root, test_root, TINY), 0);
   ck_assert_int_eq(train_lines("a"), 2);
   ck_assert_int_eq(sh("test $(ls -d %s/a.old-* | wc -l) -eq 1 && cd %s/a.old-* && md5sum -c --quiet ../a.md5 && "
                       "test -e ckpt-6.safetensors", test_root, test_root), 0);
+  // A run that stopped before its first checkpoint (its log written): --resume auto starts it again.
+  ck_assert_int_eq(sh("mkdir %s/early && (head -1 %s/a/metrics.jsonl > %s/early/metrics.jsonl)", test_root, test_root,
+                      test_root), 0);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/early --max-steps 2 %s", DETR_BIN, test_root, test_root, TINY), 1);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/early --max-steps 2 --resume auto %s", DETR_BIN, test_root,
+                      test_root, TINY), 0);
+  ck_assert(each_step_once("early", 2));
 }
 END_TEST
 
@@ -104,12 +113,13 @@ START_TEST(resume_keeps_one_history) {
   ck_assert_msg(each_step_once("c", 8), "metrics.jsonl does not hold steps 1-8 once each");
   ASSERT_LOG("stopped at step 8 .*--max-steps");
   // At its --max-steps: nothing to do, nothing written.
+  ck_assert_int_eq(sh("(cd %s/c && ls -l --time-style=full-iso > ../c.ls && md5sum * > ../c.md5)", test_root), 0);
   clear_log();
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/c --max-steps 8 --resume auto %s", DETR_BIN, test_root, test_root,
                       TINY), 0);
-  ck_assert_int_eq(sh("test -e %s/c/ckpt-9.safetensors", test_root), 1);
-  ASSERT_LOG("--max-steps");
-  ck_assert(each_step_once("c", 8));
+  ASSERT_LOG("at step 8, which --max-steps 8 has reached: nothing to do");
+  ck_assert_int_eq(sh("cd %s/c && md5sum -c --quiet ../c.md5 && ls -l --time-style=full-iso | cmp -s - ../c.ls",
+                      test_root), 0);
   // An older checkpoint of this directory: refused; into a new --out: a branch, the original kept.
   clear_log();
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/c --max-steps 8 --resume %s/c/ckpt-2.safetensors %s", DETR_BIN,
@@ -135,8 +145,8 @@ END_TEST
 START_TEST(loss_weights_and_no_val_split) {
   setup_data();
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/w1 --max-steps 1 %s", DETR_BIN, test_root, test_root, TINY), 0);
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/w2 --max-steps 1 %s --bbox-loss-coef 0 --giou-loss-coef 0 "
-                      "--cost-bbox 5 --eos-coef 0.1", DETR_BIN, test_root, test_root, TINY), 0);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/w2 --max-steps 1 %s --bbox-loss-coef 0 --giou-loss-coef 0",
+                      DETR_BIN, test_root, test_root, TINY), 0);
   // The same first step's terms, another weighted total.
   const char *terms = "grep -o '\"loss_bbox\": [0-9.]*' %s/%s/metrics.jsonl";
   char a[512], b[512];
@@ -145,7 +155,12 @@ START_TEST(loss_weights_and_no_val_split) {
   ck_assert_int_eq(sh("test \"$(%s)\" = \"$(%s)\"", a, b), 0);
   ck_assert_int_ne(sh("test \"$(grep -o '\"loss\": [0-9.]*' %s/w1/metrics.jsonl)\" = "
                       "\"$(grep -o '\"loss\": [0-9.]*' %s/w2/metrics.jsonl)\"", test_root, test_root), 0);
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/w3 --max-steps 1 %s --bbox-loss-coef -1", DETR_BIN, test_root,
+  // The no-object weight changes the class loss itself.
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/w3 --max-steps 1 %s --eos-coef 0.5", DETR_BIN, test_root,
+                      test_root, TINY), 0);
+  ck_assert_int_ne(sh("test \"$(grep -o '\"loss_ce\": [0-9.]*' %s/w1/metrics.jsonl)\" = "
+                      "\"$(grep -o '\"loss_ce\": [0-9.]*' %s/w3/metrics.jsonl)\"", test_root, test_root), 0);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/w4 --max-steps 1 %s --bbox-loss-coef -1", DETR_BIN, test_root,
                       test_root, TINY), 2);
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/nv --config tiny --set num_classes=100 --epochs 1 --threads 2 "
                       "--no-progress --val-split none", DETR_BIN, test_root, test_root), 0);
@@ -178,10 +193,17 @@ START_TEST(ctrl_c_saves_and_says_how_to_resume) {
   ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 130, "exit status %d", status);
   ASSERT_LOG("interrupted at step [0-9]+");
   ASSERT_LOG("--resume auto");
-  // The checkpoint it names exists and resumes.
+  // The checkpoint it names exists and resumes: two more steps, each step logged once.
   ck_assert_int_eq(sh("f=$(grep -o '[^ ]*/i/ckpt-[0-9]*.safetensors' %s | tail -1) && test -s \"$f\"", log_path), 0);
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/i --max-steps 100000 --resume auto %s --epochs 1", DETR_BIN,
-                      test_root, test_root, TINY), 0);
+  int step = 0;
+  char cmd2[512];
+  snprintf(cmd2, sizeof cmd2, "grep -o 'interrupted at step [0-9]*' %s | tail -1 | grep -o '[0-9]*$'", log_path);
+  FILE *p = popen(cmd2, "r");
+  ck_assert(p && fscanf(p, "%d", &step) == 1 && step >= 2);
+  pclose(p);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/i --max-steps %d --resume auto %s", DETR_BIN, test_root, test_root,
+                      step + 2, TINY), 0);
+  ck_assert_msg(each_step_once("i", step + 2), "steps 1-%d are not each logged once", step + 2);
 }
 END_TEST
 

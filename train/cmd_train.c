@@ -5,6 +5,7 @@
 
 #include "tensor/safetensors.h"
 #include "train/commands.h"
+#include "train/dist.h"
 #include "train/run_dir.h"
 #include "train/setup.h"
 #include "train/trainer.h"
@@ -26,41 +27,75 @@ static bool has_flag(int argc, char **argv, const char *flag) {
   return false;
 }
 
-// The command line, stored in every checkpoint, with the input sizes and batch it ran with where
-// it did not say them (a resumed run takes them from there, and so does `detr eval`).
+// Appends " word" (no space first) when it fits whole: a value cut off would read as another one.
+static bool append_word(char *text, size_t cap, size_t *n, const char *word) {
+  size_t len = strlen(word) + (*n ? 1 : 0);
+  if (*n + len >= cap) return false;
+  *n += (size_t)snprintf(text + *n, cap - *n, "%s%s", *n ? " " : "", word);
+  return true;
+}
+
+// The command line, stored in every checkpoint, with the batch, padding and input sizes it ran
+// with where it did not say them (a resumed run takes them from there, and so does `detr eval`),
+// right after the verb so that they are never the part cut off.
 static void store_command_line(TrainOptions *o, int argc, char **argv, int image_size, int max_size) {
+  char *text = o->train_config_text;
   size_t n = 0, cap = sizeof o->train_config_text;
-  for (int i = 1; i < argc && n < cap - 2; i++) n += (size_t)snprintf(o->train_config_text + n, cap - n, "%s%s", i > 1 ? " " : "", argv[i]);
+  text[0] = 0;
+  append_word(text, cap, &n, argv[1]);
   const struct {
     const char *flag;
     int value;
   } ran_with[] = {{"--batch", o->batch_size}, {"--pad-multiple", o->pad_multiple}, {"--image-size", image_size},
                   {"--max-size", max_size}};
-  for (size_t k = 0; k < sizeof ran_with / sizeof ran_with[0]; k++)
-    if (!has_flag(argc, argv, ran_with[k].flag) && n < cap - 2)
-      n += (size_t)snprintf(o->train_config_text + n, cap - n, " %s %d", ran_with[k].flag, ran_with[k].value);
+  for (size_t k = 0; k < sizeof ran_with / sizeof ran_with[0]; k++) {
+    char pair[48];
+    snprintf(pair, sizeof pair, "%s %d", ran_with[k].flag, ran_with[k].value);
+    if (!has_flag(argc, argv, ran_with[k].flag)) append_word(text, cap, &n, pair);
+  }
+  for (int i = 2; i < argc && append_word(text, cap, &n, argv[i]); i++) {
+  }
 }
 
 // What --resume continues: the checkpoint (auto: the newest intact one in --out, none in an empty
-// directory) and what it says of its run. Returns 0 (path "" for nothing to resume) or -1.
+// directory) and what it says of its run. Rank 0 picks (and renames damaged files); the other
+// ranks take its step. Returns 0 (o->resume NULL: nothing to resume) or -1 on every rank.
 static int find_resume(TrainOptions *o, char *path, size_t cap, CheckpointInfo *ci, char *err, size_t err_cap) {
-  if (!o->resume) {
-    path[0] = 0;
-    return 0;
+  path[0] = 0;
+  if (!o->resume) return 0;
+  o->resume_auto = !strcmp(o->resume, "auto");
+  int rc = 0;
+  if (dist_is_main()) rc = run_dir_resume_checkpoint(o->out_dir, o->resume, path, cap, err, err_cap);
+  RunDirContents c;
+  run_dir_scan(o->out_dir, &c);
+  int64_t step = -1;  // of the chosen checkpoint in --out (auto)
+  for (int i = 0; o->resume_auto && path[0] && i < c.n_checkpoints; i++) {
+    char candidate[4200];
+    run_dir_checkpoint_path(o->out_dir, c.steps[i], candidate, sizeof candidate);
+    if (!strcmp(candidate, path)) step = c.steps[i];
   }
-  if (run_dir_resume_checkpoint(o->out_dir, o->resume, path, cap, err, err_cap)) return -1;
-  if (!path[0]) {
-    fprintf(stderr, "detr train: --resume auto: no checkpoint in %s: a new run\n", o->out_dir);
-    o->resume = NULL;
-    return 0;
+  uint64_t shared[2] = {rc != 0, (uint64_t)(step + 1)};  // the max over ranks: rank 0's
+  dist_allreduce_max_u64(shared, 2);
+  if (shared[0]) {
+    if (!dist_is_main()) snprintf(err, err_cap, "see the message of rank 0");
+    return -1;
+  }
+  if (o->resume_auto) {
+    if (shared[1] == 0) {
+      if (dist_is_main()) fprintf(stderr, "detr train: --resume auto: no checkpoint in %s: a new run\n", o->out_dir);
+      o->resume = NULL;
+      return 0;
+    }
+    run_dir_checkpoint_path(o->out_dir, (int64_t)shared[1] - 1, path, cap);
+  } else {
+    snprintf(path, cap, "%s", o->resume);
   }
   StFile *f = st_open(path, err, err_cap);
-  int rc = f ? checkpoint_info_read(f, ci, err, err_cap) : -1;
+  rc = f ? checkpoint_info_read(f, ci, err, err_cap) : -1;
   st_close(f);
-  if (rc) return -1;
   o->resume = path;
   o->resume_categories = ci->categories;
-  return 0;
+  return dist_all_ok(rc == 0) ? 0 : -1;
 }
 
 // A resumed run's model config is its checkpoint's. --config/--set/--enact may restate it; where
@@ -97,6 +132,7 @@ static int resolve(TrainOptions *o, const char *config, const CliList *sets, boo
     return 2;
   }
   setup_enact_shortcut(&o->model, enact);
+  if (o->optim.lr_backbone == 0) o->model.train_backbone = false;  // as the reference: lr_backbone 0 freezes it
   if (o->resume && resume_model_config(o, ci, model_given, err, sizeof err)) {
     fprintf(stderr, "detr train: %s\n", err);
     return 1;
@@ -117,7 +153,6 @@ static int resolve(TrainOptions *o, const char *config, const CliList *sets, boo
       fprintf(stderr, "detr train: the loss and matcher weights (--*-loss-coef, --eos-coef, --cost-*) lie in [0, 1e6)\n");
       return 2;
     }
-  if (oc->lr_backbone == 0) o->model.train_backbone = false;  // as the reference: lr_backbone 0 freezes it
   const RunDefaults *d = model_run_defaults(&o->model);
   if (o->resume) {  // what the run's command said, where this one says nothing
     if (image_size < 0) image_size = (int)ci->image_size;
@@ -209,8 +244,9 @@ int cmd_train(int argc, char **argv) {
   }
   char resume_path[4200], err[4096];
   CheckpointInfo ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
+  const char *resume_arg = o.resume;
   if (find_resume(&o, resume_path, sizeof resume_path, &ci, err, sizeof err)) {
-    fprintf(stderr, "detr train: --resume %s\n", err);
+    if (dist_is_main()) fprintf(stderr, "detr train: --resume %s: %s\n", resume_arg, err);
     return 1;
   }
   rc = resolve(&o, config, &sets, enact, device, bad_input, &image_size, &max_size, !no_augment, &ci);

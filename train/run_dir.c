@@ -14,10 +14,13 @@
 #include "api/model_file.h"  // checkpoint_verify
 #include "tensor/safetensors.h"
 
-static bool exists_in(const char *dir, const char *name) {
+// dir/name exists (and, with non_empty, holds a byte: a log created by a run that stopped before
+// its first line is no run).
+static bool exists_in(const char *dir, const char *name, bool non_empty) {
   char path[4200];
+  struct stat st;
   snprintf(path, sizeof path, "%s/%s", dir, name);
-  return access(path, F_OK) == 0;
+  return stat(path, &st) == 0 && (!non_empty || st.st_size > 0);
 }
 
 void run_dir_scan(const char *dir, RunDirContents *c) {
@@ -38,8 +41,8 @@ void run_dir_scan(const char *dir, RunDirContents *c) {
       c->steps[j] = c->steps[j - 1];
       c->steps[j - 1] = t;
     }
-  c->best = exists_in(dir, "best.safetensors");
-  c->metrics = exists_in(dir, "metrics.jsonl");
+  c->best = exists_in(dir, "best.safetensors", false);
+  c->metrics = exists_in(dir, "metrics.jsonl", true);
 }
 
 bool run_dir_has_run(const RunDirContents *c) { return c->n_checkpoints > 0 || c->best || c->metrics; }
@@ -70,9 +73,12 @@ int run_dir_move_aside(const char *dir, char *moved_to, size_t moved_cap, char *
   snprintf(base, sizeof base, "%.*s.old-%s", (int)len, dir, stamp);
   snprintf(moved_to, moved_cap, "%s", base);
   for (int k = 2; access(moved_to, F_OK) == 0 && k < 1000; k++) snprintf(moved_to, moved_cap, "%s-%d", base, k);
-  if (access(moved_to, F_OK) == 0 || rename(dir, moved_to) != 0) {
-    snprintf(err, err_cap, "--move-old-run: cannot rename %s to %s: %s", dir, moved_to,
-             errno ? strerror(errno) : "the name is taken");
+  if (access(moved_to, F_OK) == 0) {
+    snprintf(err, err_cap, "--move-old-run: cannot rename %s: %s and 998 more names are taken", dir, base);
+    return -1;
+  }
+  if (rename(dir, moved_to) != 0) {
+    snprintf(err, err_cap, "--move-old-run: cannot rename %s to %s: %s", dir, moved_to, strerror(errno));
     return -1;
   }
   return 0;
@@ -84,6 +90,7 @@ int run_dir_resume_checkpoint(const char *dir, const char *resume, char *path, s
     snprintf(path, cap, "%s", resume);
     return 0;
   }
+  err[0] = 0;
   RunDirContents c;
   run_dir_scan(dir, &c);
   for (int i = 0; i < c.n_checkpoints; i++) {
@@ -104,8 +111,8 @@ int run_dir_resume_checkpoint(const char *dir, const char *resume, char *path, s
             renamed ? damaged : "");
   }
   if (c.n_checkpoints > 0) {
-    snprintf(err, err_cap, "--resume auto: every checkpoint in %s is damaged (see above): resume from another with "
-             "--resume FILE, or start anew with --out NEW_DIR or --move-old-run", dir);
+    snprintf(err, err_cap, "every checkpoint in %s is damaged (see above; renamed to *.damaged): resume from another "
+             "with --resume FILE, or start anew with --out NEW_DIR or --move-old-run", dir);
     return -1;
   }
   return 0;
@@ -135,15 +142,20 @@ int run_dir_cut_metrics(const char *path, int64_t step, char *err, size_t err_ca
   char *line = NULL;
   size_t line_cap = 0;
   long long cut = 0;
+  ssize_t len;
+  bool torn = false;  // the last line was cut off mid-write: the resumed run's "a" would glue onto it
   int rc = 0;
   // A first pass finds whether anything is past the step: most resumes change nothing.
-  while (getline(&line, &line_cap, in) > 0) cut += line_step(line) > step;
+  while ((len = getline(&line, &line_cap, in)) > 0) {
+    torn = line[len - 1] != '\n';
+    cut += torn || line_step(line) > step;
+  }
   if (cut > 0) {
     rewind(in);
     out = fopen(tmp, "w");
     if (!out) rc = -1;
-    while (!rc && getline(&line, &line_cap, in) > 0)
-      if (line_step(line) <= step && fputs(line, out) == EOF) rc = -1;
+    while (!rc && (len = getline(&line, &line_cap, in)) > 0)
+      if (line[len - 1] == '\n' && line_step(line) <= step && fputs(line, out) == EOF) rc = -1;
     if (out && (fflush(out) || fsync(fileno(out)))) rc = -1;
     if (out && fclose(out)) rc = -1;
     if (!rc && rename(tmp, path)) rc = -1;
@@ -151,8 +163,8 @@ int run_dir_cut_metrics(const char *path, int64_t step, char *err, size_t err_ca
       snprintf(err, err_cap, "%s: cannot cut it back to step %lld: %s", path, (long long)step, strerror(errno));
       remove(tmp);
     } else {
-      fprintf(stderr, "detr train: %s: dropped %lld lines past step %lld (the interrupted run's, logged again now)\n",
-              path, cut, (long long)step);
+      fprintf(stderr, "detr train: %s: dropped %lld line%s past step %lld (logged again now)%s\n", path, cut,
+              cut == 1 ? "" : "s", (long long)step, torn ? ", the last one cut off mid-write" : "");
     }
   }
   free(line);

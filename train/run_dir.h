@@ -14,7 +14,7 @@ typedef struct {
   int64_t steps[RUN_DIR_MAX_CHECKPOINTS];  // ckpt-<step>.safetensors, newest first
   int n_checkpoints;
   bool best;     // best.safetensors
-  bool metrics;  // metrics.jsonl
+  bool metrics;  // metrics.jsonl, not empty
 } RunDirContents;
 
 void run_dir_scan(const char *dir, RunDirContents *c);
@@ -36,7 +36,8 @@ int run_dir_resume_checkpoint(const char *dir, const char *resume, char *path, s
 bool run_dir_contains(const char *dir, const char *file);
 
 // Cuts metrics.jsonl back to the lines of steps <= step (the lines of an interrupted run past its
-// last checkpoint, which the resumed run logs again), atomically. A missing file is no error.
+// last checkpoint, which the resumed run logs again) and drops a last line cut off mid-write,
+// atomically. A missing file is no error.
 int run_dir_cut_metrics(const char *path, int64_t step, char *err, size_t err_cap);
 
 // Removes this run's checkpoints beyond the newest `keep` among those at steps <= current_step;

@@ -2,6 +2,7 @@
 #include "train/setup.h"
 
 #include <dirent.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,12 +92,22 @@ int categories_compare(const char *checkpoint_categories, const CocoDataset *ds,
   char names[1024] = "";  // the name differences, said only when the ids agree
   size_t nn = 0;
   msg[0] = 0;
-  const char *p = checkpoint_categories;
-  while (*p) {  // "id:name" items as label_names_from_text reads them
+  // Checkpoints written before 2026-11-26 kept at most 4095 bytes of the text, the last item
+  // possibly cut: such a text is compared up to its last whole item, and the data's ids past it
+  // are not called missing.
+  const char *p = checkpoint_categories, *stop = p + strlen(p);
+  bool truncated = stop - p >= 4095;
+  long last_id = LONG_MAX;
+  if (truncated) {
+    stop = strrchr(p, ';') ? strrchr(p, ';') : p;
+    last_id = -1;
+  }
+  while (p < stop) {  // "id:name" items as label_names_from_text reads them
     size_t len = strcspn(p, ";");
     char *end = NULL;
     long id = strtol(p, &end, 10);
     if (end != p && *end == ':' && end < p + len) {
+      if (truncated && id > last_id) last_id = id;
       const char *name = end + 1, *theirs = category_name(ds, id);
       int name_len = (int)(p + len - name);
       if (!theirs) {
@@ -115,7 +126,7 @@ int categories_compare(const char *checkpoint_categories, const CocoDataset *ds,
   for (int i = 0; i < ds->n_categories; i++) {
     char key[32];
     int klen = snprintf(key, sizeof key, "%d:", ds->categories[i].id);
-    bool found = false;  // an item of the checkpoint's text starting "id:"
+    bool found = ds->categories[i].id > last_id;  // or an item of the checkpoint's text starting "id:"
     for (const char *q = checkpoint_categories; q && !found; q = strchr(q, ';'), q = q ? q + 1 : NULL)
       found = !strncmp(q, key, (size_t)klen);
     if (!found && id_diffs++ < SHOWN && n < cap)

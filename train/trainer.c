@@ -64,8 +64,9 @@ static CocoDataset *open_split(const TrainOptions *o, bool training, char *err, 
   const CocoStats *s = &ds->stats;
   if (ds->n_images == 0) {
     snprintf(err, cap, "%s: no image is left to %s (%lld skipped: %lld missing files, %lld unreadable or of another "
-             "size than the file says; see the warnings above)", ds->ann_path, training ? "train on" : "evaluate on",
-             (long long)s->skipped_images, (long long)s->missing_images, (long long)s->corrupt_images);
+             "size than the file says, %lld named twice; see the warnings above)", ds->ann_path,
+             training ? "train on" : "evaluate on", (long long)s->skipped_images, (long long)s->missing_images,
+             (long long)s->corrupt_images, (long long)s->duplicate_files);
   } else if (s->annotations - s->crowd_annotations == 0 && training) {
     snprintf(err, cap, "%s: no annotations (%lld images, none with a box%s): there is nothing to learn", ds->ann_path,
              (long long)ds->n_images, s->skipped_annotations ? " left after skipping" : "");
@@ -148,7 +149,7 @@ typedef struct {
   TrainOptions *o;
   int world;                  // processes
   CocoDataset *train, *val;
-  char categories[16384];     // "id:name;..." of the training categories, stored in every checkpoint
+  char *categories;           // "id:name;..." of the training categories, stored in every checkpoint
   DetrModel *m;
   AdamW opt;
   TrainState st;              // step, data position, dropout stream, best AP: what a checkpoint resumes
@@ -176,9 +177,14 @@ static int open_data(Trainer *t, char *err, size_t cap) {
              t->train->num_classes - 1, (long long)o->model.num_classes, t->train->num_classes);
     return -1;
   }
-  for (int i = 0, n = 0; i < t->train->n_categories && n < (int)sizeof t->categories - 1; i++)
-    n += snprintf(t->categories + n, sizeof t->categories - (size_t)n, "%s%d:%s", i ? ";" : "",
-                  t->train->categories[i].id, t->train->categories[i].name);
+  size_t bytes = 1;  // every name whole, however many (LVIS: 1203 categories)
+  for (int i = 0; i < t->train->n_categories; i++) bytes += strlen(t->train->categories[i].name) + 16;
+  t->categories = malloc(bytes);
+  DETR_CHECK(t->categories, "train: out of host memory for %zu bytes of category names", bytes);
+  t->categories[0] = 0;
+  for (int i = 0, n = 0; i < t->train->n_categories; i++)
+    n += snprintf(t->categories + n, bytes - (size_t)n, "%s%d:%s", i ? ";" : "", t->train->categories[i].id,
+                  t->train->categories[i].name);
   char diff[1024];
   int same = o->resume ? categories_compare(o->resume_categories, t->train, diff, sizeof diff) : 0;
   if (same == 2) {
@@ -256,6 +262,11 @@ static int check_run_dir(Trainer *t, char *err, size_t cap) {
     }
     return 0;
   }
+  if (o->resume_auto && !t->resumed && c.n_checkpoints == 0 && !c.best) {
+    fprintf(stderr, "detr train: %s holds a run that stopped before its first checkpoint (%s): it starts again from "
+            "step 0\n", o->out_dir, what);
+    return 0;
+  }
   if (o->move_old_run) {
     if (run_dir_move_aside(o->out_dir, moved, sizeof moved, err, cap)) return -1;
     fprintf(stderr, "detr train: moved the run in %s (%s) to %s\n", o->out_dir, what, moved);
@@ -324,15 +335,22 @@ static int open_log_and_loader(Trainer *t, char *err, size_t cap) {
   const TrainOptions *o = t->o;
   char path[4200];
   snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
+  bool ok = true;
   if (dist_is_main()) {  // rank 0 logs; the others compute
     // A crash after logging steps past the checkpoint: those lines go, the resumed run logs them again.
-    if (t->resumed && run_dir_cut_metrics(path, t->st.step, err, cap)) return -1;
-    if (t->resumed) history_load(&t->history, path);
-    t->metrics = fopen(path, t->resumed ? "a" : "w");
-    if (!t->metrics) fprintf(stderr, "detr train: %s: cannot write: %s\n", path, strerror(errno));
+    char why[4400];
+    if (t->resumed && run_dir_cut_metrics(path, t->st.step, why, sizeof why)) {
+      fprintf(stderr, "detr train: %s\n", why);
+      ok = false;
+    } else {
+      if (t->resumed) history_load(&t->history, path);
+      t->metrics = fopen(path, t->resumed ? "a" : "w");
+      if (!t->metrics) fprintf(stderr, "detr train: %s: cannot write: %s\n", path, strerror(errno));
+      ok = t->metrics != NULL;
+    }
   }
-  if (!dist_all_ok(t->metrics || !dist_is_main())) {
-    snprintf(err, cap, "no metrics log: stopping (see the message of rank 0)");
+  if (!dist_all_ok(ok)) {
+    snprintf(err, cap, "no metrics log: stopping (see the message above%s)", dist_is_main() ? "" : ", of rank 0");
     return -1;
   }
   LoaderConfig lc = loader_config_make(true, o->batch_size, o->workers, o->train_aug, o->bad_input);
@@ -369,7 +387,9 @@ static int trainer_setup(Trainer *t, char *err, size_t cap) {
   t->world = dist_world_size();
   if (dist_setup_device(o->device, err, cap) || open_data(t, err, cap)) return -1;
   create_model(t);
-  if (resume(t, err, cap) || claim_run_dir(t, err, cap) || (!t->resumed && initial_weights(t, err, cap)) ||
+  // The starting weights are read before the run directory is claimed: --move-old-run may move
+  // a file they come from (a backbone kept in the run directory).
+  if (resume(t, err, cap) || (!t->resumed && initial_weights(t, err, cap)) || claim_run_dir(t, err, cap) ||
       open_log_and_loader(t, err, cap))
     return -1;
   t->criterion = detr_criterion_config(&o->model);
@@ -387,6 +407,7 @@ static void trainer_free(Trainer *t) {
   detr_model_free(t->m);
   coco_free(t->train);
   coco_free(t->val);
+  free(t->categories);
   history_free(&t->history);
 }
 
@@ -575,20 +596,34 @@ static void log_eval(FILE *metrics, int64_t epoch, int64_t step, const EvalRepor
 // handler is reset by its first call: a second Ctrl-C ends the process at once (the checkpoints
 // written so far are whole: writes are atomic).
 static volatile sig_atomic_t stop_signal;
+static struct sigaction saved_int, saved_term;  // the actions before train_run's
 
 static void on_stop_signal(int sig) {
+  int saved_errno = errno;
   stop_signal = sig;
-  static const char msg[] = "\ndetr train: stopping after this step to write a checkpoint (Ctrl-C again quits now; "
-                            "the last checkpoint is kept)\n";
-  ssize_t ignored = write(STDERR_FILENO, msg, sizeof msg - 1);
+  static const char on_int[] = "\ndetr train: stopping after this step (and the evaluation due with it) to write a "
+                               "checkpoint; Ctrl-C again quits now, the last checkpoint kept\n";
+  static const char on_term[] = "\ndetr train: SIGTERM: stopping after this step to write a checkpoint\n";
+  ssize_t ignored = sig == SIGINT ? write(STDERR_FILENO, on_int, sizeof on_int - 1)
+                                  : write(STDERR_FILENO, on_term, sizeof on_term - 1);
   (void)ignored;
+  errno = saved_errno;
 }
 
+// SA_RESETHAND: a second signal takes the default action. A signal the caller ignores (a
+// background job's SIGINT under nohup) stays ignored.
 static void catch_stop_signals(bool on) {
-  struct sigaction sa = {.sa_handler = on ? on_stop_signal : SIG_DFL, .sa_flags = on ? (int)SA_RESETHAND : 0};
+  if (!on) {
+    sigaction(SIGINT, &saved_int, NULL);
+    sigaction(SIGTERM, &saved_term, NULL);
+    return;
+  }
+  struct sigaction sa = {.sa_handler = on_stop_signal, .sa_flags = (int)(SA_RESETHAND | SA_RESTART)};
   sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, NULL, &saved_int);
+  sigaction(SIGTERM, NULL, &saved_term);
+  if (saved_int.sa_handler != SIG_IGN) sigaction(SIGINT, &sa, NULL);
+  if (saved_term.sa_handler != SIG_IGN) sigaction(SIGTERM, &sa, NULL);
 }
 
 // Whether any process was asked to stop (every process must stop at the same step).
@@ -749,6 +784,11 @@ int train_run(TrainOptions *o) {
   catch_stop_signals(true);
   int rc = trainer_setup(&t, err, sizeof err);
   if (rc) fprintf(stderr, "detr train: %s\n", err);
+  if (rc == 0 && stop_signal) {  // during set-up: nothing trained, nothing to checkpoint
+    if (dist_is_main()) fprintf(stderr, "detr train: interrupted before the first step: nothing trained\n");
+    t.interrupted = stop_signal;
+    rc = -1;
+  }
   bool complete = rc == 0 && run_complete(&t), stop = complete;
   while (rc == 0 && !stop && t.st.epoch < o->epochs) {
     t.opt.epoch = (int)t.st.epoch;
@@ -759,14 +799,14 @@ int train_run(TrainOptions *o) {
     bool epoch_finished = t.st.next_batch == 0, last = t.st.epoch >= o->epochs || stop;
     if (epoch_finished && dist_is_main())
       fprintf(stderr, "epoch %lld done in %.1f s\n", (long long)t.st.epoch - 1, now_s() - epoch_t0);
-    if (epoch_finished && t.val && !t.interrupted && ((o->eval_every > 0 && t.st.epoch % o->eval_every == 0) || last))
+    if (epoch_finished && t.val && ((o->eval_every > 0 && t.st.epoch % o->eval_every == 0) || last))
       rc = evaluate_epoch(&t);
   }
-  if (rc == 0) rc = save_final(&t);
-  if (rc == 0) write_chart(o, &t.history);
+  if (rc == 0 && !complete) rc = save_final(&t);
+  if (rc == 0 && !complete) write_chart(o, &t.history);
   if (!complete) report_end(&t, rc);
   catch_stop_signals(false);
   int interrupted = t.interrupted;
   trainer_free(&t);
-  return rc ? 1 : interrupted ? 128 + interrupted : 0;
+  return interrupted ? 128 + interrupted : rc ? 1 : 0;
 }

@@ -40,6 +40,7 @@ typedef struct {
   const char *init_weights; // model weights to start from (strict load; ENACT's W_prob optional)
   const char *init_backbone; // backbone weights to start from (`detr pretrain`; backbone.* tensors only)
   const char *resume;       // NULL or the checkpoint to resume (`detr train` resolves --resume auto)
+  bool resume_auto;         // --resume auto was given (with no checkpoint: a run that never reached one restarts)
   const char *resume_categories;  // the resumed checkpoint's "id:name;..." (NULL: unknown)
   bool move_old_run;        // a run already in out_dir is renamed to out_dir.old-<time> first
   LossWeights loss;
