@@ -201,15 +201,5 @@ int main(void) {
   tcase_add_test(tc, clear_failures);
   tcase_add_test(tc, pretrain_then_init_backbone);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_set_fork_status(sr, CK_NOFORK);  // the tests fork and exec themselves
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  if (!failed && test_root[0]) {  // the runs' checkpoints take a few GB; keep them only for a failure
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", test_root);
-    if (system(cmd) != 0) fprintf(stderr, "test_cli_train: could not remove %s\n", test_root);
-  }
-  return failed ? 1 : 0;
+  return sh_run_suite(s);
 }

@@ -278,15 +278,5 @@ int main(void) {
   tcase_add_test(tc, ctrl_c_saves_and_says_how_to_resume);
   tcase_add_test(tc, bad_data_fails_before_step_one);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_set_fork_status(sr, CK_NOFORK);  // the tests fork and exec themselves
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  if (!failed && test_root[0]) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", test_root);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", test_root);
-  }
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return sh_run_suite(s);
 }
