@@ -35,7 +35,7 @@ unsigned long checkpoint_crc_update(unsigned long crc, const char *name, const v
   return crc;
 }
 
-static bool is_checkpoint(const StFile *f) {
+bool checkpoint_is(const StFile *f) {
   const char *format = st_metadata(f, "format");
   return format && !strcmp(format, CHECKPOINT_FORMAT);
 }
@@ -47,7 +47,7 @@ static void not_a_checkpoint(const StFile *f, const char *hint, char *err, size_
 }
 
 int checkpoint_verify(const StFile *f, const char *hint, char *err, size_t cap) {
-  if (!is_checkpoint(f)) {
+  if (!checkpoint_is(f)) {
     not_a_checkpoint(f, hint, err, cap);
     return -1;
   }
@@ -211,7 +211,7 @@ static int check_config_tensors(const StFile *f, const DetrConfig *c, bool overr
 int checkpoint_info_read(const StFile *f, CheckpointInfo *ci, char *err, size_t cap) {
   *ci = (CheckpointInfo){.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
   const char *mc = st_metadata(f, "model_config");
-  if (!is_checkpoint(f)) {
+  if (!checkpoint_is(f)) {
     not_a_checkpoint(f, "plain model weights load with --weights (detr_open_weights)", err, cap);
     return -1;
   }
@@ -530,7 +530,7 @@ detr_status model_file_load(const char *checkpoint, const char *weights, const c
     if (init) detr_model_init(m, 0);
     const char *ignore[] = {"optim.", NULL};  // a checkpoint's AdamW moments
     if (params_load(&m->params, f, checkpoint ? ignore : NULL, err, cap)) {
-      if (weights && is_checkpoint(f)) {  // the tensors name the problem; say what the file is
+      if (weights && checkpoint_is(f)) {  // the tensors name the problem; say what the file is
         size_t n = strlen(err);
         snprintf(err + n, cap - n, "\n(%s is a detr-c checkpoint: load it with --checkpoint / detr_open_checkpoint)",
                  weights);

@@ -18,6 +18,8 @@
 // crc32 over (name, bytes) of every tensor in order: computable from the writer's inputs and
 // from the file's entries alike. Start with crc32(0, Z_NULL, 0).
 unsigned long checkpoint_crc_update(unsigned long crc, const char *name, const void *data, size_t nbytes);
+// Whether an open safetensors file is a detr-c checkpoint (its "format" metadata).
+bool checkpoint_is(const StFile *f);
 // Checks the "format" metadata and the crc32 of an open file. Returns 0, or -1 with err naming the
 // file; `hint` (may be NULL) is appended to the message for a file of another format.
 int checkpoint_verify(const StFile *f, const char *hint, char *err, size_t err_cap);

@@ -1,6 +1,7 @@
 #include "nn/model_io.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static bool ignored(const char *name, const char *const *prefixes) {
@@ -17,33 +18,68 @@ static void report(char *err, size_t cap, int *problems, const char *fmt, const 
   (*problems)++;
 }
 
-int params_load(ParamStore *ps, const StFile *f, const char *const *ignore_prefixes, char *err, size_t err_cap) {
+static bool listed(const char *name, const char *const *names) {
+  for (int i = 0; names && names[i]; i++)
+    if (!strcmp(name, names[i])) return true;
+  return false;
+}
+
+// Why parameter p does not fit entry e ("" when it does).
+static void misfit(const Param *p, const StEntry *e, char *why, size_t cap) {
+  char s1[64], s2[64];
+  Shape s = {.ndim = e->ndim};
+  bool fits = e->ndim <= DETR_MAX_DIMS;
+  for (int d = 0; fits && d < e->ndim; d++) s.d[d] = e->shape[d];
+  why[0] = 0;
+  if (e->dtype != ST_F32)
+    snprintf(why, cap, " is %s, expected F32", st_dtype_name(e->dtype));
+  else if (!fits || !shape_equal(s, p->tensor->shape))
+    snprintf(why, cap, " is %s in the file, the model has %s", fits ? shape_str(s, s1, sizeof s1) : "(rank > 6)",
+             shape_str(p->tensor->shape, s2, sizeof s2));
+}
+
+int params_load_with(ParamStore *ps, const StFile *f, const ParamsLoad *opt, char *err, size_t err_cap) {
   err[0] = 0;
-  int problems = 0;
-  char detail[160], s1[64], s2[64];
+  if (opt->not_loaded) opt->not_loaded[0] = 0;
+  int problems = 0, skipped = 0;
+  char detail[160];
+  bool *load = calloc((size_t)(ps->count ? ps->count : 1), sizeof(bool));  // [count]: read from the file
+  DETR_CHECK(load, "params_load: out of host memory");
   for (int i = 0; i < ps->count; i++) {
     const Param *p = &ps->items[i];
+    if (listed(p->name, opt->keep_init)) continue;
     const StEntry *e = st_find(f, p->name);
+    const char *what = NULL;
     if (!e) {
-      if (!p->optional) report(err, err_cap, &problems, "\n  missing: %s%s", p->name, "");
-      continue;
+      if (p->optional) continue;  // keeps its initial value
+      what = "missing", detail[0] = 0;
+    } else {
+      misfit(p, e, detail, sizeof detail);
+      if (detail[0]) what = e->dtype != ST_F32 ? "wrong dtype" : "wrong shape";
     }
-    Shape s = {.ndim = e->ndim};
-    bool fits = e->ndim <= DETR_MAX_DIMS;
-    for (int d = 0; fits && d < e->ndim; d++) s.d[d] = e->shape[d];
-    if (e->dtype != ST_F32) {
-      snprintf(detail, sizeof detail, " is %s, expected F32", st_dtype_name(e->dtype));
-      report(err, err_cap, &problems, "\n  wrong dtype: %s%s", p->name, detail);
-    } else if (!fits || !shape_equal(s, p->tensor->shape)) {
-      snprintf(detail, sizeof detail, " is %s in the file, the model has %s", fits ? shape_str(s, s1, sizeof s1) : "(rank > 6)",
-               shape_str(p->tensor->shape, s2, sizeof s2));
-      report(err, err_cap, &problems, "\n  wrong shape: %s%s", p->name, detail);
+    if (!what) {
+      load[i] = true;
+    } else if (opt->partial) {  // keeps its initial value; said
+      if (opt->not_loaded && skipped++ < 64) {
+        size_t n = strlen(opt->not_loaded);
+        if (n < opt->not_loaded_cap)
+          snprintf(opt->not_loaded + n, opt->not_loaded_cap - n, "\n  %s: %s%s", what, p->name, detail);
+      }
+    } else {
+      char fmt[64];
+      snprintf(fmt, sizeof fmt, "\n  %s: %%s%%s", what);
+      report(err, err_cap, &problems, fmt, p->name, detail);
     }
   }
   for (int i = 0; i < st_count(f); i++) {
     const StEntry *e = st_entry(f, i);
-    if (!params_find(ps, e->name) && !ignored(e->name, ignore_prefixes))
+    if (params_find(ps, e->name) || ignored(e->name, opt->ignore_prefixes) || listed(e->name, opt->keep_init)) continue;
+    if (!opt->partial) {
       report(err, err_cap, &problems, "\n  unexpected: %s%s", e->name, "");
+    } else if (opt->not_loaded && skipped++ < 64) {
+      size_t n = strlen(opt->not_loaded);
+      if (n < opt->not_loaded_cap) snprintf(opt->not_loaded + n, opt->not_loaded_cap - n, "\n  unused: %s", e->name);
+    }
   }
   if (problems) {
     char head[512];
@@ -54,13 +90,18 @@ int params_load(ParamStore *ps, const StFile *f, const char *const *ignore_prefi
       memcpy(err, head, hn);
       if (problems > 8) snprintf(err + hn + bn, err_cap - hn - bn, "\n  ... and %d more", problems - 8);
     }
+    free(load);
     return -1;
   }
-  for (int i = 0; i < ps->count; i++) {
-    if (ps->items[i].optional && !st_find(f, ps->items[i].name)) continue;  // keeps its initial value
-    if (st_read_f32_into(f, ps->items[i].name, ps->items[i].tensor, err, err_cap)) return -1;
-  }
-  return 0;
+  int rc = 0;
+  for (int i = 0; i < ps->count && !rc; i++)
+    if (load[i]) rc = st_read_f32_into(f, ps->items[i].name, ps->items[i].tensor, err, err_cap);
+  free(load);
+  return rc;
+}
+
+int params_load(ParamStore *ps, const StFile *f, const char *const *ignore_prefixes, char *err, size_t err_cap) {
+  return params_load_with(ps, f, &(ParamsLoad){.ignore_prefixes = ignore_prefixes}, err, err_cap);
 }
 
 int params_load_file(ParamStore *ps, const char *path, char *err, size_t err_cap) {

@@ -9,6 +9,20 @@
 // ignore_prefixes: NULL-terminated list, or NULL. Returns 0, or -1 with err listing the problems
 // (the model is unchanged unless every check passed).
 int params_load(ParamStore *ps, const StFile *f, const char *const *ignore_prefixes, char *err, size_t err_cap);
+
+// Fine-tuning's load (`detr train --init`): the strict load above, but for the tensors the caller
+// re-initialises (keep_init: a class head for other classes, the query embeddings for another
+// num_queries), and, when partial, every other tensor that does not fit keeps its initial value
+// too, listed in not_loaded ("\n  wrong shape: NAME ...", "\n  missing: NAME", "\n  unused: NAME"
+// for a file entry the model has no place for).
+typedef struct {
+  const char *const *ignore_prefixes;  // file entries never read (a checkpoint's "optim.")
+  const char *const *keep_init;        // NULL-terminated names: keep their initial values
+  bool partial;
+  char *not_loaded;                    // may be NULL
+  size_t not_loaded_cap;
+} ParamsLoad;
+int params_load_with(ParamStore *ps, const StFile *f, const ParamsLoad *opt, char *err, size_t err_cap);
 int params_load_file(ParamStore *ps, const char *path, char *err, size_t err_cap);
 // Loads only the parameters and buffers whose names start with prefix (e.g. "backbone." from a
 // `detr pretrain` file or any checkpoint); each of them must be in the file as F32 with the

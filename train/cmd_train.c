@@ -98,6 +98,22 @@ static int find_resume(TrainOptions *o, char *path, size_t cap, CheckpointInfo *
   return dist_all_ok(rc == 0) ? 0 : -1;
 }
 
+// --init FILE: when it is a checkpoint, what its run says (the model, its classes, its sizes).
+// Returns 0 (ci->cfg valid only when *is_checkpoint) or -1.
+static int read_init(const TrainOptions *o, CheckpointInfo *ci, bool *is_checkpoint, char *err, size_t cap) {
+  *is_checkpoint = false;
+  if (o->resume || !o->init_weights) return 0;
+  StFile *f = st_open(o->init_weights, err, cap);
+  if (!f) return -1;
+  int rc = 0;
+  if (checkpoint_is(f)) {
+    rc = checkpoint_info_read(f, ci, err, cap);
+    *is_checkpoint = rc == 0;
+  }
+  st_close(f);
+  return rc;
+}
+
 // A resumed run's model config is its checkpoint's. --config/--set/--enact may restate it; where
 // they say otherwise, the keys that differ are named.
 static int resume_model_config(TrainOptions *o, const CheckpointInfo *ci, bool model_given, char *err, size_t cap) {
@@ -121,6 +137,7 @@ static int resume_model_config(TrainOptions *o, const CheckpointInfo *ci, bool m
 
 // The model, device and input policy; the defaults that follow the model (model_run_defaults)
 // or, when resuming, the checkpoint's training command; the learning rates' constraints.
+// ci: the resumed checkpoint's info, or the --init checkpoint's (fine-tuning), or NULL.
 static int resolve(TrainOptions *o, const char *config, const CliList *sets, bool enact, const char *device,
                    const char *bad_input, int *image_size_io, int *max_size_io, bool augment, const CheckpointInfo *ci) {
   int image_size = *image_size_io, max_size = *max_size_io;
@@ -137,6 +154,12 @@ static int resolve(TrainOptions *o, const char *config, const CliList *sets, boo
     fprintf(stderr, "detr train: %s\n", err);
     return 1;
   }
+  if (!o->resume && ci && !model_given) {  // fine-tuning a checkpoint: its model, its classes to adapt
+    o->model = ci->cfg;
+    o->model.train_backbone = o->optim.lr_backbone > 0;
+    o->model_from_init = true;
+  }
+  if (!o->resume && ci) o->init_categories = ci->categories;
   if (bad_input_policy_parse(bad_input, &o->bad_input)) {
     fprintf(stderr, "detr train: --bad-input %s: expected fail or skip\n", bad_input);
     return 2;
@@ -154,11 +177,11 @@ static int resolve(TrainOptions *o, const char *config, const CliList *sets, boo
       return 2;
     }
   const RunDefaults *d = model_run_defaults(&o->model);
-  if (o->resume) {  // what the run's command said, where this one says nothing
+  if (ci) {  // what the run's command said, where this one says nothing (fine-tuning: the sizes)
     if (image_size < 0) image_size = (int)ci->image_size;
     if (max_size < 0) max_size = (int)ci->max_size;
     if (o->pad_multiple < 0) o->pad_multiple = (int)ci->pad_multiple;
-    if (o->batch_size < 0 && ci->batch >= 1 && ci->batch <= 64) o->batch_size = (int)ci->batch;
+    if (o->resume && o->batch_size < 0 && ci->batch >= 1 && ci->batch <= 64) o->batch_size = (int)ci->batch;
   }
   if (o->pad_multiple < 1 || o->pad_multiple > 256) o->pad_multiple = 1;
   if (o->batch_size < 0) o->batch_size = CHECKPOINT_TRAIN_DEFAULT_BATCH;
@@ -215,7 +238,11 @@ int cmd_train(int argc, char **argv) {
       {"checkpoint-every", FLAG_I64, &o.checkpoint_every, "steps between checkpoints (default 0: every epoch)", 0,
        1LL << 40},
       {"keep", FLAG_I32, &o.keep_last, "checkpoints kept besides best.safetensors (default 2)", 1, 1000},
-      {"init", FLAG_STRING, &o.init_weights, "start from these model weights (safetensors, reference names)"},
+      {"init", FLAG_STRING, &o.init_weights,
+       "start from these weights (safetensors, reference names) or a checkpoint's model (fine-tuning: a class head for "
+       "other classes, query embeddings for another num_queries are re-initialised; docs/finetune.md)"},
+      {"init-partial", FLAG_BOOL, &o.init_partial,
+       "with --init: tensors that do not fit the model keep their initialisation (listed) instead of an error"},
       {"init-backbone", FLAG_STRING, &o.init_backbone,
        "start the backbone from this file (detr pretrain; its batch-norm statistics included)"},
       {"resume", FLAG_STRING, &o.resume, "auto (newest valid checkpoint in --out) or a checkpoint path"},
@@ -249,12 +276,21 @@ int cmd_train(int argc, char **argv) {
     if (dist_is_main()) fprintf(stderr, "detr train: --resume %s: %s\n", resume_arg, err);
     return 1;
   }
-  rc = resolve(&o, config, &sets, enact, device, bad_input, &image_size, &max_size, !no_augment, &ci);
+  CheckpointInfo init_ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
+  bool init_is_checkpoint;
+  if (read_init(&o, &init_ci, &init_is_checkpoint, err, sizeof err)) {
+    if (dist_is_main()) fprintf(stderr, "detr train: --init %s\n", err);
+    checkpoint_info_free(&ci);
+    return 1;
+  }
+  rc = resolve(&o, config, &sets, enact, device, bad_input, &image_size, &max_size, !no_augment,
+               o.resume ? &ci : init_is_checkpoint ? &init_ci : NULL);
   if (rc == 0) {
     o.progress = !no_progress;
     store_command_line(&o, argc, argv, image_size, max_size);
     rc = train_run(&o);
   }
   checkpoint_info_free(&ci);
+  checkpoint_info_free(&init_ci);
   return rc;
 }

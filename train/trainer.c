@@ -19,6 +19,7 @@
 #include "train/cpu_share.h"
 #include "train/dist.h"
 #include "train/evaluate.h"
+#include "train/finetune.h"
 #include "train/history.h"
 #include "train/draw.h"
 #include "train/progress.h"
@@ -172,6 +173,14 @@ static int open_data(Trainer *t, char *err, size_t cap) {
   t->train = open_split(o, true, err, cap);
   if (!t->train) return -1;
   if (strcmp(o->val_split, "none") && !(t->val = open_split(o, false, err, cap))) return -1;
+  char diff[1024];
+  if (o->model_from_init && o->model.num_classes != t->train->num_classes &&
+      categories_compare(o->init_categories, t->train, diff, sizeof diff) != 0) {
+    if (dist_is_main())
+      fprintf(stderr, "detr train: num_classes %d for the data's categories (the --init checkpoint's model has %lld)\n",
+              t->train->num_classes, (long long)o->model.num_classes);
+    t->o->model.num_classes = t->train->num_classes;
+  }
   if (o->model.num_classes < t->train->num_classes) {
     snprintf(err, cap, "the data has category ids up to %d but the model has num_classes %lld (set --set num_classes=%d)",
              t->train->num_classes - 1, (long long)o->model.num_classes, t->train->num_classes);
@@ -185,7 +194,6 @@ static int open_data(Trainer *t, char *err, size_t cap) {
   for (int i = 0, n = 0; i < t->train->n_categories; i++)
     n += snprintf(t->categories + n, bytes - (size_t)n, "%s%d:%s", i ? ";" : "", t->train->categories[i].id,
                   t->train->categories[i].name);
-  char diff[1024];
   int same = o->resume ? categories_compare(o->resume_categories, t->train, diff, sizeof diff) : 0;
   if (same == 2) {
     snprintf(err, cap, "the categories of %s differ from those of the run in %s (%s): a resumed run trains on the "
@@ -318,7 +326,7 @@ static int calibrate_batch_norms(Trainer *t, char *err, size_t cap) {
 static int initial_weights(Trainer *t, char *err, size_t cap) {
   const TrainOptions *o = t->o;
   char why[2048];
-  if (o->init_weights && params_load_file(&t->m->params, o->init_weights, why, sizeof why)) {
+  if (o->init_weights && finetune_load(t->m, o->init_weights, o->init_categories, t->train, o->init_partial, why, sizeof why)) {
     snprintf(err, cap, "--init %s", why);
     return -1;
   }

@@ -37,7 +37,10 @@ typedef struct {
   int eval_every;           // epochs between evaluations (0: only at the end)
   int64_t checkpoint_every; // steps between checkpoints (0: at the end of every epoch)
   int keep_last;            // checkpoints kept (ckpt-<step>.safetensors), besides best.safetensors
-  const char *init_weights; // model weights to start from (strict load; ENACT's W_prob optional)
+  const char *init_weights; // model weights or a checkpoint to start from (fine-tuning: train/finetune.c)
+  const char *init_categories;  // the --init checkpoint's "id:name;..." (NULL: plain weights, unknown)
+  bool init_partial;        // --init-partial: tensors that do not fit keep their initialisation (listed)
+  bool model_from_init;     // the model config is the --init checkpoint's: num_classes follows the data
   const char *init_backbone; // backbone weights to start from (`detr pretrain`; backbone.* tensors only)
   const char *resume;       // NULL or the checkpoint to resume (`detr train` resolves --resume auto)
   bool resume_auto;         // --resume auto was given (with no checkpoint: a run that never reached one restarts)

@@ -1,0 +1,70 @@
+#include "train/finetune.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "api/model_file.h"  // checkpoint_is, checkpoint_verify
+#include "nn/model_io.h"
+#include "train/dist.h"
+#include "train/setup.h"     // categories_compare
+
+// The file's `name` has another number of rows than the model's (classes, queries) and is
+// otherwise the same shape: what a re-initialisation adapts. Any other difference is a model that
+// does not fit, left to the strict load.
+static bool rows_differ(const StFile *f, const Tensor *t, const char *name, char *what, size_t cap) {
+  const StEntry *e = st_find(f, name);
+  bool same_rest = e && e->ndim == t->shape.ndim;
+  for (int d = 1; same_rest && d < e->ndim; d++) same_rest = e->shape[d] == t->shape.d[d];
+  if (!same_rest || e->shape[0] == t->shape.d[0]) return false;
+  snprintf(what, cap, "%lld in the weights, %lld here", (long long)e->shape[0], (long long)t->shape.d[0]);
+  return true;
+}
+
+int finetune_load(DetrModel *m, const char *path, const char *init_categories, const CocoDataset *train, bool partial,
+                  char *err, size_t err_cap) {
+  StFile *f = st_open(path, err, err_cap);
+  if (!f) return -1;
+  bool checkpoint = checkpoint_is(f);
+  if (checkpoint && checkpoint_verify(f, NULL, err, err_cap)) {
+    st_close(f);
+    return -1;
+  }
+  bool say = dist_is_main();
+  if (checkpoint && say)
+    fprintf(stderr, "detr train: --init %s: a checkpoint: its model tensors (its optimizer state, step and schedule "
+            "are not used; --resume continues a run)\n", path);
+  // The class head: other classes (another count, or known ids/names that differ).
+  const char *keep[4] = {NULL};
+  int n_keep = 0;
+  char why[1024];
+  if (rows_differ(f, m->class_embed.weight, "class_embed.weight", why, sizeof why)) {
+    if (say) fprintf(stderr, "detr train: re-initialised class_embed.weight and class_embed.bias: the class head's rows "
+                     "(classes + %d) are %s\n", (int)detr_classes(&m->cfg)->extra_columns, why);
+    keep[n_keep++] = "class_embed.weight";
+    keep[n_keep++] = "class_embed.bias";
+  } else if (categories_compare(init_categories, train, why, sizeof why)) {
+    if (say) fprintf(stderr, "detr train: re-initialised class_embed.weight and class_embed.bias: the data's categories "
+                     "differ from the checkpoint's (%s)\n", why);
+    keep[n_keep++] = "class_embed.weight";
+    keep[n_keep++] = "class_embed.bias";
+  }
+  if (rows_differ(f, m->query_embed, "query_embed.weight", why, sizeof why)) {
+    if (say) fprintf(stderr, "detr train: re-initialised query_embed.weight: num_queries is %s\n", why);
+    keep[n_keep++] = "query_embed.weight";
+  }
+  const char *ignore[] = {"optim.", NULL};
+  char not_loaded[4096];
+  ParamsLoad opt = {.ignore_prefixes = checkpoint ? ignore : NULL, .keep_init = keep, .partial = partial,
+                    .not_loaded = not_loaded, .not_loaded_cap = sizeof not_loaded};
+  int rc = params_load_with(&m->params, f, &opt, err, err_cap);
+  if (rc) {
+    size_t n = strlen(err);
+    if (n < err_cap)
+      snprintf(err + n, err_cap - n, "\n(--init-partial loads the tensors that fit and keeps the others' initialisation)");
+  } else if (partial && say) {
+    fprintf(stderr, "detr train: --init-partial: loaded every tensor of %s that fits but these:%s\n", path,
+            not_loaded[0] ? not_loaded : " (none: all fit)");
+  }
+  st_close(f);
+  return rc;
+}
