@@ -29,13 +29,25 @@ struct detr_model {
   int image_size, max_size;
   int n_labels;             // num_classes: labels 0..n_labels-1 (the last logit is no-object)
   char **names;             // [n_labels], never NULL entries
+  unsigned outputs;         // DETR_OUTPUT_* a detection keeps (detr_set_outputs)
 };
+
+// The optional outputs of a forward on one image, on the host (every query's map; what the
+// result keeps of them is its detections' maps).
+typedef struct {
+  int h, w;             // the feature map
+  float *attention;     // [Q, h * w] or NULL
+  int n_layers;         // encoder layers with clusters (0: not asked for)
+  int *clusters;        // [n_layers, h * w] or NULL
+  int *cluster_count;   // [n_layers]
+} Outputs;
 
 struct detr_result {
   int width, height;        // of the image given
   int count, dropped;
   detr_detection *items;    // [count] by falling score
   char *strings;            // the names, NUL-separated; items[i].name points in here
+  Outputs out;              // attention [count, h * w] (item i's map in row i), clusters as made
 };
 
 // The tensor runtime keeps process-wide state (the scope stack of temporaries, the grad switch),
@@ -207,7 +219,67 @@ void detr_input_size(const detr_model *model, int *image_size, int *max_size) {
   if (max_size) *max_size = model ? model->max_size : 0;
 }
 
+detr_status detr_set_outputs(detr_model *model, unsigned outputs) {
+  last_error[0] = 0;
+  if (!model) return fail(DETR_ERR_ARGUMENT, "model: NULL");
+  if (outputs & ~(DETR_OUTPUT_ATTENTION | DETR_OUTPUT_CLUSTERS))
+    return fail(DETR_ERR_ARGUMENT, "outputs 0x%x: unknown bits (DETR_OUTPUT_ATTENTION | DETR_OUTPUT_CLUSTERS)", outputs);
+  const EncoderAttnKind *k = detr_encoder_attn(&model->net->cfg);
+  if ((outputs & DETR_OUTPUT_CLUSTERS) && !k->clusters) {
+    char some[256] = "";  // the variants that do, from the registry
+    for (int i = 0, n = 0; encoder_attn_at(i); i++)
+      if (encoder_attn_at(i)->clusters)
+        n += snprintf(some + n, sizeof some - (size_t)n, "%s%s", n ? ", " : "", encoder_attn_at(i)->name);
+    return fail(DETR_ERR_CONFIG, "clusters: the model's encoder attention is '%s', which forms no clusters (one that "
+                "does: encoder_attn=%s)", k->name, some);
+  }
+  pthread_mutex_lock(&api_lock);
+  model->outputs = outputs;
+  pthread_mutex_unlock(&api_lock);
+  return DETR_OK;
+}
+
 // --- detection -----------------------------------------------------------------------------------
+
+static void outputs_free(Outputs *o) {
+  free(o->attention);
+  free(o->clusters);
+  free(o->cluster_count);
+  *o = (Outputs){0};
+}
+
+// The outputs asked for, copied from the forward of one image to the host. Returns DETR_OK, or
+// DETR_ERR_RUNTIME when a part of the model does not report one.
+static detr_status copy_outputs(const detr_model *m, const DetrOutput *fwd, Outputs *o) {
+  *o = (Outputs){.h = (int)fwd->feat_h, .w = (int)fwd->feat_w};
+  int64_t N = fwd->feat_h * fwd->feat_w;
+  if (m->outputs & DETR_OUTPUT_ATTENTION) {
+    if (!fwd->cross_attn)
+      return fail(DETR_ERR_RUNTIME, "attention: the model's decoder '%s' does not report its cross-attention",
+                  detr_decoder(&m->net->cfg)->name);
+    o->attention = malloc((size_t)fwd->cross_attn->numel * sizeof(float));  // [Q, N]
+    DETR_CHECK(o->attention, "detr: out of host memory");
+    tensor_to_host(fwd->cross_attn, o->attention);
+  }
+  if (m->outputs & DETR_OUTPUT_CLUSTERS) {
+    o->n_layers = fwd->n_attn;
+    o->clusters = malloc((size_t)(fwd->n_attn * N) * sizeof(int));  // [n_attn, N]
+    o->cluster_count = calloc((size_t)fwd->n_attn, sizeof(int));
+    DETR_CHECK(o->clusters && o->cluster_count, "detr: out of host memory");
+    for (int l = 0; l < fwd->n_attn; l++) {
+      const int32_t *c = fwd->attn[l].clusters;  // [N]: one image
+      if (!c) {
+        outputs_free(o);
+        return fail(DETR_ERR_RUNTIME, "clusters: encoder layer %d reports none", l);
+      }
+      for (int64_t i = 0; i < N; i++) {
+        o->clusters[l * N + i] = c[i];
+        if (c[i] >= o->cluster_count[l]) o->cluster_count[l] = c[i] + 1;
+      }
+    }
+  }
+  return DETR_OK;
+}
 
 static int by_score(const void *a, const void *b) {
   const Detection *x = a, *y = b;
@@ -216,8 +288,10 @@ static int by_score(const void *a, const void *b) {
   return (x->label > y->label) - (x->label < y->label);
 }
 
-// The detections scoring >= threshold among dets [K] (reordered), with their names copied.
-static detr_result *make_result(const detr_model *m, Detection *dets, int64_t K, double threshold, int w, int h) {
+// The detections scoring >= threshold among dets [K] (reordered), with their names copied; the
+// result takes the outputs o, keeping of the attention maps its detections' queries'.
+static detr_result *make_result(const detr_model *m, Detection *dets, int64_t K, double threshold, int w, int h,
+                                Outputs *o) {
   detr_result *r = calloc(1, sizeof *r);
   DETR_CHECK(r, "detr: out of host memory");
   r->width = w, r->height = h;
@@ -245,6 +319,16 @@ static detr_result *make_result(const detr_model *m, Detection *dets, int64_t K,
     s += n;
   }
   r->count = (int)kept;
+  r->out = *o;
+  *o = (Outputs){0};
+  if (r->out.attention) {  // every query's map [Q, N] -> the detections' [count, N]
+    size_t N = (size_t)r->out.h * (size_t)r->out.w;
+    float *maps = malloc((size_t)(kept ? kept : 1) * N * sizeof(float));
+    DETR_CHECK(maps, "detr: out of host memory");
+    for (int64_t i = 0; i < kept; i++) memcpy(maps + i * N, r->out.attention + dets[i].query * N, N * sizeof(float));
+    free(r->out.attention);
+    r->out.attention = maps;
+  }
   return r;
 }
 
@@ -269,20 +353,22 @@ static detr_status detect_image(detr_model *m, Image *img, double threshold, det
   bool was = autograd_set_grad_enabled(false);
   ScopeMark mark = tensor_scope_mark();
   Tensor *images = tensor_scoped(tensor_from_host(m->net->params.device, SHAPE(1, 3, H, W), pixels));
-  NnCtx ctx = {.training = false};
+  NnCtx ctx = {.training = false, .want_cross_attn = m->outputs & DETR_OUTPUT_ATTENTION};
   DetrOutput fwd;
+  Outputs extra = {0};
   detr_status st = DETR_OK;
   if (detr_model_forward(m->net, &ctx, images, mask, &fwd, last_error, sizeof last_error)) {
     st = DETR_ERR_RUNTIME;
   } else {
     detr_postprocess_output(m->net, &fwd, &ow, &oh, dets);
+    st = copy_outputs(m, &fwd, &extra);
     detr_output_free(&fwd);
   }
   tensor_scope_release(mark);
   autograd_set_grad_enabled(was);
   pthread_mutex_unlock(&api_lock);
 
-  if (!st) *out = make_result(m, dets, K, threshold, ow, oh);
+  if (!st) *out = make_result(m, dets, K, threshold, ow, oh, &extra);
   free(pixels);
   free(mask);
   free(dets);
@@ -342,8 +428,26 @@ void detr_result_image_size(const detr_result *result, int *width, int *height) 
   if (height) *height = result ? result->height : 0;
 }
 
+const float *detr_result_attention(const detr_result *result, int i, int *h, int *w) {
+  bool ok = result && result->out.attention && i >= 0 && i < result->count;
+  if (h) *h = ok ? result->out.h : 0;
+  if (w) *w = ok ? result->out.w : 0;
+  return ok ? result->out.attention + (size_t)i * result->out.h * result->out.w : NULL;
+}
+
+const int *detr_result_clusters(const detr_result *result, int layer, int *h, int *w, int *count) {
+  int n = result ? result->out.n_layers : 0;
+  if (layer < 0) layer += n;
+  bool ok = layer >= 0 && layer < n;
+  if (h) *h = ok ? result->out.h : 0;
+  if (w) *w = ok ? result->out.w : 0;
+  if (count) *count = ok ? result->out.cluster_count[layer] : 0;
+  return ok ? result->out.clusters + (size_t)layer * result->out.h * result->out.w : NULL;
+}
+
 void detr_result_free(detr_result *result) {
   if (!result) return;
+  outputs_free(&result->out);
   free(result->items);
   free(result->strings);
   free(result);

@@ -138,12 +138,30 @@ DETR_API detr_status detr_detect_file(detr_model *model, const char *path, doubl
 DETR_API detr_status detr_detect_rgb(detr_model *model, const unsigned char *rgb, size_t size, int width, int height,
                                      double threshold, detr_result **result);
 
+/* What a detection may keep beyond the boxes, for pictures of what the model attends to (`detr
+ * predict --show`); off by default. */
+#define DETR_OUTPUT_ATTENTION 1u /* each detection's cross-attention map: detr_result_attention */
+#define DETR_OUTPUT_CLUSTERS 2u  /* the encoder attention's clusters (ENACT): detr_result_clusters */
+/* Asks the model's later detections for these outputs (DETR_OUTPUT_* or'ed; 0: none). Off, a
+ * detection costs what it did without them. DETR_ERR_CONFIG, and nothing changed, when the model
+ * cannot give one: clusters from an encoder attention that forms none (the message names it). */
+DETR_API detr_status detr_set_outputs(detr_model *model, unsigned outputs);
+
 /* Detections in a result, by falling score (ties: query order). */
 DETR_API int detr_result_count(const detr_result *result);
 /* Detection i (0 <= i < count), or NULL outside the range. */
 DETR_API const detr_detection *detr_result_get(const detr_result *result, int i);
 /* Queries left out because their score or box was not finite (NaN weights): never a detection. */
 DETR_API int detr_result_dropped(const detr_result *result);
+/* Detection i's attention map (DETR_OUTPUT_ATTENTION): the last decoder layer's cross-attention
+ * weights of its query averaged over the heads, on the feature map of the resized image: *h rows
+ * of *w, row-major from the top-left. Softmax weights: they sum to 1. NULL (sizes 0) when not
+ * asked for or i is out of range. */
+DETR_API const float *detr_result_attention(const detr_result *result, int i, int *h, int *w);
+/* Encoder layer `layer`'s clusters (DETR_OUTPUT_CLUSTERS; 0 is the first layer, -1 the last):
+ * each feature-map position's cluster, 0 .. *count - 1, *h rows of *w as above. NULL (sizes 0)
+ * when not asked for or no such layer. */
+DETR_API const int *detr_result_clusters(const detr_result *result, int layer, int *h, int *w, int *count);
 /* The size of the image the result is for (either pointer may be NULL). */
 DETR_API void detr_result_image_size(const detr_result *result, int *width, int *height);
 /* Releases the result (NULL is fine). */

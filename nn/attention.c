@@ -39,8 +39,13 @@ Tensor *mha_merge_heads(Tensor *x, int64_t B) {
   return op_reshape(op_transpose(op_reshape(x, SHAPE(B, h, L, hd)), 1, 2), SHAPE(B, L, h * hd));
 }
 
+Tensor *attention_head_mean(Tensor *w, int64_t B) {
+  int64_t Lq = w->shape.d[1], Lk = w->shape.d[2];
+  return op_reshape(op_mean(op_reshape(w, SHAPE(B, w->shape.d[0] / B, Lq * Lk)), 1, false), SHAPE(B, Lq, Lk));
+}
+
 Tensor *attention_heads(const NnCtx *ctx, Tensor *q, Tensor *k, Tensor *v, int64_t heads, Tensor *key_padding_mask,
-                        float dropout) {
+                        float dropout, Tensor **weights) {
   int64_t B = q->shape.d[0], Lq = q->shape.d[1], Lk = k->shape.d[1], hd = q->shape.d[2] / heads;
   q = op_mul_scalar(q, 1.0f / sqrtf((float)hd));
   Tensor *qh = mha_split_heads(q, heads), *kh = mha_split_heads(k, heads), *vh = mha_split_heads(v, heads);
@@ -48,11 +53,17 @@ Tensor *attention_heads(const NnCtx *ctx, Tensor *q, Tensor *k, Tensor *v, int64
   // The mask row of image b serves its h*Lq logit rows.
   Tensor *attn = op_softmax(op_reshape(logits, SHAPE(B, heads * Lq, Lk)), key_padding_mask);
   attn = op_reshape(attn, SHAPE(B * heads, Lq, Lk));
+  if (weights) *weights = attention_head_mean(attn, B);
   return mha_merge_heads(nn_dropout_bmm(ctx, attn, vh, dropout), B);  // [B, Lq, h * dv]
+}
+
+Tensor *mha_forward_weights(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key, Tensor *value,
+                            Tensor *key_padding_mask, Tensor **weights) {
+  Tensor *q = mha_project(a, query, 0), *k = mha_project(a, key, 1), *v = mha_project(a, value, 2);
+  return linear_forward(&a->out_proj, attention_heads(ctx, q, k, v, a->heads, key_padding_mask, a->dropout, weights));
 }
 
 Tensor *mha_forward(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key, Tensor *value,
                     Tensor *key_padding_mask) {
-  Tensor *q = mha_project(a, query, 0), *k = mha_project(a, key, 1), *v = mha_project(a, value, 2);
-  return linear_forward(&a->out_proj, attention_heads(ctx, q, k, v, a->heads, key_padding_mask, a->dropout));
+  return mha_forward_weights(a, ctx, query, key, value, key_padding_mask, NULL);
 }

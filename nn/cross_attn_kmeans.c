@@ -41,8 +41,9 @@ Tensor *kmeans_cross_attention_update(const MultiheadAttention *a, Tensor *assig
 }
 
 Tensor *kmeans_cross_attention(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key,
-                               Tensor *value, Tensor *key_padding_mask) {
+                               Tensor *value, Tensor *key_padding_mask, Tensor **weights) {
   (void)ctx;  // no dropout on the assignment (kMaX drops the whole update: drop_path)
   Tensor *assign = kmeans_cross_attention_assign(a, query, key, key_padding_mask, NULL);
+  if (weights) *weights = attention_head_mean(assign, value->shape.d[0]);
   return kmeans_cross_attention_update(a, assign, value);
 }

@@ -30,6 +30,8 @@ typedef struct {
   Tensor *hs[DECODER_MAX_LAYERS];  // [B, Q, d] every layer's output, after the decoder's final norm
   int n_layers;
   Tensor *reference;               // [Q, 2] or [B, Q, 2] the queries' reference points (sigmoid space), or NULL
+  Tensor *cross_attn;              // [B, Q, HW] the last layer's cross-attention weights averaged over the
+                                   // heads when ctx->want_cross_attn, else NULL (the model zeroes it)
 } DecoderOutput;
 
 typedef struct DecoderKind {
@@ -39,7 +41,8 @@ typedef struct DecoderKind {
   // Registers the kind's parameters under `prefix` (the reference's "transformer.decoder").
   void (*create)(void *state, ParamStore *ps, const char *prefix, const DecoderShape *shape);
   void (*init)(const void *state, Rng *rng);  // the reference's initialisation
-  // Every layer's output (out->hs; each kept past its layer's scope) and the reference points.
+  // Every layer's output (out->hs; each kept past its layer's scope), the reference points and,
+  // when ctx->want_cross_attn, the last layer's cross-attention weights.
   void (*forward)(const void *state, const NnCtx *ctx, const DecoderInput *in, DecoderOutput *out);
   // Boxes [B, Q, 4] (cxcywh in [0, 1]) from the box head's raw output [B, Q, 4] for layer `layer`.
   Tensor *(*boxes)(const void *state, Tensor *head_out, const DecoderOutput *out, int layer);

@@ -140,15 +140,16 @@ static Tensor *ffn(const CondLayer *l, const NnCtx *ctx, float p, Tensor *x) {
 }
 
 // tgt [B, Q, d]; query_pos [Q, d]; memory, pos [B, HW, d]; sine: p_s T, [B, Q, d] (layer 0: [Q, d]).
+// cross_weights (may be NULL): the cross-attention's weights averaged over the heads [B, Q, HW].
 static Tensor *layer_forward(const CondLayer *l, const TransformerShape *s, const NnCtx *ctx, Tensor *tgt,
                              Tensor *memory, Tensor *key_mask, Tensor *pos, Tensor *query_pos, Tensor *sine,
-                             bool first) {
+                             bool first, Tensor **cross_weights) {
   float p = s->dropout;
   int64_t B = tgt->shape.d[0], Q = tgt->shape.d[1], d = s->dim;
   Tensor *q = op_add(linear_forward(&l->sa_qcontent, tgt), linear_forward(&l->sa_qpos, query_pos));
   Tensor *k = op_add(linear_forward(&l->sa_kcontent, tgt), linear_forward(&l->sa_kpos, query_pos));
   Tensor *v = linear_forward(&l->sa_v, tgt);
-  Tensor *self = linear_forward(&l->sa_out, attention_heads(ctx, q, k, v, s->heads, NULL, p));
+  Tensor *self = linear_forward(&l->sa_out, attention_heads(ctx, q, k, v, s->heads, NULL, p, NULL));
   tgt = layernorm_forward(&l->norm1, op_add(tgt, nn_dropout(ctx, self, p)));
 
   Tensor *q_content = linear_forward(&l->ca_qcontent, tgt);  // [B, Q, d]
@@ -164,7 +165,7 @@ static Tensor *layer_forward(const CondLayer *l, const TransformerShape *s, cons
     q_sine = op_add(tensor_scoped(tensor_zeros(tgt->device, SHAPE(B, Q, d))), q_sine);
   Tensor *q_cross = concat_heads(q_content, q_sine, s->heads);  // [B, Q, 2d]
   Tensor *k_cross = concat_heads(k_content, k_pos, s->heads);   // [B, HW, 2d]
-  Tensor *cross = attention_heads(ctx, q_cross, k_cross, v, s->heads, key_mask, p);
+  Tensor *cross = attention_heads(ctx, q_cross, k_cross, v, s->heads, key_mask, p, cross_weights);
   tgt = layernorm_forward(&l->norm2, op_add(tgt, nn_dropout(ctx, linear_forward(&l->ca_out, cross), p)));
   tgt = op_add(tgt, nn_dropout(ctx, ffn(l, ctx, p, tgt), p));
   return layernorm_forward(&l->norm3, tgt);
@@ -181,11 +182,12 @@ static void forward(const void *state, const NnCtx *ctx, const DecoderInput *in,
   for (int i = 0; i < c->n_layers; i++) {
     ScopeMark mark = tensor_scope_mark();  // each layer's dead temporaries are freed after it
     Tensor *scaled = i == 0 ? sine : op_mul(sine, mlp_forward(&c->query_scale, tgt));  // p_s T
+    bool last = i == c->n_layers - 1 && ctx->want_cross_attn;
     tgt = layer_forward(&c->layers[i], &c->s, ctx, tgt, in->memory, in->key_mask, in->pos, in->query_embed, scaled,
-                        i == 0);
+                        i == 0, last ? &out->cross_attn : NULL);
     out->hs[i] = layernorm_forward(&c->norm, tgt);
-    Tensor *keep[2] = {tgt, out->hs[i]};
-    tensor_scope_keep(mark, keep, 2);
+    Tensor *keep[3] = {tgt, out->hs[i], out->cross_attn};
+    tensor_scope_keep(mark, keep, last ? 3 : 2);
   }
 }
 

@@ -19,7 +19,7 @@ static const char *const CROSS_ATTNS[] = {"softmax", "kmeans", NULL};
 
 // The one place the choice is read.
 static CrossAttnFn cross_attn_fn(const char *name) {
-  return name && !strcmp(name, "kmeans") ? kmeans_cross_attention : mha_forward;
+  return name && !strcmp(name, "kmeans") ? kmeans_cross_attention : mha_forward_weights;
 }
 
 static void create(void *state, ParamStore *ps, const char *prefix, const DecoderShape *shape) {
@@ -49,10 +49,12 @@ static void forward(const void *state, const NnCtx *ctx, const DecoderInput *in,
   out->reference = NULL;
   for (int i = 0; i < d->n_layers; i++) {
     ScopeMark mark = tensor_scope_mark();  // each layer's dead temporaries are freed after it
-    tgt = decoder_layer_forward(&d->layers[i], ctx, tgt, in->memory, in->key_mask, in->pos, in->query_embed);
+    bool last = i == d->n_layers - 1 && ctx->want_cross_attn;
+    tgt = decoder_layer_forward(&d->layers[i], ctx, tgt, in->memory, in->key_mask, in->pos, in->query_embed,
+                                last ? &out->cross_attn : NULL);
     out->hs[i] = layernorm_forward(&d->norm, tgt);  // every intermediate output is normed
-    Tensor *keep[2] = {tgt, out->hs[i]};
-    tensor_scope_keep(mark, keep, 2);
+    Tensor *keep[3] = {tgt, out->hs[i], out->cross_attn};
+    tensor_scope_keep(mark, keep, last ? 3 : 2);
   }
 }
 

@@ -116,10 +116,11 @@ int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, con
   if (c->pre_norm) memory = layernorm_forward(&m->enc_norm, memory);
 
   const DecoderKind *dk = detr_decoder(c);
-  DecoderOutput dec;
+  DecoderOutput dec = {0};  // a kind fills cross_attn only when asked
   DecoderInput din = {.memory = memory, .pos = pos, .key_mask = geom.key_mask, .query_embed = m->query_embed, .batch = B};
   dk->forward(m->decoder_state, ctx, &din, &dec);
   out->n_layers = dec.n_layers;
+  out->cross_attn = dec.cross_attn;
   out->feat_h = h;
   out->feat_w = w;
   for (int i = 0; i < dec.n_layers; i++) {  // the heads on every layer's output (the earlier: auxiliary)

@@ -88,6 +88,8 @@ typedef struct {
   int64_t feat_h, feat_w;  // feature map size
   AttnTrace attn[DETR_MAX_LAYERS];  // per encoder layer: what its attention variant reports
   int n_attn;
+  Tensor *cross_attn;  // [B, Q, feat_h * feat_w] the last decoder layer's cross-attention weights averaged
+                       // over the heads, when ctx->want_cross_attn (else NULL)
 } DetrOutput;
 void detr_output_free(DetrOutput *out);  // the attention traces
 // Detections per image of a model (DETR: one per query; Conditional DETR: the 100 best), and the

@@ -113,8 +113,10 @@ void enact_regions_free(EnactRegions *r) {
 
 void enact_trace_free(EnactTrace *t) {
   free(t->signs);
+  free(t->clusters);
   enact_regions_free(&t->regions);
   t->signs = NULL;
+  t->clusters = NULL;
   t->entropy = NULL;
 }
 
@@ -221,6 +223,17 @@ static void release_trace(void *owned) {
   free(owned);
 }
 
+// The regions as a map: each pixel's region numbered within its image, -1 on padding. [B * N]
+static int32_t *cluster_map(const EnactRegions *r, int64_t n_pixels) {
+  int32_t *map = malloc((size_t)n_pixels * sizeof(int32_t));
+  DETR_CHECK(map, "ENACT: out of host memory");
+  for (int64_t i = 0; i < n_pixels; i++) map[i] = -1;
+  for (int64_t b = 0; b < r->B; b++)
+    for (int64_t j = r->image_offset[b]; j < r->image_offset[b + 1]; j++)
+      for (int64_t k = 0; k < r->lengths[j]; k++) map[r->starts[j] + k] = (int32_t)(j - r->image_offset[b]);
+  return map;
+}
+
 static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnInput *in, AttnTrace *trace, char *err,
                        size_t err_cap) {
   if (enact_check_geometry(in->geom, err, err_cap)) return NULL;
@@ -232,6 +245,7 @@ static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnIn
     return y;
   }
   const EnactRegions *r = &t->regions;
+  t->clusters = cluster_map(r, in->x->shape.d[0] * in->x->shape.d[1]);  // [B * N]
   *trace = (AttnTrace){
       .n_stats = 2,
       .stats = {{"clusters_per_image", "clusters/img", (double)r->count / (double)r->B},
@@ -240,6 +254,7 @@ static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnIn
       .exports = {{"entropy", t->entropy, NULL, 0},
                   {"region_starts", NULL, r->starts, r->count},
                   {"region_lengths", NULL, r->lengths, r->count}},
+      .clusters = t->clusters,
       .owned = t,
       .release = release_trace,
   };
@@ -252,6 +267,7 @@ const EncoderAttnKind encoder_attn_enact = {
     .settings = SETTINGS,
     .n_settings = (int)(sizeof SETTINGS / sizeof SETTINGS[0]),
     .extras_size = sizeof(EnactAttn),
+    .clusters = true,
     .create = create,
     .init = init,
     .forward = forward,

@@ -57,6 +57,8 @@ typedef struct {
   Tensor *entropy;       // smoothed map Hsm [B, N] (scoped)
   float *signs;          // curvature signs [B * N] (+1, -1; 0 on padding), owned
   EnactRegions regions;  // owned
+  int32_t *clusters;     // [B * N] each pixel's region within its image (0, 1, ...; -1 on padding), owned,
+                         // or NULL (the variant's forward makes it for its AttnTrace)
 } EnactTrace;
 void enact_trace_free(EnactTrace *t);
 

@@ -46,7 +46,10 @@ typedef struct {
   int n_stats, n_exports;
   AttnStat stats[ATTN_TRACE_MAX];
   AttnExport exports[ATTN_TRACE_MAX];
-  void *owned;                   // the variant's host data behind the exports
+  // A variant that clusters the positions (EncoderAttnKind.clusters) reports each position's
+  // cluster, numbered 0, 1, ... within its image (-1 on padding): host [B * N], owned by the trace.
+  const int32_t *clusters;
+  void *owned;                   // the variant's host data behind the exports and clusters
   void (*release)(void *owned);  // frees it
 } AttnTrace;
 void attn_trace_free(AttnTrace *t);
@@ -94,6 +97,7 @@ typedef struct {
   const AttnSettingSpec *settings;
   int n_settings;
   size_t extras_size;  // bytes of the per-layer state (0: none)
+  bool clusters;       // its trace reports AttnTrace.clusters (`detr predict --show clusters`)
   // Registers the variant's own parameters under `prefix` (= "<layer>.self_attn") and reads its
   // settings into extras. May be NULL.
   void (*create)(void *extras, ParamStore *ps, const char *prefix, int64_t dim, int64_t heads,

@@ -4,10 +4,13 @@
 #include "autograd/ops.h"
 #include "nn/params.h"
 
-// Forward-pass context: dropout is active only when training.
+// Forward-pass context: dropout is active only when training. want_cross_attn asks the decoder
+// for its last layer's cross-attention weights (DetrOutput.cross_attn, `detr predict --show
+// attention`); off, nothing extra is computed.
 typedef struct {
   bool training;
   Rng *dropout_rng;  // advanced by every dropout draw
+  bool want_cross_attn;
 } NnCtx;
 
 Tensor *nn_dropout(const NnCtx *ctx, Tensor *x, float p);
@@ -78,9 +81,9 @@ MultiheadAttention mha_create(ParamStore *ps, const char *prefix, int64_t dim, i
 // projections; per head, each unpadded pixel is assigned to the query with the largest logit
 // q.k/sqrt(hd) (a constant: computed without gradient, as kMaX-DeepLab's kMaXTransformerLayer does),
 // and each query's update is the mean of its pixels' values, then out_proj. Same signature as
-// mha_forward (dropout is not applied to the assignment).
+// mha_forward_weights (dropout is not applied to the assignment); its weights: the assignment A.
 Tensor *kmeans_cross_attention(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key,
-                               Tensor *value, Tensor *key_padding_mask);
+                               Tensor *value, Tensor *key_padding_mask, Tensor **weights);
 // Its two halves: the assignment [B*h, Lq, Lk] (op_cluster_argmax of the per-head logits, no tape;
 // winners as op_cluster_argmax's), and the differentiable update (assign v_h) W_o^T + b_o given it.
 Tensor *kmeans_cross_attention_assign(const MultiheadAttention *a, Tensor *query, Tensor *key,
@@ -88,12 +91,18 @@ Tensor *kmeans_cross_attention_assign(const MultiheadAttention *a, Tensor *query
 Tensor *kmeans_cross_attention_update(const MultiheadAttention *a, Tensor *assign, Tensor *value);
 Tensor *mha_forward(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key, Tensor *value,
                     Tensor *key_padding_mask);
+// mha_forward, and when weights is not NULL its attention weights averaged over the heads into
+// *weights [B, Lq, Lk] (before dropout): the decoder's cross-attention, whose weights are pictured.
+Tensor *mha_forward_weights(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key, Tensor *value,
+                            Tensor *key_padding_mask, Tensor **weights);
 // The attention between projections, per head: softmax(q k^T / sqrt(dk) + mask) v with dropout p
 // on the weights; q [B, Lq, h*dk], k [B, Lk, h*dk], v [B, Lk, h*dv] -> [B, Lq, h*dv] (before any
 // output projection). mha_forward is its projections around this; Conditional DETR's decoder
-// (dk = 2 dv) calls it directly.
+// (dk = 2 dv) calls it directly. weights: as mha_forward_weights (NULL: not wanted).
 Tensor *attention_heads(const NnCtx *ctx, Tensor *q, Tensor *k, Tensor *v, int64_t heads, Tensor *key_padding_mask,
-                        float dropout);
+                        float dropout, Tensor **weights);
+// Per-head weights [B*heads, Lq, Lk] averaged over the heads: [B, Lq, Lk].
+Tensor *attention_head_mean(Tensor *w, int64_t B);
 // The q, k, v projections alone (the encoder-attention variants apply their own attention between
 // the projections: nn/encoder_attn.h).
 Tensor *mha_project(const MultiheadAttention *a, Tensor *x, int which);  // which: 0 q, 1 k, 2 v

@@ -73,11 +73,11 @@ DecoderLayer decoder_layer_create(ParamStore *ps, const char *prefix, Transforme
                         .norm2 = layernorm_create_named(ps, prefix, "norm2", s.dim),
                         .norm3 = layernorm_create_named(ps, prefix, "norm3", s.dim),
                         .s = s,
-                        .cross_attn = mha_forward};
+                        .cross_attn = mha_forward_weights};
 }
 
 Tensor *decoder_layer_forward(const DecoderLayer *l, const NnCtx *ctx, Tensor *tgt, Tensor *memory,
-                              Tensor *memory_mask, Tensor *pos, Tensor *query_pos) {
+                              Tensor *memory_mask, Tensor *pos, Tensor *query_pos, Tensor **cross_weights) {
   float p = l->s.dropout;
   Tensor *key = with_pos(memory, pos);
   if (l->s.pre_norm) {
@@ -86,13 +86,14 @@ Tensor *decoder_layer_forward(const DecoderLayer *l, const NnCtx *ctx, Tensor *t
     tgt = op_add(tgt, nn_dropout(ctx, mha_forward(&l->self_attn, ctx, qk, qk, t2, NULL), p));
     t2 = layernorm_forward(&l->norm2, tgt);
     tgt = op_add(tgt, nn_dropout(ctx, l->cross_attn(&l->multihead_attn, ctx, with_pos(t2, query_pos), key, memory,
-                                                  memory_mask), p));
+                                                  memory_mask, cross_weights), p));
     t2 = layernorm_forward(&l->norm3, tgt);
     return op_add(tgt, nn_dropout(ctx, ffn(&l->linear1, &l->linear2, ctx, p, t2), p));
   }
   Tensor *qk = with_pos(tgt, query_pos);
   tgt = layernorm_forward(&l->norm1, op_add(tgt, nn_dropout(ctx, mha_forward(&l->self_attn, ctx, qk, qk, tgt, NULL), p)));
-  Tensor *cross = l->cross_attn(&l->multihead_attn, ctx, with_pos(tgt, query_pos), key, memory, memory_mask);
+  Tensor *cross =
+      l->cross_attn(&l->multihead_attn, ctx, with_pos(tgt, query_pos), key, memory, memory_mask, cross_weights);
   tgt = layernorm_forward(&l->norm2, op_add(tgt, nn_dropout(ctx, cross, p)));
   tgt = op_add(tgt, nn_dropout(ctx, ffn(&l->linear1, &l->linear2, ctx, p, tgt), p));
   return layernorm_forward(&l->norm3, tgt);

@@ -906,7 +906,7 @@ static Tensor *f_encoder(Tensor *const *in, void *c) {
 
 static Tensor *f_decoder(Tensor *const *in, void *c) {
   LayerCtx *l = c;
-  return decoder_layer_forward(&l->dec, &EVAL_CTX, in[0], in[1], l->mask, l->pos, l->query_pos);
+  return decoder_layer_forward(&l->dec, &EVAL_CTX, in[0], in[1], l->mask, l->pos, l->query_pos, NULL);
 }
 
 static void check_layers(bool pre_norm) {
@@ -1285,7 +1285,7 @@ START_TEST(grad_kmeans_cross_attn) {
   Tensor *query = U(SHAPE(2, 3, 8), 321), *key = U(SHAPE(2, 5, 8), 322), *value = U(SHAPE(2, 5, 8), 323);
   // Forward against the definition.
   ScopeMark mark = tensor_scope_mark();
-  Tensor *out = kmeans_cross_attention(&c.mha, &EVAL_CTX, query, key, value, c.mask);
+  Tensor *out = kmeans_cross_attention(&c.mha, &EVAL_CTX, query, key, value, c.mask, NULL);
   double want[2 * 3 * 8];
   kmeans_direct(&c.mha, query, key, value, c.mask->data, want);
   for (int64_t i = 0; i < out->numel; i++)

@@ -28,6 +28,7 @@
 #include "train/progress.h"
 #include "train/setup.h"
 #include "nn/postprocess.h"
+#include "nn/position.h"
 
 #ifndef DETR_BIN
 #error "DETR_BIN (the path of the detr executable) comes from tests/CMakeLists.txt"
@@ -209,6 +210,28 @@ START_TEST(class_colours) {
   ck_assert(a.r != b.r || a.g != b.g || a.b != b.b);
   ck_assert(a.r == c.r && a.g == c.g && a.b == c.b);  // the palette cycles every 16
   (void)d;  // a negative id must not index outside the palette (ASan checks)
+}
+END_TEST
+
+// Labels of boxes that share a corner never overlap while there is room, stay inside the picture,
+// and the first goes above its box.
+START_TEST(label_placement) {
+  DrawRect taken[8], box = {40, 60, 120, 150};
+  for (int k = 0; k < 8; k++) {
+    taken[k] = draw_place_label(200, 240, box, 70, 20, taken, k);
+    DrawRect r = taken[k];
+    ck_assert(r.x0 >= 0 && r.y0 >= 0 && r.x1 < 200 && r.y1 < 240 && r.x1 - r.x0 == 69 && r.y1 - r.y0 == 19);
+    for (int j = 0; j < k; j++)
+      ck_assert_msg(r.x1 < taken[j].x0 || taken[j].x1 < r.x0 || r.y1 < taken[j].y0 || taken[j].y1 < r.y0,
+                    "label %d overlaps label %d", k, j);
+  }
+  ck_assert(taken[0].x0 == 40 && taken[0].y1 == 59);  // above the box
+  ck_assert(taken[1].y0 == 151);                       // then below it
+  int dw, dh;
+  draw_display_size(64, 48, &dw, &dh);  // small pictures scaled up, large ones kept
+  ck_assert(dw == 512 && dh == 384);
+  draw_display_size(900, 20, &dw, &dh);
+  ck_assert(dw == 900 && dh == 20);
 }
 END_TEST
 
@@ -504,8 +527,8 @@ START_TEST(predict_matches_evaluation) {
   Image img = {0};
   DataError derr;
   ck_assert_msg(image_decode_file(at("out/img.png"), &img, &derr) == 0, "%s", derr.msg);
-  ck_assert_int_eq(img.w, IMG_W);
-  ck_assert_int_eq(img.h, IMG_H);
+  ck_assert_int_eq(img.w, 512);  // scaled up to a long side of 512 (100x80 -> 512x410)
+  ck_assert_int_eq(img.h, 410);
   ck_assert(has_colour(&img, draw_class_colour(ref[0].label)));  // the best box is drawn
   image_free(&img);
 
@@ -975,6 +998,204 @@ START_TEST(predict_defaults) {
 }
 END_TEST
 
+// --- pictures of what the model attends to (--show) ----------------------------------------------
+
+// The last decoder layer's cross-attention is captured by the forward pass when asked, never
+// otherwise, for both decoder kinds and the k-means cross-attention: [B, Q, h*w], zero at padded
+// positions; softmax rows (mean over heads) sum to 1, k-means rows to the share of heads in which
+// the query won pixels (each head's row is 1/n on its n pixels).
+START_TEST(cross_attention_capture) {
+  const char *kinds[][2] = {{"detr", "softmax"}, {"conditional", "softmax"}, {"detr", "kmeans"}};
+  enum { B = 2, H = 96, W = 128 };
+  float *px = malloc(sizeof(float) * B * 3 * H * W);  // [B, 3, H, W]
+  uint8_t mask[B * H * W] = {0};                       // [B, H, W]: image 1's right half is padding
+  for (int i = 0; i < B * 3 * H * W; i++) px[i] = sinf(0.37f * (float)i) + 0.5f * cosf(0.011f * (float)i);
+  for (int y = 0; y < H; y++)
+    for (int x = W / 2; x < W; x++) mask[(H + y) * W + x] = 1;
+  bool was = autograd_set_grad_enabled(false);
+  for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+    DetrConfig cfg;
+    detr_config_preset("tiny", &cfg);
+    cfg.decoder = decoder_find(kinds[k][0]);
+    cfg.decoder_cross_attn = decoder_cross_attn_find(cfg.decoder, kinds[k][1]);
+    ck_assert_ptr_nonnull(cfg.decoder_cross_attn);
+    DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
+    detr_model_init(m, 3);
+    ScopeMark mark = tensor_scope_mark();
+    Tensor *images = tensor_scoped(tensor_from_host(DEVICE_CPU, SHAPE(B, 3, H, W), px));
+    for (int want = 0; want <= 1; want++) {
+      NnCtx ctx = {.want_cross_attn = want};
+      DetrOutput out;
+      char err[256];
+      ck_assert_msg(detr_model_forward(m, &ctx, images, mask, &out, err, sizeof err) == 0, "%s", err);
+      if (!want) {
+        ck_assert_ptr_null(out.cross_attn);
+        detr_output_free(&out);
+        continue;
+      }
+      int64_t Q = cfg.num_queries, N = out.feat_h * out.feat_w;
+      ck_assert_ptr_nonnull(out.cross_attn);
+      ck_assert(out.cross_attn->shape.ndim == 3 && out.cross_attn->shape.d[0] == B && out.cross_attn->shape.d[1] == Q &&
+                out.cross_attn->shape.d[2] == N);
+      float *a = malloc(sizeof(float) * B * Q * N);  // [B, Q, N]
+      uint8_t *pad = malloc((size_t)(B * N));        // [B, N] 1 = padding
+      tensor_to_host(out.cross_attn, a);
+      mask_downsample_nearest(mask, B, H, W, out.feat_h, out.feat_w, pad);
+      for (int64_t b = 0; b < B; b++)
+        for (int64_t q = 0; q < Q; q++) {
+          double sum = 0;
+          for (int64_t i = 0; i < N; i++) {
+            float v = a[(b * Q + q) * N + i];
+            ck_assert_msg(v >= 0 && (!pad[b * N + i] || v == 0), "%s/%s: weight %g at position %lld", kinds[k][0],
+                          kinds[k][1], v, (long long)i);
+            sum += v;
+          }
+          if (strcmp(kinds[k][1], "kmeans")) ck_assert_msg(fabs(sum - 1) < 1e-5, "%s: row sum %g", kinds[k][0], sum);
+          else ck_assert_msg(sum <= 1 + 1e-5, "kmeans: row sum %g", sum);
+        }
+      free(a);
+      free(pad);
+      detr_output_free(&out);
+    }
+    tensor_scope_release(mark);
+    detr_model_free(m);
+  }
+  autograd_set_grad_enabled(was);
+  free(px);
+}
+END_TEST
+
+// The distinct colours in the rectangle [x0, x0 + w) x [y0, y0 + h) of img.
+static int distinct_colours(const Image *img, int x0, int y0, int w, int h) {
+  uint8_t *seen = calloc(1 << 21, 1);  // a bit per 24-bit colour
+  int n = 0;
+  for (int y = y0; y < y0 + h; y++)
+    for (int x = x0; x < x0 + w; x++) {
+      const uint8_t *p = img->data + ((size_t)y * img->w + x) * 3;
+      uint32_t c = (uint32_t)p[0] << 16 | (uint32_t)p[1] << 8 | p[2];
+      if (!(seen[c >> 3] & (1 << (c & 7)))) seen[c >> 3] |= (uint8_t)(1 << (c & 7)), n++;
+    }
+  free(seen);
+  return n;
+}
+
+static void decode_png(const char *path, Image *img) {
+  DataError derr;
+  ck_assert_msg(image_decode_file(path, img, &derr) == 0, "%s", derr.msg);
+}
+
+// --show attention and --show clusters on a tiny DETR + ENACT from a 2-step `detr train` on `detr
+// synth` data: the pictures' sizes (a 64x48 image drawn at 512x384), the attention maps through
+// the API (one per detection, each summing to 1), the clusters picture's colours against the
+// clusters the API and the log report.
+START_TEST(show_pictures) {
+  static char out[1 << 16];
+  char ckpt[300], small[300], grey[300], dir[300];
+  snprintf(ckpt, sizeof ckpt, "%s", at("run/ckpt-2.safetensors"));
+  snprintf(small, sizeof small, "%s", at("small.png"));
+  snprintf(grey, sizeof grey, "%s", at("grey.png"));
+  snprintf(dir, sizeof dir, "%s", at("o"));
+  int rc = run(out, sizeof out, "%s synth --out %s --train 4 --val 1 --seed 0 --min-side 64 --max-side 96 && "
+               "%s train --data %s --config tiny --enact --set num_classes=14 --max-steps 2 --batch 2 --threads 1 "
+               "--val-split none --out %s", DETR_BIN, at("synth"), DETR_BIN, at("synth"), at("run"));
+  ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+  uint8_t px[48][64][3], flat[48][64][3];
+  for (int y = 0; y < 48; y++)
+    for (int x = 0; x < 64; x++) {
+      bool sq = x > 20 && x < 44 && y > 12 && y < 36;
+      px[y][x][0] = sq ? 240 : (uint8_t)(4 * x), px[y][x][1] = sq ? 30 : (uint8_t)(5 * y), px[y][x][2] = 90;
+      flat[y][x][0] = flat[y][x][1] = flat[y][x][2] = 128;
+    }
+  DataError derr;
+  ck_assert_int_eq(image_write_png(small, &px[0][0][0], 64, 48, 3, &derr), 0);
+  ck_assert_int_eq(image_write_png(grey, &flat[0][0][0], 64, 48, 3, &derr), 0);
+  // A sigma of 1 (3 trained with): more clusters on these small maps, so that their colours count.
+  rc = run(out, sizeof out, "%s predict --checkpoint %s --image-size 320 --max-size 480 --set enact_sigma=1 "
+           "--threshold 0 --show attention --show clusters %s %s --out %s", DETR_BIN, ckpt, small, grey, dir);
+  ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+
+  // The same model through the API.
+  detr_model *m;
+  detr_options o = detr_options_default();
+  o.image_size = 320, o.max_size = 480, o.sets = (const char *const[]){"enact_sigma=1", NULL};
+  ck_assert_int_eq(detr_open_checkpoint(ckpt, &o, &m), DETR_OK);
+  detr_result *r;
+  ck_assert_int_eq(detr_detect_file(m, small, 0.0, &r), DETR_OK);
+  ck_assert_ptr_null(detr_result_attention(r, 0, NULL, NULL));  // not asked for
+  ck_assert_ptr_null(detr_result_clusters(r, 0, NULL, NULL, NULL));
+  detr_result_free(r);
+  ck_assert_int_eq(detr_set_outputs(m, DETR_OUTPUT_ATTENTION | DETR_OUTPUT_CLUSTERS), DETR_OK);
+  ck_assert_int_eq(detr_detect_file(m, small, 0.0, &r), DETR_OK);
+  int n = detr_result_count(r), h, w;
+  ck_assert_int_eq(n, 10);  // threshold 0: one per query
+  for (int i = 0; i < n; i++) {
+    const float *map = detr_result_attention(r, i, &h, &w);  // [h, w]
+    ck_assert(map && h == 10 && w == 14);                   // 320x427 at stride 32 (tiny: ResNet-18)
+    double sum = 0;
+    for (int k = 0; k < h * w; k++) sum += map[k];
+    ck_assert_msg(fabs(sum - 1) < 1e-5, "detection %d: attention sums to %g", i, sum);
+  }
+  ck_assert_ptr_null(detr_result_attention(r, n, &h, &w));
+  ck_assert_ptr_eq(detr_result_clusters(r, -1, NULL, NULL, NULL), detr_result_clusters(r, 1, NULL, NULL, NULL));
+  ck_assert_ptr_null(detr_result_clusters(r, 2, NULL, NULL, NULL));  // tiny: 2 encoder layers
+  detr_result_free(r);
+
+  // 64x48 pictures are drawn at 512x384; the attention grid has a row per detection (box, map),
+  // the clusters one a panel per pictured layer, 8 pixels apart and around.
+  Image img = {0};
+  decode_png(at("o/small.png"), &img);
+  ck_assert(img.w == 512 && img.h == 384);
+  image_free(&img);
+  decode_png(at("o/small-attention.png"), &img);
+  ck_assert_msg(img.w == 2 * 512 + 3 * 8 && img.h == n * (384 + 8) + 8, "%dx%d", img.w, img.h);
+  image_free(&img);
+  // On a uniform image every pixel of a layer's panel is its cluster's colour over the same grey:
+  // as many colours as clusters, the count the API and the log give.
+  ck_assert_int_eq(detr_detect_file(m, grey, 0.0, &r), DETR_OK);
+  decode_png(at("o/grey-clusters.png"), &img);
+  ck_assert_int_eq(img.w, 2 * 512 + 3 * 8);
+  ck_assert_int_gt(img.h, 384 + 2 * 8);
+  int counts[2];
+  for (int k = 0; k < 2; k++) {
+    const int *labels = detr_result_clusters(r, k ? -1 : 0, &h, &w, &counts[k]);
+    int top = 0;
+    for (int i = 0; i < h * w; i++) top = labels[i] > top ? labels[i] : top;
+    ck_assert_int_eq(top + 1, counts[k]);
+    ck_assert_int_gt(counts[k], 1);
+    ck_assert_int_eq(distinct_colours(&img, 8 + k * (512 + 8), img.h - 8 - 384, 512, 384), counts[k]);
+  }
+  char line[400];
+  snprintf(line, sizeof line, "%s: clusters per encoder layer: %d %d\n", grey, counts[0], counts[1]);
+  ck_assert_msg(strstr(out, line), "'%s' not in: %s", line, out);
+  image_free(&img);
+  detr_result_free(r);
+  detr_close(m);
+}
+END_TEST
+
+// --show clusters on a model without ENACT names its encoder attention and --enact; an unknown
+// --show lists the pictures; the API refuses the same.
+START_TEST(show_errors) {
+  DetrModel *fixture = make_fixture();  // DETR (dense encoder attention)
+  detr_model_free(fixture);
+  static char out[1 << 16];
+  int rc = run(out, sizeof out, "%s predict --weights %s --config tiny %s --out %s --show clusters", DETR_BIN,
+               at("w.safetensors"), at("img.jpg"), at("o"));
+  ck_assert_msg(rc == 2 && strstr(out, "encoder attention is 'dense'") && strstr(out, "--enact"), "exit %d: %s", rc,
+                out);
+  rc = run(out, sizeof out, "%s predict --weights %s --config tiny %s --out %s --show heat", DETR_BIN,
+           at("w.safetensors"), at("img.jpg"), at("o"));
+  ck_assert_msg(rc == 2 && strstr(out, "--show heat") && strstr(out, "attention") && strstr(out, "clusters"),
+                "exit %d: %s", rc, out);
+  detr_model *m;
+  ck_assert_int_eq(detr_open_weights(at("w.safetensors"), "tiny", NULL, &m), DETR_OK);
+  ck_assert_int_eq(detr_set_outputs(m, DETR_OUTPUT_CLUSTERS), DETR_ERR_CONFIG);
+  ck_assert_int_eq(detr_set_outputs(m, 4), DETR_ERR_ARGUMENT);
+  ck_assert_int_eq(detr_set_outputs(m, DETR_OUTPUT_ATTENTION), DETR_OK);
+  detr_close(m);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("predict");
   TCase *draw = tcase_create("draw");
@@ -986,6 +1207,7 @@ int main(void) {
   tcase_add_test(draw, clipping_stays_inside);
   tcase_add_test(draw, class_colours);
   tcase_add_test(draw, nice_ticks);
+  tcase_add_test(draw, label_placement);
   suite_add_tcase(s, draw);
   TCase *files = tcase_create("files");
   tcase_add_checked_fixture(files, setup_tmp, teardown_tmp);
@@ -1007,6 +1229,13 @@ int main(void) {
   tcase_add_test(usage, eval_run_defaults);
   tcase_add_test(usage, predict_defaults);
   suite_add_tcase(s, usage);
+  TCase *show = tcase_create("show");
+  tcase_add_checked_fixture(show, setup_tmp, teardown_tmp);
+  tcase_set_timeout(show, 120);
+  tcase_add_test(show, cross_attention_capture);
+  tcase_add_test(show, show_pictures);
+  tcase_add_test(show, show_errors);
+  suite_add_tcase(s, show);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);

@@ -1,5 +1,6 @@
 // detr predict: images in, detections out: a JSON of boxes, labels and scores per image and a
-// picture of each image with its boxes and class names drawn. The model, the preprocessing
+// picture of each image with its boxes and class names drawn; on request (--show) pictures of what
+// the model attends to: each detection's cross-attention, the encoder's clusters. The model, the preprocessing
 // (evaluation's: the val resize, ImageNet normalization, an all-valid mask), the forward pass and
 // the post-processing are the C API's (include/detr.h, api/detr_api.c): this verb is its user.
 #define _POSIX_C_SOURCE 200809L  // fsync, getpid, strdup
@@ -22,11 +23,14 @@
 static const char *USAGE =
     "(--checkpoint C.safetensors | --weights W.safetensors [--config PRESET|FILE] [--set key=value ...])\n"
     "       [--enact] IMAGE... --out DIR [--threshold S] [--image-size N] [--max-size M] [--names ANN.json]\n"
-    "       [--device cpu|cuda] [--threads T] [--json FILE] [--bad-input fail|skip]\n"
+    "       [--device cpu|cuda] [--threads T] [--json FILE] [--bad-input fail|skip] [--show attention|clusters]\n"
     "Detects objects in JPEG/PNG images. Writes DIR/predictions.json (per image: file, width, height, output,\n"
     "detections [{label, category_id, name, score, box [x0, y0, x1, y1] in pixels}] by falling score) and\n"
     "DIR/<image name>.png with the boxes, class names and scores drawn. Class names come from --names (a COCO\n"
-    "instances JSON; only its categories are used), else from the checkpoint, else 'class <id>'.";
+    "instances JSON; only its categories are used), else from the checkpoint, else 'class <id>'.\n"
+    "--show attention: DIR/<image name>-attention.png, a row per detection (the best 24): its box, and its query's last\n"
+    "decoder layer cross-attention (mean over heads) as a heat map over the image. --show clusters:\n"
+    "DIR/<image name>-clusters.png, ENACT's clusters of the first and the last encoder layer (docs/pictures.md).";
 
 static char *xstrdup(const char *s) {
   char *c = strdup(s);
@@ -44,25 +48,124 @@ typedef struct {
 
 static int clamp_px(float v, int hi) { return v < -1.0f ? -1 : v > (float)hi ? hi : (int)lrintf(v); }
 
-// Boxes (thickness and text growing with the image), lowest score first so the best is on top.
-static void draw_detections(Image *img, const detr_result *res) {
-  int side = img->w < img->h ? img->w : img->h;
-  int thick = 1 + side / 250, scale = 1 + side / 500, pad = 2 * scale;
-  for (int i = detr_result_count(res) - 1; i >= 0; i--) {
-    const detr_detection *d = detr_result_get(res, i);
-    Rgb c = draw_class_colour(d->label);
-    int x0 = clamp_px(d->box[0], img->w), y0 = clamp_px(d->box[1], img->h);
-    int x1 = clamp_px(d->box[2], img->w), y1 = clamp_px(d->box[3], img->h);
-    draw_rect(img, x0, y0, x1, y1, c, thick);
+// The picture of an image: scaled up so that its long side is at least DRAW_MIN_LONG_SIDE; *s is
+// the scale (boxes are drawn at s times their pixels).
+static Image picture_of(const Image *img, double *s) {
+  int dw, dh;
+  draw_display_size(img->w, img->h, &dw, &dh);
+  *s = (double)dw / img->w;
+  return dw == img->w && dh == img->h ? image_crop(img, 0, 0, img->h, img->w) : image_resize_bilinear(img, dw, dh);
+}
+
+// Detection i's box on a picture at scale s (corners ordered).
+static DrawRect box_px(const detr_result *res, int i, const Image *pic, double s) {
+  const detr_detection *d = detr_result_get(res, i);
+  int x0 = clamp_px((float)(d->box[0] * s), pic->w), y0 = clamp_px((float)(d->box[1] * s), pic->h);
+  int x1 = clamp_px((float)(d->box[2] * s), pic->w), y1 = clamp_px((float)(d->box[3] * s), pic->h);
+  return (DrawRect){x0 < x1 ? x0 : x1, y0 < y1 ? y0 : y1, x0 < x1 ? x1 : x0, y0 < y1 ? y1 : y0};
+}
+
+// Box lines grow with the picture: 2 pixels at 512, 4 at 1333.
+static int line_width(const Image *pic) { return 1 + (pic->w > pic->h ? pic->w : pic->h) / 400; }
+
+// Detections first..first+n-1 on a picture at scale s: boxes lowest score first so the best is on
+// top, then the labels ("name score"), each placed where it covers no label placed before it, the
+// best first (draw_place_label).
+static void draw_detections(Image *pic, const detr_result *res, int first, int n, double s) {
+  int thick = line_width(pic), scale = draw_text_scale(pic->w, pic->h), pad = scale;
+  for (int i = first + n - 1; i >= first; i--) {
+    DrawRect b = box_px(res, i, pic, s);
+    draw_rect(pic, b.x0, b.y0, b.x1, b.y1, draw_class_colour(detr_result_get(res, i)->label), thick);
+  }
+  DrawRect *taken = malloc((size_t)(n > 0 ? n : 1) * sizeof(DrawRect));  // [n] the labels placed
+  DETR_CHECK(taken, "detr predict: out of host memory");
+  for (int k = 0; k < n; k++) {
+    const detr_detection *d = detr_result_get(res, first + k);
     char text[160];
     snprintf(text, sizeof text, "%s %.2f", d->name, d->score);
     int lw = draw_text_width(text, scale) + 2 * pad, lh = draw_text_height(text, scale) + 2 * pad;
-    int lx = x0 < x1 ? x0 : x1, ly = (y0 < y1 ? y0 : y1) - lh;
-    if (ly < 0) ly = (y0 < y1 ? y0 : y1) + thick;  // no room above: inside the box's top
-    if (lx + lw > img->w) lx = img->w - lw;
-    if (lx < 0) lx = 0;
-    draw_label(img, lx, ly, text, c, scale, pad);
+    taken[k] = draw_place_label(pic->w, pic->h, box_px(res, first + k, pic, s), lw, lh, taken, k);
+    draw_label(pic, taken[k].x0, taken[k].y0, text, draw_class_colour(d->label), scale, pad);
   }
+  free(taken);
+}
+
+// --- pictures of what the model attends to (--show) ----------------------------------------------
+
+#define GAP 8               // pixels between and around the panels of a grid
+#define ATTENTION_ROWS 24   // detections pictured at most (the best)
+
+// A white canvas of cols x rows panels of pw x ph pixels, GAP apart and around.
+static Image grid_canvas(int cols, int rows, int pw, int ph) {
+  Image g = image_alloc(cols * (pw + GAP) + GAP, rows * (ph + GAP) + GAP);
+  memset(g.data, 255, (size_t)g.w * g.h * 3);
+  return g;
+}
+
+// One row per detection (the best ATTENTION_ROWS): the picture with its box and label, and beside
+// it its query's cross-attention map over the picture (DETR's detr_attention.ipynb figure).
+static Image attention_picture(const Image *img, const detr_result *res, double threshold) {
+  double s;
+  Image pic = picture_of(img, &s);
+  int count = detr_result_count(res), n = count < ATTENTION_ROWS ? count : ATTENTION_ROWS;
+  Image grid = grid_canvas(2, n ? n : 1, pic.w, pic.h);
+  for (int i = 0; i < (n ? n : 1); i++) {
+    int y = GAP + i * (pic.h + GAP), mh, mw;
+    Image left = image_crop(&pic, 0, 0, pic.h, pic.w), right = image_crop(&pic, 0, 0, pic.h, pic.w);
+    const float *map = detr_result_attention(res, i, &mh, &mw);  // [mh, mw]
+    if (map) {
+      draw_detections(&left, res, i, 1, s);
+      draw_heat_map(&right, map, mh, mw, 0.7f);
+      DrawRect b = box_px(res, i, &right, s);
+      draw_rect(&right, b.x0, b.y0, b.x1, b.y1, (Rgb){255, 255, 255}, line_width(&right));
+    } else {
+      char text[64];
+      snprintf(text, sizeof text, "no detections >= %.2f", threshold);
+      draw_label(&right, 0, 0, text, (Rgb){0, 0, 0}, draw_text_scale(pic.w, pic.h), 4);
+    }
+    draw_blit(&grid, &left, GAP, y);
+    draw_blit(&grid, &right, 2 * GAP + pic.w, y);
+    image_free(&left);
+    image_free(&right);
+  }
+  image_free(&pic);
+  return grid;
+}
+
+// The encoder's clusters of its first and last layer over the picture, each cluster its colour,
+// under a line naming the layer and its number of clusters.
+static Image clusters_picture(const Image *img, const detr_result *res) {
+  double s;
+  Image pic = picture_of(img, &s);
+  int scale = draw_text_scale(pic.w, pic.h), band = draw_text_height("0", scale) + GAP;
+  int n_layers = 0;
+  while (detr_result_clusters(res, n_layers, NULL, NULL, NULL)) n_layers++;
+  int layers[2] = {0, n_layers - 1}, panels = n_layers > 1 ? 2 : 1;
+  Image grid = grid_canvas(panels, 1, pic.w, band + pic.h);
+  for (int k = 0; k < panels; k++) {
+    int mh, mw, count, x = GAP + k * (pic.w + GAP);
+    const int *labels = detr_result_clusters(res, layers[k], &mh, &mw, &count);  // [mh, mw]
+    Image panel = image_crop(&pic, 0, 0, pic.h, pic.w);
+    draw_label_map(&panel, labels, mh, mw, 0.55f);
+    char text[96];
+    snprintf(text, sizeof text, "layer %d of %d: %d cluster%s", layers[k] + 1, n_layers, count, count == 1 ? "" : "s");
+    draw_text(&grid, x, GAP, text, (Rgb){0, 0, 0}, scale);
+    draw_blit(&grid, &panel, x, GAP + band);
+    image_free(&panel);
+  }
+  image_free(&pic);
+  return grid;
+}
+
+// OUT/<output's stem>-<what>.png of picture g (freed). Returns 0, or -1 with err.
+static int save_picture(const char *dir, const char *output, const char *what, Image *g, char *err, size_t cap) {
+  char name[700];
+  snprintf(name, sizeof name, "%.*s-%s.png", (int)(strlen(output) - 4), output, what);  // output: "<stem>.png"
+  char *path = data_path_join(dir, name);
+  int rc = image_save_png(path, g, err, cap);
+  free(path);
+  image_free(g);
+  return rc;
 }
 
 // "DIR/<stem>.png" unique among the outputs so far and not an input file itself.
@@ -160,7 +263,8 @@ static int save_json(const char *path, const ImageResult *res, int n, char *err,
 
 typedef struct {
   const char *checkpoint, *weights, *config, *out_dir, *names_path, *device, *json_path, *bad_input;
-  CliList sets;
+  CliList sets, show;
+  unsigned outputs;          // DETR_OUTPUT_* of --show
   bool enact;
   double threshold;          // -1: the class head's (detr_default_threshold)
   int threads;               // 0: OMP_NUM_THREADS, or every core
@@ -201,6 +305,9 @@ static int parse_args(int argc, char **argv, PredictArgs *a) {
       {"threads", FLAG_I32, &a->threads, "CPU threads (default: OMP_NUM_THREADS, or every core)", 0, 1024},
       {"json", FLAG_STRING, &a->json_path, "where to write the predictions JSON (default DIR/predictions.json; - for stdout)"},
       {"bad-input", FLAG_STRING, &a->bad_input, "fail (default) or skip (with a warning) images that cannot be read"},
+      {"show", FLAG_LIST, &a->show,
+       "also picture what the model attends to: attention (each detection's cross-attention) or clusters (ENACT's "
+       "clusters of the encoder)"},
   };
   a->inputs = malloc((size_t)argc * sizeof(char *));
   DETR_CHECK(a->inputs, "detr predict: out of host memory");
@@ -215,6 +322,15 @@ static int parse_args(int argc, char **argv, PredictArgs *a) {
   else if (!(a->threshold >= 0.0 && a->threshold <= 1.0) && a->threshold != -1)
     usage_error = "--threshold must be in [0, 1]";
   else if (bad_input_policy_parse(a->bad_input, &a->policy)) usage_error = "--bad-input: expected fail or skip";
+  for (int i = 0; i < a->show.count && !usage_error; i++) {
+    unsigned o = !strcmp(a->show.items[i], "attention") ? DETR_OUTPUT_ATTENTION
+                 : !strcmp(a->show.items[i], "clusters") ? DETR_OUTPUT_CLUSTERS : 0;
+    if (!o) {
+      fprintf(stderr, "detr predict: --show %s: unknown picture (attention or clusters)\n", a->show.items[i]);
+      return 2;
+    }
+    a->outputs |= o;
+  }
   if (usage_error) {
     fprintf(stderr, "detr predict: %s (see detr predict --help)\n", usage_error);
     return 2;
@@ -245,9 +361,18 @@ static int open_model(const PredictArgs *a, detr_model **model) {
   const char *config = a->config ? a->config : SETUP_DEFAULT_PRESET;
   detr_status st = a->checkpoint ? detr_open_checkpoint(a->checkpoint, &opt, model)
                                  : detr_open_weights(a->weights, config, &opt, model);
-  if (!st) return 0;
-  fprintf(stderr, "detr predict: %s\n", detr_last_error());
-  return st == DETR_ERR_CONFIG || st == DETR_ERR_ARGUMENT || st == DETR_ERR_DEVICE ? 2 : 1;
+  if (st) {
+    fprintf(stderr, "detr predict: %s\n", detr_last_error());
+    return st == DETR_ERR_CONFIG || st == DETR_ERR_ARGUMENT || st == DETR_ERR_DEVICE ? 2 : 1;
+  }
+  if (detr_set_outputs(*model, a->outputs)) {  // the only refusal: clusters from an attention without them
+    fprintf(stderr, "detr predict: --show %s; a model trained with `detr train --enact` has them\n",
+            detr_last_error());
+    detr_close(*model);
+    *model = NULL;
+    return 2;
+  }
+  return 0;
 }
 
 // One image: decoded here (the API's reader) for the picture, its pixels to the API as they are,
@@ -278,10 +403,26 @@ static int predict_image(Predictor *p, const char *input, char *err, size_t cap)
   int count = detr_result_count(res);
   p->total += count;
   p->nonfinite += detr_result_dropped(res);
-  draw_detections(&img, res);
-  char *png = data_path_join(a->out_dir, r->output);
-  int rc = image_save_png(png, &img, err, cap);
+  int rc = 0;
+  if (a->outputs & DETR_OUTPUT_ATTENTION) {
+    Image g = attention_picture(&img, res, a->threshold);
+    rc = save_picture(a->out_dir, r->output, "attention", &g, err, cap);
+  }
+  if (!rc && (a->outputs & DETR_OUTPUT_CLUSTERS)) {
+    Image g = clusters_picture(&img, res);
+    rc = save_picture(a->out_dir, r->output, "clusters", &g, err, cap);
+    int clusters;
+    fprintf(p->log, "%s: clusters per encoder layer:", r->file);
+    for (int l = 0; detr_result_clusters(res, l, NULL, NULL, &clusters); l++) fprintf(p->log, " %d", clusters);
+    fputc('\n', p->log);
+  }
+  double s;
+  Image pic = picture_of(&img, &s);
   image_free(&img);
+  draw_detections(&pic, res, 0, count, s);
+  char *png = data_path_join(a->out_dir, r->output);
+  if (!rc) rc = image_save_png(png, &pic, err, cap);
+  image_free(&pic);
   const detr_detection *best = detr_result_get(res, 0);
   if (rc == 0 && best)
     fprintf(p->log, "%s: %d detection%s (best: %s %.2f) -> %s\n", r->file, count, count == 1 ? "" : "s", best->name,

@@ -16,9 +16,9 @@ static const char *USAGE =
     "and the images in DIR/<split>/ (`detr synth --out DIR` writes one). Metrics go to OUT/metrics.jsonl,\n"
     "checkpoints to OUT/ckpt-<step>.safetensors and OUT/best.safetensors. OUT must not hold another run:\n"
     "--resume auto continues it (its model config from the checkpoint), --move-old-run renames it first.\n"
-    "The progress line: [bar] step N/L (steps done / steps this run will take) epoch E/EPOCHS (from 0, as in\n"
+    "The progress line: [bar] step S/T (steps done, of those this run takes) epoch E (of 0-K, from 0 as in\n"
     "metrics.jsonl), images per second, the time left, the loss and its ce, bbox and giou terms, and the\n"
-    "encoder attention's statistics (docs/training.md).";
+    "encoder attention's statistics (ENACT: clusters per image, N/L pixels per cluster; docs/training.md).";
 
 static bool has_flag(int argc, char **argv, const char *flag) {
   size_t len = strlen(flag);

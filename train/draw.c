@@ -267,6 +267,124 @@ Rgb draw_class_colour(int class_id) {
   return PALETTE[u % 16u];
 }
 
+// --- pictures of detections --------------------------------------------------------------------
+
+void draw_display_size(int w, int h, int *dw, int *dh) {
+  int64_t lng = w > h ? w : h;
+  if (lng <= 0 || lng >= DRAW_MIN_LONG_SIDE) {
+    *dw = w, *dh = h;
+    return;
+  }
+  *dw = saturate(((int64_t)w * DRAW_MIN_LONG_SIDE + lng / 2) / lng);  // rounded; the long side exactly
+  *dh = saturate(((int64_t)h * DRAW_MIN_LONG_SIDE + lng / 2) / lng);
+  if (*dw < 1) *dw = 1;
+  if (*dh < 1) *dh = 1;
+}
+
+int draw_text_scale(int w, int h) { return 2 + (w > h ? w : h) / 1000; }
+
+void draw_blit(Image *dst, const Image *src, int x, int y) {
+  for (int64_t v = 0; v < src->h; v++) {
+    int64_t ty = (int64_t)y + v, x0 = clamp64(x, 0, dst->w), x1 = clamp64((int64_t)x + src->w, 0, dst->w);
+    if (ty < 0 || ty >= dst->h || x0 >= x1) continue;
+    memcpy(dst->data + ((size_t)ty * (size_t)dst->w + (size_t)x0) * 3,
+           src->data + ((size_t)v * (size_t)src->w + (size_t)(x0 - x)) * 3, (size_t)(x1 - x0) * 3);
+  }
+}
+
+static void blend(uint8_t *p, Rgb c, float alpha) {
+  const float col[3] = {c.r, c.g, c.b};
+  for (int k = 0; k < 3; k++) p[k] = (uint8_t)lrintf(alpha * col[k] + (1.0f - alpha) * (float)p[k]);
+}
+
+Rgb draw_heat_colour(float t) {
+  static const float STOPS[5][3] = {{68, 1, 84}, {59, 82, 139}, {33, 145, 140}, {94, 201, 98}, {253, 231, 37}};
+  t = isfinite(t) ? (t < 0 ? 0 : t > 1 ? 1 : t) : 0;
+  int i = t >= 1 ? 3 : (int)(t * 4);
+  float f = t * 4 - (float)i, c[3];
+  for (int k = 0; k < 3; k++) c[k] = STOPS[i][k] + f * (STOPS[i + 1][k] - STOPS[i][k]);
+  return (Rgb){(uint8_t)lrintf(c[0]), (uint8_t)lrintf(c[1]), (uint8_t)lrintf(c[2])};
+}
+
+Rgb draw_cluster_colour(int i) {
+  // Hues a golden-ratio turn apart (neighbouring clusters far apart on the wheel), brightness
+  // alternating, saturation high.
+  double hue = fmod((unsigned)i * 0.6180339887498949, 1.0) * 6.0, v = (i & 1) ? 0.7 : 1.0, s = 0.85;
+  int sector = (int)hue;
+  double f = hue - sector, p = v * (1 - s), q = v * (1 - s * f), t = v * (1 - s * (1 - f)), rgb[3];
+  switch (sector) {
+    case 0: rgb[0] = v, rgb[1] = t, rgb[2] = p; break;
+    case 1: rgb[0] = q, rgb[1] = v, rgb[2] = p; break;
+    case 2: rgb[0] = p, rgb[1] = v, rgb[2] = t; break;
+    case 3: rgb[0] = p, rgb[1] = q, rgb[2] = v; break;
+    case 4: rgb[0] = t, rgb[1] = p, rgb[2] = v; break;
+    default: rgb[0] = v, rgb[1] = p, rgb[2] = q; break;
+  }
+  return (Rgb){(uint8_t)lrint(255 * rgb[0]), (uint8_t)lrint(255 * rgb[1]), (uint8_t)lrint(255 * rgb[2])};
+}
+
+void draw_heat_map(Image *img, const float *map, int mh, int mw, float alpha) {
+  float top = 0;
+  for (int64_t i = 0; i < (int64_t)mh * mw; i++) top = isfinite(map[i]) && map[i] > top ? map[i] : top;
+  if (!img->data || mh < 1 || mw < 1 || !(top > 0)) return;
+  for (int64_t y = 0; y < img->h; y++) {
+    // Cell centres at (i + 0.5) * img / map: sample the map there, bilinearly, clamped at the edges.
+    float fy = ((float)y + 0.5f) * (float)mh / (float)img->h - 0.5f;
+    fy = fy < 0 ? 0 : fy > (float)(mh - 1) ? (float)(mh - 1) : fy;
+    int y0 = (int)fy, y1 = y0 + 1 < mh ? y0 + 1 : y0;
+    float wy = fy - (float)y0;
+    for (int64_t x = 0; x < img->w; x++) {
+      float fx = ((float)x + 0.5f) * (float)mw / (float)img->w - 0.5f;
+      fx = fx < 0 ? 0 : fx > (float)(mw - 1) ? (float)(mw - 1) : fx;
+      int x0 = (int)fx, x1 = x0 + 1 < mw ? x0 + 1 : x0;
+      float wx = fx - (float)x0;
+      float v = (1 - wy) * ((1 - wx) * map[y0 * mw + x0] + wx * map[y0 * mw + x1]) +
+                wy * ((1 - wx) * map[y1 * mw + x0] + wx * map[y1 * mw + x1]);
+      blend(img->data + ((size_t)y * (size_t)img->w + (size_t)x) * 3, draw_heat_colour(v / top), alpha);
+    }
+  }
+}
+
+void draw_label_map(Image *img, const int *labels, int mh, int mw, float alpha) {
+  if (!img->data || mh < 1 || mw < 1) return;
+  for (int64_t y = 0; y < img->h; y++)
+    for (int64_t x = 0; x < img->w; x++) {
+      int k = labels[(y * mh / img->h) * mw + x * mw / img->w];  // nearest: each cell a block
+      if (k >= 0) blend(img->data + ((size_t)y * (size_t)img->w + (size_t)x) * 3, draw_cluster_colour(k), alpha);
+    }
+}
+
+static bool overlaps(DrawRect a, DrawRect b) { return a.x0 <= b.x1 && b.x0 <= a.x1 && a.y0 <= b.y1 && b.y0 <= a.y1; }
+
+// The w x h rectangle at (x, y), moved inside the image (as far as it fits).
+static DrawRect rect_inside(int64_t x, int64_t y, int w, int h, int img_w, int img_h) {
+  x = clamp64(x, 0, (int64_t)img_w - w > 0 ? (int64_t)img_w - w : 0);
+  y = clamp64(y, 0, (int64_t)img_h - h > 0 ? (int64_t)img_h - h : 0);
+  return (DrawRect){(int)x, (int)y, saturate(x + w - 1), saturate(y + h - 1)};
+}
+
+static bool is_free(DrawRect r, const DrawRect *taken, int n) {
+  for (int i = 0; i < n; i++)
+    if (overlaps(r, taken[i])) return false;
+  return true;
+}
+
+DrawRect draw_place_label(int img_w, int img_h, DrawRect box, int w, int h, const DrawRect *taken, int n_taken) {
+  // Above the box, below it, inside its top, inside its bottom: the first free place.
+  const int64_t ys[4] = {(int64_t)box.y0 - h, (int64_t)box.y1 + 1, box.y0, (int64_t)box.y1 - h + 1};
+  for (int i = 0; i < 4; i++) {
+    DrawRect r = rect_inside(box.x0, ys[i], w, h, img_w, img_h);
+    if (is_free(r, taken, n_taken)) return r;
+  }
+  // Else the nearest free row to the first place, at the box's left.
+  for (int64_t d = 1; d <= img_h; d++)
+    for (int s = -1; s <= 1; s += 2) {
+      DrawRect r = rect_inside(box.x0, ys[0] + s * d, w, h, img_w, img_h);
+      if (is_free(r, taken, n_taken)) return r;
+    }
+  return rect_inside(box.x0, ys[0], w, h, img_w, img_h);  // no room left: over another label
+}
+
 // --- files -----------------------------------------------------------------------------------------
 
 static int save_atomic(const char *path, const Image *img, bool png, int quality, char *err, size_t err_cap) {

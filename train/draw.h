@@ -49,6 +49,36 @@ int draw_label(Image *img, int x, int y, const char *s, Rgb bg, int scale, int p
 // A distinct, saturated colour per class id (a fixed palette, cycling).
 Rgb draw_class_colour(int class_id);
 
+// --- pictures of detections (detr predict) -----------------------------------------------------
+
+// A w x h image's picture size: scaled up so that its long side is at least DRAW_MIN_LONG_SIDE
+// (labels on a small image stay legible), else as it is.
+#define DRAW_MIN_LONG_SIDE 512
+void draw_display_size(int w, int h, int *dw, int *dh);
+// The text scale for labels on a w x h picture: 2 (10x16-pixel glyphs) up to 1000 pixels, then more.
+int draw_text_scale(int w, int h);
+// Copies src into dst with src's top-left at (x, y), clipped to dst.
+void draw_blit(Image *dst, const Image *src, int x, int y);
+// t in [0, 1] on a viridis-like colour map: dark blue (0), teal, green, yellow (1).
+Rgb draw_heat_colour(float t);
+// A colour per cluster index, neighbouring indices far apart in hue.
+Rgb draw_cluster_colour(int i);
+// map [mh, mw] scaled by its maximum, upsampled bilinearly to the whole image and blended over it
+// in draw_heat_colour with `alpha`.
+void draw_heat_map(Image *img, const float *map, int mh, int mw, float alpha);
+// labels [mh, mw], each cell a block of the image (nearest), blended in draw_cluster_colour(label)
+// with `alpha`; negative labels leave their pixels.
+void draw_label_map(Image *img, const int *labels, int mh, int mw, float alpha);
+
+typedef struct {
+  int x0, y0, x1, y1;  // inclusive
+} DrawRect;
+// Where a w x h label of `box` goes on an img_w x img_h picture so that it overlaps none of the
+// n_taken rectangles placed before (greedy): above the box, else below it, else inside its top,
+// else inside its bottom (each moved inside the picture), else the nearest free place above or
+// below the first; over another label only when no place is free.
+DrawRect draw_place_label(int img_w, int img_h, DrawRect box, int w, int h, const DrawRect *taken, int n_taken);
+
 // Writes the image as PNG / JPEG (quality 1..100) atomically: PATH.tmp.<pid>, fsync, rename.
 // Returns 0, or -1 with err naming the file and the failing step.
 int image_save_png(const char *path, const Image *img, char *err, size_t err_cap);
