@@ -36,6 +36,7 @@ typedef struct {
 
 typedef struct DecoderKind {
   const char *name;
+  const char *model;    // the detector it makes, for titles: "DETR", "Conditional DETR"
   const char *summary;
   size_t state_size;  // the kind's state (layers, norms), allocated zeroed by the model
   // Registers the kind's parameters under `prefix` (the reference's "transformer.decoder").

@@ -214,6 +214,7 @@ static const char *unsupported(const DecoderShape *shape) {
 
 const DecoderKind decoder_conditional = {
     .name = "conditional",
+    .model = "Conditional DETR",
     .summary = "Conditional DETR: reference points, conditional spatial queries, focal classes",
     .state_size = sizeof(CondDecoder),
     .create = create,

@@ -64,6 +64,7 @@ static Tensor *boxes(const void *state, Tensor *head_out, const DecoderOutput *o
 
 const DecoderKind decoder_detr = {
     .name = "detr",
+    .model = "DETR",
     .summary = "DETR's decoder: self-attention, cross-attention with the learned queries as positions, FFN",
     .state_size = sizeof(DetrDecoder),
     .create = create,

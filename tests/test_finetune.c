@@ -82,7 +82,7 @@ START_TEST(checkpoint_onto_other_classes) {
   ck_assert_int_eq(sh("%s train --data %s/data3 --out %s/three --init %s/six/ckpt-4.safetensors %s --lr 1e-30 "
                       "--lr-backbone 1e-30 --max-steps 1", DETR_BIN, test_root, test_root, test_root, RUN), 0);
   ASSERT_LOG("num_classes 4 for the data.s categories");
-  ASSERT_LOG("re-initialised class_embed.weight and class_embed.bias: the class head.s rows .* 14 in the weights, 4 here");
+  ASSERT_LOG("re-initialised class_embed.weight and class_embed.bias: the class head.s outputs \\(classes\\): 14 in the weights, 4 here");
   ASSERT_LOG("its optimizer state, step and schedule are not used");
   char six[256], three[256], err[1024];
   snprintf(six, sizeof six, "%s/six/ckpt-4.safetensors", test_root);
@@ -117,7 +117,7 @@ START_TEST(reference_weights_and_partial_loads) {
   ck_assert_int_eq(sh("%s train --data %s/data3 --out %s/ref --init %s/coco.safetensors --config tiny --set "
                       "decoder=conditional --set num_classes=4 --set num_queries=12 %s --max-steps 1", DETR_BIN,
                       test_root, test_root, test_root, RUN), 0);
-  ASSERT_LOG("re-initialised class_embed.weight and class_embed.bias: the class head.s rows .* 91 in the weights, 4 here");
+  ASSERT_LOG("re-initialised class_embed.weight and class_embed.bias: the class head.s outputs \\(classes\\): 91 in the weights, 4 here");
   ASSERT_LOG("re-initialised query_embed.weight: num_queries is 10 in the weights, 12 here");
   // Another hidden size: refused, naming the tensors and the flag; with the flag, what fits.
   clear_log();

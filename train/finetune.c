@@ -38,8 +38,8 @@ int finetune_load(DetrModel *m, const char *path, const char *init_categories, c
   int n_keep = 0;
   char why[1024];
   if (rows_differ(f, m->class_embed.weight, "class_embed.weight", why, sizeof why)) {
-    if (say) fprintf(stderr, "detr train: re-initialised class_embed.weight and class_embed.bias: the class head's rows "
-                     "(classes + %d) are %s\n", (int)detr_classes(&m->cfg)->extra_columns, why);
+    if (say) fprintf(stderr, "detr train: re-initialised class_embed.weight and class_embed.bias: the class head's "
+                     "outputs (classes%s): %s\n", detr_classes(&m->cfg)->extra_columns ? " and no-object" : "", why);
     keep[n_keep++] = "class_embed.weight";
     keep[n_keep++] = "class_embed.bias";
   } else if (categories_compare(init_categories, train, why, sizeof why)) {

@@ -133,7 +133,8 @@ static double as_logged(double v) {
 static void write_chart(const TrainOptions *o, const TrainHistory *h) {
   if (!dist_is_main()) return;
   char title[96], path[4200], err[1024];
-  snprintf(title, sizeof title, "DETR training (encoder attention: %s)", detr_encoder_attn(&o->model)->name);
+  snprintf(title, sizeof title, "%s training (encoder attention: %s)", detr_decoder(&o->model)->model,
+           detr_encoder_attn(&o->model)->name);
   Image img;
   if (history_chart_render(h, title, &img, err, sizeof err)) {
     fprintf(stderr, "detr train: chart: %s\n", err);
