@@ -227,12 +227,14 @@ detr_status detr_set_outputs(detr_model *model, unsigned outputs) {
   const EncoderAttnKind *k = detr_encoder_attn(&model->net->cfg);
   if ((outputs & DETR_OUTPUT_CLUSTERS) && !k->clusters) {
     char some[256] = "";  // the variants that do, from the registry
-    for (int i = 0, n = 0; encoder_attn_at(i); i++)
+    for (int i = 0, n = 0; encoder_attn_at(i) && n < (int)sizeof some; i++)
       if (encoder_attn_at(i)->clusters)
         n += snprintf(some + n, sizeof some - (size_t)n, "%s%s", n ? ", " : "", encoder_attn_at(i)->name);
     return fail(DETR_ERR_CONFIG, "clusters: the model's encoder attention is '%s', which forms no clusters (one that "
                 "does: encoder_attn=%s)", k->name, some);
   }
+  if ((outputs & DETR_OUTPUT_CLUSTERS) && model->net->cfg.enc_layers < 1)
+    return fail(DETR_ERR_CONFIG, "clusters: the model has no encoder layer (enc_layers=0)");
   pthread_mutex_lock(&api_lock);
   model->outputs = outputs;
   pthread_mutex_unlock(&api_lock);
@@ -353,7 +355,8 @@ static detr_status detect_image(detr_model *m, Image *img, double threshold, det
   bool was = autograd_set_grad_enabled(false);
   ScopeMark mark = tensor_scope_mark();
   Tensor *images = tensor_scoped(tensor_from_host(m->net->params.device, SHAPE(1, 3, H, W), pixels));
-  NnCtx ctx = {.training = false, .want_cross_attn = m->outputs & DETR_OUTPUT_ATTENTION};
+  NnCtx ctx = {.training = false, .want_cross_attn = m->outputs & DETR_OUTPUT_ATTENTION,
+               .want_clusters = m->outputs & DETR_OUTPUT_CLUSTERS};
   DetrOutput fwd;
   Outputs extra = {0};
   detr_status st = DETR_OK;

@@ -243,21 +243,8 @@ void checkpoint_info_free(CheckpointInfo *ci) {
   ci->categories = NULL;
 }
 
-static const RunDefaults RUN_DEFAULTS[] = {
-    {"detr-r50", 300, 800, 1333, 200},             // the paper's schedule and COCO's sizes
-    {"detr-r18-small", 50, 320, 512, 0},           // the synthetic set's scale
-    {"tiny", 50, 128, 192, 0},                     // tests and smoke runs
-    {"conditional-detr-r50", 50, 800, 1333, 40},   // Conditional DETR's main.py: 50 epochs, drop at 40
-};
-
-const RunDefaults *model_run_defaults(const DetrConfig *cfg) {
-  if (cfg->hidden_dim <= 32) return &RUN_DEFAULTS[2];
-  if (cfg->backbone_depth < 50) return &RUN_DEFAULTS[1];
-  return strcmp(detr_decoder(cfg)->name, "conditional") ? &RUN_DEFAULTS[0] : &RUN_DEFAULTS[3];
-}
-
 void model_eval_sizes(const DetrConfig *cfg, const CheckpointInfo *ci, int *image_size, int *max_size) {
-  const RunDefaults *d = model_run_defaults(cfg);
+  const RunDefaults *d = detr_run_defaults(cfg);
   *image_size = ci && ci->image_size >= 32 ? (int)ci->image_size : d->image_size;
   *max_size = ci && ci->max_size >= 32 ? (int)ci->max_size : d->max_size;
 }

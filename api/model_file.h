@@ -52,16 +52,8 @@ typedef struct {
 // config. Returns 0, or -1 with err naming the file.
 int checkpoint_info_read(const StFile *f, CheckpointInfo *ci, char *err, size_t err_cap);
 void checkpoint_info_free(CheckpointInfo *ci);
-// The run defaults that go with a model's size, one row per preset (nn/config.c defines the
-// models): `detr train`'s epochs and image sizes, and the evaluation sizes of a model with no
-// training run. The row: tiny for hidden_dim <= 32, detr-r18-small for a ResNet-18/34, else detr-r50.
-typedef struct {
-  const char *preset;
-  int epochs, image_size, max_size;
-  int lr_drop;  // the epoch of the x0.1 drop (0: two thirds of the epochs)
-} RunDefaults;
-const RunDefaults *model_run_defaults(const DetrConfig *cfg);
-// Evaluation image sizes: the training run's (ci may be NULL), else the model's run defaults.
+// Evaluation image sizes: the training run's (ci may be NULL), else the model's run defaults
+// (detr_run_defaults).
 void model_eval_sizes(const DetrConfig *cfg, const CheckpointInfo *ci, int *image_size, int *max_size);
 
 // A file that open() can read and that is a regular file. Returns 0, or -1 with err naming the

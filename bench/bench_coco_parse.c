@@ -93,6 +93,62 @@ static const int coco_ids[80] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 13,
 
 static int64_t bytes_of_json;  // uncompressed size of the file written
 
+// Image i's entry of the "images" array, as train2017 writes it.
+static void write_image(Out *o, int i) {
+  out_str(o, i ? ",\n{\"license\": 3, \"file_name\": \"" : "\n{\"license\": 3, \"file_name\": \"");
+  char name[32];
+  snprintf(name, sizeof name, "%012d.jpg", i + 1);
+  out_str(o, name);
+  out_str(o, "\", \"coco_url\": \"http://images.cocodataset.org/train2017/");
+  out_str(o, name);
+  out_str(o, "\", \"height\": 480, \"width\": 640, \"date_captured\": \"2013-11-14 11:18:45\", \"flickr_url\": "
+             "\"http://farm9.staticflickr.com/8186/8119368305_4e622c8349_z.jpg\", \"id\": ");
+  out_int(o, i + 1);
+  out_str(o, "}");
+}
+
+// Annotation a's entry of the "annotations" array: a polygon of the given number of points (every
+// 100th a crowd's RLE counts instead), a random box, image and category.
+static void write_annotation(Out *o, int a, int points) {
+  bool crowd = a % 100 == 99;
+  int x = (int)rnd(50000), y = (int)rnd(40000), w = 100 + (int)rnd(13000), h = 100 + (int)rnd(7000);
+  out_str(o, a ? ",\n{\"segmentation\": " : "\n{\"segmentation\": ");
+  if (crowd) {
+    out_str(o, "{\"counts\": [");
+    for (int k = 0; k < 2 * points; k++) {
+      if (k) out_str(o, ",");
+      out_int(o, rnd(400));
+    }
+    out_str(o, "], \"size\": [480, 640]}");
+  } else {
+    out_str(o, "[[");
+    for (int k = 0; k < points; k++) {
+      if (k) out_str(o, ",");
+      out_fixed2(o, x + (long long)rnd((uint32_t)w));
+      out_str(o, ",");
+      out_fixed2(o, y + (long long)rnd((uint32_t)h));
+    }
+    out_str(o, "]]");
+  }
+  out_str(o, ", \"area\": ");
+  out_fixed2(o, (long long)w * h / 100);
+  out_str(o, crowd ? ", \"iscrowd\": 1, \"image_id\": " : ", \"iscrowd\": 0, \"image_id\": ");
+  out_int(o, 1 + (long long)rnd(N_IMAGES));
+  out_str(o, ", \"bbox\": [");
+  out_fixed2(o, x);
+  out_str(o, ",");
+  out_fixed2(o, y);
+  out_str(o, ",");
+  out_fixed2(o, w);
+  out_str(o, ",");
+  out_fixed2(o, h);
+  out_str(o, "], \"category_id\": ");
+  out_int(o, coco_ids[rnd(80)]);
+  out_str(o, ", \"id\": ");
+  out_int(o, a + 1);
+  out_str(o, "}");
+}
+
 static void write_instances(const char *path, double target_mb, bool gz) {
   Out *o = calloc(1, sizeof(Out));
   if (gz) o->gz = gzopen(path, "wb1");
@@ -107,58 +163,9 @@ static void write_instances(const char *path, double target_mb, bool gz) {
   int points = per_ann / 14 > 4 ? (int)(per_ann / 14) : 4;
   out_str(o, "{\"info\": {\"description\": \"COCO 2017 Dataset (bench)\", \"year\": 2017},\n\"licenses\": [{\"url\": "
              "\"http://creativecommons.org/licenses/by-nc-sa/2.0/\", \"id\": 1, \"name\": \"x\"}],\n\"images\": [");
-  for (int i = 0; i < N_IMAGES; i++) {
-    out_str(o, i ? ",\n{\"license\": 3, \"file_name\": \"" : "\n{\"license\": 3, \"file_name\": \"");
-    char name[32];
-    snprintf(name, sizeof name, "%012d.jpg", i + 1);
-    out_str(o, name);
-    out_str(o, "\", \"coco_url\": \"http://images.cocodataset.org/train2017/");
-    out_str(o, name);
-    out_str(o, "\", \"height\": 480, \"width\": 640, \"date_captured\": \"2013-11-14 11:18:45\", \"flickr_url\": "
-               "\"http://farm9.staticflickr.com/8186/8119368305_4e622c8349_z.jpg\", \"id\": ");
-    out_int(o, i + 1);
-    out_str(o, "}");
-  }
+  for (int i = 0; i < N_IMAGES; i++) write_image(o, i);
   out_str(o, "],\n\"annotations\": [");
-  for (int a = 0; a < N_ANNS; a++) {
-    bool crowd = a % 100 == 99;
-    int x = (int)rnd(50000), y = (int)rnd(40000), w = 100 + (int)rnd(13000), h = 100 + (int)rnd(7000);
-    out_str(o, a ? ",\n{\"segmentation\": " : "\n{\"segmentation\": ");
-    if (crowd) {
-      out_str(o, "{\"counts\": [");
-      for (int k = 0; k < 2 * points; k++) {
-        if (k) out_str(o, ",");
-        out_int(o, rnd(400));
-      }
-      out_str(o, "], \"size\": [480, 640]}");
-    } else {
-      out_str(o, "[[");
-      for (int k = 0; k < points; k++) {
-        if (k) out_str(o, ",");
-        out_fixed2(o, x + (long long)rnd((uint32_t)w));
-        out_str(o, ",");
-        out_fixed2(o, y + (long long)rnd((uint32_t)h));
-      }
-      out_str(o, "]]");
-    }
-    out_str(o, ", \"area\": ");
-    out_fixed2(o, (long long)w * h / 100);
-    out_str(o, crowd ? ", \"iscrowd\": 1, \"image_id\": " : ", \"iscrowd\": 0, \"image_id\": ");
-    out_int(o, 1 + (long long)rnd(N_IMAGES));
-    out_str(o, ", \"bbox\": [");
-    out_fixed2(o, x);
-    out_str(o, ",");
-    out_fixed2(o, y);
-    out_str(o, ",");
-    out_fixed2(o, w);
-    out_str(o, ",");
-    out_fixed2(o, h);
-    out_str(o, "], \"category_id\": ");
-    out_int(o, coco_ids[rnd(80)]);
-    out_str(o, ", \"id\": ");
-    out_int(o, a + 1);
-    out_str(o, "}");
-  }
+  for (int a = 0; a < N_ANNS; a++) write_annotation(o, a, points);
   out_str(o, "],\n\"categories\": [");
   for (int c = 0; c < 80; c++) {
     out_str(o, c ? ", {\"supercategory\": \"thing\", \"id\": " : "{\"supercategory\": \"thing\", \"id\": ");

@@ -274,36 +274,28 @@ static const char *field_key(Field f) {
 
 typedef enum { V_NULL, V_BOOL, V_NUMBER, V_STRING } ValueKind;
 
-// A scalar value at the current depth.
-static int on_scalar(Parser *p, ValueKind kind, const char *s, size_t n, int boolean) {
-  if (p->skipping) {
-    if (p->depth == p->skip_depth) p->skipping = false;  // the skipped value was this scalar
-    return 1;
+// A string field of the current item (file_name, name, supercategory) into the string pool.
+static void on_string_field(Parser *p, const char *s, size_t n) {
+  if (p->field == F_FILE_NAME && n == 0) {
+    item_problem(p, "empty 'file_name'");
+    return;
   }
-  if (p->depth == 1) {  // value of a top-level key
-    if (p->section == SEC_IMAGES || p->section == SEC_ANNOTATIONS || p->section == SEC_CATEGORIES) {
-      set_error(p, "%s: '%s' is not an array", p->path, section_name(p->section));
-      return 0;
-    }
-    return 1;
+  if (n > COCO_MAX_STRING_BYTES) {
+    item_problem(p, "'%s' has %zu bytes, more than the limit of %d", field_key(p->field), n, COCO_MAX_STRING_BYTES);
+    return;
   }
-  if (p->depth == 2) {  // an array item that is not an object
-    if (!count_item(p)) return 0;
-    begin_item(p);
-    item_problem(p, "not a JSON object");
-    int ok = end_item(p);
-    p->item_index++;
-    return ok;
+  if (memchr(s, 0, n)) {  // "a\u0000b" would name the file "a"
+    item_problem(p, "'%s' contains a NUL character", field_key(p->field));
+    return;
   }
-  if (p->depth == 4) {  // inside bbox
-    double v;
-    if (kind != V_NUMBER || !number_to_double(s, n, &v)) item_problem(p, "'bbox' holds a value that is not a number");
-    else if (p->n_bbox < 4) p->bbox[p->n_bbox] = v;
-    p->n_bbox++;
-    return 1;
-  }
-  if (p->depth != 3 || p->field == F_NONE) return 1;
-  // A field of the current item.
+  int64_t off = pool_add(p, (const unsigned char *)s, n);
+  if (p->field == F_SUPERCATEGORY) p->supercategory = off, p->has_supercategory = true;
+  else if (p->field == F_NAME) p->name = off, p->has_name = true;
+  else p->name = off, p->has_file_name = true;
+}
+
+// A scalar value of a field of the current item (depth 3): stored, or the item's problem.
+static int on_field(Parser *p, ValueKind kind, const char *s, size_t n, int boolean) {
   int64_t i = 0;
   switch (p->field) {
     case F_ID:
@@ -345,24 +337,7 @@ static int on_scalar(Parser *p, ValueKind kind, const char *s, size_t n, int boo
     case F_NAME:
     case F_SUPERCATEGORY:
       if (kind != V_STRING) break;
-      if (p->field == F_FILE_NAME && n == 0) {
-        item_problem(p, "empty 'file_name'");
-        return 1;
-      }
-      if (n > COCO_MAX_STRING_BYTES) {
-        item_problem(p, "'%s' has %zu bytes, more than the limit of %d", field_key(p->field), n, COCO_MAX_STRING_BYTES);
-        return 1;
-      }
-      if (memchr(s, 0, n)) {  // "a\u0000b" would name the file "a"
-        item_problem(p, "'%s' contains a NUL character", field_key(p->field));
-        return 1;
-      }
-      {
-        int64_t off = pool_add(p, (const unsigned char *)s, n);
-        if (p->field == F_SUPERCATEGORY) p->supercategory = off, p->has_supercategory = true;
-        else if (p->field == F_NAME) p->name = off, p->has_name = true;
-        else p->name = off, p->has_file_name = true;
-      }
+      on_string_field(p, s, n);
       return 1;
     case F_BBOX:
       break;  // a scalar where the bbox array belongs
@@ -372,6 +347,38 @@ static int on_scalar(Parser *p, ValueKind kind, const char *s, size_t n, int boo
   static const char *kinds[] = {"null", "a boolean", "a number", "a string"};
   item_problem(p, "'%s' has a wrong type or value (%s)", field_key(p->field), kinds[kind]);
   return 1;
+}
+
+// A scalar value at the current depth.
+static int on_scalar(Parser *p, ValueKind kind, const char *s, size_t n, int boolean) {
+  if (p->skipping) {
+    if (p->depth == p->skip_depth) p->skipping = false;  // the skipped value was this scalar
+    return 1;
+  }
+  if (p->depth == 1) {  // value of a top-level key
+    if (p->section == SEC_IMAGES || p->section == SEC_ANNOTATIONS || p->section == SEC_CATEGORIES) {
+      set_error(p, "%s: '%s' is not an array", p->path, section_name(p->section));
+      return 0;
+    }
+    return 1;
+  }
+  if (p->depth == 2) {  // an array item that is not an object
+    if (!count_item(p)) return 0;
+    begin_item(p);
+    item_problem(p, "not a JSON object");
+    int ok = end_item(p);
+    p->item_index++;
+    return ok;
+  }
+  if (p->depth == 4) {  // inside bbox
+    double v;
+    if (kind != V_NUMBER || !number_to_double(s, n, &v)) item_problem(p, "'bbox' holds a value that is not a number");
+    else if (p->n_bbox < 4) p->bbox[p->n_bbox] = v;
+    p->n_bbox++;
+    return 1;
+  }
+  if (p->depth != 3 || p->field == F_NONE) return 1;
+  return on_field(p, kind, s, n, boolean);
 }
 
 static int cb_null(void *ctx) { return on_scalar(ctx, V_NULL, NULL, 0, 0); }
@@ -541,6 +548,23 @@ static int64_t file_size_on_disk(const char *path, struct stat *sb) {
   return stat(path, sb) == 0 && sb->st_size > 0 ? (int64_t)sb->st_size : 0;
 }
 
+// The parser's error for the YAJL syntax error in chunk (n bytes, offset bytes of JSON before it).
+static void malformed_json_error(Parser *p, yajl_handle h, const unsigned char *chunk, size_t n, int64_t offset) {
+  size_t at = yajl_get_bytes_consumed(h);
+  unsigned char *reason = yajl_get_error(h, 0, chunk, n);
+  char near[64];
+  excerpt(chunk, n, at, near, sizeof near);
+  // yajl_get_error(verbose 0) says "parse error: <reason>\n"
+  const char *r = (const char *)reason;
+  if (!strncmp(r, "parse error: ", 13)) r += 13;
+  char reason_line[128];
+  snprintf(reason_line, sizeof reason_line, "%s", r);
+  reason_line[strcspn(reason_line, "\r\n")] = '\0';
+  set_error(p, "%s: malformed JSON at byte %lld: %s, near \"%s\"", p->path, (long long)(offset + (int64_t)at),
+            reason_line, near);
+  yajl_free_error(h, reason);
+}
+
 // Streams the file (plain or gzip: gzread passes plain files through) into the parser.
 static int parse_file(Parser *p) {
   errno = 0;
@@ -594,19 +618,7 @@ static int parse_file(Parser *p) {
     }
     st = yajl_parse(h, chunk, (size_t)n);
     if (st == yajl_status_error) {
-      size_t at = yajl_get_bytes_consumed(h);
-      unsigned char *reason = yajl_get_error(h, 0, chunk, (size_t)n);
-      char near[64];
-      excerpt(chunk, (size_t)n, at, near, sizeof near);
-      // yajl_get_error(verbose 0) says "parse error: <reason>\n"
-      const char *r = (const char *)reason;
-      if (!strncmp(r, "parse error: ", 13)) r += 13;
-      char reason_line[128];
-      snprintf(reason_line, sizeof reason_line, "%s", r);
-      reason_line[strcspn(reason_line, "\r\n")] = '\0';
-      set_error(p, "%s: malformed JSON at byte %lld: %s, near \"%s\"", p->path, (long long)(offset + (int64_t)at),
-                reason_line, near);
-      yajl_free_error(h, reason);
+      malformed_json_error(p, h, chunk, (size_t)n, offset);
       break;
     }
     if (st == yajl_status_client_canceled) break;  // a callback failed: err is set
@@ -660,18 +672,15 @@ int coco_category_of(const CocoDataset *ds, int label) {
   return label >= 0 && label < ds->n_categories ? ds->categories[label].id : -1;
 }
 
-// Sorts images and categories by id (dropping duplicates), resolves every annotation's image and
-// category, validates its box against the image, then groups annotations by image.
-static int build_dataset(Parser *p, CocoDataset *ds) {
-  CocoStats *s = p->stats;
-  // Categories.
+// The categories sorted by id, duplicates dropped, and the map from category id to label.
+static int index_categories(Parser *p, CocoDataset *ds) {
   if (p->n_cats) qsort(p->cats, (size_t)p->n_cats, sizeof(RawCategory), cmp_raw_category);
   ds->categories = data_calloc((size_t)p->n_cats, sizeof(CocoCategory), "categories");
   int nc = 0;
   for (int64_t i = 0; i < p->n_cats; i++) {
     const RawCategory *c = &p->cats[i];
     if (nc > 0 && ds->categories[nc - 1].id == c->id) {
-      s->duplicate_ids++;
+      p->stats->duplicate_ids++;
       if (!bad_item(p, "%s: categories[%lld] (id %d): duplicate category id", p->path, (long long)c->file_index, c->id))
         return DATA_ERROR;
       continue;
@@ -685,8 +694,12 @@ static int build_dataset(Parser *p, CocoDataset *ds) {
   for (int i = 0; i <= ds->max_category_id; i++) ds->label_of_category[i] = -1;
   for (int i = 0; i < nc; i++) ds->label_of_category[ds->categories[i].id] = ds->contiguous_labels ? i : ds->categories[i].id;
   ds->num_classes = ds->contiguous_labels ? nc : ds->max_category_id + 1;
+  return DATA_OK;
+}
 
-  // Images.
+// The images sorted by id, duplicates dropped.
+static int index_images(Parser *p, CocoDataset *ds) {
+  CocoStats *s = p->stats;
   if (p->n_images) qsort(p->images, (size_t)p->n_images, sizeof(RawImage), cmp_raw_image);
   ds->images = data_calloc((size_t)p->n_images, sizeof(CocoImage), "images");
   int64_t ni = 0;
@@ -703,8 +716,13 @@ static int build_dataset(Parser *p, CocoDataset *ds) {
     ds->images[ni++] = (CocoImage){.id = r->id, .file_name = p->pool + r->name, .width = r->width, .height = r->height};
   }
   ds->n_images = ni;
+  return DATA_OK;
+}
 
-  // Annotations, in file order.
+// Resolves each annotation's image and category and validates its box against the image, in file
+// order: the valid ones are kept at the front of p->anns, *n_valid of them.
+static int resolve_annotations(Parser *p, CocoDataset *ds, int64_t *n_valid) {
+  CocoStats *s = p->stats;
   int64_t na = 0;
   for (int64_t i = 0; i < p->n_anns; i++) {
     CocoAnn a = p->anns[i];
@@ -746,9 +764,15 @@ static int build_dataset(Parser *p, CocoDataset *ds) {
     if (x0 < 0 || y0 < 0 || x0 + bw > im->width || y0 + bh > im->height) s->clamped_boxes++;
     p->anns[na++] = a;
   }
+  *n_valid = na;
+  return DATA_OK;
+}
 
-  // Group by image, file order kept within an image: a counting sort applied in place (the
-  // annotation array is the largest allocation; a sorted copy would double the peak memory).
+// Groups the first na annotations by image, file order kept within an image: a counting sort
+// applied in place (the annotation array is the largest allocation; a sorted copy would double
+// the peak memory). The dataset takes the array over.
+static void group_by_image(Parser *p, CocoDataset *ds, int64_t na) {
+  int64_t ni = ds->n_images;
   for (int64_t i = 0; i < na; i++) ds->images[p->anns[i].image_index].n_anns++;
   int64_t start = 0;
   for (int64_t i = 0; i < ni; i++) {
@@ -775,6 +799,16 @@ static int build_dataset(Parser *p, CocoDataset *ds) {
   ds->anns = data_realloc(p->anns, sizeof(CocoAnn) * (size_t)na, "annotations");  // shrink to fit
   p->anns = NULL;
   ds->n_anns = na;
+}
+
+// Sorts images and categories by id (dropping duplicates), resolves every annotation's image and
+// category, validates its box against the image, then groups annotations by image.
+static int build_dataset(Parser *p, CocoDataset *ds) {
+  int64_t na = 0;
+  if (index_categories(p, ds) != DATA_OK || index_images(p, ds) != DATA_OK ||
+      resolve_annotations(p, ds, &na) != DATA_OK)
+    return DATA_ERROR;
+  group_by_image(p, ds, na);
   return DATA_OK;
 }
 

@@ -10,32 +10,22 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kernels/common.h"
+#include "kernels/rng_math.h"
 
 // --- order and randomness ------------------------------------------------------------------------
-
-// splitmix64's finalizer: decorrelates nearby inputs into independent Philox keys.
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
 
 // Distinct tags keep the data streams apart from each other and from the model's rng_make(seed).
 #define TAG_SHUFFLE 0x53485546464C4500ull
 #define TAG_SAMPLE 0x53414D504C450000ull
 
 Rng loader_sample_rng(uint64_t seed, int64_t epoch, int64_t dataset_index) {
-  return rng_make(mix64(mix64(mix64(seed ^ TAG_SAMPLE) + (uint64_t)epoch) + (uint64_t)dataset_index));
+  return rng_make(rng_mix64(rng_mix64(rng_mix64(seed ^ TAG_SAMPLE) + (uint64_t)epoch) + (uint64_t)dataset_index));
 }
 
 void loader_epoch_order(uint64_t seed, int64_t epoch, bool shuffle, int64_t n, int64_t *perm) {
   for (int64_t i = 0; i < n; i++) perm[i] = i;
   if (!shuffle) return;
-  Rng rng = rng_make(mix64(mix64(seed ^ TAG_SHUFFLE) + (uint64_t)epoch));
+  Rng rng = rng_make(rng_mix64(rng_mix64(seed ^ TAG_SHUFFLE) + (uint64_t)epoch));
   for (int64_t i = n - 1; i > 0; i--) {  // Fisher-Yates
     int64_t j = (int64_t)rng_next_below(&rng, (uint64_t)(i + 1));
     int64_t t = perm[i];

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "datasets/image.h"
+#include "kernels/rng_math.h"
 #include "tensor/tensor.h"
 
 const SynthCategory synth_categories[SYNTH_NUM_CATEGORIES] = {
@@ -48,15 +49,6 @@ typedef struct {
   int n_anns;
   SynthAnn anns[MAX_OBJECTS + 1];
 } SynthImage;
-
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
 
 static int randint(Rng *r, int lo, int hi) { return lo + (int)rng_next_below(r, (uint64_t)(hi - lo + 1)); }
 static float randf(Rng *r, float lo, float hi) { return lo + (hi - lo) * rng_next_uniform(r); }
@@ -142,7 +134,7 @@ static void draw_background(uint8_t *px, int w, int h, Rng *r, uint64_t key, Rgb
         case 2: t = (float)(((x / cell) + (y / cell)) & 1); break;                      // checker
         default: t = 0.5f + 0.25f * (sinf(x / period) + sinf(y / (period * 0.7f))); break;  // waves
       }
-      uint64_t noise = mix64(key ^ ((uint64_t)y << 32 | (uint64_t)x));
+      uint64_t noise = rng_mix64(key ^ ((uint64_t)y << 32 | (uint64_t)x));
       uint8_t *p = px + ((size_t)y * w + x) * 3;
       for (int k = 0; k < 3; k++) {
         int v = (int)(a.c[k] + t * (b.c[k] - a.c[k])) + (int)((noise >> (8 * k)) & 31) - 16;
@@ -210,7 +202,7 @@ static void draw_crowd(uint8_t *px, int w, int h, Rng *r, SynthAnn *ann) {
 
 // Generates image `index` of a split: pixels into *px (malloc'd [h, w, 3]) and its annotations.
 static void generate_image(const SynthConfig *cfg, int split, int64_t index, SynthImage *im, uint8_t **px) {
-  uint64_t key = mix64(mix64(cfg->seed ^ 0x53594E5448ull) + (uint64_t)split * 0x9E3779B97F4A7C15ull + (uint64_t)index);
+  uint64_t key = rng_mix64(rng_mix64(cfg->seed ^ 0x53594E5448ull) + (uint64_t)split * 0x9E3779B97F4A7C15ull + (uint64_t)index);
   Rng r = rng_make(key);
   im->id = index + 1;
   im->w = randint(&r, cfg->min_side, cfg->max_side);

@@ -47,10 +47,11 @@ extern "C" {
 #endif
 
 #define DETR_VERSION_MAJOR 0
-#define DETR_VERSION_MINOR 2
+#define DETR_VERSION_MINOR 3
 #define DETR_VERSION_PATCH 0
-#define DETR_VERSION_STRING "0.2.0"
-/* A single number for comparisons: 0.2.0 is 200. */
+#define DETR_VERSION_STRING "0.3.0"
+/* A single number for comparisons: 0.3.0 is 300 (0.3 added detr_default_threshold, detr_set_outputs,
+ * detr_result_attention and detr_result_clusters). */
 #define DETR_VERSION (DETR_VERSION_MAJOR * 10000 + DETR_VERSION_MINOR * 100 + DETR_VERSION_PATCH)
 
 /* The library exports these symbols only; everything else in it is hidden. */
@@ -100,7 +101,7 @@ typedef struct detr_detection {
   int query;        /* the decoder query that made it */
 } detr_detection;
 
-/* "0.2.0": the library's version (compare with DETR_VERSION_STRING, the header's). */
+/* "0.3.0": the library's version (compare with DETR_VERSION_STRING, the header's). */
 DETR_API const char *detr_version(void);
 /* The message of the last failed call on this thread ("" when none failed). Valid until the
  * thread's next call into the library. */
@@ -155,8 +156,9 @@ DETR_API const detr_detection *detr_result_get(const detr_result *result, int i)
 DETR_API int detr_result_dropped(const detr_result *result);
 /* Detection i's attention map (DETR_OUTPUT_ATTENTION): the last decoder layer's cross-attention
  * weights of its query averaged over the heads, on the feature map of the resized image: *h rows
- * of *w, row-major from the top-left. Softmax weights: they sum to 1. NULL (sizes 0) when not
- * asked for or i is out of range. */
+ * of *w, row-major from the top-left. Softmax weights sum to 1; the k-means cross-attention's
+ * (each head 1/n on the n positions its query won) sum to the share of heads whose query won any,
+ * and may all be 0. NULL (sizes 0) when not asked for or i is out of range. */
 DETR_API const float *detr_result_attention(const detr_result *result, int i, int *h, int *w);
 /* Encoder layer `layer`'s clusters (DETR_OUTPUT_CLUSTERS; 0 is the first layer, -1 the last):
  * each feature-map position's cluster, 0 .. *count - 1, *h rows of *w as above. NULL (sizes 0)

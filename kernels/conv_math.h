@@ -14,6 +14,9 @@ typedef struct {
   int unused;  // zero: keeps the struct free of padding bytes (caches compare geometries bytewise)
 } ConvGeom;
 
+// The three passes of a convolution (each backend chooses its algorithm per pass).
+typedef enum { CONV_PASS_FWD, CONV_PASS_BWD_DATA, CONV_PASS_BWD_WEIGHTS } ConvPass;
+
 // Offset of element (b, c, s) of a map with `channels` channels and `plane` = h * w positions
 // (s = y * w + x): [B, C, h, w] or, channels last, [B, h, w, C].
 DETR_HD int64_t conv_offset(int channels_last, int64_t b, int64_t c, int64_t s, int64_t channels, int64_t plane) {

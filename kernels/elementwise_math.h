@@ -6,6 +6,7 @@
 #include "kernels/rng_math.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 // A fill with value can be a memset to zero bytes only when value's bits are all zero: +0.0f. Not
@@ -167,6 +168,23 @@ DETR_HD void broadcast_offsets(const Broadcast *bc, int64_t i, int64_t *off_a, i
   }
   *off_a = oa;
   *off_b = ob;
+}
+
+// Elements of the output.
+DETR_HD int64_t broadcast_numel(const Broadcast *bc) {
+  int64_t n = 1;
+  for (int d = 0; d < bc->ndim; d++) n *= bc->shape[d];
+  return n;
+}
+
+// True when the operand with these strides is the full, unbroadcast output (offset == index).
+DETR_HD bool broadcast_is_dense(const Broadcast *bc, const int64_t *stride) {
+  int64_t expect = 1;
+  for (int d = bc->ndim - 1; d >= 0; d--) {
+    if (bc->shape[d] != 1 && stride[d] != expect) return false;
+    expect *= bc->shape[d];
+  }
+  return true;
 }
 
 // Dropout keeps element i when its uniform draw u = (word >> 8) / 2^24 (rng_math.h: the word of

@@ -55,3 +55,14 @@ DETR_HD float rng_normal_at(uint64_t seed, uint64_t offset, uint64_t i) {
 // Counters a draw of n elements consumes (the stream advances by this much).
 DETR_HD uint64_t rng_counters_uniform(uint64_t n) { return (n + 3) / 4; }
 DETR_HD uint64_t rng_counters_normal(uint64_t n) { return (n + 1) / 2; }
+
+// splitmix64's finalizer: decorrelates nearby inputs (seed + epoch + index, pixel coordinates)
+// into independent keys.
+DETR_HD uint64_t rng_mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return x;
+}

@@ -1,5 +1,5 @@
-// How the class head's logits are read (../shared/SPEC.md section 6b): DETR's softmax over C + 1
-// columns whose last is "no object" (class_softmax.c), or Conditional DETR's C independent
+// How the class head's logits are read (the focal head: docs/conditional_detr.md): DETR's softmax
+// over C + 1 columns whose last is "no object" (class_softmax.c), or Conditional DETR's C independent
 // sigmoids trained with a focal loss (class_focal.c). The decoder kind names its head
 // (nn/decoder.h); the criterion's classification loss, the matcher's class cost and the
 // post-processing ask the head and nothing else.

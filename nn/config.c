@@ -1,4 +1,5 @@
-// DETR configuration presets and text overrides.
+// DETR configuration from text: key=value overrides, the key list, formatting, checks (the
+// presets: nn/presets.c).
 #include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -6,47 +7,6 @@
 #include <string.h>
 
 #include "nn/detr.h"
-
-const char *const DETR_PRESETS[] = {"detr-r50", "detr-r18-small", "conditional-detr-r50", "conditional-detr-r18-small",
-                                    "tiny", NULL};
-
-int detr_config_preset(const char *name, DetrConfig *cfg) {
-  // The paper's DETR-R50: ResNet-50, hidden 256, 8 heads, 6 + 6 layers, FFN 2048, 100 queries,
-  // 91 classes (COCO ids 1..90, plus the unused 0).
-  DetrConfig r50 = {.backbone_depth = 50, .backbone_width = 64, .backbone_layers = 4, .train_backbone = true, .frozen_stages = 2, .hidden_dim = 256, .nheads = 8,
-                    .enc_layers = 6, .dec_layers = 6, .ffn_dim = 2048, .num_queries = 100,
-                    .num_classes = 91, .dropout = 0.1f, .aux_loss = true};
-  attn_settings_default(&r50.attn_settings);
-  if (!strcmp(name, "detr-r50")) {
-    *cfg = r50;
-  } else if (!strcmp(name, "detr-r18-small")) {  // CPU-sized
-    *cfg = r50;
-    cfg->backbone_depth = 18;
-    cfg->hidden_dim = 128;
-    cfg->nheads = 4;
-    cfg->enc_layers = cfg->dec_layers = 2;
-    cfg->ffn_dim = 512;
-    cfg->num_queries = 50;
-  } else if (!strcmp(name, "conditional-detr-r50") || !strcmp(name, "conditional-detr-r18-small")) {
-    // Conditional DETR (Atten4Vis/ConditionalDETR main.py): DETR's sizes, its decoder, and for the
-    // paper's R50 300 queries; the small one keeps detr-r18-small's sizes.
-    detr_config_preset(name + strlen("conditional-"), cfg);
-    cfg->decoder = decoder_find("conditional");
-    if (!strcmp(name, "conditional-detr-r50")) cfg->num_queries = 300;
-  } else if (!strcmp(name, "tiny")) {  // tests: seconds on a CPU
-    *cfg = r50;
-    cfg->backbone_depth = 18;
-    cfg->hidden_dim = 32;
-    cfg->nheads = 4;
-    cfg->enc_layers = cfg->dec_layers = 2;
-    cfg->ffn_dim = 64;
-    cfg->num_queries = 10;
-    cfg->num_classes = 7;
-  } else {
-    return -1;
-  }
-  return 0;
-}
 
 typedef enum { FIELD_INT, FIELD_INT32, FIELD_BOOL, FIELD_FLOAT } FieldType;
 typedef struct {

@@ -1,4 +1,5 @@
-// The decoder seam (../shared/SPEC.md section 6b, docs/architecture.md): how the object queries
+// The decoder seam (docs/architecture.md "How to add a decoder"; the kinds: docs/conditional_detr.md,
+// docs/kmeans_cross_attention.md): how the object queries
 // read the encoder's memory, and how the box head's output becomes a box. A decoder kind owns its
 // layers, its final norm and whatever else its reference puts under `transformer.decoder.*`
 // (registered there, so the reference's weights load); the model keeps the backbone, the encoder,

@@ -186,8 +186,8 @@ static void forward(const void *state, const NnCtx *ctx, const DecoderInput *in,
     tgt = layer_forward(&c->layers[i], &c->s, ctx, tgt, in->memory, in->key_mask, in->pos, in->query_embed, scaled,
                         i == 0, last ? &out->cross_attn : NULL);
     out->hs[i] = layernorm_forward(&c->norm, tgt);
-    Tensor *keep[3] = {tgt, out->hs[i], out->cross_attn};
-    tensor_scope_keep(mark, keep, last ? 3 : 2);
+    Tensor *keep[3] = {tgt, out->hs[i], last ? out->cross_attn : NULL};
+    tensor_scope_keep(mark, keep, keep[2] ? 3 : 2);
   }
 }
 

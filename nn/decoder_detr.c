@@ -53,8 +53,8 @@ static void forward(const void *state, const NnCtx *ctx, const DecoderInput *in,
     tgt = decoder_layer_forward(&d->layers[i], ctx, tgt, in->memory, in->key_mask, in->pos, in->query_embed,
                                 last ? &out->cross_attn : NULL);
     out->hs[i] = layernorm_forward(&d->norm, tgt);  // every intermediate output is normed
-    Tensor *keep[3] = {tgt, out->hs[i], out->cross_attn};
-    tensor_scope_keep(mark, keep, last ? 3 : 2);
+    Tensor *keep[3] = {tgt, out->hs[i], last ? out->cross_attn : NULL};
+    tensor_scope_keep(mark, keep, keep[2] ? 3 : 2);
   }
 }
 

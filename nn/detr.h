@@ -28,14 +28,37 @@ typedef struct {
   bool tf32;               // CUDA: TF32 tensor-core matmuls and convolutions (off: fp32, CPU parity)
 } DetrConfig;
 
-// Presets: "detr-r50" (the paper), "detr-r18-small", "conditional-detr-r50" (Conditional DETR's
-// paper), "conditional-detr-r18-small", "tiny" (tests). Returns 0, or -1 if unknown.
+// The presets, one row each (the only list of them; their models are built in nn/presets.c):
+// X(id, name, epochs, image_size, max_size, lr_drop), the last row LAST(...). The numbers are the
+// run defaults that go with the model (RunDefaults). The last macro argument lets the name list
+// below be one string literal, joinable into --help texts.
+#define DETR_PRESET_ROWS(X, LAST)                                                                     \
+  X(r50, "detr-r50", 300, 800, 1333, 200)                 /* the paper: its schedule, COCO's sizes */ \
+  X(r18_small, "detr-r18-small", 50, 320, 512, 0)         /* CPU-sized: the synthetic set's scale */  \
+  X(cond_r50, "conditional-detr-r50", 50, 800, 1333, 40)  /* Conditional DETR's paper and main.py */  \
+  X(cond_r18_small, "conditional-detr-r18-small", 50, 320, 512, 0)                                    \
+  LAST(tiny, "tiny", 50, 128, 192, 0)                     /* tests and smoke runs */
+#define DETR_PRESET_NAME_SEP_(id, name, ...) name ", "
+#define DETR_PRESET_NAME_(id, name, ...) name
+// "detr-r50, detr-r18-small, ..., tiny"
+#define DETR_PRESET_LIST DETR_PRESET_ROWS(DETR_PRESET_NAME_SEP_, DETR_PRESET_NAME_)
+extern const char *const DETR_PRESETS[];  // the names, NULL-terminated
+// The preset's model into cfg. Returns 0, or -1 if unknown.
 // Keys of detr_config_set beyond the fields: encoder_attn=NAME (nn/encoder_attn.h), NAME=true|false
 // as a shortcut for it (e.g. enact=true), every variant's settings (e.g. enact_sigma=2), and
 // decoder=NAME (nn/decoder.h), decoder_cross_attn=softmax|kmeans (the decoder's cross-attention).
 int detr_config_preset(const char *name, DetrConfig *cfg);
-#define DETR_PRESET_LIST "detr-r50, detr-r18-small, conditional-detr-r50, conditional-detr-r18-small, tiny"
-extern const char *const DETR_PRESETS[];  // the names above, NULL-terminated
+
+// How a model is trained when the command says nothing: `detr train`'s epochs and image sizes, and
+// the evaluation sizes of a model with no training run.
+typedef struct {
+  const char *preset;
+  int epochs, image_size, max_size;
+  int lr_drop;  // the epoch of the x0.1 drop (0: two thirds of the epochs)
+} RunDefaults;
+// The run defaults of the preset a model's size matches: tiny for hidden_dim <= 32, the r18-small
+// ones for a ResNet-18/34, else the R50 ones; conditional-* for Conditional DETR's decoder.
+const RunDefaults *detr_run_defaults(const DetrConfig *cfg);
 // Sets one field from text, e.g. ("hidden_dim", "128"). Returns 0, or -1 with err set.
 int detr_config_set(DetrConfig *cfg, const char *key, const char *value, char *err, size_t err_cap);
 // Key i of those detr_config_set takes (i = 0, 1, ...; NULL past the last): the fields, then

@@ -245,7 +245,7 @@ static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnIn
     return y;
   }
   const EnactRegions *r = &t->regions;
-  t->clusters = cluster_map(r, in->x->shape.d[0] * in->x->shape.d[1]);  // [B * N]
+  if (ctx->want_clusters) t->clusters = cluster_map(r, in->x->shape.d[0] * in->x->shape.d[1]);  // [B * N]
   *trace = (AttnTrace){
       .n_stats = 2,
       .stats = {{"clusters_per_image", "clusters/img", (double)r->count / (double)r->B},

@@ -1,5 +1,6 @@
-// ENACT: entropy-based clustering of the encoder's keys and values (../shared/SPEC.md section 6,
-// the supplement in ../shared/seeds/000_*.txt, docs/enact.md). Per encoder layer:
+// ENACT: entropy-based clustering of the encoder's keys and values (docs/enact.md: the method, its
+// sources, where detr-c departs from them and the erratum in the supplement's Eq. 3).
+// Per encoder layer:
 //   1. self-information H = -p log2(p + 1e-8), p = softmax over each image's valid pixels of
 //      W_prob(k_in) (Linear(d, 1));
 //   2. H smoothed by a Gaussian (differentiable), its curvature's sign Hs (no gradient);

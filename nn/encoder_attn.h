@@ -1,4 +1,4 @@
-// The encoder self-attention seam (../shared/SPEC.md sections 6 and 6b, docs/attention.md).
+// The encoder self-attention seam (docs/attention.md: the variants and their sources; docs/enact.md).
 // Every encoder layer owns DETR's projections (self_attn.in_proj_weight/in_proj_bias: the q, k, v
 // rows; self_attn.out_proj), so DETR weights load into every variant. A variant decides how the
 // queries meet the keys and values between those projections, may add parameters of its own

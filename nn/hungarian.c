@@ -68,6 +68,48 @@ static int64_t augmenting_path(Lsa *s, int64_t i, double *min_val_out) {
   return sink;
 }
 
+// Takes the path that augmenting_path found from row cur to column sink (path cost min_val): the
+// duals updated so that reduced costs stay non-negative and tight on the matching, then the path
+// flipped, every row on it taking the next column.
+static void augment(Lsa *s, int64_t cur, int64_t sink, double min_val) {
+  s->u[cur] += min_val;
+  for (int64_t i = 0; i < s->nr; i++)
+    if (s->sr[i] && i != cur) s->u[i] += min_val - s->shortest[s->col4row[i]];
+  for (int64_t j = 0; j < s->nc; j++)
+    if (s->sc[j]) s->v[j] -= min_val - s->shortest[j];
+  for (int64_t j = sink;;) {
+    int64_t i = s->path[j];
+    s->row4col[j] = i;
+    int64_t previous = s->col4row[i];
+    s->col4row[i] = j;
+    j = previous;
+    if (i == cur) break;
+  }
+}
+
+// The assignment as (row_of[k], col_of[k]) pairs in row order, rows of the original matrix (a tall
+// one was solved transposed).
+static void write_pairs(const Lsa *s, bool transpose, int64_t rows, int64_t *row_of, int64_t *col_of) {
+  if (transpose) {  // pairs (col4row[k], k), in the order of their original row col4row[k]
+    int64_t *col_of_row = malloc((size_t)rows * sizeof(int64_t));  // [rows], -1 = unmatched
+    DETR_CHECK(col_of_row, "linear_sum_assignment: out of host memory");
+    for (int64_t i = 0; i < rows; i++) col_of_row[i] = -1;
+    for (int64_t k = 0; k < s->nr; k++) col_of_row[s->col4row[k]] = k;
+    int64_t n = 0;
+    for (int64_t i = 0; i < rows; i++)
+      if (col_of_row[i] >= 0) {
+        row_of[n] = i;
+        col_of[n++] = col_of_row[i];
+      }
+    free(col_of_row);
+  } else {
+    for (int64_t i = 0; i < s->nr; i++) {
+      row_of[i] = i;
+      col_of[i] = s->col4row[i];
+    }
+  }
+}
+
 LsaStatus linear_sum_assignment(int64_t rows, int64_t cols, const double *cost, int64_t *row_of,
                                 int64_t *col_of, int64_t *bad_row, int64_t *bad_col) {
   for (int64_t k = 0; k < rows * cols; k++) {
@@ -113,42 +155,9 @@ LsaStatus linear_sum_assignment(int64_t rows, int64_t cols, const double *cost, 
       status = LSA_INFEASIBLE;
       break;
     }
-    // Update the duals so that reduced costs stay non-negative and tight on the matching.
-    s.u[cur] += min_val;
-    for (int64_t i = 0; i < nr; i++)
-      if (s.sr[i] && i != cur) s.u[i] += min_val - s.shortest[s.col4row[i]];
-    for (int64_t j = 0; j < nc; j++)
-      if (s.sc[j]) s.v[j] -= min_val - s.shortest[j];
-    // Flip the path: every row on it takes the next column.
-    for (int64_t j = sink;;) {
-      int64_t i = s.path[j];
-      s.row4col[j] = i;
-      int64_t previous = s.col4row[i];
-      s.col4row[i] = j;
-      j = previous;
-      if (i == cur) break;
-    }
+    augment(&s, cur, sink, min_val);
   }
-  if (status == LSA_OK) {
-    if (transpose) {  // pairs (col4row[k], k), in the order of their original row col4row[k]
-      int64_t *col_of_row = malloc((size_t)rows * sizeof(int64_t));  // [rows], -1 = unmatched
-      DETR_CHECK(col_of_row, "linear_sum_assignment: out of host memory");
-      for (int64_t i = 0; i < rows; i++) col_of_row[i] = -1;
-      for (int64_t k = 0; k < nr; k++) col_of_row[s.col4row[k]] = k;
-      int64_t n = 0;
-      for (int64_t i = 0; i < rows; i++)
-        if (col_of_row[i] >= 0) {
-          row_of[n] = i;
-          col_of[n++] = col_of_row[i];
-        }
-      free(col_of_row);
-    } else {
-      for (int64_t i = 0; i < nr; i++) {
-        row_of[i] = i;
-        col_of[i] = s.col4row[i];
-      }
-    }
-  }
+  if (status == LSA_OK) write_pairs(&s, transpose, rows, row_of, col_of);
   free(block);
   free(transposed);
   return status;

@@ -6,11 +6,13 @@
 
 // Forward-pass context: dropout is active only when training. want_cross_attn asks the decoder
 // for its last layer's cross-attention weights (DetrOutput.cross_attn, `detr predict --show
-// attention`); off, nothing extra is computed.
+// attention`), want_clusters the encoder variants that cluster for each position's cluster
+// (AttnTrace.clusters, `--show clusters`); off, nothing extra is computed.
 typedef struct {
   bool training;
   Rng *dropout_rng;  // advanced by every dropout draw
   bool want_cross_attn;
+  bool want_clusters;
 } NnCtx;
 
 Tensor *nn_dropout(const NnCtx *ctx, Tensor *x, float p);

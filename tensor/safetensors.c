@@ -251,6 +251,53 @@ static const char *field_name(int field) {
   return field == FLD_DTYPE ? "dtype" : field == FLD_SHAPE ? "shape" : "data_offsets";
 }
 
+// A value of __metadata__ (depth 2): a string without NUL characters, valid UTF-8.
+static int on_metadata_value(Parser *p, int kind, const unsigned char *s, size_t len) {
+  StMeta *m = &p->f->meta[p->f->nmeta - 1];
+  if (kind != V_STRING)
+    return parse_fail(p, "__metadata__ value of '%s' is not a string", m->key);
+  if (memchr(s, 0, len))
+    return parse_fail(p, "__metadata__ value of '%s' contains a NUL character", m->key);
+  if (!utf8_valid_n(s, len)) return parse_fail(p, "__metadata__ value of '%s' is not valid UTF-8", m->key);
+  m->value = xstrndup(s, len);
+  return 1;
+}
+
+// An element of the current entry's shape or data_offsets (depth 3): a non-negative integer.
+static int on_array_element(Parser *p, int kind, const unsigned char *s, size_t len) {
+  const char *what = field_name(p->field);
+  if (kind != V_NUMBER)
+    return parse_fail(p, "tensor '%s': %s holds a value that is not an integer",
+                      cur_entry(p)->name, what);
+  uint64_t v = 0;
+  for (size_t i = 0; i < len; i++) {
+    if (s[i] < '0' || s[i] > '9')
+      return parse_fail(p, "tensor '%s': %s holds %.*s, not a non-negative integer",
+                        cur_entry(p)->name, what, (int)(len > 32 ? 32 : len), (const char *)s);
+    unsigned digit = (unsigned)(s[i] - '0');
+    if (v > (UINT64_MAX - digit) / 10)
+      return parse_fail(p, "tensor '%s': %s holds %.*s, which is too large", cur_entry(p)->name,
+                        what, (int)(len > 32 ? 32 : len), (const char *)s);
+    v = v * 10 + digit;
+  }
+  if (p->field == FLD_SHAPE) {
+    if (p->nvals == ST_MAX_DIMS)
+      return parse_fail(p, "tensor '%s': shape has more than %d dimensions", cur_entry(p)->name,
+                        ST_MAX_DIMS);
+    if (v > (uint64_t)INT64_MAX)
+      return parse_fail(p, "tensor '%s': shape holds %llu, which is too large",
+                        cur_entry(p)->name, (unsigned long long)v);
+    cur_entry(p)->shape[p->nvals] = (int64_t)v;
+  } else {
+    if (p->nvals == 2)
+      return parse_fail(p, "tensor '%s': data_offsets has more than 2 values",
+                        cur_entry(p)->name);
+    p->offsets[p->nvals] = v;
+  }
+  p->nvals++;
+  return 1;
+}
+
 static int on_value(Parser *p, int kind, const unsigned char *s, size_t len) {
   bool container = kind == V_MAP || kind == V_ARRAY;
   if (container && p->depth >= DETR_MAX_JSON_DEPTH)
@@ -269,16 +316,7 @@ static int on_value(Parser *p, int kind, const unsigned char *s, size_t len) {
                           : parse_fail(p, "tensor '%s' is not an object", cur_entry(p)->name);
       break;
     case 2:
-      if (p->in_meta) {
-        StMeta *m = &p->f->meta[p->f->nmeta - 1];
-        if (kind != V_STRING)
-          return parse_fail(p, "__metadata__ value of '%s' is not a string", m->key);
-        if (memchr(s, 0, len))
-          return parse_fail(p, "__metadata__ value of '%s' contains a NUL character", m->key);
-        if (!utf8_valid_n(s, len)) return parse_fail(p, "__metadata__ value of '%s' is not valid UTF-8", m->key);
-        m->value = xstrndup(s, len);
-        return 1;
-      }
+      if (p->in_meta) return on_metadata_value(p, kind, s, len);
       if (p->field == FLD_IGNORED) {  // an unknown field: tolerated, as the reference does
         if (container) p->ignore_depth = ++p->depth;
         return 1;
@@ -299,39 +337,8 @@ static int on_value(Parser *p, int kind, const unsigned char *s, size_t len) {
                           field_name(p->field));
       p->nvals = 0;
       break;
-    case 3: {  // an element of shape or data_offsets
-      const char *what = field_name(p->field);
-      if (kind != V_NUMBER)
-        return parse_fail(p, "tensor '%s': %s holds a value that is not an integer",
-                          cur_entry(p)->name, what);
-      uint64_t v = 0;
-      for (size_t i = 0; i < len; i++) {
-        if (s[i] < '0' || s[i] > '9')
-          return parse_fail(p, "tensor '%s': %s holds %.*s, not a non-negative integer",
-                            cur_entry(p)->name, what, (int)(len > 32 ? 32 : len), (const char *)s);
-        unsigned digit = (unsigned)(s[i] - '0');
-        if (v > (UINT64_MAX - digit) / 10)
-          return parse_fail(p, "tensor '%s': %s holds %.*s, which is too large", cur_entry(p)->name,
-                            what, (int)(len > 32 ? 32 : len), (const char *)s);
-        v = v * 10 + digit;
-      }
-      if (p->field == FLD_SHAPE) {
-        if (p->nvals == ST_MAX_DIMS)
-          return parse_fail(p, "tensor '%s': shape has more than %d dimensions", cur_entry(p)->name,
-                            ST_MAX_DIMS);
-        if (v > (uint64_t)INT64_MAX)
-          return parse_fail(p, "tensor '%s': shape holds %llu, which is too large",
-                            cur_entry(p)->name, (unsigned long long)v);
-        cur_entry(p)->shape[p->nvals] = (int64_t)v;
-      } else {
-        if (p->nvals == 2)
-          return parse_fail(p, "tensor '%s': data_offsets has more than 2 values",
-                            cur_entry(p)->name);
-        p->offsets[p->nvals] = v;
-      }
-      p->nvals++;
-      return 1;
-    }
+    case 3:  // an element of shape or data_offsets
+      return on_array_element(p, kind, s, len);
   }
   if (container) p->depth++;
   return 1;
@@ -482,47 +489,46 @@ static int cmp_span(const void *a, const void *b) {
   return 0;
 }
 
-// Everything the JSON grammar cannot say: sizes agree with shapes, offsets lie in the buffer and
-// tile it exactly, names and metadata keys are unique.
-static bool validate(StFile *f, char *err, size_t cap) {
+// One entry's data_offsets [e->offset, end): in order, inside the data buffer, and as many bytes as
+// its dtype and shape need; sets its numel and nbytes.
+static bool validate_entry(const StFile *f, StEntry *e, uint64_t end, char *err, size_t cap) {
   char a[160];
-  Span *spans = xrealloc(NULL, (size_t)f->n * sizeof *spans);
-  bool ok = false;
-  for (int i = 0; i < f->n; i++) {
-    StEntry *e = &f->entries[i];
-    uint64_t begin = e->offset, end = f->ends[i];
-    if (end < begin) {
-      set_err(err, cap, "%s: tensor '%s': data_offsets [%llu, %llu] are not in order", f->path,
-              e->name, (unsigned long long)begin, (unsigned long long)end);
-      goto done;
-    }
-    if (end > f->buf_len) {
-      set_err(err, cap,
-              "%s: tensor '%s': data_offsets [%llu, %llu] run past the end of the %llu-byte data "
-              "buffer (truncated file?)",
-              f->path, e->name, (unsigned long long)begin, (unsigned long long)end,
-              (unsigned long long)f->buf_len);
-      goto done;
-    }
-    size_t nbytes;
-    e->numel = checked_numel(e->ndim, e->shape, dtypes[e->dtype].size, &nbytes);
-    if (e->numel < 0) {
-      set_err(err, cap, "%s: tensor '%s': shape %s is too large", f->path, e->name,
-              dims_str(e->ndim, e->shape, a, sizeof a));
-      goto done;
-    }
-    if (nbytes != end - begin) {
-      set_err(err, cap,
-              "%s: tensor '%s': data_offsets [%llu, %llu] hold %llu bytes but %s %s needs %zu",
-              f->path, e->name, (unsigned long long)begin, (unsigned long long)end,
-              (unsigned long long)(end - begin), dtypes[e->dtype].name,
-              dims_str(e->ndim, e->shape, a, sizeof a), nbytes);
-      goto done;
-    }
-    e->nbytes = nbytes;
-    spans[i] = (Span){begin, end, e};
+  uint64_t begin = e->offset;
+  if (end < begin) {
+    set_err(err, cap, "%s: tensor '%s': data_offsets [%llu, %llu] are not in order", f->path,
+            e->name, (unsigned long long)begin, (unsigned long long)end);
+    return false;
   }
-  // The reference rejects holes and overlaps: walk the regions in offset order.
+  if (end > f->buf_len) {
+    set_err(err, cap,
+            "%s: tensor '%s': data_offsets [%llu, %llu] run past the end of the %llu-byte data "
+            "buffer (truncated file?)",
+            f->path, e->name, (unsigned long long)begin, (unsigned long long)end,
+            (unsigned long long)f->buf_len);
+    return false;
+  }
+  size_t nbytes;
+  e->numel = checked_numel(e->ndim, e->shape, dtypes[e->dtype].size, &nbytes);
+  if (e->numel < 0) {
+    set_err(err, cap, "%s: tensor '%s': shape %s is too large", f->path, e->name,
+            dims_str(e->ndim, e->shape, a, sizeof a));
+    return false;
+  }
+  if (nbytes != end - begin) {
+    set_err(err, cap,
+            "%s: tensor '%s': data_offsets [%llu, %llu] hold %llu bytes but %s %s needs %zu",
+            f->path, e->name, (unsigned long long)begin, (unsigned long long)end,
+            (unsigned long long)(end - begin), dtypes[e->dtype].name,
+            dims_str(e->ndim, e->shape, a, sizeof a), nbytes);
+    return false;
+  }
+  e->nbytes = nbytes;
+  return true;
+}
+
+// The entries' byte ranges (spans, one per entry) tile the data buffer exactly: the reference
+// rejects holes and overlaps. Walks the regions in offset order (sorts spans).
+static bool validate_tiling(const StFile *f, Span *spans, char *err, size_t cap) {
   qsort(spans, (size_t)f->n, sizeof *spans, cmp_span);
   uint64_t at = 0;
   const char *prev = NULL;
@@ -531,13 +537,13 @@ static bool validate(StFile *f, char *err, size_t cap) {
       set_err(err, cap, "%s: tensor '%s' (bytes %llu..%llu) overlaps tensor '%s' (ends at %llu)",
               f->path, spans[i].e->name, (unsigned long long)spans[i].begin,
               (unsigned long long)spans[i].end, prev, (unsigned long long)at);
-      goto done;
+      return false;
     }
     if (spans[i].begin > at) {
       set_err(err, cap, "%s: bytes %llu..%llu of the data buffer belong to no tensor (before '%s')",
               f->path, (unsigned long long)at, (unsigned long long)spans[i].begin,
               spans[i].e->name);
-      goto done;
+      return false;
     }
     at = spans[i].end;
     prev = spans[i].e->name;
@@ -546,15 +552,21 @@ static bool validate(StFile *f, char *err, size_t cap) {
     set_err(err, cap,
             "%s: the data buffer has %llu bytes but the tensors cover %llu (trailing bytes)",
             f->path, (unsigned long long)f->buf_len, (unsigned long long)at);
-    goto done;
+    return false;
   }
+  return true;
+}
+
+// The indexes by tensor name and by metadata key (for st_find, st_metadata); false when a name or
+// a key appears twice.
+static bool index_names(StFile *f, char *err, size_t cap) {
   f->by_name = xrealloc(NULL, (size_t)f->n * sizeof *f->by_name);
   for (int i = 0; i < f->n; i++) f->by_name[i] = &f->entries[i];
   qsort(f->by_name, (size_t)f->n, sizeof *f->by_name, cmp_entry_name);
   for (int i = 1; i < f->n; i++)
     if (strcmp(f->by_name[i - 1]->name, f->by_name[i]->name) == 0) {
       set_err(err, cap, "%s: tensor name '%s' appears twice", f->path, f->by_name[i]->name);
-      goto done;
+      return false;
     }
   f->meta_by_key = xrealloc(NULL, (size_t)f->nmeta * sizeof *f->meta_by_key);
   for (int i = 0; i < f->nmeta; i++) f->meta_by_key[i] = &f->meta[i];
@@ -562,10 +574,22 @@ static bool validate(StFile *f, char *err, size_t cap) {
   for (int i = 1; i < f->nmeta; i++)
     if (strcmp(f->meta_by_key[i - 1]->key, f->meta_by_key[i]->key) == 0) {
       set_err(err, cap, "%s: __metadata__ key '%s' appears twice", f->path, f->meta_by_key[i]->key);
-      goto done;
+      return false;
     }
-  ok = true;
-done:
+  return true;
+}
+
+// Everything the JSON grammar cannot say: sizes agree with shapes, offsets lie in the buffer and
+// tile it exactly, names and metadata keys are unique.
+static bool validate(StFile *f, char *err, size_t cap) {
+  Span *spans = xrealloc(NULL, (size_t)f->n * sizeof *spans);
+  bool ok = true;
+  for (int i = 0; i < f->n && ok; i++) {
+    StEntry *e = &f->entries[i];
+    ok = validate_entry(f, e, f->ends[i], err, cap);
+    spans[i] = (Span){e->offset, f->ends[i], e};
+  }
+  ok = ok && validate_tiling(f, spans, err, cap) && index_names(f, err, cap);
   free(spans);
   return ok;
 }

@@ -100,6 +100,12 @@ START_TEST(checkpoint_onto_other_classes) {
   ck_assert_int_eq(sh("%s predict --checkpoint %s --out %s/pred --threshold 0 %s/data3/val/000000000001.jpg", DETR_BIN,
                       three, test_root, test_root), 0);
   ck_assert_int_eq(sh("grep -Eq '\"name\": \"(round|boxy|pointy)\"' %s/pred/predictions.json", test_root), 0);
+  // --set without --config changes the checkpoint's model, not the default preset's.
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data %s/data3 --out %s/three-q --init %s --set num_queries=12 %s --max-steps 1",
+                      DETR_BIN, test_root, test_root, six, RUN), 0);
+  ASSERT_LOG("re-initialised query_embed.weight: num_queries is 10 in the weights, 12 here");
+  ck_assert_int_ne(sh("grep -q 'wrong shape' %s", log_path), 0);
   // The same classes: nothing re-initialised.
   clear_log();
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/same --init %s %s --max-steps 1", DETR_BIN, test_root, test_root,

@@ -1,5 +1,5 @@
 // write_presets DIR: the model presets as key=value files (DIR/<preset>.conf), written at build
-// time from nn/config.c's tables and installed to share/detr/presets: a starting point for
+// time from nn/presets.c's table and installed to share/detr/presets: a starting point for
 // `--config FILE` (detr train/eval/predict) and detr_open_weights(), and exactly what the built-in
 // preset names mean.
 #include <stdio.h>

@@ -106,6 +106,60 @@ static const char *suggest(const char *verb, const CliFlag *flags, int n, const 
   return NULL;
 }
 
+// Stores the value of a flag that takes one into its destination, as its kind reads it; 2 (with a
+// message) when the value is not of that kind or outside the flag's range, else 0.
+static int set_flag_value(const char *verb, const CliFlag *fl, const char *value) {
+  char *end = NULL;
+  errno = 0;
+  switch (fl->kind) {
+    case FLAG_STRING: *(const char **)fl->dest = value; break;
+    case FLAG_INT:
+    case FLAG_I32:
+    case FLAG_I64:
+    case FLAG_U64: {
+      long long v = strtoll(value, &end, 10);
+      if (errno || end == value || *end) {
+        fprintf(stderr, "detr %s: --%s: '%s' is not an integer\n", verb, fl->name, value);
+        return 2;
+      }
+      long long lo = fl->min, hi = fl->max;
+      if (fl->kind == FLAG_I32 && !(lo || hi)) lo = INT_MIN, hi = INT_MAX;
+      if (fl->kind == FLAG_U64 && !(lo || hi)) lo = 0, hi = LLONG_MAX;
+      if ((lo || hi) && (v < lo || v > hi)) {
+        fprintf(stderr, "detr %s: --%s %lld is outside [%lld, %lld]\n", verb, fl->name, v, lo, hi);
+        return 2;
+      }
+      if (fl->kind == FLAG_INT) *(long long *)fl->dest = v;
+      else if (fl->kind == FLAG_I32) *(int *)fl->dest = (int)v;
+      else if (fl->kind == FLAG_I64) *(int64_t *)fl->dest = (int64_t)v;
+      else *(uint64_t *)fl->dest = (uint64_t)v;
+      break;
+    }
+    case FLAG_FLOAT:
+    case FLAG_F32: {
+      double v = strtod(value, &end);
+      if (errno || end == value || *end) {
+        fprintf(stderr, "detr %s: --%s: '%s' is not a number\n", verb, fl->name, value);
+        return 2;
+      }
+      if (fl->kind == FLAG_FLOAT) *(double *)fl->dest = v;
+      else *(float *)fl->dest = (float)v;
+      break;
+    }
+    case FLAG_LIST: {
+      CliList *l = fl->dest;
+      if (l->count >= CLI_MAX_LIST) {
+        fprintf(stderr, "detr %s: --%s given more than %d times\n", verb, fl->name, CLI_MAX_LIST);
+        return 2;
+      }
+      l->items[l->count++] = value;
+      break;
+    }
+    case FLAG_BOOL: break;
+  }
+  return 0;
+}
+
 int cli_parse(const char *verb, const char *usage, int argc, char **argv, int first, const CliFlag *flags,
               int n_flags, const char **positional, int max_positional, int *n_positional) {
   *n_positional = 0;
@@ -146,64 +200,7 @@ int cli_parse(const char *verb, const char *usage, int argc, char **argv, int fi
       fprintf(stderr, "detr %s: --%s needs a value\n", verb, fl->name);
       return 2;
     }
-    char *end = NULL;
-    errno = 0;
-    switch (fl->kind) {
-      case FLAG_STRING: *(const char **)fl->dest = value; break;
-      case FLAG_INT:
-      case FLAG_I32:
-      case FLAG_I64:
-      case FLAG_U64: {
-        long long v = strtoll(value, &end, 10);
-        if (errno || end == value || *end) {
-          fprintf(stderr, "detr %s: --%s: '%s' is not an integer\n", verb, fl->name, value);
-          return 2;
-        }
-        long long lo = fl->min, hi = fl->max;
-        if (fl->kind == FLAG_I32 && !(lo || hi)) lo = INT_MIN, hi = INT_MAX;
-        if (fl->kind == FLAG_U64 && !(lo || hi)) lo = 0, hi = LLONG_MAX;
-        if ((lo || hi) && (v < lo || v > hi)) {
-          fprintf(stderr, "detr %s: --%s %lld is outside [%lld, %lld]\n", verb, fl->name, v, lo, hi);
-          return 2;
-        }
-        if (fl->kind == FLAG_INT) *(long long *)fl->dest = v;
-        else if (fl->kind == FLAG_I32) *(int *)fl->dest = (int)v;
-        else if (fl->kind == FLAG_I64) *(int64_t *)fl->dest = (int64_t)v;
-        else *(uint64_t *)fl->dest = (uint64_t)v;
-        break;
-      }
-      case FLAG_FLOAT:
-      case FLAG_F32: {
-        double v = strtod(value, &end);
-        if (errno || end == value || *end) {
-          fprintf(stderr, "detr %s: --%s: '%s' is not a number\n", verb, fl->name, value);
-          return 2;
-        }
-        if (fl->kind == FLAG_FLOAT) *(double *)fl->dest = v;
-        else *(float *)fl->dest = (float)v;
-        break;
-      }
-      case FLAG_LIST: {
-        CliList *l = fl->dest;
-        if (l->count >= CLI_MAX_LIST) {
-          fprintf(stderr, "detr %s: --%s given more than %d times\n", verb, fl->name, CLI_MAX_LIST);
-          return 2;
-        }
-        l->items[l->count++] = value;
-        break;
-      }
-      case FLAG_BOOL: break;
-    }
+    if (set_flag_value(verb, fl, value)) return 2;
   }
-  return 0;
-}
-
-int cli_check_ranges(const char *verb, const CliRange *ranges, int n) {
-  for (int i = 0; i < n; i++)
-    if (ranges[i].value < ranges[i].lo || ranges[i].value > ranges[i].hi) {
-      fprintf(stderr, "detr %s: --%s %lld is outside [%lld, %lld]\n", verb, ranges[i].name, ranges[i].value,
-              ranges[i].lo, ranges[i].hi);
-      return 2;
-    }
   return 0;
 }

@@ -28,13 +28,3 @@ typedef struct {
 int cli_parse(const char *verb, const char *usage, int argc, char **argv, int first, const CliFlag *flags,
               int n_flags, const char **positional, int max_positional, int *n_positional);
 void cli_print_usage(const char *verb, const char *usage, const CliFlag *flags, int n_flags, bool to_stderr);
-
-// An integer flag's value and its allowed range [lo, hi].
-typedef struct {
-  const char *name;  // without the leading dashes
-  long long value, lo, hi;
-} CliRange;
-
-// Returns 0 when every value lies in its range; else prints "detr VERB: --NAME V is outside
-// [LO, HI]" for the first that does not, and returns 2 (the bad-usage exit status).
-int cli_check_ranges(const char *verb, const CliRange *ranges, int n);

@@ -18,6 +18,50 @@ static const char *USAGE =
     "--image-size, --max-size, --pad-multiple and --batch are the training run's, so the numbers are the\n"
     "run's own evaluation's (a DETR's output depends on the padding, which depends on the batch).";
 
+// Opens the split's annotations into *ds and compares their categories with those the checkpoint
+// (ci) was trained on: 1 with a message when the file cannot be opened or the category ids differ
+// without --allow-other-categories; a warning when only the names differ.
+static int open_eval_data(const char *data, const char *split, BadInputPolicy policy, const char *checkpoint,
+                          const CheckpointInfo *ci, bool other_categories, CocoDataset **ds) {
+  char ann[4096], img[4096];
+  setup_split_paths(data, split, ann, sizeof ann, img, sizeof img);
+  CocoOpenConfig cc = {.ann_path = ann, .image_dir = img, .policy = policy};
+  DataError derr;
+  if (coco_open(&cc, ds, &derr)) {
+    fprintf(stderr, "detr eval: %s\n", derr.msg);
+    return 1;
+  }
+  char diff[1024];
+  int same = categories_compare(ci->categories, *ds, diff, sizeof diff);
+  if (same == 2 && !other_categories) {
+    fprintf(stderr, "detr eval: %s: the category ids differ from those %s was trained on (%s): AP against them "
+            "would be meaningless (--allow-other-categories evaluates anyway)\n", ann, checkpoint, diff);
+    coco_free(*ds);
+    return 1;
+  }
+  if (same && dist_is_main()) fprintf(stderr, "detr eval: warning: %s: the categories differ from %s's: %s\n", ann, checkpoint, diff);
+  return 0;
+}
+
+// Evaluates m on ds; rank 0 (the only process without mpirun) prints the timing, the encoder
+// attention statistics and the 12 numbers, and writes them to json if asked. 0, or 1 with a message.
+static int evaluate_and_report(const DetrModel *m, const CocoDataset *ds, const EvalConfig *ec, long long batch,
+                               long long pad_multiple, const char *json) {
+  char err[4096];
+  EvalReport rep;
+  int rc = evaluate_model(m, ds, ec, &rep, err, sizeof err);
+  if (rc == 0 && dist_is_main()) {  // under mpirun the processes split the images; rank 0 reports
+    fprintf(stderr, "detr eval: %lld images in batches of %lld (padded to multiples of %lld), %lld detections in "
+            "%.1f s\n", (long long)rep.images, batch, pad_multiple, (long long)rep.detections, rep.seconds);
+    for (int i = 0; i < rep.attn.n; i++)
+      fprintf(stderr, "detr eval: encoder attention %s %.2f\n", rep.attn.name[i], attn_stats_mean(&rep.attn, i));
+    coco_print_summary(&rep.coco, stdout);
+    if (json) rc = coco_write_stats_json(json, &rep.coco, err, sizeof err);
+  }
+  if (rc) fprintf(stderr, "detr eval: %s\n", err);
+  return rc ? 1 : 0;
+}
+
 int cmd_eval(int argc, char **argv) {
   const char *checkpoint = NULL, *weights = NULL, *config = SETUP_DEFAULT_PRESET, *data = NULL, *split = "val",
              *results = NULL, *json = NULL, *device = "cpu", *bad_input = "fail";
@@ -75,46 +119,21 @@ int cmd_eval(int argc, char **argv) {
   if (batch < 0) batch = ci.batch >= 1 && ci.batch <= 64 ? ci.batch : 2;
   if (image_size > 0) is = (int)image_size;
   if (max_size > 0) ms = (int)max_size;
-  char ann[4096], img[4096];
-  setup_split_paths(data, split, ann, sizeof ann, img, sizeof img);
-  CocoOpenConfig cc = {.ann_path = ann, .image_dir = img, .policy = policy};
   CocoDataset *ds = NULL;
-  DataError derr;
-  if (coco_open(&cc, &ds, &derr)) {
-    fprintf(stderr, "detr eval: %s\n", derr.msg);
-    checkpoint_info_free(&ci);
-    detr_model_free(m);
-    return 1;
-  }
-  char diff[1024];
-  int same = categories_compare(ci.categories, ds, diff, sizeof diff);
+  rc = open_eval_data(data, split, policy, checkpoint, &ci, other_categories, &ds);
   checkpoint_info_free(&ci);
-  if (same == 2 && !other_categories) {
-    fprintf(stderr, "detr eval: %s: the category ids differ from those %s was trained on (%s): AP against them "
-            "would be meaningless (--allow-other-categories evaluates anyway)\n", ann, checkpoint, diff);
-    coco_free(ds);
+  if (rc) {
     detr_model_free(m);
     return 1;
   }
-  if (same && dist_is_main()) fprintf(stderr, "detr eval: warning: %s: the categories differ from %s's: %s\n", ann, checkpoint, diff);
   CpuShare cpu;  // a fixed --threads; else OpenMP's default (no adapting: an evaluation is short)
   cpu_share_init(&cpu, threads);
   cpu_flush_denormals(true);
   EvalConfig ec = {.batch_size = (int)batch, .num_workers = (int)workers, .aug = aug_config_scaled(false, is, ms),
                    .pad_multiple = (int)pad_multiple,
                    .policy = policy, .results_path = results, .progress = dist_is_main(), .distributed = true};
-  EvalReport rep;
-  rc = evaluate_model(m, ds, &ec, &rep, err, sizeof err);
-  if (rc == 0 && dist_is_main()) {  // under mpirun the processes split the images; rank 0 reports
-    fprintf(stderr, "detr eval: %lld images in batches of %lld (padded to multiples of %lld), %lld detections in "
-            "%.1f s\n", (long long)rep.images, batch, pad_multiple, (long long)rep.detections, rep.seconds);
-    for (int i = 0; i < rep.attn.n; i++)
-      fprintf(stderr, "detr eval: encoder attention %s %.2f\n", rep.attn.name[i], attn_stats_mean(&rep.attn, i));
-    coco_print_summary(&rep.coco, stdout);
-    if (json) rc = coco_write_stats_json(json, &rep.coco, err, sizeof err);
-  }
-  if (rc) fprintf(stderr, "detr eval: %s\n", err);
+  rc = evaluate_and_report(m, ds, &ec, batch, pad_multiple, json);
   coco_free(ds);
   detr_model_free(m);
-  return rc ? 1 : 0;
+  return rc;
 }

@@ -48,11 +48,18 @@ typedef struct {
 
 static int clamp_px(float v, int hi) { return v < -1.0f ? -1 : v > (float)hi ? hi : (int)lrintf(v); }
 
-// The picture of an image: scaled up so that its long side is at least DRAW_MIN_LONG_SIDE; *s is
-// the scale (boxes are drawn at s times their pixels).
-static Image picture_of(const Image *img, double *s) {
+// The picture of an image: scaled up so that its long side is at least DRAW_MIN_LONG_SIDE, and
+// down so that it is at most max_side; *s is the scale (boxes are drawn at s times their pixels).
+static Image picture_of(const Image *img, int max_side, double *s) {
   int dw, dh;
   draw_display_size(img->w, img->h, &dw, &dh);
+  int longest = dw > dh ? dw : dh;
+  if (longest > max_side) {
+    dw = (int)((int64_t)dw * max_side / longest);
+    dh = (int)((int64_t)dh * max_side / longest);
+    dw = dw > 0 ? dw : 1;
+    dh = dh > 0 ? dh : 1;
+  }
   *s = (double)dw / img->w;
   return dw == img->w && dh == img->h ? image_crop(img, 0, 0, img->h, img->w) : image_resize_bilinear(img, dw, dh);
 }
@@ -94,6 +101,7 @@ static void draw_detections(Image *pic, const detr_result *res, int first, int n
 
 #define GAP 8               // pixels between and around the panels of a grid
 #define ATTENTION_ROWS 24   // detections pictured at most (the best)
+#define PANEL_MAX_SIDE 1024 // a panel's long side at most: 24 rows of them stay within a picture's 32768 px
 
 // A white canvas of cols x rows panels of pw x ph pixels, GAP apart and around.
 static Image grid_canvas(int cols, int rows, int pw, int ph) {
@@ -106,7 +114,7 @@ static Image grid_canvas(int cols, int rows, int pw, int ph) {
 // it its query's cross-attention map over the picture (DETR's detr_attention.ipynb figure).
 static Image attention_picture(const Image *img, const detr_result *res, double threshold) {
   double s;
-  Image pic = picture_of(img, &s);
+  Image pic = picture_of(img, PANEL_MAX_SIDE, &s);
   int count = detr_result_count(res), n = count < ATTENTION_ROWS ? count : ATTENTION_ROWS;
   Image grid = grid_canvas(2, n ? n : 1, pic.w, pic.h);
   for (int i = 0; i < (n ? n : 1); i++) {
@@ -136,7 +144,7 @@ static Image attention_picture(const Image *img, const detr_result *res, double 
 // under a line naming the layer and its number of clusters.
 static Image clusters_picture(const Image *img, const detr_result *res) {
   double s;
-  Image pic = picture_of(img, &s);
+  Image pic = picture_of(img, PANEL_MAX_SIDE, &s);
   int scale = draw_text_scale(pic.w, pic.h), band = draw_text_height("0", scale) + GAP;
   int n_layers = 0;
   while (detr_result_clusters(res, n_layers, NULL, NULL, NULL)) n_layers++;
@@ -417,7 +425,7 @@ static int predict_image(Predictor *p, const char *input, char *err, size_t cap)
     fputc('\n', p->log);
   }
   double s;
-  Image pic = picture_of(&img, &s);
+  Image pic = picture_of(&img, IMAGE_MAX_SIDE, &s);
   image_free(&img);
   draw_detections(&pic, res, 0, count, s);
   char *png = data_path_join(a->out_dir, r->output);

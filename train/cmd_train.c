@@ -114,51 +114,81 @@ static int read_init(const TrainOptions *o, CheckpointInfo *ci, bool *is_checkpo
   return rc;
 }
 
-// A resumed run's model config is its checkpoint's. --config/--set/--enact may restate it; where
-// they say otherwise, the keys that differ are named.
-static int resume_model_config(TrainOptions *o, const CheckpointInfo *ci, bool model_given, char *err, size_t cap) {
-  if (!model_given) {
-    o->model = ci->cfg;
-    return 0;
+// The keys whose values differ between two configs' "key=value" lines (detr_config_format),
+// compared by key: " key=A in the checkpoint, key=B here;" each.
+static size_t config_differences(const DetrConfig *here, const DetrConfig *checkpoint, char *out, size_t cap) {
+  char mine[4096], theirs[4096];
+  detr_config_format(here, mine, sizeof mine);
+  detr_config_format(checkpoint, theirs, sizeof theirs);
+  size_t n = 0;
+  out[0] = 0;
+  for (int side = 0; side < 2; side++) {  // keys of mine (changed or new), then keys only in theirs
+    const char *a = side ? theirs : mine, *b = side ? mine : theirs;
+    for (const char *line = a; *line; line += strcspn(line, "\n") + (line[strcspn(line, "\n")] == '\n')) {
+      size_t len = strcspn(line, "\n"), key = strcspn(line, "=");
+      if (key >= len) continue;
+      const char *other = NULL;  // the line of b with the same key
+      for (const char *l = b; *l && !other; l += strcspn(l, "\n") + (l[strcspn(l, "\n")] == '\n'))
+        if (!strncmp(l, line, key + 1)) other = l;
+      size_t olen = other ? strcspn(other, "\n") : 0;
+      if (side == 1 && other) continue;  // compared from mine
+      if (other && olen == len && !strncmp(other, line, len)) continue;
+      if (n >= cap) break;
+      if (side == 1)
+        n += (size_t)snprintf(out + n, cap - n, " %.*s in the checkpoint only;", (int)len, line);
+      else if (!other)
+        n += (size_t)snprintf(out + n, cap - n, " %.*s here only;", (int)len, line);
+      else
+        n += (size_t)snprintf(out + n, cap - n, " %.*s in the checkpoint, %.*s here;", (int)olen, other, (int)len, line);
+    }
   }
-  char mine[4096], theirs[4096], *save_a = NULL, *save_b = NULL;
-  detr_config_format(&o->model, mine, sizeof mine);
-  detr_config_format(&ci->cfg, theirs, sizeof theirs);
-  if (!strcmp(mine, theirs)) return 0;
-  size_t n = (size_t)snprintf(err, cap, "%s is a run of another model config:", o->resume);
-  char *a = strtok_r(mine, "\n", &save_a), *b = strtok_r(theirs, "\n", &save_b);
-  for (; a && b; a = strtok_r(NULL, "\n", &save_a), b = strtok_r(NULL, "\n", &save_b))
-    if (strcmp(a, b) && n < cap) n += (size_t)snprintf(err + n, cap - n, " %s in the checkpoint, %s here;", b, a);
-  if (n < cap)
-    snprintf(err + n, cap - n, " resume it without --config/--set (its config is read from the checkpoint), or start "
-             "this model in a new directory with --out NEW_DIR");
-  return -1;
+  return n;
 }
 
-// The model, device and input policy; the defaults that follow the model (model_run_defaults)
+// The model: the checkpoint's (resumed, or fine-tuned without --config) with --set/--enact over
+// it, else --config's (the default preset without one) with them.
+static int model_config(TrainOptions *o, const char *config, const CliList *sets, bool enact, const CheckpointInfo *ci,
+                        char *err, size_t cap) {
+  if (ci && !config) {
+    o->model = ci->cfg;
+    if (setup_apply_sets(&o->model, sets, err, cap)) return -1;
+  } else if (setup_model_config(config ? config : SETUP_DEFAULT_PRESET, sets, &o->model, err, cap)) {
+    return -1;
+  }
+  setup_enact_shortcut(&o->model, enact);
+  if (o->resume) {  // a resumed run is its checkpoint's model: --config/--set may only restate it
+    if (o->optim.lr_backbone == 0) o->model.train_backbone = false;
+    char diff[2048];
+    if (config_differences(&o->model, &ci->cfg, diff, sizeof diff)) {
+      snprintf(err, cap, "%s is a run of another model config:%s resume it without --config/--set (its config is "
+               "read from the checkpoint), or start this model in a new directory with --out NEW_DIR", o->resume, diff);
+      return -1;
+    }
+  } else if (ci && !config) {  // fine-tuning a checkpoint's model: num_classes follows the data unless set
+    o->model.train_backbone = o->optim.lr_backbone > 0;
+    o->model_from_init = true;
+    for (int i = 0; i < sets->count; i++)
+      if (!strncmp(sets->items[i], "num_classes=", 12)) o->model_from_init = false;
+  }
+  return detr_config_validate(&o->model, err, cap);
+}
+
+// The model, device and input policy; the defaults that follow the model (detr_run_defaults)
 // or, when resuming, the checkpoint's training command; the learning rates' constraints.
 // ci: the resumed checkpoint's info, or the --init checkpoint's (fine-tuning), or NULL.
 static int resolve(TrainOptions *o, const char *config, const CliList *sets, bool enact, const char *device,
                    const char *bad_input, int *image_size_io, int *max_size_io, bool augment, const CheckpointInfo *ci) {
   int image_size = *image_size_io, max_size = *max_size_io;
   char err[4096];
-  bool model_given = config || sets->count || enact;
-  if (setup_model_config(config ? config : SETUP_DEFAULT_PRESET, sets, &o->model, err, sizeof err) ||
-      setup_device(device, &o->device, err, sizeof err)) {
+  if (setup_device(device, &o->device, err, sizeof err)) {
     fprintf(stderr, "detr train: %s\n", err);
     return 2;
   }
-  setup_enact_shortcut(&o->model, enact);
-  if (o->optim.lr_backbone == 0) o->model.train_backbone = false;  // as the reference: lr_backbone 0 freezes it
-  if (o->resume && resume_model_config(o, ci, model_given, err, sizeof err)) {
+  if (model_config(o, config, sets, enact, ci, err, sizeof err)) {
     fprintf(stderr, "detr train: %s\n", err);
-    return 1;
+    return o->resume ? 1 : 2;
   }
-  if (!o->resume && ci && !model_given) {  // fine-tuning a checkpoint: its model, its classes to adapt
-    o->model = ci->cfg;
-    o->model.train_backbone = o->optim.lr_backbone > 0;
-    o->model_from_init = true;
-  }
+  if (o->optim.lr_backbone == 0) o->model.train_backbone = false;  // as the reference: lr_backbone 0 freezes it
   if (!o->resume && ci) o->init_categories = ci->categories;
   if (bad_input_policy_parse(bad_input, &o->bad_input)) {
     fprintf(stderr, "detr train: --bad-input %s: expected fail or skip\n", bad_input);
@@ -176,8 +206,8 @@ static int resolve(TrainOptions *o, const char *config, const CliList *sets, boo
       fprintf(stderr, "detr train: the loss and matcher weights (--*-loss-coef, --eos-coef, --cost-*) lie in [0, 1e6)\n");
       return 2;
     }
-  const RunDefaults *d = model_run_defaults(&o->model);
-  if (ci) {  // what the run's command said, where this one says nothing (fine-tuning: the sizes)
+  const RunDefaults *d = detr_run_defaults(&o->model);
+  if (ci && (o->resume || !config)) {  // what the run's command said, where this one says nothing
     if (image_size < 0) image_size = (int)ci->image_size;
     if (max_size < 0) max_size = (int)ci->max_size;
     if (o->pad_multiple < 0) o->pad_multiple = (int)ci->pad_multiple;
@@ -197,22 +227,56 @@ static int resolve(TrainOptions *o, const char *config, const CliList *sets, boo
   return 0;
 }
 
+// The settings of detr train's flags that resolve() turns into TrainOptions.
+typedef struct {
+  const char *config, *device, *bad_input;
+  CliList sets;
+  bool enact, no_progress, no_augment;
+  int image_size, max_size;
+} TrainFlags;
+
+// Reads the checkpoint to resume and the --init weights, resolves the options against them and
+// trains: the verb's exit status.
+static int resolve_and_train(TrainOptions *o, TrainFlags *f, int argc, char **argv) {
+  char resume_path[4200], err[4096];
+  CheckpointInfo ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
+  const char *resume_arg = o->resume;
+  if (find_resume(o, resume_path, sizeof resume_path, &ci, err, sizeof err)) {
+    if (dist_is_main()) fprintf(stderr, "detr train: --resume %s: %s\n", resume_arg, err);
+    return 1;
+  }
+  CheckpointInfo init_ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
+  bool init_is_checkpoint;
+  if (read_init(o, &init_ci, &init_is_checkpoint, err, sizeof err)) {
+    if (dist_is_main()) fprintf(stderr, "detr train: --init %s\n", err);
+    checkpoint_info_free(&ci);
+    return 1;
+  }
+  int rc = resolve(o, f->config, &f->sets, f->enact, f->device, f->bad_input, &f->image_size, &f->max_size,
+                   !f->no_augment, o->resume ? &ci : init_is_checkpoint ? &init_ci : NULL);
+  if (rc == 0) {
+    o->progress = !f->no_progress;
+    store_command_line(o, argc, argv, f->image_size, f->max_size);
+    rc = train_run(o);
+  }
+  checkpoint_info_free(&ci);
+  checkpoint_info_free(&init_ci);
+  return rc;
+}
+
 int cmd_train(int argc, char **argv) {
   TrainOptions o = train_options_default();
   o.epochs = o.optim.lr_drop = -1;  // from the model (resolve)
   o.batch_size = o.pad_multiple = -1;  // from the resumed run's command, else 2 and 1 (resolve)
-  const char *config = NULL, *device = "cpu", *bad_input = "fail";
-  CliList sets = {0};
-  bool enact = false, no_progress = false, no_augment = false;
-  int image_size = -1, max_size = -1;
+  TrainFlags f = {.device = "cpu", .bad_input = "fail", .image_size = -1, .max_size = -1};
   CliFlag flags[] = {
       {"data", FLAG_STRING, &o.data_dir, "dataset root (annotations/instances_<split>.json and <split>/)"},
       {"train-split", FLAG_STRING, &o.train_split, "training split name (default train; COCO: train2017)"},
       {"val-split", FLAG_STRING, &o.val_split, "validation split name (default val; COCO: val2017; none: no evaluation)"},
-      {"config", FLAG_STRING, &config, "model preset (" DETR_PRESET_LIST ") or key=value file (default "
+      {"config", FLAG_STRING, &f.config, "model preset (" DETR_PRESET_LIST ") or key=value file (default "
        SETUP_DEFAULT_PRESET "; resuming: the checkpoint's)"},
-      {"set", FLAG_LIST, &sets, "override one model config field, e.g. --set num_queries=20"},
-      {"enact", FLAG_BOOL, &enact, SETUP_ENACT_HELP},
+      {"set", FLAG_LIST, &f.sets, "override one model config field, e.g. --set num_queries=20"},
+      {"enact", FLAG_BOOL, &f.enact, SETUP_ENACT_HELP},
       {"out", FLAG_STRING, &o.out_dir, "run directory (default runs/detr)"},
       {"epochs", FLAG_I32, &o.epochs, "epochs (default 300 for detr-r50, 50 for the small presets)", 1, 100000},
       {"batch", FLAG_I32, &o.batch_size, "images per batch (default 2; resuming: the run's)", 1, 64},
@@ -222,13 +286,13 @@ int cmd_train(int argc, char **argv) {
       {"clip", FLAG_F32, &o.optim.clip_max_norm, "gradient clipping max norm (default 0.1; 0 disables)"},
       {"lr-drop", FLAG_I32, &o.optim.lr_drop, "epochs between learning-rate drops x0.1 (default 2/3 of --epochs)", 1,
        1000000},
-      {"image-size", FLAG_I32, &image_size, "val shortest side; train scales follow (default 800, 320 small, 128 tiny)",
+      {"image-size", FLAG_I32, &f.image_size, "val shortest side; train scales follow (default 800, 320 small, 128 tiny)",
        32, 4096},
-      {"max-size", FLAG_I32, &max_size, "longest image side (default 1333, 512 small, 192 tiny)", 32, 8192},
+      {"max-size", FLAG_I32, &f.max_size, "longest image side (default 1333, 512 small, 192 tiny)", 32, 8192},
       {"pad-multiple", FLAG_I32, &o.pad_multiple,
        "pad each batch to a multiple of N pixels (default 1: to its largest image, as the reference; e.g. 16: "
        "fewer distinct input sizes, faster on the CPU; resuming: the run's)", 1, 256},
-      {"device", FLAG_STRING, &device, "cpu or cuda (default cpu)"},
+      {"device", FLAG_STRING, &f.device, "cpu or cuda (default cpu)"},
       {"threads", FLAG_I32, &o.threads, "CPU threads (default: OMP_NUM_THREADS, or the cores other processes leave free)", 0, 1024},
       {"workers", FLAG_I32, &o.workers, "data loader threads (default 2)", 0, 64},
       {"seed", FLAG_U64, &o.seed, "seed of initialisation, data order, augmentation and dropout (default 42)", 0,
@@ -256,11 +320,11 @@ int cmd_train(int argc, char **argv) {
       {"cost-bbox", FLAG_F32, &o.loss.cost_bbox, "matcher: L1 box cost weight (default 5)"},
       {"cost-giou", FLAG_F32, &o.loss.cost_giou, "matcher: GIoU cost weight (default 2)"},
       {"max-steps", FLAG_I64, &o.max_steps, "stop after this many steps in total (default: no limit)", 0, 1LL << 40},
-      {"bad-input", FLAG_STRING, &bad_input, "fail or skip (with a warning and a count) bad annotations/images"},
+      {"bad-input", FLAG_STRING, &f.bad_input, "fail or skip (with a warning and a count) bad annotations/images"},
       {"calibrate-bn", FLAG_BOOL, &o.calibrate_bn,
        "training from scratch: set the frozen batch norms' statistics from 8 training images first"},
-      {"no-augment", FLAG_BOOL, &no_augment, "train on the val transform (resize only): no flips, crops, scales"},
-      {"no-progress", FLAG_BOOL, &no_progress, "no progress line"},
+      {"no-augment", FLAG_BOOL, &f.no_augment, "train on the val transform (resize only): no flips, crops, scales"},
+      {"no-progress", FLAG_BOOL, &f.no_progress, "no progress line"},
   };
   int n_flags = (int)(sizeof flags / sizeof flags[0]), n_pos = 0;
   int rc = cli_parse("train", USAGE, argc, argv, 2, flags, n_flags, NULL, 0, &n_pos);
@@ -269,28 +333,5 @@ int cmd_train(int argc, char **argv) {
     fprintf(stderr, "detr train: --data DIR is required (see detr train --help)\n");
     return 2;
   }
-  char resume_path[4200], err[4096];
-  CheckpointInfo ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
-  const char *resume_arg = o.resume;
-  if (find_resume(&o, resume_path, sizeof resume_path, &ci, err, sizeof err)) {
-    if (dist_is_main()) fprintf(stderr, "detr train: --resume %s: %s\n", resume_arg, err);
-    return 1;
-  }
-  CheckpointInfo init_ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
-  bool init_is_checkpoint;
-  if (read_init(&o, &init_ci, &init_is_checkpoint, err, sizeof err)) {
-    if (dist_is_main()) fprintf(stderr, "detr train: --init %s\n", err);
-    checkpoint_info_free(&ci);
-    return 1;
-  }
-  rc = resolve(&o, config, &sets, enact, device, bad_input, &image_size, &max_size, !no_augment,
-               o.resume ? &ci : init_is_checkpoint ? &init_ci : NULL);
-  if (rc == 0) {
-    o.progress = !no_progress;
-    store_command_line(&o, argc, argv, image_size, max_size);
-    rc = train_run(&o);
-  }
-  checkpoint_info_free(&ci);
-  checkpoint_info_free(&init_ci);
-  return rc;
+  return resolve_and_train(&o, &f, argc, argv);
 }

@@ -181,48 +181,73 @@ static int64_t evaluate_img(const CocoEvalGt *gt, const Key *gt_keys, const Grou
   return npig;
 }
 
-int coco_evaluate(const CocoEvalGt *gt, const CocoEvalDet *dets, int64_t n_dets, CocoEvalResult *out, char *err,
-                  size_t err_cap) {
-  memset(out, 0, sizeof *out);
+// One coco_evaluate call: _prepare()'s sorted ids and keys, accumulate()'s precision and recall
+// arrays, and the scratch of the category at hand (sized for all detections: no category has more).
+typedef struct {
+  const CocoEvalGt *gt;
+  const CocoEvalDet *dets;
   double thr[N_IOU], rec_thr[N_REC];
-  linspace(.5, .95, N_IOU, thr);
-  linspace(0., 1., N_REC, rec_thr);
+  int64_t *img_ids, *cat_ids, I, K;  // p.imgIds, p.catIds
+  Key *dk, *gk;                      // detection and GT keys, sorted
+  int64_t n_dk, n_gk;
+  // precision[T, R, K, A, M] is only summarized at maxDets = 100: kept as prec[A][T][R][K] so that
+  // s[:, :, :, a, m] flattens in numpy's (t, r, k) order. recall[T, K, A, M] as rec[M][A][T][K].
+  double *prec, *rec;
+  Group *groups;  // the category's groups, images in id order
+  int64_t n_groups;
+  Key *cat_dets, *sorted;  // the category's detections (n_cd of them), accumulate()'s score order
+  int64_t n_cd;
+  uint8_t *flags;  // [A][T][n_cd] detection outcomes
+  double *tp, *fp, *pr, *ious;
+  int *order;
+  bool *ig, *gmatched;
+  int64_t scratch_g, scratch_dg;  // what order, ig, gmatched and ious hold room for
+  int64_t npig[N_AREA];           // the category's non-ignored GTs per area range
+} Eval;
 
-  // p.imgIds = sorted(getImgIds()), p.catIds = np.unique(getCatIds()).
+// _prepare()'s ids: p.imgIds = sorted(getImgIds()), p.catIds = np.unique(getCatIds()). -1 when an
+// image id appears twice.
+static int prepare_ids(Eval *e, char *err, size_t err_cap) {
+  const CocoEvalGt *gt = e->gt;
   int64_t I = gt->n_images, K = 0;
-  int64_t *img_ids = xmalloc((size_t)I * sizeof(int64_t));
-  int64_t *cat_ids = xmalloc((size_t)gt->n_categories * sizeof(int64_t));
+  int64_t *img_ids = e->img_ids = xmalloc((size_t)I * sizeof(int64_t));
+  int64_t *cat_ids = e->cat_ids = xmalloc((size_t)gt->n_categories * sizeof(int64_t));
+  e->I = I;
   for (int64_t i = 0; i < I; i++) img_ids[i] = gt->images[i].id;
   qsort(img_ids, (size_t)I, sizeof(int64_t), cmp_i64);
   for (int64_t i = 1; i < I; i++)
     if (img_ids[i] == img_ids[i - 1]) {
       snprintf(err, err_cap, "image id %lld appears twice in the ground truth", (long long)img_ids[i]);
-      free(img_ids);
-      free(cat_ids);
       return -1;
     }
   for (int64_t i = 0; i < gt->n_categories; i++) cat_ids[i] = gt->category_ids[i];
   qsort(cat_ids, (size_t)gt->n_categories, sizeof(int64_t), cmp_i64);
   for (int64_t i = 0; i < gt->n_categories; i++)
     if (K == 0 || cat_ids[K - 1] != cat_ids[i]) cat_ids[K++] = cat_ids[i];
+  e->K = K;
+  return 0;
+}
 
-  Key *dk = xmalloc((size_t)n_dets * sizeof(Key));
+// loadRes() and _prepare()'s detections: their keys in category, image, score order; those of an
+// unknown category counted and left out. -1 for an unknown image or a value that is not finite.
+static int prepare_dets(Eval *e, int64_t n_dets, CocoEvalResult *out, char *err, size_t err_cap) {
+  Key *dk = e->dk = xmalloc((size_t)n_dets * sizeof(Key));
   int64_t n_dk = 0;
   for (int64_t i = 0; i < n_dets; i++) {
-    const CocoEvalDet *d = &dets[i];
-    int64_t img = find_id(img_ids, I, d->image_id);
+    const CocoEvalDet *d = &e->dets[i];
+    int64_t img = find_id(e->img_ids, e->I, d->image_id);
     if (img < 0) {  // loadRes: assert set(annsImgIds) <= set(getImgIds())
       snprintf(err, err_cap, "detection %lld: image_id %lld is not an image of the ground truth", (long long)i,
                (long long)d->image_id);
-      goto fail;
+      return -1;
     }
     bool finite = isfinite(d->score);
     for (int c = 0; c < 4; c++) finite = finite && isfinite(d->bbox[c]);
     if (!finite) {
       snprintf(err, err_cap, "detection %lld: bbox or score is not finite", (long long)i);
-      goto fail;
+      return -1;
     }
-    int64_t k = find_id(cat_ids, K, d->category_id);
+    int64_t k = find_id(e->cat_ids, e->K, d->category_id);
     if (k < 0) {
       out->dets_unknown_category++;
       continue;
@@ -230,12 +255,19 @@ int coco_evaluate(const CocoEvalGt *gt, const CocoEvalDet *dets, int64_t n_dets,
     dk[n_dk++] = (Key){.k = k, .img = img, .pos = i, .score = d->score};
   }
   qsort(dk, (size_t)n_dk, sizeof(Key), cmp_det_key);
+  e->n_dk = n_dk;
+  return 0;
+}
 
-  Key *gk = xmalloc((size_t)gt->n_anns * sizeof(Key));
+// _prepare()'s GTs: their keys in category, image, file order; those of an unknown image or
+// category counted and left out.
+static void prepare_gts(Eval *e, CocoEvalResult *out) {
+  const CocoEvalGt *gt = e->gt;
+  Key *gk = e->gk = xmalloc((size_t)gt->n_anns * sizeof(Key));
   int64_t n_gk = 0;
   for (int64_t i = 0; i < gt->n_anns; i++) {
     const CocoEvalGtAnn *a = &gt->anns[i];
-    int64_t img = find_id(img_ids, I, a->image_id), k = find_id(cat_ids, K, a->category_id);
+    int64_t img = find_id(e->img_ids, e->I, a->image_id), k = find_id(e->cat_ids, e->K, a->category_id);
     if (img < 0) out->gts_unknown_image++;
     else if (k < 0) out->gts_unknown_category++;
     else {
@@ -244,122 +276,153 @@ int coco_evaluate(const CocoEvalGt *gt, const CocoEvalDet *dets, int64_t n_dets,
     }
   }
   qsort(gk, (size_t)n_gk, sizeof(Key), cmp_gt_key);
+  e->n_gk = n_gk;
+}
 
-  // precision[T, R, K, A, M] is only summarized at maxDets = 100: kept as prec[A][T][R][K] so that
-  // s[:, :, :, a, m] flattens in numpy's (t, r, k) order. recall[T, K, A, M] as rec[M][A][T][K].
-  double *prec = xmalloc((size_t)(N_AREA * N_IOU * N_REC * K) * sizeof(double));
-  double *rec = xmalloc((size_t)(N_MAXDET * N_AREA * N_IOU * K) * sizeof(double));
-  for (int64_t i = 0; i < N_AREA * N_IOU * N_REC * K; i++) prec[i] = -1;
-  for (int64_t i = 0; i < N_MAXDET * N_AREA * N_IOU * K; i++) rec[i] = -1;
+// accumulate()'s precision and recall, all -1, and the per-category scratch.
+static void alloc_eval_arrays(Eval *e) {
+  int64_t K = e->K, n_dk = e->n_dk;
+  e->prec = xmalloc((size_t)(N_AREA * N_IOU * N_REC * K) * sizeof(double));
+  e->rec = xmalloc((size_t)(N_MAXDET * N_AREA * N_IOU * K) * sizeof(double));
+  for (int64_t i = 0; i < N_AREA * N_IOU * N_REC * K; i++) e->prec[i] = -1;
+  for (int64_t i = 0; i < N_MAXDET * N_AREA * N_IOU * K; i++) e->rec[i] = -1;
+  e->groups = xmalloc((size_t)(e->I ? e->I : 1) * sizeof(Group));
+  e->cat_dets = xmalloc((size_t)n_dk * sizeof(Key)), e->sorted = xmalloc((size_t)n_dk * sizeof(Key));
+  e->flags = xmalloc((size_t)(N_AREA * N_IOU) * (size_t)n_dk);
+  e->tp = xmalloc((size_t)n_dk * sizeof(double)), e->fp = xmalloc((size_t)n_dk * sizeof(double));
+  e->pr = xmalloc((size_t)n_dk * sizeof(double));
+  e->scratch_g = 1, e->scratch_dg = 1;  // grown by evaluate_category
+  e->ious = xmalloc(sizeof(double));
+  e->order = xmalloc(sizeof(int));
+  e->ig = xmalloc(sizeof(bool)), e->gmatched = xmalloc(sizeof(bool));
+}
 
-  // Per-category scratch, sized for all detections (no category has more).
-  Group *groups = xmalloc((size_t)(I ? I : 1) * sizeof(Group));
-  Key *cat_dets = xmalloc((size_t)n_dk * sizeof(Key)), *sorted = xmalloc((size_t)n_dk * sizeof(Key));
-  uint8_t *flags = xmalloc((size_t)(N_AREA * N_IOU) * (size_t)n_dk);
-  double *tp = xmalloc((size_t)n_dk * sizeof(double)), *fp = xmalloc((size_t)n_dk * sizeof(double));
-  double *pr = xmalloc((size_t)n_dk * sizeof(double));
-  int64_t scratch_g = 1, scratch_dg = 1;  // grown below
-  double *ious = xmalloc(sizeof(double));
-  int *order = xmalloc(sizeof(int));
-  bool *ig = xmalloc(sizeof(bool)), *gmatched = xmalloc(sizeof(bool));
+// Frees what an evaluation allocated (the parts it got to).
+static void free_eval(Eval *e) {
+  free(e->groups), free(e->cat_dets), free(e->sorted), free(e->flags), free(e->tp), free(e->fp), free(e->pr);
+  free(e->ious), free(e->order), free(e->ig), free(e->gmatched), free(e->prec), free(e->rec), free(e->gk);
+  free(e->dk), free(e->img_ids), free(e->cat_ids);
+}
 
-  int64_t gi = 0, di = 0;
-  for (int64_t k = 0; k < K; k++) {
-    // The category's groups, images in id order; each keeps its top MAX_DET detections by score.
-    int64_t n_groups = 0, n_cd = 0;
-    while ((gi < n_gk && gk[gi].k == k) || (di < n_dk && dk[di].k == k)) {
-      int64_t img_g = gi < n_gk && gk[gi].k == k ? gk[gi].img : INT64_MAX;
-      int64_t img_d = di < n_dk && dk[di].k == k ? dk[di].img : INT64_MAX;
-      int64_t img = img_g < img_d ? img_g : img_d;
-      Group *g = &groups[n_groups++];
-      g->gt_first = gi;
-      while (gi < n_gk && gk[gi].k == k && gk[gi].img == img) gi++;
-      g->n_gt = gi - g->gt_first;
-      g->det_first = n_cd;
-      for (; di < n_dk && dk[di].k == k && dk[di].img == img; di++)
-        if (n_cd - g->det_first < MAX_DET) cat_dets[n_cd++] = dk[di];
-      g->n_det = n_cd - g->det_first;
-    }
-    if (n_groups == 0) continue;  // E empty: precision and recall stay -1
+// Category k's groups (evalImgs that are not None), images in id order; each keeps its top MAX_DET
+// detections by score. *gi and *di walk the sorted GT and detection keys. Returns their number.
+static int64_t category_groups(Eval *e, int64_t k, int64_t *gi, int64_t *di) {
+  const Key *gk = e->gk, *dk = e->dk;
+  int64_t n_gk = e->n_gk, n_dk = e->n_dk, n_groups = 0, n_cd = 0;
+  while ((*gi < n_gk && gk[*gi].k == k) || (*di < n_dk && dk[*di].k == k)) {
+    int64_t img_g = *gi < n_gk && gk[*gi].k == k ? gk[*gi].img : INT64_MAX;
+    int64_t img_d = *di < n_dk && dk[*di].k == k ? dk[*di].img : INT64_MAX;
+    int64_t img = img_g < img_d ? img_g : img_d;
+    Group *g = &e->groups[n_groups++];
+    g->gt_first = *gi;
+    while (*gi < n_gk && gk[*gi].k == k && gk[*gi].img == img) (*gi)++;
+    g->n_gt = *gi - g->gt_first;
+    g->det_first = n_cd;
+    for (; *di < n_dk && dk[*di].k == k && dk[*di].img == img; (*di)++)
+      if (n_cd - g->det_first < MAX_DET) e->cat_dets[n_cd++] = dk[*di];
+    g->n_det = n_cd - g->det_first;
+  }
+  e->n_cd = n_cd;
+  return e->n_groups = n_groups;
+}
 
-    int64_t npig[N_AREA] = {0};
-    for (int64_t q = 0; q < n_groups; q++) {
-      const Group *g = &groups[q];
-      int64_t G = g->n_gt, D = g->n_det;
-      if (G > scratch_g) {
-        scratch_g = G;
-        free(order), free(ig), free(gmatched);
-        order = xmalloc((size_t)G * sizeof(int));
-        ig = xmalloc((size_t)G * sizeof(bool));
-        gmatched = xmalloc((size_t)G * sizeof(bool));
-      }
-      if (D * G > scratch_dg) {
-        scratch_dg = D * G;
-        free(ious);
-        ious = xmalloc((size_t)(D * G) * sizeof(double));
-      }
-      for (int64_t d = 0; d < D; d++) {
-        const CocoEvalDet *det = &dets[cat_dets[g->det_first + d].pos];
-        for (int64_t j = 0; j < G; j++) {
-          const CocoEvalGtAnn *a = &gt->anns[gk[g->gt_first + j].pos];
-          ious[d * G + j] = box_iou(det->bbox, a->bbox, a->iscrowd);
-        }
-      }
-      for (int a = 0; a < N_AREA; a++)
-        npig[a] += evaluate_img(gt, gk, g, dets, cat_dets, ious, thr, a, flags + (size_t)a * N_IOU * n_cd, n_cd,
-                                order, ig, gmatched);
-    }
-
-    // accumulate(): for each maxDets, each image's first maxDet detections, re-sorted by score
-    // across images (stable: image order, then score order within the image).
-    for (int m = 0; m < N_MAXDET; m++) {
-      int64_t nd = 0;
-      for (int64_t q = 0; q < n_groups; q++)
-        for (int64_t d = 0; d < groups[q].n_det && d < MAX_DETS[m]; d++) {
-          int64_t pos = groups[q].det_first + d;
-          sorted[nd++] = (Key){.pos = pos, .score = cat_dets[pos].score};
-        }
-      qsort(sorted, (size_t)nd, sizeof(Key), cmp_score_key);
-      for (int a = 0; a < N_AREA; a++) {
-        if (npig[a] == 0) continue;
-        for (int t = 0; t < N_IOU; t++) {
-          const uint8_t *fl = flags + ((size_t)a * N_IOU + (size_t)t) * (size_t)n_cd;
-          double tps = 0, fps = 0;
-          for (int64_t i = 0; i < nd; i++) {
-            uint8_t f = fl[sorted[i].pos];
-            tps += f == DT_TP, fps += f == DT_FP;
-            tp[i] = tps, fp[i] = fps;
-          }
-          // rc = tp / npig; pr = tp / (fp + tp + np.spacing(1)), then made non-increasing.
-          for (int64_t i = 0; i < nd; i++) pr[i] = tp[i] / (fp[i] + tp[i] + DBL_EPSILON);
-          for (int64_t i = nd - 1; i > 0; i--)
-            if (pr[i] > pr[i - 1]) pr[i - 1] = pr[i];
-          rec[((m * N_AREA + a) * N_IOU + t) * K + k] = nd ? tp[nd - 1] / (double)npig[a] : 0;
-          if (m != N_MAXDET - 1) continue;
-          // np.searchsorted(rc, recThrs, side='left'); thresholds past the last detection get 0.
-          double *p = prec + ((size_t)(a * N_IOU + t) * N_REC) * (size_t)K + (size_t)k;
-          int64_t i = 0;
-          for (int r = 0; r < N_REC; r++) {
-            while (i < nd && tp[i] / (double)npig[a] < rec_thr[r]) i++;
-            p[(size_t)r * (size_t)K] = i < nd ? pr[i] : 0;
-          }
-        }
-      }
+// computeIoU() for one group: ious[d * G + j], the scratch grown to the group's size first.
+static void compute_iou(Eval *e, const Group *g) {
+  int64_t G = g->n_gt, D = g->n_det;
+  if (G > e->scratch_g) {
+    e->scratch_g = G;
+    free(e->order), free(e->ig), free(e->gmatched);
+    e->order = xmalloc((size_t)G * sizeof(int));
+    e->ig = xmalloc((size_t)G * sizeof(bool));
+    e->gmatched = xmalloc((size_t)G * sizeof(bool));
+  }
+  if (D * G > e->scratch_dg) {
+    e->scratch_dg = D * G;
+    free(e->ious);
+    e->ious = xmalloc((size_t)(D * G) * sizeof(double));
+  }
+  for (int64_t d = 0; d < D; d++) {
+    const CocoEvalDet *det = &e->dets[e->cat_dets[g->det_first + d].pos];
+    for (int64_t j = 0; j < G; j++) {
+      const CocoEvalGtAnn *a = &e->gt->anns[e->gk[g->gt_first + j].pos];
+      e->ious[d * G + j] = box_iou(det->bbox, a->bbox, a->iscrowd);
     }
   }
+}
 
-  // summarize(): mean of the entries > -1, or -1 when there are none.
+// evaluate() for the current category: computeIoU() and evaluateImg() of each group and area
+// range, into flags and npig.
+static void evaluate_category(Eval *e) {
+  int64_t n_cd = e->n_cd;
+  memset(e->npig, 0, sizeof e->npig);
+  for (int64_t q = 0; q < e->n_groups; q++) {
+    const Group *g = &e->groups[q];
+    compute_iou(e, g);
+    for (int a = 0; a < N_AREA; a++)
+      e->npig[a] += evaluate_img(e->gt, e->gk, g, e->dets, e->cat_dets, e->ious, e->thr, a,
+                                 e->flags + (size_t)a * N_IOU * n_cd, n_cd, e->order, e->ig, e->gmatched);
+  }
+}
+
+// accumulate() for category k, maxDets index m, area range a and IoU threshold t over the nd
+// detections of e->sorted: the recall, and at maxDets = 100 the precision at each recall threshold.
+static void accumulate_curve(Eval *e, int64_t k, int m, int a, int t, int64_t nd) {
+  int64_t K = e->K, npig = e->npig[a];
+  double *tp = e->tp, *fp = e->fp, *pr = e->pr;
+  const uint8_t *fl = e->flags + ((size_t)a * N_IOU + (size_t)t) * (size_t)e->n_cd;
+  double tps = 0, fps = 0;
+  for (int64_t i = 0; i < nd; i++) {
+    uint8_t f = fl[e->sorted[i].pos];
+    tps += f == DT_TP, fps += f == DT_FP;
+    tp[i] = tps, fp[i] = fps;
+  }
+  // rc = tp / npig; pr = tp / (fp + tp + np.spacing(1)), then made non-increasing.
+  for (int64_t i = 0; i < nd; i++) pr[i] = tp[i] / (fp[i] + tp[i] + DBL_EPSILON);
+  for (int64_t i = nd - 1; i > 0; i--)
+    if (pr[i] > pr[i - 1]) pr[i - 1] = pr[i];
+  e->rec[((m * N_AREA + a) * N_IOU + t) * K + k] = nd ? tp[nd - 1] / (double)npig : 0;
+  if (m != N_MAXDET - 1) return;
+  // np.searchsorted(rc, recThrs, side='left'); thresholds past the last detection get 0.
+  double *p = e->prec + ((size_t)(a * N_IOU + t) * N_REC) * (size_t)K + (size_t)k;
+  int64_t i = 0;
+  for (int r = 0; r < N_REC; r++) {
+    while (i < nd && tp[i] / (double)npig < e->rec_thr[r]) i++;
+    p[(size_t)r * (size_t)K] = i < nd ? pr[i] : 0;
+  }
+}
+
+// accumulate() for category k: for each maxDets, each image's first maxDet detections, re-sorted by
+// score across images (stable: image order, then score order within the image).
+static void accumulate_category(Eval *e, int64_t k) {
+  for (int m = 0; m < N_MAXDET; m++) {
+    int64_t nd = 0;
+    for (int64_t q = 0; q < e->n_groups; q++)
+      for (int64_t d = 0; d < e->groups[q].n_det && d < MAX_DETS[m]; d++) {
+        int64_t pos = e->groups[q].det_first + d;
+        e->sorted[nd++] = (Key){.pos = pos, .score = e->cat_dets[pos].score};
+      }
+    qsort(e->sorted, (size_t)nd, sizeof(Key), cmp_score_key);
+    for (int a = 0; a < N_AREA; a++) {
+      if (e->npig[a] == 0) continue;
+      for (int t = 0; t < N_IOU; t++) accumulate_curve(e, k, m, a, t, nd);
+    }
+  }
+}
+
+// summarize(): each stat the mean of its entries > -1, or -1 when there are none.
+static void summarize(const Eval *e, CocoEvalResult *out) {
+  int64_t K = e->K;
   double *vals = xmalloc((size_t)(N_IOU * N_REC * K) * sizeof(double));
   for (int s = 0; s < COCO_N_STATS; s++) {
     int64_t n = 0;
     for (int t = 0; t < N_IOU; t++) {
-      if (SUMMARY[s].iou >= 0 && thr[t] != SUMMARY[s].iou) continue;  // np.where(iouThr == p.iouThrs)
+      if (SUMMARY[s].iou >= 0 && e->thr[t] != SUMMARY[s].iou) continue;  // np.where(iouThr == p.iouThrs)
       if (SUMMARY[s].ap) {
-        const double *p = prec + (size_t)(SUMMARY[s].area * N_IOU + t) * N_REC * (size_t)K;
+        const double *p = e->prec + (size_t)(SUMMARY[s].area * N_IOU + t) * N_REC * (size_t)K;
         for (int64_t i = 0; i < N_REC * K; i++)
           if (p[i] > -1) vals[n++] = p[i];
       } else {
-        const double *p = rec + (size_t)((SUMMARY[s].m * N_AREA + SUMMARY[s].area) * N_IOU + t) * (size_t)K;
+        const double *p = e->rec + (size_t)((SUMMARY[s].m * N_AREA + SUMMARY[s].area) * N_IOU + t) * (size_t)K;
         for (int64_t i = 0; i < K; i++)
           if (p[i] > -1) vals[n++] = p[i];
       }
@@ -367,13 +430,29 @@ int coco_evaluate(const CocoEvalGt *gt, const CocoEvalDet *dets, int64_t n_dets,
     out->stats[s] = n ? (0. + pairwise_sum(vals, n)) / (double)n : -1;
   }
   free(vals);
-  free(groups), free(cat_dets), free(sorted), free(flags), free(tp), free(fp), free(pr), free(ious);
-  free(order), free(ig), free(gmatched), free(prec), free(rec), free(gk), free(dk), free(img_ids), free(cat_ids);
-  return 0;
+}
 
-fail:
-  free(dk), free(img_ids), free(cat_ids);
-  return -1;
+int coco_evaluate(const CocoEvalGt *gt, const CocoEvalDet *dets, int64_t n_dets, CocoEvalResult *out, char *err,
+                  size_t err_cap) {
+  memset(out, 0, sizeof *out);
+  Eval e = {.gt = gt, .dets = dets};
+  linspace(.5, .95, N_IOU, e.thr);
+  linspace(0., 1., N_REC, e.rec_thr);
+  if (prepare_ids(&e, err, err_cap) || prepare_dets(&e, n_dets, out, err, err_cap)) {
+    free_eval(&e);
+    return -1;
+  }
+  prepare_gts(&e, out);
+  alloc_eval_arrays(&e);
+  int64_t gi = 0, di = 0;
+  for (int64_t k = 0; k < e.K; k++) {
+    if (category_groups(&e, k, &gi, &di) == 0) continue;  // E empty: precision and recall stay -1
+    evaluate_category(&e);
+    accumulate_category(&e, k);
+  }
+  summarize(&e, out);
+  free_eval(&e);
+  return 0;
 }
 
 void coco_print_summary(const CocoEvalResult *r, FILE *f) {

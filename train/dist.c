@@ -17,7 +17,10 @@
 #include "kernels/cuda/collectives.h"
 #endif
 
-static int g_rank = 0, g_size = 1, g_local_rank = 0;
+static int g_rank = 0, g_size = 1;
+#if DETR_HAVE_MPI || DETR_HAVE_CUDA
+static int g_local_rank = 0;  // rank among the processes on this host: the GPU it binds
+#endif
 #if DETR_HAVE_MPI
 static bool g_mpi = false;   // MPI_Init was called
 #endif
@@ -84,7 +87,6 @@ void dist_finalize(void) {
 
 int dist_rank(void) { return g_rank; }
 int dist_world_size(void) { return g_size; }
-int dist_local_rank(void) { return g_local_rank; }
 bool dist_is_main(void) { return g_rank == 0; }
 
 const char *dist_backend_name(void) {

@@ -21,7 +21,6 @@ void dist_init(int *argc, char ***argv);
 void dist_finalize(void);
 int dist_rank(void);        // 0 when not distributed
 int dist_world_size(void);  // 1 when not distributed
-int dist_local_rank(void);  // rank among the processes on this host (GPU choice)
 bool dist_is_main(void);    // rank 0: the one that writes files and logs
 // The MPI library this build has, or "none".
 const char *dist_backend_name(void);

@@ -387,7 +387,7 @@ DrawRect draw_place_label(int img_w, int img_h, DrawRect box, int w, int h, cons
 
 // --- files -----------------------------------------------------------------------------------------
 
-static int save_atomic(const char *path, const Image *img, bool png, int quality, char *err, size_t err_cap) {
+static int save_atomic(const char *path, const Image *img, char *err, size_t err_cap) {
   if (!img->data || img->w <= 0 || img->h <= 0) {
     snprintf(err, err_cap, "%s: nothing to write (empty image)", path);
     return -1;
@@ -398,9 +398,7 @@ static int save_atomic(const char *path, const Image *img, bool png, int quality
     return -1;
   }
   DataError derr;
-  int rc = png ? image_write_png(tmp, img->data, img->w, img->h, 3, &derr)
-               : image_write_jpeg(tmp, img->data, img->w, img->h, 3, quality, &derr);
-  if (rc) {
+  if (image_write_png(tmp, img->data, img->w, img->h, 3, &derr)) {
     snprintf(err, err_cap, "%s", derr.msg);
     remove(tmp);
     return -1;
@@ -422,11 +420,7 @@ static int save_atomic(const char *path, const Image *img, bool png, int quality
 }
 
 int image_save_png(const char *path, const Image *img, char *err, size_t err_cap) {
-  return save_atomic(path, img, true, 0, err, err_cap);
-}
-
-int image_save_jpeg(const char *path, const Image *img, int quality, char *err, size_t err_cap) {
-  return save_atomic(path, img, false, quality < 1 ? 1 : quality > 100 ? 100 : quality, err, err_cap);
+  return save_atomic(path, img, err, err_cap);
 }
 
 // --- charts ----------------------------------------------------------------------------------------

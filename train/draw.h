@@ -79,10 +79,9 @@ typedef struct {
 // below the first; over another label only when no place is free.
 DrawRect draw_place_label(int img_w, int img_h, DrawRect box, int w, int h, const DrawRect *taken, int n_taken);
 
-// Writes the image as PNG / JPEG (quality 1..100) atomically: PATH.tmp.<pid>, fsync, rename.
+// Writes the image as PNG atomically: PATH.tmp.<pid>, fsync, rename.
 // Returns 0, or -1 with err naming the file and the failing step.
 int image_save_png(const char *path, const Image *img, char *err, size_t err_cap);
-int image_save_jpeg(const char *path, const Image *img, int quality, char *err, size_t err_cap);
 
 // --- line charts -----------------------------------------------------------------------------
 

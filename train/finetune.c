@@ -47,6 +47,9 @@ int finetune_load(DetrModel *m, const char *path, const char *init_categories, c
                      "differ from the checkpoint's (%s)\n", why);
     keep[n_keep++] = "class_embed.weight";
     keep[n_keep++] = "class_embed.bias";
+  } else if (!init_categories && say) {
+    fprintf(stderr, "detr train: warning: %s names no categories: its class head is kept, its class k taken for the "
+            "data's category id k\n", path);
   }
   if (rows_differ(f, m->query_embed, "query_embed.weight", why, sizeof why)) {
     if (say) fprintf(stderr, "detr train: re-initialised query_embed.weight: num_queries is %s\n", why);

@@ -175,8 +175,11 @@ static int open_data(Trainer *t, char *err, size_t cap) {
   if (!t->train) return -1;
   if (strcmp(o->val_split, "none") && !(t->val = open_split(o, false, err, cap))) return -1;
   char diff[1024];
-  if (o->model_from_init && o->model.num_classes != t->train->num_classes &&
-      categories_compare(o->init_categories, t->train, diff, sizeof diff) != 0) {
+  // Fine-tuning a checkpoint's model: num_classes follows the data when its classes differ (with
+  // no categories in the checkpoint, when the data has more).
+  bool other_classes = o->init_categories ? categories_compare(o->init_categories, t->train, diff, sizeof diff) != 0
+                                          : o->model.num_classes < t->train->num_classes;
+  if (o->model_from_init && o->model.num_classes != t->train->num_classes && other_classes) {
     if (dist_is_main())
       fprintf(stderr, "detr train: num_classes %d for the data's categories (the --init checkpoint's model has %lld)\n",
               t->train->num_classes, (long long)o->model.num_classes);

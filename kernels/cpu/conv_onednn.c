@@ -226,13 +226,20 @@ static dnnl_primitive_desc_t pd_create_or_null(const dnnl_convolution_desc_t *d,
   return pd;
 }
 
+// The dimensions of x [B, C, H, W] (B = 1: one image at a time), w [O, C, KH, KW] and y [B, O, HO, WO].
+static void conv_dims(const ConvGeom *g, dnnl_dims_t xd, dnnl_dims_t wd, dnnl_dims_t yd) {
+  xd[0] = g->batch, xd[1] = g->in_ch, xd[2] = g->in_h, xd[3] = g->in_w;
+  wd[0] = g->out_ch, wd[1] = g->in_ch, wd[2] = g->kh, wd[3] = g->kw;
+  yd[0] = g->batch, yd[1] = g->out_ch, yd[2] = g->out_h, yd[3] = g->out_w;
+}
+
 // The descriptor of pass with Winograd (format any everywhere: oneDNN's layouts), or NULL where
 // oneDNN has none. bias: its [O] descriptor or NULL. hint: the forward's Winograd descriptor of
 // the same geometry, for a backward pass (NULL: made here and dropped).
 static dnnl_primitive_desc_t winograd_pd_create(const ConvGeom *g, ConvPass pass, const dnnl_memory_desc_t *bias,
                                                 const_dnnl_primitive_attr_t attr, const_dnnl_primitive_desc_t hint) {
-  dnnl_dims_t xd = {g->batch, g->in_ch, g->in_h, g->in_w}, wd = {g->out_ch, g->in_ch, g->kh, g->kw};
-  dnnl_dims_t yd = {g->batch, g->out_ch, g->out_h, g->out_w};
+  dnnl_dims_t xd, wd, yd;
+  conv_dims(g, xd, wd, yd);
   dnnl_memory_desc_t x, w, y;
   md_init(&x, 4, xd, dnnl_format_tag_any);
   md_init(&w, 4, wd, dnnl_format_tag_any);
@@ -250,15 +257,43 @@ static dnnl_primitive_desc_t winograd_pd_create(const ConvGeom *g, ConvPass pass
   return pd;
 }
 
+// The descriptor of pass with the direct convolution: on oneDNN's layouts (format any) for a
+// blocked impl on nchw activations, on the nhwc buffers themselves with blocked weights for a
+// blocked impl on channels-last ones, on the user's layouts for the plain impl. bias: its [O]
+// descriptor or NULL. hint: the forward's direct descriptor of the same geometry and impl, for a
+// backward pass (NULL: made here and dropped).
+static dnnl_primitive_desc_t direct_pd_create(const ConvGeom *g, ConvPass pass, ConvImpl impl,
+                                              const dnnl_memory_desc_t *bias, const_dnnl_primitive_attr_t attr,
+                                              const_dnnl_primitive_desc_t hint) {
+  dnnl_dims_t xd, wd, yd;
+  conv_dims(g, xd, wd, yd);
+  bool blocked = impl != CONV_IMPL_ONEDNN_PLAIN;
+  dnnl_format_tag_t act = g->channels_last ? dnnl_nhwc : dnnl_nchw;  // dims stay in nchw order
+  dnnl_memory_desc_t xa, wa, ya;
+  md_init(&xa, 4, xd, blocked && !g->channels_last ? dnnl_format_tag_any : act);
+  md_init(&wa, 4, wd, blocked ? dnnl_format_tag_any : dnnl_oihw);
+  md_init(&ya, 4, yd, blocked && !g->channels_last ? dnnl_format_tag_any : act);
+  // The backward passes need the forward's descriptor as a hint (the layouts it chose).
+  dnnl_convolution_desc_t d;
+  dnnl_primitive_desc_t fwd = NULL, pd = NULL;
+  if (pass == CONV_PASS_FWD || !hint) {
+    conv_desc(&d, g, CONV_PASS_FWD, dnnl_convolution_direct, &xa, &wa, &ya, pass == CONV_PASS_FWD ? bias : NULL);
+    fwd = forward_pd_create(&d, attr, g);
+  }
+  if (pass == CONV_PASS_FWD) return fwd;
+  conv_desc(&d, g, pass, dnnl_convolution_direct, &xa, &wa, &ya, pass == CONV_PASS_BWD_WEIGHTS ? bias : NULL);
+  DNNL_CHECK(dnnl_primitive_desc_create(&pd, &d, attr, engine, hint ? hint : fwd));
+  if (fwd) DNNL_CHECK(dnnl_primitive_desc_destroy(fwd));
+  return pd;
+}
+
 // hint: the forward's descriptor of the same geometry and impl, for a backward pass (NULL: made
 // here and dropped); hint_winograd: whether it is a Winograd one.
 static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, ConvImpl impl, bool bias,
                         const_dnnl_primitive_desc_t hint, bool hint_winograd) {
-  dnnl_dims_t xd = {g->batch, g->in_ch, g->in_h, g->in_w};     // x [B, C, H, W] (B = 1 one image at a time)
-  dnnl_dims_t wd = {g->out_ch, g->in_ch, g->kh, g->kw};        // w [O, C, KH, KW]
-  dnnl_dims_t yd = {g->batch, g->out_ch, g->out_h, g->out_w};  // y [B, O, HO, WO]
-  dnnl_dims_t bd = {g->out_ch};                                // bias [O]
-  dnnl_memory_desc_t xu, wu, yu, xa, wa, ya, bmd;
+  dnnl_dims_t xd, wd, yd, bd = {g->out_ch};  // bias [O]
+  conv_dims(g, xd, wd, yd);
+  dnnl_memory_desc_t xu, wu, yu, bmd;
   dnnl_format_tag_t act = g->channels_last ? dnnl_nhwc : dnnl_nchw;  // dims stay in nchw order
   md_init(&xu, 4, xd, act);
   md_init(&wu, 4, wd, dnnl_oihw);
@@ -272,35 +307,7 @@ static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, ConvImpl 
   if (impl == CONV_IMPL_ONEDNN_WINOGRAD)
     pd = winograd_pd_create(g, pass, bias ? &bmd : NULL, attr, hint_winograd ? hint : NULL);
   bool winograd = pd != NULL;
-  if (!winograd) {  // the direct convolution
-    if (hint_winograd) hint = NULL;
-    bool blocked = impl != CONV_IMPL_ONEDNN_PLAIN;
-    if (blocked && !g->channels_last) {  // format_tag any: oneDNN's choice
-      md_init(&xa, 4, xd, dnnl_format_tag_any);
-      md_init(&wa, 4, wd, dnnl_format_tag_any);
-      md_init(&ya, 4, yd, dnnl_format_tag_any);
-    } else if (blocked) {  // channels last: on the nhwc buffers themselves, blocked weights
-      xa = xu, ya = yu;
-      md_init(&wa, 4, wd, dnnl_format_tag_any);
-    } else {
-      xa = xu, wa = wu, ya = yu;
-    }
-    // The backward passes need the forward's descriptor as a hint (the layouts it chose).
-    dnnl_convolution_desc_t d;
-    dnnl_primitive_desc_t fwd = NULL;
-    if (pass == CONV_PASS_FWD || !hint) {
-      conv_desc(&d, g, CONV_PASS_FWD, dnnl_convolution_direct, &xa, &wa, &ya,
-                pass == CONV_PASS_FWD && bias ? &bmd : NULL);
-      fwd = forward_pd_create(&d, attr, g);
-    }
-    if (pass == CONV_PASS_FWD) {
-      pd = fwd;
-    } else {
-      conv_desc(&d, g, pass, dnnl_convolution_direct, &xa, &wa, &ya, pass == CONV_PASS_BWD_WEIGHTS && bias ? &bmd : NULL);
-      DNNL_CHECK(dnnl_primitive_desc_create(&pd, &d, attr, engine, hint ? hint : fwd));
-      if (fwd) DNNL_CHECK(dnnl_primitive_desc_destroy(fwd));
-    }
-  }
+  if (!winograd) pd = direct_pd_create(g, pass, impl, bias ? &bmd : NULL, attr, hint_winograd ? NULL : hint);
   DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
 
   const dnnl_memory_desc_t *users[3][3] = {

@@ -71,7 +71,6 @@ void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float 
 // on its blocked layouts (reorders around), oneDNN on plain nchw, oneDNN's Winograd F(4x4, 3x3) on
 // its blocked layouts (where oneDNN has none for the shape or this CPU, its direct convolution as
 // CONV_IMPL_ONEDNN). The oneDNN ones fail in a build without oneDNN.
-typedef enum { CONV_PASS_FWD, CONV_PASS_BWD_DATA, CONV_PASS_BWD_WEIGHTS } ConvPass;
 typedef enum {
   CONV_IMPL_AUTO,
   CONV_IMPL_IM2COL,

@@ -65,25 +65,9 @@ void cpu_unary_backward(int op, const float *x, const float *y, const float *dy,
   }
 }
 
-static int64_t broadcast_numel(const Broadcast *bc) {
-  int64_t n = 1;
-  for (int d = 0; d < bc->ndim; d++) n *= bc->shape[d];
-  return n;
-}
-
-// True when the operand with these strides is the full, unbroadcast output (offset == index).
-static bool is_dense(const Broadcast *bc, const int64_t *stride) {
-  int64_t expect = 1;
-  for (int d = bc->ndim - 1; d >= 0; d--) {
-    if (bc->shape[d] != 1 && stride[d] != expect) return false;
-    expect *= bc->shape[d];
-  }
-  return true;
-}
-
 void cpu_binary_forward(int op, const float *a, const float *b, float *y, Broadcast bc) {
   int64_t n = broadcast_numel(&bc);
-  if (is_dense(&bc, bc.stride_a) && is_dense(&bc, bc.stride_b)) {
+  if (broadcast_is_dense(&bc, bc.stride_a) && broadcast_is_dense(&bc, bc.stride_b)) {
 #pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_LIGHT)
     for (int64_t i = 0; i < n; i++) y[i] = binary_forward(op, a[i], b[i]);
     return;
@@ -99,7 +83,7 @@ void cpu_binary_forward(int op, const float *a, const float *b, float *y, Broadc
 void cpu_binary_backward(int op, const float *a, const float *b, const float *dy, float *da,
                          float *db, Broadcast bc) {
   int64_t n = broadcast_numel(&bc);
-  bool dense_a = is_dense(&bc, bc.stride_a), dense_b = is_dense(&bc, bc.stride_b);
+  bool dense_a = broadcast_is_dense(&bc, bc.stride_a), dense_b = broadcast_is_dense(&bc, bc.stride_b);
   if (dense_a && dense_b) {  // same shapes (residual adds): no index arithmetic
 #pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_LIGHT)
     for (int64_t i = 0; i < n; i++) {

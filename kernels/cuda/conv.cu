@@ -155,95 +155,75 @@ static AlgoCacheEntry *current_entry(const ConvGeom *g) {
   return algo_cache_entry(g, cudnn_deterministic(), detr_cuda_tf32());
 }
 
-// Each chooser lists the candidates - the preferred deterministic algorithm first (when
+// The chooser lists the candidates - the preferred deterministic algorithm first (when
 // determinism is required), then cuDNN's heuristic order - with their workspace sizes, and takes
 // conv_algo_pick's choice (kernels/conv_algo.h): the first usable (deterministic) one within the
-// workspace limit, else the smallest workspace.
+// workspace limit, else the smallest workspace. The three passes differ only in cuDNN's entry points.
 
 #define MAX_CANDIDATES 32
 
-static void choose_fwd(const ConvDescs &d, AlgoCacheEntry *e) {
+static const char *const PASS_NAME[] = {"forward", "backward-data", "backward-filter"};
+// The pass's deterministic algorithm preferred when determinism is required.
+static const int PASS_DETERMINISTIC[] = {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+                                         CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1};
+
+// The workspace algo needs for the pass; false where cuDNN does not support it for this geometry.
+static bool pass_workspace(const ConvDescs &d, ConvPass p, int algo, size_t *bytes) {
   cudnnHandle_t h = detr_cudnn_handle();
-  ConvAlgoOption opts[MAX_CANDIDATES];
-  int n = 0;
-  size_t bytes = 0;
-  if (e->deterministic) {
-    cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
-    bool ok = cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, algo, &bytes) ==
-              CUDNN_STATUS_SUCCESS;
-    opts[n++] = {(int)algo, ok, true, ok ? bytes : 0};
-  }
-  cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-  int returned = 0;
-  CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
-      h, d.x, d.w, d.conv, d.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf));
-  for (int i = 0; i < returned && n < MAX_CANDIDATES; i++) {
-    bool ok = perf[i].status == CUDNN_STATUS_SUCCESS &&
-              cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, perf[i].algo, &bytes) ==
-                  CUDNN_STATUS_SUCCESS;
-    opts[n++] = {(int)perf[i].algo, ok, perf[i].determinism == CUDNN_DETERMINISTIC, ok ? bytes : 0};
-  }
-  int k = conv_algo_pick(opts, n, e->deterministic, cudnn_workspace_limit());
-  DETR_CHECK(k >= 0, "conv2d (cuDNN): no %sforward algorithm supports this geometry",
-             e->deterministic ? "deterministic " : "");
-  e->fwd = opts[k].algo;
-  e->fwd_bytes = opts[k].bytes;
+  cudnnStatus_t s;
+  if (p == CONV_PASS_FWD)
+    s = cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, (cudnnConvolutionFwdAlgo_t)algo, bytes);
+  else if (p == CONV_PASS_BWD_DATA)
+    s = cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, (cudnnConvolutionBwdDataAlgo_t)algo,
+                                                     bytes);
+  else
+    s = cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, (cudnnConvolutionBwdFilterAlgo_t)algo,
+                                                       bytes);
+  return s == CUDNN_STATUS_SUCCESS;
 }
 
-static void choose_bwd_data(const ConvDescs &d, AlgoCacheEntry *e) {
-  cudnnHandle_t h = detr_cudnn_handle();
-  ConvAlgoOption opts[MAX_CANDIDATES];
-  int n = 0;
+// Appends cuDNN's ranked algorithms (any pass's AlgoPerf type) to opts[0..n); returns the new n.
+template <class Perf>
+static int append_ranked(const ConvDescs &d, ConvPass p, const Perf *perf, int returned, ConvAlgoOption *opts, int n) {
   size_t bytes = 0;
-  if (e->deterministic) {
-    cudnnConvolutionBwdDataAlgo_t algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-    bool ok = cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, algo, &bytes) ==
-              CUDNN_STATUS_SUCCESS;
-    opts[n++] = {(int)algo, ok, true, ok ? bytes : 0};
-  }
-  cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-  int returned = 0;
-  CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-      h, d.w, d.y, d.conv, d.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, perf));
   for (int i = 0; i < returned && n < MAX_CANDIDATES; i++) {
-    bool ok = perf[i].status == CUDNN_STATUS_SUCCESS &&
-              cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, perf[i].algo, &bytes) ==
-                  CUDNN_STATUS_SUCCESS;
+    bool ok = perf[i].status == CUDNN_STATUS_SUCCESS && pass_workspace(d, p, (int)perf[i].algo, &bytes);
     opts[n++] = {(int)perf[i].algo, ok, perf[i].determinism == CUDNN_DETERMINISTIC, ok ? bytes : 0};
   }
-  int k = conv_algo_pick(opts, n, e->deterministic, cudnn_workspace_limit());
-  DETR_CHECK(k >= 0, "conv2d (cuDNN): no %sbackward-data algorithm supports this geometry",
-             e->deterministic ? "deterministic " : "");
-  e->bwd_data = opts[k].algo;
-  e->bwd_data_bytes = opts[k].bytes;
+  return n;
 }
 
-static void choose_bwd_filter(const ConvDescs &d, AlgoCacheEntry *e) {
+// The pass's algorithm for these descriptors and its workspace, into *algo and *algo_bytes.
+static void choose(const ConvDescs &d, ConvPass p, bool deterministic, int *algo, size_t *algo_bytes) {
   cudnnHandle_t h = detr_cudnn_handle();
   ConvAlgoOption opts[MAX_CANDIDATES];
-  int n = 0;
+  int n = 0, returned = 0;
   size_t bytes = 0;
-  if (e->deterministic) {
-    cudnnConvolutionBwdFilterAlgo_t algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
-    bool ok = cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, algo, &bytes) ==
-              CUDNN_STATUS_SUCCESS;
-    opts[n++] = {(int)algo, ok, true, ok ? bytes : 0};
+  if (deterministic) {
+    bool ok = pass_workspace(d, p, PASS_DETERMINISTIC[p], &bytes);
+    opts[n++] = {PASS_DETERMINISTIC[p], ok, true, ok ? bytes : 0};
   }
-  cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-  int returned = 0;
-  CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-      h, d.x, d.y, d.conv, d.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, perf));
-  for (int i = 0; i < returned && n < MAX_CANDIDATES; i++) {
-    bool ok = perf[i].status == CUDNN_STATUS_SUCCESS &&
-              cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, perf[i].algo, &bytes) ==
-                  CUDNN_STATUS_SUCCESS;
-    opts[n++] = {(int)perf[i].algo, ok, perf[i].determinism == CUDNN_DETERMINISTIC, ok ? bytes : 0};
+  if (p == CONV_PASS_FWD) {
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                       &returned, perf));
+    n = append_ranked(d, p, perf, returned, opts, n);
+  } else if (p == CONV_PASS_BWD_DATA) {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x,
+                                                            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, perf));
+    n = append_ranked(d, p, perf, returned, opts, n);
+  } else {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w,
+                                                              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, perf));
+    n = append_ranked(d, p, perf, returned, opts, n);
   }
-  int k = conv_algo_pick(opts, n, e->deterministic, cudnn_workspace_limit());
-  DETR_CHECK(k >= 0, "conv2d (cuDNN): no %sbackward-filter algorithm supports this geometry",
-             e->deterministic ? "deterministic " : "");
-  e->bwd_filter = opts[k].algo;
-  e->bwd_filter_bytes = opts[k].bytes;
+  int k = conv_algo_pick(opts, n, deterministic, cudnn_workspace_limit());
+  DETR_CHECK(k >= 0, "conv2d (cuDNN): no %s%s algorithm supports this geometry",
+             deterministic ? "deterministic " : "", PASS_NAME[p]);
+  *algo = opts[k].algo;
+  *algo_bytes = opts[k].bytes;
 }
 
 // Whether cuDNN runs at all for g (an empty output or C = 0 is handled without it).
@@ -257,9 +237,11 @@ static AlgoCacheEntry *conv_choose(const ConvGeom *g, bool fwd, bool bwd_data, b
   if ((fwd && e->fwd == ALGO_UNSET) || (bwd_data && e->bwd_data == ALGO_UNSET) ||
       (bwd_filter && e->bwd_filter == ALGO_UNSET)) {
     ConvDescs d(g, e->tf32);
-    if (fwd && e->fwd == ALGO_UNSET) choose_fwd(d, e);
-    if (bwd_data && e->bwd_data == ALGO_UNSET) choose_bwd_data(d, e);
-    if (bwd_filter && e->bwd_filter == ALGO_UNSET) choose_bwd_filter(d, e);
+    if (fwd && e->fwd == ALGO_UNSET) choose(d, CONV_PASS_FWD, e->deterministic, &e->fwd, &e->fwd_bytes);
+    if (bwd_data && e->bwd_data == ALGO_UNSET)
+      choose(d, CONV_PASS_BWD_DATA, e->deterministic, &e->bwd_data, &e->bwd_data_bytes);
+    if (bwd_filter && e->bwd_filter == ALGO_UNSET)
+      choose(d, CONV_PASS_BWD_WEIGHTS, e->deterministic, &e->bwd_filter, &e->bwd_filter_bytes);
   }
   return e;
 }

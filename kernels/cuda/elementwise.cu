@@ -99,22 +99,6 @@ extern "C" void cuda_unary_backward(int op, const float *x, const float *y, cons
 // output dims (0 where the operand is broadcast). The operands are contiguous in their own,
 // unexpanded shapes, so an operand's element index equals its offset.
 
-static int64_t broadcast_numel(const Broadcast *bc) {
-  int64_t n = 1;
-  for (int d = 0; d < bc->ndim; d++) n *= bc->shape[d];
-  return n;
-}
-
-// True when the operand with these strides is the full, unbroadcast output (offset == index).
-static bool is_dense(const Broadcast *bc, const int64_t *stride) {
-  int64_t expect = 1;
-  for (int d = bc->ndim - 1; d >= 0; d--) {
-    if (bc->shape[d] != 1 && stride[d] != expect) return false;
-    expect *= bc->shape[d];
-  }
-  return true;
-}
-
 // Dims where an operand is broadcast: the output has size > 1 there, the operand size 1.
 __host__ __device__ static inline bool is_reduced_dim(const Broadcast *bc, const int64_t *stride,
                                                       int d) {
@@ -143,7 +127,7 @@ extern "C" void cuda_binary_forward(int op, const float *a, const float *b, floa
   int64_t n = broadcast_numel(&bc);
   if (n <= 0) return;
   unsigned int grid = detr_grid_size(n, DETR_BLOCK);
-  if (is_dense(&bc, bc.stride_a) && is_dense(&bc, bc.stride_b)) {
+  if (broadcast_is_dense(&bc, bc.stride_a) && broadcast_is_dense(&bc, bc.stride_b)) {
     binary_forward_dense_kernel<<<grid, DETR_BLOCK, 0, detr_cuda_stream()>>>(op, a, b, y, n);
     CUDA_CHECK_LAUNCH("binary_forward_dense_kernel");
   } else {
@@ -251,7 +235,7 @@ static void binary_backward_operand(int op, const float *a, const float *b, cons
                                     float *dx, const Broadcast &bc, int64_t n) {
   const int64_t *stride = WHICH == 0 ? bc.stride_a : bc.stride_b;
   cudaStream_t stream = detr_cuda_stream();
-  if (is_dense(&bc, stride)) {
+  if (broadcast_is_dense(&bc, stride)) {
     binary_backward_dense_kernel<WHICH>
         <<<detr_grid_size(n, DETR_BLOCK), DETR_BLOCK, 0, stream>>>(op, a, b, dy, dx, bc, n);
     CUDA_CHECK_LAUNCH("binary_backward_dense_kernel");

@@ -1,0 +1,80 @@
+// The model presets: the models of DETR_PRESET_ROWS (nn/detr.h), by name, and their run defaults.
+#include <string.h>
+
+#include "nn/detr.h"
+
+// The paper's DETR-R50: ResNet-50, hidden 256, 8 heads, 6 + 6 layers, FFN 2048, 100 queries,
+// 91 classes (COCO ids 1..90, plus the unused 0).
+static void preset_r50(DetrConfig *cfg) {
+  *cfg = (DetrConfig){.backbone_depth = 50, .backbone_width = 64, .backbone_layers = 4, .train_backbone = true,
+                      .frozen_stages = 2, .hidden_dim = 256, .nheads = 8, .enc_layers = 6, .dec_layers = 6,
+                      .ffn_dim = 2048, .num_queries = 100, .num_classes = 91, .dropout = 0.1f, .aux_loss = true};
+  attn_settings_default(&cfg->attn_settings);
+}
+
+// CPU-sized: ResNet-18, hidden 128, 4 heads, 2 + 2 layers.
+static void preset_r18_small(DetrConfig *cfg) {
+  preset_r50(cfg);
+  cfg->backbone_depth = 18;
+  cfg->hidden_dim = 128;
+  cfg->nheads = 4;
+  cfg->enc_layers = cfg->dec_layers = 2;
+  cfg->ffn_dim = 512;
+  cfg->num_queries = 50;
+}
+
+// Conditional DETR (Atten4Vis/ConditionalDETR main.py): DETR's sizes, its decoder, and for the
+// paper's R50 300 queries; the small one keeps detr-r18-small's sizes.
+static void preset_cond_r50(DetrConfig *cfg) {
+  preset_r50(cfg);
+  cfg->decoder = decoder_find("conditional");
+  cfg->num_queries = 300;
+}
+
+static void preset_cond_r18_small(DetrConfig *cfg) {
+  preset_r18_small(cfg);
+  cfg->decoder = decoder_find("conditional");
+}
+
+// detr-r18-small's layout, narrower: seconds on a CPU.
+static void preset_tiny(DetrConfig *cfg) {
+  preset_r18_small(cfg);
+  cfg->hidden_dim = 32;
+  cfg->ffn_dim = 64;
+  cfg->num_queries = 10;
+  cfg->num_classes = 7;
+}
+
+typedef struct {
+  void (*make)(DetrConfig *cfg);
+  RunDefaults run;
+} Preset;
+
+#define PRESET_ROW(id, name, epochs, image_size, max_size, lr_drop) \
+  {preset_##id, {name, epochs, image_size, max_size, lr_drop}},
+static const Preset PRESETS[] = {DETR_PRESET_ROWS(PRESET_ROW, PRESET_ROW)};
+#define N_PRESETS (int)(sizeof PRESETS / sizeof PRESETS[0])
+
+#define PRESET_NAME(id, name, ...) name,
+const char *const DETR_PRESETS[] = {DETR_PRESET_ROWS(PRESET_NAME, PRESET_NAME) NULL};
+
+static const Preset *preset_find(const char *name) {
+  for (int i = 0; i < N_PRESETS; i++)
+    if (!strcmp(PRESETS[i].run.preset, name)) return &PRESETS[i];
+  return NULL;
+}
+
+int detr_config_preset(const char *name, DetrConfig *cfg) {
+  const Preset *p = preset_find(name);
+  if (!p) return -1;
+  p->make(cfg);
+  return 0;
+}
+
+const RunDefaults *detr_run_defaults(const DetrConfig *cfg) {
+  bool conditional = !strcmp(detr_decoder(cfg)->name, "conditional");
+  const char *name = cfg->hidden_dim <= 32       ? "tiny"
+                     : cfg->backbone_depth < 50 ? (conditional ? "conditional-detr-r18-small" : "detr-r18-small")
+                                                : (conditional ? "conditional-detr-r50" : "detr-r50");
+  return &preset_find(name)->run;
+}
