@@ -88,13 +88,6 @@ detr_options detr_options_default(void) { return (detr_options){.device = DETR_D
 
 // --- opening -------------------------------------------------------------------------------------
 
-static char *copy_text(const char *s) {
-  size_t n = strlen(s) + 1;
-  char *c = malloc(n);
-  DETR_CHECK(c, "detr: out of host memory");
-  return memcpy(c, s, n);
-}
-
 static detr_status check_options(const detr_options *o, int *n_sets, Device *dev) {
   if (o->device != DETR_DEVICE_CPU && o->device != DETR_DEVICE_CUDA)
     return fail(DETR_ERR_ARGUMENT, "options.device %d: expected DETR_DEVICE_CPU or DETR_DEVICE_CUDA", (int)o->device);
@@ -122,18 +115,17 @@ static detr_status check_options(const detr_options *o, int *n_sets, Device *dev
 
 // Names of labels 0..n-1: from the COCO file of the options, else the checkpoint's, else "class N".
 static detr_status make_names(detr_model *m, const detr_options *o, const char *checkpoint, const CheckpointInfo *ci,
-                              char *err, size_t cap) {
+                              char *err, size_t err_cap) {
   LabelNames nm = {0};
   detr_status st = DETR_OK;
-  if (o->names) st = label_names_from_coco(o->names, &nm, err, cap);
-  else if (ci->categories && label_names_from_text(checkpoint, ci->categories, &nm, err, cap)) st = DETR_ERR_FORMAT;
+  if (o->names) st = label_names_from_coco(o->names, &nm, err, err_cap);
+  else if (ci->categories && label_names_from_text(checkpoint, ci->categories, &nm, err, err_cap)) st = DETR_ERR_FORMAT;
   if (!st) {
-    m->names = calloc((size_t)m->n_labels, sizeof(char *));
-    DETR_CHECK(m->names, "detr: out of host memory");
+    m->names = detr_calloc((size_t)m->n_labels, sizeof(char *), "label names");
     for (int i = 0; i < m->n_labels; i++) {
       char buf[32];
       snprintf(buf, sizeof buf, "class %d", i);
-      m->names[i] = copy_text(i < nm.n && nm.name[i] ? nm.name[i] : buf);
+      m->names[i] = detr_strdup(i < nm.n && nm.name[i] ? nm.name[i] : buf, "a string");
     }
   }
   label_names_free(&nm);
@@ -163,8 +155,7 @@ static detr_status open_model(const char *checkpoint, const char *weights, const
   if (st) return st;
 
   pthread_mutex_lock(&api_lock);
-  detr_model *m = calloc(1, sizeof *m);
-  DETR_CHECK(m, "detr: out of host memory");
+  detr_model *m = detr_calloc(1, sizeof *m, "a model");
   CheckpointInfo ci;
   st = model_file_load(checkpoint, weights, config, o.sets, n_sets, dev, &m->net, &ci, last_error, sizeof last_error);
   if (!st) {
@@ -259,15 +250,13 @@ static detr_status copy_outputs(const detr_model *m, const DetrOutput *fwd, Outp
     if (!fwd->cross_attn)
       return fail(DETR_ERR_RUNTIME, "attention: the model's decoder '%s' does not report its cross-attention",
                   detr_decoder(&m->net->cfg)->name);
-    o->attention = malloc((size_t)fwd->cross_attn->numel * sizeof(float));  // [Q, N]
-    DETR_CHECK(o->attention, "detr: out of host memory");
+    o->attention = detr_malloc((size_t)fwd->cross_attn->numel * sizeof(float), "attention maps");  // [Q, N]
     tensor_to_host(fwd->cross_attn, o->attention);
   }
   if (m->outputs & DETR_OUTPUT_CLUSTERS) {
     o->n_layers = fwd->n_attn;
-    o->clusters = malloc((size_t)(fwd->n_attn * N) * sizeof(int));  // [n_attn, N]
-    o->cluster_count = calloc((size_t)fwd->n_attn, sizeof(int));
-    DETR_CHECK(o->clusters && o->cluster_count, "detr: out of host memory");
+    o->clusters = detr_malloc((size_t)(fwd->n_attn * N) * sizeof(int), "cluster maps");  // [n_attn, N]
+    o->cluster_count = detr_calloc((size_t)fwd->n_attn, sizeof(int), "cluster counts");
     for (int l = 0; l < fwd->n_attn; l++) {
       const int32_t *c = fwd->attn[l].clusters;  // [N]: one image
       if (!c) {
@@ -294,8 +283,7 @@ static int by_score(const void *a, const void *b) {
 // result takes the outputs o, keeping of the attention maps its detections' queries'.
 static detr_result *make_result(const detr_model *m, Detection *dets, int64_t K, double threshold, int w, int h,
                                 Outputs *o) {
-  detr_result *r = calloc(1, sizeof *r);
-  DETR_CHECK(r, "detr: out of host memory");
+  detr_result *r = detr_calloc(1, sizeof *r, "a result");
   r->width = w, r->height = h;
   int64_t kept = 0;
   for (int64_t k = 0; k < K; k++) {
@@ -308,9 +296,8 @@ static detr_result *make_result(const detr_model *m, Detection *dets, int64_t K,
   qsort(dets, (size_t)kept, sizeof(Detection), by_score);
   size_t bytes = 1;
   for (int64_t i = 0; i < kept; i++) bytes += strlen(m->names[dets[i].label]) + 1;
-  r->items = malloc((size_t)(kept ? kept : 1) * sizeof(detr_detection));
-  r->strings = malloc(bytes);
-  DETR_CHECK(r->items && r->strings, "detr: out of host memory");
+  r->items = detr_malloc((size_t)(kept ? kept : 1) * sizeof(detr_detection), "detections");
+  r->strings = detr_malloc(bytes, "label strings");
   char *s = r->strings;
   for (int64_t i = 0; i < kept; i++) {
     const Detection *d = &dets[i];
@@ -325,8 +312,7 @@ static detr_result *make_result(const detr_model *m, Detection *dets, int64_t K,
   *o = (Outputs){0};
   if (r->out.attention) {  // every query's map [Q, N] -> the detections' [count, N]
     size_t N = (size_t)r->out.h * (size_t)r->out.w;
-    float *maps = malloc((size_t)(kept ? kept : 1) * N * sizeof(float));
-    DETR_CHECK(maps, "detr: out of host memory");
+    float *maps = detr_malloc((size_t)(kept ? kept : 1) * N * sizeof(float), "attention maps");
     for (int64_t i = 0; i < kept; i++) memcpy(maps + i * N, r->out.attention + dets[i].query * N, N * sizeof(float));
     free(r->out.attention);
     r->out.attention = maps;
@@ -343,10 +329,9 @@ static detr_status detect_image(detr_model *m, Image *img, double threshold, det
   aug_apply(img, &none, &m->aug, &unused);
   target_free(&none);
   int64_t H = img->h, W = img->w, K = detr_detections_per_image(&m->net->cfg);
-  float *pixels = malloc((size_t)(3 * H * W) * sizeof(float));  // [1, 3, H, W] normalized
-  uint8_t *mask = calloc((size_t)(H * W), 1);                      // [1, H, W] all valid
-  Detection *dets = malloc((size_t)K * sizeof(Detection));         // [K]
-  DETR_CHECK(pixels && mask && dets, "detr: out of host memory");
+  float *pixels = detr_malloc((size_t)(3 * H * W) * sizeof(float), "image pixels");  // [1, 3, H, W] normalized
+  uint8_t *mask = detr_calloc((size_t)(H * W), 1, "a padding mask");                      // [1, H, W] all valid
+  Detection *dets = detr_malloc((size_t)K * sizeof(Detection), "detections");         // [K]
   for (int c = 0; c < 3; c++)
     for (int64_t i = 0; i < H * W; i++) pixels[c * H * W + i] = m->lut[c][img->data[i * 3 + c]];
   image_free(img);

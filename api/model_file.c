@@ -14,13 +14,6 @@
 #include "datasets/coco.h"  // the limits of instances files
 #include "nn/model_io.h"
 
-static char *copy_text(const char *s) {
-  size_t n = strlen(s) + 1;
-  char *c = malloc(n);
-  DETR_CHECK(c, "model_file: out of host memory");
-  return memcpy(c, s, n);
-}
-
 // --- checkpoint format and checksum ------------------------------------------------------------
 
 unsigned long checkpoint_crc_update(unsigned long crc, const char *name, const void *data, size_t nbytes) {
@@ -40,15 +33,15 @@ bool checkpoint_is(const StFile *f) {
   return format && !strcmp(format, CHECKPOINT_FORMAT);
 }
 
-static void not_a_checkpoint(const StFile *f, const char *hint, char *err, size_t cap) {
+static void not_a_checkpoint(const StFile *f, const char *hint, char *err, size_t err_cap) {
   const char *format = st_metadata(f, "format");
-  snprintf(err, cap, "%s: not a detr-c checkpoint (format '%s')%s%s", st_path(f), format ? format : "none",
+  snprintf(err, err_cap, "%s: not a detr-c checkpoint (format '%s')%s%s", st_path(f), format ? format : "none",
            hint ? "; " : "", hint ? hint : "");
 }
 
-int checkpoint_verify(const StFile *f, const char *hint, char *err, size_t cap) {
+int checkpoint_verify(const StFile *f, const char *hint, char *err, size_t err_cap) {
   if (!checkpoint_is(f)) {
-    not_a_checkpoint(f, hint, err, cap);
+    not_a_checkpoint(f, hint, err, err_cap);
     return -1;
   }
   uLong crc = crc32(0L, Z_NULL, 0);
@@ -60,7 +53,7 @@ int checkpoint_verify(const StFile *f, const char *hint, char *err, size_t cap) 
   snprintf(expect, sizeof expect, "%08lx", crc);
   const char *stored = st_metadata(f, "crc32");
   if (!stored || strcmp(stored, expect)) {
-    snprintf(err, cap, "%s: checksum mismatch (stored %s, computed %s): the checkpoint is corrupted", st_path(f),
+    snprintf(err, err_cap, "%s: checksum mismatch (stored %s, computed %s): the checkpoint is corrupted", st_path(f),
              stored ? stored : "none", expect);
     return -1;
   }
@@ -180,7 +173,7 @@ static long long flag_in_command(const char *cmd, const char *flag, long long ab
 // model is built from it: the tensors that pin hidden_dim, num_queries, num_classes, ffn_dim,
 // dec_layers and the backbone width must be there with the config's shapes, so a small file
 // cannot make the caller build a huge model. The full check of every tensor is the load's.
-static int check_config_tensors(const StFile *f, const DetrConfig *c, bool overridden, char *err, size_t cap) {
+static int check_config_tensors(const StFile *f, const DetrConfig *c, bool overridden, char *err, size_t err_cap) {
   char last_ffn[112];
   snprintf(last_ffn, sizeof last_ffn, "transformer.decoder.layers.%lld.linear1.weight", (long long)c->dec_layers - 1);
   const struct {
@@ -200,7 +193,7 @@ static int check_config_tensors(const StFile *f, const DetrConfig *c, bool overr
     bool same = e && e->ndim == want[i].ndim;
     for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == want[i].d[d];
     if (!same) {
-      snprintf(err, cap, "%s: the model_config%s does not match the checkpoint's tensors (%s %s)", st_path(f),
+      snprintf(err, err_cap, "%s: the model_config%s does not match the checkpoint's tensors (%s %s)", st_path(f),
                overridden ? " with the overrides" : "", want[i].name, e ? "has another shape" : "is missing");
       return -1;
     }
@@ -208,27 +201,27 @@ static int check_config_tensors(const StFile *f, const DetrConfig *c, bool overr
   return 0;
 }
 
-int checkpoint_info_read(const StFile *f, CheckpointInfo *ci, char *err, size_t cap) {
+int checkpoint_info_read(const StFile *f, CheckpointInfo *ci, char *err, size_t err_cap) {
   *ci = (CheckpointInfo){.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
   const char *mc = st_metadata(f, "model_config");
   if (!checkpoint_is(f)) {
-    not_a_checkpoint(f, "plain model weights load with --weights (detr_open_weights)", err, cap);
+    not_a_checkpoint(f, "plain model weights load with --weights (detr_open_weights)", err, err_cap);
     return -1;
   }
   if (!mc) {
-    snprintf(err, cap, "%s: checkpoint metadata has no model_config", st_path(f));
+    snprintf(err, err_cap, "%s: checkpoint metadata has no model_config", st_path(f));
     return -1;
   }
   detr_config_preset("detr-r50", &ci->cfg);  // every field is stored; this only fills a gap
-  char *text = copy_text(mc), *save = NULL, where[4200];
+  char *text = detr_strdup(mc, "a string"), *save = NULL, where[4200];
   snprintf(where, sizeof where, "%s: model_config", st_path(f));
   int rc = 0;
   for (char *line = strtok_r(text, "\n", &save); line && !rc; line = strtok_r(NULL, "\n", &save))
-    rc = model_config_line(&ci->cfg, line, where, err, cap);
+    rc = model_config_line(&ci->cfg, line, where, err, err_cap);
   free(text);
   if (rc) return -1;
   const char *cats = st_metadata(f, "categories"), *train = st_metadata(f, "train_config");
-  if (cats && *cats) ci->categories = copy_text(cats);
+  if (cats && *cats) ci->categories = detr_strdup(cats, "a string");
   if (train && *train) {  // "": a checkpoint written by no training run (tests, tools)
     ci->image_size = flag_in_command(train, "--image-size", -1);
     ci->max_size = flag_in_command(train, "--max-size", -1);
@@ -256,13 +249,12 @@ void model_eval_sizes(const DetrConfig *cfg, const CheckpointInfo *ci, int *imag
 static void names_set(LabelNames *nm, int label, const char *name) {
   if (label < 0 || label > MAX_LABEL) return;
   if (label >= nm->n) {
-    char **grown = realloc(nm->name, (size_t)(label + 1) * sizeof(char *));
-    DETR_CHECK(grown, "label names: out of host memory");
+    char **grown = detr_realloc(nm->name, (size_t)(label + 1) * sizeof(char *), "label names");
     for (int i = nm->n; i <= label; i++) grown[i] = NULL;
     nm->name = grown, nm->n = label + 1;
   }
   free(nm->name[label]);
-  nm->name[label] = copy_text(name);
+  nm->name[label] = detr_strdup(name, "a string");
 }
 
 void label_names_free(LabelNames *nm) {
@@ -320,8 +312,7 @@ static int np_string(void *ctx, const unsigned char *s, size_t len) {
     if (len > COCO_MAX_STRING_BYTES) return np_fail(p, "'name' is longer than the limit of 4096 bytes");
     if (memchr(s, 0, len)) return np_fail(p, "'name' contains a NUL character");
     free(p->name);
-    p->name = malloc(len + 1);
-    DETR_CHECK(p->name, "label names: out of host memory");
+    p->name = detr_malloc(len + 1, "a label name");
     memcpy(p->name, s, len);
     p->name[len] = 0;
   }
@@ -378,30 +369,30 @@ static int np_end_array(void *ctx) {
 }
 
 // open() + fstat: a missing, unreadable or non-regular file is an I/O error with errno's words.
-int file_check_readable(const char *path, char *err, size_t cap) {
+int file_check_readable(const char *path, char *err, size_t err_cap) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    snprintf(err, cap, "%s: cannot open: %s", path, strerror(errno));
+    snprintf(err, err_cap, "%s: cannot open: %s", path, strerror(errno));
     return -1;
   }
   struct stat st;
   int rc = fstat(fd, &st);
   close(fd);
   if (rc || !S_ISREG(st.st_mode)) {
-    snprintf(err, cap, "%s: not a regular file", path);
+    snprintf(err, err_cap, "%s: not a regular file", path);
     return -1;
   }
   return 0;
 }
 
-detr_status label_names_from_coco(const char *path, LabelNames *nm, char *err, size_t cap) {
+detr_status label_names_from_coco(const char *path, LabelNames *nm, char *err, size_t err_cap) {
   static const yajl_callbacks CB = {np_null, np_bool, np_integer, np_double, NULL, np_string,
                                     np_start_map, np_map_key, np_end_map, np_start_array, np_end_array};
-  if (file_check_readable(path, err, cap)) return DETR_ERR_IO;
+  if (file_check_readable(path, err, err_cap)) return DETR_ERR_IO;
   NameParser p = {.nm = nm, .path = path};
   gzFile gz = gzopen(path, "rb");  // plain files pass through
   if (!gz) {
-    snprintf(err, cap, "%s: cannot open: %s", path, strerror(errno));
+    snprintf(err, err_cap, "%s: cannot open: %s", path, strerror(errno));
     return DETR_ERR_IO;
   }
   yajl_handle h = yajl_alloc(&CB, NULL, &p);
@@ -439,20 +430,20 @@ detr_status label_names_from_coco(const char *path, LabelNames *nm, char *err, s
   gzclose(gz);
   free(p.name);
   if (p.err[0]) {
-    snprintf(err, cap, "%s", p.err);
+    snprintf(err, err_cap, "%s", p.err);
     return DETR_ERR_FORMAT;
   }
   return DETR_OK;
 }
 
-int label_names_from_text(const char *path, const char *text, LabelNames *nm, char *err, size_t cap) {
-  char *copy = copy_text(text), *save = NULL;
+int label_names_from_text(const char *path, const char *text, LabelNames *nm, char *err, size_t err_cap) {
+  char *copy = detr_strdup(text, "a string"), *save = NULL;
   int rc = 0;
   for (char *item = strtok_r(copy, ";", &save); item && !rc; item = strtok_r(NULL, ";", &save)) {
     char *colon = strchr(item, ':'), *end = NULL;
     long id = colon ? strtol(item, &end, 10) : -1;
     if (!colon || end != colon || id < 0) {
-      snprintf(err, cap, "%s: metadata 'categories': '%s' is not id:name", path, item);
+      snprintf(err, err_cap, "%s: metadata 'categories': '%s' is not id:name", path, item);
       rc = -1;
     } else {
       names_set(nm, id > MAX_LABEL ? -1 : (int)id, colon + 1);
@@ -466,20 +457,20 @@ int label_names_from_text(const char *path, const char *text, LabelNames *nm, ch
 
 // A readable safetensors file: DETR_ERR_IO when it cannot be read, DETR_ERR_FORMAT when it is not
 // a (complete, valid) safetensors file.
-static detr_status open_safetensors(const char *path, StFile **f, char *err, size_t cap) {
+static detr_status open_safetensors(const char *path, StFile **f, char *err, size_t err_cap) {
   *f = NULL;
-  if (file_check_readable(path, err, cap)) return DETR_ERR_IO;
-  *f = st_open(path, err, cap);
+  if (file_check_readable(path, err, err_cap)) return DETR_ERR_IO;
+  *f = st_open(path, err, err_cap);
   return *f ? DETR_OK : DETR_ERR_FORMAT;
 }
 
 detr_status model_file_load(const char *checkpoint, const char *weights, const char *config, const char *const *sets,
-                            int n_sets, Device dev, DetrModel **out, CheckpointInfo *info, char *err, size_t cap) {
+                            int n_sets, Device dev, DetrModel **out, CheckpointInfo *info, char *err, size_t err_cap) {
   *out = NULL;
   CheckpointInfo ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
   if (info) *info = ci;
   if ((checkpoint != NULL) == (weights != NULL)) {
-    snprintf(err, cap, "give exactly one of a checkpoint and weights");
+    snprintf(err, err_cap, "give exactly one of a checkpoint and weights");
     return DETR_ERR_ARGUMENT;
   }
   DetrConfig cfg;
@@ -487,25 +478,25 @@ detr_status model_file_load(const char *checkpoint, const char *weights, const c
   detr_status st = DETR_OK;
   if (checkpoint) {
     // One read of the file: format and crc, then the stored config, then the tensors.
-    if ((st = open_safetensors(checkpoint, &f, err, cap))) return st;
-    if (checkpoint_info_read(f, &ci, err, cap) ||
-        checkpoint_verify(f, "plain model weights load with --weights (detr_open_weights)", err, cap)) {
+    if ((st = open_safetensors(checkpoint, &f, err, err_cap))) return st;
+    if (checkpoint_info_read(f, &ci, err, err_cap) ||
+        checkpoint_verify(f, "plain model weights load with --weights (detr_open_weights)", err, err_cap)) {
       st = DETR_ERR_FORMAT;
     } else {
       cfg = ci.cfg;
       char why[512];
-      if (model_config_apply_sets(&cfg, sets, n_sets, err, cap)) {
+      if (model_config_apply_sets(&cfg, sets, n_sets, err, err_cap)) {
         st = DETR_ERR_CONFIG;
       } else if (detr_config_validate(&cfg, why, sizeof why)) {  // the message names the file (found by fuzz_checkpoint)
-        snprintf(err, cap, "%s: model_config%s: %s", checkpoint, n_sets ? " with the overrides" : "", why);
+        snprintf(err, err_cap, "%s: model_config%s: %s", checkpoint, n_sets ? " with the overrides" : "", why);
         st = DETR_ERR_CONFIG;
-      } else if (check_config_tensors(f, &cfg, n_sets > 0, err, cap))
+      } else if (check_config_tensors(f, &cfg, n_sets > 0, err, err_cap))
         st = DETR_ERR_MISMATCH;
     }
   } else {
     // The config first: a bad one is reported before the (possibly large) weights are read.
-    if (model_config_load(config ? config : "detr-r50", sets, n_sets, &cfg, err, cap)) return DETR_ERR_CONFIG;
-    if ((st = open_safetensors(weights, &f, err, cap))) return st;
+    if (model_config_load(config ? config : "detr-r50", sets, n_sets, &cfg, err, err_cap)) return DETR_ERR_CONFIG;
+    if ((st = open_safetensors(weights, &f, err, err_cap))) return st;
   }
   if (!st) {
     DetrModel *m = detr_model_create(&cfg, dev);
@@ -516,10 +507,10 @@ detr_status model_file_load(const char *checkpoint, const char *weights, const c
       init = m->params.items[i].optional && !st_find(f, m->params.items[i].name);
     if (init) detr_model_init(m, 0);
     const char *ignore[] = {"optim.", NULL};  // a checkpoint's AdamW moments
-    if (params_load(&m->params, f, checkpoint ? ignore : NULL, err, cap)) {
+    if (params_load(&m->params, f, checkpoint ? ignore : NULL, err, err_cap)) {
       if (weights && checkpoint_is(f)) {  // the tensors name the problem; say what the file is
         size_t n = strlen(err);
-        snprintf(err + n, cap - n, "\n(%s is a detr-c checkpoint: load it with --checkpoint / detr_open_checkpoint)",
+        snprintf(err + n, err_cap - n, "\n(%s is a detr-c checkpoint: load it with --checkpoint / detr_open_checkpoint)",
                  weights);
       }
       detr_model_free(m);

@@ -19,6 +19,7 @@ Tensor *op_sin(Tensor *x);
 Tensor *op_cos(Tensor *x);
 // Conditional DETR's inverse_sigmoid: log(max(x, eps) / max(1 - x, eps)) of x clamped to [0, 1].
 Tensor *op_inverse_sigmoid(Tensor *x, float eps);
+Tensor *op_abs(Tensor *x);  // |x|; gradient sign(x), 0 at 0 (torch)
 // Binary ops broadcast numpy-style (shapes aligned at the last dim, size-1 dims stretch).
 Tensor *op_add(Tensor *a, Tensor *b);
 Tensor *op_sub(Tensor *a, Tensor *b);

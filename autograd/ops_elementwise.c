@@ -5,14 +5,14 @@
 // --- unary and scalar ops: y = f(x); dx += f'(x) dy (kernels/elementwise_math.h) ---
 
 // What each unary backward reads, and so saves: relu, sigmoid, exp and sqrt need only y (x > 0
-// exactly where y > 0); log, pow, softplus, sin, cos and inverse_sigmoid need x; the affine ones nothing. The unread argument
+// exactly where y > 0); log, pow, softplus, sin, cos, inverse_sigmoid and abs need x; the affine ones nothing. The unread argument
 // gets any valid pointer.
 static bool unary_needs_y(int op) {
   return op == UNARY_RELU || op == UNARY_SIGMOID || op == UNARY_EXP || op == UNARY_SQRT;
 }
 static bool unary_needs_x(int op) {
   return op == UNARY_LOG || op == UNARY_POW_SCALAR || op == UNARY_SOFTPLUS || op == UNARY_SIN || op == UNARY_COS ||
-         op == UNARY_INVERSE_SIGMOID;
+         op == UNARY_INVERSE_SIGMOID || op == UNARY_ABS;
 }
 
 typedef struct {
@@ -60,6 +60,7 @@ Tensor *op_softplus(Tensor *x) { return unary(x, UNARY_SOFTPLUS, 0.0f); }
 Tensor *op_sin(Tensor *x) { return unary(x, UNARY_SIN, 0.0f); }
 Tensor *op_cos(Tensor *x) { return unary(x, UNARY_COS, 0.0f); }
 Tensor *op_inverse_sigmoid(Tensor *x, float eps) { return unary(x, UNARY_INVERSE_SIGMOID, eps); }
+Tensor *op_abs(Tensor *x) { return unary(x, UNARY_ABS, 0.0f); }
 
 // --- binary ops with numpy broadcasting ---
 

@@ -107,8 +107,7 @@ static TapeNode *node_get(void) {
     node_pool = (TapeNode *)n->buf;
   } else {
     node_system_allocs++;
-    n = malloc(sizeof(TapeNode));
-    DETR_CHECK(n, "autograd: out of host memory for a tape node");
+    n = detr_malloc(sizeof(TapeNode), "a tape node");
   }
   memset(n, 0, sizeof(*n));
   return n;
@@ -137,8 +136,7 @@ TapeNode *autograd_record(const char *name, BackwardFn backward, Tensor *out, in
              NODE_MAX_INPUTS);
   if (tape_count == tape_capacity) {
     size_t cap = tape_capacity ? 2 * tape_capacity : 1024;
-    TapeNode **grown = realloc(tape, cap * sizeof(TapeNode *));
-    DETR_CHECK(grown, "autograd_record(%s): out of host memory", name);
+    TapeNode **grown = detr_realloc(tape, cap * sizeof(TapeNode *), "the tape");
     tape = grown;
     tape_capacity = cap;
   }

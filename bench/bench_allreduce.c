@@ -14,6 +14,7 @@
 
 int main(int argc, char **argv) {
   dist_init(&argc, &argv);
+  Dist g = dist_group();
   const char *preset = "detr-r18-small";
   int reps = 10;
   for (int i = 1; i < argc; i++) {
@@ -40,16 +41,13 @@ int main(int argc, char **argv) {
     tensors++;
     numel += p->tensor->numel;
   }
-  float *flat = calloc((size_t)numel, sizeof(float));  // [numel] the same bytes in one buffer
-  double *per_tensor = malloc(sizeof(double) * (size_t)reps), *one_buffer = malloc(sizeof(double) * (size_t)reps);
-  if (!flat || !per_tensor || !one_buffer) {
-    fprintf(stderr, "bench_allreduce: out of memory\n");
-    return 1;
-  }
+  float *flat = detr_calloc((size_t)numel, sizeof(float), "one buffer");  // [numel] the same bytes in one buffer
+  double *per_tensor = detr_malloc(sizeof(double) * (size_t)reps, "timings");
+  double *one_buffer = detr_malloc(sizeof(double) * (size_t)reps, "timings");
   for (int r = -1; r < reps; r++) {  // r = -1: warm-up
-    dist_all_ok(true);               // start together
+    dist_all_ok(&g, true);               // start together
     double t0 = now();
-    dist_allreduce_gradients(&m->params);
+    dist_allreduce_gradients(&g, &m->params);
     double t1 = now();
     dist_allreduce_sum_f32(flat, numel, DEVICE_CPU);
     double t2 = now();
@@ -57,9 +55,9 @@ int main(int argc, char **argv) {
   }
   qsort(per_tensor, (size_t)reps, sizeof(double), cmp_double);
   qsort(one_buffer, (size_t)reps, sizeof(double), cmp_double);
-  if (dist_is_main())
+  if (dist_is_main(&g))
     printf("{\"preset\": \"%s\", \"processes\": %d, \"tensors\": %d, \"mb\": %.1f, \"per_tensor_s\": %.5f, "
-           "\"one_buffer_s\": %.5f, \"gb_per_s\": %.2f}\n", preset, dist_world_size(), tensors,
+           "\"one_buffer_s\": %.5f, \"gb_per_s\": %.2f}\n", preset, g.world, tensors,
            numel * 4.0 / 1e6, per_tensor[reps / 2], one_buffer[reps / 2], numel * 4.0 / 1e9 / per_tensor[reps / 2]);
   free(flat), free(per_tensor), free(one_buffer);
   detr_model_free(m);

@@ -36,8 +36,7 @@ static Measure bench_layer(const EncoderAttnKind *kind, int64_t B, int64_t h, in
   encoder_layer_init(&layer, &init);
   Tensor *src = rand_tensor(SHAPE(B, N, d), 2, 1.0f), *pos = rand_tensor(SHAPE(B, N, d), 3, 1.0f);
   tensor_set_requires_grad(src, true);
-  uint8_t *pad = calloc((size_t)(B * N), 1);
-  DETR_CHECK(pad, "bench_attention: out of host memory");
+  uint8_t *pad = detr_calloc((size_t)(B * N), 1, "a padding mask");
   FeatureGeometry g;
   feature_geometry_make(pad, B, h, w, DEVICE_CPU, &g);
   NnCtx ctx = {.training = false};

@@ -77,11 +77,7 @@ static double best_seconds(int which, bool parallel, bool pause, const float *x,
 int main(int argc, char **argv) {
   cpu_runtime_setup(argv);
   const int64_t max_n = 1 << 20;
-  float *x = malloc(sizeof(float) * max_n), *y = calloc(max_n, sizeof(float));
-  if (!x || !y) {
-    fprintf(stderr, "bench_parallel: out of memory\n");
-    return 1;
-  }
+  float *x = detr_malloc(sizeof(float) * max_n, "x"), *y = detr_calloc(max_n, sizeof(float), "y");
   for (int64_t i = 0; i < max_n; i++) x[i] = (float)((i * 7919) % 2001 - 1000) / 1000.0f;
   int threads = omp_get_max_threads();
   printf("microseconds on 1 thread / on %d threads (speed-up); back to back, and each run after a\n"

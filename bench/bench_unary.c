@@ -17,8 +17,8 @@ static double now(void) {
 
 int main(void) {
   int64_t n = 4 * 16 * 96 * 96;
-  float *x = malloc((size_t)n * 4), *y = malloc((size_t)n * 4), *dy = malloc((size_t)n * 4), *dx = calloc((size_t)n, 4);
-  if (!x || !y || !dy || !dx) return 1;
+  float *x = detr_malloc((size_t)n * 4, "x"), *y = detr_malloc((size_t)n * 4, "y");
+  float *dy = detr_malloc((size_t)n * 4, "dy"), *dx = detr_calloc((size_t)n, 4, "dx");
   for (int64_t i = 0; i < n; i++) x[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f, dy[i] = 0.5f;  // [-1, 1]
   int ops[3] = {UNARY_RELU, UNARY_SIGMOID, UNARY_MUL_SCALAR};
   for (int o = 0; o < 3; o++) {

@@ -10,7 +10,8 @@
 #include <yajl/yajl_parse.h>
 #include <zlib.h>
 
-#include "kernels/common.h"
+#include "core/error.h"
+#include "kernels/common.h"  // DETR_MAX_JSON_DEPTH
 
 // Bytes handed to the parser per call (and zlib's buffer size). Fuzz builds read in small chunks,
 // so that inputs of a few kilobytes cross chunk boundaries as real files do.
@@ -583,7 +584,7 @@ static int parse_file(Parser *p) {
   yajl_handle h = yajl_alloc(&callbacks, NULL, p);
   DETR_CHECK(h, "yajl_alloc failed (out of memory)");
   yajl_config(h, yajl_dont_validate_strings, 1);  // names are copied as bytes; skip UTF-8 checks
-  unsigned char *chunk = data_malloc(COCO_READ_CHUNK, "annotation read buffer");
+  unsigned char *chunk = detr_malloc(COCO_READ_CHUNK, "annotation read buffer");
   int64_t offset = 0;  // bytes of JSON before the current chunk
   yajl_status st = yajl_status_ok;
   for (;;) {
@@ -675,7 +676,7 @@ int coco_category_of(const CocoDataset *ds, int label) {
 // The categories sorted by id, duplicates dropped, and the map from category id to label.
 static int index_categories(Parser *p, CocoDataset *ds) {
   if (p->n_cats) qsort(p->cats, (size_t)p->n_cats, sizeof(RawCategory), cmp_raw_category);
-  ds->categories = data_calloc((size_t)p->n_cats, sizeof(CocoCategory), "categories");
+  ds->categories = detr_calloc((size_t)p->n_cats, sizeof(CocoCategory), "categories");
   int nc = 0;
   for (int64_t i = 0; i < p->n_cats; i++) {
     const RawCategory *c = &p->cats[i];
@@ -690,7 +691,7 @@ static int index_categories(Parser *p, CocoDataset *ds) {
   }
   ds->n_categories = nc;
   ds->max_category_id = nc ? ds->categories[nc - 1].id : 0;
-  ds->label_of_category = data_malloc(sizeof(int) * (size_t)(ds->max_category_id + 1), "category label map");
+  ds->label_of_category = detr_malloc(sizeof(int) * (size_t)(ds->max_category_id + 1), "category label map");
   for (int i = 0; i <= ds->max_category_id; i++) ds->label_of_category[i] = -1;
   for (int i = 0; i < nc; i++) ds->label_of_category[ds->categories[i].id] = ds->contiguous_labels ? i : ds->categories[i].id;
   ds->num_classes = ds->contiguous_labels ? nc : ds->max_category_id + 1;
@@ -701,7 +702,7 @@ static int index_categories(Parser *p, CocoDataset *ds) {
 static int index_images(Parser *p, CocoDataset *ds) {
   CocoStats *s = p->stats;
   if (p->n_images) qsort(p->images, (size_t)p->n_images, sizeof(RawImage), cmp_raw_image);
-  ds->images = data_calloc((size_t)p->n_images, sizeof(CocoImage), "images");
+  ds->images = detr_calloc((size_t)p->n_images, sizeof(CocoImage), "images");
   int64_t ni = 0;
   for (int64_t i = 0; i < p->n_images; i++) {
     const RawImage *r = &p->images[i];
@@ -780,7 +781,7 @@ static void group_by_image(Parser *p, CocoDataset *ds, int64_t na) {
     start += ds->images[i].n_anns;
     ds->images[i].n_anns = 0;
   }
-  int64_t *dest = data_malloc(sizeof(int64_t) * (size_t)(na ? na : 1), "annotation order");  // [na]
+  int64_t *dest = detr_malloc(sizeof(int64_t) * (size_t)(na ? na : 1), "annotation order");  // [na]
   for (int64_t i = 0; i < na; i++) {
     CocoImage *im = &ds->images[p->anns[i].image_index];
     dest[i] = im->first_ann + im->n_anns++;
@@ -796,7 +797,7 @@ static void group_by_image(Parser *p, CocoDataset *ds, int64_t na) {
     }
   }
   free(dest);
-  ds->anns = data_realloc(p->anns, sizeof(CocoAnn) * (size_t)na, "annotations");  // shrink to fit
+  ds->anns = detr_realloc(p->anns, sizeof(CocoAnn) * (size_t)na, "annotations");  // shrink to fit
   p->anns = NULL;
   ds->n_anns = na;
 }
@@ -835,7 +836,7 @@ static void remove_images(CocoDataset *ds, const bool *keep) {
 
 // Every image file exists, is a JPEG/PNG and has the size the annotation file states.
 static int check_images(CocoDataset *ds, BadInputPolicy policy, int64_t *warnings, DataError *err) {
-  bool *keep = data_malloc(sizeof(bool) * (size_t)(ds->n_images ? ds->n_images : 1), "image keep flags");
+  bool *keep = detr_malloc(sizeof(bool) * (size_t)(ds->n_images ? ds->n_images : 1), "image keep flags");
   int rc = DATA_OK;
   bool dropped = false;
   for (int64_t i = 0; i < ds->n_images && rc == DATA_OK; i++) {
@@ -886,7 +887,7 @@ static int cmp_image_file(const void *a, const void *b) {
 // skip the later id dropped with its annotations.
 static int check_duplicate_files(Parser *p, CocoDataset *ds) {
   if (ds->n_images < 2) return DATA_OK;
-  CocoImage **by_name = data_malloc(sizeof(CocoImage *) * (size_t)ds->n_images, "images by file name");  // [n_images]
+  CocoImage **by_name = detr_malloc(sizeof(CocoImage *) * (size_t)ds->n_images, "images by file name");  // [n_images]
   for (int64_t i = 0; i < ds->n_images; i++) by_name[i] = &ds->images[i];
   qsort(by_name, (size_t)ds->n_images, sizeof *by_name, cmp_image_file);
   bool *keep = NULL;
@@ -901,7 +902,7 @@ static int check_duplicate_files(Parser *p, CocoDataset *ds) {
       break;
     }
     if (!keep) {
-      keep = data_malloc(sizeof(bool) * (size_t)ds->n_images, "image keep flags");  // [n_images]
+      keep = detr_malloc(sizeof(bool) * (size_t)ds->n_images, "image keep flags");  // [n_images]
       for (int64_t k = 0; k < ds->n_images; k++) keep[k] = true;
     }
     keep[b - ds->images] = false;
@@ -965,9 +966,9 @@ int coco_open(const CocoOpenConfig *cfg, CocoDataset **out, DataError *err) {
   *out = NULL;
   DETR_CHECK(cfg->ann_path, "coco_open: no annotation path");
   DETR_CHECK(!cfg->check_images || cfg->image_dir, "coco_open: check_images needs an image folder");
-  CocoDataset *ds = data_calloc(1, sizeof(CocoDataset), "dataset");
-  ds->ann_path = data_strdup(cfg->ann_path, "annotation path");
-  ds->image_dir = cfg->image_dir ? data_strdup(cfg->image_dir, "image folder") : NULL;
+  CocoDataset *ds = detr_calloc(1, sizeof(CocoDataset), "dataset");
+  ds->ann_path = detr_strdup(cfg->ann_path, "annotation path");
+  ds->image_dir = cfg->image_dir ? detr_strdup(cfg->image_dir, "image folder") : NULL;
   ds->contiguous_labels = cfg->contiguous_labels;
   DataError local;
   if (!err) err = &local;

@@ -62,8 +62,8 @@ int crops_extract(const CocoDataset *ds, int side, float context, CropSet *out, 
     if (out->n + t.n > cap) {
       int64_t grown = cap ? cap * 2 : 1024;
       while (grown < out->n + t.n) grown *= 2;
-      out->pixels = data_realloc(out->pixels, (size_t)grown * crop_bytes, "object crops");
-      out->labels = data_realloc(out->labels, (size_t)grown * sizeof(int64_t), "crop labels");
+      out->pixels = detr_realloc(out->pixels, (size_t)grown * crop_bytes, "object crops");
+      out->labels = detr_realloc(out->labels, (size_t)grown * sizeof(int64_t), "crop labels");
       cap = grown;
     }
     for (int k = 0; k < t.n; k++) {

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "kernels/common.h"
+#include "core/error.h"
 
 const char *bad_input_policy_name(BadInputPolicy p) { return p == BAD_INPUT_SKIP ? "skip" : "fail"; }
 
@@ -47,36 +47,11 @@ void data_warn(int64_t *stream, const char *fmt, ...) {
   pthread_mutex_unlock(&warn_lock);
 }
 
-void *data_malloc(size_t nbytes, const char *what) {
-  void *p = malloc(nbytes ? nbytes : 1);
-  DETR_CHECK(p, "out of host memory allocating %zu bytes for %s", nbytes, what);
-  return p;
-}
-
-void *data_calloc(size_t n, size_t size, const char *what) {
-  void *p = calloc(n ? n : 1, size ? size : 1);
-  DETR_CHECK(p, "out of host memory allocating %zu x %zu bytes for %s", n, size, what);
-  return p;
-}
-
-void *data_realloc(void *p, size_t nbytes, const char *what) {
-  void *q = realloc(p, nbytes ? nbytes : 1);
-  DETR_CHECK(q, "out of host memory growing %s to %zu bytes", what, nbytes);
-  return q;
-}
-
-char *data_strdup(const char *s, const char *what) {
-  size_t n = strlen(s) + 1;
-  char *d = data_malloc(n, what);
-  memcpy(d, s, n);
-  return d;
-}
-
 char *data_path_join(const char *dir, const char *name) {
-  if (!dir || !dir[0]) return data_strdup(name, "path");
+  if (!dir || !dir[0]) return detr_strdup(name, "path");
   size_t a = strlen(dir), b = strlen(name);
   bool slash = dir[a - 1] != '/';
-  char *p = data_malloc(a + slash + b + 1, "path");
+  char *p = detr_malloc(a + slash + b + 1, "path");
   memcpy(p, dir, a);
   if (slash) p[a] = '/';
   memcpy(p + a + slash, name, b + 1);
@@ -84,7 +59,7 @@ char *data_path_join(const char *dir, const char *name) {
 }
 
 int data_mkdirs(const char *dir, DataError *err) {
-  char *path = data_strdup(dir, "directory path");
+  char *path = detr_strdup(dir, "directory path");
   int rc = DATA_OK;
   // Create each prefix ending at a '/', then the whole path.
   for (char *p = path + 1;; p++) {
@@ -111,6 +86,6 @@ void data_reserve(void **buf, int64_t *cap, int64_t need, size_t elem, const cha
   if (need <= *cap) return;
   int64_t c = *cap ? *cap : 16;
   while (c < need) c += c / 2 + 16;  // x1.5: bounded overshoot for the big annotation arrays
-  *buf = data_realloc(*buf, (size_t)c * elem, what);
+  *buf = detr_realloc(*buf, (size_t)c * elem, what);
   *cap = c;
 }

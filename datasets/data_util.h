@@ -1,10 +1,13 @@
 // Shared by the datasets layer: the bad-input policy, error messages that name the file and item,
-// rate-limited warnings, and checked allocation. Data errors are returned to the caller (a
-// message in a DataError), never exit(): only programming errors and out-of-memory stop here.
+// rate-limited warnings (allocation is core/error.h's detr_malloc). Data errors are returned to
+// the caller (a message in a DataError), never exit(): only programming errors and out-of-memory
+// stop here.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "core/error.h"
 
 // What to do with a bad item (a malformed annotation, a missing or corrupt image, a box outside
 // its image, an unknown category id): stop with an error, or skip it with a warning and count it.
@@ -35,11 +38,6 @@ __attribute__((format(printf, 2, 3)))
 #endif
 void data_warn(int64_t *stream, const char *fmt, ...);
 
-// Allocation that stops with a message naming `what` on out-of-memory (never returns NULL).
-void *data_malloc(size_t nbytes, const char *what);
-void *data_calloc(size_t n, size_t size, const char *what);
-void *data_realloc(void *p, size_t nbytes, const char *what);
-char *data_strdup(const char *s, const char *what);
 // "dir/name" (just name when dir is NULL or empty), malloc'd.
 char *data_path_join(const char *dir, const char *name);
 // Creates dir and its missing parents (mode 0755). Returns 0 or DATA_ERROR with the reason.

@@ -10,12 +10,12 @@
 #include <stb/stb_image.h>
 #include <stb/stb_image_write.h>
 
-#include "kernels/common.h"
+#include "core/error.h"
 
 Image image_alloc(int w, int h) {
   DETR_CHECK(w > 0 && h > 0 && w <= IMAGE_MAX_SIDE && h <= IMAGE_MAX_SIDE, "image_alloc: bad size %dx%d", w, h);
   Image img = {.w = w, .h = h};
-  img.data = data_malloc((size_t)w * (size_t)h * 3, "image pixels");
+  img.data = detr_malloc((size_t)w * (size_t)h * 3, "image pixels");
   return img;
 }
 
@@ -182,7 +182,7 @@ int image_decode_file(const char *path, Image *out, DataError *err) {
   if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
     rc = data_error(err, "%s: cannot determine the file size: %s", path, strerror(errno));
   } else {
-    buf = data_malloc((size_t)size, "encoded image");
+    buf = detr_malloc((size_t)size, "encoded image");
     if (size > 0 && fread(buf, 1, (size_t)size, f) != (size_t)size)
       rc = data_error(err, "%s: read error: %s", path, ferror(f) ? strerror(errno) : "file shrank while reading");
   }
@@ -293,10 +293,10 @@ static Taps make_taps(int in, int out) {
   double support = 1.0 * filterscale;  // the bilinear filter's support is 1
   Taps t;
   t.max_taps = (int)ceil(support) * 2 + 1;
-  t.starts = data_malloc(sizeof(int) * (size_t)out, "resize taps");
-  t.counts = data_malloc(sizeof(int) * (size_t)out, "resize taps");
-  t.weights = data_calloc((size_t)out * (size_t)t.max_taps, sizeof(int32_t), "resize weights");
-  double *k = data_malloc(sizeof(double) * (size_t)t.max_taps, "resize weights");
+  t.starts = detr_malloc(sizeof(int) * (size_t)out, "resize taps");
+  t.counts = detr_malloc(sizeof(int) * (size_t)out, "resize taps");
+  t.weights = detr_calloc((size_t)out * (size_t)t.max_taps, sizeof(int32_t), "resize weights");
+  double *k = detr_malloc(sizeof(double) * (size_t)t.max_taps, "resize weights");
   for (int i = 0; i < out; i++) {
     double center = (i + 0.5) * scale, ss = 1.0 / filterscale;
     int lo = (int)(center - support + 0.5), hi = (int)(center + support + 0.5);  // C truncation, as Pillow
@@ -377,7 +377,7 @@ Image image_resize_bilinear(const Image *src, int out_w, int out_h) {
   int mid_w = src->w;
   if (need_x) {
     Taps tx = make_taps(src->w, out_w);
-    mid_buf = data_malloc((size_t)(last - first) * out_w * 3, "resize buffer");
+    mid_buf = detr_malloc((size_t)(last - first) * out_w * 3, "resize buffer");
     resample_rows(src, first, last - first, &tx, out_w, mid_buf);
     free_taps(&tx);
     mid = mid_buf;

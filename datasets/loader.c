@@ -120,11 +120,11 @@ LoaderConfig loader_config_make(bool train, int batch_size, int num_workers, Aug
 }
 
 static void scratch_init(Scratch *s, int batch_size) {
-  s->images = data_calloc((size_t)batch_size, sizeof(Image), "loader images");
-  s->targets = data_calloc((size_t)batch_size, sizeof(Target), "loader targets");
-  s->orig_w = data_calloc((size_t)batch_size, sizeof(int), "loader sizes");
-  s->orig_h = data_calloc((size_t)batch_size, sizeof(int), "loader sizes");
-  s->kept = data_calloc((size_t)batch_size, sizeof(int64_t), "loader indices");
+  s->images = detr_calloc((size_t)batch_size, sizeof(Image), "loader images");
+  s->targets = detr_calloc((size_t)batch_size, sizeof(Target), "loader targets");
+  s->orig_w = detr_calloc((size_t)batch_size, sizeof(int), "loader sizes");
+  s->orig_h = detr_calloc((size_t)batch_size, sizeof(int), "loader sizes");
+  s->kept = detr_calloc((size_t)batch_size, sizeof(int64_t), "loader indices");
 }
 
 static void scratch_free(Scratch *s, int batch_size) {
@@ -166,7 +166,7 @@ static void collate(DataLoader *L, Batch *b, const Scratch *s, const int64_t *in
     p = b->box_pool;
     data_reserve(&p, &cap, total, 4 * sizeof(float), "batch boxes");
     b->box_pool = p;
-    b->label_pool = data_realloc(b->label_pool, (size_t)cap * sizeof(int64_t), "batch labels");
+    b->label_pool = detr_realloc(b->label_pool, (size_t)cap * sizeof(int64_t), "batch labels");
     b->pool_cap = cap;
   }
   p = b->targets;
@@ -372,7 +372,7 @@ int loader_create(const CocoDataset *ds, const LoaderConfig *cfg, LoaderPosition
   if (bpe < 1)
     return data_error(err, "loader: %s has %lld images, not enough for a batch of %lld", ds->ann_path,
                       (long long)ds->n_images, (long long)global_batch);
-  DataLoader *L = data_calloc(1, sizeof(DataLoader), "loader");
+  DataLoader *L = detr_calloc(1, sizeof(DataLoader), "loader");
   L->ds = ds;
   L->cfg = *cfg;
   L->n = ds->n_images;
@@ -384,13 +384,13 @@ int loader_create(const CocoDataset *ds, const LoaderConfig *cfg, LoaderPosition
     return DATA_ERROR;
   }
   aug_normalize_lut(&cfg->aug, L->lut);
-  L->order = data_malloc(sizeof(int64_t) * (size_t)L->n, "epoch order");
+  L->order = detr_malloc(sizeof(int64_t) * (size_t)L->n, "epoch order");
   L->order_epoch = -1;
   L->n_slots = cfg->prefetch;
-  L->slots = data_calloc((size_t)L->n_slots, sizeof(Slot), "loader slots");
+  L->slots = detr_calloc((size_t)L->n_slots, sizeof(Slot), "loader slots");
   for (int i = 0; i < L->n_slots; i++)
-    L->slots[i].indices = data_malloc(sizeof(int64_t) * (size_t)cfg->batch_size, "batch indices");
-  L->spare.indices = data_malloc(sizeof(int64_t) * (size_t)cfg->batch_size, "batch indices");
+    L->slots[i].indices = detr_malloc(sizeof(int64_t) * (size_t)cfg->batch_size, "batch indices");
+  L->spare.indices = detr_malloc(sizeof(int64_t) * (size_t)cfg->batch_size, "batch indices");
   pthread_mutex_init(&L->lock, NULL);
   pthread_cond_init(&L->work_cv, NULL);
   pthread_condattr_t monotonic;  // the consumer's bounded wait counts on CLOCK_MONOTONIC
@@ -402,11 +402,11 @@ int loader_create(const CocoDataset *ds, const LoaderConfig *cfg, LoaderPosition
   L->inline_worker.L = L;
   scratch_init(&L->inline_worker.scratch, cfg->batch_size);
   if (cfg->num_workers > 0) {
-    L->workers = data_calloc((size_t)cfg->num_workers, sizeof(Worker), "loader workers");
-    L->threads = data_calloc((size_t)cfg->num_workers, sizeof(pthread_t), "loader threads");
+    L->workers = detr_calloc((size_t)cfg->num_workers, sizeof(Worker), "loader workers");
+    L->threads = detr_calloc((size_t)cfg->num_workers, sizeof(pthread_t), "loader threads");
     for (int i = 0; i < cfg->num_workers; i++) {
       L->workers[i].L = L;
-      L->workers[i].order = data_malloc(sizeof(int64_t) * (size_t)L->n, "epoch order");
+      L->workers[i].order = detr_malloc(sizeof(int64_t) * (size_t)L->n, "epoch order");
       scratch_init(&L->workers[i].scratch, cfg->batch_size);
       int rc = pthread_create(&L->threads[i], NULL, worker_main, &L->workers[i]);
       if (rc != 0) {
@@ -588,7 +588,7 @@ Tensor *batch_images_tensor(const Batch *b, Device dev) {
 
 Tensor *batch_mask_tensor(const Batch *b, Device dev) {
   int64_t n = (int64_t)b->size * b->h * b->w;
-  float *m = data_malloc(sizeof(float) * (size_t)n, "mask tensor staging");  // [size, h, w]
+  float *m = detr_malloc(sizeof(float) * (size_t)n, "mask tensor staging");  // [size, h, w]
   for (int64_t i = 0; i < n; i++) m[i] = b->mask[i] ? 1.0f : 0.0f;
   Tensor *t = tensor_from_host(dev, SHAPE(b->size, b->h, b->w), m);
   free(m);

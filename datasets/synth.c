@@ -208,7 +208,7 @@ static void generate_image(const SynthConfig *cfg, int split, int64_t index, Syn
   im->w = randint(&r, cfg->min_side, cfg->max_side);
   im->h = randint(&r, cfg->min_side, cfg->max_side);
   im->n_anns = 0;
-  *px = data_malloc((size_t)im->w * im->h * 3, "synthetic image");
+  *px = detr_malloc((size_t)im->w * im->h * 3, "synthetic image");
   Rgb mean;
   draw_background(*px, im->w, im->h, &r, key, &mean);
   bool crowd = split == 1 && rng_next_uniform(&r) < 0.2f;
@@ -322,7 +322,7 @@ static int generate_split(const SynthConfig *cfg, int split, int64_t n, DataErro
   char json_name[64];
   snprintf(json_name, sizeof json_name, "instances_%s.json", split_dir);
   char *json_path = data_path_join(ann_dir, json_name);
-  SynthImage *images = data_calloc((size_t)(n > 0 ? n : 1), sizeof(SynthImage), "synthetic image records");
+  SynthImage *images = detr_calloc((size_t)(n > 0 ? n : 1), sizeof(SynthImage), "synthetic image records");
   int rc = data_mkdirs(img_dir, err);
   if (rc == DATA_OK) rc = data_mkdirs(ann_dir, err);
   for (int64_t i = 0; i < n && rc == DATA_OK; i++) {

@@ -56,7 +56,7 @@ void target_push(Target *t, const float box[4], int64_t label) {
   if (t->n + 1 > t->cap) {
     int64_t cap = t->cap;
     data_reserve((void **)&t->boxes, &cap, t->n + 1, 4 * sizeof(float), "target boxes");
-    t->labels = data_realloc(t->labels, (size_t)cap * sizeof(int64_t), "target labels");
+    t->labels = detr_realloc(t->labels, (size_t)cap * sizeof(int64_t), "target labels");
     t->cap = cap;
   }
   memcpy(t->boxes + (size_t)t->n * 4, box, 4 * sizeof(float));

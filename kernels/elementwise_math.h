@@ -32,7 +32,8 @@ static inline int fill_is_zero_bits(float value) {
   X(SOFTPLUS, "softplus")     /* log(1 + e^x), x for x > 20 (torch's threshold) */       \
   X(SIN, "sin")                                                                 \
   X(COS, "cos")                                                                 \
-  X(INVERSE_SIGMOID, "inverse_sigmoid") /* log(x1 / x2), param = eps (below) */
+  X(INVERSE_SIGMOID, "inverse_sigmoid") /* log(x1 / x2), param = eps (below) */ \
+  X(ABS, "abs")               /* |x|; derivative sign(x), 0 at 0 (torch) */
 
 #define UNARY_ENUM_ENTRY(id, name) UNARY_##id,
 typedef enum { UNARY_OPS(UNARY_ENUM_ENTRY) UNARY_COUNT } UnaryOp;
@@ -76,6 +77,7 @@ DETR_HD float unary_forward(int op, float x, float param) {
     case UNARY_SIN: return sinf(x);
     case UNARY_COS: return cosf(x);
     case UNARY_INVERSE_SIGMOID: return inverse_sigmoid_forward(x, param);
+    case UNARY_ABS: return fabsf(x);
     default: return NAN;
   }
 }
@@ -96,6 +98,7 @@ DETR_HD float unary_backward(int op, float x, float y, float dy, float param) {
     case UNARY_SIN: return dy * cosf(x);
     case UNARY_COS: return -dy * sinf(x);
     case UNARY_INVERSE_SIGMOID: return inverse_sigmoid_backward(x, dy, param);
+    case UNARY_ABS: return x > 0.0f ? dy : x < 0.0f ? -dy : 0.0f;
     default: return NAN;
   }
 }

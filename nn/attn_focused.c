@@ -64,8 +64,7 @@ static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnIn
   k = op_mul(focus(op_div(op_add_scalar(op_relu(k), 1e-6f), scale), f->focusing), g->valid);  // padded keys: 0
   Tensor *qh = mha_split_heads(q, h), *kh = mha_split_heads(k, h), *vh = mha_split_heads(v, h);
   // 1 / n per image and head: the official code's means over the keys (k^T v / n, mean_t k).
-  float *host = malloc((size_t)(B * h) * sizeof(float));
-  DETR_CHECK(host, "focused attention: out of host memory");
+  float *host = detr_malloc((size_t)(B * h) * sizeof(float), "focused attention means");
   for (int64_t b = 0; b < B; b++) {
     int64_t valid = 0;
     for (int64_t p = 0; p < N; p++) valid += !g->mask[b * N + p];

@@ -65,8 +65,7 @@ static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnIn
   if (s->ratio == 1) return mha_forward(in->proj, ctx, qk, qk, in->x, g->key_mask);
   int64_t R = s->ratio, Hr = (g->Hp + R - 1) / R, Wr = (g->Wp + R - 1) / R;
   // A reduced cell is a key when any of its pixels is valid.
-  float *host = malloc((size_t)(g->B * Hr * Wr) * sizeof(float));
-  DETR_CHECK(host, "sra attention: out of host memory");
+  float *host = detr_malloc((size_t)(g->B * Hr * Wr) * sizeof(float), "sra attention key mask");
   for (int64_t b = 0; b < g->B; b++)
     for (int64_t cy = 0; cy < Hr; cy++)
       for (int64_t cx = 0; cx < Wr; cx++) {

@@ -42,8 +42,7 @@ static int by_score_desc(const void *a, const void *b) {
 
 static void pick(const float *prob, int64_t queries, int64_t cols, ClassPick *picks) {
   int64_t n = queries * cols, k = detections_per_image(queries, cols);
-  ClassPick *all = malloc((size_t)n * sizeof(ClassPick));  // [Q * C]
-  DETR_CHECK(all, "class_focal: out of host memory");
+  ClassPick *all = detr_malloc((size_t)n * sizeof(ClassPick), "class_focal all");  // [Q * C]
   for (int64_t i = 0; i < n; i++) all[i] = (ClassPick){.query = i / cols, .label = (int)(i % cols), .score = prob[i]};
   qsort(all, (size_t)n, sizeof *all, by_score_desc);
   for (int64_t i = 0; i < k; i++) picks[i] = all[i];

@@ -19,8 +19,7 @@ static float match_cost(const float *prob, int64_t label) { return -prob[label];
 
 static Tensor *loss(Tensor *logits, const int64_t *classes, const ClassLossArgs *a) {
   int64_t cols = logits->shape.d[1];
-  float *w = malloc((size_t)cols * sizeof(float));  // [C + 1]
-  DETR_CHECK(w, "class_softmax: out of host memory");
+  float *w = detr_malloc((size_t)cols * sizeof(float), "class_softmax w");  // [C + 1]
   for (int64_t c = 0; c < cols; c++) w[c] = c == a->num_classes ? a->eos_coef : 1.0f;
   Tensor *weight = tensor_scoped(tensor_from_host(logits->device, SHAPE(cols), w));
   free(w);

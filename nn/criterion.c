@@ -38,9 +38,8 @@ static void layer_losses(const CriterionConfig *cfg, DetrLayerOutput out, const 
   for (int64_t b = 0; b < B; b++) matched += matches[b].n;
 
   // Host index data: target class of every query [B*Q]; matched rows [M]; matched boxes [M, 4].
-  int64_t *classes = malloc((size_t)(B * Q + matched) * sizeof(int64_t));
-  float *tgt_boxes = malloc((size_t)(matched ? matched : 1) * 4 * sizeof(float));
-  DETR_CHECK(classes && tgt_boxes, "criterion: out of host memory");
+  int64_t *classes = detr_malloc((size_t)(B * Q + matched) * sizeof(int64_t), "criterion classes");
+  float *tgt_boxes = detr_malloc((size_t)(matched ? matched : 1) * 4 * sizeof(float), "criterion tgt_boxes");
   int64_t *rows = classes + B * Q;
   for (int64_t i = 0; i < B * Q; i++) classes[i] = cfg->num_classes;
   int64_t m = 0;
@@ -96,8 +95,7 @@ static float cardinality_error(const float *logits, int64_t B, int64_t Q, int64_
 static void logging_metrics(const CriterionConfig *cfg, DetrLayerOutput out, const DetrTarget *targets,
                             const DetrMatch *matches, int layer, CriterionResult *r) {
   int64_t B = out.logits->shape.d[0], Q = out.logits->shape.d[1], C1 = out.logits->shape.d[2];
-  float *logits = malloc((size_t)out.logits->numel * sizeof(float));
-  DETR_CHECK(logits, "criterion: out of host memory");
+  float *logits = detr_malloc((size_t)out.logits->numel * sizeof(float), "criterion logits");
   tensor_to_host(out.logits, logits);
   float card = cardinality_error(logits, B, Q, C1, targets);
   if (layer >= 0) {
@@ -133,8 +131,7 @@ int criterion_forward(const CriterionConfig *cfg, DetrLayerOutput final, const D
   int cols = cfg->num_classes + class_head_or_softmax(cfg->classes)->extra_columns;
   DETR_CHECK(final.logits->shape.ndim == 3 && final.logits->shape.d[2] == cols, "criterion: logits must be [B, Q, %d]",
              cols);
-  DetrMatch *matches = calloc((size_t)B, sizeof(DetrMatch));
-  DETR_CHECK(matches, "criterion: out of host memory");
+  DetrMatch *matches = detr_calloc((size_t)B, sizeof(DetrMatch), "criterion matches");
   Tensor *total = NULL;
   for (int layer = -1; layer < n_aux; layer++) {  // -1: the final output
     DetrLayerOutput o = layer < 0 ? final : aux[layer];
@@ -152,14 +149,12 @@ int criterion_forward(const CriterionConfig *cfg, DetrLayerOutput final, const D
     layer_losses(cfg, o, targets, use, num_boxes, suffix, out);  // the order of criterion_term_names
     if (layer < 0) {
       out->n_images = B;
-      out->matches = calloc((size_t)B, sizeof(DetrMatch));
-      DETR_CHECK(out->matches, "criterion: out of host memory");
+      out->matches = detr_calloc((size_t)B, sizeof(DetrMatch), "criterion matches");
       for (int b = 0; b < B; b++) {  // keep the final output's matches for the caller
         int64_t n = use[b].n;
         out->matches[b].n = n;
-        out->matches[b].query = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
-        out->matches[b].target = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
-        DETR_CHECK(out->matches[b].query && out->matches[b].target, "criterion: out of host memory");
+        out->matches[b].query = detr_malloc((size_t)(n ? n : 1) * sizeof(int64_t), "criterion query");
+        out->matches[b].target = detr_malloc((size_t)(n ? n : 1) * sizeof(int64_t), "criterion target");
         memcpy(out->matches[b].query, use[b].query, (size_t)n * sizeof(int64_t));
         memcpy(out->matches[b].target, use[b].target, (size_t)n * sizeof(int64_t));
       }

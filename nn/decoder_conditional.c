@@ -109,8 +109,7 @@ static void init(const void *state, Rng *rng) {
 static Tensor *sine_embed(Tensor *points, int64_t d) {
   int64_t Q = points->shape.d[0], F = d / 2;
   Device dev = points->device;
-  float *host = malloc((size_t)(3 * F) * sizeof(float));  // dim_t [F], even [F], odd [F]
-  DETR_CHECK(host, "decoder_conditional: out of host memory");
+  float *host = detr_malloc((size_t)(3 * F) * sizeof(float), "decoder_conditional");  // dim_t [F], even [F], odd [F]
   for (int64_t j = 0; j < F; j++) {
     host[j] = powf(10000.0f, (float)(2 * (j / 2)) / (float)F);
     host[F + j] = j % 2 == 0 ? 1.0f : 0.0f;

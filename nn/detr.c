@@ -10,8 +10,7 @@
 DetrModel *detr_model_create(const DetrConfig *cfg, Device dev) {
   char err[256];
   DETR_CHECK(detr_config_validate(cfg, err, sizeof err) == 0, "detr_model_create: %s", err);
-  DetrModel *m = calloc(1, sizeof(DetrModel));
-  DETR_CHECK(m, "detr_model_create: out of host memory");
+  DetrModel *m = detr_calloc(1, sizeof(DetrModel), "a model");
   m->cfg = *cfg;
   if (m->cfg.attn_settings.n == 0) attn_settings_default(&m->cfg.attn_settings);
   device_set_tf32(dev, cfg->tf32);  // process-wide on CUDA: the latest CUDA model's setting holds
@@ -29,8 +28,7 @@ DetrModel *detr_model_create(const DetrConfig *cfg, Device dev) {
   }
   if (cfg->pre_norm) m->enc_norm = layernorm_create(ps, "transformer.encoder.norm", d);
   const DecoderKind *dk = detr_decoder(cfg);
-  m->decoder_state = calloc(1, dk->state_size);
-  DETR_CHECK(m->decoder_state, "detr_model_create: out of host memory");
+  m->decoder_state = detr_calloc(1, dk->state_size, "decoder state");
   dk->create(m->decoder_state, ps, "transformer.decoder", &(DecoderShape){.s = s, .layers = cfg->dec_layers, .cross_attn = cfg->decoder_cross_attn});
   m->class_embed = linear_create(ps, "class_embed", d, cfg->num_classes + detr_classes(cfg)->extra_columns, true,
                                  PARAM_TRAINABLE, LR_GROUP_MAIN);
@@ -86,9 +84,8 @@ int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, con
   src = op_reshape(src, SHAPE(B, N, d));                // [B, N, d]
 
   // Mask and positional encoding at feature resolution (host), then on the model's device.
-  uint8_t *small = malloc((size_t)(B * N));
-  float *host = malloc((size_t)(B * N * d) * sizeof(float));
-  DETR_CHECK(small && host, "detr_model_forward: out of host memory");
+  uint8_t *small = detr_malloc((size_t)(B * N), "detr_model_forward small");
+  float *host = detr_malloc((size_t)(B * N * d) * sizeof(float), "detr_model_forward host");
   mask_downsample_nearest(mask, B, H, W, h, w, small);
   position_sine(small, B, h, w, d / 2, 10000.0f, host);
   Device dev = images->device;

@@ -5,23 +5,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-int enact_check_geometry(const EnactGeometry *g, char *err, size_t cap) {
+int enact_check_geometry(const EnactGeometry *g, char *err, size_t err_cap) {
   for (int64_t b = 0; b < g->B; b++) {
     if (g->valid_h[b] == 0 || g->valid_w[b] == 0) {
-      snprintf(err, cap, "ENACT: image %lld has no valid pixel at feature resolution", (long long)b);
+      snprintf(err, err_cap, "ENACT: image %lld has no valid pixel at feature resolution", (long long)b);
       return -1;
     }
   }
   if (!g->rectangular) {
-    snprintf(err, cap, "ENACT: an image's valid pixels are not a top-left rectangle");
+    snprintf(err, err_cap, "ENACT: an image's valid pixels are not a top-left rectangle");
     return -1;
   }
   return 0;
 }
 
-int enact_geometry(const uint8_t *mask, int64_t B, int64_t Hp, int64_t Wp, EnactGeometry *g, char *err, size_t cap) {
+int enact_geometry(const uint8_t *mask, int64_t B, int64_t Hp, int64_t Wp, EnactGeometry *g, char *err, size_t err_cap) {
   feature_geometry_make(mask, B, Hp, Wp, DEVICE_CPU, g);
-  if (enact_check_geometry(g, err, cap)) {
+  if (enact_check_geometry(g, err, err_cap)) {
     enact_geometry_free(g);
     return -1;
   }
@@ -74,8 +74,7 @@ void enact_find_regions(const float *signs, const EnactGeometry *g, EnactRegions
   int64_t N = g->Hp * g->Wp, M = g->B * N;
   *r = (EnactRegions){.B = g->B};
   // At most one region per valid pixel: size the arrays for that.
-  r->starts = malloc((size_t)(2 * M + g->B + 1) * sizeof(int64_t));
-  DETR_CHECK(r->starts, "enact_find_regions: out of host memory");
+  r->starts = detr_malloc((size_t)(2 * M + g->B + 1) * sizeof(int64_t), "enact_find_regions starts");
   r->lengths = r->starts + M;
   r->image_offset = r->lengths + M;
   for (int64_t b = 0; b < g->B; b++) {
@@ -128,9 +127,8 @@ Tensor *enact_cluster_attention(const MultiheadAttention *a, const NnCtx *ctx, T
     lmax = n > lmax ? n : lmax;
   }
   // Each image's clusters padded to lmax with a zero row (index L) that the key mask hides.
-  int64_t *idx = malloc((size_t)(B * lmax) * sizeof(int64_t));
-  float *mask = malloc((size_t)(B * lmax) * sizeof(float));
-  DETR_CHECK(idx && mask, "enact_cluster_attention: out of host memory");
+  int64_t *idx = detr_malloc((size_t)(B * lmax) * sizeof(int64_t), "enact_cluster_attention idx");
+  float *mask = detr_malloc((size_t)(B * lmax) * sizeof(float), "enact_cluster_attention mask");
   for (int64_t b = 0; b < B; b++)
     for (int64_t k = 0; k < lmax; k++) {
       int64_t j = r->image_offset[b] + k;
@@ -169,9 +167,8 @@ Tensor *enact_attention(const EnactAttn *e, const MultiheadAttention *proj, cons
     // The curvature sign and the regions are computed on the host from the smoothed map [B, N]
     // (a few KB): the regions set the shapes of everything after them. On a GPU this copy is a
     // synchronisation point, one per ENACT encoder layer (docs/cuda.md).
-    float *host = malloc((size_t)(B * N) * sizeof(float));
-    local.signs = malloc((size_t)(B * N) * sizeof(float));
-    DETR_CHECK(host && local.signs, "enact_attention: out of host memory");
+    float *host = detr_malloc((size_t)(B * N) * sizeof(float), "enact_attention host");
+    local.signs = detr_malloc((size_t)(B * N) * sizeof(float), "enact_attention signs");
     tensor_to_host(hsm, host);
     enact_curvature_sign(host, g, e->opt.one_d, local.signs);
     free(host);
@@ -225,8 +222,7 @@ static void release_trace(void *owned) {
 
 // The regions as a map: each pixel's region numbered within its image, -1 on padding. [B * N]
 static int32_t *cluster_map(const EnactRegions *r, int64_t n_pixels) {
-  int32_t *map = malloc((size_t)n_pixels * sizeof(int32_t));
-  DETR_CHECK(map, "ENACT: out of host memory");
+  int32_t *map = detr_malloc((size_t)n_pixels * sizeof(int32_t), "an ENACT cluster map");
   for (int64_t i = 0; i < n_pixels; i++) map[i] = -1;
   for (int64_t b = 0; b < r->B; b++)
     for (int64_t j = r->image_offset[b]; j < r->image_offset[b + 1]; j++)
@@ -237,8 +233,7 @@ static int32_t *cluster_map(const EnactRegions *r, int64_t n_pixels) {
 static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnInput *in, AttnTrace *trace, char *err,
                        size_t err_cap) {
   if (enact_check_geometry(in->geom, err, err_cap)) return NULL;
-  EnactTrace *t = calloc(1, sizeof *t);
-  DETR_CHECK(t, "ENACT: out of host memory");
+  EnactTrace *t = detr_calloc(1, sizeof *t, "an ENACT trace");
   Tensor *y = enact_attention(extras, in->proj, ctx, in->x, in->pos, in->geom, NULL, t);
   if (!trace) {
     release_trace(t);

@@ -23,10 +23,10 @@ typedef FeatureGeometry EnactGeometry;
 // The geometry of a feature-resolution mask [B, Hp*Wp] (1 = padding) on the CPU, checked as ENACT
 // needs it. Returns 0, or -1 with err set when an image's valid pixels are not a non-empty
 // top-left rectangle.
-int enact_geometry(const uint8_t *mask, int64_t B, int64_t Hp, int64_t Wp, EnactGeometry *g, char *err, size_t cap);
+int enact_geometry(const uint8_t *mask, int64_t B, int64_t Hp, int64_t Wp, EnactGeometry *g, char *err, size_t err_cap);
 void enact_geometry_free(EnactGeometry *g);
 // The same check on a geometry made elsewhere.
-int enact_check_geometry(const EnactGeometry *g, char *err, size_t cap);
+int enact_check_geometry(const EnactGeometry *g, char *err, size_t err_cap);
 
 // The Gaussian taps g(x) = exp(-x^2 / 2 sigma^2) / (sigma sqrt(2 pi)), x = -r..r, r = floor(3 sigma - 1)
 // (not renormalised, as the reference code). Returns the count (2r + 1); taps has room for 64.

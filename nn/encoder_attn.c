@@ -109,9 +109,8 @@ size_t attn_settings_format(const AttnSettings *s, const EncoderAttnKind *kind, 
 void feature_geometry_make(const uint8_t *mask, int64_t B, int64_t Hp, int64_t Wp, Device dev, FeatureGeometry *g) {
   int64_t N = Hp * Wp;
   *g = (FeatureGeometry){.B = B, .Hp = Hp, .Wp = Wp, .mask = mask, .rectangular = true};
-  g->valid_h = calloc((size_t)(2 * B), sizeof(int64_t));
-  float *host = malloc((size_t)(2 * B * N) * sizeof(float));
-  DETR_CHECK(g->valid_h && host, "feature_geometry_make: out of host memory");
+  g->valid_h = detr_calloc((size_t)(2 * B), sizeof(int64_t), "feature_geometry_make valid_h");
+  float *host = detr_malloc((size_t)(2 * B * N) * sizeof(float), "feature_geometry_make host");
   g->valid_w = g->valid_h + B;
   float *additive = host, *valid = host + B * N;
   for (int64_t b = 0; b < B; b++) {

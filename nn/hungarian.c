@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/common.h"
+#include "core/error.h"
 
 const char *lsa_status_str(LsaStatus s) {
   switch (s) {
@@ -91,8 +91,8 @@ static void augment(Lsa *s, int64_t cur, int64_t sink, double min_val) {
 // one was solved transposed).
 static void write_pairs(const Lsa *s, bool transpose, int64_t rows, int64_t *row_of, int64_t *col_of) {
   if (transpose) {  // pairs (col4row[k], k), in the order of their original row col4row[k]
-    int64_t *col_of_row = malloc((size_t)rows * sizeof(int64_t));  // [rows], -1 = unmatched
-    DETR_CHECK(col_of_row, "linear_sum_assignment: out of host memory");
+    // [rows], -1 = unmatched
+    int64_t *col_of_row = detr_malloc((size_t)rows * sizeof(int64_t), "linear_sum_assignment col_of_row");
     for (int64_t i = 0; i < rows; i++) col_of_row[i] = -1;
     for (int64_t k = 0; k < s->nr; k++) col_of_row[s->col4row[k]] = k;
     int64_t n = 0;
@@ -125,15 +125,14 @@ LsaStatus linear_sum_assignment(int64_t rows, int64_t cols, const double *cost, 
   int64_t nr = transpose ? cols : rows, nc = transpose ? rows : cols;
   double *transposed = NULL;
   if (transpose) {
-    transposed = malloc((size_t)(nr * nc) * sizeof(double));
-    DETR_CHECK(transposed, "linear_sum_assignment: out of host memory");
+    transposed = detr_malloc((size_t)(nr * nc) * sizeof(double), "linear_sum_assignment transposed");
     for (int64_t i = 0; i < rows; i++)
       for (int64_t j = 0; j < cols; j++) transposed[j * rows + i] = cost[i * cols + j];
   }
   // One block for all work arrays: [u nr][v nc][shortest nc] doubles, then the index arrays.
   size_t doubles = (size_t)(nr + 2 * nc), ints = (size_t)(nc + nr + nc + nc);
-  char *block = calloc(1, doubles * sizeof(double) + ints * sizeof(int64_t) + (size_t)(nr + nc));
-  DETR_CHECK(block, "linear_sum_assignment: out of host memory");
+  char *block = detr_calloc(1, doubles * sizeof(double) + ints * sizeof(int64_t) + (size_t)(nr + nc),
+                            "linear_sum_assignment block");
   Lsa s = {.nr = nr, .nc = nc, .cost = transpose ? transposed : cost};
   s.u = (double *)block;
   s.v = s.u + nr;

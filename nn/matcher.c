@@ -18,8 +18,7 @@ int detr_hungarian_match(const Tensor *logits, const Tensor *boxes, const DetrTa
   int64_t B = logits->shape.d[0], Q = logits->shape.d[1], C = logits->shape.d[2];
   memset(matches, 0, (size_t)B * sizeof(DetrMatch));
   // Only these two small tensors cross to the host: prob [B*Q, C], box [B*Q, 4].
-  float *prob = malloc((size_t)(logits->numel + boxes->numel) * sizeof(float));
-  DETR_CHECK(prob, "detr_hungarian_match: out of host memory");
+  float *prob = detr_malloc((size_t)(logits->numel + boxes->numel) * sizeof(float), "detr_hungarian_match prob");
   float *box = prob + logits->numel;
   tensor_to_host(logits, prob);
   tensor_to_host(boxes, box);
@@ -30,10 +29,9 @@ int detr_hungarian_match(const Tensor *logits, const Tensor *boxes, const DetrTa
   for (int64_t b = 0; b < B && status == 0; b++) {
     const DetrTarget *t = &targets[b];
     int64_t n = t->n;
-    double *cost = malloc((size_t)(Q * (n ? n : 1)) * sizeof(double));  // [Q, n]
-    matches[b].query = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
-    matches[b].target = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
-    DETR_CHECK(cost && matches[b].query && matches[b].target, "detr_hungarian_match: out of host memory");
+    double *cost = detr_malloc((size_t)(Q * (n ? n : 1)) * sizeof(double), "detr_hungarian_match cost");  // [Q, n]
+    matches[b].query = detr_malloc((size_t)(n ? n : 1) * sizeof(int64_t), "detr_hungarian_match query");
+    matches[b].target = detr_malloc((size_t)(n ? n : 1) * sizeof(int64_t), "detr_hungarian_match target");
     for (int64_t j = 0; j < n && status == 0; j++) {
       if (t->labels[j] < 0 || t->labels[j] >= n_classes) {
         snprintf(err, err_cap, "image %lld: target %lld has label %lld outside [0, %lld)", (long long)b,

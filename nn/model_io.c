@@ -11,10 +11,10 @@ static bool ignored(const char *name, const char *const *prefixes) {
 }
 
 // Appends one problem to err (at most `shown` are listed; the rest are counted).
-static void report(char *err, size_t cap, int *problems, const char *fmt, const char *name, const char *detail) {
+static void report(char *err, size_t err_cap, int *problems, const char *fmt, const char *name, const char *detail) {
   const int shown = 8;
   size_t n = strlen(err);
-  if (*problems < shown && n < cap) snprintf(err + n, cap - n, fmt, name, detail);
+  if (*problems < shown && n < err_cap) snprintf(err + n, err_cap - n, fmt, name, detail);
   (*problems)++;
 }
 
@@ -43,8 +43,7 @@ int params_load_with(ParamStore *ps, const StFile *f, const ParamsLoad *opt, cha
   if (opt->not_loaded) opt->not_loaded[0] = 0;
   int problems = 0, skipped = 0;
   char detail[160];
-  bool *load = calloc((size_t)(ps->count ? ps->count : 1), sizeof(bool));  // [count]: read from the file
-  DETR_CHECK(load, "params_load: out of host memory");
+  bool *load = detr_calloc((size_t)ps->count, sizeof(bool), "params_load flags");  // [count]: read from the file
   for (int i = 0; i < ps->count; i++) {
     const Param *p = &ps->items[i];
     if (listed(p->name, opt->keep_init)) continue;

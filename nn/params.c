@@ -26,8 +26,7 @@ Tensor *params_add(ParamStore *ps, Shape shape, ParamKind kind, LrGroup group, c
   DETR_CHECK(params_find(ps, name) == NULL, "params_add: '%s' registered twice", name);
   if (ps->count == ps->capacity) {
     int cap = ps->capacity ? 2 * ps->capacity : 128;
-    Param *grown = realloc(ps->items, (size_t)cap * sizeof(Param));
-    DETR_CHECK(grown, "params_add: out of host memory");
+    Param *grown = detr_realloc(ps->items, (size_t)cap * sizeof(Param), "parameters");
     ps->items = grown;
     ps->capacity = cap;
   }

@@ -3,7 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "kernels/common.h"
+#include "core/error.h"
 
 void mask_downsample_nearest(const uint8_t *mask, int64_t B, int64_t H, int64_t W, int64_t h, int64_t w,
                              uint8_t *out) {
@@ -23,9 +23,8 @@ void mask_downsample_nearest(const uint8_t *mask, int64_t B, int64_t H, int64_t 
 void position_sine(const uint8_t *mask, int64_t B, int64_t h, int64_t w, int64_t npf, float temperature,
                    float *pos) {
   const float scale = 6.283185307179586f, eps = 1e-6f;  // 2 pi, as float32(2 * math.pi)
-  float *dim_t = malloc((size_t)npf * sizeof(float));
-  float *y_embed = malloc((size_t)(h * w * 2) * sizeof(float)), *x_embed = y_embed + h * w;
-  DETR_CHECK(dim_t && y_embed, "position_sine: out of host memory");
+  float *dim_t = detr_malloc((size_t)npf * sizeof(float), "position_sine dim_t");
+  float *y_embed = detr_malloc((size_t)(h * w * 2) * sizeof(float), "position_sine embed"), *x_embed = y_embed + h * w;
   for (int64_t i = 0; i < npf; i++) dim_t[i] = powf(temperature, (float)(2 * (i / 2)) / (float)npf);
   for (int64_t b = 0; b < B; b++) {
     const uint8_t *m = mask + b * h * w;

@@ -10,9 +10,9 @@ void detr_postprocess(const ClassHead *head, const Tensor *logits, const Tensor 
   head = class_head_or_softmax(head);
   int64_t B = logits->shape.d[0], Q = logits->shape.d[1], cols = logits->shape.d[2];
   int64_t K = head->detections_per_image(Q, cols);
-  float *prob = malloc((size_t)(logits->numel + boxes->numel) * sizeof(float));  // [B, Q, cols], then [B, Q, 4]
-  ClassPick *picks = malloc((size_t)K * sizeof(ClassPick));                      // [K]
-  DETR_CHECK(prob && picks, "detr_postprocess: out of host memory");
+  // [B, Q, cols], then [B, Q, 4]
+  float *prob = detr_malloc((size_t)(logits->numel + boxes->numel) * sizeof(float), "detr_postprocess prob");
+  ClassPick *picks = detr_malloc((size_t)K * sizeof(ClassPick), "detr_postprocess picks");                      // [K]
   float *bx = prob + logits->numel;
   tensor_to_host(logits, prob);
   tensor_to_host(boxes, bx);

@@ -99,8 +99,8 @@ void resnet_init(ResNet *r, Rng *rng) {
 
 static Tensor *calibrated(const FrozenBn *bn, Tensor *x) {  // x [B, H, W, C]
   int64_t C = x->shape.d[3], rows = x->numel / C;
-  float *host = malloc((size_t)x->numel * sizeof(float)), *mean = malloc((size_t)(2 * C) * sizeof(float));
-  DETR_CHECK(host && mean, "resnet_calibrate: out of host memory");
+  float *host = detr_malloc((size_t)x->numel * sizeof(float), "resnet_calibrate host");
+  float *mean = detr_malloc((size_t)(2 * C) * sizeof(float), "resnet_calibrate mean");
   float *var = mean + C;
   tensor_to_host(x, host);
   for (int64_t c = 0; c < C; c++) {

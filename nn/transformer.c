@@ -22,8 +22,7 @@ EncoderLayer encoder_layer_create(ParamStore *ps, const char *prefix, Transforme
                     .s = s,
                     .attn = attn ? attn : encoder_attn_default()};
   if (l.attn->extras_size) {
-    l.attn_extras = calloc(1, l.attn->extras_size);
-    DETR_CHECK(l.attn_extras, "encoder_layer_create: out of host memory");
+    l.attn_extras = detr_calloc(1, l.attn->extras_size, "encoder_layer_create attn_extras");
   }
   if (l.attn->create) {
     char full[112];

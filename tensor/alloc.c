@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kernels/common.h"
+#include "core/error.h"
 #include "tensor/arena.h"
 #if DETR_HAVE_CUDA
 #include "kernels/cuda/cuda_kernels.h"

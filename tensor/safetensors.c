@@ -49,22 +49,16 @@ bool st_dtype_supported(StDtype dt) {
 #if defined(__GNUC__)
 __attribute__((format(printf, 3, 4)))
 #endif
-static void set_err(char *err, size_t cap, const char *fmt, ...) {
-  if (!err || cap == 0) return;
+static void set_err(char *err, size_t err_cap, const char *fmt, ...) {
+  if (!err || err_cap == 0) return;
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(err, cap, fmt, ap);
+  vsnprintf(err, err_cap, fmt, ap);
   va_end(ap);
 }
 
-static void *xrealloc(void *p, size_t n) {
-  p = realloc(p, n ? n : 1);
-  DETR_CHECK(p, "safetensors: out of host memory (%zu bytes)", n);
-  return p;
-}
-
 static char *xstrndup(const unsigned char *s, size_t n) {
-  char *d = xrealloc(NULL, n + 1);
+  char *d = detr_realloc(NULL, n + 1, "a safetensors buffer");
   memcpy(d, s, n);
   d[n] = '\0';
   return d;
@@ -373,8 +367,8 @@ static int on_key(void *ctx, const unsigned char *s, size_t len) {
     p->in_meta = false;
     if (f->n == f->cap) {
       f->cap = f->cap ? 2 * f->cap : 64;
-      f->entries = xrealloc(f->entries, (size_t)f->cap * sizeof *f->entries);
-      f->ends = xrealloc(f->ends, (size_t)f->cap * sizeof *f->ends);
+      f->entries = detr_realloc(f->entries, (size_t)f->cap * sizeof *f->entries, "a safetensors buffer");
+      f->ends = detr_realloc(f->ends, (size_t)f->cap * sizeof *f->ends, "a safetensors buffer");
     }
     f->entries[f->n++] = (StEntry){.name = xstrndup(s, len)};
     p->seen = 0;
@@ -391,7 +385,7 @@ static int on_key(void *ctx, const unsigned char *s, size_t len) {
     if (!utf8_valid_n(s, len)) return parse_fail(p, "__metadata__ key %d is not valid UTF-8", f->nmeta);
     if (f->nmeta == f->cap_meta) {
       f->cap_meta = f->cap_meta ? 2 * f->cap_meta : 16;
-      f->meta = xrealloc(f->meta, (size_t)f->cap_meta * sizeof *f->meta);
+      f->meta = detr_realloc(f->meta, (size_t)f->cap_meta * sizeof *f->meta, "a safetensors buffer");
     }
     f->meta[f->nmeta++] = (StMeta){.key = xstrndup(s, len)};
     return 1;
@@ -453,7 +447,7 @@ static const yajl_callbacks parser_callbacks = {
     .yajl_end_array = on_end_array,
 };
 
-static bool parse_header(StFile *f, const unsigned char *json, size_t len, char *err, size_t cap) {
+static bool parse_header(StFile *f, const unsigned char *json, size_t len, char *err, size_t err_cap) {
   Parser p = {.f = f};
   yajl_handle h = yajl_alloc(&parser_callbacks, NULL, &p);
   DETR_CHECK(h, "safetensors: out of host memory for the JSON parser");
@@ -465,11 +459,11 @@ static bool parse_header(StFile *f, const unsigned char *json, size_t len, char 
   }
   bool ok = st == yajl_status_ok;
   if (st == yajl_status_client_canceled) {
-    set_err(err, cap, "%s: invalid header: %s", f->path, p.msg);
+    set_err(err, err_cap, "%s: invalid header: %s", f->path, p.msg);
   } else if (st == yajl_status_error) {
     unsigned char *msg = yajl_get_error(h, 0, json, len);
     size_t n = strcspn((const char *)msg, "\n");  // yajl ends its message with a newline
-    set_err(err, cap, "%s: malformed JSON in the header at byte %zu of %zu: %.*s", f->path, at, len,
+    set_err(err, err_cap, "%s: malformed JSON in the header at byte %zu of %zu: %.*s", f->path, at, len,
             (int)n, (const char *)msg);
     yajl_free_error(h, msg);
   }
@@ -491,16 +485,16 @@ static int cmp_span(const void *a, const void *b) {
 
 // One entry's data_offsets [e->offset, end): in order, inside the data buffer, and as many bytes as
 // its dtype and shape need; sets its numel and nbytes.
-static bool validate_entry(const StFile *f, StEntry *e, uint64_t end, char *err, size_t cap) {
+static bool validate_entry(const StFile *f, StEntry *e, uint64_t end, char *err, size_t err_cap) {
   char a[160];
   uint64_t begin = e->offset;
   if (end < begin) {
-    set_err(err, cap, "%s: tensor '%s': data_offsets [%llu, %llu] are not in order", f->path,
+    set_err(err, err_cap, "%s: tensor '%s': data_offsets [%llu, %llu] are not in order", f->path,
             e->name, (unsigned long long)begin, (unsigned long long)end);
     return false;
   }
   if (end > f->buf_len) {
-    set_err(err, cap,
+    set_err(err, err_cap,
             "%s: tensor '%s': data_offsets [%llu, %llu] run past the end of the %llu-byte data "
             "buffer (truncated file?)",
             f->path, e->name, (unsigned long long)begin, (unsigned long long)end,
@@ -510,12 +504,12 @@ static bool validate_entry(const StFile *f, StEntry *e, uint64_t end, char *err,
   size_t nbytes;
   e->numel = checked_numel(e->ndim, e->shape, dtypes[e->dtype].size, &nbytes);
   if (e->numel < 0) {
-    set_err(err, cap, "%s: tensor '%s': shape %s is too large", f->path, e->name,
+    set_err(err, err_cap, "%s: tensor '%s': shape %s is too large", f->path, e->name,
             dims_str(e->ndim, e->shape, a, sizeof a));
     return false;
   }
   if (nbytes != end - begin) {
-    set_err(err, cap,
+    set_err(err, err_cap,
             "%s: tensor '%s': data_offsets [%llu, %llu] hold %llu bytes but %s %s needs %zu",
             f->path, e->name, (unsigned long long)begin, (unsigned long long)end,
             (unsigned long long)(end - begin), dtypes[e->dtype].name,
@@ -528,19 +522,19 @@ static bool validate_entry(const StFile *f, StEntry *e, uint64_t end, char *err,
 
 // The entries' byte ranges (spans, one per entry) tile the data buffer exactly: the reference
 // rejects holes and overlaps. Walks the regions in offset order (sorts spans).
-static bool validate_tiling(const StFile *f, Span *spans, char *err, size_t cap) {
+static bool validate_tiling(const StFile *f, Span *spans, char *err, size_t err_cap) {
   qsort(spans, (size_t)f->n, sizeof *spans, cmp_span);
   uint64_t at = 0;
   const char *prev = NULL;
   for (int i = 0; i < f->n; i++) {
     if (spans[i].begin < at) {
-      set_err(err, cap, "%s: tensor '%s' (bytes %llu..%llu) overlaps tensor '%s' (ends at %llu)",
+      set_err(err, err_cap, "%s: tensor '%s' (bytes %llu..%llu) overlaps tensor '%s' (ends at %llu)",
               f->path, spans[i].e->name, (unsigned long long)spans[i].begin,
               (unsigned long long)spans[i].end, prev, (unsigned long long)at);
       return false;
     }
     if (spans[i].begin > at) {
-      set_err(err, cap, "%s: bytes %llu..%llu of the data buffer belong to no tensor (before '%s')",
+      set_err(err, err_cap, "%s: bytes %llu..%llu of the data buffer belong to no tensor (before '%s')",
               f->path, (unsigned long long)at, (unsigned long long)spans[i].begin,
               spans[i].e->name);
       return false;
@@ -549,7 +543,7 @@ static bool validate_tiling(const StFile *f, Span *spans, char *err, size_t cap)
     prev = spans[i].e->name;
   }
   if (at != f->buf_len) {
-    set_err(err, cap,
+    set_err(err, err_cap,
             "%s: the data buffer has %llu bytes but the tensors cover %llu (trailing bytes)",
             f->path, (unsigned long long)f->buf_len, (unsigned long long)at);
     return false;
@@ -559,21 +553,21 @@ static bool validate_tiling(const StFile *f, Span *spans, char *err, size_t cap)
 
 // The indexes by tensor name and by metadata key (for st_find, st_metadata); false when a name or
 // a key appears twice.
-static bool index_names(StFile *f, char *err, size_t cap) {
-  f->by_name = xrealloc(NULL, (size_t)f->n * sizeof *f->by_name);
+static bool index_names(StFile *f, char *err, size_t err_cap) {
+  f->by_name = detr_realloc(NULL, (size_t)f->n * sizeof *f->by_name, "a safetensors buffer");
   for (int i = 0; i < f->n; i++) f->by_name[i] = &f->entries[i];
   qsort(f->by_name, (size_t)f->n, sizeof *f->by_name, cmp_entry_name);
   for (int i = 1; i < f->n; i++)
     if (strcmp(f->by_name[i - 1]->name, f->by_name[i]->name) == 0) {
-      set_err(err, cap, "%s: tensor name '%s' appears twice", f->path, f->by_name[i]->name);
+      set_err(err, err_cap, "%s: tensor name '%s' appears twice", f->path, f->by_name[i]->name);
       return false;
     }
-  f->meta_by_key = xrealloc(NULL, (size_t)f->nmeta * sizeof *f->meta_by_key);
+  f->meta_by_key = detr_realloc(NULL, (size_t)f->nmeta * sizeof *f->meta_by_key, "a safetensors buffer");
   for (int i = 0; i < f->nmeta; i++) f->meta_by_key[i] = &f->meta[i];
   qsort(f->meta_by_key, (size_t)f->nmeta, sizeof *f->meta_by_key, cmp_meta_key);
   for (int i = 1; i < f->nmeta; i++)
     if (strcmp(f->meta_by_key[i - 1]->key, f->meta_by_key[i]->key) == 0) {
-      set_err(err, cap, "%s: __metadata__ key '%s' appears twice", f->path, f->meta_by_key[i]->key);
+      set_err(err, err_cap, "%s: __metadata__ key '%s' appears twice", f->path, f->meta_by_key[i]->key);
       return false;
     }
   return true;
@@ -581,39 +575,39 @@ static bool index_names(StFile *f, char *err, size_t cap) {
 
 // Everything the JSON grammar cannot say: sizes agree with shapes, offsets lie in the buffer and
 // tile it exactly, names and metadata keys are unique.
-static bool validate(StFile *f, char *err, size_t cap) {
-  Span *spans = xrealloc(NULL, (size_t)f->n * sizeof *spans);
+static bool validate(StFile *f, char *err, size_t err_cap) {
+  Span *spans = detr_realloc(NULL, (size_t)f->n * sizeof *spans, "a safetensors buffer");
   bool ok = true;
   for (int i = 0; i < f->n && ok; i++) {
     StEntry *e = &f->entries[i];
-    ok = validate_entry(f, e, f->ends[i], err, cap);
+    ok = validate_entry(f, e, f->ends[i], err, err_cap);
     spans[i] = (Span){e->offset, f->ends[i], e};
   }
-  ok = ok && validate_tiling(f, spans, err, cap) && index_names(f, err, cap);
+  ok = ok && validate_tiling(f, spans, err, err_cap) && index_names(f, err, err_cap);
   free(spans);
   return ok;
 }
 
 // Reads the file into memory so that the data buffer (at 8 + N) lands 64-byte aligned.
-static bool read_file(StFile *f, char *err, size_t cap) {
+static bool read_file(StFile *f, char *err, size_t err_cap) {
   int fd = open(f->path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    set_err(err, cap, "%s: cannot open: %s", f->path, strerror(errno));
+    set_err(err, err_cap, "%s: cannot open: %s", f->path, strerror(errno));
     return false;
   }
   bool ok = false;
   struct stat sb;
   if (fstat(fd, &sb) != 0) {
-    set_err(err, cap, "%s: fstat failed: %s", f->path, strerror(errno));
+    set_err(err, err_cap, "%s: fstat failed: %s", f->path, strerror(errno));
     goto done;
   }
   if (!S_ISREG(sb.st_mode)) {
-    set_err(err, cap, "%s: not a regular file", f->path);
+    set_err(err, err_cap, "%s: not a regular file", f->path);
     goto done;
   }
   uint64_t size = (uint64_t)sb.st_size;
   if (size < 8) {
-    set_err(err, cap,
+    set_err(err, err_cap,
             "%s: %llu bytes is too short for a safetensors file (it starts with an "
             "8-byte header length)",
             f->path, (unsigned long long)size);
@@ -622,31 +616,31 @@ static bool read_file(StFile *f, char *err, size_t cap) {
   unsigned char len8[8];
   ssize_t got = pread(fd, len8, 8, 0);
   if (got != 8) {
-    set_err(err, cap, "%s: reading the header length failed: %s", f->path,
+    set_err(err, err_cap, "%s: reading the header length failed: %s", f->path,
             got < 0 ? strerror(errno) : "file shrank");
     goto done;
   }
   uint64_t n = 0;
   for (int i = 7; i >= 0; i--) n = n << 8 | len8[i];
   if (n > ST_MAX_HEADER_BYTES) {
-    set_err(err, cap, "%s: header length %llu exceeds the %d-byte limit (not a safetensors file?)",
+    set_err(err, err_cap, "%s: header length %llu exceeds the %d-byte limit (not a safetensors file?)",
             f->path, (unsigned long long)n, ST_MAX_HEADER_BYTES);
     goto done;
   }
   if (n > size - 8) {
-    set_err(err, cap,
+    set_err(err, err_cap,
             "%s: header length %llu is larger than the %llu bytes after it (truncated "
             "or not a safetensors file)",
             f->path, (unsigned long long)n, (unsigned long long)(size - 8));
     goto done;
   }
   if (size > SIZE_MAX - 128) {
-    set_err(err, cap, "%s: %llu bytes do not fit in memory", f->path, (unsigned long long)size);
+    set_err(err, err_cap, "%s: %llu bytes do not fit in memory", f->path, (unsigned long long)size);
     goto done;
   }
   f->mem = malloc((size_t)size + 64);
   if (!f->mem) {
-    set_err(err, cap, "%s: out of host memory reading %llu bytes", f->path,
+    set_err(err, err_cap, "%s: out of host memory reading %llu bytes", f->path,
             (unsigned long long)size);
     goto done;
   }
@@ -657,11 +651,11 @@ static bool read_file(StFile *f, char *err, size_t cap) {
     ssize_t r = pread(fd, image + done_bytes, (size_t)(size - done_bytes), (off_t)done_bytes);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) {
-      set_err(err, cap, "%s: read failed: %s", f->path, strerror(errno));
+      set_err(err, err_cap, "%s: read failed: %s", f->path, strerror(errno));
       goto done;
     }
     if (r == 0) {
-      set_err(err, cap, "%s: file shrank while being read (%llu of %llu bytes)", f->path,
+      set_err(err, err_cap, "%s: file shrank while being read (%llu of %llu bytes)", f->path,
               (unsigned long long)done_bytes, (unsigned long long)size);
       goto done;
     }
@@ -669,7 +663,7 @@ static bool read_file(StFile *f, char *err, size_t cap) {
   }
   f->buf = image + 8 + n;
   f->buf_len = size - 8 - n;
-  ok = parse_header(f, image + 8, (size_t)n, err, cap);
+  ok = parse_header(f, image + 8, (size_t)n, err, err_cap);
 done:
   close(fd);
   return ok;
@@ -677,7 +671,7 @@ done:
 
 StFile *st_open(const char *path, char *err, size_t err_cap) {
   DETR_CHECK(path, "st_open: NULL path");
-  StFile *f = xrealloc(NULL, sizeof *f);
+  StFile *f = detr_realloc(NULL, sizeof *f, "a safetensors buffer");
   *f = (StFile){.path = xstrndup((const unsigned char *)path, strlen(path))};
   if (!read_file(f, err, err_cap) || !validate(f, err, err_cap)) {
     st_close(f);
@@ -741,7 +735,7 @@ struct StWriter {
 };
 
 StWriter *st_writer_new(void) {
-  StWriter *w = xrealloc(NULL, sizeof *w);
+  StWriter *w = detr_realloc(NULL, sizeof *w, "a safetensors buffer");
   *w = (StWriter){0};
   return w;
 }
@@ -773,7 +767,7 @@ static void writer_add_owned(StWriter *w, const char *name, StDtype dtype, int n
     DETR_CHECK(strcmp(w->e[i].name, name) != 0, "st_writer_add: duplicate tensor name '%s'", name);
   if (w->n == w->cap) {
     w->cap = w->cap ? 2 * w->cap : 64;
-    w->e = xrealloc(w->e, (size_t)w->cap * sizeof *w->e);
+    w->e = detr_realloc(w->e, (size_t)w->cap * sizeof *w->e, "a safetensors buffer");
   }
   WEntry *e = &w->e[w->n++];
   *e = (WEntry){.name = xstrndup((const unsigned char *)name, strlen(name)),
@@ -803,14 +797,14 @@ void st_writer_add(StWriter *w, const char *name, StDtype dtype, int ndim, const
                    const void *data) {
   size_t nbytes = writer_check(name ? name : "(null)", dtype, ndim, shape);
   DETR_CHECK(data || nbytes == 0, "st_writer_add: tensor '%s': NULL data", name);
-  void *copy = xrealloc(NULL, nbytes);
+  void *copy = detr_realloc(NULL, nbytes, "a safetensors buffer");
   if (nbytes) memcpy(copy, data, nbytes);
   writer_add_owned(w, name, dtype, ndim, shape, copy, nbytes);
 }
 
 void st_writer_add_tensor(StWriter *w, const char *name, const Tensor *t) {
   size_t nbytes = writer_check(name ? name : "(null)", ST_F32, t->shape.ndim, t->shape.d);
-  float *copy = xrealloc(NULL, nbytes);
+  float *copy = detr_realloc(NULL, nbytes, "a safetensors buffer");
   tensor_to_host(t, copy);
   writer_add_owned(w, name, ST_F32, t->shape.ndim, t->shape.d, copy, nbytes);
 }
@@ -831,7 +825,7 @@ void st_writer_set_metadata(StWriter *w, const char *key, const char *value) {
     }
   if (w->nmeta == w->cap_meta) {
     w->cap_meta = w->cap_meta ? 2 * w->cap_meta : 16;
-    w->meta = xrealloc(w->meta, (size_t)w->cap_meta * sizeof *w->meta);
+    w->meta = detr_realloc(w->meta, (size_t)w->cap_meta * sizeof *w->meta, "a safetensors buffer");
   }
   w->meta[w->nmeta++] = (StMeta){xstrndup((const unsigned char *)key, strlen(key)), v};
 }
@@ -846,7 +840,7 @@ typedef struct {
 static void buf_put(Buf *b, const char *s, size_t n) {
   if (b->n + n + 1 > b->cap) {
     while (b->n + n + 1 > b->cap) b->cap = b->cap ? 2 * b->cap : 4096;
-    b->p = xrealloc(b->p, b->cap);
+    b->p = detr_realloc(b->p, b->cap, "a safetensors buffer");
   }
   memcpy(b->p + b->n, s, n);
   b->n += n;
@@ -896,7 +890,7 @@ static void buf_json_string(Buf *b, const char *s) {
 // aligned for its dtype without padding (the format allows no holes). The header keeps
 // insertion order.
 static int *data_order(const StWriter *w) {
-  int *order = xrealloc(NULL, (size_t)w->n * sizeof *order), k = 0;
+  int *order = detr_realloc(NULL, (size_t)w->n * sizeof *order, "a safetensors buffer"), k = 0;
   for (size_t size = 8; size >= 1; size /= 2)
     for (int i = 0; i < w->n; i++)
       if (dtypes[w->e[i].dtype].size == size) order[k++] = i;
@@ -905,7 +899,7 @@ static int *data_order(const StWriter *w) {
 }
 
 static void build_header(const StWriter *w, const int *order, Buf *b) {
-  uint64_t *begin = xrealloc(NULL, (size_t)w->n * sizeof *begin), at = 0;
+  uint64_t *begin = detr_realloc(NULL, (size_t)w->n * sizeof *begin, "a safetensors buffer"), at = 0;
   for (int k = 0; k < w->n; k++) {
     begin[order[k]] = at;
     at += w->e[order[k]].nbytes;
@@ -959,7 +953,7 @@ int st_writer_save(const StWriter *w, const char *path, char *err, size_t err_ca
   Buf header = {0};
   build_header(w, order, &header);
   size_t tmp_cap = strlen(path) + 32;
-  char *tmp = xrealloc(NULL, tmp_cap);
+  char *tmp = detr_realloc(NULL, tmp_cap, "a safetensors buffer");
   snprintf(tmp, tmp_cap, "%s.tmp.%ld", path, (long)getpid());
 
   int rc = -1;

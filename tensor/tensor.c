@@ -59,8 +59,7 @@ static Tensor *header_get(void) {
   pthread_mutex_unlock(&header_lock);
   if (!t) {
     header_system_allocs++;
-    t = malloc(sizeof(Tensor));
-    DETR_CHECK(t, "tensor: out of host memory for a tensor header");
+    t = detr_malloc(sizeof(Tensor), "a tensor header");
   }
   memset(t, 0, sizeof(*t));
   return t;
@@ -187,8 +186,7 @@ static size_t scope_count = 0, scope_capacity = 0;
 Tensor *tensor_scoped(Tensor *t) {
   if (scope_count == scope_capacity) {
     size_t cap = scope_capacity ? 2 * scope_capacity : 1024;
-    Tensor **grown = realloc(scope_items, cap * sizeof(Tensor *));
-    DETR_CHECK(grown, "tensor_scoped: out of host memory");
+    Tensor **grown = detr_realloc(scope_items, cap * sizeof(Tensor *), "the tensor scope");
     scope_items = grown;
     scope_capacity = cap;
   }
@@ -309,8 +307,7 @@ void tensor_print(FILE *f, const char *name, const Tensor *t) {
   char buf[96];
   fprintf(f, "%s: %s %s", name ? name : "tensor", device_name(t->device),
           shape_str(t->shape, buf, sizeof buf));
-  float *host = malloc((size_t)(t->numel ? t->numel : 1) * sizeof(float));
-  DETR_CHECK(host, "tensor_print: out of host memory");
+  float *host = detr_malloc((size_t)(t->numel ? t->numel : 1) * sizeof(float), "tensor_print host");
   tensor_to_host(t, host);
   int64_t last = t->shape.ndim ? t->shape.d[t->shape.ndim - 1] : 1;
   int64_t shown = t->numel < 64 ? t->numel : 64;

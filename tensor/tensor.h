@@ -8,7 +8,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "kernels/common.h"
+#include "core/error.h"
+#include "kernels/common.h"  // DETR_MAX_DIMS
 #include "tensor/alloc.h"
 
 typedef struct {

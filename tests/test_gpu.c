@@ -13,6 +13,8 @@
 //     concat, slice, index_select, max-pool), the staged uploads and checkpoints;
 //   - the normal draw: 1e-6 (device logf / sinf / cosf differ from glibc's by an ulp or two).
 // Every op is also run twice on the GPU and must give the same bits: no kernel uses atomics.
+// The unary and binary ops come from tests/op_table.c's entries, and every entry marked .cuda
+// must be compared (ops_coverage).
 //
 // Without a CUDA device (no NVIDIA driver, or no GPU) it prints "no CUDA device: skipping" and the
 // reason, and returns 77, which ctest reports as skipped (SKIP_RETURN_CODE in tests/CMakeLists.txt).
@@ -41,6 +43,7 @@
 #include "nn/detr.h"
 #include "nn/enact.h"
 #include "train/checkpoint.h"
+#include "tests/op_table.h"
 
 #define TOL 1e-4
 
@@ -152,7 +155,7 @@ static float *dev_download(const float *d, int64_t n) {
 // max|a - b| / max(1, max|b|) over the elements that differ; equal elements (infinities included:
 // a fully masked log-softmax row is -inf on both sides) count as 0, a NaN on one side as infinite.
 // Non-finite references do not set the scale.
-static double max_rel_diff(const float *a, const float *b, int64_t n) {
+static double gpu_rel_diff(const float *a, const float *b, int64_t n) {
   double max_diff = 0.0, max_ref = 1.0;
   for (int64_t i = 0; i < n; i++) {
     if (isfinite(b[i]) && fabs((double)b[i]) > max_ref) max_ref = fabs((double)b[i]);
@@ -168,7 +171,7 @@ static double max_rel_diff(const float *a, const float *b, int64_t n) {
 static void expect_close(const char *what, const float *d, const float *ref, int64_t n,
                          double tol) {
   float *h = dev_download(d, n);
-  double err = max_rel_diff(h, ref, n);
+  double err = gpu_rel_diff(h, ref, n);
   ck_assert_msg(err <= tol, "%s: relative error %.3g > %.3g", what, err, tol);
   free(h);
 }
@@ -228,19 +231,21 @@ END_TEST
 
 // --- unary ops ---
 
+// Every unary kernel (tests/op_table.c has one entry for each), over the entry's wide range.
 START_TEST(unary_forward_backward) {
   const int64_t sizes[] = {1, 33, 100003};
-  const float param = 0.7f;
-  for (int op = 0; op < UNARY_COUNT; op++) {
+  const char *why = op_table_problem();
+  ck_assert_msg(!why, "%s", why);
+  for (int i = 0; i < OP_TABLE_COUNT; i++) {
+    const OpEntry *e = &OP_TABLE[i];
+    if (e->kind != OP_UNARY) continue;
+    int op = e->kernel;
+    float p = e->kernel_param;
     for (size_t t = 0; t < sizeof sizes / sizeof *sizes; t++) {
       int64_t n = sizes[t];
       uint64_t seed = 100 + 10 * (uint64_t)op + t;
-      bool positive = op == UNARY_LOG || op == UNARY_SQRT || op == UNARY_POW_SCALAR;
-      float p = op == UNARY_INVERSE_SIGMOID ? 1e-3f : param;  // eps: both clamps and the interior
-      float *x = op == UNARY_INVERSE_SIGMOID ? host_uniform(n, seed, -0.2f, 1.2f)
-                 : positive          ? host_uniform(n, seed, 0.1f, 4.0f)
-                 : op == UNARY_EXP ? host_uniform(n, seed, -4.0f, 4.0f)
-                                   : host_away_from_zero(n, seed, 0.05f, 3.0f);
+      float *x = e->wide.away ? host_away_from_zero(n, seed, e->wide.lo, e->wide.hi)
+                              : host_uniform(n, seed, e->wide.lo, e->wide.hi);
       float *y = host_alloc(n);
       cpu_unary_forward(op, x, y, n, p);
       float *d_x = dev_upload(x, n), *d_y = dev_upload(y, n);  // d_y overwritten below
@@ -700,7 +705,7 @@ static double gemm_error(int64_t m, uint64_t seed) {
   cpu_gemm(false, false, m, m, m, 1.0f, a, m, b, m, 0.0f, c, m);
   cuda_gemm(false, false, m, m, m, 1.0f, d_a, m, d_b, m, 0.0f, d_c, m);
   float *h = dev_download(d_c, m * m);
-  double err = max_rel_diff(h, c, m * m);
+  double err = gpu_rel_diff(h, c, m * m);
   cuda_device_free(d_a), cuda_device_free(d_b), cuda_device_free(d_c);
   free(a), free(b), free(c), free(h);
   return err;
@@ -746,6 +751,24 @@ static void leaf_pair(Shape s, uint64_t seed, float lo, float hi, Tensor **cpu, 
   free(h);
 }
 
+// Which entries of the op table were compared: ops_coverage requires every entry marked .cuda.
+// An entry counts when a comparison's `what` starts with its name (the longest that fits).
+static bool g_compared[256];
+
+static void record_compared(const char *what) {
+  int best = -1;
+  size_t best_len = 0;
+  for (int i = 0; i < OP_TABLE_COUNT; i++) {
+    size_t len = strlen(OP_TABLE[i].name);
+    if (len <= best_len || strncmp(what, OP_TABLE[i].name, len)) continue;
+    char next = what[len];  // the name must end there: "linear" is not "linear_relu"
+    if (next == '_' || next == '.' || (next >= 'a' && next <= 'z') || (next >= '0' && next <= '9')) continue;
+    best = i;
+    best_len = len;
+  }
+  if (best >= 0) g_compared[best] = true;
+}
+
 // t (any device) against the CPU tensor ref.
 static void expect_tensor_close(const char *what, const Tensor *t, const Tensor *ref) {
   ck_assert_msg(t && ref, "%s: missing tensor", what);
@@ -753,7 +776,7 @@ static void expect_tensor_close(const char *what, const Tensor *t, const Tensor 
   float *a = host_alloc(t->numel), *b = host_alloc(ref->numel);
   tensor_to_host(t, a);
   tensor_to_host(ref, b);
-  double err = max_rel_diff(a, b, t->numel);
+  double err = gpu_rel_diff(a, b, t->numel);
   ck_assert_msg(err <= TOL, "%s: relative error %.3g > %.3g", what, err, TOL);
   free(a);
   free(b);
@@ -803,6 +826,7 @@ START_TEST(autograd_conv2d) {
   Tensor *yg = op_conv2d(xg, wg, bg, p);
   backward_seeded(yg, 24);
   ck_assert_int_eq(yg->device, DEVICE_CUDA);
+  record_compared("conv2d");
   expect_tensor_close("conv2d forward", yg, y);
   expect_tensor_close("conv2d dx", xg->grad, x->grad);
   expect_tensor_close("conv2d dw", wg->grad, w->grad);
@@ -859,6 +883,7 @@ START_TEST(autograd_enact_cluster) {
     Tensor *vcg, *kcg = op_enact_cluster(kg, vg, hg, s, starts, lengths, 9, &vcg);
     backward_two_seeded(kcg, vcg, 44);
     ck_assert_int_eq(kcg->device, DEVICE_CUDA);
+    record_compared("enact_cluster");
     expect_tensor_close("enact_cluster K'", kcg, kc);
     expect_tensor_close("enact_cluster V'", vcg, vc);
     expect_tensor_close("enact_cluster dK", kg->grad, k->grad);
@@ -900,15 +925,6 @@ static Tensor *cpu_uniform_tensor(Shape s, uint64_t seed, float lo, float hi, bo
   return t;
 }
 
-// Magnitudes in [lo, hi) with random signs (away from kinks and poles).
-static Tensor *cpu_away_tensor(Shape s, uint64_t seed, float lo, float hi, bool grad) {
-  float *h = host_away_from_zero(shape_numel(s), seed, lo, hi);
-  Tensor *t = tensor_from_host(DEVICE_CPU, s, h);
-  tensor_set_requires_grad(t, grad);
-  free(h);
-  return t;
-}
-
 static Tensor *run_op(OpFn f, Tensor *const *in, void *ctx, uint64_t seed) {
   Tensor *y = f(in, ctx);
   if (y->requires_grad) backward_seeded(y, seed);
@@ -936,6 +952,7 @@ static void expect_tensor_bitwise(const char *what, const Tensor *t, const float
 // arithmetic cannot round differently). Releases the inputs.
 static void compare_op(const char *what, OpFn f, Tensor **in, int n, void *ctx, uint64_t seed, bool bitwise) {
   ck_assert(n <= MAX_OP_INPUTS);
+  record_compared(what);
   Tensor *gin[MAX_OP_INPUTS] = {NULL};
   for (int i = 0; i < n; i++)
     if (in[i]) {
@@ -984,59 +1001,28 @@ static void compare_op(const char *what, OpFn f, Tensor **in, int n, void *ctx, 
 
 // --- the ops ---
 
-static Tensor *f_relu(Tensor *const *in, void *c) { return op_relu(in[0]); }
-static Tensor *f_sigmoid(Tensor *const *in, void *c) { return op_sigmoid(in[0]); }
-static Tensor *f_sin(Tensor *const *in, void *c) { return op_sin(in[0]); }
-static Tensor *f_cos(Tensor *const *in, void *c) { return op_cos(in[0]); }
-static Tensor *f_inverse_sigmoid(Tensor *const *in, void *c) { return op_inverse_sigmoid(in[0], 1e-5f); }
-static Tensor *f_exp(Tensor *const *in, void *c) { return op_exp(in[0]); }
-static Tensor *f_log(Tensor *const *in, void *c) { return op_log(in[0]); }
-static Tensor *f_neg(Tensor *const *in, void *c) { return op_neg(in[0]); }
-static Tensor *f_add_scalar(Tensor *const *in, void *c) { return op_add_scalar(in[0], 0.75f); }
-static Tensor *f_mul_scalar(Tensor *const *in, void *c) { return op_mul_scalar(in[0], -1.7f); }
-static Tensor *f_add(Tensor *const *in, void *c) { return op_add(in[0], in[1]); }
-static Tensor *f_sub(Tensor *const *in, void *c) { return op_sub(in[0], in[1]); }
-static Tensor *f_mul(Tensor *const *in, void *c) { return op_mul(in[0], in[1]); }
-static Tensor *f_div(Tensor *const *in, void *c) { return op_div(in[0], in[1]); }
-
+// Unary and binary elementwise ops, from their tests/op_table.c entries: the table's shapes (the
+// gradient checks' and larger ones), values from the entries' ranges.
 START_TEST(ops_elementwise) {
-  const Shape shapes[] = {SHAPE(7), SHAPE(3, 1, 5), SHAPE(3, 1000), SHAPE(300007)};
-  struct {
-    UnaryOp op;
-    OpFn f;
-    float lo, hi;  // lo > 0: positive inputs; else magnitudes in [-lo, hi] away from 0
-  } unary[] = {{UNARY_RELU, f_relu, -0.05f, 1.0f},       {UNARY_SIGMOID, f_sigmoid, -0.01f, 3.0f},
-               {UNARY_EXP, f_exp, -0.01f, 2.0f},         {UNARY_LOG, f_log, 0.3f, 3.0f},
-               {UNARY_NEG, f_neg, -0.01f, 1.0f},         {UNARY_ADD_SCALAR, f_add_scalar, -0.01f, 1.0f},
-               {UNARY_MUL_SCALAR, f_mul_scalar, -0.01f, 1.0f}, {UNARY_SIN, f_sin, -0.01f, 7.0f},
-               {UNARY_COS, f_cos, -0.01f, 7.0f},
-               {UNARY_INVERSE_SIGMOID, f_inverse_sigmoid, 0.05f, 0.95f}};
-  for (size_t u = 0; u < sizeof unary / sizeof *unary; u++)
-    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
-      uint64_t seed = 20000 + 10 * u + s;
-      Tensor *x = unary[u].lo > 0 ? cpu_uniform_tensor(shapes[s], seed, unary[u].lo, unary[u].hi, true)
-                                  : cpu_away_tensor(shapes[s], seed, -unary[u].lo, unary[u].hi, true);
-      char what[64];
-      snprintf(what, sizeof what, "%s numel %lld", unary_op_name(unary[u].op),
-               (long long)shape_numel(shapes[s]));
-      compare_op(what, unary[u].f, &x, 1, NULL, seed + 5, false);
-    }
-  Shape pairs[][2] = {{SHAPE(5), SHAPE(5)},         {SHAPE(2, 3), SHAPE(3)},      {SHAPE(2, 1, 4), SHAPE(3, 1)},
-                      {SHAPE(1), SHAPE(2, 3)},      {SHAPE(4, 1), SHAPE(1, 3)},   {SHAPE(2, 3, 1, 2), SHAPE(3, 5, 1)},
-                      {SHAPE(2000, 64), SHAPE(64)}, {SHAPE(8, 300, 4), SHAPE(8, 1, 4)}};
-  _Static_assert(BINARY_COUNT == 4, "every binary op needs its f_ below");
-  OpFn binary[BINARY_COUNT] = {[BINARY_ADD] = f_add, [BINARY_SUB] = f_sub, [BINARY_MUL] = f_mul,
-                               [BINARY_DIV] = f_div};
-  for (int op = 0; op < BINARY_COUNT; op++)
-    for (size_t p = 0; p < sizeof pairs / sizeof *pairs; p++) {
-      uint64_t seed = 21000 + 100 * (uint64_t)op + 2 * p;
-      Tensor *in[2] = {cpu_uniform_tensor(pairs[p][0], seed, -1, 1, true),
-                       op == BINARY_DIV ? cpu_away_tensor(pairs[p][1], seed + 1, 0.5f, 2.0f, true)
-                                        : cpu_uniform_tensor(pairs[p][1], seed + 1, -1, 1, true)};
-      char what[64];
-      snprintf(what, sizeof what, "%s pair %zu", binary_op_name(op), p);
-      compare_op(what, binary[op], in, 2, NULL, seed + 7, false);
-    }
+  for (int i = 0; i < OP_TABLE_COUNT; i++) {
+    const OpEntry *e = &OP_TABLE[i];
+    char what[64];
+    if (e->kind == OP_UNARY)
+      for (int s = 0; s < UNARY_SHAPES; s++) {
+        uint64_t seed = 20000 + 10 * (uint64_t)i + s;
+        Tensor *x = op_input(e, 0, OP_UNARY_SHAPES[s], seed, true);
+        snprintf(what, sizeof what, "%s numel %lld", e->name, (long long)shape_numel(OP_UNARY_SHAPES[s]));
+        compare_op(what, e->f, &x, 1, NULL, seed + 5, false);
+      }
+    if (e->kind == OP_BINARY)
+      for (int p = 0; p < BINARY_PAIRS; p++) {
+        uint64_t seed = 21000 + 100 * (uint64_t)e->kernel + 2 * p;
+        Tensor *in[2] = {op_input(e, 0, OP_BINARY_PAIRS[p][0], seed, true),
+                         op_input(e, 1, OP_BINARY_PAIRS[p][1], seed + 1, true)};
+        snprintf(what, sizeof what, "%s pair %d", e->name, p);
+        compare_op(what, e->f, in, 2, NULL, seed + 7, false);
+      }
+  }
 }
 END_TEST
 
@@ -1197,8 +1183,8 @@ START_TEST(ops_pool_and_norm) {
   // inputs of its own (compare_op releases its inputs).
   // The last channels last, as the backbone runs them.
   bool combos[4][3] = {{true, false, false}, {true, true, false}, {false, true, false}, {true, true, true}};
-  const char *combo_names[4] = {"frozen_bn_add", "frozen_bn_add_relu", "frozen_bn_relu",
-                                "frozen_bn_add_relu (channels last)"};
+  const char *combo_names[4] = {"frozen_batchnorm2d_act: add", "frozen_batchnorm2d_act: add_relu",
+                                "frozen_batchnorm2d_act: relu", "frozen_batchnorm2d_act: add_relu (channels last)"};
   for (int i = 0; i < 4; i++) {
     uint64_t seed = 25110 + 10 * (uint64_t)i;
     Shape xs = combos[i][2] ? SHAPE(2, 4, 5, 3) : SHAPE(2, 3, 4, 5);
@@ -1444,6 +1430,22 @@ START_TEST(ops_enact_smooth) {
 }
 END_TEST
 
+// Every op table entry marked .cuda was compared with the CPU by the autograd and op tests
+// (which run first, in this process): the structural form of "every op has a CUDA test".
+START_TEST(ops_coverage) {
+  const char *c = getenv("CK_RUN_CASE"), *t = getenv("CK_RUN_SUITE");
+  if ((c && *c) || (t && *t)) return;  // only a part was run: nothing to count
+  ck_assert(OP_TABLE_COUNT <= (int)(sizeof g_compared / sizeof *g_compared));
+  char missing[512] = "";
+  for (int i = 0; i < OP_TABLE_COUNT; i++)
+    if (OP_TABLE[i].cuda && !g_compared[i] && strlen(missing) + strlen(OP_TABLE[i].name) + 2 < sizeof missing) {
+      strcat(missing, " ");
+      strcat(missing, OP_TABLE[i].name);
+    }
+  ck_assert_msg(!missing[0], "op table entries marked .cuda that test_gpu never compared:%s", missing);
+}
+END_TEST
+
 // --- host-to-device copies: pinned staging ---
 
 START_TEST(staged_uploads) {
@@ -1501,7 +1503,7 @@ static void expect_tensor_close_tol(const char *what, const Tensor *t, const Ten
   ck_assert_msg(t && ref, "%s: missing tensor", what);
   ck_assert_msg(shape_equal(t->shape, ref->shape), "%s: shapes differ", what);
   float *a = download(t), *b = download(ref);
-  double err = max_rel_diff(a, b, t->numel);
+  double err = gpu_rel_diff(a, b, t->numel);
   ck_assert_msg(err <= tol, "%s: relative error %.3g > %.3g", what, err, tol);
   free(a);
   free(b);
@@ -1826,6 +1828,7 @@ int main(int argc, char **argv) {
   tcase_add_test(ops, ops_shape);
   tcase_add_test(ops, ops_losses_and_boxes);
   tcase_add_test(ops, ops_enact_smooth);
+  tcase_add_test(ops, ops_coverage);  // after every op test
   tcase_add_test(ops, staged_uploads);
   TCase *model = gpu_tcase(s, "model");  // the tiny DETR: a step, and AdamW training
   tcase_add_test(model, model_detr_step);

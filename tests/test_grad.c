@@ -1,7 +1,9 @@
-// Finite-difference gradient tests, one suite per differentiable op (`test_grad OP` runs one;
-// ctest registers each as grad.OP). Tolerances: eps 1e-2 steps in float32 give truncation error
-// ~eps^2 |f'''| and rounding error ~1e-7 |L| / eps, so smooth ops use atol 2e-3, rtol 1e-2 unless
-// noted; a backward that is off by 2% or more in any element fails.
+// Finite-difference gradient tests, one suite per entry of the op table (tests/op_table.c;
+// `test_grad OP` runs one, `test_grad --list` names them, and ctest registers each as grad.OP).
+// Unary and binary elementwise entries are tested generically from the table's data.
+// Tolerances: eps 1e-2 steps in float32 give truncation error ~eps^2 |f'''| and rounding error
+// ~1e-7 |L| / eps, so smooth ops use atol 2e-3, rtol 1e-2 (op_tol's default) unless noted; a
+// backward that is off by 2% or more in any element fails.
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,6 +17,7 @@
 #include "nn/resnet.h"
 #include "nn/transformer.h"
 #include "tests/gradcheck.h"
+#include "tests/op_table.h"
 
 static const GradTol TOL = {.eps = 1e-2, .atol = 2e-3, .rtol = 1e-2};
 
@@ -75,98 +78,24 @@ START_TEST(grad_harness) {
 }
 END_TEST
 
-// --- unary and scalar ops ---
+// --- unary and binary elementwise ops: generic, from their tests/op_table.c entries ---
 
-static Tensor *f_relu(Tensor *const *in, void *c) { return op_relu(in[0]); }
-static Tensor *f_sigmoid(Tensor *const *in, void *c) { return op_sigmoid(in[0]); }
-static Tensor *f_exp(Tensor *const *in, void *c) { return op_exp(in[0]); }
-static Tensor *f_log(Tensor *const *in, void *c) { return op_log(in[0]); }
-static Tensor *f_neg(Tensor *const *in, void *c) { return op_neg(in[0]); }
-static Tensor *f_add_scalar(Tensor *const *in, void *c) { return op_add_scalar(in[0], 0.75f); }
-static Tensor *f_mul_scalar(Tensor *const *in, void *c) { return op_mul_scalar(in[0], -1.7f); }
-static Tensor *f_sqrt(Tensor *const *in, void *c) { return op_sqrt(in[0]); }
-static Tensor *f_pow_scalar(Tensor *const *in, void *c) { return op_pow_scalar(in[0], 3.0f); }
-static Tensor *f_softplus(Tensor *const *in, void *c) { return op_softplus(in[0]); }
-static Tensor *f_sin(Tensor *const *in, void *c) { return op_sin(in[0]); }
-static Tensor *f_cos(Tensor *const *in, void *c) { return op_cos(in[0]); }
-static Tensor *f_inverse_sigmoid(Tensor *const *in, void *c) { return op_inverse_sigmoid(in[0], 1e-5f); }
-
-static const Shape *unary_shapes(int *n) {
-  static Shape shapes[4];
-  shapes[0] = SHAPE(1);
-  shapes[1] = SHAPE(7);
-  shapes[2] = SHAPE(3, 1, 5);
-  shapes[3] = SHAPE(2, 3, 4, 2);
-  *n = 4;
-  return shapes;
+// Unary: the table's small shapes, values from its range; binary: its small broadcasting pairs.
+START_TEST(grad_elementwise) {
+  const OpEntry *e = &OP_TABLE[_i];
+  GradTol tol = op_tol(e);
+  if (e->kind == OP_UNARY)
+    for (int s = 0; s < UNARY_SHAPES_FD; s++) {
+      Tensor *x = op_input(e, 0, OP_UNARY_SHAPES[s], 10 + s, true);
+      expect_grad(e->name, e->f, &x, 1, NULL, tol);
+    }
+  else
+    for (int p = 0; p < BINARY_PAIRS_FD; p++) {
+      Tensor *in[2] = {op_input(e, 0, OP_BINARY_PAIRS[p][0], 20 + p, true),
+                       op_input(e, 1, OP_BINARY_PAIRS[p][1], 40 + p, true)};
+      expect_grad(e->name, e->f, in, 2, NULL, tol);
+    }
 }
-
-static void check_unary(const char *name, GradFn f, float margin, float low, float high) {
-  int n;
-  const Shape *shapes = unary_shapes(&n);
-  for (int s = 0; s < n; s++) {
-    Tensor *x = low >= 0 ? test_uniform(shapes[s], low, high, 10 + s, true)
-                         : test_uniform_away_from_zero(shapes[s], margin, high, 10 + s, true);
-    expect_grad(name, f, &x, 1, NULL, TOL);
-  }
-}
-
-START_TEST(grad_relu) { check_unary("relu", f_relu, 0.05f, -1, 1.0f); }  // |x| >= 5 eps: no kink
-END_TEST
-START_TEST(grad_sigmoid) { check_unary("sigmoid", f_sigmoid, 0.0f, -1, 3.0f); }
-END_TEST
-START_TEST(grad_exp) { check_unary("exp", f_exp, 0.0f, -1, 2.0f); }
-END_TEST
-START_TEST(grad_log) { check_unary("log", f_log, 0.0f, 0.3f, 3.0f); }  // x > 0.3: f''' bounded
-END_TEST
-START_TEST(grad_neg) { check_unary("neg", f_neg, 0.0f, -1, 1.0f); }
-END_TEST
-START_TEST(grad_add_scalar) { check_unary("add_scalar", f_add_scalar, 0.0f, -1, 1.0f); }
-END_TEST
-START_TEST(grad_mul_scalar) { check_unary("mul_scalar", f_mul_scalar, 0.0f, -1, 1.0f); }
-END_TEST
-START_TEST(grad_sqrt) { check_unary("sqrt", f_sqrt, 0.0f, 0.3f, 3.0f); }  // x > 0.3: f''' bounded
-END_TEST
-START_TEST(grad_pow_scalar) { check_unary("pow_scalar", f_pow_scalar, 0.0f, 0.1f, 2.0f); }  // FLatten's p = 3
-END_TEST
-START_TEST(grad_softplus) { check_unary("softplus", f_softplus, 0.0f, -1, 3.0f); }
-END_TEST
-START_TEST(grad_sin) { check_unary("sin", f_sin, 0.0f, -1, 7.0f); }
-END_TEST
-START_TEST(grad_cos) { check_unary("cos", f_cos, 0.0f, -1, 7.0f); }
-END_TEST
-// Inside (0, 1), away from the clamps and from 0 and 1 (where the higher derivatives blow up);
-// the clamped regions are checked by value in test_ops.
-START_TEST(grad_inverse_sigmoid) { check_unary("inverse_sigmoid", f_inverse_sigmoid, 0.0f, 0.1f, 0.9f); }
-END_TEST
-
-// --- binary ops with broadcasting ---
-
-static Tensor *f_add(Tensor *const *in, void *c) { return op_add(in[0], in[1]); }
-static Tensor *f_sub(Tensor *const *in, void *c) { return op_sub(in[0], in[1]); }
-static Tensor *f_mul(Tensor *const *in, void *c) { return op_mul(in[0], in[1]); }
-static Tensor *f_div(Tensor *const *in, void *c) { return op_div(in[0], in[1]); }
-
-static void check_binary(const char *name, GradFn f, bool positive_b) {
-  Shape pairs[][2] = {
-      {SHAPE(5), SHAPE(5)},             {SHAPE(2, 3), SHAPE(3)},        {SHAPE(2, 1, 4), SHAPE(3, 1)},
-      {SHAPE(1), SHAPE(2, 3)},          {SHAPE(4, 1), SHAPE(1, 3)},     {SHAPE(2, 3, 1, 2), SHAPE(3, 5, 1)},
-  };
-  for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++) {
-    Tensor *in[2] = {U(pairs[p][0], 20 + p),
-                     positive_b ? test_uniform(pairs[p][1], 0.5f, 2.0f, 40 + p, true)
-                                : U(pairs[p][1], 40 + p)};
-    expect_grad(name, f, in, 2, NULL, TOL);
-  }
-}
-
-START_TEST(grad_add) { check_binary("add", f_add, false); }
-END_TEST
-START_TEST(grad_sub) { check_binary("sub", f_sub, false); }
-END_TEST
-START_TEST(grad_mul) { check_binary("mul", f_mul, false); }
-END_TEST
-START_TEST(grad_div) { check_binary("div", f_div, true); }  // |b| >= 0.5: away from the pole
 END_TEST
 
 // --- dropout: with a fixed stream, dropout is linear in x; each evaluation redraws from the same
@@ -1372,18 +1301,19 @@ END_TEST
 
 // --- registry: `test_grad NAME` runs one op's suite, no argument runs all ---
 
+// The hand-written tests of tests/op_table.c's OP_SUITE entries (unary and binary entries need
+// none). `test_grad --list` fails when an entry has no test here or a test no entry, so the build
+// (which runs it to register the ctest entries) fails too.
 typedef struct {
   const char *name;
   const TTest *test;
-} GradTest;
+} GradSuite;
 
-int main(int argc, char **argv) {
-  const GradTest ALL[] = {
-    {"harness", grad_harness}, {"relu", grad_relu}, {"sigmoid", grad_sigmoid}, {"exp", grad_exp},
-    {"sqrt", grad_sqrt}, {"pow_scalar", grad_pow_scalar}, {"softplus", grad_softplus},
-    {"sin", grad_sin}, {"cos", grad_cos}, {"inverse_sigmoid", grad_inverse_sigmoid},
-    {"log", grad_log}, {"neg", grad_neg}, {"add_scalar", grad_add_scalar}, {"mul_scalar", grad_mul_scalar},
-    {"add", grad_add}, {"sub", grad_sub}, {"mul", grad_mul}, {"div", grad_div}, {"dropout", grad_dropout},
+// Check's test handles are not constants: the list is built at run time.
+#define MAX_SUITES 64
+static int grad_suites(GradSuite *out) {
+  const GradSuite all[] = {
+    {"harness", grad_harness}, {"dropout", grad_dropout},
     {"sum", grad_sum}, {"mean", grad_mean}, {"sum_all", grad_sum_all}, {"mean_all", grad_mean_all},
     {"matmul", grad_matmul}, {"bmm", grad_bmm}, {"linear", grad_linear}, {"linear_relu", grad_linear_relu},
     {"linear_relu_dropout", grad_linear_relu_dropout}, {"dropout_bmm", grad_dropout_bmm},
@@ -1406,15 +1336,62 @@ int main(int argc, char **argv) {
     {"cluster_argmax", grad_cluster_argmax}, {"kmeans_cross_attn", grad_kmeans_cross_attn},
     {"decoder.conditional", grad_decoder_conditional},
   };
+  _Static_assert(sizeof all / sizeof all[0] <= MAX_SUITES, "raise MAX_SUITES");
+  memcpy(out, all, sizeof all);
+  return (int)(sizeof all / sizeof all[0]);
+}
+
+static GradSuite SUITES[MAX_SUITES];
+static int N_SUITES;
+
+static const TTest *suite_test(const char *name) {
+  for (int i = 0; i < N_SUITES; i++)
+    if (!strcmp(SUITES[i].name, name)) return SUITES[i].test;
+  return NULL;
+}
+
+// The table against the tests above; prints what is wrong.
+static bool table_consistent(void) {
+  const char *why = op_table_problem();
+  if (why) fprintf(stderr, "test_grad: %s\n", why);
+  bool ok = !why;
+  for (int i = 0; i < OP_TABLE_COUNT; i++)
+    if (OP_TABLE[i].kind == OP_SUITE && !suite_test(OP_TABLE[i].name)) {
+      fprintf(stderr, "test_grad: tests/op_table.c's suite '%s' has no test in SUITES\n", OP_TABLE[i].name);
+      ok = false;
+    }
+  for (int i = 0; i < N_SUITES; i++) {
+    const OpEntry *e = op_table_find(SUITES[i].name);
+    if (!e || e->kind != OP_SUITE) {
+      fprintf(stderr, "test_grad: the test '%s' has no OP_SUITE entry in tests/op_table.c\n", SUITES[i].name);
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+// test_grad [NAME | --list]: every entry of the op table, one of them, or their names (one a
+// line; what tests/op_ctest.cmake registers as grad.NAME).
+int main(int argc, char **argv) {
+  N_SUITES = grad_suites(SUITES);
+  if (!table_consistent()) return 2;
   const char *only = argc > 1 ? argv[1] : NULL;
+  if (only && !strcmp(only, "--list")) {
+    for (int i = 0; i < OP_TABLE_COUNT; i++) printf("%s\n", OP_TABLE[i].name);
+    return 0;
+  }
   SRunner *sr = srunner_create(NULL);
   int added = 0;
-  for (size_t i = 0; i < sizeof ALL / sizeof ALL[0]; i++) {
-    if (only && strcmp(only, ALL[i].name)) continue;
-    Suite *s = suite_create(ALL[i].name);
+  for (int i = 0; i < OP_TABLE_COUNT; i++) {
+    const OpEntry *e = &OP_TABLE[i];
+    if (only && strcmp(only, e->name)) continue;
+    Suite *s = suite_create(e->name);
     TCase *tc = tcase_create("grad");
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, ALL[i].test);
+    if (e->kind == OP_SUITE)
+      tcase_add_test(tc, suite_test(e->name));
+    else
+      tcase_add_loop_test(tc, grad_elementwise, i, i + 1);
     suite_add_tcase(s, tc);
     srunner_add_suite(sr, s);
     added++;

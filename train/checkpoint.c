@@ -11,8 +11,7 @@
 #include "nn/model_io.h"
 
 static void add_tensor(StWriter *w, uLong *crc, const char *name, const Tensor *t) {
-  float *host = malloc((size_t)(t->numel ? t->numel : 1) * sizeof(float));
-  DETR_CHECK(host, "checkpoint: out of host memory");
+  float *host = detr_malloc((size_t)(t->numel ? t->numel : 1) * sizeof(float), "checkpoint host");
   tensor_to_host(t, host);
   int64_t shape[DETR_MAX_DIMS];
   for (int d = 0; d < t->shape.ndim; d++) shape[d] = t->shape.d[d];
@@ -64,12 +63,12 @@ int checkpoint_save(const char *path, const DetrModel *model, const AdamW *opt, 
 }
 
 // Decimal digits only: strtoull alone would take " 7", "+7" and "-7" (as 2^64 - 7).
-static int meta_u64(const StFile *f, const char *key, uint64_t *out, char *err, size_t cap) {
+static int meta_u64(const StFile *f, const char *key, uint64_t *out, char *err, size_t err_cap) {
   const char *v = st_metadata(f, key);
   char *end = NULL;
   errno = 0;
   if (!v || *v < '0' || *v > '9' || (*out = strtoull(v, &end, 10), *end) || errno) {
-    snprintf(err, cap, "%s: checkpoint metadata '%s' is missing or not a number", st_path(f), key);
+    snprintf(err, err_cap, "%s: checkpoint metadata '%s' is missing or not a number", st_path(f), key);
     return -1;
   }
   return 0;
@@ -125,21 +124,14 @@ int checkpoint_load(const char *path, DetrModel *model, AdamW *opt, TrainState *
   return rc;
 }
 
-static char *copy_text(const char *s) {
-  size_t n = strlen(s) + 1;
-  char *c = malloc(n);
-  DETR_CHECK(c, "checkpoint: out of host memory");
-  return memcpy(c, s, n);
-}
-
 int checkpoint_read_configs(const char *path, char **model_config, char **train_config, char *err, size_t err_cap) {
   StFile *f = st_open(path, err, err_cap);
   if (!f) return -1;
   int rc = checkpoint_verify(f, "model weights load with --init", err, err_cap);
   if (!rc) {
     const char *m = st_metadata(f, "model_config"), *t = st_metadata(f, "train_config");
-    *model_config = copy_text(m ? m : "");
-    *train_config = copy_text(t ? t : "");
+    *model_config = detr_strdup(m ? m : "", "a string");
+    *train_config = detr_strdup(t ? t : "", "a string");
   }
   st_close(f);
   return rc;

@@ -39,7 +39,8 @@ static int open_eval_data(const char *data, const char *split, BadInputPolicy po
     coco_free(*ds);
     return 1;
   }
-  if (same && dist_is_main()) fprintf(stderr, "detr eval: warning: %s: the categories differ from %s's: %s\n", ann, checkpoint, diff);
+  Dist g = dist_group();
+  if (same && dist_is_main(&g)) fprintf(stderr, "detr eval: warning: %s: the categories differ from %s's: %s\n", ann, checkpoint, diff);
   return 0;
 }
 
@@ -50,7 +51,7 @@ static int evaluate_and_report(const DetrModel *m, const CocoDataset *ds, const 
   char err[4096];
   EvalReport rep;
   int rc = evaluate_model(m, ds, ec, &rep, err, sizeof err);
-  if (rc == 0 && dist_is_main()) {  // under mpirun the processes split the images; rank 0 reports
+  if (rc == 0 && dist_is_main(&ec->dist)) {  // under mpirun the processes split the images; rank 0 reports
     fprintf(stderr, "detr eval: %lld images in batches of %lld (padded to multiples of %lld), %lld detections in "
             "%.1f s\n", (long long)rep.images, batch, pad_multiple, (long long)rep.detections, rep.seconds);
     for (int i = 0; i < rep.attn.n; i++)
@@ -131,7 +132,8 @@ int cmd_eval(int argc, char **argv) {
   cpu_flush_denormals(true);
   EvalConfig ec = {.batch_size = (int)batch, .num_workers = (int)workers, .aug = aug_config_scaled(false, is, ms),
                    .pad_multiple = (int)pad_multiple,
-                   .policy = policy, .results_path = results, .progress = dist_is_main(), .distributed = true};
+                   .policy = policy, .results_path = results, .dist = dist_group()};
+  ec.progress = dist_is_main(&ec.dist);
   rc = evaluate_and_report(m, ds, &ec, batch, pad_multiple, json);
   coco_free(ds);
   detr_model_free(m);

@@ -32,12 +32,6 @@ static const char *USAGE =
     "decoder layer cross-attention (mean over heads) as a heat map over the image. --show clusters:\n"
     "DIR/<image name>-clusters.png, ENACT's clusters of the first and the last encoder layer (docs/pictures.md).";
 
-static char *xstrdup(const char *s) {
-  char *c = strdup(s);
-  DETR_CHECK(c, "detr predict: out of host memory");
-  return c;
-}
-
 // --- one image -----------------------------------------------------------------------------------
 
 typedef struct {
@@ -84,8 +78,7 @@ static void draw_detections(Image *pic, const detr_result *res, int first, int n
     DrawRect b = box_px(res, i, pic, s);
     draw_rect(pic, b.x0, b.y0, b.x1, b.y1, draw_class_colour(detr_result_get(res, i)->label), thick);
   }
-  DrawRect *taken = malloc((size_t)(n > 0 ? n : 1) * sizeof(DrawRect));  // [n] the labels placed
-  DETR_CHECK(taken, "detr predict: out of host memory");
+  DrawRect *taken = detr_malloc((size_t)(n > 0 ? n : 1) * sizeof(DrawRect), "label places");  // [n] the labels placed
   for (int k = 0; k < n; k++) {
     const detr_detection *d = detr_result_get(res, first + k);
     char text[160];
@@ -166,11 +159,11 @@ static Image clusters_picture(const Image *img, const detr_result *res) {
 }
 
 // OUT/<output's stem>-<what>.png of picture g (freed). Returns 0, or -1 with err.
-static int save_picture(const char *dir, const char *output, const char *what, Image *g, char *err, size_t cap) {
+static int save_picture(const char *dir, const char *output, const char *what, Image *g, char *err, size_t err_cap) {
   char name[700];
   snprintf(name, sizeof name, "%.*s-%s.png", (int)(strlen(output) - 4), output, what);  // output: "<stem>.png"
   char *path = data_path_join(dir, name);
-  int rc = image_save_png(path, g, err, cap);
+  int rc = image_save_png(path, g, err, err_cap);
   free(path);
   image_free(g);
   return rc;
@@ -197,7 +190,7 @@ static char *output_name(const char *input, const char *dir, const ImageResult *
     if (!taken && have_in && stat(path, &out_st) == 0)
       taken = out_st.st_dev == in_st.st_dev && out_st.st_ino == in_st.st_ino;  // would overwrite the input
     free(path);
-    if (!taken) return xstrdup(name);
+    if (!taken) return detr_strdup(name, "a string");
   }
 }
 
@@ -237,30 +230,30 @@ static void write_json(FILE *f, const ImageResult *res, int n) {
   fputs("\n]\n", f);
 }
 
-static int save_json(const char *path, const ImageResult *res, int n, char *err, size_t cap) {
+static int save_json(const char *path, const ImageResult *res, int n, char *err, size_t err_cap) {
   if (!strcmp(path, "-")) {
     write_json(stdout, res, n);
-    return fflush(stdout) ? (snprintf(err, cap, "stdout: write failed: %m"), -1) : 0;
+    return fflush(stdout) ? (snprintf(err, err_cap, "stdout: write failed: %m"), -1) : 0;
   }
   char tmp[2048];
   if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= sizeof tmp) {
-    snprintf(err, cap, "--json: path too long");
+    snprintf(err, err_cap, "--json: path too long");
     return -1;
   }
   FILE *f = fopen(tmp, "w");
   if (!f) {
-    snprintf(err, cap, "%s: cannot write: %m", tmp);
+    snprintf(err, err_cap, "%s: cannot write: %m", tmp);
     return -1;
   }
   write_json(f, res, n);
   if (fflush(f) || fsync(fileno(f))) {
-    snprintf(err, cap, "%s: write failed: %m", tmp);
+    snprintf(err, err_cap, "%s: write failed: %m", tmp);
     fclose(f);
     remove(tmp);
     return -1;
   }
   if (fclose(f) || rename(tmp, path)) {
-    snprintf(err, cap, "%s: write or rename to %s failed: %m", tmp, path);
+    snprintf(err, err_cap, "%s: write or rename to %s failed: %m", tmp, path);
     remove(tmp);
     return -1;
   }
@@ -317,8 +310,7 @@ static int parse_args(int argc, char **argv, PredictArgs *a) {
        "also picture what the model attends to: attention (each detection's cross-attention) or clusters (ENACT's "
        "clusters of the encoder)"},
   };
-  a->inputs = malloc((size_t)argc * sizeof(char *));
-  DETR_CHECK(a->inputs, "detr predict: out of host memory");
+  a->inputs = detr_malloc((size_t)argc * sizeof(char *), "input names");
   int rc = cli_parse("predict", USAGE, argc, argv, 2, flags, (int)(sizeof flags / sizeof flags[0]), a->inputs, argc,
                      &a->n_inputs);
   if (rc) return rc == 1 ? 1 : 2;
@@ -385,13 +377,13 @@ static int open_model(const PredictArgs *a, detr_model **model) {
 
 // One image: decoded here (the API's reader) for the picture, its pixels to the API as they are,
 // the detections drawn into OUT/<name>.png. Returns 0 (also for a skipped image) or -1 with err.
-static int predict_image(Predictor *p, const char *input, char *err, size_t cap) {
+static int predict_image(Predictor *p, const char *input, char *err, size_t err_cap) {
   const PredictArgs *a = p->a;
   Image img = {0};
   DataError derr;
   if (image_decode_file(input, &img, &derr)) {
     if (a->policy != BAD_INPUT_SKIP) {
-      snprintf(err, cap, "%s", derr.msg);
+      snprintf(err, err_cap, "%s", derr.msg);
       return -1;
     }
     fprintf(stderr, "detr predict: warning: %s (skipped)\n", derr.msg);
@@ -400,12 +392,12 @@ static int predict_image(Predictor *p, const char *input, char *err, size_t cap)
   }
   detr_result *res = NULL;
   if (detr_detect_rgb(p->model, img.data, (size_t)img.w * img.h * 3, img.w, img.h, a->threshold, &res)) {
-    snprintf(err, cap, "%s: %s", input, detr_last_error());
+    snprintf(err, err_cap, "%s: %s", input, detr_last_error());
     image_free(&img);
     return -1;
   }
   ImageResult *r = &p->results[p->n_results];
-  *r = (ImageResult){.file = xstrdup(input), .w = img.w, .h = img.h, .res = res,
+  *r = (ImageResult){.file = detr_strdup(input, "a string"), .w = img.w, .h = img.h, .res = res,
                      .output = output_name(input, a->out_dir, p->results, p->n_results)};
   p->n_results++;
   int count = detr_result_count(res);
@@ -414,11 +406,11 @@ static int predict_image(Predictor *p, const char *input, char *err, size_t cap)
   int rc = 0;
   if (a->outputs & DETR_OUTPUT_ATTENTION) {
     Image g = attention_picture(&img, res, a->threshold);
-    rc = save_picture(a->out_dir, r->output, "attention", &g, err, cap);
+    rc = save_picture(a->out_dir, r->output, "attention", &g, err, err_cap);
   }
   if (!rc && (a->outputs & DETR_OUTPUT_CLUSTERS)) {
     Image g = clusters_picture(&img, res);
-    rc = save_picture(a->out_dir, r->output, "clusters", &g, err, cap);
+    rc = save_picture(a->out_dir, r->output, "clusters", &g, err, err_cap);
     int clusters;
     fprintf(p->log, "%s: clusters per encoder layer:", r->file);
     for (int l = 0; detr_result_clusters(res, l, NULL, NULL, &clusters); l++) fprintf(p->log, " %d", clusters);
@@ -429,7 +421,7 @@ static int predict_image(Predictor *p, const char *input, char *err, size_t cap)
   image_free(&img);
   draw_detections(&pic, res, 0, count, s);
   char *png = data_path_join(a->out_dir, r->output);
-  if (!rc) rc = image_save_png(png, &pic, err, cap);
+  if (!rc) rc = image_save_png(png, &pic, err, err_cap);
   image_free(&pic);
   const detr_detection *best = detr_result_get(res, 0);
   if (rc == 0 && best)
@@ -442,22 +434,22 @@ static int predict_image(Predictor *p, const char *input, char *err, size_t cap)
 }
 
 // Every image, then the predictions JSON. Returns 0, or -1 with err.
-static int predict_all(Predictor *p, char *err, size_t cap) {
+static int predict_all(Predictor *p, char *err, size_t err_cap) {
   const PredictArgs *a = p->a;
   DataError derr;
   if (data_mkdirs(a->out_dir, &derr)) {
-    snprintf(err, cap, "%s", derr.msg);
+    snprintf(err, err_cap, "%s", derr.msg);
     return -1;
   }
   double t0 = now_s();
   for (int i = 0; i < a->n_inputs; i++)
-    if (predict_image(p, a->inputs[i], err, cap)) return -1;
+    if (predict_image(p, a->inputs[i], err, err_cap)) return -1;
   if (p->nonfinite)
     fprintf(stderr, "detr predict: warning: %lld detections with a non-finite score or box were left out\n",
             p->nonfinite);
   char *default_json = data_path_join(a->out_dir, "predictions.json");
   const char *jp = a->json_path ? a->json_path : default_json;
-  int rc = save_json(jp, p->results, p->n_results, err, cap);
+  int rc = save_json(jp, p->results, p->n_results, err, err_cap);
   double secs = now_s() - t0;
   if (rc == 0) {
     fprintf(p->log, "%d images, %lld detections, %.2f s (%.0f ms/image); wrote %s\n", p->n_results, p->total, secs,
@@ -478,8 +470,7 @@ int cmd_predict(int argc, char **argv) {
     rc = open_model(&a, &p.model);
     if (rc == 0) {
       if (a.threshold < 0) a.threshold = detr_default_threshold(p.model);
-      p.results = calloc((size_t)a.n_inputs, sizeof(ImageResult));
-      DETR_CHECK(p.results, "detr predict: out of host memory");
+      p.results = detr_calloc((size_t)a.n_inputs, sizeof(ImageResult), "image results");
       char err[4096];
       if (predict_all(&p, err, sizeof err)) {
         fprintf(stderr, "detr predict: %s\n", err);

@@ -44,9 +44,8 @@ static Tensor *classify(const Classifier *m, Tensor *images) {
 // Top-1 accuracy on crops (centre windows, no gradient), in batches of `batch`.
 static double accuracy(const Classifier *m, const CropSet *c, int crop, int batch, Device dev, float *host) {
   bool was = autograd_set_grad_enabled(false);
-  int64_t correct = 0, *index = malloc(sizeof(int64_t) * (size_t)batch);
-  float *logits = malloc(sizeof(float) * (size_t)batch * (size_t)c->num_classes);
-  DETR_CHECK(index && logits, "detr pretrain: out of host memory");
+  int64_t correct = 0, *index = detr_malloc(sizeof(int64_t) * (size_t)batch, "pretrain indices");
+  float *logits = detr_malloc(sizeof(float) * (size_t)batch * (size_t)c->num_classes, "pretrain logits");
   for (int64_t start = 0; start < c->n; start += batch) {
     int n = (int)(c->n - start < batch ? c->n - start : batch);
     for (int i = 0; i < n; i++) index[i] = start + i;
@@ -69,14 +68,14 @@ static double accuracy(const Classifier *m, const CropSet *c, int crop, int batc
   return (double)correct / (double)c->n;
 }
 
-static int open_crops(const char *data, const char *split, int side, CropSet *out, char *err, size_t cap) {
+static int open_crops(const char *data, const char *split, int side, CropSet *out, char *err, size_t err_cap) {
   char ann[4200], img[4200];
   setup_split_paths(data, split, ann, sizeof ann, img, sizeof img);
   CocoOpenConfig cc = {.ann_path = ann, .image_dir = img, .policy = BAD_INPUT_FAIL, .quiet = true};
   CocoDataset *ds = NULL;
   DataError derr;
   if (coco_open(&cc, &ds, &derr) || crops_extract(ds, side, 0.3f, out, &derr)) {
-    snprintf(err, cap, "%s", derr.msg);
+    snprintf(err, err_cap, "%s", derr.msg);
     coco_free(ds);
     return -1;
   }
@@ -121,10 +120,9 @@ static void build_classifier(Pretrainer *p) {
   resnet_init(&m->resnet, &init);
   init_torch_default(m->head.weight, m->head.bias, &init);
   p->B = (int)(o->batch < p->train.n ? o->batch : p->train.n);
-  p->order = malloc(sizeof(int64_t) * (size_t)p->train.n);
-  p->labels = malloc(sizeof(int64_t) * (size_t)p->B);
-  p->host = malloc(sizeof(float) * (size_t)p->B * 3 * (size_t)o->crop * (size_t)o->crop);
-  DETR_CHECK(p->order && p->labels && p->host, "detr pretrain: out of host memory");
+  p->order = detr_malloc(sizeof(int64_t) * (size_t)p->train.n, "pretrain order");
+  p->labels = detr_malloc(sizeof(int64_t) * (size_t)p->B, "pretrain labels");
+  p->host = detr_malloc(sizeof(float) * (size_t)p->B * 3 * (size_t)o->crop * (size_t)o->crop, "pretrain images");
   for (int i = 0; i < p->B; i++) p->order[i] = i;
   crops_batch(&p->train, p->order, p->B, o->crop, false, NULL, p->host);
   Tensor *x = tensor_from_host(p->dev, SHAPE(p->B, 3, o->crop, o->crop), p->host);

@@ -40,8 +40,7 @@ static void add_losses(StWriter *w, const CriterionResult *loss, int n_aux) {
   char name[160];
   for (int i = 0; i < loss->n_images; i++) {
     const DetrMatch *m = &loss->matches[i];
-    int64_t *pairs = malloc((size_t)(m->n ? m->n : 1) * 2 * sizeof(int64_t));  // [n, 2]: query, target
-    DETR_CHECK(pairs, "detr step: out of host memory");
+    int64_t *pairs = detr_malloc((size_t)m->n * 2 * sizeof(int64_t), "match pairs");  // [n, 2]: query, target
     for (int64_t k = 0; k < m->n; k++) pairs[2 * k] = m->query[k], pairs[2 * k + 1] = m->target[k];
     snprintf(name, sizeof name, "match.%d", i);
     st_writer_add(w, name, ST_I64, 2, (int64_t[]){m->n, 2}, pairs);
@@ -90,30 +89,30 @@ static void add_gradients(StWriter *w, const DetrModel *model) {
 
 // The model (initialised from seed, then the weights file if any) and the batch.
 static int load_model_and_batch(const DetrConfig *cfg, Device dev, uint64_t seed, const char *weights,
-                                const char *batch_path, DetrModel **model, StepBatch *batch, char *err, size_t cap) {
+                                const char *batch_path, DetrModel **model, StepBatch *batch, char *err, size_t err_cap) {
   *model = detr_model_create(cfg, dev);
   detr_model_init(*model, seed);
-  if (weights && params_load_file(&(*model)->params, weights, err, cap)) return -1;
-  StFile *bf = st_open(batch_path, err, cap);
+  if (weights && params_load_file(&(*model)->params, weights, err, err_cap)) return -1;
+  StFile *bf = st_open(batch_path, err, err_cap);
   if (!bf) return -1;
-  int rc = step_batch_read(bf, dev, cfg->num_classes, batch, err, cap);  // on failure the caller frees what it holds
+  int rc = step_batch_read(bf, dev, cfg->num_classes, batch, err, err_cap);  // on failure the caller frees what it holds
   st_close(bf);
   return rc;
 }
 
 // Forward, loss (the batch's boxes as the normaliser) and backward.
 static int forward_backward(DetrModel *model, const DetrConfig *cfg, const StepBatch *batch, bool dropout, uint64_t seed,
-                            DetrOutput *out, CriterionResult *loss, char *err, size_t cap) {
+                            DetrOutput *out, CriterionResult *loss, char *err, size_t err_cap) {
   Rng dropout_rng = rng_make(seed ^ 0xd40bu);
   NnCtx ctx = {.training = dropout, .dropout_rng = &dropout_rng};
-  if (detr_model_forward(model, &ctx, batch->images, batch->mask, out, err, cap)) return -1;
+  if (detr_model_forward(model, &ctx, batch->images, batch->mask, out, err, err_cap)) return -1;
   int64_t total_boxes = 0;
   for (int64_t i = 0; i < batch->B; i++) total_boxes += batch->targets[i].n;
   float num_boxes = total_boxes > 1 ? (float)total_boxes : 1.0f;
   CriterionConfig ccfg = detr_criterion_config(cfg);
   int n_aux = cfg->aux_loss ? out->n_layers - 1 : 0;
   if (criterion_forward(&ccfg, out->layers[out->n_layers - 1], out->layers, n_aux, batch->targets, num_boxes, NULL,
-                        loss, err, cap)) {
+                        loss, err, err_cap)) {
     detr_output_free(out);
     return -1;
   }

@@ -60,12 +60,13 @@ static void store_command_line(TrainOptions *o, int argc, char **argv, int image
 // What --resume continues: the checkpoint (auto: the newest intact one in --out, none in an empty
 // directory) and what it says of its run. Rank 0 picks (and renames damaged files); the other
 // ranks take its step. Returns 0 (o->resume NULL: nothing to resume) or -1 on every rank.
-static int find_resume(TrainOptions *o, char *path, size_t cap, CheckpointInfo *ci, char *err, size_t err_cap) {
+static int find_resume(const Dist *g, TrainOptions *o, char *path, size_t cap, CheckpointInfo *ci, char *err,
+                       size_t err_cap) {
   path[0] = 0;
   if (!o->resume) return 0;
   o->resume_auto = !strcmp(o->resume, "auto");
   int rc = 0;
-  if (dist_is_main()) rc = run_dir_resume_checkpoint(o->out_dir, o->resume, path, cap, err, err_cap);
+  if (dist_is_main(g)) rc = run_dir_resume_checkpoint(o->out_dir, o->resume, path, cap, err, err_cap);
   RunDirContents c;
   run_dir_scan(o->out_dir, &c);
   int64_t step = -1;  // of the chosen checkpoint in --out (auto)
@@ -75,14 +76,14 @@ static int find_resume(TrainOptions *o, char *path, size_t cap, CheckpointInfo *
     if (!strcmp(candidate, path)) step = c.steps[i];
   }
   uint64_t shared[2] = {rc != 0, (uint64_t)(step + 1)};  // the max over ranks: rank 0's
-  dist_allreduce_max_u64(shared, 2);
+  dist_allreduce_max_u64(g, shared, 2);
   if (shared[0]) {
-    if (!dist_is_main()) snprintf(err, err_cap, "see the message of rank 0");
+    if (!dist_is_main(g)) snprintf(err, err_cap, "see the message of rank 0");
     return -1;
   }
   if (o->resume_auto) {
     if (shared[1] == 0) {
-      if (dist_is_main()) fprintf(stderr, "detr train: --resume auto: no checkpoint in %s: a new run\n", o->out_dir);
+      if (dist_is_main(g)) fprintf(stderr, "detr train: --resume auto: no checkpoint in %s: a new run\n", o->out_dir);
       o->resume = NULL;
       return 0;
     }
@@ -95,19 +96,19 @@ static int find_resume(TrainOptions *o, char *path, size_t cap, CheckpointInfo *
   st_close(f);
   o->resume = path;
   o->resume_categories = ci->categories;
-  return dist_all_ok(rc == 0) ? 0 : -1;
+  return dist_all_ok(g, rc == 0) ? 0 : -1;
 }
 
 // --init FILE: when it is a checkpoint, what its run says (the model, its classes, its sizes).
 // Returns 0 (ci->cfg valid only when *is_checkpoint) or -1.
-static int read_init(const TrainOptions *o, CheckpointInfo *ci, bool *is_checkpoint, char *err, size_t cap) {
+static int read_init(const TrainOptions *o, CheckpointInfo *ci, bool *is_checkpoint, char *err, size_t err_cap) {
   *is_checkpoint = false;
   if (o->resume || !o->init_weights) return 0;
-  StFile *f = st_open(o->init_weights, err, cap);
+  StFile *f = st_open(o->init_weights, err, err_cap);
   if (!f) return -1;
   int rc = 0;
   if (checkpoint_is(f)) {
-    rc = checkpoint_info_read(f, ci, err, cap);
+    rc = checkpoint_info_read(f, ci, err, err_cap);
     *is_checkpoint = rc == 0;
   }
   st_close(f);
@@ -148,11 +149,11 @@ static size_t config_differences(const DetrConfig *here, const DetrConfig *check
 // The model: the checkpoint's (resumed, or fine-tuned without --config) with --set/--enact over
 // it, else --config's (the default preset without one) with them.
 static int model_config(TrainOptions *o, const char *config, const CliList *sets, bool enact, const CheckpointInfo *ci,
-                        char *err, size_t cap) {
+                        char *err, size_t err_cap) {
   if (ci && !config) {
     o->model = ci->cfg;
-    if (setup_apply_sets(&o->model, sets, err, cap)) return -1;
-  } else if (setup_model_config(config ? config : SETUP_DEFAULT_PRESET, sets, &o->model, err, cap)) {
+    if (setup_apply_sets(&o->model, sets, err, err_cap)) return -1;
+  } else if (setup_model_config(config ? config : SETUP_DEFAULT_PRESET, sets, &o->model, err, err_cap)) {
     return -1;
   }
   setup_enact_shortcut(&o->model, enact);
@@ -160,7 +161,7 @@ static int model_config(TrainOptions *o, const char *config, const CliList *sets
     if (o->optim.lr_backbone == 0) o->model.train_backbone = false;
     char diff[2048];
     if (config_differences(&o->model, &ci->cfg, diff, sizeof diff)) {
-      snprintf(err, cap, "%s is a run of another model config:%s resume it without --config/--set (its config is "
+      snprintf(err, err_cap, "%s is a run of another model config:%s resume it without --config/--set (its config is "
                "read from the checkpoint), or start this model in a new directory with --out NEW_DIR", o->resume, diff);
       return -1;
     }
@@ -170,7 +171,7 @@ static int model_config(TrainOptions *o, const char *config, const CliList *sets
     for (int i = 0; i < sets->count; i++)
       if (!strncmp(sets->items[i], "num_classes=", 12)) o->model_from_init = false;
   }
-  return detr_config_validate(&o->model, err, cap);
+  return detr_config_validate(&o->model, err, err_cap);
 }
 
 // The model, device and input policy; the defaults that follow the model (detr_run_defaults)
@@ -241,14 +242,15 @@ static int resolve_and_train(TrainOptions *o, TrainFlags *f, int argc, char **ar
   char resume_path[4200], err[4096];
   CheckpointInfo ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
   const char *resume_arg = o->resume;
-  if (find_resume(o, resume_path, sizeof resume_path, &ci, err, sizeof err)) {
-    if (dist_is_main()) fprintf(stderr, "detr train: --resume %s: %s\n", resume_arg, err);
+  Dist g = dist_group();
+  if (find_resume(&g, o, resume_path, sizeof resume_path, &ci, err, sizeof err)) {
+    if (dist_is_main(&g)) fprintf(stderr, "detr train: --resume %s: %s\n", resume_arg, err);
     return 1;
   }
   CheckpointInfo init_ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
   bool init_is_checkpoint;
   if (read_init(o, &init_ci, &init_is_checkpoint, err, sizeof err)) {
-    if (dist_is_main()) fprintf(stderr, "detr train: --init %s\n", err);
+    if (dist_is_main(&g)) fprintf(stderr, "detr train: --init %s\n", err);
     checkpoint_info_free(&ci);
     return 1;
   }
@@ -257,7 +259,7 @@ static int resolve_and_train(TrainOptions *o, TrainFlags *f, int argc, char **ar
   if (rc == 0) {
     o->progress = !f->no_progress;
     store_command_line(o, argc, argv, f->image_size, f->max_size);
-    rc = train_run(o);
+    rc = train_run(o, &g);
   }
   checkpoint_info_free(&ci);
   checkpoint_info_free(&init_ci);

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/common.h"
+#include "core/error.h"
 
 #define N_IOU 10
 #define N_REC 101
@@ -36,12 +36,6 @@ static const struct {
     {true, -1, 2, 2},  {true, -1, 3, 2},   {false, -1, 0, 0},  {false, -1, 0, 1},
     {false, -1, 0, 2}, {false, -1, 1, 2},  {false, -1, 2, 2},  {false, -1, 3, 2},
 };
-
-static void *xmalloc(size_t n) {
-  void *p = malloc(n ? n : 1);
-  DETR_CHECK(p, "cocoeval: out of host memory (%zu bytes)", n);
-  return p;
-}
 
 // np.linspace(start, stop, num) as numpy computes it: i * step + start, the last exactly stop.
 // Not i / (num - 1) or start + i * 0.05: e.g. 35 * 0.01 != 0.35, and a threshold one ulp off
@@ -210,8 +204,8 @@ typedef struct {
 static int prepare_ids(Eval *e, char *err, size_t err_cap) {
   const CocoEvalGt *gt = e->gt;
   int64_t I = gt->n_images, K = 0;
-  int64_t *img_ids = e->img_ids = xmalloc((size_t)I * sizeof(int64_t));
-  int64_t *cat_ids = e->cat_ids = xmalloc((size_t)gt->n_categories * sizeof(int64_t));
+  int64_t *img_ids = e->img_ids = detr_malloc((size_t)I * sizeof(int64_t), "cocoeval");
+  int64_t *cat_ids = e->cat_ids = detr_malloc((size_t)gt->n_categories * sizeof(int64_t), "cocoeval");
   e->I = I;
   for (int64_t i = 0; i < I; i++) img_ids[i] = gt->images[i].id;
   qsort(img_ids, (size_t)I, sizeof(int64_t), cmp_i64);
@@ -231,7 +225,7 @@ static int prepare_ids(Eval *e, char *err, size_t err_cap) {
 // loadRes() and _prepare()'s detections: their keys in category, image, score order; those of an
 // unknown category counted and left out. -1 for an unknown image or a value that is not finite.
 static int prepare_dets(Eval *e, int64_t n_dets, CocoEvalResult *out, char *err, size_t err_cap) {
-  Key *dk = e->dk = xmalloc((size_t)n_dets * sizeof(Key));
+  Key *dk = e->dk = detr_malloc((size_t)n_dets * sizeof(Key), "cocoeval");
   int64_t n_dk = 0;
   for (int64_t i = 0; i < n_dets; i++) {
     const CocoEvalDet *d = &e->dets[i];
@@ -263,7 +257,7 @@ static int prepare_dets(Eval *e, int64_t n_dets, CocoEvalResult *out, char *err,
 // category counted and left out.
 static void prepare_gts(Eval *e, CocoEvalResult *out) {
   const CocoEvalGt *gt = e->gt;
-  Key *gk = e->gk = xmalloc((size_t)gt->n_anns * sizeof(Key));
+  Key *gk = e->gk = detr_malloc((size_t)gt->n_anns * sizeof(Key), "cocoeval");
   int64_t n_gk = 0;
   for (int64_t i = 0; i < gt->n_anns; i++) {
     const CocoEvalGtAnn *a = &gt->anns[i];
@@ -282,19 +276,21 @@ static void prepare_gts(Eval *e, CocoEvalResult *out) {
 // accumulate()'s precision and recall, all -1, and the per-category scratch.
 static void alloc_eval_arrays(Eval *e) {
   int64_t K = e->K, n_dk = e->n_dk;
-  e->prec = xmalloc((size_t)(N_AREA * N_IOU * N_REC * K) * sizeof(double));
-  e->rec = xmalloc((size_t)(N_MAXDET * N_AREA * N_IOU * K) * sizeof(double));
+  e->prec = detr_malloc((size_t)(N_AREA * N_IOU * N_REC * K) * sizeof(double), "cocoeval");
+  e->rec = detr_malloc((size_t)(N_MAXDET * N_AREA * N_IOU * K) * sizeof(double), "cocoeval");
   for (int64_t i = 0; i < N_AREA * N_IOU * N_REC * K; i++) e->prec[i] = -1;
   for (int64_t i = 0; i < N_MAXDET * N_AREA * N_IOU * K; i++) e->rec[i] = -1;
-  e->groups = xmalloc((size_t)(e->I ? e->I : 1) * sizeof(Group));
-  e->cat_dets = xmalloc((size_t)n_dk * sizeof(Key)), e->sorted = xmalloc((size_t)n_dk * sizeof(Key));
-  e->flags = xmalloc((size_t)(N_AREA * N_IOU) * (size_t)n_dk);
-  e->tp = xmalloc((size_t)n_dk * sizeof(double)), e->fp = xmalloc((size_t)n_dk * sizeof(double));
-  e->pr = xmalloc((size_t)n_dk * sizeof(double));
+  e->groups = detr_malloc((size_t)(e->I ? e->I : 1) * sizeof(Group), "cocoeval");
+  e->cat_dets = detr_malloc((size_t)n_dk * sizeof(Key), "cocoeval");
+  e->sorted = detr_malloc((size_t)n_dk * sizeof(Key), "cocoeval");
+  e->flags = detr_malloc((size_t)(N_AREA * N_IOU) * (size_t)n_dk, "cocoeval");
+  e->tp = detr_malloc((size_t)n_dk * sizeof(double), "cocoeval");
+  e->fp = detr_malloc((size_t)n_dk * sizeof(double), "cocoeval");
+  e->pr = detr_malloc((size_t)n_dk * sizeof(double), "cocoeval");
   e->scratch_g = 1, e->scratch_dg = 1;  // grown by evaluate_category
-  e->ious = xmalloc(sizeof(double));
-  e->order = xmalloc(sizeof(int));
-  e->ig = xmalloc(sizeof(bool)), e->gmatched = xmalloc(sizeof(bool));
+  e->ious = detr_malloc(sizeof(double), "cocoeval");
+  e->order = detr_malloc(sizeof(int), "cocoeval");
+  e->ig = detr_malloc(sizeof(bool), "cocoeval"), e->gmatched = detr_malloc(sizeof(bool), "cocoeval");
 }
 
 // Frees what an evaluation allocated (the parts it got to).
@@ -332,14 +328,14 @@ static void compute_iou(Eval *e, const Group *g) {
   if (G > e->scratch_g) {
     e->scratch_g = G;
     free(e->order), free(e->ig), free(e->gmatched);
-    e->order = xmalloc((size_t)G * sizeof(int));
-    e->ig = xmalloc((size_t)G * sizeof(bool));
-    e->gmatched = xmalloc((size_t)G * sizeof(bool));
+    e->order = detr_malloc((size_t)G * sizeof(int), "cocoeval");
+    e->ig = detr_malloc((size_t)G * sizeof(bool), "cocoeval");
+    e->gmatched = detr_malloc((size_t)G * sizeof(bool), "cocoeval");
   }
   if (D * G > e->scratch_dg) {
     e->scratch_dg = D * G;
     free(e->ious);
-    e->ious = xmalloc((size_t)(D * G) * sizeof(double));
+    e->ious = detr_malloc((size_t)(D * G) * sizeof(double), "cocoeval");
   }
   for (int64_t d = 0; d < D; d++) {
     const CocoEvalDet *det = &e->dets[e->cat_dets[g->det_first + d].pos];
@@ -412,7 +408,7 @@ static void accumulate_category(Eval *e, int64_t k) {
 // summarize(): each stat the mean of its entries > -1, or -1 when there are none.
 static void summarize(const Eval *e, CocoEvalResult *out) {
   int64_t K = e->K;
-  double *vals = xmalloc((size_t)(N_IOU * N_REC * K) * sizeof(double));
+  double *vals = detr_malloc((size_t)(N_IOU * N_REC * K) * sizeof(double), "cocoeval");
   for (int s = 0; s < COCO_N_STATS; s++) {
     int64_t n = 0;
     for (int t = 0; t < N_IOU; t++) {
@@ -469,7 +465,7 @@ void coco_print_summary(const CocoEvalResult *r, FILE *f) {
 
 int coco_write_stats_json(const char *path, const CocoEvalResult *r, char *err, size_t err_cap) {
   size_t n = strlen(path) + 8;
-  char *tmp = xmalloc(n);
+  char *tmp = detr_malloc(n, "cocoeval");
   snprintf(tmp, n, "%s.tmp", path);
   FILE *f = fopen(tmp, "w");
   if (!f) {

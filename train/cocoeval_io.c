@@ -15,7 +15,8 @@
 #include <sys/stat.h>
 
 #include "datasets/coco.h"  // the limits on instances files (COCO_MAX_*), applied here too
-#include "kernels/common.h"
+#include "core/error.h"
+#include "kernels/common.h"  // DETR_MAX_JSON_DEPTH
 #include "train/cocoeval.h"
 
 typedef enum { SEC_NONE, SEC_IMAGES, SEC_ANNS, SEC_CATS, SEC_RESULTS, SEC_COUNT } Section;
@@ -80,8 +81,7 @@ static void grow(void **buf, int64_t *cap, int64_t need, size_t elem) {
   if (need <= *cap) return;
   int64_t c = *cap ? *cap * 2 : 256;
   while (c < need) c *= 2;
-  void *p = realloc(*buf, (size_t)c * elem);
-  DETR_CHECK(p, "cocoeval: out of host memory (%lld items of %zu bytes)", (long long)c, elem);
+  void *p = detr_realloc(*buf, (size_t)c * elem, "cocoeval items");
   *buf = p, *cap = c;
 }
 
@@ -344,8 +344,7 @@ static int parse_file(Reader *r) {
 #else
   enum { CHUNK = 1 << 16 };
 #endif
-  unsigned char *buf = malloc(CHUNK);
-  DETR_CHECK(buf, "cocoeval: out of host memory (read buffer)");
+  unsigned char *buf = detr_malloc(CHUNK, "cocoeval read buffer");
   long long offset = 0;  // bytes handed to the parser before the current chunk
   yajl_status st = yajl_status_ok;
   bool read_error = false;
@@ -425,8 +424,7 @@ int coco_eval_read_gt(const char *path, CocoEvalGt *gt, char *err, size_t err_ca
   if (rc == 0) {
     int64_t n = gt->n_images > gt->n_anns ? gt->n_images : gt->n_anns;
     n = n > gt->n_categories ? n : gt->n_categories;
-    IdAt *v = malloc((size_t)(n ? n : 1) * sizeof(IdAt));
-    DETR_CHECK(v, "cocoeval: out of host memory");
+    IdAt *v = detr_malloc((size_t)(n ? n : 1) * sizeof(IdAt), "cocoeval ids");
     for (int64_t i = 0; i < gt->n_images; i++) v[i] = (IdAt){gt->images[i].id, i};
     rc = check_unique(path, "images", v, gt->n_images, err, err_cap);
     for (int64_t i = 0; i < gt->n_anns; i++) v[i] = (IdAt){gt->anns[i].id, i};

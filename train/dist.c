@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "autograd/autograd.h"
-#include "kernels/common.h"
+#include "core/error.h"
 #if DETR_HAVE_MPI
 #include <mpi.h>
 #endif
@@ -85,9 +85,7 @@ void dist_finalize(void) {
 #endif
 }
 
-int dist_rank(void) { return g_rank; }
-int dist_world_size(void) { return g_size; }
-bool dist_is_main(void) { return g_rank == 0; }
+Dist dist_group(void) { return (Dist){.rank = g_rank, .world = g_size}; }
 
 const char *dist_backend_name(void) {
 #if DETR_HAVE_MPI && DETR_HAVE_NCCL
@@ -175,8 +173,8 @@ void dist_group_end(void) {
 }
 
 // In place over every process (nothing to do alone): the sum of doubles, or the max of uint64s.
-static void allreduce_in_place(void *data, int n, bool max_u64) {
-  if (g_size == 1 || n == 0) return;
+static void allreduce_in_place(const Dist *g, void *data, int n, bool max_u64) {
+  if (g->world <= 1 || n == 0) return;
 #if DETR_HAVE_MPI
   MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, data, n, max_u64 ? MPI_UINT64_T : MPI_DOUBLE, max_u64 ? MPI_MAX : MPI_SUM,
                          MPI_COMM_WORLD));
@@ -185,11 +183,11 @@ static void allreduce_in_place(void *data, int n, bool max_u64) {
 #endif
 }
 
-void dist_allreduce_sum_f64(double *data, int n) { allreduce_in_place(data, n, false); }
-void dist_allreduce_max_u64(uint64_t *data, int n) { allreduce_in_place(data, n, true); }
+void dist_allreduce_sum_f64(const Dist *g, double *data, int n) { allreduce_in_place(g, data, n, false); }
+void dist_allreduce_max_u64(const Dist *g, uint64_t *data, int n) { allreduce_in_place(g, data, n, true); }
 
-bool dist_all_ok(bool ok) {
-  if (g_size == 1) return ok;
+bool dist_all_ok(const Dist *g, bool ok) {
+  if (g->world <= 1) return ok;
 #if DETR_HAVE_MPI
   int v = ok ? 1 : 0;
   MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
@@ -199,12 +197,11 @@ bool dist_all_ok(bool ok) {
 #endif
 }
 
-void dist_gather_bytes(const void *data, int64_t bytes, void **out, int64_t *out_bytes) {
+void dist_gather_bytes(const Dist *g, const void *data, int64_t bytes, void **out, int64_t *out_bytes) {
   *out = NULL;
   *out_bytes = 0;
-  if (g_size == 1) {
-    *out = malloc(bytes ? (size_t)bytes : 1);
-    DETR_CHECK(*out, "dist_gather_bytes: out of host memory (%lld bytes)", (long long)bytes);
+  if (g->world <= 1) {
+    *out = detr_malloc(bytes ? (size_t)bytes : 1, "gathered bytes");
     if (bytes) memcpy(*out, data, (size_t)bytes);
     *out_bytes = bytes;
     return;
@@ -214,9 +211,8 @@ void dist_gather_bytes(const void *data, int64_t bytes, void **out, int64_t *out
   int mine = (int)bytes, *counts = NULL, *displs = NULL;
   char *all = NULL;
   if (g_rank == 0) {
-    counts = malloc(sizeof(int) * (size_t)g_size);
-    displs = malloc(sizeof(int) * (size_t)g_size);
-    DETR_CHECK(counts && displs, "dist_gather_bytes: out of host memory");
+    counts = detr_malloc(sizeof(int) * (size_t)g_size, "dist_gather_bytes counts");
+    displs = detr_malloc(sizeof(int) * (size_t)g_size, "dist_gather_bytes displs");
   }
   MPI_CALL(MPI_Gather(&mine, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD));
   int64_t total = 0;
@@ -226,8 +222,7 @@ void dist_gather_bytes(const void *data, int64_t bytes, void **out, int64_t *out
       displs[r] = (int)total;
       total += counts[r];
     }
-    all = malloc(total ? (size_t)total : 1);
-    DETR_CHECK(all, "dist_gather_bytes: out of host memory (%lld bytes)", (long long)total);
+    all = detr_malloc(total ? (size_t)total : 1, "gathered bytes");
   }
   MPI_CALL(MPI_Gatherv(data, mine, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, MPI_COMM_WORLD));
   free(counts);
@@ -237,8 +232,8 @@ void dist_gather_bytes(const void *data, int64_t bytes, void **out, int64_t *out
 #endif
 }
 
-void dist_broadcast_f64(double *data, int n) {
-  if (g_size == 1 || n == 0) return;
+void dist_broadcast_f64(const Dist *g, double *data, int n) {
+  if (g->world <= 1 || n == 0) return;
 #if DETR_HAVE_MPI
   MPI_CALL(MPI_Bcast(data, n, MPI_DOUBLE, 0, MPI_COMM_WORLD));
 #else
@@ -249,14 +244,14 @@ void dist_broadcast_f64(double *data, int n) {
 // Gradients summed over the processes: each process's loss is its share of the global batch's
 // loss (global num_boxes and cross-entropy weight), so the sum is the global batch's gradient.
 // Every trainable tensor takes part, in the same order on every rank (a grad no op wrote is 0).
-void dist_allreduce_gradients(ParamStore *params) {
-  if (g_size == 1) return;
+void dist_allreduce_gradients(const Dist *g, ParamStore *params) {
+  if (g->world <= 1) return;
   dist_group_begin();
   for (int i = 0; i < params->count; i++) {
     Param *p = &params->items[i];
     if (p->kind != PARAM_TRAINABLE) continue;
-    Tensor *g = autograd_grad(p->tensor);
-    dist_allreduce_sum_f32(g->data, g->numel, g->device);
+    Tensor *grad = autograd_grad(p->tensor);
+    dist_allreduce_sum_f32(grad->data, grad->numel, grad->device);
   }
   dist_group_end();
 }

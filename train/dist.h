@@ -5,8 +5,12 @@
 // the world is one process: MPI is never initialised and every call below is a no-op that
 // returns its input, so a single-process run has no MPI in it at all.
 //
-// Every collective is called by every rank in the same order. A rank that fails does not leave:
-// it reports the failure through the next dist_all_ok so all ranks stop together.
+// The trainer and the evaluation see the job as one object, a Dist (the process group), made once
+// by dist_group() and passed down: they read as single-process code, and a group of one
+// (DIST_SINGLE, or dist_group() without mpirun) turns every collective into a no-op that returns
+// its input. Every collective is called by every rank of the group in the same order. A rank that
+// fails does not leave: it reports the failure through the next dist_all_ok so all ranks stop
+// together.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -19,9 +23,18 @@
 void dist_init(int *argc, char ***argv);
 // Leaves it (a barrier first). Call before exiting main.
 void dist_finalize(void);
-int dist_rank(void);        // 0 when not distributed
-int dist_world_size(void);  // 1 when not distributed
-bool dist_is_main(void);    // rank 0: the one that writes files and logs
+
+// A group is the whole job (dist_group) or this process alone (DIST_SINGLE; a zeroed Dist too):
+// the collectives run over MPI_COMM_WORLD, there are no other communicators.
+typedef struct {
+  int rank;   // 0 .. world - 1
+  int world;  // processes
+} Dist;
+#define DIST_SINGLE ((Dist){.rank = 0, .world = 1})
+// Every process of the job ({0, 1} when not distributed).
+Dist dist_group(void);
+// Rank 0: the one that writes files and logs.
+static inline bool dist_is_main(const Dist *g) { return g->rank == 0; }
 // The MPI library this build has, or "none".
 const char *dist_backend_name(void);
 
@@ -34,22 +47,26 @@ int dist_bind_device(Device dev, char *err, size_t err_cap);
 // Returns 0, or -1 with err set (no NCCL in this build).
 int dist_setup_device(Device dev, char *err, size_t err_cap);
 
-// In-place sums over the ranks. data is on `dev` (CUDA: NCCL on the compute stream).
+// In-place sums over every process of the job. data is on `dev` (CUDA: NCCL on the compute
+// stream). The gradients' all-reduce below; bench/bench_allreduce.c.
 void dist_allreduce_sum_f32(float *data, int64_t n, Device dev);
 // Between begin and end, CUDA all-reduces are fused into one NCCL launch (ncclGroupStart/End).
 void dist_group_begin(void);
 void dist_group_end(void);
-void dist_allreduce_sum_f64(double *data, int n);  // host
-void dist_allreduce_max_u64(uint64_t *data, int n);  // host
+
+// --- the group's collectives ---
+
+void dist_allreduce_sum_f64(const Dist *g, double *data, int n);    // host, in place
+void dist_allreduce_max_u64(const Dist *g, uint64_t *data, int n);  // host, in place
 // Sums every trainable parameter's gradient over the processes, in place (a grad no op wrote
 // counts as 0). Each process's loss is its share of the global batch's loss (global num_boxes and
 // cross-entropy weight), so the sum is the global batch's gradient. One tensor at a time: no
 // packing copies; on CUDA the calls are fused into one NCCL group.
-void dist_allreduce_gradients(ParamStore *params);
+void dist_allreduce_gradients(const Dist *g, ParamStore *params);
 // True on every rank when `ok` is true on every rank.
-bool dist_all_ok(bool ok);
+bool dist_all_ok(const Dist *g, bool ok);
 // Rank 0 receives every rank's bytes, concatenated in rank order (*out malloc'd, *out_bytes);
 // other ranks get *out = NULL, *out_bytes = 0.
-void dist_gather_bytes(const void *data, int64_t bytes, void **out, int64_t *out_bytes);
+void dist_gather_bytes(const Dist *g, const void *data, int64_t bytes, void **out, int64_t *out_bytes);
 // Rank 0's n doubles to every rank.
-void dist_broadcast_f64(double *data, int n);
+void dist_broadcast_f64(const Dist *g, double *data, int n);

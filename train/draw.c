@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kernels/common.h"
+#include "core/error.h"
 
 // --- pixels and shapes ---------------------------------------------------------------------------
 

@@ -51,17 +51,17 @@ static int by_order(const void *a, const void *b) {
 
 // Data parallel: rank 0 gets every process's detections in the order one process would have
 // made them (so ties in score rank the same), and the processes' counters summed.
-static void merge_ranks(OrderedDet **dets, int64_t *n, EvalReport *rep) {
+static void merge_ranks(const Dist *g, OrderedDet **dets, int64_t *n, EvalReport *rep) {
   void *all;
   int64_t bytes;
-  dist_gather_bytes(*dets, *n * (int64_t)sizeof(OrderedDet), &all, &bytes);
+  dist_gather_bytes(g, *dets, *n * (int64_t)sizeof(OrderedDet), &all, &bytes);
   free(*dets);
   *dets = all;
   *n = bytes / (int64_t)sizeof(OrderedDet);
   if (all) qsort(all, (size_t)*n, sizeof(OrderedDet), by_order);
   double sums[2 + ATTN_TRACE_MAX] = {(double)rep->images, rep->attn.images};
   for (int i = 0; i < ATTN_TRACE_MAX; i++) sums[2 + i] = rep->attn.sum[i];
-  dist_allreduce_sum_f64(sums, 2 + ATTN_TRACE_MAX);
+  dist_allreduce_sum_f64(g, sums, 2 + ATTN_TRACE_MAX);
   rep->images = (int64_t)sums[0];
   rep->attn.images = sums[1];
   for (int i = 0; i < ATTN_TRACE_MAX; i++) rep->attn.sum[i] = sums[2 + i];
@@ -145,8 +145,7 @@ static int run_batches(const DetrModel *model, const CocoDataset *ds, const Eval
 static int score_detections(const CocoEvalGt *gt, const OrderedDet *dets, int64_t n, const EvalConfig *cfg,
                             EvalReport *rep, double *shared, char *err, size_t err_cap) {
   int rc = 0;
-  CocoEvalDet *plain = malloc((size_t)(n ? n : 1) * sizeof(CocoEvalDet));
-  DETR_CHECK(plain, "evaluate_model: out of host memory");
+  CocoEvalDet *plain = detr_malloc((size_t)(n ? n : 1) * sizeof(CocoEvalDet), "evaluate_model plain");
   for (int64_t i = 0; i < n; i++) plain[i] = dets[i].det;
   if (cfg->results_path) rc = write_coco_results(cfg->results_path, plain, n, err, err_cap);
   if (rc == 0 && coco_evaluate(gt, plain, n, &rep->coco, err, err_cap)) rc = -1;
@@ -161,16 +160,17 @@ int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConf
                    size_t err_cap) {
   memset(rep, 0, sizeof *rep);
   double t0 = now_s();
-  bool dist = cfg->distributed && dist_world_size() > 1, scorer = !dist || dist_is_main();
+  const Dist *g = &cfg->dist;
+  bool dist = g->world > 1, scorer = dist_is_main(g);
   CocoEvalGt gt = {0};
-  if (!dist_all_ok(!scorer || coco_eval_read_gt(ds->ann_path, &gt, err, err_cap) == 0)) {
+  if (!dist_all_ok(g, !scorer || coco_eval_read_gt(ds->ann_path, &gt, err, err_cap) == 0)) {
     if (!scorer) snprintf(err, err_cap, "rank 0 could not read %s", ds->ann_path);
     return -1;
   }
   LoaderConfig lc = loader_config_make(false, cfg->batch_size, cfg->num_workers, cfg->aug, cfg->policy);
   lc.quiet = true;
   lc.pad_multiple = cfg->pad_multiple > 1 ? cfg->pad_multiple : 1;
-  if (dist) lc.shard = dist_rank(), lc.shards = dist_world_size();
+  if (dist) lc.shard = g->rank, lc.shards = g->world;
   DataLoader *loader = NULL;
   DataError derr;
   if (loader_create(ds, &lc, (LoaderPosition){0, 0}, &loader, &derr)) {
@@ -180,24 +180,23 @@ int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConf
   }
   int64_t K = detr_detections_per_image(&model->cfg);  // K per image
   DetList dl = {.cap = ds->n_images * K, .K = K,
-                .global_batch = (int64_t)cfg->batch_size * (dist ? dist_world_size() : 1),
-                .first_slot = dist ? (int64_t)dist_rank() * cfg->batch_size : 0};
-  dl.dets = malloc((size_t)(dl.cap ? dl.cap : 1) * sizeof(OrderedDet));
-  dl.batch_dets = malloc((size_t)(cfg->batch_size * K) * sizeof(Detection));
-  DETR_CHECK(dl.dets && dl.batch_dets, "evaluate_model: out of host memory");
+                .global_batch = (int64_t)cfg->batch_size * (dist ? g->world : 1),
+                .first_slot = dist ? (int64_t)g->rank * cfg->batch_size : 0};
+  dl.dets = detr_malloc((size_t)(dl.cap ? dl.cap : 1) * sizeof(OrderedDet), "evaluate_model dets");
+  dl.batch_dets = detr_malloc((size_t)(cfg->batch_size * K) * sizeof(Detection), "evaluate_model batch_dets");
   int rc = run_batches(model, ds, cfg, loader, &dl, rep, err, err_cap);
   loader_free(loader);
-  if (!dist_all_ok(rc == 0)) {
+  if (!dist_all_ok(g, rc == 0)) {
     if (rc == 0) snprintf(err, err_cap, "another process failed in the evaluation (see its message)");
     rc = -1;
   }
   bool all_ok = rc == 0;  // the same on every process
-  if (all_ok && dist) merge_ranks(&dl.dets, &dl.n, rep);
+  if (all_ok && dist) merge_ranks(g, &dl.dets, &dl.n, rep);
   // [status, the 12 numbers, detections]: rank 0 scores, every process gets the result.
   double shared[2 + COCO_N_STATS] = {0};
   if (rc == 0 && scorer) rc = score_detections(&gt, dl.dets, dl.n, cfg, rep, shared, err, err_cap);
   if (dist && all_ok) {
-    dist_broadcast_f64(shared, 2 + COCO_N_STATS);
+    dist_broadcast_f64(g, shared, 2 + COCO_N_STATS);
     if (!scorer && rc == 0) {
       rc = (int)shared[0];
       if (rc) snprintf(err, err_cap, "rank 0 failed to score the evaluation (see its message)");

@@ -6,6 +6,7 @@
 #include "datasets/loader.h"
 #include "nn/detr.h"
 #include "train/cocoeval.h"
+#include "train/dist.h"
 
 typedef struct {
   int batch_size, num_workers;
@@ -14,9 +15,10 @@ typedef struct {
   BadInputPolicy policy;  // unreadable images: fail or skip
   const char *results_path;  // a COCO results JSON to write, or NULL
   bool progress;             // a progress line on stderr
-  bool distributed;          // data parallel (train/dist.h): each process evaluates its slice of every
-                             // batch, rank 0 merges the detections in dataset order and scores them,
-                             // and every process gets the report. Collective: all ranks call it.
+  Dist dist;                 // the processes (train/dist.h; zero or DIST_SINGLE: this one alone).
+                             // Several: each evaluates its slice of every batch, rank 0 merges the
+                             // detections in dataset order and scores them, and every process gets
+                             // the report. Collective: every rank of the group calls it.
 } EvalConfig;
 
 typedef struct {

@@ -5,7 +5,6 @@
 
 #include "api/model_file.h"  // checkpoint_is, checkpoint_verify
 #include "nn/model_io.h"
-#include "train/dist.h"
 #include "train/setup.h"     // categories_compare
 
 // The file's `name` has another number of rows than the model's (classes, queries) and is
@@ -21,7 +20,7 @@ static bool rows_differ(const StFile *f, const Tensor *t, const char *name, char
 }
 
 int finetune_load(DetrModel *m, const char *path, const char *init_categories, const CocoDataset *train, bool partial,
-                  char *err, size_t err_cap) {
+                  bool say, char *err, size_t err_cap) {
   StFile *f = st_open(path, err, err_cap);
   if (!f) return -1;
   bool checkpoint = checkpoint_is(f);
@@ -29,7 +28,6 @@ int finetune_load(DetrModel *m, const char *path, const char *init_categories, c
     st_close(f);
     return -1;
   }
-  bool say = dist_is_main();
   if (checkpoint && say)
     fprintf(stderr, "detr train: --init %s: a checkpoint: its model tensors (its optimizer state, step and schedule "
             "are not used; --resume continues a run)\n", path);

@@ -11,6 +11,7 @@
 #include "nn/detr.h"
 
 // m: initialised (detr_model_init). init_categories: a checkpoint's "id:name;..." (NULL: plain
-// weights, or unknown). Returns 0, or -1 with err set (the model unchanged).
+// weights, or unknown). say: log what was re-initialised (rank 0 of a data-parallel run). Returns
+// 0, or -1 with err set (the model unchanged).
 int finetune_load(DetrModel *m, const char *path, const char *init_categories, const CocoDataset *train, bool partial,
-                  char *err, size_t err_cap);
+                  bool say, char *err, size_t err_cap);

@@ -7,17 +7,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/common.h"
+#include "core/error.h"
 #include "train/draw.h"
 
 void history_add_step(TrainHistory *h, double step, double loss) {
   if (h->n == h->cap) {
     int cap = h->cap ? 2 * h->cap : 1024;
-    double *a = realloc(h->step, sizeof(double) * (size_t)cap);
-    DETR_CHECK(a, "detr train: out of host memory (history of %d steps)", cap);
+    double *a = detr_realloc(h->step, sizeof(double) * (size_t)cap, "loss history steps");
     h->step = a;
-    double *b = realloc(h->loss, sizeof(double) * (size_t)cap);
-    DETR_CHECK(b, "detr train: out of host memory (history of %d steps)", cap);
+    double *b = detr_realloc(h->loss, sizeof(double) * (size_t)cap, "loss history");
     h->loss = b;
     h->cap = cap;
   }
@@ -68,12 +66,12 @@ void history_free(TrainHistory *h) {
   h->n = h->cap = 0;
 }
 
-int history_chart_render(const TrainHistory *h, const char *title, Image *out, char *err, size_t cap) {
+int history_chart_render(const TrainHistory *h, const char *title, Image *out, char *err, size_t err_cap) {
   *out = (Image){0};
   int n = h->n;
   double *mean = malloc(sizeof(double) * (size_t)(n ? n : 1));  // [n]
   if (!mean) {
-    snprintf(err, cap, "out of memory for a chart of %d steps", n);
+    snprintf(err, err_cap, "out of memory for a chart of %d steps", n);
     return -1;
   }
   double run = 0;

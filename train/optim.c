@@ -16,8 +16,7 @@ OptimConfig optim_config_default(void) {
 
 void adamw_init(AdamW *opt, ParamStore *params, OptimConfig cfg) {
   *opt = (AdamW){.cfg = cfg, .params = params};
-  opt->exp_avg = calloc((size_t)(2 * params->count), sizeof(Tensor *));
-  DETR_CHECK(opt->exp_avg, "adamw_init: out of host memory");
+  opt->exp_avg = detr_calloc((size_t)(2 * params->count), sizeof(Tensor *), "adamw_init exp_avg");
   opt->exp_avg_sq = opt->exp_avg + params->count;
   for (int i = 0; i < params->count; i++) {
     const Param *p = &params->items[i];
@@ -130,10 +129,9 @@ double adamw_clip_step(AdamW *opt, float max_norm) {
     for (int i = 0; i < params->count; i++) autograd_drop_grad(&params->items[i].tensor, 1);
     return norm;
   }
-  AdamWTensor *ts = malloc(sizeof(AdamWTensor) * (size_t)(params->count > 0 ? params->count : 1));
-  const float **grads = malloc(sizeof(float *) * (size_t)(params->count > 0 ? params->count : 1));
-  int64_t *sizes = malloc(sizeof(int64_t) * (size_t)(params->count > 0 ? params->count : 1));
-  DETR_CHECK(ts && grads && sizes, "adamw_clip_step: out of host memory for %d parameters", params->count);
+  AdamWTensor *ts = detr_malloc(sizeof(AdamWTensor) * (size_t)params->count, "adamw_clip_step tensors");
+  const float **grads = detr_malloc(sizeof(float *) * (size_t)params->count, "adamw_clip_step grads");
+  int64_t *sizes = detr_malloc(sizeof(int64_t) * (size_t)params->count, "adamw_clip_step sizes");
   opt->step++;
   int n = 0;
   for (int i = 0; i < params->count; i++) {

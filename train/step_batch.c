@@ -7,41 +7,40 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const StEntry *need(const StFile *f, const char *name, StDtype dtype, int ndim, char *err, size_t cap) {
+static const StEntry *need(const StFile *f, const char *name, StDtype dtype, int ndim, char *err, size_t err_cap) {
   const StEntry *e = st_find(f, name);
   if (!e)
-    snprintf(err, cap, "%s: no tensor '%s'", st_path(f), name);
+    snprintf(err, err_cap, "%s: no tensor '%s'", st_path(f), name);
   else if (e->dtype != dtype)
-    snprintf(err, cap, "%s: '%s' is %s, expected %s", st_path(f), name, st_dtype_name(e->dtype), st_dtype_name(dtype));
+    snprintf(err, err_cap, "%s: '%s' is %s, expected %s", st_path(f), name, st_dtype_name(e->dtype), st_dtype_name(dtype));
   else if (e->ndim != ndim)
-    snprintf(err, cap, "%s: '%s' has %d dimensions, expected %d", st_path(f), name, e->ndim, ndim);
+    snprintf(err, err_cap, "%s: '%s' has %d dimensions, expected %d", st_path(f), name, e->ndim, ndim);
   else
     return e;
   return NULL;
 }
 
-int step_batch_read(const StFile *f, Device dev, int64_t num_classes, StepBatch *b, char *err, size_t cap) {
+int step_batch_read(const StFile *f, Device dev, int64_t num_classes, StepBatch *b, char *err, size_t err_cap) {
   memset(b, 0, sizeof *b);
-  const StEntry *img = need(f, "images", ST_F32, 4, err, cap);
+  const StEntry *img = need(f, "images", ST_F32, 4, err, err_cap);
   if (!img) return -1;
   // H, W >= 1: an empty images tensor (any dimension 0) could declare a B or H x W of 2^62 that
   // the file does not hold; with every dimension positive the file's bytes bound them.
   if (img->shape[1] != 3 || img->shape[0] < 1 || img->shape[2] < 1 || img->shape[3] < 1) {
-    snprintf(err, cap, "%s: images must be [B >= 1, 3, H >= 1, W >= 1]", st_path(f));
+    snprintf(err, err_cap, "%s: images must be [B >= 1, 3, H >= 1, W >= 1]", st_path(f));
     return -1;
   }
   b->B = img->shape[0], b->H = img->shape[2], b->W = img->shape[3];
   const StEntry *mask = st_find(f, "mask");
   if (!mask || (mask->dtype != ST_U8 && mask->dtype != ST_BOOL) || mask->ndim != 3 || mask->shape[0] != b->B ||
       mask->shape[1] != b->H || mask->shape[2] != b->W) {
-    snprintf(err, cap, "%s: mask must be U8 [%lld, %lld, %lld]", st_path(f), (long long)b->B, (long long)b->H,
+    snprintf(err, err_cap, "%s: mask must be U8 [%lld, %lld, %lld]", st_path(f), (long long)b->B, (long long)b->H,
              (long long)b->W);
     return -1;
   }
-  float *pixels = malloc(img->nbytes ? img->nbytes : 1);
-  b->mask = malloc((size_t)(b->B * b->H * b->W));
-  b->targets = calloc((size_t)b->B, sizeof(DetrTarget));
-  DETR_CHECK(pixels && b->mask && b->targets, "detr step: out of host memory");
+  float *pixels = detr_malloc(img->nbytes ? img->nbytes : 1, "pixels");
+  b->mask = detr_malloc((size_t)(b->B * b->H * b->W), "mask");
+  b->targets = detr_calloc((size_t)b->B, sizeof(DetrTarget), "targets");
   memcpy(pixels, st_data(f, img), img->nbytes);
   memcpy(b->mask, st_data(f, mask), mask->nbytes);
   b->images = tensor_from_host(dev, SHAPE(b->B, 3, b->H, b->W), pixels);
@@ -51,17 +50,16 @@ int step_batch_read(const StFile *f, Device dev, int64_t num_classes, StepBatch 
     char nb[64], nl[64];
     snprintf(nb, sizeof nb, "targets.%lld.boxes", (long long)i);
     snprintf(nl, sizeof nl, "targets.%lld.labels", (long long)i);
-    const StEntry *eb = need(f, nb, ST_F32, 2, err, cap), *el = eb ? need(f, nl, ST_I64, 1, err, cap) : NULL;
+    const StEntry *eb = need(f, nb, ST_F32, 2, err, err_cap), *el = eb ? need(f, nl, ST_I64, 1, err, err_cap) : NULL;
     if (!eb || !el) return -1;
     if (eb->shape[1] != 4 || el->shape[0] != eb->shape[0]) {
-      snprintf(err, cap, "%s: %s must be [n, 4] and %s [n]", st_path(f), nb, nl);
+      snprintf(err, err_cap, "%s: %s must be [n, 4] and %s [n]", st_path(f), nb, nl);
       return -1;
     }
     total += eb->shape[0];
   }
-  b->boxes_storage = malloc((size_t)(total ? total : 1) * 4 * sizeof(float));
-  b->labels_storage = malloc((size_t)(total ? total : 1) * sizeof(int64_t));
-  DETR_CHECK(b->boxes_storage && b->labels_storage, "detr step: out of host memory");
+  b->boxes_storage = detr_malloc((size_t)(total ? total : 1) * 4 * sizeof(float), "boxes_storage");
+  b->labels_storage = detr_malloc((size_t)(total ? total : 1) * sizeof(int64_t), "labels_storage");
   int64_t at = 0;
   for (int64_t i = 0; i < b->B; i++) {
     char nb[64], nl[64];
@@ -74,14 +72,14 @@ int step_batch_read(const StFile *f, Device dev, int64_t num_classes, StepBatch 
     for (int64_t k = 0; k < n; k++) {
       int64_t label = b->labels_storage[at + k];
       if (label < 0 || label > num_classes) {
-        snprintf(err, cap, "%s: %s[%lld] = %lld is outside [0, %lld]", st_path(f), nl, (long long)k, (long long)label,
+        snprintf(err, err_cap, "%s: %s[%lld] = %lld is outside [0, %lld]", st_path(f), nl, (long long)k, (long long)label,
                  (long long)num_classes);
         return -1;
       }
       const float *bx = b->boxes_storage + 4 * (at + k);
       for (int c = 0; c < 4; c++)
         if (!isfinite(bx[c])) {
-          snprintf(err, cap, "%s: %s[%lld] is not finite", st_path(f), nb, (long long)k);
+          snprintf(err, err_cap, "%s: %s[%lld] is not finite", st_path(f), nb, (long long)k);
           return -1;
         }
     }

@@ -17,5 +17,5 @@ typedef struct {
 
 // Reads and checks the batch (images uploaded to dev). Returns 0, or -1 with err naming the file and
 // the tensor; b must then still be freed with step_batch_free (it is zeroed first).
-int step_batch_read(const StFile *f, Device dev, int64_t num_classes, StepBatch *b, char *err, size_t cap);
+int step_batch_read(const StFile *f, Device dev, int64_t num_classes, StepBatch *b, char *err, size_t err_cap);
 void step_batch_free(StepBatch *b);

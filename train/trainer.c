@@ -50,31 +50,31 @@ void loss_weights_apply(const LossWeights *w, CriterionConfig *c) {
 
 // A split, its layout and every image's presence, header and size checked before the first step
 // (headers only: bench/README.md has the time on a COCO-sized set).
-static CocoDataset *open_split(const TrainOptions *o, bool training, char *err, size_t cap) {
+static CocoDataset *open_split(const Dist *g, const TrainOptions *o, bool training, char *err, size_t err_cap) {
   const char *split = training ? o->train_split : o->val_split, *flag = training ? "--train-split" : "--val-split";
-  if (setup_check_split_layout(o->data_dir, split, flag, err, cap)) return NULL;
+  if (setup_check_split_layout(o->data_dir, split, flag, err, err_cap)) return NULL;
   char ann[4096], img[4096];
   setup_split_paths(o->data_dir, split, ann, sizeof ann, img, sizeof img);
   CocoOpenConfig cc = {.ann_path = ann, .image_dir = img, .policy = o->bad_input, .check_images = true};
   CocoDataset *ds = NULL;
   DataError derr;
   if (coco_open(&cc, &ds, &derr)) {
-    snprintf(err, cap, "%s", derr.msg);
+    snprintf(err, err_cap, "%s", derr.msg);
     return NULL;
   }
   const CocoStats *s = &ds->stats;
   if (ds->n_images == 0) {
-    snprintf(err, cap, "%s: no image is left to %s (%lld skipped: %lld missing files, %lld unreadable or of another "
+    snprintf(err, err_cap, "%s: no image is left to %s (%lld skipped: %lld missing files, %lld unreadable or of another "
              "size than the file says, %lld named twice; see the warnings above)", ds->ann_path,
              training ? "train on" : "evaluate on", (long long)s->skipped_images, (long long)s->missing_images,
              (long long)s->corrupt_images, (long long)s->duplicate_files);
   } else if (s->annotations - s->crowd_annotations == 0 && training) {
-    snprintf(err, cap, "%s: no annotations (%lld images, none with a box%s): there is nothing to learn", ds->ann_path,
+    snprintf(err, err_cap, "%s: no annotations (%lld images, none with a box%s): there is nothing to learn", ds->ann_path,
              (long long)ds->n_images, s->skipped_annotations ? " left after skipping" : "");
   } else {
     // A val split without boxes is a warning: training still works, but its AP would be -1 and
     // no best.safetensors written.
-    if (s->annotations - s->crowd_annotations == 0 && dist_is_main())
+    if (s->annotations - s->crowd_annotations == 0 && dist_is_main(g))
       fprintf(stderr, "detr train: warning: %s has no annotations besides crowd ones: its evaluations will report AP -1 "
               "and no best.safetensors is written (--val-split none trains without evaluating)\n", ds->ann_path);
     return ds;
@@ -83,7 +83,7 @@ static CocoDataset *open_split(const TrainOptions *o, bool training, char *err, 
   return NULL;
 }
 
-static int mkdir_p(const char *dir, char *err, size_t cap) {
+static int mkdir_p(const char *dir, char *err, size_t err_cap) {
   char path[4096];
   snprintf(path, sizeof path, "%s", dir);
   for (char *p = path + 1; *p; p++) {
@@ -95,7 +95,7 @@ static int mkdir_p(const char *dir, char *err, size_t cap) {
   if (mkdir(path, 0777) && errno != EEXIST) goto fail;
   return 0;
 fail:
-  if (snprintf(err, cap, "%s: cannot create the directory: %s", path, strerror(errno)) >= (int)cap) err[cap - 1] = 0;
+  if (snprintf(err, err_cap, "%s: cannot create the directory: %s", path, strerror(errno)) >= (int)err_cap) err[err_cap - 1] = 0;
   return -1;
 }
 
@@ -103,20 +103,20 @@ static void ckpt_path(const TrainOptions *o, int64_t step, char *out, size_t cap
   run_dir_checkpoint_path(o->out_dir, step, out, cap);
 }
 
-static void prune_checkpoints(const TrainOptions *o, int64_t current_step) {
-  if (dist_is_main()) run_dir_prune(o->out_dir, o->keep_last, current_step);
+static void prune_checkpoints(const Dist *g, const TrainOptions *o, int64_t current_step) {
+  if (dist_is_main(g)) run_dir_prune(o->out_dir, o->keep_last, current_step);
 }
 
 // Rank 0 writes (every rank holds the same state); every rank learns whether it worked.
-static int save(const TrainOptions *o, const char *path, const DetrModel *m, const AdamW *opt, const TrainState *st,
-                const char *categories) {
+static int save(const Dist *g, const TrainOptions *o, const char *path, const DetrModel *m, const AdamW *opt,
+                const TrainState *st, const char *categories) {
   char err[1024];
   bool ok = true;
-  if (dist_is_main() && checkpoint_save(path, m, opt, st, o->train_config_text, categories, err, sizeof err)) {
+  if (dist_is_main(g) && checkpoint_save(path, m, opt, st, o->train_config_text, categories, err, sizeof err)) {
     fprintf(stderr, "detr train: %s\n", err);
     ok = false;
   }
-  return dist_all_ok(ok) ? 0 : -1;
+  return dist_all_ok(g, ok) ? 0 : -1;
 }
 
 // --- the history kept for the chart (train/history.c) ---
@@ -130,8 +130,8 @@ static double as_logged(double v) {
 
 // OUT/chart.png: the loss (and its 50-step running mean) by step, AP and AP50 by epoch. A chart
 // that fails to render is reported and training goes on.
-static void write_chart(const TrainOptions *o, const TrainHistory *h) {
-  if (!dist_is_main()) return;
+static void write_chart(const Dist *g, const TrainOptions *o, const TrainHistory *h) {
+  if (!dist_is_main(g)) return;
   char title[96], path[4200], err[1024];
   snprintf(title, sizeof title, "%s training (encoder attention: %s)", detr_decoder(&o->model)->model,
            detr_encoder_attn(&o->model)->name);
@@ -149,7 +149,7 @@ static void write_chart(const TrainOptions *o, const TrainHistory *h) {
 
 typedef struct {
   TrainOptions *o;
-  int world;                  // processes
+  Dist dist;                  // the processes of a data-parallel run (train/dist.h)
   CocoDataset *train, *val;
   char *categories;           // "id:name;..." of the training categories, stored in every checkpoint
   DetrModel *m;
@@ -169,43 +169,42 @@ typedef struct {
 // --- stage 1, set-up: data, model, optimizer; resume or initial weights; the log; the loader ---
 
 // Also the categories against a resumed checkpoint's: a resumed run trains on the same classes.
-static int open_data(Trainer *t, char *err, size_t cap) {
+static int open_data(Trainer *t, char *err, size_t err_cap) {
   const TrainOptions *o = t->o;
-  t->train = open_split(o, true, err, cap);
+  t->train = open_split(&t->dist, o, true, err, err_cap);
   if (!t->train) return -1;
-  if (strcmp(o->val_split, "none") && !(t->val = open_split(o, false, err, cap))) return -1;
+  if (strcmp(o->val_split, "none") && !(t->val = open_split(&t->dist, o, false, err, err_cap))) return -1;
   char diff[1024];
   // Fine-tuning a checkpoint's model: num_classes follows the data when its classes differ (with
   // no categories in the checkpoint, when the data has more).
   bool other_classes = o->init_categories ? categories_compare(o->init_categories, t->train, diff, sizeof diff) != 0
                                           : o->model.num_classes < t->train->num_classes;
   if (o->model_from_init && o->model.num_classes != t->train->num_classes && other_classes) {
-    if (dist_is_main())
+    if (dist_is_main(&t->dist))
       fprintf(stderr, "detr train: num_classes %d for the data's categories (the --init checkpoint's model has %lld)\n",
               t->train->num_classes, (long long)o->model.num_classes);
     t->o->model.num_classes = t->train->num_classes;
   }
   if (o->model.num_classes < t->train->num_classes) {
-    snprintf(err, cap, "the data has category ids up to %d but the model has num_classes %lld (set --set num_classes=%d)",
+    snprintf(err, err_cap, "the data has category ids up to %d but the model has num_classes %lld (set --set num_classes=%d)",
              t->train->num_classes - 1, (long long)o->model.num_classes, t->train->num_classes);
     return -1;
   }
   size_t bytes = 1;  // every name whole, however many (LVIS: 1203 categories)
   for (int i = 0; i < t->train->n_categories; i++) bytes += strlen(t->train->categories[i].name) + 16;
-  t->categories = malloc(bytes);
-  DETR_CHECK(t->categories, "train: out of host memory for %zu bytes of category names", bytes);
+  t->categories = detr_malloc(bytes, "train categories");
   t->categories[0] = 0;
   for (int i = 0, n = 0; i < t->train->n_categories; i++)
     n += snprintf(t->categories + n, bytes - (size_t)n, "%s%d:%s", i ? ";" : "", t->train->categories[i].id,
                   t->train->categories[i].name);
   int same = o->resume ? categories_compare(o->resume_categories, t->train, diff, sizeof diff) : 0;
   if (same == 2) {
-    snprintf(err, cap, "the categories of %s differ from those of the run in %s (%s): a resumed run trains on the "
+    snprintf(err, err_cap, "the categories of %s differ from those of the run in %s (%s): a resumed run trains on the "
              "same classes; to train on these, start a new run from its weights: --init %s --out NEW_DIR",
              t->train->ann_path, o->resume, diff, o->resume);
     return -1;
   }
-  if (same == 1 && dist_is_main()) fprintf(stderr, "detr train: warning: the category names differ from %s's: %s\n", o->resume, diff);
+  if (same == 1 && dist_is_main(&t->dist)) fprintf(stderr, "detr train: warning: the category names differ from %s's: %s\n", o->resume, diff);
   return 0;
 }
 
@@ -215,36 +214,36 @@ static void create_model(Trainer *t) {
   detr_model_init(t->m, o->seed);
   adamw_init(&t->opt, &t->m->params, o->optim);
   t->st = (TrainState){.seed = o->seed, .dropout_rng = rng_make(o->seed ^ 0xd40bu), .best_map = -1.0,
-                       .world_size = t->world, .global_batch = (int64_t)t->world * o->batch_size};
+                       .world_size = t->dist.world, .global_batch = (int64_t)t->dist.world * o->batch_size};
 }
 
 // --resume: the state of a checkpoint, which every process must have read at the same step and
 // with the same split of the global batch.
-static int resume(Trainer *t, char *err, size_t cap) {
+static int resume(Trainer *t, char *err, size_t err_cap) {
   const TrainOptions *o = t->o;
   TrainState *st = &t->st;
   if (o->resume) {
     char why[2048];
     if (checkpoint_load(o->resume, t->m, &t->opt, st, why, sizeof why)) {
-      snprintf(err, cap, "--resume %s", why);
+      snprintf(err, err_cap, "--resume %s", why);
       return -1;
     }
     t->resumed = true;
-    if (dist_is_main()) fprintf(stderr, "detr train: resuming from %s (step %lld)\n", o->resume, (long long)st->step);
+    if (dist_is_main(&t->dist)) fprintf(stderr, "detr train: resuming from %s (step %lld)\n", o->resume, (long long)st->step);
   }
-  int64_t global_batch = (int64_t)t->world * o->batch_size;
-  if (t->resumed && (st->world_size != t->world || (st->global_batch && st->global_batch != global_batch))) {
+  int64_t global_batch = (int64_t)t->dist.world * o->batch_size;
+  if (t->resumed && (st->world_size != t->dist.world || (st->global_batch && st->global_batch != global_batch))) {
     // The data position counts global batches: another split of them would train on other data.
-    snprintf(err, cap, "the checkpoint was written by a run of %d process%s with %lld images per step; this run has %d "
+    snprintf(err, err_cap, "the checkpoint was written by a run of %d process%s with %lld images per step; this run has %d "
              "process%s with %lld: resume with the same number of processes and --batch, or start a new run directory",
-             st->world_size, st->world_size == 1 ? "" : "es", (long long)st->global_batch, t->world,
-             t->world == 1 ? "" : "es", (long long)global_batch);
+             st->world_size, st->world_size == 1 ? "" : "es", (long long)st->global_batch, t->dist.world,
+             t->dist.world == 1 ? "" : "es", (long long)global_batch);
     return -1;
   }
   uint64_t resumed_at[2] = {(uint64_t)st->step, ~(uint64_t)st->step};  // max of step and of -step: all equal?
-  dist_allreduce_max_u64(resumed_at, 2);
+  dist_allreduce_max_u64(&t->dist, resumed_at, 2);
   if (resumed_at[0] != (uint64_t)st->step || ~resumed_at[1] != (uint64_t)st->step) {
-    snprintf(err, cap, "the processes resumed from different checkpoints (this one at step %lld): is %s one directory "
+    snprintf(err, err_cap, "the processes resumed from different checkpoints (this one at step %lld): is %s one directory "
              "shared by all of them?", (long long)st->step, o->out_dir);
     return -1;
   }
@@ -254,7 +253,7 @@ static int resume(Trainer *t, char *err, size_t cap) {
 // What the run directory holds decides what this run may do there, before anything is written:
 // a new run needs a directory without a run (or --move-old-run, which renames it: nothing is
 // deleted); a run resumed from a checkpoint of the directory continues that history only.
-static int check_run_dir(Trainer *t, char *err, size_t cap) {
+static int check_run_dir(Trainer *t, char *err, size_t err_cap) {
   const TrainOptions *o = t->o;
   RunDirContents c;
   run_dir_scan(o->out_dir, &c);
@@ -263,11 +262,11 @@ static int check_run_dir(Trainer *t, char *err, size_t cap) {
   run_dir_describe(&c, what, sizeof what);
   if (t->resumed && run_dir_contains(o->out_dir, o->resume)) {
     if (o->move_old_run) {
-      snprintf(err, cap, "--move-old-run would move away the run that --resume %s continues: leave it out", o->resume);
+      snprintf(err, err_cap, "--move-old-run would move away the run that --resume %s continues: leave it out", o->resume);
       return -1;
     }
     if (c.n_checkpoints > 0 && c.steps[0] > t->st.step) {
-      snprintf(err, cap, "%s holds ckpt-%lld.safetensors, newer than %s (step %lld): going on from an older checkpoint "
+      snprintf(err, err_cap, "%s holds ckpt-%lld.safetensors, newer than %s (step %lld): going on from an older checkpoint "
                "here would mix two histories. Continue the newest with --resume auto, or branch off from this one into "
                "a new directory with --out NEW_DIR", o->out_dir, (long long)c.steps[0], o->resume, (long long)t->st.step);
       return -1;
@@ -280,32 +279,32 @@ static int check_run_dir(Trainer *t, char *err, size_t cap) {
     return 0;
   }
   if (o->move_old_run) {
-    if (run_dir_move_aside(o->out_dir, moved, sizeof moved, err, cap)) return -1;
+    if (run_dir_move_aside(o->out_dir, moved, sizeof moved, err, err_cap)) return -1;
     fprintf(stderr, "detr train: moved the run in %s (%s) to %s\n", o->out_dir, what, moved);
     return 0;
   }
   if (t->resumed)
-    snprintf(err, cap, "%s already holds another run (%s): resuming %s into it would mix two runs. Choose an empty "
+    snprintf(err, err_cap, "%s already holds another run (%s): resuming %s into it would mix two runs. Choose an empty "
              "--out, or pass --move-old-run to rename that run to %s.old-<time> first (nothing is deleted)", o->out_dir,
              what, o->resume, o->out_dir);
   else
-    snprintf(err, cap, "%s already holds a run (%s). Continue it with --resume auto (its model config is read from the "
+    snprintf(err, err_cap, "%s already holds a run (%s). Continue it with --resume auto (its model config is read from the "
              "checkpoint), start a new run with --out NEW_DIR, or pass --move-old-run to rename the directory to "
              "%s.old-<time> first (nothing is deleted)", o->out_dir, what, o->out_dir);
   return -1;
 }
 
 // Rank 0 decides (and moves an old run aside); every rank learns the outcome.
-static int claim_run_dir(Trainer *t, char *err, size_t cap) {
-  bool ok = !dist_is_main() || (check_run_dir(t, err, cap) == 0 && mkdir_p(t->o->out_dir, err, cap) == 0);
-  if (dist_all_ok(ok)) return 0;
-  if (ok) snprintf(err, cap, "the run directory was refused (see the message of rank 0)");
+static int claim_run_dir(Trainer *t, char *err, size_t err_cap) {
+  bool ok = !dist_is_main(&t->dist) || (check_run_dir(t, err, err_cap) == 0 && mkdir_p(t->o->out_dir, err, err_cap) == 0);
+  if (dist_all_ok(&t->dist, ok)) return 0;
+  if (ok) snprintf(err, err_cap, "the run directory was refused (see the message of rank 0)");
   return -1;
 }
 
 // --calibrate-bn: the frozen batch norms' statistics from the first 8 training images, resized
 // as for evaluation.
-static int calibrate_batch_norms(Trainer *t, char *err, size_t cap) {
+static int calibrate_batch_norms(Trainer *t, char *err, size_t err_cap) {
   const TrainOptions *o = t->o;
   LoaderConfig cal = loader_config_make(false, 8, 0, o->val_aug, o->bad_input);
   cal.quiet = true;
@@ -314,41 +313,42 @@ static int calibrate_batch_norms(Trainer *t, char *err, size_t cap) {
   const Batch *cb;
   DataError cerr;
   if (loader_create(t->train, &cal, (LoaderPosition){0, 0}, &cl, &cerr) || loader_next(cl, &cb, &cerr) != DATA_OK) {
-    snprintf(err, cap, "--calibrate-bn: %s", cerr.msg);
+    snprintf(err, err_cap, "--calibrate-bn: %s", cerr.msg);
     loader_free(cl);
     return -1;
   }
   Tensor *x = batch_images_tensor(cb, o->device);
   resnet_calibrate(&t->m->backbone, x);
   tensor_release(x);
-  if (dist_is_main()) fprintf(stderr, "detr train: frozen batch norms calibrated on %d training images\n", cb->size);
+  if (dist_is_main(&t->dist)) fprintf(stderr, "detr train: frozen batch norms calibrated on %d training images\n", cb->size);
   loader_free(cl);
   return 0;
 }
 
 // A fresh run's starting weights: --init, --init-backbone, --calibrate-bn.
-static int initial_weights(Trainer *t, char *err, size_t cap) {
+static int initial_weights(Trainer *t, char *err, size_t err_cap) {
   const TrainOptions *o = t->o;
   char why[2048];
-  if (o->init_weights && finetune_load(t->m, o->init_weights, o->init_categories, t->train, o->init_partial, why, sizeof why)) {
-    snprintf(err, cap, "--init %s", why);
+  if (o->init_weights && finetune_load(t->m, o->init_weights, o->init_categories, t->train, o->init_partial,
+                                      dist_is_main(&t->dist), why, sizeof why)) {
+    snprintf(err, err_cap, "--init %s", why);
     return -1;
   }
   if (o->init_backbone && params_load_file_prefix(&t->m->params, o->init_backbone, "backbone.", why, sizeof why)) {
-    snprintf(err, cap, "--init-backbone %s", why);
+    snprintf(err, err_cap, "--init-backbone %s", why);
     return -1;
   }
-  return o->calibrate_bn ? calibrate_batch_norms(t, err, cap) : 0;
+  return o->calibrate_bn ? calibrate_batch_norms(t, err, err_cap) : 0;
 }
 
 // metrics.jsonl (appended to when resuming; the history read back first), the loader at the
 // saved data position, and the run's summary line.
-static int open_log_and_loader(Trainer *t, char *err, size_t cap) {
+static int open_log_and_loader(Trainer *t, char *err, size_t err_cap) {
   const TrainOptions *o = t->o;
   char path[4200];
   snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
   bool ok = true;
-  if (dist_is_main()) {  // rank 0 logs; the others compute
+  if (dist_is_main(&t->dist)) {  // rank 0 logs; the others compute
     // A crash after logging steps past the checkpoint: those lines go, the resumed run logs them again.
     char why[4400];
     if (t->resumed && run_dir_cut_metrics(path, t->st.step, why, sizeof why)) {
@@ -361,54 +361,53 @@ static int open_log_and_loader(Trainer *t, char *err, size_t cap) {
       ok = t->metrics != NULL;
     }
   }
-  if (!dist_all_ok(ok)) {
-    snprintf(err, cap, "no metrics log: stopping (see the message above%s)", dist_is_main() ? "" : ", of rank 0");
+  if (!dist_all_ok(&t->dist, ok)) {
+    snprintf(err, err_cap, "no metrics log: stopping (see the message above%s)", dist_is_main(&t->dist) ? "" : ", of rank 0");
     return -1;
   }
   LoaderConfig lc = loader_config_make(true, o->batch_size, o->workers, o->train_aug, o->bad_input);
   lc.seed = o->seed;
   lc.pad_multiple = o->pad_multiple;
-  lc.shard = dist_rank();  // each process: its slice of every global batch
-  lc.shards = t->world;
+  lc.shard = t->dist.rank;  // each process: its slice of every global batch
+  lc.shards = t->dist.world;
   DataError derr;
   if (loader_create(t->train, &lc, (LoaderPosition){t->st.epoch, t->st.next_batch}, &t->loader, &derr)) {
-    snprintf(err, cap, "%s", derr.msg);
+    snprintf(err, err_cap, "%s", derr.msg);
     return -1;
   }
   t->per_epoch = loader_batches_per_epoch(t->loader);
   if (t->per_epoch == 0) {
-    snprintf(err, cap, "%s has fewer images than one batch of %d", t->train->ann_path, o->batch_size);
+    snprintf(err, err_cap, "%s has fewer images than one batch of %d", t->train->ann_path, o->batch_size);
     return -1;
   }
-  if (dist_is_main()) {
+  if (dist_is_main(&t->dist)) {
     fprintf(stderr, "detr train: %lld training images (%lld batches of %lld per epoch), %lld val images, %lld trainable "
             "parameters, encoder attention %s, run directory %s\n", (long long)t->train->n_images,
-            (long long)t->per_epoch, (long long)t->world * o->batch_size, t->val ? (long long)t->val->n_images : 0LL,
+            (long long)t->per_epoch, (long long)t->dist.world * o->batch_size, t->val ? (long long)t->val->n_images : 0LL,
             (long long)params_numel(&t->m->params, PARAM_TRAINABLE), detr_encoder_attn(&t->m->cfg)->name, o->out_dir);
-    if (t->world > 1)
-      fprintf(stderr, "detr train: data parallel over %d processes (%s), %d images each per step\n", t->world,
+    if (t->dist.world > 1)
+      fprintf(stderr, "detr train: data parallel over %d processes (%s), %d images each per step\n", t->dist.world,
               dist_backend_name(), o->batch_size);
   }
   return 0;
 }
 
-static int trainer_setup(Trainer *t, char *err, size_t cap) {
+static int trainer_setup(Trainer *t, char *err, size_t err_cap) {
   const TrainOptions *o = t->o;
   cpu_share_init(&t->cpu, o->threads);
   cpu_flush_denormals(true);
-  t->world = dist_world_size();
-  if (dist_setup_device(o->device, err, cap) || open_data(t, err, cap)) return -1;
+  if (dist_setup_device(o->device, err, err_cap) || open_data(t, err, err_cap)) return -1;
   create_model(t);
   // The starting weights are read before the run directory is claimed: --move-old-run may move
   // a file they come from (a backbone kept in the run directory).
-  if (resume(t, err, cap) || (!t->resumed && initial_weights(t, err, cap)) || claim_run_dir(t, err, cap) ||
-      open_log_and_loader(t, err, cap))
+  if (resume(t, err, err_cap) || (!t->resumed && initial_weights(t, err, err_cap)) || claim_run_dir(t, err, err_cap) ||
+      open_log_and_loader(t, err, err_cap))
     return -1;
   t->criterion = detr_criterion_config(&o->model);
   loss_weights_apply(&o->loss, &t->criterion);
   int64_t total_steps = (int64_t)o->epochs * t->per_epoch;
   if (o->max_steps > 0 && o->max_steps < total_steps) total_steps = o->max_steps;
-  progress_init(&t->progress, o->progress && dist_is_main(), t->st.step, total_steps);
+  progress_init(&t->progress, o->progress && dist_is_main(&t->dist), t->st.step, total_steps);
   return 0;
 }
 
@@ -488,9 +487,9 @@ static void plan_step(const Trainer *t, const Batch *b, StepPlan *p) {
   }
   l->ce_weight = l->matched + t->criterion.eos_coef * ((double)b->size * (double)Q - l->matched);
   p->global = *l;
-  dist_allreduce_sum_f64((double *)&p->global, 4);
+  dist_allreduce_sum_f64(&t->dist, (double *)&p->global, 4);
   p->criterion = t->criterion;
-  p->criterion.ce_share = t->world > 1 ? (float)(l->ce_weight / p->global.ce_weight) : 1.0f;
+  p->criterion.ce_share = t->dist.world > 1 ? (float)(l->ce_weight / p->global.ce_weight) : 1.0f;
   p->num_boxes = p->global.boxes > 1.0 ? (float)p->global.boxes : 1.0f;
   p->n_aux = mc->aux_loss ? (int)mc->dec_layers - 1 : 0;
 }
@@ -499,14 +498,14 @@ static void plan_step(const Trainer *t, const Batch *b, StepPlan *p) {
 // Each process draws its own dropout masks (the rank picks the stream; rank 0's is the
 // single-process one), all from the saved position, so a resumed run draws the same.
 static void forward_loss(const Trainer *t, const Batch *b, const StepPlan *p, int n_terms, StepForward *f,
-                         StepSums *sums, char *err, size_t cap) {
+                         StepSums *sums, char *err, size_t err_cap) {
   Rng dropout = t->st.dropout_rng;
-  dropout.seed ^= 0x9E3779B97F4A7C15ull * (uint64_t)dist_rank();
+  dropout.seed ^= 0x9E3779B97F4A7C15ull * (uint64_t)t->dist.rank;
   NnCtx ctx = {.training = true, .dropout_rng = &dropout};
   Tensor *images = tensor_scoped(batch_images_tensor(b, t->o->device));
-  if (detr_model_forward(t->m, &ctx, images, b->mask, &f->out, err, cap) ||
+  if (detr_model_forward(t->m, &ctx, images, b->mask, &f->out, err, err_cap) ||
       criterion_forward(&p->criterion, f->out.layers[f->out.n_layers - 1], f->out.layers, p->n_aux, p->targets,
-                        p->num_boxes, NULL, &f->loss, err, cap)) {
+                        p->num_boxes, NULL, &f->loss, err, err_cap)) {
     sums->failed = 1.0;
   } else {
     f->have_loss = true;
@@ -526,7 +525,7 @@ static void forward_loss(const Trainer *t, const Batch *b, const StepPlan *p, in
 // AdamW, and the log of the step from the summed numbers.
 static void update(Trainer *t, const StepPlan *p, const StepForward *f, const StepSums *sums, StepLog *log) {
   if (f->have_loss) autograd_backward(f->loss.total);
-  dist_allreduce_gradients(&t->m->params);
+  dist_allreduce_gradients(&t->dist, &t->m->params);
   log->total = sums->total;
   for (int i = 0; i < log->n_terms; i++) log->terms[i] = sums->terms[i];
   log->images = (int)p->global.images;
@@ -539,28 +538,28 @@ static void update(Trainer *t, const StepPlan *p, const StepForward *f, const St
   // Every process's stream moved by its own draws: continue from the furthest, so the state
   // (saved by rank 0) is one every rank can resume from.
   uint64_t offset = f->dropout_offset;
-  dist_allreduce_max_u64(&offset, 1);
+  dist_allreduce_max_u64(&t->dist, &offset, 1);
   t->st.dropout_rng.offset = offset;
 }
 
 // One optimizer step on this process's slice of the global batch. An empty slice (all its images
 // skipped) contributes nothing but still takes part. Returns 0, or -1 with err set; a failure on
 // any process fails the step on every process, so all stop together.
-static int train_step(Trainer *t, const Batch *b, StepLog *log, char *err, size_t cap) {
+static int train_step(Trainer *t, const Batch *b, StepLog *log, char *err, size_t err_cap) {
   StepPlan plan;
   plan_step(t, b, &plan);
   log->n_terms = criterion_term_names(plan.n_aux, log->names);
   StepSums sums = {0};
   StepForward f = {.dropout_offset = t->st.dropout_rng.offset};
   ScopeMark mark = tensor_scope_mark();
-  if (b->size > 0) forward_loss(t, b, &plan, log->n_terms, &f, &sums, err, cap);
-  dist_allreduce_sum_f64((double *)&sums, (int)STEP_SUMS_COUNT);
+  if (b->size > 0) forward_loss(t, b, &plan, log->n_terms, &f, &sums, err, err_cap);
+  dist_allreduce_sum_f64(&t->dist, (double *)&sums, (int)STEP_SUMS_COUNT);
   int rc = 0;
   if (sums.failed > 0) {
-    if (!(b->size > 0 && !f.have_loss)) snprintf(err, cap, "another process failed at this step (see its message)");
+    if (!(b->size > 0 && !f.have_loss)) snprintf(err, err_cap, "another process failed at this step (see its message)");
     rc = -1;
   } else if (!isfinite(sums.total)) {
-    snprintf(err, cap, "the loss is %g", sums.total);
+    snprintf(err, err_cap, "the loss is %g", sums.total);
     rc = -1;
   } else {
     update(t, &plan, &f, &sums, log);
@@ -639,9 +638,9 @@ static void catch_stop_signals(bool on) {
 }
 
 // Whether any process was asked to stop (every process must stop at the same step).
-static int stop_requested(void) {
+static int stop_requested(const Dist *g) {
   uint64_t sig = (uint64_t)stop_signal;
-  dist_allreduce_max_u64(&sig, 1);
+  dist_allreduce_max_u64(g, &sig, 1);
   return (int)sig;
 }
 
@@ -654,7 +653,7 @@ static int train_epoch(Trainer *t, bool *stop) {
     const Batch *b;
     DataError derr;
     int s = loader_next(t->loader, &b, &derr);
-    if (!dist_all_ok(s != DATA_ERROR)) {  // a data error on any process stops them all here
+    if (!dist_all_ok(&t->dist, s != DATA_ERROR)) {  // a data error on any process stops them all here
       if (s == DATA_ERROR) fprintf(stderr, "\ndetr train: %s\n", derr.msg);
       return -1;
     }
@@ -670,7 +669,7 @@ static int train_epoch(Trainer *t, bool *stop) {
     st->step++;
     st->next_batch = b->index + 1;
     log_train_step(t, b, &log, now_s() - t0);
-    if (cpu_share_update(&t->cpu) && dist_is_main()) {
+    if (cpu_share_update(&t->cpu) && dist_is_main(&t->dist)) {
       progress_end_line(&t->progress);
       cpu_share_log(&t->cpu, "detr train");
     }
@@ -680,13 +679,13 @@ static int train_epoch(Trainer *t, bool *stop) {
       st->next_batch = 0;
     }
     if (o->max_steps > 0 && st->step >= o->max_steps) *stop = true;
-    t->interrupted = stop_requested();
+    t->interrupted = stop_requested(&t->dist);
     if (t->interrupted) *stop = true;
     if ((o->checkpoint_every > 0 && st->step % o->checkpoint_every == 0) || (o->checkpoint_every == 0 && epoch_done) ||
         t->interrupted) {
       ckpt_path(o, st->step, path, sizeof path);
-      if (save(o, path, t->m, &t->opt, st, t->categories)) return -1;
-      prune_checkpoints(o, st->step);
+      if (save(&t->dist, o, path, t->m, &t->opt, st, t->categories)) return -1;
+      prune_checkpoints(&t->dist, o, st->step);
     }
     if (epoch_done) break;
   }
@@ -702,26 +701,26 @@ static int evaluate_epoch(Trainer *t) {
   snprintf(results, sizeof results, "%s/results-epoch%lld.json", o->out_dir, (long long)epoch);
   EvalConfig ec = {.batch_size = o->batch_size, .num_workers = o->workers, .aug = o->val_aug,
                    .pad_multiple = o->pad_multiple, .policy = o->bad_input, .results_path = results,
-                   .progress = o->progress && dist_is_main(), .distributed = true};
+                   .progress = o->progress && dist_is_main(&t->dist), .dist = t->dist};
   EvalReport rep;
   if (evaluate_model(t->m, t->val, &ec, &rep, err, sizeof err)) {
     fprintf(stderr, "detr train: evaluation failed: %s\n", err);
     return -1;
   }
-  if (dist_is_main()) {
+  if (dist_is_main(&t->dist)) {
     fprintf(stderr, "epoch %lld: COCO evaluation of %lld images (%.1f s)\n", (long long)epoch, (long long)rep.images,
             rep.seconds);
     coco_print_summary(&rep.coco, stderr);
   }
   log_eval(t->metrics, epoch, t->st.step, &rep);
   history_add_eval(&t->history, (double)epoch, as_logged(rep.coco.stats[COCO_AP]), as_logged(rep.coco.stats[COCO_AP50]));
-  write_chart(o, &t->history);
+  write_chart(&t->dist, o, &t->history);
   double ap = rep.coco.stats[COCO_AP];
   if (ap <= t->st.best_map) return 0;
   t->st.best_map = ap;
   char path[4200];
   snprintf(path, sizeof path, "%s/best.safetensors", o->out_dir);
-  return save(o, path, t->m, &t->opt, &t->st, t->categories);
+  return save(&t->dist, o, path, t->m, &t->opt, &t->st, t->categories);
 }
 
 // --- stage 5, the final checkpoint: the last state, whatever the checkpoint interval ---
@@ -730,8 +729,8 @@ static int save_final(Trainer *t) {
   char path[4200];
   ckpt_path(t->o, t->st.step, path, sizeof path);
   if (access(path, F_OK) == 0) return 0;
-  if (save(t->o, path, t->m, &t->opt, &t->st, t->categories)) return -1;
-  prune_checkpoints(t->o, t->st.step);
+  if (save(&t->dist, t->o, path, t->m, &t->opt, &t->st, t->categories)) return -1;
+  prune_checkpoints(&t->dist, t->o, t->st.step);
   return 0;
 }
 
@@ -753,13 +752,13 @@ static void print_resume_hint(const TrainOptions *o) {
 static bool run_complete(const Trainer *t) {
   const TrainOptions *o = t->o;
   if (o->max_steps > 0 && t->st.step >= o->max_steps) {
-    if (dist_is_main())
+    if (dist_is_main(&t->dist))
       fprintf(stderr, "detr train: %s is at step %lld, which --max-steps %lld has reached: nothing to do (a larger "
               "--max-steps trains on)\n", o->out_dir, (long long)t->st.step, (long long)o->max_steps);
     return true;
   }
   if (t->st.epoch >= o->epochs) {
-    if (dist_is_main())
+    if (dist_is_main(&t->dist))
       fprintf(stderr, "detr train: %s has finished its %d epochs (step %lld): nothing to do (a larger --epochs trains "
               "on)\n", o->out_dir, o->epochs, (long long)t->st.step);
     return true;
@@ -770,7 +769,7 @@ static bool run_complete(const Trainer *t) {
 // Why the run stopped, where its state is, and how to go on.
 static void report_end(const Trainer *t, int rc) {
   const TrainOptions *o = t->o;
-  if (!dist_is_main() || rc) return;
+  if (!dist_is_main(&t->dist) || rc) return;
   char path[4200];
   ckpt_path(o, t->st.step, path, sizeof path);
   if (t->interrupted) {
@@ -789,15 +788,15 @@ static void report_end(const Trainer *t, int rc) {
   }
 }
 
-int train_run(TrainOptions *o) {
-  Trainer t = {.o = o};
+int train_run(TrainOptions *o, const Dist *group) {
+  Trainer t = {.o = o, .dist = *group};
   char err[4096];
   stop_signal = 0;
   catch_stop_signals(true);
   int rc = trainer_setup(&t, err, sizeof err);
   if (rc) fprintf(stderr, "detr train: %s\n", err);
   if (rc == 0 && stop_signal) {  // during set-up: nothing trained, nothing to checkpoint
-    if (dist_is_main()) fprintf(stderr, "detr train: interrupted before the first step: nothing trained\n");
+    if (dist_is_main(&t.dist)) fprintf(stderr, "detr train: interrupted before the first step: nothing trained\n");
     t.interrupted = stop_signal;
     rc = -1;
   }
@@ -809,13 +808,13 @@ int train_run(TrainOptions *o) {
     if (rc) break;
     progress_end_line(&t.progress);
     bool epoch_finished = t.st.next_batch == 0, last = t.st.epoch >= o->epochs || stop;
-    if (epoch_finished && dist_is_main())
+    if (epoch_finished && dist_is_main(&t.dist))
       fprintf(stderr, "epoch %lld done in %.1f s\n", (long long)t.st.epoch - 1, now_s() - epoch_t0);
     if (epoch_finished && t.val && ((o->eval_every > 0 && t.st.epoch % o->eval_every == 0) || last))
       rc = evaluate_epoch(&t);
   }
   if (rc == 0 && !complete) rc = save_final(&t);
-  if (rc == 0 && !complete) write_chart(o, &t.history);
+  if (rc == 0 && !complete) write_chart(&t.dist, o, &t.history);
   if (!complete) report_end(&t, rc);
   catch_stop_signals(false);
   int interrupted = t.interrupted;

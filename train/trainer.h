@@ -8,6 +8,7 @@
 #include "datasets/loader.h"
 #include "nn/criterion.h"
 #include "nn/detr.h"
+#include "train/dist.h"
 #include "train/optim.h"
 
 // The loss and matcher weights of the reference's flags (--bbox_loss_coef, --set_cost_class, ...);
@@ -56,4 +57,6 @@ typedef struct {
 TrainOptions train_options_default(void);
 // Returns 0 on success, 1 on a failure (message printed; nothing already saved is lost), 130 or
 // 143 after SIGINT or SIGTERM (the step in progress finished and checkpointed first).
-int train_run(TrainOptions *o);
+// group: the processes that train together (dist_group(); DIST_SINGLE alone), every one of them
+// calling this.
+int train_run(TrainOptions *o, const Dist *group);

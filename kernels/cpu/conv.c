@@ -659,8 +659,7 @@ void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bia
                            bool relu, float *y, float *scale, int64_t batch, int64_t channels,
                            int64_t spatial) {
   // scale [C] is an output (kept for backward), shift [C] a temporary: each computed once.
-  float *shift = malloc((size_t)(channels > 0 ? channels : 1) * sizeof(float));
-  DETR_CHECK(shift, "cpu_frozen_bn_forward: out of memory for %lld shifts", (long long)channels);
+  float *shift = detr_malloc((size_t)(channels > 0 ? channels : 1) * sizeof(float), "frozen batch-norm shifts");
   for (int64_t c = 0; c < channels; c++)
     frozen_bn_scale_shift(weight[c], bias[c], mean[c], var[c], eps, &scale[c], &shift[c]);
   bool last = spatial == 1;

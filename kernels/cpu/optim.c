@@ -42,8 +42,7 @@ typedef struct {
 static OptimUnit *optim_units(const int64_t *n, int count, int64_t *n_units) {
   int64_t total = 0;
   for (int t = 0; t < count; t++) total += (n[t] + SUM_BLOCK - 1) / SUM_BLOCK;
-  OptimUnit *u = malloc(sizeof(OptimUnit) * (size_t)(total > 0 ? total : 1));
-  DETR_CHECK(u, "optim_units: out of memory for %lld units", (long long)total);
+  OptimUnit *u = detr_malloc(sizeof(OptimUnit) * (size_t)(total > 0 ? total : 1), "optimizer units");
   int64_t k = 0;
   for (int t = 0; t < count; t++)
     for (int64_t start = 0; start < n[t]; start += SUM_BLOCK)
@@ -56,8 +55,7 @@ double cpu_sum_squares_multi(const float *const *x, const int64_t *n, int count)
   int64_t n_units, total_n = 0;
   OptimUnit *u = optim_units(n, count, &n_units);
   for (int t = 0; t < count; t++) total_n += n[t];
-  double *partial = malloc(sizeof(double) * (size_t)(n_units > 0 ? n_units : 1));
-  DETR_CHECK(partial, "cpu_sum_squares_multi: out of memory for %lld partial sums", (long long)n_units);
+  double *partial = detr_malloc(sizeof(double) * (size_t)(n_units > 0 ? n_units : 1), "partial sums of squares");
 #pragma omp parallel for schedule(static) if (total_n > PARALLEL_MIN_LIGHT)
   for (int64_t k = 0; k < n_units; k++) partial[k] = block_sum_squares(x[u[k].tensor] + u[k].start, u[k].len);
   double total = 0.0;  // each tensor's blocks in order, then the tensors in order
@@ -74,8 +72,7 @@ double cpu_sum_squares_multi(const float *const *x, const int64_t *n, int count)
 
 void cpu_adamw_multi(const AdamWTensor *t, int count, float grad_scale) {
   int64_t n_units, total_n = 0;
-  int64_t *n = malloc(sizeof(int64_t) * (size_t)(count > 0 ? count : 1));
-  DETR_CHECK(n, "cpu_adamw_multi: out of memory for %d tensors", count);
+  int64_t *n = detr_malloc(sizeof(int64_t) * (size_t)(count > 0 ? count : 1), "tensor sizes");
   for (int i = 0; i < count; i++) n[i] = t[i].n, total_n += t[i].n;
   OptimUnit *u = optim_units(n, count, &n_units);
 #pragma omp parallel for schedule(static) if (total_n > PARALLEL_MIN_HEAVY)
