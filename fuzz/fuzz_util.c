@@ -83,15 +83,15 @@ void fuzz_expect_error(const char *err, const char *path) {
   FUZZ_ASSERT(strstr(err, path), "the message does not name the file %s: %s", path, err);
 }
 
+// The tiny preset with the sizes of fuzz_util.h set by key, as `--set key=value` would.
 void fuzz_model_config(DetrConfig *cfg) {
+  static const char *const sets[][2] = {{"backbone_width", "4"}, {"hidden_dim", "8"}, {"nheads", "2"},
+                                        {"enc_layers", "1"},     {"dec_layers", "1"}, {"ffn_dim", "8"},
+                                        {"num_queries", "2"},    {"num_classes", "3"}};
+  char err[512];
   detr_config_preset("tiny", cfg);
-  cfg->backbone_width = 4;
-  cfg->hidden_dim = 8;
-  cfg->nheads = 2;
-  cfg->enc_layers = cfg->dec_layers = 1;
-  cfg->ffn_dim = 8;
-  cfg->num_queries = 2;
-  cfg->num_classes = 3;
+  for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
+    FUZZ_ASSERT(!detr_config_set(cfg, sets[i][0], sets[i][1], err, sizeof err), "%s", err);
 }
 
 uint64_t fuzz_hash(const uint8_t *data, size_t n) {

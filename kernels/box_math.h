@@ -1,6 +1,8 @@
 // Box arithmetic for DETR's loss and matcher: format conversion and generalized IoU with its
 // gradient, shared by CPU and CUDA kernels. xyxy = (x0, y0, x1, y1), cxcywh = (cx, cy, w, h).
 #pragma once
+#include <stdbool.h>
+
 #include "kernels/common.h"
 
 DETR_HD void box_cxcywh_to_xyxy(const float *b, float *o) {
@@ -27,6 +29,15 @@ DETR_HD void box_xyxy_to_cxcywh_backward(const float *d_out, float *d_in) {
   d_in[1] += 0.5f * d_out[1] - d_out[3];
   d_in[2] += 0.5f * d_out[0] + d_out[2];
   d_in[3] += 0.5f * d_out[1] + d_out[3];
+}
+
+// One box of op_box_convert (to_xyxy: cxcywh -> xyxy, else xyxy -> cxcywh) or, backward, of its
+// gradient (in: d(out), out: d(in) accumulated): the step the CPU and CUDA kernels run per box.
+DETR_HD void box_convert_one(const float *in, float *out, bool to_xyxy, bool backward) {
+  if (backward && to_xyxy) box_cxcywh_to_xyxy_backward(in, out);
+  else if (backward) box_xyxy_to_cxcywh_backward(in, out);
+  else if (to_xyxy) box_cxcywh_to_xyxy(in, out);
+  else box_xyxy_to_cxcywh(in, out);
 }
 
 DETR_HD float box_area(const float *b) { return (b[2] - b[0]) * (b[3] - b[1]); }

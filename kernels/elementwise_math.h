@@ -103,53 +103,41 @@ DETR_HD float unary_backward(int op, float x, float y, float dy, float param) {
   }
 }
 
-// The binary ops, one list: the enum and the name table are generated from it.
-#define BINARY_OPS(X) \
-  X(ADD, "add")       \
-  X(SUB, "sub")       \
-  X(MUL, "mul")       \
-  X(DIV, "div")
+// The binary ops, one list: each op's name, y = a op b, and dy times d y/da and d y/db, in terms
+// of a, b and dy. The enum, the name table and the three functions below are generated from it.
+#define BINARY_OPS(X)                             \
+  X(ADD, "add", a + b, dy, dy)                    \
+  X(SUB, "sub", a - b, dy, -dy)                   \
+  X(MUL, "mul", a * b, dy * b, dy * a)            \
+  X(DIV, "div", a / b, dy / b, -dy * a / (b * b))
 
-#define BINARY_ENUM_ENTRY(id, name) BINARY_##id,
+#define BINARY_ENUM_ENTRY(id, name, ...) BINARY_##id,
 typedef enum { BINARY_OPS(BINARY_ENUM_ENTRY) BINARY_COUNT } BinaryOp;
 #undef BINARY_ENUM_ENTRY
 
 static inline const char *binary_op_name(int op) {
-#define BINARY_NAME_ENTRY(id, name) name,
+#define BINARY_NAME_ENTRY(id, name, ...) name,
   static const char *const names[BINARY_COUNT] = {BINARY_OPS(BINARY_NAME_ENTRY)};
 #undef BINARY_NAME_ENTRY
   return op >= 0 && op < BINARY_COUNT ? names[op] : "unknown";
 }
 
+#define BINARY_FORWARD_CASE(id, name, y, da, db) case BINARY_##id: return y;
+#define BINARY_DA_CASE(id, name, y, da, db) case BINARY_##id: return da;
+#define BINARY_DB_CASE(id, name, y, da, db) case BINARY_##id: return db;
 DETR_HD float binary_forward(int op, float a, float b) {
-  switch (op) {
-    case BINARY_ADD: return a + b;
-    case BINARY_SUB: return a - b;
-    case BINARY_MUL: return a * b;
-    case BINARY_DIV: return a / b;
-    default: return NAN;
-  }
+  switch (op) { BINARY_OPS(BINARY_FORWARD_CASE) default: return NAN; }
 }
-
 // d(a op b)/da and d(a op b)/db, times dy.
 DETR_HD float binary_backward_a(int op, float a, float b, float dy) {
-  switch (op) {
-    case BINARY_ADD: return dy;
-    case BINARY_SUB: return dy;
-    case BINARY_MUL: return dy * b;
-    case BINARY_DIV: return dy / b;
-    default: return NAN;
-  }
+  switch (op) { BINARY_OPS(BINARY_DA_CASE) default: return NAN; }
 }
 DETR_HD float binary_backward_b(int op, float a, float b, float dy) {
-  switch (op) {
-    case BINARY_ADD: return dy;
-    case BINARY_SUB: return -dy;
-    case BINARY_MUL: return dy * a;
-    case BINARY_DIV: return -dy * a / (b * b);
-    default: return NAN;
-  }
+  switch (op) { BINARY_OPS(BINARY_DB_CASE) default: return NAN; }
 }
+#undef BINARY_FORWARD_CASE
+#undef BINARY_DA_CASE
+#undef BINARY_DB_CASE
 
 // Broadcasting geometry: the output shape and, for each operand, its element stride along each
 // output dim (0 where the operand has size 1 there). Passed by value to kernels.

@@ -68,25 +68,16 @@ VARIANTS = ["dense", "efficient", "hydra", "focused", "sra", "enact"]
 # The encoder self-attention modules.
 
 
-class EncoderAttention(nn.Module):
+class EncoderAttention(parity_step.InProjAttention):
     """What TransformerEncoderLayer calls as self_attn(q, k, value=src, attn_mask, key_padding_mask).
 
-    Carries DETR's parameter names (in_proj_weight [3d, d] with q, k, v rows, in_proj_bias, out_proj).
-    Subclasses implement attend(q_in, k_in, v_in, valid) on batch-first [B, N, d] inputs, valid [B, N]
-    bool, and return the heads' concatenation [B, N, d] before out_proj. The feature map's (H, W) is set
-    in `hw` by a pre-hook on the transformer."""
+    Carries DETR's parameter names (parity_step.InProjAttention). Subclasses implement attend(q_in, k_in,
+    v_in, valid) on batch-first [B, N, d] inputs, valid [B, N] bool, and return the heads' concatenation
+    [B, N, d] before out_proj. The feature map's (H, W) is set in `hw` by a pre-hook on the transformer."""
 
     def __init__(self, d, nhead):
-        super().__init__()
-        self.embed_dim, self.num_heads, self.head_dim = d, nhead, d // nhead
-        self.in_proj_weight = nn.Parameter(torch.empty(3 * d, d))
-        self.in_proj_bias = nn.Parameter(torch.zeros(3 * d))
-        self.out_proj = nn.Linear(d, d)
+        super().__init__(d, nhead)
         self.hw = None
-
-    def proj(self, x, i):
-        d = self.embed_dim
-        return F.linear(x, self.in_proj_weight[i * d:(i + 1) * d], self.in_proj_bias[i * d:(i + 1) * d])
 
     def forward(self, query, key, value, attn_mask=None, key_padding_mask=None, need_weights=False):
         assert attn_mask is None, "the encoder has no attention mask"

@@ -34,28 +34,18 @@ import tempfile
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import parity_step  # noqa: E402
 
 
-class KMeansCrossAttention(nn.Module):
+class KMeansCrossAttention(parity_step.InProjAttention):
     """What TransformerDecoderLayer calls as multihead_attn(query, key, value, attn_mask, key_padding_mask)
-    (sequence-first [L, B, d]); DETR's parameter names (in_proj_weight [3d, d], in_proj_bias, out_proj)."""
+    (sequence-first [L, B, d]); DETR's parameter names (parity_step.InProjAttention)."""
 
     def __init__(self, d, nhead):
-        super().__init__()
-        self.embed_dim, self.num_heads, self.head_dim = d, nhead, d // nhead
-        self.in_proj_weight = nn.Parameter(torch.empty(3 * d, d))
-        self.in_proj_bias = nn.Parameter(torch.zeros(3 * d))
-        self.out_proj = nn.Linear(d, d)
+        super().__init__(d, nhead)
         self.last_index, self.last_gap = None, None
-
-    def proj(self, x, i):
-        d = self.embed_dim
-        return F.linear(x, self.in_proj_weight[i * d:(i + 1) * d], self.in_proj_bias[i * d:(i + 1) * d])
 
     def forward(self, query, key, value, attn_mask=None, key_padding_mask=None, need_weights=False):
         assert attn_mask is None

@@ -37,6 +37,8 @@ import tempfile
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 PRESETS = {  # must match nn/config.c
     "detr-r50": dict(backbone="resnet50", hidden=256, heads=8, enc=6, dec=6, ffn=2048, queries=100, classes=91),
@@ -97,6 +99,23 @@ def sine_embed_for_position(features):
         return torch.cat((pos_y, pos_x), dim=2)
 
     return embed
+
+
+class InProjAttention(nn.Module):
+    """The parameters of nn.MultiheadAttention under DETR's names (in_proj_weight [3d, d] with q, k, v rows,
+    in_proj_bias, out_proj), for the modules that replace an attention of the reference and keep its
+    weights (parity_attention.py, parity_kmeans.py); proj(x, i) is the q (0), k (1) or v (2) projection."""
+
+    def __init__(self, d, nhead):
+        super().__init__()
+        self.embed_dim, self.num_heads, self.head_dim = d, nhead, d // nhead
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * d, d))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * d))
+        self.out_proj = nn.Linear(d, d)
+
+    def proj(self, x, i):
+        d = self.embed_dim
+        return F.linear(x, self.in_proj_weight[i * d:(i + 1) * d], self.in_proj_bias[i * d:(i + 1) * d])
 
 
 def build_reference(repo, p, seed, decoder="detr"):

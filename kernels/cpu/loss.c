@@ -64,22 +64,16 @@ void cpu_focal_loss_backward(const float *logits, const int64_t *targets, float 
       dlogits[r * classes + c] += focal_backward_elem(logits[r * classes + c], c == targets[r], alpha, gamma, dloss);
 }
 
+static void box_convert(const float *in, float *out, int64_t boxes, bool to_xyxy, bool backward) {
+  for (int64_t i = 0; i < boxes; i++) box_convert_one(in + 4 * i, out + 4 * i, to_xyxy, backward);
+}
+
 void cpu_box_convert_forward(const float *in, float *out, int64_t boxes, bool to_xyxy) {
-  for (int64_t i = 0; i < boxes; i++) {
-    if (to_xyxy)
-      box_cxcywh_to_xyxy(in + 4 * i, out + 4 * i);
-    else
-      box_xyxy_to_cxcywh(in + 4 * i, out + 4 * i);
-  }
+  box_convert(in, out, boxes, to_xyxy, false);
 }
 
 void cpu_box_convert_backward(const float *dout, float *din, int64_t boxes, bool to_xyxy) {
-  for (int64_t i = 0; i < boxes; i++) {
-    if (to_xyxy)
-      box_cxcywh_to_xyxy_backward(dout + 4 * i, din + 4 * i);
-    else
-      box_xyxy_to_cxcywh_backward(dout + 4 * i, din + 4 * i);
-  }
+  box_convert(dout, din, boxes, to_xyxy, true);
 }
 
 void cpu_box_giou_forward(const float *a, const float *b, float *out, int64_t n) {

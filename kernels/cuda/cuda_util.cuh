@@ -63,6 +63,14 @@ static inline unsigned int detr_grid_size(int64_t n, int block) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
        i += (int64_t)blockDim.x * gridDim.x)
 
+// Queues kernel(args...) over a GRID_STRIDE_LOOP of n > 0 items (DETR_BLOCK threads a block, on
+// the stream) and checks the launch: the launch of every one-item-per-thread kernel.
+#define LAUNCH_GRID_STRIDE(kernel, n, ...)                                                        \
+  do {                                                                                            \
+    kernel<<<detr_grid_size((n), DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(__VA_ARGS__); \
+    CUDA_CHECK_LAUNCH(#kernel);                                                                   \
+  } while (0)
+
 // A grid-stride loop over blocks: block b visits items b, b + gridDim.x, ... (one item per block
 // at a time, e.g. a row that the block reduces).
 #define BLOCK_STRIDE_LOOP(i, n) for (int64_t i = blockIdx.x; i < (n); i += gridDim.x)

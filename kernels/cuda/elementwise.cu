@@ -38,31 +38,24 @@ extern "C" void cuda_fill(float *x, int64_t n, float value) {
     CUDA_CHECK(cudaMemsetAsync(x, 0, (size_t)n * sizeof(float), detr_cuda_stream()));
     return;
   }
-  fill_kernel<<<detr_grid_size(n, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(x, n, value);
-  CUDA_CHECK_LAUNCH("fill_kernel");
+  LAUNCH_GRID_STRIDE(fill_kernel, n, x, n, value);
 }
 
 extern "C" void cuda_uniform(float *x, int64_t n, uint64_t seed, uint64_t offset, float low,
                              float high) {
   if (n <= 0) return;
-  uniform_kernel<<<detr_grid_size(n, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
-      x, n, seed, offset, low, high);
-  CUDA_CHECK_LAUNCH("uniform_kernel");
+  LAUNCH_GRID_STRIDE(uniform_kernel, n, x, n, seed, offset, low, high);
 }
 
 extern "C" void cuda_normal(float *x, int64_t n, uint64_t seed, uint64_t offset, float mean,
                             float std) {
   if (n <= 0) return;
-  normal_kernel<<<detr_grid_size(n, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
-      x, n, seed, offset, mean, std);
-  CUDA_CHECK_LAUNCH("normal_kernel");
+  LAUNCH_GRID_STRIDE(normal_kernel, n, x, n, seed, offset, mean, std);
 }
 
 extern "C" void cuda_accumulate(float *dst, const float *src, int64_t n) {
   if (n <= 0) return;
-  accumulate_kernel<<<detr_grid_size(n, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(dst, src,
-                                                                                          n);
-  CUDA_CHECK_LAUNCH("accumulate_kernel");
+  LAUNCH_GRID_STRIDE(accumulate_kernel, n, dst, src, n);
 }
 
 // --- unary ops: y = f(x); dx += f'(x) dy ---
@@ -79,18 +72,14 @@ __global__ void unary_backward_kernel(int op, const float *x, const float *y, co
 extern "C" void cuda_unary_forward(int op, const float *x, float *y, int64_t n, float param) {
   DETR_CHECK(op >= 0 && op < UNARY_COUNT, "cuda_unary_forward: unknown op %d", op);
   if (n <= 0) return;
-  unary_forward_kernel<<<detr_grid_size(n, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
-      op, x, y, n, param);
-  CUDA_CHECK_LAUNCH("unary_forward_kernel");
+  LAUNCH_GRID_STRIDE(unary_forward_kernel, n, op, x, y, n, param);
 }
 
 extern "C" void cuda_unary_backward(int op, const float *x, const float *y, const float *dy,
                                     float *dx, int64_t n, float param) {
   DETR_CHECK(op >= 0 && op < UNARY_COUNT, "cuda_unary_backward: unknown op %d", op);
   if (n <= 0) return;
-  unary_backward_kernel<<<detr_grid_size(n, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
-      op, x, y, dy, dx, n, param);
-  CUDA_CHECK_LAUNCH("unary_backward_kernel");
+  LAUNCH_GRID_STRIDE(unary_backward_kernel, n, op, x, y, dy, dx, n, param);
 }
 
 // --- binary ops with broadcasting ---
@@ -274,16 +263,20 @@ extern "C" void cuda_binary_backward(int op, const float *a, const float *b, con
 // Thread q owns the group of 4 elements 4q .. 4q+3 that share Philox counter offset + q (as the
 // CPU loop): one Philox evaluation per group, and the same keep decisions as the CPU bit for bit.
 
+// fn(i, kept) for the elements i of group q (those below n), kept: dropout's decision for i.
+template <typename Fn>
+__device__ static inline void dropout_group(int64_t q, int64_t n, uint32_t threshold, uint64_t seed, uint64_t offset,
+                                            Fn fn) {
+  Philox4 r = philox4x32(offset + (uint64_t)q, seed);
+  for (int k = 0; k < 4 && 4 * q + k < n; k++) fn(4 * q + k, dropout_keeps(r.v[k], threshold));
+}
+
 // x, y [n]; groups = ceil(n / 4).
 __global__ void dropout_forward_kernel(const float *x, float *y, int64_t n, int64_t groups, uint32_t threshold,
                                        float keep_scale, uint64_t seed, uint64_t offset) {
-  GRID_STRIDE_LOOP(q, groups) {
-    Philox4 r = philox4x32(offset + (uint64_t)q, seed);
-    for (int k = 0; k < 4 && 4 * q + k < n; k++) {
-      int64_t i = 4 * q + k;
-      y[i] = dropout_keeps(r.v[k], threshold) ? x[i] * keep_scale : 0.0f;
-    }
-  }
+  GRID_STRIDE_LOOP(q, groups) dropout_group(q, n, threshold, seed, offset, [&](int64_t i, bool kept) {
+    y[i] = kept ? x[i] * keep_scale : 0.0f;
+  });
 }
 
 // dy, dx [n]: dx += kept dy * keep_scale (one writer per element). __fmul_rn / __fadd_rn: nvcc
@@ -292,29 +285,27 @@ __global__ void dropout_forward_kernel(const float *x, float *y, int64_t n, int6
 // the PTX).
 __global__ void dropout_backward_kernel(const float *dy, float *dx, int64_t n, int64_t groups, uint32_t threshold,
                                         float keep_scale, uint64_t seed, uint64_t offset) {
-  GRID_STRIDE_LOOP(q, groups) {
-    Philox4 r = philox4x32(offset + (uint64_t)q, seed);
-    for (int k = 0; k < 4 && 4 * q + k < n; k++) {
-      int64_t i = 4 * q + k;
-      if (dropout_keeps(r.v[k], threshold)) dx[i] = __fadd_rn(dx[i], __fmul_rn(dy[i], keep_scale));
-    }
-  }
+  GRID_STRIDE_LOOP(q, groups) dropout_group(q, n, threshold, seed, offset, [&](int64_t i, bool kept) {
+    if (kept) dx[i] = __fadd_rn(dx[i], __fmul_rn(dy[i], keep_scale));
+  });
 }
 
-extern "C" void cuda_dropout_forward(const float *x, float *y, int64_t n, float p, uint64_t seed,
-                                     uint64_t offset) {
+// One thread per group of 4 elements; in, out: x, y forward, dy, dx backward.
+static void dropout(const float *in, float *out, int64_t n, float p, uint64_t seed, uint64_t offset, bool backward) {
   if (n <= 0) return;
   int64_t groups = (n + 3) / 4;
-  dropout_forward_kernel<<<detr_grid_size(groups, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
-      x, y, n, groups, dropout_threshold(p), dropout_keep_scale(p), seed, offset);
-  CUDA_CHECK_LAUNCH("dropout_forward_kernel");
+  uint32_t threshold = dropout_threshold(p);
+  float scale = dropout_keep_scale(p);
+  if (backward)
+    LAUNCH_GRID_STRIDE(dropout_backward_kernel, groups, in, out, n, groups, threshold, scale, seed, offset);
+  else
+    LAUNCH_GRID_STRIDE(dropout_forward_kernel, groups, in, out, n, groups, threshold, scale, seed, offset);
 }
 
-extern "C" void cuda_dropout_backward(const float *dy, float *dx, int64_t n, float p, uint64_t seed,
-                                      uint64_t offset) {
-  if (n <= 0) return;
-  int64_t groups = (n + 3) / 4;
-  dropout_backward_kernel<<<detr_grid_size(groups, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
-      dy, dx, n, groups, dropout_threshold(p), dropout_keep_scale(p), seed, offset);
-  CUDA_CHECK_LAUNCH("dropout_backward_kernel");
+extern "C" void cuda_dropout_forward(const float *x, float *y, int64_t n, float p, uint64_t seed, uint64_t offset) {
+  dropout(x, y, n, p, seed, offset, false);
+}
+
+extern "C" void cuda_dropout_backward(const float *dy, float *dx, int64_t n, float p, uint64_t seed, uint64_t offset) {
+  dropout(dy, dx, n, p, seed, offset, true);
 }

@@ -85,9 +85,7 @@ extern "C" void cuda_enact_cluster_backward(const float *K, const float *V, cons
     CUDA_CHECK_LAUNCH("enact_cluster_backward_kv_kernel");
   }
   if (dH) {
-    enact_cluster_backward_h_kernel<<<detr_grid_size(L, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
-        K, V, H, signs, starts, lengths, L, d, Kc, Vc, dKc, dVc, dH);
-    CUDA_CHECK_LAUNCH("enact_cluster_backward_h_kernel");
+    LAUNCH_GRID_STRIDE(enact_cluster_backward_h_kernel, L, K, V, H, signs, starts, lengths, L, d, Kc, Vc, dKc, dVc, dH);
   }
 }
 
@@ -97,27 +95,18 @@ extern "C" void cuda_enact_cluster_backward(const float *K, const float *V, cons
 // (device arrays, checked by the op); taps [2r+1] on the device. Each pass is one thread per pixel
 // of the padded batch (pixels outside the valid region do nothing), one writer per element.
 
-// 2-D, first pass: tmp[b, yy*w + xx] = the row filter at (yy, xx) (tmp is packed w wide, as the CPU).
-__global__ void enact_smooth_rows_kernel(const float *x, float *tmp, int64_t B, int64_t Hp, int64_t Wp,
-                                         const int64_t *valid_h, const int64_t *valid_w, const float *taps,
-                                         int64_t r) {
+// 2-D, one pass per launch over the valid pixels (yy, xx). First (COLS false): tmp[b, yy*w + xx] =
+// the row filter of x (tmp is packed w wide, as the CPU); second (COLS true): y[b, yy*Wp + xx] +=
+// the column filter of tmp.
+template <bool COLS>
+__global__ void enact_smooth_2d_kernel(const float *in, float *out, int64_t B, int64_t Hp, int64_t Wp,
+                                       const int64_t *valid_h, const int64_t *valid_w, const float *taps, int64_t r) {
   int64_t N = Hp * Wp, total = B * N;
   GRID_STRIDE_LOOP(e, total) {
     int64_t b = e / N, yy = (e % N) / Wp, xx = e % Wp, h = valid_h[b], w = valid_w[b];
     if (yy >= h || xx >= w) continue;
-    tmp[b * N + yy * w + xx] = enact_smooth_at(x + b * N + yy * Wp, 1, w, xx, taps, r);
-  }
-}
-
-// 2-D, second pass: y[b, yy*Wp + xx] += the column filter of tmp at (yy, xx).
-__global__ void enact_smooth_cols_kernel(const float *tmp, float *y, int64_t B, int64_t Hp, int64_t Wp,
-                                         const int64_t *valid_h, const int64_t *valid_w, const float *taps,
-                                         int64_t r) {
-  int64_t N = Hp * Wp, total = B * N;
-  GRID_STRIDE_LOOP(e, total) {
-    int64_t b = e / N, yy = (e % N) / Wp, xx = e % Wp, h = valid_h[b], w = valid_w[b];
-    if (yy >= h || xx >= w) continue;
-    y[e] += enact_smooth_at(tmp + b * N + xx, w, h, yy, taps, r);
+    if (COLS) out[e] += enact_smooth_at(in + b * N + xx, w, h, yy, taps, r);
+    else out[b * N + yy * w + xx] = enact_smooth_at(in + b * N + yy * Wp, 1, w, xx, taps, r);
   }
 }
 
@@ -150,17 +139,11 @@ extern "C" void cuda_enact_smooth(const float *x, float *y, int64_t B, int64_t H
   DETR_CHECK(ntaps % 2 == 1, "cuda_enact_smooth: %lld taps, expected an odd count", (long long)ntaps);
   int64_t N = Hp * Wp, total = B * N, r = ntaps / 2;
   if (total <= 0) return;
-  cudaStream_t stream = detr_cuda_stream();
-  unsigned int grid = detr_grid_size(total, DETR_BLOCK);
   if (two_d) {
-    enact_smooth_rows_kernel<<<grid, DETR_BLOCK, 0, stream>>>(x, tmp, B, Hp, Wp, valid_h, valid_w, taps, r);
-    CUDA_CHECK_LAUNCH("enact_smooth_rows_kernel");
-    enact_smooth_cols_kernel<<<grid, DETR_BLOCK, 0, stream>>>(tmp, y, B, Hp, Wp, valid_h, valid_w, taps, r);
-    CUDA_CHECK_LAUNCH("enact_smooth_cols_kernel");
+    LAUNCH_GRID_STRIDE(enact_smooth_2d_kernel<false>, total, x, tmp, B, Hp, Wp, valid_h, valid_w, taps, r);
+    LAUNCH_GRID_STRIDE(enact_smooth_2d_kernel<true>, total, tmp, y, B, Hp, Wp, valid_h, valid_w, taps, r);
   } else {
-    enact_smooth_gather_kernel<<<grid, DETR_BLOCK, 0, stream>>>(x, tmp, B, N, Wp, valid_h, valid_w);
-    CUDA_CHECK_LAUNCH("enact_smooth_gather_kernel");
-    enact_smooth_seq_kernel<<<grid, DETR_BLOCK, 0, stream>>>(tmp, y, B, N, Wp, valid_h, valid_w, taps, r);
-    CUDA_CHECK_LAUNCH("enact_smooth_seq_kernel");
+    LAUNCH_GRID_STRIDE(enact_smooth_gather_kernel, total, x, tmp, B, N, Wp, valid_h, valid_w);
+    LAUNCH_GRID_STRIDE(enact_smooth_seq_kernel, total, tmp, y, B, N, Wp, valid_h, valid_w, taps, r);
   }
 }

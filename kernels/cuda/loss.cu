@@ -110,9 +110,7 @@ extern "C" void cuda_focal_loss_backward(const float *logits, const int64_t *tar
                                          float *dlogits, int64_t rows, int64_t classes, float alpha, float gamma) {
   int64_t n = rows * classes;
   if (n <= 0) return;
-  focal_loss_backward_kernel<<<detr_grid_size(n, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
-      logits, targets, dloss, dlogits, rows, classes, alpha, gamma);
-  CUDA_CHECK_LAUNCH("focal_loss_backward_kernel");
+  LAUNCH_GRID_STRIDE(focal_loss_backward_kernel, n, logits, targets, dloss, dlogits, rows, classes, alpha, gamma);
 }
 
 // --- L1: sum |a - b| ---
@@ -144,43 +142,26 @@ __global__ void l1_sum_backward_kernel(const float *a, const float *b, const flo
 extern "C" void cuda_l1_sum_backward(const float *a, const float *b, const float *dloss, float *da, float *db,
                                      int64_t n) {
   if (n <= 0 || (!da && !db)) return;
-  l1_sum_backward_kernel<<<detr_grid_size(n, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(a, b, dloss, da, db,
-                                                                                             n);
-  CUDA_CHECK_LAUNCH("l1_sum_backward_kernel");
+  LAUNCH_GRID_STRIDE(l1_sum_backward_kernel, n, a, b, dloss, da, db, n);
 }
 
 // --- boxes: one thread per box of [boxes, 4] ---
 
-__global__ void box_convert_forward_kernel(const float *in, float *out, int64_t boxes, bool to_xyxy) {
-  GRID_STRIDE_LOOP(i, boxes) {
-    if (to_xyxy)
-      box_cxcywh_to_xyxy(in + 4 * i, out + 4 * i);
-    else
-      box_xyxy_to_cxcywh(in + 4 * i, out + 4 * i);
-  }
+__global__ void box_convert_kernel(const float *in, float *out, int64_t boxes, bool to_xyxy, bool backward) {
+  GRID_STRIDE_LOOP(i, boxes) box_convert_one(in + 4 * i, out + 4 * i, to_xyxy, backward);
 }
 
-__global__ void box_convert_backward_kernel(const float *dout, float *din, int64_t boxes, bool to_xyxy) {
-  GRID_STRIDE_LOOP(i, boxes) {
-    if (to_xyxy)
-      box_cxcywh_to_xyxy_backward(dout + 4 * i, din + 4 * i);
-    else
-      box_xyxy_to_cxcywh_backward(dout + 4 * i, din + 4 * i);
-  }
+static void box_convert(const float *in, float *out, int64_t boxes, bool to_xyxy, bool backward) {
+  if (boxes <= 0) return;
+  LAUNCH_GRID_STRIDE(box_convert_kernel, boxes, in, out, boxes, to_xyxy, backward);
 }
 
 extern "C" void cuda_box_convert_forward(const float *in, float *out, int64_t boxes, bool to_xyxy) {
-  if (boxes <= 0) return;
-  box_convert_forward_kernel<<<detr_grid_size(boxes, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
-      in, out, boxes, to_xyxy);
-  CUDA_CHECK_LAUNCH("box_convert_forward_kernel");
+  box_convert(in, out, boxes, to_xyxy, false);
 }
 
 extern "C" void cuda_box_convert_backward(const float *dout, float *din, int64_t boxes, bool to_xyxy) {
-  if (boxes <= 0) return;
-  box_convert_backward_kernel<<<detr_grid_size(boxes, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
-      dout, din, boxes, to_xyxy);
-  CUDA_CHECK_LAUNCH("box_convert_backward_kernel");
+  box_convert(dout, din, boxes, to_xyxy, true);
 }
 
 // a, b [n, 4] xyxy -> out [n].
@@ -200,14 +181,11 @@ __global__ void box_giou_backward_kernel(const float *a, const float *b, const f
 
 extern "C" void cuda_box_giou_forward(const float *a, const float *b, float *out, int64_t n) {
   if (n <= 0) return;
-  box_giou_forward_kernel<<<detr_grid_size(n, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(a, b, out, n);
-  CUDA_CHECK_LAUNCH("box_giou_forward_kernel");
+  LAUNCH_GRID_STRIDE(box_giou_forward_kernel, n, a, b, out, n);
 }
 
 extern "C" void cuda_box_giou_backward(const float *a, const float *b, const float *dout, float *da, float *db,
                                        int64_t n) {
   if (n <= 0 || (!da && !db)) return;
-  box_giou_backward_kernel<<<detr_grid_size(n, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(a, b, dout, da,
-                                                                                               db, n);
-  CUDA_CHECK_LAUNCH("box_giou_backward_kernel");
+  LAUNCH_GRID_STRIDE(box_giou_backward_kernel, n, a, b, dout, da, db, n);
 }
