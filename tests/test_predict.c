@@ -545,6 +545,14 @@ START_TEST(predict_matches_evaluation) {
   struct stat st;
   ck_assert_int_eq(stat(at("out2/img.png"), &st), 0);
   ck_assert_int_eq(stat(at("out2/img-2.png"), &st), 0);  // the same name twice: distinct pictures
+  // An input named as another's --show picture gets another name: img-attention.png stays img's.
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "cp %s %s", at("img.jpg"), at("img-attention.jpg"));
+  ck_assert_int_eq(system(cmd), 0);
+  rc = run(out, sizeof out, "%s predict --weights=%s --config tiny --out %s %s %s", DETR_BIN, at("w.safetensors"),
+           at("out3"), at("img.jpg"), at("img-attention.jpg"));
+  ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+  ck_assert_int_eq(stat(at("out3/img-attention-2.png"), &st), 0);
   detr_model_free(m);
 }
 END_TEST

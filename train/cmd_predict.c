@@ -162,14 +162,49 @@ static Image clusters_picture(const Image *img, const detr_result *res) {
 static int save_picture(const char *dir, const char *output, const char *what, Image *g, char *err, size_t err_cap) {
   char name[700];
   snprintf(name, sizeof name, "%.*s-%s.png", (int)(strlen(output) - 4), output, what);  // output: "<stem>.png"
-  char *path = data_path_join(dir, name);
+  char *path = data_path_join(dir, name);  // one of picture_file's names (PICTURE_SUFFIXES)
   int rc = image_save_png(path, g, err, err_cap);
   free(path);
   image_free(g);
   return rc;
 }
 
-// "DIR/<stem>.png" unique among the outputs so far and not an input file itself.
+// The files an output "<stem>.png" may write: itself and its --show pictures.
+static const char *const PICTURE_SUFFIXES[] = {"", "-attention", "-clusters"};
+#define N_PICTURES 3
+
+static void picture_file(const char *output, int i, char *file, size_t cap) {
+  snprintf(file, cap, "%.*s%s.png", (int)(strlen(output) - 4), output, PICTURE_SUFFIXES[i]);
+}
+
+// Whether two outputs would write a file of the same name (one's --show picture named as the other).
+static bool outputs_collide(const char *a, const char *b) {
+  char x[700], y[700];
+  for (int i = 0; i < N_PICTURES; i++)
+    for (int j = 0; j < N_PICTURES; j++) {
+      picture_file(a, i, x, sizeof x);
+      picture_file(b, j, y, sizeof y);
+      if (!strcmp(x, y)) return true;
+    }
+  return false;
+}
+
+// Whether writing `name` or its --show pictures in dir would overwrite the input file itself.
+static bool overwrites_input(const char *dir, const char *name, const struct stat *in_st) {
+  for (int i = 0; i < N_PICTURES; i++) {
+    char file[700];
+    picture_file(name, i, file, sizeof file);
+    char *path = data_path_join(dir, file);
+    struct stat out_st;
+    bool same = stat(path, &out_st) == 0 && out_st.st_dev == in_st->st_dev && out_st.st_ino == in_st->st_ino;
+    free(path);
+    if (same) return true;
+  }
+  return false;
+}
+
+// "DIR/<stem>.png" whose files (with its --show pictures) are unique among the outputs so far and
+// none of them the input file itself.
 static char *output_name(const char *input, const char *dir, const ImageResult *done, int n_done) {
   const char *base = strrchr(input, '/');
   base = base ? base + 1 : input;
@@ -183,13 +218,8 @@ static char *output_name(const char *input, const char *dir, const ImageResult *
     char name[600];
     if (k == 1) snprintf(name, sizeof name, "%s.png", stem);
     else snprintf(name, sizeof name, "%s-%d.png", stem, k);
-    bool taken = false;
-    for (int i = 0; i < n_done && !taken; i++) taken = !strcmp(done[i].output, name);
-    char *path = data_path_join(dir, name);
-    struct stat out_st;
-    if (!taken && have_in && stat(path, &out_st) == 0)
-      taken = out_st.st_dev == in_st.st_dev && out_st.st_ino == in_st.st_ino;  // would overwrite the input
-    free(path);
+    bool taken = have_in && overwrites_input(dir, name, &in_st);
+    for (int i = 0; i < n_done && !taken; i++) taken = outputs_collide(done[i].output, name);
     if (!taken) return detr_strdup(name, "a string");
   }
 }
