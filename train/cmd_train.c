@@ -65,23 +65,15 @@ static int find_resume(const Dist *g, TrainOptions *o, char *path, size_t cap, C
   path[0] = 0;
   if (!o->resume) return 0;
   o->resume_auto = !strcmp(o->resume, "auto");
-  int rc = 0;
-  if (dist_is_main(g)) rc = run_dir_resume_checkpoint(o->out_dir, o->resume, path, cap, err, err_cap);
-  RunDirContents c;
-  run_dir_scan(o->out_dir, &c);
-  int64_t step = -1;  // of the chosen checkpoint in --out (auto)
-  for (int i = 0; o->resume_auto && path[0] && i < c.n_checkpoints; i++) {
-    char candidate[4200];
-    run_dir_checkpoint_path(o->out_dir, c.steps[i], candidate, sizeof candidate);
-    if (!strcmp(candidate, path)) step = c.steps[i];
-  }
-  uint64_t shared[2] = {rc != 0, (uint64_t)(step + 1)};  // the max over ranks: rank 0's
-  dist_allreduce_max_u64(g, shared, 2);
-  if (shared[0]) {
-    if (!dist_is_main(g)) snprintf(err, err_cap, "see the message of rank 0");
-    return -1;
-  }
   if (o->resume_auto) {
+    int64_t step = -1;
+    int rc = dist_is_main(g) ? run_dir_newest_intact(o->out_dir, &step, err, err_cap) : 0;
+    uint64_t shared[2] = {rc != 0, (uint64_t)(step + 1)};  // the max over ranks: rank 0's
+    dist_allreduce_max_u64(g, shared, 2);
+    if (shared[0]) {
+      if (!dist_is_main(g)) snprintf(err, err_cap, "see the message of rank 0");
+      return -1;
+    }
     if (shared[1] == 0) {
       if (dist_is_main(g)) fprintf(stderr, "detr train: --resume auto: no checkpoint in %s: a new run\n", o->out_dir);
       o->resume = NULL;
@@ -92,7 +84,7 @@ static int find_resume(const Dist *g, TrainOptions *o, char *path, size_t cap, C
     snprintf(path, cap, "%s", o->resume);
   }
   StFile *f = st_open(path, err, err_cap);
-  rc = f ? checkpoint_info_read(f, ci, err, err_cap) : -1;
+  int rc = f ? checkpoint_info_read(f, ci, err, err_cap) : -1;
   st_close(f);
   o->resume = path;
   o->resume_categories = ci->categories;
@@ -157,8 +149,8 @@ static int model_config(TrainOptions *o, const char *config, const CliList *sets
     return -1;
   }
   setup_enact_shortcut(&o->model, enact);
+  if (o->optim.lr_backbone == 0) o->model.train_backbone = false;  // as the reference: lr_backbone 0 freezes it
   if (o->resume) {  // a resumed run is its checkpoint's model: --config/--set may only restate it
-    if (o->optim.lr_backbone == 0) o->model.train_backbone = false;
     char diff[2048];
     if (config_differences(&o->model, &ci->cfg, diff, sizeof diff)) {
       snprintf(err, err_cap, "%s is a run of another model config:%s resume it without --config/--set (its config is "
@@ -189,7 +181,6 @@ static int resolve(TrainOptions *o, const char *config, const CliList *sets, boo
     fprintf(stderr, "detr train: %s\n", err);
     return o->resume ? 1 : 2;
   }
-  if (o->optim.lr_backbone == 0) o->model.train_backbone = false;  // as the reference: lr_backbone 0 freezes it
   if (!o->resume && ci) o->init_categories = ci->categories;
   if (bad_input_policy_parse(bad_input, &o->bad_input)) {
     fprintf(stderr, "detr train: --bad-input %s: expected fail or skip\n", bad_input);

@@ -84,13 +84,8 @@ int run_dir_move_aside(const char *dir, char *moved_to, size_t moved_cap, char *
   return 0;
 }
 
-int run_dir_resume_checkpoint(const char *dir, const char *resume, char *path, size_t cap, char *err, size_t err_cap) {
-  path[0] = 0;
-  if (strcmp(resume, "auto")) {
-    snprintf(path, cap, "%s", resume);
-    return 0;
-  }
-  err[0] = 0;
+int run_dir_newest_intact(const char *dir, int64_t *step, char *err, size_t err_cap) {
+  *step = -1;
   RunDirContents c;
   run_dir_scan(dir, &c);
   for (int i = 0; i < c.n_checkpoints; i++) {
@@ -100,7 +95,7 @@ int run_dir_resume_checkpoint(const char *dir, const char *resume, char *path, s
     int rc = f ? checkpoint_verify(f, NULL, why, sizeof why) : -1;
     st_close(f);
     if (rc == 0) {
-      snprintf(path, cap, "%s", candidate);
+      *step = c.steps[i];
       return 0;
     }
     // Renamed: a later --resume auto would meet it again, and it is kept (never deleted).

@@ -28,10 +28,10 @@ void run_dir_checkpoint_path(const char *dir, int64_t step, char *out, size_t ca
 // in moved_to, or -1 with err set.
 int run_dir_move_aside(const char *dir, char *moved_to, size_t moved_cap, char *err, size_t err_cap);
 
-// The checkpoint `resume` means: "auto", the newest checkpoint in dir whose file is intact (the
-// damaged ones are skipped with a message on stderr; path "" when there is none); otherwise
-// `resume` itself. Returns 0, or -1 with err set (auto: every checkpoint damaged).
-int run_dir_resume_checkpoint(const char *dir, const char *resume, char *path, size_t cap, char *err, size_t err_cap);
+// What --resume auto continues: the step of the newest checkpoint in dir whose file is intact (the
+// damaged ones are renamed *.damaged with a message on stderr), -1 when dir has none. Returns 0, or
+// -1 with err set when every checkpoint is damaged.
+int run_dir_newest_intact(const char *dir, int64_t *step, char *err, size_t err_cap);
 // Whether the checkpoint file lies in dir (the same directory, however either is spelled).
 bool run_dir_contains(const char *dir, const char *file);
 
