@@ -2,7 +2,8 @@
 //   build/bench/bench_step [--preset detr-r18-small] [--size 320 | --hw HxW] [--batch 2] [--boxes 3]
 //                          [--reps 5] [--enact] [--profile] [--forward] [--device cpu|cuda]
 //                          [--conv auto | im2col | onednn | onednn-nchw | onednn-winograd] [--vary-size]
-//                          [--set key=value ...]   (any model config field, e.g. --set tf32=true)
+//                          [--precision fp32 | tf32 | bf16] [--set key=value ...]   (any model config
+//                          field, e.g. --set tf32=true; --precision sets tf32 or bf16)
 // --forward times the no-grad forward alone (e.g. detr-r50 on one 800x1066 image: --batch 1
 // --hw 800x1066 --forward). --conv forces one CPU convolution implementation everywhere (default
 // auto: the faster per shape and pass). --vary-size gives every step its own input size, 8 and 12
@@ -72,9 +73,10 @@ static int parse_device(const char *d, Device *dev) {
 static int parse_conv(const char *c) {
   ConvImpl impl = !strcmp(c, "im2col") ? CONV_IMPL_IM2COL : !strcmp(c, "onednn") ? CONV_IMPL_ONEDNN
                 : !strcmp(c, "onednn-nchw") ? CONV_IMPL_ONEDNN_PLAIN
-                : !strcmp(c, "onednn-winograd") ? CONV_IMPL_ONEDNN_WINOGRAD : CONV_IMPL_AUTO;
+                : !strcmp(c, "onednn-winograd") ? CONV_IMPL_ONEDNN_WINOGRAD
+                : !strcmp(c, "onednn-bf16") ? CONV_IMPL_ONEDNN_BF16 : CONV_IMPL_AUTO;
   if (impl == CONV_IMPL_AUTO && strcmp(c, "auto")) {
-    fprintf(stderr, "bench_step: --conv takes auto, im2col, onednn, onednn-nchw or onednn-winograd\n");
+    fprintf(stderr, "bench_step: --conv takes auto, im2col, onednn, onednn-nchw, onednn-winograd or onednn-bf16\n");
     return 2;
   }
   if (impl != CONV_IMPL_AUTO && impl != CONV_IMPL_IM2COL && !DETR_HAVE_ONEDNN) {
@@ -82,6 +84,22 @@ static int parse_conv(const char *c) {
     return 2;
   }
   cpu_conv2d_set_impl(impl);
+  return 0;
+}
+
+// --precision fp32 | tf32 | bf16: the config keys tf32 and bf16. 0, or the exit code.
+static int parse_precision(const char *p, StepArgs *a) {
+  if (!strcmp(p, "fp32")) return 0;
+  if (strcmp(p, "tf32") && strcmp(p, "bf16")) {
+    fprintf(stderr, "bench_step: --precision takes fp32, tf32 or bf16\n");
+    return 2;
+  }
+  char why[256];
+  if (!strcmp(p, "bf16") && !device_bf16_supported(a->dev, why, sizeof why)) {
+    fprintf(stderr, "bench_step: --precision bf16: %s\n", why);
+    return 1;
+  }
+  a->sets[a->n_sets++] = !strcmp(p, "tf32") ? "tf32=true" : "bf16=true";
   return 0;
 }
 
@@ -105,6 +123,7 @@ static int parse_args(int argc, char **argv, StepArgs *a) {
     else if (!strcmp(argv[i], "--device") && i + 1 < argc) rc = parse_device(argv[++i], &a->dev);
     else if (!strcmp(argv[i], "--vary-size")) a->vary = true;
     else if (!strcmp(argv[i], "--conv") && i + 1 < argc) rc = parse_conv(argv[++i]);
+    else if (!strcmp(argv[i], "--precision") && i + 1 < argc && a->n_sets < 32) rc = parse_precision(argv[++i], a);
     else {
       fprintf(stderr, "bench_step: unknown argument '%s'\n", argv[i]);
       return 2;
@@ -207,10 +226,10 @@ static void print_report(const StepArgs *a, const DetrConfig *cfg, const double 
   getrusage(RUSAGE_SELF, &ru);
   AllocStats alloc = detr_alloc_stats(DEVICE_CPU);  // the tensor allocator: peak live, cached now
   printf("{\"impl\": \"detr-c\", \"preset\": \"%s\", \"size\": %d, \"hw\": \"%dx%d\", \"batch\": %d, \"what\": \"%s\", "
-         "\"enact\": %s, \"tf32\": %s, \"gemm\": \"%s\", \"median_s\": %.4f, \"peak_rss_mb\": %.1f, \"alloc_peak_mb\": %.1f, "
+         "\"enact\": %s, \"tf32\": %s, \"bf16\": %s, \"gemm\": \"%s\", \"median_s\": %.4f, \"peak_rss_mb\": %.1f, \"alloc_peak_mb\": %.1f, "
          "\"alloc_cached_mb\": %.1f, \"alloc_held_peak_mb\": %.1f, \"steps_s\": [",
          a->preset, a->size, a->height, a->width, a->batch, a->forward_only ? "forward" : "train step",
-         a->enact ? "true" : "false", cfg->tf32 ? "true" : "false", cpu_gemm_library(), sorted[reps / 2],
+         a->enact ? "true" : "false", cfg->tf32 ? "true" : "false", cpu_bf16_enabled() ? "true" : "false", cpu_gemm_library(), sorted[reps / 2],
          ru.ru_maxrss / 1024.0, alloc.peak_live_bytes / 1048576.0, alloc.cached_bytes / 1048576.0,
          alloc.peak_held_bytes / 1048576.0);
   for (int r = 0; r < reps; r++) printf(r ? ", %.4f" : "%.4f", t[r]);
