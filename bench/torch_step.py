@@ -27,7 +27,10 @@ def main():
     ap.add_argument("--boxes", type=int, default=3)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                    help="bf16: the forward and loss under torch.autocast('cpu', dtype=torch.bfloat16)")
     args = ap.parse_args()
+    bf16 = args.precision == "bf16"
     torch.set_num_threads(args.threads)
     p = parity_step.PRESETS[args.preset]
     model, criterion, weight_dict = parity_step.build_reference(args.detr_repo, p, 1)
@@ -51,9 +54,10 @@ def main():
     times = []
     for r in range(-1, args.reps):
         t0 = time.perf_counter()
-        outputs = model(NestedTensor(images, mask))
-        losses = criterion(outputs, targets)
-        total = sum(losses[k] * weight_dict[k] for k in losses if k in weight_dict)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):  # PyTorch's mixed precision
+            outputs = model(NestedTensor(images, mask))
+            losses = criterion(outputs, targets)
+            total = sum(losses[k] * weight_dict[k] for k in losses if k in weight_dict)
         opt.zero_grad()
         total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
@@ -61,7 +65,7 @@ def main():
         if r >= 0:
             times.append(time.perf_counter() - t0)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(json.dumps({"impl": "pytorch-" + torch.__version__.split("+")[0], "preset": args.preset, "size": args.size, "enact": False,
+    print(json.dumps({"impl": "pytorch-" + torch.__version__.split("+")[0], "preset": args.preset, "size": args.size, "enact": False, "precision": args.precision,
                       "median_s": round(sorted(times)[len(times) // 2], 4), "peak_rss_mb": round(peak_mb, 1),
                       "steps_s": [round(t, 4) for t in times], "torch": torch.__version__}))
 
