@@ -118,6 +118,18 @@ int cuda_compute_capability(void) {
   return 10 * prop.major + prop.minor;
 }
 
+void cuda_device_name(char *name, size_t cap) {
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, cuda_current_device()));
+  snprintf(name, cap, "%s", prop.name);
+}
+
+void cuda_device_memory(size_t *used, size_t *total) {
+  size_t free_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, total));
+  *used = *total - free_bytes;
+}
+
 bool cuda_tf32_enabled(void) { return g_tf32; }
 
 void cuda_set_tf32(bool on) {
