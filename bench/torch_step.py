@@ -12,7 +12,8 @@ max_memory_allocated and max_memory_reserved, and the device memory in use at th
 The batch: --batch-file (a `detr step` batch file), else --batch random images of --hw (or
 --size x --size) with --boxes targets each. The weights: --weights (reference names, as `detr
 step --weights` reads them), else the seeded initialisation of tools/parity_step.py (seed 1).
---write-weights / --write-batch write them for detr-c (tools/gpu_bench.sh) and exit.
+--write-weights FILE and --write-batch B:HxW:FILE (repeatable; random images as above, --boxes
+targets each) write them for detr-c (tools/gpu_bench.sh) and exit.
 
 --math fp32: TF32 off for matmuls and cuDNN; tf32: matmul TF32 on and cuDNN's default (TF32 on).
 cudnn.benchmark stays off (PyTorch's default).
@@ -83,7 +84,7 @@ def parse_args():
     ap.add_argument("--weights", default=None)
     ap.add_argument("--batch-file", default=None)
     ap.add_argument("--write-weights", default=None)
-    ap.add_argument("--write-batch", default=None)
+    ap.add_argument("--write-batch", action="append", default=[], metavar="B:HxW:FILE")
     args = ap.parse_args()
     args.h, args.w = (int(v) for v in args.hw.split("x")) if args.hw else (args.size, args.size)
     return args
@@ -136,8 +137,10 @@ def main():
         if args.write_weights:
             model, _, _ = parity_step.build_reference(args.detr_repo, p, 1, decoder)
             parity_step.write_safetensors(args.write_weights, {k: v.detach().numpy() for k, v in model.state_dict().items()})
-        if args.write_batch:
-            write_batch(args.write_batch, *make_batch(p, args.batch, args.h, args.w, args.boxes))
+        for spec in args.write_batch:
+            b, hw, path = spec.split(":", 2)
+            h, w = (int(v) for v in hw.split("x"))
+            write_batch(path, *make_batch(p, int(b), h, w, args.boxes))
         return
     if args.device == "cuda":
         set_math(args.math)
