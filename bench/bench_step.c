@@ -3,7 +3,7 @@
 //                          [--reps 5] [--enact] [--profile] [--forward] [--device cpu|cuda]
 //                          [--conv auto | im2col | onednn | onednn-nchw | onednn-winograd] [--vary-size]
 //                          [--set key=value ...]   (any model config field, e.g. --set tf32=true)
-//                          [--weights W.safetensors] [--batch-file B.safetensors]
+//                          [--weights W.safetensors] [--batch-file B.safetensors] [--capture]
 // --forward times the no-grad forward alone (e.g. detr-r50 on one 800x1066 image: --batch 1
 // --hw 800x1066 --forward). --conv forces one CPU convolution implementation everywhere (default
 // auto: the faster per shape and pass). --vary-size gives every step its own input size, 8 and 12
@@ -18,6 +18,8 @@
 // the caching allocator's peak live and peak live + cached device memory, and the device memory in
 // use at the end as the driver reports it (cudaMemGetInfo: every process, the CUDA context, cuBLAS
 // and cuDNN included; the allocator never returns memory, so this is the step's high-water mark).
+// --capture (with --device cuda): a profiler's capture covers the timed steps only (cudaProfilerStart
+// after the warm-up, Stop after the last: ncu --profile-from-start off, tools/gpu_bench.sh --profile).
 // --profile adds the per-op breakdown (on the CPU only: GPU work is asynchronous, so host-side op
 // times say little there; use Nsight Systems).
 // bench/compare_torch.sh runs this and bench/torch_step.py alternately.
@@ -50,11 +52,19 @@ typedef struct {
   const char *preset, *weights, *batch_file;
   int size, boxes, reps, batch, height, width;
   float num_boxes;  // the loss's normaliser: the batch's boxes
-  bool enact, profile, forward_only, vary;
+  bool enact, profile, forward_only, vary, capture;
   Device dev;
   const char *sets[32];
   int n_sets;
 } StepArgs;
+
+// --capture: a profiler's capture on (before the first timed step) or off (after the last).
+static void capture(const StepArgs *a, bool on) {
+#if DETR_HAVE_CUDA
+  if (a->capture) cuda_profiler_capture(on);
+#endif
+  (void)a, (void)on;
+}
 
 // --device d: cpu, or cuda where this build has the backend and a device answers. 0, or the exit code.
 static int parse_device(const char *d, Device *dev) {
@@ -116,6 +126,7 @@ static int parse_args(int argc, char **argv, StepArgs *a) {
     else if (!strcmp(argv[i], "--vary-size")) a->vary = true;
     else if (!strcmp(argv[i], "--weights") && i + 1 < argc) a->weights = argv[++i];
     else if (!strcmp(argv[i], "--batch-file") && i + 1 < argc) a->batch_file = argv[++i];
+    else if (!strcmp(argv[i], "--capture")) a->capture = true;
     else if (!strcmp(argv[i], "--conv") && i + 1 < argc) rc = parse_conv(argv[++i]);
     else {
       fprintf(stderr, "bench_step: unknown argument '%s'\n", argv[i]);
@@ -127,6 +138,10 @@ static int parse_args(int argc, char **argv, StepArgs *a) {
   if (a->reps < 1 || a->height - (a->vary ? 8 * a->reps : 0) < 32 || a->width - (a->vary ? 12 * a->reps : 0) < 32 ||
       a->boxes < 0 || a->batch < 1 || a->batch > 64) {
     fprintf(stderr, "bench_step: need --reps >= 1, sizes >= 32, --boxes >= 0, --batch 1..64\n");
+    return 2;
+  }
+  if (a->capture && (a->dev != DEVICE_CUDA || !DETR_HAVE_CUDA)) {
+    fprintf(stderr, "bench_step: --capture needs --device cuda\n");
     return 2;
   }
   if (a->batch_file && a->vary) {
@@ -314,12 +329,14 @@ int main(int argc, char **argv) {
       images = tensor_new(dev, SHAPE(a.batch, 3, height - 8 * (r + 1), width - 12 * (r + 1)));
       tensor_normal_(images, &rng, 0.0f, 1.0f);
     }
+    if (r == 0) capture(&a, true);
     double t0 = now();
     if (a.profile) autograd_profile_mark();
     if (step(&a, m, &opt, &ccfg, &ctx, images, in.mask, in.targets)) return 1;
     device_sync(dev);
     if (r >= 0) t[r] = now() - t0;
   }
+  capture(&a, false);
   print_report(&a, &cfg, t);
   if (a.profile) autograd_profile_report(stderr);
   adamw_free(&opt);

@@ -6,7 +6,7 @@
 #
 #   bash tools/gpu_bench.sh [--out DIR] [--work DIR] [--build DIR] [--refs DIR] [--python PY]
 #                           [--no-torch] [--budget SECONDS] [--reps N] [--rounds N] [--threads N]
-#                           [--nsys] [--cudnn-any] [--jobs N] [--arch SM] [--use-bundle] [--no-werror]
+#                           [--profile] [--cudnn-any] [--jobs N] [--arch SM] [--use-bundle] [--no-werror]
 #                           [--cpu] [--tiny]   (the CPU path; --tiny: tiny sizes, seconds per run)
 #   bash tools/gpu_bench.sh --stage-refs DETR_CHECKOUT CONDITIONAL_DETR_CHECKOUT [--refs DIR]
 #
@@ -25,8 +25,10 @@
 #    choice, DETR_CUDNN_DETERMINISTIC=0, as PyTorch's without cudnn.benchmark);
 # 5. ENACT against dense (detr-c, detr-r50, batch 8) at 800x1066 and 800x1333, fp32 and TF32:
 #    step time and peak memory, and the memory ENACT saves against the dense attention maps;
-# 6. with --nsys: bench_step with ENACT under Nsight Systems (batch 8, 800x1333), its kernel and
-#    CUDA API summaries (where the time goes; the host round trips);
+# 6. with --profile: bench_step dense and with ENACT (batch 8, 800x1333, fp32, the step after the
+#    warm-up: bench_step --capture) under Nsight Compute, every kernel's duration (Nsight Systems cannot make a report on
+#    the lent machines): kernels per step, GPU busy time against the step's wall time (the rest is
+#    the GPU waiting: launches and host round trips), the kernels that take the time;
 # 7. the rounds after the first, with what is left of the budget.
 # Report: OUT/report.md (every run's JSON in OUT/runs.jsonl, logs in OUT/logs/), rewritten after
 # every run, so a run cut short still leaves one. Each run has a time cap and the whole command a
@@ -46,7 +48,7 @@ budget=570
 reps=""
 rounds=2
 threads=""
-nsys=0
+profile=0
 cpu=0
 tiny=0
 check_args=()
@@ -63,14 +65,14 @@ while [ $# -gt 0 ]; do
     --reps) reps=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
-    --nsys) nsys=1; shift ;;
+    --profile) profile=1; shift ;;
     --cudnn-any) export DETR_CUDNN_DETERMINISTIC=0; shift ;;
     --cpu) cpu=1; shift ;;
     --tiny) tiny=1; shift ;;
     --jobs|--arch) check_args+=("$1" "$2"); shift 2 ;;
     --use-bundle|--no-werror) check_args+=("$1"); shift ;;
     --stage-refs) stage=("$2" "$3"); shift 3 ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
     *) echo "gpu_bench: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -117,7 +119,8 @@ for p in python3 /usr/bin/python3 "$python"; do
 done
 write_report() {
   if [ -n "$report_py" ]; then
-    "$report_py" "$root/tools/gpu_bench_report.py" --runs "$runs" --meta "$meta" --elapsed "$(elapsed)" > "$out/report.md.tmp" &&
+    "$report_py" "$root/tools/gpu_bench_report.py" --runs "$runs" --meta "$meta" --elapsed "$(elapsed)" \
+      --profiled "$enact_batch:${enact_hws[-1]}" > "$out/report.md.tmp" &&
       mv "$out/report.md.tmp" "$out/report.md"
   else  # no Python at all: the raw lines
     { echo "# detr-c GPU bench (no Python for the tables: raw results)"; cat "$meta" "$runs" 2>/dev/null; } > "$out/report.md"
@@ -306,24 +309,35 @@ enact_round() {
 main_round 1
 enact_round 1
 
-# --- Nsight Systems: where ENACT's step spends its time ---
+# --- Nsight Compute: every kernel's duration in one step, dense and ENACT ---
 
-if [ "$nsys" = 1 ] && [ "$cpu" = 0 ]; then
-  nsys_bin=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -n 1)
+# profile_one VARIANT [ARGS...]: bench_step under ncu, one row per kernel launch in OUT/ncu-VARIANT.csv.
+profile_one() {
+  local v=$1 left b
+  shift
   left=$(( budget - $(elapsed) - 10 ))
-  if [ -z "$nsys_bin" ]; then
-    meta_add nsys "no nsys on this machine"
-  elif [ "$left" -lt 60 ]; then
-    meta_add nsys "skipped: $left s left"
-  else
-    b=$work/batch-b$enact_batch-${enact_hws[-1]}.safetensors
-    timeout --kill-after=10 $(( left < 150 ? left : 150 )) "$nsys_bin" profile -o "$out/enact" --force-overwrite true \
-      -t cuda,nvtx,osrt --stats=false "$bench" --device cuda --preset "${models[0]%%:*}" --enact --reps 2 \
-      --batch "$enact_batch" --hw "${enact_hws[-1]}" $([ -f "$b" ] && echo "--batch-file $b") > "$logs/nsys.log" 2>&1 &&
-    timeout 60 "$nsys_bin" stats -r cuda_gpu_kern_sum,cuda_api_sum,cuda_gpu_mem_time_sum -f csv -o "$out/enact" \
-      "$out/enact.nsys-rep" >> "$logs/nsys.log" 2>&1
-    meta_add nsys "exit $?: $out/enact.nsys-rep and $out/enact_*.csv (ENACT, batch $enact_batch, ${enact_hws[-1]}, 3 steps)"
+  if [ "$left" -lt 45 ]; then
+    meta_add "ncu $v" "skipped: $left s left"
+    return
   fi
+  b=$work/batch-b$enact_batch-${enact_hws[-1]}.safetensors
+  [ -f "$b" ] && set -- "$@" --batch-file "$b" --weights "$work/weights-${models[0]%%:*}-detr.safetensors"
+  local t0=$(date +%s)
+  timeout --kill-after=10 $(( left < 150 ? left : 150 )) "$ncu_bin" --metrics gpu__time_duration.sum --csv --page raw \
+    --print-units base --clock-control none --cache-control none --profile-from-start off \
+    --log-file "$out/ncu-$v.csv" "$bench" --device cuda --capture --preset "${models[0]%%:*}" --reps 1 --batch "$enact_batch" --hw "${enact_hws[-1]}" "$@" \
+    > "$logs/ncu-$v.log" 2>&1
+  meta_add "ncu $v" "exit $? in $(( $(date +%s) - t0 )) s: ncu-$v.csv (batch $enact_batch, ${enact_hws[-1]}, fp32, the step after the warm-up)"
+}
+if [ "$profile" = 1 ] && [ "$cpu" = 0 ]; then
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+  if [ -z "$ncu_bin" ]; then
+    meta_add ncu "no ncu on this machine"
+  else
+    profile_one dense
+    profile_one enact --enact
+  fi
+  write_report
 fi
 
 for ((r = 2; r <= rounds; r++)); do

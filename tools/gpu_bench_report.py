@@ -97,23 +97,52 @@ def enact_table(runs, gpu):
     return lines
 
 
-def nsys_tables(folder):
+def read_ncu(path):
+    """Nsight Compute's raw CSV (one row per kernel launch): {kernel name: [launches, total ns]}."""
+    lines = open(path, errors="replace").read().splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        return None
+    kernels = {}
+    for row in csv.DictReader(lines[start:]):
+        value = (row.get("gpu__time_duration.sum") or "").replace(",", "")
+        if not row.get("ID") or not value:
+            continue  # the units row
+        k = kernels.setdefault(row.get("Kernel Name", "?"), [0, 0.0])
+        k[0] += 1
+        k[1] += float(value)
+    return kernels
+
+
+def profile_tables(folder, runs, profiled):
+    """Per variant: launches and kernel time in the profiled step against the step's wall time, and
+    the kernels that take the time."""
+    batch, hw = profiled.split(":") if profiled else ("", "")
     lines = []
-    for name, title, top in (("cuda_gpu_kern_sum", "GPU kernels by total time", 20),
-                             ("cuda_api_sum", "CUDA API calls by total time (synchronisations and copies)", 15),
-                             ("cuda_gpu_mem_time_sum", "memory copies", 8)):
-        path = os.path.join(folder, f"enact_{name}.csv")
-        if not os.path.isfile(path):
+    for variant in ("dense", "enact"):
+        path = os.path.join(folder, f"ncu-{variant}.csv")
+        kernels = read_ncu(path) if os.path.isfile(path) else None
+        if not kernels:
+            if os.path.isfile(path):
+                lines += ["", f"{variant}: ncu-{variant}.csv holds no kernel rows (see logs/ncu-{variant}.log)."]
             continue
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
-        if not rows:
-            continue
-        cols = [c for c in ("Time (%)", "Total Time (ns)", "Instances", "Num Calls", "Count", "Avg (ns)", "Name",
-                            "Operation") if c in rows[0]]
-        lines += ["", f"### {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        for r in rows[:top]:
-            lines.append("| " + " | ".join(str(r[c])[:90].replace("|", "/") for c in cols) + " |")
+        impl = "detr-c-enact" if variant == "enact" else "detr-c"
+        wall = med([1000 * r["result"]["median_s"] for r in runs if r["section"] == "enact" and r["result"] and
+                    r["impl"] == impl and r["math"] == "fp32" and r["hw"] == hw and str(r["batch"]) == batch])
+        launches = sum(k[0] for k in kernels.values())
+        busy = sum(k[1] for k in kernels.values()) / 1e6
+        share = f"{busy / wall:.0%} of the step's wall time {wall:.1f} ms (its timed runs, unprofiled)" if wall else \
+            "no unprofiled run to compare with"
+        lines += ["", f"### {variant}: {launches} kernel launches, {busy:.1f} ms of kernel time in one step; {share}", "",
+                  "| kernel | launches | total ms | share of kernel time |", "|---|---|---|---|"]
+        for name, (n, ns) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:15]:
+            lines.append(f"| `{name[:100].replace('|', '/')}` | {n} | {ns / 1e6:.2f} | {ns / 1e6 / busy:.1%} |")
+    if lines:
+        lines = ["", f"## Where the GPU time goes (Nsight Compute, detr-r50 batch {batch}, {hw}, fp32)", "",
+                 "Kernel durations from `ncu --metrics gpu__time_duration.sum --clock-control none` over the step after "
+                 "the warm-up (`bench_step --capture`); ncu serialises kernels, so the wall-time share compares with "
+                 "the unprofiled runs above. Wall time not covered by kernels is the GPU waiting: launch gaps, host "
+                 "work and host round trips (the matcher, ENACT's regions)."] + lines
     return lines
 
 
@@ -122,6 +151,7 @@ def main():
     ap.add_argument("--runs", required=True)
     ap.add_argument("--meta", required=True)
     ap.add_argument("--elapsed", default="?")
+    ap.add_argument("--profiled", default="", help="B:HxW of the profiled runs")
     args = ap.parse_args()
     meta = []
     if os.path.isfile(args.meta):
@@ -146,9 +176,7 @@ def main():
     out += step_table(runs, gpu)
     out += ["", "## ENACT against dense (detr-c)", ""]
     out += enact_table(runs, gpu)
-    nsys = nsys_tables(os.path.dirname(os.path.abspath(args.runs)))
-    if nsys:
-        out += ["", "## Nsight Systems: detr-c with ENACT"] + nsys
+    out += profile_tables(os.path.dirname(os.path.abspath(args.runs)), runs, args.profiled)
     out += ["", "## Runs, in order", "", "| # | section | model | batch | HxW | math | impl | round | status | s | median ms | steps ms |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
