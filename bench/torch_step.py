@@ -62,10 +62,45 @@ def write_batch(path, images, mask, targets):
     parity_step.write_safetensors(path, batch)
 
 
+def has_attr(obj, name):
+    try:  # torch.backends.cuda.matmul raises AssertionError for a name it does not know
+        getattr(obj, name)
+        return True
+    except (AttributeError, AssertionError):
+        return False
+
+
 def set_math(math):
+    """TF32 on or off for matmuls and cuDNN convolutions; returns the settings as read back. PyTorch
+    2.9 and later: the fp32_precision settings ("tf32" / "ieee"; mixing them with the older
+    allow_tf32 flags is refused); earlier: allow_tf32."""
     tf32 = math == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
+    matmul, conv = torch.backends.cuda.matmul, getattr(torch.backends.cudnn, "conv", None)
+    if has_attr(matmul, "fp32_precision") and has_attr(conv, "fp32_precision"):
+        matmul.fp32_precision = conv.fp32_precision = "tf32" if tf32 else "ieee"
+        return f"matmul {matmul.fp32_precision}, cudnn conv {conv.fp32_precision}"
+    matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    return f"matmul allow_tf32 {matmul.allow_tf32}, cudnn allow_tf32 {torch.backends.cudnn.allow_tf32}"
+
+
+def legacy_pretrained():
+    """The reference builds its ResNet with `pretrained=False`, which torchvision deprecated in 0.13
+    for `weights=None`: where the builders take `weights`, `pretrained` is turned into it."""
+    import inspect
+
+    import torchvision
+
+    for name in ("resnet18", "resnet34", "resnet50", "resnet101"):
+        build = getattr(torchvision.models, name)
+        if "weights" not in inspect.signature(build).parameters:
+            return
+
+        def wrapped(*a, _build=build, pretrained=False, **k):
+            if pretrained:
+                raise ValueError("torch_step: pretrained weights are never downloaded here")
+            return _build(*a, weights=None, **k)
+
+        setattr(torchvision.models, name, wrapped)
 
 
 def parse_args():
@@ -133,6 +168,7 @@ def main():
     torch.set_num_threads(args.threads)
     p = parity_step.PRESETS[args.preset]
     decoder = args.decoder or p.get("decoder", "detr")
+    legacy_pretrained()
     if args.write_weights or args.write_batch:
         if args.write_weights:
             model, _, _ = parity_step.build_reference(args.detr_repo, p, 1, decoder)
@@ -142,8 +178,7 @@ def main():
             h, w = (int(v) for v in hw.split("x"))
             write_batch(path, *make_batch(p, int(b), h, w, args.boxes))
         return
-    if args.device == "cuda":
-        set_math(args.math)
+    math = set_math(args.math) if args.device == "cuda" else "cpu"
     model, criterion, weight_dict, opt = build(args, p, decoder)
     images, mask, targets = (read_batch(args.batch_file) if args.batch_file
                              else make_batch(p, args.batch, args.h, args.w, args.boxes))
@@ -164,7 +199,7 @@ def main():
                     "max_memory_allocated_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1),
                     "max_memory_reserved_mb": round(torch.cuda.max_memory_reserved() / 2**20, 1),
                     "device_used_mb": round((total - free) / 2**20, 1), "device_total_mb": round(total / 2**20, 1),
-                    "cudnn": torch.backends.cudnn.version()})
+                    "cudnn": torch.backends.cudnn.version(), "math": math})
     print(json.dumps(row))
 
 

@@ -8,6 +8,7 @@
 #                           [--no-torch] [--budget SECONDS] [--reps N] [--rounds N] [--threads N]
 #                           [--profile] [--cudnn-any] [--jobs N] [--arch SM] [--use-bundle] [--no-werror]
 #                           [--cpu] [--tiny]   (the CPU path; --tiny: tiny sizes, seconds per run)
+#                           [--copy-to DIR]   (at the end: report.md, runs.jsonl and logs.tar.gz there)
 #   bash tools/gpu_bench.sh --stage-refs DETR_CHECKOUT CONDITIONAL_DETR_CHECKOUT [--refs DIR]
 #
 # 1. builds bench_step for the GPU (tools/gpu_check.sh --build-only: the GPU's architecture, the
@@ -53,6 +54,7 @@ cpu=0
 tiny=0
 check_args=()
 stage=()
+copy_to=""
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift 2 ;;
@@ -72,7 +74,8 @@ while [ $# -gt 0 ]; do
     --jobs|--arch) check_args+=("$1" "$2"); shift 2 ;;
     --use-bundle|--no-werror) check_args+=("$1"); shift ;;
     --stage-refs) stage=("$2" "$3"); shift 3 ;;
-    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    --copy-to) copy_to=$2; shift 2 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "gpu_bench: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -105,8 +108,8 @@ else
   enact_hws=(800x1066 800x1333) enact_batch=8 cap=150
 fi
 maths=(fp32 tf32)
+rm -rf "$out/logs" "$out/runs.jsonl" "$out/meta.txt" "$out"/ncu-*.csv
 mkdir -p "$out/logs" "$work"
-rm -f "$out/runs.jsonl" "$out/meta.txt"
 runs=$out/runs.jsonl meta=$out/meta.txt logs=$out/logs
 elapsed() { echo $(( $(date +%s) - t_start )); }
 say() { echo "gpu_bench: $*"; }
@@ -126,7 +129,16 @@ write_report() {
     { echo "# detr-c GPU bench (no Python for the tables: raw results)"; cat "$meta" "$runs" 2>/dev/null; } > "$out/report.md"
   fi
 }
-trap write_report EXIT
+# At exit (also cut short): the report, and with --copy-to three files there (the device tool
+# brings back few files: the logs, the build's and the profiles travel as one archive).
+finish() {
+  write_report
+  if [ -n "$copy_to" ]; then
+    mkdir -p "$copy_to" && cp "$out/report.md" "$runs" "$copy_to/" 2>/dev/null
+    tar -czf "$copy_to/logs.tar.gz" -C "$out" $(cd "$out" && ls -d logs build meta.txt ncu-*.csv 2>/dev/null) 2>/dev/null
+  fi
+}
+trap finish EXIT
 
 meta_add mode "$([ "$cpu" = 1 ] && echo "CPU" || echo "GPU")$([ "$tiny" = 1 ] && echo ", tiny sizes")"
 meta_add commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
