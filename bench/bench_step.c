@@ -13,6 +13,8 @@
 // initialisation; --batch-file takes the images, mask and targets from a `detr step` batch file
 // (its B, H, W replace --batch and --hw): tools/gpu_bench.sh gives both implementations the same.
 // Prints one JSON line: median step seconds over reps (after one warm-up step), the steps' times,
+// the warm-up step's loss (first_loss: with the same weights and batch, PyTorch's should be close;
+// dropout draws differ),
 // the peak resident memory of the process (getrusage), and the tensor allocator's peak live bytes,
 // cached bytes at the end, and peak of live + cached; with --device cuda also the device's name,
 // the caching allocator's peak live and peak live + cached device memory, and the device memory in
@@ -23,6 +25,7 @@
 // --profile adds the per-op breakdown (on the CPU only: GPU work is asynchronous, so host-side op
 // times say little there; use Nsight Systems).
 // bench/compare_torch.sh runs this and bench/torch_step.py alternately.
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +55,7 @@ typedef struct {
   const char *preset, *weights, *batch_file;
   int size, boxes, reps, batch, height, width;
   float num_boxes;  // the loss's normaliser: the batch's boxes
+  float first_loss;  // the warm-up step's total loss (a check that both sides run the same model)
   bool enact, profile, forward_only, vary, capture;
   Device dev;
   const char *sets[32];
@@ -107,7 +111,8 @@ static int parse_conv(const char *c) {
 
 // Reads the command line into a (the defaults where it says nothing). 0, or the exit code.
 static int parse_args(int argc, char **argv, StepArgs *a) {
-  *a = (StepArgs){.preset = "detr-r18-small", .size = 320, .boxes = 3, .reps = 5, .batch = 2, .dev = DEVICE_CPU};
+  *a = (StepArgs){.preset = "detr-r18-small", .size = 320, .boxes = 3, .reps = 5, .batch = 2, .dev = DEVICE_CPU,
+                  .first_loss = NAN};
   for (int i = 1; i < argc; i++) {
     int rc = 0;
     if (!strcmp(argv[i], "--preset") && i + 1 < argc) a->preset = argv[++i];
@@ -221,9 +226,10 @@ static int load_inputs(StepArgs *a, const DetrConfig *cfg, Device dev, StepBatch
 }
 
 // One timed step on images: the no-grad forward alone (--forward), else forward, loss, backward,
-// clipping and AdamW. 0, or 1 with a message.
+// clipping and AdamW; *first_loss, while NaN, takes the step's total loss (a read that waits for the
+// device: only the warm-up step's). 0, or 1 with a message.
 static int step(const StepArgs *a, DetrModel *m, AdamW *opt, const CriterionConfig *ccfg, NnCtx *ctx, Tensor *images,
-                const uint8_t *mask, const DetrTarget *targets) {
+                const uint8_t *mask, const DetrTarget *targets, float *first_loss) {
   ScopeMark mark = tensor_scope_mark();
   DetrOutput out;
   CriterionResult loss;
@@ -246,6 +252,7 @@ static int step(const StepArgs *a, DetrModel *m, AdamW *opt, const CriterionConf
     fprintf(stderr, "bench_step: %s\n", err);
     return 1;
   }
+  if (first_loss && isnan(*first_loss)) *first_loss = tensor_item(loss.total);  // the warm-up step only
   autograd_backward(loss.total);
   adamw_clip_step(opt, 0.1f);  // clipping, AdamW, gradients released
   criterion_result_free(&loss);
@@ -263,14 +270,16 @@ static void print_report(const StepArgs *a, const DetrConfig *cfg, const double 
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   AllocStats alloc = detr_alloc_stats(DEVICE_CPU);  // the tensor allocator: peak live, cached now
+  char loss_text[32] = "null";  // --forward has no loss
+  if (!isnan(a->first_loss)) snprintf(loss_text, sizeof loss_text, "%.6g", a->first_loss);
   printf("{\"impl\": \"detr-c\", \"preset\": \"%s\", \"decoder\": \"%s\", \"encoder_attn\": \"%s\", \"size\": %d, "
          "\"hw\": \"%dx%d\", \"batch\": %d, \"what\": \"%s\", "
          "\"enact\": %s, \"tf32\": %s, \"gemm\": \"%s\", \"median_s\": %.4f, \"peak_rss_mb\": %.1f, \"alloc_peak_mb\": %.1f, "
-         "\"alloc_cached_mb\": %.1f, \"alloc_held_peak_mb\": %.1f, \"steps_s\": [",
+         "\"alloc_cached_mb\": %.1f, \"alloc_held_peak_mb\": %.1f, \"first_loss\": %s, \"steps_s\": [",
          a->preset, detr_decoder(cfg)->name, detr_encoder_attn(cfg)->name, a->size, a->height, a->width, a->batch, a->forward_only ? "forward" : "train step",
          a->enact ? "true" : "false", cfg->tf32 ? "true" : "false", cpu_gemm_library(), sorted[reps / 2],
          ru.ru_maxrss / 1024.0, alloc.peak_live_bytes / 1048576.0, alloc.cached_bytes / 1048576.0,
-         alloc.peak_held_bytes / 1048576.0);
+         alloc.peak_held_bytes / 1048576.0, loss_text);
   for (int r = 0; r < reps; r++) printf(r ? ", %.4f" : "%.4f", t[r]);
   printf("]");
 #if DETR_HAVE_CUDA
@@ -332,7 +341,7 @@ int main(int argc, char **argv) {
     if (r == 0) capture(&a, true);
     double t0 = now();
     if (a.profile) autograd_profile_mark();
-    if (step(&a, m, &opt, &ccfg, &ctx, images, in.mask, in.targets)) return 1;
+    if (step(&a, m, &opt, &ccfg, &ctx, images, in.mask, in.targets, &a.first_loss)) return 1;
     device_sync(dev);
     if (r >= 0) t[r] = now() - t0;
   }

@@ -146,12 +146,14 @@ def time_steps(args, model, criterion, weight_dict, opt, images, mask, targets):
     from util.misc import NestedTensor
 
     cuda = args.device == "cuda"
-    times = []
+    times, first_loss = [], None
     for r in range(-1, args.reps):
         t0 = time.perf_counter()
         outputs = model(NestedTensor(images, mask))
         losses = criterion(outputs, targets)
         total = sum(losses[k] * weight_dict[k] for k in losses if k in weight_dict)
+        if r < 0:
+            first_loss = total.item()  # as bench_step: the warm-up step's loss
         opt.zero_grad()
         total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
@@ -160,7 +162,7 @@ def time_steps(args, model, criterion, weight_dict, opt, images, mask, targets):
             torch.cuda.synchronize()
         if r >= 0:
             times.append(time.perf_counter() - t0)
-    return times
+    return times, first_loss
 
 
 def main():
@@ -186,12 +188,12 @@ def main():
     targets = [{k: v.to(args.device) for k, v in t.items()} for t in targets]
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    times = time_steps(args, model, criterion, weight_dict, opt, images, mask, targets)
+    times, first_loss = time_steps(args, model, criterion, weight_dict, opt, images, mask, targets)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     B, _, H, W = images.shape
     row = {"impl": "pytorch-" + torch.__version__.split("+")[0], "preset": args.preset, "decoder": decoder,
            "size": args.size, "hw": f"{H}x{W}", "batch": B, "enact": False,
-           "tf32": args.device == "cuda" and args.math == "tf32", "median_s": round(sorted(times)[len(times) // 2], 4),
+           "tf32": args.device == "cuda" and args.math == "tf32", "median_s": round(sorted(times)[len(times) // 2], 4), "first_loss": round(first_loss, 6),
            "peak_rss_mb": round(peak_mb, 1), "steps_s": [round(t, 4) for t in times], "torch": torch.__version__}
     if args.device == "cuda":
         free, total = torch.cuda.mem_get_info()

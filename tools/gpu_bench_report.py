@@ -56,8 +56,8 @@ def step_table(runs, gpu):
     else:
         c_mem, t_mem = ["alloc_peak_mb", "alloc_held_peak_mb", "peak_rss_mb"], ["peak_rss_mb"]
         c_head, t_head = "detr-c MB: allocator peak live / peak held / peak RSS", "PyTorch MB: peak RSS"
-    lines = [f"| model | batch | HxW | math | detr-c ms (rounds) | PyTorch ms (rounds) | detr-c / PyTorch | {c_head} | {t_head} | same inputs |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"| model | batch | HxW | math | detr-c ms (rounds) | PyTorch ms (rounds) | detr-c / PyTorch | {c_head} | {t_head} | same inputs | first loss detr-c / PyTorch |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for (model, decoder, batch, hw, mth), g in groups.items():
         c, t = g.get("detr-c", []), g.get("pytorch", [])
         cm, cl = ms(c) if c else (None, "")
@@ -65,8 +65,9 @@ def step_table(runs, gpu):
         cl, tl = (f" ({x})" if x else "" for x in (cl, tl))
         ratio = f"{cm / tm:.2f}" if cm and tm else "-"
         same = all(r["shared_inputs"] for r in c + t) and bool(t)
+        losses = " / ".join(fmt(med([r["result"].get("first_loss") for r in g]), 3) for g in (c, t))
         lines.append(f"| {model} ({decoder}) | {batch} | {hw} | {mth} | {fmt(cm, 1)}{cl} | {fmt(tm, 1)}{tl} | {ratio} "
-                     f"| {memory(c, c_mem) if c else '-'} | {memory(t, t_mem) if t else '-'} | {'yes' if same else 'no'} |")
+                     f"| {memory(c, c_mem) if c else '-'} | {memory(t, t_mem) if t else '-'} | {'yes' if same else 'no'} | {losses} |")
     return lines
 
 
@@ -168,7 +169,8 @@ def main():
             "PyTorch's cuDNN default (TF32) and matmul TF32, detr-c `--set tf32=true`. Memory: the largest over "
             "rounds; 'device in use' is cudaMemGetInfo's total - free at the end (contexts, libraries and caches "
             "included; neither allocator returns memory, so it is the high-water mark). 'same inputs': both read "
-            "the same weights and batch files."]
+            "the same weights and batch files; 'first loss': the warm-up step's total loss (both sides draw their own "
+            "dropout masks, so it agrees roughly, not exactly: a check that both run the same model on the same data)."]
     if not gpu:
         out += ["", "On the CPU, fp32 and TF32 run the same math (both switches are CUDA settings): the TF32 rows "
                 "exercise the path only."]
