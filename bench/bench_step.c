@@ -276,7 +276,8 @@ static void print_report(const StepArgs *a, const DetrConfig *cfg, const double 
          "\"hw\": \"%dx%d\", \"batch\": %d, \"what\": \"%s\", "
          "\"enact\": %s, \"tf32\": %s, \"gemm\": \"%s\", \"median_s\": %.4f, \"peak_rss_mb\": %.1f, \"alloc_peak_mb\": %.1f, "
          "\"alloc_cached_mb\": %.1f, \"alloc_held_peak_mb\": %.1f, \"first_loss\": %s, \"steps_s\": [",
-         a->preset, detr_decoder(cfg)->name, detr_encoder_attn(cfg)->name, a->size, a->height, a->width, a->batch, a->forward_only ? "forward" : "train step",
+         a->preset, detr_decoder(cfg)->name, detr_encoder_attn(cfg)->name, a->size, a->height, a->width, a->batch,
+         a->forward_only ? "forward" : "train step",
          a->enact ? "true" : "false", cfg->tf32 ? "true" : "false", cpu_gemm_library(), sorted[reps / 2],
          ru.ru_maxrss / 1024.0, alloc.peak_live_bytes / 1048576.0, alloc.cached_bytes / 1048576.0,
          alloc.peak_held_bytes / 1048576.0, loss_text);

@@ -165,15 +165,17 @@ if [ $build_rc != 0 ]; then
   exit 2
 fi
 bench=$build/bench/bench_step
-# cuDNN from a Python wheel loads its engine libraries by name: its folder on the library path.
-cudnn_lib=$(sed -n 's/^CUDNN_LIBRARY:FILEPATH=//p' "$build/CMakeCache.txt" 2>/dev/null)
-[ -n "$cudnn_lib" ] && [ -f "$cudnn_lib" ] && export LD_LIBRARY_PATH=$(dirname "$cudnn_lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# cuDNN from a Python wheel loads its engine libraries by name: its folder on bench_step's library
+# path (bench_step's only: PyTorch keeps the cuDNN it comes with).
+bench_ld=${LD_LIBRARY_PATH:-}
+cudnn_lib=$(sed -n 's/^CUDNN_LIBRARY:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null)
+[ -n "$cudnn_lib" ] && [ -f "$cudnn_lib" ] && bench_ld=$(dirname "$cudnn_lib")${bench_ld:+:$bench_ld}
 
 # --- the GPU ---
 
 if [ "$cpu" = 0 ]; then
   meta_add "GPU (nvidia-smi)" "$(command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>&1 | head -n 1 || echo 'no nvidia-smi')"
-  probe=$(timeout 60 "$bench" --device cuda --preset tiny --hw 64x64 --reps 1 2>&1)
+  probe=$(timeout 60 env LD_LIBRARY_PATH="$bench_ld" "$bench" --device cuda --preset tiny --hw 64x64 --reps 1 2>&1)
   if [ $? != 0 ]; then
     meta_add "NO GPU" "bench_step --device cuda: $(tail -n 1 <<<"$probe")"
     say "no usable GPU: $(tail -n 1 <<<"$probe")"
@@ -244,7 +246,8 @@ run_one() {
     if [[ $impl == detr-c* ]]; then
       local sets=(--set "decoder=$decoder")
       [ "$math" = tf32 ] && sets+=(--set tf32=true)
-      timeout --kill-after=10 "$run_cap" env OMP_NUM_THREADS="$threads" "$bench" --device "$dev" --preset "$preset" \
+      timeout --kill-after=10 "$run_cap" env OMP_NUM_THREADS="$threads" LD_LIBRARY_PATH="$bench_ld" "$bench" \
+        --device "$dev" --preset "$preset" \
         "${sets[@]}" --batch "$batch" --hw "$hw" --boxes "$boxes" --reps "$reps" "${inputs[@]}" "$@" > "$log" 2>&1
     else
       timeout --kill-after=10 "$run_cap" "$torch_py" "$root/bench/torch_step.py" --detr-repo "$(repo_of "$decoder")" \
@@ -335,10 +338,11 @@ profile_one() {
   b=$work/batch-b$enact_batch-${enact_hws[-1]}.safetensors
   [ -f "$b" ] && set -- "$@" --batch-file "$b" --weights "$work/weights-${models[0]%%:*}-detr.safetensors"
   local t0=$(date +%s)
-  timeout --kill-after=10 $(( left < 150 ? left : 150 )) "$ncu_bin" --metrics gpu__time_duration.sum --csv --page raw \
-    --print-units base --clock-control none --cache-control none --profile-from-start off \
-    --log-file "$out/ncu-$v.csv" "$bench" --device cuda --capture --preset "${models[0]%%:*}" --reps 1 --batch "$enact_batch" --hw "${enact_hws[-1]}" "$@" \
-    > "$logs/ncu-$v.log" 2>&1
+  timeout --kill-after=10 $(( left < 150 ? left : 150 )) env LD_LIBRARY_PATH="$bench_ld" "$ncu_bin" \
+    --metrics gpu__time_duration.sum --csv --page raw --print-units base --clock-control none --cache-control none \
+    --profile-from-start off --log-file "$out/ncu-$v.csv" \
+    "$bench" --device cuda --capture --preset "${models[0]%%:*}" --reps 1 --batch "$enact_batch" --hw "${enact_hws[-1]}" \
+    "$@" > "$logs/ncu-$v.log" 2>&1
   meta_add "ncu $v" "exit $? in $(( $(date +%s) - t0 )) s: ncu-$v.csv (batch $enact_batch, ${enact_hws[-1]}, fp32, the step after the warm-up)"
 }
 if [ "$profile" = 1 ] && [ "$cpu" = 0 ]; then
