@@ -227,18 +227,22 @@ def reference_run(model, criterion, weight_dict, images, mask, targets, dtype):
     return res, indices
 
 
-def reference_spread(model, criterion, weight_dict, images, mask, targets, ref32, indices, draws=3, sigma=1e-5):
+def reference_spread(model, criterion, weight_dict, images, mask, targets, ref32, indices, draws=3, sigma=1e-5,
+                     before_run=None):
     """How far the float32 reference's own quantities move when its input moves by rounding-sized
     noise: the largest max-relative change of each over `draws` runs on images + N(0, sigma^2) at
     the valid pixels (a draw whose matching differs is not used). At random initialisation with
     frozen batch norm many activations sit at a ReLU's kink, and which side rounding puts them on
     changes the backbone's weight gradients by a finite amount: any other float32 implementation
-    (Winograd's transforms, another summation order) is one more such perturbation."""
+    (Winograd's transforms, another summation order) is one more such perturbation. before_run: called
+    before each draw's run (e.g. to reset a recorder that forces detr-c's data-dependent choices)."""
     g = torch.Generator().manual_seed(12345)
     spread, used = {}, 0
     for _ in range(draws):
         noise = torch.randn(images.shape, generator=g) * sigma
         noisy = images + noise.masked_fill(mask[:, None], 0.0)
+        if before_run:
+            before_run()
         moved, moved_indices = reference_run(model, criterion, weight_dict, noisy, mask, targets, torch.float32)
         if any(not (torch.equal(q, q2) and torch.equal(t, t2)) for (q, t), (q2, t2) in zip(indices, moved_indices)):
             continue
