@@ -53,7 +53,7 @@ static void device_sync(Device dev) {
 
 // The command line's settings.
 typedef struct {
-  const char *preset, *weights, *batch_file;
+  const char *preset, *weights, *batch_file, *precision;
   int size, boxes, reps, batch, height, width;
   float num_boxes;  // the loss's normaliser: the batch's boxes
   float first_loss;  // the warm-up step's total loss (a check that both sides run the same model)
@@ -111,19 +111,21 @@ static int parse_conv(const char *c) {
   return 0;
 }
 
-// --precision fp32 | tf32 | bf16: the config keys tf32 and bf16. 0, or the exit code.
-static int parse_precision(const char *p, StepArgs *a) {
-  if (!strcmp(p, "fp32")) return 0;
-  if (strcmp(p, "tf32") && strcmp(p, "bf16")) {
+// --precision fp32 | tf32 | bf16: both config keys, after every --set (checked once the device is
+// known). 0, or the exit code.
+static int apply_precision(const StepArgs *a, DetrConfig *cfg) {
+  if (!a->precision) return 0;
+  bool tf32 = !strcmp(a->precision, "tf32"), bf16 = !strcmp(a->precision, "bf16");
+  if (!tf32 && !bf16 && strcmp(a->precision, "fp32")) {
     fprintf(stderr, "bench_step: --precision takes fp32, tf32 or bf16\n");
     return 2;
   }
   char why[256];
-  if (!strcmp(p, "bf16") && !device_bf16_supported(a->dev, why, sizeof why)) {
+  if (bf16 && !device_bf16_supported(a->dev, why, sizeof why)) {
     fprintf(stderr, "bench_step: --precision bf16: %s\n", why);
     return 1;
   }
-  a->sets[a->n_sets++] = !strcmp(p, "tf32") ? "tf32=true" : "bf16=true";
+  cfg->tf32 = tf32, cfg->bf16 = bf16;
   return 0;
 }
 
@@ -151,7 +153,7 @@ static int parse_args(int argc, char **argv, StepArgs *a) {
     else if (!strcmp(argv[i], "--batch-file") && i + 1 < argc) a->batch_file = argv[++i];
     else if (!strcmp(argv[i], "--capture")) a->capture = true;
     else if (!strcmp(argv[i], "--conv") && i + 1 < argc) rc = parse_conv(argv[++i]);
-    else if (!strcmp(argv[i], "--precision") && i + 1 < argc && a->n_sets < 32) rc = parse_precision(argv[++i], a);
+    else if (!strcmp(argv[i], "--precision") && i + 1 < argc) a->precision = argv[++i];
     else {
       fprintf(stderr, "bench_step: unknown argument '%s'\n", argv[i]);
       return 2;
@@ -175,7 +177,7 @@ static int parse_args(int argc, char **argv, StepArgs *a) {
   return 0;
 }
 
-// The preset with --enact and the --set overrides. 0, or the exit code.
+// The preset with --enact, the --set overrides and --precision. 0, or the exit code.
 static int make_config(const StepArgs *a, DetrConfig *cfg) {
   if (detr_config_preset(a->preset, cfg)) {
     fprintf(stderr, "bench_step: unknown preset '%s'\n", a->preset);
@@ -196,7 +198,7 @@ static int make_config(const StepArgs *a, DetrConfig *cfg) {
       return 2;
     }
   }
-  return 0;
+  return apply_precision(a, cfg);
 }
 
 // The fixed targets: `boxes` per image of a batch of B (tb [B * boxes * 4] and tl [B * boxes] hold

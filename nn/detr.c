@@ -14,7 +14,10 @@ DetrModel *detr_model_create(const DetrConfig *cfg, Device dev) {
   m->cfg = *cfg;
   if (m->cfg.attn_settings.n == 0) attn_settings_default(&m->cfg.attn_settings);
   device_set_tf32(dev, cfg->tf32);  // process-wide on CUDA: the latest CUDA model's setting holds
-  device_set_bf16(dev, cfg->bf16);  // process-wide: the latest model's setting holds
+  // bf16 where the device runs it at speed (else fp32, warned once): the config records what runs,
+  // so a checkpoint says what its run did. The kernels' setting is process-wide: each forward sets
+  // its model's (detr_model_forward), so models of both precisions can share a process.
+  m->cfg.bf16 = device_set_bf16(dev, cfg->bf16);
   ParamStore *ps = &m->params;
   params_init(ps, dev);
   int64_t d = cfg->hidden_dim;
@@ -74,6 +77,7 @@ void detr_output_free(DetrOutput *out) {
 int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, const uint8_t *mask, DetrOutput *out,
                        char *err, size_t err_cap) {
   memset(out, 0, sizeof *out);
+  device_set_bf16(images->device, m->cfg.bf16);  // this model's precision (its backward's too), resolved at creation
   char sbuf[64];
   DETR_CHECK(images->shape.ndim == 4 && images->shape.d[1] == 3, "detr_model_forward: images must be [B, 3, H, W], got %s",
              shape_str(images->shape, sbuf, sizeof sbuf));

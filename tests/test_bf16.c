@@ -3,9 +3,11 @@
 // training run whose losses follow fp32's.
 //
 // The bound. With a, b the exact inputs and a', b' their bf16 roundings (|a' - a| <= u_b |a|,
-// u_b = 2^-8), a kernel that sums K products a' b' in fp32 in any order returns
-// sum a' b' + e with |e| <= gamma_K sum |a' b'| (gamma_K = K u / (1 - K u), u = 2^-24; Higham,
-// Accuracy and Stability, 3.1), one more u for the result's own rounding. So each output must lie
+// u_b = 2^-8), a kernel that sums K products a' b' in fp32 in any order returns sum a' b' + e with
+// |e| <= gamma_K sum |a' b'|, gamma_K = K u / (1 - K u), u = 2^-24: each product of two bf16 values
+// is exact in fp32 (8 + 8 significant bits), and each term passes through at most K - 1 additions,
+// each multiplying it by some (1 + d), |d| <= u, and (1 + u)^(K-1) - 1 <= gamma_K. One more u for
+// the result's own rounding. So each output must lie
 // within (gamma_K + u) sum |a' b'| of the double-precision sum of the rounded inputs: a kernel that
 // truncates instead of rounding, or rounds a partial sum to bf16, misses it by orders of magnitude.
 // And it must not be fp32's answer: somewhere the distance to the exact sum exceeds what fp32
@@ -214,9 +216,10 @@ START_TEST(conv_bf16_within_rounding_bound) {
       {1, 3, 15, 13, 16, 7, 2, 3},   // the stem's 3 channels
       {2, 20, 7, 9, 18, 3, 1, 1},    // channels off the 16-blocks
   };
-  onednn_conv2d_set_whole_batch_bytes(-1);
+  for (int per_image = 0; per_image < 2; per_image++)  // one primitive for the batch, or one image at a time
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
     for (int last = 0; last < 2; last++) {
+      onednn_conv2d_set_whole_batch_bytes(per_image ? 0 : -1);
       ConvGeom g = conv_geom(&cases[ci], last);
       int64_t nx = g.batch * g.in_ch * g.in_h * g.in_w, nw = g.out_ch * g.in_ch * g.kh * g.kw;
       int64_t ny = g.batch * g.out_ch * g.out_h * g.out_w;
@@ -227,18 +230,32 @@ START_TEST(conv_bf16_within_rounding_bound) {
       float *ws64 = (float *)(((uintptr_t)ws + 63) / 64 * 64);
       cpu_conv2d_forward(x, w, NULL, y, &g, ws64);
       free(ws);
-      ws = detr_malloc((size_t)(cpu_conv2d_backward_workspace_floats(&g, true, true, true, true, false) + 16) * 4 + 64,
+      ws = detr_malloc((size_t)(cpu_conv2d_backward_workspace_floats(&g, true, true, true, true, true) + 16) * 4 + 64,
                        "ws");
       ws64 = (float *)(((uintptr_t)ws + 63) / 64 * 64);
-      cpu_conv2d_backward(x, w, dy, dx, true, dw, true, NULL, &g, ws64);
+      float *dbias = calloc((size_t)g.out_ch, 4);
+      cpu_conv2d_backward(x, w, dy, dx, true, dw, true, dbias, &g, ws64);
       free(ws);
       cpu_conv2d_set_impl(CONV_IMPL_AUTO);
+      onednn_conv2d_set_whole_batch_bytes(-1);
+      // dbias: oneDNN sums the bf16-rounded dy (in fp32), K = the output pixels of the batch
+      BoundCheck bias_chk = {0};
+      for (int64_t o = 0; o < g.out_ch; o++) {
+        double s[4] = {0};
+        for (int64_t n = 0; n < g.batch; n++)
+          for (int64_t oy = 0; oy < g.out_h; oy++)
+            for (int64_t ox = 0; ox < g.out_w; ox++) term(s, dy[y_at(&g, n, o, oy, ox)], 1.0f);
+        bound_add(&bias_chk, dbias[o], s[0], s[1], s[2], s[3], g.batch * g.out_h * g.out_w);
+      }
+      ck_assert_msg(bias_chk.worst_ratio <= 1, "case %zu channels last %d per image %d: dbias %.3g x the bound", ci,
+                    last, per_image, bias_chk.worst_ratio);
+      free(dbias);
       const char *names[3] = {"forward", "backward-data", "backward-weights"};
       const float *outs[3] = {y, dx, dw};
       for (int p = 0; p < 3; p++) {
         BoundCheck chk = check_conv_pass(&g, (ConvPass)p, x, w, dy, outs[p]);
-        ck_assert_msg(chk.worst_ratio <= 1, "case %zu channels last %d %s: %.3g x the bound", ci, last, names[p],
-                      chk.worst_ratio);
+        ck_assert_msg(chk.worst_ratio <= 1, "case %zu channels last %d per image %d %s: %.3g x the bound", ci, last,
+                      per_image, names[p], chk.worst_ratio);
         ck_assert_msg(chk.worst_vs_exact > 1, "case %zu channels last %d %s: within fp32's error: bf16 did not run", ci,
                       last, names[p]);
       }
@@ -250,6 +267,8 @@ END_TEST
 // A CPU without AVX512-BF16 (oneDNN held to AVX-512 without it): refused with the reason, and a
 // model asking for bf16 runs fp32 with a warning.
 START_TEST(bf16_refused_without_the_instructions) {
+  const char *fork = getenv("CK_FORK");
+  if (fork && !strcmp(fork, "no")) return;  // oneDNN's instruction set is fixed at its first use, earlier
   setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE", 1);  // read by oneDNN at its first use, in this forked test
   setenv("DNNL_MAX_CPU_ISA", "AVX512_CORE", 1);
   char why[256] = "";
@@ -311,13 +330,18 @@ START_TEST(training_losses_follow_fp32) {
   train_losses(true, STEPS, bf16);
   if (getenv("TEST_BF16_CURVES"))
     for (int s = 0; s < STEPS; s++) fprintf(stderr, "step %d: fp32 %.5f bf16 %.5f\n", s, fp32[s], bf16[s]);
-  // While the loss falls steadily (17.7 -> 7.9 over the first 25 steps) the curves agree step by
-  // step: measured within 0.35% (and the first step, the forward's rounding alone, 0.03%). Once
+  // The tiny model's GEMMs are under the size where bf16 pays (they stay fp32, as in use: the
+  // bound tests above cover the bf16 GEMM); its convolutions run in bf16. While the loss falls
+  // steadily (17.7 -> 7.9 over the first 25 steps) the curves agree step by step: measured within
+  // 0.35% (and the first step, the forward's rounding alone, 0.03%). (With every GEMM in bf16 too,
+  // hidden 32's short dot products move the gradients by 5-9% normwise and the curve lags fp32's by
+  // up to 4% at step 25; docs/precision.md.) Once
   // the model has learnt the batch both oscillate around ~4 by +-10% from step to step, where the
   // matching flips: there only their level is compared (the last 10 steps' mean; measured 2%).
   double worst = 0, mean32 = 0, mean16 = 0;
   for (int s = 0; s < STEADY; s++) worst = fmax(worst, fabs(bf16[s] - fp32[s]) / fp32[s]);
   for (int s = STEPS - 10; s < STEPS; s++) mean32 += fp32[s] / 10, mean16 += bf16[s] / 10;
+  ck_assert_msg(bf16[0] != fp32[0], "the first losses are equal (%g): bf16 did not run", fp32[0]);
   ck_assert_msg(fp32[STEADY - 1] < 0.5 * fp32[0], "fp32 did not learn the batch: %g -> %g", fp32[0], fp32[STEADY - 1]);
   ck_assert_msg(worst < 0.01, "bf16 losses leave fp32's by %.3g (relative) in the first %d steps", worst, STEADY);
   ck_assert_msg(fabs(mean16 - mean32) < 0.1 * mean32, "last 10 steps: bf16 mean loss %g, fp32 %g", mean16, mean32);
@@ -327,7 +351,7 @@ END_TEST
 int main(void) {
   Suite *s = suite_create("bf16");
   TCase *tc = tcase_create("bf16");
-  tcase_set_timeout(tc, 120);
+  tcase_set_timeout(tc, 600);  // the training run takes ~2 minutes under ASan on a loaded 2-core machine
   tcase_add_test(tc, bf16_rounding_to_nearest_even);
   tcase_add_test(tc, gemm_bf16_within_rounding_bound);
   tcase_add_test(tc, small_gemm_and_bf16_off_stay_fp32);

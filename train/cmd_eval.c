@@ -106,7 +106,7 @@ int cmd_eval(int argc, char **argv) {
             "--pad-multiple 1..256 (see detr eval --help)\n");
     return 2;
   }
-  if (setup_device(device, &dev, err, sizeof err) || setup_precision(precision, dev, &sets, err, sizeof err)) {
+  if (setup_device(device, &dev, err, sizeof err) || setup_precision(precision, true, dev, &sets, err, sizeof err)) {
     fprintf(stderr, "detr eval: %s\n", err);
     return 2;
   }

@@ -376,7 +376,7 @@ static int open_model(const PredictArgs *a, detr_model **model) {
   Device dev;
   CliList sets = a->sets;  // with --precision's keys
   if (setup_device(a->device, &dev, err, sizeof err) ||  // binds this rank's GPU under mpirun
-      setup_precision(a->precision, dev, &sets, err, sizeof err)) {
+      setup_precision(a->precision, true, dev, &sets, err, sizeof err)) {
     fprintf(stderr, "detr predict: %s\n", err);
     return 2;
   }

@@ -186,7 +186,7 @@ static int resolve(TrainOptions *o, const char *config, const CliList *sets, boo
   char err[4096];
   CliList all_sets = *sets;  // with --precision's keys last
   if (setup_device(device, &o->device, err, sizeof err) ||
-      setup_precision(precision, o->device, &all_sets, err, sizeof err)) {
+      setup_precision(precision, false, o->device, &all_sets, err, sizeof err)) {
     fprintf(stderr, "detr train: %s\n", err);
     return 2;
   }

@@ -66,7 +66,17 @@ void setup_enact_shortcut(DetrConfig *cfg, bool enact) {
   if (enact) cfg->encoder_attn = encoder_attn_find("enact");
 }
 
-int setup_precision(const char *precision, Device dev, CliList *sets, char *err, size_t err_cap) {
+int setup_precision(const char *precision, bool inference, Device dev, CliList *sets, char *err, size_t err_cap) {
+  bool bf16_set = false;  // by the user's --set
+  for (int i = 0; i < sets->count; i++) bf16_set |= !strncmp(sets->items[i], "bf16=", 5);
+  if (!precision && inference && !bf16_set) {
+    if (sets->count + 1 > CLI_MAX_LIST) {
+      snprintf(err, err_cap, "too many --set flags (at most %d)", CLI_MAX_LIST - 1);
+      return -1;
+    }
+    sets->items[sets->count++] = "bf16=false";
+    return 0;
+  }
   if (!precision) return 0;
   bool tf32 = !strcmp(precision, "tf32"), bf16 = !strcmp(precision, "bf16");
   if (!tf32 && !bf16 && strcmp(precision, "fp32")) {

@@ -23,7 +23,7 @@
   } while (0)
 
 // Below this many multiply-adds a GEMM stays fp32: the copies and the call cost more than bf16
-// saves (`bench_step --precision bf16`, bench/README.md "bf16").
+// saves (bench/README.md "bf16 mixed precision").
 #define GEMM_BF16_MIN_MACS ((double)(1 << 20))
 
 typedef struct {  // no padding bytes: keys are compared with memcmp
