@@ -159,6 +159,7 @@ static detr_status open_model(const char *checkpoint, const char *weights, const
   CheckpointInfo ci;
   st = model_file_load(checkpoint, weights, config, o.sets, n_sets, dev, &m->net, &ci, last_error, sizeof last_error);
   if (!st) {
+    detr_model_prepare_inference(m->net);  // the weights never change here: the norms fold into the convolutions
     m->n_labels = (int)m->net->cfg.num_classes;
     st = make_names(m, &o, checkpoint, &ci, last_error, sizeof last_error);
   }

@@ -118,14 +118,16 @@ static int by_score_desc(const void *a, const void *b) {
   return x->score != y->score ? (x->score > y->score ? -1 : 1) : (x->query > y->query) - (x->query < y->query);
 }
 
-// The evaluation path on img.jpg: COCO reader, val loader (128/192, the tiny defaults), forward,
-// post-processing; dets [QUERIES] by falling score.
+// The evaluation path on img.jpg (`detr eval`'s): COCO reader, val loader (128/192, the tiny
+// defaults), the model folded for inference, forward, post-processing; dets [QUERIES] by falling
+// score.
 static void reference_detections(Detection *dets) {
   DetrConfig cfg;
   detr_config_preset("tiny", &cfg);
   DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
   char err[1024];
   ck_assert_msg(params_load_file(&m->params, at("w.safetensors"), err, sizeof err) == 0, "%s", err);
+  detr_model_prepare_inference(m);  // as `detr eval` and the API: the norms folded (tests/test_infer.c)
   CocoOpenConfig cc = {.ann_path = at("names.json"), .image_dir = tmp, .quiet = true};
   CocoDataset *ds;
   DataError derr;
