@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
 
@@ -74,6 +75,7 @@ typedef struct {
   bool winograd;         // oneDNN had Winograd for it (else the entry is the direct convolution)
   bool bias;             // the forward adds one / backward-weights computes its gradient
   unsigned post;         // the forward's post-ops (CONV_POST_*, inference's fused epilogue); 0 otherwise
+  int nthr;              // OpenMP's thread count when it was made: its scratchpad serves that many or fewer
   dnnl_primitive_t conv;
   dnnl_primitive_desc_t fwd_pd;  // the forward's descriptor (forward entries only): the backward passes' hint
   ConvArg a[3];          // a[0], a[1]: inputs; a[2]: the output
@@ -361,13 +363,17 @@ static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, ConvImpl 
   else DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
 }
 
-// The cached primitive of (g, pass, impl, bias), created on first use.
+// The cached primitive of (g, pass, impl, bias, post), created on first use. A primitive made for
+// fewer threads than OpenMP now runs (the C API's thread option raises them) is not used: oneDNN
+// sizes its per-thread scratchpad and work split when it makes one. Training's CPU share only
+// lowers the count below the one its primitives were made at.
 static ConvPrim *prim_get(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool bias, unsigned post) {
   onednn_init();
+  int nthr = omp_get_max_threads();
   ConvPrim *victim = &cache[0], *forward = NULL;  // forward: this geometry's forward entry
   for (int i = 0; i < CONV_CACHE_SIZE; i++) {
     ConvPrim *p = &cache[i];
-    if (p->used && p->impl == impl && !memcmp(&p->g, g, sizeof *g)) {
+    if (p->used && p->impl == impl && p->nthr >= nthr && !memcmp(&p->g, g, sizeof *g)) {
       if (p->pass == pass && p->bias == bias && p->post == post) {
         p->used = ++cache_clock;
         return p;
@@ -382,6 +388,7 @@ static ConvPrim *prim_get(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool 
   if (victim->used) prim_destroy(victim);
   bool hint = pass != CONV_PASS_FWD && forward;
   prim_create(victim, g, pass, impl, bias, post, hint ? forward->fwd_pd : NULL, hint && forward->winograd);
+  victim->nthr = nthr;
   victim->used = ++cache_clock;
   return victim;
 }
@@ -558,11 +565,12 @@ static ConvPrim *pass_prim(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool
 // Winograd's workspace per (geometry, pass), from its descriptor alone (no primitive, no JIT), so
 // that conv.c can weigh it before choosing: the last WINOGRAD_SIZES asked, least recently used
 // dropped. Its scratchpad grows with the thread count (a transformed dW per thread), which is
-// fixed for a process.
+// part of the key (the C API's thread option changes it between calls).
 #define WINOGRAD_SIZES 256
 static struct {
   ConvGeom g;
   ConvPass pass;
+  int nthr;        // OpenMP's thread count: the scratchpad's size depends on it
   int64_t floats;  // -1: no Winograd for it
   uint64_t used;
 } winograd_sizes[WINOGRAD_SIZES];
@@ -574,7 +582,8 @@ int64_t onednn_conv2d_winograd_workspace_floats(const ConvGeom *g, ConvPass pass
   ConvGeom run = pass_geometry(g, pass, CONV_IMPL_ONEDNN_WINOGRAD, false, &runs);
   int victim = 0;
   for (int i = 0; i < WINOGRAD_SIZES; i++) {
-    if (winograd_sizes[i].used && winograd_sizes[i].pass == pass && !memcmp(&winograd_sizes[i].g, &run, sizeof run)) {
+    if (winograd_sizes[i].used && winograd_sizes[i].pass == pass && winograd_sizes[i].nthr == omp_get_max_threads() &&
+        !memcmp(&winograd_sizes[i].g, &run, sizeof run)) {
       winograd_sizes[i].used = ++winograd_sizes_clock;
       return winograd_sizes[i].floats;
     }
@@ -596,6 +605,7 @@ int64_t onednn_conv2d_winograd_workspace_floats(const ConvGeom *g, ConvPass pass
   }
   winograd_sizes[victim].g = run;
   winograd_sizes[victim].pass = pass;
+  winograd_sizes[victim].nthr = omp_get_max_threads();
   winograd_sizes[victim].floats = floats;
   winograd_sizes[victim].used = ++winograd_sizes_clock;
   return floats;
