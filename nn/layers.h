@@ -71,8 +71,10 @@ typedef struct {
 } FoldedConv;
 FoldedConv frozen_bn_fold(const Conv2d *c, const FrozenBn *bn);
 void folded_conv_free(FoldedConv *f);
-// relu?(bn(conv(x)) + residual) as one op_conv2d_fused (grad mode off).
-Tensor *folded_conv_forward(const FoldedConv *f, Tensor *x, Tensor *residual, bool relu);
+// relu?(bn(conv(x)) + residual) as one op_conv2d_fused (grad mode off); residual_dead: the
+// residual is a temporary no one reads afterwards, and its buffer becomes the output
+// (op_conv2d_fused_into).
+Tensor *folded_conv_forward(const FoldedConv *f, Tensor *x, Tensor *residual, bool relu, bool residual_dead);
 
 // --- LayerNorm (nn/layernorm.c), eps 1e-5 ---
 typedef struct {

@@ -177,15 +177,15 @@ void resnet_unfold_bn(ResNet *r) {
 }
 
 // A block on the folded convolutions: conv1 + ReLU, conv2 (+ ReLU), conv3 + residual + ReLU, each
-// one op; the downsample's output, made first, is the last convolution's residual.
+// one op; the downsample's output, made first, is the last convolution's residual. That residual,
+// or the block's input (read by conv1 before; resnet_forward drops it after the block), is dead
+// after the last convolution, which accumulates into its buffer: the residual is read in place
+// instead of copied into a new output.
 static Tensor *resblock_forward_folded(const ResBlock *b, Tensor *x) {
-  Tensor *identity = b->has_downsample ? folded_conv_forward(&b->fdown, x, NULL, false) : x;
-  Tensor *out = folded_conv_forward(&b->f1, x, NULL, true);
-  if (b->bottleneck) {
-    out = folded_conv_forward(&b->f2, out, NULL, true);
-    return folded_conv_forward(&b->f3, out, identity, true);
-  }
-  return folded_conv_forward(&b->f2, out, identity, true);
+  Tensor *identity = b->has_downsample ? folded_conv_forward(&b->fdown, x, NULL, false, false) : x;
+  Tensor *out = folded_conv_forward(&b->f1, x, NULL, true, false);
+  if (b->bottleneck) out = folded_conv_forward(&b->f2, out, NULL, true, false);
+  return folded_conv_forward(b->bottleneck ? &b->f3 : &b->f2, out, identity, true, true);
 }
 
 Tensor *resnet_forward(const ResNet *r, Tensor *x) {
@@ -195,7 +195,7 @@ Tensor *resnet_forward(const ResNet *r, Tensor *x) {
   ScopeMark mark = tensor_scope_mark();
   x = op_permute(x, (const int[]){0, 2, 3, 1});  // [B, H, W, 3]: channels last from here on
   bool folded = r->folded && !autograd_grad_enabled();
-  x = folded ? folded_conv_forward(&r->fstem, x, NULL, true)
+  x = folded ? folded_conv_forward(&r->fstem, x, NULL, true, false)
              : frozen_bn_act_forward(&r->bn1, conv2d_forward(&r->conv1, x), NULL, true);
   x = op_maxpool2d(x, 3, 2, 1, true);
   tensor_scope_keep(mark, &x, 1);
