@@ -6,7 +6,8 @@
 # from the facebookresearch/detr checkout at the preset, seeded (tools/parity_step.py's build_reference),
 # and writes its weights as safetensors and its ONNX exports (torch.onnx, opset 12, as the reference's
 # test_all.py) for batch 1 and --batch, into --work (default /tmp/detr-serve-PRESET-HxW; reused when
-# there). Then each round runs, for each thread count: $build/bench/bench_serve (the C API:
+# there). bench/serve_check.py then checks that `detr predict` on those weights gives the reference's
+# detections (every query's score within 1e-4, the same labels). Then each round runs, for each thread count: $build/bench/bench_serve (the C API:
 # detr_open_weights with options.threads, detr_detect_rgb on one HxW image, detr_detect_batch on
 # --batch), bench/serve_time.py --engine ort (the venv's ONNX Runtime on the exports, intra-op threads)
 # and --engine torch (eager PyTorch, torch.set_num_threads), each reporting the median of --reps after
@@ -48,6 +49,10 @@ if [ ! -f "$work/model_b$batch.onnx" ] || [ ! -f "$work/model_b1.onnx" ] || [ ! 
   /usr/bin/python3 bench/serve_export.py --detr-repo "$repo" --preset "$preset" --height "$height" --width "$width" \
     --batch 1 --batch "$batch" --out "$work"
 fi
+# The same detections from the same weights (detr predict against the reference in PyTorch, at a
+# small size), or nothing is timed.
+/usr/bin/python3 bench/serve_check.py --detr-repo "$repo" --preset "$preset" --weights "$work/weights.safetensors" \
+  --detr "$build/detr" || { echo "serve_compare.sh: detr-c and the reference disagree on the weights" >&2; exit 1; }
 out="$work/runs.jsonl"
 : > "$out"
 for r in $(seq "$rounds"); do
