@@ -143,7 +143,7 @@ START_TEST(fused_refuses_grad_mode) {
 }
 END_TEST
 
-// The whole model: a small ResNet-50 DETR with every norm calibrated and perturbed, the folded
+// The whole model: a small ResNet-50 or ResNet-18 DETR with every norm calibrated and perturbed, the folded
 // forward's logits and boxes against the training path's. Each layer's rounding is bounded above
 // (folded_conv_within_bound); through 17 blocks the differences grow (in this model from 6e-7 of
 // the range after the stem to 1.3e-4 after the last block, where im2col + sgemm instead of oneDNN,
@@ -194,10 +194,11 @@ static void perturb_backbone(DetrModel *m, Rng *rng, bool on) {
   }
 }
 
+// _i: 0 a ResNet-50 (bottleneck blocks), 1 a ResNet-18 (basic blocks), both of width 16.
 START_TEST(folded_model_matches_training_forward) {
   DetrConfig cfg;
   ck_assert_int_eq(detr_config_preset("tiny", &cfg), 0);
-  cfg.backbone_depth = 50;
+  cfg.backbone_depth = _i ? 18 : 50;
   cfg.backbone_width = 16;
   DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
   detr_model_init(m, 7);
@@ -263,7 +264,7 @@ int main(void) {
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, folded_conv_within_bound);
   tcase_add_exit_test(tc, fused_refuses_grad_mode, 1);
-  tcase_add_test(tc, folded_model_matches_training_forward);
+  tcase_add_loop_test(tc, folded_model_matches_training_forward, 0, 2);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
