@@ -292,8 +292,6 @@ static dnnl_primitive_desc_t direct_pd_create(const ConvGeom *g, ConvPass pass, 
   return pd;
 }
 
-// hint: the forward's descriptor of the same geometry and impl, for a backward pass (NULL: made
-// here and dropped); hint_winograd: whether it is a Winograd one.
 // The forward's post-ops (CONV_POST_*): dst = relu?(conv + bias + 1 * dst), dst holding the
 // residual before the call when CONV_POST_SUM.
 static void attr_set_post_ops(dnnl_primitive_attr_t attr, unsigned post) {
@@ -306,6 +304,8 @@ static void attr_set_post_ops(dnnl_primitive_attr_t attr, unsigned post) {
   DNNL_CHECK(dnnl_post_ops_destroy(po));
 }
 
+// hint: the forward's descriptor of the same geometry and impl, for a backward pass (NULL: made
+// here and dropped); hint_winograd: whether it is a Winograd one. post: the forward's post-ops.
 static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, ConvImpl impl, bool bias, unsigned post,
                         const_dnnl_primitive_desc_t hint, bool hint_winograd) {
   dnnl_dims_t xd, wd, yd, bd = {g->out_ch};  // bias [O]
