@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/conv_onednn.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/norm_math.h"
 #include "nn/detr.h"
@@ -131,6 +132,43 @@ START_TEST(folded_conv_within_bound) {
     }
   }
   cpu_conv2d_set_impl(CONV_IMPL_AUTO);
+}
+END_TEST
+
+// The post-ops on the paths the layer check's small shapes do not reach: oneDNN's Winograd (3x3
+// stride 1, 64 channels, 24x24: reorders to its layouts, the residual reordered in for the sum)
+// and one image at a time (whole-batch size 0), the residual in a new output and in its own
+// buffer, against the same convolution without post-ops followed by op_add and op_relu: the same
+// float operations, so the same floats.
+START_TEST(post_ops_match_separate_ops) {
+  int64_t before = onednn_conv2d_set_whole_batch_bytes(0);
+  bool was = autograd_set_grad_enabled(false);
+  ScopeMark mark = tensor_scope_mark();
+  Rng rng = rng_make(5);
+  Conv2dParams p = {1, 1, 1, 1, 1, 1, .channels_last = true};
+  Tensor *x = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(2, 24, 24, 64)));
+  Tensor *w = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(64, 64, 3, 3)));
+  Tensor *b = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(64)));
+  Tensor *res = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(2, 24, 24, 64)));
+  tensor_normal_(x, &rng, 0.0f, 1.0f), tensor_normal_(w, &rng, 0.0f, 0.05f);
+  tensor_normal_(b, &rng, 0.0f, 0.5f), tensor_normal_(res, &rng, 0.0f, 1.0f);
+  Tensor *sep = op_relu(op_add(op_conv2d(x, w, b, p), res));
+  Tensor *fused = op_conv2d_fused(x, w, b, res, true, p);
+  Tensor *acc = tensor_scoped(tensor_new(DEVICE_CPU, res->shape));
+  tensor_copy_(acc, res);
+  Tensor *into = op_conv2d_fused_into(x, w, b, acc, true, p);
+  Tensor *plain = op_conv2d_fused(x, w, b, NULL, false, p), *conv = op_conv2d(x, w, b, p);
+  size_t bytes = (size_t)sep->numel * sizeof(float);
+  ck_assert_int_eq(memcmp(fused->data, sep->data, bytes), 0);
+  ck_assert_int_eq(memcmp(into->data, sep->data, bytes), 0);
+  ck_assert_int_eq(memcmp(plain->data, conv->data, bytes), 0);
+  ConvGeom g = {.batch = 1, .in_ch = 64, .in_h = 24, .in_w = 24, .out_ch = 64, .out_h = 24, .out_w = 24, .kh = 3,
+                .kw = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1,
+                .channels_last = true};
+  printf("post-ops check: the geometry's forward runs on %s\n", DETR_HAVE_ONEDNN ? onednn_conv2d_impl(&g, CONV_PASS_FWD, cpu_conv2d_impl(&g, CONV_PASS_FWD)) : "im2col");
+  tensor_scope_release(mark);
+  autograd_set_grad_enabled(was);
+  onednn_conv2d_set_whole_batch_bytes(before);
 }
 END_TEST
 
@@ -263,6 +301,7 @@ int main(void) {
   TCase *tc = tcase_create("fold");
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, folded_conv_within_bound);
+  tcase_add_test(tc, post_ops_match_separate_ops);
   tcase_add_exit_test(tc, fused_refuses_grad_mode, 1);
   tcase_add_loop_test(tc, folded_model_matches_training_forward, 0, 2);
   suite_add_tcase(s, tc);
