@@ -7,6 +7,7 @@
 // Prints one JSON line (bench/serve_compare.sh collects them).
 //   bench_serve --weights W.safetensors --config detr-r50 --width 1066 --height 800 --threads 2 [--reps 5]
 //               [--batch 4] [--set key=value ...]
+//   bench_serve --checkpoint C.safetensors ...   (a detr-c checkpoint: its own config)
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +19,7 @@
 #define MAX_SETS 32
 
 typedef struct {
-  const char *weights, *config;
+  const char *weights, *config, *checkpoint;
   int width, height, threads, reps, batch;
   const char *sets[MAX_SETS + 1];
 } Args;
@@ -31,6 +32,7 @@ static int parse(int argc, char **argv, Args *a) {
     if (!v) return fprintf(stderr, "bench_serve: %s needs a value\n", k), -1;
     i++;
     if (!strcmp(k, "--weights")) a->weights = v;
+    else if (!strcmp(k, "--checkpoint")) a->checkpoint = v;
     else if (!strcmp(k, "--config")) a->config = v;
     else if (!strcmp(k, "--width")) a->width = atoi(v);
     else if (!strcmp(k, "--height")) a->height = atoi(v);
@@ -41,8 +43,8 @@ static int parse(int argc, char **argv, Args *a) {
     else return fprintf(stderr, "bench_serve: unknown argument %s\n", k), -1;
   }
   a->sets[n_sets] = NULL;
-  if (!a->weights || a->width < 1 || a->height < 1 || a->reps < 1 || a->batch < 0 || a->batch > 64)
-    return fprintf(stderr, "bench_serve: --weights is required; sizes, --reps >= 1, --batch 0..64\n"), -1;
+  if (!a->weights == !a->checkpoint || a->width < 1 || a->height < 1 || a->reps < 1 || a->batch < 0 || a->batch > 64)
+    return fprintf(stderr, "bench_serve: --weights or --checkpoint; sizes, --reps >= 1, --batch 0..64\n"), -1;
   return 0;
 }
 
@@ -77,7 +79,7 @@ int main(int argc, char **argv) {
   o.image_size = a.width < a.height ? a.width : a.height;
   o.max_size = a.width < a.height ? a.height : a.width;
   detr_model *m;
-  detr_status st = detr_open_weights(a.weights, a.config, &o, &m);
+  detr_status st = a.checkpoint ? detr_open_checkpoint(a.checkpoint, &o, &m) : detr_open_weights(a.weights, a.config, &o, &m);
   if (st != DETR_OK) {
     fprintf(stderr, "bench_serve: %s: %s\n", detr_status_name(st), detr_last_error());
     return 1;
@@ -95,7 +97,7 @@ int main(int argc, char **argv) {
   double batch = a.batch > 0 ? time_detect(m, imgs, a.batch, a.reps) : 0;
   printf("{\"impl\": \"detr-c\", \"config\": \"%s\", \"width\": %d, \"height\": %d, \"threads\": %d, "
          "\"latency_s\": %.4f, \"batch\": %d, \"batch_s\": %.4f, \"images_per_s\": %.3f}\n",
-         a.config, a.width, a.height, a.threads, one, a.batch, batch, batch > 0 ? a.batch / batch : 0.0);
+         a.checkpoint ? a.checkpoint : a.config, a.width, a.height, a.threads, one, a.batch, batch, batch > 0 ? a.batch / batch : 0.0);
   free(rgb);
   detr_close(m);
   return 0;

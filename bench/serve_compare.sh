@@ -2,6 +2,10 @@
 # Serving: detr-c's C API against ONNX Runtime and PyTorch on the same DETR weights, alternating runs.
 #   bash bench/serve_compare.sh --detr-repo DIR [--preset detr-r50] [--height 800] [--width 1066]
 #        [--threads "1 2"] [--batch 4] [--rounds 3] [--reps 5] [--build build-cpu] [--venv DIR] [--work DIR]
+#   bash bench/serve_compare.sh --checkpoint runs/main/best.safetensors --height 160 --width 224 [...]
+# With --checkpoint (a detr-c checkpoint, e.g. the main job's: ENACT encoder, Conditional DETR decoder,
+# quarter-width ResNet-18 to layer3) only detr-c is timed, the same way: the reference builder here has
+# no such model, and ENACT's clustering (data-dependent region counts, docs/enact.md) has no ONNX export.
 # bench/serve_export.py (Debian's /usr/bin/python3 with python3-torch 1.13) builds the reference model
 # from the facebookresearch/detr checkout at the preset, seeded (tools/parity_step.py's build_reference),
 # and writes its weights as safetensors and its ONNX exports (torch.onnx, opset 12, as the reference's
@@ -23,11 +27,12 @@
 #   cmake -S . -B build-cpu -DDETR_CUDA=OFF -DCMAKE_BUILD_TYPE=Release && cmake --build build-cpu --target bench_serve
 set -euo pipefail
 cd "$(dirname "$0")/.."
-repo="" preset="detr-r50" height=800 width=1066 threads="1 2" batch=4 rounds=3 reps=5 build=build-cpu
+repo="" checkpoint="" preset="detr-r50" height=800 width=1066 threads="1 2" batch=4 rounds=3 reps=5 build=build-cpu
 venv=/work/venv-ort work=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --detr-repo) repo="$2"; shift 2 ;;
+    --checkpoint) checkpoint="$2"; shift 2 ;;
     --preset) preset="$2"; shift 2 ;;
     --height) height="$2"; shift 2 ;;
     --width) width="$2"; shift 2 ;;
@@ -41,8 +46,29 @@ while [ $# -gt 0 ]; do
     *) echo "serve_compare.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-[ -n "$repo" ] || { echo "serve_compare.sh: --detr-repo DIR is required" >&2; exit 2; }
+[ -n "$repo" ] || [ -n "$checkpoint" ] || { echo "serve_compare.sh: --detr-repo DIR (or --checkpoint C) is required" >&2; exit 2; }
 [ -x "$build/bench/bench_serve" ] || { echo "serve_compare.sh: no $build/bench/bench_serve: build it first (see above)" >&2; exit 2; }
+if [ -n "$checkpoint" ]; then  # detr-c alone on its own model
+  out=$(mktemp)
+  for r in $(seq "$rounds"); do
+    for t in $threads; do
+      GOMP_SPINCOUNT=1000 "$build/bench/bench_serve" --checkpoint "$checkpoint" --height "$height" --width "$width" \
+        --threads "$t" --reps "$reps" --batch "$batch" >> "$out"
+    done
+  done
+  /usr/bin/python3 - "$out" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+r0 = rows[0]
+print(f"{r0['config']} {r0['height']}x{r0['width']}, batch {r0['batch']}, detr-c alone, median over {len(rows)} runs:")
+for t in sorted({r["threads"] for r in rows}):
+    rs = [r for r in rows if r["threads"] == t]
+    print(f"  {t} thread{'s' if t > 1 else ' '} latency {statistics.median(r['latency_s'] for r in rs):7.4f} s   "
+          f"{statistics.median(r['images_per_s'] for r in rs):7.2f} images/s at batch {r0['batch']}")
+PY
+  rm -f "$out"
+  exit 0
+fi
 [ -x "$venv/bin/python" ] || { echo "serve_compare.sh: no $venv/bin/python with onnxruntime (see above)" >&2; exit 2; }
 [ -n "$work" ] || work="/tmp/detr-serve-$preset-${height}x$width"
 if [ ! -f "$work/model_b$batch.onnx" ] || [ ! -f "$work/model_b1.onnx" ] || [ ! -f "$work/weights.safetensors" ]; then
