@@ -2,18 +2,31 @@
 //   build/bench/bench_step [--preset detr-r18-small] [--size 320 | --hw HxW] [--batch 2] [--boxes 3]
 //                          [--reps 5] [--enact] [--profile] [--forward] [--device cpu|cuda]
 //                          [--conv auto | im2col | onednn | onednn-nchw | onednn-winograd] [--vary-size]
-//                          [--set key=value ...]   (any model config field, e.g. --set tf32=true)
+//                          [--precision fp32 | tf32 | bf16] [--set key=value ...]   (any model config
+//                          field, e.g. --set tf32=true; --precision sets tf32 or bf16)
+//                          [--weights W.safetensors] [--batch-file B.safetensors] [--capture]
 // --forward times the no-grad forward alone (e.g. detr-r50 on one 800x1066 image: --batch 1
 // --hw 800x1066 --forward). --conv forces one CPU convolution implementation everywhere (default
 // auto: the faster per shape and pass). --vary-size gives every step its own input size, 8 and 12
 // pixels smaller each (as multi-scale training's batches have): the times include creating the
 // new shapes' oneDNN primitives.
+// --weights loads the parameters (reference names, as `detr step --weights`) over the seeded
+// initialisation; --batch-file takes the images, mask and targets from a `detr step` batch file
+// (its B, H, W replace --batch and --hw): tools/gpu_bench.sh gives both implementations the same.
 // Prints one JSON line: median step seconds over reps (after one warm-up step), the steps' times,
+// the warm-up step's loss (first_loss: with the same weights and batch, PyTorch's should be close;
+// dropout draws differ),
 // the peak resident memory of the process (getrusage), and the tensor allocator's peak live bytes,
-// cached bytes at the end, and peak of live + cached; with --device cuda also the peak of the caching allocator's live device memory.
+// cached bytes at the end, and peak of live + cached; with --device cuda also the device's name,
+// the caching allocator's peak live and peak live + cached device memory, and the device memory in
+// use at the end as the driver reports it (cudaMemGetInfo: every process, the CUDA context, cuBLAS
+// and cuDNN included; the allocator never returns memory, so this is the step's high-water mark).
+// --capture (with --device cuda): a profiler's capture covers the timed steps only (cudaProfilerStart
+// after the warm-up, Stop after the last: ncu --profile-from-start off, tools/gpu_bench.sh --profile).
 // --profile adds the per-op breakdown (on the CPU only: GPU work is asynchronous, so host-side op
 // times say little there; use Nsight Systems).
 // bench/compare_torch.sh runs this and bench/torch_step.py alternately.
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +38,9 @@
 #include "kernels/cuda/cuda_kernels.h"
 #endif
 #include "nn/detr.h"
+#include "nn/model_io.h"
 #include "train/optim.h"
+#include "train/step_batch.h"
 #include "bench/bench_util.h"
 
 // Waits for the device's queued work, so that a step's time includes it.
@@ -38,13 +53,23 @@ static void device_sync(Device dev) {
 
 // The command line's settings.
 typedef struct {
-  const char *preset;
+  const char *preset, *weights, *batch_file;
   int size, boxes, reps, batch, height, width;
-  bool enact, profile, forward_only, vary;
+  float num_boxes;  // the loss's normaliser: the batch's boxes
+  float first_loss;  // the warm-up step's total loss (a check that both sides run the same model)
+  bool enact, profile, forward_only, vary, capture;
   Device dev;
   const char *sets[32];
   int n_sets;
 } StepArgs;
+
+// --capture: a profiler's capture on (before the first timed step) or off (after the last).
+static void capture(const StepArgs *a, bool on) {
+#if DETR_HAVE_CUDA
+  if (a->capture) cuda_profiler_capture(on);
+#endif
+  (void)a, (void)on;
+}
 
 // --device d: cpu, or cuda where this build has the backend and a device answers. 0, or the exit code.
 static int parse_device(const char *d, Device *dev) {
@@ -72,9 +97,10 @@ static int parse_device(const char *d, Device *dev) {
 static int parse_conv(const char *c) {
   ConvImpl impl = !strcmp(c, "im2col") ? CONV_IMPL_IM2COL : !strcmp(c, "onednn") ? CONV_IMPL_ONEDNN
                 : !strcmp(c, "onednn-nchw") ? CONV_IMPL_ONEDNN_PLAIN
-                : !strcmp(c, "onednn-winograd") ? CONV_IMPL_ONEDNN_WINOGRAD : CONV_IMPL_AUTO;
+                : !strcmp(c, "onednn-winograd") ? CONV_IMPL_ONEDNN_WINOGRAD
+                : !strcmp(c, "onednn-bf16") ? CONV_IMPL_ONEDNN_BF16 : CONV_IMPL_AUTO;
   if (impl == CONV_IMPL_AUTO && strcmp(c, "auto")) {
-    fprintf(stderr, "bench_step: --conv takes auto, im2col, onednn, onednn-nchw or onednn-winograd\n");
+    fprintf(stderr, "bench_step: --conv takes auto, im2col, onednn, onednn-nchw, onednn-winograd or onednn-bf16\n");
     return 2;
   }
   if (impl != CONV_IMPL_AUTO && impl != CONV_IMPL_IM2COL && !DETR_HAVE_ONEDNN) {
@@ -85,9 +111,26 @@ static int parse_conv(const char *c) {
   return 0;
 }
 
+// --precision fp32 | tf32 | bf16: the config keys tf32 and bf16. 0, or the exit code.
+static int parse_precision(const char *p, StepArgs *a) {
+  if (!strcmp(p, "fp32")) return 0;
+  if (strcmp(p, "tf32") && strcmp(p, "bf16")) {
+    fprintf(stderr, "bench_step: --precision takes fp32, tf32 or bf16\n");
+    return 2;
+  }
+  char why[256];
+  if (!strcmp(p, "bf16") && !device_bf16_supported(a->dev, why, sizeof why)) {
+    fprintf(stderr, "bench_step: --precision bf16: %s\n", why);
+    return 1;
+  }
+  a->sets[a->n_sets++] = !strcmp(p, "tf32") ? "tf32=true" : "bf16=true";
+  return 0;
+}
+
 // Reads the command line into a (the defaults where it says nothing). 0, or the exit code.
 static int parse_args(int argc, char **argv, StepArgs *a) {
-  *a = (StepArgs){.preset = "detr-r18-small", .size = 320, .boxes = 3, .reps = 5, .batch = 2, .dev = DEVICE_CPU};
+  *a = (StepArgs){.preset = "detr-r18-small", .size = 320, .boxes = 3, .reps = 5, .batch = 2, .dev = DEVICE_CPU,
+                  .first_loss = NAN};
   for (int i = 1; i < argc; i++) {
     int rc = 0;
     if (!strcmp(argv[i], "--preset") && i + 1 < argc) a->preset = argv[++i];
@@ -104,7 +147,11 @@ static int parse_args(int argc, char **argv, StepArgs *a) {
     else if (!strcmp(argv[i], "--profile")) a->profile = true;
     else if (!strcmp(argv[i], "--device") && i + 1 < argc) rc = parse_device(argv[++i], &a->dev);
     else if (!strcmp(argv[i], "--vary-size")) a->vary = true;
+    else if (!strcmp(argv[i], "--weights") && i + 1 < argc) a->weights = argv[++i];
+    else if (!strcmp(argv[i], "--batch-file") && i + 1 < argc) a->batch_file = argv[++i];
+    else if (!strcmp(argv[i], "--capture")) a->capture = true;
     else if (!strcmp(argv[i], "--conv") && i + 1 < argc) rc = parse_conv(argv[++i]);
+    else if (!strcmp(argv[i], "--precision") && i + 1 < argc && a->n_sets < 32) rc = parse_precision(argv[++i], a);
     else {
       fprintf(stderr, "bench_step: unknown argument '%s'\n", argv[i]);
       return 2;
@@ -115,6 +162,14 @@ static int parse_args(int argc, char **argv, StepArgs *a) {
   if (a->reps < 1 || a->height - (a->vary ? 8 * a->reps : 0) < 32 || a->width - (a->vary ? 12 * a->reps : 0) < 32 ||
       a->boxes < 0 || a->batch < 1 || a->batch > 64) {
     fprintf(stderr, "bench_step: need --reps >= 1, sizes >= 32, --boxes >= 0, --batch 1..64\n");
+    return 2;
+  }
+  if (a->capture && (a->dev != DEVICE_CUDA || !DETR_HAVE_CUDA)) {
+    fprintf(stderr, "bench_step: --capture needs --device cuda\n");
+    return 2;
+  }
+  if (a->batch_file && a->vary) {
+    fprintf(stderr, "bench_step: --vary-size makes its own images: not with --batch-file\n");
     return 2;
   }
   return 0;
@@ -144,11 +199,11 @@ static int make_config(const StepArgs *a, DetrConfig *cfg) {
   return 0;
 }
 
-// The fixed targets: `boxes` per image of a batch of B, as the PyTorch script's (tb [B * boxes * 4]
-// and tl [B * boxes] hold their boxes and labels).
+// The fixed targets: `boxes` per image of a batch of B (tb [B * boxes * 4] and tl [B * boxes] hold
+// their boxes and labels).
 static DetrTarget *make_targets(int B, int boxes, int num_classes, float **tb_out, int64_t **tl_out) {
-  float *tb = malloc((size_t)(B * boxes * 4) * sizeof(float));
-  int64_t *tl = malloc((size_t)(B * boxes) * sizeof(int64_t));
+  float *tb = detr_malloc((size_t)(B * boxes * 4 + 4) * sizeof(float), "target boxes");
+  int64_t *tl = detr_malloc((size_t)(B * boxes + 1) * sizeof(int64_t), "target labels");
   for (int i = 0; i < B * boxes; i++) {
     tb[4 * i + 0] = 0.2f + 0.6f * (float)((i * 37) % 11) / 10.0f;
     tb[4 * i + 1] = 0.2f + 0.6f * (float)((i * 53) % 7) / 6.0f;
@@ -156,17 +211,44 @@ static DetrTarget *make_targets(int B, int boxes, int num_classes, float **tb_ou
     tb[4 * i + 3] = 0.1f + 0.2f * (float)((i + 1) % 3) / 2.0f;
     tl[i] = (i * 13) % num_classes;
   }
-  DetrTarget *targets = malloc(sizeof(DetrTarget) * (size_t)B);
+  DetrTarget *targets = detr_malloc(sizeof(DetrTarget) * (size_t)B, "targets");
   for (int b = 0; b < B; b++) targets[b] = (DetrTarget){boxes, tb + 4 * boxes * b, tl + boxes * b};
   *tb_out = tb;
   *tl_out = tl;
   return targets;
 }
 
+// The step's inputs into in (freed with step_batch_free): the --batch-file's (its B, H, W then set
+// a's batch, height and width), else `batch` images of height x width drawn from seed 7, no
+// padding, and the fixed targets. Sets a->num_boxes. 0, or -1 with err.
+static int load_inputs(StepArgs *a, const DetrConfig *cfg, Device dev, StepBatch *in, char *err, size_t err_cap) {
+  memset(in, 0, sizeof *in);
+  if (a->batch_file) {
+    StFile *f = st_open(a->batch_file, err, err_cap);
+    if (!f) return -1;
+    int rc = step_batch_read(f, dev, cfg->num_classes, in, err, err_cap);
+    st_close(f);
+    if (rc) return -1;
+    a->batch = (int)in->B, a->height = (int)in->H, a->width = (int)in->W;
+  } else {
+    in->B = a->batch, in->H = a->height, in->W = a->width;
+    in->images = tensor_new(dev, SHAPE(in->B, 3, in->H, in->W));
+    Rng rng = rng_make(7);
+    tensor_normal_(in->images, &rng, 0.0f, 1.0f);
+    in->mask = detr_calloc((size_t)(in->B * in->H * in->W), 1, "mask");
+    in->targets = make_targets(a->batch, a->boxes, (int)cfg->num_classes, &in->boxes_storage, &in->labels_storage);
+  }
+  int64_t total = 0;
+  for (int64_t b = 0; b < in->B; b++) total += in->targets[b].n;
+  a->num_boxes = total > 1 ? (float)total : 1.0f;
+  return 0;
+}
+
 // One timed step on images: the no-grad forward alone (--forward), else forward, loss, backward,
-// clipping and AdamW. 0, or 1 with a message.
+// clipping and AdamW; *first_loss, while NaN, takes the step's total loss (a read that waits for the
+// device: only the warm-up step's). 0, or 1 with a message.
 static int step(const StepArgs *a, DetrModel *m, AdamW *opt, const CriterionConfig *ccfg, NnCtx *ctx, Tensor *images,
-                const uint8_t *mask, const DetrTarget *targets) {
+                const uint8_t *mask, const DetrTarget *targets, float *first_loss) {
   ScopeMark mark = tensor_scope_mark();
   DetrOutput out;
   CriterionResult loss;
@@ -185,10 +267,11 @@ static int step(const StepArgs *a, DetrModel *m, AdamW *opt, const CriterionConf
   }
   if (detr_model_forward(m, ctx, images, mask, &out, err, sizeof err) ||
       criterion_forward(ccfg, out.layers[out.n_layers - 1], out.layers, m->cfg.aux_loss ? out.n_layers - 1 : 0,
-                        targets, (float)(a->batch * a->boxes), NULL, &loss, err, sizeof err)) {
+                        targets, a->num_boxes, NULL, &loss, err, sizeof err)) {
     fprintf(stderr, "bench_step: %s\n", err);
     return 1;
   }
+  if (first_loss && isnan(*first_loss)) *first_loss = tensor_item(loss.total);  // the warm-up step only
   autograd_backward(loss.total);
   adamw_clip_step(opt, 0.1f);  // clipping, AdamW, gradients released
   criterion_result_free(&loss);
@@ -206,18 +289,34 @@ static void print_report(const StepArgs *a, const DetrConfig *cfg, const double 
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   AllocStats alloc = detr_alloc_stats(DEVICE_CPU);  // the tensor allocator: peak live, cached now
-  printf("{\"impl\": \"detr-c\", \"preset\": \"%s\", \"size\": %d, \"hw\": \"%dx%d\", \"batch\": %d, \"what\": \"%s\", "
-         "\"enact\": %s, \"tf32\": %s, \"gemm\": \"%s\", \"median_s\": %.4f, \"peak_rss_mb\": %.1f, \"alloc_peak_mb\": %.1f, "
-         "\"alloc_cached_mb\": %.1f, \"alloc_held_peak_mb\": %.1f, \"steps_s\": [",
-         a->preset, a->size, a->height, a->width, a->batch, a->forward_only ? "forward" : "train step",
-         a->enact ? "true" : "false", cfg->tf32 ? "true" : "false", cpu_gemm_library(), sorted[reps / 2],
+  char loss_text[32] = "null";  // --forward has no loss
+  if (!isnan(a->first_loss)) snprintf(loss_text, sizeof loss_text, "%.6g", a->first_loss);
+  printf("{\"impl\": \"detr-c\", \"preset\": \"%s\", \"decoder\": \"%s\", \"encoder_attn\": \"%s\", \"size\": %d, "
+         "\"hw\": \"%dx%d\", \"batch\": %d, \"what\": \"%s\", "
+         "\"enact\": %s, \"tf32\": %s, \"bf16\": %s, \"gemm\": \"%s\", \"median_s\": %.4f, \"peak_rss_mb\": %.1f, \"alloc_peak_mb\": %.1f, "
+         "\"alloc_cached_mb\": %.1f, \"alloc_held_peak_mb\": %.1f, \"first_loss\": %s, \"steps_s\": [",
+         a->preset, detr_decoder(cfg)->name, detr_encoder_attn(cfg)->name, a->size, a->height, a->width, a->batch,
+         a->forward_only ? "forward" : "train step",
+         a->enact ? "true" : "false", cfg->tf32 ? "true" : "false", cpu_bf16_enabled() ? "true" : "false",
+         cpu_gemm_library(), sorted[reps / 2],
          ru.ru_maxrss / 1024.0, alloc.peak_live_bytes / 1048576.0, alloc.cached_bytes / 1048576.0,
-         alloc.peak_held_bytes / 1048576.0);
+         alloc.peak_held_bytes / 1048576.0, loss_text);
   for (int r = 0; r < reps; r++) printf(r ? ", %.4f" : "%.4f", t[r]);
   printf("]");
-  if (a->dev == DEVICE_CUDA)
-    printf(", \"device\": \"cuda\", \"peak_device_mb\": %.1f",
-           (double)detr_alloc_stats(DEVICE_CUDA).peak_live_bytes / (1 << 20));
+#if DETR_HAVE_CUDA
+  if (a->dev == DEVICE_CUDA) {
+    AllocStats ds = detr_alloc_stats(DEVICE_CUDA);
+    size_t used, total;
+    char name[256];
+    cuda_device_memory(&used, &total);
+    cuda_device_name(name, sizeof name);
+    for (char *c = name; *c; c++)
+      if (*c == '"' || *c == '\\') *c = ' ';
+    printf(", \"device\": \"cuda\", \"gpu\": \"%s\", \"peak_device_mb\": %.1f, \"peak_device_held_mb\": %.1f, "
+           "\"device_used_mb\": %.1f, \"device_total_mb\": %.1f",
+           name, ds.peak_live_bytes / 1048576.0, ds.peak_held_bytes / 1048576.0, used / 1048576.0, total / 1048576.0);
+  }
+#endif
   printf("}\n");
   free(sorted);
 }
@@ -234,17 +333,18 @@ int main(int argc, char **argv) {
   cpu_flush_denormals(true);  // as `detr train` runs
   DetrModel *m = detr_model_create(&cfg, dev);
   detr_model_init(m, 1);
+  char err[4096];
+  StepBatch in;
+  if ((a.weights && params_load_file(&m->params, a.weights, err, sizeof err)) ||
+      load_inputs(&a, &cfg, dev, &in, err, sizeof err)) {
+    fprintf(stderr, "bench_step: %s\n", err);
+    return 1;
+  }
   AdamW opt;
   adamw_init(&opt, &m->params, optim_config_default());
-  // `batch` images of height x width, `boxes` targets per image (fixed, as the PyTorch script's).
-  const int B = a.batch, height = a.height, width = a.width;
-  Tensor *images = tensor_new(dev, SHAPE(B, 3, height, width));
-  Rng rng = rng_make(7);
-  tensor_normal_(images, &rng, 0.0f, 1.0f);
-  uint8_t *mask = calloc((size_t)B * (size_t)height * (size_t)width, 1);
-  float *tb;
-  int64_t *tl;
-  DetrTarget *targets = make_targets(B, a.boxes, cfg.num_classes, &tb, &tl);
+  const int height = a.height, width = a.width;
+  Tensor *images = in.images;
+  Rng rng = rng_make(8);  // --vary-size's images
   CriterionConfig ccfg = detr_criterion_config(&cfg);
   Rng drop = rng_make(3);
   NnCtx ctx = {.training = true, .dropout_rng = &drop};
@@ -255,21 +355,24 @@ int main(int argc, char **argv) {
       autograd_profile_enable(true);
     }
     if (a.vary && r >= 0) {  // step r: (height - 8 (r + 1)) x (width - 12 (r + 1)); the mask is all valid
-      tensor_release(images);
-      images = tensor_new(dev, SHAPE(B, 3, height - 8 * (r + 1), width - 12 * (r + 1)));
+      if (images != in.images) tensor_release(images);
+      images = tensor_new(dev, SHAPE(a.batch, 3, height - 8 * (r + 1), width - 12 * (r + 1)));
       tensor_normal_(images, &rng, 0.0f, 1.0f);
     }
+    if (r == 0) capture(&a, true);
     double t0 = now();
     if (a.profile) autograd_profile_mark();
-    if (step(&a, m, &opt, &ccfg, &ctx, images, mask, targets)) return 1;
+    if (step(&a, m, &opt, &ccfg, &ctx, images, in.mask, in.targets, &a.first_loss)) return 1;
     device_sync(dev);
     if (r >= 0) t[r] = now() - t0;
   }
+  capture(&a, false);
   print_report(&a, &cfg, t);
   if (a.profile) autograd_profile_report(stderr);
   adamw_free(&opt);
   detr_model_free(m);
-  tensor_release(images);
-  free(mask), free(tb), free(tl), free(t), free(targets);
+  if (images != in.images) tensor_release(images);
+  step_batch_free(&in);
+  free(t);
   return 0;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # detr-c vs PyTorch on the same DETR training step, alternating runs on this machine.
 #   bash bench/compare_torch.sh --detr-repo DIR [--preset detr-r18-small] [--size 320] [--rounds 3] [--reps 5]
-#                               [--build DIR] [--python PY ...]
+#                               [--build DIR] [--python PY ...] [--precision fp32|bf16]
 # Each round runs $build/bench/bench_step and bench/torch_step.py once each (each times --reps steps
 # after a warm-up and reports its median); the report gives the median over rounds of each, the
 # ratio detr-c / PyTorch, and each one's peak resident memory. Needs Debian's python3-torch and
@@ -9,6 +9,9 @@
 # build of bench_step: Debian's PyTorch has no CUDA, so compare with a CPU-only build
 #   cmake -S . -B build-cpu -DDETR_CUDA=OFF -DCMAKE_BUILD_TYPE=Release && cmake --build build-cpu --target bench_step
 # (a CUDA-enabled binary maps ~150 MB of CUDA libraries even when it runs on the CPU).
+# --precision bf16: detr-c's `--precision bf16` beside PyTorch's CPU autocast to bfloat16 (forward and
+# loss under torch.autocast("cpu", dtype=torch.bfloat16), as its documentation shows), both on a CPU
+# with AVX512-BF16 or AMX.
 # --python (repeatable; default /usr/bin/python3, Debian's PyTorch 1.13) adds a PyTorch: each round
 # runs every one, alternating with detr-c. PyTorch 2.x from PyPI, in a virtual environment outside
 # the repository (about 3 GB: PyPI's Linux wheels bring CUDA's libraries; they run on the CPU):
@@ -16,7 +19,7 @@
 #   bash bench/compare_torch.sh --detr-repo DIR --python /usr/bin/python3 --python ~/venvs/torch2/bin/python
 set -euo pipefail
 cd "$(dirname "$0")/.."
-repo="" preset="detr-r18-small" size=320 rounds=3 reps=5 boxes=3 build=build
+repo="" preset="detr-r18-small" size=320 rounds=3 reps=5 boxes=3 build=build precision=fp32
 pythons=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -28,6 +31,7 @@ while [ $# -gt 0 ]; do
     --boxes) boxes="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
     --python) pythons+=("$2"); shift 2 ;;
+    --precision) precision="$2"; shift 2 ;;
     *) echo "compare_torch.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -37,9 +41,10 @@ done
 out=$(mktemp)
 for r in $(seq "$rounds"); do
   for py in "${pythons[@]}"; do
-    OMP_NUM_THREADS=2 "$build/bench/bench_step" --preset "$preset" --size "$size" --boxes "$boxes" --reps "$reps" >> "$out"
+    OMP_NUM_THREADS=2 "$build/bench/bench_step" --preset "$preset" --size "$size" --boxes "$boxes" --reps "$reps" \
+      --precision "$precision" >> "$out"
     "$py" bench/torch_step.py --detr-repo "$repo" --preset "$preset" --size "$size" --boxes "$boxes" \
-      --reps "$reps" --threads 2 2> "$out.err" >> "$out" || { echo "compare_torch.sh: $py failed:" >&2; tail -5 "$out.err" >&2; exit 1; }
+      --reps "$reps" --threads 2 --precision "$precision" 2> "$out.err" >> "$out" || { echo "compare_torch.sh: $py failed:" >&2; tail -5 "$out.err" >&2; exit 1; }
   done
 done
 /usr/bin/python3 - "$out" <<'PY'
@@ -51,7 +56,8 @@ for r in rows:
 c = by.pop("detr-c")
 mc = statistics.median(r["median_s"] for r in c)
 pc = max(r["peak_rss_mb"] for r in c)
-print(f"{c[0]['preset']} {c[0]['size']}x{c[0]['size']}, batch 2, {len(rows)} runs alternating:")
+print(f"{c[0]['preset']} {c[0]['size']}x{c[0]['size']}, batch 2, {'bf16' if c[0].get('bf16') else 'fp32'}, "
+      f"{len(rows)} runs alternating:")
 print(f"  detr-c         median step {mc:.3f} s   peak RSS {pc:.0f} MB   (runs: {', '.join(str(r['median_s']) for r in c)})")
 best = None
 for impl, t in sorted(by.items()):

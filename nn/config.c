@@ -35,6 +35,7 @@ static const Field FIELDS[] = {
     F(pre_norm, FIELD_BOOL, "LayerNorm before each sublayer instead of after"),
     F(aux_loss, FIELD_BOOL, "losses on every decoder layer's output"),
     F(tf32, FIELD_BOOL, "CUDA: TF32 matmuls and convolutions"),
+    F(bf16, FIELD_BOOL, "CPU: bf16 inputs, fp32 accumulation in convolutions and GEMMs (AVX512-BF16 or AMX)"),
 };
 #define N_FIELDS (int)(sizeof FIELDS / sizeof FIELDS[0])
 

@@ -14,6 +14,7 @@ DetrModel *detr_model_create(const DetrConfig *cfg, Device dev) {
   m->cfg = *cfg;
   if (m->cfg.attn_settings.n == 0) attn_settings_default(&m->cfg.attn_settings);
   device_set_tf32(dev, cfg->tf32);  // process-wide on CUDA: the latest CUDA model's setting holds
+  device_set_bf16(dev, cfg->bf16);  // process-wide: the latest model's setting holds
   ParamStore *ps = &m->params;
   params_init(ps, dev);
   int64_t d = cfg->hidden_dim;

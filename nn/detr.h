@@ -26,6 +26,7 @@ typedef struct {
   const char *decoder_cross_attn;       // the decoder's cross-attention (a kind's static name; NULL: its default)
   AttnSettings attn_settings;           // the variants' settings (e.g. enact_sigma); n == 0: defaults
   bool tf32;               // CUDA: TF32 tensor-core matmuls and convolutions (off: fp32, CPU parity)
+  bool bf16;               // bf16 inputs, fp32 accumulation in convolutions and GEMMs (CPU: AVX512-BF16 or AMX)
 } DetrConfig;
 
 // The presets, one row each (the only list of them; their models are built in nn/presets.c):

@@ -80,3 +80,45 @@ Tensor *enact_attention(const EnactAttn *e, const MultiheadAttention *proj, cons
 // (multi-head, 1/sqrt(head_dim)); clusters are gathered into [B, Lmax, d] with a -inf key mask.
 Tensor *enact_cluster_attention(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *Kc, Tensor *Vc,
                                 const EnactRegions *r);
+
+// --- ENACT as the authors' code computes it (nn/attn_enact_official.c, `encoder_attn=enact_official`;
+// docs/enact.md, "The two forms"): GSavathrakis/ENACT, DETR-ENACT/models/ENACT_attn/enact.py, ClustAttn.
+// Per layer, on the whole padded map flattened to N = Hp*Wp (no mask anywhere):
+//   1. H = -(p + 1e-8) log2(p + 1e-8), p = softmax over all N of W_prob(k_in);
+//   2. Hsm = H convolved along the flattened sequence (zero ends) with the 6 sigma - 1 Gaussian taps;
+//   3. curvature -Hsm[i-1] + 2 Hsm[i] - Hsm[i+1] > 0 per pixel; each image's mean run length of equal
+//      sign, N / runs (float32); one cluster size c = round-half-even(mean over the batch) (no gradient);
+//   4. the sequence trimmed by (N mod c)/2 pixels at the start and the rest at the end, cut into
+//      chunks of c; K', V' = softmax(Hsm over the chunk)-weighted sums of k_in, v_in (op_enact_cluster);
+//   5. W_o(softmax(W_q(q_in) W_k(K')^T) / head_dim W_v(V')) per head: no 1/sqrt(head_dim) inside.
+// The pieces are separate so that another layer (Anchor-DETR-ENACT clusters the row and column keys)
+// can call them.
+
+// The layer's state: `<layer>.self_attn.{W_q,W_k,W_v,W_o,W_prob}.{weight,bias}` (the official names).
+typedef struct {
+  Linear w_q, w_k, w_v, w_o, w_prob;
+  int64_t heads;
+  int sigma;  // an integer: the official arange(-(3 sigma - 1), 3 sigma) is then symmetric and odd
+} EnactOfficial;
+
+// The official taps in its float32 order: (1 / (sigma sqrt(2 pi))) exp(-x^2 / (2 sigma^2)),
+// x = -(3 sigma - 1) .. 3 sigma - 1. Returns the count 6 sigma - 1 (taps has room for 64).
+int enact_official_taps(int sigma, float *taps);
+// Steps 1-2: k [B, N, d] -> Hsm [B, N] (differentiable w.r.t. W_prob and k).
+Tensor *enact_official_entropy(const Linear *w_prob, Tensor *k, int sigma);
+// Step 3 on the host: hsm [B * N] -> c (>= 1); *mean_length: the batch's mean run length before rounding.
+int64_t enact_official_cluster_size(const float *hsm, int64_t B, int64_t N, double *mean_length);
+// Step 4: k, v [B, N, d], hsm [B, N] -> K' [B, L, d] (returned) and V' (*vc), L = N / c (integer part).
+Tensor *enact_official_cluster(Tensor *k, Tensor *v, Tensor *hsm, int64_t c, Tensor **vc);
+// Step 5: q [B, N, d] over K', V' [B, L, d] -> [B, N, d].
+Tensor *enact_official_attend(const EnactOfficial *e, Tensor *q, Tensor *kc, Tensor *vc);
+
+typedef struct {
+  Tensor *entropy;       // Hsm [B, N] (scoped)
+  int64_t cluster_size;  // c
+  double mean_length;    // the mean run length c was rounded from
+} EnactOfficialTrace;
+// ClustAttn.forward(q_in, k_in, v_in): [B, N, d] each -> [B, N, d]. fixed_c > 0 uses that cluster
+// size instead of computing it (gradient checks hold it fixed). trace may be NULL.
+Tensor *enact_official_attention(const EnactOfficial *e, Tensor *q_in, Tensor *k_in, Tensor *v_in, int64_t fixed_c,
+                                 EnactOfficialTrace *trace);

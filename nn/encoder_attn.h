@@ -1,6 +1,7 @@
 // The encoder self-attention seam (docs/attention.md: the variants and their sources; docs/enact.md).
 // Every encoder layer owns DETR's projections (self_attn.in_proj_weight/in_proj_bias: the q, k, v
-// rows; self_attn.out_proj), so DETR weights load into every variant. A variant decides how the
+// rows; self_attn.out_proj), so DETR weights load into every variant, except one that brings its
+// own projections (EncoderAttnKind.own_projections: enact_official). A variant decides how the
 // queries meet the keys and values between those projections, may add parameters of its own
 // (registered after the layer's, under <layer>.self_attn.*) and settings (config keys), and reports
 // statistics for the logs and arrays for `detr step` through an AttnTrace.
@@ -86,7 +87,7 @@ double attn_setting(const AttnSettings *s, const char *key);  // aborts on a key
 
 // What the variant's forward gets. q_in = k_in = x + pos, v_in = x (DETR's encoder).
 typedef struct {
-  const MultiheadAttention *proj;  // the layer's in_proj (q, k, v rows) and out_proj
+  const MultiheadAttention *proj;  // the layer's in_proj (q, k, v rows) and out_proj; NULL with own_projections
   Tensor *x, *pos;                 // [B, N, d]
   const FeatureGeometry *geom;
 } EncoderAttnInput;
@@ -98,6 +99,14 @@ typedef struct {
   int n_settings;
   size_t extras_size;  // bytes of the per-layer state (0: none)
   bool clusters;       // its trace reports AttnTrace.clusters (`detr predict --show clusters`)
+  // The variant registers its own q, k, v and output projections in create (under its reference's
+  // names), and the layer registers none of DETR's (no self_attn.in_proj_*/out_proj; in->proj is
+  // NULL): its reference's weights load, DETR's do not. Its parameters are then required in a
+  // weights file, not optional. (enact_official: ClustAttn's W_q, W_k, W_v, W_o.)
+  bool own_projections;
+  // Padded pixels take part, as in the variant's reference (no mask): their values change the
+  // valid pixels' outputs (enact_official). Every other variant ignores them.
+  bool attends_padding;
   // Registers the variant's own parameters under `prefix` (= "<layer>.self_attn") and reads its
   // settings into extras. May be NULL.
   void (*create)(void *extras, ParamStore *ps, const char *prefix, int64_t dim, int64_t heads,

@@ -14,13 +14,15 @@ static Tensor *with_pos(Tensor *x, Tensor *pos) { return pos ? op_add(x, pos) : 
 
 EncoderLayer encoder_layer_create(ParamStore *ps, const char *prefix, TransformerShape s, const EncoderAttnKind *attn,
                                   const AttnSettings *settings) {
-  EncoderLayer l = {.self_attn = attention(ps, prefix, "self_attn", s),
+  attn = attn ? attn : encoder_attn_default();
+  EncoderLayer l = {.self_attn = attn->own_projections ? (MultiheadAttention){.dim = s.dim, .heads = s.heads}
+                                                       : attention(ps, prefix, "self_attn", s),
                     .linear1 = linear_create_named(ps, prefix, "linear1", s.dim, s.ffn_dim),
                     .linear2 = linear_create_named(ps, prefix, "linear2", s.ffn_dim, s.dim),
                     .norm1 = layernorm_create_named(ps, prefix, "norm1", s.dim),
                     .norm2 = layernorm_create_named(ps, prefix, "norm2", s.dim),
                     .s = s,
-                    .attn = attn ? attn : encoder_attn_default()};
+                    .attn = attn};
   if (l.attn->extras_size) {
     l.attn_extras = detr_calloc(1, l.attn->extras_size, "encoder_layer_create attn_extras");
   }
@@ -29,7 +31,9 @@ EncoderLayer encoder_layer_create(ParamStore *ps, const char *prefix, Transforme
     param_name_join(full, sizeof full, prefix, "self_attn");
     int before = ps->count;
     l.attn->create(l.attn_extras, ps, full, s.dim, s.heads, settings);
-    for (int i = before; i < ps->count; i++) ps->items[i].optional = true;  // absent from DETR weights
+    // Absent from DETR weights; a variant with its own projections needs its weights.
+    if (!attn->own_projections)
+      for (int i = before; i < ps->count; i++) ps->items[i].optional = true;
   }
   return l;
 }
@@ -58,7 +62,7 @@ Tensor *encoder_layer_attn_input(const EncoderLayer *l, Tensor *src) {
 
 Tensor *encoder_layer_forward(const EncoderLayer *l, const NnCtx *ctx, Tensor *src, Tensor *pos,
                               const FeatureGeometry *g, AttnTrace *trace, char *err, size_t err_cap) {
-  EncoderAttnInput in = {.proj = &l->self_attn, .x = encoder_layer_attn_input(l, src), .pos = pos, .geom = g};
+  EncoderAttnInput in = {.proj = l->attn->own_projections ? NULL : &l->self_attn, .x = encoder_layer_attn_input(l, src), .pos = pos, .geom = g};
   Tensor *attn = l->attn->forward(l->attn_extras, ctx, &in, trace, err, err_cap);
   return attn ? encoder_layer_finish(l, ctx, src, attn) : NULL;
 }
@@ -112,7 +116,7 @@ static void init_ffn(Linear *l, Rng *rng) {
 }
 
 void encoder_layer_init(EncoderLayer *l, Rng *rng) {
-  init_mha(&l->self_attn, rng);
+  if (!l->attn->own_projections) init_mha(&l->self_attn, rng);
   init_ffn(&l->linear1, rng);
   init_ffn(&l->linear2, rng);
   if (l->attn->init) l->attn->init(l->attn_extras, rng);

@@ -11,7 +11,8 @@ typedef struct {
 } TransformerShape;
 
 typedef struct {
-  MultiheadAttention self_attn;  // DETR's projections, used by every attention variant
+  MultiheadAttention self_attn;  // DETR's projections, used by every attention variant (tensors NULL when
+                                // the variant has its own: EncoderAttnKind.own_projections)
   Linear linear1, linear2;
   LayerNorm norm1, norm2;
   TransformerShape s;

@@ -1,6 +1,7 @@
 #include "tensor/tensor.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -325,4 +326,24 @@ void device_set_tf32(Device dev, bool on) {
   if (dev == DEVICE_CUDA) cuda_set_tf32(on);
 #endif
   (void)dev, (void)on;
+}
+
+bool device_bf16_supported(Device dev, char *why, size_t why_cap) {
+  if (dev == DEVICE_CUDA) {
+    snprintf(why, why_cap, "bf16 on CUDA is not built yet (tf32=true gives the tensor cores' TF32)");
+    return false;
+  }
+  return cpu_bf16_supported(why, why_cap);
+}
+
+bool device_set_bf16(Device dev, bool on) {
+  char why[256];
+  if (on && !device_bf16_supported(dev, why, sizeof why)) {
+    static bool warned = false;
+    if (!warned) fprintf(stderr, "detr: bf16 asked for, running fp32: %s\n", why);
+    warned = true;
+    on = false;
+  }
+  if (dev == DEVICE_CPU) cpu_set_bf16(on);
+  return on;
 }

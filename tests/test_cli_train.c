@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "tensor/safetensors.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "tests/shell.h"
 
 #ifndef DETR_BIN
@@ -193,11 +194,43 @@ START_TEST(pretrain_then_init_backbone) {
 }
 END_TEST
 
+// --precision: bf16 where the CPU has it (the run's config keeps it, so a resumed run goes on in
+// bf16 and repeats the straight run's losses; it may also be resumed in fp32), a clear refusal where
+// it has not; an unknown precision is a usage error.
+START_TEST(precision_flag) {
+  setup_data();
+  char log[256];
+  snprintf(log, sizeof log, "%s/log.txt", test_root);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/p0 --precision fp16 %s", DETR_BIN, test_root, test_root,
+                      TRAIN_FLAGS), 2);
+  ck_assert_int_eq(sh("grep -q 'expected fp32, tf32 or bf16' %s", log), 0);
+  char why[256];
+  if (!cpu_bf16_supported(why, sizeof why)) {
+    ck_assert_int_eq(sh("%s train --data %s/data --out %s/p1 --precision bf16 %s", DETR_BIN, test_root, test_root,
+                        TRAIN_FLAGS), 2);
+    ck_assert_int_eq(sh("grep -q 'AVX512-BF16' %s", log), 0);
+    return;
+  }
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/bf_straight --max-steps 6 --precision bf16 %s", DETR_BIN,
+                      test_root, test_root, TRAIN_FLAGS), 0);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/bf_stopped --max-steps 4 --precision bf16 %s", DETR_BIN,
+                      test_root, test_root, TRAIN_FLAGS), 0);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/bf_stopped --max-steps 6 --resume auto %s", DETR_BIN, test_root,
+                      test_root, TRAIN_FLAGS), 0);
+  same_losses("bf_straight", "bf_stopped", 6);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/bf_stopped --max-steps 8 --resume auto --precision fp32 %s",
+                      DETR_BIN, test_root, test_root, TRAIN_FLAGS), 0);
+  ck_assert_int_eq(sh("%s eval --data %s/data --checkpoint %s/bf_stopped/ckpt-8.safetensors --precision bf16 --threads 2",
+                      DETR_BIN, test_root, test_root), 0);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("cli_train");
   TCase *tc = tcase_create("cli_train");
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, resume_is_exact);
+  tcase_add_test(tc, precision_flag);
   tcase_add_test(tc, clear_failures);
   tcase_add_test(tc, pretrain_then_init_backbone);
   suite_add_tcase(s, tc);

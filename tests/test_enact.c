@@ -174,6 +174,43 @@ START_TEST(matches_dense_implementation) {
 END_TEST
 
 // DETR weights (no W_prob) load into DETR+ENACT; everything else must still match strictly.
+// The official form's pieces (nn/attn_enact_official.c): its taps, its cluster size (a run is a
+// maximal stretch of equal sign of conv1d(Hsm, [-1, 2, -1]) > 0 over the whole flattened map; each
+// image's mean run length N / runs in float32; the batch's mean rounded half to even, as Python's
+// round) and its chunks (N mod c pixels trimmed, half at the start).
+START_TEST(official_form_pieces) {
+  float taps[64];
+  ck_assert_int_eq(enact_official_taps(3, taps), 17);
+  for (int x = -8; x <= 8; x++) {
+    double want = exp(-(double)(x * x) / 18.0) / (3.0 * sqrt(2.0 * M_PI));
+    ck_assert_msg(fabs(taps[x + 8] - want) < 5e-7 * want, "tap %d: %g, expected %g", x, taps[x + 8], want);
+    ck_assert(taps[x + 8] == taps[8 - x]);
+  }
+  // A spike is the one positive curvature; a spike at the end leaves 2 runs.
+  float end5[5] = {0, 0, 0, 0, 1}, end7[7] = {0, 0, 0, 0, 0, 0, 1}, two[24] = {0};
+  double mean;
+  ck_assert_int_eq(enact_official_cluster_size(end5, 1, 5, &mean), 2);  // 2.5 -> 2 (half to even, not 3)
+  ck_assert_double_eq(mean, 2.5);
+  ck_assert_int_eq(enact_official_cluster_size(end7, 1, 7, &mean), 4);  // 3.5 -> 4
+  two[5] = 1;                 // image 0: runs F T F: 12 / 3 = 4
+  two[12 + 3] = two[12 + 8] = 1;  // image 1: 5 runs: 2.4
+  ck_assert_int_eq(enact_official_cluster_size(two, 2, 12, &mean), 3);
+  ck_assert_double_eq_tol(mean, (4.0 + (double)(12.0f / 5.0f)) / 2.0, 1e-15);
+  // Chunks of 3 over N = 11: pixel 0 and pixel 10 trimmed; equal entropies give each chunk's mean.
+  Tensor *k = tensor_zeros(DEVICE_CPU, SHAPE(1, 11, 1)), *h = tensor_zeros(DEVICE_CPU, SHAPE(1, 11));
+  for (int i = 0; i < 11; i++) k->data[i] = (float)i;
+  ScopeMark mark = tensor_scope_mark();
+  Tensor *vc = NULL, *kc = enact_official_cluster(k, k, h, 3, &vc);
+  ck_assert_int_eq(kc->shape.d[1], 3);
+  for (int j = 0; j < 3; j++) {
+    ck_assert_float_eq_tol(kc->data[j], (float)(3 * j + 2), 1e-6f);
+    ck_assert_float_eq_tol(vc->data[j], (float)(3 * j + 2), 1e-6f);
+  }
+  tensor_scope_release(mark);
+  tensor_release(k), tensor_release(h);
+}
+END_TEST
+
 START_TEST(detr_weights_load_into_enact) {
   DetrConfig cfg;
   ck_assert_int_eq(detr_config_preset("tiny", &cfg), 0);
@@ -216,6 +253,7 @@ int main(void) {
   tcase_add_test(tc, erratum_in_eq3);
   tcase_add_test(tc, matches_dense_implementation);
   tcase_add_test(tc, detr_weights_load_into_enact);
+  tcase_add_test(tc, official_form_pieces);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

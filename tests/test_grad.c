@@ -1066,6 +1066,8 @@ static void check_variant(const char *name) {
   TransformerShape s = {.dim = 8, .heads = 2, .ffn_dim = 12, .dropout = 0.1f};
   AttnSettings settings;
   attn_settings_default(&settings);
+  char serr[128];  // enact_official: sigma 1 (5 taps), so that a 12-pixel map has more than one run
+  ck_assert_int_eq(attn_settings_set(&settings, "enact_official_sigma", "1", serr, sizeof serr), 1);
   ParamStore ps;
   params_init(&ps, DEVICE_CPU);
   VariantCtx c = {.pos = test_uniform(SHAPE(2, 12, 8), -1, 1, 470, false)};
@@ -1081,6 +1083,17 @@ static void check_variant(const char *name) {
   for (int i = 12; i < 24; i++) pad[i] = (i - 12) / 4 >= 2 || (i - 12) % 4 >= 3;
   feature_geometry_make(pad, 2, 3, 4, DEVICE_CPU, &c.geom);
   Tensor *in[40] = {U(SHAPE(2, 12, 8), 472)};
+  if (c.layer.attn->own_projections) {  // enact_official: chunks of 2+ pixels, 2+ per image (the weights matter)
+    ScopeMark mark = tensor_scope_mark();
+    AttnTrace t;
+    char err[128];
+    ck_assert_msg(encoder_layer_forward(&c.layer, &EVAL_CTX, in[0], c.pos, &c.geom, &t, err, sizeof err), "%s", err);
+    ck_assert_int_eq(t.n_exports, 2);
+    int64_t size = t.exports[1].i64[0];
+    ck_assert_msg(size >= 2 && 12 / size >= 2, "%s: cluster size %lld", name, (long long)size);
+    attn_trace_free(&t);
+    tensor_scope_release(mark);
+  }
   int n = block_inputs(in, 1, &ps);
   GradTol tol = {.eps = 1e-3, .atol = 3e-3, .rtol = 1e-2};
   char what[64];
@@ -1254,6 +1267,10 @@ START_TEST(grad_attn_focused) { check_variant("focused"); }
 END_TEST
 START_TEST(grad_attn_sra) { check_variant("sra"); }
 END_TEST
+// The official ENACT (nn/attn_enact_official.c): its cluster size is piecewise constant in the input;
+// at these inputs it does not change within a difference step (check_variant would fail if it did).
+START_TEST(grad_attn_enact_official) { check_variant("enact_official"); }
+END_TEST
 
 // --- Conditional DETR's decoder (nn/decoder_conditional.c): two layers, every parameter, the
 // memory and the queries, two images of different sizes (padding); the output holds both layers'
@@ -1333,6 +1350,7 @@ static int grad_suites(GradSuite *out) {
     {"encoder_attn.dense", grad_attn_dense}, {"encoder_attn.enact", grad_enact_layer},
     {"encoder_attn.efficient", grad_attn_efficient}, {"encoder_attn.hydra", grad_attn_hydra},
     {"encoder_attn.focused", grad_attn_focused}, {"encoder_attn.sra", grad_attn_sra},
+    {"encoder_attn.enact_official", grad_attn_enact_official},
     {"cluster_argmax", grad_cluster_argmax}, {"kmeans_cross_attn", grad_kmeans_cross_attn},
     {"decoder.conditional", grad_decoder_conditional},
   };

@@ -5,6 +5,7 @@
 #   bash tools/gpu_check.sh [--out DIR] [--build DIR] [--bundle DIR] [--use-bundle] [--jobs N]
 #                           [--arch SM] [--budget SECONDS] [--no-sanitizer] [--no-werror]
 #                           [--only REGEX]   (the build, then only the steps whose names match)
+#                           [--build-only] [--targets "T ..."]   (configure and build, those targets only; no GPU needed)
 #
 # 1. builds for the GPU it finds (nvidia-smi's compute capability; without one, for DETR_CUDA_ARCHS'
 #    default 80;90), against the system's packages or, when the system lacks them (a bare, offline
@@ -39,6 +40,8 @@ budget=570
 sanitizer=1
 werror=ON
 only=""
+build_only=0
+targets=""
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift 2 ;;
@@ -51,7 +54,9 @@ while [ $# -gt 0 ]; do
     --no-sanitizer) sanitizer=0; shift ;;
     --no-werror) werror=OFF; shift ;;
     --only) only=$2; shift 2 ;;  # a host compiler newer than ours may warn where ours did not
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    --build-only) build_only=1; shift ;;  # tools/gpu_bench.sh builds this way
+    --targets) targets=$2; shift 2 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -274,13 +279,14 @@ if [[ " ${cmake_args[*]} " == *DETR_DEPS_PREFIX* ]]; then
     row hermetic PASS 0 "every dependency from the bundle's prefix (CMakeCache.txt)"
   fi
 fi
-check build 420 cmake --build "$build" -j "$jobs"
+check build 420 cmake --build "$build" -j "$jobs" ${targets:+--target $targets}
 [ "$step_rc" = 0 ] || exit 2
 detail "## Build
 
 \`cmake ${cmake_args[*]}\`, then \`cmake --build -j $jobs\`. Dependencies as configured (CMakeCache.txt):
 
 $(sed 's/^/    /' <<<"$deps_used")"
+[ "$build_only" = 1 ] && exit 0
 detr=$build/detr
 cmp=$build/tests/step_compare
 

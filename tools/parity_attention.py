@@ -387,7 +387,9 @@ def run_variant(args, variant, padding, size):
     notes += parity_step.drop_zero_gradients(ours, ref32, ref64, args.tol)
     title = (f"parity encoder_attn={variant} decoder={decoder} {args.preset} {size[0]}x{size[1]} padding={padding} "
              f"(torch {torch.__version__}, {args.threads} threads; files in {work})")
-    ok, groups = parity_step.compare(ours, ref32, ref64, indices, args.tol, title)
+    ok, groups = parity_step.compare(ours, ref32, ref64, indices, args.tol, title,
+                                     lambda: parity_step.reference_spread(model, criterion, weight_dict, images, mask,
+                                                                          targets, ref32, indices))
     for line in notes:
         print(line)
     return ok, groups

@@ -67,6 +67,7 @@ int cmd_eval(int argc, char **argv) {
   const char *checkpoint = NULL, *weights = NULL, *config = SETUP_DEFAULT_PRESET, *data = NULL, *split = "val",
              *results = NULL, *json = NULL, *device = "cpu", *bad_input = "fail";
   CliList sets = {0};
+  const char *precision = NULL;
   bool enact = false, other_categories = false;
   long long image_size = -1, max_size = -1, pad_multiple = -1, batch = -1, workers = 2;
   int threads = 0;
@@ -77,6 +78,7 @@ int cmd_eval(int argc, char **argv) {
        "model preset (" DETR_PRESET_LIST ") or key=value file, with --weights (default " SETUP_DEFAULT_PRESET ")"},
       {"set", FLAG_LIST, &sets, "override one config field, with --weights"},
       {"enact", FLAG_BOOL, &enact, SETUP_ENACT_HELP},
+      {"precision", FLAG_STRING, &precision, SETUP_PRECISION_HELP},
       {"data", FLAG_STRING, &data, "dataset root (annotations/instances_<split>.json and <split>/)"},
       {"split", FLAG_STRING, &split, "split name (default val)"},
       {"results", FLAG_STRING, &results, "write the detections as a COCO results JSON"},
@@ -104,7 +106,7 @@ int cmd_eval(int argc, char **argv) {
             "--pad-multiple 1..256 (see detr eval --help)\n");
     return 2;
   }
-  if (setup_device(device, &dev, err, sizeof err)) {
+  if (setup_device(device, &dev, err, sizeof err) || setup_precision(precision, dev, &sets, err, sizeof err)) {
     fprintf(stderr, "detr eval: %s\n", err);
     return 2;
   }

@@ -293,7 +293,7 @@ static int save_json(const char *path, const ImageResult *res, int n, char *err,
 // --- the verb ------------------------------------------------------------------------------------
 
 typedef struct {
-  const char *checkpoint, *weights, *config, *out_dir, *names_path, *device, *json_path, *bad_input;
+  const char *checkpoint, *weights, *config, *out_dir, *names_path, *device, *json_path, *bad_input, *precision;
   CliList sets, show;
   unsigned outputs;          // DETR_OUTPUT_* of --show
   bool enact;
@@ -325,6 +325,7 @@ static int parse_args(int argc, char **argv, PredictArgs *a) {
        "with --weights: preset (" DETR_PRESET_LIST ") or key=value file (default " SETUP_DEFAULT_PRESET ")"},
       {"set", FLAG_LIST, &a->sets, "override one model config field, e.g. --set enact_sigma=2"},
       {"enact", FLAG_BOOL, &a->enact, SETUP_ENACT_HELP},
+      {"precision", FLAG_STRING, &a->precision, SETUP_PRECISION_HELP},
       {"out", FLAG_STRING, &a->out_dir, "output folder (created): predictions.json and the pictures"},
       {"threshold", FLAG_FLOAT, &a->threshold,
        "keep detections with score >= this (default 0.5, or 0.3 for a sigmoid class head such as Conditional "
@@ -373,13 +374,15 @@ static int parse_args(int argc, char **argv, PredictArgs *a) {
 static int open_model(const PredictArgs *a, detr_model **model) {
   char err[4096];
   Device dev;
-  if (setup_device(a->device, &dev, err, sizeof err)) {  // binds this rank's GPU under mpirun
+  CliList sets = a->sets;  // with --precision's keys
+  if (setup_device(a->device, &dev, err, sizeof err) ||  // binds this rank's GPU under mpirun
+      setup_precision(a->precision, dev, &sets, err, sizeof err)) {
     fprintf(stderr, "detr predict: %s\n", err);
     return 2;
   }
   const char *all_sets[CLI_MAX_LIST + 2];
   int n_sets = 0;
-  for (int i = 0; i < a->sets.count; i++) all_sets[n_sets++] = a->sets.items[i];
+  for (int i = 0; i < sets.count; i++) all_sets[n_sets++] = sets.items[i];
   if (a->enact) all_sets[n_sets++] = "encoder_attn=enact";  // the --enact shortcut, last
   all_sets[n_sets] = NULL;
   detr_options opt = detr_options_default();

@@ -111,7 +111,9 @@ static int read_init(const TrainOptions *o, CheckpointInfo *ci, bool *is_checkpo
 // compared by key: " key=A in the checkpoint, key=B here;" each.
 static size_t config_differences(const DetrConfig *here, const DetrConfig *checkpoint, char *out, size_t cap) {
   char mine[4096], theirs[4096];
-  detr_config_format(here, mine, sizeof mine);
+  DetrConfig same_math = *here;  // the precision says how the model is computed, not which: it may change
+  same_math.tf32 = checkpoint->tf32, same_math.bf16 = checkpoint->bf16;
+  detr_config_format(&same_math, mine, sizeof mine);
   detr_config_format(checkpoint, theirs, sizeof theirs);
   size_t n = 0;
   out[0] = 0;
@@ -151,6 +153,14 @@ static int model_config(TrainOptions *o, const char *config, const CliList *sets
   setup_enact_shortcut(&o->model, enact);
   if (o->optim.lr_backbone == 0) o->model.train_backbone = false;  // as the reference: lr_backbone 0 freezes it
   if (o->resume) {  // a resumed run is its checkpoint's model: --config/--set may only restate it
+    // ... and goes on in its precision unless --precision or --set says otherwise.
+    bool tf32_set = false, bf16_set = false;
+    for (int i = 0; i < sets->count; i++) {
+      tf32_set |= !strncmp(sets->items[i], "tf32=", 5);
+      bf16_set |= !strncmp(sets->items[i], "bf16=", 5);
+    }
+    if (!tf32_set) o->model.tf32 = ci->cfg.tf32;
+    if (!bf16_set) o->model.bf16 = ci->cfg.bf16;
     char diff[2048];
     if (config_differences(&o->model, &ci->cfg, diff, sizeof diff)) {
       snprintf(err, err_cap, "%s is a run of another model config:%s resume it without --config/--set (its config is "
@@ -170,14 +180,17 @@ static int model_config(TrainOptions *o, const char *config, const CliList *sets
 // or, when resuming, the checkpoint's training command; the learning rates' constraints.
 // ci: the resumed checkpoint's info, or the --init checkpoint's (fine-tuning), or NULL.
 static int resolve(TrainOptions *o, const char *config, const CliList *sets, bool enact, const char *device,
-                   const char *bad_input, int *image_size_io, int *max_size_io, bool augment, const CheckpointInfo *ci) {
+                   const char *precision, const char *bad_input, int *image_size_io, int *max_size_io, bool augment,
+                   const CheckpointInfo *ci) {
   int image_size = *image_size_io, max_size = *max_size_io;
   char err[4096];
-  if (setup_device(device, &o->device, err, sizeof err)) {
+  CliList all_sets = *sets;  // with --precision's keys last
+  if (setup_device(device, &o->device, err, sizeof err) ||
+      setup_precision(precision, o->device, &all_sets, err, sizeof err)) {
     fprintf(stderr, "detr train: %s\n", err);
     return 2;
   }
-  if (model_config(o, config, sets, enact, ci, err, sizeof err)) {
+  if (model_config(o, config, &all_sets, enact, ci, err, sizeof err)) {
     fprintf(stderr, "detr train: %s\n", err);
     return o->resume ? 1 : 2;
   }
@@ -221,7 +234,7 @@ static int resolve(TrainOptions *o, const char *config, const CliList *sets, boo
 
 // The settings of detr train's flags that resolve() turns into TrainOptions.
 typedef struct {
-  const char *config, *device, *bad_input;
+  const char *config, *device, *bad_input, *precision;
   CliList sets;
   bool enact, no_progress, no_augment;
   int image_size, max_size;
@@ -245,7 +258,7 @@ static int resolve_and_train(TrainOptions *o, TrainFlags *f, int argc, char **ar
     checkpoint_info_free(&ci);
     return 1;
   }
-  int rc = resolve(o, f->config, &f->sets, f->enact, f->device, f->bad_input, &f->image_size, &f->max_size,
+  int rc = resolve(o, f->config, &f->sets, f->enact, f->device, f->precision, f->bad_input, &f->image_size, &f->max_size,
                    !f->no_augment, o->resume ? &ci : init_is_checkpoint ? &init_ci : NULL);
   if (rc == 0) {
     o->progress = !f->no_progress;
@@ -270,6 +283,7 @@ int cmd_train(int argc, char **argv) {
        SETUP_DEFAULT_PRESET "; resuming: the checkpoint's)"},
       {"set", FLAG_LIST, &f.sets, "override one model config field, e.g. --set num_queries=20"},
       {"enact", FLAG_BOOL, &f.enact, SETUP_ENACT_HELP},
+      {"precision", FLAG_STRING, &f.precision, SETUP_PRECISION_HELP},
       {"out", FLAG_STRING, &o.out_dir, "run directory (default runs/detr)"},
       {"epochs", FLAG_I32, &o.epochs, "epochs (default 300 for detr-r50, 50 for the small presets)", 1, 100000},
       {"batch", FLAG_I32, &o.batch_size, "images per batch (default 2; resuming: the run's)", 1, 64},

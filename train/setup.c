@@ -66,6 +66,27 @@ void setup_enact_shortcut(DetrConfig *cfg, bool enact) {
   if (enact) cfg->encoder_attn = encoder_attn_find("enact");
 }
 
+int setup_precision(const char *precision, Device dev, CliList *sets, char *err, size_t err_cap) {
+  if (!precision) return 0;
+  bool tf32 = !strcmp(precision, "tf32"), bf16 = !strcmp(precision, "bf16");
+  if (!tf32 && !bf16 && strcmp(precision, "fp32")) {
+    snprintf(err, err_cap, "--precision %s: expected fp32, tf32 or bf16", precision);
+    return -1;
+  }
+  char why[256];
+  if (bf16 && !device_bf16_supported(dev, why, sizeof why)) {
+    snprintf(err, err_cap, "--precision bf16: %s; use --precision fp32", why);
+    return -1;
+  }
+  if (sets->count + 2 > CLI_MAX_LIST) {
+    snprintf(err, err_cap, "--precision: too many --set flags (at most %d in all)", CLI_MAX_LIST - 2);
+    return -1;
+  }
+  sets->items[sets->count++] = tf32 ? "tf32=true" : "tf32=false";
+  sets->items[sets->count++] = bf16 ? "bf16=true" : "bf16=false";
+  return 0;
+}
+
 int setup_load_model(const char *checkpoint, const char *weights, const char *config, const CliList *sets, bool enact,
                      Device dev, DetrModel **out, CheckpointInfo *info, char *err, size_t err_cap) {
   // --enact: a last override (setup_enact_shortcut's effect, in model_file_load's terms).

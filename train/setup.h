@@ -19,6 +19,14 @@ int setup_apply_sets(DetrConfig *cfg, const CliList *sets, char *err, size_t err
 // The --enact flag of every verb that builds a model: a shortcut for --set encoder_attn=enact.
 #define SETUP_ENACT_HELP "ENACT clustering in the encoder (same as --set encoder_attn=enact)"
 void setup_enact_shortcut(DetrConfig *cfg, bool enact);
+
+// --precision fp32 | tf32 | bf16 of every verb that builds a model: the config keys tf32 and bf16,
+// appended to sets (after the user's --set, so it has the last word; NULL precision: nothing, the
+// model's own keys hold). bf16 on a device that cannot run it at speed is an error naming why.
+#define SETUP_PRECISION_HELP                                                                          \
+  "fp32 (default), tf32 (CUDA tensor cores) or bf16 (bf16 inputs, fp32 accumulation in convolutions " \
+  "and GEMMs: CPUs with AVX512-BF16 or AMX; a checkpoint keeps fp32 weights)"
+int setup_precision(const char *precision, Device dev, CliList *sets, char *err, size_t err_cap);
 // A dataset split: ann = DIR/annotations/instances_<split>.json, or .json.gz when only that
 // exists; img = DIR/<split>.
 void setup_split_paths(const char *data_dir, const char *split, char *ann, size_t ann_cap, char *img, size_t img_cap);

@@ -293,6 +293,8 @@ static ConvImpl forced_impl = CONV_IMPL_AUTO;
 void cpu_conv2d_set_impl(ConvImpl impl) {
   DETR_CHECK(impl == CONV_IMPL_AUTO || impl == CONV_IMPL_IM2COL || DETR_HAVE_ONEDNN,
              "conv2d: this build has no oneDNN");
+  char why[256];
+  DETR_CHECK(impl != CONV_IMPL_ONEDNN_BF16 || cpu_bf16_supported(why, sizeof why), "conv2d: bf16: %s", why);
   forced_impl = impl;
 }
 
@@ -347,14 +349,16 @@ ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
       int64_t floats = onednn_conv2d_winograd_workspace_floats(g, pass);
       if (floats >= 0 && (pass == CONV_PASS_FWD || floats * (int64_t)sizeof(float) <= WINOGRAD_BACKWARD_MAX_BYTES))
         return CONV_IMPL_ONEDNN_WINOGRAD;
-      return CONV_IMPL_ONEDNN;
+      return cpu_bf16_enabled() ? CONV_IMPL_ONEDNN_BF16 : CONV_IMPL_ONEDNN;
     }
+    if (cpu_bf16_enabled()) return CONV_IMPL_ONEDNN_BF16;
     if (pass == CONV_PASS_BWD_DATA && one) return CONV_IMPL_IM2COL;
     if (pass == CONV_PASS_BWD_WEIGHTS && one && g->in_ch >= 256) return CONV_IMPL_IM2COL;
     if (pass == CONV_PASS_BWD_WEIGHTS && !one && g->stride_h > 1 && g->in_ch >= 64 && out_spatial >= 400)
       return CONV_IMPL_IM2COL;
     return CONV_IMPL_ONEDNN;
   }
+  if (cpu_bf16_enabled()) return CONV_IMPL_ONEDNN_BF16;
   if (g->kh * g->kw > 1) {
     if (pass == CONV_PASS_BWD_DATA && g->in_ch < 16) return CONV_IMPL_IM2COL;
     if (pass == CONV_PASS_BWD_WEIGHTS && g->in_ch >= 256 && out_spatial < 400) return CONV_IMPL_IM2COL;

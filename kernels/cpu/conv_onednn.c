@@ -118,8 +118,24 @@ static void onednn_init(void) {
   DNNL_CHECK(dnnl_stream_create(&stream, engine, dnnl_stream_default_flags));
 }
 
+static void md_init_type(dnnl_memory_desc_t *md, int ndims, const dnnl_dims_t dims, dnnl_data_type_t type,
+                         dnnl_format_tag_t tag) {
+  DNNL_CHECK(dnnl_memory_desc_init_by_tag(md, ndims, dims, type, tag));
+}
 static void md_init(dnnl_memory_desc_t *md, int ndims, const dnnl_dims_t dims, dnnl_format_tag_t tag) {
-  DNNL_CHECK(dnnl_memory_desc_init_by_tag(md, ndims, dims, dnnl_f32, tag));
+  md_init_type(md, ndims, dims, dnnl_f32, tag);
+}
+
+// The data types of x, w and y in a pass: fp32, or for CONV_IMPL_ONEDNN_BF16 the pass's inputs in
+// bf16 (converted by their reorders) and its output in fp32 (the accumulation's precision), as
+// oneDNN's bf16 convolutions allow: forward x, w -> y; backward-data dy, w -> dx; backward-weights
+// x, dy -> dw.
+static void pass_types(ConvImpl impl, ConvPass pass, dnnl_data_type_t t[3]) {
+  t[0] = t[1] = t[2] = dnnl_f32;
+  if (impl != CONV_IMPL_ONEDNN_BF16) return;
+  static const int output[3] = {[CONV_PASS_FWD] = 2, [CONV_PASS_BWD_DATA] = 0, [CONV_PASS_BWD_WEIGHTS] = 1};
+  for (int i = 0; i < 3; i++)
+    if (i != output[pass]) t[i] = dnnl_bf16;
 }
 
 static dnnl_memory_t mem_wrap(const dnnl_memory_desc_t *md, void *data) {
@@ -274,10 +290,15 @@ static dnnl_primitive_desc_t direct_pd_create(const ConvGeom *g, ConvPass pass, 
   conv_dims(g, xd, wd, yd);
   bool blocked = impl != CONV_IMPL_ONEDNN_PLAIN;
   dnnl_format_tag_t act = g->channels_last ? dnnl_nhwc : dnnl_nchw;  // dims stay in nchw order
+  dnnl_format_tag_t xy_tag = blocked && !g->channels_last ? dnnl_format_tag_any : act;
+  dnnl_format_tag_t w_tag = blocked ? dnnl_format_tag_any : dnnl_oihw;
+  dnnl_data_type_t t[3], tf[3];  // this pass's types and the forward's
+  pass_types(impl, pass, t);
+  pass_types(impl, CONV_PASS_FWD, tf);
   dnnl_memory_desc_t xa, wa, ya;
-  md_init(&xa, 4, xd, blocked && !g->channels_last ? dnnl_format_tag_any : act);
-  md_init(&wa, 4, wd, blocked ? dnnl_format_tag_any : dnnl_oihw);
-  md_init(&ya, 4, yd, blocked && !g->channels_last ? dnnl_format_tag_any : act);
+  md_init_type(&xa, 4, xd, tf[0], xy_tag);
+  md_init_type(&wa, 4, wd, tf[1], w_tag);
+  md_init_type(&ya, 4, yd, tf[2], xy_tag);
   // The backward passes need the forward's descriptor as a hint (the layouts it chose).
   dnnl_convolution_desc_t d;
   dnnl_primitive_desc_t fwd = NULL, pd = NULL;
@@ -286,6 +307,9 @@ static dnnl_primitive_desc_t direct_pd_create(const ConvGeom *g, ConvPass pass, 
     fwd = forward_pd_create(&d, attr, g);
   }
   if (pass == CONV_PASS_FWD) return fwd;
+  md_init_type(&xa, 4, xd, t[0], xy_tag);
+  md_init_type(&wa, 4, wd, t[1], w_tag);
+  md_init_type(&ya, 4, yd, t[2], xy_tag);
   conv_desc(&d, g, pass, dnnl_convolution_direct, &xa, &wa, &ya, pass == CONV_PASS_BWD_WEIGHTS ? bias : NULL);
   DNNL_CHECK(dnnl_primitive_desc_create(&pd, &d, attr, engine, hint ? hint : fwd));
   if (fwd) DNNL_CHECK(dnnl_primitive_desc_destroy(fwd));
@@ -537,9 +561,10 @@ bool onednn_conv2d_has_winograd(void) {
 static ConvGeom pass_geometry(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, int64_t *runs) {
   // Channels last: no copies of x or y are made (oneDNN's direct convolution runs on nhwc itself),
   // so the whole batch always, but for a dx that accumulates (computed into a copy, then added) and
-  // for Winograd (on nChw16c copies), which follow the size rule so that the copies stay at one
+  // for Winograd (on nChw16c copies) and bf16 (on converted copies), which follow the size rule so that the copies stay at one
   // image's size for large maps.
-  bool copies = !g->channels_last || impl == CONV_IMPL_ONEDNN_WINOGRAD || (pass == CONV_PASS_BWD_DATA && accumulate);
+  bool copies = !g->channels_last || impl == CONV_IMPL_ONEDNN_WINOGRAD || impl == CONV_IMPL_ONEDNN_BF16 ||
+                (pass == CONV_PASS_BWD_DATA && accumulate);
   ConvGeom run = *g;
   *runs = 1;
   if (copies &&
@@ -555,7 +580,8 @@ static ConvGeom pass_geometry(const ConvGeom *g, ConvPass pass, ConvImpl impl, b
 // the direct convolution, the same entries.
 static ConvPrim *pass_prim(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, bool bias, unsigned post,
                            int64_t *runs) {
-  DETR_CHECK(impl == CONV_IMPL_ONEDNN || impl == CONV_IMPL_ONEDNN_PLAIN || impl == CONV_IMPL_ONEDNN_WINOGRAD,
+  DETR_CHECK(impl == CONV_IMPL_ONEDNN || impl == CONV_IMPL_ONEDNN_PLAIN || impl == CONV_IMPL_ONEDNN_WINOGRAD ||
+                 impl == CONV_IMPL_ONEDNN_BF16,
              "onednn_conv2d: implementation %d is not oneDNN's", (int)impl);
   if (impl == CONV_IMPL_ONEDNN_WINOGRAD && !onednn_conv2d_has_winograd()) impl = CONV_IMPL_ONEDNN;
   ConvGeom run = pass_geometry(g, pass, impl, accumulate, runs);

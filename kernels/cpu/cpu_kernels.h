@@ -14,6 +14,14 @@
 // setting the user made is kept. Returns when nothing needed setting.
 void cpu_runtime_setup(char **argv);
 
+// bf16 mixed precision (cpu_runtime.c): the GEMM-shaped kernels (convolutions, cpu_gemm) round
+// their inputs to bf16 and accumulate in fp32 where that is the faster per shape; everything else
+// stays fp32. Process-wide, off by default. cpu_bf16_supported: whether this build and CPU run bf16
+// at the hardware's rate (oneDNN with AVX512-BF16 or AMX-BF16); if not, `why` names what is missing.
+bool cpu_bf16_supported(char *why, size_t why_cap);
+void cpu_set_bf16(bool on);  // fails where cpu_bf16_supported does not hold
+bool cpu_bf16_enabled(void);
+
 // The kernels of kernel_twins.h, each family under its file's name, and the CPU's own.
 // elementwise.c
 TWIN_ELEMENTWISE(cpu)
@@ -24,6 +32,12 @@ TWIN_REDUCE(cpu)
 // matmul.c: row-major C[M,N] = alpha op(A) op(B) + beta C, and its strided-batched form.
 TWIN_MATMUL(cpu)
 const char *cpu_gemm_library(void);  // e.g. "oneDNN 2.6 sgemm", "OpenBLAS sgemm (Haswell)"
+// matmul_bf16.c: cpu_gemm_batched's operation with A and B rounded to bf16 and fp32 accumulation,
+// when bf16 is on (cpu_set_bf16) and the GEMM is large enough to gain; false (nothing done)
+// otherwise. cpu_gemm and cpu_gemm_batched call it first.
+bool cpu_gemm_bf16_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                           int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, float beta,
+                           float *c, int64_t ldc, int64_t stride_c, int64_t batch);
 
 // conv.c: im2col + sgemm, or oneDNN (conv_onednn.c) where it is the faster (bench/README.md).
 // workspace: cpu_conv2d_forward_workspace_floats(g) floats for the forward,
@@ -52,13 +66,17 @@ void cpu_conv2d_forward_fused(const float *x, const float *w, const float *bias,
 // the others force one everywhere (bench_ops and bench_step compare them): im2col + sgemm, oneDNN
 // on its blocked layouts (reorders around), oneDNN on plain nchw, oneDNN's Winograd F(4x4, 3x3) on
 // its blocked layouts (where oneDNN has none for the shape or this CPU, its direct convolution as
-// CONV_IMPL_ONEDNN). The oneDNN ones fail in a build without oneDNN.
+// CONV_IMPL_ONEDNN). CONV_IMPL_ONEDNN_BF16: oneDNN's direct convolution with its inputs rounded to
+// bf16 (the reorders to its layouts convert) and fp32 accumulation and output, on a CPU with
+// AVX512-BF16 or AMX (cpu_bf16_supported; AUTO picks it per pass under cpu_set_bf16). The oneDNN ones
+// fail in a build without oneDNN.
 typedef enum {
   CONV_IMPL_AUTO,
   CONV_IMPL_IM2COL,
   CONV_IMPL_ONEDNN,
   CONV_IMPL_ONEDNN_PLAIN,
-  CONV_IMPL_ONEDNN_WINOGRAD
+  CONV_IMPL_ONEDNN_WINOGRAD,
+  CONV_IMPL_ONEDNN_BF16
 } ConvImpl;
 void cpu_conv2d_set_impl(ConvImpl impl);
 ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass);  // never AUTO

@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include "kernels/cpu/cpu_kernels.h"
+#if DETR_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+#endif
 
 // OpenMP threads that spin briefly, then sleep, while they wait. libgomp's default spins 300000
 // times first: with a busy core every barrier then waits for a time slice of the thread stuck
@@ -19,3 +22,32 @@ void cpu_runtime_setup(char **argv) {
   // Still here: the setting reaches child processes only; this one goes on with libgomp's default.
   fprintf(stderr, "cpu_runtime_setup: execv(/proc/self/exe) failed; libgomp's default spin stays\n");
 }
+
+// bf16 needs oneDNN's AVX512-BF16 kernels (Cooper Lake, Zen 4, Zen 5, Sapphire Rapids' AVX-512
+// part) or AMX. oneDNN also runs bf16 by emulation on plain AVX-512 and not at all on AVX2: slower
+// than fp32 there, so it is refused rather than run (the caller names the instructions).
+static bool g_bf16 = false;
+
+bool cpu_bf16_supported(char *why, size_t why_cap) {
+#if DETR_HAVE_ONEDNN
+  dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  bool has = (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16 ||
+             (isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
+  if (!has && why)
+    snprintf(why, why_cap, "this CPU has neither AVX512-BF16 nor AMX-BF16 (oneDNN's best instruction set here: %s), "
+             "so bf16 would run slower than fp32", isa == dnnl_cpu_isa_avx2 ? "AVX2" : isa == dnnl_cpu_isa_avx512_core ?
+             "AVX-512 without BF16" : isa == dnnl_cpu_isa_avx512_core_vnni ? "AVX-512 VNNI without BF16" : "older");
+  return has;
+#else
+  if (why) snprintf(why, why_cap, "this build has no oneDNN, whose bf16 kernels it needs");
+  return false;
+#endif
+}
+
+void cpu_set_bf16(bool on) {
+  char why[256];
+  DETR_CHECK(!on || cpu_bf16_supported(why, sizeof why), "cpu_set_bf16: %s", why);
+  g_bf16 = on;
+}
+
+bool cpu_bf16_enabled(void) { return g_bf16; }

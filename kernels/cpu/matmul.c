@@ -25,6 +25,7 @@ void cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
       for (int64_t j = 0; j < n; j++) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
+  if (cpu_gemm_bf16_batched(trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1)) return;
 #if DETR_HAVE_ONEDNN
   dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb,
                                 beta, c, ldc);
@@ -60,6 +61,9 @@ void cpu_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
                       int64_t batch) {
   // Small matrices one per thread (the GEMM library runs single-threaded inside a parallel
   // region); large ones one after another, each on all threads.
+  if (m > 0 && n > 0 && k > 0 && cpu_gemm_bf16_batched(trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb,
+                                                       stride_b, beta, c, ldc, stride_c, batch))
+    return;
   double flops = 2.0 * (double)m * (double)n * (double)k;
   int64_t threads = omp_get_max_threads();
 #pragma omp parallel for schedule(static) if (batch >= threads && flops < GEMM_BATCH_PARALLEL_MAX_FLOPS)

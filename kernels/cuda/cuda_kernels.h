@@ -28,6 +28,13 @@ int cuda_device_count(void);  // cuda_device_probe's count; stops the process wi
 void cuda_set_device(int index);
 int cuda_current_device(void);
 int cuda_compute_capability(void);  // of the current device: 10 * major + minor (90 for an H100)
+// The current device's name (cudaDeviceProp.name), and its memory in bytes: total, and in use by
+// every process on it (total - free, cudaMemGetInfo: what nvidia-smi shows, contexts included).
+void cuda_device_name(char *name, size_t cap);
+void cuda_device_memory(size_t *used, size_t *total);
+// Starts (true) or stops a profiler's capture (cudaProfilerStart/Stop: ncu --profile-from-start off,
+// nsys --capture-range=cudaProfilerApi), so that it records only the work in between.
+void cuda_profiler_capture(bool on);
 // TF32 tensor-core math for cuBLAS (CUBLAS_TF32_TENSOR_OP_MATH) and cuDNN (CUDNN_DEFAULT_MATH):
 // faster fp32 matmuls and convolutions on sm_80+ with inputs rounded to a 10-bit mantissa. Off by
 // default (plain fp32 FMA math, which agrees with the CPU to fp32 rounding). Process-wide; applies

@@ -2,6 +2,7 @@
 // and cuDNN handles bound to it) that every kernel of the backend is queued on. With a single
 // stream, the order of launches is the order of execution, so a block freed to the caching
 // allocator (tensor/alloc.c) can be handed out again at once: later work is queued behind earlier.
+#include <cuda_profiler_api.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,6 +118,20 @@ int cuda_compute_capability(void) {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, cuda_current_device()));
   return 10 * prop.major + prop.minor;
 }
+
+void cuda_device_name(char *name, size_t cap) {
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, cuda_current_device()));
+  snprintf(name, cap, "%s", prop.name);
+}
+
+void cuda_device_memory(size_t *used, size_t *total) {
+  size_t free_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, total));
+  *used = *total - free_bytes;
+}
+
+void cuda_profiler_capture(bool on) { CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop()); }
 
 bool cuda_tf32_enabled(void) { return g_tf32; }
 

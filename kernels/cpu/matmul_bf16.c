@@ -1,0 +1,152 @@
+// GEMM with bf16 inputs and fp32 accumulation (cpu_set_bf16): A and B rounded to bf16 into copies,
+// then oneDNN's matmul primitive (its AVX512-BF16 / AMX kernels) writes C = alpha op(A) op(B) +
+// beta C in fp32, a strided batch in one call. PyTorch's CPU autocast runs the same ops on bf16
+// tensors and rounds C to bf16 as well; here C stays fp32 (one rounding less, the same speed).
+#include "kernels/cpu/cpu_kernels.h"
+
+#if DETR_HAVE_ONEDNN
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_debug.h>
+
+#include "kernels/bf16_math.h"
+#include "kernels/cpu/parallel.h"
+
+#define DNNL_CHECK(call)                                                                          \
+  do {                                                                                            \
+    dnnl_status_t st_ = (call);                                                                   \
+    if (st_ != dnnl_success) DETR_FAIL("oneDNN: %s failed: %s", #call, dnnl_status2str(st_));     \
+  } while (0)
+
+// Below this many multiply-adds a GEMM stays fp32: the copies and the call cost more than bf16
+// saves (`bench_step --precision bf16`, bench/README.md "bf16").
+#define GEMM_BF16_MIN_MACS ((double)(1 << 20))
+
+typedef struct {  // no padding bytes: keys are compared with memcmp
+  int64_t trans_a, trans_b, m, n, k, batch, ldc, stride_c;
+  float alpha, beta;
+} GemmKey;
+
+typedef struct {
+  GemmKey key;
+  dnnl_primitive_t prim;
+  dnnl_memory_desc_t a_md, b_md, c_md;
+  uint64_t used;  // LRU stamp; 0: empty
+} GemmPrim;
+
+#define GEMM_CACHE_SIZE 64
+static GemmPrim gemm_cache[GEMM_CACHE_SIZE];
+static uint64_t gemm_clock;
+static dnnl_engine_t engine;
+static dnnl_stream_t stream;
+static uint16_t *copies;      // A's and B's bf16 copies, grown to the largest call
+static int64_t copies_cap;    // in bf16 elements
+
+// A [batch, rows, cols] (row stride ld, batch stride stride) rounded to bf16, dense: [batch, rows, cols].
+static void to_bf16(const float *x, int64_t batch, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
+                    uint16_t *out) {
+#pragma omp parallel for collapse(2) schedule(static) if (batch * rows * cols > PARALLEL_MIN_LIGHT)
+  for (int64_t b = 0; b < batch; b++)
+    for (int64_t r = 0; r < rows; r++) {
+      const float *src = x + b * stride + r * ld;
+      uint16_t *dst = out + (b * rows + r) * cols;
+      for (int64_t j = 0; j < cols; j++) dst[j] = bf16_from_float(src[j]);
+    }
+}
+
+// The matmul of a key: src [batch, m, k] and weights [batch, k, n] dense bf16 (transposed ones by
+// their strides), dst [batch, m, n] fp32 at C's strides; alpha as output scale, beta as a sum.
+static void gemm_prim_create(GemmPrim *p, const GemmKey *key) {
+  int64_t m = key->m, n = key->n, k = key->k, B = key->batch;
+  dnnl_dims_t ad = {B, m, k}, bd = {B, k, n}, cd = {B, m, n};
+  dnnl_dims_t as = {m * k, key->trans_a ? 1 : k, key->trans_a ? m : 1};  // stored [k, m] when transposed
+  dnnl_dims_t bs = {k * n, key->trans_b ? 1 : n, key->trans_b ? k : 1};  // stored [n, k] when transposed
+  dnnl_dims_t cs = {key->stride_c, key->ldc, 1};
+  DNNL_CHECK(dnnl_memory_desc_init_by_strides(&p->a_md, 3, ad, dnnl_bf16, as));
+  DNNL_CHECK(dnnl_memory_desc_init_by_strides(&p->b_md, 3, bd, dnnl_bf16, bs));
+  DNNL_CHECK(dnnl_memory_desc_init_by_strides(&p->c_md, 3, cd, dnnl_f32, cs));
+  dnnl_matmul_desc_t d;
+  DNNL_CHECK(dnnl_matmul_desc_init(&d, &p->a_md, &p->b_md, NULL, &p->c_md));
+  dnnl_primitive_attr_t attr;
+  DNNL_CHECK(dnnl_primitive_attr_create(&attr));
+  if (key->alpha != 1.0f) DNNL_CHECK(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &key->alpha));
+  if (key->beta != 0.0f) {  // C = alpha AB + beta C
+    dnnl_post_ops_t po;
+    DNNL_CHECK(dnnl_post_ops_create(&po));
+    DNNL_CHECK(dnnl_post_ops_append_sum(po, key->beta));
+    DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr, po));
+    DNNL_CHECK(dnnl_post_ops_destroy(po));
+  }
+  dnnl_primitive_desc_t pd;
+  DNNL_CHECK(dnnl_primitive_desc_create(&pd, &d, attr, engine, NULL));
+  DNNL_CHECK(dnnl_primitive_create(&p->prim, pd));
+  DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
+  DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
+  p->key = *key;
+}
+
+static GemmPrim *gemm_prim_get(const GemmKey *key) {
+  if (!engine) {
+    DNNL_CHECK(dnnl_engine_create(&engine, dnnl_cpu, 0));
+    DNNL_CHECK(dnnl_stream_create(&stream, engine, dnnl_stream_default_flags));
+  }
+  GemmPrim *victim = &gemm_cache[0];
+  for (int i = 0; i < GEMM_CACHE_SIZE; i++) {
+    GemmPrim *p = &gemm_cache[i];
+    if (p->used && !memcmp(&p->key, key, sizeof *key)) {
+      p->used = ++gemm_clock;
+      return p;
+    }
+    if (p->used < victim->used) victim = p;
+  }
+  if (victim->used) DNNL_CHECK(dnnl_primitive_destroy(victim->prim));
+  memset(victim, 0, sizeof *victim);
+  gemm_prim_create(victim, key);
+  victim->used = ++gemm_clock;
+  return victim;
+}
+
+bool cpu_gemm_bf16_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                           int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, float beta,
+                           float *c, int64_t ldc, int64_t stride_c, int64_t batch) {
+  // Inside a parallel region (a caller's per-thread GEMMs) the shared copies and cache cannot be used.
+  if (!cpu_bf16_enabled() || omp_in_parallel() || (double)m * n * k * batch < GEMM_BF16_MIN_MACS || k < 16)
+    return false;
+  _Static_assert(sizeof(GemmKey) == 8 * sizeof(int64_t) + 2 * sizeof(float), "GemmKey has padding bytes");
+  GemmKey key = {.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k, .batch = batch, .ldc = ldc,
+                 .stride_c = batch > 1 ? stride_c : m * ldc, .alpha = alpha, .beta = beta};
+  GemmPrim *p = gemm_prim_get(&key);
+  int64_t na = batch * m * k, nb = batch * k * n;
+  if (na + nb > copies_cap) {
+    free(copies);
+    copies_cap = na + nb;
+    copies = detr_malloc((size_t)copies_cap * sizeof(uint16_t), "bf16 GEMM operands");
+  }
+  uint16_t *a16 = copies, *b16 = copies + na;
+  // As stored: A [m, k] (or [k, m] transposed) rows of lda; B [k, n] (or [n, k]) rows of ldb.
+  to_bf16(a, batch, trans_a ? k : m, trans_a ? m : k, lda, stride_a, a16);
+  to_bf16(b, batch, trans_b ? n : k, trans_b ? k : n, ldb, stride_b, b16);
+  dnnl_memory_t ma, mb, mc;
+  DNNL_CHECK(dnnl_memory_create(&ma, &p->a_md, engine, a16));
+  DNNL_CHECK(dnnl_memory_create(&mb, &p->b_md, engine, b16));
+  DNNL_CHECK(dnnl_memory_create(&mc, &p->c_md, engine, c));
+  dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
+  DNNL_CHECK(dnnl_primitive_execute(p->prim, stream, 3, args));
+  DNNL_CHECK(dnnl_memory_destroy(ma));
+  DNNL_CHECK(dnnl_memory_destroy(mb));
+  DNNL_CHECK(dnnl_memory_destroy(mc));
+  return true;
+}
+#else
+bool cpu_gemm_bf16_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                           int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, float beta,
+                           float *c, int64_t ldc, int64_t stride_c, int64_t batch) {
+  (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)stride_a;
+  (void)b, (void)ldb, (void)stride_b, (void)beta, (void)c, (void)ldc, (void)stride_c, (void)batch;
+  return false;  // cpu_set_bf16 refuses a build without oneDNN
+}
+#endif

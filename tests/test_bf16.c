@@ -1,0 +1,343 @@
+// bf16 mixed precision (cpu_set_bf16): each GEMM-shaped kernel against a bound derived from how it
+// must compute - inputs rounded to the nearest bf16, products and sums in fp32 - and a short
+// training run whose losses follow fp32's.
+//
+// The bound. With a, b the exact inputs and a', b' their bf16 roundings (|a' - a| <= u_b |a|,
+// u_b = 2^-8), a kernel that sums K products a' b' in fp32 in any order returns
+// sum a' b' + e with |e| <= gamma_K sum |a' b'| (gamma_K = K u / (1 - K u), u = 2^-24; Higham,
+// Accuracy and Stability, 3.1), one more u for the result's own rounding. So each output must lie
+// within (gamma_K + u) sum |a' b'| of the double-precision sum of the rounded inputs: a kernel that
+// truncates instead of rounding, or rounds a partial sum to bf16, misses it by orders of magnitude.
+// And it must not be fp32's answer: somewhere the distance to the exact sum exceeds what fp32
+// rounding alone could give (bf16 really ran).
+#define _POSIX_C_SOURCE 200809L  // setenv
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/bf16_math.h"
+#include "kernels/cpu/conv_onednn.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "nn/detr.h"
+#include "tests/gradcheck.h"
+#include "train/optim.h"
+
+#define U32 (1.0 / 16777216.0)  // fp32's unit roundoff, 2^-24
+
+static double gamma_k(double k) { return k * U32 / (1 - k * U32); }
+
+// x rounded to bf16's 8 significant bits, to nearest with ties to even, computed independently of
+// the kernels' bit manipulation (kernels/bf16_math.h): frexp's mantissa scaled to 8 bits, nearbyint.
+static double ref_bf16(float x) {
+  if (x == 0 || !isfinite(x)) return x;
+  int e;
+  double m = frexp(x, &e);  // x = m 2^e, 0.5 <= |m| < 1
+  return ldexp(nearbyint(ldexp(m, 8)), e - 8);
+}
+
+static bool have_bf16(void) {
+  char why[256];
+  if (cpu_bf16_supported(why, sizeof why)) return true;
+  fprintf(stderr, "test_bf16: skipped (%s)\n", why);
+  return false;
+}
+
+// What a comparison of one output with its exact sums found.
+typedef struct {
+  double worst_ratio;      // max |got - sum a'b'| / ((gamma_K + u) sum |a'b'|): <= 1 passes
+  double worst_vs_exact;   // max |got - sum ab| / (gamma_K sum |ab|): > 1 somewhere when bf16 ran
+} BoundCheck;
+
+static void bound_add(BoundCheck *c, double got, double rounded_sum, double rounded_abs, double exact_sum,
+                      double exact_abs, int64_t k) {
+  double allowed = (gamma_k((double)k) + U32) * rounded_abs + 1e-30;
+  c->worst_ratio = fmax(c->worst_ratio, fabs(got - rounded_sum) / allowed);
+  c->worst_vs_exact = fmax(c->worst_vs_exact, fabs(got - exact_sum) / (gamma_k((double)k) * exact_abs + 1e-30));
+}
+
+static float *uniform_buffer(int64_t n, uint64_t seed) {
+  float *h = detr_malloc((size_t)n * sizeof(float), "test buffer");
+  cpu_uniform(h, n, seed, 0, -1, 1);
+  return h;
+}
+
+// --- GEMM: every transpose, alpha and beta, a strided batch ---
+
+static void check_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, float beta, int64_t batch) {
+  int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 2;  // row gaps
+  int64_t sa = (ta ? k : m) * lda + 5, sb = (tb ? n : k) * ldb + 7, sc = m * ldc + 4;  // batch gaps
+  float *a = uniform_buffer(sa * batch, 1), *b = uniform_buffer(sb * batch, 2), *c = uniform_buffer(sc * batch, 3);
+  float *c0 = detr_malloc((size_t)(sc * batch) * sizeof(float), "c0");
+  memcpy(c0, c, (size_t)(sc * batch) * sizeof(float));
+  cpu_set_bf16(true);
+  cpu_gemm_batched(ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch);
+  cpu_set_bf16(false);
+  BoundCheck chk = {0};
+  for (int64_t q = 0; q < batch; q++)
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t j = 0; j < n; j++) {
+        double rs = 0, ra = 0, es = 0, ea = 0;
+        for (int64_t p = 0; p < k; p++) {
+          float x = a[q * sa + (ta ? p * lda + i : i * lda + p)], y = b[q * sb + (tb ? j * ldb + p : p * ldb + j)];
+          double r = ref_bf16(x) * ref_bf16(y), e = (double)x * y;
+          rs += r, ra += fabs(r), es += e, ea += fabs(e);
+        }
+        // alpha and beta C add one fp32 rounding each, the sum post-op one more: within 3 u of the result
+        double old = beta * (double)c0[q * sc + i * ldc + j], got = c[q * sc + i * ldc + j];
+        double extra = 3 * U32 * (fabs(alpha * rs) + fabs(old));
+        double allowed = (gamma_k((double)k) + U32) * fabs(alpha) * ra + extra + 1e-30;
+        chk.worst_ratio = fmax(chk.worst_ratio, fabs(got - (alpha * rs + old)) / allowed);
+        chk.worst_vs_exact = fmax(chk.worst_vs_exact, fabs(got - (alpha * es + old)) /
+                                                          (gamma_k((double)k) * fabs(alpha) * ea + extra + 1e-30));
+      }
+  ck_assert_msg(chk.worst_ratio <= 1, "gemm %c%c %lldx%lldx%lld batch %lld alpha %g beta %g: %.3g x the bound",
+                ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)m, (long long)n, (long long)k, (long long)batch, alpha, beta,
+                chk.worst_ratio);
+  ck_assert_msg(chk.worst_vs_exact > 1, "gemm %c%c %lldx%lldx%lld: within fp32's error of the exact sum: bf16 did not run",
+                ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)m, (long long)n, (long long)k);
+  free(a), free(b), free(c), free(c0);
+}
+
+START_TEST(gemm_bf16_within_rounding_bound) {
+  if (!have_bf16()) return;
+  for (int t = 0; t < 4; t++) check_gemm(t & 1, t & 2, 97, 130, 211, 1.0f, 0.0f, 1);
+  check_gemm(false, true, 64, 96, 300, 0.5f, 1.0f, 3);   // alpha, beta (the backward's accumulation), batch
+  check_gemm(true, false, 200, 33, 1000, 1.0f, 0.25f, 2);  // long sums
+}
+END_TEST
+
+// The kernels' rounding (kernels/bf16_math.h) against the independent one, ties and carries included.
+START_TEST(bf16_rounding_to_nearest_even) {
+  const float special[] = {1.0f, 1.00390625f, 1.01171875f, 1.0078125f, -3.0f, 255.5f, 1e-30f, 3.3895314e38f,
+                           0.1f, -0.2f, 65535.0f};
+  for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+    ck_assert_msg(bf16_round(special[i]) == ref_bf16(special[i]), "%.9g: %.9g, expected %.9g", special[i],
+                  bf16_round(special[i]), ref_bf16(special[i]));
+  float *r = uniform_buffer(100000, 7);
+  for (int i = 0; i < 100000; i++) {
+    float x = r[i] * powf(2.0f, (float)(i % 40 - 20));
+    ck_assert_msg(bf16_round(x) == ref_bf16(x), "%.9g: %.9g, expected %.9g", x, bf16_round(x), ref_bf16(x));
+  }
+  free(r);
+  ck_assert(isnan(bf16_round(NAN)));
+  ck_assert(isinf(bf16_round(INFINITY)));
+}
+END_TEST
+
+// Below the size where bf16 pays, and with bf16 off, cpu_gemm is fp32's sgemm, bit for bit.
+START_TEST(small_gemm_and_bf16_off_stay_fp32) {
+  if (!have_bf16()) return;
+  int64_t m = 8, n = 8, k = 8;
+  float *a = uniform_buffer(m * k, 4), *b = uniform_buffer(k * n, 5);
+  float c_fp32[64], c_bf16[64];
+  cpu_gemm(false, false, m, n, k, 1.0f, a, k, b, n, 0.0f, c_fp32, n);
+  cpu_set_bf16(true);
+  cpu_gemm(false, false, m, n, k, 1.0f, a, k, b, n, 0.0f, c_bf16, n);
+  cpu_set_bf16(false);
+  ck_assert(!memcmp(c_fp32, c_bf16, sizeof c_fp32));
+  free(a), free(b);
+}
+END_TEST
+
+// --- convolution: the three passes, nchw and channels last ---
+
+typedef struct {
+  int64_t B, C, H, W, O, K, stride, pad;
+} ConvCase;
+
+static ConvGeom conv_geom(const ConvCase *cc, bool last) {
+  ConvGeom g = {.batch = cc->B, .in_ch = cc->C, .in_h = cc->H, .in_w = cc->W, .out_ch = cc->O, .kh = cc->K,
+                .kw = cc->K, .stride_h = cc->stride, .stride_w = cc->stride, .pad_h = cc->pad, .pad_w = cc->pad,
+                .dil_h = 1, .dil_w = 1, .channels_last = last};
+  g.out_h = conv_out_size(g.in_h, g.kh, g.stride_h, g.pad_h, 1);
+  g.out_w = conv_out_size(g.in_w, g.kw, g.stride_w, g.pad_w, 1);
+  return g;
+}
+
+static int64_t x_at(const ConvGeom *g, int64_t n, int64_t c, int64_t y, int64_t x) {
+  return g->channels_last ? ((n * g->in_h + y) * g->in_w + x) * g->in_ch + c : ((n * g->in_ch + c) * g->in_h + y) * g->in_w + x;
+}
+static int64_t y_at(const ConvGeom *g, int64_t n, int64_t o, int64_t y, int64_t x) {
+  return g->channels_last ? ((n * g->out_h + y) * g->out_w + x) * g->out_ch + o
+                          : ((n * g->out_ch + o) * g->out_h + y) * g->out_w + x;
+}
+
+// Adds x[...] * w[...] * dy[...] terms of one output of `pass` to its sums: the products the pass
+// forms, the two factors that are its inputs.
+static void term(double *s, float f1, float f2) {
+  double r = ref_bf16(f1) * ref_bf16(f2), e = (double)f1 * f2;
+  s[0] += r, s[1] += fabs(r), s[2] += e, s[3] += fabs(e);
+}
+
+// Every output of one pass against its exact sums; the terms of each are the convolution's
+// (n, o, oy, ox, c, ky, kx) tuples that touch it.
+static BoundCheck check_conv_pass(const ConvGeom *g, ConvPass pass, const float *x, const float *w, const float *dy,
+                                  const float *out) {
+  int64_t nout = pass == CONV_PASS_FWD ? g->batch * g->out_ch * g->out_h * g->out_w
+                 : pass == CONV_PASS_BWD_DATA ? g->batch * g->in_ch * g->in_h * g->in_w
+                                             : g->out_ch * g->in_ch * g->kh * g->kw;
+  double *sums = calloc((size_t)nout * 4, sizeof(double));
+  int64_t *terms = calloc((size_t)nout, sizeof(int64_t));
+  for (int64_t n = 0; n < g->batch; n++)
+    for (int64_t o = 0; o < g->out_ch; o++)
+      for (int64_t oy = 0; oy < g->out_h; oy++)
+        for (int64_t ox = 0; ox < g->out_w; ox++)
+          for (int64_t c = 0; c < g->in_ch; c++)
+            for (int64_t ky = 0; ky < g->kh; ky++)
+              for (int64_t kx = 0; kx < g->kw; kx++) {
+                int64_t iy = oy * g->stride_h - g->pad_h + ky, ix = ox * g->stride_w - g->pad_w + kx;
+                if (iy < 0 || ix < 0 || iy >= g->in_h || ix >= g->in_w) continue;
+                int64_t xi = x_at(g, n, c, iy, ix), wi = ((o * g->in_ch + c) * g->kh + ky) * g->kw + kx;
+                int64_t yi = y_at(g, n, o, oy, ox);
+                int64_t at = pass == CONV_PASS_FWD ? yi : pass == CONV_PASS_BWD_DATA ? xi : wi;
+                if (pass == CONV_PASS_FWD) term(sums + 4 * at, x[xi], w[wi]);
+                else if (pass == CONV_PASS_BWD_DATA) term(sums + 4 * at, dy[yi], w[wi]);
+                else term(sums + 4 * at, x[xi], dy[yi]);
+                terms[at]++;
+              }
+  BoundCheck chk = {0};
+  for (int64_t i = 0; i < nout; i++)
+    bound_add(&chk, out[i], sums[4 * i], sums[4 * i + 1], sums[4 * i + 2], sums[4 * i + 3], terms[i] ? terms[i] : 1);
+  free(sums), free(terms);
+  return chk;
+}
+
+START_TEST(conv_bf16_within_rounding_bound) {
+  if (!have_bf16()) return;
+  static const ConvCase cases[] = {
+      {2, 32, 9, 11, 48, 3, 1, 1},   // 3x3, 16-channel blocks
+      {2, 64, 12, 10, 32, 3, 2, 1},  // stride 2
+      {2, 48, 8, 8, 64, 1, 1, 0},    // 1x1
+      {1, 3, 15, 13, 16, 7, 2, 3},   // the stem's 3 channels
+      {2, 20, 7, 9, 18, 3, 1, 1},    // channels off the 16-blocks
+  };
+  onednn_conv2d_set_whole_batch_bytes(-1);
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+    for (int last = 0; last < 2; last++) {
+      ConvGeom g = conv_geom(&cases[ci], last);
+      int64_t nx = g.batch * g.in_ch * g.in_h * g.in_w, nw = g.out_ch * g.in_ch * g.kh * g.kw;
+      int64_t ny = g.batch * g.out_ch * g.out_h * g.out_w;
+      float *x = uniform_buffer(nx, 10 + ci), *w = uniform_buffer(nw, 20 + ci), *dy = uniform_buffer(ny, 30 + ci);
+      float *y = calloc((size_t)ny, 4), *dx = calloc((size_t)nx, 4), *dw = calloc((size_t)nw, 4);
+      cpu_conv2d_set_impl(CONV_IMPL_ONEDNN_BF16);
+      float *ws = detr_malloc((size_t)(cpu_conv2d_forward_workspace_floats(&g, false) + 16) * 4 + 64, "ws");
+      float *ws64 = (float *)(((uintptr_t)ws + 63) / 64 * 64);
+      cpu_conv2d_forward(x, w, NULL, y, &g, ws64);
+      free(ws);
+      ws = detr_malloc((size_t)(cpu_conv2d_backward_workspace_floats(&g, true, true, true, true, false) + 16) * 4 + 64,
+                       "ws");
+      ws64 = (float *)(((uintptr_t)ws + 63) / 64 * 64);
+      cpu_conv2d_backward(x, w, dy, dx, true, dw, true, NULL, &g, ws64);
+      free(ws);
+      cpu_conv2d_set_impl(CONV_IMPL_AUTO);
+      const char *names[3] = {"forward", "backward-data", "backward-weights"};
+      const float *outs[3] = {y, dx, dw};
+      for (int p = 0; p < 3; p++) {
+        BoundCheck chk = check_conv_pass(&g, (ConvPass)p, x, w, dy, outs[p]);
+        ck_assert_msg(chk.worst_ratio <= 1, "case %zu channels last %d %s: %.3g x the bound", ci, last, names[p],
+                      chk.worst_ratio);
+        ck_assert_msg(chk.worst_vs_exact > 1, "case %zu channels last %d %s: within fp32's error: bf16 did not run", ci,
+                      last, names[p]);
+      }
+      free(x), free(w), free(dy), free(y), free(dx), free(dw);
+    }
+}
+END_TEST
+
+// A CPU without AVX512-BF16 (oneDNN held to AVX-512 without it): refused with the reason, and a
+// model asking for bf16 runs fp32 with a warning.
+START_TEST(bf16_refused_without_the_instructions) {
+  setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE", 1);  // read by oneDNN at its first use, in this forked test
+  setenv("DNNL_MAX_CPU_ISA", "AVX512_CORE", 1);
+  char why[256] = "";
+  ck_assert(!cpu_bf16_supported(why, sizeof why));
+  ck_assert_msg(strstr(why, "AVX512-BF16") != NULL, "%s", why);
+  ck_assert(!device_set_bf16(DEVICE_CPU, true));
+  ck_assert(!cpu_bf16_enabled());
+}
+END_TEST
+
+// --- a short training run: the same losses within bf16's effect ---
+
+// Losses of `steps` AdamW steps of the tiny model on one fixed batch (it learns the batch).
+static void train_losses(bool bf16, int steps, double *losses) {
+  DetrConfig cfg;
+  ck_assert_int_eq(detr_config_preset("tiny", &cfg), 0);
+  cfg.dropout = 0;
+  cfg.bf16 = bf16;
+  DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
+  ck_assert(cpu_bf16_enabled() == bf16);
+  detr_model_init(m, 1);
+  AdamW opt;
+  OptimConfig oc = optim_config_default();
+  oc.lr = 1e-3f, oc.lr_backbone = 1e-4f;
+  adamw_init(&opt, &m->params, oc);
+  Tensor *images = test_uniform(SHAPE(2, 3, 96, 128), -2, 2, 5, false);
+  uint8_t mask[2 * 96 * 128] = {0};
+  float tb[8] = {0.5f, 0.5f, 0.2f, 0.3f, 0.3f, 0.6f, 0.1f, 0.2f};
+  int64_t tl[2] = {3, 6};
+  DetrTarget targets[2] = {{2, tb, tl}, {1, tb + 4, tl + 1}};
+  CriterionConfig ccfg = detr_criterion_config(&cfg);
+  for (int s = 0; s < steps; s++) {
+    NnCtx ctx = {.training = true};
+    ScopeMark mark = tensor_scope_mark();
+    DetrOutput out;
+    char err[256];
+    ck_assert_int_eq(detr_model_forward(m, &ctx, images, mask, &out, err, sizeof err), 0);
+    CriterionResult r;
+    ck_assert_int_eq(criterion_forward(&ccfg, out.layers[out.n_layers - 1], out.layers, out.n_layers - 1, targets, 3.0f,
+                                       NULL, &r, err, sizeof err), 0);
+    losses[s] = tensor_item(r.total);
+    autograd_backward(r.total);
+    criterion_result_free(&r);
+    detr_output_free(&out);
+    tensor_scope_release(mark);
+    adamw_clip_step(&opt, 0.1f);
+  }
+  adamw_free(&opt);
+  tensor_release(images);
+  detr_model_free(m);
+  cpu_set_bf16(false);
+}
+
+START_TEST(training_losses_follow_fp32) {
+  if (!have_bf16()) return;
+  enum { STEPS = 40, STEADY = 25 };
+  double fp32[STEPS], bf16[STEPS];
+  train_losses(false, STEPS, fp32);
+  train_losses(true, STEPS, bf16);
+  if (getenv("TEST_BF16_CURVES"))
+    for (int s = 0; s < STEPS; s++) fprintf(stderr, "step %d: fp32 %.5f bf16 %.5f\n", s, fp32[s], bf16[s]);
+  // While the loss falls steadily (17.7 -> 7.9 over the first 25 steps) the curves agree step by
+  // step: measured within 0.35% (and the first step, the forward's rounding alone, 0.03%). Once
+  // the model has learnt the batch both oscillate around ~4 by +-10% from step to step, where the
+  // matching flips: there only their level is compared (the last 10 steps' mean; measured 2%).
+  double worst = 0, mean32 = 0, mean16 = 0;
+  for (int s = 0; s < STEADY; s++) worst = fmax(worst, fabs(bf16[s] - fp32[s]) / fp32[s]);
+  for (int s = STEPS - 10; s < STEPS; s++) mean32 += fp32[s] / 10, mean16 += bf16[s] / 10;
+  ck_assert_msg(fp32[STEADY - 1] < 0.5 * fp32[0], "fp32 did not learn the batch: %g -> %g", fp32[0], fp32[STEADY - 1]);
+  ck_assert_msg(worst < 0.01, "bf16 losses leave fp32's by %.3g (relative) in the first %d steps", worst, STEADY);
+  ck_assert_msg(fabs(mean16 - mean32) < 0.1 * mean32, "last 10 steps: bf16 mean loss %g, fp32 %g", mean16, mean32);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("bf16");
+  TCase *tc = tcase_create("bf16");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, bf16_rounding_to_nearest_even);
+  tcase_add_test(tc, gemm_bf16_within_rounding_bound);
+  tcase_add_test(tc, small_gemm_and_bf16_off_stay_fp32);
+  tcase_add_test(tc, conv_bf16_within_rounding_bound);
+  tcase_add_test(tc, bf16_refused_without_the_instructions);
+  tcase_add_test(tc, training_losses_follow_fp32);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}
