@@ -1,12 +1,15 @@
 // The public C API (include/detr.h): a model opened from a checkpoint or weights + config, and
 // detection on an image file or RGB pixels - evaluation's preprocessing exactly (the val resize,
-// ImageNet normalization, an all-valid mask), one image per forward, DETR's post-processing.
+// ImageNet normalization, an all-valid mask), one image per forward or a padded and masked batch
+// (detr_detect_batch), DETR's post-processing. The model is opened for inference only: its
+// backbone's frozen norms are folded into the convolutions (detr_model_prepare_inference).
 // `detr predict` is a user of this file. Every user-input problem is checked here or returned by
 // the readers below as an error; out of memory and CUDA failures stay fatal (DETR_CHECK).
 #define _POSIX_C_SOURCE 200809L
 #include "include/detr.h"
 
 #include <math.h>
+#include <omp.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -30,6 +33,7 @@ struct detr_model {
   int n_labels;             // num_classes: labels 0..n_labels-1 (the last logit is no-object)
   char **names;             // [n_labels], never NULL entries
   unsigned outputs;         // DETR_OUTPUT_* a detection keeps (detr_set_outputs)
+  int threads;              // OpenMP threads of a detection (0: OpenMP's default)
 };
 
 // The optional outputs of a forward on one image, on the host (every query's map; what the
@@ -95,6 +99,8 @@ static detr_status check_options(const detr_options *o, int *n_sets, Device *dev
     return fail(DETR_ERR_ARGUMENT, "options.image_size %d: expected 0 (default) or 32..4096", o->image_size);
   if (o->max_size != 0 && (o->max_size < 32 || o->max_size > 8192))
     return fail(DETR_ERR_ARGUMENT, "options.max_size %d: expected 0 (default) or 32..8192", o->max_size);
+  if (o->threads < 0 || o->threads > 1024)
+    return fail(DETR_ERR_ARGUMENT, "options.threads %d: expected 0 (default) or 1..1024", o->threads);
   *n_sets = 0;
   while (o->sets && o->sets[*n_sets]) {
     if (++*n_sets > 4096) return fail(DETR_ERR_ARGUMENT, "options.sets: more than 4096 entries (not NULL-terminated?)");
@@ -159,6 +165,7 @@ static detr_status open_model(const char *checkpoint, const char *weights, const
   CheckpointInfo ci;
   st = model_file_load(checkpoint, weights, config, o.sets, n_sets, dev, &m->net, &ci, last_error, sizeof last_error);
   if (!st) {
+    detr_model_prepare_inference(m->net);  // the weights never change here: the norms fold into the convolutions
     m->n_labels = (int)m->net->cfg.num_classes;
     st = make_names(m, &o, checkpoint, &ci, last_error, sizeof last_error);
   }
@@ -167,6 +174,7 @@ static detr_status open_model(const char *checkpoint, const char *weights, const
     model_eval_sizes(&m->net->cfg, &ci, &m->image_size, &m->max_size);
     if (o.image_size) m->image_size = o.image_size;
     if (o.max_size) m->max_size = o.max_size;
+    m->threads = o.threads;
     m->aug = aug_config_scaled(false, m->image_size, m->max_size);
     aug_normalize_lut(&m->aug, m->lut);
     *out = m;
@@ -241,24 +249,28 @@ static void outputs_free(Outputs *o) {
   *o = (Outputs){0};
 }
 
-// The outputs asked for, copied from the forward of one image to the host. Returns DETR_OK, or
+// The outputs asked for of image b of the forward, copied to the host. Returns DETR_OK, or
 // DETR_ERR_RUNTIME when a part of the model does not report one.
-static detr_status copy_outputs(const detr_model *m, const DetrOutput *fwd, Outputs *o) {
+static detr_status copy_outputs(const detr_model *m, const DetrOutput *fwd, int64_t b, Outputs *o) {
   *o = (Outputs){.h = (int)fwd->feat_h, .w = (int)fwd->feat_w};
   int64_t N = fwd->feat_h * fwd->feat_w;
   if (m->outputs & DETR_OUTPUT_ATTENTION) {
     if (!fwd->cross_attn)
       return fail(DETR_ERR_RUNTIME, "attention: the model's decoder '%s' does not report its cross-attention",
                   detr_decoder(&m->net->cfg)->name);
-    o->attention = detr_malloc((size_t)fwd->cross_attn->numel * sizeof(float), "attention maps");  // [Q, N]
-    tensor_to_host(fwd->cross_attn, o->attention);
+    int64_t per = fwd->cross_attn->numel / fwd->cross_attn->shape.d[0];                   // Q * N
+    float *all = detr_malloc((size_t)fwd->cross_attn->numel * sizeof(float), "attention maps");  // [B, Q, N]
+    tensor_to_host(fwd->cross_attn, all);
+    o->attention = detr_malloc((size_t)per * sizeof(float), "attention maps");  // [Q, N]
+    memcpy(o->attention, all + b * per, (size_t)per * sizeof(float));
+    free(all);
   }
   if (m->outputs & DETR_OUTPUT_CLUSTERS) {
     o->n_layers = fwd->n_attn;
     o->clusters = detr_malloc((size_t)(fwd->n_attn * N) * sizeof(int), "cluster maps");  // [n_attn, N]
     o->cluster_count = detr_calloc((size_t)fwd->n_attn, sizeof(int), "cluster counts");
     for (int l = 0; l < fwd->n_attn; l++) {
-      const int32_t *c = fwd->attn[l].clusters;  // [N]: one image
+      const int32_t *c = fwd->attn[l].clusters ? fwd->attn[l].clusters + b * N : NULL;  // [N]: image b
       if (!c) {
         outputs_free(o);
         return fail(DETR_ERR_RUNTIME, "clusters: encoder layer %d reports none", l);
@@ -320,47 +332,94 @@ static detr_result *make_result(const detr_model *m, Detection *dets, int64_t K,
   return r;
 }
 
-// img is consumed. The forward of one image; its detections (every query's for DETR) in the
-// original pixels.
-static detr_status detect_image(detr_model *m, Image *img, double threshold, detr_result **out) {
-  int ow = img->w, oh = img->h;
+// An image resized and normalized for the forward.
+typedef struct {
+  float *pixels;  // [3, h, w]
+  int h, w;       // after the val transform
+  int ow, oh;     // as given
+} Prepared;
+
+// img is consumed: the val transform, then the normalization of each channel.
+static Prepared prepare(const detr_model *m, Image *img) {
+  Prepared p = {.ow = img->w, .oh = img->h};
   Target none = {0};
   Rng unused = rng_make(0);  // the val transform draws nothing
   aug_apply(img, &none, &m->aug, &unused);
   target_free(&none);
-  int64_t H = img->h, W = img->w, K = detr_detections_per_image(&m->net->cfg);
-  float *pixels = detr_malloc((size_t)(3 * H * W) * sizeof(float), "image pixels");  // [1, 3, H, W] normalized
-  uint8_t *mask = detr_calloc((size_t)(H * W), 1, "a padding mask");                      // [1, H, W] all valid
-  Detection *dets = detr_malloc((size_t)K * sizeof(Detection), "detections");         // [K]
+  p.h = img->h, p.w = img->w;
+  int64_t HW = (int64_t)p.h * p.w;
+  p.pixels = detr_malloc((size_t)(3 * HW) * sizeof(float), "image pixels");
   for (int c = 0; c < 3; c++)
-    for (int64_t i = 0; i < H * W; i++) pixels[c * H * W + i] = m->lut[c][img->data[i * 3 + c]];
+    for (int64_t i = 0; i < HW; i++) p.pixels[c * HW + i] = m->lut[c][img->data[i * 3 + c]];
   image_free(img);
+  return p;
+}
+
+// The batch of n prepared images padded to [n, 3, H, W] (zeros: the reference pads the normalized
+// tensor) with the mask [n, H, W] (1 = padding).
+static void pad_batch(const Prepared *p, int n, int64_t H, int64_t W, float *pixels, uint8_t *mask) {
+  memset(pixels, 0, (size_t)(n * 3 * H * W) * sizeof(float));
+  memset(mask, 1, (size_t)(n * H * W));
+  for (int b = 0; b < n; b++)
+    for (int c = 0; c < 3; c++)
+      for (int64_t y = 0; y < p[b].h; y++) {
+        memcpy(pixels + ((b * 3 + c) * H + y) * W, p[b].pixels + (c * p[b].h + y) * p[b].w,
+               (size_t)p[b].w * sizeof(float));
+        if (c == 0) memset(mask + (b * H + y) * W, 0, (size_t)p[b].w);
+      }
+}
+
+// One forward of the n prepared images (freed here); out[n] their results, or all NULL on failure.
+static detr_status detect_prepared(detr_model *m, Prepared *p, int n, double threshold, detr_result **out) {
+  int64_t H = 0, W = 0, K = detr_detections_per_image(&m->net->cfg);
+  int *ow = detr_malloc((size_t)(2 * n) * sizeof(int), "image sizes"), *oh = ow + n;  // [n] each
+  for (int b = 0; b < n; b++) {
+    if (p[b].h > H) H = p[b].h;
+    if (p[b].w > W) W = p[b].w;
+    ow[b] = p[b].ow, oh[b] = p[b].oh;
+  }
+  float *pixels = detr_malloc((size_t)(n * 3 * H * W) * sizeof(float), "image pixels");  // [n, 3, H, W]
+  uint8_t *mask = detr_malloc((size_t)(n * H * W), "a padding mask");                    // [n, H, W]
+  Detection *dets = detr_malloc((size_t)(n * K) * sizeof(Detection), "detections");       // [n, K]
+  Outputs *extra = detr_calloc((size_t)n, sizeof(Outputs), "outputs");                    // [n]
+  pad_batch(p, n, H, W, pixels, mask);
+  for (int b = 0; b < n; b++) free(p[b].pixels);
 
   pthread_mutex_lock(&api_lock);
+  int threads_before = omp_get_max_threads();
+  if (m->threads) omp_set_num_threads(m->threads);
   bool was = autograd_set_grad_enabled(false);
   ScopeMark mark = tensor_scope_mark();
-  Tensor *images = tensor_scoped(tensor_from_host(m->net->params.device, SHAPE(1, 3, H, W), pixels));
+  Tensor *images = tensor_scoped(tensor_from_host(m->net->params.device, SHAPE(n, 3, H, W), pixels));
   NnCtx ctx = {.training = false, .want_cross_attn = m->outputs & DETR_OUTPUT_ATTENTION,
                .want_clusters = m->outputs & DETR_OUTPUT_CLUSTERS};
   DetrOutput fwd;
-  Outputs extra = {0};
   detr_status st = DETR_OK;
   if (detr_model_forward(m->net, &ctx, images, mask, &fwd, last_error, sizeof last_error)) {
     st = DETR_ERR_RUNTIME;
   } else {
-    detr_postprocess_output(m->net, &fwd, &ow, &oh, dets);
-    st = copy_outputs(m, &fwd, &extra);
+    detr_postprocess_output(m->net, &fwd, ow, oh, dets);
+    for (int b = 0; b < n && !st; b++) st = copy_outputs(m, &fwd, b, &extra[b]);
     detr_output_free(&fwd);
   }
   tensor_scope_release(mark);
   autograd_set_grad_enabled(was);
+  omp_set_num_threads(threads_before);
   pthread_mutex_unlock(&api_lock);
 
-  if (!st) *out = make_result(m, dets, K, threshold, ow, oh, &extra);
-  free(pixels);
-  free(mask);
-  free(dets);
+  for (int b = 0; b < n; b++) {
+    if (!st) out[b] = make_result(m, dets + b * K, K, threshold, ow[b], oh[b], &extra[b]);
+    outputs_free(&extra[b]);
+  }
+  free(extra), free(pixels), free(mask), free(dets), free(ow);
   return st;
+}
+
+// img is consumed. The forward of one image; its detections (every query's for DETR) in the
+// original pixels.
+static detr_status detect_image(detr_model *m, Image *img, double threshold, detr_result **out) {
+  Prepared p = prepare(m, img);
+  return detect_prepared(m, &p, 1, threshold, out);
 }
 
 static detr_status check_detect(const detr_model *model, double threshold, detr_result **result) {
@@ -384,21 +443,59 @@ detr_status detr_detect_file(detr_model *model, const char *path, double thresho
   return detect_image(model, &img, threshold, result);
 }
 
-detr_status detr_detect_rgb(detr_model *model, const unsigned char *rgb, size_t size, int width, int height,
-                            double threshold, detr_result **result) {
-  detr_status st = check_detect(model, threshold, result);
-  if (st) return st;
-  if (!rgb) return fail(DETR_ERR_ARGUMENT, "rgb: NULL pixels");
+// what: "rgb" or "images[i]", for the message.
+static detr_status check_rgb(const unsigned char *rgb, size_t size, int width, int height, const char *what) {
+  if (!rgb) return fail(DETR_ERR_ARGUMENT, "%s: NULL pixels", what);
   if (width < 1 || height < 1 || width > IMAGE_MAX_SIDE || height > IMAGE_MAX_SIDE)
-    return fail(DETR_ERR_ARGUMENT, "image size %dx%d: width and height must be in 1..%d", width, height,
+    return fail(DETR_ERR_ARGUMENT, "%s: image size %dx%d: width and height must be in 1..%d", what, width, height,
                 IMAGE_MAX_SIDE);
   size_t want = (size_t)width * (size_t)height * 3;
   if (size != want)
-    return fail(DETR_ERR_ARGUMENT, "rgb: %zu bytes for a %dx%d image, expected %zu (width * height * 3)", size, width,
-                height, want);
+    return fail(DETR_ERR_ARGUMENT, "%s: %zu bytes for a %dx%d image, expected %zu (width * height * 3)", what, size,
+                width, height, want);
+  return DETR_OK;
+}
+
+static Image image_from_rgb(const unsigned char *rgb, int width, int height) {
   Image img = image_alloc(width, height);
-  memcpy(img.data, rgb, want);
+  memcpy(img.data, rgb, (size_t)width * (size_t)height * 3);
+  return img;
+}
+
+detr_status detr_detect_rgb(detr_model *model, const unsigned char *rgb, size_t size, int width, int height,
+                            double threshold, detr_result **result) {
+  detr_status st = check_detect(model, threshold, result);
+  if (!st) st = check_rgb(rgb, size, width, height, "rgb");
+  if (st) return st;
+  Image img = image_from_rgb(rgb, width, height);
   return detect_image(model, &img, threshold, result);
+}
+
+#define DETR_BATCH_MAX 64
+
+detr_status detr_detect_batch(detr_model *model, const detr_image *images, int n, double threshold,
+                              detr_result **results) {
+  last_error[0] = 0;
+  if (!results) return fail(DETR_ERR_ARGUMENT, "results: NULL pointer");
+  if (n < 1 || n > DETR_BATCH_MAX) return fail(DETR_ERR_ARGUMENT, "n %d: expected 1..%d images", n, DETR_BATCH_MAX);
+  for (int i = 0; i < n; i++) results[i] = NULL;
+  detr_result *unused;
+  detr_status st = check_detect(model, threshold, &unused);
+  if (!st && !images) st = fail(DETR_ERR_ARGUMENT, "images: NULL");
+  for (int i = 0; i < n && !st; i++) {
+    char what[32];
+    snprintf(what, sizeof what, "images[%d]", i);
+    st = check_rgb(images[i].rgb, images[i].size, images[i].width, images[i].height, what);
+  }
+  if (st) return st;
+  Prepared *p = detr_malloc((size_t)n * sizeof(Prepared), "a batch");
+  for (int i = 0; i < n; i++) {
+    Image img = image_from_rgb(images[i].rgb, images[i].width, images[i].height);
+    p[i] = prepare(model, &img);
+  }
+  st = detect_prepared(model, p, n, threshold, results);
+  free(p);
+  return st;
 }
 
 // --- results -------------------------------------------------------------------------------------

@@ -63,6 +63,15 @@ typedef struct {
 // x [B, C, H, W], weight [O, C, KH, KW], bias [O] or NULL -> [B, O, HO, WO]; channels last x
 // [B, H, W, C] -> [B, HO, WO, O].
 Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p);
+// Inference only (grad mode off; no backward): relu?(conv2d(x, weight, bias) + residual), residual
+// of the output's shape or NULL. On the CPU the epilogue runs inside the convolution (oneDNN's
+// post-ops); elsewhere as the separate ops. Frozen batch norm folded into weight and bias
+// (resnet_fold_bn) makes a ResNet block's conv, norm, add and ReLU one op.
+Tensor *op_conv2d_fused(Tensor *x, Tensor *weight, Tensor *bias, Tensor *residual, bool relu, Conv2dParams p);
+// The same with the residual's buffer as the output (on the CPU: the convolution accumulates into
+// it, one pass less than copying it): returns relu?(conv2d(x, weight, bias) + acc), in acc on the
+// CPU. acc is consumed: a dead temporary whose contents the caller no longer needs (not x).
+Tensor *op_conv2d_fused_into(Tensor *x, Tensor *weight, Tensor *bias, Tensor *acc, bool relu, Conv2dParams p);
 // Depthwise convolution of x [M, C, H, W] with weight [C, 1, k, k] (odd k) and bias [C] (or NULL):
 // stride 1, zero padding k / 2, so y is [M, C, H, W] (nn.Conv2d(C, C, k, padding=k//2, groups=C)).
 Tensor *op_depthwise_conv2d(Tensor *x, Tensor *weight, Tensor *bias);

@@ -108,6 +108,54 @@ Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p) {
   return y;
 }
 
+// --- inference's convolution with its epilogue: no tape, nothing kept ---
+
+// relu?(conv(x) + bias + residual) into y (a new tensor when NULL; else the residual itself, which
+// the convolution then accumulates into in place).
+static Tensor *conv2d_fused(Tensor *x, Tensor *weight, Tensor *bias, Tensor *residual, bool relu, Conv2dParams p,
+                            bool in_place) {
+  DETR_CHECK(!autograd_grad_enabled(), "conv2d_fused: inference only (it has no backward); disable grad mode");
+  if (x->device != DEVICE_CPU) {  // the separate ops (no tape with grad off)
+    Tensor *y = op_conv2d(x, weight, bias, p);
+    if (residual) y = op_add(y, residual);
+    return relu ? op_relu(y) : y;
+  }
+  check_same_device("conv2d_fused", x, weight);
+  char sx[64], sw[64], sr[64];
+  DETR_CHECK(weight->shape.ndim == 4 && x->shape.ndim == 4 && weight->shape.d[1] == x->shape.d[p.channels_last ? 3 : 1],
+             "conv2d_fused: input %s does not fit weight %s", shape_str(x->shape, sx, sizeof sx),
+             shape_str(weight->shape, sw, sizeof sw));
+  DETR_CHECK(!bias || (bias->device == x->device && bias->numel == weight->shape.d[0]),
+             "conv2d_fused: bias must be [%lld] on the input's device", (long long)weight->shape.d[0]);
+  ConvGeom g = conv_geometry("conv2d_fused", x->shape, p.channels_last, weight->shape.d[0], weight->shape.d[2],
+                             weight->shape.d[3], p.stride_h, p.stride_w, p.pad_h, p.pad_w,
+                             p.dilation_h, p.dilation_w);
+  Shape ys = conv_out_shape(&g);
+  if (residual) {
+    check_same_device("conv2d_fused", x, residual);
+    DETR_CHECK(shape_equal(residual->shape, ys), "conv2d_fused: residual %s does not match the output %s",
+               shape_str(residual->shape, sr, sizeof sr), shape_str(ys, sx, sizeof sx));
+    DETR_CHECK(!in_place || (residual != x && residual->data != x->data),
+               "conv2d_fused_into: the accumulator is the input");
+  }
+  Tensor *y = in_place ? residual : tensor_new_scoped(x->device, ys);
+  const float *b = bias ? bias->data : NULL, *res = residual ? residual->data : NULL;
+  int64_t ws_floats = cpu_conv2d_forward_fused_workspace_floats(&g, b != NULL, res != NULL, relu);
+  float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
+  cpu_conv2d_forward_fused(x->data, weight->data, b, res, relu, y->data, &g, ws);
+  detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));
+  return y;
+}
+
+Tensor *op_conv2d_fused(Tensor *x, Tensor *weight, Tensor *bias, Tensor *residual, bool relu, Conv2dParams p) {
+  return conv2d_fused(x, weight, bias, residual, relu, p, false);
+}
+
+Tensor *op_conv2d_fused_into(Tensor *x, Tensor *weight, Tensor *bias, Tensor *acc, bool relu, Conv2dParams p) {
+  DETR_CHECK(acc, "conv2d_fused_into: no accumulator");
+  return conv2d_fused(x, weight, bias, acc, relu, p, true);
+}
+
 // --- depthwise convolution: x and the weight are kept for backward ---
 
 static void dwconv_backward_node(TapeNode *n) {

@@ -27,7 +27,7 @@
  * Threads: every function may be called from any thread. Opening, detection and closing share one
  * process-wide lock: the tensor runtime underneath keeps per-process state (scoped temporaries,
  * the autograd switch), so two detections - on one model or on two - run one after the other,
- * never at the same time, each using all cores through OpenMP/OpenBLAS. A model may be used from
+ * never at the same time, each using all cores through OpenMP/OpenBLAS (or options.threads). A model may be used from
  * several threads; it must not be closed while another thread still uses it. Results are read-only
  * data: any number of threads may read one. detr_last_error() is per thread.
  *
@@ -47,11 +47,12 @@ extern "C" {
 #endif
 
 #define DETR_VERSION_MAJOR 0
-#define DETR_VERSION_MINOR 3
+#define DETR_VERSION_MINOR 4
 #define DETR_VERSION_PATCH 0
-#define DETR_VERSION_STRING "0.3.0"
-/* A single number for comparisons: 0.3.0 is 300 (0.3 added detr_default_threshold, detr_set_outputs,
- * detr_result_attention and detr_result_clusters). */
+#define DETR_VERSION_STRING "0.4.0"
+/* A single number for comparisons: 0.4.0 is 400 (0.3 added detr_default_threshold, detr_set_outputs,
+ * detr_result_attention and detr_result_clusters; 0.4 detr_detect_batch, detr_image and
+ * detr_options.threads, which changes detr_options' size: recompile against this header). */
 #define DETR_VERSION (DETR_VERSION_MAJOR * 10000 + DETR_VERSION_MINOR * 100 + DETR_VERSION_PATCH)
 
 /* The library exports these symbols only; everything else in it is hidden. */
@@ -90,6 +91,8 @@ typedef struct detr_options {
   int max_size;            /* longest side limit, 32..8192; 0: likewise (1333, 512, 192) */
   const char *names;       /* a COCO instances JSON (plain or .gz) whose categories name the labels;
                               NULL: the checkpoint's names; labels without a name are "class <label>" */
+  int threads;             /* CPU threads each detection of the model runs on, 1..1024; 0 (default):
+                              OpenMP's default (OMP_NUM_THREADS, else every core) */
 } detr_options;
 
 /* One detection. Boxes are absolute corners in pixels of the image given (x0, y0, x1, y1). */
@@ -138,6 +141,25 @@ DETR_API detr_status detr_detect_file(detr_model *model, const char *path, doubl
  * rows; size must be width * height * 3 bytes. Width and height are 1..32768. */
 DETR_API detr_status detr_detect_rgb(detr_model *model, const unsigned char *rgb, size_t size, int width, int height,
                                      double threshold, detr_result **result);
+
+/* One image of a batch: pixels as detr_detect_rgb takes them. */
+typedef struct detr_image {
+  const unsigned char *rgb; /* height rows of width pixels of 3 bytes (R, G, B) */
+  size_t size;              /* width * height * 3 */
+  int width, height;        /* 1..32768 */
+} detr_image;
+
+/* Detects objects in n images (1..64) with one forward pass: each image resized as
+ * detr_detect_rgb's, the batch padded at the bottom and right to its largest height and width with
+ * the padding masked, as the reference batches images (util/misc.py, nested_tensor_from_tensor_list).
+ * results[i] is image i's (as detr_detect_rgb's; free each). An image that needs no padding (the
+ * batch's largest in both sides, or all of one size) gets its detections alone, up to float
+ * rounding; a padded one's differ a little, through the backbone's convolutions reading the
+ * padding (deep features near its bottom and right edges) and the mask at feature resolution.
+ * Attention and cluster maps (detr_set_outputs) cover the batch's padded feature map, the image at
+ * its top left. On failure every results[i] is NULL. */
+DETR_API detr_status detr_detect_batch(detr_model *model, const detr_image *images, int n, double threshold,
+                                       detr_result **results);
 
 /* What a detection may keep beyond the boxes, for pictures of what the model attends to (`detr
  * predict --show`); off by default. */

@@ -61,8 +61,11 @@ void detr_model_init(DetrModel *m, uint64_t seed) {
   resnet_init(&m->backbone, &rng);
 }
 
+void detr_model_prepare_inference(DetrModel *m) { resnet_fold_bn(&m->backbone); }
+
 void detr_model_free(DetrModel *m) {
   if (!m) return;
+  resnet_unfold_bn(&m->backbone);
   for (int i = 0; i < m->cfg.enc_layers; i++) encoder_layer_free(&m->enc[i]);
   free(m->decoder_state);
   params_free(&m->params);

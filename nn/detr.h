@@ -104,6 +104,10 @@ typedef struct {
 DetrModel *detr_model_create(const DetrConfig *cfg, Device dev);
 // Reference initialisation from a seed (the backbone is torchvision's kaiming-normal init).
 void detr_model_init(DetrModel *m, uint64_t seed);
+// For a model that is only run, no longer trained (the C API's, `detr eval`'s): the backbone's
+// frozen batch norms folded into its convolutions (resnet_fold_bn), which the forward with grad
+// mode off then runs with their epilogues fused. Call after the weights are loaded.
+void detr_model_prepare_inference(DetrModel *m);
 void detr_model_free(DetrModel *m);
 
 typedef struct {

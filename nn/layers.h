@@ -51,6 +51,7 @@ Conv2d conv2d_create(ParamStore *ps, const char *prefix, int64_t in, int64_t out
 Tensor *conv2d_forward(const Conv2d *c, Tensor *x);
 
 // --- FrozenBatchNorm2d (nn/frozen_bn.c): four buffers, eps 1e-5 ---
+#define FROZEN_BN_EPS 1e-5f  // DETR's FrozenBatchNorm2d (models/backbone.py)
 typedef struct {
   Tensor *weight, *bias, *running_mean, *running_var;  // [C] each
   bool channels_last;  // its input is [B, H, W, C], not [B, C, H, W]
@@ -59,6 +60,21 @@ FrozenBn frozen_bn_create(ParamStore *ps, const char *prefix, int64_t channels);
 Tensor *frozen_bn_forward(const FrozenBn *bn, Tensor *x);
 // relu?(bn(x) + residual) in one op (residual NULL: none): a ResNet block's norm, add and ReLU.
 Tensor *frozen_bn_act_forward(const FrozenBn *bn, Tensor *x, Tensor *residual, bool relu);
+// A convolution with the frozen batch norm after it folded in, for inference: weight [O, C, KH, KW]
+// = the convolution's scaled by the norm's scale[o] = weight[o] / sqrt(var[o] + eps), bias [O] =
+// the norm's shift[o] = bias[o] - mean[o] * scale[o] (plus scale[o] * the convolution's own bias).
+// Its own tensors (not in any ParamStore), on the convolution's device; a copy of the weights at
+// the time of folding.
+typedef struct {
+  Tensor *weight, *bias;
+  Conv2dParams p;
+} FoldedConv;
+FoldedConv frozen_bn_fold(const Conv2d *c, const FrozenBn *bn);
+void folded_conv_free(FoldedConv *f);
+// relu?(bn(conv(x)) + residual) as one op_conv2d_fused (grad mode off); residual_dead: the
+// residual is a temporary no one reads afterwards, and its buffer becomes the output
+// (op_conv2d_fused_into).
+Tensor *folded_conv_forward(const FoldedConv *f, Tensor *x, Tensor *residual, bool relu, bool residual_dead);
 
 // --- LayerNorm (nn/layernorm.c), eps 1e-5 ---
 typedef struct {

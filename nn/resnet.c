@@ -154,17 +154,53 @@ Tensor *resblock_forward(const ResBlock *b, Tensor *x) {
   return frozen_bn_act_forward(last_bn, out, identity, true);
 }
 
+void resnet_fold_bn(ResNet *r) {
+  resnet_unfold_bn(r);
+  r->fstem = frozen_bn_fold(&r->conv1, &r->bn1);
+  for (int i = 0; i < r->n_blocks; i++) {
+    ResBlock *b = &r->blocks[i];
+    b->f1 = frozen_bn_fold(&b->conv1, &b->bn1);
+    b->f2 = frozen_bn_fold(&b->conv2, &b->bn2);
+    if (b->bottleneck) b->f3 = frozen_bn_fold(&b->conv3, &b->bn3);
+    if (b->has_downsample) b->fdown = frozen_bn_fold(&b->down_conv, &b->down_bn);
+  }
+  r->folded = true;
+}
+
+void resnet_unfold_bn(ResNet *r) {
+  folded_conv_free(&r->fstem);
+  for (int i = 0; i < r->n_blocks; i++) {
+    ResBlock *b = &r->blocks[i];
+    folded_conv_free(&b->f1), folded_conv_free(&b->f2), folded_conv_free(&b->f3), folded_conv_free(&b->fdown);
+  }
+  r->folded = false;
+}
+
+// A block on the folded convolutions: conv1 + ReLU, conv2 (+ ReLU), conv3 + residual + ReLU, each
+// one op; the downsample's output, made first, is the last convolution's residual. That residual,
+// or the block's input (read by conv1 before; resnet_forward drops it after the block), is dead
+// after the last convolution, which accumulates into its buffer: the residual is read in place
+// instead of copied into a new output.
+static Tensor *resblock_forward_folded(const ResBlock *b, Tensor *x) {
+  Tensor *identity = b->has_downsample ? folded_conv_forward(&b->fdown, x, NULL, false, false) : x;
+  Tensor *out = folded_conv_forward(&b->f1, x, NULL, true, false);
+  if (b->bottleneck) out = folded_conv_forward(&b->f2, out, NULL, true, false);
+  return folded_conv_forward(b->bottleneck ? &b->f3 : &b->f2, out, identity, true, true);
+}
+
 Tensor *resnet_forward(const ResNet *r, Tensor *x) {
   // After the stem and after each block, everything scoped since the start but the newest
   // activation is released: what backward needs is held by the tape, the rest (all of it in the
   // frozen stages, and each block's input once the next block has read it) is freed.
   ScopeMark mark = tensor_scope_mark();
   x = op_permute(x, (const int[]){0, 2, 3, 1});  // [B, H, W, 3]: channels last from here on
-  x = frozen_bn_act_forward(&r->bn1, conv2d_forward(&r->conv1, x), NULL, true);
+  bool folded = r->folded && !autograd_grad_enabled();
+  x = folded ? folded_conv_forward(&r->fstem, x, NULL, true, false)
+             : frozen_bn_act_forward(&r->bn1, conv2d_forward(&r->conv1, x), NULL, true);
   x = op_maxpool2d(x, 3, 2, 1, true);
   tensor_scope_keep(mark, &x, 1);
   for (int i = 0; i < r->n_blocks; i++) {
-    x = resblock_forward(&r->blocks[i], x);
+    x = folded ? resblock_forward_folded(&r->blocks[i], x) : resblock_forward(&r->blocks[i], x);
     tensor_scope_keep(mark, &x, 1);
   }
   return x;

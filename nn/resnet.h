@@ -16,6 +16,7 @@ typedef struct {
   bool bottleneck, has_downsample;
   Conv2d down_conv;
   FrozenBn down_bn;
+  FoldedConv f1, f2, f3, fdown;  // resnet_fold_bn's: each convolution with its norm folded in
 } ResBlock;
 
 #define RESNET_MAX_BLOCKS 33  // ResNet-101: 3 + 4 + 23 + 3
@@ -26,6 +27,8 @@ typedef struct {
   ResBlock blocks[RESNET_MAX_BLOCKS];
   int n_blocks;
   int64_t out_channels;  // 512 (18/34) or 2048 (50/101) at width 64 with 4 layers
+  FoldedConv fstem;      // conv1 with bn1 folded in
+  bool folded;           // resnet_fold_bn ran: the forward with grad mode off uses the folded copies
 } ResNet;
 
 // depth 18, 34, 50 or 101; dilation: layer4 with dilation 2 instead of stride 2 (DC5);
@@ -41,6 +44,13 @@ void resnet_init(ResNet *r, Rng *rng);  // kaiming-normal (fan out) convolutions
 // Sets every frozen batch norm's statistics to those of its input on the batch x [B, 3, H, W]
 // (training from scratch: no pretrained statistics). No gradient.
 void resnet_calibrate(ResNet *r, Tensor *x);
+// Inference: folds every frozen batch norm into the convolution before it (nn/layers.h
+// frozen_bn_fold), so that resnet_forward with grad mode off runs each convolution, its norm, the
+// residual add and the ReLU as one op_conv2d_fused: no normalisation pass over the activations.
+// The folded copies are the weights at the time of the call: only a model that is no longer
+// trained is folded (the C API's and `detr eval`'s; with grad mode on the forward ignores them).
+void resnet_fold_bn(ResNet *r);
+void resnet_unfold_bn(ResNet *r);  // releases the folded copies (a no-op when none)
 Tensor *resnet_forward(const ResNet *r, Tensor *x);  // [B, 3, H, W] -> [B, H/32, W/32, C] (H/16: 3 layers)
 // One residual block alone (its gradient test): x [B, H, W, C].
 Tensor *resblock_forward(const ResBlock *b, Tensor *x);

@@ -13,6 +13,9 @@ endif()
 # CPU-only helpers with no op behind them: the CPU convolution's workspace sizes (the CUDA path
 # asks cuDNN, cuda_conv2d_forward_workspace / cuda_conv2d_backward_workspace).
 set(cpu_only_helpers "cpu_conv2d_forward_workspace_floats(" "cpu_conv2d_backward_workspace_floats(")
+# Inference's fused convolution (op_conv2d_fused): the CPU fuses the epilogue into oneDNN's
+# convolution; on CUDA the op runs op_conv2d, op_add and op_relu, each with its CUDA kernel.
+list(APPEND cpu_only_helpers "cpu_conv2d_forward_fused(" "cpu_conv2d_forward_fused_workspace_floats(")
 
 file(GLOB op_sources "${SOURCE_DIR}/autograd/*.c")
 file(GLOB op_headers "${SOURCE_DIR}/autograd/*.h")

@@ -8,6 +8,7 @@
 #include <check.h>
 #include <ftw.h>
 #include <math.h>
+#include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,14 +119,16 @@ static int by_score_desc(const void *a, const void *b) {
   return x->score != y->score ? (x->score > y->score ? -1 : 1) : (x->query > y->query) - (x->query < y->query);
 }
 
-// The evaluation path on img.jpg: COCO reader, val loader (128/192, the tiny defaults), forward,
-// post-processing; dets [QUERIES] by falling score.
+// The evaluation path on img.jpg (`detr eval`'s): COCO reader, val loader (128/192, the tiny
+// defaults), the model folded for inference, forward, post-processing; dets [QUERIES] by falling
+// score.
 static void reference_detections(Detection *dets) {
   DetrConfig cfg;
   detr_config_preset("tiny", &cfg);
   DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
   char err[1024];
   ck_assert_msg(params_load_file(&m->params, at("w.safetensors"), err, sizeof err) == 0, "%s", err);
+  detr_model_prepare_inference(m);  // as `detr eval` and the API: the norms folded (tests/test_infer.c)
   CocoOpenConfig cc = {.ann_path = at("names.json"), .image_dir = tmp, .quiet = true};
   CocoDataset *ds;
   DataError derr;
@@ -318,6 +321,110 @@ START_TEST(extreme_shapes_every_variant) {
       free(px);
     }
     detr_close(m);
+  }
+}
+END_TEST
+
+// --- batches ---------------------------------------------------------------------------------------
+
+// The largest |score| and |box| (pixels) differences between two results of one image, matched by
+// query (threshold 0: every query once in each).
+static void result_distance(const detr_result *a, const detr_result *b, double *score, double *box) {
+  ck_assert_int_eq(detr_result_count(a), detr_result_count(b));
+  *score = *box = 0;
+  for (int i = 0; i < detr_result_count(a); i++) {
+    const detr_detection *x = detr_result_get(a, i), *y = NULL;
+    for (int j = 0; j < detr_result_count(b) && !y; j++)
+      if (detr_result_get(b, j)->query == x->query) y = detr_result_get(b, j);
+    ck_assert_ptr_nonnull(y);
+    ck_assert_int_eq(x->label, y->label);
+    *score = fmax(*score, fabs(x->score - y->score));
+    for (int c = 0; c < 4; c++) *box = fmax(*box, fabs(x->box[c] - y->box[c]));
+  }
+}
+
+// Results of n images within float rounding of each other: scores within 1e-6, boxes 1e-4 px.
+static void assert_close_results(detr_result *const *a, detr_result *const *b, int n) {
+  for (int i = 0; i < n; i++) {
+    double score, box;
+    result_distance(a[i], b[i], &score, &box);
+    ck_assert_msg(score <= 1e-6 && box <= 1e-4, "image %d: %g (score), %g px (box)", i, score, box);
+  }
+}
+
+// Three images: img (100x80), it mirrored (the same size), and its top-left 60x50 crop, which the
+// resize makes 154x128 beside the others' 160x128: padded by 6 columns in a batch with them.
+START_TEST(batch_matches_single_images) {
+  detr_model *m = open_tiny(NULL);
+  static uint8_t mirror[IMG_H][IMG_W][3], crop[50][60][3];
+  for (int y = 0; y < IMG_H; y++)
+    for (int x = 0; x < IMG_W; x++) memcpy(mirror[y][x], pixels[y][IMG_W - 1 - x], 3);
+  for (int y = 0; y < 50; y++) memcpy(crop[y], pixels[y], sizeof crop[y]);
+  detr_image img[3] = {{&pixels[0][0][0], sizeof pixels, IMG_W, IMG_H},
+                       {&mirror[0][0][0], sizeof mirror, IMG_W, IMG_H}, {&crop[0][0][0], sizeof crop, 60, 50}};
+  detr_result *alone[3], *batch[3];
+  for (int i = 0; i < 3; i++)
+    ck_assert_int_eq(detr_detect_rgb(m, img[i].rgb, img[i].size, img[i].width, img[i].height, 0.0, &alone[i]), DETR_OK);
+  // The same size, no padding: each image's detections alone up to float rounding (measured: 1 ulp
+  // of the scores, 7.6e-6 px; the transformer's matrix products over the batch's rows block their
+  // sums differently from one image's, while the convolutions, whole batch or per image, agree).
+  ck_assert_int_eq(detr_detect_batch(m, img, 2, 0.0, batch), DETR_OK);
+  assert_close_results(alone, batch, 2);
+  // With the crop, padded: the unpadded images are unchanged; the crop's detections move (its
+  // right edge's features read the padding), but only a little, and its boxes are in its pixels.
+  ck_assert_int_eq(detr_detect_batch(m, img, 3, 0.0, batch), DETR_OK);
+  assert_close_results(alone, batch, 2);
+  double score, box;
+  result_distance(alone[2], batch[2], &score, &box);
+  printf("padded image in a batch: largest differences %.3g (score), %.3g px (box)\n", score, box);
+  ck_assert(score > 0 || box > 0);  // the padding does reach it
+  int w, h;
+  detr_result_image_size(batch[2], &w, &h);
+  ck_assert(w == 60 && h == 50);
+  for (int i = 0; i < 3; i++) detr_result_free(alone[i]), detr_result_free(batch[i]);
+
+  // Bad calls: an error, every result NULL.
+  detr_result *r[3] = {alone[0], alone[0], alone[0]};  // stale pointers the call must clear
+  ck_assert_int_eq(detr_detect_batch(m, img, 0, 0.0, r), DETR_ERR_ARGUMENT);
+  ck_assert_int_eq(detr_detect_batch(m, img, 65, 0.0, r), DETR_ERR_ARGUMENT);
+  ck_assert_int_eq(detr_detect_batch(m, NULL, 2, 0.0, r), DETR_ERR_ARGUMENT);
+  ck_assert_ptr_null(r[0]);
+  detr_image bad[2] = {img[0], {img[1].rgb, img[1].size - 1, IMG_W, IMG_H}};
+  r[1] = alone[0];
+  ck_assert_int_eq(detr_detect_batch(m, bad, 2, 0.0, r), DETR_ERR_ARGUMENT);
+  ck_assert_msg(strstr(detr_last_error(), "images[1]"), "%s", detr_last_error());
+  ck_assert(r[0] == NULL && r[1] == NULL);
+  ck_assert_int_eq(detr_detect_batch(m, img, 2, 1.5, r), DETR_ERR_ARGUMENT);
+  ck_assert_int_eq(detr_detect_batch(NULL, img, 2, 0.0, r), DETR_ERR_ARGUMENT);
+  ck_assert_int_eq(detr_detect_batch(m, img, 2, 0.0, NULL), DETR_ERR_ARGUMENT);
+  detr_close(m);
+}
+END_TEST
+
+// options.threads: a model on 1 thread gives the default's detections (up to the summation order
+// of a parallel reduction) and leaves the caller's OpenMP setting as it was; out of range refused.
+START_TEST(thread_option) {
+  detr_options o = detr_options_default();
+  ck_assert_int_eq(o.threads, 0);
+  detr_model *m = open_tiny(NULL);
+  o.threads = 1;
+  detr_model *one = open_tiny(&o);
+  int before = omp_get_max_threads();
+  detr_result *a = detect(m, at("img.png"), 0.0), *b = detect(one, at("img.png"), 0.0);
+  ck_assert_int_eq(omp_get_max_threads(), before);
+  double score, box;
+  result_distance(a, b, &score, &box);
+  ck_assert_msg(score <= 1e-5 && box <= 1e-3, "1 thread against %d: %g (score), %g px (box)", before, score, box);
+  detr_result_free(a), detr_result_free(b);
+  detr_close(one);
+  detr_close(m);
+  detr_model *none = NULL;
+  int bad[] = {-1, 1025};
+  for (int i = 0; i < 2; i++) {
+    o.threads = bad[i];
+    ck_assert_int_eq(detr_open_weights(at("w.safetensors"), "tiny", &o, &none), DETR_ERR_ARGUMENT);
+    ck_assert_ptr_null(none);
+    ck_assert_msg(strstr(detr_last_error(), "threads"), "%s", detr_last_error());
   }
 }
 END_TEST
@@ -625,6 +732,8 @@ int main(void) {
   tcase_add_test(tc, nonfinite_outputs_dropped);
   tcase_add_test(tc, extreme_shapes_every_variant);
   tcase_add_test(tc, two_threads_one_model);
+  tcase_add_test(tc, batch_matches_single_images);
+  tcase_add_test(tc, thread_option);
   tcase_add_test(tc, bad_models);
   tcase_add_test(tc, bad_images);
   suite_add_tcase(s, tc);

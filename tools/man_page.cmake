@@ -1,6 +1,6 @@
 # Writes the detr(1) man page from the built tool's own help texts: `detr help` and `detr help VERB`
 # (which prints exactly `detr VERB --help`), so the page cannot disagree with --help.
-#   cmake -DDETR=path/to/detr -DOUT=detr.1 -DVERSION=0.3.0 -P tools/man_page.cmake
+#   cmake -DDETR=path/to/detr -DOUT=detr.1 -DVERSION=0.4.0 -P tools/man_page.cmake
 foreach(var DETR OUT VERSION)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "man_page.cmake: -D${var}=... is required")

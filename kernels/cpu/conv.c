@@ -427,6 +427,42 @@ void cpu_conv2d_forward(const float *x, const float *w, const float *bias, float
   }
 }
 
+static unsigned conv_post(bool residual, bool relu) {
+  return (residual ? CONV_POST_SUM : 0u) | (relu ? CONV_POST_RELU : 0u);
+}
+
+int64_t cpu_conv2d_forward_fused_workspace_floats(const ConvGeom *g, bool bias, bool residual, bool relu) {
+  ConvImpl impl = cpu_conv2d_impl(g, CONV_PASS_FWD);
+  if (impl == CONV_IMPL_IM2COL) return im2col_workspace_floats(g);
+  return onednn_conv2d_forward_post_workspace_floats(g, impl, bias, conv_post(residual, relu));
+}
+
+void cpu_conv2d_forward_fused(const float *x, const float *w, const float *bias, const float *residual, bool relu,
+                              float *y, const ConvGeom *g, float *workspace) {
+  int64_t n = g->batch * g->out_ch * g->out_h * g->out_w;
+  ConvImpl impl = cpu_conv2d_impl(g, CONV_PASS_FWD);
+  if (impl != CONV_IMPL_IM2COL) {  // the residual in y, then oneDNN's sum (and ReLU) post-ops
+    if (residual && residual != y) memcpy(y, residual, (size_t)n * sizeof(float));
+    onednn_conv2d_forward_post(g, impl, conv_post(residual != NULL, relu), x, w, y, bias, workspace);
+    return;
+  }
+  float *res_copy = NULL;  // im2col writes y first: a residual that is y itself is kept aside
+  if (residual == y) {
+    res_copy = detr_malloc((size_t)n * sizeof(float), "conv2d residual");
+    memcpy(res_copy, y, (size_t)n * sizeof(float));
+    residual = res_copy;
+  }
+  cpu_conv2d_forward(x, w, bias, y, g, workspace);
+  if (residual || relu) {
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_LIGHT)
+    for (int64_t i = 0; i < n; i++) {
+      float v = residual ? y[i] + residual[i] : y[i];
+      y[i] = relu ? unary_forward(UNARY_RELU, v, 0.0f) : v;
+    }
+  }
+  free(res_copy);
+}
+
 // dx (written when set_dx, else accumulated) and/or dw (with dbias) by im2col + sgemm.
 static void im2col_backward(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
                             float *dbias, const ConvGeom *g, float *workspace) {

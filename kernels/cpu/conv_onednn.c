@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
 
@@ -64,6 +65,7 @@ typedef struct {
   dnnl_memory_desc_t prim;   // the convolution's own
   dnnl_primitive_t reorder;  // NULL: the layouts are the same (output: the accumulating reorder)
   dnnl_primitive_t reorder_set;  // a backward pass's output: the writing reorder (a fresh dx or dw), made on first use
+  dnnl_primitive_t reorder_in;   // a forward output in another layout with the sum post-op: plain -> prim (the residual)
 } ConvArg;
 
 typedef struct {
@@ -72,6 +74,8 @@ typedef struct {
   ConvImpl impl;         // CONV_IMPL_ONEDNN, _ONEDNN_PLAIN or _ONEDNN_WINOGRAD: the layouts and algorithm asked for
   bool winograd;         // oneDNN had Winograd for it (else the entry is the direct convolution)
   bool bias;             // the forward adds one / backward-weights computes its gradient
+  unsigned post;         // the forward's post-ops (CONV_POST_*, inference's fused epilogue); 0 otherwise
+  int nthr;              // OpenMP's thread count when it was made: its scratchpad serves that many or fewer
   dnnl_primitive_t conv;
   dnnl_primitive_desc_t fwd_pd;  // the forward's descriptor (forward entries only): the backward passes' hint
   ConvArg a[3];          // a[0], a[1]: inputs; a[2]: the output
@@ -195,6 +199,7 @@ static void prim_destroy(ConvPrim *p) {
   for (int i = 0; i < 3; i++) {
     if (p->a[i].reorder) DNNL_CHECK(dnnl_primitive_destroy(p->a[i].reorder));
     if (p->a[i].reorder_set) DNNL_CHECK(dnnl_primitive_destroy(p->a[i].reorder_set));
+    if (p->a[i].reorder_in) DNNL_CHECK(dnnl_primitive_destroy(p->a[i].reorder_in));
   }
   memset(p, 0, sizeof *p);
 }
@@ -311,9 +316,21 @@ static dnnl_primitive_desc_t direct_pd_create(const ConvGeom *g, ConvPass pass, 
   return pd;
 }
 
+// The forward's post-ops (CONV_POST_*): dst = relu?(conv + bias + 1 * dst), dst holding the
+// residual before the call when CONV_POST_SUM.
+static void attr_set_post_ops(dnnl_primitive_attr_t attr, unsigned post) {
+  if (!post) return;
+  dnnl_post_ops_t po;
+  DNNL_CHECK(dnnl_post_ops_create(&po));
+  if (post & CONV_POST_SUM) DNNL_CHECK(dnnl_post_ops_append_sum(po, 1.0f));
+  if (post & CONV_POST_RELU) DNNL_CHECK(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f));
+  DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr, po));
+  DNNL_CHECK(dnnl_post_ops_destroy(po));
+}
+
 // hint: the forward's descriptor of the same geometry and impl, for a backward pass (NULL: made
-// here and dropped); hint_winograd: whether it is a Winograd one.
-static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, ConvImpl impl, bool bias,
+// here and dropped); hint_winograd: whether it is a Winograd one. post: the forward's post-ops.
+static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, ConvImpl impl, bool bias, unsigned post,
                         const_dnnl_primitive_desc_t hint, bool hint_winograd) {
   dnnl_dims_t xd, wd, yd, bd = {g->out_ch};  // bias [O]
   conv_dims(g, xd, wd, yd);
@@ -326,6 +343,7 @@ static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, ConvImpl 
   dnnl_primitive_attr_t attr;
   DNNL_CHECK(dnnl_primitive_attr_create(&attr));
   DNNL_CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
+  attr_set_post_ops(attr, post);
 
   dnnl_primitive_desc_t pd = NULL;
   if (impl == CONV_IMPL_ONEDNN_WINOGRAD)
@@ -345,6 +363,7 @@ static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, ConvImpl 
   p->impl = impl;
   p->winograd = winograd;
   p->bias = bias;
+  p->post = post;
   p->bias_md = bmd;
   for (int i = 0; i < 3; i++) {
     ConvArg *a = &p->a[i];
@@ -358,6 +377,7 @@ static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, ConvImpl 
       if (!same) a->reorder = reorder_create(&a->user, &a->prim, false);
     } else if (!same) {  // the backward passes' accumulate (the sum post-op)
       a->reorder = reorder_create(&a->prim, &a->user, pass != CONV_PASS_FWD);
+      if (post & CONV_POST_SUM) a->reorder_in = reorder_create(&a->user, &a->prim, false);
     }
   }
   const dnnl_memory_desc_t *scratch_md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
@@ -367,18 +387,22 @@ static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, ConvImpl 
   else DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
 }
 
-// The cached primitive of (g, pass, impl, bias), created on first use.
-static ConvPrim *prim_get(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool bias) {
+// The cached primitive of (g, pass, impl, bias, post), created on first use. A primitive made for
+// fewer threads than OpenMP now runs (the C API's thread option raises them) is not used: oneDNN
+// sizes its per-thread scratchpad and work split when it makes one. Training's CPU share only
+// lowers the count below the one its primitives were made at.
+static ConvPrim *prim_get(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool bias, unsigned post) {
   onednn_init();
+  int nthr = omp_get_max_threads();
   ConvPrim *victim = &cache[0], *forward = NULL;  // forward: this geometry's forward entry
   for (int i = 0; i < CONV_CACHE_SIZE; i++) {
     ConvPrim *p = &cache[i];
-    if (p->used && p->impl == impl && !memcmp(&p->g, g, sizeof *g)) {
-      if (p->pass == pass && p->bias == bias) {
+    if (p->used && p->impl == impl && p->nthr >= nthr && !memcmp(&p->g, g, sizeof *g)) {
+      if (p->pass == pass && p->bias == bias && p->post == post) {
         p->used = ++cache_clock;
         return p;
       }
-      if (p->pass == CONV_PASS_FWD) forward = p;
+      if (p->pass == CONV_PASS_FWD && !p->post) forward = p;
     }
     if (p->used < victim->used) victim = p;
   }
@@ -387,7 +411,8 @@ static ConvPrim *prim_get(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool 
   if (victim == forward) forward = NULL;
   if (victim->used) prim_destroy(victim);
   bool hint = pass != CONV_PASS_FWD && forward;
-  prim_create(victim, g, pass, impl, bias, hint ? forward->fwd_pd : NULL, hint && forward->winograd);
+  prim_create(victim, g, pass, impl, bias, post, hint ? forward->fwd_pd : NULL, hint && forward->winograd);
+  victim->nthr = nthr;
   victim->used = ++cache_clock;
   return victim;
 }
@@ -479,6 +504,7 @@ static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *i
       if (!buf[i]) DNNL_CHECK(dnnl_memory_set_data_handle(args[i].memory, img[i]));
       else if (i < 2) reorder_run(p->a[i].reorder, &p->a[i].user, img[i], &p->a[i].prim, buf[i]);
     }
+    if (p->a[2].reorder_in) reorder_run(p->a[2].reorder_in, &p->a[2].user, img[2], &p->a[2].prim, buf[2]);
     DNNL_CHECK(dnnl_primitive_execute(p->conv, stream, n, args));
     bool add = accumulate || (shared_out && b > 0);
     if (p->a[2].reorder) {  // the forward's writes; a backward pass's sums, or writes (reorder_set)
@@ -552,23 +578,25 @@ static ConvGeom pass_geometry(const ConvGeom *g, ConvPass pass, ConvImpl impl, b
 
 // The primitive that runs a pass of g, and how many times (*runs). Winograd on a CPU without it is
 // the direct convolution, the same entries.
-static ConvPrim *pass_prim(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, bool bias, int64_t *runs) {
+static ConvPrim *pass_prim(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, bool bias, unsigned post,
+                           int64_t *runs) {
   DETR_CHECK(impl == CONV_IMPL_ONEDNN || impl == CONV_IMPL_ONEDNN_PLAIN || impl == CONV_IMPL_ONEDNN_WINOGRAD ||
                  impl == CONV_IMPL_ONEDNN_BF16,
              "onednn_conv2d: implementation %d is not oneDNN's", (int)impl);
   if (impl == CONV_IMPL_ONEDNN_WINOGRAD && !onednn_conv2d_has_winograd()) impl = CONV_IMPL_ONEDNN;
   ConvGeom run = pass_geometry(g, pass, impl, accumulate, runs);
-  return prim_get(&run, pass, impl, bias);
+  return prim_get(&run, pass, impl, bias, post);
 }
 
 // Winograd's workspace per (geometry, pass), from its descriptor alone (no primitive, no JIT), so
 // that conv.c can weigh it before choosing: the last WINOGRAD_SIZES asked, least recently used
 // dropped. Its scratchpad grows with the thread count (a transformed dW per thread), which is
-// fixed for a process.
+// part of the key (the C API's thread option changes it between calls).
 #define WINOGRAD_SIZES 256
 static struct {
   ConvGeom g;
   ConvPass pass;
+  int nthr;        // OpenMP's thread count: the scratchpad's size depends on it
   int64_t floats;  // -1: no Winograd for it
   uint64_t used;
 } winograd_sizes[WINOGRAD_SIZES];
@@ -580,7 +608,8 @@ int64_t onednn_conv2d_winograd_workspace_floats(const ConvGeom *g, ConvPass pass
   ConvGeom run = pass_geometry(g, pass, CONV_IMPL_ONEDNN_WINOGRAD, false, &runs);
   int victim = 0;
   for (int i = 0; i < WINOGRAD_SIZES; i++) {
-    if (winograd_sizes[i].used && winograd_sizes[i].pass == pass && !memcmp(&winograd_sizes[i].g, &run, sizeof run)) {
+    if (winograd_sizes[i].used && winograd_sizes[i].pass == pass && winograd_sizes[i].nthr == omp_get_max_threads() &&
+        !memcmp(&winograd_sizes[i].g, &run, sizeof run)) {
       winograd_sizes[i].used = ++winograd_sizes_clock;
       return winograd_sizes[i].floats;
     }
@@ -602,6 +631,7 @@ int64_t onednn_conv2d_winograd_workspace_floats(const ConvGeom *g, ConvPass pass
   }
   winograd_sizes[victim].g = run;
   winograd_sizes[victim].pass = pass;
+  winograd_sizes[victim].nthr = omp_get_max_threads();
   winograd_sizes[victim].floats = floats;
   winograd_sizes[victim].used = ++winograd_sizes_clock;
   return floats;
@@ -609,7 +639,7 @@ int64_t onednn_conv2d_winograd_workspace_floats(const ConvGeom *g, ConvPass pass
 
 int64_t onednn_conv2d_workspace_floats(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, bool bias) {
   int64_t runs;
-  const ConvPrim *p = pass_prim(g, pass, impl, accumulate, bias, &runs);
+  const ConvPrim *p = pass_prim(g, pass, impl, accumulate, bias, 0, &runs);
   return (int64_t)((pass_buffer_bytes(p, pass_out_copy(p, runs, accumulate)) + sizeof(float) - 1) / sizeof(float));
 }
 
@@ -619,14 +649,28 @@ void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool acc
   DETR_CHECK(pass != CONV_PASS_FWD || !accumulate, "onednn_conv2d_run: the forward writes y");
   DETR_CHECK(((uintptr_t)workspace & 63) == 0, "onednn_conv2d_run: the workspace is not 64-byte aligned");
   int64_t runs;
-  ConvPrim *p = pass_prim(g, pass, impl, accumulate, bias != NULL, &runs);
+  ConvPrim *p = pass_prim(g, pass, impl, accumulate, bias != NULL, 0, &runs);
   pass_run(p, runs, accumulate, in0, in1, out, bias, (char *)workspace);
+}
+
+int64_t onednn_conv2d_forward_post_workspace_floats(const ConvGeom *g, ConvImpl impl, bool bias, unsigned post) {
+  int64_t runs;
+  const ConvPrim *p = pass_prim(g, CONV_PASS_FWD, impl, false, bias, post, &runs);
+  return (int64_t)((pass_buffer_bytes(p, pass_out_copy(p, runs, false)) + sizeof(float) - 1) / sizeof(float));
+}
+
+void onednn_conv2d_forward_post(const ConvGeom *g, ConvImpl impl, unsigned post, const float *x, const float *w,
+                                float *y, const float *bias, float *workspace) {
+  DETR_CHECK(((uintptr_t)workspace & 63) == 0, "onednn_conv2d_forward_post: the workspace is not 64-byte aligned");
+  int64_t runs;
+  ConvPrim *p = pass_prim(g, CONV_PASS_FWD, impl, false, bias != NULL, post, &runs);
+  pass_run(p, runs, false, x, w, y, (float *)bias, (char *)workspace);
 }
 
 const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, ConvImpl impl) {
   ConvGeom one = *g;
   one.batch = 1;
-  ConvPrim *p = prim_get(&one, pass, impl, false);
+  ConvPrim *p = prim_get(&one, pass, impl, false, 0);
   const_dnnl_primitive_desc_t pd;
   DNNL_CHECK(dnnl_primitive_get_primitive_desc(p->conv, &pd));
   const char *name = NULL;

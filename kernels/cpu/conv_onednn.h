@@ -19,6 +19,13 @@
 void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, const float *in0,
                        const float *in1, float *out, float *bias, float *workspace);
 int64_t onednn_conv2d_workspace_floats(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, bool bias);
+// The forward with a fused epilogue (inference: no backward reads it): y = relu?(conv(x, w) + bias
+// + y), post CONV_POST_* or'ed; with CONV_POST_SUM y holds the residual before the call. The same
+// primitive as onednn_conv2d_run's forward with oneDNN's sum and eltwise post-ops (where oneDNN's
+// Winograd takes no post-ops, its direct convolution).
+void onednn_conv2d_forward_post(const ConvGeom *g, ConvImpl impl, unsigned post, const float *x, const float *w,
+                                float *y, const float *bias, float *workspace);
+int64_t onednn_conv2d_forward_post_workspace_floats(const ConvGeom *g, ConvImpl impl, bool bias, unsigned post);
 // Whether oneDNN has Winograd on this CPU (AVX-512; probed once).
 bool onednn_conv2d_has_winograd(void);
 // The workspace (onednn_conv2d_workspace_floats) a Winograd pass of g would take, or -1 where
@@ -48,6 +55,15 @@ static inline const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, C
 }
 static inline void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate,
                                      const float *in0, const float *in1, float *out, float *bias, float *workspace) {
+  DETR_FAIL("conv2d: this build has no oneDNN");
+}
+static inline void onednn_conv2d_forward_post(const ConvGeom *g, ConvImpl impl, unsigned post, const float *x,
+                                              const float *w, float *y, const float *bias, float *workspace) {
+  DETR_FAIL("conv2d: this build has no oneDNN");
+}
+static inline int64_t onednn_conv2d_forward_post_workspace_floats(const ConvGeom *g, ConvImpl impl, bool bias,
+                                                                  unsigned post) {
+  (void)g, (void)impl, (void)bias, (void)post;
   DETR_FAIL("conv2d: this build has no oneDNN");
 }
 static inline int64_t onednn_conv2d_workspace_floats(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate,

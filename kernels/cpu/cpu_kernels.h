@@ -53,6 +53,15 @@ void cpu_conv2d_forward(const float *x, const float *w, const float *bias, float
 // garbage (a fresh buffer, autograd_grad_to_write).
 void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
                          bool set_dw, float *dbias, const ConvGeom *g, float *workspace);
+// Inference's convolution with its epilogue fused (no backward: nothing is kept for one):
+// y = relu?(conv(x, w) + bias + residual), residual of y's shape or NULL (it may be y itself).
+// On oneDNN through its post-ops (CONV_POST_SUM of the residual copied into y, CONV_POST_RELU), on
+// the implementation cpu_conv2d_impl picks for the forward; im2col + sgemm adds them after.
+#define CONV_POST_SUM 1u
+#define CONV_POST_RELU 2u
+int64_t cpu_conv2d_forward_fused_workspace_floats(const ConvGeom *g, bool bias, bool residual, bool relu);
+void cpu_conv2d_forward_fused(const float *x, const float *w, const float *bias, const float *residual, bool relu,
+                              float *y, const ConvGeom *g, float *workspace);
 // Which implementation runs each pass of a convolution. AUTO: the faster for the shape and pass;
 // the others force one everywhere (bench_ops and bench_step compare them): im2col + sgemm, oneDNN
 // on its blocked layouts (reorders around), oneDNN on plain nchw, oneDNN's Winograd F(4x4, 3x3) on

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Serving: detr-c's C API against ONNX Runtime and PyTorch on the same DETR weights, alternating runs.
+#   bash bench/serve_compare.sh --detr-repo DIR [--preset detr-r50] [--height 800] [--width 1066]
+#        [--threads "1 2"] [--batch 4] [--rounds 3] [--reps 5] [--build build-cpu] [--venv DIR] [--work DIR]
+#   bash bench/serve_compare.sh --checkpoint runs/main/best.safetensors --height 160 --width 224 [...]
+# With --checkpoint (a detr-c checkpoint, e.g. the main job's: ENACT encoder, Conditional DETR decoder,
+# quarter-width ResNet-18 to layer3) only detr-c is timed, the same way: the reference builder here has
+# no such model, and ENACT's clustering (data-dependent region counts, docs/enact.md) has no ONNX export.
+# bench/serve_export.py (Debian's /usr/bin/python3 with python3-torch 1.13) builds the reference model
+# from the facebookresearch/detr checkout at the preset, seeded (tools/parity_step.py's build_reference),
+# and writes its weights as safetensors and its ONNX exports (torch.onnx, opset 12, as the reference's
+# test_all.py) for batch 1 and --batch, into --work (default /tmp/detr-serve-PRESET-HxW; reused when
+# there). bench/serve_check.py then checks that `detr predict` on those weights gives the reference's
+# detections (every query's score within 1e-4, the same labels). Then each round runs, for each thread count: $build/bench/bench_serve (the C API:
+# detr_open_weights with options.threads, detr_detect_rgb on one HxW image, detr_detect_batch on
+# --batch), bench/serve_time.py --engine ort (the venv's ONNX Runtime on the exports, intra-op threads)
+# and --engine torch (eager PyTorch, torch.set_num_threads), each reporting the median of --reps after
+# a warm-up. The report gives, per thread count, the median over rounds of each one's latency of one
+# image and images/s at --batch, and detr-c's latency as a fraction of ONNX Runtime's.
+# bench_serve runs with GOMP_SPINCOUNT=1000, libgomp's setting the detr tool makes for itself
+# (kernels/cpu/cpu_runtime.c; an application linking libdetr sets it in its environment).
+# detr-c's time includes what its API does beyond the forward (normalising the RGB bytes, DETR's
+# post-processing, the heads of every decoder layer); ONNX Runtime's and PyTorch's are the forward on
+# a normalized tensor. ONNX Runtime in a virtual environment outside the repository:
+#   python3 -m venv --system-site-packages /work/venv-ort && /work/venv-ort/bin/pip install onnxruntime onnx
+# Build bench_serve in a CPU-only Release build:
+#   cmake -S . -B build-cpu -DDETR_CUDA=OFF -DCMAKE_BUILD_TYPE=Release && cmake --build build-cpu --target bench_serve
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo="" checkpoint="" preset="detr-r50" height=800 width=1066 threads="1 2" batch=4 rounds=3 reps=5 build=build-cpu
+venv=/work/venv-ort work=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --detr-repo) repo="$2"; shift 2 ;;
+    --checkpoint) checkpoint="$2"; shift 2 ;;
+    --preset) preset="$2"; shift 2 ;;
+    --height) height="$2"; shift 2 ;;
+    --width) width="$2"; shift 2 ;;
+    --threads) threads="$2"; shift 2 ;;
+    --batch) batch="$2"; shift 2 ;;
+    --rounds) rounds="$2"; shift 2 ;;
+    --reps) reps="$2"; shift 2 ;;
+    --build) build="$2"; shift 2 ;;
+    --venv) venv="$2"; shift 2 ;;
+    --work) work="$2"; shift 2 ;;
+    *) echo "serve_compare.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[ -n "$repo" ] || [ -n "$checkpoint" ] || { echo "serve_compare.sh: --detr-repo DIR (or --checkpoint C) is required" >&2; exit 2; }
+[ -x "$build/bench/bench_serve" ] || { echo "serve_compare.sh: no $build/bench/bench_serve: build it first (see above)" >&2; exit 2; }
+if [ -n "$checkpoint" ]; then  # detr-c alone on its own model
+  out=$(mktemp)
+  for r in $(seq "$rounds"); do
+    for t in $threads; do
+      GOMP_SPINCOUNT=1000 "$build/bench/bench_serve" --checkpoint "$checkpoint" --height "$height" --width "$width" \
+        --threads "$t" --reps "$reps" --batch "$batch" >> "$out"
+    done
+  done
+  /usr/bin/python3 - "$out" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+r0 = rows[0]
+print(f"{r0['config']} {r0['height']}x{r0['width']}, batch {r0['batch']}, detr-c alone, median over {len(rows)} runs:")
+for t in sorted({r["threads"] for r in rows}):
+    rs = [r for r in rows if r["threads"] == t]
+    print(f"  {t} thread{'s' if t > 1 else ' '} latency {statistics.median(r['latency_s'] for r in rs):7.4f} s   "
+          f"{statistics.median(r['images_per_s'] for r in rs):7.2f} images/s at batch {r0['batch']}")
+PY
+  rm -f "$out"
+  exit 0
+fi
+[ -x "$venv/bin/python" ] || { echo "serve_compare.sh: no $venv/bin/python with onnxruntime (see above)" >&2; exit 2; }
+[ -n "$work" ] || work="/tmp/detr-serve-$preset-${height}x$width"
+if [ ! -f "$work/model_b$batch.onnx" ] || [ ! -f "$work/model_b1.onnx" ] || [ ! -f "$work/weights.safetensors" ]; then
+  /usr/bin/python3 bench/serve_export.py --detr-repo "$repo" --preset "$preset" --height "$height" --width "$width" \
+    --batch 1 --batch "$batch" --out "$work"
+fi
+# The same detections from the same weights (detr predict against the reference in PyTorch, at a
+# small size), or nothing is timed.
+/usr/bin/python3 bench/serve_check.py --detr-repo "$repo" --preset "$preset" --weights "$work/weights.safetensors" \
+  --detr "$build/detr" || { echo "serve_compare.sh: detr-c and the reference disagree on the weights" >&2; exit 1; }
+out="$work/runs.jsonl"
+: > "$out"
+for r in $(seq "$rounds"); do
+  for t in $threads; do
+    GOMP_SPINCOUNT=1000 "$build/bench/bench_serve" --weights "$work/weights.safetensors" --config "$preset" --height "$height" \
+      --width "$width" --threads "$t" --reps "$reps" --batch "$batch" >> "$out"
+    "$venv/bin/python" bench/serve_time.py --engine ort --onnx-dir "$work" --height "$height" --width "$width" \
+      --threads "$t" --reps "$reps" --batch "$batch" --preset "$preset" >> "$out"
+    /usr/bin/python3 bench/serve_time.py --engine torch --detr-repo "$repo" --preset "$preset" --height "$height" \
+      --width "$width" --threads "$t" --reps "$reps" --batch "$batch" >> "$out"
+  done
+done
+/usr/bin/python3 - "$out" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+r0 = rows[0]
+print(f"{r0['config']} {r0['height']}x{r0['width']}, batch {r0['batch']}, {len(rows)} runs alternating (median over rounds):")
+for t in sorted({r["threads"] for r in rows}):
+    med = {}
+    for impl in sorted({r["impl"] for r in rows if r["threads"] == t}):
+        rs = [r for r in rows if r["threads"] == t and r["impl"] == impl]
+        lat = statistics.median(r["latency_s"] for r in rs)
+        ips = statistics.median(r["images_per_s"] for r in rs)
+        med[impl] = lat
+        print(f"  {t} thread{'s' if t > 1 else ' '} {impl:22s} latency {lat:7.3f} s   {ips:6.2f} images/s at batch "
+              f"{r0['batch']}   (latencies: {', '.join(str(r['latency_s']) for r in rs)})")
+    ort = [v for k, v in med.items() if k.startswith("onnxruntime")]
+    if "detr-c" in med and ort:
+        print(f"  {t} thread{'s' if t > 1 else ' '} detr-c latency / ONNX Runtime's: {med['detr-c'] / ort[0]:.2f}")
+PY

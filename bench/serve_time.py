@@ -1,0 +1,88 @@
+#!/usr/bin/python3
+"""Inference latency of the reference DETR in PyTorch (eager, --engine torch: Debian's /usr/bin/python3) or
+of its ONNX export in ONNX Runtime (--engine ort: a virtual environment with onnxruntime), for
+bench/serve_compare.sh: the median of --reps forward passes (after one warm-up) on one image and on a
+batch, at --threads intra-op threads. The input is the normalized tensor (no decoding, no resize, no
+post-processing). Prints one JSON line like bench_serve.
+
+  /usr/bin/python3 bench/serve_time.py --engine torch --detr-repo DIR --preset detr-r50 --weights W ...
+  VENV/bin/python bench/serve_time.py --engine ort --onnx-dir DIR ...
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def median_time(run, reps):
+    run()  # warm-up
+    t = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        run()
+        t.append(time.perf_counter() - t0)
+    return sorted(t)[len(t) // 2]
+
+
+def torch_runner(args):
+    import torch
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+    import parity_step
+    torch.set_num_threads(args.threads)
+    p = parity_step.PRESETS[args.preset]
+    model, _, _ = parity_step.build_reference(args.detr_repo, p, args.seed, p.get("decoder", "detr"))
+    model.eval()
+    model.aux_loss = False
+
+    def make(b):
+        x = torch.rand(b, 3, args.height, args.width)
+
+        def run():
+            with torch.no_grad():
+                model(x)
+        return run
+    return make, f"pytorch-{torch.__version__}"
+
+
+def ort_runner(args):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = args.threads
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sessions = {}
+
+    def make(b):
+        path = os.path.join(args.onnx_dir, f"model_b{b}.onnx")
+        s = sessions.setdefault(b, ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]))
+        x = np.random.default_rng(0).random((b, 3, args.height, args.width), dtype=np.float32)
+        return lambda: s.run(["pred_logits", "pred_boxes"], {"inputs": x})
+    return make, f"onnxruntime-{ort.__version__}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--engine", choices=["torch", "ort"], required=True)
+    ap.add_argument("--detr-repo", help="torch: the reference checkout")
+    ap.add_argument("--preset", default="detr-r50")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--onnx-dir", help="ort: serve_export.py's --out")
+    ap.add_argument("--height", type=int, default=800)
+    ap.add_argument("--width", type=int, default=1066)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=4)
+    args = ap.parse_args()
+    make, impl = (torch_runner if args.engine == "torch" else ort_runner)(args)
+    one = median_time(make(1), args.reps)
+    batch = median_time(make(args.batch), args.reps) if args.batch > 0 else 0.0
+    print(json.dumps({"impl": impl, "config": args.preset, "width": args.width, "height": args.height,
+                      "threads": args.threads, "latency_s": round(one, 4), "batch": args.batch,
+                      "batch_s": round(batch, 4), "images_per_s": round(args.batch / batch, 3) if batch else 0.0}))
+
+
+if __name__ == "__main__":
+    main()
