@@ -101,6 +101,8 @@ static detr_status check_options(const detr_options *o, int *n_sets, Device *dev
     return fail(DETR_ERR_ARGUMENT, "options.max_size %d: expected 0 (default) or 32..8192", o->max_size);
   if (o->threads < 0 || o->threads > 1024)
     return fail(DETR_ERR_ARGUMENT, "options.threads %d: expected 0 (default) or 1..1024", o->threads);
+  if (o->precision < DETR_PRECISION_DEFAULT || o->precision > DETR_PRECISION_BF16)
+    return fail(DETR_ERR_ARGUMENT, "options.precision %d: expected a DETR_PRECISION_* value", (int)o->precision);
   *n_sets = 0;
   while (o->sets && o->sets[*n_sets]) {
     if (++*n_sets > 4096) return fail(DETR_ERR_ARGUMENT, "options.sets: more than 4096 entries (not NULL-terminated?)");
@@ -116,7 +118,30 @@ static detr_status check_options(const detr_options *o, int *n_sets, Device *dev
     return fail(DETR_ERR_DEVICE, "CUDA: this build of libdetr has no CUDA backend (configure with -DDETR_CUDA=ON)");
 #endif
   }
+  char why[256];
+  if (o->precision == DETR_PRECISION_BF16 && !device_bf16_supported(*dev, why, sizeof why))
+    return fail(DETR_ERR_DEVICE, "options.precision bf16: %s", why);
   return DETR_OK;
+}
+
+// The options' sets with the precision's keys after them (all[] holds n_sets + 3), NULL-terminated;
+// returns how many.
+static int precision_sets(const detr_options *o, int n_sets, const char **all) {
+  int n = 0, bf16_set = 0;
+  for (int i = 0; i < n_sets; i++) {
+    all[n++] = o->sets[i];
+    bf16_set |= !strncmp(o->sets[i], "bf16=", 5);
+  }
+  switch (o->precision) {
+    case DETR_PRECISION_DEFAULT:
+      if (!bf16_set) all[n++] = "bf16=false";  // inference is fp32 unless asked
+      break;
+    case DETR_PRECISION_FP32: all[n++] = "tf32=false", all[n++] = "bf16=false"; break;
+    case DETR_PRECISION_TF32: all[n++] = "tf32=true", all[n++] = "bf16=false"; break;
+    case DETR_PRECISION_BF16: all[n++] = "tf32=false", all[n++] = "bf16=true"; break;
+  }
+  all[n] = NULL;
+  return n;
 }
 
 // Names of labels 0..n-1: from the COCO file of the options, else the checkpoint's, else "class N".
@@ -163,7 +188,10 @@ static detr_status open_model(const char *checkpoint, const char *weights, const
   pthread_mutex_lock(&api_lock);
   detr_model *m = detr_calloc(1, sizeof *m, "a model");
   CheckpointInfo ci;
-  st = model_file_load(checkpoint, weights, config, o.sets, n_sets, dev, &m->net, &ci, last_error, sizeof last_error);
+  const char **sets = detr_malloc((size_t)(n_sets + 3) * sizeof(char *), "config overrides");
+  int n_all = precision_sets(&o, n_sets, sets);
+  st = model_file_load(checkpoint, weights, config, sets, n_all, dev, &m->net, &ci, last_error, sizeof last_error);
+  free(sets);
   if (!st) {
     detr_model_prepare_inference(m->net);  // the weights never change here: the norms fold into the convolutions
     m->n_labels = (int)m->net->cfg.num_classes;

@@ -51,8 +51,9 @@ extern "C" {
 #define DETR_VERSION_PATCH 0
 #define DETR_VERSION_STRING "0.4.0"
 /* A single number for comparisons: 0.4.0 is 400 (0.3 added detr_default_threshold, detr_set_outputs,
- * detr_result_attention and detr_result_clusters; 0.4 detr_detect_batch, detr_image and
- * detr_options.threads, which changes detr_options' size: recompile against this header). */
+ * detr_result_attention and detr_result_clusters; 0.4 detr_detect_batch, detr_image,
+ * detr_options.threads and detr_options.precision, which change detr_options' size: recompile
+ * against this header). */
 #define DETR_VERSION (DETR_VERSION_MAJOR * 10000 + DETR_VERSION_MINOR * 100 + DETR_VERSION_PATCH)
 
 /* The library exports these symbols only; everything else in it is hidden. */
@@ -77,6 +78,18 @@ typedef enum detr_status {
 
 typedef enum detr_device { DETR_DEVICE_CPU = 0, DETR_DEVICE_CUDA = 1 } detr_device;
 
+/* The arithmetic of a model's convolutions and GEMMs (docs/precision.md). DEFAULT: fp32, with the
+ * model's own tf32 key on CUDA (a bf16 run's checkpoint runs fp32: the same detections on every
+ * machine). BF16: inputs rounded to bf16, fp32 accumulation, on a CPU with AVX512-BF16 or AMX-BF16
+ * (DETR_ERR_DEVICE elsewhere, naming what is missing). A "bf16=..." or "tf32=..." in sets is
+ * overridden by any precision but DEFAULT. */
+typedef enum detr_precision {
+  DETR_PRECISION_DEFAULT = 0,
+  DETR_PRECISION_FP32 = 1,
+  DETR_PRECISION_TF32 = 2, /* CUDA tensor cores */
+  DETR_PRECISION_BF16 = 3
+} detr_precision;
+
 typedef struct detr_model detr_model;   /* opaque: a loaded model and its preprocessing */
 typedef struct detr_result detr_result; /* opaque: the detections of one image */
 
@@ -93,6 +106,7 @@ typedef struct detr_options {
                               NULL: the checkpoint's names; labels without a name are "class <label>" */
   int threads;             /* CPU threads each detection of the model runs on, 1..1024; 0 (default):
                               OpenMP's default (OMP_NUM_THREADS, else every core) */
+  detr_precision precision; /* DETR_PRECISION_DEFAULT (fp32) unless set */
 } detr_options;
 
 /* One detection. Boxes are absolute corners in pixels of the image given (x0, y0, x1, y1). */

@@ -429,6 +429,48 @@ START_TEST(thread_option) {
 }
 END_TEST
 
+// options.precision: bf16 where the CPU has it (close to fp32, not the same), fp32 by default even
+// for a model whose config says bf16, and bf16 refused with the reason where the CPU lacks it.
+START_TEST(precision_option) {
+  detr_options o = detr_options_default();
+  ck_assert_int_eq(o.precision, DETR_PRECISION_DEFAULT);
+  detr_model *fp32 = open_tiny(NULL);
+  const char *bf16_key[] = {"bf16=true", NULL};
+  char why[256];
+  bool have = device_bf16_supported(DEVICE_CPU, why, sizeof why);
+  o.precision = DETR_PRECISION_BF16;
+  detr_model *bf16 = NULL;
+  detr_status st = detr_open_weights(at("w.safetensors"), "tiny", &o, &bf16);
+  if (!have) {
+    ck_assert_int_eq(st, DETR_ERR_DEVICE);
+    ck_assert_msg(strstr(detr_last_error(), "AVX512-BF16"), "%s", detr_last_error());
+  } else {
+    ck_assert_int_eq(st, DETR_OK);
+    detr_result *a = detect(fp32, at("img.png"), 0.0), *b = detect(bf16, at("img.png"), 0.0);
+    double score, box;
+    result_distance(a, b, &score, &box);
+    ck_assert_msg(score > 0 && score < 0.05, "bf16 against fp32: %g (score)", score);
+    detr_result_free(b);
+    // The config key alone, precision DEFAULT: the key holds (a user asking for it in sets)
+    o.precision = DETR_PRECISION_DEFAULT;
+    o.sets = bf16_key;
+    detr_model *keyed = open_tiny(&o);
+    b = detect(keyed, at("img.png"), 0.0);
+    result_distance(a, b, &score, &box);
+    ck_assert_msg(score > 0, "sets bf16=true ran fp32");
+    detr_result_free(a), detr_result_free(b);
+    detr_close(keyed);
+    detr_close(bf16);
+  }
+  o = detr_options_default();
+  o.precision = (detr_precision)7;
+  detr_model *none = NULL;
+  ck_assert_int_eq(detr_open_weights(at("w.safetensors"), "tiny", &o, &none), DETR_ERR_ARGUMENT);
+  ck_assert_msg(strstr(detr_last_error(), "precision"), "%s", detr_last_error());
+  detr_close(fp32);
+}
+END_TEST
+
 // --- threads ---------------------------------------------------------------------------------------
 
 typedef struct {
@@ -734,6 +776,7 @@ int main(void) {
   tcase_add_test(tc, two_threads_one_model);
   tcase_add_test(tc, batch_matches_single_images);
   tcase_add_test(tc, thread_option);
+  tcase_add_test(tc, precision_option);
   tcase_add_test(tc, bad_models);
   tcase_add_test(tc, bad_images);
   suite_add_tcase(s, tc);
