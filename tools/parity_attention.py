@@ -14,12 +14,13 @@ reference, or within twice the float32 reference's own normwise distance to floa
 
   /usr/bin/python3 tools/parity_attention.py --detr-repo DIR --preset tiny --variant focused [--padding]
                    [--both] [--detr build/detr] [--sra-ratio R] [--enact-sigma S] [--focused-z mean|sum]
+                   [--swin-window W] [--swin-no-shift]
                    [--set k=v ...] [--size HxW] [--seed N] [--keep DIR]
   /usr/bin/python3 tools/parity_attention.py --self-test [--official-root DIR]
 
 `--variant all` runs every variant; `--both` runs each without and with padding and prints a table.
 
-The modules (efficient, hydra, focused, sra, enact; dense is DETR's own nn.MultiheadAttention):
+The modules (efficient, hydra, focused, sra, enact, swin; dense is DETR's own nn.MultiheadAttention):
   efficient  cmsflash/efficient-attention EfficientAttention: per head softmax over the head's channels
              of each query, softmax over the valid positions of each key channel, rho_q(q) (rho_k(k)^T v).
   hydra      the paper's listing: phi = L2 normalisation over all d channels (no eps); sum over valid t
@@ -35,13 +36,20 @@ The modules (efficient, hydra, focused, sra, enact; dense is DETR's own nn.Multi
              weights softmax(Hsm) per region, MHA over each image's clusters. The regions are read from
              detr-c's output (enact.{l}.region_starts/lengths); the smoothed maps enact.{l}.entropy are
              compared too, and regions computed from the reference's own maps are reported.
+  swin       microsoft/Swin-Transformer WindowAttention + SwinTransformerBlock (roll by -W/2 on odd layers,
+             window_partition, the -100 attn_mask, window_reverse), the map zero-padded bottom/right to a
+             multiple of W as torchvision's shifted_window_attention; DETR and window padding masked as keys.
 Extra parameters are initialised away from their official init so that they are exercised: focused
-`scale` ~ N(0, 0.3) (official 0), sra `norm` weight 1 + N(0, 0.1), bias N(0, 0.1) (official 1, 0).
+`scale` ~ N(0, 0.3) (official 0), sra `norm` weight 1 + N(0, 0.1), bias N(0, 0.1) (official 1, 0), swin
+`relative_position_bias_table` N(0, 0.5) (official trunc_normal std .02).
 
 --self-test checks the modules alone in float64 (no detr binary needed): sra with R = 1 equals
 nn.MultiheadAttention, values at padded pixels do not change outputs at valid pixels, gradcheck of
-every module; with --official-root DIR (holding efficient-attention/, FLatten-Transformer/, PVT/
-checkouts) each module also equals the official class on an unpadded input with q = k = v inputs.
+every module; swin against torchvision 0.14's shifted_window_attention (outputs and the gradients of the
+input, in_proj, out_proj and the bias table, maps that are and are not multiples of the window), and an image
+alone against the same image in a batch that pads it; with --official-root DIR (holding efficient-attention/,
+FLatten-Transformer/, PVT/ and optionally Swin-Transformer/ checkouts) each module also equals the official
+class on an unpadded input with q = k = v inputs.
 Needs Debian's python3-torch, python3-torchvision, python3-scipy.
 """
 import argparse
