@@ -268,6 +268,38 @@ START_TEST(swin_window_one_is_value_projection) {
 }
 END_TEST
 
+// init_trunc_normal (swin's table, timm's trunc_normal_): values outside [a, b] are redrawn, so all lie
+// inside and their spread is the truncated normal's (std 1 on [-0.5, 0.5]: 0.2839); the table as
+// encoder_layer_init leaves it has std .02.
+START_TEST(swin_table_trunc_normal_init) {
+  Tensor *t = tensor_zeros(DEVICE_CPU, SHAPE(20000));
+  Rng rng = rng_make(9);
+  init_trunc_normal(t, &rng, 1.0f, -0.5f, 0.5f);
+  double sum = 0.0, sq = 0.0;
+  for (int64_t i = 0; i < t->numel; i++) {
+    ck_assert(t->data[i] >= -0.5f && t->data[i] <= 0.5f);
+    sum += t->data[i], sq += (double)t->data[i] * t->data[i];
+  }
+  double mean = sum / t->numel, std = sqrt(sq / t->numel - mean * mean);
+  ck_assert_msg(fabs(mean) < 0.01 && fabs(std - 0.2839) < 0.01, "mean %g std %g", mean, std);
+  tensor_release(t);
+  AttnSettings settings;
+  attn_settings_default(&settings);
+  ParamStore ps;
+  params_init(&ps, DEVICE_CPU);
+  TransformerShape s = {.dim = 16, .heads = 4, .ffn_dim = 24, .dropout = 0.1f};
+  EncoderLayer layer = encoder_layer_create(&ps, "enc", s, encoder_attn_find("swin"), &settings);
+  encoder_layer_init(&layer, &rng);
+  const Tensor *table = params_find(&ps, "enc.self_attn.relative_position_bias_table")->tensor;
+  ck_assert_int_eq(table->numel, 13 * 13 * 4);  // (2 * 7 - 1)^2 x heads
+  sq = 0.0;
+  for (int64_t i = 0; i < table->numel; i++) sq += (double)table->data[i] * table->data[i];
+  ck_assert_msg(fabs(sqrt(sq / table->numel) - 0.02) < 0.003, "table rms %g", sqrt(sq / table->numel));
+  encoder_layer_free(&layer);
+  params_free(&ps);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("encoder_attn");
   TCase *tc = tcase_create("encoder_attn");
@@ -278,6 +310,7 @@ int main(void) {
   tcase_add_test(tc, detr_weights_load_into_every_variant);
   tcase_add_test(tc, swin_image_alone_equals_batched);
   tcase_add_test(tc, swin_window_one_is_value_projection);
+  tcase_add_test(tc, swin_table_trunc_normal_init);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
