@@ -29,6 +29,7 @@ DetrModel *detr_model_create(const DetrConfig *cfg, Device dev) {
   for (int i = 0; i < cfg->enc_layers; i++) {
     snprintf(name, sizeof name, "transformer.encoder.layers.%d", i);
     m->enc[i] = encoder_layer_create(ps, name, s, cfg->encoder_attn, &m->cfg.attn_settings);
+    m->enc[i].index = i;
   }
   if (cfg->pre_norm) m->enc_norm = layernorm_create(ps, "transformer.encoder.norm", d);
   const DecoderKind *dk = detr_decoder(cfg);

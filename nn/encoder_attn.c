@@ -8,12 +8,12 @@
 #include <string.h>
 
 extern const EncoderAttnKind encoder_attn_dense, encoder_attn_enact, encoder_attn_efficient, encoder_attn_hydra,
-    encoder_attn_focused, encoder_attn_sra, encoder_attn_enact_official;
+    encoder_attn_focused, encoder_attn_sra, encoder_attn_enact_official, encoder_attn_swin;
 
 // The registry: one line per variant. The first is the default.
 static const EncoderAttnKind *const KINDS[] = {
     &encoder_attn_dense, &encoder_attn_enact, &encoder_attn_efficient, &encoder_attn_hydra, &encoder_attn_focused,
-    &encoder_attn_sra, &encoder_attn_enact_official,
+    &encoder_attn_sra, &encoder_attn_enact_official, &encoder_attn_swin,
 };
 #define N_KINDS ((int)(sizeof KINDS / sizeof KINDS[0]))
 

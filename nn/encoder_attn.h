@@ -90,6 +90,7 @@ typedef struct {
   const MultiheadAttention *proj;  // the layer's in_proj (q, k, v rows) and out_proj; NULL with own_projections
   Tensor *x, *pos;                 // [B, N, d]
   const FeatureGeometry *geom;
+  int layer;  // the encoder layer's index (0 first): a variant may alternate by it (swin's shifted windows)
 } EncoderAttnInput;
 
 typedef struct {

@@ -64,6 +64,22 @@ int64_t params_numel(const ParamStore *ps, ParamKind kind) {
 void init_uniform(Tensor *t, Rng *rng, float bound) { tensor_uniform_(t, rng, -bound, bound); }
 void init_normal(Tensor *t, Rng *rng, float std) { tensor_normal_(t, rng, 0.0f, std); }
 
+void init_trunc_normal(Tensor *t, Rng *rng, float std, float a, float b) {
+  DETR_CHECK(a < 0.0f && b > 0.0f && std > 0.0f, "init_trunc_normal: [%g, %g] does not hold 0", a, b);
+  tensor_normal_(t, rng, 0.0f, std);
+  float *host = detr_malloc((size_t)t->numel * sizeof(float), "init_trunc_normal");
+  tensor_to_host(t, host);
+  for (int64_t i = 0; i < t->numel; i++)
+    while (!(host[i] >= a && host[i] <= b)) {  // Box-Muller from the host stream
+      float u1 = rng_next_uniform(rng), u2 = rng_next_uniform(rng);
+      host[i] = std * sqrtf(-2.0f * logf(1.0f - u1)) * cosf(6.2831853f * u2);
+    }
+  Tensor *src = tensor_from_host(DEVICE_CPU, t->shape, host);
+  tensor_copy_(t, src);
+  tensor_release(src);
+  free(host);
+}
+
 // torch's _calculate_fan_in_and_fan_out: dims 0 and 1 times the receptive field (dims 2..).
 static void fans(const Tensor *t, double *fan_in, double *fan_out) {
   DETR_CHECK(t->shape.ndim >= 2, "init: fan of a tensor with fewer than 2 dimensions");

@@ -43,6 +43,8 @@ int64_t params_numel(const ParamStore *ps, ParamKind kind);
 // --- initialisers (torch's formulas; values from our counter-based Rng, not torch's) ---
 void init_uniform(Tensor *t, Rng *rng, float bound);  // U(-bound, bound)
 void init_normal(Tensor *t, Rng *rng, float std);     // N(0, std^2)
+// N(0, std^2) truncated to [a, b] (absolute bounds, as timm's trunc_normal_): values outside redrawn.
+void init_trunc_normal(Tensor *t, Rng *rng, float std, float a, float b);
 // xavier_uniform_: bound = sqrt(6 / (fan_in + fan_out)); fan_in = dims[1] * receptive field.
 void init_xavier_uniform(Tensor *t, Rng *rng);
 // nn.Linear / nn.Conv2d defaults: kaiming_uniform_(a = sqrt(5)) -> bound 1/sqrt(fan_in) for the

@@ -62,7 +62,11 @@ Tensor *encoder_layer_attn_input(const EncoderLayer *l, Tensor *src) {
 
 Tensor *encoder_layer_forward(const EncoderLayer *l, const NnCtx *ctx, Tensor *src, Tensor *pos,
                               const FeatureGeometry *g, AttnTrace *trace, char *err, size_t err_cap) {
-  EncoderAttnInput in = {.proj = l->attn->own_projections ? NULL : &l->self_attn, .x = encoder_layer_attn_input(l, src), .pos = pos, .geom = g};
+  EncoderAttnInput in = {.proj = l->attn->own_projections ? NULL : &l->self_attn,
+                         .x = encoder_layer_attn_input(l, src),
+                         .pos = pos,
+                         .geom = g,
+                         .layer = l->index};
   Tensor *attn = l->attn->forward(l->attn_extras, ctx, &in, trace, err, err_cap);
   return attn ? encoder_layer_finish(l, ctx, src, attn) : NULL;
 }

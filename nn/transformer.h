@@ -18,6 +18,7 @@ typedef struct {
   TransformerShape s;
   const EncoderAttnKind *attn;  // how queries meet keys and values (nn/encoder_attn.h)
   void *attn_extras;            // the variant's per-layer state (owned), or NULL
+  int index;                    // position in the encoder (0 first; the model sets it): EncoderAttnInput.layer
 } EncoderLayer;
 
 // How a decoder layer's cross-attention forms its weights from DETR's projections (multihead_attn):

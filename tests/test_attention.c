@@ -189,6 +189,129 @@ START_TEST(detr_weights_load_into_every_variant) {
 }
 END_TEST
 
+// Swin (nn/attn_swin.c) with 3x3 windows: an image's valid outputs are the same alone (a 4x5 map,
+// padded to 6x6 for the windows) as in a batch whose 7x8 map pads it (9x9 for the windows), in the
+// plain layer and in the shifted one; windows of padding only give finite outputs and gradients.
+static Tensor *swin_layer(EncoderLayer *l, Tensor *src, Tensor *pos, const uint8_t *pad, int64_t B, int64_t Hp,
+                          int64_t Wp) {
+  FeatureGeometry g;
+  feature_geometry_make(pad, B, Hp, Wp, DEVICE_CPU, &g);
+  char err[256];
+  Tensor *y = encoder_layer_forward(l, &EVAL_CTX, src, pos, &g, NULL, err, sizeof err);
+  ck_assert_msg(y != NULL, "%s", err);
+  feature_geometry_free(&g);
+  return y;
+}
+
+START_TEST(swin_image_alone_equals_batched) {
+  TransformerShape s = {.dim = 16, .heads = 4, .ffn_dim = 24, .dropout = 0.1f};
+  AttnSettings settings;
+  attn_settings_default(&settings);
+  char err[256];
+  ck_assert_int_eq(attn_settings_set(&settings, "swin_window", "3", err, sizeof err), 1);
+  const int64_t B = 2, Hp = 7, Wp = 8, N = Hp * Wp, h = 4, w = 5, d = 16;
+  uint8_t pad[2 * 56] = {0}, none[20] = {0};
+  for (int p = 0; p < N; p++) pad[N + p] = p / Wp >= h || p % Wp >= w;  // image 1: 4x5 of 7x8
+  for (int index = 0; index < 2; index++) {
+    ParamStore ps;
+    params_init(&ps, DEVICE_CPU);
+    EncoderLayer layer = encoder_layer_create(&ps, "enc", s, encoder_attn_find("swin"), &settings);
+    layer.index = index;
+    Rng init = rng_make(7);
+    encoder_layer_init(&layer, &init);
+    tensor_normal_(params_find(&ps, "enc.self_attn.relative_position_bias_table")->tensor, &init, 0.0f, 1.0f);
+    Tensor *src = test_uniform(SHAPE(B, N, d), -1, 1, 30, true), *pos = test_uniform(SHAPE(B, N, d), -1, 1, 31, false);
+    Tensor *src1 = tensor_zeros(DEVICE_CPU, SHAPE(1, h * w, d)), *pos1 = tensor_zeros(DEVICE_CPU, SHAPE(1, h * w, d));
+    for (int64_t p = 0; p < h * w; p++)
+      for (int64_t c = 0; c < d; c++) {
+        int64_t q = N + p / w * Wp + p % w;  // the pixel's place in the batch
+        src1->data[p * d + c] = src->data[q * d + c];
+        pos1->data[p * d + c] = pos->data[q * d + c];
+      }
+    ScopeMark mark = tensor_scope_mark();
+    Tensor *batched = swin_layer(&layer, src, pos, pad, B, Hp, Wp), *alone = swin_layer(&layer, src1, pos1, none, 1, h, w);
+    double worst = 0.0;
+    for (int64_t p = 0; p < h * w; p++)
+      for (int64_t c = 0; c < d; c++)
+        worst = fmax(worst, fabs((double)alone->data[p * d + c] - batched->data[(N + p / w * Wp + p % w) * d + c]));
+    ck_assert_msg(worst < 1e-5, "swin layer %d: image 1 alone and batched differ by %g", index, worst);
+    // Rows 6-8 of image 1's 9x9 windowed map are padding only: finite outputs and gradients everywhere.
+    autograd_backward(op_sum_all(batched));
+    for (int64_t k = 0; k < batched->numel; k++) ck_assert(isfinite(batched->data[k]) && isfinite(src->grad->data[k]));
+    tensor_scope_release(mark);
+    tensor_release(src), tensor_release(pos), tensor_release(src1), tensor_release(pos1);
+    encoder_layer_free(&layer);
+    params_free(&ps);
+  }
+}
+END_TEST
+
+// Swin with 1x1 windows: each pixel attends to itself alone, so the attention is out_proj(v).
+START_TEST(swin_window_one_is_value_projection) {
+  TransformerShape s = {.dim = 16, .heads = 4, .ffn_dim = 24, .dropout = 0.1f};
+  AttnSettings settings;
+  attn_settings_default(&settings);
+  char err[256];
+  ck_assert_int_eq(attn_settings_set(&settings, "swin_window", "1", err, sizeof err), 1);
+  ParamStore ps;
+  params_init(&ps, DEVICE_CPU);
+  EncoderLayer layer = encoder_layer_create(&ps, "enc", s, encoder_attn_find("swin"), &settings);
+  layer.index = 1;
+  Rng init = rng_make(8);
+  encoder_layer_init(&layer, &init);
+  uint8_t pad[2 * 12] = {0};
+  for (int p = 0; p < 12; p++) pad[12 + p] = p / 4 >= 2;
+  FeatureGeometry g;
+  feature_geometry_make(pad, 2, 3, 4, DEVICE_CPU, &g);
+  Tensor *x = test_uniform(SHAPE(2, 12, 16), -1, 1, 40, false), *pos = test_uniform(SHAPE(2, 12, 16), -1, 1, 41, false);
+  ScopeMark mark = tensor_scope_mark();
+  EncoderAttnInput in = {.proj = &layer.self_attn, .x = x, .pos = pos, .geom = &g, .layer = 1};
+  Tensor *y = layer.attn->forward(layer.attn_extras, &EVAL_CTX, &in, NULL, err, sizeof err);
+  ck_assert_msg(y != NULL, "%s", err);
+  Tensor *want = linear_forward(&layer.self_attn.out_proj, mha_project(&layer.self_attn, x, 2));
+  for (int64_t k = 0; k < 12 * 16; k++)  // image 0 (image 1's padded pixels have no key: zero attention)
+    ck_assert_msg(fabsf(y->data[k] - want->data[k]) < 1e-5f, "element %lld: %g != %g", (long long)k, y->data[k],
+                  want->data[k]);
+  tensor_scope_release(mark);
+  tensor_release(x), tensor_release(pos);
+  feature_geometry_free(&g);
+  encoder_layer_free(&layer);
+  params_free(&ps);
+}
+END_TEST
+
+// init_trunc_normal (swin's table, timm's trunc_normal_): values outside [a, b] are redrawn, so all lie
+// inside and their spread is the truncated normal's (std 1 on [-0.5, 0.5]: 0.2839); the table as
+// encoder_layer_init leaves it has std .02.
+START_TEST(swin_table_trunc_normal_init) {
+  Tensor *t = tensor_zeros(DEVICE_CPU, SHAPE(20000));
+  Rng rng = rng_make(9);
+  init_trunc_normal(t, &rng, 1.0f, -0.5f, 0.5f);
+  double sum = 0.0, sq = 0.0;
+  for (int64_t i = 0; i < t->numel; i++) {
+    ck_assert(t->data[i] >= -0.5f && t->data[i] <= 0.5f);
+    sum += t->data[i], sq += (double)t->data[i] * t->data[i];
+  }
+  double mean = sum / t->numel, std = sqrt(sq / t->numel - mean * mean);
+  ck_assert_msg(fabs(mean) < 0.01 && fabs(std - 0.2839) < 0.01, "mean %g std %g", mean, std);
+  tensor_release(t);
+  AttnSettings settings;
+  attn_settings_default(&settings);
+  ParamStore ps;
+  params_init(&ps, DEVICE_CPU);
+  TransformerShape s = {.dim = 16, .heads = 4, .ffn_dim = 24, .dropout = 0.1f};
+  EncoderLayer layer = encoder_layer_create(&ps, "enc", s, encoder_attn_find("swin"), &settings);
+  encoder_layer_init(&layer, &rng);
+  const Tensor *table = params_find(&ps, "enc.self_attn.relative_position_bias_table")->tensor;
+  ck_assert_int_eq(table->numel, 13 * 13 * 4);  // (2 * 7 - 1)^2 x heads
+  sq = 0.0;
+  for (int64_t i = 0; i < table->numel; i++) sq += (double)table->data[i] * table->data[i];
+  ck_assert_msg(fabs(sqrt(sq / table->numel) - 0.02) < 0.003, "table rms %g", sqrt(sq / table->numel));
+  encoder_layer_free(&layer);
+  params_free(&ps);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("encoder_attn");
   TCase *tc = tcase_create("encoder_attn");
@@ -197,6 +320,9 @@ int main(void) {
   tcase_add_test(tc, sra_ratio_one_is_dense);
   tcase_add_test(tc, config_round_trip_and_errors);
   tcase_add_test(tc, detr_weights_load_into_every_variant);
+  tcase_add_test(tc, swin_image_alone_equals_batched);
+  tcase_add_test(tc, swin_window_one_is_value_projection);
+  tcase_add_test(tc, swin_table_trunc_normal_init);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

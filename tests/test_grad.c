@@ -1062,16 +1062,19 @@ static Tensor *f_variant_layer(Tensor *const *in, void *c) {
   return y;
 }
 
-static void check_variant(const char *name) {
+// key=value (key NULL: none) sets one of the variant's settings; index: the layer's place in the encoder.
+static void check_variant_with(const char *name, const char *key, const char *value, int index) {
   TransformerShape s = {.dim = 8, .heads = 2, .ffn_dim = 12, .dropout = 0.1f};
   AttnSettings settings;
   attn_settings_default(&settings);
   char serr[128];  // enact_official: sigma 1 (5 taps), so that a 12-pixel map has more than one run
   ck_assert_int_eq(attn_settings_set(&settings, "enact_official_sigma", "1", serr, sizeof serr), 1);
+  if (key) ck_assert_int_eq(attn_settings_set(&settings, key, value, serr, sizeof serr), 1);
   ParamStore ps;
   params_init(&ps, DEVICE_CPU);
   VariantCtx c = {.pos = test_uniform(SHAPE(2, 12, 8), -1, 1, 470, false)};
   c.layer = encoder_layer_create(&ps, "enc", s, encoder_attn_find(name), &settings);
+  c.layer.index = index;
   ck_assert_ptr_nonnull(c.layer.attn);
   randomize_params(&ps, 471);
   // FFN biases of +-4 keep every hidden ReLU away from its kink (grad_enact_layer says why).
@@ -1096,14 +1099,17 @@ static void check_variant(const char *name) {
   }
   int n = block_inputs(in, 1, &ps);
   GradTol tol = {.eps = 1e-3, .atol = 3e-3, .rtol = 1e-2};
-  char what[64];
-  snprintf(what, sizeof what, "encoder layer, %s attention", name);
+  char what[96];
+  snprintf(what, sizeof what, "encoder layer %d, %s attention%s%s%s%s", index, name, key ? " " : "", key ? key : "",
+           key ? "=" : "", key ? value : "");
   expect_grad(what, f_variant_layer, in, n, &c, tol);
   feature_geometry_free(&c.geom);
   encoder_layer_free(&c.layer);
   tensor_release(c.pos);
   params_free(&ps);
 }
+
+static void check_variant(const char *name) { check_variant_with(name, NULL, NULL, 0); }
 
 // --- k-means cross-attention (nn/cross_attn_kmeans.c, docs/kmeans_cross_attention.md) ---
 
@@ -1271,6 +1277,14 @@ END_TEST
 // at these inputs it does not change within a difference step (check_variant would fail if it did).
 START_TEST(grad_attn_enact_official) { check_variant("enact_official"); }
 END_TEST
+// Swin: one 7x7 window (the default) holds the whole 3x4 map; with W = 2 the map is padded to 4x4,
+// four windows, and layer 1 shifts them by 1 (Swin's mask between the rolled-together regions).
+START_TEST(grad_attn_swin) {
+  check_variant("swin");
+  check_variant_with("swin", "swin_window", "2", 0);
+  check_variant_with("swin", "swin_window", "2", 1);
+}
+END_TEST
 
 // --- Conditional DETR's decoder (nn/decoder_conditional.c): two layers, every parameter, the
 // memory and the queries, two images of different sizes (padding); the output holds both layers'
@@ -1350,7 +1364,7 @@ static int grad_suites(GradSuite *out) {
     {"encoder_attn.dense", grad_attn_dense}, {"encoder_attn.enact", grad_enact_layer},
     {"encoder_attn.efficient", grad_attn_efficient}, {"encoder_attn.hydra", grad_attn_hydra},
     {"encoder_attn.focused", grad_attn_focused}, {"encoder_attn.sra", grad_attn_sra},
-    {"encoder_attn.enact_official", grad_attn_enact_official},
+    {"encoder_attn.enact_official", grad_attn_enact_official}, {"encoder_attn.swin", grad_attn_swin},
     {"cluster_argmax", grad_cluster_argmax}, {"kmeans_cross_attn", grad_kmeans_cross_attn},
     {"decoder.conditional", grad_decoder_conditional},
   };

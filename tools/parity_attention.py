@@ -14,12 +14,13 @@ reference, or within twice the float32 reference's own normwise distance to floa
 
   /usr/bin/python3 tools/parity_attention.py --detr-repo DIR --preset tiny --variant focused [--padding]
                    [--both] [--detr build/detr] [--sra-ratio R] [--enact-sigma S] [--focused-z mean|sum]
+                   [--swin-window W] [--swin-no-shift]
                    [--set k=v ...] [--size HxW] [--seed N] [--keep DIR]
   /usr/bin/python3 tools/parity_attention.py --self-test [--official-root DIR]
 
 `--variant all` runs every variant; `--both` runs each without and with padding and prints a table.
 
-The modules (efficient, hydra, focused, sra, enact; dense is DETR's own nn.MultiheadAttention):
+The modules (efficient, hydra, focused, sra, enact, swin; dense is DETR's own nn.MultiheadAttention):
   efficient  cmsflash/efficient-attention EfficientAttention: per head softmax over the head's channels
              of each query, softmax over the valid positions of each key channel, rho_q(q) (rho_k(k)^T v).
   hydra      the paper's listing: phi = L2 normalisation over all d channels (no eps); sum over valid t
@@ -35,13 +36,20 @@ The modules (efficient, hydra, focused, sra, enact; dense is DETR's own nn.Multi
              weights softmax(Hsm) per region, MHA over each image's clusters. The regions are read from
              detr-c's output (enact.{l}.region_starts/lengths); the smoothed maps enact.{l}.entropy are
              compared too, and regions computed from the reference's own maps are reported.
+  swin       microsoft/Swin-Transformer WindowAttention + SwinTransformerBlock (roll by -W/2 on odd layers,
+             window_partition, the -100 attn_mask, window_reverse), the map zero-padded bottom/right to a
+             multiple of W as torchvision's shifted_window_attention; DETR and window padding masked as keys.
 Extra parameters are initialised away from their official init so that they are exercised: focused
-`scale` ~ N(0, 0.3) (official 0), sra `norm` weight 1 + N(0, 0.1), bias N(0, 0.1) (official 1, 0).
+`scale` ~ N(0, 0.3) (official 0), sra `norm` weight 1 + N(0, 0.1), bias N(0, 0.1) (official 1, 0), swin
+`relative_position_bias_table` N(0, 0.5) (official trunc_normal std .02).
 
 --self-test checks the modules alone in float64 (no detr binary needed): sra with R = 1 equals
 nn.MultiheadAttention, values at padded pixels do not change outputs at valid pixels, gradcheck of
-every module; with --official-root DIR (holding efficient-attention/, FLatten-Transformer/, PVT/
-checkouts) each module also equals the official class on an unpadded input with q = k = v inputs.
+every module; swin against torchvision 0.14's shifted_window_attention (outputs and the gradients of the
+input, in_proj, out_proj and the bias table, maps that are and are not multiples of the window), and an image
+alone against the same image in a batch that pads it; with --official-root DIR (holding efficient-attention/,
+FLatten-Transformer/, PVT/ and optionally Swin-Transformer/ checkouts) each module also equals the official
+class on an unpadded input with q = k = v inputs.
 Needs Debian's python3-torch, python3-torchvision, python3-scipy.
 """
 import argparse
@@ -61,7 +69,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import parity_step  # noqa: E402  (write/read safetensors, the reference model, the batch, the comparison)
 
 warnings.filterwarnings("ignore", message="scatter_reduce")
-VARIANTS = ["dense", "efficient", "hydra", "focused", "sra", "enact"]
+VARIANTS = ["dense", "efficient", "hydra", "focused", "sra", "enact", "swin"]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -218,6 +226,95 @@ class SRAttention(EncoderAttention):
         return masked_mha(self.proj(q_in, 0), self.proj(k_in, 1), self.proj(v_in, 2), key_valid, self.num_heads)
 
 
+def window_partition(x, ws):
+    """microsoft/Swin-Transformer window_partition: [B, H, W, C] -> [B*nW, ws, ws, C]."""
+    B, H, W, C = x.shape
+    x = x.view(B, H // ws, ws, W // ws, ws, C)
+    return x.permute(0, 1, 3, 2, 4, 5).contiguous().view(-1, ws, ws, C)
+
+
+def window_reverse(windows, ws, H, W):
+    """microsoft/Swin-Transformer window_reverse: [B*nW, ws, ws, C] -> [B, H, W, C]."""
+    B = int(windows.shape[0] / (H * W / ws / ws))
+    x = windows.view(B, H // ws, W // ws, ws, ws, -1)
+    return x.permute(0, 1, 3, 2, 4, 5).contiguous().view(B, H, W, -1)
+
+
+def relative_position_index(ws):
+    """WindowAttention's relative_position_index [ws^2, ws^2]."""
+    coords = torch.stack(torch.meshgrid([torch.arange(ws), torch.arange(ws)], indexing="ij"))
+    flat = torch.flatten(coords, 1)
+    rel = (flat[:, :, None] - flat[:, None, :]).permute(1, 2, 0).contiguous()
+    rel[:, :, 0] += ws - 1
+    rel[:, :, 1] += ws - 1
+    rel[:, :, 0] *= 2 * ws - 1
+    return rel.sum(-1)
+
+
+def swin_shift_mask(Hp, Wp, ws, shift):
+    """SwinTransformerBlock's attn_mask [nW, ws^2, ws^2] for the (padded) map Hp x Wp: 0 / -100."""
+    img_mask = torch.zeros((1, Hp, Wp, 1))
+    slices = (slice(0, -ws), slice(-ws, -shift), slice(-shift, None))
+    cnt = 0
+    for h in slices:
+        for w in slices:
+            img_mask[:, h, w, :] = cnt
+            cnt += 1
+    mask_windows = window_partition(img_mask, ws).view(-1, ws * ws)
+    attn_mask = mask_windows.unsqueeze(1) - mask_windows.unsqueeze(2)
+    return attn_mask.masked_fill(attn_mask != 0, float(-100.0)).masked_fill(attn_mask == 0, float(0.0))
+
+
+class SwinAttention(EncoderAttention):
+    """microsoft/Swin-Transformer models/swin_transformer.py: SwinTransformerBlock's roll, window_partition,
+    window_reverse and attn_mask around WindowAttention.forward (relative position bias, -100 shift mask), on
+    DETR's inputs (q = k from src + pos, v from src). The map is zero-padded bottom/right to a multiple of the
+    window as torchvision's shifted_window_attention does; added: keys that are DETR or window padding are
+    masked (-inf), and a window with no valid key gives zero attention output. shift: ws // 2 on odd layers."""
+
+    def __init__(self, d, nhead, window=7, shift=0):
+        super().__init__(d, nhead)
+        self.window, self.shift = window, shift
+        self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window - 1) ** 2, nhead))
+        nn.init.trunc_normal_(self.relative_position_bias_table, std=.02)
+        self.index = relative_position_index(window)  # not a buffer: not in the state_dict
+
+    def windows(self, x, Hp, Wp):
+        """[B, N, C] -> padded, rolled, partitioned [B*nW, ws^2, C]."""
+        B, _, C = x.shape
+        H, W = self.hw
+        x = F.pad(x.reshape(B, H, W, C), (0, 0, 0, Wp - W, 0, Hp - H))
+        if self.shift:
+            x = torch.roll(x, shifts=(-self.shift, -self.shift), dims=(1, 2))
+        return window_partition(x, self.window).view(-1, self.window ** 2, C)
+
+    def attend(self, q_in, k_in, v_in, valid):
+        B, N, d = q_in.shape
+        H, W = self.hw
+        ws, T, nh = self.window, self.window ** 2, self.num_heads
+        Hp, Wp = -(-H // ws) * ws, -(-W // ws) * ws
+        q, k = self.proj(self.windows(q_in, Hp, Wp), 0), self.proj(self.windows(k_in, Hp, Wp), 1)
+        v = self.proj(self.windows(v_in, Hp, Wp), 2)
+        key_ok = self.windows(valid[..., None].to(q_in.dtype), Hp, Wp)[..., 0] > 0.5  # [B*nW, T]
+        B_ = q.shape[0]
+        q, k, v = (t.reshape(B_, T, nh, d // nh).permute(0, 2, 1, 3) for t in (q, k, v))
+        attn = (q * self.head_dim ** -0.5) @ k.transpose(-2, -1)
+        bias = self.relative_position_bias_table[self.index.view(-1)].view(T, T, -1).permute(2, 0, 1)
+        attn = attn + bias.unsqueeze(0)
+        if self.shift:
+            mask = swin_shift_mask(Hp, Wp, ws, self.shift).to(attn.dtype)
+            nW = mask.shape[0]
+            attn = (attn.view(B_ // nW, nW, nh, T, T) + mask.unsqueeze(1).unsqueeze(0)).view(-1, nh, T, T)
+        any_ok = key_ok.any(dim=-1, keepdim=True)  # a window of padding only: no mask there, output zeroed
+        attn = attn.masked_fill(~(key_ok | ~any_ok)[:, None, None, :], float("-inf")).softmax(dim=-1)
+        attn = attn * any_ok[:, None, :, None].to(attn.dtype)
+        x = (attn @ v).transpose(1, 2).reshape(B_, T, d)
+        x = window_reverse(x.view(-1, ws, ws, d), ws, Hp, Wp)
+        if self.shift:
+            x = torch.roll(x, shifts=(self.shift, self.shift), dims=(1, 2))
+        return x[:, :H, :W, :].reshape(B, N, d)
+
+
 def gaussian_taps(sigma, dtype):
     r = max(int(math.floor(3 * sigma - 1)), 0)
     x = torch.arange(-r, r + 1, dtype=torch.float64)
@@ -299,7 +396,13 @@ class EnactAttention(EncoderAttention):
         return masked_mha(self.proj(q_in, 0), self.proj(kpad, 1), self.proj(vpad, 2), key_valid, self.num_heads)
 
 
-def make_module(variant, d, nhead, args, gen):
+def make_module(variant, d, nhead, args, gen, layer=0):
+    if variant == "swin":
+        ws = args.swin_window or 7
+        m = SwinAttention(d, nhead, ws, ws // 2 if layer % 2 == 1 and not args.swin_no_shift else 0)
+        with torch.no_grad():  # larger than the official std .02, so that the bias matters
+            m.relative_position_bias_table.copy_(0.5 * torch.randn(m.relative_position_bias_table.shape, generator=gen))
+        return m
     if variant == "efficient":
         return EfficientAttention(d, nhead)
     if variant == "hydra":
@@ -330,8 +433,8 @@ def install(model, variant, p, args, seed):
     torch.manual_seed(seed + 10)
     gen = torch.Generator().manual_seed(seed + 11)
     mods = []
-    for layer in model.transformer.encoder.layers:
-        m = make_module(variant, p["hidden"], p["heads"], args, gen)
+    for i, layer in enumerate(model.transformer.encoder.layers):
+        m = make_module(variant, p["hidden"], p["heads"], args, gen, i)
         old = layer.self_attn.state_dict()
         missing, unexpected = m.load_state_dict(old, strict=False)
         assert not unexpected and all(k not in old for k in missing), (missing, unexpected)
@@ -365,6 +468,10 @@ def run_variant(args, variant, padding, size):
         sets.append(f"sra_ratio={args.sra_ratio}")
     if variant == "enact" and args.enact_sigma:
         sets.append(f"enact_sigma={args.enact_sigma:.9g}")
+    if variant == "swin" and args.swin_window:
+        sets.append(f"swin_window={args.swin_window}")
+    if variant == "swin" and args.swin_no_shift:
+        sets.append("swin_shift=false")
     ours = parity_step.run_step(args.detr, args.preset, wpath, bpath, opath, sets)
 
     notes = []
@@ -427,9 +534,10 @@ def _call(m, src, pos, valid):
     return m(q, q, src.transpose(0, 1), key_padding_mask=~valid)[0].transpose(0, 1)
 
 
-def _module(variant, d, nhead, gen, sra_ratio=2, z_form="mean"):
-    a = types.SimpleNamespace(focused_z=z_form, sra_ratio=sra_ratio, enact_sigma=None)
-    m = make_module(variant, d, nhead, a, gen).double()
+def _module(variant, d, nhead, gen, sra_ratio=2, z_form="mean", swin_window=3, layer=0):
+    a = types.SimpleNamespace(focused_z=z_form, sra_ratio=sra_ratio, enact_sigma=None, swin_window=swin_window,
+                              swin_no_shift=False)
+    m = make_module(variant, d, nhead, a, gen, layer).double()
     with torch.no_grad():
         m.in_proj_weight.copy_(torch.randn(3 * d, d, generator=gen) / math.sqrt(d))
         m.in_proj_bias.copy_(0.1 * torch.randn(3 * d, generator=gen))
@@ -507,10 +615,108 @@ def self_test(args):
                                       raise_exception=False)
         check(f"{variant}: gradcheck (inputs and {', '.join(names)})", ok)
 
+    swin_checks(check, gen)
     if args.official_root:
         official_checks(args.official_root, check, gen)
     print("self-test:", "PASS" if not failures else f"FAIL ({', '.join(failures)})")
     return not failures
+
+
+def swin_checks(check, gen):
+    """swin: padding ignored, an image alone == in a batch that pads it more (both layers), gradcheck, and
+    torchvision's shifted_window_attention on q = k = v inputs (pos = 0), outputs and gradients."""
+    import torchvision.models.swin_transformer as tvs
+    B, d, nhead, ws = 2, 8, 2, 3
+    for layer in (0, 1):
+        tag = f"swin W={ws} layer {layer} ({'shifted' if layer else 'not shifted'})"
+        m = _module("swin", d, nhead, gen, swin_window=ws, layer=layer)
+        H, W = 5, 7  # padded to 6 x 9: 6 windows
+        m.hw = (H, W)
+        src, pos, valid = _inputs(B, H, W, d, True, gen)  # image 1: 4 x 5 valid
+        out = _call(m, src, pos, valid)
+        src2, pos2 = src.clone(), pos.clone()
+        src2[~valid] += 5 * torch.randn(int((~valid).sum()), d, generator=gen, dtype=torch.float64)
+        pos2[~valid] -= 3.0
+        err = (out - _call(m, src2, pos2, valid))[valid].abs().max().item()
+        check(f"{tag}: padded inputs do not change valid outputs", err < 1e-12, f"max diff {err:.1e}")
+        m.hw = (4, 5)
+        v1 = valid[1].reshape(H, W)
+        alone = _call(m, src[1:, v1.reshape(-1)], pos[1:, v1.reshape(-1)], torch.ones(1, 20, dtype=torch.bool))
+        err = (alone[0] - out[1, valid[1]]).abs().max().item()
+        check(f"{tag}: image 1 alone (4x5) == in the 5x7 batch", err < 1e-12, f"max diff {err:.1e}")
+        m.hw = (3, 4)
+        s, po, va = _inputs(B, 3, 4, d, True, gen)
+        s.requires_grad_(True), po.requires_grad_(True)
+        names = [n for n, _ in m.named_parameters()]
+        m2 = _module("swin", d, nhead, gen, swin_window=2, layer=layer)
+        m2.hw = (3, 4)
+        inputs = (s, po) + tuple(t.detach().clone().requires_grad_(True) for t in m2.parameters())
+        ok = torch.autograd.gradcheck(lambda *x: _functional(m2, names, va, *x), inputs, eps=1e-6, atol=1e-6,
+                                      rtol=1e-5, raise_exception=False)
+        check(f"swin W=2 layer {layer}: gradcheck (inputs and {', '.join(names)})", ok)
+        for H, W in ((6, 9), (5, 7), (4, 8)):
+            m.hw = (H, W)
+            x = torch.randn(B, H * W, d, generator=gen, dtype=torch.float64, requires_grad=True)
+            ones = torch.ones(B, H * W, dtype=torch.bool)
+            ours = _call(m, x, torch.zeros_like(x), ones)
+            params = [m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias, m.relative_position_bias_table]
+            g = torch.randn(ours.shape, generator=gen, dtype=torch.float64)
+            want_grads = torch.autograd.grad((ours * g).sum(), [x] + params)
+            tv_out = _torchvision_swin(tvs, m, x, H, W, ws)
+            got_grads = torch.autograd.grad((tv_out * g).sum(), [x] + params)
+            err = (ours - tv_out).abs().max().item()
+            gerr = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(want_grads, got_grads))
+            check(f"{tag}: == torchvision shifted_window_attention at {H}x{W}", err < 1e-12 and gerr < 1e-12,
+                  f"max diff {err:.1e}, gradients (x, in_proj, out_proj, table) max-relative {gerr:.1e}")
+
+
+def _torchvision_swin(tvs, m, x, H, W, ws):
+    """torchvision 0.14's shifted_window_attention on x [B, H*W, d] with m's weights. Where the map is no
+    multiple of the window it pads with zero tokens that stay keys; the window-padding keys' -inf mask is
+    folded into its relative_position_bias argument (which it adds to every window's logits) so that it
+    computes what the swin variant promises."""
+    B, N, d = x.shape
+    T, nh = ws * ws, m.num_heads
+    Hp, Wp = -(-H // ws) * ws, -(-W // ws) * ws
+    bias = m.relative_position_bias_table[m.index.view(-1)].view(T, T, -1).permute(2, 0, 1).unsqueeze(0)
+    if (Hp, Wp) != (H, W):
+        real = F.pad(torch.ones(B, H, W, 1, dtype=x.dtype), (0, 0, 0, Wp - W, 0, Hp - H))
+        if m.shift:
+            real = torch.roll(real, shifts=(-m.shift, -m.shift), dims=(1, 2))
+        key_ok = window_partition(real, ws).reshape(-1, T) > 0.5
+        bias = bias + torch.zeros(key_ok.shape, dtype=x.dtype).masked_fill(~key_ok, float("-inf"))[:, None, None, :]
+    assert ws < Hp and ws < Wp, "torchvision does not shift a map one window wide; the swin variant does"
+    y = tvs.shifted_window_attention(x.reshape(B, H, W, d), m.in_proj_weight, m.out_proj.weight, bias, [ws, ws], nh,
+                                     [m.shift, m.shift], qkv_bias=m.in_proj_bias, proj_bias=m.out_proj.bias)
+    return y.reshape(B, N, d)
+
+
+def official_swin(root, check, gen):
+    """The swin module == microsoft/Swin-Transformer's SwinTransformerBlock attention path (roll,
+    window_partition, WindowAttention with the block's attn_mask, window_reverse, roll back) on a map that
+    is a multiple of the window, q = k = v inputs (pos = 0), no padding."""
+    sw = _load(os.path.join(root, "Swin-Transformer", "models", "swin_transformer.py"), "official_swin")
+    B, d, nhead, ws, H, W = 2, 8, 2, 3, 6, 9
+    for layer in (0, 1):
+        m = _module("swin", d, nhead, gen, swin_window=ws, layer=layer)
+        m.hw = (H, W)
+        blk = sw.SwinTransformerBlock(d, (H, W), nhead, window_size=ws, shift_size=m.shift).double()
+        with torch.no_grad():
+            blk.attn.qkv.weight.copy_(m.in_proj_weight), blk.attn.qkv.bias.copy_(m.in_proj_bias)
+            blk.attn.proj.load_state_dict(m.out_proj.state_dict())
+            blk.attn.relative_position_bias_table.copy_(m.relative_position_bias_table)
+        x = torch.randn(B, H * W, d, generator=gen, dtype=torch.float64)
+        xs = x.view(B, H, W, d)
+        if blk.shift_size:
+            xs = torch.roll(xs, shifts=(-blk.shift_size, -blk.shift_size), dims=(1, 2))
+        win = sw.window_partition(xs, ws).view(-1, ws * ws, d)
+        out = sw.window_reverse(blk.attn(win, mask=blk.attn_mask).view(-1, ws, ws, d), ws, H, W)
+        if blk.shift_size:
+            out = torch.roll(out, shifts=(blk.shift_size, blk.shift_size), dims=(1, 2))
+        err = (_call(m, x, torch.zeros_like(x), torch.ones(B, H * W, dtype=torch.bool)) - out.reshape(B, -1, d))
+        err = err.abs().max().item()
+        check(f"swin layer {layer} == official SwinTransformerBlock window attention (shift {blk.shift_size})",
+              err < 1e-12, f"max diff {err:.1e}")
 
 
 def _functional(m, names, valid, s, po, *ps):
@@ -595,6 +801,8 @@ def official_checks(root, check, gen):
     err = (_call(m, x, zero, valid) - off(x, H, W)).abs().max().item()
     check("focused == official FocusedLinearAttention (positional_encoding 0)", err < 1e-12, f"max diff {err:.1e}")
 
+    if os.path.isdir(os.path.join(root, "Swin-Transformer")):
+        official_swin(root, check, gen)
     pv = _load(os.path.join(root, "PVT", "classification", "pvt.py"), "official_pvt")
     for R in (1, 2):
         m = _module("sra", d, nhead, gen, sra_ratio=R)
@@ -628,6 +836,9 @@ def main():
     ap.add_argument("--sra-ratio", type=int, default=None, help="R for sra (default 2; passed as --set sra_ratio=R)")
     ap.add_argument("--enact-sigma", type=float, default=None,
                     help="ENACT's Gaussian sigma (default 3; passed as --set enact_sigma=S)")
+    ap.add_argument("--swin-window", type=int, default=None,
+                    help="swin's window (default 7; passed as --set swin_window=W)")
+    ap.add_argument("--swin-no-shift", action="store_true", help="swin without shifted layers (swin_shift=false)")
     ap.add_argument("--focused-z", default="mean", choices=["mean", "sum"],
                     help="focused denominator: official mean form (default) or the sum form")
     ap.add_argument("--set", action="append", help="extra --set key=value for detr step")
