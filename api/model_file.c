@@ -184,15 +184,14 @@ static int check_config_tensors(const StFile *f, const DetrConfig *c, bool overr
     int ndim;
     int64_t d[4];
   } want[] = {
+      {"query_embed.weight", 2, {c->num_queries, c->hidden_dim}},  // not for a kind with its own queries
       {class_w, 2, {c->num_classes + detr_classes(c)->extra_columns, c->hidden_dim}},
       {last_ffn, 2, {c->ffn_dim, c->hidden_dim}},
       {conv1, 4, {c->backbone_width ? c->backbone_width : 64, 3, 7, 7}},
-      {"query_embed.weight", 2, {c->num_queries, c->hidden_dim}},  // not for a kind with its own queries
   };
   // The decoder kind's layout names the tensors (nn/decoder.h DecoderModelLayout); a kind that makes
-  // its own queries (Anchor DETR) has no query_embed: its pattern and anchors pin num_queries at the load.
-  size_t n = sizeof want / sizeof want[0] - (lay->own_queries ? 1 : 0);
-  for (size_t i = 0; i < n; i++) {
+  // its own queries (Anchor DETR) has no query_embed: its anchors pin num_queries at the load.
+  for (size_t i = lay->own_queries ? 1 : 0; i < sizeof want / sizeof want[0]; i++) {
     const StEntry *e = st_find(f, want[i].name);
     bool same = e && e->ndim == want[i].ndim;
     for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == want[i].d[d];

@@ -32,9 +32,7 @@ Tensor *groupnorm_forward(const GroupNorm *g, Tensor *x) {
   int64_t B = x->shape.d[0], N = x->shape.d[1], C = x->shape.d[2], G = g->groups, cg = C / G;
   int perm[4] = {0, 2, 1, 3};
   Tensor *t = op_permute(op_reshape(x, SHAPE(B, N, G, cg)), perm);  // [B, G, N, cg]
-  Tensor *one = tensor_scoped(tensor_ones(x->device, SHAPE(N * cg)));
-  Tensor *zero = tensor_scoped(tensor_zeros(x->device, SHAPE(N * cg)));
-  t = op_layernorm(op_reshape(t, SHAPE(B * G, N * cg)), one, zero, 1e-5f);
+  t = op_layernorm(op_reshape(t, SHAPE(B * G, N * cg)), NULL, NULL, 1e-5f);
   t = op_permute(op_reshape(t, SHAPE(B, G, N, cg)), perm);  // [B, N, G, cg]
   return op_add(op_mul(op_reshape(t, SHAPE(B, N, C)), g->weight), g->bias);
 }
