@@ -281,7 +281,7 @@ def reference_run(model, criterion, weight_dict, images, mask, targets, dtype, r
         for name, module in model.named_modules():
             if name.endswith("linear1"):
                 hooks.append(module.register_forward_hook(
-                    lambda m, i, o, name=name: relu_inputs.__setitem__(name, o.detach().double().numpy())))
+                    lambda m, i, o, name=name: relu_inputs.__setitem__(name, o.detach().double().numpy().copy())))
     model.to(dtype)
     criterion.to(dtype)
     RUN_DTYPE[0] = dtype
