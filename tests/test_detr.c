@@ -1,10 +1,15 @@
 // The whole DETR model at the `tiny` preset: parameter names and kinds, forward shapes, the
 // loss and a backward that reaches exactly the trainable parameters.
+#define _DEFAULT_SOURCE  // mkstemp
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "nn/detr.h"
+#include "nn/model_io.h"
 #include "tests/gradcheck.h"
 
 START_TEST(reference_parameter_names) {
@@ -159,6 +164,45 @@ START_TEST(anchor_r50_names) {
 }
 END_TEST
 
+// A DETR backbone (backbone.0.body.*: `detr pretrain`, a DETR checkpoint) into Anchor DETR's
+// backbone.body.* (--init-backbone): every backbone tensor read, under the other prefix.
+START_TEST(anchor_backbone_from_detr_names) {
+  DetrConfig cfg;
+  char path[] = "/tmp/detr-anchor-bb-XXXXXX", err[1024];
+  ck_assert_int_eq(detr_config_preset("tiny", &cfg), 0);
+  DetrModel *detr = detr_model_create(&cfg, DEVICE_CPU);
+  detr_model_init(detr, 1);
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  StWriter *w = st_writer_new();
+  params_save(&detr->params, w, "");
+  ck_assert_int_eq(st_writer_save(w, path, err, sizeof err), 0);
+  st_writer_free(w);
+  cfg.decoder = decoder_find("anchor");
+  cfg.num_queries = 9;
+  DetrModel *anchor = detr_model_create(&cfg, DEVICE_CPU);
+  detr_model_init(anchor, 2);
+  ck_assert_int_eq(params_load_file_prefix_as(&anchor->params, path, "backbone.body.", NULL, err, sizeof err), -1);
+  ck_assert_msg(params_load_file_prefix_as(&anchor->params, path, "backbone.body.", "backbone.0.body.", err, sizeof err) == 0,
+                "%s", err);
+  int n = 0;
+  for (int i = 0; i < anchor->params.count; i++) {
+    const Param *p = &anchor->params.items[i];
+    if (strncmp(p->name, "backbone.body.", 14)) continue;
+    char name[128];
+    snprintf(name, sizeof name, "backbone.0.body.%s", p->name + 14);
+    const Tensor *ref = params_find(&detr->params, name)->tensor;
+    for (int64_t k = 0; k < ref->numel; k++) ck_assert_float_eq(p->tensor->data[k], ref->data[k]);
+    n++;
+  }
+  ck_assert_int_gt(n, 50);
+  unlink(path);
+  detr_model_free(detr);
+  detr_model_free(anchor);
+}
+END_TEST
+
 START_TEST(config_overrides) {
   DetrConfig cfg;
   char err[128], text[1024];
@@ -226,6 +270,7 @@ int main(void) {
   tcase_add_test(tc, tiny_conditional_stride16_enact_step);
   tcase_add_test(tc, tiny_anchor_step);
   tcase_add_test(tc, anchor_r50_names);
+  tcase_add_test(tc, anchor_backbone_from_detr_names);
   tcase_add_test(tc, config_overrides);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
