@@ -174,21 +174,24 @@ static long long flag_in_command(const char *cmd, const char *flag, long long ab
 // dec_layers and the backbone width must be there with the config's shapes, so a small file
 // cannot make the caller build a huge model. The full check of every tensor is the load's.
 static int check_config_tensors(const StFile *f, const DetrConfig *c, bool overridden, char *err, size_t err_cap) {
-  char last_ffn[112];
-  snprintf(last_ffn, sizeof last_ffn, "transformer.decoder.layers.%lld.linear1.weight", (long long)c->dec_layers - 1);
+  const DecoderModelLayout *lay = decoder_layout(detr_decoder(c));
+  char last_ffn[112], class_w[112], conv1[112];
+  snprintf(last_ffn, sizeof last_ffn, lay->last_ffn, (int)c->dec_layers - 1);
+  snprintf(class_w, sizeof class_w, "%s.weight", lay->class_embed);
+  snprintf(conv1, sizeof conv1, "%s.conv1.weight", lay->backbone);
   const struct {
     const char *name;
     int ndim;
     int64_t d[4];
   } want[] = {
-      {"query_embed.weight", 2, {c->num_queries, c->hidden_dim}},
-      {"class_embed.weight", 2, {c->num_classes + detr_classes(c)->extra_columns, c->hidden_dim}},
+      {"query_embed.weight", 2, {c->num_queries, c->hidden_dim}},  // not for a kind with its own queries
+      {class_w, 2, {c->num_classes + detr_classes(c)->extra_columns, c->hidden_dim}},
       {last_ffn, 2, {c->ffn_dim, c->hidden_dim}},
-      {"backbone.0.body.conv1.weight", 4, {c->backbone_width ? c->backbone_width : 64, 3, 7, 7}},
+      {conv1, 4, {c->backbone_width ? c->backbone_width : 64, 3, 7, 7}},
   };
-  // Both decoder kinds (DETR's, nn/transformer.c; Conditional DETR's, nn/decoder_conditional.c) name
-  // their layers' FFN so; a kind that does not must be given its own entry here.
-  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+  // The decoder kind's layout names the tensors (nn/decoder.h DecoderModelLayout); a kind that makes
+  // its own queries (Anchor DETR) has no query_embed: its anchors pin num_queries at the load.
+  for (size_t i = lay->own_queries ? 1 : 0; i < sizeof want / sizeof want[0]; i++) {
     const StEntry *e = st_find(f, want[i].name);
     bool same = e && e->ndim == want[i].ndim;
     for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == want[i].d[d];

@@ -232,12 +232,16 @@ int detr_config_validate(const DetrConfig *c, char *err, size_t err_cap) {
   else if (!(c->dropout >= 0.0f && c->dropout < 1.0f)) problem = "dropout must be in [0, 1)";
   else if (c->decoder_cross_attn && !decoder_cross_attn_find(detr_decoder(c), c->decoder_cross_attn))
     problem = "decoder_cross_attn is not offered by the decoder";
+  else if (detr_decoder(c)->encode && detr_encoder_attn(c) != encoder_attn_default())
+    problem = "the decoder brings its own encoder (RCDA): encoder_attn does not apply to it";
   else if (detr_decoder(c)->unsupported)
     problem = detr_decoder(c)->unsupported(&(DecoderShape){
         .s = {.dim = c->hidden_dim, .heads = c->nheads, .ffn_dim = c->ffn_dim, .dropout = c->dropout,
               .pre_norm = c->pre_norm},
         .layers = c->dec_layers,
-        .cross_attn = c->decoder_cross_attn});
+        .cross_attn = c->decoder_cross_attn,
+        .enc_layers = c->enc_layers,
+        .queries = c->num_queries});
   if (problem) {
     snprintf(err, err_cap, "config: %s", problem);
     return -1;

@@ -4,15 +4,26 @@
 #include <stdio.h>
 #include <string.h>
 
-extern const DecoderKind decoder_detr, decoder_conditional;
+extern const DecoderKind decoder_detr, decoder_conditional, decoder_anchor;
 
 // The registry: one line per kind. The first is the default.
-static const DecoderKind *const KINDS[] = {&decoder_detr, &decoder_conditional};
+static const DecoderKind *const KINDS[] = {&decoder_detr, &decoder_conditional, &decoder_anchor};
 #define N_KINDS ((int)(sizeof KINDS / sizeof KINDS[0]))
 
 const DecoderKind *decoder_default(void) { return KINDS[0]; }
 
 const ClassHead *decoder_classes(const DecoderKind *k) { return class_head_or_softmax(k->classes); }
+
+static const DecoderModelLayout DETR_LAYOUT = {
+    .prefix = "transformer.decoder",
+    .backbone = "backbone.0.body",
+    .input_proj = "input_proj",
+    .class_embed = "class_embed",
+    .bbox_embed = "bbox_embed",
+    .last_ffn = "transformer.decoder.layers.%d.linear1.weight",
+};
+
+const DecoderModelLayout *decoder_layout(const DecoderKind *k) { return k->layout ? k->layout : &DETR_LAYOUT; }
 
 const DecoderKind *decoder_find(const char *name) {
   for (int i = 0; i < N_KINDS; i++)

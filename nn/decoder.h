@@ -6,8 +6,9 @@
 // the query embedding and the class and box heads, and sees the decoder only through this.
 //
 // Adding a kind: one file nn/decoder_<name>.c defining a `const DecoderKind decoder_<name>`, plus
-// one line in the registry (nn/decoder.c). Kinds: detr (models/transformer.py's decoder) and
-// conditional (Conditional DETR, nn/decoder_conditional.c).
+// one line in the registry (nn/decoder.c). Kinds: detr (models/transformer.py's decoder),
+// conditional (Conditional DETR, nn/decoder_conditional.c) and anchor (Anchor DETR,
+// nn/decoder_anchor.c: a kind with its own encoder and queries, encode and layout below).
 #pragma once
 #include "nn/class_head.h"
 #include "nn/transformer.h"
@@ -18,13 +19,16 @@ typedef struct {
   TransformerShape s;  // d, heads, FFN, dropout, pre-norm
   int64_t layers;      // decoder layers (1..DECODER_MAX_LAYERS)
   const char *cross_attn;  // one of the kind's cross_attns (config decoder_cross_attn); NULL: the first
+  int64_t enc_layers;      // a kind with its own encoder (DecoderKind.encode): its layers
+  int64_t queries;         // num_queries (a kind that makes its own queries: DecoderModelLayout.own_queries)
 } DecoderShape;
 
 typedef struct {
   Tensor *memory, *pos;  // the encoder's output and the sine positions [B, HW, d]
   Tensor *key_mask;      // the memory's key padding mask (FeatureGeometry.key_mask)
-  Tensor *query_embed;   // the learned queries [Q, d]
+  Tensor *query_embed;   // the learned queries [Q, d] (NULL for a kind with its own queries)
   int64_t batch;         // B
+  const FeatureGeometry *geom;  // the memory's Hp x Wp map and padding
 } DecoderInput;
 
 typedef struct {
@@ -34,6 +38,20 @@ typedef struct {
   Tensor *cross_attn;              // [B, Q, HW] the last layer's cross-attention weights averaged over the
                                    // heads when ctx->want_cross_attn, else NULL (the model zeroes it)
 } DecoderOutput;
+
+// The parts of the model around the transformer, for a kind whose reference names or builds them
+// differently from DETR (Anchor DETR). DecoderKind.layout NULL: DETR's (decoder_layout).
+typedef struct {
+  const char *prefix;       // the prefix the kind's create gets (DETR: "transformer.decoder")
+  const char *backbone;     // the backbone's prefix (DETR: "backbone.0.body")
+  const char *input_proj;   // the input projection's 1x1 convolution (DETR: "input_proj")
+  const char *input_norm;   // a GroupNorm (32 groups) after it, or NULL (DETR: none); with it, the
+                            // convolution is initialised as Anchor DETR's: xavier-uniform, bias 0
+  const char *class_embed, *bbox_embed;  // the heads, shared by every decoder layer
+  bool own_queries;         // the kind makes its queries: the model has no query_embed
+  const char *last_ffn;     // the last decoder layer's first FFN weight, a format of the layer index
+                            // (a checkpoint's config is checked against its shape: api/model_file.c)
+} DecoderModelLayout;
 
 typedef struct DecoderKind {
   const char *name;
@@ -59,11 +77,18 @@ typedef struct DecoderKind {
   void (*init_heads)(Linear *class_embed, Mlp *bbox_embed);
   // What the kind cannot build (e.g. pre-norm), as a message for the config error. NULL: all.
   const char *(*unsupported)(const DecoderShape *shape);
+  // A kind with its own encoder (Anchor DETR), optional: from the projected map src [B, N, d]
+  // (tokens row-major over g's Hp x Wp map) the memory [B, N, d], and in *pos what its forward
+  // reads as DecoderInput.pos. Set: the model builds neither DETR's encoder layers nor its sine
+  // positions; the kind's create makes DecoderShape.enc_layers encoder layers.
+  Tensor *(*encode)(const void *state, const NnCtx *ctx, Tensor *src, const FeatureGeometry *g, Tensor **pos);
+  const DecoderModelLayout *layout;  // NULL: DETR's
 } DecoderKind;
 
 const DecoderKind *decoder_find(const char *name);  // NULL when unknown
 const DecoderKind *decoder_default(void);            // detr
 const ClassHead *decoder_classes(const DecoderKind *k);  // the kind's class head (softmax when unset)
+const DecoderModelLayout *decoder_layout(const DecoderKind *k);  // the kind's layout (DETR's when unset)
 const char *decoder_names(char *buf, size_t cap);    // "detr, ..." for messages
 // The kind's cross-attention named `name` as its own static string (NULL: unknown to the kind);
 // names: "softmax, ..." for messages.

@@ -7,6 +7,28 @@
 
 #include "nn/position.h"
 
+// The encoder, the decoder and the heads, in the reference's state_dict order (transformer, heads).
+static void create_transformer(DetrModel *m, ParamStore *ps, const DecoderKind *dk, const DecoderModelLayout *lay) {
+  const DetrConfig *cfg = &m->cfg;
+  int64_t d = cfg->hidden_dim;
+  TransformerShape s = {.dim = d, .heads = cfg->nheads, .ffn_dim = cfg->ffn_dim, .dropout = cfg->dropout,
+                        .pre_norm = cfg->pre_norm};
+  char name[112];
+  for (int i = 0; i < cfg->enc_layers && !dk->encode; i++) {
+    snprintf(name, sizeof name, "transformer.encoder.layers.%d", i);
+    m->enc[i] = encoder_layer_create(ps, name, s, cfg->encoder_attn, &m->cfg.attn_settings);
+    m->enc[i].index = i;  // a variant may act by layer (swin shifts the odd ones)
+  }
+  if (cfg->pre_norm && !dk->encode) m->enc_norm = layernorm_create(ps, "transformer.encoder.norm", d);
+  m->decoder_state = detr_calloc(1, dk->state_size, "decoder state");
+  dk->create(m->decoder_state, ps, lay->prefix,
+             &(DecoderShape){.s = s, .layers = cfg->dec_layers, .cross_attn = cfg->decoder_cross_attn,
+                             .enc_layers = cfg->enc_layers, .queries = cfg->num_queries});
+  m->class_embed = linear_create(ps, lay->class_embed, d, cfg->num_classes + detr_classes(cfg)->extra_columns, true,
+                                 PARAM_TRAINABLE, LR_GROUP_MAIN);
+  m->bbox_embed = mlp_create(ps, lay->bbox_embed, d, d, 4, 3);
+}
+
 DetrModel *detr_model_create(const DetrConfig *cfg, Device dev) {
   char err[256];
   DETR_CHECK(detr_config_validate(cfg, err, sizeof err) == 0, "detr_model_create: %s", err);
@@ -21,44 +43,38 @@ DetrModel *detr_model_create(const DetrConfig *cfg, Device dev) {
   ParamStore *ps = &m->params;
   params_init(ps, dev);
   int64_t d = cfg->hidden_dim;
+  const DecoderKind *dk = detr_decoder(cfg);
+  const DecoderModelLayout *lay = decoder_layout(dk);
   // Registration order follows the reference state_dict: transformer, class/bbox heads, queries,
   // input_proj, backbone.
-  TransformerShape s = {.dim = d, .heads = cfg->nheads, .ffn_dim = cfg->ffn_dim, .dropout = cfg->dropout,
-                        .pre_norm = cfg->pre_norm};
-  char name[112];
-  for (int i = 0; i < cfg->enc_layers; i++) {
-    snprintf(name, sizeof name, "transformer.encoder.layers.%d", i);
-    m->enc[i] = encoder_layer_create(ps, name, s, cfg->encoder_attn, &m->cfg.attn_settings);
-    m->enc[i].index = i;
-  }
-  if (cfg->pre_norm) m->enc_norm = layernorm_create(ps, "transformer.encoder.norm", d);
-  const DecoderKind *dk = detr_decoder(cfg);
-  m->decoder_state = detr_calloc(1, dk->state_size, "decoder state");
-  dk->create(m->decoder_state, ps, "transformer.decoder", &(DecoderShape){.s = s, .layers = cfg->dec_layers, .cross_attn = cfg->decoder_cross_attn});
-  m->class_embed = linear_create(ps, "class_embed", d, cfg->num_classes + detr_classes(cfg)->extra_columns, true,
-                                 PARAM_TRAINABLE, LR_GROUP_MAIN);
-  m->bbox_embed = mlp_create(ps, "bbox_embed", d, d, 4, 3);
-  m->query_embed = params_add(ps, SHAPE(cfg->num_queries, d), PARAM_TRAINABLE, LR_GROUP_MAIN, "query_embed.weight");
-  resnet_create(&m->backbone, ps, "backbone.0.body", cfg->backbone_depth, cfg->backbone_width, cfg->backbone_layers,
-                cfg->dilation,
-                cfg->train_backbone, cfg->frozen_stages);
-  m->input_proj = conv2d_create(ps, "input_proj", m->backbone.out_channels, d, 1, 1, 0, 1, true, PARAM_TRAINABLE,
+  create_transformer(m, ps, dk, lay);
+  if (!lay->own_queries)
+    m->query_embed = params_add(ps, SHAPE(cfg->num_queries, d), PARAM_TRAINABLE, LR_GROUP_MAIN, "query_embed.weight");
+  resnet_create(&m->backbone, ps, lay->backbone, cfg->backbone_depth, cfg->backbone_width, cfg->backbone_layers,
+                cfg->dilation, cfg->train_backbone, cfg->frozen_stages);
+  m->input_proj = conv2d_create(ps, lay->input_proj, m->backbone.out_channels, d, 1, 1, 0, 1, true, PARAM_TRAINABLE,
                                 LR_GROUP_MAIN);
   m->input_proj.p.channels_last = true;  // on the backbone's output, whose rows become the tokens
+  if (lay->input_norm) m->input_norm = groupnorm_create(ps, lay->input_norm, 32, d);
   return m;
 }
 
 void detr_model_init(DetrModel *m, uint64_t seed) {
   Rng rng = rng_make(seed);
-  for (int i = 0; i < m->cfg.enc_layers; i++) encoder_layer_init(&m->enc[i], &rng);
-  detr_decoder(&m->cfg)->init(m->decoder_state, &rng);
+  const DecoderKind *dk = detr_decoder(&m->cfg);
+  for (int i = 0; i < m->cfg.enc_layers && !dk->encode; i++) encoder_layer_init(&m->enc[i], &rng);
+  dk->init(m->decoder_state, &rng);
   init_torch_default(m->class_embed.weight, m->class_embed.bias, &rng);
   for (int i = 0; i < m->bbox_embed.n_layers; i++)
     init_torch_default(m->bbox_embed.layers[i].weight, m->bbox_embed.layers[i].bias, &rng);
-  const DecoderKind *dk = detr_decoder(&m->cfg);
   if (dk->init_heads) dk->init_heads(&m->class_embed, &m->bbox_embed);
-  init_normal(m->query_embed, &rng, 1.0f);  // nn.Embedding: N(0, 1)
-  init_torch_default(m->input_proj.weight, m->input_proj.bias, &rng);
+  if (m->query_embed) init_normal(m->query_embed, &rng, 1.0f);  // nn.Embedding: N(0, 1)
+  if (decoder_layout(dk)->input_norm) {  // Anchor DETR: xavier_uniform_(weight), bias 0 (its GroupNorm: 1, 0)
+    init_xavier_uniform(m->input_proj.weight, &rng);
+    tensor_fill_(m->input_proj.bias, 0.0f);
+  } else {
+    init_torch_default(m->input_proj.weight, m->input_proj.bias, &rng);
+  }
   resnet_init(&m->backbone, &rng);
 }
 
@@ -67,7 +83,7 @@ void detr_model_prepare_inference(DetrModel *m) { resnet_fold_bn(&m->backbone); 
 void detr_model_free(DetrModel *m) {
   if (!m) return;
   resnet_unfold_bn(&m->backbone);
-  for (int i = 0; i < m->cfg.enc_layers; i++) encoder_layer_free(&m->enc[i]);
+  for (int i = 0; i < m->cfg.enc_layers && !detr_decoder(&m->cfg)->encode; i++) encoder_layer_free(&m->enc[i]);
   free(m->decoder_state);
   params_free(&m->params);
   free(m);
@@ -78,6 +94,47 @@ void detr_output_free(DetrOutput *out) {
   out->n_attn = 0;
 }
 
+// DETR's encoder: the sine positions into *pos, each layer's self-attention through its variant.
+// Returns the memory [B, N, d], or NULL with err set.
+static Tensor *detr_encode(const DetrModel *m, const NnCtx *ctx, Tensor *src, const FeatureGeometry *g,
+                           Tensor **pos, DetrOutput *out, char *err, size_t err_cap) {
+  const DetrConfig *c = &m->cfg;
+  int64_t B = g->B, h = g->Hp, w = g->Wp, N = h * w, d = c->hidden_dim;
+  float *host = detr_malloc((size_t)(B * N * d) * sizeof(float), "detr_model_forward host");  // [B, N, d]
+  position_sine(g->mask, B, h, w, d / 2, 10000.0f, host);
+  *pos = tensor_scoped(tensor_from_host(src->device, SHAPE(B, N, d), host));
+  free(host);
+  Tensor *memory = src;
+  for (int i = 0; i < c->enc_layers && memory; i++) {
+    ScopeMark mark = tensor_scope_mark();  // each layer's dead temporaries are freed after it
+    AttnTrace *t = &out->attn[out->n_attn++];
+    memory = encoder_layer_forward(&m->enc[i], ctx, memory, *pos, g, t, err, err_cap);
+    Tensor *keep[1 + ATTN_TRACE_MAX] = {memory};
+    int n_keep = 1;
+    for (int e = 0; e < t->n_exports; e++)
+      if (t->exports[e].f32) keep[n_keep++] = t->exports[e].f32;
+    tensor_scope_keep(mark, keep, memory ? n_keep : 0);
+  }
+  if (memory && c->pre_norm) memory = layernorm_forward(&m->enc_norm, memory);
+  return memory;
+}
+
+// The decoder and the heads on every layer's output (the earlier ones: auxiliary).
+static void decode(const DetrModel *m, const NnCtx *ctx, const DecoderInput *din, DetrOutput *out) {
+  const DecoderKind *dk = detr_decoder(&m->cfg);
+  DecoderOutput dec = {0};  // a kind fills cross_attn only when asked
+  dk->forward(m->decoder_state, ctx, din, &dec);
+  out->n_layers = dec.n_layers;
+  out->cross_attn = dec.cross_attn;
+  for (int i = 0; i < dec.n_layers; i++) {
+    ScopeMark mark = tensor_scope_mark();
+    out->layers[i].logits = linear_forward(&m->class_embed, dec.hs[i]);
+    out->layers[i].boxes = dk->boxes(m->decoder_state, mlp_forward(&m->bbox_embed, dec.hs[i]), &dec, i);
+    Tensor *keep[2] = {out->layers[i].logits, out->layers[i].boxes};
+    tensor_scope_keep(mark, keep, 2);
+  }
+}
+
 int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, const uint8_t *mask, DetrOutput *out,
                        char *err, size_t err_cap) {
   memset(out, 0, sizeof *out);
@@ -86,59 +143,33 @@ int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, con
   DETR_CHECK(images->shape.ndim == 4 && images->shape.d[1] == 3, "detr_model_forward: images must be [B, 3, H, W], got %s",
              shape_str(images->shape, sbuf, sizeof sbuf));
   const DetrConfig *c = &m->cfg;
+  const DecoderKind *dk = detr_decoder(c);
   int64_t B = images->shape.d[0], H = images->shape.d[2], W = images->shape.d[3], d = c->hidden_dim;
   Tensor *feat = resnet_forward(&m->backbone, images);  // [B, h, w, C] (channels last)
   int64_t h = feat->shape.d[1], w = feat->shape.d[2], N = h * w;
   Tensor *src = conv2d_forward(&m->input_proj, feat);  // [B, h, w, d]
   src = op_reshape(src, SHAPE(B, N, d));                // [B, N, d]
+  if (decoder_layout(dk)->input_norm) src = groupnorm_forward(&m->input_norm, src);
 
-  // Mask and positional encoding at feature resolution (host), then on the model's device.
-  uint8_t *small = detr_malloc((size_t)(B * N), "detr_model_forward small");
-  float *host = detr_malloc((size_t)(B * N * d) * sizeof(float), "detr_model_forward host");
+  // The mask at feature resolution (host), then the encoder: DETR's or the decoder kind's own.
+  uint8_t *small = detr_malloc((size_t)(B * N), "detr_model_forward small");  // [B, N]
   mask_downsample_nearest(mask, B, H, W, h, w, small);
-  position_sine(small, B, h, w, d / 2, 10000.0f, host);
-  Device dev = images->device;
-  Tensor *pos = tensor_scoped(tensor_from_host(dev, SHAPE(B, N, d), host));
-  free(host);
   FeatureGeometry geom;
-  feature_geometry_make(small, B, h, w, dev, &geom);
-
-  Tensor *memory = src;
-  for (int i = 0; i < c->enc_layers && memory; i++) {
-    ScopeMark mark = tensor_scope_mark();  // each layer's dead temporaries are freed after it
-    AttnTrace *t = &out->attn[out->n_attn++];
-    memory = encoder_layer_forward(&m->enc[i], ctx, memory, pos, &geom, t, err, err_cap);
-    Tensor *keep[1 + ATTN_TRACE_MAX] = {memory};
-    int n_keep = 1;
-    for (int e = 0; e < t->n_exports; e++)
-      if (t->exports[e].f32) keep[n_keep++] = t->exports[e].f32;
-    tensor_scope_keep(mark, keep, memory ? n_keep : 0);
-  }
-  if (!memory) {
-    feature_geometry_free(&geom);
-    free(small);
-    return -1;
-  }
-  if (c->pre_norm) memory = layernorm_forward(&m->enc_norm, memory);
-
-  const DecoderKind *dk = detr_decoder(c);
-  DecoderOutput dec = {0};  // a kind fills cross_attn only when asked
-  DecoderInput din = {.memory = memory, .pos = pos, .key_mask = geom.key_mask, .query_embed = m->query_embed, .batch = B};
-  dk->forward(m->decoder_state, ctx, &din, &dec);
-  out->n_layers = dec.n_layers;
-  out->cross_attn = dec.cross_attn;
-  out->feat_h = h;
-  out->feat_w = w;
-  for (int i = 0; i < dec.n_layers; i++) {  // the heads on every layer's output (the earlier: auxiliary)
-    ScopeMark mark = tensor_scope_mark();
-    out->layers[i].logits = linear_forward(&m->class_embed, dec.hs[i]);
-    out->layers[i].boxes = dk->boxes(m->decoder_state, mlp_forward(&m->bbox_embed, dec.hs[i]), &dec, i);
-    Tensor *keep[2] = {out->layers[i].logits, out->layers[i].boxes};
-    tensor_scope_keep(mark, keep, 2);
+  feature_geometry_make(small, B, h, w, images->device, &geom);
+  Tensor *pos = NULL;
+  Tensor *memory = dk->encode ? dk->encode(m->decoder_state, ctx, src, &geom, &pos)
+                              : detr_encode(m, ctx, src, &geom, &pos, out, err, err_cap);
+  if (memory) {
+    out->feat_h = h;
+    out->feat_w = w;
+    decode(m, ctx,
+           &(DecoderInput){.memory = memory, .pos = pos, .key_mask = geom.key_mask, .query_embed = m->query_embed,
+                           .batch = B, .geom = &geom},
+           out);
   }
   feature_geometry_free(&geom);
   free(small);
-  return 0;
+  return memory ? 0 : -1;
 }
 
 int64_t detr_detections_per_image(const DetrConfig *cfg) {

@@ -38,6 +38,8 @@ typedef struct {
   X(r18_small, "detr-r18-small", 50, 320, 512, 0)         /* CPU-sized: the synthetic set's scale */  \
   X(cond_r50, "conditional-detr-r50", 50, 800, 1333, 40)  /* Conditional DETR's paper and main.py */  \
   X(cond_r18_small, "conditional-detr-r18-small", 50, 320, 512, 0)                                    \
+  X(anchor_r50, "anchor-detr-r50", 50, 800, 1333, 40)     /* Anchor DETR's main.py (DC5) */           \
+  X(anchor_r18_small, "anchor-detr-r18-small", 50, 320, 512, 0)                                        \
   LAST(tiny, "tiny", 50, 128, 192, 0)                     /* tests and smoke runs */
 #define DETR_PRESET_NAME_SEP_(id, name, ...) name ", "
 #define DETR_PRESET_NAME_(id, name, ...) name
@@ -58,7 +60,8 @@ typedef struct {
   int lr_drop;  // the epoch of the x0.1 drop (0: two thirds of the epochs)
 } RunDefaults;
 // The run defaults of the preset a model's size matches: tiny for hidden_dim <= 32, the r18-small
-// ones for a ResNet-18/34, else the R50 ones; conditional-* for Conditional DETR's decoder.
+// ones for a ResNet-18/34, else the R50 ones; conditional-* for Conditional DETR's decoder, anchor-*
+// for Anchor DETR's.
 const RunDefaults *detr_run_defaults(const DetrConfig *cfg);
 // Sets one field from text, e.g. ("hidden_dim", "128"). Returns 0, or -1 with err set.
 int detr_config_set(DetrConfig *cfg, const char *key, const char *value, char *err, size_t err_cap);
@@ -92,10 +95,11 @@ typedef struct {
   ParamStore params;
   ResNet backbone;
   Conv2d input_proj;
-  EncoderLayer enc[DETR_MAX_LAYERS];
+  GroupNorm input_norm; // Anchor DETR's (DecoderModelLayout.input_norm), else unused
+  EncoderLayer enc[DETR_MAX_LAYERS];  // none when the decoder kind brings its encoder (DecoderKind.encode)
   LayerNorm enc_norm;   // pre-norm only (transformer.encoder.norm)
   void *decoder_state;  // the decoder kind's layers and norms (transformer.decoder.*), owned
-  Tensor *query_embed; // [num_queries, hidden]
+  Tensor *query_embed; // [num_queries, hidden]; NULL when the decoder kind makes its queries
   Linear class_embed;  // [num_classes + the class head's extra columns, hidden]
   Mlp bbox_embed;
 } DetrModel;

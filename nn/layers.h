@@ -126,3 +126,53 @@ Tensor *attention_head_mean(Tensor *w, int64_t B);
 Tensor *mha_project(const MultiheadAttention *a, Tensor *x, int which);  // which: 0 q, 1 k, 2 v
 Tensor *mha_split_heads(Tensor *x, int64_t heads);  // [B, L, d] -> [B*heads, L, d/heads]
 Tensor *mha_merge_heads(Tensor *x, int64_t B);      // [B*heads, L, hd] -> [B, L, heads*hd]
+
+// --- GroupNorm (nn/layernorm.c): torch.nn.GroupNorm(groups, C), eps 1e-5, on channels-last
+// x [B, N, C]: each image's C / groups channels of a group normalised together over all N
+// positions (padding included, as the reference), then weight [C] and bias [C] ---
+typedef struct {
+  Tensor *weight, *bias;  // [C]
+  int64_t groups;
+} GroupNorm;
+GroupNorm groupnorm_create(ParamStore *ps, const char *prefix, int64_t groups, int64_t channels);
+Tensor *groupnorm_forward(const GroupNorm *g, Tensor *x);
+
+// --- row-column decoupled attention (nn/attn_rcda.c; Anchor DETR, megvii-research/AnchorDETR
+// models/row_column_decoupled_attention.py MultiheadRCDA): a packed in_proj_weight [5d, d] whose
+// rows are the q_row, q_col, k_row, k_col and v projections, in_proj_bias [5d], out_proj ---
+typedef struct {
+  Tensor *in_proj_weight, *in_proj_bias;
+  Linear out_proj;
+  int64_t dim, heads;
+  float dropout;  // on both attention weights
+} MultiheadRcda;
+enum { RCDA_Q_ROW, RCDA_Q_COL, RCDA_K_ROW, RCDA_K_COL, RCDA_V };
+MultiheadRcda rcda_create(ParamStore *ps, const char *prefix, int64_t dim, int64_t heads, float dropout);
+// The reference's init: xavier-uniform over the whole [5d, d], zero in_proj_bias, torch's Linear
+// default for out_proj with a zero bias.
+void rcda_init(const MultiheadRcda *a, Rng *rng);
+Tensor *rcda_project(const MultiheadRcda *a, Tensor *x, int which);  // rows which*d .. of in_proj
+// The keys and value of a feature map [B, H, W, d] (key_row_in, key_col_in: the map plus its
+// row / column positions; value_in: the map): k_row [B, W, d] (the projection averaged over the H
+// rows), k_col [B, H, d] (over the W columns), v [B, H, W, d]. The projection commutes with the
+// average, so the map is averaged first (H or W times less work). A variant that clusters keys and
+// values before RCDA (Anchor-DETR-ENACT) replaces this step and calls rcda_attend.
+typedef struct {
+  Tensor *k_row, *k_col, *v;
+} RcdaKeys;
+RcdaKeys rcda_keys(const MultiheadRcda *a, Tensor *key_row_in, Tensor *key_col_in, Tensor *value_in);
+// The attention between projections: per head, row weights softmax(q_row k_row^T / sqrt(hd) +
+// row_mask) [L, W] and column weights softmax(q_col k_col^T / sqrt(hd) + col_mask) [L, H]
+// (dropout p on each); out[q] = sum_y col[q, y] sum_x row[q, x] v[y, x], the shorter side summed
+// first as the reference. q_row, q_col [B, L, d]; row_mask [B, W], col_mask [B, H] additive (0 or
+// -inf) or NULL. Returns [B, L, d] before out_proj. weights (may be NULL): the 2-D weights
+// row[q, x] col[q, y] averaged over the heads [B, L, H * W].
+Tensor *rcda_attend(const NnCtx *ctx, Tensor *q_row, Tensor *q_col, const RcdaKeys *k, int64_t heads,
+                    Tensor *row_mask, Tensor *col_mask, float p, Tensor **weights);
+// The module: projections, rcda_attend, out_proj. [B, L, d].
+Tensor *rcda_forward(const MultiheadRcda *a, const NnCtx *ctx, Tensor *query_row, Tensor *query_col,
+                     Tensor *key_row_in, Tensor *key_col_in, Tensor *value_in, Tensor *row_mask, Tensor *col_mask,
+                     Tensor **weights);
+// The additive masks of a key-padding mask [B, H * W]: row_mask its first row [B, W], col_mask its
+// first column [B, H] (the reference's key_padding_mask[:, 0, :] and [:, :, 0]).
+void rcda_masks(Tensor *key_mask, int64_t H, int64_t W, Tensor **row_mask, Tensor **col_mask);

@@ -111,20 +111,31 @@ int params_load_file(ParamStore *ps, const char *path, char *err, size_t err_cap
   return rc;
 }
 
-int params_load_file_prefix(ParamStore *ps, const char *path, const char *prefix, char *err, size_t err_cap) {
+// The file's name of the model's tensor `name` (which starts with prefix): the same, or with the
+// prefix replaced by file_prefix.
+static const char *file_name(const char *name, const char *prefix, const char *file_prefix, char *buf, size_t cap) {
+  if (!file_prefix) return name;
+  snprintf(buf, cap, "%s%s", file_prefix, name + strlen(prefix));
+  return buf;
+}
+
+int params_load_file_prefix_as(ParamStore *ps, const char *path, const char *prefix, const char *file_prefix,
+                               char *err, size_t err_cap) {
   StFile *f = st_open(path, err, err_cap);
   if (!f) return -1;
   size_t n = strlen(prefix);
   int matched = 0, rc = 0;
+  char buf[224];
   for (int i = 0; i < ps->count && !rc; i++) {  // every tensor is checked before any is read
     const Param *p = &ps->items[i];
     if (strncmp(p->name, prefix, n)) continue;
     matched++;
-    const StEntry *e = st_find(f, p->name);
+    const char *fname = file_name(p->name, prefix, file_prefix, buf, sizeof buf);
+    const StEntry *e = st_find(f, fname);
     bool fits = e && e->dtype == ST_F32 && e->ndim == p->tensor->shape.ndim;
     for (int d = 0; fits && d < e->ndim; d++) fits = e->shape[d] == p->tensor->shape.d[d];
     if (!fits) {
-      st_read_f32_into(f, p->name, p->tensor, err, err_cap);  // fails (it does not fit), wording the problem
+      st_read_f32_into(f, fname, p->tensor, err, err_cap);  // fails (it does not fit), wording the problem
       rc = -1;
     }
   }
@@ -134,10 +145,15 @@ int params_load_file_prefix(ParamStore *ps, const char *path, const char *prefix
   }
   for (int i = 0; i < ps->count && !rc; i++) {
     const Param *p = &ps->items[i];
-    if (!strncmp(p->name, prefix, n)) rc = st_read_f32_into(f, p->name, p->tensor, err, err_cap);
+    if (!strncmp(p->name, prefix, n))
+      rc = st_read_f32_into(f, file_name(p->name, prefix, file_prefix, buf, sizeof buf), p->tensor, err, err_cap);
   }
   st_close(f);
   return rc;
+}
+
+int params_load_file_prefix(ParamStore *ps, const char *path, const char *prefix, char *err, size_t err_cap) {
+  return params_load_file_prefix_as(ps, path, prefix, NULL, err, err_cap);
 }
 
 void params_save(const ParamStore *ps, StWriter *w, const char *prefix) {

@@ -29,5 +29,9 @@ int params_load_file(ParamStore *ps, const char *path, char *err, size_t err_cap
 // model's shape, other entries of the file are not read. Returns 0, or -1 with err naming the
 // first problem (the model is unchanged unless every check passed).
 int params_load_file_prefix(ParamStore *ps, const char *path, const char *prefix, char *err, size_t err_cap);
+// The same, the file naming the tensors with file_prefix in place of prefix (NULL: the same names),
+// e.g. a backbone saved as backbone.0.body.* into Anchor DETR's backbone.body.*.
+int params_load_file_prefix_as(ParamStore *ps, const char *path, const char *prefix, const char *file_prefix,
+                               char *err, size_t err_cap);
 // Adds every parameter and buffer to w, with an optional name prefix ("" for none).
 void params_save(const ParamStore *ps, StWriter *w, const char *prefix);

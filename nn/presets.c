@@ -1,4 +1,5 @@
 // The model presets: the models of DETR_PRESET_ROWS (nn/detr.h), by name, and their run defaults.
+#include <stdio.h>
 #include <string.h>
 
 #include "nn/detr.h"
@@ -34,6 +35,26 @@ static void preset_cond_r50(DetrConfig *cfg) {
 static void preset_cond_r18_small(DetrConfig *cfg) {
   preset_r18_small(cfg);
   cfg->decoder = decoder_find("conditional");
+}
+
+// Anchor DETR (megvii-research/AnchorDETR main.py defaults, the paper's single-level DC5 R50):
+// dilated layer4 (stride 16), FFN 1024, dropout 0, 300 anchor points x 3 patterns = 900 queries,
+// its transformer (nn/decoder_anchor.c). The small one keeps detr-r18-small's sizes (stride 32)
+// with 16 anchors x 3 patterns.
+static void preset_anchor_r50(DetrConfig *cfg) {
+  preset_r50(cfg);
+  cfg->decoder = decoder_find("anchor");
+  cfg->dilation = true;
+  cfg->ffn_dim = 1024;
+  cfg->dropout = 0.0f;
+  cfg->num_queries = 900;
+}
+
+static void preset_anchor_r18_small(DetrConfig *cfg) {
+  preset_r18_small(cfg);
+  cfg->decoder = decoder_find("anchor");
+  cfg->dropout = 0.0f;
+  cfg->num_queries = 48;
 }
 
 // detr-r18-small's layout, narrower: seconds on a CPU.
@@ -72,9 +93,10 @@ int detr_config_preset(const char *name, DetrConfig *cfg) {
 }
 
 const RunDefaults *detr_run_defaults(const DetrConfig *cfg) {
-  bool conditional = !strcmp(detr_decoder(cfg)->name, "conditional");
-  const char *name = cfg->hidden_dim <= 32       ? "tiny"
-                     : cfg->backbone_depth < 50 ? (conditional ? "conditional-detr-r18-small" : "detr-r18-small")
-                                                : (conditional ? "conditional-detr-r50" : "detr-r50");
+  const char *kind = detr_decoder(cfg)->name;
+  const char *family = !strcmp(kind, "conditional") ? "conditional-" : !strcmp(kind, "anchor") ? "anchor-" : "";
+  char name[64];
+  snprintf(name, sizeof name, "%s%s", family, cfg->backbone_depth < 50 ? "detr-r18-small" : "detr-r50");
+  if (cfg->hidden_dim <= 32) snprintf(name, sizeof name, "tiny");
   return &preset_find(name)->run;
 }

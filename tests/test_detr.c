@@ -1,10 +1,15 @@
 // The whole DETR model at the `tiny` preset: parameter names and kinds, forward shapes, the
 // loss and a backward that reaches exactly the trainable parameters.
+#define _DEFAULT_SOURCE  // mkstemp
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "nn/detr.h"
+#include "nn/model_io.h"
 #include "tests/gradcheck.h"
 
 START_TEST(reference_parameter_names) {
@@ -61,7 +66,7 @@ static void tiny_step(const char *const *sets) {
   ck_assert_int_eq(out.feat_h, 64 / stride);
   ck_assert_int_eq(out.feat_w, 96 / stride);
   Tensor *logits = out.layers[1].logits, *boxes = out.layers[1].boxes;
-  ck_assert_int_eq(logits->shape.d[1], 10);
+  ck_assert_int_eq(logits->shape.d[1], cfg.num_queries);
   ck_assert_int_eq(logits->shape.d[2], cfg.num_classes + detr_classes(&cfg)->extra_columns);  // 8 / 7 (focal)
   for (int64_t i = 0; i < boxes->numel; i++) ck_assert(boxes->data[i] > 0 && boxes->data[i] < 1);
   float tb[8] = {0.5f, 0.5f, 0.2f, 0.3f, 0.3f, 0.6f, 0.1f, 0.2f};
@@ -110,6 +115,91 @@ END_TEST
 // Conditional DETR on a stride-16 backbone with ENACT: the seams together.
 START_TEST(tiny_conditional_stride16_enact_step) {
   tiny_step((const char *const[]){"decoder", "conditional", "backbone_layers", "3", "encoder_attn", "enact", NULL});
+}
+END_TEST
+
+// Anchor DETR (its own RCDA encoder, anchor x pattern queries, GroupNorm input projection).
+START_TEST(tiny_anchor_step) { tiny_step((const char *const[]){"decoder", "anchor", "num_queries", "9", NULL}); }
+END_TEST
+
+// anchor-detr-r50: the official names and shapes (megvii-research/AnchorDETR's state_dict, its
+// shared heads once), DC5, and what the anchor decoder refuses.
+START_TEST(anchor_r50_names) {
+  DetrConfig cfg;
+  char err[256];
+  ck_assert_int_eq(detr_config_preset("anchor-detr-r50", &cfg), 0);
+  ck_assert(cfg.dilation && cfg.num_queries == 900 && cfg.ffn_dim == 1024 && cfg.dropout == 0.0f);
+  DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
+  const struct {
+    const char *name;
+    int64_t d0, d1;
+  } want[] = {{"transformer.encoder_layers.5.self_attn.in_proj_weight", 1280, 256},
+              {"transformer.encoder_layers.0.ffn.norm2.weight", 256, 0},
+              {"transformer.decoder_layers.5.cross_attn.in_proj_bias", 1280, 0},
+              {"transformer.decoder_layers.0.self_attn.in_proj_weight", 768, 256},
+              {"transformer.decoder_layers.0.ffn.linear1.weight", 1024, 256},
+              {"transformer.pattern.weight", 3, 256}, {"transformer.position.weight", 300, 2},
+              {"transformer.adapt_pos1d.2.weight", 256, 256}, {"transformer.adapt_pos2d.0.bias", 256, 0},
+              {"transformer.class_embed.0.weight", 91, 256}, {"transformer.bbox_embed.0.layers.2.bias", 4, 0},
+              {"input_proj.0.0.weight", 256, 2048}, {"input_proj.0.1.bias", 256, 0},
+              {"backbone.body.layer4.2.conv3.weight", 2048, 512}};
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    Param *p = params_find(&m->params, want[i].name);
+    ck_assert_msg(p != NULL, "missing %s", want[i].name);
+    ck_assert_int_eq(p->tensor->shape.d[0], want[i].d0);
+    if (want[i].d1) ck_assert_int_eq(p->tensor->shape.d[1], want[i].d1);
+  }
+  const char *absent[] = {"query_embed.weight", "class_embed.weight", "transformer.encoder.layers.0.linear1.weight",
+                          "transformer.class_embed.1.weight", "backbone.0.body.conv1.weight"};
+  for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++)
+    ck_assert_msg(params_find(&m->params, absent[i]) == NULL, "unexpected %s", absent[i]);
+  detr_model_free(m);
+  cfg.num_queries = 100;
+  ck_assert_int_eq(detr_config_validate(&cfg, err, sizeof err), -1);
+  ck_assert_msg(strstr(err, "multiple of its 3 patterns"), "%s", err);
+  cfg.num_queries = 900;
+  cfg.encoder_attn = encoder_attn_find("enact");
+  ck_assert_int_eq(detr_config_validate(&cfg, err, sizeof err), -1);
+  ck_assert_msg(strstr(err, "its own encoder"), "%s", err);
+}
+END_TEST
+
+// A DETR backbone (backbone.0.body.*: `detr pretrain`, a DETR checkpoint) into Anchor DETR's
+// backbone.body.* (--init-backbone): every backbone tensor read, under the other prefix.
+START_TEST(anchor_backbone_from_detr_names) {
+  DetrConfig cfg;
+  char path[] = "/tmp/detr-anchor-bb-XXXXXX", err[1024];
+  ck_assert_int_eq(detr_config_preset("tiny", &cfg), 0);
+  DetrModel *detr = detr_model_create(&cfg, DEVICE_CPU);
+  detr_model_init(detr, 1);
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  StWriter *w = st_writer_new();
+  params_save(&detr->params, w, "");
+  ck_assert_int_eq(st_writer_save(w, path, err, sizeof err), 0);
+  st_writer_free(w);
+  cfg.decoder = decoder_find("anchor");
+  cfg.num_queries = 9;
+  DetrModel *anchor = detr_model_create(&cfg, DEVICE_CPU);
+  detr_model_init(anchor, 2);
+  ck_assert_int_eq(params_load_file_prefix_as(&anchor->params, path, "backbone.body.", NULL, err, sizeof err), -1);
+  ck_assert_msg(params_load_file_prefix_as(&anchor->params, path, "backbone.body.", "backbone.0.body.", err, sizeof err) == 0,
+                "%s", err);
+  int n = 0;
+  for (int i = 0; i < anchor->params.count; i++) {
+    const Param *p = &anchor->params.items[i];
+    if (strncmp(p->name, "backbone.body.", 14)) continue;
+    char name[128];
+    snprintf(name, sizeof name, "backbone.0.body.%s", p->name + 14);
+    const Tensor *ref = params_find(&detr->params, name)->tensor;
+    for (int64_t k = 0; k < ref->numel; k++) ck_assert_float_eq(p->tensor->data[k], ref->data[k]);
+    n++;
+  }
+  ck_assert_int_gt(n, 50);
+  unlink(path);
+  detr_model_free(detr);
+  detr_model_free(anchor);
 }
 END_TEST
 
@@ -178,6 +268,9 @@ int main(void) {
   tcase_add_test(tc, tiny_forward_loss_backward);
   tcase_add_test(tc, tiny_kmeans_cross_attn_step);
   tcase_add_test(tc, tiny_conditional_stride16_enact_step);
+  tcase_add_test(tc, tiny_anchor_step);
+  tcase_add_test(tc, anchor_r50_names);
+  tcase_add_test(tc, anchor_backbone_from_detr_names);
   tcase_add_test(tc, config_overrides);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

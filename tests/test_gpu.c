@@ -1524,11 +1524,17 @@ typedef struct {
   DetrTarget targets[2];            // 2 boxes and 1 box
 } ModelPair;
 
-static void model_pair_make(ModelPair *mp, const char *attn, int64_t H, int64_t W) {
+// decoder: the decoder kind (NULL: DETR's); with one, 9 queries (Anchor DETR's 3 patterns x 3 anchors).
+static void model_pair_make(ModelPair *mp, const char *attn, const char *decoder, int64_t H, int64_t W) {
   DetrConfig cfg;
   ck_assert_int_eq(detr_config_preset("tiny", &cfg), 0);
   cfg.encoder_attn = encoder_attn_find(attn);
   ck_assert_ptr_nonnull(cfg.encoder_attn);
+  if (decoder) {
+    cfg.decoder = decoder_find(decoder);
+    ck_assert_ptr_nonnull(cfg.decoder);
+    cfg.num_queries = 9;
+  }
   mp->cpu = detr_model_create(&cfg, DEVICE_CPU);
   detr_model_init(mp->cpu, 1);
   mp->gpu = detr_model_create(&cfg, DEVICE_CUDA);
@@ -1587,9 +1593,9 @@ static void loss_backward(const DetrModel *m, const DetrOutput *out, const DetrT
   autograd_backward(loss->total);
 }
 
-static void compare_model_step(const char *attn, int64_t H, int64_t W) {
+static void compare_model_step(const char *attn, const char *decoder, int64_t H, int64_t W) {
   ModelPair mp;
-  model_pair_make(&mp, attn, H, W);
+  model_pair_make(&mp, attn, decoder, H, W);
   ScopeMark mark = tensor_scope_mark();
   DetrOutput out, gout;
   DetrMatch cm[DETR_MAX_LAYERS][2], gm[DETR_MAX_LAYERS][2];
@@ -1603,7 +1609,7 @@ static void compare_model_step(const char *attn, int64_t H, int64_t W) {
   loss_backward(mp.gpu, &gout, mp.targets, cm, &gloss);  // the CPU's matches (see above)
 
   char what[256], model[64];
-  snprintf(model, sizeof model, "DETR (%s encoder attention)", attn);
+  snprintf(model, sizeof model, "%s (%s encoder attention)", decoder ? decoder : "DETR", attn);
   ck_assert_int_eq(gout.n_layers, out.n_layers);
   for (int l = 0; l < out.n_layers; l++) {
     snprintf(what, sizeof what, "%s decoder output %d logits", model, l);
@@ -1664,18 +1670,27 @@ static void compare_model_step(const char *attn, int64_t H, int64_t W) {
   model_pair_free(&mp);
 }
 
-START_TEST(model_detr_step) { compare_model_step("dense", 64, 96); }
+START_TEST(model_detr_step) { compare_model_step("dense", NULL, 64, 96); }
 END_TEST
 
-START_TEST(model_detr_enact_step) { compare_model_step("enact", 128, 192); }
+START_TEST(model_detr_enact_step) { compare_model_step("enact", NULL, 128, 192); }
 END_TEST
 
 // Every other encoder-attention variant: the same step on both devices.
 START_TEST(model_detr_attn_variants_step) {
   for (int i = 0; i < encoder_attn_count(); i++) {
     const char *name = encoder_attn_at(i)->name;
-    if (strcmp(name, "dense") && strcmp(name, "enact")) compare_model_step(name, 64, 96);
+    if (strcmp(name, "dense") && strcmp(name, "enact")) compare_model_step(name, NULL, 64, 96);
   }
+}
+END_TEST
+
+// Anchor DETR (nn/decoder_anchor.c): its RCDA encoder and decoder, GroupNorm input projection,
+// anchors and focal classes, on a map taller than wide and one wider than tall (both of RCDA's
+// summation orders).
+START_TEST(model_anchor_step) {
+  compare_model_step("dense", "anchor", 64, 96);
+  compare_model_step("dense", "anchor", 128, 64);
 }
 END_TEST
 
@@ -1753,7 +1768,7 @@ START_TEST(model_training_steps) {
   // and -lr on the other: |difference| <= 2 lr x steps = 6e-4 < MODEL_TOL.
   enum { STEPS = 3 };
   ModelPair mp;
-  model_pair_make(&mp, "dense", 64, 96);
+  model_pair_make(&mp, "dense", NULL, 64, 96);
   OptimConfig oc = optim_config_default();
   AdamW opt, gopt;
   adamw_init(&opt, &mp.cpu->params, oc);
@@ -1834,6 +1849,7 @@ int main(int argc, char **argv) {
   tcase_add_test(model, model_detr_step);
   tcase_add_test(model, model_detr_enact_step);
   tcase_add_test(model, model_detr_attn_variants_step);
+  tcase_add_test(model, model_anchor_step);
   tcase_add_test(model, model_training_steps);
   SRunner *sr = srunner_create(s);
   // No fork: the CUDA context created above does not survive into a forked child. (So Check's

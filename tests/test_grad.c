@@ -1330,6 +1330,104 @@ START_TEST(grad_decoder_conditional) {
 }
 END_TEST
 
+// --- Anchor DETR (nn/decoder_anchor.c, nn/attn_rcda.c): RCDA alone on maps taller and wider
+// than long (both summation orders), with padding; the GroupNorm input projection; the whole
+// transformer (one RCDA encoder layer, two decoder layers, every parameter, the anchors' path
+// through the query positions and the boxes) on a padded batch ---
+
+typedef struct {
+  MultiheadRcda a;
+  Tensor *row_mask, *col_mask;
+  int64_t H, W;
+} RcdaCtx;
+
+static Tensor *f_rcda(Tensor *const *in, void *c) {  // in: queries [2, 3, 8] x2, map [2, H, W, 8]
+  const RcdaCtx *k = c;
+  Tensor *w = NULL;
+  Tensor *y = rcda_forward(&k->a, &EVAL_CTX, in[0], in[1], op_add(in[2], in[2]), in[2], in[2], k->row_mask,
+                           k->col_mask, &w);
+  Tensor *parts[2] = {op_reshape(y, SHAPE(2, 3 * 8)), op_reshape(w, SHAPE(2, -1))};
+  return op_concat(parts, 2, 1);
+}
+
+static void check_rcda(int64_t H, int64_t W, uint64_t seed) {
+  ParamStore ps;
+  params_init(&ps, DEVICE_CPU);
+  float *m = calloc((size_t)(2 * H * W), sizeof(float));  // image 1: its last row and column padded
+  for (int64_t y = 0; y < H; y++)
+    for (int64_t x = 0; x < W; x++) m[H * W + y * W + x] = (y == H - 1 || x == W - 1) ? -INFINITY : 0.0f;
+  Tensor *mask = tensor_from_host(DEVICE_CPU, SHAPE(2, H * W), m);
+  free(m);
+  RcdaCtx c = {.a = rcda_create(&ps, "rcda", 8, 2, 0.0f), .H = H, .W = W};
+  rcda_masks(mask, H, W, &c.row_mask, &c.col_mask);
+  randomize_params(&ps, seed);
+  Tensor *in[8] = {U(SHAPE(2, 3, 8), seed + 1), U(SHAPE(2, 3, 8), seed + 2), U(SHAPE(2, H, W, 8), seed + 3)};
+  int n = block_inputs(in, 3, &ps);
+  ck_assert_int_eq(n, 7);
+  expect_grad("rcda", f_rcda, in, n, &c, (GradTol){.eps = 1e-3, .atol = 2e-3, .rtol = 1e-2});
+  params_free(&ps);
+  tensor_release(mask);
+}
+
+START_TEST(grad_rcda) {
+  check_rcda(2, 3, 400);  // H < W: the rows summed first
+  check_rcda(3, 2, 410);  // H >= W: the columns first
+}
+END_TEST
+
+static Tensor *f_groupnorm(Tensor *const *in, void *c) {
+  GroupNorm g = {.weight = in[1], .bias = in[2], .groups = 2};
+  return groupnorm_forward(&g, in[0]);
+}
+
+START_TEST(grad_groupnorm) {
+  Tensor *in[3] = {test_uniform(SHAPE(2, 5, 6), -2, 2, 420, true), test_uniform(SHAPE(6), 0.5f, 1.5f, 421, true),
+                   U(SHAPE(6), 422)};
+  expect_grad("groupnorm", f_groupnorm, in, 3, NULL, TOL);
+}
+END_TEST
+
+typedef struct {
+  const DecoderKind *kind;
+  void *state;
+  FeatureGeometry g;
+} AnchorCtx;
+
+static Tensor *f_anchor(Tensor *const *in, void *c) {
+  const AnchorCtx *k = c;
+  Tensor *pos = NULL;
+  Tensor *memory = k->kind->encode(k->state, &EVAL_CTX, in[0], &k->g, &pos);
+  DecoderInput din = {.memory = memory, .pos = pos, .key_mask = k->g.key_mask, .batch = 2, .geom = &k->g};
+  DecoderOutput out;
+  k->kind->forward(k->state, &EVAL_CTX, &din, &out);
+  Tensor *boxes = k->kind->boxes(k->state, op_slice(out.hs[1], 2, 0, 4), &out, 1);  // [2, 6, 4]
+  Tensor *parts[3] = {out.hs[0], out.hs[1], boxes};
+  return op_concat(parts, 3, 2);
+}
+
+START_TEST(grad_decoder_anchor) {
+  uint8_t m[2 * 6] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 1};  // image 1: 2x2 of a 2x3 map
+  ParamStore ps;
+  params_init(&ps, DEVICE_CPU);
+  AnchorCtx c = {.kind = decoder_find("anchor")};
+  ck_assert_ptr_nonnull(c.kind);
+  feature_geometry_make(m, 2, 2, 3, DEVICE_CPU, &c.g);
+  c.state = calloc(1, c.kind->state_size);
+  DecoderShape shape = {.s = {.dim = 8, .heads = 2, .ffn_dim = 12}, .layers = 2, .enc_layers = 1, .queries = 6};
+  c.kind->create(c.state, &ps, "t", &shape);
+  randomize_params(&ps, 430);
+  tensor_uniform_(params_find(&ps, "t.position.weight")->tensor, &(Rng){.seed = 431}, 0.1f, 0.9f);  // anchors in (0, 1)
+  GradTol tol = {.eps = 1e-3, .atol = 3e-3, .rtol = 1e-2};  // eps: no ReLU input crosses 0 within a step
+  Tensor *in[96] = {U(SHAPE(2, 6, 8), 432)};  // + 58 parameters
+  int n = block_inputs(in, 1, &ps);
+  ck_assert_int_eq(n, 59);
+  expect_grad("anchor transformer", f_anchor, in, n, &c, tol);
+  params_free(&ps);
+  free(c.state);
+  feature_geometry_free(&c.g);
+}
+END_TEST
+
 // --- registry: `test_grad NAME` runs one op's suite, no argument runs all ---
 
 // The hand-written tests of tests/op_table.c's OP_SUITE entries (unary and binary entries need
@@ -1367,6 +1465,7 @@ static int grad_suites(GradSuite *out) {
     {"encoder_attn.enact_official", grad_attn_enact_official}, {"encoder_attn.swin", grad_attn_swin},
     {"cluster_argmax", grad_cluster_argmax}, {"kmeans_cross_attn", grad_kmeans_cross_attn},
     {"decoder.conditional", grad_decoder_conditional},
+    {"rcda", grad_rcda}, {"groupnorm", grad_groupnorm}, {"decoder.anchor", grad_decoder_anchor},
   };
   _Static_assert(sizeof all / sizeof all[0] <= MAX_SUITES, "raise MAX_SUITES");
   memcpy(out, all, sizeof all);

@@ -1013,7 +1013,7 @@ END_TEST
 // positions; softmax rows (mean over heads) sum to 1, k-means rows to the share of heads in which
 // the query won pixels (each head's row is 1/n on its n pixels).
 START_TEST(cross_attention_capture) {
-  const char *kinds[][2] = {{"detr", "softmax"}, {"conditional", "softmax"}, {"detr", "kmeans"}};
+  const char *kinds[][2] = {{"detr", "softmax"}, {"conditional", "softmax"}, {"detr", "kmeans"}, {"anchor", "softmax"}};
   enum { B = 2, H = 96, W = 128 };
   float *px = malloc(sizeof(float) * B * 3 * H * W);  // [B, 3, H, W]
   uint8_t mask[B * H * W] = {0};                       // [B, H, W]: image 1's right half is padding
@@ -1027,6 +1027,7 @@ START_TEST(cross_attention_capture) {
     cfg.decoder = decoder_find(kinds[k][0]);
     cfg.decoder_cross_attn = decoder_cross_attn_find(cfg.decoder, kinds[k][1]);
     ck_assert_ptr_nonnull(cfg.decoder_cross_attn);
+    if (decoder_layout(cfg.decoder)->own_queries) cfg.num_queries = 9;  // Anchor DETR: 3 anchors x 3 patterns
     DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
     detr_model_init(m, 3);
     ScopeMark mark = tensor_scope_mark();

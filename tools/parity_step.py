@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Parity of `detr step` with the reference DETR (facebookresearch/detr) on the same weights and batch,
 or with Conditional DETR (Atten4Vis/ConditionalDETR: --decoder conditional or a conditional-* preset,
---detr-repo then a checkout of that repository).
+--detr-repo then a checkout of that repository), or with Anchor DETR (megvii-research/AnchorDETR:
+an anchor-* preset, --detr-repo a checkout of it).
 
 Builds the reference model from a checkout of the reference repository (its own code, imported at
 run time; nothing of it is copied here), initialises it from a seed (random frozen batch-norm
@@ -12,12 +13,22 @@ python3-scipy.
 
   /usr/bin/python3 tools/parity_step.py --detr-repo DIR --preset tiny [--padding] [--detr build/detr]
   /usr/bin/python3 tools/parity_step.py --detr-repo CONDITIONAL_DIR --preset tiny --decoder conditional
+  /usr/bin/python3 tools/parity_step.py --detr-repo ANCHOR_DIR --preset anchor-detr-r18-small --padding
 
 Conditional DETR: the reference's gen_sineembed_for_position has 128 features per coordinate,
 which only fits hidden 256 (conditional-detr-r50: the official function runs); for the smaller
 presets it is replaced by the same function with hidden / 2 features, as detr-c defines it. The
 box head's last layer, zero in the reference's initialisation, gets torch's default Linear init
 here, so that gradients reach the decoder through the boxes.
+
+Anchor DETR: its pos2posemb1d / pos2posemb2d have 256 / 128 features, which fit hidden 256; for
+the small preset they are called with hidden and hidden / 2, as detr-c defines them. Its Backbone
+refuses ResNet-18 only because its channel count is written down as 2048: the small preset builds
+the same module around torchvision's ResNet-18 with 512. The box head's last layer gets torch's
+default Linear init (as for Conditional DETR). Its state_dict holds the class and box heads, shared
+by the decoder layers, once per layer (transformer.class_embed.0 .. .5, the same tensor): the
+copies past .0 are dropped, as a conversion of an official checkpoint must (safetensors refuses
+shared tensors).
 
 Errors per tensor: max-relative max |a - b| / max |b| and normwise ||a - b|| / ||b||. The reference
 also runs in float64, the exact answer both float32 implementations approximate. A quantity passes
@@ -47,6 +58,8 @@ PRESETS = {  # must match nn/config.c
 }
 PRESETS["conditional-detr-r50"] = dict(PRESETS["detr-r50"], queries=300, decoder="conditional")
 PRESETS["conditional-detr-r18-small"] = dict(PRESETS["detr-r18-small"], decoder="conditional")
+PRESETS["anchor-detr-r50"] = dict(PRESETS["detr-r50"], ffn=1024, queries=900, decoder="anchor", dilation=True)
+PRESETS["anchor-detr-r18-small"] = dict(PRESETS["detr-r18-small"], queries=48, decoder="anchor")
 DTYPES = {"F32": np.float32, "I64": np.int64, "U8": np.uint8, "BOOL": np.bool_, "F64": np.float64, "I32": np.int32}
 
 
@@ -118,8 +131,74 @@ class InProjAttention(nn.Module):
         return F.linear(x, self.in_proj_weight[i * d:(i + 1) * d], self.in_proj_bias[i * d:(i + 1) * d])
 
 
+RUN_DTYPE = [torch.float32]  # the dtype reference_run runs in (Anchor DETR's mask2pos shim reads it)
+
+
+def randomize_frozen_bn(model, seed):
+    """Frozen batch norms as a pretrained backbone has them: scales near 1, small means."""
+    g = torch.Generator().manual_seed(seed + 1)
+    for name, buf in model.named_buffers():
+        if "running_var" in name:
+            buf.copy_(torch.rand(buf.shape, generator=g) * 0.5 + 0.75)
+        elif "running_mean" in name or name.endswith(".bias"):
+            buf.copy_((torch.rand(buf.shape, generator=g) - 0.5) * 0.2)
+        elif name.endswith(".weight"):
+            buf.copy_(torch.rand(buf.shape, generator=g) * 0.4 + 0.4)
+
+
+def build_anchor_reference(p, seed):
+    """Anchor DETR (megvii-research/AnchorDETR, imported from the checkout on sys.path): its backbone,
+    transformer, model, matcher and criterion with main.py's loss weights."""
+    import functools
+    import torchvision
+    import models.backbone as backbone_mod
+    import models.transformer as transformer_mod
+    from models.anchor_detr import AnchorDETR, SetCriterion
+    from models.matcher import HungarianMatcher
+
+    backbone_mod.is_main_process = lambda: False  # no ImageNet download: weights come from the seed
+    mask2pos = transformer_mod.mask2pos  # float32 (cumsum dtype): in the reference's run dtype, for float64
+    transformer_mod.mask2pos = lambda mask: tuple(t.to(RUN_DTYPE[0]) for t in mask2pos(mask))
+    d = p["hidden"]
+    if d != 256:  # the sine embeddings' widths, as detr-c defines them for any hidden
+        transformer_mod.pos2posemb1d = functools.partial(transformer_mod.pos2posemb1d, num_pos_feats=d)
+        transformer_mod.pos2posemb2d = functools.partial(transformer_mod.pos2posemb2d, num_pos_feats=d // 2)
+    torch.manual_seed(seed)
+    if p["backbone"] == "resnet50":
+        backbone = backbone_mod.Backbone("resnet50", True, False, p.get("dilation", False))
+    else:  # the same module around a ResNet-18 (its Backbone asserts on the hard-coded 2048 channels)
+        body = getattr(torchvision.models, p["backbone"])(norm_layer=backbone_mod.FrozenBatchNorm2d)
+        backbone = backbone_mod.Backbone.__new__(backbone_mod.Backbone)
+        backbone_mod.BackboneBase.__init__(backbone, body, True, False)
+        backbone.num_channels = [512]
+    transformer = transformer_mod.Transformer(d_model=d, nhead=p["heads"], num_encoder_layers=p["enc"],
+                                              num_decoder_layers=p["dec"], dim_feedforward=p["ffn"], dropout=0.0,
+                                              num_feature_levels=1, num_query_position=p["queries"] // 3,
+                                              num_query_pattern=3, spatial_prior="learned", attention_type="RCDA")
+    assert p["classes"] == 91, "the reference's transformer has 91 classes written down"
+    model = AnchorDETR(backbone, transformer, num_feature_levels=1, aux_loss=True)
+    model.transformer.bbox_embed[0].layers[-1].reset_parameters()  # zero in its init: no gradient through boxes
+    randomize_frozen_bn(model, seed)
+    weight_dict = {"loss_ce": 2, "loss_bbox": 5, "loss_giou": 2}
+    for i in range(p["dec"] - 1):
+        weight_dict.update({k + f"_{i}": v for k, v in list(weight_dict.items())[:3]})
+    matcher = HungarianMatcher(cost_class=2, cost_bbox=5, cost_giou=2)
+    criterion = SetCriterion(p["classes"], matcher, weight_dict, ["labels", "boxes"], focal_alpha=0.25)
+    return model, criterion, weight_dict
+
+
+def official_state_dict(model):
+    """The state_dict as a converted official checkpoint holds it: Anchor DETR's per-layer copies of its
+    shared heads (transformer.class_embed.1.weight, ...) dropped."""
+    import re
+    return {k: v for k, v in model.state_dict().items()
+            if not re.match(r"transformer\.(class|bbox)_embed\.[1-9][0-9]*\.", k)}
+
+
 def build_reference(repo, p, seed, decoder="detr"):
     sys.path.insert(0, repo)
+    if decoder == "anchor":
+        return build_anchor_reference(p, seed)
     import models.backbone as backbone_mod  # noqa: E402  (the reference's own modules)
     from models.matcher import HungarianMatcher
     from models.position_encoding import PositionEmbeddingSine
@@ -142,15 +221,7 @@ def build_reference(repo, p, seed, decoder="detr"):
     model = Model(joiner, transformer, num_classes=p["classes"], num_queries=p["queries"], aux_loss=True)
     if decoder == "conditional":
         model.bbox_embed.layers[-1].reset_parameters()  # zero in the reference's init: no gradient through boxes
-    # Frozen batch norms as a pretrained backbone has them: scales near 1, small means.
-    g = torch.Generator().manual_seed(seed + 1)
-    for name, buf in model.named_buffers():
-        if "running_var" in name:
-            buf.copy_(torch.rand(buf.shape, generator=g) * 0.5 + 0.75)
-        elif "running_mean" in name or name.endswith(".bias"):
-            buf.copy_((torch.rand(buf.shape, generator=g) - 0.5) * 0.2)
-        elif name.endswith(".weight"):
-            buf.copy_(torch.rand(buf.shape, generator=g) * 0.4 + 0.4)
+    randomize_frozen_bn(model, seed)
     class_weight = 2 if decoder == "conditional" else 1  # cls_loss_coef and set_cost_class
     weight_dict = {"loss_ce": class_weight, "loss_bbox": 5, "loss_giou": 2}
     for i in range(p["dec"] - 1):
@@ -199,12 +270,21 @@ def norm_err(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
 
 
-def reference_run(model, criterion, weight_dict, images, mask, targets, dtype):
-    """Outputs, loss terms and parameter gradients of the reference in `dtype`, as float64 numpy."""
+def reference_run(model, criterion, weight_dict, images, mask, targets, dtype, relu_inputs=None):
+    """Outputs, loss terms and parameter gradients of the reference in `dtype`, as float64 numpy.
+    relu_inputs (a dict, optional) receives the output of every module named *linear1 (a transformer
+    FFN's first layer, whose ReLU follows) by module name, for relu_flip_notes."""
     from util.misc import NestedTensor
 
+    hooks = []
+    if relu_inputs is not None:
+        for name, module in model.named_modules():
+            if name.endswith("linear1"):
+                hooks.append(module.register_forward_hook(
+                    lambda m, i, o, name=name: relu_inputs.__setitem__(name, o.detach().double().numpy().copy())))
     model.to(dtype)
     criterion.to(dtype)
+    RUN_DTYPE[0] = dtype
     model.zero_grad(set_to_none=True)
     tg = [{k: (v.to(dtype) if v.is_floating_point() else v) for k, v in t.items()} for t in targets]
     outputs = model(NestedTensor(images.to(dtype), mask))
@@ -222,6 +302,8 @@ def reference_run(model, criterion, weight_dict, images, mask, targets, dtype):
         if param.requires_grad:
             res[f"grad.{name}"] = param.grad if param.grad is not None else torch.zeros_like(param)
     res = {k: v.detach().double().numpy().copy() for k, v in res.items()}
+    for h in hooks:
+        h.remove()
     model.to(torch.float32)
     criterion.to(torch.float32)
     return res, indices
@@ -318,6 +400,34 @@ def drop_zero_gradients(ours, ref32, ref64, tol):
     return notes
 
 
+def relu_flip_notes(ours, ref32, ref64, relu_inputs):
+    """Explains, by measurement, an FFN's first-layer bias gradient that is further from float64 than
+    twice the float32 reference: when one unit holds most (over half) of detr-c's distance to float64
+    and the float64 reference's input to that unit's ReLU comes within rounding of 0 somewhere (below
+    1e-4 of the unit's median |input|; a sum of d float32 products rounds at ~1e-7 of its terms),
+    detr-c's float32 input there has the other sign and the
+    ReLU passes (or stops) that position's gradient; every gradient upstream inherits the
+    difference. Nothing is excused: the lines only say where the flip is. Returns note lines."""
+    notes = []
+    for k in [k for k in ref64 if k.startswith("grad.") and k.endswith("linear1.bias") and k in ours]:
+        diff = ours[k] - ref64[k]
+        if norm_err(ours[k], ref64[k]) <= 2 * norm_err(ref32[k], ref64[k]):
+            continue
+        module = k[len("grad."):-len(".bias")]
+        unit = int(np.argmax(np.abs(diff)))
+        share = float(np.abs(diff[unit]) / max(np.linalg.norm(diff), 1e-30))
+        if module not in relu_inputs or share < 0.5:
+            continue  # spread over the units: inherited from a flip elsewhere
+        x = relu_inputs[module][..., unit].ravel()
+        closest = x[np.argmin(np.abs(x))]
+        if abs(closest) > 1e-4 * np.median(np.abs(x)):
+            continue
+        notes.append(f"  {module}: unit {unit} holds {share:.0%} of detr-c's distance to float64; the float64 "
+                     f"input to its ReLU comes to {closest:.1e} of 0 (median |input| {np.median(np.abs(x)):.1e}): "
+                     f"a ReLU flip, inherited by every gradient upstream")
+    return notes
+
+
 def compare(ours, ref32, ref64, indices, tol, title, spread_fn=None):
     """Prints the comparison of detr-c's outputs with the float32 and float64 references; returns
     (ok, groups), groups mapping each quantity (all gradients as "grad.*") to
@@ -390,7 +500,7 @@ def main():
     ap.add_argument("--detr-repo", required=True, help="checkout of facebookresearch/detr (Atten4Vis/ConditionalDETR "
                     "for the conditional decoder)")
     ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
-    ap.add_argument("--decoder", default=None, choices=["detr", "conditional"], help="default: the preset's")
+    ap.add_argument("--decoder", default=None, choices=["detr", "conditional", "anchor"], help="default: the preset's")
     ap.add_argument("--padding", action="store_true", help="second image padded bottom/right")
     ap.add_argument("--detr", default="build/detr", help="the detr binary")
     ap.add_argument("--seed", type=int, default=0)
@@ -408,21 +518,23 @@ def main():
     images, mask, targets = make_batch(p, args.padding, args.seed, size)
     model.eval()  # dropout off; frozen batch norm does not care; gradients still flow
     work = args.keep or tempfile.mkdtemp(prefix="detr-parity-")
-    wpath, bpath, opath = write_inputs(work, model.state_dict(), images, mask, targets)
+    wpath, bpath, opath = write_inputs(work, official_state_dict(model), images, mask, targets)
 
     # The reference in float32 (what detr-c must match) and float64 (the exact answer both
     # float32 implementations approximate: at ResNet-50 depth their gradients differ from it by
     # ~1e-4, so parity is judged against the reference's own float32 error there).
     ref32, indices = reference_run(model, criterion, weight_dict, images, mask, targets, torch.float32)
-    ref64, _ = reference_run(model, criterion, weight_dict, images, mask, targets, torch.float64)
+    relu_inputs = {}
+    ref64, _ = reference_run(model, criterion, weight_dict, images, mask, targets, torch.float64, relu_inputs)
 
     ours = run_step(args.detr, args.preset, wpath, bpath, opath, [f"decoder={decoder}"])
     notes = drop_zero_gradients(ours, ref32, ref64, args.tol)
     title = (f"parity {args.preset} decoder={decoder} {size[0]}x{size[1]} padding={args.padding} "
              f"(torch {torch.__version__}, {args.threads} threads)")
+    flips = relu_flip_notes(ours, ref32, ref64, relu_inputs)
     ok, _ = compare(ours, ref32, ref64, indices, args.tol, title,
                     lambda: reference_spread(model, criterion, weight_dict, images, mask, targets, ref32, indices))
-    for line in notes:
+    for line in notes + flips:
         print(line)
     sys.exit(0 if ok else 1)
 

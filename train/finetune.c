@@ -34,22 +34,24 @@ int finetune_load(DetrModel *m, const char *path, const char *init_categories, c
   // The class head: other classes (another count, or known ids/names that differ).
   const char *keep[4] = {NULL};
   int n_keep = 0;
-  char why[1024];
-  if (rows_differ(f, m->class_embed.weight, "class_embed.weight", why, sizeof why)) {
-    if (say) fprintf(stderr, "detr train: re-initialised class_embed.weight and class_embed.bias: the class head's "
-                     "outputs (classes%s): %s\n", detr_classes(&m->cfg)->extra_columns ? " and no-object" : "", why);
-    keep[n_keep++] = "class_embed.weight";
-    keep[n_keep++] = "class_embed.bias";
+  char why[1024], class_w[112], class_b[112];  // the class head's names (the decoder kind's layout)
+  snprintf(class_w, sizeof class_w, "%s.weight", decoder_layout(detr_decoder(&m->cfg))->class_embed);
+  snprintf(class_b, sizeof class_b, "%s.bias", decoder_layout(detr_decoder(&m->cfg))->class_embed);
+  if (rows_differ(f, m->class_embed.weight, class_w, why, sizeof why)) {
+    if (say) fprintf(stderr, "detr train: re-initialised %s and %s: the class head's outputs (classes%s): %s\n", class_w,
+                     class_b, detr_classes(&m->cfg)->extra_columns ? " and no-object" : "", why);
+    keep[n_keep++] = class_w;
+    keep[n_keep++] = class_b;
   } else if (categories_compare(init_categories, train, why, sizeof why)) {
-    if (say) fprintf(stderr, "detr train: re-initialised class_embed.weight and class_embed.bias: the data's categories "
-                     "differ from the checkpoint's (%s)\n", why);
-    keep[n_keep++] = "class_embed.weight";
-    keep[n_keep++] = "class_embed.bias";
+    if (say) fprintf(stderr, "detr train: re-initialised %s and %s: the data's categories differ from the checkpoint's "
+                     "(%s)\n", class_w, class_b, why);
+    keep[n_keep++] = class_w;
+    keep[n_keep++] = class_b;
   } else if (!init_categories && say) {
     fprintf(stderr, "detr train: warning: %s names no categories: its class head is kept, its class k taken for the "
             "data's category id k\n", path);
   }
-  if (rows_differ(f, m->query_embed, "query_embed.weight", why, sizeof why)) {
+  if (m->query_embed && rows_differ(f, m->query_embed, "query_embed.weight", why, sizeof why)) {
     if (say) fprintf(stderr, "detr train: re-initialised query_embed.weight: num_queries is %s\n", why);
     keep[n_keep++] = "query_embed.weight";
   }

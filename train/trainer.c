@@ -326,6 +326,23 @@ static int calibrate_batch_norms(Trainer *t, char *err, size_t err_cap) {
 }
 
 // A fresh run's starting weights: --init, --init-backbone, --calibrate-bn.
+
+// --init-backbone: the file's backbone.* tensors. A model whose decoder kind names its backbone
+// otherwise (Anchor DETR: backbone.body) reads a file that names it as DETR does (backbone.0.body:
+// `detr pretrain`, a DETR checkpoint) under those names.
+static int load_init_backbone(DetrModel *m, const char *path, char *err, size_t err_cap) {
+  const char *own = decoder_layout(detr_decoder(&m->cfg))->backbone;
+  if (!strcmp(own, "backbone.0.body")) return params_load_file_prefix(&m->params, path, "backbone.", err, err_cap);
+  char prefix[112], conv1[128];
+  snprintf(prefix, sizeof prefix, "%s.", own);
+  snprintf(conv1, sizeof conv1, "%sconv1.weight", prefix);
+  StFile *f = st_open(path, err, err_cap);
+  if (!f) return -1;
+  bool same = st_find(f, conv1) != NULL;
+  st_close(f);
+  return params_load_file_prefix_as(&m->params, path, prefix, same ? NULL : "backbone.0.body.", err, err_cap);
+}
+
 static int initial_weights(Trainer *t, char *err, size_t err_cap) {
   const TrainOptions *o = t->o;
   char why[2048];
@@ -334,7 +351,7 @@ static int initial_weights(Trainer *t, char *err, size_t err_cap) {
     snprintf(err, err_cap, "--init %s", why);
     return -1;
   }
-  if (o->init_backbone && params_load_file_prefix(&t->m->params, o->init_backbone, "backbone.", why, sizeof why)) {
+  if (o->init_backbone && load_init_backbone(t->m, o->init_backbone, why, sizeof why)) {
     snprintf(err, err_cap, "--init-backbone %s", why);
     return -1;
   }
