@@ -7,15 +7,17 @@
 # checkpoints, eval.json, eval.log, predict/); with another --seed or --epochs in runs/main-seedS,
 # runs/main-epochsN or runs/main-epochsN-seedS, unless --out names the directory. A rerun resumes
 # what its directory holds (a finished run: only the evaluation and pictures again).
-#   bash tools/main.sh [--epochs N] [--seed S] [--out DIR]
+#   bash tools/main.sh [--epochs N] [--seed S] [--precision fp32|bf16] [--out DIR]
 # --epochs: passes over the 6000 training images (default 7; the learning rate drops x0.1 after
 # 5/7 of them).
 # --seed changes the pretraining's and the training's initialisation, data order and augmentation
-# (not the data set).
+# (not the data set). --precision bf16 trains in bf16 (docs/precision.md; runs/main-bf16...); the
+# evaluation stays fp32.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 epochs=7
 seed=42
+precision=fp32
 threshold=0.3
 out=
 while [ $# -gt 0 ]; do
@@ -23,6 +25,7 @@ while [ $# -gt 0 ]; do
     --epochs) epochs="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --seed) seed="$2"; shift 2 ;;
+    --precision) precision="$2"; shift 2 ;;
     *) echo "tools/main.sh: unknown argument $1 (see the header of this file)" >&2; exit 2 ;;
   esac
 done
@@ -32,6 +35,7 @@ if [ -z "$out" ]; then
   out=runs/main
   [ "$epochs" = 7 ] || out="$out-epochs$epochs"
   [ "$seed" = 42 ] || out="$out-seed$seed"
+  [ "$precision" = fp32 ] || out="$out-$precision"
 fi
 start=$(date +%s)
 bash tools/setup.sh
@@ -56,7 +60,7 @@ if [ ! -f "$out/backbone.safetensors" ]; then
 fi
 "$detr" train --data "$data" --out "$out" $model --enact --init-backbone "$out/backbone.safetensors" \
   $main_train_flags --lr-drop $(( epochs * 5 / 7 > 0 ? epochs * 5 / 7 : 1 )) \
-  --epochs "$epochs" --eval-every 1 --seed "$seed" --resume auto
+  --epochs "$epochs" --eval-every 1 --seed "$seed" --precision "$precision" --resume auto
 
 # Evaluated in batches of 4 as during training: padding to the batch's largest image changes a
 # DETR's output a little (same weights: AP50 0.465 in batches of 4, 0.443 of 2, 2026-11-23).
