@@ -7,7 +7,8 @@
 //               features through adapt_pos1d (Linear, ReLU, Linear): pos_row [B, W, d], pos_col [B, H, d]
 //   encoder     per layer: RCDA self-attention (nn/attn_rcda.c) with queries and keys x + pos_row
 //               (row part) and x + pos_col (column part), values x; residual, norm1; FFN with its
-//               own residual and norm (ffn.norm2). Post-norm.
+//               own residual and norm (ffn.norm2). Post-norm. encoder_attn=enact_official:
+//               Anchor-DETR-ENACT's (GSavathrakis/ENACT): keys and values clustered first (enact_rcda).
 //   queries     P = 3 patterns x (num_queries / 3) anchor points: query p * NP + i starts as
 //               pattern[p] with anchor position[i] (learned, in [0, 1]); query_pos =
 //               adapt_pos2d(sine(anchor)), query_pos_x / _y = adapt_pos1d(sine(anchor x / y)).
