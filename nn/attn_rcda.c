@@ -95,3 +95,27 @@ void rcda_masks(Tensor *key_mask, int64_t H, int64_t W, Tensor **row_mask, Tenso
   *row_mask = op_reshape(op_slice(m, 1, 0, 1), SHAPE(B, W));
   *col_mask = op_reshape(op_slice(m, 2, 0, 1), SHAPE(B, H));
 }
+
+Tensor *rcda_cluster_forward(const MultiheadRcda *a, const NnCtx *ctx, Tensor *map_row, Tensor *map_col,
+                             Tensor *k_row_cl, Tensor *k_col_cl, Tensor *v_cl) {
+  int64_t B = map_row->shape.d[0], H = map_row->shape.d[1], W = map_row->shape.d[2], d = map_row->shape.d[3];
+  int64_t L = v_cl->shape.d[1], heads = a->heads, hd = d / heads, bh = B * heads;
+  // The map's projections averaged over the other axis are the queries (projection then mean, as
+  // the reference: the same affine map either way); the clusters are the keys, projected with the
+  // query weights (the reference's argument order turns RCDA's roles).
+  Tensor *q_row = op_mean(rcda_project(a, map_row, RCDA_K_ROW), 1, false);  // [B, W, d]
+  Tensor *q_col = op_mean(rcda_project(a, map_col, RCDA_K_COL), 2, false);  // [B, H, d]
+  Tensor *row = weights_1d(q_row, rcda_project(a, k_row_cl, RCDA_Q_ROW), heads, NULL);  // [B*h, W, L]
+  Tensor *col = weights_1d(q_col, rcda_project(a, k_col_cl, RCDA_Q_COL), heads, NULL);  // [B*h, H, L]
+  row = nn_dropout(ctx, row, a->dropout);
+  col = nn_dropout(ctx, col, a->dropout);
+  Tensor *v = mha_split_heads(rcda_project(a, v_cl, RCDA_V), heads);  // [B*h, L, hd]
+  // out[y, x] = sum_n col[y, n] row[x, n] v[n]: the column weights scale the values, then one
+  // batched product over n with the row weights.
+  int perm[4] = {0, 2, 1, 3};
+  Tensor *cv = op_mul(op_reshape(col, SHAPE(bh, H, L, 1)), op_reshape(v, SHAPE(bh, 1, L, hd)));  // [B*h, H, L, hd]
+  cv = op_reshape(op_permute(cv, perm), SHAPE(bh, L, H * hd));
+  Tensor *out = op_reshape(op_bmm(row, cv, false, false), SHAPE(bh, W, H, hd));
+  out = op_reshape(op_permute(out, perm), SHAPE(bh, H * W, hd));
+  return linear_forward(&a->out_proj, mha_merge_heads(out, B));  // [B, HW, d]
+}

@@ -232,7 +232,7 @@ int detr_config_validate(const DetrConfig *c, char *err, size_t err_cap) {
   else if (!(c->dropout >= 0.0f && c->dropout < 1.0f)) problem = "dropout must be in [0, 1)";
   else if (c->decoder_cross_attn && !decoder_cross_attn_find(detr_decoder(c), c->decoder_cross_attn))
     problem = "decoder_cross_attn is not offered by the decoder";
-  else if (detr_decoder(c)->encode && detr_encoder_attn(c) != encoder_attn_default())
+  else if (detr_decoder(c)->encode && !detr_decoder(c)->own_encoder_attn && detr_encoder_attn(c) != encoder_attn_default())
     problem = "the decoder brings its own encoder (RCDA): encoder_attn does not apply to it";
   else if (detr_decoder(c)->unsupported)
     problem = detr_decoder(c)->unsupported(&(DecoderShape){
@@ -241,7 +241,9 @@ int detr_config_validate(const DetrConfig *c, char *err, size_t err_cap) {
         .layers = c->dec_layers,
         .cross_attn = c->decoder_cross_attn,
         .enc_layers = c->enc_layers,
-        .queries = c->num_queries});
+        .queries = c->num_queries,
+        .encoder_attn = detr_encoder_attn(c),
+        .attn_settings = &c->attn_settings});
   if (problem) {
     snprintf(err, err_cap, "config: %s", problem);
     return -1;

@@ -21,6 +21,10 @@ typedef struct {
   const char *cross_attn;  // one of the kind's cross_attns (config decoder_cross_attn); NULL: the first
   int64_t enc_layers;      // a kind with its own encoder (DecoderKind.encode): its layers
   int64_t queries;         // num_queries (a kind that makes its own queries: DecoderModelLayout.own_queries)
+  // A kind with its own encoder that takes an encoder_attn (DecoderKind.own_encoder_attn): the
+  // config's variant (NULL: dense) and its settings (NULL: the defaults).
+  const EncoderAttnKind *encoder_attn;
+  const AttnSettings *attn_settings;
 } DecoderShape;
 
 typedef struct {
@@ -83,6 +87,9 @@ typedef struct DecoderKind {
   // positions; the kind's create makes DecoderShape.enc_layers encoder layers.
   Tensor *(*encode)(const void *state, const NnCtx *ctx, Tensor *src, const FeatureGeometry *g, Tensor **pos);
   const DecoderModelLayout *layout;  // NULL: DETR's
+  // The kind's own encoder judges DecoderShape.encoder_attn itself (in unsupported): Anchor DETR's
+  // takes enact_official (Anchor-DETR-ENACT). false: a kind with encode refuses any encoder_attn.
+  bool own_encoder_attn;
 } DecoderKind;
 
 const DecoderKind *decoder_find(const char *name);  // NULL when unknown

@@ -7,7 +7,8 @@
 //               features through adapt_pos1d (Linear, ReLU, Linear): pos_row [B, W, d], pos_col [B, H, d]
 //   encoder     per layer: RCDA self-attention (nn/attn_rcda.c) with queries and keys x + pos_row
 //               (row part) and x + pos_col (column part), values x; residual, norm1; FFN with its
-//               own residual and norm (ffn.norm2). Post-norm.
+//               own residual and norm (ffn.norm2). Post-norm. encoder_attn=enact_official:
+//               Anchor-DETR-ENACT's (GSavathrakis/ENACT): keys and values clustered first (enact_rcda).
 //   queries     P = 3 patterns x (num_queries / 3) anchor points: query p * NP + i starts as
 //               pattern[p] with anchor position[i] (learned, in [0, 1]); query_pos =
 //               adapt_pos2d(sine(anchor)), query_pos_x / _y = adapt_pos1d(sine(anchor x / y)).
@@ -21,14 +22,17 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "nn/decoder.h"
+#include "nn/enact.h"
 
 #define ANCHOR_PATTERNS 3            // num_query_pattern
 #define INVERSE_SIGMOID_EPS 1e-5f    // util/misc.py inverse_sigmoid
 #define TWO_PI 6.28318530717958647692
 
 typedef struct {
+  Linear w_prob;  // ENACT.W_prob [1, d] (Anchor-DETR-ENACT's ClustAttn), only with enact_sigma > 0
   MultiheadRcda self_attn;
   LayerNorm norm1;
   Linear linear1, linear2;  // ffn.linear1, ffn.linear2
@@ -52,6 +56,8 @@ typedef struct {
   Linear pos2d_0, pos2d_2, pos1d_0, pos1d_2;  // adapt_pos2d.{0,2}, adapt_pos1d.{0,2}
   TransformerShape s;
   int64_t n_enc, n_dec, positions;
+  int enact_sigma;        // > 0: the encoder clusters its keys and values as Anchor-DETR-ENACT
+  int64_t enact_fixed_c;  // > 0: that cluster size instead of the computed one (gradient checks)
 } AnchorTransformer;
 
 static void create_ffn(Linear *l1, Linear *l2, LayerNorm *norm, ParamStore *ps, const char *p, TransformerShape s) {
@@ -62,6 +68,13 @@ static void create_ffn(Linear *l1, Linear *l2, LayerNorm *norm, ParamStore *ps, 
   *norm = layernorm_create_named(ps, name, "norm2", s.dim);
 }
 
+// encoder_attn=enact_official (its enact_official_sigma) makes the encoder Anchor-DETR-ENACT's; 0: plain.
+static int enact_sigma(const DecoderShape *shape) {
+  if (!shape->encoder_attn || strcmp(shape->encoder_attn->name, "enact_official") != 0) return 0;
+  if (!shape->attn_settings) return 3;  // the setting's default
+  return (int)attn_setting(shape->attn_settings, "enact_official_sigma");
+}
+
 // The reference's state_dict order: encoder_layers, decoder_layers, pattern, position, adapt_pos2d,
 // adapt_pos1d (then the model's transformer.class_embed.0, transformer.bbox_embed.0).
 static void create(void *state, ParamStore *ps, const char *prefix, const DecoderShape *shape) {
@@ -69,9 +82,11 @@ static void create(void *state, ParamStore *ps, const char *prefix, const Decode
   TransformerShape s = shape->s;
   int64_t d = s.dim;
   char p[112], name[128];
+  a->enact_sigma = enact_sigma(shape);
   for (int i = 0; i < shape->enc_layers; i++) {
     EncLayer *l = &a->enc[i];
     snprintf(p, sizeof p, "%s.encoder_layers.%d", prefix, i);
+    if (a->enact_sigma > 0) l->w_prob = linear_create_named(ps, p, "ENACT.W_prob", d, 1);  // before self_attn, as the reference
     snprintf(name, sizeof name, "%s.self_attn", p);
     l->self_attn = rcda_create(ps, name, d, s.heads, s.dropout);
     l->norm1 = layernorm_create_named(ps, p, "norm1", d);
@@ -115,6 +130,10 @@ static void init(const void *state, Rng *rng) {
   const AnchorTransformer *a = state;
   for (int i = 0; i < a->n_enc; i++) {
     const EncLayer *l = &a->enc[i];
+    if (a->enact_sigma > 0) {  // nn.Linear's default, then ClustAttn's xavier_uniform_ of the weight
+      init_torch_default(l->w_prob.weight, l->w_prob.bias, rng);
+      init_xavier_uniform(l->w_prob.weight, rng);
+    }
     rcda_init(&l->self_attn, rng);
     init_torch_default(l->linear1.weight, l->linear1.bias, rng);
     init_torch_default(l->linear2.weight, l->linear2.bias, rng);
@@ -194,12 +213,38 @@ static Tensor *ffn(const Linear *l1, const Linear *l2, const LayerNorm *norm, co
   return layernorm_forward(norm, op_add(x, nn_dropout(ctx, y, p)));
 }
 
-// x [B, H, W, d]; prow [B, 1, W, d], pcol [B, H, 1, d]; masks [B, W], [B, H]. -> [B, H, W, d].
+// Anchor-DETR-ENACT's encoder attention (GSavathrakis/ENACT, Anchor-DETR-ENACT models/enact.py
+// ClustAttn): the row keys xr, column keys xc and values x [B, H, W, d], flattened to N = H*W (the
+// whole padded map, no mask), are cut into L = N / c chunks of c pixels by the entropy of W_prob(xr)
+// (nn/enact.h, enact_official_*: one cluster size c for the batch, read on the host); the chunks'
+// entropy-weighted sums are RCDA's keys and values (rcda_cluster_forward). -> [B, HW, d].
+static Tensor *enact_rcda(const EncLayer *l, const NnCtx *ctx, int sigma, int64_t fixed_c, Tensor *xr, Tensor *xc,
+                          Tensor *x) {
+  int64_t B = x->shape.d[0], N = x->shape.d[1] * x->shape.d[2], d = x->shape.d[3];
+  Tensor *kr = op_reshape(xr, SHAPE(B, N, d)), *kc = op_reshape(xc, SHAPE(B, N, d)), *v = op_reshape(x, SHAPE(B, N, d));
+  Tensor *hsm = enact_official_entropy(&l->w_prob, kr, sigma);  // [B, N]
+  int64_t c = fixed_c;
+  if (c <= 0) {  // the size sets the shapes after it: a host read (a sync on a GPU), as the reference's .item()
+    double mean = 0.0;
+    float *host = detr_malloc((size_t)(B * N) * sizeof(float), "anchor ENACT entropy");
+    tensor_to_host(hsm, host);
+    c = enact_official_cluster_size(host, B, N, &mean);
+    free(host);
+  }
+  Tensor *vc = NULL, *unused = NULL;
+  Tensor *krc = enact_official_cluster(kr, v, hsm, c, &vc);  // [B, L, d] each
+  Tensor *kcc = enact_official_cluster(kc, v, hsm, c, &unused);
+  return rcda_cluster_forward(&l->self_attn, ctx, xr, xc, krc, kcc, vc);
+}
+
+// x [B, H, W, d]; prow [B, 1, W, d], pcol [B, H, 1, d]; masks [B, W], [B, H]; sigma > 0: ENACT's
+// clustered keys (fixed_c > 0: that cluster size). -> [B, H, W, d].
 static Tensor *enc_layer_forward(const EncLayer *l, const NnCtx *ctx, float p, Tensor *x, Tensor *prow, Tensor *pcol,
-                                 Tensor *row_mask, Tensor *col_mask) {
+                                 Tensor *row_mask, Tensor *col_mask, int sigma, int64_t fixed_c) {
   int64_t B = x->shape.d[0], H = x->shape.d[1], W = x->shape.d[2], d = x->shape.d[3];
   Tensor *xr = op_add(x, prow), *xc = op_add(x, pcol);  // [B, H, W, d]
-  Tensor *y = rcda_forward(&l->self_attn, ctx, op_reshape(xr, SHAPE(B, H * W, d)), op_reshape(xc, SHAPE(B, H * W, d)),
+  Tensor *y = sigma > 0 ? enact_rcda(l, ctx, sigma, fixed_c, xr, xc, x)
+                        : rcda_forward(&l->self_attn, ctx, op_reshape(xr, SHAPE(B, H * W, d)), op_reshape(xc, SHAPE(B, H * W, d)),
                            xr, xc, x, row_mask, col_mask, NULL);  // [B, HW, d]
   Tensor *t = layernorm_forward(&l->norm1, op_add(op_reshape(x, SHAPE(B, H * W, d)), nn_dropout(ctx, y, p)));
   return op_reshape(ffn(&l->linear1, &l->linear2, &l->ffn_norm, ctx, p, t), SHAPE(B, H, W, d));
@@ -216,7 +261,8 @@ static Tensor *encode(const void *state, const NnCtx *ctx, Tensor *src, const Fe
   Tensor *x = op_reshape(src, SHAPE(B, H, W, d));
   for (int i = 0; i < a->n_enc; i++) {
     ScopeMark mark = tensor_scope_mark();  // each layer's dead temporaries are freed after it
-    x = enc_layer_forward(&a->enc[i], ctx, a->s.dropout, x, prow, pcol, row_mask, col_mask);
+    x = enc_layer_forward(&a->enc[i], ctx, a->s.dropout, x, prow, pcol, row_mask, col_mask, a->enact_sigma,
+                          a->enact_fixed_c);
     tensor_scope_keep(mark, &x, 1);
   }
   Tensor *parts[2] = {pos_row, pos_col};
@@ -306,6 +352,8 @@ static void init_heads(Linear *class_embed, Mlp *bbox_embed) {
 }
 
 static const char *unsupported(const DecoderShape *shape) {
+  if (shape->encoder_attn && shape->encoder_attn != encoder_attn_default() && !enact_sigma(shape))
+    return "the anchor decoder's own encoder (RCDA) takes encoder_attn=enact_official only (Anchor-DETR-ENACT)";
   if (shape->s.pre_norm) return "the anchor decoder is post-norm only (as the reference)";
   if (shape->queries % ANCHOR_PATTERNS) return "the anchor decoder needs num_queries a multiple of its 3 patterns";
   if (shape->s.dim % 2) return "the anchor decoder needs an even hidden_dim (its 2-D sine positions)";
@@ -337,4 +385,5 @@ const DecoderKind decoder_anchor = {
     .unsupported = unsupported,
     .encode = encode,
     .layout = &LAYOUT,
+    .own_encoder_attn = true,
 };

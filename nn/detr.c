@@ -23,7 +23,8 @@ static void create_transformer(DetrModel *m, ParamStore *ps, const DecoderKind *
   m->decoder_state = detr_calloc(1, dk->state_size, "decoder state");
   dk->create(m->decoder_state, ps, lay->prefix,
              &(DecoderShape){.s = s, .layers = cfg->dec_layers, .cross_attn = cfg->decoder_cross_attn,
-                             .enc_layers = cfg->enc_layers, .queries = cfg->num_queries});
+                             .enc_layers = cfg->enc_layers, .queries = cfg->num_queries,
+                             .encoder_attn = detr_encoder_attn(cfg), .attn_settings = &m->cfg.attn_settings});
   m->class_embed = linear_create(ps, lay->class_embed, d, cfg->num_classes + detr_classes(cfg)->extra_columns, true,
                                  PARAM_TRAINABLE, LR_GROUP_MAIN);
   m->bbox_embed = mlp_create(ps, lay->bbox_embed, d, d, 4, 3);

@@ -76,7 +76,7 @@ const OpEntry OP_TABLE[] = {
     SUITE("encoder_attn.enact_official", false),
     SUITE("encoder_attn.swin", false),
     SUITE("cluster_argmax", true), SUITE("kmeans_cross_attn", false), SUITE("decoder.conditional", false),
-    SUITE("rcda", false), SUITE("groupnorm", false), SUITE("decoder.anchor", false),
+    SUITE("rcda", false), SUITE("groupnorm", false), SUITE("decoder.anchor", false), SUITE("decoder.anchor_enact", false),
 };
 const int OP_TABLE_COUNT = (int)(sizeof OP_TABLE / sizeof OP_TABLE[0]);
 

@@ -160,7 +160,16 @@ START_TEST(anchor_r50_names) {
   cfg.num_queries = 900;
   cfg.encoder_attn = encoder_attn_find("enact");
   ck_assert_int_eq(detr_config_validate(&cfg, err, sizeof err), -1);
-  ck_assert_msg(strstr(err, "its own encoder"), "%s", err);
+  ck_assert_msg(strstr(err, "own encoder"), "%s", err);
+  // Anchor-DETR-ENACT: the encoder takes enact_official, with ClustAttn's W_prob under its name.
+  cfg.encoder_attn = encoder_attn_find("enact_official");
+  ck_assert_int_eq(detr_config_validate(&cfg, err, sizeof err), 0);
+  m = detr_model_create(&cfg, DEVICE_CPU);
+  const Param *w = params_find(&m->params, "transformer.encoder_layers.5.ENACT.W_prob.weight");
+  ck_assert_ptr_nonnull(w);
+  ck_assert_int_eq(w->tensor->shape.d[0], 1);
+  ck_assert_int_eq(w->tensor->shape.d[1], 256);
+  detr_model_free(m);
 }
 END_TEST
 

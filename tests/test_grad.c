@@ -1428,6 +1428,38 @@ START_TEST(grad_decoder_anchor) {
 }
 END_TEST
 
+// Anchor-DETR-ENACT's encoder (encoder_attn=enact_official on the anchor kind): the row/column keys
+// and values clustered before RCDA, W_prob's gradient through the chunks' entropy weights. A 3x4
+// map (N = 12) so that several chunks remain; the cluster size is computed (these seeds keep it
+// fixed within a step).
+START_TEST(grad_decoder_anchor_enact) {
+  uint8_t m[2 * 12] = {0};
+  for (int x = 0; x < 4; x++) m[12 + 8 + x] = 1;  // image 1: 2x4 of a 3x4 map
+  ParamStore ps;
+  params_init(&ps, DEVICE_CPU);
+  AnchorCtx c = {.kind = decoder_find("anchor")};
+  ck_assert_ptr_nonnull(c.kind);
+  feature_geometry_make(m, 2, 3, 4, DEVICE_CPU, &c.g);
+  c.state = calloc(1, c.kind->state_size);
+  DecoderShape shape = {.s = {.dim = 8, .heads = 2, .ffn_dim = 12}, .layers = 2, .enc_layers = 1, .queries = 6,
+                        .encoder_attn = encoder_attn_find("enact_official")};
+  ck_assert_ptr_nonnull(shape.encoder_attn);
+  ck_assert_ptr_null(c.kind->unsupported(&shape));
+  c.kind->create(c.state, &ps, "t", &shape);
+  ck_assert_ptr_nonnull(params_find(&ps, "t.encoder_layers.0.ENACT.W_prob.weight"));
+  randomize_params(&ps, 440);
+  tensor_uniform_(params_find(&ps, "t.position.weight")->tensor, &(Rng){.seed = 441}, 0.1f, 0.9f);
+  GradTol tol = {.eps = 1e-3, .atol = 3e-3, .rtol = 1e-2};
+  Tensor *in[96] = {U(SHAPE(2, 12, 8), 442)};  // + 60 parameters
+  int n = block_inputs(in, 1, &ps);
+  ck_assert_int_eq(n, 61);
+  expect_grad("anchor transformer with ENACT", f_anchor, in, n, &c, tol);
+  params_free(&ps);
+  free(c.state);
+  feature_geometry_free(&c.g);
+}
+END_TEST
+
 // --- registry: `test_grad NAME` runs one op's suite, no argument runs all ---
 
 // The hand-written tests of tests/op_table.c's OP_SUITE entries (unary and binary entries need
@@ -1466,6 +1498,7 @@ static int grad_suites(GradSuite *out) {
     {"cluster_argmax", grad_cluster_argmax}, {"kmeans_cross_attn", grad_kmeans_cross_attn},
     {"decoder.conditional", grad_decoder_conditional},
     {"rcda", grad_rcda}, {"groupnorm", grad_groupnorm}, {"decoder.anchor", grad_decoder_anchor},
+    {"decoder.anchor_enact", grad_decoder_anchor_enact},
   };
   _Static_assert(sizeof all / sizeof all[0] <= MAX_SUITES, "raise MAX_SUITES");
   memcpy(out, all, sizeof all);

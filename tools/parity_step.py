@@ -14,6 +14,8 @@ python3-scipy.
   /usr/bin/python3 tools/parity_step.py --detr-repo DIR --preset tiny [--padding] [--detr build/detr]
   /usr/bin/python3 tools/parity_step.py --detr-repo CONDITIONAL_DIR --preset tiny --decoder conditional
   /usr/bin/python3 tools/parity_step.py --detr-repo ANCHOR_DIR --preset anchor-detr-r18-small --padding
+  /usr/bin/python3 tools/parity_step.py --detr-repo ENACT_DIR/Anchor-DETR-ENACT --enact-sigma 3 \
+      --preset anchor-detr-r18-small --padding   (Anchor-DETR-ENACT; detr-c's encoder_attn=enact_official)
 
 Conditional DETR: the reference's gen_sineembed_for_position has 128 features per coordinate,
 which only fits hidden 256 (conditional-detr-r50: the official function runs); for the smaller
@@ -185,6 +187,56 @@ def build_anchor_reference(p, seed):
     matcher = HungarianMatcher(cost_class=2, cost_bbox=5, cost_giou=2)
     criterion = SetCriterion(p["classes"], matcher, weight_dict, ["labels", "boxes"], focal_alpha=0.25)
     return model, criterion, weight_dict
+
+
+class AnchorEnact:
+    """Anchor-DETR-ENACT (GSavathrakis/ENACT, Anchor-DETR-ENACT; --detr-repo that folder): its Transformer
+    takes (sigma, device) first; its ClustAttn's float32 constants (plain attributes) are swapped for
+    float64 ones from the same formulas in a float64 run; its `round` is wrapped to record each
+    layer's cluster size. One patch: the encoder layer reshapes RCDA's [B, H, W, d] output as if it
+    were [HW, B, d] (`[0].transpose(0, 1).reshape(bz, h, w, c)`), which mixes the images of a batch
+    of two or more (the authors train and test with batch 1, where it is the identity); the patch
+    hands the layer its output transposed, so each image keeps its own rows, as detr-c computes."""
+
+    def __init__(self, sigma):
+        import builtins
+        import functools
+        import types
+        try:
+            import matplotlib.pyplot  # noqa: F401  (imported by the official enact.py, unused)
+        except ImportError:
+            mpl = types.ModuleType("matplotlib")
+            mpl.pyplot = types.ModuleType("matplotlib.pyplot")
+            sys.modules["matplotlib"], sys.modules["matplotlib.pyplot"] = mpl, mpl.pyplot
+        import models.transformer as tm
+        import models.row_column_decoupled_attention as rcda_mod
+        self.sigma, self.sizes, self.mods = sigma, [], []
+        tm.Transformer = functools.partial(tm.Transformer, float(sigma), "cpu")
+        enact_mod = sys.modules[tm.ClustAttn.__module__]
+        enact_mod.round = lambda x: self.sizes.append(builtins.round(x)) or self.sizes[-1]
+        forward = rcda_mod.MultiheadRCDA.forward
+
+        def patched(module, *args, **kwargs):
+            out = forward(module, *args, **kwargs)
+            return (out[0].transpose(0, 1),) + tuple(out[1:]) if args[5] == "enc" else out
+        rcda_mod.MultiheadRCDA.forward = patched
+
+    def attach(self, model):
+        self.mods = [layer.ENACT for layer in model.transformer.encoder_layers]
+        for m in self.mods:
+            m._f32 = (m.gaussian_kernel, m.Sobel_2der, m.base)
+
+    def set_dtype(self, dtype):
+        import math
+        for m in self.mods:
+            if dtype == torch.float64:
+                x = torch.arange(-(3 * self.sigma - 1), 3 * self.sigma, dtype=torch.float64)
+                m.gaussian_kernel = torch.exp(-x * x / (2.0 * self.sigma ** 2)) / (self.sigma * math.sqrt(2 * math.pi))
+                m.Sobel_2der = torch.tensor([-1.0, 2.0, -1.0], dtype=torch.float64)
+                m.base = torch.tensor([2.0], dtype=torch.float64)
+            else:
+                m.gaussian_kernel, m.Sobel_2der, m.base = m._f32
+        self.sizes = []
 
 
 def official_state_dict(model):
@@ -508,13 +560,22 @@ def main():
     ap.add_argument("--tol", type=float, default=1e-4)
     ap.add_argument("--threads", type=int, default=2, help="torch threads for the reference")
     ap.add_argument("--keep", default=None, help="directory to keep the files in")
+    ap.add_argument("--enact-sigma", type=int, default=0, help="anchor only: --detr-repo is GSavathrakis/ENACT's "
+                    "Anchor-DETR-ENACT, detr-c runs encoder_attn=enact_official with this sigma")
     args = ap.parse_args()
     p = PRESETS[args.preset]
     decoder = args.decoder or p.get("decoder", "detr")
     size = tuple(int(v) for v in (args.size or ("320x320" if args.preset.endswith("detr-r50") else "96x128")).split("x"))
     torch.set_num_threads(args.threads)
 
+    enact = None
+    if args.enact_sigma:
+        assert decoder == "anchor", "--enact-sigma: the anchor decoder only"
+        sys.path.insert(0, args.detr_repo)
+        enact = AnchorEnact(args.enact_sigma)
     model, criterion, weight_dict = build_reference(args.detr_repo, p, args.seed, decoder)
+    if enact:
+        enact.attach(model)
     images, mask, targets = make_batch(p, args.padding, args.seed, size)
     model.eval()  # dropout off; frozen batch norm does not care; gradients still flow
     work = args.keep or tempfile.mkdtemp(prefix="detr-parity-")
@@ -524,10 +585,18 @@ def main():
     # float32 implementations approximate: at ResNet-50 depth their gradients differ from it by
     # ~1e-4, so parity is judged against the reference's own float32 error there).
     ref32, indices = reference_run(model, criterion, weight_dict, images, mask, targets, torch.float32)
+    sizes = [] if enact is None else [("float32", list(enact.sizes))]
     relu_inputs = {}
+    if enact:
+        enact.set_dtype(torch.float64)
     ref64, _ = reference_run(model, criterion, weight_dict, images, mask, targets, torch.float64, relu_inputs)
-
-    ours = run_step(args.detr, args.preset, wpath, bpath, opath, [f"decoder={decoder}"])
+    if enact:
+        sizes.append(("float64", list(enact.sizes)))
+        enact.set_dtype(torch.float32)  # the spread runs are float32
+    sets = [f"decoder={decoder}"]
+    if enact:
+        sets += ["encoder_attn=enact_official", f"enact_official_sigma={args.enact_sigma}"]
+    ours = run_step(args.detr, args.preset, wpath, bpath, opath, sets)
     notes = drop_zero_gradients(ours, ref32, ref64, args.tol)
     title = (f"parity {args.preset} decoder={decoder} {size[0]}x{size[1]} padding={args.padding} "
              f"(torch {torch.__version__}, {args.threads} threads)")
@@ -536,6 +605,8 @@ def main():
                     lambda: reference_spread(model, criterion, weight_dict, images, mask, targets, ref32, indices))
     for line in notes + flips:
         print(line)
+    for name, sz in sizes:  # the reference's cluster sizes per encoder layer (detr-c computes its own)
+        print(f"  Anchor-DETR-ENACT {name} cluster sizes per encoder layer: {sz}")
     sys.exit(0 if ok else 1)
 
 
