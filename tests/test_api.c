@@ -370,6 +370,7 @@ START_TEST(batch_matches_single_images) {
   // sums differently from one image's, while the convolutions, whole batch or per image, agree).
   ck_assert_int_eq(detr_detect_batch(m, img, 2, 0.0, batch), DETR_OK);
   assert_close_results(alone, batch, 2);
+  for (int i = 0; i < 2; i++) detr_result_free(batch[i]);
   // With the crop, padded: the unpadded images are unchanged; the crop's detections move (its
   // right edge's features read the padding), but only a little, and its boxes are in its pixels.
   ck_assert_int_eq(detr_detect_batch(m, img, 3, 0.0, batch), DETR_OK);
