@@ -118,30 +118,23 @@ static detr_status check_options(const detr_options *o, int *n_sets, Device *dev
     return fail(DETR_ERR_DEVICE, "CUDA: this build of libdetr has no CUDA backend (configure with -DDETR_CUDA=ON)");
 #endif
   }
-  char why[256];
-  if (o->precision == DETR_PRECISION_BF16 && !device_bf16_supported(*dev, why, sizeof why))
-    return fail(DETR_ERR_DEVICE, "options.precision bf16: %s", why);
   return DETR_OK;
 }
 
 // The options' sets with the precision's keys after them (all[] holds n_sets + 3), NULL-terminated;
-// returns how many.
-static int precision_sets(const detr_options *o, int n_sets, const char **all) {
-  int n = 0, bf16_set = 0;
-  for (int i = 0; i < n_sets; i++) {
-    all[n++] = o->sets[i];
-    bf16_set |= !strncmp(o->sets[i], "bf16=", 5);
+// returns how many, or -1 with last_error set (bf16 on a device without it: DETR_ERR_DEVICE).
+static int precision_sets(const detr_options *o, Device dev, int n_sets, const char **all) {
+  static const DetrMath MATH[] = {[DETR_PRECISION_DEFAULT] = DETR_MATH_DEFAULT, [DETR_PRECISION_FP32] = DETR_MATH_FP32,
+                                  [DETR_PRECISION_TF32] = DETR_MATH_TF32, [DETR_PRECISION_BF16] = DETR_MATH_BF16};
+  for (int i = 0; i < n_sets; i++) all[i] = o->sets[i];
+  char why[512];
+  int k = detr_math_keys(MATH[o->precision], true, dev, all, n_sets, all + n_sets, why, sizeof why);
+  if (k < 0) {
+    fail(DETR_ERR_DEVICE, "options.precision %s", why);
+    return -1;
   }
-  switch (o->precision) {
-    case DETR_PRECISION_DEFAULT:
-      if (!bf16_set) all[n++] = "bf16=false";  // inference is fp32 unless asked
-      break;
-    case DETR_PRECISION_FP32: all[n++] = "tf32=false", all[n++] = "bf16=false"; break;
-    case DETR_PRECISION_TF32: all[n++] = "tf32=true", all[n++] = "bf16=false"; break;
-    case DETR_PRECISION_BF16: all[n++] = "tf32=false", all[n++] = "bf16=true"; break;
-  }
-  all[n] = NULL;
-  return n;
+  all[n_sets + k] = NULL;
+  return n_sets + k;
 }
 
 // Names of labels 0..n-1: from the COCO file of the options, else the checkpoint's, else "class N".
@@ -184,12 +177,16 @@ static detr_status open_model(const char *checkpoint, const char *weights, const
   Device dev = DEVICE_CPU;
   detr_status st = check_options(&o, &n_sets, &dev);
   if (st) return st;
+  const char **sets = detr_malloc((size_t)(n_sets + 3) * sizeof(char *), "config overrides");
+  int n_all = precision_sets(&o, dev, n_sets, sets);
+  if (n_all < 0) {
+    free(sets);
+    return DETR_ERR_DEVICE;
+  }
 
   pthread_mutex_lock(&api_lock);
   detr_model *m = detr_calloc(1, sizeof *m, "a model");
   CheckpointInfo ci;
-  const char **sets = detr_malloc((size_t)(n_sets + 3) * sizeof(char *), "config overrides");
-  int n_all = precision_sets(&o, n_sets, sets);
   st = model_file_load(checkpoint, weights, config, sets, n_all, dev, &m->net, &ci, last_error, sizeof last_error);
   free(sets);
   if (!st) {

@@ -111,24 +111,6 @@ static int parse_conv(const char *c) {
   return 0;
 }
 
-// --precision fp32 | tf32 | bf16: both config keys, after every --set (checked once the device is
-// known). 0, or the exit code.
-static int apply_precision(const StepArgs *a, DetrConfig *cfg) {
-  if (!a->precision) return 0;
-  bool tf32 = !strcmp(a->precision, "tf32"), bf16 = !strcmp(a->precision, "bf16");
-  if (!tf32 && !bf16 && strcmp(a->precision, "fp32")) {
-    fprintf(stderr, "bench_step: --precision takes fp32, tf32 or bf16\n");
-    return 2;
-  }
-  char why[256];
-  if (bf16 && !device_bf16_supported(a->dev, why, sizeof why)) {
-    fprintf(stderr, "bench_step: --precision bf16: %s\n", why);
-    return 1;
-  }
-  cfg->tf32 = tf32, cfg->bf16 = bf16;
-  return 0;
-}
-
 // Reads the command line into a (the defaults where it says nothing). 0, or the exit code.
 static int parse_args(int argc, char **argv, StepArgs *a) {
   *a = (StepArgs){.preset = "detr-r18-small", .size = 320, .boxes = 3, .reps = 5, .batch = 2, .dev = DEVICE_CPU,
@@ -177,28 +159,41 @@ static int parse_args(int argc, char **argv, StepArgs *a) {
   return 0;
 }
 
-// The preset with --enact, the --set overrides and --precision. 0, or the exit code.
+// The preset with --enact, the --set overrides and --precision's keys after them (checked on the
+// device: bf16 is refused where the CPU lacks it). 0, or the exit code.
 static int make_config(const StepArgs *a, DetrConfig *cfg) {
   if (detr_config_preset(a->preset, cfg)) {
     fprintf(stderr, "bench_step: unknown preset '%s'\n", a->preset);
     return 2;
   }
   if (a->enact) cfg->encoder_attn = encoder_attn_find("enact");
-  for (int i = 0; i < a->n_sets; i++) {
-    char key[128], err[256];
-    const char *eq = strchr(a->sets[i], '=');
-    if (!eq || eq - a->sets[i] >= (long)sizeof key) {
-      fprintf(stderr, "bench_step: --set %s: expected key=value\n", a->sets[i]);
+  const char *sets[sizeof a->sets / sizeof a->sets[0] + 2];
+  int n = a->n_sets;
+  memcpy(sets, a->sets, (size_t)n * sizeof sets[0]);
+  DetrMath math;
+  char err[512];
+  int k = detr_math_parse(a->precision, &math, err, sizeof err) ? -1
+          : detr_math_keys(math, false, a->dev, sets, n, sets + n, err, sizeof err);
+  if (k < 0) {
+    fprintf(stderr, "bench_step: --precision %s\n", err);
+    return math == DETR_MATH_BF16 ? 1 : 2;
+  }
+  n += k;
+  for (int i = 0; i < n; i++) {
+    char key[128];
+    const char *eq = strchr(sets[i], '=');
+    if (!eq || eq - sets[i] >= (long)sizeof key) {
+      fprintf(stderr, "bench_step: --set %s: expected key=value\n", sets[i]);
       return 2;
     }
-    memcpy(key, a->sets[i], (size_t)(eq - a->sets[i]));
-    key[eq - a->sets[i]] = 0;
+    memcpy(key, sets[i], (size_t)(eq - sets[i]));
+    key[eq - sets[i]] = 0;
     if (detr_config_set(cfg, key, eq + 1, err, sizeof err)) {
-      fprintf(stderr, "bench_step: --set %s: %s\n", a->sets[i], err);
+      fprintf(stderr, "bench_step: --set %s: %s\n", sets[i], err);
       return 2;
     }
   }
-  return apply_precision(a, cfg);
+  return 0;
 }
 
 // The fixed targets: `boxes` per image of a batch of B (tb [B * boxes * 4] and tl [B * boxes] hold

@@ -2,6 +2,7 @@
 # Serving: detr-c's C API against ONNX Runtime and PyTorch on the same DETR weights, alternating runs.
 #   bash bench/serve_compare.sh --detr-repo DIR [--preset detr-r50] [--height 800] [--width 1066]
 #        [--threads "1 2"] [--batch 4] [--rounds 3] [--reps 5] [--build build-cpu] [--venv DIR] [--work DIR]
+#        [--precisions "fp32 bf16"]
 #   bash bench/serve_compare.sh --checkpoint runs/main/best.safetensors --height 160 --width 224 [...]
 # With --checkpoint (a detr-c checkpoint, e.g. the main job's: ENACT encoder, Conditional DETR decoder,
 # quarter-width ResNet-18 to layer3) only detr-c is timed, the same way: the reference builder here has
@@ -17,6 +18,8 @@
 # and --engine torch (eager PyTorch, torch.set_num_threads), each reporting the median of --reps after
 # a warm-up. The report gives, per thread count, the median over rounds of each one's latency of one
 # image and images/s at --batch, and detr-c's latency as a fraction of ONNX Runtime's.
+# --precisions: detr-c once per precision in each round (bf16: the C API's sets given bf16=true, on a CPU
+# with AVX512-BF16 or AMX; reported as detr-c-bf16 - a different arithmetic from the other engines' fp32).
 # bench_serve runs with GOMP_SPINCOUNT=1000, libgomp's setting the detr tool makes for itself
 # (kernels/cpu/cpu_runtime.c; an application linking libdetr sets it in its environment).
 # detr-c's time includes what its API does beyond the forward (normalising the RGB bytes, DETR's
@@ -28,7 +31,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="" checkpoint="" preset="detr-r50" height=800 width=1066 threads="1 2" batch=4 rounds=3 reps=5 build=build-cpu
-venv=/work/venv-ort work=""
+venv=/work/venv-ort work="" precisions=fp32
 while [ $# -gt 0 ]; do
   case "$1" in
     --detr-repo) repo="$2"; shift 2 ;;
@@ -43,16 +46,28 @@ while [ $# -gt 0 ]; do
     --build) build="$2"; shift 2 ;;
     --venv) venv="$2"; shift 2 ;;
     --work) work="$2"; shift 2 ;;
+    --precisions) precisions="$2"; shift 2 ;;
     *) echo "serve_compare.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+# serve_detr_c ARGS...: bench_serve once per precision, its JSON line's impl named after the precision.
+serve_detr_c() {
+  local p
+  for p in $precisions; do
+    case $p in
+      fp32) GOMP_SPINCOUNT=1000 "$build/bench/bench_serve" "$@" ;;
+      bf16) GOMP_SPINCOUNT=1000 "$build/bench/bench_serve" "$@" --set bf16=true | sed 's/"impl": "detr-c"/"impl": "detr-c-bf16"/' ;;
+      *) echo "serve_compare.sh: --precisions takes fp32 and bf16" >&2; return 2 ;;
+    esac
+  done
+}
 [ -n "$repo" ] || [ -n "$checkpoint" ] || { echo "serve_compare.sh: --detr-repo DIR (or --checkpoint C) is required" >&2; exit 2; }
 [ -x "$build/bench/bench_serve" ] || { echo "serve_compare.sh: no $build/bench/bench_serve: build it first (see above)" >&2; exit 2; }
 if [ -n "$checkpoint" ]; then  # detr-c alone on its own model
   out=$(mktemp)
   for r in $(seq "$rounds"); do
     for t in $threads; do
-      GOMP_SPINCOUNT=1000 "$build/bench/bench_serve" --checkpoint "$checkpoint" --height "$height" --width "$width" \
+      serve_detr_c --checkpoint "$checkpoint" --height "$height" --width "$width" \
         --threads "$t" --reps "$reps" --batch "$batch" >> "$out"
     done
   done
@@ -62,9 +77,10 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 r0 = rows[0]
 print(f"{r0['config']} {r0['height']}x{r0['width']}, batch {r0['batch']}, detr-c alone, median over {len(rows)} runs:")
 for t in sorted({r["threads"] for r in rows}):
-    rs = [r for r in rows if r["threads"] == t]
-    print(f"  {t} thread{'s' if t > 1 else ' '} latency {statistics.median(r['latency_s'] for r in rs):7.4f} s   "
-          f"{statistics.median(r['images_per_s'] for r in rs):7.2f} images/s at batch {r0['batch']}")
+    for impl in sorted({r["impl"] for r in rows}):
+        rs = [r for r in rows if r["threads"] == t and r["impl"] == impl]
+        print(f"  {t} thread{'s' if t > 1 else ' '} {impl:12s} latency {statistics.median(r['latency_s'] for r in rs):7.4f} s"
+              f"   {statistics.median(r['images_per_s'] for r in rs):7.2f} images/s at batch {r0['batch']}")
 PY
   rm -f "$out"
   exit 0
@@ -83,7 +99,7 @@ out="$work/runs.jsonl"
 : > "$out"
 for r in $(seq "$rounds"); do
   for t in $threads; do
-    GOMP_SPINCOUNT=1000 "$build/bench/bench_serve" --weights "$work/weights.safetensors" --config "$preset" --height "$height" \
+    serve_detr_c --weights "$work/weights.safetensors" --config "$preset" --height "$height" \
       --width "$width" --threads "$t" --reps "$reps" --batch "$batch" >> "$out"
     "$venv/bin/python" bench/serve_time.py --engine ort --onnx-dir "$work" --height "$height" --width "$width" \
       --threads "$t" --reps "$reps" --batch "$batch" --preset "$preset" >> "$out"
@@ -106,6 +122,7 @@ for t in sorted({r["threads"] for r in rows}):
         print(f"  {t} thread{'s' if t > 1 else ' '} {impl:22s} latency {lat:7.3f} s   {ips:6.2f} images/s at batch "
               f"{r0['batch']}   (latencies: {', '.join(str(r['latency_s']) for r in rs)})")
     ort = [v for k, v in med.items() if k.startswith("onnxruntime")]
-    if "detr-c" in med and ort:
-        print(f"  {t} thread{'s' if t > 1 else ' '} detr-c latency / ONNX Runtime's: {med['detr-c'] / ort[0]:.2f}")
+    for impl in ("detr-c", "detr-c-bf16"):
+        if impl in med and ort:
+            print(f"  {t} thread{'s' if t > 1 else ' '} {impl} latency / ONNX Runtime's: {med[impl] / ort[0]:.2f}")
 PY

@@ -250,3 +250,46 @@ int detr_config_validate(const DetrConfig *c, char *err, size_t err_cap) {
   }
   return 0;
 }
+
+int detr_math_parse(const char *name, DetrMath *math, char *err, size_t err_cap) {
+  static const char *const NAMES[] = {"fp32", "tf32", "bf16"};  // DETR_MATH_FP32 ...
+  *math = DETR_MATH_DEFAULT;
+  if (!name) return 0;
+  for (int i = 0; i < 3; i++)
+    if (!strcmp(name, NAMES[i])) {
+      *math = (DetrMath)(DETR_MATH_FP32 + i);
+      return 0;
+    }
+  snprintf(err, err_cap, "%s: expected fp32, tf32 or bf16", name);
+  return -1;
+}
+
+bool detr_config_sets_name(const char *const *sets, int n_sets, const char *key) {
+  size_t n = strlen(key);
+  for (int i = 0; i < n_sets; i++)
+    if (!strncmp(sets[i], key, n) && sets[i][n] == '=') return true;
+  return false;
+}
+
+int detr_math_keys(DetrMath math, bool inference, Device dev, const char *const *sets, int n_sets,
+                   const char *keys[2], char *err, size_t err_cap) {
+  switch (math) {
+    case DETR_MATH_DEFAULT:
+      if (!inference || detr_config_sets_name(sets, n_sets, "bf16")) return 0;
+      keys[0] = "bf16=false";
+      return 1;
+    case DETR_MATH_FP32: keys[0] = "tf32=false", keys[1] = "bf16=false"; return 2;
+    case DETR_MATH_TF32: keys[0] = "tf32=true", keys[1] = "bf16=false"; return 2;
+    case DETR_MATH_BF16: {
+      char why[256];
+      if (!device_bf16_supported(dev, why, sizeof why)) {
+        snprintf(err, err_cap, "bf16: %s", why);
+        return -1;
+      }
+      keys[0] = "tf32=false", keys[1] = "bf16=true";
+      return 2;
+    }
+  }
+  snprintf(err, err_cap, "precision %d: not a DetrMath", (int)math);
+  return -1;
+}

@@ -90,6 +90,21 @@ CriterionConfig detr_criterion_config(const DetrConfig *cfg);
 #define DETR_CONFIG_MAX_CLASSES ((1 << 20) + 1)
 int detr_config_validate(const DetrConfig *cfg, char *err, size_t err_cap);
 
+// The arithmetic a run asks for (`--precision` of train, eval, predict and bench_step; the C API's
+// detr_options.precision) and the one place it becomes config keys (tf32=, bf16=).
+typedef enum { DETR_MATH_DEFAULT, DETR_MATH_FP32, DETR_MATH_TF32, DETR_MATH_BF16 } DetrMath;
+// "fp32" | "tf32" | "bf16" into *math (NULL: DETR_MATH_DEFAULT). 0, or -1 with err set.
+int detr_math_parse(const char *name, DetrMath *math, char *err, size_t err_cap);
+// Whether one of sets[0..n_sets) sets `key` ("key=..."): an explicit --set wins over defaults.
+bool detr_config_sets_name(const char *const *sets, int n_sets, const char *key);
+// The keys that put a model in `math`, to follow the caller's sets[0..n_sets): tf32= and bf16= for
+// a math asked for (-1 with err set when dev cannot run bf16: it is refused, never emulated); for
+// none, bf16=false for inference unless the sets name bf16 (a model trained in bf16 is evaluated in
+// fp32 unless asked) and nothing for training (a resumed run keeps its own). Writes at most 2 keys to
+// keys[]; returns how many, or -1.
+int detr_math_keys(DetrMath math, bool inference, Device dev, const char *const *sets, int n_sets,
+                   const char *keys[2], char *err, size_t err_cap);
+
 typedef struct {
   DetrConfig cfg;
   ParamStore params;

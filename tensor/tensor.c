@@ -330,8 +330,12 @@ void device_set_tf32(Device dev, bool on) {
 
 bool device_bf16_supported(Device dev, char *why, size_t why_cap) {
   if (dev == DEVICE_CUDA) {
-    snprintf(why, why_cap, "bf16 on CUDA is not built yet (tf32=true gives the tensor cores' TF32)");
+#if DETR_HAVE_CUDA
+    return cuda_bf16_supported(why, why_cap);
+#else
+    snprintf(why, why_cap, "this build has no CUDA backend");
     return false;
+#endif
   }
   return cpu_bf16_supported(why, why_cap);
 }
@@ -345,5 +349,8 @@ bool device_set_bf16(Device dev, bool on) {
     on = false;
   }
   if (dev == DEVICE_CPU) cpu_set_bf16(on);
+#if DETR_HAVE_CUDA
+  if (dev == DEVICE_CUDA) cuda_set_bf16(on);
+#endif
   return on;
 }

@@ -79,8 +79,8 @@ void tensor_fill_(Tensor *t, float value);
 // Device-wide math setting: TF32 tensor-core math for matmuls (cuBLAS) and convolutions (cuDNN)
 // on CUDA (sm_80+), off by default. No effect on the CPU or in a build without CUDA.
 void device_set_tf32(Device dev, bool on);
-// bf16 mixed precision for dev's convolutions and GEMMs (kernels/cpu/cpu_kernels.h: cpu_set_bf16).
-// Where the device cannot run it at speed (a CPU without AVX512-BF16 or AMX; CUDA, not built yet)
+// bf16 mixed precision for dev's convolutions and GEMMs (cpu_set_bf16, cuda_set_bf16).
+// Where the device cannot run it at speed (a CPU without AVX512-BF16 or AMX; a GPU older than sm_80)
 // it warns once on stderr and stays fp32: a model saved with bf16 still opens everywhere. Returns
 // whether bf16 is on. Callers that were asked for bf16 explicitly check device_bf16_supported first.
 bool device_set_bf16(Device dev, bool on);

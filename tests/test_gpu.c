@@ -90,6 +90,7 @@ static void gpu_test_teardown(void) {
   if (tensor_scope_size() >= g_test_mark) tensor_scope_release(g_test_mark);
   autograd_set_grad_enabled(true);
   cuda_set_tf32(false);
+  if (g_on_gpu && cuda_bf16_enabled()) cuda_set_bf16(false);
   unsetenv("DETR_CUDNN_DETERMINISTIC");
   unsetenv("DETR_CUDNN_WORKSPACE_MB");
   struct timespec end;
@@ -734,6 +735,165 @@ START_TEST(tf32_switch) {
   ck_assert_msg(again <= TOL, "sgemm with TF32 switched off again: relative error %.3g > %.3g", again, TOL);
   cuda_device_free(d_x), cuda_device_free(d_w), cuda_device_free(d_y);
   free(x), free(w), free(y), free(ws);
+}
+END_TEST
+
+// --- bf16 (cuda_set_bf16) against a bound derived from how it must compute ---
+// tests/test_bf16.c's bound for the CPU: with a', b' the inputs rounded to the nearest bf16 (computed
+// here independently, frexp + nearbyint), a kernel summing K products a'b' in fp32 returns
+// sum a'b' within (gamma_K + u) sum |a'b'|. cuBLAS's FAST_16BF writes that fp32 sum; cuDNN's bf16
+// convolutions round it to bf16 once more (at most half a bf16 ulp of the result, on top). Truncating
+// the inputs instead of rounding, or accumulating in bf16, breaks the bound; and somewhere the result
+// must be further from the exact sum than fp32 rounding could take it (bf16 really ran).
+#define BF16_U32 (1.0 / 16777216.0)
+
+static double bf16_gamma(double k) { return k * BF16_U32 / (1 - k * BF16_U32); }
+
+static double bf16_ref(float x) {
+  if (x == 0 || !isfinite(x)) return x;
+  int e;
+  double m = frexp(x, &e);
+  return ldexp(nearbyint(ldexp(m, 8)), e - 8);
+}
+
+// Half a bf16 ulp at |v| (8 significant bits): the most a round-to-nearest output moves v.
+static double bf16_half_ulp(double v) {
+  if (v == 0) return 0;
+  int e;
+  frexp(v, &e);
+  return ldexp(1.0, e - 9);
+}
+
+// Sums of one output: of the rounded products (rs, ra = sum |.|) and the exact ones (es, ea); k terms.
+typedef struct {
+  double rs, ra, es, ea;
+  int64_t k;
+} Bf16Sum;
+
+static void bf16_sum_add(Bf16Sum *s, float a, float b) {
+  double r = bf16_ref(a) * bf16_ref(b), e = (double)a * b;
+  s->rs += r, s->ra += fabs(r), s->es += e, s->ea += fabs(e);
+  s->k++;
+}
+
+// got against its sums; out_rounded: the kernel rounds its result to bf16 (cuDNN). Updates the worst
+// ratio to the bound (<= 1 passes) and to fp32's own error about the exact sum (> 1 somewhere: bf16 ran).
+static void bf16_judge(double got, const Bf16Sum *s, bool out_rounded, double *worst, double *vs_exact) {
+  double sum_err = (bf16_gamma((double)s->k) + BF16_U32) * s->ra;
+  double allowed = sum_err + (out_rounded ? bf16_half_ulp(fabs(s->rs) + sum_err) : 0) + 1e-30;
+  *worst = fmax(*worst, fabs(got - s->rs) / allowed);
+  *vs_exact = fmax(*vs_exact, fabs(got - s->es) / (bf16_gamma((double)s->k) * s->ea + 1e-30));
+}
+
+static void check_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t batch, uint64_t seed) {
+  int64_t lda = ta ? m : k, ldb = tb ? k : n, sa = m * k, sb = k * n, sc = m * n;
+  float *a = host_uniform(sa * batch, seed, -1, 1), *b = host_uniform(sb * batch, seed + 1, -1, 1);
+  float *d_a = dev_upload(a, sa * batch), *d_b = dev_upload(b, sb * batch), *d_c = dev_upload(a, sc * batch);
+  cuda_set_bf16(true);
+  if (batch == 1) cuda_gemm(ta, tb, m, n, k, 1.0f, d_a, lda, d_b, ldb, 0.0f, d_c, n);
+  else cuda_gemm_batched(ta, tb, m, n, k, 1.0f, d_a, lda, sa, d_b, ldb, sb, 0.0f, d_c, n, sc, batch);
+  cuda_set_bf16(false);
+  float *c = dev_download(d_c, sc * batch);
+  double worst = 0, vs_exact = 0;
+  for (int64_t q = 0; q < batch; q++)
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t j = 0; j < n; j++) {
+        Bf16Sum sum = {0};
+        for (int64_t p = 0; p < k; p++)
+          bf16_sum_add(&sum, a[q * sa + (ta ? p * lda + i : i * lda + p)], b[q * sb + (tb ? j * ldb + p : p * ldb + j)]);
+        bf16_judge(c[q * sc + i * n + j], &sum, false, &worst, &vs_exact);
+      }
+  ck_assert_msg(worst <= 1, "bf16 gemm%s %c%c %lldx%lldx%lld: %.3g x the bound", batch > 1 ? "_batched" : "",
+                ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)m, (long long)n, (long long)k, worst);
+  ck_assert_msg(vs_exact > 1, "bf16 gemm %lldx%lldx%lld: within fp32's error of the exact sum: bf16 did not run",
+                (long long)m, (long long)n, (long long)k);
+  cuda_device_free(d_a), cuda_device_free(d_b), cuda_device_free(d_c);
+  free(a), free(b), free(c);
+}
+
+// Element (b, c, h, w) of a [B, C, H, W] activation, NCHW or channels last.
+static int64_t act_index(bool last, int64_t b, int64_t c, int64_t h, int64_t w, int64_t C, int64_t H, int64_t W) {
+  return last ? ((b * H + h) * W + w) * C + c : ((b * C + c) * H + h) * W + w;
+}
+
+// The forward, backward-data and backward-filter of one geometry in bf16, each output within its bound
+// (computed in double from the definitions); dx and dw written (set), then accumulated onto a start.
+static void check_conv_bf16(const ConvGeom *g, uint64_t seed) {
+  int64_t nx = g->batch * g->in_ch * g->in_h * g->in_w, nw = g->out_ch * g->in_ch * g->kh * g->kw;
+  int64_t ny = g->batch * g->out_ch * g->out_h * g->out_w;
+  float *x = host_uniform(nx, seed, -1, 1), *w = host_uniform(nw, seed + 1, -1, 1), *dy = host_uniform(ny, seed + 2, -1, 1);
+  Bf16Sum *sy = calloc((size_t)ny, sizeof *sy), *sdx = calloc((size_t)nx, sizeof *sdx), *sdw = calloc((size_t)nw, sizeof *sdw);
+  ck_assert(sy && sdx && sdw);
+  bool last = g->channels_last;
+  for (int64_t b = 0; b < g->batch; b++)
+    for (int64_t o = 0; o < g->out_ch; o++)
+      for (int64_t oh = 0; oh < g->out_h; oh++)
+        for (int64_t ow = 0; ow < g->out_w; ow++) {
+          int64_t yi = act_index(last, b, o, oh, ow, g->out_ch, g->out_h, g->out_w);
+          for (int64_t c = 0; c < g->in_ch; c++)
+            for (int64_t i = 0; i < g->kh; i++)
+              for (int64_t j = 0; j < g->kw; j++) {
+                int64_t ih = oh * g->stride_h - g->pad_h + i * g->dil_h, iw = ow * g->stride_w - g->pad_w + j * g->dil_w;
+                if (ih < 0 || ih >= g->in_h || iw < 0 || iw >= g->in_w) continue;
+                int64_t xi = act_index(last, b, c, ih, iw, g->in_ch, g->in_h, g->in_w);
+                int64_t wi = ((o * g->in_ch + c) * g->kh + i) * g->kw + j;
+                bf16_sum_add(&sy[yi], x[xi], w[wi]);
+                bf16_sum_add(&sdx[xi], dy[yi], w[wi]);
+                bf16_sum_add(&sdw[wi], dy[yi], x[xi]);
+              }
+        }
+  float *d_x = dev_upload(x, nx), *d_w = dev_upload(w, nw), *d_dy = dev_upload(dy, ny);
+  float *d_y = dev_upload(dy, ny), *d_dx = dev_upload(x, nx), *d_dw = dev_upload(w, nw);  // overwritten
+  cuda_set_bf16(true);
+  conv_forward_ws(d_x, d_w, NULL, d_y, g);
+  conv_backward_ws(d_x, d_w, d_dy, d_dx, true, d_dw, true, NULL, g);
+  float *y = dev_download(d_y, ny), *dx = dev_download(d_dx, nx), *dw = dev_download(d_dw, nw);
+  conv_backward_ws(d_x, d_w, d_dy, d_dx, false, d_dw, false, NULL, g);  // accumulate: dx + dx', dw + dw'
+  cuda_set_bf16(false);
+  float *dx2 = dev_download(d_dx, nx), *dw2 = dev_download(d_dw, nw);
+  const struct {
+    const char *name;
+    const float *got, *twice;
+    const Bf16Sum *sums;
+    int64_t n;
+  } outs[] = {{"forward", y, NULL, sy, ny}, {"backward-data", dx, dx2, sdx, nx}, {"backward-filter", dw, dw2, sdw, nw}};
+  for (int t = 0; t < 3; t++) {
+    double worst = 0, vs_exact = 0;
+    for (int64_t i = 0; i < outs[t].n; i++) {
+      bf16_judge(outs[t].got[i], &outs[t].sums[i], true, &worst, &vs_exact);
+      if (outs[t].twice)  // the accumulation adds the same bf16 result in fp32: exactly 2x (a power of 2)
+        ck_assert_msg(outs[t].twice[i] == 2 * outs[t].got[i], "bf16 conv %s, accumulated: %.9g, expected 2 x %.9g",
+                      outs[t].name, outs[t].twice[i], outs[t].got[i]);
+    }
+    ck_assert_msg(worst <= 1, "bf16 conv %s (%s, %lldx%lld kernel, %lld channels): %.3g x the bound", outs[t].name,
+                  last ? "channels last" : "nchw", (long long)g->kh, (long long)g->kw, (long long)g->in_ch, worst);
+    ck_assert_msg(vs_exact > 1, "bf16 conv %s: within fp32's error of the exact sum: bf16 did not run", outs[t].name);
+  }
+  float *bufs_d[] = {d_x, d_w, d_dy, d_y, d_dx, d_dw};
+  for (int i = 0; i < 6; i++) cuda_device_free(bufs_d[i]);
+  free(x), free(w), free(dy), free(y), free(dx), free(dw), free(dx2), free(dw2), free(sy), free(sdx), free(sdw);
+}
+
+START_TEST(bf16_within_rounding_bound) {
+  char why[512];
+  if (!cuda_bf16_supported(why, sizeof why)) {
+    printf("test_gpu: bf16 skipped: %s\n", why);
+    return;
+  }
+  for (int t = 0; t < 4; t++) check_gemm_bf16(t & 1, t & 2, 97, 130, 211, 1, 42000 + (uint64_t)t * 10);
+  check_gemm_bf16(false, true, 64, 96, 300, 3, 42100);
+  const ConvGeom geoms[] = {make_geom(2, 16, 12, 10, 24, 3, 3, 1, 1, 1, 1, 1, 1),   // 3x3
+                            make_geom(2, 32, 9, 8, 16, 1, 1, 2, 2, 0, 0, 1, 1),     // 1x1 stride 2
+                            make_geom(1, 8, 20, 18, 16, 7, 7, 2, 2, 3, 3, 1, 1)};   // the stem's 7x7
+  for (int last = 0; last < 2; last++)
+    for (size_t i = 0; i < sizeof geoms / sizeof *geoms; i++) {
+      ConvGeom g = geoms[i];
+      g.channels_last = last;
+      check_conv_bf16(&g, 42200 + 10 * i + 100 * (uint64_t)last);
+    }
+  // Off again: fp32 to TOL (the switch reaches both libraries).
+  double again = gemm_error(256, 41000);
+  ck_assert_msg(again <= TOL, "sgemm with bf16 switched off again: relative error %.3g > %.3g", again, TOL);
 }
 END_TEST
 
@@ -1828,6 +1988,7 @@ int main(int argc, char **argv) {
   tcase_add_test(kernels, conv2d_workspace_limit);
   tcase_add_test(kernels, dropout_kernels_bitwise);
   tcase_add_test(kernels, tf32_switch);
+  tcase_add_test(kernels, bf16_within_rounding_bound);
   TCase *autograd = gpu_tcase(s, "autograd");
   tcase_add_test(autograd, autograd_linear);
   tcase_add_test(autograd, autograd_conv2d);

@@ -24,6 +24,8 @@
 #    fresh process: a warm-up step, then --reps timed steps), the order swapped every round;
 #    detr-c's convolutions take its deterministic cuDNN algorithms (--cudnn-any: cuDNN's heuristic
 #    choice, DETR_CUDNN_DETERMINISTIC=0, as PyTorch's without cudnn.benchmark);
+# 4b. detr-r50 at the larger batch in bf16: detr-c `--set bf16=true` (cuBLAS FAST_16BF GEMMs, cuDNN bf16
+#    convolutions) against PyTorch's torch.autocast(bfloat16) with TF32 off for what stays fp32;
 # 5. ENACT against dense (detr-c, detr-r50, batch 8) at 800x1066 and 800x1333, fp32 and TF32:
 #    step time and peak memory, and the memory ENACT saves against the dense attention maps;
 # 6. with --profile: bench_step dense and with ENACT (batch 8, 800x1333, fp32, the step after the
@@ -246,12 +248,16 @@ run_one() {
     if [[ $impl == detr-c* ]]; then
       local sets=(--set "decoder=$decoder")
       [ "$math" = tf32 ] && sets+=(--set tf32=true)
+      [ "$math" = bf16 ] && sets+=(--set bf16=true)
       timeout --kill-after=10 "$run_cap" env OMP_NUM_THREADS="$threads" LD_LIBRARY_PATH="$bench_ld" "$bench" \
         --device "$dev" --preset "$preset" \
         "${sets[@]}" --batch "$batch" --hw "$hw" --boxes "$boxes" --reps "$reps" "${inputs[@]}" "$@" > "$log" 2>&1
     else
+      local torch_math=$math torch_precision=fp32  # bf16: autocast, TF32 off for the ops it leaves in fp32
+      [ "$math" = bf16 ] && torch_math=fp32 torch_precision=bf16
       timeout --kill-after=10 "$run_cap" "$torch_py" "$root/bench/torch_step.py" --detr-repo "$(repo_of "$decoder")" \
-        --preset "$preset" --decoder "$decoder" --device "$dev" --math "$math" --batch "$batch" --hw "$hw" \
+        --preset "$preset" --decoder "$decoder" --device "$dev" --math "$torch_math" --precision "$torch_precision" \
+        --batch "$batch" --hw "$hw" \
         --boxes "$boxes" --reps "$reps" --threads "$threads" "${inputs[@]}" > "$log" 2>&1
     fi
     local rc=$?
@@ -305,6 +311,17 @@ main_round() {
     done
   done
 }
+# bf16_round ROUND: the first model at the larger batch in bf16, detr-c and PyTorch one after the other
+# (PyTorch first in even rounds). On the CPU path PyTorch is left out: Debian's 1.13 cannot run DETR
+# under CPU autocast (docs/precision.md).
+bf16_round() {
+  local m=${models[0]} b=${batches[-1]} first=detr-c second=pytorch
+  [ $(( $1 % 2 )) = 0 ] && first=pytorch second=detr-c
+  for impl in $first $second; do
+    [ "$impl" = pytorch ] && { [ "$cpu" = 1 ] || ! torch_for "$m"; } && continue
+    run_one step "$m" "$b" "$hw" bf16 "$impl" "$1"
+  done
+}
 # enact_round ROUND: detr-c's detr-r50 (the tiny preset with --tiny), dense and ENACT one after the
 # other (ENACT first in even rounds).
 enact_round() {
@@ -322,6 +339,7 @@ enact_round() {
   done
 }
 main_round 1
+bf16_round 1
 enact_round 1
 
 # --- Nsight Compute: every kernel's duration in one step, dense and ENACT ---
@@ -358,6 +376,7 @@ fi
 
 for ((r = 2; r <= rounds; r++)); do
   main_round "$r"
+  bf16_round "$r"
   enact_round "$r"
 done
 say "done in $(elapsed) s; report: $out/report.md"

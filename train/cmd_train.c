@@ -154,13 +154,8 @@ static int model_config(TrainOptions *o, const char *config, const CliList *sets
   if (o->optim.lr_backbone == 0) o->model.train_backbone = false;  // as the reference: lr_backbone 0 freezes it
   if (o->resume) {  // a resumed run is its checkpoint's model: --config/--set may only restate it
     // ... and goes on in its precision unless --precision or --set says otherwise.
-    bool tf32_set = false, bf16_set = false;
-    for (int i = 0; i < sets->count; i++) {
-      tf32_set |= !strncmp(sets->items[i], "tf32=", 5);
-      bf16_set |= !strncmp(sets->items[i], "bf16=", 5);
-    }
-    if (!tf32_set) o->model.tf32 = ci->cfg.tf32;
-    if (!bf16_set) o->model.bf16 = ci->cfg.bf16;
+    if (!detr_config_sets_name(sets->items, sets->count, "tf32")) o->model.tf32 = ci->cfg.tf32;
+    if (!detr_config_sets_name(sets->items, sets->count, "bf16")) o->model.bf16 = ci->cfg.bf16;
     char diff[2048];
     if (config_differences(&o->model, &ci->cfg, diff, sizeof diff)) {
       snprintf(err, err_cap, "%s is a run of another model config:%s resume it without --config/--set (its config is "
@@ -169,9 +164,7 @@ static int model_config(TrainOptions *o, const char *config, const CliList *sets
     }
   } else if (ci && !config) {  // fine-tuning a checkpoint's model: num_classes follows the data unless set
     o->model.train_backbone = o->optim.lr_backbone > 0;
-    o->model_from_init = true;
-    for (int i = 0; i < sets->count; i++)
-      if (!strncmp(sets->items[i], "num_classes=", 12)) o->model_from_init = false;
+    o->model_from_init = !detr_config_sets_name(sets->items, sets->count, "num_classes");
   }
   return detr_config_validate(&o->model, err, err_cap);
 }

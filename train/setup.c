@@ -67,33 +67,20 @@ void setup_enact_shortcut(DetrConfig *cfg, bool enact) {
 }
 
 int setup_precision(const char *precision, bool inference, Device dev, CliList *sets, char *err, size_t err_cap) {
-  bool bf16_set = false;  // by the user's --set
-  for (int i = 0; i < sets->count; i++) bf16_set |= !strncmp(sets->items[i], "bf16=", 5);
-  if (!precision && inference && !bf16_set) {
-    if (sets->count + 1 > CLI_MAX_LIST) {
-      snprintf(err, err_cap, "too many --set flags (at most %d)", CLI_MAX_LIST - 1);
-      return -1;
-    }
-    sets->items[sets->count++] = "bf16=false";
-    return 0;
-  }
-  if (!precision) return 0;
-  bool tf32 = !strcmp(precision, "tf32"), bf16 = !strcmp(precision, "bf16");
-  if (!tf32 && !bf16 && strcmp(precision, "fp32")) {
-    snprintf(err, err_cap, "--precision %s: expected fp32, tf32 or bf16", precision);
+  DetrMath math;
+  const char *keys[2];
+  char why[512];
+  int n = detr_math_parse(precision, &math, why, sizeof why) ? -1
+          : detr_math_keys(math, inference, dev, sets->items, sets->count, keys, why, sizeof why);
+  if (n < 0) {
+    snprintf(err, err_cap, "--precision %s%s", why, math == DETR_MATH_BF16 ? "; use --precision fp32" : "");
     return -1;
   }
-  char why[256];
-  if (bf16 && !device_bf16_supported(dev, why, sizeof why)) {
-    snprintf(err, err_cap, "--precision bf16: %s; use --precision fp32", why);
+  if (sets->count + n > CLI_MAX_LIST) {
+    snprintf(err, err_cap, "--precision: too many --set flags (at most %d in all)", CLI_MAX_LIST - n);
     return -1;
   }
-  if (sets->count + 2 > CLI_MAX_LIST) {
-    snprintf(err, err_cap, "--precision: too many --set flags (at most %d in all)", CLI_MAX_LIST - 2);
-    return -1;
-  }
-  sets->items[sets->count++] = tf32 ? "tf32=true" : "tf32=false";
-  sets->items[sets->count++] = bf16 ? "bf16=true" : "bf16=false";
+  for (int i = 0; i < n; i++) sets->items[sets->count++] = keys[i];
   return 0;
 }
 

@@ -9,7 +9,12 @@
 // fp32 FMA kernels, so results agree with the CPU's im2col + sgemm to fp32 rounding. With TF32 on
 // (cuda_set_tf32, the `tf32` config key) it is CUDNN_DEFAULT_MATH, which lets cuDNN run fp32
 // convolutions on TF32 tensor cores on sm_80+ (inputs rounded to a 10-bit mantissa), as PyTorch's
-// torch.backends.cudnn.allow_tf32.
+// torch.backends.cudnn.allow_tf32. With bf16 on (cuda_set_bf16, the `bf16` config key) x, w and dy
+// are rounded to the nearest bf16 (kernels/bf16_math.h, the CPU's rounding) into staging copies,
+// cuDNN runs on bf16 tensors with fp32 accumulation (its BFLOAT16 configuration, tensor-core math),
+// and its bf16 result - y, dx or dw - is widened back into the fp32 tensor (set, or added to a
+// gradient). cuDNN's legacy API has no bf16-in, fp32-out convolution, so unlike the CPU's the
+// output is rounded to bf16 as well (PyTorch's autocast does the same).
 //
 // Algorithms: with DETR_CUDNN_DETERMINISTIC unset or anything but "0" (the default), the
 // deterministic IMPLICIT_PRECOMP_GEMM / BWD_DATA_ALGO_1 / BWD_FILTER_ALGO_1 are used (bitwise
@@ -25,7 +30,8 @@
 // any tensor, counted in the allocator's statistics, and an out-of-memory empties the cache and
 // retries instead of failing. cuda_conv2d_{forward,backward}_workspace say how much: the
 // algorithm's, plus for channels last one KRSC copy of the weight per pass that reads it or writes
-// dw (outside DETR_CUDNN_WORKSPACE_MB, which bounds the algorithms' share).
+// dw, or in bf16 the staging copies (outside DETR_CUDNN_WORKSPACE_MB, which bounds the algorithms'
+// share).
 //
 // Not thread-safe (like the rest of the backend: one stream, driven from one host thread).
 #include <float.h>
@@ -33,6 +39,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "kernels/bf16_math.h"
 #include "kernels/conv_algo.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_util.cuh"
@@ -62,6 +69,13 @@ static size_t cudnn_workspace_limit(void) {
   return (size_t)1024 << 20;
 }
 
+// The arithmetic of a convolution: fp32 FMA, TF32 tensor cores, or bf16 tensors (bf16 overrides TF32).
+enum ConvMath { CONV_MATH_FP32, CONV_MATH_TF32, CONV_MATH_BF16 };
+
+static ConvMath current_math(void) {
+  return cuda_bf16_enabled() ? CONV_MATH_BF16 : detr_cuda_tf32() ? CONV_MATH_TF32 : CONV_MATH_FP32;
+}
+
 // --- descriptors: created per call from the geometry, destroyed on scope exit ---
 
 struct ConvDescs {
@@ -69,7 +83,7 @@ struct ConvDescs {
   cudnnFilterDescriptor_t w;     // w [O, C, KH, KW]
   cudnnConvolutionDescriptor_t conv;
 
-  ConvDescs(const ConvGeom *g, bool tf32) {
+  ConvDescs(const ConvGeom *g, ConvMath math) {
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
     CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
@@ -80,17 +94,22 @@ struct ConvDescs {
     // (conv_weight_tap_major; PyTorch, too, gives cuDNN a channels-last weight with channels-last
     // activations rather than mixing the formats).
     cudnnTensorFormat_t act = g->channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, act, CUDNN_DATA_FLOAT, B, C,
+    // bf16: cuDNN's BFLOAT16 configuration (x, w, y bf16; the fp32 accumulation is the convolution
+    // descriptor's compute type below).
+    cudnnDataType_t data = math == CONV_MATH_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, act, data, B, C,
                                            conv_int(g->in_h, "in_h"), conv_int(g->in_w, "in_w")));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, act, CUDNN_DATA_FLOAT, B, O,
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, act, data, B, O,
                                            conv_int(g->out_h, "out_h"),
                                            conv_int(g->out_w, "out_w")));
-    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, act, O, C,
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, data, act, O, C,
                                            conv_int(g->kh, "kh"), conv_int(g->kw, "kw")));
     CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, g->pad_h, g->pad_w, g->stride_h, g->stride_w,
                                                 g->dil_h, g->dil_w, CUDNN_CROSS_CORRELATION,
                                                 CUDNN_DATA_FLOAT));
-    CUDNN_CHECK(cudnnSetConvolutionMathType(conv, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(conv, math == CONV_MATH_FP32   ? CUDNN_FMA_MATH
+                                                  : math == CONV_MATH_TF32 ? CUDNN_DEFAULT_MATH
+                                                                           : CUDNN_TENSOR_OP_MATH));
     // The geometry's output size (torch's formula) must be the one cuDNN computes.
     int on, oc, oh, ow;
     CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv, x, w, &on, &oc, &oh, &ow));
@@ -110,13 +129,14 @@ struct ConvDescs {
   ConvDescs &operator=(const ConvDescs &) = delete;
 };
 
-// --- algorithm choice and its workspace, cached per (geometry, determinism, TF32) ---
+// --- algorithm choice and its workspace, cached per (geometry, determinism, math) ---
 
 #define ALGO_UNSET (-1)
 
 struct AlgoCacheEntry {
   ConvGeom g;
-  bool deterministic, tf32;
+  bool deterministic;
+  ConvMath math;
   int fwd, bwd_data, bwd_filter;  // ALGO_UNSET until first chosen
   size_t fwd_bytes, bwd_data_bytes, bwd_filter_bytes;
 };
@@ -133,9 +153,9 @@ static bool geom_equal(const ConvGeom *a, const ConvGeom *b) {
          a->dil_w == b->dil_w && a->channels_last == b->channels_last;
 }
 
-static AlgoCacheEntry *algo_cache_entry(const ConvGeom *g, bool deterministic, bool tf32) {
+static AlgoCacheEntry *algo_cache_entry(const ConvGeom *g, bool deterministic, ConvMath math) {
   for (int i = 0; i < g_algo_cache_count; i++)
-    if (g_algo_cache[i].deterministic == deterministic && g_algo_cache[i].tf32 == tf32 &&
+    if (g_algo_cache[i].deterministic == deterministic && g_algo_cache[i].math == math &&
         geom_equal(&g_algo_cache[i].g, g))
       return &g_algo_cache[i];
   // Not cached: take a free slot, or replace the oldest once full (the choice is recomputable).
@@ -144,7 +164,7 @@ static AlgoCacheEntry *algo_cache_entry(const ConvGeom *g, bool deterministic, b
   AlgoCacheEntry *e = &g_algo_cache[slot];
   e->g = *g;
   e->deterministic = deterministic;
-  e->tf32 = tf32;
+  e->math = math;
   e->fwd = e->bwd_data = e->bwd_filter = ALGO_UNSET;
   e->fwd_bytes = e->bwd_data_bytes = e->bwd_filter_bytes = 0;
   return e;
@@ -152,7 +172,7 @@ static AlgoCacheEntry *algo_cache_entry(const ConvGeom *g, bool deterministic, b
 
 // The entry for g under the current settings.
 static AlgoCacheEntry *current_entry(const ConvGeom *g) {
-  return algo_cache_entry(g, cudnn_deterministic(), detr_cuda_tf32());
+  return algo_cache_entry(g, cudnn_deterministic(), current_math());
 }
 
 // The chooser lists the candidates - the preferred deterministic algorithm first (when
@@ -236,7 +256,7 @@ static AlgoCacheEntry *conv_choose(const ConvGeom *g, bool fwd, bool bwd_data, b
   AlgoCacheEntry *e = current_entry(g);
   if ((fwd && e->fwd == ALGO_UNSET) || (bwd_data && e->bwd_data == ALGO_UNSET) ||
       (bwd_filter && e->bwd_filter == ALGO_UNSET)) {
-    ConvDescs d(g, e->tf32);
+    ConvDescs d(g, e->math);
     if (fwd && e->fwd == ALGO_UNSET) choose(d, CONV_PASS_FWD, e->deterministic, &e->fwd, &e->fwd_bytes);
     if (bwd_data && e->bwd_data == ALGO_UNSET)
       choose(d, CONV_PASS_BWD_DATA, e->deterministic, &e->bwd_data, &e->bwd_data_bytes);
@@ -254,9 +274,31 @@ static size_t krsc_bytes(const ConvGeom *g) {
   return (bytes + 255) / 256 * 256;
 }
 
+static int64_t conv_input_numel(const ConvGeom *g) { return g->batch * g->in_ch * g->in_h * g->in_w; }
+static int64_t conv_weight_numel(const ConvGeom *g) { return g->out_ch * g->in_ch * g->kh * g->kw; }
+static int64_t conv_output_numel(const ConvGeom *g) { return g->batch * g->out_ch * g->out_h * g->out_w; }
+
+// bf16: the bytes of one bf16 staging copy of n values, 256-byte aligned.
+static size_t bf16_bytes(int64_t n) { return ((size_t)n * sizeof(uint16_t) + 255) / 256 * 256; }
+
+// The workspace's copies ahead of the algorithm's share. fp32 and TF32: the KRSC weight copies of
+// channels last. bf16 - forward: x', w', y' (w' in KRSC order when channels last); backward: dy',
+// then for dx w' and dx', for dw x' and dw'.
+static size_t forward_copies(const ConvGeom *g, ConvMath math) {
+  if (math != CONV_MATH_BF16) return krsc_bytes(g);
+  return bf16_bytes(conv_input_numel(g)) + bf16_bytes(conv_weight_numel(g)) + bf16_bytes(conv_output_numel(g));
+}
+
+static size_t backward_copies(const ConvGeom *g, ConvMath math, bool dx, bool dw) {
+  if (math != CONV_MATH_BF16) return (dx ? krsc_bytes(g) : 0) + (dw ? krsc_bytes(g) : 0);
+  size_t pass = bf16_bytes(conv_input_numel(g)) + bf16_bytes(conv_weight_numel(g));
+  return bf16_bytes(conv_output_numel(g)) + (dx ? pass : 0) + (dw ? pass : 0);
+}
+
 extern "C" size_t cuda_conv2d_forward_workspace(const ConvGeom *g) {
   if (!conv_uses_cudnn(g)) return 0;
-  return krsc_bytes(g) + conv_choose(g, true, false, false)->fwd_bytes;
+  AlgoCacheEntry *e = conv_choose(g, true, false, false);
+  return forward_copies(g, e->math) + e->fwd_bytes;
 }
 
 extern "C" size_t cuda_conv2d_backward_workspace(const ConvGeom *g, bool dx, bool dw) {
@@ -264,7 +306,7 @@ extern "C" size_t cuda_conv2d_backward_workspace(const ConvGeom *g, bool dx, boo
   AlgoCacheEntry *e = conv_choose(g, false, dx, dw);
   size_t a = dx ? e->bwd_data_bytes : 0, b = dw ? e->bwd_filter_bytes : 0;
   // The passes run one after the other on the stream: one buffer serves both algorithms.
-  return (dx ? krsc_bytes(g) : 0) + (dw ? krsc_bytes(g) : 0) + (a > b ? a : b);
+  return backward_copies(g, e->math, dx, dw) + (a > b ? a : b);
 }
 
 // w' [O, KH, KW, C] = w [O, C, KH, KW] (to_krsc), or w (+)= the inverse of w' (a gradient: add, or
@@ -284,6 +326,49 @@ static void weight_krsc(const ConvGeom *g, float *w, float *wk, bool to_krsc, bo
   weight_krsc_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
       w, wk, g->in_ch, g->kh * g->kw, total, to_krsc, set);
   CUDA_CHECK_LAUNCH("weight_krsc_kernel");
+}
+
+// --- bf16 staging (kernels/bf16_math.h's rounding, the CPU's) ---
+
+// dst [n] = src rounded to the nearest bf16.
+__global__ void to_bf16_kernel(const float *src, uint16_t *dst, int64_t n) {
+  GRID_STRIDE_LOOP(i, n) dst[i] = bf16_from_float(src[i]);
+}
+
+// dst [n] (+)= src widened to fp32 (set: =).
+__global__ void from_bf16_kernel(const uint16_t *src, float *dst, int64_t n, bool set) {
+  GRID_STRIDE_LOOP(i, n) dst[i] = set ? bf16_to_float(src[i]) : dst[i] + bf16_to_float(src[i]);
+}
+
+// to_bf16: wb = w [O, C, KH, KW] rounded to bf16, in KRSC order when krsc (channels last); else
+// w (+)= such a copy widened (a gradient: add, or set when `set`).
+__global__ void weight_bf16_kernel(float *w, uint16_t *wb, int64_t channels, int64_t taps, int64_t total, bool krsc,
+                                   bool to_bf16, bool set) {
+  GRID_STRIDE_LOOP(i, total) {
+    int64_t j = krsc ? conv_weight_tap_major(i, channels, taps) : i;
+    if (to_bf16) wb[j] = bf16_from_float(w[i]);
+    else w[i] = set ? bf16_to_float(wb[j]) : w[i] + bf16_to_float(wb[j]);
+  }
+}
+
+static void to_bf16(const float *src, uint16_t *dst, int64_t n) {
+  if (n <= 0) return;
+  to_bf16_kernel<<<detr_grid_size(n, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(src, dst, n);
+  CUDA_CHECK_LAUNCH("to_bf16_kernel");
+}
+
+static void from_bf16(const uint16_t *src, float *dst, int64_t n, bool set) {
+  if (n <= 0) return;
+  from_bf16_kernel<<<detr_grid_size(n, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(src, dst, n, set);
+  CUDA_CHECK_LAUNCH("from_bf16_kernel");
+}
+
+static void weight_bf16(const ConvGeom *g, float *w, uint16_t *wb, bool to_bf16, bool set) {
+  int64_t total = conv_weight_numel(g);
+  if (total <= 0) return;
+  weight_bf16_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
+      w, wb, g->in_ch, g->kh * g->kw, total, g->channels_last, to_bf16, set);
+  CUDA_CHECK_LAUNCH("weight_bf16_kernel");
 }
 
 static void check_workspace(const char *pass, size_t need, void *ws, size_t have) {
@@ -326,10 +411,6 @@ __global__ void conv_bias_backward_kernel(const float *dy, float *dbias, int64_t
   }
 }
 
-static int64_t conv_output_numel(const ConvGeom *g) {
-  return g->batch * g->out_ch * g->out_h * g->out_w;
-}
-
 extern "C" void cuda_conv2d_forward(const float *x, const float *w, const float *bias, float *y,
                                     const ConvGeom *g, void *workspace, size_t workspace_bytes) {
   int64_t total = conv_output_numel(g);
@@ -338,19 +419,29 @@ extern "C" void cuda_conv2d_forward(const float *x, const float *w, const float 
     CUDA_CHECK(cudaMemsetAsync(y, 0, (size_t)total * sizeof(float), detr_cuda_stream()));
   } else {
     AlgoCacheEntry *e = conv_choose(g, true, false, false);
-    size_t wk_bytes = krsc_bytes(g);
-    check_workspace("forward", wk_bytes + e->fwd_bytes, workspace, workspace_bytes);
-    const float *wk = w;  // channels last: the KRSC copy at the workspace's start
-    if (wk_bytes) {
-      weight_krsc(g, (float *)w, (float *)workspace, true, false);
-      wk = (const float *)workspace;
-    }
-    char *algo_ws = (char *)workspace + wk_bytes;
-    ConvDescs d(g, e->tf32);
+    size_t copies = forward_copies(g, e->math);
+    check_workspace("forward", copies + e->fwd_bytes, workspace, workspace_bytes);
+    char *algo_ws = (char *)workspace + copies;
+    ConvDescs d(g, e->math);
     cudnnConvolutionFwdAlgo_t algo = (cudnnConvolutionFwdAlgo_t)e->fwd;
     const float one = 1.0f, zero = 0.0f;  // beta = 0: y is overwritten
-    CUDNN_CHECK(cudnnConvolutionForward(detr_cudnn_handle(), &one, d.x, x, d.w, wk, d.conv, algo,
-                                        e->fwd_bytes ? algo_ws : NULL, e->fwd_bytes, &zero, d.y, y));
+    if (e->math == CONV_MATH_BF16) {  // x', w' (KRSC when channels last) and y' at the workspace's start
+      uint16_t *xb = (uint16_t *)workspace, *wb = (uint16_t *)((char *)xb + bf16_bytes(conv_input_numel(g)));
+      uint16_t *yb = (uint16_t *)((char *)wb + bf16_bytes(conv_weight_numel(g)));
+      to_bf16(x, xb, conv_input_numel(g));
+      weight_bf16(g, (float *)w, wb, true, false);
+      CUDNN_CHECK(cudnnConvolutionForward(detr_cudnn_handle(), &one, d.x, xb, d.w, wb, d.conv, algo,
+                                          e->fwd_bytes ? algo_ws : NULL, e->fwd_bytes, &zero, d.y, yb));
+      from_bf16(yb, y, total, true);
+    } else {
+      const float *wk = w;  // channels last: the KRSC copy at the workspace's start
+      if (copies) {
+        weight_krsc(g, (float *)w, (float *)workspace, true, false);
+        wk = (const float *)workspace;
+      }
+      CUDNN_CHECK(cudnnConvolutionForward(detr_cudnn_handle(), &one, d.x, x, d.w, wk, d.conv, algo,
+                                          e->fwd_bytes ? algo_ws : NULL, e->fwd_bytes, &zero, d.y, y));
+    }
   }
   if (bias) {
     int64_t spatial = g->out_h * g->out_w;
@@ -365,17 +456,46 @@ extern "C" void cuda_conv2d_forward(const float *x, const float *w, const float 
 static void conv_backward_cudnn(const float *x, const float *w, const float *dy, float *dx, bool set_dx,
                                 float *dw, bool set_dw, const ConvGeom *g, void *ws, size_t ws_bytes) {
   AlgoCacheEntry *e = conv_choose(g, false, dx != NULL, dw != NULL);
-  ConvDescs d(g, e->tf32);
+  ConvDescs d(g, e->math);
   cudnnHandle_t h = detr_cudnn_handle();
   const float one = 1.0f, zero = 0.0f;  // alpha = 1, beta = 1: gradients accumulate (beta 0 when set)
-  // Channels last: KRSC copies at the workspace's start, the weight's (for dx) and dw's.
-  size_t wk_bytes = krsc_bytes(g), copies = (dx ? wk_bytes : 0) + (dw ? wk_bytes : 0);
+  size_t copies = backward_copies(g, e->math, dx != NULL, dw != NULL);
   char *algo_ws = (char *)ws + copies;
   size_t algo_bytes = ws_bytes >= copies ? ws_bytes - copies : 0;
+  if (copies) DETR_CHECK(copies <= ws_bytes && ws, "conv2d (cuDNN) backward: the weight copies need %zu bytes of "
+                         "workspace, %zu given (cuda_conv2d_backward_workspace)", copies, ws ? ws_bytes : 0);
+  if (e->math == CONV_MATH_BF16) {  // dy', then w' and dx', then x' and dw' (backward_copies' order)
+    int64_t nx = conv_input_numel(g), nw = conv_weight_numel(g);
+    char *next = (char *)ws;
+    uint16_t *dyb = (uint16_t *)next;
+    next += bf16_bytes(conv_output_numel(g));
+    to_bf16(dy, dyb, conv_output_numel(g));
+    if (dx) {
+      uint16_t *wb = (uint16_t *)next, *dxb = (uint16_t *)(next + bf16_bytes(nw));
+      next += bf16_bytes(nw) + bf16_bytes(nx);
+      weight_bf16(g, (float *)w, wb, true, false);
+      check_workspace("backward-data", e->bwd_data_bytes, algo_ws, algo_bytes);
+      CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w, wb, d.y, dyb, d.conv,
+                                               (cudnnConvolutionBwdDataAlgo_t)e->bwd_data,
+                                               e->bwd_data_bytes ? algo_ws : NULL, e->bwd_data_bytes, &zero, d.x, dxb));
+      from_bf16(dxb, dx, nx, set_dx);
+    }
+    if (dw) {
+      uint16_t *xb = (uint16_t *)next, *dwb = (uint16_t *)(next + bf16_bytes(nx));
+      to_bf16(x, xb, nx);
+      check_workspace("backward-filter", e->bwd_filter_bytes, algo_ws, algo_bytes);
+      CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, d.x, xb, d.y, dyb, d.conv,
+                                                 (cudnnConvolutionBwdFilterAlgo_t)e->bwd_filter,
+                                                 e->bwd_filter_bytes ? algo_ws : NULL, e->bwd_filter_bytes, &zero,
+                                                 d.w, dwb));
+      weight_bf16(g, dw, dwb, false, set_dw);  // dw (+)= dw' (from KRSC order when channels last)
+    }
+    return;
+  }
+  // Channels last: KRSC copies at the workspace's start, the weight's (for dx) and dw's.
+  size_t wk_bytes = krsc_bytes(g);
   const float *wk = w;
   float *dwk = dw;
-  if (copies) DETR_CHECK(copies <= ws_bytes && ws, "conv2d (cuDNN) backward: the KRSC weight copies need %zu bytes of "
-                         "workspace, %zu given (cuda_conv2d_backward_workspace)", copies, ws ? ws_bytes : 0);
   if (wk_bytes && dx) {
     weight_krsc(g, (float *)w, (float *)ws, true, false);
     wk = (const float *)ws;

@@ -44,7 +44,8 @@
 cudaStream_t detr_cuda_stream(void);
 cublasHandle_t detr_cublas_handle(void);
 cudnnHandle_t detr_cudnn_handle(void);
-// cuda_set_tf32's setting (runtime.cu): conv.cu sets its math type from it.
+// cuda_set_tf32's setting (runtime.cu): conv.cu sets its math type from it (and from
+// cuda_bf16_enabled, which overrides it).
 bool detr_cuda_tf32(void);
 
 // Threads per block of the elementwise kernels.

@@ -4,6 +4,12 @@
 // cuBLAS is column-major. A row-major X [r, c] with leading dimension ld is, read column-major,
 // X^T [c, r] with the same ld. So row-major C = op(A) op(B) is computed as the column-major
 // C^T = op(B)^T op(A)^T: swap the operands (and m with n), keep each one's transpose flag.
+//
+// bf16 (cuda_set_bf16): the same calls through cublasGemmEx / cublasGemmStridedBatchedEx with fp32
+// matrices and CUBLAS_COMPUTE_32F_FAST_16BF: cuBLAS rounds A and B to bf16 on the way into the
+// tensor cores and accumulates and writes in fp32 - what the CPU's bf16 GEMM computes
+// (kernels/cpu/matmul_bf16.c) without a converted copy in memory. Every GEMM takes it (autocast's
+// rule); the CPU keeps small ones in fp32 only because its conversion costs more than it saves.
 #include <limits.h>
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -47,6 +53,12 @@ extern "C" void cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
   cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   // Column-major C^T [n, m] = op(B)^T [n, k] op(A)^T [k, m].
+  if (cuda_bf16_enabled()) {
+    CUBLAS_CHECK(cublasGemmEx(detr_cublas_handle(), op_b, op_a, to_int(n, "n"), to_int(m, "m"), to_int(k, "k"), &alpha,
+                              b, CUDA_R_32F, to_int(ldb, "ldb"), a, CUDA_R_32F, to_int(lda, "lda"), &beta, c,
+                              CUDA_R_32F, to_int(ldc, "ldc"), CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
   CUBLAS_CHECK(cublasSgemm(detr_cublas_handle(), op_b, op_a, to_int(n, "n"), to_int(m, "m"),
                            to_int(k, "k"), &alpha, b, to_int(ldb, "ldb"), a, to_int(lda, "lda"),
                            &beta, c, to_int(ldc, "ldc")));
@@ -64,6 +76,14 @@ extern "C" void cuda_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t
   cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   // Per batch entry i: C_i^T = op(B_i)^T op(A_i)^T, strides in elements (long long in cuBLAS).
+  if (cuda_bf16_enabled()) {
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        detr_cublas_handle(), op_b, op_a, to_int(n, "n"), to_int(m, "m"), to_int(k, "k"), &alpha, b, CUDA_R_32F,
+        to_int(ldb, "ldb"), (long long)stride_b, a, CUDA_R_32F, to_int(lda, "lda"), (long long)stride_a, &beta, c,
+        CUDA_R_32F, to_int(ldc, "ldc"), (long long)stride_c, to_int(batch, "batch"), CUBLAS_COMPUTE_32F_FAST_16BF,
+        CUBLAS_GEMM_DEFAULT));
+    return;
+  }
   CUBLAS_CHECK(cublasSgemmStridedBatched(
       detr_cublas_handle(), op_b, op_a, to_int(n, "n"), to_int(m, "m"), to_int(k, "k"), &alpha, b,
       to_int(ldb, "ldb"), (long long)stride_b, a, to_int(lda, "lda"), (long long)stride_a, &beta, c,

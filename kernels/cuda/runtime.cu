@@ -135,6 +135,35 @@ void cuda_profiler_capture(bool on) { CUDA_CHECK(on ? cudaProfilerStart() : cuda
 
 bool cuda_tf32_enabled(void) { return g_tf32; }
 
+// bf16 mixed precision (cuda_set_bf16): read per call by matmul.cu and conv.cu.
+static bool g_bf16 = false;
+
+bool cuda_bf16_supported(char *why, size_t cap) {
+  char probe[512];
+  int n = cuda_device_probe(probe, sizeof probe);
+  if (n <= 0) {
+    snprintf(why, cap, "no usable CUDA device (%.400s)", probe);
+    return false;
+  }
+  int cc = cuda_compute_capability();
+  if (cc < 80) {  // bf16 tensor cores arrived with Ampere; cuDNN's bf16 convolutions need them
+    snprintf(why, cap, "this GPU (compute capability %d.%d) has no bf16 tensor cores (sm_80 or newer: A100, H100)",
+             cc / 10, cc % 10);
+    return false;
+  }
+  return true;
+}
+
+void cuda_set_bf16(bool on) {
+  if (on) {
+    char why[512];
+    DETR_CHECK(cuda_bf16_supported(why, sizeof why), "cuda_set_bf16: %s", why);
+  }
+  g_bf16 = on;
+}
+
+bool cuda_bf16_enabled(void) { return g_bf16; }
+
 void cuda_set_tf32(bool on) {
   g_tf32 = on;
   // The cuBLAS handle picks the mode up when it is created; an existing one is switched now
