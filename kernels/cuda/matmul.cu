@@ -10,6 +10,10 @@
 // tensor cores and accumulates and writes in fp32 - what the CPU's bf16 GEMM computes
 // (kernels/cpu/matmul_bf16.c) without a converted copy in memory. Every GEMM takes it (autocast's
 // rule); the CPU keeps small ones in fp32 only because its conversion costs more than it saves.
+// cuBLAS documents FAST_16BF as allowing the down-conversion, not its rounding (nor that it never
+// takes TF32 instead): test_gpu's bf16_within_rounding_bound holds it to bf16 rounded to nearest.
+// Should a GPU fail that, the fallback is bf16 copies rounded here (kernels/bf16_math.h, as conv.cu
+// does) and CUBLAS_COMPUTE_32F on CUDA_R_16BF inputs.
 #include <limits.h>
 
 #include "kernels/cuda/cuda_kernels.h"
