@@ -33,6 +33,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "api/model_file.h"
 #include "kernels/cpu/cpu_kernels.h"
 #if DETR_HAVE_CUDA
 #include "kernels/cuda/cuda_kernels.h"
@@ -178,20 +179,9 @@ static int make_config(const StepArgs *a, DetrConfig *cfg) {
     fprintf(stderr, "bench_step: --precision %s\n", err);
     return math == DETR_MATH_BF16 ? 1 : 2;
   }
-  n += k;
-  for (int i = 0; i < n; i++) {
-    char key[128];
-    const char *eq = strchr(sets[i], '=');
-    if (!eq || eq - sets[i] >= (long)sizeof key) {
-      fprintf(stderr, "bench_step: --set %s: expected key=value\n", sets[i]);
-      return 2;
-    }
-    memcpy(key, sets[i], (size_t)(eq - sets[i]));
-    key[eq - sets[i]] = 0;
-    if (detr_config_set(cfg, key, eq + 1, err, sizeof err)) {
-      fprintf(stderr, "bench_step: --set %s: %s\n", sets[i], err);
-      return 2;
-    }
+  if (model_config_apply_sets(cfg, sets, n + k, err, sizeof err)) {
+    fprintf(stderr, "bench_step: %s\n", err);
+    return 2;
   }
   return 0;
 }

@@ -1405,26 +1405,37 @@ static Tensor *f_anchor(Tensor *const *in, void *c) {
   return op_concat(parts, 3, 2);
 }
 
-START_TEST(grad_decoder_anchor) {
-  uint8_t m[2 * 6] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 1};  // image 1: 2x2 of a 2x3 map
+// The anchor kind's encoder, decoder and box head on a batch of 2 h x w maps (mask [2 * h * w], 1 =
+// padding) with hidden 8, 2 heads, 2 decoder layers, 1 encoder layer and 6 queries; encoder_attn NULL
+// (RCDA) or the variant the kind takes; `param` (NULL: none) must be among its n_params parameters.
+static void check_anchor_grad(const char *what, const uint8_t *mask, int64_t h, int64_t w,
+                              const EncoderAttnKind *encoder_attn, const char *param, int n_params, uint64_t seed) {
   ParamStore ps;
   params_init(&ps, DEVICE_CPU);
   AnchorCtx c = {.kind = decoder_find("anchor")};
   ck_assert_ptr_nonnull(c.kind);
-  feature_geometry_make(m, 2, 2, 3, DEVICE_CPU, &c.g);
+  feature_geometry_make(mask, 2, h, w, DEVICE_CPU, &c.g);
   c.state = calloc(1, c.kind->state_size);
-  DecoderShape shape = {.s = {.dim = 8, .heads = 2, .ffn_dim = 12}, .layers = 2, .enc_layers = 1, .queries = 6};
+  DecoderShape shape = {.s = {.dim = 8, .heads = 2, .ffn_dim = 12}, .layers = 2, .enc_layers = 1, .queries = 6,
+                        .encoder_attn = encoder_attn};
+  ck_assert_ptr_null(c.kind->unsupported(&shape));
   c.kind->create(c.state, &ps, "t", &shape);
-  randomize_params(&ps, 430);
-  tensor_uniform_(params_find(&ps, "t.position.weight")->tensor, &(Rng){.seed = 431}, 0.1f, 0.9f);  // anchors in (0, 1)
+  if (param) ck_assert_ptr_nonnull(params_find(&ps, param));
+  randomize_params(&ps, seed);
+  tensor_uniform_(params_find(&ps, "t.position.weight")->tensor, &(Rng){.seed = seed + 1}, 0.1f, 0.9f);  // anchors in (0, 1)
   GradTol tol = {.eps = 1e-3, .atol = 3e-3, .rtol = 1e-2};  // eps: no ReLU input crosses 0 within a step
-  Tensor *in[96] = {U(SHAPE(2, 6, 8), 432)};  // + 58 parameters
+  Tensor *in[96] = {U(SHAPE(2, h * w, 8), seed + 2)};
   int n = block_inputs(in, 1, &ps);
-  ck_assert_int_eq(n, 59);
-  expect_grad("anchor transformer", f_anchor, in, n, &c, tol);
+  ck_assert_int_eq(n, 1 + n_params);
+  expect_grad(what, f_anchor, in, n, &c, tol);
   params_free(&ps);
   free(c.state);
   feature_geometry_free(&c.g);
+}
+
+START_TEST(grad_decoder_anchor) {
+  uint8_t m[2 * 6] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 1};  // image 1: 2x2 of a 2x3 map
+  check_anchor_grad("anchor transformer", m, 2, 3, NULL, NULL, 58, 430);
 }
 END_TEST
 
@@ -1435,28 +1446,9 @@ END_TEST
 START_TEST(grad_decoder_anchor_enact) {
   uint8_t m[2 * 12] = {0};
   for (int x = 0; x < 4; x++) m[12 + 8 + x] = 1;  // image 1: 2x4 of a 3x4 map
-  ParamStore ps;
-  params_init(&ps, DEVICE_CPU);
-  AnchorCtx c = {.kind = decoder_find("anchor")};
-  ck_assert_ptr_nonnull(c.kind);
-  feature_geometry_make(m, 2, 3, 4, DEVICE_CPU, &c.g);
-  c.state = calloc(1, c.kind->state_size);
-  DecoderShape shape = {.s = {.dim = 8, .heads = 2, .ffn_dim = 12}, .layers = 2, .enc_layers = 1, .queries = 6,
-                        .encoder_attn = encoder_attn_find("enact_official")};
-  ck_assert_ptr_nonnull(shape.encoder_attn);
-  ck_assert_ptr_null(c.kind->unsupported(&shape));
-  c.kind->create(c.state, &ps, "t", &shape);
-  ck_assert_ptr_nonnull(params_find(&ps, "t.encoder_layers.0.ENACT.W_prob.weight"));
-  randomize_params(&ps, 440);
-  tensor_uniform_(params_find(&ps, "t.position.weight")->tensor, &(Rng){.seed = 441}, 0.1f, 0.9f);
-  GradTol tol = {.eps = 1e-3, .atol = 3e-3, .rtol = 1e-2};
-  Tensor *in[96] = {U(SHAPE(2, 12, 8), 442)};  // + 60 parameters
-  int n = block_inputs(in, 1, &ps);
-  ck_assert_int_eq(n, 61);
-  expect_grad("anchor transformer with ENACT", f_anchor, in, n, &c, tol);
-  params_free(&ps);
-  free(c.state);
-  feature_geometry_free(&c.g);
+  const EncoderAttnKind *enact = encoder_attn_find("enact_official");
+  ck_assert_ptr_nonnull(enact);
+  check_anchor_grad("anchor transformer with ENACT", m, 3, 4, enact, "t.encoder_layers.0.ENACT.W_prob.weight", 60, 440);
 }
 END_TEST
 
