@@ -114,9 +114,12 @@ int cuda_current_device(void) {
 }
 
 int cuda_compute_capability(void) {
-  cudaDeviceProp prop;
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, cuda_current_device()));
-  return 10 * prop.major + prop.minor;
+  // Two attributes, not cudaGetDeviceProperties (which fills the whole struct): bf16 asks this on
+  // every forward (device_set_bf16 -> cuda_bf16_supported).
+  int device = cuda_current_device(), major = 0, minor = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return 10 * major + minor;
 }
 
 void cuda_device_name(char *name, size_t cap) {
