@@ -9,6 +9,8 @@
 #                           [--profile] [--cudnn-any] [--jobs N] [--arch SM] [--use-bundle] [--no-werror]
 #                           [--cpu] [--tiny]   (the CPU path; --tiny: tiny sizes, seconds per run)
 #                           [--copy-to DIR]   (at the end: report.md, runs.jsonl and logs.tar.gz there)
+#                           [--parts "main bf16 enact"]   (a round's parts, in this order: what comes first
+#                           runs before the budget can run out)
 #   bash tools/gpu_bench.sh --stage-refs DETR_CHECKOUT CONDITIONAL_DETR_CHECKOUT [--refs DIR]
 #
 # 1. builds bench_step for the GPU (tools/gpu_check.sh --build-only: the GPU's architecture, the
@@ -57,6 +59,7 @@ tiny=0
 check_args=()
 stage=()
 copy_to=""
+parts="main bf16 enact"
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift 2 ;;
@@ -77,9 +80,14 @@ while [ $# -gt 0 ]; do
     --use-bundle|--no-werror) check_args+=("$1"); shift ;;
     --stage-refs) stage=("$2" "$3"); shift 3 ;;
     --copy-to) copy_to=$2; shift 2 ;;
-    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+    --parts) parts=$2; shift 2 ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "gpu_bench: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
+done
+
+for p in $parts; do
+  case $p in main|bf16|enact) ;; *) echo "gpu_bench: --parts: unknown part '$p' (main, bf16, enact)" >&2; exit 2 ;; esac
 done
 
 # --- --stage-refs: the reference checkouts' Python sources into refs/ (git-ignored), to carry ---
@@ -338,9 +346,12 @@ enact_round() {
     done
   done
 }
-main_round 1
-bf16_round 1
-enact_round 1
+# round ROUND: the parts asked for, in their order.
+round() {
+  local p
+  for p in $parts; do "${p}_round" "$1"; done
+}
+round 1
 
 # --- Nsight Compute: every kernel's duration in one step, dense and ENACT ---
 
@@ -375,9 +386,7 @@ if [ "$profile" = 1 ] && [ "$cpu" = 0 ]; then
 fi
 
 for ((r = 2; r <= rounds; r++)); do
-  main_round "$r"
-  bf16_round "$r"
-  enact_round "$r"
+  round "$r"
 done
 say "done in $(elapsed) s; report: $out/report.md"
 exit $failed
