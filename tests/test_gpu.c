@@ -1768,7 +1768,7 @@ static void model_forward(DetrModel *m, Tensor *images, const uint8_t *mask, Det
 // The matches of every decoder output: m[0] the final one's, m[1 + l] auxiliary output l's.
 static void match_all(const DetrModel *m, const DetrOutput *out, const DetrTarget *targets,
                       DetrMatch (*matches)[2]) {
-  CriterionConfig cc = criterion_config_default((int)m->cfg.num_classes);
+  CriterionConfig cc = detr_criterion_config(&m->cfg);  // the decoder kind's class head (Anchor DETR: focal)
   char err[256];
   for (int k = 0; k < out->n_layers; k++) {
     const DetrLayerOutput *o = &out->layers[k == 0 ? out->n_layers - 1 : k - 1];
@@ -1779,7 +1779,7 @@ static void match_all(const DetrModel *m, const DetrOutput *out, const DetrTarge
 
 static void loss_backward(const DetrModel *m, const DetrOutput *out, const DetrTarget *targets,
                           DetrMatch (*matches)[2], CriterionResult *loss) {
-  CriterionConfig cc = criterion_config_default((int)m->cfg.num_classes);
+  CriterionConfig cc = detr_criterion_config(&m->cfg);
   const DetrMatch *fixed[DETR_MAX_LAYERS];
   for (int k = 0; k < out->n_layers; k++) fixed[k] = matches[k];
   char err[256];
@@ -1895,7 +1895,7 @@ END_TEST
 static void train_steps(DetrModel *m, AdamW *opt, Tensor *images, const uint8_t *mask, const DetrTarget *targets,
                         int steps, float *losses, double *norms, uint64_t *last_step_allocs) {
   Rng drop = rng_make(11);
-  CriterionConfig cc = criterion_config_default((int)m->cfg.num_classes);
+  CriterionConfig cc = detr_criterion_config(&m->cfg);
   for (int s = 0; s < steps; s++) {
     uint64_t before = detr_alloc_stats(m->params.device).system_allocs;
     ScopeMark mark = tensor_scope_mark();

@@ -351,7 +351,7 @@ __global__ void weight_bf16_kernel(float *w, uint16_t *wb, int64_t channels, int
   }
 }
 
-static void to_bf16(const float *src, uint16_t *dst, int64_t n) {
+extern "C" void cuda_to_bf16(const float *src, uint16_t *dst, int64_t n) {
   if (n <= 0) return;
   to_bf16_kernel<<<detr_grid_size(n, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(src, dst, n);
   CUDA_CHECK_LAUNCH("to_bf16_kernel");
@@ -428,7 +428,7 @@ extern "C" void cuda_conv2d_forward(const float *x, const float *w, const float 
     if (e->math == CONV_MATH_BF16) {  // x', w' (KRSC when channels last) and y' at the workspace's start
       uint16_t *xb = (uint16_t *)workspace, *wb = (uint16_t *)((char *)xb + bf16_bytes(conv_input_numel(g)));
       uint16_t *yb = (uint16_t *)((char *)wb + bf16_bytes(conv_weight_numel(g)));
-      to_bf16(x, xb, conv_input_numel(g));
+      cuda_to_bf16(x, xb, conv_input_numel(g));
       weight_bf16(g, (float *)w, wb, true, false);
       CUDNN_CHECK(cudnnConvolutionForward(detr_cudnn_handle(), &one, d.x, xb, d.w, wb, d.conv, algo,
                                           e->fwd_bytes ? algo_ws : NULL, e->fwd_bytes, &zero, d.y, yb));
@@ -469,7 +469,7 @@ static void conv_backward_cudnn(const float *x, const float *w, const float *dy,
     char *next = (char *)ws;
     uint16_t *dyb = (uint16_t *)next;
     next += bf16_bytes(conv_output_numel(g));
-    to_bf16(dy, dyb, conv_output_numel(g));
+    cuda_to_bf16(dy, dyb, conv_output_numel(g));
     if (dx) {
       uint16_t *wb = (uint16_t *)next, *dxb = (uint16_t *)(next + bf16_bytes(nw));
       next += bf16_bytes(nw) + bf16_bytes(nx);
@@ -482,7 +482,7 @@ static void conv_backward_cudnn(const float *x, const float *w, const float *dy,
     }
     if (dw) {
       uint16_t *xb = (uint16_t *)next, *dwb = (uint16_t *)(next + bf16_bytes(nx));
-      to_bf16(x, xb, nx);
+      cuda_to_bf16(x, xb, nx);
       check_workspace("backward-filter", e->bwd_filter_bytes, algo_ws, algo_bytes);
       CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, d.x, xb, d.y, dyb, d.conv,
                                                  (cudnnConvolutionBwdFilterAlgo_t)e->bwd_filter,

@@ -41,15 +41,17 @@ void cuda_profiler_capture(bool on);
 // to the work queued after the call.
 void cuda_set_tf32(bool on);
 bool cuda_tf32_enabled(void);
-// bf16 mixed precision, the CPU's cpu_set_bf16 on the GPU: GEMMs on cuBLAS's
-// CUBLAS_COMPUTE_32F_FAST_16BF (fp32 in memory, inputs rounded to bf16 on the tensor cores, fp32
-// accumulation and output); convolutions on cuDNN's bf16 tensors (inputs rounded to nearest bf16 by
-// conv.cu, fp32 accumulation, the output - y, dx, dw - rounded to bf16 by cuDNN and widened back to
-// fp32). Overrides TF32 while on. cuda_bf16_supported: an sm_80+ GPU (why set when not).
+// bf16 mixed precision, the CPU's cpu_set_bf16 on the GPU: GEMMs on bf16 copies of their inputs
+// (rounded to nearest by matmul.cu; cuBLAS accumulates and writes fp32); convolutions on cuDNN's
+// bf16 tensors (inputs rounded to nearest bf16 by conv.cu, fp32 accumulation, the output - y, dx,
+// dw - rounded to bf16 by cuDNN and widened back to fp32). Overrides TF32 while on. cuda_bf16_supported: an sm_80+ GPU (why set when not).
 // Process-wide, off by default; applies to the work queued after the call.
 bool cuda_bf16_supported(char *why, size_t cap);
 void cuda_set_bf16(bool on);  // fails where cuda_bf16_supported does not hold
 bool cuda_bf16_enabled(void);
+// dst [n] = src [n] rounded to the nearest bf16 (kernels/bf16_math.h): the staging copies of the
+// bf16 convolutions and GEMMs.
+void cuda_to_bf16(const float *src, uint16_t *dst, int64_t n);
 void *cuda_device_malloc(size_t bytes);  // NULL on out-of-memory
 void cuda_device_free(void *ptr);
 // From any host memory: staged through pinned blocks, queued on the stream; src is free on return.

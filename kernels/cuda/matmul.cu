@@ -5,15 +5,15 @@
 // X^T [c, r] with the same ld. So row-major C = op(A) op(B) is computed as the column-major
 // C^T = op(B)^T op(A)^T: swap the operands (and m with n), keep each one's transpose flag.
 //
-// bf16 (cuda_set_bf16): the same calls through cublasGemmEx / cublasGemmStridedBatchedEx with fp32
-// matrices and CUBLAS_COMPUTE_32F_FAST_16BF: cuBLAS rounds A and B to bf16 on the way into the
-// tensor cores and accumulates and writes in fp32 - what the CPU's bf16 GEMM computes
-// (kernels/cpu/matmul_bf16.c) without a converted copy in memory. Every GEMM takes it (autocast's
-// rule); the CPU keeps small ones in fp32 only because its conversion costs more than it saves.
-// cuBLAS documents FAST_16BF as allowing the down-conversion, not its rounding (nor that it never
-// takes TF32 instead): test_gpu's bf16_within_rounding_bound holds it to bf16 rounded to nearest.
-// Should a GPU fail that, the fallback is bf16 copies rounded here (kernels/bf16_math.h, as conv.cu
-// does) and CUBLAS_COMPUTE_32F on CUDA_R_16BF inputs.
+// bf16 (cuda_set_bf16): A and B rounded to the nearest bf16 into copies here (kernels/bf16_math.h,
+// the CPU's and conv.cu's rounding), then cublasGemmEx / cublasGemmStridedBatchedEx on CUDA_R_16BF
+// inputs with CUBLAS_COMPUTE_32F: tensor-core products, fp32 accumulation and output - what the
+// CPU's bf16 GEMM computes (kernels/cpu/matmul_bf16.c). Every GEMM takes it (autocast's rule); the
+// CPU keeps small ones in fp32 only because its conversion costs more than it saves.
+// Why copies: CUBLAS_COMPUTE_32F_FAST_16BF on the fp32 matrices (no copies) was measured on an H100
+// (2026-11-27, cuBLAS of CUDA 13.0) to compute in TF32, not bf16: test_gpu's bf16_within_rounding_bound
+// found its results 1.3e-5 from the TF32-rounded sums and 0.047 from the bf16-rounded ones - cuBLAS
+// documents FAST_16BF as *allowing* bf16, and took TF32 instead.
 #include <limits.h>
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -23,6 +23,46 @@ static int to_int(int64_t v, const char *what) {
   DETR_CHECK(v >= 0 && v <= INT_MAX, "cuda_gemm: %s = %lld does not fit cuBLAS's int", what,
              (long long)v);
   return (int)v;
+}
+
+// The bf16 copies of A and B: one grow-only device buffer, reused by every bf16 GEMM. The copies
+// and the GEMMs that read them are queued on the one stream, so a copy is overwritten only after the
+// GEMM before it has read it; growing waits for the stream before freeing the old buffer.
+static uint16_t *g_bf16_copies;
+static size_t g_bf16_capacity;  // elements
+
+static uint16_t *bf16_copies(size_t n) {
+  if (n > g_bf16_capacity) {
+    if (g_bf16_copies) {
+      CUDA_CHECK(cudaStreamSynchronize(detr_cuda_stream()));
+      CUDA_CHECK(cudaFree(g_bf16_copies));
+    }
+    size_t capacity = n + n / 2;  // room to grow without a reallocation per new shape
+    CUDA_CHECK(cudaMalloc((void **)&g_bf16_copies, capacity * sizeof(uint16_t)));
+    g_bf16_capacity = capacity;
+  }
+  return g_bf16_copies;
+}
+
+// Elements from a row-major operand's first to its last: `batch` matrices `stride` apart, each
+// rows x cols with leading dimension ld (rows and cols >= 1). The copy keeps the same layout.
+static int64_t operand_span(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t batch) {
+  return (batch - 1) * stride + (rows - 1) * ld + cols;
+}
+
+// A (op(A) m x k) and B (op(B) k x n) rounded to bf16 into the copies: *a16 and *b16 (B's 128-element
+// aligned after A's).
+static void bf16_operands(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                          int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, int64_t batch,
+                          const uint16_t **a16, const uint16_t **b16) {
+  int64_t span_a = operand_span(trans_a ? k : m, trans_a ? m : k, lda, stride_a, batch);
+  int64_t span_b = operand_span(trans_b ? n : k, trans_b ? k : n, ldb, stride_b, batch);
+  int64_t offset_b = (span_a + 127) / 128 * 128;
+  uint16_t *copies = bf16_copies((size_t)(offset_b + span_b));
+  cuda_to_bf16(a, copies, span_a);
+  cuda_to_bf16(b, copies + offset_b, span_b);
+  *a16 = copies;
+  *b16 = copies + offset_b;
 }
 
 // k == 0: op(A) op(B) is empty, C = beta C; beta == 0 writes zeros (never 0 * NaN), as cpu_gemm.
@@ -58,9 +98,11 @@ extern "C" void cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
   cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   // Column-major C^T [n, m] = op(B)^T [n, k] op(A)^T [k, m].
   if (cuda_bf16_enabled()) {
+    const uint16_t *a16, *b16;
+    bf16_operands(trans_a, trans_b, m, n, k, a, lda, 0, b, ldb, 0, 1, &a16, &b16);
     CUBLAS_CHECK(cublasGemmEx(detr_cublas_handle(), op_b, op_a, to_int(n, "n"), to_int(m, "m"), to_int(k, "k"), &alpha,
-                              b, CUDA_R_32F, to_int(ldb, "ldb"), a, CUDA_R_32F, to_int(lda, "lda"), &beta, c,
-                              CUDA_R_32F, to_int(ldc, "ldc"), CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
+                              b16, CUDA_R_16BF, to_int(ldb, "ldb"), a16, CUDA_R_16BF, to_int(lda, "lda"), &beta, c,
+                              CUDA_R_32F, to_int(ldc, "ldc"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return;
   }
   CUBLAS_CHECK(cublasSgemm(detr_cublas_handle(), op_b, op_a, to_int(n, "n"), to_int(m, "m"),
@@ -81,10 +123,12 @@ extern "C" void cuda_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t
   cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   // Per batch entry i: C_i^T = op(B_i)^T op(A_i)^T, strides in elements (long long in cuBLAS).
   if (cuda_bf16_enabled()) {
+    const uint16_t *a16, *b16;
+    bf16_operands(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, batch, &a16, &b16);
     CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-        detr_cublas_handle(), op_b, op_a, to_int(n, "n"), to_int(m, "m"), to_int(k, "k"), &alpha, b, CUDA_R_32F,
-        to_int(ldb, "ldb"), (long long)stride_b, a, CUDA_R_32F, to_int(lda, "lda"), (long long)stride_a, &beta, c,
-        CUDA_R_32F, to_int(ldc, "ldc"), (long long)stride_c, to_int(batch, "batch"), CUBLAS_COMPUTE_32F_FAST_16BF,
+        detr_cublas_handle(), op_b, op_a, to_int(n, "n"), to_int(m, "m"), to_int(k, "k"), &alpha, b16, CUDA_R_16BF,
+        to_int(ldb, "ldb"), (long long)stride_b, a16, CUDA_R_16BF, to_int(lda, "lda"), (long long)stride_a, &beta, c,
+        CUDA_R_32F, to_int(ldc, "ldc"), (long long)stride_c, to_int(batch, "batch"), CUBLAS_COMPUTE_32F,
         CUBLAS_GEMM_DEFAULT));
     return;
   }
