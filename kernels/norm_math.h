@@ -4,6 +4,7 @@
 #pragma once
 #include "kernels/common.h"
 #include "kernels/elementwise_math.h"  // the ReLU the fused frozen batch norm ends in
+#include "kernels/exp_math.h"         // the softmaxes' exponential
 
 #include <math.h>
 
@@ -50,7 +51,7 @@ DETR_HD float softmax_input(float x, const float *mask_row, int64_t j) {
 }
 DETR_HD float log_sum_exp(float max, double sum) { return max + logf((float)sum); }
 DETR_HD float softmax_inv_sum(double sum) { return (float)(1.0 / sum); }
-DETR_HD float softmax_exp(float v, float max) { return expf(v - max); }
+DETR_HD float softmax_exp(float v, float max) { return exp_poly(v - max); }
 DETR_HD float softmax_elem(float v, float max, float inv_sum) { return softmax_exp(v, max) * inv_sum; }
 
 // Softmax: dx_i = y_i (dy_i - sum_j dy_j y_j). Log-softmax: dx_i = dy_i - exp(y_i) sum_j dy_j.
