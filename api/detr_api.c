@@ -403,19 +403,21 @@ static detr_status detect_prepared(detr_model *m, Prepared *p, int n, double thr
     if (p[b].w > W) W = p[b].w;
     ow[b] = p[b].ow, oh[b] = p[b].oh;
   }
-  float *pixels = detr_malloc((size_t)(n * 3 * H * W) * sizeof(float), "image pixels");  // [n, 3, H, W]
   uint8_t *mask = detr_malloc((size_t)(n * H * W), "a padding mask");                    // [n, H, W]
   Detection *dets = detr_malloc((size_t)(n * K) * sizeof(Detection), "detections");       // [n, K]
   Outputs *extra = detr_calloc((size_t)n, sizeof(Outputs), "outputs");                    // [n]
-  pad_batch(p, n, H, W, pixels, mask);
-  for (int b = 0; b < n; b++) free(p[b].pixels);
 
   pthread_mutex_lock(&api_lock);
   int threads_before = omp_get_max_threads();
   if (m->threads) omp_set_num_threads(m->threads);
   bool was = autograd_set_grad_enabled(false);
   ScopeMark mark = tensor_scope_mark();
-  Tensor *images = tensor_scoped(tensor_from_host(m->net->params.device, SHAPE(n, 3, H, W), pixels));
+  // [n, 3, H, W], padded straight into a CPU tensor: the allocator's arena keeps its pages mapped
+  // from one call to the next, where a malloc'd buffer of this size is fresh pages every time.
+  Tensor *images = tensor_new_scoped(DEVICE_CPU, SHAPE(n, 3, H, W));
+  pad_batch(p, n, H, W, images->data, mask);
+  for (int b = 0; b < n; b++) free(p[b].pixels);
+  if (m->net->params.device != DEVICE_CPU) images = tensor_scoped(tensor_to_device(images, m->net->params.device));
   NnCtx ctx = {.training = false, .want_cross_attn = m->outputs & DETR_OUTPUT_ATTENTION,
                .want_clusters = m->outputs & DETR_OUTPUT_CLUSTERS};
   DetrOutput fwd;
@@ -436,7 +438,7 @@ static detr_status detect_prepared(detr_model *m, Prepared *p, int n, double thr
     if (!st) out[b] = make_result(m, dets + b * K, K, threshold, ow[b], oh[b], &extra[b]);
     outputs_free(&extra[b]);
   }
-  free(extra), free(pixels), free(mask), free(dets), free(ow);
+  free(extra), free(mask), free(dets), free(ow);
   return st;
 }
 
