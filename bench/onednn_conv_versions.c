@@ -148,8 +148,7 @@ static double time_pass(dnnl_engine_t eng, dnnl_stream_t st, const Shape *s, dnn
     args[1] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_WEIGHTS, memory_for(eng, pd, dnnl_query_diff_weights_md)};
     args[2] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_DST, memory_for(eng, pd, dnnl_query_diff_dst_md)};
   }
-  double t[64];
-  if (reps > 64) reps = 64;
+  double t[64];  // reps <= 64 (main)
   for (int i = -1; i < reps; i++) {  // one warm-up
     double t0 = now_ms();
     CHECK(dnnl_primitive_execute(prim, st, nargs, args));
@@ -174,6 +173,10 @@ static double time_pass(dnnl_engine_t eng, dnnl_stream_t st, const Shape *s, dnn
 
 int main(int argc, char **argv) {
   int reps = argc > 1 ? atoi(argv[1]) : 5;
+  if (reps < 1 || reps > 64) {
+    fprintf(stderr, "usage: %s [reps 1..64] [any|nhwc]\n", argv[0]);
+    return 2;
+  }
   if (argc > 2 && strcmp(argv[2], "nhwc") == 0) activation_tag = dnnl_nhwc;
   const dnnl_version_t *v = dnnl_version();
   printf("oneDNN %d.%d.%d (%s), activations %s\n", v->major, v->minor, v->patch, v->hash,

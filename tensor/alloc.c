@@ -80,6 +80,10 @@ static size_t block_bytes(Device dev, size_t nbytes, int *k, bool *large) {
 static Arena cpu_arena;
 static bool cpu_arena_tried;
 
+#if DETR_HAVE_CUDA
+static void reclaim_cuda_cache(void);
+#endif
+
 static void *system_alloc(Device dev, size_t bytes, bool large) {
   if (dev == DEVICE_CPU) {
     if (large && !cpu_arena_tried) {
@@ -93,6 +97,8 @@ static void *system_alloc(Device dev, size_t bytes, bool large) {
     return p ? p : aligned_alloc(64, (bytes + 63) / 64 * 64);  // C11: a multiple of the alignment
   }
 #if DETR_HAVE_CUDA
+  static bool reclaim_registered;  // under the cache's lock
+  if (!reclaim_registered) cuda_set_memory_reclaim(reclaim_cuda_cache), reclaim_registered = true;
   return cuda_device_malloc(bytes);
 #else
   DETR_FAIL("detr_alloc: this build has no CUDA backend (configure with -DDETR_CUDA=ON)");
@@ -197,6 +203,13 @@ void detr_alloc_empty_cache(Device dev) {
   if (dev == DEVICE_CPU) arena_trim(&cpu_arena);
   pthread_mutex_unlock(&caches[dev].lock);
 }
+
+#if DETR_HAVE_CUDA
+// The CUDA kernels' own buffers (bf16 copies: cuda_device_malloc_reclaiming) give this cache back
+// on out-of-memory before they fail, as detr_alloc does for tensors. Registered on the first device
+// allocation; called outside the cache's lock.
+static void reclaim_cuda_cache(void) { detr_alloc_empty_cache(DEVICE_CUDA); }
+#endif
 
 AllocStats detr_alloc_stats(Device dev) {
   pthread_mutex_lock(&caches[dev].lock);

@@ -797,12 +797,17 @@ static double tf32_ref(float x) {
   return ldexp(nearbyint(ldexp(m, 11)), e - 11);
 }
 
-// C = A B + beta C (C starts uniform) in bf16 against the bound.
-static void check_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t batch, float beta, uint64_t seed) {
-  int64_t lda = ta ? m : k, ldb = tb ? k : n, sa = m * k, sb = k * n, sc = m * n;
-  float *a = host_uniform(sa * batch, seed, -1, 1), *b = host_uniform(sb * batch, seed + 1, -1, 1);
+// C = A B + beta C (C starts uniform) in bf16 against the bound. pad: A's and B's rows `pad` floats
+// longer than their width and `pad` floats between batch entries (the bf16 copies keep the layout);
+// b_shared: one B for every batch entry (stride 0).
+static void check_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t batch, float beta, uint64_t seed,
+                            int64_t pad, bool b_shared) {
+  int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, sc = m * n;
+  int64_t sa = (ta ? k : m) * lda + pad, sb = b_shared ? 0 : (tb ? n : k) * ldb + pad;
+  int64_t na = sa * batch, nb = b_shared ? (tb ? n : k) * ldb : sb * batch;
+  float *a = host_uniform(na, seed, -1, 1), *b = host_uniform(nb, seed + 1, -1, 1);
   float *c0 = host_uniform(sc * batch, seed + 2, -1, 1);
-  float *d_a = dev_upload(a, sa * batch), *d_b = dev_upload(b, sb * batch), *d_c = dev_upload(c0, sc * batch);
+  float *d_a = dev_upload(a, na), *d_b = dev_upload(b, nb), *d_c = dev_upload(c0, sc * batch);
   cuda_set_bf16(true);
   if (batch == 1) cuda_gemm(ta, tb, m, n, k, 1.0f, d_a, lda, d_b, ldb, beta, d_c, n);
   else cuda_gemm_batched(ta, tb, m, n, k, 1.0f, d_a, lda, sa, d_b, ldb, sb, beta, d_c, n, sc, batch);
@@ -915,8 +920,10 @@ START_TEST(bf16_within_rounding_bound) {
     return;
   }
   setenv("DETR_CUDNN_DETERMINISTIC", "1", 1);  // the accumulation check needs the same bits twice
-  for (int t = 0; t < 4; t++) check_gemm_bf16(t & 1, t & 2, 97, 130, 211, 1, 0.0f, 42000 + (uint64_t)t * 10);
-  check_gemm_bf16(false, true, 64, 96, 300, 3, 1.0f, 42100);  // a strided batch accumulating into C
+  for (int t = 0; t < 4; t++) check_gemm_bf16(t & 1, t & 2, 97, 130, 211, 1, 0.0f, 42000 + (uint64_t)t * 10, 0, false);
+  check_gemm_bf16(false, true, 64, 96, 300, 3, 1.0f, 42100, 0, false);  // a strided batch accumulating into C
+  check_gemm_bf16(true, false, 33, 40, 70, 3, 0.0f, 42200, 5, false);   // padded rows, gaps between entries
+  check_gemm_bf16(false, false, 33, 40, 70, 3, 0.0f, 42300, 3, true);   // one B for every entry
   const ConvGeom geoms[] = {make_geom(2, 16, 12, 10, 24, 3, 3, 1, 1, 1, 1, 1, 1),   // 3x3
                             make_geom(2, 32, 9, 8, 16, 1, 1, 2, 2, 0, 0, 1, 1),     // 1x1 stride 2
                             make_geom(1, 8, 20, 18, 16, 7, 7, 2, 2, 3, 3, 1, 1),    // 7x7

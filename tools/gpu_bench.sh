@@ -26,7 +26,7 @@
 #    fresh process: a warm-up step, then --reps timed steps), the order swapped every round;
 #    detr-c's convolutions take its deterministic cuDNN algorithms (--cudnn-any: cuDNN's heuristic
 #    choice, DETR_CUDNN_DETERMINISTIC=0, as PyTorch's without cudnn.benchmark);
-# 4b. detr-r50 at the larger batch in bf16: detr-c `--set bf16=true` (cuBLAS FAST_16BF GEMMs, cuDNN bf16
+# 4b. detr-r50 at the larger batch in bf16: detr-c `--set bf16=true` (cuBLAS GEMMs on bf16 copies, cuDNN bf16
 #    convolutions) against PyTorch's torch.autocast(bfloat16) with TF32 off for what stays fp32;
 # 5. ENACT against dense (detr-c, detr-r50, batch 8) at 800x1066 and 800x1333, fp32 and TF32:
 #    step time and peak memory, and the memory ENACT saves against the dense attention maps;
@@ -81,11 +81,12 @@ while [ $# -gt 0 ]; do
     --stage-refs) stage=("$2" "$3"); shift 3 ;;
     --copy-to) copy_to=$2; shift 2 ;;
     --parts) parts=$2; shift 2 ;;
-    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
     *) echo "gpu_bench: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 
+[ -n "${parts// /}" ] || { echo "gpu_bench: --parts names no part (main, bf16, enact)" >&2; exit 2; }
 for p in $parts; do
   case $p in main|bf16|enact) ;; *) echo "gpu_bench: --parts: unknown part '$p' (main, bf16, enact)" >&2; exit 2 ;; esac
 done

@@ -53,6 +53,11 @@ bool cuda_bf16_enabled(void);
 // bf16 convolutions and GEMMs.
 void cuda_to_bf16(const float *src, uint16_t *dst, int64_t n);
 void *cuda_device_malloc(size_t bytes);  // NULL on out-of-memory
+// A device buffer for the kernels' own use (bf16 copies): on out-of-memory, the reclaim function
+// registered by the layer that caches device memory (tensor/alloc.c: its free blocks) runs and the
+// allocation is tried once more; NULL if it still fails.
+void *cuda_device_malloc_reclaiming(size_t bytes);
+void cuda_set_memory_reclaim(void (*reclaim)(void));
 void cuda_device_free(void *ptr);
 // From any host memory: staged through pinned blocks, queued on the stream; src is free on return.
 void cuda_memcpy_h2d(void *dst, const void *src, size_t bytes);

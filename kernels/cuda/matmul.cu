@@ -25,9 +25,11 @@ static int to_int(int64_t v, const char *what) {
   return (int)v;
 }
 
-// The bf16 copies of A and B: one grow-only device buffer, reused by every bf16 GEMM. The copies
-// and the GEMMs that read them are queued on the one stream, so a copy is overwritten only after the
-// GEMM before it has read it; growing waits for the stream before freeing the old buffer.
+// The bf16 copies of A and B: one grow-only device buffer, reused by every bf16 GEMM (as the CPU's
+// kernels/cpu/matmul_bf16.c keeps its copies). The copies and the GEMMs that read them are queued on
+// the one stream, so a copy is overwritten only after the GEMM before it has read it; growing waits
+// for the stream before freeing the old buffer. Outside the caching allocator's figures (the device's
+// memory in use counts it); on out-of-memory the allocator's cache is given back first.
 static uint16_t *g_bf16_copies;
 static size_t g_bf16_capacity;  // elements
 
@@ -35,10 +37,14 @@ static uint16_t *bf16_copies(size_t n) {
   if (n > g_bf16_capacity) {
     if (g_bf16_copies) {
       CUDA_CHECK(cudaStreamSynchronize(detr_cuda_stream()));
-      CUDA_CHECK(cudaFree(g_bf16_copies));
+      cuda_device_free(g_bf16_copies);
+      g_bf16_copies = NULL, g_bf16_capacity = 0;
     }
     size_t capacity = n + n / 2;  // room to grow without a reallocation per new shape
-    CUDA_CHECK(cudaMalloc((void **)&g_bf16_copies, capacity * sizeof(uint16_t)));
+    g_bf16_copies = (uint16_t *)cuda_device_malloc_reclaiming(capacity * sizeof(uint16_t));
+    if (!g_bf16_copies) g_bf16_copies = (uint16_t *)cuda_device_malloc_reclaiming((capacity = n) * sizeof(uint16_t));
+    DETR_CHECK(g_bf16_copies, "cuda_gemm (bf16): out of device memory for %zu bytes of bf16 copies",
+               n * sizeof(uint16_t));
     g_bf16_capacity = capacity;
   }
   return g_bf16_copies;

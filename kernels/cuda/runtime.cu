@@ -174,6 +174,19 @@ void cuda_set_tf32(bool on) {
   if (g_cublas_created) cublas_apply_math_mode(detr_cublas_handle());
 }
 
+static void (*g_reclaim)(void);
+
+void cuda_set_memory_reclaim(void (*reclaim)(void)) { g_reclaim = reclaim; }
+
+void *cuda_device_malloc_reclaiming(size_t bytes) {
+  void *ptr = cuda_device_malloc(bytes);
+  if (!ptr && g_reclaim) {
+    g_reclaim();
+    ptr = cuda_device_malloc(bytes);
+  }
+  return ptr;
+}
+
 void *cuda_device_malloc(size_t bytes) {
   if (bytes == 0) bytes = 1;  // a NULL return means out-of-memory, so always allocate something
   void *ptr = NULL;

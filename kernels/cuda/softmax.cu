@@ -33,7 +33,7 @@ __global__ void softmax_forward_kernel(const float *x, const float *mask, float 
       continue;
     }
     double sum = 0.0;
-    for (int64_t j = threadIdx.x; j < n; j += ROW_BLOCK) sum += expf(yr[j] - max);
+    for (int64_t j = threadIdx.x; j < n; j += ROW_BLOCK) sum += softmax_exp(yr[j], max);
     sum = block_sum<ROW_BLOCK>(sum);
     if (log) {
       float lse = log_sum_exp(max, sum);
