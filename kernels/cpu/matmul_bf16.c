@@ -46,16 +46,21 @@ static dnnl_stream_t stream;
 static uint16_t *copies;      // A's and B's bf16 copies, grown to the largest call
 static int64_t copies_cap;    // in bf16 elements
 
+// dst [n] = src [n] rounded to bf16. Compiled for AVX2 as well, chosen at run time (the build
+// targets baseline x86-64): integer operations only, so both give the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void row_to_bf16(const float *src, uint16_t *dst, int64_t n) {
+  for (int64_t j = 0; j < n; j++) dst[j] = bf16_from_float(src[j]);
+}
+
 // A [batch, rows, cols] (row stride ld, batch stride stride) rounded to bf16, dense: [batch, rows, cols].
 static void to_bf16(const float *x, int64_t batch, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
                     uint16_t *out) {
 #pragma omp parallel for collapse(2) schedule(static) if (batch * rows * cols > PARALLEL_MIN_LIGHT)
   for (int64_t b = 0; b < batch; b++)
-    for (int64_t r = 0; r < rows; r++) {
-      const float *src = x + b * stride + r * ld;
-      uint16_t *dst = out + (b * rows + r) * cols;
-      for (int64_t j = 0; j < cols; j++) dst[j] = bf16_from_float(src[j]);
-    }
+    for (int64_t r = 0; r < rows; r++) row_to_bf16(x + b * stride + r * ld, out + (b * rows + r) * cols, cols);
 }
 
 // The matmul of a key: src [batch, m, k] and weights [batch, k, n] dense bf16 (transposed ones by
