@@ -52,40 +52,37 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+// The two APIs differ in what a memory descriptor is: a handle in 3.x (created, destroyed), a
+// struct in 2.x (initialised in place, passed by address).
+typedef dnnl_memory_desc_t Md;
 #if DNNL_VERSION_MAJOR >= 3
-typedef dnnl_memory_desc_t Md;  // a handle in 3.x
-static dnnl_format_tag_t activation_tag = dnnl_format_tag_any;
-static Md md_tag(int nd, const dnnl_dims_t dims, dnnl_data_type_t dt, dnnl_format_tag_t tag) {
-  Md md;
-  CHECK(dnnl_memory_desc_create_with_tag(&md, nd, dims, dt, tag));
-  return md;
-}
+typedef const_dnnl_memory_desc_t QueriedMd;
 #define MD(x) (x)
 #else
-typedef dnnl_memory_desc_t Md;  // a struct in 2.x
-static dnnl_format_tag_t activation_tag = dnnl_format_tag_any;
-static Md md_tag(int nd, const dnnl_dims_t dims, dnnl_data_type_t dt, dnnl_format_tag_t tag) {
-  Md md;
-  CHECK(dnnl_memory_desc_init_by_tag(&md, nd, dims, dt, tag));
-  return md;
-}
+typedef const dnnl_memory_desc_t *QueriedMd;
 #define MD(x) (&(x))
 #endif
 
+static dnnl_format_tag_t activation_tag = dnnl_format_tag_any;
+
+static Md md_tag(int nd, const dnnl_dims_t dims, dnnl_data_type_t dt, dnnl_format_tag_t tag) {
+  Md md;
+#if DNNL_VERSION_MAJOR >= 3
+  CHECK(dnnl_memory_desc_create_with_tag(&md, nd, dims, dt, tag));
+#else
+  CHECK(dnnl_memory_desc_init_by_tag(&md, nd, dims, dt, tag));
+#endif
+  return md;
+}
+
 // A memory object for what the primitive descriptor asks for at `what`, filled with small values.
 static dnnl_memory_t memory_for(dnnl_engine_t eng, const_dnnl_primitive_desc_t pd, dnnl_query_t what) {
-#if DNNL_VERSION_MAJOR >= 3
-  const_dnnl_memory_desc_t md = dnnl_primitive_desc_query_md(pd, what, 0);
-  size_t bytes = dnnl_memory_desc_get_size(md);
-#else
-  const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, what, 0);
-  size_t bytes = dnnl_memory_desc_get_size(md);
-#endif
+  QueriedMd md = dnnl_primitive_desc_query_md(pd, what, 0);
   dnnl_memory_t m;
   CHECK(dnnl_memory_create(&m, md, eng, DNNL_MEMORY_ALLOCATE));
   void *p;
   CHECK(dnnl_memory_get_data_handle(m, &p));
-  memset(p, 0x3c, bytes);  // 0x3c3c: a normal number in bf16 and in fp32
+  memset(p, 0x3c, dnnl_memory_desc_get_size(md));  // 0x3c3c: a normal number in bf16 and in fp32
   return m;
 }
 
