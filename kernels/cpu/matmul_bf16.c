@@ -46,12 +46,8 @@ static dnnl_stream_t stream;
 static uint16_t *copies;      // A's and B's bf16 copies, grown to the largest call
 static int64_t copies_cap;    // in bf16 elements
 
-// dst [n] = src [n] rounded to bf16. Compiled for AVX2 as well, chosen at run time (the build
-// targets baseline x86-64): integer operations only, so both give the same bits.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx2", "default")))
-#endif
-static void row_to_bf16(const float *src, uint16_t *dst, int64_t n) {
+// dst [n] = src [n] rounded to bf16.
+CPU_AVX2_CLONES static void row_to_bf16(const float *src, uint16_t *dst, int64_t n) {
   for (int64_t j = 0; j < n; j++) dst[j] = bf16_from_float(src[j]);
 }
 

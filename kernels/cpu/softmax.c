@@ -9,13 +9,8 @@
 // latency. R50's attention softmax forward (rows of 256): 30% faster (bench/README.md "Session 10").
 enum { SM_ROWS = 4 };
 
-// y[j] = softmax_exp(y[j], max) for j < n. Compiled for AVX2 as well (chosen at run time: the
-// build targets baseline x86-64); exp_poly's float operations are the same on both paths, so the
-// results are too.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx2", "default")))
-#endif
-static void softmax_exp_row(float *y, float max, int64_t n) {
+// y[j] = softmax_exp(y[j], max) for j < n.
+CPU_AVX2_CLONES static void softmax_exp_row(float *y, float max, int64_t n) {
   for (int64_t j = 0; j < n; j++) y[j] = softmax_exp(y[j], max);
 }
 
