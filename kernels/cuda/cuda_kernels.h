@@ -44,8 +44,9 @@ bool cuda_tf32_enabled(void);
 // bf16 mixed precision, the CPU's cpu_set_bf16 on the GPU: GEMMs on bf16 copies of their inputs
 // (rounded to nearest by matmul.cu; cuBLAS accumulates and writes fp32); convolutions on cuDNN's
 // bf16 tensors (inputs rounded to nearest bf16 by conv.cu, fp32 accumulation, the output - y, dx,
-// dw - rounded to bf16 by cuDNN and widened back to fp32). Overrides TF32 while on. cuda_bf16_supported: an sm_80+ GPU (why set when not).
-// Process-wide, off by default; applies to the work queued after the call.
+// dw - rounded to bf16 by cuDNN and widened back to fp32). Overrides TF32 while on.
+// cuda_bf16_supported: an sm_80+ GPU (why set when not). Process-wide, off by default; applies to
+// the work queued after the call.
 bool cuda_bf16_supported(char *why, size_t cap);
 void cuda_set_bf16(bool on);  // fails where cuda_bf16_supported does not hold
 bool cuda_bf16_enabled(void);
