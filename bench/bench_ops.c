@@ -143,13 +143,18 @@ static const DetrConv detr_convs[] = {
 };
 
 #define PASSES 3
-#define IMPLS 5  // im2col + sgemm, oneDNN blocked, oneDNN plain, oneDNN Winograd, oneDNN bf16 (direct)
-static const ConvImpl impls[IMPLS] = {CONV_IMPL_IM2COL, CONV_IMPL_ONEDNN, CONV_IMPL_ONEDNN_PLAIN,
-                                      CONV_IMPL_ONEDNN_WINOGRAD, CONV_IMPL_ONEDNN_BF16};
+// im2col + sgemm, oneDNN blocked, oneDNN plain, oneDNN Winograd, oneDNN bf16 (direct), and im2col
+// with bf16 on (its GEMMs through cpu_gemm's bf16 path: what bf16 mode runs where it chooses im2col).
+#define IMPLS 6
+static const ConvImpl impls[IMPLS] = {CONV_IMPL_IM2COL,          CONV_IMPL_ONEDNN,      CONV_IMPL_ONEDNN_PLAIN,
+                                      CONV_IMPL_ONEDNN_WINOGRAD, CONV_IMPL_ONEDNN_BF16, CONV_IMPL_IM2COL};
+static const bool impl_bf16[IMPLS] = {[IMPLS - 1] = true};
 
-// Median seconds of one pass of g through impl's kernel, workspace allocation included.
-static double time_conv_pass(ConvImpl impl, const ConvGeom *g, bool with_bias, ConvPass pass, int reps) {
+// Median seconds of one pass of g through impl's kernel (bf16: with bf16 mode on), workspace
+// allocation included.
+static double time_conv_pass(ConvImpl impl, bool bf16, const ConvGeom *g, bool with_bias, ConvPass pass, int reps) {
   cpu_conv2d_set_impl(impl);
+  cpu_set_bf16(bf16);
   int64_t nx = g->batch * g->in_ch * g->in_h * g->in_w, nw = g->out_ch * g->in_ch * g->kh * g->kw;
   int64_t ny = g->batch * g->out_ch * g->out_h * g->out_w;
   float *x = rand_buffer(nx, 5), *w = rand_buffer(nw, 6), *y = rand_buffer(ny, 7);  // y is dy too
@@ -171,6 +176,7 @@ static double time_conv_pass(ConvImpl impl, const ConvGeom *g, bool with_bias, C
   double med = median(t, reps);
   free(x), free(w), free(y), free(dx), free(dw), free(b), free(t);
   cpu_conv2d_set_impl(CONV_IMPL_AUTO);
+  cpu_set_bf16(false);
   return med;
 }
 
@@ -181,10 +187,10 @@ static double time_conv_pass(ConvImpl impl, const ConvGeom *g, bool with_bias, C
 static void bench_detr_convs(int reps, const char *only_model, bool channels_last) {
   int n_impl = DETR_HAVE_ONEDNN ? IMPLS : 1;
   printf("\nDETR convolutions%s, batch 2 (main, i18: 4): GFLOP/s of im2col+sgemm / oneDNN blocked / oneDNN nchw / "
-         "oneDNN Winograd / oneDNN bf16 (fp32 accumulation)%s\n",
+         "oneDNN Winograd / oneDNN bf16 (fp32 accumulation) / im2col+bf16 GEMMs%s\n",
          channels_last ? " CHANNELS LAST" : "", DETR_HAVE_ONEDNN ? "" : " (no oneDNN in this build)");
   printf("calls: per training step; f: frozen (forward only), w: no dx (dw only)\n");
-  printf("%-8s %-26s %5s  %-29s %-29s %-29s %6s  %s\n", "model", "conv", "calls", "fwd", "bwd-data",
+  printf("%-8s %-26s %5s  %-35s %-35s %-35s %6s  %s\n", "model", "conv", "calls", "fwd", "bwd-data",
          "bwd-weights", "sgemm", "AUTO's choice (fwd bwd-data bwd-weights), oneDNN blocked fwd, Winograd fwd");
   const char *model = NULL;
   double step_ms[IMPLS + 2] = {0};  // per training step: each path, the fastest per pass, AUTO's choice
@@ -194,8 +200,8 @@ static void bench_detr_convs(int reps, const char *only_model, bool channels_las
     if (d && only_model && strcmp(d->model, only_model)) continue;
     if (model && (!d || strcmp(d->model, model))) {
       printf("%-8s convolution ms per step: im2col %.0f, oneDNN blocked %.0f, oneDNN nchw %.0f, Winograd %.0f, "
-             "bf16 %.0f, fastest per pass %.0f, AUTO %.0f\n", model, step_ms[0], step_ms[1],
-             channels_last ? NAN : step_ms[2], step_ms[3], step_ms[4], step_ms[IMPLS], step_ms[IMPLS + 1]);
+             "bf16 %.0f, im2col+bf16 %.0f, fastest per pass %.0f, AUTO %.0f\n", model, step_ms[0], step_ms[1],
+             channels_last ? NAN : step_ms[2], step_ms[3], step_ms[4], step_ms[5], step_ms[IMPLS], step_ms[IMPLS + 1]);
       memset(step_ms, 0, sizeof step_ms);
     }
     if (!d) break;
@@ -215,14 +221,14 @@ static void bench_detr_convs(int reps, const char *only_model, bool channels_las
         // oneDNN on nhwc with plain oihw weights is its reference loop (~1 GFLOP/s): not timed
         // bf16 only where the CPU has it
         bool skip = (channels_last && impls[k] == CONV_IMPL_ONEDNN_PLAIN) ||
-                    (impls[k] == CONV_IMPL_ONEDNN_BF16 && !cpu_bf16_supported(NULL, 0));
-        t[k] = skip ? 1e9 : time_conv_pass(impls[k], &g, d->bias, (ConvPass)p, reps);
+                    ((impls[k] == CONV_IMPL_ONEDNN_BF16 || impl_bf16[k]) && !cpu_bf16_supported(NULL, 0));
+        t[k] = skip ? 1e9 : time_conv_pass(impls[k], impl_bf16[k], &g, d->bias, (ConvPass)p, reps);
         len += snprintf(cell[p] + len, sizeof cell[p] - (size_t)len, k ? " /%4.0f" : "%4.0f", gflop / t[k]);
       }
       ConvImpl auto_impl = cpu_conv2d_impl(&g, (ConvPass)p);
       int a = 0;
       while (a < n_impl - 1 && impls[a] != auto_impl) a++;
-      chosen[p] = "ibpwf"[a];
+      chosen[p] = "ibpwfg"[a];
       bool runs = p == CONV_PASS_FWD || (p == CONV_PASS_BWD_WEIGHTS && d->grads >= 1) ||
                   (p == CONV_PASS_BWD_DATA && d->grads == 2);
       if (!runs) continue;
@@ -240,7 +246,7 @@ static void bench_detr_convs(int reps, const char *only_model, bool channels_las
     impl = onednn_conv2d_impl(&g, CONV_PASS_FWD, CONV_IMPL_ONEDNN);
     wino = onednn_conv2d_impl(&g, CONV_PASS_FWD, CONV_IMPL_ONEDNN_WINOGRAD);
 #endif
-    printf("%-8s %-26s %3d%-2s  %-29s %-29s %-29s %6.0f  %s %s %s\n", d->model, what, d->calls,
+    printf("%-8s %-26s %3d%-2s  %-35s %-35s %-35s %6.0f  %s %s %s\n", d->model, what, d->calls,
            d->grads == 0 ? "f" : d->grads == 1 ? "w" : "", cell[0], cell[1], cell[2], gflop / blas, chosen, impl, wino);
   }
 }

@@ -207,6 +207,59 @@ static BoundCheck check_conv_pass(const ConvGeom *g, ConvPass pass, const float 
   return chk;
 }
 
+// One case's three passes (dx and dw written, dbias), each output against the bound and outside
+// fp32's own error. impl: the one forced (CONV_IMPL_AUTO: bf16 mode's own choice per pass, bf16 on).
+static void check_conv_case(const ConvCase *cc, size_t ci, bool last, bool per_image, ConvImpl impl) {
+  onednn_conv2d_set_whole_batch_bytes(per_image ? 0 : -1);
+  ConvGeom g = conv_geom(cc, last);
+  int64_t nx = g.batch * g.in_ch * g.in_h * g.in_w, nw = g.out_ch * g.in_ch * g.kh * g.kw;
+  int64_t ny = g.batch * g.out_ch * g.out_h * g.out_w;
+  float *x = uniform_buffer(nx, 10 + ci), *w = uniform_buffer(nw, 20 + ci), *dy = uniform_buffer(ny, 30 + ci);
+  float *y = calloc((size_t)ny, 4), *dx = calloc((size_t)nx, 4), *dw = calloc((size_t)nw, 4);
+  if (impl == CONV_IMPL_AUTO) cpu_set_bf16(true);
+  else cpu_conv2d_set_impl(impl);
+  float *ws = detr_malloc((size_t)(cpu_conv2d_forward_workspace_floats(&g, false) + 16) * 4 + 64, "ws");
+  float *ws64 = (float *)(((uintptr_t)ws + 63) / 64 * 64);
+  cpu_conv2d_forward(x, w, NULL, y, &g, ws64);
+  free(ws);
+  ws = detr_malloc((size_t)(cpu_conv2d_backward_workspace_floats(&g, true, true, true, true, true) + 16) * 4 + 64,
+                   "ws");
+  ws64 = (float *)(((uintptr_t)ws + 63) / 64 * 64);
+  float *dbias = calloc((size_t)g.out_ch, 4);
+  cpu_conv2d_backward(x, w, dy, dx, true, dw, true, dbias, &g, ws64);
+  free(ws);
+  cpu_conv2d_set_impl(CONV_IMPL_AUTO);
+  cpu_set_bf16(false);
+  onednn_conv2d_set_whole_batch_bytes(-1);
+  // dbias: oneDNN sums the bf16-rounded dy (in fp32), K = the output pixels of the batch; im2col
+  // sums dy itself in fp32, within the same bound of the exact sum
+  cpu_set_bf16(impl == CONV_IMPL_AUTO);
+  bool bias_exact = impl == CONV_IMPL_AUTO && cpu_conv2d_impl(&g, CONV_PASS_BWD_WEIGHTS) == CONV_IMPL_IM2COL;
+  cpu_set_bf16(false);
+  BoundCheck bias_chk = {0};
+  for (int64_t o = 0; o < g.out_ch; o++) {
+    double s[4] = {0};
+    for (int64_t n = 0; n < g.batch; n++)
+      for (int64_t oy = 0; oy < g.out_h; oy++)
+        for (int64_t ox = 0; ox < g.out_w; ox++) term(s, dy[y_at(&g, n, o, oy, ox)], 1.0f);
+    if (bias_exact) s[0] = s[2], s[1] = s[3];
+    bound_add(&bias_chk, dbias[o], s[0], s[1], s[2], s[3], g.batch * g.out_h * g.out_w);
+  }
+  ck_assert_msg(bias_chk.worst_ratio <= 1, "case %zu channels last %d per image %d: dbias %.3g x the bound", ci, last,
+                per_image, bias_chk.worst_ratio);
+  free(dbias);
+  const char *names[3] = {"forward", "backward-data", "backward-weights"};
+  const float *outs[3] = {y, dx, dw};
+  for (int p = 0; p < 3; p++) {
+    BoundCheck chk = check_conv_pass(&g, (ConvPass)p, x, w, dy, outs[p]);
+    ck_assert_msg(chk.worst_ratio <= 1, "case %zu channels last %d per image %d %s: %.3g x the bound", ci, last,
+                  per_image, names[p], chk.worst_ratio);
+    ck_assert_msg(chk.worst_vs_exact > 1, "case %zu channels last %d %s: within fp32's error: bf16 did not run", ci,
+                  last, names[p]);
+  }
+  free(x), free(w), free(dy), free(y), free(dx), free(dw);
+}
+
 START_TEST(conv_bf16_within_rounding_bound) {
   if (!have_bf16()) return;
   static const ConvCase cases[] = {
@@ -217,50 +270,31 @@ START_TEST(conv_bf16_within_rounding_bound) {
       {2, 20, 7, 9, 18, 3, 1, 1},    // channels off the 16-blocks
   };
   for (int per_image = 0; per_image < 2; per_image++)  // one primitive for the batch, or one image at a time
-  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
-    for (int last = 0; last < 2; last++) {
-      onednn_conv2d_set_whole_batch_bytes(per_image ? 0 : -1);
-      ConvGeom g = conv_geom(&cases[ci], last);
-      int64_t nx = g.batch * g.in_ch * g.in_h * g.in_w, nw = g.out_ch * g.in_ch * g.kh * g.kw;
-      int64_t ny = g.batch * g.out_ch * g.out_h * g.out_w;
-      float *x = uniform_buffer(nx, 10 + ci), *w = uniform_buffer(nw, 20 + ci), *dy = uniform_buffer(ny, 30 + ci);
-      float *y = calloc((size_t)ny, 4), *dx = calloc((size_t)nx, 4), *dw = calloc((size_t)nw, 4);
-      cpu_conv2d_set_impl(CONV_IMPL_ONEDNN_BF16);
-      float *ws = detr_malloc((size_t)(cpu_conv2d_forward_workspace_floats(&g, false) + 16) * 4 + 64, "ws");
-      float *ws64 = (float *)(((uintptr_t)ws + 63) / 64 * 64);
-      cpu_conv2d_forward(x, w, NULL, y, &g, ws64);
-      free(ws);
-      ws = detr_malloc((size_t)(cpu_conv2d_backward_workspace_floats(&g, true, true, true, true, true) + 16) * 4 + 64,
-                       "ws");
-      ws64 = (float *)(((uintptr_t)ws + 63) / 64 * 64);
-      float *dbias = calloc((size_t)g.out_ch, 4);
-      cpu_conv2d_backward(x, w, dy, dx, true, dw, true, dbias, &g, ws64);
-      free(ws);
-      cpu_conv2d_set_impl(CONV_IMPL_AUTO);
-      onednn_conv2d_set_whole_batch_bytes(-1);
-      // dbias: oneDNN sums the bf16-rounded dy (in fp32), K = the output pixels of the batch
-      BoundCheck bias_chk = {0};
-      for (int64_t o = 0; o < g.out_ch; o++) {
-        double s[4] = {0};
-        for (int64_t n = 0; n < g.batch; n++)
-          for (int64_t oy = 0; oy < g.out_h; oy++)
-            for (int64_t ox = 0; ox < g.out_w; ox++) term(s, dy[y_at(&g, n, o, oy, ox)], 1.0f);
-        bound_add(&bias_chk, dbias[o], s[0], s[1], s[2], s[3], g.batch * g.out_h * g.out_w);
-      }
-      ck_assert_msg(bias_chk.worst_ratio <= 1, "case %zu channels last %d per image %d: dbias %.3g x the bound", ci,
-                    last, per_image, bias_chk.worst_ratio);
-      free(dbias);
-      const char *names[3] = {"forward", "backward-data", "backward-weights"};
-      const float *outs[3] = {y, dx, dw};
-      for (int p = 0; p < 3; p++) {
-        BoundCheck chk = check_conv_pass(&g, (ConvPass)p, x, w, dy, outs[p]);
-        ck_assert_msg(chk.worst_ratio <= 1, "case %zu channels last %d per image %d %s: %.3g x the bound", ci, last,
-                      per_image, names[p], chk.worst_ratio);
-        ck_assert_msg(chk.worst_vs_exact > 1, "case %zu channels last %d %s: within fp32's error: bf16 did not run", ci,
-                      last, names[p]);
-      }
-      free(x), free(w), free(dy), free(y), free(dx), free(dw);
-    }
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+      for (int last = 0; last < 2; last++) check_conv_case(&cases[ci], ci, last, per_image, CONV_IMPL_ONEDNN_BF16);
+}
+END_TEST
+
+// bf16 mode's own choice (channels last): the 1x1 passes it gives to im2col's GEMM (bf16 in
+// cpu_gemm) are within the same bound, and bf16 ran in them (GEMMs above its size).
+START_TEST(conv_bf16_choice_within_rounding_bound) {
+  if (!have_bf16()) return;
+  static const struct {
+    ConvCase cc;
+    ConvPass im2col;  // a pass the choice gives to im2col
+  } cases[] = {
+      {{2, 64, 18, 18, 128, 1, 2, 0}, CONV_PASS_FWD},            // stride 2: every pass
+      {{2, 256, 16, 16, 32, 1, 1, 0}, CONV_PASS_BWD_WEIGHTS},    // from 256 channels, 256 pixels
+      {{2, 512, 16, 16, 16, 1, 1, 0}, CONV_PASS_BWD_DATA},       // into 512 channels
+  };
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    ConvGeom g = conv_geom(&cases[ci].cc, true);
+    cpu_set_bf16(true);
+    ConvImpl chosen = cpu_conv2d_impl(&g, cases[ci].im2col);
+    cpu_set_bf16(false);
+    ck_assert_msg(chosen == CONV_IMPL_IM2COL, "case %zu: bf16 mode chose %d, not im2col", ci, (int)chosen);
+    check_conv_case(&cases[ci].cc, 10 + ci, true, false, CONV_IMPL_AUTO);
+  }
 }
 END_TEST
 
@@ -359,6 +393,7 @@ int main(void) {
   tcase_add_test(tc, gemm_bf16_within_rounding_bound);
   tcase_add_test(tc, small_gemm_and_bf16_off_stay_fp32);
   tcase_add_test(tc, conv_bf16_within_rounding_bound);
+  tcase_add_test(tc, conv_bf16_choice_within_rounding_bound);
   tcase_add_test(tc, bf16_refused_without_the_instructions);
   tcase_add_test(tc, training_losses_follow_fp32);
   suite_add_tcase(s, tc);

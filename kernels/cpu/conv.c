@@ -316,6 +316,8 @@ void cpu_conv2d_set_impl(ConvImpl impl) {
 //    from 32x32 per image up runs on oneDNN's blocked layout: im2col's sgemm there is
 //    dw [O, C] += dy [O, HW] x^T with a long K and small M, N (140-400 GFLOP/s in `bench_ops --conv
 //    r50@512`), oneDNN's 1.0-1.8x that; below 32x32 im2col is 1.1-2x oneDNN. R50 step: 3% faster.
+static ConvImpl bf16_conv_impl(const ConvGeom *g, ConvPass pass);
+
 ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
   if (!DETR_HAVE_ONEDNN) return CONV_IMPL_IM2COL;
   // oneDNN 2.6 on nhwc activations with plain oihw weights runs its reference loop (~1 GFLOP/s,
@@ -351,7 +353,7 @@ ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
         return CONV_IMPL_ONEDNN_WINOGRAD;
       return cpu_bf16_enabled() ? CONV_IMPL_ONEDNN_BF16 : CONV_IMPL_ONEDNN;
     }
-    if (cpu_bf16_enabled()) return CONV_IMPL_ONEDNN_BF16;
+    if (cpu_bf16_enabled()) return bf16_conv_impl(g, pass);
     if (pass == CONV_PASS_BWD_DATA && one) return CONV_IMPL_IM2COL;
     if (pass == CONV_PASS_BWD_WEIGHTS && one && g->in_ch >= 256) return CONV_IMPL_IM2COL;
     if (pass == CONV_PASS_BWD_WEIGHTS && !one && g->stride_h > 1 && g->in_ch >= 64 && out_spatial >= 400)
@@ -366,6 +368,32 @@ ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
   }
   if (pass == CONV_PASS_BWD_WEIGHTS && conv_is_pointwise(g) && out_spatial >= 1024) return CONV_IMPL_ONEDNN;
   return CONV_IMPL_IM2COL;
+}
+
+// bf16 mode, channels last, where Winograd does not run: oneDNN's bf16 direct convolution, but for
+// the 1x1 passes where im2col's GEMM is faster - in bf16 mode cpu_gemm rounds its inputs into bf16
+// copies and runs oneDNN's bf16 matmul: the same arithmetic, fp32 accumulation; and its dw is
+// written plain, where the direct convolution's goes through oneDNN's reorder from its blocked
+// layout (2.7 GB/s for a 2048x1024 dw) and, one image at a time, a second reorder that sums.
+// `bench_ops 7 --conv-last r50@512 / r18@320 / main@192`, columns bf16 and im2col+bf16
+// (bench/README.md "bf16: the 1x1 passes on GEMMs"):
+//  - stride 2 from 64 channels, every pass: 1.0-1.4x (backward-weights 1024 -> 2048: 2.3x);
+//    the main job's 16-32 channels: 0.7-1.1x, so not there;
+//  - stride-1 backward-data into 512+ channels on maps of 256+ pixels: 1.0-1.4x (into fewer
+//    channels 0.9-1.0x; R18's 10x10 input projection 1.0x);
+//  - stride-1 backward-weights from 256+ channels on maps of 256-1024 pixels: 1.0-1.4x. On larger
+//    maps and on R18's 10x10 (a GEMM of K = 200) the direct one is 1.1-1.3x.
+// The forward at stride 1 stays direct (within 5% either way; the inference path fuses its
+// epilogues into the direct one).
+static ConvImpl bf16_conv_impl(const ConvGeom *g, ConvPass pass) {
+  int64_t out_spatial = g->out_h * g->out_w;  // per image
+  if (g->kh * g->kw == 1 && g->pad_h == 0 && g->pad_w == 0) {
+    if (g->stride_h > 1 || g->stride_w > 1) return g->in_ch >= 64 ? CONV_IMPL_IM2COL : CONV_IMPL_ONEDNN_BF16;
+    if (pass == CONV_PASS_BWD_DATA && g->in_ch >= 512 && out_spatial >= 256) return CONV_IMPL_IM2COL;
+    if (pass == CONV_PASS_BWD_WEIGHTS && g->in_ch >= 256 && out_spatial >= 256 && out_spatial <= 1024)
+      return CONV_IMPL_IM2COL;
+  }
+  return CONV_IMPL_ONEDNN_BF16;
 }
 
 // The workspace of one pass on the implementation cpu_conv2d_impl chooses.
