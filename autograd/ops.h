@@ -3,6 +3,7 @@
 // backward of each op sit next to each other in autograd/ops_<family>.c.
 #pragma once
 #include "autograd/autograd.h"
+#include "kernels/conv_math.h"  // ConvWeightPack
 
 // --- elementwise (ops_elementwise.c) ---
 Tensor *op_relu(Tensor *x);
@@ -66,12 +67,16 @@ Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p);
 // Inference only (grad mode off; no backward): relu?(conv2d(x, weight, bias) + residual), residual
 // of the output's shape or NULL. On the CPU the epilogue runs inside the convolution (oneDNN's
 // post-ops); elsewhere as the separate ops. Frozen batch norm folded into weight and bias
-// (resnet_fold_bn) makes a ResNet block's conv, norm, add and ReLU one op.
-Tensor *op_conv2d_fused(Tensor *x, Tensor *weight, Tensor *bias, Tensor *residual, bool relu, Conv2dParams p);
+// (resnet_fold_bn) makes a ResNet block's conv, norm, add and ReLU one op. pack: a constant
+// weight's reordered copies kept between calls (kernels/cpu/cpu_kernels.h: conv_weight_pack_new;
+// one per weight), or NULL; the CPU's alone.
+Tensor *op_conv2d_fused(Tensor *x, Tensor *weight, Tensor *bias, Tensor *residual, bool relu, Conv2dParams p,
+                        ConvWeightPack *pack);
 // The same with the residual's buffer as the output (on the CPU: the convolution accumulates into
 // it, one pass less than copying it): returns relu?(conv2d(x, weight, bias) + acc), in acc on the
 // CPU. acc is consumed: a dead temporary whose contents the caller no longer needs (not x).
-Tensor *op_conv2d_fused_into(Tensor *x, Tensor *weight, Tensor *bias, Tensor *acc, bool relu, Conv2dParams p);
+Tensor *op_conv2d_fused_into(Tensor *x, Tensor *weight, Tensor *bias, Tensor *acc, bool relu, Conv2dParams p,
+                             ConvWeightPack *pack);
 // Depthwise convolution of x [M, C, H, W] with weight [C, 1, k, k] (odd k) and bias [C] (or NULL):
 // stride 1, zero padding k / 2, so y is [M, C, H, W] (nn.Conv2d(C, C, k, padding=k//2, groups=C)).
 Tensor *op_depthwise_conv2d(Tensor *x, Tensor *weight, Tensor *bias);

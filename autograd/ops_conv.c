@@ -111,9 +111,9 @@ Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p) {
 // --- inference's convolution with its epilogue: no tape, nothing kept ---
 
 // relu?(conv(x) + bias + residual) into y (a new tensor when NULL; else the residual itself, which
-// the convolution then accumulates into in place).
+// the convolution then accumulates into in place). pack: weight's kept copies on the CPU, or NULL.
 static Tensor *conv2d_fused(Tensor *x, Tensor *weight, Tensor *bias, Tensor *residual, bool relu, Conv2dParams p,
-                            bool in_place) {
+                            ConvWeightPack *pack, bool in_place) {
   DETR_CHECK(!autograd_grad_enabled(), "conv2d_fused: inference only (it has no backward); disable grad mode");
   if (x->device != DEVICE_CPU) {  // the separate ops (no tape with grad off)
     Tensor *y = op_conv2d(x, weight, bias, p);
@@ -142,18 +142,20 @@ static Tensor *conv2d_fused(Tensor *x, Tensor *weight, Tensor *bias, Tensor *res
   const float *b = bias ? bias->data : NULL, *res = residual ? residual->data : NULL;
   int64_t ws_floats = cpu_conv2d_forward_fused_workspace_floats(&g, b != NULL, res != NULL, relu);
   float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
-  cpu_conv2d_forward_fused(x->data, weight->data, b, res, relu, y->data, &g, ws);
+  cpu_conv2d_forward_fused(x->data, weight->data, b, res, relu, y->data, &g, ws, pack);
   detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));
   return y;
 }
 
-Tensor *op_conv2d_fused(Tensor *x, Tensor *weight, Tensor *bias, Tensor *residual, bool relu, Conv2dParams p) {
-  return conv2d_fused(x, weight, bias, residual, relu, p, false);
+Tensor *op_conv2d_fused(Tensor *x, Tensor *weight, Tensor *bias, Tensor *residual, bool relu, Conv2dParams p,
+                        ConvWeightPack *pack) {
+  return conv2d_fused(x, weight, bias, residual, relu, p, pack, false);
 }
 
-Tensor *op_conv2d_fused_into(Tensor *x, Tensor *weight, Tensor *bias, Tensor *acc, bool relu, Conv2dParams p) {
+Tensor *op_conv2d_fused_into(Tensor *x, Tensor *weight, Tensor *bias, Tensor *acc, bool relu, Conv2dParams p,
+                             ConvWeightPack *pack) {
   DETR_CHECK(acc, "conv2d_fused_into: no accumulator");
-  return conv2d_fused(x, weight, bias, acc, relu, p, true);
+  return conv2d_fused(x, weight, bias, acc, relu, p, pack, true);
 }
 
 // --- depthwise convolution: x and the weight are kept for backward ---

@@ -14,6 +14,9 @@ typedef struct {
   int unused;  // zero: keeps the struct free of padding bytes (caches compare geometries bytewise)
 } ConvGeom;
 
+// A constant weight's reordered copies, kept by the CPU's inference convolution (cpu_kernels.h).
+typedef struct ConvWeightPack ConvWeightPack;
+
 // The three passes of a convolution (each backend chooses its algorithm per pass).
 typedef enum { CONV_PASS_FWD, CONV_PASS_BWD_DATA, CONV_PASS_BWD_WEIGHTS } ConvPass;
 

@@ -2,6 +2,7 @@
 // DETR's FrozenBatchNorm2d. Identity until weights are loaded: weight 1, bias 0, mean 0, var 1.
 #include <stdlib.h>
 
+#include "kernels/cpu/cpu_kernels.h"  // conv_weight_pack_new
 #include "kernels/norm_math.h"
 #include "nn/layers.h"
 
@@ -47,7 +48,9 @@ FoldedConv frozen_bn_fold(const Conv2d *c, const FrozenBn *bn) {
     b[o] = c->bias ? cb[o] * s + t : t;
   }
   FoldedConv f = {.weight = tensor_from_host(c->weight->device, c->weight->shape, w),
-                  .bias = tensor_from_host(c->weight->device, SHAPE(O), b), .p = c->p};
+                  .bias = tensor_from_host(c->weight->device, SHAPE(O), b),
+                  .pack = c->weight->device == DEVICE_CPU ? conv_weight_pack_new() : NULL,
+                  .p = c->p};
   free(w);
   return f;
 }
@@ -55,10 +58,11 @@ FoldedConv frozen_bn_fold(const Conv2d *c, const FrozenBn *bn) {
 void folded_conv_free(FoldedConv *f) {
   if (f->weight) tensor_release(f->weight);
   if (f->bias) tensor_release(f->bias);
+  conv_weight_pack_free(f->pack);
   *f = (FoldedConv){0};
 }
 
 Tensor *folded_conv_forward(const FoldedConv *f, Tensor *x, Tensor *residual, bool relu, bool residual_dead) {
-  if (residual && residual_dead) return op_conv2d_fused_into(x, f->weight, f->bias, residual, relu, f->p);
-  return op_conv2d_fused(x, f->weight, f->bias, residual, relu, f->p);
+  if (residual && residual_dead) return op_conv2d_fused_into(x, f->weight, f->bias, residual, relu, f->p, f->pack);
+  return op_conv2d_fused(x, f->weight, f->bias, residual, relu, f->p, f->pack);
 }

@@ -153,11 +153,11 @@ START_TEST(post_ops_match_separate_ops) {
   tensor_normal_(x, &rng, 0.0f, 1.0f), tensor_normal_(w, &rng, 0.0f, 0.05f);
   tensor_normal_(b, &rng, 0.0f, 0.5f), tensor_normal_(res, &rng, 0.0f, 1.0f);
   Tensor *sep = op_relu(op_add(op_conv2d(x, w, b, p), res));
-  Tensor *fused = op_conv2d_fused(x, w, b, res, true, p);
+  Tensor *fused = op_conv2d_fused(x, w, b, res, true, p, NULL);
   Tensor *acc = tensor_scoped(tensor_new(DEVICE_CPU, res->shape));
   tensor_copy_(acc, res);
-  Tensor *into = op_conv2d_fused_into(x, w, b, acc, true, p);
-  Tensor *plain = op_conv2d_fused(x, w, b, NULL, false, p), *conv = op_conv2d(x, w, b, p);
+  Tensor *into = op_conv2d_fused_into(x, w, b, acc, true, p, NULL);
+  Tensor *plain = op_conv2d_fused(x, w, b, NULL, false, p, NULL), *conv = op_conv2d(x, w, b, p);
   size_t bytes = (size_t)sep->numel * sizeof(float);
   ck_assert_int_eq(memcmp(fused->data, sep->data, bytes), 0);
   ck_assert_int_eq(memcmp(into->data, sep->data, bytes), 0);
@@ -172,12 +172,58 @@ START_TEST(post_ops_match_separate_ops) {
 }
 END_TEST
 
+// A weight pack (the weight's reordered copies kept between forwards) gives the same floats as
+// reordering each call, through changes of layout: channels last (oneDNN's brgemm convolution
+// above 128 channels, its own weight layout) and nchw (the direct one on blocked activations,
+// another), each again after the other from the kept copy, and in bf16 where the CPU has it (bf16
+// copies). A pack that returned a copy of another layout fails this.
+START_TEST(weight_pack_matches_reordering) {
+  bool was = autograd_set_grad_enabled(false);
+  ScopeMark mark = tensor_scope_mark();
+  Rng rng = rng_make(7);
+  Tensor *w = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(256, 256, 3, 3)));
+  Tensor *b = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(256)));
+  tensor_normal_(w, &rng, 0.0f, 0.02f), tensor_normal_(b, &rng, 0.0f, 0.5f);
+  ConvWeightPack *pack = conv_weight_pack_new();
+  const bool last[] = {true, false, true, false};
+  for (int bf16 = 0; bf16 < (cpu_bf16_supported(NULL, 0) ? 2 : 1); bf16++) {
+    cpu_set_bf16(bf16);
+    for (size_t i = 0; i < sizeof last / sizeof last[0]; i++) {
+      Conv2dParams p = {1, 1, 1, 1, 1, 1, .channels_last = last[i]};
+      Tensor *x = tensor_scoped(tensor_new(DEVICE_CPU, last[i] ? SHAPE(2, 8, 8, 256) : SHAPE(2, 256, 8, 8)));
+      tensor_normal_(x, &rng, 0.0f, 1.0f);
+      Tensor *packed = op_conv2d_fused(x, w, b, NULL, true, p, pack);
+      Tensor *plain = op_conv2d_fused(x, w, b, NULL, true, p, NULL);
+      ck_assert_msg(!memcmp(packed->data, plain->data, (size_t)plain->numel * sizeof(float)),
+                    "%s %s: the packed weight's output differs", last[i] ? "channels last" : "nchw",
+                    bf16 ? "bf16" : "fp32");
+    }
+  }
+  cpu_set_bf16(false);
+  conv_weight_pack_free(pack);
+  tensor_scope_release(mark);
+  autograd_set_grad_enabled(was);
+}
+END_TEST
+
+// A pack is bound to the weight it was first used with: another weight through it fails (exit 1).
+START_TEST(weight_pack_refuses_another_weight) {
+  autograd_set_grad_enabled(false);
+  Conv2dParams p = {1, 1, 1, 1, 1, 1, .channels_last = true};
+  Tensor *x = tensor_ones(DEVICE_CPU, SHAPE(1, 8, 8, 32));
+  Tensor *w1 = tensor_ones(DEVICE_CPU, SHAPE(32, 32, 3, 3)), *w2 = tensor_ones(DEVICE_CPU, SHAPE(32, 32, 3, 3));
+  ConvWeightPack *pack = conv_weight_pack_new();
+  op_conv2d_fused(x, w1, NULL, NULL, false, p, pack);
+  op_conv2d_fused(x, w2, NULL, NULL, false, p, pack);
+}
+END_TEST
+
 // op_conv2d_fused refuses to run with grad mode on (it records no backward): exit 1.
 START_TEST(fused_refuses_grad_mode) {
   Tensor *x = tensor_new(DEVICE_CPU, SHAPE(1, 4, 4, 2)), *w = tensor_new(DEVICE_CPU, SHAPE(2, 2, 1, 1));
   tensor_fill_(x, 1.0f);
   tensor_fill_(w, 1.0f);
-  op_conv2d_fused(x, w, NULL, NULL, true, (Conv2dParams){1, 1, 0, 0, 1, 1, .channels_last = true});
+  op_conv2d_fused(x, w, NULL, NULL, true, (Conv2dParams){1, 1, 0, 0, 1, 1, .channels_last = true}, NULL);
 }
 END_TEST
 
@@ -302,6 +348,8 @@ int main(void) {
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, folded_conv_within_bound);
   tcase_add_test(tc, post_ops_match_separate_ops);
+  tcase_add_test(tc, weight_pack_matches_reordering);
+  if (DETR_HAVE_ONEDNN) tcase_add_exit_test(tc, weight_pack_refuses_another_weight, 1);
   tcase_add_exit_test(tc, fused_refuses_grad_mode, 1);
   tcase_add_loop_test(tc, folded_model_matches_training_forward, 0, 2);
   suite_add_tcase(s, tc);

@@ -466,12 +466,12 @@ int64_t cpu_conv2d_forward_fused_workspace_floats(const ConvGeom *g, bool bias, 
 }
 
 void cpu_conv2d_forward_fused(const float *x, const float *w, const float *bias, const float *residual, bool relu,
-                              float *y, const ConvGeom *g, float *workspace) {
+                              float *y, const ConvGeom *g, float *workspace, ConvWeightPack *pack) {
   int64_t n = g->batch * g->out_ch * g->out_h * g->out_w;
   ConvImpl impl = cpu_conv2d_impl(g, CONV_PASS_FWD);
   if (impl != CONV_IMPL_IM2COL) {  // the residual in y, then oneDNN's sum (and ReLU) post-ops
     if (residual && residual != y) memcpy(y, residual, (size_t)n * sizeof(float));
-    onednn_conv2d_forward_post(g, impl, conv_post(residual != NULL, relu), x, w, y, bias, workspace);
+    onednn_conv2d_forward_post(g, impl, conv_post(residual != NULL, relu), x, w, y, bias, workspace, pack);
     return;
   }
   float *res_copy = NULL;  // im2col writes y first: a residual that is y itself is kept aside

@@ -33,9 +33,10 @@
 // same-layout reorder with a sum is its slow generic one, "simple:any").
 #include "kernels/cpu/cpu_kernels.h"
 
+#include <stdlib.h>
+
 #if DETR_HAVE_ONEDNN
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include <omp.h>
@@ -417,6 +418,46 @@ static ConvPrim *prim_get(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool 
   return victim;
 }
 
+static size_t round64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// A pack's entries: the weight w reordered into one primitive's layout (md).
+#define WEIGHT_PACK_LAYOUTS 4
+struct ConvWeightPack {
+  const float *w;  // the weight it holds copies of (bound at the first use)
+  struct {
+    dnnl_memory_desc_t md;
+    void *data;     // dnnl_memory_desc_get_size(md) bytes, 64-byte aligned
+    uint64_t used;  // LRU stamp; 0: empty
+  } copy[WEIGHT_PACK_LAYOUTS];
+  uint64_t clock;
+};
+
+static void reorder_run(dnnl_primitive_t r, const dnnl_memory_desc_t *from_md, const void *from,
+                        const dnnl_memory_desc_t *to_md, void *to);
+
+// The weight argument a (plain w -> a->prim) from the pack: its kept copy, reordered on first use.
+static void *weight_pack_copy(ConvWeightPack *pack, const ConvArg *a, const float *w) {
+  if (!pack->w) pack->w = w;
+  DETR_CHECK(pack->w == w, "conv2d: a weight pack holds another weight's copies");
+  int victim = 0;
+  for (int i = 0; i < WEIGHT_PACK_LAYOUTS; i++) {
+    if (pack->copy[i].used && dnnl_memory_desc_equal(&pack->copy[i].md, &a->prim)) {
+      pack->copy[i].used = ++pack->clock;
+      return pack->copy[i].data;
+    }
+    if (pack->copy[i].used < pack->copy[victim].used) victim = i;
+  }
+  free(pack->copy[victim].data);
+  size_t bytes = round64(dnnl_memory_desc_get_size(&a->prim));
+  void *data = aligned_alloc(64, bytes);
+  DETR_CHECK(data, "conv2d: aligned_alloc of a %zu-byte weight copy failed", bytes);
+  reorder_run(a->reorder, &a->user, w, &a->prim, data);
+  pack->copy[victim].md = a->prim;
+  pack->copy[victim].data = data;
+  pack->copy[victim].used = ++pack->clock;
+  return data;
+}
+
 static void reorder_run(dnnl_primitive_t r, const dnnl_memory_desc_t *from_md, const void *from,
                         const dnnl_memory_desc_t *to_md, void *to) {
   dnnl_memory_t mf = mem_wrap(from_md, (void *)from), mt = mem_wrap(to_md, to);
@@ -425,8 +466,6 @@ static void reorder_run(dnnl_primitive_t r, const dnnl_memory_desc_t *from_md, c
   DNNL_CHECK(dnnl_memory_destroy(mf));
   DNNL_CHECK(dnnl_memory_destroy(mt));
 }
-
-static size_t round64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
 // Whether a pass of p run `batch` times goes through a copy of its output: where the layouts
 // differ (reordered into out, with a sum when accumulating) or where it accumulates (added into
@@ -451,8 +490,9 @@ static size_t pass_buffer_bytes(const ConvPrim *p, bool out_copy) {
 // buffers: in0, in1 plain inputs, out the plain output (overwritten by the forward, accumulated
 // into by the backward passes where `accumulate`); bias: the forward's bias or backward-weights'
 // dbias (accumulated), NULL when p has none. workspace: pass_buffer_bytes(p, pass_out_copy(...)).
+// pack: the forward's weight copies kept between calls, or NULL.
 static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *in0, const float *in1, float *out,
-                     float *bias, char *workspace) {
+                     float *bias, char *workspace, ConvWeightPack *pack) {
   const ConvGeom *g = &p->g;
   int64_t x_img = g->in_ch * g->in_h * g->in_w, y_img = g->out_ch * g->out_h * g->out_w;
   // What each argument holds: 1: x or dx, 2: y or dy (both per image), 0: w or dw (shared).
@@ -474,6 +514,10 @@ static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *i
   void *buf[3] = {NULL, NULL, NULL};  // prim-layout copies
   for (int i = 0; i < 3; i++) {
     if (i < 2 ? !p->a[i].reorder : !out_copy) continue;
+    if (pack && p->pass == CONV_PASS_FWD && i == 1) {  // the weight, kept reordered
+      buf[i] = weight_pack_copy(pack, &p->a[i], user[i]);
+      continue;
+    }
     buf[i] = ws;
     ws += round64(dnnl_memory_desc_get_size(&p->a[i].prim));
     if (i < 2 && !step[i]) reorder_run(p->a[i].reorder, &p->a[i].user, user[i], &p->a[i].prim, buf[i]);
@@ -650,7 +694,7 @@ void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool acc
   DETR_CHECK(((uintptr_t)workspace & 63) == 0, "onednn_conv2d_run: the workspace is not 64-byte aligned");
   int64_t runs;
   ConvPrim *p = pass_prim(g, pass, impl, accumulate, bias != NULL, 0, &runs);
-  pass_run(p, runs, accumulate, in0, in1, out, bias, (char *)workspace);
+  pass_run(p, runs, accumulate, in0, in1, out, bias, (char *)workspace, NULL);
 }
 
 int64_t onednn_conv2d_forward_post_workspace_floats(const ConvGeom *g, ConvImpl impl, bool bias, unsigned post) {
@@ -660,11 +704,11 @@ int64_t onednn_conv2d_forward_post_workspace_floats(const ConvGeom *g, ConvImpl 
 }
 
 void onednn_conv2d_forward_post(const ConvGeom *g, ConvImpl impl, unsigned post, const float *x, const float *w,
-                                float *y, const float *bias, float *workspace) {
+                                float *y, const float *bias, float *workspace, ConvWeightPack *pack) {
   DETR_CHECK(((uintptr_t)workspace & 63) == 0, "onednn_conv2d_forward_post: the workspace is not 64-byte aligned");
   int64_t runs;
   ConvPrim *p = pass_prim(g, CONV_PASS_FWD, impl, false, bias != NULL, post, &runs);
-  pass_run(p, runs, false, x, w, y, (float *)bias, (char *)workspace);
+  pass_run(p, runs, false, x, w, y, (float *)bias, (char *)workspace, pack);
 }
 
 const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, ConvImpl impl) {
@@ -677,4 +721,23 @@ const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, ConvImpl impl) 
   DNNL_CHECK(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &name));
   return name;
 }
+
+#else
+struct ConvWeightPack {
+  int unused;  // no copies: without oneDNN nothing is reordered
+};
 #endif
+
+ConvWeightPack *conv_weight_pack_new(void) {
+  ConvWeightPack *pack = calloc(1, sizeof *pack);
+  DETR_CHECK(pack, "conv_weight_pack_new: out of memory");
+  return pack;
+}
+
+void conv_weight_pack_free(ConvWeightPack *pack) {
+  if (!pack) return;
+#if DETR_HAVE_ONEDNN
+  for (int i = 0; i < WEIGHT_PACK_LAYOUTS; i++) free(pack->copy[i].data);
+#endif
+  free(pack);
+}

@@ -23,8 +23,9 @@ int64_t onednn_conv2d_workspace_floats(const ConvGeom *g, ConvPass pass, ConvImp
 // + y), post CONV_POST_* or'ed; with CONV_POST_SUM y holds the residual before the call. The same
 // primitive as onednn_conv2d_run's forward with oneDNN's sum and eltwise post-ops (where oneDNN's
 // Winograd takes no post-ops, its direct convolution).
+// pack: w's kept copies (cpu_kernels.h), or NULL (reordered into the workspace each call).
 void onednn_conv2d_forward_post(const ConvGeom *g, ConvImpl impl, unsigned post, const float *x, const float *w,
-                                float *y, const float *bias, float *workspace);
+                                float *y, const float *bias, float *workspace, ConvWeightPack *pack);
 int64_t onednn_conv2d_forward_post_workspace_floats(const ConvGeom *g, ConvImpl impl, bool bias, unsigned post);
 // Whether oneDNN has Winograd on this CPU (AVX-512; probed once).
 bool onednn_conv2d_has_winograd(void);
@@ -58,7 +59,8 @@ static inline void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl 
   DETR_FAIL("conv2d: this build has no oneDNN");
 }
 static inline void onednn_conv2d_forward_post(const ConvGeom *g, ConvImpl impl, unsigned post, const float *x,
-                                              const float *w, float *y, const float *bias, float *workspace) {
+                                              const float *w, float *y, const float *bias, float *workspace,
+                                              ConvWeightPack *pack) {
   DETR_FAIL("conv2d: this build has no oneDNN");
 }
 static inline int64_t onednn_conv2d_forward_post_workspace_floats(const ConvGeom *g, ConvImpl impl, bool bias,
