@@ -67,9 +67,9 @@ Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p);
 // Inference only (grad mode off; no backward): relu?(conv2d(x, weight, bias) + residual), residual
 // of the output's shape or NULL. On the CPU the epilogue runs inside the convolution (oneDNN's
 // post-ops); elsewhere as the separate ops. Frozen batch norm folded into weight and bias
-// (resnet_fold_bn) makes a ResNet block's conv, norm, add and ReLU one op. pack: a constant
-// weight's reordered copies kept between calls (kernels/cpu/cpu_kernels.h: conv_weight_pack_new;
-// one per weight), or NULL; the CPU's alone.
+// (resnet_fold_bn) makes a ResNet block's conv, norm, add and ReLU one op. pack: the weight's
+// reordered copies kept between calls (kernels/cpu/cpu_kernels.h: conv_weight_pack_new; one per
+// weight, which must not change while the pack lives), or NULL; the CPU's alone.
 Tensor *op_conv2d_fused(Tensor *x, Tensor *weight, Tensor *bias, Tensor *residual, bool relu, Conv2dParams p,
                         ConvWeightPack *pack);
 // The same with the residual's buffer as the output (on the CPU: the convolution accumulates into

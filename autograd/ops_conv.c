@@ -140,7 +140,7 @@ static Tensor *conv2d_fused(Tensor *x, Tensor *weight, Tensor *bias, Tensor *res
   }
   Tensor *y = in_place ? residual : tensor_new_scoped(x->device, ys);
   const float *b = bias ? bias->data : NULL, *res = residual ? residual->data : NULL;
-  int64_t ws_floats = cpu_conv2d_forward_fused_workspace_floats(&g, b != NULL, res != NULL, relu);
+  int64_t ws_floats = cpu_conv2d_forward_fused_workspace_floats(&g, b != NULL, res != NULL, relu, pack != NULL);
   float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
   cpu_conv2d_forward_fused(x->data, weight->data, b, res, relu, y->data, &g, ws, pack);
   detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));

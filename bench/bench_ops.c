@@ -191,17 +191,21 @@ static void bench_detr_convs(int reps, const char *only_model, bool channels_las
          channels_last ? " CHANNELS LAST" : "", DETR_HAVE_ONEDNN ? "" : " (no oneDNN in this build)");
   printf("calls: per training step; f: frozen (forward only), w: no dx (dw only)\n");
   printf("%-8s %-26s %5s  %-35s %-35s %-35s %6s  %s\n", "model", "conv", "calls", "fwd", "bwd-data",
-         "bwd-weights", "sgemm", "AUTO's choice (fwd bwd-data bwd-weights), oneDNN blocked fwd, Winograd fwd");
+         "bwd-weights", "sgemm",
+         "AUTO's choice (fwd bwd-data bwd-weights), bf16 mode's, oneDNN blocked fwd, Winograd fwd");
   const char *model = NULL;
-  double step_ms[IMPLS + 2] = {0};  // per training step: each path, the fastest per pass, AUTO's choice
+  // per training step: each path, the fastest per pass, AUTO's choice, bf16 mode's choice
+  double step_ms[IMPLS + 3] = {0};
+  bool bf16 = DETR_HAVE_ONEDNN && cpu_bf16_supported(NULL, 0);
   int n = (int)(sizeof detr_convs / sizeof detr_convs[0]);
   for (int i = 0; i <= n; i++) {
     const DetrConv *d = i < n ? &detr_convs[i] : NULL;
     if (d && only_model && strcmp(d->model, only_model)) continue;
     if (model && (!d || strcmp(d->model, model))) {
       printf("%-8s convolution ms per step: im2col %.0f, oneDNN blocked %.0f, oneDNN nchw %.0f, Winograd %.0f, "
-             "bf16 %.0f, im2col+bf16 %.0f, fastest per pass %.0f, AUTO %.0f\n", model, step_ms[0], step_ms[1],
-             channels_last ? NAN : step_ms[2], step_ms[3], step_ms[4], step_ms[5], step_ms[IMPLS], step_ms[IMPLS + 1]);
+             "bf16 %.0f, im2col+bf16 %.0f, fastest per pass %.0f, AUTO %.0f, bf16 mode's choice %.0f\n", model,
+             step_ms[0], step_ms[1], channels_last ? NAN : step_ms[2], step_ms[3], step_ms[4], step_ms[5],
+             step_ms[IMPLS], step_ms[IMPLS + 1], bf16 ? step_ms[IMPLS + 2] : NAN);
       memset(step_ms, 0, sizeof step_ms);
     }
     if (!d) break;
@@ -212,7 +216,7 @@ static void bench_detr_convs(int reps, const char *only_model, bool channels_las
                   .channels_last = channels_last};
     g.out_h = g.out_w = conv_out_size(d->hw, d->k, d->stride, pad, 1);
     double gflop = 2.0 * g.batch * g.out_ch * g.out_h * g.out_w * g.in_ch * g.kh * g.kw * 1e-9;
-    char what[64], cell[PASSES][64], chosen[8] = "";
+    char what[64], cell[PASSES][64], chosen[8] = "", chosen_bf16[8] = "---";
     snprintf(what, sizeof what, "%dx%d s%d %4dx%3d->%4d%s", d->k, d->k, d->stride, d->c, d->hw, d->o, d->bias ? " +b" : "");
     for (int p = 0; p < PASSES; p++) {
       double t[IMPLS] = {0};
@@ -229,6 +233,14 @@ static void bench_detr_convs(int reps, const char *only_model, bool channels_las
       int a = 0;
       while (a < n_impl - 1 && impls[a] != auto_impl) a++;
       chosen[p] = "ibpwfg"[a];
+      int a16 = 0;  // bf16 mode's choice: im2col there is im2col+bf16, the direct one bf16's
+      if (bf16) {
+        cpu_set_bf16(true);
+        ConvImpl c = cpu_conv2d_impl(&g, (ConvPass)p);
+        cpu_set_bf16(false);
+        a16 = c == CONV_IMPL_IM2COL ? IMPLS - 1 : c == CONV_IMPL_ONEDNN_WINOGRAD ? 3 : 4;
+        chosen_bf16[p] = "ibpwfg"[a16];
+      }
       bool runs = p == CONV_PASS_FWD || (p == CONV_PASS_BWD_WEIGHTS && d->grads >= 1) ||
                   (p == CONV_PASS_BWD_DATA && d->grads == 2);
       if (!runs) continue;
@@ -239,6 +251,7 @@ static void bench_detr_convs(int reps, const char *only_model, bool channels_las
       }
       step_ms[IMPLS] += 1e3 * d->calls * best;
       step_ms[IMPLS + 1] += 1e3 * d->calls * t[a];
+      step_ms[IMPLS + 2] += 1e3 * d->calls * t[a16];
     }
     double blas = time_sgemm(g.out_ch, g.out_h * g.out_w, g.in_ch * g.kh * g.kw, (int)g.batch, reps);
     const char *impl = "", *wino = "";
@@ -246,8 +259,9 @@ static void bench_detr_convs(int reps, const char *only_model, bool channels_las
     impl = onednn_conv2d_impl(&g, CONV_PASS_FWD, CONV_IMPL_ONEDNN);
     wino = onednn_conv2d_impl(&g, CONV_PASS_FWD, CONV_IMPL_ONEDNN_WINOGRAD);
 #endif
-    printf("%-8s %-26s %3d%-2s  %-35s %-35s %-35s %6.0f  %s %s %s\n", d->model, what, d->calls,
-           d->grads == 0 ? "f" : d->grads == 1 ? "w" : "", cell[0], cell[1], cell[2], gflop / blas, chosen, impl, wino);
+    printf("%-8s %-26s %3d%-2s  %-35s %-35s %-35s %6.0f  %s %s %s %s\n", d->model, what, d->calls,
+           d->grads == 0 ? "f" : d->grads == 1 ? "w" : "", cell[0], cell[1], cell[2], gflop / blas, chosen, chosen_bf16,
+           impl, wino);
   }
 }
 

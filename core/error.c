@@ -28,6 +28,13 @@ void *detr_calloc_at(size_t n, size_t size, const char *what, const char *file, 
   return p;
 }
 
+void *detr_aligned_malloc_at(size_t align, size_t nbytes, const char *what, const char *file, int line) {
+  size_t bytes = (nbytes + align - 1) / align * align;  // C11: a multiple of the alignment
+  void *p = aligned_alloc(align, bytes ? bytes : align);
+  if (!p) detr_fail(file, line, "out of host memory allocating %zu bytes (aligned to %zu) for %s", nbytes, align, what);
+  return p;
+}
+
 void *detr_realloc_at(void *p, size_t nbytes, const char *what, const char *file, int line) {
   void *q = realloc(p, nbytes ? nbytes : 1);
   if (!q) detr_fail(file, line, "out of host memory growing %s to %zu bytes", what, nbytes);

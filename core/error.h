@@ -25,6 +25,8 @@ void detr_fail(const char *file, int line, const char *fmt, ...);
 void *detr_malloc_at(size_t nbytes, const char *what, const char *file, int line);
 void *detr_calloc_at(size_t n, size_t size, const char *what, const char *file, int line);
 void *detr_realloc_at(void *p, size_t nbytes, const char *what, const char *file, int line);
+// aligned_alloc's (align a power of two; the size is rounded up to a multiple of it); free() frees.
+void *detr_aligned_malloc_at(size_t align, size_t nbytes, const char *what, const char *file, int line);
 char *detr_strdup_at(const char *s, const char *what, const char *file, int line);
 
 #ifdef __cplusplus
@@ -40,4 +42,5 @@ char *detr_strdup_at(const char *s, const char *what, const char *file, int line
 #define detr_malloc(nbytes, what) detr_malloc_at((nbytes), (what), __FILE__, __LINE__)
 #define detr_calloc(n, size, what) detr_calloc_at((n), (size), (what), __FILE__, __LINE__)
 #define detr_realloc(p, nbytes, what) detr_realloc_at((p), (nbytes), (what), __FILE__, __LINE__)
+#define detr_aligned_malloc(align, nbytes, what) detr_aligned_malloc_at((align), (nbytes), (what), __FILE__, __LINE__)
 #define detr_strdup(s, what) detr_strdup_at((s), (what), __FILE__, __LINE__)

@@ -64,8 +64,8 @@ Tensor *frozen_bn_act_forward(const FrozenBn *bn, Tensor *x, Tensor *residual, b
 // = the convolution's scaled by the norm's scale[o] = weight[o] / sqrt(var[o] + eps), bias [O] =
 // the norm's shift[o] = bias[o] - mean[o] * scale[o] (plus scale[o] * the convolution's own bias).
 // Its own tensors (not in any ParamStore), on the convolution's device; a copy of the weights at
-// the time of folding. On the CPU the weight's reordered copies are kept in pack (they never
-// change), made by the first forward of each input size and precision.
+// the time of folding. On the CPU the weight's reordered copies are kept in pack (the weight never
+// changes), one per oneDNN weight layout the forwards use (kernels/cpu/cpu_kernels.h).
 typedef struct {
   Tensor *weight, *bias;
   ConvWeightPack *pack;  // NULL off the CPU

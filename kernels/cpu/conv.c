@@ -298,6 +298,8 @@ void cpu_conv2d_set_impl(ConvImpl impl) {
   forced_impl = impl;
 }
 
+static ConvImpl bf16_conv_impl(const ConvGeom *g, ConvPass pass);
+
 // The per-pass choice, from bench_ops' medians at 2 threads (bench/README.md):
 //  - 3x3 and 7x7: oneDNN's direct convolution on its blocked layouts, reorders included: forward
 //    1.2-2.2x im2col + sgemm, backward-data 1.0-2.0x (most at 64-128 channels, where im2col's
@@ -316,8 +318,6 @@ void cpu_conv2d_set_impl(ConvImpl impl) {
 //    from 32x32 per image up runs on oneDNN's blocked layout: im2col's sgemm there is
 //    dw [O, C] += dy [O, HW] x^T with a long K and small M, N (140-400 GFLOP/s in `bench_ops --conv
 //    r50@512`), oneDNN's 1.0-1.8x that; below 32x32 im2col is 1.1-2x oneDNN. R50 step: 3% faster.
-static ConvImpl bf16_conv_impl(const ConvGeom *g, ConvPass pass);
-
 ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
   if (!DETR_HAVE_ONEDNN) return CONV_IMPL_IM2COL;
   // oneDNN 2.6 on nhwc activations with plain oihw weights runs its reference loop (~1 GFLOP/s,
@@ -372,11 +372,12 @@ ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
 
 // bf16 mode, channels last, where Winograd does not run: oneDNN's bf16 direct convolution, but for
 // the 1x1 passes where im2col's GEMM is faster - in bf16 mode cpu_gemm rounds its inputs into bf16
-// copies and runs oneDNN's bf16 matmul: the same arithmetic, fp32 accumulation; and its dw is
-// written plain, where the direct convolution's goes through oneDNN's reorder from its blocked
-// layout (2.7 GB/s for a 2048x1024 dw) and, one image at a time, a second reorder that sums.
+// copies and runs oneDNN's bf16 matmul (fp32 accumulation: the same arithmetic) where the GEMM has
+// 2^20+ multiply-adds, sgemm below; and its dw is written plain, where the direct convolution's
+// goes through oneDNN's reorder from its blocked layout (2.7 GB/s for a 2048x1024 dw) and, one
+// image at a time, a second reorder that sums. The bias gradient there is dy's own fp32 sum.
 // `bench_ops 7 --conv-last r50@512 / r18@320 / main@192`, columns bf16 and im2col+bf16
-// (bench/README.md "bf16: the 1x1 passes on GEMMs"):
+// (bench/README.md "bf16: 1x1 passes on GEMMs, weights kept for inference"):
 //  - stride 2 from 64 channels, every pass: 1.0-1.4x (backward-weights 1024 -> 2048: 2.3x);
 //    the main job's 16-32 channels: 0.7-1.1x, so not there;
 //  - stride-1 backward-data into 512+ channels on maps of 256+ pixels: 1.0-1.4x (into fewer
@@ -459,10 +460,10 @@ static unsigned conv_post(bool residual, bool relu) {
   return (residual ? CONV_POST_SUM : 0u) | (relu ? CONV_POST_RELU : 0u);
 }
 
-int64_t cpu_conv2d_forward_fused_workspace_floats(const ConvGeom *g, bool bias, bool residual, bool relu) {
+int64_t cpu_conv2d_forward_fused_workspace_floats(const ConvGeom *g, bool bias, bool residual, bool relu, bool packed) {
   ConvImpl impl = cpu_conv2d_impl(g, CONV_PASS_FWD);
   if (impl == CONV_IMPL_IM2COL) return im2col_workspace_floats(g);
-  return onednn_conv2d_forward_post_workspace_floats(g, impl, bias, conv_post(residual, relu));
+  return onednn_conv2d_forward_post_workspace_floats(g, impl, bias, conv_post(residual, relu), packed);
 }
 
 void cpu_conv2d_forward_fused(const float *x, const float *w, const float *bias, const float *residual, bool relu,

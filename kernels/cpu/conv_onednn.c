@@ -448,9 +448,7 @@ static void *weight_pack_copy(ConvWeightPack *pack, const ConvArg *a, const floa
     if (pack->copy[i].used < pack->copy[victim].used) victim = i;
   }
   free(pack->copy[victim].data);
-  size_t bytes = round64(dnnl_memory_desc_get_size(&a->prim));
-  void *data = aligned_alloc(64, bytes);
-  DETR_CHECK(data, "conv2d: aligned_alloc of a %zu-byte weight copy failed", bytes);
+  void *data = detr_aligned_malloc(64, dnnl_memory_desc_get_size(&a->prim), "a convolution's kept weight copy");
   reorder_run(a->reorder, &a->user, w, &a->prim, data);
   pack->copy[victim].md = a->prim;
   pack->copy[victim].data = data;
@@ -476,12 +474,14 @@ static bool pass_out_copy(const ConvPrim *p, int64_t batch, bool accumulate) {
   return p->a[2].reorder || accumulate || (shared_out && batch > 1);
 }
 
-// Workspace bytes of one pass: its prim-layout copies (out_copy: the output's), backward-weights'
-// dbias [O], the scratchpad.
-static size_t pass_buffer_bytes(const ConvPrim *p, bool out_copy) {
+// Workspace bytes of one pass: its prim-layout copies (out_copy: the output's; packed: not the
+// forward's weight, which a ConvWeightPack holds), backward-weights' dbias [O], the scratchpad.
+static size_t pass_buffer_bytes(const ConvPrim *p, bool out_copy, bool packed) {
   size_t bytes = round64(p->scratch_bytes);
-  for (int i = 0; i < 3; i++)
-    if (i < 2 ? p->a[i].reorder != NULL : out_copy) bytes += round64(dnnl_memory_desc_get_size(&p->a[i].prim));
+  for (int i = 0; i < 3; i++) {
+    bool kept = packed && p->pass == CONV_PASS_FWD && i == 1;
+    if (i < 2 ? p->a[i].reorder != NULL && !kept : out_copy) bytes += round64(dnnl_memory_desc_get_size(&p->a[i].prim));
+  }
   if (p->pass == CONV_PASS_BWD_WEIGHTS && p->bias) bytes += round64((size_t)p->g.out_ch * sizeof(float));
   return bytes;
 }
@@ -489,8 +489,8 @@ static size_t pass_buffer_bytes(const ConvPrim *p, bool out_copy) {
 // Runs one pass of primitive p (of batch p->g.batch) `batch` times over consecutive parts of the
 // buffers: in0, in1 plain inputs, out the plain output (overwritten by the forward, accumulated
 // into by the backward passes where `accumulate`); bias: the forward's bias or backward-weights'
-// dbias (accumulated), NULL when p has none. workspace: pass_buffer_bytes(p, pass_out_copy(...)).
-// pack: the forward's weight copies kept between calls, or NULL.
+// dbias (accumulated), NULL when p has none. pack: the forward's weight copies kept between calls,
+// or NULL. workspace: pass_buffer_bytes(p, pass_out_copy(...), pack != NULL).
 static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *in0, const float *in1, float *out,
                      float *bias, char *workspace, ConvWeightPack *pack) {
   const ConvGeom *g = &p->g;
@@ -684,7 +684,8 @@ int64_t onednn_conv2d_winograd_workspace_floats(const ConvGeom *g, ConvPass pass
 int64_t onednn_conv2d_workspace_floats(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, bool bias) {
   int64_t runs;
   const ConvPrim *p = pass_prim(g, pass, impl, accumulate, bias, 0, &runs);
-  return (int64_t)((pass_buffer_bytes(p, pass_out_copy(p, runs, accumulate)) + sizeof(float) - 1) / sizeof(float));
+  return (int64_t)((pass_buffer_bytes(p, pass_out_copy(p, runs, accumulate), false) + sizeof(float) - 1) /
+                   sizeof(float));
 }
 
 void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, const float *in0,
@@ -697,10 +698,11 @@ void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool acc
   pass_run(p, runs, accumulate, in0, in1, out, bias, (char *)workspace, NULL);
 }
 
-int64_t onednn_conv2d_forward_post_workspace_floats(const ConvGeom *g, ConvImpl impl, bool bias, unsigned post) {
+int64_t onednn_conv2d_forward_post_workspace_floats(const ConvGeom *g, ConvImpl impl, bool bias, unsigned post,
+                                                    bool packed) {
   int64_t runs;
   const ConvPrim *p = pass_prim(g, CONV_PASS_FWD, impl, false, bias, post, &runs);
-  return (int64_t)((pass_buffer_bytes(p, pass_out_copy(p, runs, false)) + sizeof(float) - 1) / sizeof(float));
+  return (int64_t)((pass_buffer_bytes(p, pass_out_copy(p, runs, false), packed) + sizeof(float) - 1) / sizeof(float));
 }
 
 void onednn_conv2d_forward_post(const ConvGeom *g, ConvImpl impl, unsigned post, const float *x, const float *w,
@@ -728,11 +730,7 @@ struct ConvWeightPack {
 };
 #endif
 
-ConvWeightPack *conv_weight_pack_new(void) {
-  ConvWeightPack *pack = calloc(1, sizeof *pack);
-  DETR_CHECK(pack, "conv_weight_pack_new: out of memory");
-  return pack;
-}
+ConvWeightPack *conv_weight_pack_new(void) { return detr_calloc(1, sizeof(ConvWeightPack), "a conv weight pack"); }
 
 void conv_weight_pack_free(ConvWeightPack *pack) {
   if (!pack) return;

@@ -23,10 +23,12 @@ int64_t onednn_conv2d_workspace_floats(const ConvGeom *g, ConvPass pass, ConvImp
 // + y), post CONV_POST_* or'ed; with CONV_POST_SUM y holds the residual before the call. The same
 // primitive as onednn_conv2d_run's forward with oneDNN's sum and eltwise post-ops (where oneDNN's
 // Winograd takes no post-ops, its direct convolution).
-// pack: w's kept copies (cpu_kernels.h), or NULL (reordered into the workspace each call).
+// pack: w's kept copies (cpu_kernels.h; the workspace then holds no weight copy), or NULL
+// (reordered into the workspace each call).
 void onednn_conv2d_forward_post(const ConvGeom *g, ConvImpl impl, unsigned post, const float *x, const float *w,
                                 float *y, const float *bias, float *workspace, ConvWeightPack *pack);
-int64_t onednn_conv2d_forward_post_workspace_floats(const ConvGeom *g, ConvImpl impl, bool bias, unsigned post);
+int64_t onednn_conv2d_forward_post_workspace_floats(const ConvGeom *g, ConvImpl impl, bool bias, unsigned post,
+                                                    bool packed);
 // Whether oneDNN has Winograd on this CPU (AVX-512; probed once).
 bool onednn_conv2d_has_winograd(void);
 // The workspace (onednn_conv2d_workspace_floats) a Winograd pass of g would take, or -1 where
@@ -64,7 +66,7 @@ static inline void onednn_conv2d_forward_post(const ConvGeom *g, ConvImpl impl, 
   DETR_FAIL("conv2d: this build has no oneDNN");
 }
 static inline int64_t onednn_conv2d_forward_post_workspace_floats(const ConvGeom *g, ConvImpl impl, bool bias,
-                                                                  unsigned post) {
+                                                                  unsigned post, bool packed) {
   (void)g, (void)impl, (void)bias, (void)post;
   DETR_FAIL("conv2d: this build has no oneDNN");
 }

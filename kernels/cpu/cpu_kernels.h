@@ -59,15 +59,18 @@ void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float 
 // the implementation cpu_conv2d_impl picks for the forward; im2col + sgemm adds them after.
 #define CONV_POST_SUM 1u
 #define CONV_POST_RELU 2u
-// pack: w's reordered copies kept between calls (below), or NULL.
-int64_t cpu_conv2d_forward_fused_workspace_floats(const ConvGeom *g, bool bias, bool residual, bool relu);
+// pack: w's reordered copies kept between calls (below), or NULL; the workspace is smaller with one
+// (packed: pack != NULL).
+int64_t cpu_conv2d_forward_fused_workspace_floats(const ConvGeom *g, bool bias, bool residual, bool relu, bool packed);
 void cpu_conv2d_forward_fused(const float *x, const float *w, const float *bias, const float *residual, bool relu,
                               float *y, const ConvGeom *g, float *workspace, ConvWeightPack *pack);
 // A constant weight's copies in the layouts oneDNN's primitives take it in (conv_onednn.c), made
 // on first use and kept: inference's folded weights never change, so each is reordered once
-// instead of in every forward. One pack per weight (its first use binds it to that buffer), owned
-// by whoever owns the weight; a layout it lacks (another input size, another precision) is added,
-// up to a few, the least recently used dropped.
+// instead of in every forward. One pack per weight, which must not change while the pack lives
+// (its first use binds the pack to that buffer); owned by whoever owns the weight. A layout it
+// lacks (Winograd's or the direct convolution's, nchw's or channels last's, bf16's) is added, up to
+// four, the least recently used dropped; an input size whose primitive takes a layout already
+// kept reuses it.
 ConvWeightPack *conv_weight_pack_new(void);
 void conv_weight_pack_free(ConvWeightPack *pack);
 // Which implementation runs each pass of a convolution. AUTO: the faster for the shape and pass;
