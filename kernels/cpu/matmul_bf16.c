@@ -13,8 +13,6 @@
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
 
-#include "kernels/bf16_math.h"
-#include "kernels/cpu/parallel.h"
 
 #define DNNL_CHECK(call)                                                                          \
   do {                                                                                            \
@@ -27,14 +25,25 @@
 #define GEMM_BF16_MIN_MACS ((double)(1 << 20))
 
 typedef struct {  // no padding bytes: keys are compared with memcmp
-  int64_t trans_a, trans_b, m, n, k, batch, ldc, stride_c;
+  int64_t trans_a, trans_b, m, n, k, batch, lda, ldb, stride_a, stride_b, ldc, stride_c;
   float alpha, beta;
 } GemmKey;
+
+// An operand's rounding into its dense bf16 copy: a oneDNN reorder from the fp32 matrices as
+// stored. oneDNN converts with AVX512-BF16's vcvtneps2bf16 (to nearest even, as bf16_from_float
+// but for denormal inputs, which it takes as zero) at 2.5-3x the rate of a C loop
+// (bench/README.md "bf16: 1x1 passes on GEMMs, weights kept for inference").
+typedef struct {
+  dnnl_primitive_t reorder;
+  dnnl_memory_desc_t from, to;
+  int64_t batch;  // copies made: 1 where the batch shares the operand (stride 0), then copied
+} OperandCopy;
 
 typedef struct {
   GemmKey key;
   dnnl_primitive_t prim;
   dnnl_memory_desc_t a_md, b_md, c_md;
+  OperandCopy a_copy, b_copy;
   uint64_t used;  // LRU stamp; 0: empty
 } GemmPrim;
 
@@ -46,17 +55,32 @@ static dnnl_stream_t stream;
 static uint16_t *copies;      // A's and B's bf16 copies, grown to the largest call
 static int64_t copies_cap;    // in bf16 elements
 
-// dst [n] = src [n] rounded to bf16.
-CPU_AVX2_CLONES static void row_to_bf16(const float *src, uint16_t *dst, int64_t n) {
-  for (int64_t j = 0; j < n; j++) dst[j] = bf16_from_float(src[j]);
+// The copy of an operand stored [batch, rows, cols] (row stride ld, batch stride stride; 0: one
+// matrix for the whole batch) as dense bf16 [batch, rows, cols].
+static void operand_copy_create(OperandCopy *c, int64_t batch, int64_t rows, int64_t cols, int64_t ld,
+                                int64_t stride) {
+  c->batch = stride == 0 ? 1 : batch;
+  dnnl_dims_t d = {c->batch, rows, cols}, from = {c->batch > 1 ? stride : rows * ld, ld, 1};
+  dnnl_dims_t to = {rows * cols, cols, 1};
+  DNNL_CHECK(dnnl_memory_desc_init_by_strides(&c->from, 3, d, dnnl_f32, from));
+  DNNL_CHECK(dnnl_memory_desc_init_by_strides(&c->to, 3, d, dnnl_bf16, to));
+  dnnl_primitive_desc_t pd;
+  DNNL_CHECK(dnnl_reorder_primitive_desc_create(&pd, &c->from, engine, &c->to, engine, NULL));
+  DNNL_CHECK(dnnl_primitive_create(&c->reorder, pd));
+  DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
 }
 
-// A [batch, rows, cols] (row stride ld, batch stride stride) rounded to bf16, dense: [batch, rows, cols].
-static void to_bf16(const float *x, int64_t batch, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
-                    uint16_t *out) {
-#pragma omp parallel for collapse(2) schedule(static) if (batch * rows * cols > PARALLEL_MIN_LIGHT)
-  for (int64_t b = 0; b < batch; b++)
-    for (int64_t r = 0; r < rows; r++) row_to_bf16(x + b * stride + r * ld, out + (b * rows + r) * cols, cols);
+// out [batch, rows, cols] = the operand x rounded to bf16 (c made for its shape).
+static void operand_copy_run(const OperandCopy *c, const float *x, int64_t batch, uint16_t *out) {
+  dnnl_memory_t mf, mt;
+  DNNL_CHECK(dnnl_memory_create(&mf, &c->from, engine, (void *)x));
+  DNNL_CHECK(dnnl_memory_create(&mt, &c->to, engine, out));
+  dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, mf}, {DNNL_ARG_TO, mt}};
+  DNNL_CHECK(dnnl_primitive_execute(c->reorder, stream, 2, args));
+  DNNL_CHECK(dnnl_memory_destroy(mf));
+  DNNL_CHECK(dnnl_memory_destroy(mt));
+  size_t one = dnnl_memory_desc_get_size(&c->to);  // the shared matrix, once per batch entry
+  for (int64_t b = c->batch; b < batch; b++) memcpy((char *)out + b * one, out, one);
 }
 
 // The matmul of a key: src [batch, m, k] and weights [batch, k, n] dense bf16 (transposed ones by
@@ -87,6 +111,9 @@ static void gemm_prim_create(GemmPrim *p, const GemmKey *key) {
   DNNL_CHECK(dnnl_primitive_create(&p->prim, pd));
   DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
   DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
+  // As stored: A [m, k] (or [k, m] transposed) rows of lda; B [k, n] (or [n, k]) rows of ldb.
+  operand_copy_create(&p->a_copy, B, key->trans_a ? k : m, key->trans_a ? m : k, key->lda, key->stride_a);
+  operand_copy_create(&p->b_copy, B, key->trans_b ? n : k, key->trans_b ? k : n, key->ldb, key->stride_b);
   p->key = *key;
 }
 
@@ -104,7 +131,11 @@ static GemmPrim *gemm_prim_get(const GemmKey *key) {
     }
     if (p->used < victim->used) victim = p;
   }
-  if (victim->used) DNNL_CHECK(dnnl_primitive_destroy(victim->prim));
+  if (victim->used) {
+    DNNL_CHECK(dnnl_primitive_destroy(victim->prim));
+    DNNL_CHECK(dnnl_primitive_destroy(victim->a_copy.reorder));
+    DNNL_CHECK(dnnl_primitive_destroy(victim->b_copy.reorder));
+  }
   memset(victim, 0, sizeof *victim);
   gemm_prim_create(victim, key);
   victim->used = ++gemm_clock;
@@ -117,8 +148,9 @@ bool cpu_gemm_bf16_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int
   // Inside a parallel region (a caller's per-thread GEMMs) the shared copies and cache cannot be used.
   if (!cpu_bf16_enabled() || omp_in_parallel() || (double)m * n * k * batch < GEMM_BF16_MIN_MACS || k < 16)
     return false;
-  _Static_assert(sizeof(GemmKey) == 8 * sizeof(int64_t) + 2 * sizeof(float), "GemmKey has padding bytes");
-  GemmKey key = {.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k, .batch = batch, .ldc = ldc,
+  _Static_assert(sizeof(GemmKey) == 12 * sizeof(int64_t) + 2 * sizeof(float), "GemmKey has padding bytes");
+  GemmKey key = {.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k, .batch = batch, .lda = lda,
+                 .ldb = ldb, .stride_a = batch > 1 ? stride_a : 0, .stride_b = batch > 1 ? stride_b : 0, .ldc = ldc,
                  .stride_c = batch > 1 ? stride_c : m * ldc, .alpha = alpha, .beta = beta};
   GemmPrim *p = gemm_prim_get(&key);
   int64_t na = batch * m * k, nb = batch * k * n;
@@ -128,9 +160,8 @@ bool cpu_gemm_bf16_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int
     copies = detr_malloc((size_t)copies_cap * sizeof(uint16_t), "bf16 GEMM operands");
   }
   uint16_t *a16 = copies, *b16 = copies + na;
-  // As stored: A [m, k] (or [k, m] transposed) rows of lda; B [k, n] (or [n, k]) rows of ldb.
-  to_bf16(a, batch, trans_a ? k : m, trans_a ? m : k, lda, stride_a, a16);
-  to_bf16(b, batch, trans_b ? n : k, trans_b ? k : n, ldb, stride_b, b16);
+  operand_copy_run(&p->a_copy, a, batch, a16);
+  operand_copy_run(&p->b_copy, b, batch, b16);
   dnnl_memory_t ma, mb, mc;
   DNNL_CHECK(dnnl_memory_create(&ma, &p->a_md, engine, a16));
   DNNL_CHECK(dnnl_memory_create(&mb, &p->b_md, engine, b16));

@@ -10,8 +10,8 @@
 // (cuda_set_tf32, the `tf32` config key) it is CUDNN_DEFAULT_MATH, which lets cuDNN run fp32
 // convolutions on TF32 tensor cores on sm_80+ (inputs rounded to a 10-bit mantissa), as PyTorch's
 // torch.backends.cudnn.allow_tf32. With bf16 on (cuda_set_bf16, the `bf16` config key) x, w and dy
-// are rounded to the nearest bf16 (kernels/bf16_math.h, the CPU's rounding) into staging copies,
-// cuDNN runs on bf16 tensors with fp32 accumulation (its BFLOAT16 configuration, tensor-core math),
+// are rounded to the nearest bf16 (kernels/bf16_math.h; the CPU's oneDNN conversion rounds the same
+// way but takes denormal inputs as zero) into staging copies, cuDNN runs on bf16 tensors with fp32 accumulation (its BFLOAT16 configuration, tensor-core math),
 // and its bf16 result - y, dx or dw - is widened back into the fp32 tensor (set, or added to a
 // gradient). cuDNN's legacy API has no bf16-in, fp32-out convolution, so unlike the CPU's the
 // output is rounded to bf16 as well (PyTorch's autocast does the same).
@@ -328,7 +328,7 @@ static void weight_krsc(const ConvGeom *g, float *w, float *wk, bool to_krsc, bo
   CUDA_CHECK_LAUNCH("weight_krsc_kernel");
 }
 
-// --- bf16 staging (kernels/bf16_math.h's rounding, the CPU's) ---
+// --- bf16 staging (kernels/bf16_math.h's rounding: to nearest even, as the CPU's) ---
 
 // dst [n] = src rounded to the nearest bf16.
 __global__ void to_bf16_kernel(const float *src, uint16_t *dst, int64_t n) {
