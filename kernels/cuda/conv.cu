@@ -13,8 +13,9 @@
 // are rounded to the nearest bf16 (kernels/bf16_math.h; the CPU's oneDNN conversion rounds the same
 // way but takes denormal inputs as zero) into staging copies, cuDNN runs on bf16 tensors with fp32
 // accumulation (its BFLOAT16 configuration, tensor-core math), and its bf16 result - y, dx or dw -
-// is widened back into the fp32 tensor (set, or added to a gradient). cuDNN's legacy API has no bf16-in, fp32-out convolution, so unlike the CPU's the
-// output is rounded to bf16 as well (PyTorch's autocast does the same).
+// is widened back into the fp32 tensor (set, or added to a gradient). cuDNN's legacy API has no
+// bf16-in, fp32-out convolution, so unlike the CPU's the output is rounded to bf16 as well
+// (PyTorch's autocast does the same).
 //
 // Algorithms: with DETR_CUDNN_DETERMINISTIC unset or anything but "0" (the default), the
 // deterministic IMPLICIT_PRECOMP_GEMM / BWD_DATA_ALGO_1 / BWD_FILTER_ALGO_1 are used (bitwise
