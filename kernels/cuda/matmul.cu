@@ -6,7 +6,7 @@
 // C^T = op(B)^T op(A)^T: swap the operands (and m with n), keep each one's transpose flag.
 //
 // bf16 (cuda_set_bf16): A and B rounded to the nearest bf16 into copies here (kernels/bf16_math.h,
-// the CPU's and conv.cu's rounding), then cublasGemmEx / cublasGemmStridedBatchedEx on CUDA_R_16BF
+// conv.cu's rounding; the CPU's oneDNN conversion differs on denormal inputs alone), then cublasGemmEx / cublasGemmStridedBatchedEx on CUDA_R_16BF
 // inputs with CUBLAS_COMPUTE_32F: tensor-core products, fp32 accumulation and output - what the
 // CPU's bf16 GEMM computes (kernels/cpu/matmul_bf16.c). Every GEMM takes it (autocast's rule); the
 // CPU keeps small ones in fp32 only because its conversion costs more than it saves.
