@@ -6,10 +6,11 @@
 // C^T = op(B)^T op(A)^T: swap the operands (and m with n), keep each one's transpose flag.
 //
 // bf16 (cuda_set_bf16): A and B rounded to the nearest bf16 into copies here (kernels/bf16_math.h,
-// conv.cu's rounding; the CPU's oneDNN conversion differs on denormal inputs alone), then cublasGemmEx / cublasGemmStridedBatchedEx on CUDA_R_16BF
-// inputs with CUBLAS_COMPUTE_32F: tensor-core products, fp32 accumulation and output - what the
-// CPU's bf16 GEMM computes (kernels/cpu/matmul_bf16.c). Every GEMM takes it (autocast's rule); the
-// CPU keeps small ones in fp32 only because its conversion costs more than it saves.
+// conv.cu's rounding; the CPU's oneDNN conversion differs on denormal inputs alone), then
+// cublasGemmEx / cublasGemmStridedBatchedEx on CUDA_R_16BF inputs with CUBLAS_COMPUTE_32F: tensor-
+// core products, fp32 accumulation and output - what the CPU's bf16 GEMM computes
+// (kernels/cpu/matmul_bf16.c). Every GEMM takes it (autocast's rule); the CPU keeps small ones in
+// fp32 only because its conversion costs more than it saves.
 // Why copies: CUBLAS_COMPUTE_32F_FAST_16BF on the fp32 matrices (no copies) was measured on an H100
 // (2026-11-27, cuBLAS of CUDA 13.0) to compute in TF32, not bf16: test_gpu's bf16_within_rounding_bound
 // found its results 1.3e-5 from the TF32-rounded sums and 0.047 from the bf16-rounded ones - cuBLAS
