@@ -7,8 +7,8 @@
 //
 // bf16 (cuda_set_bf16): A and B rounded to the nearest bf16 into copies here (kernels/bf16_math.h,
 // conv.cu's rounding; the CPU's oneDNN conversion differs on denormal inputs alone), then
-// cublasGemmEx / cublasGemmStridedBatchedEx on CUDA_R_16BF inputs with CUBLAS_COMPUTE_32F: tensor-
-// core products, fp32 accumulation and output - what the CPU's bf16 GEMM computes
+// cublasGemmEx / cublasGemmStridedBatchedEx on CUDA_R_16BF inputs with CUBLAS_COMPUTE_32F:
+// tensor-core products, fp32 accumulation and output - what the CPU's bf16 GEMM computes
 // (kernels/cpu/matmul_bf16.c). Every GEMM takes it (autocast's rule); the CPU keeps small ones in
 // fp32 only because its conversion costs more than it saves.
 // Why copies: CUBLAS_COMPUTE_32F_FAST_16BF on the fp32 matrices (no copies) was measured on an H100
