@@ -378,10 +378,10 @@ ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
 // image at a time, a second reorder that sums. The bias gradient there is dy's own fp32 sum.
 // `bench_ops 7 --conv-last r50@512 / r18@320 / main@192`, columns bf16 and im2col+bf16
 // (bench/README.md "bf16: 1x1 passes on GEMMs, weights kept for inference"):
-//  - stride 2 from 64 channels, every pass: 1.0-1.4x (backward-weights 1024 -> 2048: 2.3x);
+//  - stride 2 from 64 channels, every pass: 1.0-1.4x (backward-weights 1024 -> 2048: 2.3-2.6x);
 //    the main job's 16-32 channels: 0.7-1.1x, so not there;
-//  - stride-1 backward-data into 512+ channels on maps of 256+ pixels: 1.0-1.4x (into fewer
-//    channels 0.9-1.0x; R18's 10x10 input projection 1.0x);
+//  - stride-1 backward-data into 512+ channels on maps of 256+ pixels: 1.0-1.4x (at 4096 pixels
+//    0.84-1.18x run to run; into fewer channels 0.9-1.0x; R18's 10x10 input projection 1.0x);
 //  - stride-1 backward-weights from 256+ channels on maps of 256-1024 pixels: 1.0-1.4x. On larger
 //    maps and on R18's 10x10 (a GEMM of K = 200) the direct one is 1.1-1.3x.
 // The forward at stride 1 stays direct (within 5% either way; the inference path fuses its
