@@ -68,10 +68,10 @@ static float *uniform_buffer(int64_t n, uint64_t seed) {
 
 // --- GEMM: every transpose, alpha and beta, a strided batch ---
 
-// shared_b: one B for the whole batch (batch stride 0).
+// shared_b: one B for the whole batch (batch stride 0). a_gap: A's row gap.
 static void check_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, float beta, int64_t batch,
-                       bool shared_b) {
-  int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 2;  // row gaps
+                       bool shared_b, int64_t a_gap) {
+  int64_t lda = (ta ? m : k) + a_gap, ldb = (tb ? k : n) + 1, ldc = n + 2;  // row gaps
   int64_t sa = (ta ? k : m) * lda + 5, sb = (tb ? n : k) * ldb + 7, sc = m * ldc + 4;  // batch gaps
   float *a = uniform_buffer(sa * batch, 1), *b = uniform_buffer(sb * (shared_b ? 1 : batch), 2);
   float *c = uniform_buffer(sc * batch, 3);
@@ -109,10 +109,11 @@ static void check_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
 
 START_TEST(gemm_bf16_within_rounding_bound) {
   if (!have_bf16()) return;
-  for (int t = 0; t < 4; t++) check_gemm(t & 1, t & 2, 97, 130, 211, 1.0f, 0.0f, 1, false);
-  check_gemm(false, true, 64, 96, 300, 0.5f, 1.0f, 3, false);   // alpha, beta (the backward's accumulation), batch
-  check_gemm(true, false, 200, 33, 1000, 1.0f, 0.25f, 2, false);  // long sums
-  check_gemm(false, false, 90, 64, 200, 1.0f, 0.0f, 4, true);     // one B for the batch (stride 0)
+  for (int t = 0; t < 4; t++) check_gemm(t & 1, t & 2, 97, 130, 211, 1.0f, 0.0f, 1, false, 3);
+  check_gemm(false, true, 64, 96, 300, 0.5f, 1.0f, 3, false, 3);   // alpha, beta (the backward's accumulation), batch
+  check_gemm(true, false, 200, 33, 1000, 1.0f, 0.25f, 2, false, 3);  // long sums
+  check_gemm(false, false, 90, 64, 200, 1.0f, 0.0f, 4, true, 3);     // one B for the batch (stride 0)
+  check_gemm(false, false, 90, 64, 200, 1.0f, 0.0f, 4, true, 11);    // the same but A's rows: another conversion
 }
 END_TEST
 
