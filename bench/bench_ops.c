@@ -225,7 +225,7 @@ static void bench_detr_convs(int reps, const char *only_model, bool channels_las
         // oneDNN on nhwc with plain oihw weights is its reference loop (~1 GFLOP/s): not timed
         // bf16 only where the CPU has it
         bool skip = (channels_last && impls[k] == CONV_IMPL_ONEDNN_PLAIN) ||
-                    ((impls[k] == CONV_IMPL_ONEDNN_BF16 || impl_bf16[k]) && !cpu_bf16_supported(NULL, 0));
+                    ((impls[k] == CONV_IMPL_ONEDNN_BF16 || impl_bf16[k]) && !bf16);
         t[k] = skip ? 1e9 : time_conv_pass(impls[k], impl_bf16[k], &g, d->bias, (ConvPass)p, reps);
         len += snprintf(cell[p] + len, sizeof cell[p] - (size_t)len, k ? " /%4.0f" : "%4.0f", gflop / t[k]);
       }

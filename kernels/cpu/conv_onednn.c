@@ -474,14 +474,17 @@ static bool pass_out_copy(const ConvPrim *p, int64_t batch, bool accumulate) {
   return p->a[2].reorder || accumulate || (shared_out && batch > 1);
 }
 
-// Workspace bytes of one pass: its prim-layout copies (out_copy: the output's; packed: not the
-// forward's weight, which a ConvWeightPack holds), backward-weights' dbias [O], the scratchpad.
+// Whether argument i of p comes from a ConvWeightPack (packed: one is given) instead of the
+// workspace: the forward's weight.
+static bool arg_packed(const ConvPrim *p, int i, bool packed) { return packed && p->pass == CONV_PASS_FWD && i == 1; }
+
+// Workspace bytes of one pass: its prim-layout copies (out_copy: the output's; none for an argument
+// a pack holds), backward-weights' dbias [O], the scratchpad.
 static size_t pass_buffer_bytes(const ConvPrim *p, bool out_copy, bool packed) {
   size_t bytes = round64(p->scratch_bytes);
-  for (int i = 0; i < 3; i++) {
-    bool kept = packed && p->pass == CONV_PASS_FWD && i == 1;
-    if (i < 2 ? p->a[i].reorder != NULL && !kept : out_copy) bytes += round64(dnnl_memory_desc_get_size(&p->a[i].prim));
-  }
+  for (int i = 0; i < 3; i++)
+    if (i < 2 ? p->a[i].reorder != NULL && !arg_packed(p, i, packed) : out_copy)
+      bytes += round64(dnnl_memory_desc_get_size(&p->a[i].prim));
   if (p->pass == CONV_PASS_BWD_WEIGHTS && p->bias) bytes += round64((size_t)p->g.out_ch * sizeof(float));
   return bytes;
 }
@@ -514,7 +517,7 @@ static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *i
   void *buf[3] = {NULL, NULL, NULL};  // prim-layout copies
   for (int i = 0; i < 3; i++) {
     if (i < 2 ? !p->a[i].reorder : !out_copy) continue;
-    if (pack && p->pass == CONV_PASS_FWD && i == 1) {  // the weight, kept reordered
+    if (arg_packed(p, i, pack != NULL)) {  // the weight, kept reordered
       buf[i] = weight_pack_copy(pack, &p->a[i], user[i]);
       continue;
     }

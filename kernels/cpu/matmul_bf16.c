@@ -13,7 +13,6 @@
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
 
-
 #define DNNL_CHECK(call)                                                                          \
   do {                                                                                            \
     dnnl_status_t st_ = (call);                                                                   \
