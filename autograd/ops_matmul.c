@@ -178,7 +178,46 @@ typedef struct {
   int64_t rows, in, out;  // x [rows, in], W [out, in]
   bool relu;
   float dropout_p;        // after the ReLU; 0: none
+  bool rounded;           // node->buf holds W and x rounded to bf16: [out, in] then [rows, in]
 } LinearAttrs;
+
+// In bf16 mode each GEMM rounds its operands into bf16 copies: six conversions a layer,
+// x and W twice each and dy twice. Where all three GEMMs run in bf16, the forward rounds x and W
+// once and keeps the copies for the backward (instead of x itself: half its bytes), and the
+// backward rounds dy once for both of its GEMMs: three conversions, the same arithmetic bit for
+// bit (bench/README.md "bf16: linear layers round once").
+static bool gemm_bf16_wanted(Device dev, int64_t m, int64_t n, int64_t k) {
+  bool wanted = false;
+  DISPATCH(dev, wanted = cpu_gemm_bf16_wanted(m, n, k), wanted = cuda_gemm_bf16_wanted(m, n, k));
+  return wanted;
+}
+
+static bool linear_rounds_once(Device dev, int64_t rows, int64_t in, int64_t out) {
+  return gemm_bf16_wanted(dev, rows, out, in) && gemm_bf16_wanted(dev, rows, in, out) &&
+         gemm_bf16_wanted(dev, out, in, rows);
+}
+
+// x [rows, cols] rounded to bf16 into out, and C = alpha op(A) op(B) + beta C on such copies.
+static void round_bf16(Device dev, const float *x, int64_t rows, int64_t cols, uint16_t *out) {
+  DISPATCH(dev, cpu_round_bf16(x, rows, cols, cols, out), cuda_round_bf16(x, rows, cols, cols, out));
+}
+static void gemm_bf16(Device dev, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t *a,
+                      const uint16_t *b, float beta, float *c, int64_t ldc) {
+  DISPATCH(dev, cpu_gemm_bf16(ta, tb, m, n, k, 1.0f, a, b, beta, c, ldc),
+           cuda_gemm_bf16(ta, tb, m, n, k, 1.0f, a, b, beta, c, ldc));
+}
+
+// The backward's two GEMMs on the forward's bf16 copies (w16 [out, in], x16 [rows, in]) and dy rounded.
+static void linear_backward_rounded(Device dev, const LinearAttrs *at, const uint16_t *w16, const uint16_t *x16,
+                                    const float *dy, float *dx, bool set_dx, float *dw, bool set_dw) {
+  int64_t rows = at->rows, in = at->in, out = at->out;
+  size_t dy_bytes = (size_t)(rows * out) * sizeof(uint16_t);
+  uint16_t *dy16 = detr_alloc(dev, dy_bytes);  // [rows, out]
+  round_bf16(dev, dy, rows, out, dy16);
+  if (dx) gemm_bf16(dev, false, false, rows, in, out, dy16, w16, set_dx ? 0.0f : 1.0f, dx, in);
+  if (dw) gemm_bf16(dev, true, false, out, in, rows, dy16, x16, set_dw ? 0.0f : 1.0f, dw, in);
+  detr_free(dev, dy16, dy_bytes);
+}
 
 static void linear_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *w = n->in[1], *bias = n->in[2], *y = n->out[0];
@@ -195,8 +234,13 @@ static void linear_backward_node(TapeNode *n) {
     db = NULL;
   }
   const float *dy = y->grad->data;
-  if (dx) gemm(x->device, false, false, rows, in, out, 1.0f, dy, out, w->data, in, set_dx ? 0.0f : 1.0f, dx, in);
-  if (dw) gemm(x->device, true, false, out, in, rows, 1.0f, dy, out, x->data, in, set_dw ? 0.0f : 1.0f, dw, in);
+  if (at->rounded) {
+    const uint16_t *w16 = n->buf, *x16 = w16 + out * in;
+    linear_backward_rounded(x->device, at, w16, x16, dy, dx, set_dx, dw, set_dw);
+  } else {
+    if (dx) gemm(x->device, false, false, rows, in, out, 1.0f, dy, out, w->data, in, set_dx ? 0.0f : 1.0f, dx, in);
+    if (dw) gemm(x->device, true, false, out, in, rows, 1.0f, dy, out, x->data, in, set_dw ? 0.0f : 1.0f, dw, in);
+  }
   if (db)
     DISPATCH(x->device, cpu_row_bias_backward(dy, db, rows, out),
              cuda_row_bias_backward(dy, db, rows, out));
@@ -219,7 +263,18 @@ static Tensor *linear(Tensor *x, Tensor *weight, Tensor *bias, bool relu, float 
   Shape os = x->shape;
   os.d[os.ndim - 1] = out;
   Tensor *y = tensor_new_scoped(x->device, os);
-  gemm(x->device, false, true, rows, out, in, 1.0f, x->data, in, weight->data, in, 0.0f, y->data, out);
+  bool rounded = linear_rounds_once(x->device, rows, in, out);
+  uint16_t *rounded_block = NULL;  // W [out, in] then x [rows, in] in bf16
+  size_t rounded_bytes = (size_t)((out + rows) * in) * sizeof(uint16_t);
+  if (rounded) {
+    rounded_block = detr_alloc(x->device, rounded_bytes);
+    uint16_t *w16 = rounded_block, *x16 = rounded_block + out * in;
+    round_bf16(x->device, weight->data, out, in, w16);
+    round_bf16(x->device, x->data, rows, in, x16);
+    gemm_bf16(x->device, false, true, rows, out, in, x16, w16, 0.0f, y->data, out);
+  } else {
+    gemm(x->device, false, true, rows, out, in, 1.0f, x->data, in, weight->data, in, 0.0f, y->data, out);
+  }
   if (bias || relu) {
     const float *b = bias ? bias->data : NULL;
     DISPATCH(x->device, cpu_add_row_bias(y->data, b, rows, out, relu), cuda_add_row_bias(y->data, b, rows, out, relu));
@@ -234,13 +289,14 @@ static Tensor *linear(Tensor *x, Tensor *weight, Tensor *bias, bool relu, float 
   const char *name = dropout_p > 0.0f ? "linear_relu_dropout" : relu ? "linear_relu" : "linear";
   TapeNode *n = autograd_record(name, linear_backward_node, y, 3, inputs);
   if (n) {
-    if (weight->requires_grad) autograd_save(n, x);  // dW = dY^T x
-    if (x->requires_grad) autograd_save(n, weight);  // dx = dY W
-    if (relu) autograd_save(n, y);                   // the ReLU's (and dropout's) mask
+    if (!rounded && weight->requires_grad) autograd_save(n, x);  // dW = dY^T x
+    if (!rounded && x->requires_grad) autograd_save(n, weight);  // dx = dY W
+    if (relu) autograd_save(n, y);                               // the ReLU's (and dropout's) mask
     *NODE_ATTRS(n, LinearAttrs) =
-        (LinearAttrs){.rows = rows, .in = in, .out = out, .relu = relu, .dropout_p = dropout_p};
+        (LinearAttrs){.rows = rows, .in = in, .out = out, .relu = relu, .dropout_p = dropout_p, .rounded = rounded};
     n->flops = 2.0 * (double)rows * (double)in * (double)out;
   }
+  if (rounded) node_take_block(n, x->device, rounded_block, rounded_bytes);  // the backward's operands, or freed
   return y;
 }
 

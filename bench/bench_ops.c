@@ -95,6 +95,62 @@ static void bench_gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, i
   free(a), free(b), free(c), free(t);
 }
 
+// Attention's per-head GEMMs in bf16 mode: fp32 (bf16 off; one matrix per thread or one after
+// another), oneDNN's bf16 matmul over the batch (forced below the narrow-batch width), and what bf16
+// mode runs (matmul_bf16.c's rule). Each row: the product's transposes as the forward and backward of
+// dropout_bmm / bmm pass them, y [B, M, N] = op(a) op(b).
+static double time_batched(bool ta, bool tb, int64_t batch, int64_t m, int64_t n, int64_t k, const float *a,
+                           const float *b, float *c, int reps) {
+  double *t = malloc(sizeof(double) * reps);
+  int64_t lda = ta ? m : k, ldb = tb ? k : n;
+  for (int r = -3; r < reps; r++) {
+    double t0 = now();
+    cpu_gemm_batched(ta, tb, m, n, k, 1.0f, a, lda, m * k, b, ldb, k * n, 0.0f, c, n, m * n, batch);
+    if (r >= 0) t[r] = now() - t0;
+  }
+  double med = median(t, reps);
+  free(t);
+  return med;
+}
+
+static void bench_gemm_batched_bf16(bool ta, bool tb, int64_t batch, int64_t m, int64_t n, int64_t k, int reps) {
+  float *a = rand_buffer(batch * m * k, 5), *b = rand_buffer(batch * k * n, 6), *c = calloc((size_t)(batch * m * n), 4);
+  double fp32 = time_batched(ta, tb, batch, m, n, k, a, b, c, reps);
+  cpu_set_bf16(true);
+  int64_t width = cpu_gemm_bf16_set_min_batched_width(0);
+  double forced = time_batched(ta, tb, batch, m, n, k, a, b, c, reps);
+  cpu_gemm_bf16_set_min_batched_width(width);
+  double chosen = time_batched(ta, tb, batch, m, n, k, a, b, c, reps);
+  bool bf16 = cpu_gemm_bf16_batched(ta, tb, m, n, k, 1.0f, a, ta ? m : k, m * k, b, tb ? k : n, k * n, 0.0f, c, n,
+                                    m * n, batch);  // what the rule takes (it runs it once more)
+  cpu_set_bf16(false);
+  double gflop = 2.0 * batch * m * n * k * 1e-9;
+  printf("bmm %c%c %3lldx %4lldx%4lldx%4lld  fp32 %6.1f  bf16 %6.1f GFLOP/s (bf16/fp32 time %.2f)  bf16 mode: %s %6.1f\n",
+         ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)batch, (long long)m, (long long)n, (long long)k, gflop / fp32,
+         gflop / forced, forced / fp32, bf16 ? "bf16" : "fp32", gflop / chosen);
+  free(a), free(b), free(c);
+}
+
+static void bench_attention_bf16(int reps) {
+  char why[256];
+  if (!cpu_bf16_supported(why, sizeof why)) {
+    printf("bf16: %s\n", why);
+    return;
+  }
+  // heads x images, queries, keys, head width: DETR-R50 at 512 (2 images, 8 heads, 256 tokens, 100
+  // queries, 32 wide), at 800x1066 (one image, 850 tokens) and the main job's (4 images, 144 tokens,
+  // 16 wide).
+  static const int64_t shapes[][4] = {{16, 256, 256, 32}, {16, 100, 256, 32}, {16, 100, 100, 32}, {8, 850, 850, 32},
+                                      {32, 144, 144, 16}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    int64_t B = shapes[i][0], q = shapes[i][1], kv = shapes[i][2], d = shapes[i][3];
+    bench_gemm_batched_bf16(false, true, B, q, kv, d, reps);   // logits = q k^T
+    bench_gemm_batched_bf16(false, false, B, q, d, kv, reps);  // y = p v; dq = dlogits k
+    bench_gemm_batched_bf16(false, true, B, q, kv, d, reps);   // dp = dy v^T (the logits' shape)
+    bench_gemm_batched_bf16(true, false, B, kv, d, q, reps);   // dv = p^T dy; dk = dlogits^T q
+  }
+}
+
 // --- convolution: im2col + sgemm against oneDNN on DETR's shapes ---
 
 typedef struct {
@@ -270,13 +326,20 @@ int main(int argc, char **argv) {
   int reps = argc > 1 ? atoi(argv[1]) : 7;
   bool channels_last = argc > 2 && !strcmp(argv[2], "--conv-last");
   bool conv_only = argc > 2 && (!strcmp(argv[2], "--conv") || channels_last);
+  bool attention_bf16 = argc == 3 && !strcmp(argv[2], "--attention-bf16");
   const char *only_model = conv_only && argc > 3 ? argv[3] : NULL;
-  if (reps < 1 || (argc > 2 && !conv_only) || argc > 4) {
+  if (reps < 1 || (argc > 2 && !conv_only && !attention_bf16) || argc > 4) {
     fprintf(stderr, "usage: bench_ops [reps] [--conv | --conv-last [r18@320 | r50@512 | main@192 | i18@192]]\n"
-                    "  --conv-last: the convolutions channels last ([B, H, W, C], as the backbone runs)\n");
+                    "       bench_ops [reps] --attention-bf16\n"
+                    "  --conv-last: the convolutions channels last ([B, H, W, C], as the backbone runs)\n"
+                    "  --attention-bf16: attention's per-head GEMMs in fp32 and bf16, and bf16 mode's choice\n");
     return 2;
   }
   printf("threads: OpenBLAS %d; GEMM: %s\n", openblas_get_num_threads(), cpu_gemm_library());
+  if (attention_bf16) {
+    bench_attention_bf16(reps);
+    return 0;
+  }
   if (!conv_only) {
     // Transformer shapes: hidden 256, FFN 2048, a 25x38 feature map of 2 images (1900 tokens).
     bench_matmul(256, 256, 2048, reps);

@@ -111,7 +111,8 @@ START_TEST(gemm_bf16_within_rounding_bound) {
   if (!have_bf16()) return;
   for (int t = 0; t < 4; t++) check_gemm(t & 1, t & 2, 97, 130, 211, 1.0f, 0.0f, 1, false, 3);
   check_gemm(false, true, 64, 96, 300, 0.5f, 1.0f, 3, false, 3);   // alpha, beta (the backward's accumulation), batch
-  check_gemm(true, false, 200, 33, 1000, 1.0f, 0.25f, 2, false, 3);  // long sums
+  check_gemm(true, false, 200, 48, 1000, 1.0f, 0.25f, 2, false, 3);  // long sums, the narrowest batch in bf16
+  check_gemm(true, false, 200, 33, 1000, 1.0f, 0.25f, 1, false, 3);  // narrow but alone: bf16
   check_gemm(false, false, 90, 64, 200, 1.0f, 0.0f, 4, true, 3);     // one B for the batch (stride 0)
   check_gemm(false, false, 90, 64, 200, 1.0f, 0.0f, 4, true, 11);    // the same but A's rows: another conversion
 }
@@ -135,18 +136,56 @@ START_TEST(bf16_rounding_to_nearest_even) {
 }
 END_TEST
 
-// Below the size where bf16 pays, and with bf16 off, cpu_gemm is fp32's sgemm, bit for bit.
+// Below the size where bf16 pays, for a batch of narrow products (an attention head's), and with
+// bf16 off, cpu_gemm and cpu_gemm_batched are fp32's sgemms, bit for bit.
+static void check_stays_fp32(bool tb, int64_t m, int64_t n, int64_t k, int64_t batch) {
+  float *a = uniform_buffer(batch * m * k, 4), *b = uniform_buffer(batch * k * n, 5);
+  size_t bytes = (size_t)(batch * m * n) * sizeof(float);
+  float *c_fp32 = detr_malloc(bytes, "c_fp32"), *c_bf16 = detr_malloc(bytes, "c_bf16");
+  int64_t ldb = tb ? k : n;
+  cpu_gemm_batched(false, tb, m, n, k, 1.0f, a, k, m * k, b, ldb, k * n, 0.0f, c_fp32, n, m * n, batch);
+  cpu_set_bf16(true);
+  cpu_gemm_batched(false, tb, m, n, k, 1.0f, a, k, m * k, b, ldb, k * n, 0.0f, c_bf16, n, m * n, batch);
+  cpu_set_bf16(false);
+  ck_assert_msg(!memcmp(c_fp32, c_bf16, bytes), "gemm %lldx%lldx%lld batch %lld: not sgemm's bits", (long long)m,
+                (long long)n, (long long)k, (long long)batch);
+  free(a), free(b), free(c_fp32), free(c_bf16);
+}
+
 START_TEST(small_gemm_and_bf16_off_stay_fp32) {
   if (!have_bf16()) return;
-  int64_t m = 8, n = 8, k = 8;
-  float *a = uniform_buffer(m * k, 4), *b = uniform_buffer(k * n, 5);
-  float c_fp32[64], c_bf16[64];
-  cpu_gemm(false, false, m, n, k, 1.0f, a, k, b, n, 0.0f, c_fp32, n);
+  check_stays_fp32(false, 8, 8, 8, 1);       // under bf16's size
+  check_stays_fp32(false, 256, 32, 256, 8);  // probabilities x values of 8 heads 32 wide
+  check_stays_fp32(true, 32, 256, 256, 8);   // the same narrow the other way
+}
+END_TEST
+
+// A linear layer in bf16 rounds x and W once in its forward and dy once in its backward, and keeps
+// the copies on the tape (autograd/ops_matmul.c): its output and gradients are each GEMM rounding
+// its own operands (cpu_gemm), bit for bit.
+START_TEST(linear_rounds_once_as_each_gemm) {
+  if (!have_bf16()) return;
+  enum { ROWS = 300, IN = 64, OUT = 96 };
+  float *xh = uniform_buffer(ROWS * IN, 21), *wh = uniform_buffer(OUT * IN, 22), *gh = uniform_buffer(ROWS * OUT, 23);
+  Tensor *x = tensor_from_host(DEVICE_CPU, SHAPE(3, ROWS / 3, IN), xh), *w = tensor_from_host(DEVICE_CPU, SHAPE(OUT, IN), wh);
+  Tensor *g = tensor_from_host(DEVICE_CPU, SHAPE(3, ROWS / 3, OUT), gh);
+  tensor_set_requires_grad(x, true);
+  tensor_set_requires_grad(w, true);
   cpu_set_bf16(true);
-  cpu_gemm(false, false, m, n, k, 1.0f, a, k, b, n, 0.0f, c_bf16, n);
+  ck_assert(cpu_gemm_bf16_wanted(ROWS, OUT, IN) && cpu_gemm_bf16_wanted(ROWS, IN, OUT) && cpu_gemm_bf16_wanted(OUT, IN, ROWS));
+  Tensor *y = tensor_retain(op_linear(x, w, NULL));
+  autograd_backward_with(y, g);
+  float *y_ref = detr_malloc(sizeof(float) * ROWS * OUT, "y_ref"), *dx_ref = detr_malloc(sizeof(float) * ROWS * IN, "dx_ref");
+  float *dw_ref = detr_malloc(sizeof(float) * OUT * IN, "dw_ref");
+  cpu_gemm(false, true, ROWS, OUT, IN, 1.0f, xh, IN, wh, IN, 0.0f, y_ref, OUT);
+  cpu_gemm(false, false, ROWS, IN, OUT, 1.0f, gh, OUT, wh, IN, 0.0f, dx_ref, IN);
+  cpu_gemm(true, false, OUT, IN, ROWS, 1.0f, gh, OUT, xh, IN, 0.0f, dw_ref, IN);
   cpu_set_bf16(false);
-  ck_assert(!memcmp(c_fp32, c_bf16, sizeof c_fp32));
-  free(a), free(b);
+  ck_assert_msg(!memcmp(y->data, y_ref, sizeof(float) * ROWS * OUT), "linear's output differs from its GEMM's");
+  ck_assert_msg(!memcmp(x->grad->data, dx_ref, sizeof(float) * ROWS * IN), "linear's dx differs from its GEMM's");
+  ck_assert_msg(!memcmp(w->grad->data, dw_ref, sizeof(float) * OUT * IN), "linear's dW differs from its GEMM's");
+  free(xh), free(wh), free(gh), free(y_ref), free(dx_ref), free(dw_ref);
+  tensor_release(y), tensor_release(x), tensor_release(w), tensor_release(g);
 }
 END_TEST
 
@@ -398,6 +437,7 @@ int main(void) {
   tcase_add_test(tc, bf16_rounding_to_nearest_even);
   tcase_add_test(tc, gemm_bf16_within_rounding_bound);
   tcase_add_test(tc, small_gemm_and_bf16_off_stay_fp32);
+  tcase_add_test(tc, linear_rounds_once_as_each_gemm);
   tcase_add_test(tc, conv_bf16_within_rounding_bound);
   tcase_add_test(tc, conv_bf16_choice_within_rounding_bound);
   tcase_add_test(tc, bf16_refused_without_the_instructions);

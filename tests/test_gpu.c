@@ -913,6 +913,51 @@ static void check_conv_bf16(const ConvGeom *g, uint64_t seed) {
   free(sy), free(sdx), free(sdw);
 }
 
+// One output of C [m, n] = A B from row-major host A [m, k] (element (i, p) at a[i * sa_i + p * sa_p])
+// and B [k, n] (b[p * sb_p + j * sb_j]) against its bf16 bound.
+static void judge_product(const float *got, int64_t m, int64_t n, int64_t k, const float *a, int64_t sa_i,
+                          int64_t sa_p, const float *b, int64_t sb_p, int64_t sb_j, double *worst, double *vs_exact) {
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++) {
+      Bf16Sum sum = {0};
+      for (int64_t p = 0; p < k; p++) bf16_sum_add(&sum, a[i * sa_i + p * sa_p], b[p * sb_p + j * sb_j]);
+      bf16_judge(got[i * n + j], &sum, false, worst, vs_exact);
+    }
+}
+
+// op_linear in bf16 on the GPU (x and W rounded once in the forward and kept for the backward, dy
+// rounded once for both backward GEMMs: autograd/ops_matmul.c): y = x W^T, dx = dy W, dW = dy^T x,
+// each within its bound.
+static void check_linear_bf16(void) {
+  enum { ROWS = 150, IN = 48, OUT = 72 };
+  float *xh = host_uniform(ROWS * IN, 43000, -1, 1), *wh = host_uniform(OUT * IN, 43001, -1, 1);
+  float *gh = host_uniform(ROWS * OUT, 43002, -1, 1);
+  Tensor *x = tensor_from_host(DEVICE_CUDA, SHAPE(ROWS, IN), xh), *w = tensor_from_host(DEVICE_CUDA, SHAPE(OUT, IN), wh);
+  Tensor *g = tensor_from_host(DEVICE_CUDA, SHAPE(ROWS, OUT), gh);
+  tensor_set_requires_grad(x, true);
+  tensor_set_requires_grad(w, true);
+  cuda_set_bf16(true);
+  ck_assert(cuda_gemm_bf16_wanted(ROWS, OUT, IN));
+  ScopeMark mark = tensor_scope_mark();
+  Tensor *y = op_linear(x, w, NULL);
+  autograd_backward_with(y, g);
+  cuda_set_bf16(false);
+  float *yh = dev_download(y->data, ROWS * OUT), *dxh = dev_download(x->grad->data, ROWS * IN);
+  float *dwh = dev_download(w->grad->data, OUT * IN);
+  double worst[3] = {0}, vs_exact[3] = {0};
+  judge_product(yh, ROWS, OUT, IN, xh, IN, 1, wh, 1, IN, &worst[0], &vs_exact[0]);     // x [R, I] W^T
+  judge_product(dxh, ROWS, IN, OUT, gh, OUT, 1, wh, IN, 1, &worst[1], &vs_exact[1]);   // dy [R, O] W [O, I]
+  judge_product(dwh, OUT, IN, ROWS, gh, 1, OUT, xh, IN, 1, &worst[2], &vs_exact[2]);   // dy^T [O, R] x [R, I]
+  static const char *what[3] = {"y", "dx", "dW"};
+  for (int i = 0; i < 3; i++) {
+    ck_assert_msg(worst[i] <= 1, "bf16 linear %s: %.3g x the bound", what[i], worst[i]);
+    ck_assert_msg(vs_exact[i] > 1, "bf16 linear %s: within fp32's error of the exact sum: bf16 did not run", what[i]);
+  }
+  tensor_scope_release(mark);
+  tensor_release(x), tensor_release(w), tensor_release(g);
+  free(xh), free(wh), free(gh), free(yh), free(dxh), free(dwh);
+}
+
 START_TEST(bf16_within_rounding_bound) {
   char why[512];
   if (!cuda_bf16_supported(why, sizeof why)) {
@@ -924,6 +969,7 @@ START_TEST(bf16_within_rounding_bound) {
   check_gemm_bf16(false, true, 64, 96, 300, 3, 1.0f, 42100, 0, false);  // a strided batch accumulating into C
   check_gemm_bf16(true, false, 33, 40, 70, 3, 0.0f, 42200, 5, false);   // padded rows, gaps between entries
   check_gemm_bf16(false, false, 33, 40, 70, 3, 0.0f, 42300, 3, true);   // one B for every entry
+  check_linear_bf16();
   const ConvGeom geoms[] = {make_geom(2, 16, 12, 10, 24, 3, 3, 1, 1, 1, 1, 1, 1),   // 3x3
                             make_geom(2, 32, 9, 8, 16, 1, 1, 2, 2, 0, 0, 1, 1),     // 1x1 stride 2
                             make_geom(1, 8, 20, 18, 16, 7, 7, 2, 2, 3, 3, 1, 1),    // 7x7

@@ -33,11 +33,15 @@ TWIN_REDUCE(cpu)
 TWIN_MATMUL(cpu)
 const char *cpu_gemm_library(void);  // e.g. "oneDNN 2.6 sgemm", "OpenBLAS sgemm (Haswell)"
 // matmul_bf16.c: cpu_gemm_batched's operation with A and B rounded to bf16 and fp32 accumulation,
-// when bf16 is on (cpu_set_bf16) and the GEMM is large enough to gain; false (nothing done)
-// otherwise. cpu_gemm and cpu_gemm_batched call it first.
+// when bf16 is on (cpu_set_bf16) and the GEMM is large enough to gain (and, batched, not narrow);
+// false (nothing done) otherwise. cpu_gemm and cpu_gemm_batched call it first.
 bool cpu_gemm_bf16_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                            int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, float beta,
                            float *c, int64_t ldc, int64_t stride_c, int64_t batch);
+// A batch whose m or n is under this stays fp32 (48; a negative width restores it): returns the
+// previous width. For bench_ops, which times what bf16 would do below it.
+int64_t cpu_gemm_bf16_set_min_batched_width(int64_t width);
+TWIN_GEMM_BF16(cpu)
 
 // conv.c: im2col + sgemm, or oneDNN (conv_onednn.c) where it is the faster (bench/README.md).
 // workspace: cpu_conv2d_forward_workspace_floats(g) floats for the forward,

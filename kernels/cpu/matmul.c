@@ -16,16 +16,15 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
 
-void cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-              const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-              int64_t ldc) {
+// The fp32 GEMM of the library.
+static void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                  int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (k == 0) {  // C = beta C, done here: a GEMM library may skip the beta scaling when k is 0
     for (int64_t i = 0; i < m; i++)
       for (int64_t j = 0; j < n; j++) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
-  if (cpu_gemm_bf16_batched(trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1)) return;
 #if DETR_HAVE_ONEDNN
   dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb,
                                 beta, c, ldc);
@@ -39,6 +38,15 @@ void cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
 #endif
 }
 
+void cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+              int64_t ldc) {
+  if (m > 0 && n > 0 && k > 0 &&
+      cpu_gemm_bf16_batched(trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1))
+    return;
+  sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 const char *cpu_gemm_library(void) {
   static char name[64];
 #if DETR_HAVE_ONEDNN
@@ -50,17 +58,14 @@ const char *cpu_gemm_library(void) {
   return name;
 }
 
-// Below this a batch of GEMMs runs one matrix per thread. Measured with oneDNN's sgemm, 2 threads
-// (bench/README.md "GEMM library"): one per thread 1.05-1.9x one after another at 0.6-10.6
-// MFLOP per matrix (attention's per-head products: 0.66 MFLOP, 1.5-1.9x), 1.0x at 67 MFLOP.
-#define GEMM_BATCH_PARALLEL_MAX_FLOPS 16e6
-
 void cpu_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                       const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb,
                       int64_t stride_b, float beta, float *c, int64_t ldc, int64_t stride_c,
                       int64_t batch) {
   // Small matrices one per thread (the GEMM library runs single-threaded inside a parallel
-  // region); large ones one after another, each on all threads.
+  // region; GEMM_BATCH_PARALLEL_MAX_FLOPS); large ones one after another, each on all threads. In
+  // fp32 either way: where the batch is not bf16's, neither are its matrices (a narrow head alone
+  // would be, with fewer heads than threads).
   if (m > 0 && n > 0 && k > 0 && cpu_gemm_bf16_batched(trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb,
                                                        stride_b, beta, c, ldc, stride_c, batch))
     return;
@@ -68,8 +73,8 @@ void cpu_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
   int64_t threads = omp_get_max_threads();
 #pragma omp parallel for schedule(static) if (batch >= threads && flops < GEMM_BATCH_PARALLEL_MAX_FLOPS)
   for (int64_t i = 0; i < batch; i++)
-    cpu_gemm(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta,
-             c + i * stride_c, ldc);
+    sgemm(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta, c + i * stride_c,
+          ldc);
 }
 
 void cpu_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols, bool relu) {
@@ -87,27 +92,35 @@ void cpu_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols, b
 // dbias NULL: only dz_out. Column sums in double, rows in a fixed order: deterministic for any
 // thread count. A thread takes a block of columns and walks the rows, reading each row's block
 // contiguously (a column at a time strode over the rows: 2.5% of the main job's step in `perf`).
-static void row_bias_blocks(const float *dy, const float *relu_y, float keep_scale, float *dz_out, float *dbias,
-                            int64_t rows, int64_t cols) {
-  enum { BLOCK = 64 };
-  int64_t blocks = (cols + BLOCK - 1) / BLOCK;
-#pragma omp parallel for schedule(static) if (blocks > 1 && rows * cols > PARALLEL_MIN_LIGHT)
-  for (int64_t b = 0; b < blocks; b++) {
-    int64_t j0 = b * BLOCK, width = cols - j0 < BLOCK ? cols - j0 : BLOCK;
-    double acc[BLOCK] = {0};
-    for (int64_t r = 0; r < rows; r++) {
-      const float *row = dy + r * cols + j0;
-      if (relu_y) {
-        const float *yr = relu_y + r * cols + j0;
-        float *dzr = dz_out + r * cols + j0;
-        for (int64_t j = 0; j < width; j++) dzr[j] = relu_dropout_backward_from_output(yr[j], row[j], keep_scale);
-        row = dzr;
-      }
-      if (dbias)
-        for (int64_t j = 0; j < width; j++) acc[j] += row[j];
+enum { BIAS_BLOCK = 64 };
+
+// One block of columns [j0, j0 + width) over all rows (row_bias_blocks), compiled for AVX2 too: the
+// baseline's SSE2 ran the ReLU's pass at 7-14 GB/s.
+CPU_AVX2_CLONES static void row_bias_block(const float *dy, const float *relu_y, float keep_scale, float *dz_out,
+                                           float *dbias, int64_t rows, int64_t cols, int64_t j0, int64_t width) {
+  double acc[BIAS_BLOCK] = {0};
+  for (int64_t r = 0; r < rows; r++) {
+    const float *row = dy + r * cols + j0;
+    if (relu_y) {
+      const float *yr = relu_y + r * cols + j0;
+      float *dzr = dz_out + r * cols + j0;
+      for (int64_t j = 0; j < width; j++) dzr[j] = relu_dropout_backward_from_output(yr[j], row[j], keep_scale);
+      row = dzr;
     }
     if (dbias)
-      for (int64_t j = 0; j < width; j++) dbias[j0 + j] += (float)acc[j];
+      for (int64_t j = 0; j < width; j++) acc[j] += row[j];
+  }
+  if (dbias)
+    for (int64_t j = 0; j < width; j++) dbias[j0 + j] += (float)acc[j];
+}
+
+static void row_bias_blocks(const float *dy, const float *relu_y, float keep_scale, float *dz_out, float *dbias,
+                            int64_t rows, int64_t cols) {
+  int64_t blocks = (cols + BIAS_BLOCK - 1) / BIAS_BLOCK;
+#pragma omp parallel for schedule(static) if (blocks > 1 && rows * cols > PARALLEL_MIN_LIGHT)
+  for (int64_t b = 0; b < blocks; b++) {
+    int64_t j0 = b * BIAS_BLOCK, width = cols - j0 < BIAS_BLOCK ? cols - j0 : BIAS_BLOCK;
+    row_bias_block(dy, relu_y, keep_scale, dz_out, dbias, rows, cols, j0, width);
   }
 }
 

@@ -3,6 +3,7 @@
 // beta C in fp32, a strided batch in one call. PyTorch's CPU autocast runs the same ops on bf16
 // tensors and rounds C to bf16 as well; here C stays fp32 (one rounding less, the same speed).
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
 
 #if DETR_HAVE_ONEDNN
 #include <omp.h>
@@ -22,6 +23,22 @@
 // Below this many multiply-adds a GEMM stays fp32: the copies and the call cost more than bf16
 // saves (bench/README.md "bf16 mixed precision").
 #define GEMM_BF16_MIN_MACS ((double)(1 << 20))
+
+// A batch of narrow products that fp32 runs one per thread (under GEMM_BATCH_PARALLEL_MAX_FLOPS
+// each) stays fp32 too: attention's per-head GEMMs whose output is a head (16-32 wide: probabilities
+// x values, the gradients of queries, keys and values) run 0.95-1.9x the time of those sgemms in
+// oneDNN's bf16 matmul over the batch, where the logits' products (a head-wide sum, k = 16-32, into
+// a wide output) take 0.6-0.8x. Larger narrow heads (850 tokens: 23 M multiply-adds each) and single
+// narrow GEMMs keep bf16: they gain (`bench_ops 21 --attention-bf16`, bench/README.md "bf16: linear
+// layers round once, narrow heads stay fp32").
+#define GEMM_BF16_MIN_BATCHED_WIDTH 48
+static int64_t min_batched_width = GEMM_BF16_MIN_BATCHED_WIDTH;
+
+int64_t cpu_gemm_bf16_set_min_batched_width(int64_t width) {
+  int64_t before = min_batched_width;
+  min_batched_width = width < 0 ? GEMM_BF16_MIN_BATCHED_WIDTH : width;
+  return before;
+}
 
 typedef struct {  // no padding bytes: keys are compared with memcmp
   int64_t trans_a, trans_b, m, n, k, batch, lda, ldb, stride_a, stride_b, ldc, stride_c;
@@ -110,17 +127,23 @@ static void gemm_prim_create(GemmPrim *p, const GemmKey *key) {
   DNNL_CHECK(dnnl_primitive_create(&p->prim, pd));
   DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
   DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
-  // As stored: A [m, k] (or [k, m] transposed) rows of lda; B [k, n] (or [n, k]) rows of ldb.
-  operand_copy_create(&p->a_copy, B, key->trans_a ? k : m, key->trans_a ? m : k, key->lda, key->stride_a);
-  operand_copy_create(&p->b_copy, B, key->trans_b ? n : k, key->trans_b ? k : n, key->ldb, key->stride_b);
+  // As stored: A [m, k] (or [k, m] transposed) rows of lda; B [k, n] (or [n, k]) rows of ldb. A key
+  // of lda 0 is a GEMM on operands given in bf16 (cpu_gemm_bf16): nothing to convert.
+  if (key->lda) {
+    operand_copy_create(&p->a_copy, B, key->trans_a ? k : m, key->trans_a ? m : k, key->lda, key->stride_a);
+    operand_copy_create(&p->b_copy, B, key->trans_b ? n : k, key->trans_b ? k : n, key->ldb, key->stride_b);
+  }
   p->key = *key;
 }
 
+static void engine_init(void) {
+  if (engine) return;
+  DNNL_CHECK(dnnl_engine_create(&engine, dnnl_cpu, 0));
+  DNNL_CHECK(dnnl_stream_create(&stream, engine, dnnl_stream_default_flags));
+}
+
 static GemmPrim *gemm_prim_get(const GemmKey *key) {
-  if (!engine) {
-    DNNL_CHECK(dnnl_engine_create(&engine, dnnl_cpu, 0));
-    DNNL_CHECK(dnnl_stream_create(&stream, engine, dnnl_stream_default_flags));
-  }
+  engine_init();
   GemmPrim *victim = &gemm_cache[0];
   for (int i = 0; i < GEMM_CACHE_SIZE; i++) {
     GemmPrim *p = &gemm_cache[i];
@@ -132,8 +155,8 @@ static GemmPrim *gemm_prim_get(const GemmKey *key) {
   }
   if (victim->used) {
     DNNL_CHECK(dnnl_primitive_destroy(victim->prim));
-    DNNL_CHECK(dnnl_primitive_destroy(victim->a_copy.reorder));
-    DNNL_CHECK(dnnl_primitive_destroy(victim->b_copy.reorder));
+    if (victim->a_copy.reorder) DNNL_CHECK(dnnl_primitive_destroy(victim->a_copy.reorder));
+    if (victim->b_copy.reorder) DNNL_CHECK(dnnl_primitive_destroy(victim->b_copy.reorder));
   }
   memset(victim, 0, sizeof *victim);
   gemm_prim_create(victim, key);
@@ -141,12 +164,33 @@ static GemmPrim *gemm_prim_get(const GemmKey *key) {
   return victim;
 }
 
-bool cpu_gemm_bf16_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-                           int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, float beta,
-                           float *c, int64_t ldc, int64_t stride_c, int64_t batch) {
+static bool bf16_wanted(int64_t m, int64_t n, int64_t k, int64_t batch) {
   // Inside a parallel region (a caller's per-thread GEMMs) the shared copies and cache cannot be used.
   if (!cpu_bf16_enabled() || omp_in_parallel() || (double)m * n * k * batch < GEMM_BF16_MIN_MACS || k < 16)
     return false;
+  bool narrow = m < min_batched_width || n < min_batched_width;
+  return batch == 1 || !narrow || 2.0 * m * n * k >= GEMM_BATCH_PARALLEL_MAX_FLOPS;
+}
+
+bool cpu_gemm_bf16_wanted(int64_t m, int64_t n, int64_t k) { return bf16_wanted(m, n, k, 1); }
+
+// C = alpha A B + beta C by p's matmul on dense bf16 operands.
+static void gemm_prim_run(const GemmPrim *p, const uint16_t *a16, const uint16_t *b16, float *c) {
+  dnnl_memory_t ma, mb, mc;
+  DNNL_CHECK(dnnl_memory_create(&ma, &p->a_md, engine, (void *)a16));
+  DNNL_CHECK(dnnl_memory_create(&mb, &p->b_md, engine, (void *)b16));
+  DNNL_CHECK(dnnl_memory_create(&mc, &p->c_md, engine, c));
+  dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
+  DNNL_CHECK(dnnl_primitive_execute(p->prim, stream, 3, args));
+  DNNL_CHECK(dnnl_memory_destroy(ma));
+  DNNL_CHECK(dnnl_memory_destroy(mb));
+  DNNL_CHECK(dnnl_memory_destroy(mc));
+}
+
+bool cpu_gemm_bf16_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                           int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, float beta,
+                           float *c, int64_t ldc, int64_t stride_c, int64_t batch) {
+  if (!bf16_wanted(m, n, k, batch)) return false;
   _Static_assert(sizeof(GemmKey) == 12 * sizeof(int64_t) + 2 * sizeof(float), "GemmKey has padding bytes");
   GemmKey key = {.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k, .batch = batch, .lda = lda,
                  .ldb = ldb, .stride_a = batch > 1 ? stride_a : 0, .stride_b = batch > 1 ? stride_b : 0, .ldc = ldc,
@@ -161,23 +205,74 @@ bool cpu_gemm_bf16_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int
   uint16_t *a16 = copies, *b16 = copies + na;
   operand_copy_run(&p->a_copy, a, batch, a16);
   operand_copy_run(&p->b_copy, b, batch, b16);
-  dnnl_memory_t ma, mb, mc;
-  DNNL_CHECK(dnnl_memory_create(&ma, &p->a_md, engine, a16));
-  DNNL_CHECK(dnnl_memory_create(&mb, &p->b_md, engine, b16));
-  DNNL_CHECK(dnnl_memory_create(&mc, &p->c_md, engine, c));
-  dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
-  DNNL_CHECK(dnnl_primitive_execute(p->prim, stream, 3, args));
-  DNNL_CHECK(dnnl_memory_destroy(ma));
-  DNNL_CHECK(dnnl_memory_destroy(mb));
-  DNNL_CHECK(dnnl_memory_destroy(mc));
+  gemm_prim_run(p, a16, b16, c);
   return true;
 }
+
+// The conversions of cpu_round_bf16, by shape: the last ROUND_CACHE_SIZE, least recently used dropped.
+#define ROUND_CACHE_SIZE 32
+static struct {
+  int64_t rows, cols, ld;
+  OperandCopy copy;
+  uint64_t used;  // 0: empty
+} round_cache[ROUND_CACHE_SIZE];
+static uint64_t round_clock;
+
+void cpu_round_bf16(const float *x, int64_t rows, int64_t cols, int64_t ld, uint16_t *out) {
+  if (rows == 0 || cols == 0) return;
+  engine_init();
+  int victim = 0;
+  for (int i = 0; i < ROUND_CACHE_SIZE; i++) {
+    if (round_cache[i].used && round_cache[i].rows == rows && round_cache[i].cols == cols && round_cache[i].ld == ld) {
+      round_cache[i].used = ++round_clock;
+      operand_copy_run(&round_cache[i].copy, x, 1, out);
+      return;
+    }
+    if (round_cache[i].used < round_cache[victim].used) victim = i;
+  }
+  if (round_cache[victim].used) DNNL_CHECK(dnnl_primitive_destroy(round_cache[victim].copy.reorder));
+  operand_copy_create(&round_cache[victim].copy, 1, rows, cols, ld, 0);
+  round_cache[victim].rows = rows, round_cache[victim].cols = cols, round_cache[victim].ld = ld;
+  round_cache[victim].used = ++round_clock;
+  operand_copy_run(&round_cache[victim].copy, x, 1, out);
+}
+
+void cpu_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
+                   const uint16_t *b, float beta, float *c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  DETR_CHECK(k > 0, "cpu_gemm_bf16: %lld x %lld x %lld: no sum (cpu_gemm_bf16_wanted says no)", (long long)m,
+             (long long)n, (long long)k);
+  GemmKey key = {.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k, .batch = 1, .ldc = ldc,
+                 .stride_c = m * ldc, .alpha = alpha, .beta = beta};  // lda 0: operands already bf16
+  gemm_prim_run(gemm_prim_get(&key), a, b, c);
+}
 #else
+int64_t cpu_gemm_bf16_set_min_batched_width(int64_t width) {
+  (void)width;
+  return 0;
+}
+
 bool cpu_gemm_bf16_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                            int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, float beta,
                            float *c, int64_t ldc, int64_t stride_c, int64_t batch) {
   (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)stride_a;
   (void)b, (void)ldb, (void)stride_b, (void)beta, (void)c, (void)ldc, (void)stride_c, (void)batch;
   return false;  // cpu_set_bf16 refuses a build without oneDNN
+}
+
+bool cpu_gemm_bf16_wanted(int64_t m, int64_t n, int64_t k) {
+  (void)m, (void)n, (void)k;
+  return false;
+}
+
+void cpu_round_bf16(const float *x, int64_t rows, int64_t cols, int64_t ld, uint16_t *out) {
+  (void)x, (void)rows, (void)cols, (void)ld, (void)out;
+  DETR_FAIL("cpu_round_bf16: this build has no oneDNN (bf16 is refused without it)");
+}
+
+void cpu_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
+                   const uint16_t *b, float beta, float *c, int64_t ldc) {
+  (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)b, (void)beta, (void)c, (void)ldc;
+  DETR_FAIL("cpu_gemm_bf16: this build has no oneDNN (bf16 is refused without it)");
 }
 #endif

@@ -15,6 +15,11 @@
 #define PARALLEL_MIN_LIGHT ((int64_t)32768)
 #define PARALLEL_MIN_HEAVY ((int64_t)8192)
 
+// Below this a batch of GEMMs (cpu_gemm_batched) runs one matrix per thread. Measured with oneDNN's
+// sgemm, 2 threads (bench/README.md "GEMM library"): one per thread 1.05-1.9x one after another at
+// 0.6-10.6 MFLOP per matrix (attention's per-head products: 0.66 MFLOP, 1.5-1.9x), 1.0x at 67 MFLOP.
+#define GEMM_BATCH_PARALLEL_MAX_FLOPS 16e6
+
 // A loop function compiled twice, for baseline x86-64 (what the build targets) and for AVX2, the
 // copy chosen at run time (GCC's target_clones). The same source: without FMA contraction (ISO C
 // here), the same operations and the same bits on either path.

@@ -80,6 +80,7 @@ TWIN_REDUCE(cuda)
 
 // matmul.cu (cuBLAS)
 TWIN_MATMUL(cuda)
+TWIN_GEMM_BF16(cuda)
 
 // conv.cu (cuDNN). dx, dw, dbias may be NULL; gradients accumulate. The caller provides cuDNN's
 // workspace (device memory, at least the bytes the _workspace function gives for g under the

@@ -17,6 +17,7 @@
 // documents FAST_16BF as *allowing* bf16, and took TF32 instead.
 #include <limits.h>
 
+#include "kernels/bf16_math.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_util.cuh"
 
@@ -143,6 +144,38 @@ extern "C" void cuda_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t
       detr_cublas_handle(), op_b, op_a, to_int(n, "n"), to_int(m, "m"), to_int(k, "k"), &alpha, b,
       to_int(ldb, "ldb"), (long long)stride_b, a, to_int(lda, "lda"), (long long)stride_a, &beta, c,
       to_int(ldc, "ldc"), (long long)stride_c, to_int(batch, "batch")));
+}
+
+// --- bf16 operands rounded once by the op (TWIN_GEMM_BF16) ---
+
+extern "C" bool cuda_gemm_bf16_wanted(int64_t m, int64_t n, int64_t k) {
+  (void)m, (void)n;
+  return cuda_bf16_enabled() && k > 0;  // every GEMM, as cuda_gemm
+}
+
+// out [rows, cols] dense = x [rows, cols] (rows ld apart) rounded to the nearest bf16.
+__global__ void round_bf16_kernel(const float *x, int64_t rows, int64_t cols, int64_t ld, uint16_t *out) {
+  GRID_STRIDE_LOOP(i, rows * cols) out[i] = bf16_from_float(x[(i / cols) * ld + i % cols]);
+}
+
+extern "C" void cuda_round_bf16(const float *x, int64_t rows, int64_t cols, int64_t ld, uint16_t *out) {
+  int64_t total = rows * cols;
+  if (total <= 0) return;
+  round_bf16_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(x, rows, cols, ld, out);
+  CUDA_CHECK_LAUNCH("round_bf16_kernel");
+}
+
+extern "C" void cuda_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                               const uint16_t *a, const uint16_t *b, float beta, float *c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  DETR_CHECK(k > 0, "cuda_gemm_bf16: %lld x %lld x %lld: no sum (cuda_gemm_bf16_wanted says no)", (long long)m,
+             (long long)n, (long long)k);
+  int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;  // dense copies
+  // Column-major C^T [n, m] = op(B)^T [n, k] op(A)^T [k, m], as cuda_gemm.
+  CUBLAS_CHECK(cublasGemmEx(detr_cublas_handle(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                            trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n, "n"), to_int(m, "m"), to_int(k, "k"), &alpha,
+                            b, CUDA_R_16BF, to_int(ldb, "ldb"), a, CUDA_R_16BF, to_int(lda, "lda"), &beta, c,
+                            CUDA_R_32F, to_int(ldc, "ldc"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 // --- row bias of linear layers ---
