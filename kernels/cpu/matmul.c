@@ -92,35 +92,27 @@ void cpu_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols, b
 // dbias NULL: only dz_out. Column sums in double, rows in a fixed order: deterministic for any
 // thread count. A thread takes a block of columns and walks the rows, reading each row's block
 // contiguously (a column at a time strode over the rows: 2.5% of the main job's step in `perf`).
-enum { BIAS_BLOCK = 64 };
-
-// One block of columns [j0, j0 + width) over all rows (row_bias_blocks), compiled for AVX2 too: the
-// baseline's SSE2 ran the ReLU's pass at 7-14 GB/s.
-CPU_AVX2_CLONES static void row_bias_block(const float *dy, const float *relu_y, float keep_scale, float *dz_out,
-                                           float *dbias, int64_t rows, int64_t cols, int64_t j0, int64_t width) {
-  double acc[BIAS_BLOCK] = {0};
-  for (int64_t r = 0; r < rows; r++) {
-    const float *row = dy + r * cols + j0;
-    if (relu_y) {
-      const float *yr = relu_y + r * cols + j0;
-      float *dzr = dz_out + r * cols + j0;
-      for (int64_t j = 0; j < width; j++) dzr[j] = relu_dropout_backward_from_output(yr[j], row[j], keep_scale);
-      row = dzr;
-    }
-    if (dbias)
-      for (int64_t j = 0; j < width; j++) acc[j] += row[j];
-  }
-  if (dbias)
-    for (int64_t j = 0; j < width; j++) dbias[j0 + j] += (float)acc[j];
-}
-
 static void row_bias_blocks(const float *dy, const float *relu_y, float keep_scale, float *dz_out, float *dbias,
                             int64_t rows, int64_t cols) {
-  int64_t blocks = (cols + BIAS_BLOCK - 1) / BIAS_BLOCK;
+  enum { BLOCK = 64 };
+  int64_t blocks = (cols + BLOCK - 1) / BLOCK;
 #pragma omp parallel for schedule(static) if (blocks > 1 && rows * cols > PARALLEL_MIN_LIGHT)
   for (int64_t b = 0; b < blocks; b++) {
-    int64_t j0 = b * BIAS_BLOCK, width = cols - j0 < BIAS_BLOCK ? cols - j0 : BIAS_BLOCK;
-    row_bias_block(dy, relu_y, keep_scale, dz_out, dbias, rows, cols, j0, width);
+    int64_t j0 = b * BLOCK, width = cols - j0 < BLOCK ? cols - j0 : BLOCK;
+    double acc[BLOCK] = {0};
+    for (int64_t r = 0; r < rows; r++) {
+      const float *row = dy + r * cols + j0;
+      if (relu_y) {
+        const float *yr = relu_y + r * cols + j0;
+        float *dzr = dz_out + r * cols + j0;
+        for (int64_t j = 0; j < width; j++) dzr[j] = relu_dropout_backward_from_output(yr[j], row[j], keep_scale);
+        row = dzr;
+      }
+      if (dbias)
+        for (int64_t j = 0; j < width; j++) acc[j] += row[j];
+    }
+    if (dbias)
+      for (int64_t j = 0; j < width; j++) dbias[j0 + j] += (float)acc[j];
   }
 }
 
