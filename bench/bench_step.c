@@ -25,6 +25,11 @@
 // after the warm-up, Stop after the last: ncu --profile-from-start off, tools/gpu_bench.sh --profile).
 // --profile adds the per-op breakdown (on the CPU only: GPU work is asynchronous, so host-side op
 // times say little there; use Nsight Systems).
+// --pair-fp32 (with --precision bf16): each rep runs a bf16 step and an fp32 step of the same model,
+// in turn (the order swapped every rep), and the line adds the fp32 steps, their median and the
+// ratio of each rep's bf16 step to its fp32 one: the two precisions measured seconds apart, where
+// separate runs on a shared machine meet different neighbours (bench/README.md "bf16: linear layers
+// round once").
 // bench/compare_torch.sh runs this and bench/torch_step.py alternately.
 #include <math.h>
 #include <stdio.h>
@@ -58,7 +63,7 @@ typedef struct {
   int size, boxes, reps, batch, height, width;
   float num_boxes;  // the loss's normaliser: the batch's boxes
   float first_loss;  // the warm-up step's total loss (a check that both sides run the same model)
-  bool enact, profile, forward_only, vary, capture;
+  bool enact, profile, forward_only, vary, capture, pair_fp32;
   Device dev;
   const char *sets[32];
   int n_sets;
@@ -137,6 +142,7 @@ static int parse_args(int argc, char **argv, StepArgs *a) {
     else if (!strcmp(argv[i], "--capture")) a->capture = true;
     else if (!strcmp(argv[i], "--conv") && i + 1 < argc) rc = parse_conv(argv[++i]);
     else if (!strcmp(argv[i], "--precision") && i + 1 < argc) a->precision = argv[++i];
+    else if (!strcmp(argv[i], "--pair-fp32")) a->pair_fp32 = true;
     else {
       fprintf(stderr, "bench_step: unknown argument '%s'\n", argv[i]);
       return 2;
@@ -151,6 +157,11 @@ static int parse_args(int argc, char **argv, StepArgs *a) {
   }
   if (a->capture && (a->dev != DEVICE_CUDA || !DETR_HAVE_CUDA)) {
     fprintf(stderr, "bench_step: --capture needs --device cuda\n");
+    return 2;
+  }
+  if (a->pair_fp32 && (!a->precision || strcmp(a->precision, "bf16") || a->profile || a->vary)) {
+    fprintf(stderr, "bench_step: --pair-fp32 pairs bf16 steps with fp32 ones: needs --precision bf16, not with "
+                    "--profile or --vary-size\n");
     return 2;
   }
   if (a->batch_file && a->vary) {
@@ -267,12 +278,33 @@ static int step(const StepArgs *a, DetrModel *m, AdamW *opt, const CriterionConf
   return 0;
 }
 
-// Prints the JSON line: the median and each step's seconds, peak memory, the allocators' figures.
-static void print_report(const StepArgs *a, const DetrConfig *cfg, const double *t) {
+// The median of v [n].
+static double median_of(const double *v, int n) {
+  double *sorted = malloc(sizeof(double) * (size_t)n);
+  DETR_CHECK(sorted, "bench_step: out of memory");
+  memcpy(sorted, v, sizeof(double) * (size_t)n);
+  qsort(sorted, (size_t)n, sizeof(double), cmp_double);
+  double med = sorted[n / 2];
+  free(sorted);
+  return med;
+}
+
+// --pair-fp32's fields: the fp32 steps t32, their median, each rep's t / t32 and the ratios' median.
+static void print_pairs(int reps, const double *t, const double *t32) {
+  double *ratio = malloc(sizeof(double) * (size_t)reps);
+  DETR_CHECK(ratio, "bench_step: out of memory");
+  printf(", \"fp32_median_s\": %.4f, \"fp32_steps_s\": [", median_of(t32, reps));
+  for (int r = 0; r < reps; r++) printf(r ? ", %.4f" : "%.4f", t32[r]);
+  printf("], \"pair_ratios\": [");
+  for (int r = 0; r < reps; r++) printf(r ? ", %.3f" : "%.3f", ratio[r] = t[r] / t32[r]);
+  printf("], \"ratio_median\": %.3f", median_of(ratio, reps));
+  free(ratio);
+}
+
+// Prints the JSON line: the median and each step's seconds, peak memory, the allocators' figures
+// (t32: --pair-fp32's fp32 steps, or NULL).
+static void print_report(const StepArgs *a, const DetrConfig *cfg, const double *t, const double *t32) {
   int reps = a->reps;
-  double *sorted = malloc(sizeof(double) * (size_t)reps);
-  for (int r = 0; r < reps; r++) sorted[r] = t[r];
-  qsort(sorted, (size_t)reps, sizeof(double), cmp_double);
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   AllocStats alloc = detr_alloc_stats(DEVICE_CPU);  // the tensor allocator: peak live, cached now
@@ -284,12 +316,13 @@ static void print_report(const StepArgs *a, const DetrConfig *cfg, const double 
          "\"alloc_cached_mb\": %.1f, \"alloc_held_peak_mb\": %.1f, \"first_loss\": %s, \"steps_s\": [",
          a->preset, detr_decoder(cfg)->name, detr_encoder_attn(cfg)->name, a->size, a->height, a->width, a->batch,
          a->forward_only ? "forward" : "train step",
-         a->enact ? "true" : "false", cfg->tf32 ? "true" : "false", cpu_bf16_enabled() ? "true" : "false",
-         cpu_gemm_library(), sorted[reps / 2],
+         a->enact ? "true" : "false", cfg->tf32 ? "true" : "false", cfg->bf16 ? "true" : "false",
+         cpu_gemm_library(), median_of(t, reps),
          ru.ru_maxrss / 1024.0, alloc.peak_live_bytes / 1048576.0, alloc.cached_bytes / 1048576.0,
          alloc.peak_held_bytes / 1048576.0, loss_text);
   for (int r = 0; r < reps; r++) printf(r ? ", %.4f" : "%.4f", t[r]);
   printf("]");
+  if (t32) print_pairs(reps, t, t32);
 #if DETR_HAVE_CUDA
   if (a->dev == DEVICE_CUDA) {
     AllocStats ds = detr_alloc_stats(DEVICE_CUDA);
@@ -305,7 +338,6 @@ static void print_report(const StepArgs *a, const DetrConfig *cfg, const double 
   }
 #endif
   printf("}\n");
-  free(sorted);
 }
 
 int main(int argc, char **argv) {
@@ -335,7 +367,9 @@ int main(int argc, char **argv) {
   CriterionConfig ccfg = detr_criterion_config(&cfg);
   Rng drop = rng_make(3);
   NnCtx ctx = {.training = true, .dropout_rng = &drop};
-  double *t = malloc(sizeof(double) * (size_t)a.reps);
+  double *t = malloc(sizeof(double) * (size_t)a.reps), *t32 = a.pair_fp32 ? malloc(sizeof(double) * (size_t)a.reps) : NULL;
+  DETR_CHECK(t && (t32 || !a.pair_fp32), "bench_step: out of memory");
+  bool asked_bf16 = m->cfg.bf16;  // the precision asked for, resolved at creation
   for (int r = -1; r < a.reps; r++) {
     if (r == 0 && a.profile) {
       autograd_profile_reset();
@@ -347,19 +381,24 @@ int main(int argc, char **argv) {
       tensor_normal_(images, &rng, 0.0f, 1.0f);
     }
     if (r == 0) capture(&a, true);
-    double t0 = now();
-    if (a.profile) autograd_profile_mark();
-    if (step(&a, m, &opt, &ccfg, &ctx, images, in.mask, in.targets, &a.first_loss)) return 1;
-    device_sync(dev);
-    if (r >= 0) t[r] = now() - t0;
+    for (int half = 0; half < (a.pair_fp32 ? 2 : 1); half++) {
+      bool fp32_now = a.pair_fp32 && (half == (r & 1));  // even reps fp32 first, odd reps second
+      m->cfg.bf16 = asked_bf16 && !fp32_now;  // each forward sets the kernels' precision from its model's
+      double t0 = now();
+      if (a.profile) autograd_profile_mark();
+      if (step(&a, m, &opt, &ccfg, &ctx, images, in.mask, in.targets, fp32_now ? NULL : &a.first_loss)) return 1;
+      device_sync(dev);
+      if (r >= 0) (fp32_now ? t32 : t)[r] = now() - t0;
+    }
   }
+  m->cfg.bf16 = asked_bf16;
   capture(&a, false);
-  print_report(&a, &cfg, t);
+  print_report(&a, &m->cfg, t, t32);
   if (a.profile) autograd_profile_report(stderr);
   adamw_free(&opt);
   detr_model_free(m);
   if (images != in.images) tensor_release(images);
   step_batch_free(&in);
-  free(t);
+  free(t), free(t32);
   return 0;
 }
