@@ -178,14 +178,15 @@ typedef struct {
   int64_t rows, in, out;  // x [rows, in], W [out, in]
   bool relu;
   float dropout_p;        // after the ReLU; 0: none
-  bool rounded;           // node->buf holds W and x rounded to bf16: [out, in] then [rows, in]
+  bool rounded;           // bf16 operands rounded once (linear_rounds_once): node->buf holds W [out, in]
+                          // and x [rows, in] (at a 64-element boundary) rounded
 } LinearAttrs;
 
-// In bf16 mode each GEMM rounds its operands into bf16 copies: six conversions a layer,
-// x and W twice each and dy twice. Where all three GEMMs run in bf16, the forward rounds x and W
-// once and keeps the copies for the backward (instead of x itself: half its bytes), and the
-// backward rounds dy once for both of its GEMMs: three conversions, the same arithmetic bit for
-// bit (bench/README.md "bf16: linear layers round once").
+// In bf16 mode each GEMM rounds its operands into bf16 copies: six conversions a layer, x and W
+// twice each and dy twice. Where all three GEMMs run in bf16, the forward rounds x and W once and
+// the node keeps the copies for the backward (x's in place of x itself), which rounds dy once for
+// both of its GEMMs: three conversions, the same arithmetic (bench/README.md "bf16: linear layers
+// round once"). The backward runs as its forward chose, whatever the precision then.
 static bool gemm_bf16_wanted(Device dev, int64_t m, int64_t n, int64_t k) {
   bool wanted = false;
   DISPATCH(dev, wanted = cpu_gemm_bf16_wanted(m, n, k), wanted = cuda_gemm_bf16_wanted(m, n, k));
@@ -197,9 +198,9 @@ static bool linear_rounds_once(Device dev, int64_t rows, int64_t in, int64_t out
          gemm_bf16_wanted(dev, out, in, rows);
 }
 
-// x [rows, cols] rounded to bf16 into out, and C = alpha op(A) op(B) + beta C on such copies.
+// x [rows, cols] rounded to bf16 into out, and C = op(A) op(B) + beta C on such copies.
 static void round_bf16(Device dev, const float *x, int64_t rows, int64_t cols, uint16_t *out) {
-  DISPATCH(dev, cpu_round_bf16(x, rows, cols, cols, out), cuda_round_bf16(x, rows, cols, cols, out));
+  DISPATCH(dev, cpu_round_bf16(x, rows, cols, out), cuda_round_bf16(x, rows, cols, out));
 }
 static void gemm_bf16(Device dev, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t *a,
                       const uint16_t *b, float beta, float *c, int64_t ldc) {
@@ -207,9 +208,13 @@ static void gemm_bf16(Device dev, bool ta, bool tb, int64_t m, int64_t n, int64_
            cuda_gemm_bf16(ta, tb, m, n, k, 1.0f, a, b, beta, c, ldc));
 }
 
+// W's copy in the kept block takes this many elements: x's starts at a 64-element (128-byte) boundary.
+static int64_t w16_span(int64_t out, int64_t in) { return (out * in + 63) / 64 * 64; }
+
 // The backward's two GEMMs on the forward's bf16 copies (w16 [out, in], x16 [rows, in]) and dy rounded.
 static void linear_backward_rounded(Device dev, const LinearAttrs *at, const uint16_t *w16, const uint16_t *x16,
                                     const float *dy, float *dx, bool set_dx, float *dw, bool set_dw) {
+  if (!dx && !dw) return;
   int64_t rows = at->rows, in = at->in, out = at->out;
   size_t dy_bytes = (size_t)(rows * out) * sizeof(uint16_t);
   uint16_t *dy16 = detr_alloc(dev, dy_bytes);  // [rows, out]
@@ -217,6 +222,21 @@ static void linear_backward_rounded(Device dev, const LinearAttrs *at, const uin
   if (dx) gemm_bf16(dev, false, false, rows, in, out, dy16, w16, set_dx ? 0.0f : 1.0f, dx, in);
   if (dw) gemm_bf16(dev, true, false, out, in, rows, dy16, x16, set_dw ? 0.0f : 1.0f, dw, in);
   detr_free(dev, dy16, dy_bytes);
+}
+
+// y [rows, out] = x W^T on bf16 copies of W and x, in one block (*block, *block_bytes): W's, then x's at
+// a 64-element boundary. The node keeps both even where the backward reads one (x or W without a
+// gradient): a separate block for the other, freed at once, raised detr-r50@512's peak RSS by 36 MB
+// for the same live bytes (measured), while such layers are few (DETR's first decoder layer's values).
+static void linear_forward_rounded(Device dev, const Tensor *x, const Tensor *w, int64_t rows, int64_t in, int64_t out,
+                                   float *y, uint16_t **block, size_t *block_bytes) {
+  int64_t nw = w16_span(out, in);
+  *block_bytes = (size_t)(nw + rows * in) * sizeof(uint16_t);
+  *block = detr_alloc(dev, *block_bytes);
+  uint16_t *w16 = *block, *x16 = *block + nw;
+  round_bf16(dev, w->data, out, in, w16);
+  round_bf16(dev, x->data, rows, in, x16);
+  gemm_bf16(dev, false, true, rows, out, in, x16, w16, 0.0f, y, out);
 }
 
 static void linear_backward_node(TapeNode *n) {
@@ -235,7 +255,7 @@ static void linear_backward_node(TapeNode *n) {
   }
   const float *dy = y->grad->data;
   if (at->rounded) {
-    const uint16_t *w16 = n->buf, *x16 = w16 + out * in;
+    const uint16_t *w16 = n->buf, *x16 = w16 + w16_span(out, in);
     linear_backward_rounded(x->device, at, w16, x16, dy, dx, set_dx, dw, set_dw);
   } else {
     if (dx) gemm(x->device, false, false, rows, in, out, 1.0f, dy, out, w->data, in, set_dx ? 0.0f : 1.0f, dx, in);
@@ -264,14 +284,10 @@ static Tensor *linear(Tensor *x, Tensor *weight, Tensor *bias, bool relu, float 
   os.d[os.ndim - 1] = out;
   Tensor *y = tensor_new_scoped(x->device, os);
   bool rounded = linear_rounds_once(x->device, rows, in, out);
-  uint16_t *rounded_block = NULL;  // W [out, in] then x [rows, in] in bf16
-  size_t rounded_bytes = (size_t)((out + rows) * in) * sizeof(uint16_t);
+  uint16_t *rounded_block = NULL;
+  size_t rounded_bytes = 0;
   if (rounded) {
-    rounded_block = detr_alloc(x->device, rounded_bytes);
-    uint16_t *w16 = rounded_block, *x16 = rounded_block + out * in;
-    round_bf16(x->device, weight->data, out, in, w16);
-    round_bf16(x->device, x->data, rows, in, x16);
-    gemm_bf16(x->device, false, true, rows, out, in, x16, w16, 0.0f, y->data, out);
+    linear_forward_rounded(x->device, x, weight, rows, in, out, y->data, &rounded_block, &rounded_bytes);
   } else {
     gemm(x->device, false, true, rows, out, in, 1.0f, x->data, in, weight->data, in, 0.0f, y->data, out);
   }
@@ -296,7 +312,11 @@ static Tensor *linear(Tensor *x, Tensor *weight, Tensor *bias, bool relu, float 
         (LinearAttrs){.rows = rows, .in = in, .out = out, .relu = relu, .dropout_p = dropout_p, .rounded = rounded};
     n->flops = 2.0 * (double)rows * (double)in * (double)out;
   }
-  if (rounded) node_take_block(n, x->device, rounded_block, rounded_bytes);  // the backward's operands, or freed
+  // The backward's operands (where only the bias takes a gradient: freed now), or freed with no node.
+  if (rounded) {
+    bool needed = n && (x->requires_grad || weight->requires_grad);
+    node_take_block(needed ? n : NULL, x->device, rounded_block, rounded_bytes);
+  }
   return y;
 }
 

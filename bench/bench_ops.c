@@ -144,9 +144,8 @@ static void bench_attention_bf16(int reps) {
                                       {32, 144, 144, 16}};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     int64_t B = shapes[i][0], q = shapes[i][1], kv = shapes[i][2], d = shapes[i][3];
-    bench_gemm_batched_bf16(false, true, B, q, kv, d, reps);   // logits = q k^T
+    bench_gemm_batched_bf16(false, true, B, q, kv, d, reps);   // logits = q k^T; dp = dy v^T
     bench_gemm_batched_bf16(false, false, B, q, d, kv, reps);  // y = p v; dq = dlogits k
-    bench_gemm_batched_bf16(false, true, B, q, kv, d, reps);   // dp = dy v^T (the logits' shape)
     bench_gemm_batched_bf16(true, false, B, kv, d, q, reps);   // dv = p^T dy; dk = dlogits^T q
   }
 }

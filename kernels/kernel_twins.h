@@ -47,13 +47,13 @@
 
 // matmul_bf16.c / matmul.cu: for an op that reads one matrix in several GEMMs (linear: x and W in the
 // forward and again in the backward, dy in both backward GEMMs), bf16's rounding done once:
-// gemm_bf16_wanted - whether P_gemm runs a GEMM of this shape in bf16 now; round_bf16 - a matrix
-// [rows, cols] (rows ld apart) rounded to the nearest bf16 into a dense copy; gemm_bf16 - C[m, n] =
-// alpha op(A) op(B) + beta C on such copies (A dense [m, k], or [k, m] when trans_a; B [k, n] or
-// [n, k]), P_gemm's bf16 arithmetic bit for bit.
+// gemm_bf16_wanted - whether P_gemm runs a GEMM of this shape in bf16 now; round_bf16 - a dense
+// matrix [rows, cols] rounded to the nearest bf16; gemm_bf16 - C[m, n] = alpha op(A) op(B) + beta C
+// on such copies (A [m, k], or [k, m] when trans_a; B [k, n] or [n, k]): P_gemm's bf16 arithmetic
+// (on the CPU its bits: the same oneDNN conversion and matmul).
 #define TWIN_GEMM_BF16(P)                                                                                         \
   bool P##_gemm_bf16_wanted(int64_t m, int64_t n, int64_t k);                                                     \
-  void P##_round_bf16(const float *x, int64_t rows, int64_t cols, int64_t ld, uint16_t *out);                     \
+  void P##_round_bf16(const float *x, int64_t rows, int64_t cols, uint16_t *out);                                 \
   void P##_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a, \
                      const uint16_t *b, float beta, float *c, int64_t ldc);
 

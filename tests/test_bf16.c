@@ -161,31 +161,49 @@ START_TEST(small_gemm_and_bf16_off_stay_fp32) {
 END_TEST
 
 // A linear layer in bf16 rounds x and W once in its forward and dy once in its backward, and keeps
-// the copies on the tape (autograd/ops_matmul.c): its output and gradients are each GEMM rounding
-// its own operands (cpu_gemm), bit for bit.
-START_TEST(linear_rounds_once_as_each_gemm) {
-  if (!have_bf16()) return;
+// the copies the backward reads on the tape instead of x (autograd/ops_matmul.c): its output and
+// gradients are each GEMM rounding its own operands (cpu_gemm), bit for bit - written, and added to
+// a gradient a second use left; and with a frozen weight, dx alone.
+static void check_linear_rounds_once(bool weight_grad) {
   enum { ROWS = 300, IN = 64, OUT = 96 };
   float *xh = uniform_buffer(ROWS * IN, 21), *wh = uniform_buffer(OUT * IN, 22), *gh = uniform_buffer(ROWS * OUT, 23);
+  float *g2h = uniform_buffer(ROWS * OUT, 24);
   Tensor *x = tensor_from_host(DEVICE_CPU, SHAPE(3, ROWS / 3, IN), xh), *w = tensor_from_host(DEVICE_CPU, SHAPE(OUT, IN), wh);
-  Tensor *g = tensor_from_host(DEVICE_CPU, SHAPE(3, ROWS / 3, OUT), gh);
   tensor_set_requires_grad(x, true);
-  tensor_set_requires_grad(w, true);
+  tensor_set_requires_grad(w, weight_grad);
   cpu_set_bf16(true);
   ck_assert(cpu_gemm_bf16_wanted(ROWS, OUT, IN) && cpu_gemm_bf16_wanted(ROWS, IN, OUT) && cpu_gemm_bf16_wanted(OUT, IN, ROWS));
-  Tensor *y = tensor_retain(op_linear(x, w, NULL));
-  autograd_backward_with(y, g);
+  ScopeMark mark = tensor_scope_mark();
+  int x_data_refs = x->data_refs;
+  Tensor *y = op_linear(x, w, NULL), *y2 = op_linear(x, w, NULL);  // two uses: the second backward adds
+  ck_assert_msg(x->data_refs == x_data_refs, "linear kept x itself (%d data references, %d before): not its bf16 copy",
+                x->data_refs, x_data_refs);
+  Tensor *g = tensor_from_host(DEVICE_CPU, y->shape, gh), *g2 = tensor_from_host(DEVICE_CPU, y->shape, g2h);
+  Tensor *loss = op_add(op_sum_all(op_mul(y, g)), op_sum_all(op_mul(y2, g2)));
+  autograd_backward(loss);
   float *y_ref = detr_malloc(sizeof(float) * ROWS * OUT, "y_ref"), *dx_ref = detr_malloc(sizeof(float) * ROWS * IN, "dx_ref");
   float *dw_ref = detr_malloc(sizeof(float) * OUT * IN, "dw_ref");
   cpu_gemm(false, true, ROWS, OUT, IN, 1.0f, xh, IN, wh, IN, 0.0f, y_ref, OUT);
-  cpu_gemm(false, false, ROWS, IN, OUT, 1.0f, gh, OUT, wh, IN, 0.0f, dx_ref, IN);
-  cpu_gemm(true, false, OUT, IN, ROWS, 1.0f, gh, OUT, xh, IN, 0.0f, dw_ref, IN);
+  cpu_gemm(false, false, ROWS, IN, OUT, 1.0f, g2h, OUT, wh, IN, 0.0f, dx_ref, IN);  // the tape runs y2's first
+  cpu_gemm(false, false, ROWS, IN, OUT, 1.0f, gh, OUT, wh, IN, 1.0f, dx_ref, IN);
+  cpu_gemm(true, false, OUT, IN, ROWS, 1.0f, g2h, OUT, xh, IN, 0.0f, dw_ref, IN);
+  cpu_gemm(true, false, OUT, IN, ROWS, 1.0f, gh, OUT, xh, IN, 1.0f, dw_ref, IN);
   cpu_set_bf16(false);
   ck_assert_msg(!memcmp(y->data, y_ref, sizeof(float) * ROWS * OUT), "linear's output differs from its GEMM's");
-  ck_assert_msg(!memcmp(x->grad->data, dx_ref, sizeof(float) * ROWS * IN), "linear's dx differs from its GEMM's");
-  ck_assert_msg(!memcmp(w->grad->data, dw_ref, sizeof(float) * OUT * IN), "linear's dW differs from its GEMM's");
-  free(xh), free(wh), free(gh), free(y_ref), free(dx_ref), free(dw_ref);
-  tensor_release(y), tensor_release(x), tensor_release(w), tensor_release(g);
+  ck_assert_msg(!memcmp(x->grad->data, dx_ref, sizeof(float) * ROWS * IN), "linear's dx differs from its GEMMs'");
+  if (weight_grad)
+    ck_assert_msg(!memcmp(w->grad->data, dw_ref, sizeof(float) * OUT * IN), "linear's dW differs from its GEMMs'");
+  else
+    ck_assert(w->grad == NULL);
+  tensor_scope_release(mark);
+  free(xh), free(wh), free(gh), free(g2h), free(y_ref), free(dx_ref), free(dw_ref);
+  tensor_release(x), tensor_release(w), tensor_release(g), tensor_release(g2);
+}
+
+START_TEST(linear_rounds_once_as_each_gemm) {
+  if (!have_bf16()) return;
+  check_linear_rounds_once(true);
+  check_linear_rounds_once(false);
 }
 END_TEST
 

@@ -24,8 +24,8 @@
 // saves (bench/README.md "bf16 mixed precision").
 #define GEMM_BF16_MIN_MACS ((double)(1 << 20))
 
-// A batch of narrow products that fp32 runs one per thread (under GEMM_BATCH_PARALLEL_MAX_FLOPS
-// each) stays fp32 too: attention's per-head GEMMs whose output is a head (16-32 wide: probabilities
+// A batch of narrow products that fp32 runs one per thread (as many as threads, each under
+// GEMM_BATCH_PARALLEL_MAX_FLOPS) stays fp32 too: attention's per-head GEMMs whose output is a head (16-32 wide: probabilities
 // x values, the gradients of queries, keys and values) run 0.95-1.9x the time of those sgemms in
 // oneDNN's bf16 matmul over the batch, where the logits' products (a head-wide sum, k = 16-32, into
 // a wide output) take 0.6-0.8x. Larger narrow heads (850 tokens: 23 M multiply-adds each) and single
@@ -168,8 +168,10 @@ static bool bf16_wanted(int64_t m, int64_t n, int64_t k, int64_t batch) {
   // Inside a parallel region (a caller's per-thread GEMMs) the shared copies and cache cannot be used.
   if (!cpu_bf16_enabled() || omp_in_parallel() || (double)m * n * k * batch < GEMM_BF16_MIN_MACS || k < 16)
     return false;
+  // cpu_gemm_batched's fp32 runs one matrix per thread where there are as many and each is small.
+  bool per_thread = batch >= omp_get_max_threads() && 2.0 * m * n * k < GEMM_BATCH_PARALLEL_MAX_FLOPS;
   bool narrow = m < min_batched_width || n < min_batched_width;
-  return batch == 1 || !narrow || 2.0 * m * n * k >= GEMM_BATCH_PARALLEL_MAX_FLOPS;
+  return batch == 1 || !narrow || !per_thread;
 }
 
 bool cpu_gemm_bf16_wanted(int64_t m, int64_t n, int64_t k) { return bf16_wanted(m, n, k, 1); }
@@ -212,18 +214,19 @@ bool cpu_gemm_bf16_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int
 // The conversions of cpu_round_bf16, by shape: the last ROUND_CACHE_SIZE, least recently used dropped.
 #define ROUND_CACHE_SIZE 32
 static struct {
-  int64_t rows, cols, ld;
+  int64_t rows, cols;
   OperandCopy copy;
   uint64_t used;  // 0: empty
 } round_cache[ROUND_CACHE_SIZE];
 static uint64_t round_clock;
 
-void cpu_round_bf16(const float *x, int64_t rows, int64_t cols, int64_t ld, uint16_t *out) {
+void cpu_round_bf16(const float *x, int64_t rows, int64_t cols, uint16_t *out) {
   if (rows == 0 || cols == 0) return;
+  DETR_CHECK(!omp_in_parallel(), "cpu_round_bf16: called inside a parallel region (its cache is shared)");
   engine_init();
   int victim = 0;
   for (int i = 0; i < ROUND_CACHE_SIZE; i++) {
-    if (round_cache[i].used && round_cache[i].rows == rows && round_cache[i].cols == cols && round_cache[i].ld == ld) {
+    if (round_cache[i].used && round_cache[i].rows == rows && round_cache[i].cols == cols) {
       round_cache[i].used = ++round_clock;
       operand_copy_run(&round_cache[i].copy, x, 1, out);
       return;
@@ -231,8 +234,8 @@ void cpu_round_bf16(const float *x, int64_t rows, int64_t cols, int64_t ld, uint
     if (round_cache[i].used < round_cache[victim].used) victim = i;
   }
   if (round_cache[victim].used) DNNL_CHECK(dnnl_primitive_destroy(round_cache[victim].copy.reorder));
-  operand_copy_create(&round_cache[victim].copy, 1, rows, cols, ld, 0);
-  round_cache[victim].rows = rows, round_cache[victim].cols = cols, round_cache[victim].ld = ld;
+  operand_copy_create(&round_cache[victim].copy, 1, rows, cols, cols, 0);
+  round_cache[victim].rows = rows, round_cache[victim].cols = cols;
   round_cache[victim].used = ++round_clock;
   operand_copy_run(&round_cache[victim].copy, x, 1, out);
 }
@@ -242,6 +245,7 @@ void cpu_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   if (m == 0 || n == 0) return;
   DETR_CHECK(k > 0, "cpu_gemm_bf16: %lld x %lld x %lld: no sum (cpu_gemm_bf16_wanted says no)", (long long)m,
              (long long)n, (long long)k);
+  DETR_CHECK(!omp_in_parallel(), "cpu_gemm_bf16: called inside a parallel region (its cache is shared)");
   GemmKey key = {.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k, .batch = 1, .ldc = ldc,
                  .stride_c = m * ldc, .alpha = alpha, .beta = beta};  // lda 0: operands already bf16
   gemm_prim_run(gemm_prim_get(&key), a, b, c);
@@ -265,8 +269,8 @@ bool cpu_gemm_bf16_wanted(int64_t m, int64_t n, int64_t k) {
   return false;
 }
 
-void cpu_round_bf16(const float *x, int64_t rows, int64_t cols, int64_t ld, uint16_t *out) {
-  (void)x, (void)rows, (void)cols, (void)ld, (void)out;
+void cpu_round_bf16(const float *x, int64_t rows, int64_t cols, uint16_t *out) {
+  (void)x, (void)rows, (void)cols, (void)out;
   DETR_FAIL("cpu_round_bf16: this build has no oneDNN (bf16 is refused without it)");
 }
 

@@ -17,7 +17,6 @@
 // documents FAST_16BF as *allowing* bf16, and took TF32 instead.
 #include <limits.h>
 
-#include "kernels/bf16_math.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_util.cuh"
 
@@ -94,6 +93,16 @@ static void gemm_scale(float *c, int64_t m, int64_t n, int64_t ldc, int64_t stri
   CUDA_CHECK_LAUNCH("gemm_scale_kernel");
 }
 
+// C [m, n] (ldc) = alpha op(A) op(B) + beta C on bf16 A (lda) and B (ldb), fp32 accumulation and output:
+// column-major C^T [n, m] = op(B)^T [n, k] op(A)^T [k, m] (the operands swapped, m with n).
+static void gemm_ex_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a16,
+                         int64_t lda, const uint16_t *b16, int64_t ldb, float beta, float *c, int64_t ldc) {
+  CUBLAS_CHECK(cublasGemmEx(detr_cublas_handle(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                            trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n, "n"), to_int(m, "m"), to_int(k, "k"), &alpha,
+                            b16, CUDA_R_16BF, to_int(ldb, "ldb"), a16, CUDA_R_16BF, to_int(lda, "lda"), &beta, c,
+                            CUDA_R_32F, to_int(ldc, "ldc"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 extern "C" void cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                           float *c, int64_t ldc) {
@@ -108,9 +117,7 @@ extern "C" void cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
   if (cuda_bf16_enabled()) {
     const uint16_t *a16, *b16;
     bf16_operands(trans_a, trans_b, m, n, k, a, lda, 0, b, ldb, 0, 1, &a16, &b16);
-    CUBLAS_CHECK(cublasGemmEx(detr_cublas_handle(), op_b, op_a, to_int(n, "n"), to_int(m, "m"), to_int(k, "k"), &alpha,
-                              b16, CUDA_R_16BF, to_int(ldb, "ldb"), a16, CUDA_R_16BF, to_int(lda, "lda"), &beta, c,
-                              CUDA_R_32F, to_int(ldc, "ldc"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    gemm_ex_bf16(trans_a, trans_b, m, n, k, alpha, a16, lda, b16, ldb, beta, c, ldc);
     return;
   }
   CUBLAS_CHECK(cublasSgemm(detr_cublas_handle(), op_b, op_a, to_int(n, "n"), to_int(m, "m"),
@@ -153,16 +160,8 @@ extern "C" bool cuda_gemm_bf16_wanted(int64_t m, int64_t n, int64_t k) {
   return cuda_bf16_enabled() && k > 0;  // every GEMM, as cuda_gemm
 }
 
-// out [rows, cols] dense = x [rows, cols] (rows ld apart) rounded to the nearest bf16.
-__global__ void round_bf16_kernel(const float *x, int64_t rows, int64_t cols, int64_t ld, uint16_t *out) {
-  GRID_STRIDE_LOOP(i, rows * cols) out[i] = bf16_from_float(x[(i / cols) * ld + i % cols]);
-}
-
-extern "C" void cuda_round_bf16(const float *x, int64_t rows, int64_t cols, int64_t ld, uint16_t *out) {
-  int64_t total = rows * cols;
-  if (total <= 0) return;
-  round_bf16_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(x, rows, cols, ld, out);
-  CUDA_CHECK_LAUNCH("round_bf16_kernel");
+extern "C" void cuda_round_bf16(const float *x, int64_t rows, int64_t cols, uint16_t *out) {
+  cuda_to_bf16(x, out, rows * cols);
 }
 
 extern "C" void cuda_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -170,12 +169,7 @@ extern "C" void cuda_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n,
   if (m == 0 || n == 0) return;
   DETR_CHECK(k > 0, "cuda_gemm_bf16: %lld x %lld x %lld: no sum (cuda_gemm_bf16_wanted says no)", (long long)m,
              (long long)n, (long long)k);
-  int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;  // dense copies
-  // Column-major C^T [n, m] = op(B)^T [n, k] op(A)^T [k, m], as cuda_gemm.
-  CUBLAS_CHECK(cublasGemmEx(detr_cublas_handle(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                            trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n, "n"), to_int(m, "m"), to_int(k, "k"), &alpha,
-                            b, CUDA_R_16BF, to_int(ldb, "ldb"), a, CUDA_R_16BF, to_int(lda, "lda"), &beta, c,
-                            CUDA_R_32F, to_int(ldc, "ldc"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  gemm_ex_bf16(trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, b, trans_b ? k : n, beta, c, ldc);  // dense copies
 }
 
 // --- row bias of linear layers ---
