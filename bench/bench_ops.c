@@ -1,5 +1,6 @@
 // Matmul and conv2d throughput against OpenBLAS's raw sgemm on the same machine.
 //   build/bench/bench_ops [reps] [--conv [MODEL]]  (--conv: the convolutions only, of one model)
+//   build/bench/bench_ops [reps] --attention-bf16  (attention's per-head GEMMs, fp32 against bf16)
 // Matmul: the median time of our op (on oneDNN's sgemm where the build has oneDNN) and of the bare
 // OpenBLAS cblas_sgemm call doing the same multiply-adds, in GFLOP/s, and their ratio; batches of
 // small GEMMs one per thread (cpu_gemm_batched) against one after another. Conv2d: every convolution of DETR's training step (detr-r18-small at
