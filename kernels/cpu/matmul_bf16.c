@@ -25,12 +25,12 @@
 #define GEMM_BF16_MIN_MACS ((double)(1 << 20))
 
 // A batch of narrow products that fp32 runs one per thread (as many as threads, each under
-// GEMM_BATCH_PARALLEL_MAX_FLOPS) stays fp32 too: attention's per-head GEMMs whose output is a head (16-32 wide: probabilities
-// x values, the gradients of queries, keys and values) run 0.95-1.9x the time of those sgemms in
-// oneDNN's bf16 matmul over the batch, where the logits' products (a head-wide sum, k = 16-32, into
-// a wide output) take 0.6-0.8x. Larger narrow heads (850 tokens: 23 M multiply-adds each) and single
-// narrow GEMMs keep bf16: they gain (`bench_ops 21 --attention-bf16`, bench/README.md "bf16: linear
-// layers round once, narrow heads stay fp32").
+// GEMM_BATCH_PARALLEL_MAX_FLOPS) stays fp32 too: attention's per-head GEMMs whose output is a head
+// (16-32 wide: probabilities x values, the gradients of queries, keys and values) run 0.95-1.9x the
+// time of those sgemms in oneDNN's bf16 matmul over the batch, where the logits' products (a
+// head-wide sum, k = 16-32, into a wide output) take 0.6-0.8x. Larger narrow heads (850 tokens: 23 M
+// multiply-adds each) and single narrow GEMMs keep bf16: they gain (`bench_ops 21 --attention-bf16`,
+// bench/README.md "bf16: linear layers round once, narrow heads stay fp32").
 #define GEMM_BF16_MIN_BATCHED_WIDTH 48
 static int64_t min_batched_width = GEMM_BF16_MIN_BATCHED_WIDTH;
 
