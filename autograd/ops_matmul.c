@@ -211,11 +211,13 @@ static void gemm_bf16(Device dev, bool ta, bool tb, int64_t m, int64_t n, int64_
 // W's copy in the kept block takes this many elements: x's starts at a 64-element (128-byte) boundary.
 static int64_t w16_span(int64_t out, int64_t in) { return (out * in + 63) / 64 * 64; }
 
-// The backward's two GEMMs on the forward's bf16 copies (w16 [out, in], x16 [rows, in]) and dy rounded.
-static void linear_backward_rounded(Device dev, const LinearAttrs *at, const uint16_t *w16, const uint16_t *x16,
-                                    const float *dy, float *dx, bool set_dx, float *dw, bool set_dw) {
+// The backward's two GEMMs on the forward's bf16 copies (block: linear_forward_rounded's, NULL where
+// neither gradient is wanted) and dy rounded.
+static void linear_backward_rounded(Device dev, const LinearAttrs *at, const uint16_t *block, const float *dy,
+                                    float *dx, bool set_dx, float *dw, bool set_dw) {
   if (!dx && !dw) return;
   int64_t rows = at->rows, in = at->in, out = at->out;
+  const uint16_t *w16 = block, *x16 = block + w16_span(out, in);  // [out, in], [rows, in]
   size_t dy_bytes = (size_t)(rows * out) * sizeof(uint16_t);
   uint16_t *dy16 = detr_alloc(dev, dy_bytes);  // [rows, out]
   round_bf16(dev, dy, rows, out, dy16);
@@ -255,8 +257,7 @@ static void linear_backward_node(TapeNode *n) {
   }
   const float *dy = y->grad->data;
   if (at->rounded) {
-    const uint16_t *w16 = n->buf, *x16 = w16 + w16_span(out, in);
-    linear_backward_rounded(x->device, at, w16, x16, dy, dx, set_dx, dw, set_dw);
+    linear_backward_rounded(x->device, at, n->buf, dy, dx, set_dx, dw, set_dw);
   } else {
     if (dx) gemm(x->device, false, false, rows, in, out, 1.0f, dy, out, w->data, in, set_dx ? 0.0f : 1.0f, dx, in);
     if (dw) gemm(x->device, true, false, out, in, rows, 1.0f, dy, out, x->data, in, set_dw ? 0.0f : 1.0f, dw, in);

@@ -433,7 +433,13 @@ struct ConvWeightPack {
 };
 
 static void reorder_run(dnnl_primitive_t r, const dnnl_memory_desc_t *from_md, const void *from,
-                        const dnnl_memory_desc_t *to_md, void *to);
+                        const dnnl_memory_desc_t *to_md, void *to) {
+  dnnl_memory_t mf = mem_wrap(from_md, (void *)from), mt = mem_wrap(to_md, to);
+  dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, mf}, {DNNL_ARG_TO, mt}};
+  DNNL_CHECK(dnnl_primitive_execute(r, stream, 2, args));
+  DNNL_CHECK(dnnl_memory_destroy(mf));
+  DNNL_CHECK(dnnl_memory_destroy(mt));
+}
 
 // The weight argument a (plain w -> a->prim) from the pack: its kept copy, reordered on first use.
 static void *weight_pack_copy(ConvWeightPack *pack, const ConvArg *a, const float *w) {
@@ -454,15 +460,6 @@ static void *weight_pack_copy(ConvWeightPack *pack, const ConvArg *a, const floa
   pack->copy[victim].data = data;
   pack->copy[victim].used = ++pack->clock;
   return data;
-}
-
-static void reorder_run(dnnl_primitive_t r, const dnnl_memory_desc_t *from_md, const void *from,
-                        const dnnl_memory_desc_t *to_md, void *to) {
-  dnnl_memory_t mf = mem_wrap(from_md, (void *)from), mt = mem_wrap(to_md, to);
-  dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, mf}, {DNNL_ARG_TO, mt}};
-  DNNL_CHECK(dnnl_primitive_execute(r, stream, 2, args));
-  DNNL_CHECK(dnnl_memory_destroy(mf));
-  DNNL_CHECK(dnnl_memory_destroy(mt));
 }
 
 // Whether a pass of p run `batch` times goes through a copy of its output: where the layouts

@@ -64,8 +64,8 @@ void cpu_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
                       int64_t batch) {
   // Small matrices one per thread (the GEMM library runs single-threaded inside a parallel
   // region; GEMM_BATCH_PARALLEL_MAX_FLOPS); large ones one after another, each on all threads. In
-  // fp32 either way: where the batch is not bf16's, neither are its matrices (a narrow head alone
-  // would be, with fewer heads than threads).
+  // fp32 either way: a batch bf16 declines has matrices it would decline too (each smaller, or run
+  // inside the per-thread region), so they need not be asked again.
   if (m > 0 && n > 0 && k > 0 && cpu_gemm_bf16_batched(trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb,
                                                        stride_b, beta, c, ldc, stride_c, batch))
     return;
