@@ -56,6 +56,24 @@ static void conv2d_backward_cuda(const float *x, const float *w, const float *dy
 }
 #endif
 
+// bf16 mode on the CPU: each pass that runs in bf16 rounds the activations it reads, and x is read
+// by the forward and backward-weights, dy by backward-data and backward-weights. Where both of x's
+// passes take a rounded copy (cpu_conv2d_takes_bf16), the forward rounds x once and the node keeps
+// the copy (n->buf) in place of x; the backward rounds dy once for its passes. The same bits
+// (bench/README.md "bf16: convolutions round their activations once").
+static bool conv2d_keeps_x16(const Tensor *x, const Tensor *weight, const ConvGeom *g) {
+  return x->device == DEVICE_CPU && x->numel > 0 && g->out_h * g->out_w * g->out_ch > 0 && autograd_grad_enabled() &&
+         weight->requires_grad &&
+         cpu_conv2d_takes_bf16(g, CONV_PASS_FWD) && cpu_conv2d_takes_bf16(g, CONV_PASS_BWD_WEIGHTS);
+}
+
+// dy's copy pays where two passes read it, or where backward-weights' GEMM reads x's (it takes both).
+static bool conv2d_rounds_dy(const ConvGeom *g, bool dx, bool dw, bool x16) {
+  if (!dw || g->batch * g->out_ch * g->out_h * g->out_w == 0 || g->in_ch == 0) return false;  // nothing runs
+  if (!cpu_conv2d_takes_bf16(g, CONV_PASS_BWD_WEIGHTS)) return false;
+  return x16 || (dx && cpu_conv2d_takes_bf16(g, CONV_PASS_BWD_DATA));
+}
+
 static void conv2d_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *w = n->in[1], *bias = n->in[2], *y = n->out[0];
   ConvGeom g = *NODE_ATTRS(n, ConvGeom);  // conv2d's and maxpool2d's attributes: the geometry
@@ -63,10 +81,17 @@ static void conv2d_backward_node(TapeNode *n) {
   float *dx = autograd_grad_to_write(x, &set_dx), *dw = autograd_grad_to_write(w, &set_dw);
   float *db = grad_data_or_null(bias);
   if (x->device == DEVICE_CPU) {
+    const uint16_t *x16 = n->buf;  // x rounded by the forward (conv2d_keeps_x16), or NULL
+    const float *xf = x16 ? NULL : x->data;  // not kept with the copy
+    size_t dy16_bytes = conv2d_rounds_dy(&g, dx != NULL, dw != NULL, x16 != NULL)
+                            ? (size_t)y->numel * sizeof(uint16_t) : 0;
+    uint16_t *dy16 = dy16_bytes ? detr_alloc(DEVICE_CPU, dy16_bytes) : NULL;  // [B, HO, WO, O]
+    if (dy16) cpu_round_bf16(y->grad->data, y->numel / g.out_ch, g.out_ch, dy16);
     int64_t ws_floats = cpu_conv2d_backward_workspace_floats(&g, dx != NULL, set_dx, dw != NULL, set_dw, db != NULL);
     float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
-    cpu_conv2d_backward(x->data, w->data, y->grad->data, dx, set_dx, dw, set_dw, db, &g, ws);
+    cpu_conv2d_backward(xf, x16, w->data, y->grad->data, dy16, dx, set_dx, dw, set_dw, db, &g, ws);
     detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));
+    detr_free(DEVICE_CPU, dy16, dy16_bytes);
   } else {
     DISPATCH(x->device, (void)0,
              conv2d_backward_cuda(x->data, w->data, y->grad->data, dx, set_dx, dw, set_dw, db, &g));
@@ -89,10 +114,17 @@ Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p) {
                              p.dilation_h, p.dilation_w);
   Tensor *y = tensor_new_scoped(x->device, conv_out_shape(&g));
   const float *bias_data = bias ? bias->data : NULL;
+  uint16_t *x16 = NULL;  // [B, H, W, C]: x rounded once, kept by the node (conv2d_keeps_x16)
+  size_t x16_bytes = 0;
   if (x->device == DEVICE_CPU) {
+    if (conv2d_keeps_x16(x, weight, &g)) {
+      x16_bytes = (size_t)x->numel * sizeof(uint16_t);
+      x16 = detr_alloc(DEVICE_CPU, x16_bytes);
+      cpu_round_bf16(x->data, x->numel / g.in_ch, g.in_ch, x16);
+    }
     int64_t ws_floats = cpu_conv2d_forward_workspace_floats(&g, bias_data != NULL);
     float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
-    cpu_conv2d_forward(x->data, weight->data, bias_data, y->data, &g, ws);
+    cpu_conv2d_forward(x->data, x16, weight->data, bias_data, y->data, &g, ws);
     detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));
   } else {
     DISPATCH(x->device, (void)0, conv2d_forward_cuda(x->data, weight->data, bias_data, y->data, &g));
@@ -101,10 +133,11 @@ Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p) {
   TapeNode *n = autograd_record("conv2d", conv2d_backward_node, y, 3, in);
   if (n) {
     *NODE_ATTRS(n, ConvGeom) = g;
-    if (weight->requires_grad) autograd_save(n, x);  // dW = dY x im2col(x); the output is never read
+    if (weight->requires_grad && !x16) autograd_save(n, x);  // dW = dY x im2col(x); the output is never read
     if (x->requires_grad) autograd_save(n, weight);
     n->flops = 2.0 * (double)(g.batch * g.out_ch * g.out_h * g.out_w) * (double)(g.in_ch * g.kh * g.kw);
   }
+  if (x16) node_take_block(n, DEVICE_CPU, x16, x16_bytes);  // the node's now (freed where none was recorded)
   return y;
 }
 

@@ -223,9 +223,9 @@ static double time_conv_pass(ConvImpl impl, bool bf16, const ConvGeom *g, bool w
                         : pass == CONV_PASS_BWD_DATA ? cpu_conv2d_backward_workspace_floats(g, true, false, false, false, false)
                                                      : cpu_conv2d_backward_workspace_floats(g, false, false, true, true, with_bias);
     float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
-    if (pass == CONV_PASS_FWD) cpu_conv2d_forward(x, w, bias, y, g, ws);
-    else if (pass == CONV_PASS_BWD_DATA) cpu_conv2d_backward(NULL, w, y, dx, false, NULL, false, NULL, g, ws);
-    else cpu_conv2d_backward(x, NULL, y, NULL, false, dw, true, bias, g, ws);  // dw fresh, as in training
+    if (pass == CONV_PASS_FWD) cpu_conv2d_forward(x, NULL, w, bias, y, g, ws);
+    else if (pass == CONV_PASS_BWD_DATA) cpu_conv2d_backward(NULL, NULL, w, y, NULL, dx, false, NULL, false, NULL, g, ws);
+    else cpu_conv2d_backward(x, NULL, NULL, y, NULL, NULL, false, dw, true, bias, g, ws);  // dw fresh, as in training
     detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));
     if (r >= 0) t[r] = now() - t0;
   }

@@ -305,13 +305,13 @@ static void check_conv_case(const ConvCase *cc, size_t ci, bool last, bool per_i
   else cpu_conv2d_set_impl(impl);
   float *ws = detr_malloc((size_t)(cpu_conv2d_forward_workspace_floats(&g, false) + 16) * 4 + 64, "ws");
   float *ws64 = (float *)(((uintptr_t)ws + 63) / 64 * 64);
-  cpu_conv2d_forward(x, w, NULL, y, &g, ws64);
+  cpu_conv2d_forward(x, NULL, w, NULL, y, &g, ws64);
   free(ws);
   ws = detr_malloc((size_t)(cpu_conv2d_backward_workspace_floats(&g, true, true, true, true, true) + 16) * 4 + 64,
                    "ws");
   ws64 = (float *)(((uintptr_t)ws + 63) / 64 * 64);
   float *dbias = calloc((size_t)g.out_ch, 4);
-  cpu_conv2d_backward(x, w, dy, dx, true, dw, true, dbias, &g, ws64);
+  cpu_conv2d_backward(x, NULL, w, dy, NULL, dx, true, dw, true, dbias, &g, ws64);
   free(ws);
   cpu_conv2d_set_impl(CONV_IMPL_AUTO);
   cpu_set_bf16(false);
@@ -380,6 +380,86 @@ START_TEST(conv_bf16_choice_within_rounding_bound) {
     ck_assert_msg(chosen == CONV_IMPL_IM2COL, "case %zu: bf16 mode chose %d, not im2col", ci, (int)chosen);
     check_conv_case(&cases[ci].cc, 10 + ci, true, false, CONV_IMPL_AUTO);
   }
+}
+END_TEST
+
+// A convolution in bf16 rounds x once in its forward where the forward and backward-weights both
+// take the copy, keeping it on the tape instead of x, and dy once in its backward
+// (autograd/ops_conv.c): its output and gradients are each pass rounding its own operands - the
+// kernels called without copies - bit for bit: written, and added to a gradient a second use left.
+// whole: one primitive for the batch, or one image at a time (the copies stepped per image).
+static float *conv_ws(const ConvGeom *g, bool backward, float **base) {
+  int64_t floats = backward ? cpu_conv2d_backward_workspace_floats(g, true, true, true, true, false)
+                            : cpu_conv2d_forward_workspace_floats(g, false);
+  *base = detr_malloc((size_t)(floats + 16) * 4 + 64, "ws");
+  return (float *)(((uintptr_t)*base + 63) / 64 * 64);
+}
+
+static void check_conv_rounds_once(const ConvCase *cc, size_t ci, bool whole, bool weight_grad, bool keeps_x16) {
+  onednn_conv2d_set_whole_batch_bytes(whole ? -1 : 0);
+  ConvGeom g = conv_geom(cc, true);
+  int64_t nx = g.batch * g.in_ch * g.in_h * g.in_w, nw = g.out_ch * g.in_ch * g.kh * g.kw;
+  int64_t ny = g.batch * g.out_ch * g.out_h * g.out_w;
+  float *xh = uniform_buffer(nx, 40 + ci), *wh = uniform_buffer(nw, 50 + ci), *gh = uniform_buffer(ny, 60 + ci);
+  float *g2h = uniform_buffer(ny, 70 + ci);
+  Tensor *x = tensor_from_host(DEVICE_CPU, SHAPE(g.batch, g.in_h, g.in_w, g.in_ch), xh);
+  Tensor *w = tensor_from_host(DEVICE_CPU, SHAPE(g.out_ch, g.in_ch, g.kh, g.kw), wh);
+  tensor_set_requires_grad(x, true);
+  tensor_set_requires_grad(w, weight_grad);
+  cpu_set_bf16(true);
+  bool takes = cpu_conv2d_takes_bf16(&g, CONV_PASS_FWD) && cpu_conv2d_takes_bf16(&g, CONV_PASS_BWD_WEIGHTS);
+  ck_assert_msg(takes == keeps_x16, "case %zu: the forward and backward-weights take x's copy: %d, expected %d", ci,
+                takes, keeps_x16);
+  ScopeMark mark = tensor_scope_mark();
+  int x_data_refs = x->data_refs;
+  Conv2dParams p = {.stride_h = (int)cc->stride, .stride_w = (int)cc->stride, .pad_h = (int)cc->pad,
+                    .pad_w = (int)cc->pad, .dilation_h = 1, .dilation_w = 1, .channels_last = true};
+  Tensor *y = op_conv2d(x, w, NULL, p), *y2 = op_conv2d(x, w, NULL, p);  // two uses: the second backward adds
+  if (keeps_x16 && weight_grad)
+    ck_assert_msg(x->data_refs == x_data_refs, "case %zu: conv2d kept x itself (%d data references, %d before): not "
+                  "its bf16 copy", ci, x->data_refs, x_data_refs);
+  Tensor *gt = tensor_from_host(DEVICE_CPU, y->shape, gh), *g2t = tensor_from_host(DEVICE_CPU, y->shape, g2h);
+  autograd_backward(op_add(op_sum_all(op_mul(y, gt)), op_sum_all(op_mul(y2, g2t))));
+  float *y_ref = calloc((size_t)ny, 4), *dx_ref = calloc((size_t)nx, 4), *dw_ref = calloc((size_t)nw, 4), *base;
+  float *ws = conv_ws(&g, false, &base);
+  cpu_conv2d_forward(xh, NULL, wh, NULL, y_ref, &g, ws);
+  free(base);
+  ws = conv_ws(&g, true, &base);  // the tape runs y2's backward first
+  cpu_conv2d_backward(xh, NULL, wh, g2h, NULL, dx_ref, true, weight_grad ? dw_ref : NULL, true, NULL, &g, ws);
+  cpu_conv2d_backward(xh, NULL, wh, gh, NULL, dx_ref, false, weight_grad ? dw_ref : NULL, false, NULL, &g, ws);
+  free(base);
+  cpu_set_bf16(false);
+  onednn_conv2d_set_whole_batch_bytes(-1);
+  ck_assert_msg(!memcmp(y->data, y_ref, sizeof(float) * ny), "case %zu whole %d: conv2d's output differs from its "
+                "kernel's", ci, whole);
+  ck_assert_msg(!memcmp(x->grad->data, dx_ref, sizeof(float) * nx), "case %zu whole %d weight grad %d: conv2d's dx "
+                "differs from its kernel's", ci, whole, weight_grad);
+  if (weight_grad)
+    ck_assert_msg(!memcmp(w->grad->data, dw_ref, sizeof(float) * nw), "case %zu whole %d: conv2d's dW differs from "
+                  "its kernel's", ci, whole);
+  else
+    ck_assert(w->grad == NULL);
+  tensor_scope_release(mark);
+  free(xh), free(wh), free(gh), free(g2h), free(y_ref), free(dx_ref), free(dw_ref);
+  tensor_release(x), tensor_release(w), tensor_release(gt), tensor_release(g2t);
+}
+
+START_TEST(conv_rounds_once_as_each_pass) {
+  if (!have_bf16()) return;
+  static const struct {
+    ConvCase cc;
+    bool keeps_x16;  // the forward and backward-weights both take x's copy
+  } cases[] = {
+      {{2, 512, 16, 16, 64, 1, 1, 0}, true},   // 1x1: forward direct, both backward passes GEMMs
+      {{2, 64, 18, 18, 128, 1, 2, 0}, true},   // 1x1 stride 2: every pass a GEMM on x's gathered copy
+      {{2, 32, 9, 11, 48, 3, 1, 1}, true},     // 3x3: direct in every pass
+      {{2, 64, 12, 10, 32, 3, 2, 1}, true},    // 3x3 stride 2
+      {{2, 64, 24, 24, 64, 3, 1, 1}, false},   // Winograd (fp32) here: x itself kept
+  };
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+    for (int whole = 0; whole < 2; whole++)
+      for (int weight_grad = 0; weight_grad < 2; weight_grad++)
+        check_conv_rounds_once(&cases[ci].cc, ci, whole, weight_grad, cases[ci].keeps_x16);
 }
 END_TEST
 
@@ -480,6 +560,7 @@ int main(void) {
   tcase_add_test(tc, linear_rounds_once_as_each_gemm);
   tcase_add_test(tc, conv_bf16_within_rounding_bound);
   tcase_add_test(tc, conv_bf16_choice_within_rounding_bound);
+  tcase_add_test(tc, conv_rounds_once_as_each_pass);
   tcase_add_test(tc, bf16_refused_without_the_instructions);
   tcase_add_test(tc, training_losses_follow_fp32);
   suite_add_tcase(s, tc);

@@ -549,7 +549,7 @@ static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
   for (int i = 0; i < 3; i++)
     if (bwd_floats[i] > ws_floats) ws_floats = bwd_floats[i];
   float *ws = host_alloc(ws_floats);
-  cpu_conv2d_forward(x, w, with_bias ? bias : NULL, y, g, ws);
+  cpu_conv2d_forward(x, NULL, w, with_bias ? bias : NULL, y, g, ws);
   float *d_x = dev_upload(x, nx), *d_w = dev_upload(w, nw), *d_bias = dev_upload(bias, nb);
   float *d_y = dev_upload(y, ny);
   cuda_fill(d_y, ny, NAN);  // forward overwrites (beta = 0)
@@ -562,7 +562,7 @@ static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
   float *dx0 = host_uniform(nx, seed + 4, -1, 1), *dw0 = host_uniform(nw, seed + 5, -1, 1);
   float *db0 = host_uniform(nb, seed + 6, -1, 1);
   float *dx = host_copy(dx0, nx), *dw = host_copy(dw0, nw), *db = host_copy(db0, nb);
-  cpu_conv2d_backward(x, w, dy, dx, false, dw, false, with_bias ? db : NULL, g, ws);
+  cpu_conv2d_backward(x, NULL, w, dy, NULL, dx, false, dw, false, with_bias ? db : NULL, g, ws);
   float *d_dy = dev_upload(dy, ny), *d_dx = dev_upload(dx0, nx), *d_dw = dev_upload(dw0, nw);
   float *d_db = dev_upload(db0, nb);
   conv_backward_ws(d_x, d_w, d_dy, d_dx, false, d_dw, false, with_bias ? d_db : NULL, g);
@@ -597,7 +597,7 @@ static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
     float *host = t ? dw : dx, *dev = t ? d_dw : d_dx;
     int64_t n = t ? nw : nx;
     memset(host, 0, (size_t)n * sizeof(float));
-    cpu_conv2d_backward(x, w, dy, t ? NULL : dx, false, t ? dw : NULL, false, NULL, g, ws);
+    cpu_conv2d_backward(x, NULL, w, dy, NULL, t ? NULL : dx, false, t ? dw : NULL, false, NULL, g, ws);
     cuda_fill(dev, n, NAN);
     conv_backward_ws(d_x, d_w, d_dy, t ? NULL : d_dx, !t, t ? d_dw : NULL, t, NULL, g);
     snprintf(msg, sizeof msg, "%s: %s alone, written", what, t ? "dw" : "dx");
@@ -724,7 +724,7 @@ START_TEST(tf32_switch) {
   int64_t nx = 2 * 16 * 24 * 20, nw = 32 * 16 * 9, ny = 2 * 32 * g.out_h * g.out_w;
   float *x = host_uniform(nx, 41100, -1, 1), *w = host_uniform(nw, 41101, -1, 1), *y = host_alloc(ny);
   float *ws = host_alloc(cpu_conv2d_forward_workspace_floats(&g, false));
-  cpu_conv2d_forward(x, w, NULL, y, &g, ws);
+  cpu_conv2d_forward(x, NULL, w, NULL, y, &g, ws);
   float *d_x = dev_upload(x, nx), *d_w = dev_upload(w, nw), *d_y = dev_upload(y, ny);
   conv_forward_ws(d_x, d_w, NULL, d_y, &g);
   expect_close("conv2d forward with TF32", d_y, y, ny, 1e-2);

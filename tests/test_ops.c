@@ -69,7 +69,7 @@ static void check_guard(const float *ws, int64_t n, const char *what, const Conv
 static void conv_forward_guarded(const float *x, const float *w, const float *bias, float *y, const ConvGeom *g) {
   int64_t n = cpu_conv2d_forward_workspace_floats(g, bias != NULL);
   float *ws = guarded_workspace(n);
-  cpu_conv2d_forward(x, w, bias, y, g, ws);
+  cpu_conv2d_forward(x, NULL, w, bias, y, g, ws);
   check_guard(ws, n, "forward", g);
   free(ws);
 }
@@ -77,7 +77,7 @@ static void conv_backward_guarded(const float *x, const float *w, const float *d
                                   bool set_dw, float *dbias, const ConvGeom *g) {
   int64_t n = cpu_conv2d_backward_workspace_floats(g, dx != NULL, set_dx, dw != NULL, set_dw, dbias != NULL);
   float *ws = guarded_workspace(n);
-  cpu_conv2d_backward(x, w, dy, dx, set_dx, dw, set_dw, dbias, g, ws);
+  cpu_conv2d_backward(x, NULL, w, dy, NULL, dx, set_dx, dw, set_dw, dbias, g, ws);
   check_guard(ws, n, "backward", g);
   free(ws);
 }

@@ -43,8 +43,17 @@ static int64_t cl_chunk_rows(const ConvGeom *g) {
   return chunk < rows ? chunk : rows;
 }
 
+// The workspace floats before bf16 mode's rounded W (im2col_cl_forward): col's chunk (fp32, which
+// also holds a bf16 one), 64-byte aligned.
+static int64_t cl_col_floats(const ConvGeom *g) {
+  int64_t k = g->in_ch * g->kh * g->kw;
+  return conv_is_pointwise(g) ? 0 : (cl_chunk_rows(g) * k + 15) / 16 * 16;
+}
+
 static int64_t im2col_workspace_floats(const ConvGeom *g) {
   int64_t k = g->in_ch * g->kh * g->kw;
+  if (g->channels_last && g->kh * g->kw == 1 && cpu_bf16_enabled())  // col chunk, W in bf16
+    return cl_col_floats(g) + (g->out_ch * k + 1) / 2;
   if (g->channels_last)  // col chunk, then W' (or dW') where the taps are more than one
     return (conv_is_pointwise(g) ? 0 : cl_chunk_rows(g) * k) + (g->kh * g->kw > 1 ? g->out_ch * k : 0);
   if (conv_is_pointwise(g)) return 0;
@@ -142,21 +151,23 @@ static void conv_bias_backward(const float *dy, float *dbias, const ConvGeom *g)
 
 // --- channels last: im2col + sgemm over output pixels (see cl_chunk_rows) ---
 
-// col [len, KH*KW*C] holds output pixels [r0, r0 + len) (of the whole batch) of x [B, H, W, C].
-static void im2col_cl(const float *x, float *col, const ConvGeom *g, int64_t r0, int64_t len) {
+// col [len, KH*KW*C] holds output pixels [r0, r0 + len) (of the whole batch) of x [B, H, W, C],
+// elements of `elem` bytes (fp32, or a bf16 copy).
+static void im2col_cl(const void *x, void *col, size_t elem, const ConvGeom *g, int64_t r0, int64_t len) {
   int64_t C = g->in_ch, K = C * g->kh * g->kw, plane = g->out_h * g->out_w;
+  size_t tap = (size_t)C * elem;
 #pragma omp parallel for schedule(static) if (len * K > PARALLEL_MIN_LIGHT)
   for (int64_t r = r0; r < r0 + len; r++) {
     int64_t b = r / plane, oy = r % plane / g->out_w, ox = r % g->out_w;
-    float *dst = col + (r - r0) * K;  // [KH, KW, C]
+    char *dst = (char *)col + (size_t)((r - r0) * K) * elem;  // [KH, KW, C]
     for (int64_t ky = 0; ky < g->kh; ky++) {
       int64_t iy = conv_in_coord(oy, ky, g->stride_h, g->pad_h, g->dil_h);
-      for (int64_t kx = 0; kx < g->kw; kx++, dst += C) {
+      for (int64_t kx = 0; kx < g->kw; kx++, dst += tap) {
         int64_t ix = conv_in_coord(ox, kx, g->stride_w, g->pad_w, g->dil_w);
         if (iy < 0 || iy >= g->in_h || ix < 0 || ix >= g->in_w)
-          memset(dst, 0, (size_t)C * sizeof(float));
+          memset(dst, 0, tap);
         else
-          memcpy(dst, x + ((b * g->in_h + iy) * g->in_w + ix) * C, (size_t)C * sizeof(float));
+          memcpy(dst, (const char *)x + (size_t)(((b * g->in_h + iy) * g->in_w + ix) * C) * elem, tap);
       }
     }
   }
@@ -217,21 +228,40 @@ static void cl_weight_permute(const ConvGeom *g, float *w, float *wt, bool to_ta
     }
 }
 
-static void im2col_cl_forward(const float *x, const float *w, const float *bias, float *y, const ConvGeom *g,
-                              float *workspace) {
+// bf16 mode's copies on the channels-last GEMM path (a 1x1 without padding: col is x's pixels,
+// gathered where the stride is 2): x16, dy16 - x's and dy's dense bf16 copies, or NULL - and W
+// rounded per call into the workspace after col's chunk. A GEMM reads the copies where they are
+// given (cpu_gemm_bf16: the arithmetic and bits of cpu_gemm's bf16 path, which rounds the same
+// operands itself), else runs cpu_gemm on the fp32 operands.
+
+static void im2col_cl_forward(const float *x, const uint16_t *x16, const float *w, const float *bias, float *y,
+                              const ConvGeom *g, float *workspace) {
   int64_t C = g->in_ch, O = g->out_ch, K = C * g->kh * g->kw, rows = g->batch * g->out_h * g->out_w;
   bool pointwise = conv_is_pointwise(g);
   int64_t chunk = pointwise ? rows : cl_chunk_rows(g);
   float *col = workspace, *wt = (float *)w;  // wt: W' [O, K]
-  if (g->kh * g->kw > 1) {
+  uint16_t *w16 = NULL;                       // W [O, K] in bf16, with x16 (a 1x1)
+  if (x16) {
+    w16 = (uint16_t *)(workspace + cl_col_floats(g));
+    cpu_round_bf16(w, O, K, w16);
+  } else if (g->kh * g->kw > 1) {
     wt = workspace + chunk * K;
     cl_weight_permute(g, (float *)w, wt, true);
   }
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     int64_t len = rows - r0 < chunk ? rows - r0 : chunk;
-    const float *a = x + r0 * C;  // pointwise: x's pixels are col's rows
+    if (x16) {  // y [len, O] = col16 W16^T
+      const uint16_t *a16 = x16 + r0 * C;  // pointwise: x's pixels are col's rows
+      if (!pointwise) {
+        im2col_cl(x16, col, sizeof(uint16_t), g, r0, len);
+        a16 = (const uint16_t *)col;
+      }
+      cpu_gemm_bf16(false, true, len, O, K, 1.0f, a16, w16, 0.0f, y + r0 * O, O);
+      continue;
+    }
+    const float *a = x + r0 * C;
     if (!pointwise) {
-      im2col_cl(x, col, g, r0, len);
+      im2col_cl(x, col, sizeof(float), g, r0, len);
       a = col;
     }
     cpu_gemm(false, true, len, O, K, 1.0f, a, K, wt, K, 0.0f, y + r0 * O, O);  // y [len, O] = col W'^T
@@ -243,27 +273,32 @@ static void im2col_cl_forward(const float *x, const float *w, const float *bias,
   }
 }
 
-static void im2col_cl_backward(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
-                               float *dbias, const ConvGeom *g, float *workspace) {
+// x16, dy16: the bf16 copies the passes read, or NULL (a 1x1; dw reads x16 with dy16).
+static void im2col_cl_backward(const float *x, const uint16_t *x16, const float *w, const float *dy,
+                               const uint16_t *dy16, float *dx, bool set_dx, float *dw, float *dbias,
+                               const ConvGeom *g, float *workspace) {
   int64_t C = g->in_ch, O = g->out_ch, K = C * g->kh * g->kw, rows = g->batch * g->out_h * g->out_w;
   bool pointwise = conv_is_pointwise(g), taps = g->kh * g->kw > 1;
   int64_t chunk = pointwise ? rows : cl_chunk_rows(g);
   float *col = workspace, *wt = taps ? workspace + chunk * K : NULL;  // W' or dW' [O, K]
   if (dx) {
     const float *wk = w;
-    if (taps) {
+    uint16_t *w16 = NULL;  // W [O, K] in bf16, with dy16 (a 1x1)
+    if (dy16) {
+      w16 = (uint16_t *)(workspace + cl_col_floats(g));
+      cpu_round_bf16(w, O, K, w16);
+    } else if (taps) {
       cl_weight_permute(g, (float *)w, wt, true);
       wk = wt;
     }
     if (set_dx && !pointwise) memset(dx, 0, (size_t)(g->batch * g->in_h * g->in_w * C) * sizeof(float));
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
       int64_t len = rows - r0 < chunk ? rows - r0 : chunk;
-      if (pointwise) {  // dx [len, C] += dy [len, O] x W [O, C]
-        cpu_gemm(false, false, len, K, O, 1.0f, dy + r0 * O, O, wk, K, set_dx ? 0.0f : 1.0f, dx + r0 * C, C);
-      } else {  // dcol [len, K] = dy x W', scattered back into dx
-        cpu_gemm(false, false, len, K, O, 1.0f, dy + r0 * O, O, wk, K, 0.0f, col, K);
-        col2im_cl_add(col, dx, g, r0, len);
-      }
+      float beta = pointwise && !set_dx ? 1.0f : 0.0f;
+      float *out = pointwise ? dx + r0 * C : col;  // dx [len, C] += dy W, or dcol [len, K] = dy W' scattered into dx
+      if (dy16) cpu_gemm_bf16(false, false, len, K, O, 1.0f, dy16 + r0 * O, w16, beta, out, K);
+      else cpu_gemm(false, false, len, K, O, 1.0f, dy + r0 * O, O, wk, K, beta, out, K);
+      if (!pointwise) col2im_cl_add(col, dx, g, r0, len);
     }
   }
   if (dw) {
@@ -274,9 +309,18 @@ static void im2col_cl_backward(const float *x, const float *w, const float *dy, 
     }
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
       int64_t len = rows - r0 < chunk ? rows - r0 : chunk;
+      if (x16) {  // dW += dy16^T col16
+        const uint16_t *a16 = x16 + r0 * C;
+        if (!pointwise) {
+          im2col_cl(x16, col, sizeof(uint16_t), g, r0, len);
+          a16 = (const uint16_t *)col;
+        }
+        cpu_gemm_bf16(true, false, O, K, len, 1.0f, dy16 + r0 * O, a16, 1.0f, dwk, K);
+        continue;
+      }
       const float *a = x + r0 * C;
       if (!pointwise) {
-        im2col_cl(x, col, g, r0, len);
+        im2col_cl(x, col, sizeof(float), g, r0, len);
         a = col;
       }
       cpu_gemm(true, false, O, K, len, 1.0f, dy + r0 * O, O, a, K, 1.0f, dwk, K);
@@ -419,19 +463,44 @@ int64_t cpu_conv2d_backward_workspace_floats(const ConvGeom *g, bool dx, bool se
 // Runs the pass on oneDNN when cpu_conv2d_impl chooses it (never without oneDNN) and returns
 // true; false: the caller runs im2col + sgemm. Arguments as onednn_conv2d_run's.
 static bool ran_on_onednn(const ConvGeom *g, ConvPass pass, bool accumulate, const float *in0, const float *in1,
-                          float *out, float *bias, float *workspace) {
+                          const uint16_t *in0_16, const uint16_t *in1_16, float *out, float *bias, float *workspace) {
   ConvImpl impl = cpu_conv2d_impl(g, pass);
   if (impl == CONV_IMPL_IM2COL) return false;
-  onednn_conv2d_run(g, pass, impl, accumulate, in0, in1, out, bias, workspace);
+  const uint16_t *in16[2] = {in0_16, in1_16};
+  onednn_conv2d_run(g, pass, impl, accumulate, in0, in1, in16, out, bias, workspace);
   return true;
 }
 
+bool cpu_conv2d_takes_bf16(const ConvGeom *g, ConvPass pass) {
+  if (!cpu_bf16_enabled() || !g->channels_last) return false;
+  ConvImpl impl = cpu_conv2d_impl(g, pass);
+  if (impl == CONV_IMPL_ONEDNN_BF16) return true;  // channels last: on the nhwc activations themselves
+  if (impl != CONV_IMPL_IM2COL || g->kh * g->kw != 1) return false;
+  // The GEMM path's bf16 copies are of a 1x1's: where cpu_gemm would round its operands (the pass's
+  // first chunk; a last, shorter one runs on the copies too).
+  int64_t C = g->in_ch, O = g->out_ch, rows = conv_is_pointwise(g) ? g->batch * g->out_h * g->out_w : cl_chunk_rows(g);
+  if (pass == CONV_PASS_FWD) return cpu_gemm_bf16_wanted(rows, O, C);
+  if (pass == CONV_PASS_BWD_DATA) return cpu_gemm_bf16_wanted(rows, C, O);
+  return cpu_gemm_bf16_wanted(O, C, rows);
+}
 
-void cpu_conv2d_forward(const float *x, const float *w, const float *bias, float *y,
+// A pass's operand: its bf16 copy where the pass takes one (else NULL, the copy ignored), and the
+// fp32 one present otherwise (op_conv2d keeps only x's copy where backward-weights takes it).
+static const uint16_t *pass_half(const ConvGeom *g, ConvPass pass, const void *fp32, const uint16_t *half,
+                                 const char *what) {
+  static const char *names[3] = {"forward", "backward-data", "backward-weights"};
+  if (half && !cpu_conv2d_takes_bf16(g, pass)) half = NULL;
+  DETR_CHECK(fp32 || half, "conv2d: the %s needs %s in fp32 (it runs in fp32: was bf16 mode turned off between a "
+             "forward and its backward?)", names[pass], what);
+  return half;
+}
+
+void cpu_conv2d_forward(const float *x, const uint16_t *x16, const float *w, const float *bias, float *y,
                         const ConvGeom *g, float *workspace) {
-  if (ran_on_onednn(g, CONV_PASS_FWD, false, x, w, y, (float *)bias, workspace)) return;
+  x16 = pass_half(g, CONV_PASS_FWD, x, x16, "x");
+  if (ran_on_onednn(g, CONV_PASS_FWD, false, x, w, x16, NULL, y, (float *)bias, workspace)) return;
   if (g->channels_last) {
-    im2col_cl_forward(x, w, bias, y, g, workspace);
+    im2col_cl_forward(x, x16, w, bias, y, g, workspace);
     return;
   }
   int64_t K = g->in_ch * g->kh * g->kw, spatial = g->out_h * g->out_w;
@@ -481,7 +550,7 @@ void cpu_conv2d_forward_fused(const float *x, const float *w, const float *bias,
     memcpy(res_copy, y, (size_t)n * sizeof(float));
     residual = res_copy;
   }
-  cpu_conv2d_forward(x, w, bias, y, g, workspace);
+  cpu_conv2d_forward(x, NULL, w, bias, y, g, workspace);
   if (residual || relu) {
 #pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_LIGHT)
     for (int64_t i = 0; i < n; i++) {
@@ -525,22 +594,29 @@ static void im2col_backward(const float *x, const float *w, const float *dy, flo
   if (dbias) conv_bias_backward(dy, dbias, g);
 }
 
-void cpu_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
-                         bool set_dw, float *dbias, const ConvGeom *g, float *workspace) {
+void cpu_conv2d_backward(const float *x, const uint16_t *x16, const float *w, const float *dy, const uint16_t *dy16,
+                         float *dx, bool set_dx, float *dw, bool set_dw, float *dbias, const ConvGeom *g,
+                         float *workspace) {
   if (g->batch * g->out_ch * g->out_h * g->out_w == 0 || g->in_ch == 0) {  // no terms: a fresh gradient is 0
     if (dx && set_dx) memset(dx, 0, (size_t)(g->batch * g->in_ch * g->in_h * g->in_w) * sizeof(float));
     if (dw && set_dw) memset(dw, 0, (size_t)(g->out_ch * g->in_ch * g->kh * g->kw) * sizeof(float));
     return;
   }
   // The two passes may run on different implementations; dbias goes with dw (oneDNN fuses it).
-  void (*fallback)(const float *, const float *, const float *, float *, bool, float *, float *, const ConvGeom *,
-                   float *) = g->channels_last ? im2col_cl_backward : im2col_backward;
-  if (dx && !ran_on_onednn(g, CONV_PASS_BWD_DATA, !set_dx, dy, w, dx, NULL, workspace))
-    fallback(NULL, w, dy, dx, set_dx, NULL, NULL, g, workspace);
+  const uint16_t *dy16_data = dx ? pass_half(g, CONV_PASS_BWD_DATA, dy, dy16, "dy") : NULL;
+  if (dx && !ran_on_onednn(g, CONV_PASS_BWD_DATA, !set_dx, dy, w, dy16_data, NULL, dx, NULL, workspace)) {
+    if (g->channels_last) im2col_cl_backward(NULL, NULL, w, dy, dy16_data, dx, set_dx, NULL, NULL, g, workspace);
+    else im2col_backward(NULL, w, dy, dx, set_dx, NULL, NULL, g, workspace);
+  }
   if (dw) {
-    if (!ran_on_onednn(g, CONV_PASS_BWD_WEIGHTS, !set_dw, x, dy, dw, dbias, workspace)) {
+    const uint16_t *x16_w = pass_half(g, CONV_PASS_BWD_WEIGHTS, x, x16, "x");
+    const uint16_t *dy16_w = pass_half(g, CONV_PASS_BWD_WEIGHTS, dy, dy16, "dy");
+    bool gemm = cpu_conv2d_impl(g, CONV_PASS_BWD_WEIGHTS) == CONV_IMPL_IM2COL;
+    DETR_CHECK(!gemm || !x16_w || dy16_w, "conv2d: backward-weights' GEMM has x's bf16 copy but not dy's");
+    if (!ran_on_onednn(g, CONV_PASS_BWD_WEIGHTS, !set_dw, x, dy, x16_w, dy16_w, dw, dbias, workspace)) {
       if (set_dw) memset(dw, 0, (size_t)(g->out_ch * g->in_ch * g->kh * g->kw) * sizeof(float));  // im2col adds
-      fallback(x, NULL, dy, NULL, false, dw, dbias, g, workspace);
+      if (g->channels_last) im2col_cl_backward(x, x16_w, NULL, dy, dy16_w, NULL, false, dw, dbias, g, workspace);
+      else im2col_backward(x, NULL, dy, NULL, false, dw, dbias, g, workspace);
     }
   } else if (dbias) {
     conv_bias_backward(dy, dbias, g);

@@ -67,6 +67,7 @@ typedef struct {
   dnnl_primitive_t reorder;  // NULL: the layouts are the same (output: the accumulating reorder)
   dnnl_primitive_t reorder_set;  // a backward pass's output: the writing reorder (a fresh dx or dw), made on first use
   dnnl_primitive_t reorder_in;   // a forward output in another layout with the sum post-op: plain -> prim (the residual)
+  bool takes16;  // an input the pass reads in bf16 on the plain layout itself: a caller's dense bf16 copy serves as is
 } ConvArg;
 
 typedef struct {
@@ -375,6 +376,9 @@ static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, ConvImpl 
     a->prim = *md;
     bool same = dnnl_memory_desc_equal(&a->user, &a->prim);
     if (i < 2) {
+      dnnl_memory_desc_t user16;  // the plain layout in bf16
+      md_init_type(&user16, 4, a->user.dims, dnnl_bf16, a == &p->a[1] && pass != CONV_PASS_BWD_WEIGHTS ? dnnl_oihw : act);
+      a->takes16 = dnnl_memory_desc_equal(&user16, &a->prim);
       if (!same) a->reorder = reorder_create(&a->user, &a->prim, false);
     } else if (!same) {  // the backward passes' accumulate (the sum post-op)
       a->reorder = reorder_create(&a->prim, &a->user, pass != CONV_PASS_FWD);
@@ -489,16 +493,18 @@ static size_t pass_buffer_bytes(const ConvPrim *p, bool out_copy, bool packed) {
 // Runs one pass of primitive p (of batch p->g.batch) `batch` times over consecutive parts of the
 // buffers: in0, in1 plain inputs, out the plain output (overwritten by the forward, accumulated
 // into by the backward passes where `accumulate`); bias: the forward's bias or backward-weights'
-// dbias (accumulated), NULL when p has none. pack: the forward's weight copies kept between calls,
-// or NULL. workspace: pass_buffer_bytes(p, pass_out_copy(...), pack != NULL).
-static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *in0, const float *in1, float *out,
-                     float *bias, char *workspace, ConvWeightPack *pack) {
+// dbias (accumulated), NULL when p has none. in16: NULL, or per input its dense bf16 copy on the
+// plain layout (NULL where none), read as is in place of converting the input (an argument that
+// takes16). pack: the forward's weight copies kept between calls, or NULL. workspace:
+// pass_buffer_bytes(p, pass_out_copy(...), pack != NULL).
+static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *in0, const float *in1,
+                     const uint16_t *const *in16, float *out, float *bias, char *workspace, ConvWeightPack *pack) {
   const ConvGeom *g = &p->g;
   int64_t x_img = g->in_ch * g->in_h * g->in_w, y_img = g->out_ch * g->out_h * g->out_w;
   // What each argument holds: 1: x or dx, 2: y or dy (both per image), 0: w or dw (shared).
   static const int holds[3][3] = {[CONV_PASS_FWD] = {1, 0, 2}, [CONV_PASS_BWD_DATA] = {2, 0, 1},
                                   [CONV_PASS_BWD_WEIGHTS] = {1, 2, 0}};
-  int64_t step[3];  // floats from one image to the next in each plain argument
+  int64_t step[3];  // elements from one image to the next in each plain argument
   for (int i = 0; i < 3; i++) step[i] = holds[p->pass][i] == 1 ? x_img : holds[p->pass][i] == 2 ? y_img : 0;
 
   bool shared_out = !step[2];
@@ -510,12 +516,20 @@ static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *i
   char *ws = workspace;
   void *scratchpad = ws;
   ws += round64(p->scratch_bytes);
-  const float *user[3] = {in0, in1, out};
+  const char *user[3] = {(const char *)in0, (const char *)in1, (const char *)out};
+  size_t elem[3] = {sizeof(float), sizeof(float), sizeof(float)};  // bytes per element of each plain argument
+  bool as_is[2] = {false, false};  // an input read from its bf16 copy
+  for (int i = 0; i < 2; i++) {
+    if (!in16 || !in16[i]) continue;
+    DETR_CHECK(p->a[i].takes16, "onednn_conv2d_run: input %d of pass %d is given in bf16, which the pass does not "
+               "read on its plain layout", i, (int)p->pass);
+    user[i] = (const char *)in16[i], elem[i] = sizeof(uint16_t), as_is[i] = true;
+  }
   void *buf[3] = {NULL, NULL, NULL};  // prim-layout copies
   for (int i = 0; i < 3; i++) {
-    if (i < 2 ? !p->a[i].reorder : !out_copy) continue;
+    if (i < 2 ? !p->a[i].reorder || as_is[i] : !out_copy) continue;
     if (arg_packed(p, i, pack != NULL)) {  // the weight, kept reordered
-      buf[i] = weight_pack_copy(pack, &p->a[i], user[i]);
+      buf[i] = weight_pack_copy(pack, &p->a[i], (const float *)user[i]);
       continue;
     }
     buf[i] = ws;
@@ -541,8 +555,8 @@ static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *i
     args[n].memory = mem_wrap(&smd, scratchpad), n++;
   }
   for (int64_t b = 0; b < batch; b++) {
-    float *img[3];  // this image's part of each plain argument (the weights: all of them)
-    for (int i = 0; i < 3; i++) img[i] = (float *)user[i] + b * step[i];
+    char *img[3];  // this image's part of each plain argument (the weights: all of them)
+    for (int i = 0; i < 3; i++) img[i] = (char *)user[i] + (size_t)(b * step[i]) * elem[i];
     for (int i = 0; i < 3; i++) {
       if (!step[i]) continue;
       if (!buf[i]) DNNL_CHECK(dnnl_memory_set_data_handle(args[i].memory, img[i]));
@@ -556,7 +570,7 @@ static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *i
       reorder_run(r, &p->a[2].prim, buf[2], &p->a[2].user, img[2]);
     } else if (out_copy) {  // the same layout
       const float *src = buf[2];
-      float *dst = img[2];
+      float *dst = (float *)img[2];
       if (add) {
 #pragma omp parallel for schedule(static) if (out_floats > PARALLEL_MIN_LIGHT)
         for (int64_t j = 0; j < out_floats; j++) dst[j] += src[j];
@@ -689,13 +703,13 @@ int64_t onednn_conv2d_workspace_floats(const ConvGeom *g, ConvPass pass, ConvImp
 }
 
 void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, const float *in0,
-                       const float *in1, float *out, float *bias, float *workspace) {
+                       const float *in1, const uint16_t *const *in16, float *out, float *bias, float *workspace) {
   DETR_CHECK(!bias || pass != CONV_PASS_BWD_DATA, "onednn_conv2d_run: backward-data has no bias");
   DETR_CHECK(pass != CONV_PASS_FWD || !accumulate, "onednn_conv2d_run: the forward writes y");
   DETR_CHECK(((uintptr_t)workspace & 63) == 0, "onednn_conv2d_run: the workspace is not 64-byte aligned");
   int64_t runs;
   ConvPrim *p = pass_prim(g, pass, impl, accumulate, bias != NULL, 0, &runs);
-  pass_run(p, runs, accumulate, in0, in1, out, bias, (char *)workspace, NULL);
+  pass_run(p, runs, accumulate, in0, in1, in16, out, bias, (char *)workspace, NULL);
 }
 
 int64_t onednn_conv2d_forward_post_workspace_floats(const ConvGeom *g, ConvImpl impl, bool bias, unsigned post,
@@ -710,7 +724,7 @@ void onednn_conv2d_forward_post(const ConvGeom *g, ConvImpl impl, unsigned post,
   DETR_CHECK(((uintptr_t)workspace & 63) == 0, "onednn_conv2d_forward_post: the workspace is not 64-byte aligned");
   int64_t runs;
   ConvPrim *p = pass_prim(g, CONV_PASS_FWD, impl, false, bias != NULL, post, &runs);
-  pass_run(p, runs, false, x, w, y, (float *)bias, (char *)workspace, pack);
+  pass_run(p, runs, false, x, w, NULL, y, (float *)bias, (char *)workspace, pack);
 }
 
 const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, ConvImpl impl) {

@@ -16,8 +16,12 @@
 //                           dbias (accumulated) or NULL.
 // accumulate: false for the forward. workspace: onednn_conv2d_workspace_floats(g, pass, impl,
 // accumulate, bias != NULL) floats, 64-byte aligned (the reordered copies and oneDNN's scratchpad).
+// in16: NULL, or {in0's, in1's} dense bf16 copies on the plain layout, either NULL: read as they
+// are instead of the pass converting in0 (in1) itself, where the pass reads that input in bf16 on
+// its plain layout (CONV_IMPL_ONEDNN_BF16 on channels-last activations; it fails elsewhere). The
+// fp32 input may then be NULL.
 void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, const float *in0,
-                       const float *in1, float *out, float *bias, float *workspace);
+                       const float *in1, const uint16_t *const *in16, float *out, float *bias, float *workspace);
 int64_t onednn_conv2d_workspace_floats(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, bool bias);
 // The forward with a fused epilogue (inference: no backward reads it): y = relu?(conv(x, w) + bias
 // + y), post CONV_POST_* or'ed; with CONV_POST_SUM y holds the residual before the call. The same
@@ -57,7 +61,8 @@ static inline const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, C
   DETR_FAIL("conv2d: this build has no oneDNN");
 }
 static inline void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate,
-                                     const float *in0, const float *in1, float *out, float *bias, float *workspace) {
+                                     const float *in0, const float *in1, const uint16_t *const *in16, float *out,
+                                     float *bias, float *workspace) {
   DETR_FAIL("conv2d: this build has no oneDNN");
 }
 static inline void onednn_conv2d_forward_post(const ConvGeom *g, ConvImpl impl, unsigned post, const float *x,
