@@ -85,8 +85,7 @@ static void conv2d_backward_node(TapeNode *n) {
     const float *xf = x16 ? NULL : x->data;  // not kept with the copy
     size_t dy16_bytes = conv2d_rounds_dy(&g, dx != NULL, dw != NULL, x16 != NULL)
                             ? (size_t)y->numel * sizeof(uint16_t) : 0;
-    uint16_t *dy16 = dy16_bytes ? detr_alloc(DEVICE_CPU, dy16_bytes) : NULL;  // [B, HO, WO, O]
-    if (dy16) cpu_round_bf16(y->grad->data, y->numel / g.out_ch, g.out_ch, dy16);
+    uint16_t *dy16 = dy16_bytes ? detr_alloc(DEVICE_CPU, dy16_bytes) : NULL;  // [B, HO, WO, O], rounded there
     int64_t ws_floats = cpu_conv2d_backward_workspace_floats(&g, dx != NULL, set_dx, dw != NULL, set_dw, db != NULL);
     float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
     cpu_conv2d_backward(xf, x16, w->data, y->grad->data, dy16, dx, set_dx, dw, set_dw, db, &g, ws);
@@ -119,8 +118,7 @@ Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p) {
   if (x->device == DEVICE_CPU) {
     if (conv2d_keeps_x16(x, weight, &g)) {
       x16_bytes = (size_t)x->numel * sizeof(uint16_t);
-      x16 = detr_alloc(DEVICE_CPU, x16_bytes);
-      cpu_round_bf16(x->data, x->numel / g.in_ch, g.in_ch, x16);
+      x16 = detr_alloc(DEVICE_CPU, x16_bytes);  // rounded by the forward
     }
     int64_t ws_floats = cpu_conv2d_forward_workspace_floats(&g, bias_data != NULL);
     float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
@@ -276,9 +274,9 @@ static void frozen_bn_backward_node(TapeNode *n) {
   float *dres = take_res ? y->grad->data : residual ? grad_data_or_null(residual) : NULL;
   float *dx = take_x ? y->grad->data : grad_data_or_null(x);
   if (!dx && !dres) return;
-  const float *ys = relu ? n->saved[1]->data : NULL;  // the ReLU's mask
-  DISPATCH(x->device, cpu_frozen_bn_backward(ys, y->grad->data, scale->data, relu, dx, take_x, dres, take_res, B, C, S),
-           cuda_frozen_bn_backward(ys, y->grad->data, scale->data, relu, dx, take_x, dres, take_res, B, C, S));
+  const uint8_t *mask = n->buf;  // the ReLU's, under ReLU
+  DISPATCH(x->device, cpu_frozen_bn_backward(mask, y->grad->data, scale->data, relu, dx, take_x, dres, take_res, B, C, S),
+           cuda_frozen_bn_backward(mask, y->grad->data, scale->data, relu, dx, take_x, dres, take_res, B, C, S));
 }
 
 Tensor *op_frozen_batchnorm2d_act(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean,
@@ -303,11 +301,16 @@ Tensor *op_frozen_batchnorm2d_act(Tensor *x, Tensor *weight, Tensor *bias, Tenso
   Tensor *y = tensor_new_scoped(x->device, x->shape);
   Tensor *scale = tensor_new_scoped(x->device, SHAPE(C));
   const float *res = residual ? residual->data : NULL;
+  // The ReLU's mask for the backward: bits (kernels/norm_math.h), not y itself, which then lives
+  // only as long as its readers need it (bf16 mode's next convolution keeps a bf16 copy instead).
+  bool backward = autograd_grad_enabled() && (x->requires_grad || (residual && residual->requires_grad));
+  size_t mask_bytes = relu && backward ? (size_t)(x->numel + 7) / 8 : 0;
+  uint8_t *mask = mask_bytes ? detr_alloc(x->device, mask_bytes) : NULL;
   DISPATCH(x->device,
            cpu_frozen_bn_forward(x->data, weight->data, bias->data, running_mean->data, running_var->data, eps,
-                                 res, relu, y->data, scale->data, B, C, S),
+                                 res, relu, y->data, mask, scale->data, B, C, S),
            cuda_frozen_bn_forward(x->data, weight->data, bias->data, running_mean->data, running_var->data, eps,
-                                  res, relu, y->data, scale->data, B, C, S));
+                                  res, relu, y->data, mask, scale->data, B, C, S));
   Tensor *inputs[2] = {x, residual};
   const char *name = residual ? (relu ? "frozen_bn_add_relu" : "frozen_bn_add") : relu ? "frozen_bn_relu"
                                                                                       : "frozen_batchnorm2d";
@@ -315,8 +318,8 @@ Tensor *op_frozen_batchnorm2d_act(Tensor *x, Tensor *weight, Tensor *bias, Tenso
   if (n) {
     *NODE_ATTRS(n, FrozenBnAttrs) = (FrozenBnAttrs){.relu = relu, .batch = B, .channels = C, .spatial = S};
     autograd_save(n, scale);
-    if (relu) autograd_save(n, y);
   }
+  if (mask) node_take_block(n, x->device, mask, mask_bytes);  // the node's (freed where none was recorded)
   return y;
 }
 

@@ -60,8 +60,9 @@
 // conv.c/.cu: depthwise convolution (kernels/conv_math.h): w [C, k, k], bias [C] or NULL; the
 // backward accumulates into dx, dw, dbias (each may be NULL). Max pooling (argmax [B, C, HO, WO]).
 // Frozen batch norm, optionally fused with a residual add (residual: x's shape, or NULL) and ReLU:
-// y = relu?(x * scale[c] + shift[c] + residual). Backward: dx += g * scale[c], dresidual += g, with
-// g = dy masked by y > 0 under ReLU (y is read only then); dx, dresidual may be NULL;
+// y = relu?(x * scale[c] + shift[c] + residual); under ReLU relu_mask (or NULL) receives y > 0 as
+// bits (kernels/norm_math.h: relu_mask_byte). Backward: dx += g * scale[c], dresidual += g, with
+// g = dy masked by relu_mask under ReLU (read only then); dx, dresidual may be NULL;
 // set_dx: dx = g * scale instead of +=, and without dresidual dx may then be dy itself;
 // set_dresidual: dresidual = g instead of += g, and dresidual may then be dy itself.
 #define TWIN_CONV(P)                                                                                              \
@@ -72,8 +73,8 @@
   void P##_maxpool2d_backward(const float *dy, const int32_t *argmax, float *dx, const ConvGeom *g);              \
   void P##_frozen_bn_forward(const float *x, const float *weight, const float *bias, const float *mean,           \
                              const float *var, float eps, const float *residual, bool relu, float *y,             \
-                             float *scale, int64_t batch, int64_t channels, int64_t spatial);                     \
-  void P##_frozen_bn_backward(const float *y, const float *dy, const float *scale, bool relu, float *dx,          \
+                             uint8_t *relu_mask, float *scale, int64_t batch, int64_t channels, int64_t spatial); \
+  void P##_frozen_bn_backward(const uint8_t *relu_mask, const float *dy, const float *scale, bool relu, float *dx, \
                               bool set_dx, float *dresidual, bool set_dresidual, int64_t batch, int64_t channels, \
                               int64_t spatial);
 

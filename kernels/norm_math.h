@@ -25,9 +25,20 @@ DETR_HD float frozen_bn_act_elem(float x, float scale, float shift, const float 
   if (residual) v = v + residual[i];
   return relu ? unary_forward(UNARY_RELU, v, 0.0f) : v;
 }
-// The ReLU's gradient at the pre-activation from its output, as op_relu's backward computes it
-// (it passes y for x: y > 0 exactly where x > 0).
-DETR_HD float frozen_bn_relu_grad(float y, float dy) { return unary_backward(UNARY_RELU, y, y, dy, 0.0f); }
+// The ReLU's mask, kept for the backward in place of its output: bit i % 8 of byte i / 8 is y_i > 0
+// (ceil(n / 8) bytes for n elements; the last byte's bits past n are 0). 1/32 of y's bytes, and y
+// itself need not outlive the forward (in bf16 mode the next convolution keeps its bf16 copy).
+DETR_HD uint8_t relu_mask_byte(const float *y, int64_t n) {  // y's first min(n, 8) elements
+  uint8_t bits = 0;
+  for (int t = 0; t < 8 && t < n; t++) bits |= (uint8_t)((y[t] > 0.0f) << t);
+  return bits;
+}
+DETR_HD bool relu_mask_bit(const uint8_t *mask, int64_t i) { return (mask[i >> 3] >> (i & 7)) & 1; }
+// The ReLU's gradient at the pre-activation from its mask, as op_relu's backward computes it (it
+// passes y for x: y > 0 exactly where x > 0).
+DETR_HD float frozen_bn_relu_grad(bool positive, float dy) {
+  return unary_backward(UNARY_RELU, positive ? 1.0f : 0.0f, 0.0f, dy, 0.0f);
+}
 
 // Layer norm: y = (x - mean) * rstd * w + b, with the biased variance (torch) of the row.
 DETR_HD float layernorm_rstd(double sum_sq_dev, int64_t n, float eps) {

@@ -16,6 +16,9 @@ set(cpu_only_helpers "cpu_conv2d_forward_workspace_floats(" "cpu_conv2d_backward
 # Inference's fused convolution (op_conv2d_fused): the CPU fuses the epilogue into oneDNN's
 # convolution; on CUDA the op runs op_conv2d, op_add and op_relu, each with its CUDA kernel.
 list(APPEND cpu_only_helpers "cpu_conv2d_forward_fused(" "cpu_conv2d_forward_fused_workspace_floats(")
+# bf16 mode's convolution copies rounded once (op_conv2d): which passes read them. CUDA's bf16
+# convolutions stage their own copies per pass (kernels/cuda/conv.cu).
+list(APPEND cpu_only_helpers "cpu_conv2d_takes_bf16(")
 
 file(GLOB op_sources "${SOURCE_DIR}/autograd/*.c")
 file(GLOB op_headers "${SOURCE_DIR}/autograd/*.h")

@@ -367,30 +367,50 @@ END_TEST
 
 // Frozen batch norm (+ residual + ReLU) channels last, the kernels' [B*H*W, C, 1] view, against
 // the nchw [B, C, H*W] kernels on the same values permuted: forward and both gradients, bit for bit.
-START_TEST(frozen_bn_channels_last_matches_nchw) {
-  enum { B = 2, C = 5, HW = 12, N = B * C * HW };
-  float x[N], res[N], dy[N], xl[N], resl[N], dyl[N], w[C], bias[C], mean[C], var[C];
+// Under ReLU the mask the forward writes (one bit per element) is y > 0, element by element - rows
+// of whole bytes (8 and 16 elements) and rows that share bytes (5, 12).
+static void check_frozen_bn_layouts(int64_t B, int64_t C, int64_t HW) {
+  int64_t N = B * C * HW;
+  float *buf = malloc(sizeof(float) * (size_t)(17 * N + 6 * C));
+  int64_t *to_last = malloc(sizeof(int64_t) * (size_t)N);  // nchw index -> channels-last index
+  uint8_t *mask = malloc((size_t)(N + 7) / 8), *maskl = malloc((size_t)(N + 7) / 8);
+  float *x = buf, *res = x + N, *dy = res + N, *xl = dy + N, *resl = xl + N, *dyl = resl + N, *y = dyl + N;
+  float *yl = y + N, *dx = yl + N, *dxl = dx + N, *dr = dxl + N, *drl = dr + N, *scale = drl + N, *scalel = scale + C;
+  float *w = scalel + C, *bias = w + C, *mean = bias + C, *var = mean + C, *dr0 = var + C;  // dr0: dr before
   cpu_uniform(x, N, 1, 0, -1, 1), cpu_uniform(res, N, 2, 0, -1, 1), cpu_uniform(dy, N, 3, 0, -1, 1);
   cpu_uniform(w, C, 4, 0, 0.5f, 1.5f), cpu_uniform(bias, C, 5, 0, -1, 1), cpu_uniform(mean, C, 6, 0, -1, 1);
   cpu_uniform(var, C, 7, 0, 0.2f, 2.0f);
-  int64_t to_last[N];  // nchw index -> channels-last index
   for (int64_t i = 0; i < N; i++) to_last[i] = conv_offset(1, i / (C * HW), i / HW % C, i % HW, C, HW);
   for (int64_t i = 0; i < N; i++) xl[to_last[i]] = x[i], resl[to_last[i]] = res[i], dyl[to_last[i]] = dy[i];
   for (int relu = 0; relu < 2; relu++) {
-    float y[N], yl[N], scale[C], scalel[C], dx[N], dxl[N], dr[N], drl[N];
-    cpu_frozen_bn_forward(x, w, bias, mean, var, 1e-5f, res, relu, y, scale, B, C, HW);
-    cpu_frozen_bn_forward(xl, w, bias, mean, var, 1e-5f, resl, relu, yl, scalel, B * HW, C, 1);
-    ck_assert(!memcmp(scale, scalel, sizeof scale));
+    memset(mask, 0xA5, (size_t)(N + 7) / 8), memset(maskl, 0x5A, (size_t)(N + 7) / 8);
+    cpu_frozen_bn_forward(x, w, bias, mean, var, 1e-5f, res, relu, y, mask, scale, B, C, HW);
+    cpu_frozen_bn_forward(xl, w, bias, mean, var, 1e-5f, resl, relu, yl, maskl, scalel, B * HW, C, 1);
+    ck_assert(!memcmp(scale, scalel, sizeof(float) * (size_t)C));
+    for (int64_t i = 0; relu && i < N; i++)
+      ck_assert_msg(relu_mask_bit(mask, i) == (y[i] > 0) && relu_mask_bit(maskl, i) == (yl[i] > 0),
+                    "C %lld HW %lld element %lld: the ReLU mask's bit is not y > 0", (long long)C, (long long)HW,
+                    (long long)i);
     cpu_uniform(dx, N, 8, 0, -1, 1), cpu_uniform(dr, N, 9, 0, -1, 1);  // both accumulate
-    for (int64_t i = 0; i < N; i++) dxl[to_last[i]] = dx[i], drl[to_last[i]] = dr[i];
-    cpu_frozen_bn_backward(y, dy, scale, relu, dx, false, dr, false, B, C, HW);
-    cpu_frozen_bn_backward(yl, dyl, scalel, relu, dxl, false, drl, false, B * HW, C, 1);
-    for (int64_t i = 0; i < N; i++)
+    for (int64_t i = 0; i < N; i++) dxl[to_last[i]] = dx[i], drl[to_last[i]] = dr[i], dr0[i] = dr[i];
+    cpu_frozen_bn_backward(mask, dy, scale, relu, dx, false, dr, false, B, C, HW);
+    cpu_frozen_bn_backward(maskl, dyl, scalel, relu, dxl, false, drl, false, B * HW, C, 1);
+    for (int64_t i = 0; i < N; i++) {
       ck_assert_msg(!memcmp(&yl[to_last[i]], &y[i], 4) && !memcmp(&dxl[to_last[i]], &dx[i], 4) &&
                         !memcmp(&drl[to_last[i]], &dr[i], 4),
                     "relu %d, element %lld: y %g/%g dx %g/%g dresidual %g/%g", relu, (long long)i, yl[to_last[i]], y[i],
                     dxl[to_last[i]], dx[i], drl[to_last[i]], dr[i]);
+      float g = relu && !(y[i] > 0) ? 0.0f : dy[i];  // the residual's gradient by definition
+      ck_assert_msg(dr[i] == dr0[i] + g, "relu %d, element %lld: dresidual %g, want %g", relu, (long long)i, dr[i],
+                    dr0[i] + g);
+    }
   }
+  free(buf), free(to_last), free(mask), free(maskl);
+}
+
+START_TEST(frozen_bn_channels_last_matches_nchw) {
+  check_frozen_bn_layouts(2, 5, 12);
+  check_frozen_bn_layouts(2, 8, 16);
 }
 END_TEST
 

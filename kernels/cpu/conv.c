@@ -495,9 +495,10 @@ static const uint16_t *pass_half(const ConvGeom *g, ConvPass pass, const void *f
   return half;
 }
 
-void cpu_conv2d_forward(const float *x, const uint16_t *x16, const float *w, const float *bias, float *y,
+void cpu_conv2d_forward(const float *x, uint16_t *x16, const float *w, const float *bias, float *y,
                         const ConvGeom *g, float *workspace) {
-  x16 = pass_half(g, CONV_PASS_FWD, x, x16, "x");
+  if (x16) cpu_round_bf16(x, g->batch * g->in_h * g->in_w, g->in_ch, x16);
+  x16 = (uint16_t *)pass_half(g, CONV_PASS_FWD, x, x16, "x");
   if (ran_on_onednn(g, CONV_PASS_FWD, false, x, w, x16, NULL, y, (float *)bias, workspace)) return;
   if (g->channels_last) {
     im2col_cl_forward(x, x16, w, bias, y, g, workspace);
@@ -594,7 +595,7 @@ static void im2col_backward(const float *x, const float *w, const float *dy, flo
   if (dbias) conv_bias_backward(dy, dbias, g);
 }
 
-void cpu_conv2d_backward(const float *x, const uint16_t *x16, const float *w, const float *dy, const uint16_t *dy16,
+void cpu_conv2d_backward(const float *x, const uint16_t *x16, const float *w, const float *dy, uint16_t *dy16,
                          float *dx, bool set_dx, float *dw, bool set_dw, float *dbias, const ConvGeom *g,
                          float *workspace) {
   if (g->batch * g->out_ch * g->out_h * g->out_w == 0 || g->in_ch == 0) {  // no terms: a fresh gradient is 0
@@ -602,6 +603,7 @@ void cpu_conv2d_backward(const float *x, const uint16_t *x16, const float *w, co
     if (dw && set_dw) memset(dw, 0, (size_t)(g->out_ch * g->in_ch * g->kh * g->kw) * sizeof(float));
     return;
   }
+  if (dy16) cpu_round_bf16(dy, g->batch * g->out_h * g->out_w, g->out_ch, dy16);
   // The two passes may run on different implementations; dbias goes with dw (oneDNN fuses it).
   const uint16_t *dy16_data = dx ? pass_half(g, CONV_PASS_BWD_DATA, dy, dy16, "dy") : NULL;
   if (dx && !ran_on_onednn(g, CONV_PASS_BWD_DATA, !set_dx, dy, w, dy16_data, NULL, dx, NULL, workspace)) {
@@ -801,7 +803,7 @@ void cpu_maxpool2d_backward(const float *dy, const int32_t *argmax, float *dx, c
 
 void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bias,
                            const float *mean, const float *var, float eps, const float *residual,
-                           bool relu, float *y, float *scale, int64_t batch, int64_t channels,
+                           bool relu, float *y, uint8_t *relu_mask, float *scale, int64_t batch, int64_t channels,
                            int64_t spatial) {
   // scale [C] is an output (kept for backward), shift [C] a temporary: each computed once.
   float *shift = detr_malloc((size_t)(channels > 0 ? channels : 1) * sizeof(float), "frozen batch-norm shifts");
@@ -809,6 +811,8 @@ void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bia
     frozen_bn_scale_shift(weight[c], bias[c], mean[c], var[c], eps, &scale[c], &shift[c]);
   bool last = spatial == 1;
   int64_t rows = last ? batch : batch * channels, n = last ? channels : spatial;
+  uint8_t *mask = relu ? relu_mask : NULL;
+  bool row_bytes = n % 8 == 0;  // each row's mask is whole bytes of its own: written with the row, still in cache
 #pragma omp parallel for schedule(static) if (rows * n > PARALLEL_MIN_LIGHT)
   for (int64_t r = 0; r < rows; r++) {
     const float *sc = last ? scale : scale + r % channels, *sh = last ? shift : shift + r % channels;
@@ -818,12 +822,20 @@ void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bia
       for (int64_t i = 0; i < n; i++) yp[i] = frozen_bn_act_elem(xp[i], sc[i], sh[i], rp, i, relu);
     else
       for (int64_t i = 0; i < n; i++) yp[i] = frozen_bn_act_elem(xp[i], sc[0], sh[0], rp, i, relu);
+    if (mask && row_bytes)
+      for (int64_t i = 0; i < n; i += 8) mask[(r * n + i) / 8] = relu_mask_byte(yp + i, 8);
+  }
+  if (mask && !row_bytes) {
+    int64_t total = rows * n, bytes = (total + 7) / 8;
+#pragma omp parallel for schedule(static) if (total > PARALLEL_MIN_LIGHT)
+    for (int64_t j = 0; j < bytes; j++) mask[j] = relu_mask_byte(y + 8 * j, total - 8 * j);
   }
   free(shift);
 }
 
-void cpu_frozen_bn_backward(const float *y, const float *dy, const float *scale, bool relu, float *dx, bool set_dx,
-                            float *dresidual, bool set_dresidual, int64_t batch, int64_t channels, int64_t spatial) {
+void cpu_frozen_bn_backward(const uint8_t *relu_mask, const float *dy, const float *scale, bool relu, float *dx,
+                            bool set_dx, float *dresidual, bool set_dresidual, int64_t batch, int64_t channels,
+                            int64_t spatial) {
   // The flags, `last` too, are loop-invariant (GCC unswitches them). dx's loop reads dy before
   // dresidual's may overwrite it (set_dresidual with dresidual = dy); dx itself is dy only without
   // dresidual.
@@ -832,16 +844,16 @@ void cpu_frozen_bn_backward(const float *y, const float *dy, const float *scale,
 #pragma omp parallel for schedule(static) if (rows * n > PARALLEL_MIN_LIGHT)
   for (int64_t r = 0; r < rows; r++) {
     const float *sc = last ? scale : scale + r % channels;
-    const float *dyp = dy + r * n, *yp = relu ? y + r * n : NULL;  // y: only under ReLU
+    const float *dyp = dy + r * n;
     float *dxp = dx ? dx + r * n : NULL, *drp = dresidual ? dresidual + r * n : NULL;
     if (dxp)
       for (int64_t i = 0; i < n; i++) {
-        float gs = (relu ? frozen_bn_relu_grad(yp[i], dyp[i]) : dyp[i]) * sc[last ? i : 0];
+        float gs = (relu ? frozen_bn_relu_grad(relu_mask_bit(relu_mask, r * n + i), dyp[i]) : dyp[i]) * sc[last ? i : 0];
         dxp[i] = set_dx ? gs : dxp[i] + gs;
       }
     if (drp)
       for (int64_t i = 0; i < n; i++) {
-        float g = relu ? frozen_bn_relu_grad(yp[i], dyp[i]) : dyp[i];
+        float g = relu ? frozen_bn_relu_grad(relu_mask_bit(relu_mask, r * n + i), dyp[i]) : dyp[i];
         drp[i] = set_dresidual ? g : drp[i] + g;
       }
   }

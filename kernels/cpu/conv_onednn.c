@@ -490,6 +490,22 @@ static size_t pass_buffer_bytes(const ConvPrim *p, bool out_copy, bool packed) {
   return bytes;
 }
 
+// One run's output from its copy (buf) into the plain buffer (img, out_floats): the forward's
+// reordered, a backward pass's added (add) or written; nothing where the pass wrote img itself.
+static void pass_output(const ConvPrim *p, bool add, bool out_copy, const float *buf, float *img, int64_t out_floats) {
+  if (p->a[2].reorder) {  // the forward's writes; a backward pass's sums, or writes (reorder_set)
+    dnnl_primitive_t r = p->pass == CONV_PASS_FWD || add ? p->a[2].reorder : p->a[2].reorder_set;
+    reorder_run(r, &p->a[2].prim, buf, &p->a[2].user, img);
+  } else if (out_copy) {  // the same layout
+    if (add) {
+#pragma omp parallel for schedule(static) if (out_floats > PARALLEL_MIN_LIGHT)
+      for (int64_t j = 0; j < out_floats; j++) img[j] += buf[j];
+    } else {
+      memcpy(img, buf, (size_t)out_floats * sizeof(float));
+    }
+  }
+}
+
 // Runs one pass of primitive p (of batch p->g.batch) `batch` times over consecutive parts of the
 // buffers: in0, in1 plain inputs, out the plain output (overwritten by the forward, accumulated
 // into by the backward passes where `accumulate`); bias: the forward's bias or backward-weights'
@@ -564,20 +580,7 @@ static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *i
     }
     if (p->a[2].reorder_in) reorder_run(p->a[2].reorder_in, &p->a[2].user, img[2], &p->a[2].prim, buf[2]);
     DNNL_CHECK(dnnl_primitive_execute(p->conv, stream, n, args));
-    bool add = accumulate || (shared_out && b > 0);
-    if (p->a[2].reorder) {  // the forward's writes; a backward pass's sums, or writes (reorder_set)
-      dnnl_primitive_t r = p->pass == CONV_PASS_FWD || add ? p->a[2].reorder : p->a[2].reorder_set;
-      reorder_run(r, &p->a[2].prim, buf[2], &p->a[2].user, img[2]);
-    } else if (out_copy) {  // the same layout
-      const float *src = buf[2];
-      float *dst = (float *)img[2];
-      if (add) {
-#pragma omp parallel for schedule(static) if (out_floats > PARALLEL_MIN_LIGHT)
-        for (int64_t j = 0; j < out_floats; j++) dst[j] += src[j];
-      } else {
-        memcpy(dst, src, (size_t)out_floats * sizeof(float));
-      }
-    }
+    pass_output(p, accumulate || (shared_out && b > 0), out_copy, buf[2], (float *)img[2], out_floats);
     if (dbias)
       for (int64_t o = 0; o < O; o++) bias[o] += dbias[o];
   }

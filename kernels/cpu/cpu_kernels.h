@@ -50,25 +50,27 @@ TWIN_GEMM_BF16(cpu)
 // tensor allocator, as cuDNN's, so that it is memory only while a pass runs).
 int64_t cpu_conv2d_forward_workspace_floats(const ConvGeom *g, bool bias);
 int64_t cpu_conv2d_backward_workspace_floats(const ConvGeom *g, bool dx, bool set_dx, bool dw, bool set_dw, bool dbias);
-void cpu_conv2d_forward(const float *x, const uint16_t *x16, const float *w, const float *bias, float *y,
+void cpu_conv2d_forward(const float *x, uint16_t *x16, const float *w, const float *bias, float *y,
                         const ConvGeom *g, float *workspace);
 // dx, dw, dbias may be NULL; x is read for dw only, w for dx only (the other may be NULL). The
 // gradients accumulate, but dx (dw) is written when set_dx (set_dw): its old contents may be
 // garbage (a fresh buffer, autograd_grad_to_write).
-void cpu_conv2d_backward(const float *x, const uint16_t *x16, const float *w, const float *dy, const uint16_t *dy16,
+void cpu_conv2d_backward(const float *x, const uint16_t *x16, const float *w, const float *dy, uint16_t *dy16,
                          float *dx, bool set_dx, float *dw, bool set_dw, float *dbias, const ConvGeom *g,
                          float *workspace);
 // bf16 mode's activations rounded once. x is read by the forward and backward-weights, dy by
 // backward-data and backward-weights, and each such pass that runs in bf16 rounds its operands
 // itself. cpu_conv2d_takes_bf16: whether `pass` of g, on the implementation cpu_conv2d_impl picks,
 // reads its activations as bf16 on their own layout - oneDNN's bf16 direct convolution on
-// channels-last activations, or a 1x1's GEMM in bf16 - and so can take dense bf16 copies of them,
-// rounded as cpu_round_bf16 rounds, in place of rounding them itself: the same bits. x16 (x's
-// copy) and dy16 (dy's) are NULL, or such copies, which the passes that take them read and the
-// others ignore; x may be NULL where every pass that reads x takes x16 (dy is always given: dbias
-// reads it), and backward-weights' GEMM takes x16 only with dy16. op_conv2d rounds x once where
-// both of its passes take the copy and keeps it for the backward in place of x, and dy once for
-// both of its passes (bench/README.md "bf16: convolutions round their activations once").
+// channels-last activations, or a 1x1's GEMM in bf16 - and so can read dense bf16 copies of them
+// in place of rounding them itself: the same bits. The forward's x16 is NULL or room for x in bf16
+// ([B, H, W, C]), which it fills with x rounded (cpu_round_bf16) and reads where it takes the copy;
+// the backward's x16 is NULL or that copy, its dy16 NULL or room for dy, which it rounds dy into
+// once for its passes. A pass that does not take a copy ignores it; x may be NULL where every pass
+// that reads x takes x16 (dy is always given: dbias reads it), and backward-weights' GEMM takes
+// x16 only with dy16. op_conv2d rounds x in the forward where both of its passes take the copy and
+// keeps it for the backward in place of x, and dy where both of its passes take it
+// (bench/README.md "bf16: convolutions round their activations once").
 bool cpu_conv2d_takes_bf16(const ConvGeom *g, ConvPass pass);
 // Inference's convolution with its epilogue fused (no backward: nothing is kept for one):
 // y = relu?(conv(x, w) + bias + residual), residual of y's shape or NULL (it may be y itself).

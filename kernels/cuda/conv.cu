@@ -714,9 +714,15 @@ __global__ void frozen_bn_forward_kernel(const float *x, const float *weight, co
   }
 }
 
+// mask byte j: bits of y's elements 8j .. 8j+7 (relu_mask_byte).
+__global__ void relu_mask_kernel(const float *y, uint8_t *mask, int64_t total) {
+  GRID_STRIDE_LOOP(j, (total + 7) / 8) mask[j] = relu_mask_byte(y + 8 * j, total - 8 * j);
+}
+
 extern "C" void cuda_frozen_bn_forward(const float *x, const float *weight, const float *bias, const float *mean,
                                        const float *var, float eps, const float *residual, bool relu, float *y,
-                                       float *scale, int64_t batch, int64_t channels, int64_t spatial) {
+                                       uint8_t *relu_mask, float *scale, int64_t batch, int64_t channels,
+                                       int64_t spatial) {
   if (channels <= 0) return;
   cudaStream_t stream = detr_cuda_stream();
   frozen_bn_scale_kernel<<<detr_grid_size(channels, DETR_BLOCK), DETR_BLOCK, 0, stream>>>(
@@ -727,16 +733,20 @@ extern "C" void cuda_frozen_bn_forward(const float *x, const float *weight, cons
   frozen_bn_forward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, stream>>>(
       x, weight, bias, mean, var, eps, residual, relu, y, channels, spatial, total);
   CUDA_CHECK_LAUNCH("frozen_bn_forward_kernel");
+  if (relu && relu_mask) {
+    relu_mask_kernel<<<detr_grid_size((total + 7) / 8, DETR_BLOCK), DETR_BLOCK, 0, stream>>>(y, relu_mask, total);
+    CUDA_CHECK_LAUNCH("relu_mask_kernel");
+  }
 }
 
 // dx [B, C, S] += g * scale[c] (set_dx: =), dresidual += g (set_dresidual: = g); either may be dy
 // itself when set (each element is read before it is written); g = dy, masked by y > 0 under
-// ReLU (y read only then).
-__global__ void frozen_bn_backward_kernel(const float *y, const float *dy, const float *scale, bool relu, float *dx,
-                                          bool set_dx, float *dresidual, bool set_dresidual, int64_t channels,
-                                          int64_t spatial, int64_t total) {
+// ReLU (relu_mask read only then).
+__global__ void frozen_bn_backward_kernel(const uint8_t *relu_mask, const float *dy, const float *scale, bool relu,
+                                          float *dx, bool set_dx, float *dresidual, bool set_dresidual,
+                                          int64_t channels, int64_t spatial, int64_t total) {
   GRID_STRIDE_LOOP(i, total) {
-    float g = relu ? frozen_bn_relu_grad(y[i], dy[i]) : dy[i];
+    float g = relu ? frozen_bn_relu_grad(relu_mask_bit(relu_mask, i), dy[i]) : dy[i];
     if (dx) {
       float gs = g * scale[(i / spatial) % channels];
       dx[i] = set_dx ? gs : dx[i] + gs;
@@ -745,12 +755,12 @@ __global__ void frozen_bn_backward_kernel(const float *y, const float *dy, const
   }
 }
 
-extern "C" void cuda_frozen_bn_backward(const float *y, const float *dy, const float *scale, bool relu, float *dx,
+extern "C" void cuda_frozen_bn_backward(const uint8_t *relu_mask, const float *dy, const float *scale, bool relu, float *dx,
                                         bool set_dx, float *dresidual, bool set_dresidual, int64_t batch,
                                         int64_t channels, int64_t spatial) {
   int64_t total = batch * channels * spatial;
   if (total <= 0 || (!dx && !dresidual)) return;
   frozen_bn_backward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
-      y, dy, scale, relu, dx, set_dx, dresidual, set_dresidual, channels, spatial, total);
+      relu_mask, dy, scale, relu, dx, set_dx, dresidual, set_dresidual, channels, spatial, total);
   CUDA_CHECK_LAUNCH("frozen_bn_backward_kernel");
 }
