@@ -353,6 +353,7 @@ START_TEST(conv_bf16_within_rounding_bound) {
       {2, 48, 8, 8, 64, 1, 1, 0},    // 1x1
       {1, 3, 15, 13, 16, 7, 2, 3},   // the stem's 3 channels
       {2, 20, 7, 9, 18, 3, 1, 1},    // channels off the 16-blocks
+      {1, 144, 6, 5, 160, 3, 1, 1},  // past 128 channels (channels last: brgconv, its weight via ohwi)
   };
   for (int per_image = 0; per_image < 2; per_image++)  // one primitive for the batch, or one image at a time
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)

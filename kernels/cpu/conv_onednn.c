@@ -68,6 +68,10 @@ typedef struct {
   dnnl_primitive_t reorder_set;  // a backward pass's output: the writing reorder (a fresh dx or dw), made on first use
   dnnl_primitive_t reorder_in;   // a forward output in another layout with the sum post-op: plain -> prim (the residual)
   bool takes16;  // an input the pass reads in bf16 on the plain layout itself: a caller's dense bf16 copy serves as is
+  // A weight reordered in two steps (weight_goes_via_ohwi): plain -> via (ohwi, prim's type) by
+  // reorder_via, then via -> prim by reorder; NULL: one step.
+  dnnl_primitive_t reorder_via;
+  dnnl_memory_desc_t via;
 } ConvArg;
 
 typedef struct {
@@ -202,6 +206,7 @@ static void prim_destroy(ConvPrim *p) {
     if (p->a[i].reorder) DNNL_CHECK(dnnl_primitive_destroy(p->a[i].reorder));
     if (p->a[i].reorder_set) DNNL_CHECK(dnnl_primitive_destroy(p->a[i].reorder_set));
     if (p->a[i].reorder_in) DNNL_CHECK(dnnl_primitive_destroy(p->a[i].reorder_in));
+    if (p->a[i].reorder_via) DNNL_CHECK(dnnl_primitive_destroy(p->a[i].reorder_via));
   }
   memset(p, 0, sizeof *p);
 }
@@ -330,6 +335,23 @@ static void attr_set_post_ops(dnnl_primitive_attr_t attr, unsigned post) {
   DNNL_CHECK(dnnl_post_ops_destroy(po));
 }
 
+// A plain oihw weight into a bf16 layout that keeps each tap's input channels together (its input
+// channel blocks inside the kernel's rows and columns: brgconv's AcdB32a2b and AcdB64a2b) goes
+// through ohwi in bf16 first: oneDNN 2.6's one-step reorder gathers the pairs of input channels 9
+// floats apart and runs 1.6-2.5x slower than the two steps (a plain transposition, then a reorder
+// reading each tap's channels in a row; 64-512 channels, cold caches: 512x512x3x3 3.3 against 1.9
+// ms). Into the layouts that keep the taps innermost (ABcd8a16b2a) and in fp32 the one step is the
+// faster (bench/README.md "bf16: convolutions round their activations once").
+static bool weight_goes_via_ohwi(const dnnl_memory_desc_t *user, const dnnl_memory_desc_t *prim) {
+  if (user->ndims != 4 || user->data_type != dnnl_f32 || prim->data_type != dnnl_bf16 ||
+      prim->format_kind != dnnl_blocked || user->dims[2] * user->dims[3] == 1)
+    return false;
+  dnnl_memory_desc_t oihw;
+  md_init_type(&oihw, 4, user->dims, dnnl_f32, dnnl_oihw);
+  const dnnl_dims_t *st = &prim->format_desc.blocking.strides;
+  return dnnl_memory_desc_equal(user, &oihw) && (*st)[1] < (*st)[2] && (*st)[1] < (*st)[3];
+}
+
 // hint: the forward's descriptor of the same geometry and impl, for a backward pass (NULL: made
 // here and dropped); hint_winograd: whether it is a Winograd one. post: the forward's post-ops.
 static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, ConvImpl impl, bool bias, unsigned post,
@@ -375,7 +397,12 @@ static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, ConvImpl 
     DETR_CHECK(md, "oneDNN: dnnl_primitive_desc_query_md found no memory for argument %d", a->arg);
     a->prim = *md;
     bool same = dnnl_memory_desc_equal(&a->user, &a->prim);
-    if (i < 2) {
+    bool weight = i == 1 && pass != CONV_PASS_BWD_WEIGHTS;
+    if (weight && !same && weight_goes_via_ohwi(&a->user, &a->prim)) {
+      md_init_type(&a->via, 4, a->user.dims, a->prim.data_type, dnnl_ohwi);
+      a->reorder_via = reorder_create(&a->user, &a->via, false);
+      a->reorder = reorder_create(&a->via, &a->prim, false);
+    } else if (i < 2) {
       dnnl_memory_desc_t user16;  // the plain layout in bf16
       md_init_type(&user16, 4, a->user.dims, dnnl_bf16, a == &p->a[1] && pass != CONV_PASS_BWD_WEIGHTS ? dnnl_oihw : act);
       a->takes16 = dnnl_memory_desc_equal(&user16, &a->prim);
@@ -445,6 +472,20 @@ static void reorder_run(dnnl_primitive_t r, const dnnl_memory_desc_t *from_md, c
   DNNL_CHECK(dnnl_memory_destroy(mt));
 }
 
+// Input argument a from its plain buffer into a->prim's layout at `to`; via: room for a->via where
+// the weight goes in two steps (weight_goes_via_ohwi), else unused.
+static void input_reorder_run(const ConvArg *a, const void *from, void *to, void *via) {
+  if (a->reorder_via) {
+    reorder_run(a->reorder_via, &a->user, from, &a->via, via);
+    reorder_run(a->reorder, &a->via, via, &a->prim, to);
+  } else {
+    reorder_run(a->reorder, &a->user, from, &a->prim, to);
+  }
+}
+
+// Bytes of a's intermediate copy (two-step weights), 64-byte rounded; 0 for one step.
+static size_t via_bytes(const ConvArg *a) { return a->reorder_via ? round64(dnnl_memory_desc_get_size(&a->via)) : 0; }
+
 // The weight argument a (plain w -> a->prim) from the pack: its kept copy, reordered on first use.
 static void *weight_pack_copy(ConvWeightPack *pack, const ConvArg *a, const float *w) {
   if (!pack->w) pack->w = w;
@@ -459,7 +500,9 @@ static void *weight_pack_copy(ConvWeightPack *pack, const ConvArg *a, const floa
   }
   free(pack->copy[victim].data);
   void *data = detr_aligned_malloc(64, dnnl_memory_desc_get_size(&a->prim), "a convolution's kept weight copy");
-  reorder_run(a->reorder, &a->user, w, &a->prim, data);
+  void *via = a->reorder_via ? detr_aligned_malloc(64, via_bytes(a), "a convolution weight's ohwi copy") : NULL;
+  input_reorder_run(a, w, data, via);
+  free(via);
   pack->copy[victim].md = a->prim;
   pack->copy[victim].data = data;
   pack->copy[victim].used = ++pack->clock;
@@ -485,7 +528,7 @@ static size_t pass_buffer_bytes(const ConvPrim *p, bool out_copy, bool packed) {
   size_t bytes = round64(p->scratch_bytes);
   for (int i = 0; i < 3; i++)
     if (i < 2 ? p->a[i].reorder != NULL && !arg_packed(p, i, packed) : out_copy)
-      bytes += round64(dnnl_memory_desc_get_size(&p->a[i].prim));
+      bytes += round64(dnnl_memory_desc_get_size(&p->a[i].prim)) + (i < 2 ? via_bytes(&p->a[i]) : 0);
   if (p->pass == CONV_PASS_BWD_WEIGHTS && p->bias) bytes += round64((size_t)p->g.out_ch * sizeof(float));
   return bytes;
 }
@@ -550,7 +593,10 @@ static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *i
     }
     buf[i] = ws;
     ws += round64(dnnl_memory_desc_get_size(&p->a[i].prim));
-    if (i < 2 && !step[i]) reorder_run(p->a[i].reorder, &p->a[i].user, user[i], &p->a[i].prim, buf[i]);
+    if (i < 2 && !step[i]) {  // the weight: once per call (its intermediate copy after the copies)
+      input_reorder_run(&p->a[i], user[i], buf[i], ws);
+      ws += via_bytes(&p->a[i]);
+    }
   }
   int64_t O = g->out_ch;
   float *dbias = p->pass == CONV_PASS_BWD_WEIGHTS && p->bias ? (float *)ws : NULL;  // [O], added into bias
