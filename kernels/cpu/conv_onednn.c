@@ -338,10 +338,11 @@ static void attr_set_post_ops(dnnl_primitive_attr_t attr, unsigned post) {
 // A plain oihw weight into a bf16 layout that keeps each tap's input channels together (its input
 // channel blocks inside the kernel's rows and columns: brgconv's AcdB32a2b and AcdB64a2b) goes
 // through ohwi in bf16 first: oneDNN 2.6's one-step reorder gathers the pairs of input channels 9
-// floats apart and runs 1.6-2.5x slower than the two steps (a plain transposition, then a reorder
-// reading each tap's channels in a row; 64-512 channels, cold caches: 512x512x3x3 3.3 against 1.9
-// ms). Into the layouts that keep the taps innermost (ABcd8a16b2a) and in fp32 the one step is the
-// faster (bench/README.md "bf16: convolutions round their activations once").
+// floats apart and runs 1.1-2.1x slower than the two steps (a plain transposition, then a reorder
+// reading each tap's channels in a row; `bench_weight_reorder`, 64-512 channels, cold caches:
+// 512x512x3x3 1.9 against 1.2 ms). Into the layouts that keep the taps innermost (ABcd8a16b2a), and
+// in fp32, the one step is mostly the faster (bench/README.md "bf16: convolutions round their
+// activations once").
 static bool weight_goes_via_ohwi(const dnnl_memory_desc_t *user, const dnnl_memory_desc_t *prim) {
   if (user->ndims != 4 || user->data_type != dnnl_f32 || prim->data_type != dnnl_bf16 ||
       prim->format_kind != dnnl_blocked || user->dims[2] * user->dims[3] == 1)
