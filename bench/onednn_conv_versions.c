@@ -10,20 +10,10 @@
 // Prints one line per shape, pass and data type: milliseconds (median of reps) and GFLOP/s counted
 // as a direct convolution. It measures the library, not detr-c (bench_ops times detr-c's passes).
 #define _POSIX_C_SOURCE 199309L
-#include <oneapi/dnnl/dnnl.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#define CHECK(call)                                                                               \
-  do {                                                                                            \
-    dnnl_status_t s_ = (call);                                                                    \
-    if (s_ != dnnl_success) {                                                                     \
-      fprintf(stderr, "%s:%d: %s failed: status %d\n", __FILE__, __LINE__, #call, (int)s_);       \
-      exit(1);                                                                                    \
-    }                                                                                             \
-  } while (0)
+#include "dnnl_check.h"
 
 typedef struct {
   const char *name;

@@ -7,19 +7,9 @@
 //
 // Prints per layout and shape: milliseconds one step / two steps, and their ratio.
 #define _POSIX_C_SOURCE 199309L
-#include <oneapi/dnnl/dnnl.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <time.h>
 
-#define CHECK(call)                                                                               \
-  do {                                                                                            \
-    dnnl_status_t s_ = (call);                                                                    \
-    if (s_ != dnnl_success) {                                                                     \
-      fprintf(stderr, "%s:%d: %s failed: status %d\n", __FILE__, __LINE__, #call, (int)s_);       \
-      exit(1);                                                                                    \
-    }                                                                                             \
-  } while (0)
+#include "dnnl_check.h"
 
 #define FLUSH_BYTES ((size_t)128 << 20)  // more than any last-level cache here
 

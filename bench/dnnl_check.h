@@ -1,0 +1,16 @@
+// For the benchmarks that call oneDNN's C API alone (no detr-c library: onednn_conv_versions.c also
+// builds against another oneDNN release): its headers, and CHECK, which fails with file:line, the
+// call's text and oneDNN's status.
+#pragma once
+#include <oneapi/dnnl/dnnl.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define CHECK(call)                                                                               \
+  do {                                                                                            \
+    dnnl_status_t s_ = (call);                                                                    \
+    if (s_ != dnnl_success) {                                                                     \
+      fprintf(stderr, "%s:%d: %s failed: status %d\n", __FILE__, __LINE__, #call, (int)s_);       \
+      exit(1);                                                                                    \
+    }                                                                                             \
+  } while (0)
