@@ -7,6 +7,7 @@
 //
 // Prints per layout and shape: milliseconds one step / two steps, and their ratio.
 #define _POSIX_C_SOURCE 199309L
+#include <string.h>
 #include <time.h>
 
 #include "dnnl_check.h"
@@ -62,6 +63,7 @@ int main(int argc, char **argv) {
   CHECK(dnnl_engine_create(&engine, dnnl_cpu, 0));
   CHECK(dnnl_stream_create(&stream, engine, dnnl_stream_default_flags));
   char *junk = xmalloc(FLUSH_BYTES);
+  memset(junk, 0, FLUSH_BYTES);
   static const int shapes[][2] = {{512, 512}, {512, 256}, {256, 256}, {128, 128}, {64, 64}};  // [O, I]
   static const struct {
     dnnl_format_tag_t tag;

@@ -390,8 +390,12 @@ END_TEST
 // kernels called without copies - bit for bit: written, and added to a gradient a second use left.
 // whole: one primitive for the batch, or one image at a time (the copies stepped per image).
 static float *conv_ws(const ConvGeom *g, bool backward, float **base) {
-  int64_t floats = backward ? cpu_conv2d_backward_workspace_floats(g, true, true, true, true, false)
-                            : cpu_conv2d_forward_workspace_floats(g, false);
+  int64_t floats = cpu_conv2d_forward_workspace_floats(g, false);
+  if (backward) {  // for the gradients written and for them accumulated (which may copy the output)
+    int64_t set = cpu_conv2d_backward_workspace_floats(g, true, true, true, true, false);
+    int64_t add = cpu_conv2d_backward_workspace_floats(g, true, false, true, false, false);
+    floats = set > add ? set : add;
+  }
   *base = detr_malloc((size_t)(floats + 16) * 4 + 64, "ws");
   return (float *)(((uintptr_t)*base + 63) / 64 * 64);
 }

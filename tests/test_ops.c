@@ -368,7 +368,7 @@ END_TEST
 // Frozen batch norm (+ residual + ReLU) channels last, the kernels' [B*H*W, C, 1] view, against
 // the nchw [B, C, H*W] kernels on the same values permuted: forward and both gradients, bit for bit.
 // Under ReLU the mask the forward writes (one bit per element) is y > 0, element by element - rows
-// of whole bytes (8 and 16 elements) and rows that share bytes (5, 12).
+// of whole bytes (8, 16 and 320 elements) and rows that share bytes (5, 12, 13).
 static void check_frozen_bn_layouts(int64_t B, int64_t C, int64_t HW) {
   int64_t N = B * C * HW;
   float *buf = malloc(sizeof(float) * (size_t)(17 * N + 6 * C));
@@ -405,12 +405,27 @@ static void check_frozen_bn_layouts(int64_t B, int64_t C, int64_t HW) {
                     dr0[i] + g);
     }
   }
+  // Written in place (autograd hands dy's buffer over): dresidual = dy itself, and, without a
+  // residual, dx = dy itself, against the same gradients into separate buffers (the ReLU's mask from
+  // the last forward above).
+  float *alias = malloc(sizeof(float) * (size_t)N), *apart = malloc(sizeof(float) * (size_t)N);
+  memcpy(alias, dy, sizeof(float) * (size_t)N);
+  cpu_frozen_bn_backward(mask, alias, scale, true, NULL, false, alias, true, B, C, HW);
+  cpu_frozen_bn_backward(mask, dy, scale, true, NULL, false, apart, true, B, C, HW);
+  ck_assert_msg(!memcmp(alias, apart, sizeof(float) * (size_t)N), "dresidual written over dy differs");
+  memcpy(alias, dy, sizeof(float) * (size_t)N);
+  cpu_frozen_bn_backward(mask, alias, scale, true, alias, true, NULL, false, B, C, HW);
+  cpu_frozen_bn_backward(mask, dy, scale, true, apart, true, NULL, false, B, C, HW);
+  ck_assert_msg(!memcmp(alias, apart, sizeof(float) * (size_t)N), "dx written over dy differs");
+  free(alias), free(apart);
   free(buf), free(to_last), free(mask), free(maskl);
 }
 
 START_TEST(frozen_bn_channels_last_matches_nchw) {
   check_frozen_bn_layouts(2, 5, 12);
   check_frozen_bn_layouts(2, 8, 16);
+  check_frozen_bn_layouts(1, 5, 13);   // 65 elements: the mask's last byte holds one
+  check_frozen_bn_layouts(1, 8, 320);  // nchw rows of 320: the backward's chunks of 256 and 64
 }
 END_TEST
 

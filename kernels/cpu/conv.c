@@ -862,8 +862,9 @@ void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bia
 void cpu_frozen_bn_backward(const uint8_t *relu_mask, const float *dy, const float *scale, bool relu, float *dx,
                             bool set_dx, float *dresidual, bool set_dresidual, int64_t batch, int64_t channels,
                             int64_t spatial) {
-  // The flags, `last` too, are loop-invariant (GCC unswitches them). Each group of elements is
-  // read before it is written: dresidual and dx may be dy itself where they are written.
+  // The flags, `last` too, are loop-invariant (GCC unswitches them). Each chunk is read (gated
+  // into `gate`, or read through g = dy) before it is written: dresidual may be dy itself where it
+  // is written, dx only without dresidual (kernel_twins.h).
   bool last = spatial == 1;
   int64_t rows = last ? batch : batch * channels, n = last ? channels : spatial;
   bool bytes = n % 8 == 0;  // rows of whole mask bytes: 8 elements a byte

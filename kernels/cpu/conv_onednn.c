@@ -347,10 +347,12 @@ static bool weight_goes_via_ohwi(const dnnl_memory_desc_t *user, const dnnl_memo
   if (user->ndims != 4 || user->data_type != dnnl_f32 || prim->data_type != dnnl_bf16 ||
       prim->format_kind != dnnl_blocked || user->dims[2] * user->dims[3] == 1)
     return false;
-  dnnl_memory_desc_t oihw;
+  dnnl_memory_desc_t oihw, ohwi;
   md_init_type(&oihw, 4, user->dims, dnnl_f32, dnnl_oihw);
+  md_init_type(&ohwi, 4, user->dims, dnnl_bf16, dnnl_ohwi);  // the intermediate itself: one step
   const dnnl_dims_t *st = &prim->format_desc.blocking.strides;
-  return dnnl_memory_desc_equal(user, &oihw) && (*st)[1] < (*st)[2] && (*st)[1] < (*st)[3];
+  return dnnl_memory_desc_equal(user, &oihw) && !dnnl_memory_desc_equal(prim, &ohwi) && (*st)[1] < (*st)[2] &&
+         (*st)[1] < (*st)[3];
 }
 
 // hint: the forward's descriptor of the same geometry and impl, for a backward pass (NULL: made

@@ -63,7 +63,9 @@ void cpu_conv2d_backward(const float *x, const uint16_t *x16, const float *w, co
 // itself. cpu_conv2d_takes_bf16: whether `pass` of g, on the implementation cpu_conv2d_impl picks,
 // reads its activations as bf16 on their own layout - oneDNN's bf16 direct convolution on
 // channels-last activations, or a 1x1's GEMM in bf16 - and so can read dense bf16 copies of them
-// in place of rounding them itself: the same bits. The forward's x16 is NULL or room for x in bf16
+// in place of rounding them itself: the same bits (but for a stride-2 1x1's GEMM in chunks, whose
+// short last chunk cpu_gemm might run in fp32 and the copies run in bf16: one more rounding there,
+// within bf16's bound). The forward's x16 is NULL or room for x in bf16
 // ([B, H, W, C]), which it fills with x rounded (cpu_round_bf16) and reads where it takes the copy;
 // the backward's x16 is NULL or that copy, its dy16 NULL or room for dy, which it rounds dy into
 // once for its passes. A pass that does not take a copy ignores it; x may be NULL where every pass
