@@ -71,8 +71,8 @@ void cpu_conv2d_backward(const float *x, const uint16_t *x16, const float *w, co
 // once for its passes. A pass that does not take a copy ignores it; x may be NULL where every pass
 // that reads x takes x16 (dy is always given: dbias reads it), and backward-weights' GEMM takes
 // x16 only with dy16. op_conv2d rounds x in the forward where both of its passes take the copy and
-// keeps it for the backward in place of x, and dy where both of its passes take it
-// (bench/README.md "bf16: convolutions round their activations once").
+// keeps it for the backward in place of x (less memory; the step's time is the same), and dy where
+// both of its passes take it (bench/README.md "bf16: convolutions round their activations once").
 bool cpu_conv2d_takes_bf16(const ConvGeom *g, ConvPass pass);
 // Inference's convolution with its epilogue fused (no backward: nothing is kept for one):
 // y = relu?(conv(x, w) + bias + residual), residual of y's shape or NULL (it may be y itself).
