@@ -61,7 +61,7 @@ static void conv2d_backward_cuda(const float *x, const float *w, const float *dy
 // passes take a rounded copy (cpu_conv2d_takes_bf16), the forward rounds x once and the node keeps
 // the copy (n->buf) in place of x; the backward rounds dy once for its passes. The same bits. What
 // it buys is memory, not time: x lives on as 2 bytes an element (frozen batch norm keeps only a bit
-// mask of it), detr-r50@512's bf16 step peaks 70 MB lower; the conversions it saves were cache-hot
+// mask of it), detr-r50@512's bf16 step peaks 91 MB lower; the conversions it saves were cache-hot
 // per-image copies, and the kept copy is read back from memory instead, so the step takes as long
 // (bench/README.md "bf16: convolutions round their activations once").
 static bool conv2d_keeps_x16(const Tensor *x, const Tensor *weight, const ConvGeom *g) {
@@ -116,11 +116,11 @@ Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p) {
                              p.dilation_h, p.dilation_w);
   Tensor *y = tensor_new_scoped(x->device, conv_out_shape(&g));
   const float *bias_data = bias ? bias->data : NULL;
-  uint16_t *x16 = NULL;  // [B, H, W, C]: x rounded once, kept by the node (conv2d_keeps_x16)
+  uint16_t *x16 = NULL;  // x rounded once, kept by the node (conv2d_keeps_x16; cpu_conv2d_x16_numel)
   size_t x16_bytes = 0;
   if (x->device == DEVICE_CPU) {
     if (conv2d_keeps_x16(x, weight, &g)) {
-      x16_bytes = (size_t)x->numel * sizeof(uint16_t);
+      x16_bytes = (size_t)cpu_conv2d_x16_numel(&g) * sizeof(uint16_t);
       x16 = detr_alloc(DEVICE_CPU, x16_bytes);  // rounded by the forward
     }
     int64_t ws_floats = cpu_conv2d_forward_workspace_floats(&g, bias_data != NULL);

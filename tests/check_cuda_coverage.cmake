@@ -18,7 +18,7 @@ set(cpu_only_helpers "cpu_conv2d_forward_workspace_floats(" "cpu_conv2d_backward
 list(APPEND cpu_only_helpers "cpu_conv2d_forward_fused(" "cpu_conv2d_forward_fused_workspace_floats(")
 # bf16 mode's convolution copies rounded once (op_conv2d): which passes read them. CUDA's bf16
 # convolutions stage their own copies per pass (kernels/cuda/conv.cu).
-list(APPEND cpu_only_helpers "cpu_conv2d_takes_bf16(")
+list(APPEND cpu_only_helpers "cpu_conv2d_takes_bf16(" "cpu_conv2d_x16_numel(")
 
 file(GLOB op_sources "${SOURCE_DIR}/autograd/*.c")
 file(GLOB op_headers "${SOURCE_DIR}/autograd/*.h")

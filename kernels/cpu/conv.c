@@ -234,8 +234,9 @@ static void cl_weight_permute(const ConvGeom *g, float *w, float *wt, bool to_ta
 // given (cpu_gemm_bf16: the arithmetic and bits of cpu_gemm's bf16 path, which rounds the same
 // operands itself), else runs cpu_gemm on the fp32 operands.
 
-static void im2col_cl_forward(const float *x, const uint16_t *x16, const float *w, const float *bias, float *y,
-                              const ConvGeom *g, float *workspace) {
+// gathered: x16 is room for the rows the GEMM reads (x16_gathered), filled here, not x's copy.
+static void im2col_cl_forward(const float *x, uint16_t *x16, bool gathered, const float *w, const float *bias,
+                              float *y, const ConvGeom *g, float *workspace) {
   int64_t C = g->in_ch, O = g->out_ch, K = C * g->kh * g->kw, rows = g->batch * g->out_h * g->out_w;
   bool pointwise = conv_is_pointwise(g);
   int64_t chunk = pointwise ? rows : cl_chunk_rows(g);
@@ -251,8 +252,11 @@ static void im2col_cl_forward(const float *x, const uint16_t *x16, const float *
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     int64_t len = rows - r0 < chunk ? rows - r0 : chunk;
     if (x16) {  // y [len, O] = col16 W16^T
-      const uint16_t *a16 = x16 + r0 * C;  // pointwise: x's pixels are col's rows
-      if (!pointwise) {
+      const uint16_t *a16 = x16 + r0 * C;  // pointwise: x's pixels are col's rows; gathered: col's rows
+      if (gathered) {
+        im2col_cl(x, col, sizeof(float), g, r0, len);
+        cpu_round_bf16(col, len, K, x16 + r0 * K);
+      } else if (!pointwise) {
         im2col_cl(x16, col, sizeof(uint16_t), g, r0, len);
         a16 = (const uint16_t *)col;
       }
@@ -273,8 +277,9 @@ static void im2col_cl_forward(const float *x, const uint16_t *x16, const float *
   }
 }
 
-// x16, dy16: the bf16 copies the passes read, or NULL (a 1x1; dw reads x16 with dy16).
-static void im2col_cl_backward(const float *x, const uint16_t *x16, const float *w, const float *dy,
+// x16, dy16: the bf16 copies the passes read, or NULL (a 1x1; dw reads x16 with dy16); gathered:
+// x16 holds the GEMM's rows (x16_gathered), not x's copy.
+static void im2col_cl_backward(const float *x, const uint16_t *x16, bool gathered, const float *w, const float *dy,
                                const uint16_t *dy16, float *dx, bool set_dx, float *dw, float *dbias,
                                const ConvGeom *g, float *workspace) {
   int64_t C = g->in_ch, O = g->out_ch, K = C * g->kh * g->kw, rows = g->batch * g->out_h * g->out_w;
@@ -310,8 +315,8 @@ static void im2col_cl_backward(const float *x, const uint16_t *x16, const float 
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
       int64_t len = rows - r0 < chunk ? rows - r0 : chunk;
       if (x16) {  // dW += dy16^T col16
-        const uint16_t *a16 = x16 + r0 * C;
-        if (!pointwise) {
+        const uint16_t *a16 = x16 + r0 * C;  // pointwise or gathered: the rows themselves
+        if (!pointwise && !gathered) {
           im2col_cl(x16, col, sizeof(uint16_t), g, r0, len);
           a16 = (const uint16_t *)col;
         }
@@ -484,6 +489,20 @@ bool cpu_conv2d_takes_bf16(const ConvGeom *g, ConvPass pass) {
   return cpu_gemm_bf16_wanted(O, C, rows);
 }
 
+// Whether g's x16 holds the rows a strided 1x1's GEMMs read, [B, HO, WO, C], rather than x itself:
+// where its forward and backward-weights both run as bf16 GEMMs, which read those pixels alone (a
+// quarter of x at stride 2: a quarter of the rounding and of the copy kept).
+static bool x16_gathered(const ConvGeom *g) {
+  return g->channels_last && g->kh * g->kw == 1 && !conv_is_pointwise(g) &&
+         cpu_conv2d_impl(g, CONV_PASS_FWD) == CONV_IMPL_IM2COL &&
+         cpu_conv2d_impl(g, CONV_PASS_BWD_WEIGHTS) == CONV_IMPL_IM2COL && cpu_conv2d_takes_bf16(g, CONV_PASS_FWD) &&
+         cpu_conv2d_takes_bf16(g, CONV_PASS_BWD_WEIGHTS);
+}
+
+int64_t cpu_conv2d_x16_numel(const ConvGeom *g) {
+  return x16_gathered(g) ? g->batch * g->out_h * g->out_w * g->in_ch : g->batch * g->in_h * g->in_w * g->in_ch;
+}
+
 // A pass's operand: its bf16 copy where the pass takes one (else NULL, the copy ignored), and the
 // fp32 one present otherwise (op_conv2d keeps only x's copy where backward-weights takes it).
 static const uint16_t *pass_half(const ConvGeom *g, ConvPass pass, const void *fp32, const uint16_t *half,
@@ -497,11 +516,12 @@ static const uint16_t *pass_half(const ConvGeom *g, ConvPass pass, const void *f
 
 void cpu_conv2d_forward(const float *x, uint16_t *x16, const float *w, const float *bias, float *y,
                         const ConvGeom *g, float *workspace) {
-  if (x16) cpu_round_bf16(x, g->batch * g->in_h * g->in_w, g->in_ch, x16);
+  bool gathered = x16 && x16_gathered(g);  // filled by the GEMM path as it gathers
+  if (x16 && !gathered) cpu_round_bf16(x, g->batch * g->in_h * g->in_w, g->in_ch, x16);
   x16 = (uint16_t *)pass_half(g, CONV_PASS_FWD, x, x16, "x");
   if (ran_on_onednn(g, CONV_PASS_FWD, false, x, w, x16, NULL, y, (float *)bias, workspace)) return;
   if (g->channels_last) {
-    im2col_cl_forward(x, x16, w, bias, y, g, workspace);
+    im2col_cl_forward(x, x16, gathered, w, bias, y, g, workspace);
     return;
   }
   int64_t K = g->in_ch * g->kh * g->kw, spatial = g->out_h * g->out_w;
@@ -607,7 +627,7 @@ void cpu_conv2d_backward(const float *x, const uint16_t *x16, const float *w, co
   // The two passes may run on different implementations; dbias goes with dw (oneDNN fuses it).
   const uint16_t *dy16_data = dx ? pass_half(g, CONV_PASS_BWD_DATA, dy, dy16, "dy") : NULL;
   if (dx && !ran_on_onednn(g, CONV_PASS_BWD_DATA, !set_dx, dy, w, dy16_data, NULL, dx, NULL, workspace)) {
-    if (g->channels_last) im2col_cl_backward(NULL, NULL, w, dy, dy16_data, dx, set_dx, NULL, NULL, g, workspace);
+    if (g->channels_last) im2col_cl_backward(NULL, NULL, false, w, dy, dy16_data, dx, set_dx, NULL, NULL, g, workspace);
     else im2col_backward(NULL, w, dy, dx, set_dx, NULL, NULL, g, workspace);
   }
   if (dw) {
@@ -617,7 +637,8 @@ void cpu_conv2d_backward(const float *x, const uint16_t *x16, const float *w, co
     DETR_CHECK(!gemm || !x16_w || dy16_w, "conv2d: backward-weights' GEMM has x's bf16 copy but not dy's");
     if (!ran_on_onednn(g, CONV_PASS_BWD_WEIGHTS, !set_dw, x, dy, x16_w, dy16_w, dw, dbias, workspace)) {
       if (set_dw) memset(dw, 0, (size_t)(g->out_ch * g->in_ch * g->kh * g->kw) * sizeof(float));  // im2col adds
-      if (g->channels_last) im2col_cl_backward(x, x16_w, NULL, dy, dy16_w, NULL, false, dw, dbias, g, workspace);
+      if (g->channels_last)
+        im2col_cl_backward(x, x16_w, x16_w && x16_gathered(g), NULL, dy, dy16_w, NULL, false, dw, dbias, g, workspace);
       else im2col_backward(x, NULL, dy, NULL, false, dw, dbias, g, workspace);
     }
   } else if (dbias) {

@@ -65,15 +65,17 @@ void cpu_conv2d_backward(const float *x, const uint16_t *x16, const float *w, co
 // channels-last activations, or a 1x1's GEMM in bf16 - and so can read dense bf16 copies of them
 // in place of rounding them itself: the same bits (but for a stride-2 1x1's GEMM in chunks, whose
 // short last chunk cpu_gemm might run in fp32 and the copies run in bf16: one more rounding there,
-// within bf16's bound). The forward's x16 is NULL or room for x in bf16
-// ([B, H, W, C]), which it fills with x rounded (cpu_round_bf16) and reads where it takes the copy;
-// the backward's x16 is NULL or that copy, its dy16 NULL or room for dy, which it rounds dy into
-// once for its passes. A pass that does not take a copy ignores it; x may be NULL where every pass
+// within bf16's bound). The forward's x16 is NULL or room for cpu_conv2d_x16_numel(g) bf16 values,
+// which it fills - with x rounded (cpu_round_bf16), [B, H, W, C], or where a strided 1x1's forward
+// and backward-weights are both bf16 GEMMs, with the pixels they read, [B, HO, WO, C] - and reads
+// where it takes the copy; the backward's x16 is NULL or that copy, its dy16 NULL or room for dy,
+// which it rounds dy into once for its passes. A pass that does not take a copy ignores it; x may be NULL where every pass
 // that reads x takes x16 (dy is always given: dbias reads it), and backward-weights' GEMM takes
 // x16 only with dy16. op_conv2d rounds x in the forward where both of its passes take the copy and
 // keeps it for the backward in place of x (less memory; the step's time is the same), and dy where
 // both of its passes take it (bench/README.md "bf16: convolutions round their activations once").
 bool cpu_conv2d_takes_bf16(const ConvGeom *g, ConvPass pass);
+int64_t cpu_conv2d_x16_numel(const ConvGeom *g);
 // Inference's convolution with its epilogue fused (no backward: nothing is kept for one):
 // y = relu?(conv(x, w) + bias + residual), residual of y's shape or NULL (it may be y itself).
 // On oneDNN through its post-ops (CONV_POST_SUM of the residual copied into y, CONV_POST_RELU), on
