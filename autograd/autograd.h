@@ -55,6 +55,9 @@ void tensor_set_requires_grad(Tensor *t, bool requires_grad);
 // for the op to fill in its attributes and saved tensors.
 TapeNode *autograd_record(const char *name, BackwardFn backward, Tensor *out, int n_in,
                           Tensor *const *in);
+// Whether autograd_record would record an op of these inputs now: for an op that must know before
+// its kernel runs (what it keeps for a backward is written by the forward's kernel).
+bool autograd_records(int n_in, Tensor *const *in);
 void autograd_add_output(TapeNode *node, Tensor *out);
 // Keeps t's data for backward (inputs and outputs are otherwise held without their data: an op
 // saves exactly what its backward reads).

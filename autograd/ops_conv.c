@@ -306,15 +306,14 @@ Tensor *op_frozen_batchnorm2d_act(Tensor *x, Tensor *weight, Tensor *bias, Tenso
   const float *res = residual ? residual->data : NULL;
   // The ReLU's mask for the backward: bits (kernels/norm_math.h), not y itself, which then lives
   // only as long as its readers need it (bf16 mode's next convolution keeps a bf16 copy instead).
-  bool backward = autograd_grad_enabled() && (x->requires_grad || (residual && residual->requires_grad));
-  size_t mask_bytes = relu && backward ? (size_t)(x->numel + 7) / 8 : 0;
+  Tensor *inputs[2] = {x, residual};
+  size_t mask_bytes = relu && autograd_records(residual ? 2 : 1, inputs) ? (size_t)(x->numel + 7) / 8 : 0;
   uint8_t *mask = mask_bytes ? detr_alloc(x->device, mask_bytes) : NULL;
   DISPATCH(x->device,
            cpu_frozen_bn_forward(x->data, weight->data, bias->data, running_mean->data, running_var->data, eps,
                                  res, relu, y->data, mask, scale->data, B, C, S),
            cuda_frozen_bn_forward(x->data, weight->data, bias->data, running_mean->data, running_var->data, eps,
                                   res, relu, y->data, mask, scale->data, B, C, S));
-  Tensor *inputs[2] = {x, residual};
   const char *name = residual ? (relu ? "frozen_bn_add_relu" : "frozen_bn_add") : relu ? "frozen_bn_relu"
                                                                                       : "frozen_batchnorm2d";
   TapeNode *n = autograd_record(name, frozen_bn_backward_node, y, residual ? 2 : 1, inputs);

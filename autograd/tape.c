@@ -126,12 +126,16 @@ static void node_put(TapeNode *n) {
   node_pool = n;
 }
 
+bool autograd_records(int n_in, Tensor *const *in) {
+  if (!grad_enabled) return false;
+  for (int i = 0; i < n_in; i++)
+    if (in[i] && in[i]->requires_grad) return true;
+  return false;
+}
+
 TapeNode *autograd_record(const char *name, BackwardFn backward, Tensor *out, int n_in,
                           Tensor *const *in) {
-  if (!grad_enabled) return NULL;
-  bool any = false;
-  for (int i = 0; i < n_in; i++) any = any || (in[i] && in[i]->requires_grad);
-  if (!any) return NULL;
+  if (!autograd_records(n_in, in)) return NULL;
   DETR_CHECK(n_in <= NODE_MAX_INPUTS, "autograd_record(%s): %d inputs, at most %d", name, n_in,
              NODE_MAX_INPUTS);
   if (tape_count == tape_capacity) {

@@ -406,9 +406,9 @@ static void prim_create(ConvPrim *p, const ConvGeom *g, ConvPass pass, ConvImpl 
       a->reorder_via = reorder_create(&a->user, &a->via, false);
       a->reorder = reorder_create(&a->via, &a->prim, false);
     } else if (i < 2) {
-      dnnl_memory_desc_t user16;  // the plain layout in bf16
-      md_init_type(&user16, 4, a->user.dims, dnnl_bf16, a == &p->a[1] && pass != CONV_PASS_BWD_WEIGHTS ? dnnl_oihw : act);
-      a->takes16 = dnnl_memory_desc_equal(&user16, &a->prim);
+      dnnl_memory_desc_t act16;  // an activation's plain layout in bf16
+      md_init_type(&act16, 4, a->user.dims, dnnl_bf16, act);
+      a->takes16 = !weight && dnnl_memory_desc_equal(&act16, &a->prim);
       if (!same) a->reorder = reorder_create(&a->user, &a->prim, false);
     } else if (!same) {  // the backward passes' accumulate (the sum post-op)
       a->reorder = reorder_create(&a->prim, &a->user, pass != CONV_PASS_FWD);
