@@ -88,9 +88,10 @@ size_t autograd_tape_size(void);
 // Tape nodes obtained from the system allocator (they are recycled through a free list).
 uint64_t autograd_node_system_allocs(void);
 
-// Per-op profile: with profiling on, every recorded op's forward time (the time since the previous
-// record, so ops must be recorded as they run, as they are) and backward time are summed by op
-// name, with the FLOPs GEMM-shaped ops declare. The report lists ops by total time.
+// Per-op profile: with profiling on, every op's forward time (the time since the previous op asked
+// autograd_record, so ops must ask as they run, as they do; recorded or not, so that a forward
+// without a tape - inference - has a profile too) and recorded ops' backward time are summed by op
+// name, with the FLOPs recorded GEMM-shaped ops declare. The report lists ops by total time.
 void autograd_profile_enable(bool on);
 void autograd_profile_reset(void);
 void autograd_profile_mark(void);  // restart the forward clock (e.g. at a step's start)

@@ -133,8 +133,21 @@ bool autograd_records(int n_in, Tensor *const *in) {
   return false;
 }
 
+// The op named ran since the previous record (or mark): its forward time, counted whether or not
+// it is recorded, so that a forward without a tape (inference) has a profile too.
+static void profile_forward(const char *name) {
+  double t = now_s();
+  OpProfile *p = profile_entry(name);
+  if (p) {
+    p->calls++;
+    p->forward_s += t - last_record_s;
+  }
+  last_record_s = t;
+}
+
 TapeNode *autograd_record(const char *name, BackwardFn backward, Tensor *out, int n_in,
                           Tensor *const *in) {
+  if (profiling) profile_forward(name);
   if (!autograd_records(n_in, in)) return NULL;
   DETR_CHECK(n_in <= NODE_MAX_INPUTS, "autograd_record(%s): %d inputs, at most %d", name, n_in,
              NODE_MAX_INPUTS);
@@ -145,15 +158,6 @@ TapeNode *autograd_record(const char *name, BackwardFn backward, Tensor *out, in
     tape_capacity = cap;
   }
   TapeNode *n = node_get();
-  if (profiling) {  // the op ran since the previous record
-    double t = now_s();
-    OpProfile *p = profile_entry(name);
-    if (p) {
-      p->calls++;
-      p->forward_s += t - last_record_s;
-    }
-    last_record_s = t;
-  }
   n->name = name;
   n->backward = backward;
   // Inputs and outputs are held for their shapes and .grad; their data only if saved.
