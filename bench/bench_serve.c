@@ -1,13 +1,18 @@
 // Serving latency through the public C API only (include/detr.h), as an application sees it:
 // detr_open_weights with the thread option, then detr_detect_rgb on one image (latency) and
 // detr_detect_batch on --batch copies of it (images/s). The image is seeded noise of --width x
-// --height pixels, and the model's input size is set to it (options.image_size, max_size), so that
-// the val resize leaves it as it is: the time is the forward, the normalisation and the
-// post-processing.
+// --height pixels, or --image, a picture as binary PPM (P6, 8 bits; its own size: --width and
+// --height are ignored; bench/serve_export_main.py writes one): with ENACT the work depends on the
+// picture (its cluster count), and noise is not a picture. The model's input size is set to the
+// image's (options.image_size, max_size), so that the val resize leaves it as it is: the time is
+// the forward, the normalisation and the post-processing.
 // Prints one JSON line (bench/serve_compare.sh collects them).
 //   bench_serve --weights W.safetensors --config detr-r50 --width 1066 --height 800 --threads 2 [--reps 5]
 //               [--batch 4] [--set key=value ...]
 //   bench_serve --checkpoint C.safetensors ...   (a detr-c checkpoint: its own config)
+//   bench_serve --checkpoint C.safetensors --image picture.ppm ...
+#include <ctype.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +24,7 @@
 #define MAX_SETS 32
 
 typedef struct {
-  const char *weights, *config, *checkpoint;
+  const char *weights, *config, *checkpoint, *image;
   int width, height, threads, reps, batch;
   const char *sets[MAX_SETS + 1];
 } Args;
@@ -33,6 +38,7 @@ static int parse(int argc, char **argv, Args *a) {
     i++;
     if (!strcmp(k, "--weights")) a->weights = v;
     else if (!strcmp(k, "--checkpoint")) a->checkpoint = v;
+    else if (!strcmp(k, "--image")) a->image = v;
     else if (!strcmp(k, "--config")) a->config = v;
     else if (!strcmp(k, "--width")) a->width = atoi(v);
     else if (!strcmp(k, "--height")) a->height = atoi(v);
@@ -46,6 +52,43 @@ static int parse(int argc, char **argv, Args *a) {
   if (!a->weights == !a->checkpoint || a->width < 1 || a->height < 1 || a->reps < 1 || a->batch < 0 || a->batch > 64)
     return fprintf(stderr, "bench_serve: --weights or --checkpoint; sizes, --reps >= 1, --batch 0..64\n"), -1;
   return 0;
+}
+
+// Skips whitespace and # comments (each to the end of its line) before a PPM header field.
+static void skip_space(FILE *f) {
+  int c;
+  while ((c = fgetc(f)) != EOF) {
+    if (c == '#') {
+      while ((c = fgetc(f)) != '\n' && c != EOF) {}
+    } else if (!isspace(c)) {
+      ungetc(c, f);
+      return;
+    }
+  }
+}
+
+// A binary PPM (P6, maxval 255) as RGB bytes [h, w, 3]; NULL (with a message) when it is not one.
+static unsigned char *read_ppm(const char *path, int *w, int *h) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return fprintf(stderr, "bench_serve: cannot open %s\n", path), NULL;
+  int v[3] = {0};  // width, height, maxval
+  bool ok = fgetc(f) == 'P' && fgetc(f) == '6';
+  for (int i = 0; ok && i < 3; i++) {
+    skip_space(f);
+    ok = fscanf(f, "%d", &v[i]) == 1;
+  }
+  // One whitespace byte ends the header; the pixels follow.
+  ok = ok && v[0] > 0 && v[1] > 0 && v[0] <= 32768 && v[1] <= 32768 && v[2] == 255 && isspace(fgetc(f));
+  size_t size = ok ? (size_t)v[0] * (size_t)v[1] * 3 : 0;
+  unsigned char *rgb = ok ? malloc(size) : NULL;
+  if (rgb && fread(rgb, 1, size, f) != size) {
+    free(rgb);
+    rgb = NULL;
+  }
+  fclose(f);
+  if (!rgb) return fprintf(stderr, "bench_serve: %s is not a binary PPM (P6, maxval 255)\n", path), NULL;
+  *w = v[0], *h = v[1];
+  return rgb;
 }
 
 // The median of reps timings of one call (after one warm-up: oneDNN's primitives are made then).
@@ -72,6 +115,8 @@ static double time_detect(detr_model *m, const detr_image *img, int n, int reps)
 int main(int argc, char **argv) {
   Args a;
   if (parse(argc, argv, &a)) return 2;
+  unsigned char *rgb = NULL;
+  if (a.image && !(rgb = read_ppm(a.image, &a.width, &a.height))) return 2;
   detr_options o = detr_options_default();
   o.threads = a.threads;
   o.sets = a.sets;
@@ -85,18 +130,20 @@ int main(int argc, char **argv) {
     return 1;
   }
   size_t size = (size_t)a.width * (size_t)a.height * 3;
-  unsigned char *rgb = malloc(size);
-  uint64_t s = 12345;
-  for (size_t i = 0; i < size; i++) {  // xorshift noise: every value of a byte
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    rgb[i] = (unsigned char)(s >> 56);
+  if (!rgb) {
+    rgb = malloc(size);
+    uint64_t s = 12345;
+    for (size_t i = 0; i < size; i++) {  // xorshift noise: every value of a byte
+      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+      rgb[i] = (unsigned char)(s >> 56);
+    }
   }
   detr_image imgs[64];
   for (int i = 0; i < 64; i++) imgs[i] = (detr_image){rgb, size, a.width, a.height};
   double one = time_detect(m, imgs, 1, a.reps);
   double batch = a.batch > 0 ? time_detect(m, imgs, a.batch, a.reps) : 0;
   printf("{\"impl\": \"detr-c\", \"config\": \"%s\", \"width\": %d, \"height\": %d, \"threads\": %d, "
-         "\"latency_s\": %.4f, \"batch\": %d, \"batch_s\": %.4f, \"images_per_s\": %.3f}\n",
+         "\"latency_s\": %.6f, \"batch\": %d, \"batch_s\": %.6f, \"images_per_s\": %.3f}\n",
          a.checkpoint ? a.checkpoint : a.config, a.width, a.height, a.threads, one, a.batch, batch, batch > 0 ? a.batch / batch : 0.0);
   free(rgb);
   detr_close(m);

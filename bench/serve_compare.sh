@@ -3,11 +3,26 @@
 #   bash bench/serve_compare.sh --detr-repo DIR [--preset detr-r50] [--height 800] [--width 1066]
 #        [--threads "1 2"] [--batch 4] [--rounds 3] [--reps 5] [--build build-cpu] [--venv DIR] [--work DIR]
 #        [--precisions "fp32 bf16"]
-#   bash bench/serve_compare.sh --checkpoint runs/main/best.safetensors --height 160 --width 224 [...]
+#   bash bench/serve_compare.sh --checkpoint runs/main/best.safetensors --detr-repo CONDITIONAL_DETR_CHECKOUT
+#        [--picture FILE] [--height H --width W] [...]
 # With --checkpoint (a detr-c checkpoint, e.g. the main job's: ENACT encoder, Conditional DETR decoder,
-# quarter-width ResNet-18 to layer3) only detr-c is timed, the same way: the reference builder here has
-# no such model, and ENACT's clustering (data-dependent region counts, docs/enact.md) has no ONNX export.
-# bench/serve_export.py (Debian's /usr/bin/python3 with python3-torch 1.13) builds the reference model
+# quarter-width ResNet-18 to layer3) and --detr-repo a checkout of Atten4Vis/ConditionalDETR, the three
+# engines run on the checkpoint's model and one picture (--picture, any image file, H x W its size; else
+# bench/serve_check.py's synthetic picture at --height x --width). bench/serve_export_main.py builds the
+# model in PyTorch from the checkpoint's model_config with the checkout's modules (a narrow ResNet body
+# in place of its ResNet-18's, ENACT in the encoder), loads its weights strictly, checks its detections
+# on the picture against `detr predict` (serve_check.py's rule, on the 100 best (query, class) sigmoid
+# scores), and writes into --work (default /tmp/detr-serve-DIR-NAME for runs/DIR/NAME.safetensors,
+# rewritten each time) the ONNX exports for batch 1 and --batch (copies of the picture), the picture as
+# PPM and as its normalized tensor. ENACT's regions (data-dependent: docs/enact.md) are fixed in those
+# graphs to the ones the model finds on the picture, so they compute the model on that picture only:
+# right for timing on it, not a general export; the region finding that detr-c does on each call is
+# not in them. Then the venv's ONNX Runtime must give detr-c's detections on the picture from the
+# graphs (every image of the batch), and each round times bench_serve --image (the same picture),
+# serve_time.py --engine ort --input (the picture's tensor) and --engine torch --checkpoint (eager, the
+# same regions fixed), reported as for the presets. Without --detr-repo, --checkpoint times detr-c
+# alone, on seeded noise of --height x --width. bench_serve needs --image (a build from this tree).
+# For a preset, bench/serve_export.py (Debian's /usr/bin/python3, python3-torch 1.13) builds the reference model
 # from the facebookresearch/detr checkout at the preset, seeded (tools/parity_step.py's build_reference),
 # and writes its weights as safetensors and its ONNX exports (torch.onnx, opset 12, as the reference's
 # test_all.py) for batch 1 and --batch, into --work (default /tmp/detr-serve-PRESET-HxW; reused when
@@ -30,12 +45,13 @@
 #   cmake -S . -B build-cpu -DDETR_CUDA=OFF -DCMAKE_BUILD_TYPE=Release && cmake --build build-cpu --target bench_serve
 set -euo pipefail
 cd "$(dirname "$0")/.."
-repo="" checkpoint="" preset="detr-r50" height=800 width=1066 threads="1 2" batch=4 rounds=3 reps=5 build=build-cpu
-venv=/work/venv-ort work="" precisions=fp32
+repo="" checkpoint="" picture="" preset="detr-r50" height="" width="" threads="1 2" batch=4 rounds=3 reps=5
+build=build-cpu venv=/work/venv-ort work="" precisions=fp32
 while [ $# -gt 0 ]; do
   case "$1" in
     --detr-repo) repo="$2"; shift 2 ;;
     --checkpoint) checkpoint="$2"; shift 2 ;;
+    --picture) picture="$2"; shift 2 ;;
     --preset) preset="$2"; shift 2 ;;
     --height) height="$2"; shift 2 ;;
     --width) width="$2"; shift 2 ;;
@@ -61,9 +77,36 @@ serve_detr_c() {
     esac
   done
 }
+# report FILE: the median over rounds of each engine's JSON lines, per thread count, and detr-c's latency
+# as a fraction of ONNX Runtime's.
+report() {
+  /usr/bin/python3 - "$1" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+r0 = rows[0]
+# Seconds, or milliseconds for a model that runs in under 0.1 s (three decimals of a second are too few).
+ms = max(r["latency_s"] for r in rows) < 0.1
+show = (lambda v: f"{v * 1e3:7.3f} ms") if ms else (lambda v: f"{v:7.3f} s")
+print(f"{r0['config']} {r0['height']}x{r0['width']}, batch {r0['batch']}, {len(rows)} runs alternating (median over rounds):")
+for t in sorted({r["threads"] for r in rows}):
+    med = {}
+    for impl in sorted({r["impl"] for r in rows if r["threads"] == t}):
+        rs = [r for r in rows if r["threads"] == t and r["impl"] == impl]
+        lat = statistics.median(r["latency_s"] for r in rs)
+        ips = statistics.median(r["images_per_s"] for r in rs)
+        med[impl] = lat
+        print(f"  {t} thread{'s' if t > 1 else ' '} {impl:22s} latency {show(lat)}   {ips:6.2f} images/s at batch "
+              f"{r0['batch']}   (latencies: {', '.join(str(r['latency_s']) for r in rs)})")
+    ort = [v for k, v in med.items() if k.startswith("onnxruntime")]
+    for impl in ("detr-c", "detr-c-bf16"):
+        if impl in med and ort:
+            print(f"  {t} thread{'s' if t > 1 else ' '} {impl} latency / ONNX Runtime's: {med[impl] / ort[0]:.2f}")
+PY
+}
 [ -n "$repo" ] || [ -n "$checkpoint" ] || { echo "serve_compare.sh: --detr-repo DIR (or --checkpoint C) is required" >&2; exit 2; }
 [ -x "$build/bench/bench_serve" ] || { echo "serve_compare.sh: no $build/bench/bench_serve: build it first (see above)" >&2; exit 2; }
-if [ -n "$checkpoint" ]; then  # detr-c alone on its own model
+if [ -n "$checkpoint" ] && [ -z "$repo" ]; then  # detr-c alone on its own model
+  : "${height:=800}" "${width:=1066}"
   out=$(mktemp)
   for r in $(seq "$rounds"); do
     for t in $threads; do
@@ -86,6 +129,29 @@ PY
   exit 0
 fi
 [ -x "$venv/bin/python" ] || { echo "serve_compare.sh: no $venv/bin/python with onnxruntime (see above)" >&2; exit 2; }
+if [ -n "$checkpoint" ]; then  # the checkpoint's model in the three engines, on one picture
+  [ -n "$work" ] || work="/tmp/detr-serve-$(basename "$(dirname "$checkpoint")")-$(basename "$checkpoint" .safetensors)"
+  /usr/bin/python3 bench/serve_export_main.py --checkpoint "$checkpoint" --detr-repo "$repo" ${picture:+--picture "$picture"} \
+    ${height:+--height "$height"} ${width:+--width "$width"} --batch "$batch" --detr "$build/detr" --out "$work" ||
+    { echo "serve_compare.sh: no PyTorch model of $checkpoint that gives detr-c's detections: nothing timed" >&2; exit 1; }
+  "$venv/bin/python" bench/serve_export_main.py --check-onnx "$work" ||
+    { echo "serve_compare.sh: ONNX Runtime on the exports and detr-c disagree on the picture: nothing timed" >&2; exit 1; }
+  out="$work/runs.jsonl"
+  : > "$out"
+  for r in $(seq "$rounds"); do
+    for t in $threads; do
+      serve_detr_c --checkpoint "$checkpoint" --image "$work/picture.ppm" --threads "$t" --reps "$reps" \
+        --batch "$batch" >> "$out"
+      "$venv/bin/python" bench/serve_time.py --engine ort --onnx-dir "$work" --input "$work/picture.npy" \
+        --threads "$t" --reps "$reps" --batch "$batch" --preset "$checkpoint" >> "$out"
+      /usr/bin/python3 bench/serve_time.py --engine torch --detr-repo "$repo" --checkpoint "$checkpoint" \
+        --input "$work/picture.npy" --threads "$t" --reps "$reps" --batch "$batch" >> "$out"
+    done
+  done
+  report "$out"
+  exit 0
+fi
+: "${height:=800}" "${width:=1066}"
 [ -n "$work" ] || work="/tmp/detr-serve-$preset-${height}x$width"
 if [ ! -f "$work/model_b$batch.onnx" ] || [ ! -f "$work/model_b1.onnx" ] || [ ! -f "$work/weights.safetensors" ]; then
   /usr/bin/python3 bench/serve_export.py --detr-repo "$repo" --preset "$preset" --height "$height" --width "$width" \
@@ -107,22 +173,4 @@ for r in $(seq "$rounds"); do
       --width "$width" --threads "$t" --reps "$reps" --batch "$batch" >> "$out"
   done
 done
-/usr/bin/python3 - "$out" <<'PY'
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-r0 = rows[0]
-print(f"{r0['config']} {r0['height']}x{r0['width']}, batch {r0['batch']}, {len(rows)} runs alternating (median over rounds):")
-for t in sorted({r["threads"] for r in rows}):
-    med = {}
-    for impl in sorted({r["impl"] for r in rows if r["threads"] == t}):
-        rs = [r for r in rows if r["threads"] == t and r["impl"] == impl]
-        lat = statistics.median(r["latency_s"] for r in rs)
-        ips = statistics.median(r["images_per_s"] for r in rs)
-        med[impl] = lat
-        print(f"  {t} thread{'s' if t > 1 else ' '} {impl:22s} latency {lat:7.3f} s   {ips:6.2f} images/s at batch "
-              f"{r0['batch']}   (latencies: {', '.join(str(r['latency_s']) for r in rs)})")
-    ort = [v for k, v in med.items() if k.startswith("onnxruntime")]
-    for impl in ("detr-c", "detr-c-bf16"):
-        if impl in med and ort:
-            print(f"  {t} thread{'s' if t > 1 else ' '} {impl} latency / ONNX Runtime's: {med[impl] / ort[0]:.2f}")
-PY
+report "$out"
