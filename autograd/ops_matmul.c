@@ -284,15 +284,19 @@ static Tensor *linear(Tensor *x, Tensor *weight, Tensor *bias, bool relu, float 
   Shape os = x->shape;
   os.d[os.ndim - 1] = out;
   Tensor *y = tensor_new_scoped(x->device, os);
+  Tensor *inputs[3] = {x, weight, bias};
   bool rounded = linear_rounds_once(x->device, rows, in, out);
   uint16_t *rounded_block = NULL;
   size_t rounded_bytes = 0;
+  // Inference (nothing recorded) on the CPU in fp32: the bias and ReLU fused into the GEMM.
+  bool fused = !rounded && x->device == DEVICE_CPU && !autograd_records(3, inputs) &&
+               cpu_linear_fused(x->data, weight->data, bias ? bias->data : NULL, relu, y->data, rows, in, out);
   if (rounded) {
     linear_forward_rounded(x->device, x, weight, rows, in, out, y->data, &rounded_block, &rounded_bytes);
-  } else {
+  } else if (!fused) {
     gemm(x->device, false, true, rows, out, in, 1.0f, x->data, in, weight->data, in, 0.0f, y->data, out);
   }
-  if (bias || relu) {
+  if ((bias || relu) && !fused) {
     const float *b = bias ? bias->data : NULL;
     DISPATCH(x->device, cpu_add_row_bias(y->data, b, rows, out, relu), cuda_add_row_bias(y->data, b, rows, out, relu));
   }
@@ -302,7 +306,6 @@ static Tensor *linear(Tensor *x, Tensor *weight, Tensor *bias, bool relu, float 
     DISPATCH(x->device, cpu_dropout_forward(y->data, y->data, y->numel, dropout_p, seed, offset),
              cuda_dropout_forward(y->data, y->data, y->numel, dropout_p, seed, offset));
   }
-  Tensor *inputs[3] = {x, weight, bias};
   const char *name = dropout_p > 0.0f ? "linear_relu_dropout" : relu ? "linear_relu" : "linear";
   TapeNode *n = autograd_record(name, linear_backward_node, y, 3, inputs);
   if (n) {

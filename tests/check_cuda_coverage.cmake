@@ -16,6 +16,9 @@ set(cpu_only_helpers "cpu_conv2d_forward_workspace_floats(" "cpu_conv2d_backward
 # Inference's fused convolution (op_conv2d_fused): the CPU fuses the epilogue into oneDNN's
 # convolution; on CUDA the op runs op_conv2d, op_add and op_relu, each with its CUDA kernel.
 list(APPEND cpu_only_helpers "cpu_conv2d_forward_fused(" "cpu_conv2d_forward_fused_workspace_floats(")
+# Inference's linear with its epilogue in the GEMM (op_linear recording nothing): on CUDA, as in
+# training, the GEMM and then the bias (and ReLU) kernel.
+list(APPEND cpu_only_helpers "cpu_linear_fused(")
 # bf16 mode's convolution copies rounded once (op_conv2d): which passes read them. CUDA's bf16
 # convolutions stage their own copies per pass (kernels/cuda/conv.cu).
 list(APPEND cpu_only_helpers "cpu_conv2d_takes_bf16(" "cpu_conv2d_x16_numel(")

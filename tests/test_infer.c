@@ -172,6 +172,63 @@ START_TEST(post_ops_match_separate_ops) {
 }
 END_TEST
 
+// Inference's linear (op_linear recording nothing: the bias and ReLU in the GEMM's epilogue,
+// cpu_linear_fused) against the training path's (op_linear recorded: sgemm, then the bias pass)
+// within the bound of two fp32 sums of K = in products in any order: each within gamma_K A of the
+// exact sum, A = sum_k |x_k| |w_k|; the bias added in fp32 (u |v|, v the sum, each side) and the
+// ReLU 1-Lipschitz: |y - y'| <= u ((2.03 K + 4) A + 2 |b|) with gamma_K <= 1.01 K u. Shapes of the
+// main job's transformer (10 queries, 196 pixels, 47 clusters, hidden 128, ffn 512, heads of 14 and
+// 4) and a row; with and without bias and ReLU. An epilogue that dropped the bias or the ReLU, or a
+// transposed weight, fails it by far more than the bound.
+START_TEST(linear_fused_within_bound) {
+  static const int64_t shapes[][3] = {{10, 128, 128}, {196, 128, 512}, {196, 512, 128}, {47, 128, 128},
+                                      {10, 128, 14}, {10, 128, 4}, {1, 3, 5}};
+  const double u = ldexp(1.0, -24);
+  Rng rng = rng_make(11);
+  int fused_runs = 0;
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+    for (int variant = 0; variant < 4; variant++) {
+      bool with_bias = variant & 1, relu = variant & 2;
+      int64_t rows = shapes[si][0], in = shapes[si][1], out = shapes[si][2];
+      ScopeMark mark = tensor_scope_mark();
+      Tensor *x = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(rows, in)));
+      Tensor *w = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(out, in)));
+      Tensor *b = with_bias ? tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(out))) : NULL;
+      tensor_normal_(x, &rng, 0.0f, 1.0f), tensor_normal_(w, &rng, 0.0f, 0.1f);
+      if (b) tensor_normal_(b, &rng, 0.0f, 0.5f);
+      w->requires_grad = true;  // recorded while grad mode is on: the training path
+      Tensor *train = relu ? op_linear_relu(x, w, b) : op_linear(x, w, b);
+      autograd_clear_tape();
+      bool was = autograd_set_grad_enabled(false);
+      Tensor *infer = relu ? op_linear_relu(x, w, b) : op_linear(x, w, b);
+      autograd_set_grad_enabled(was);
+      Tensor *kernel = tensor_scoped(tensor_new(DEVICE_CPU, infer->shape));  // the op ran the fused kernel
+      if (cpu_linear_fused(x->data, w->data, b ? b->data : NULL, relu, kernel->data, rows, in, out)) {
+        fused_runs++;
+        ck_assert_int_eq(memcmp(kernel->data, infer->data, (size_t)infer->numel * sizeof(float)), 0);
+      }
+      double worst = 0;  // |difference| / bound, over the elements
+      for (int64_t r = 0; r < rows; r++)
+        for (int64_t o = 0; o < out; o++) {
+          double a = 0;
+          for (int64_t k = 0; k < in; k++) a += fabs((double)x->data[r * in + k] * w->data[o * in + k]);
+          double bound = u * ((2.03 * (double)in + 4.0) * a + 2.0 * (b ? fabs(b->data[o]) : 0.0));
+          double d = fabs((double)train->data[r * out + o] - infer->data[r * out + o]);
+          ck_assert_msg(d <= bound, "%lldx%lldx%lld bias %d relu %d: [%lld, %lld] differs by %.3g, bound %.3g",
+                        (long long)rows, (long long)in, (long long)out, with_bias, relu, (long long)r, (long long)o,
+                        d, bound);
+          if (d / bound > worst) worst = d / bound;
+        }
+      if (variant == 3) printf("linear %lldx%lldx%lld: inference within %.3g of the bound\n", (long long)rows,
+                               (long long)in, (long long)out, worst);
+      tensor_scope_release(mark);
+    }
+  // With oneDNN every inference call above ran the fused kernel (each gave its floats): the
+  // comparison was not of the training path with itself.
+  ck_assert_int_eq(fused_runs, DETR_HAVE_ONEDNN ? 28 : 0);
+}
+END_TEST
+
 // A weight pack (the weight's reordered copies kept between forwards) gives the same floats as
 // reordering each call, through changes of layout: channels last (oneDNN's brgemm convolution
 // above 128 channels, its own weight layout) and nchw (the direct one on blocked activations,
@@ -348,6 +405,7 @@ int main(void) {
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, folded_conv_within_bound);
   tcase_add_test(tc, post_ops_match_separate_ops);
+  tcase_add_test(tc, linear_fused_within_bound);
   tcase_add_test(tc, weight_pack_matches_reordering);
   if (DETR_HAVE_ONEDNN) tcase_add_exit_test(tc, weight_pack_refuses_another_weight, 1);
   tcase_add_exit_test(tc, fused_refuses_grad_mode, 1);

@@ -42,6 +42,13 @@ bool cpu_gemm_bf16_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int
 // previous width. For bench_ops, which times what bf16 would do below it.
 int64_t cpu_gemm_bf16_set_min_batched_width(int64_t width);
 TWIN_GEMM_BF16(cpu)
+// The inference path's linear layer (op_linear with nothing recorded): y [rows, out] = relu?(x [rows,
+// in] W^T + bias) on oneDNN's fp32 matmul with the bias (NULL: none) and ReLU as its epilogue - one
+// pass over y instead of sgemm's and the bias pass's two. False (nothing done) without oneDNN or
+// inside a parallel region: the caller runs cpu_gemm and cpu_add_row_bias. Sums in another order
+// than sgemm's: the training path's results within fp32 rounding, not its bits.
+bool cpu_linear_fused(const float *x, const float *w, const float *bias, bool relu, float *y, int64_t rows, int64_t in,
+                      int64_t out);
 
 // conv.c: im2col + sgemm, or oneDNN (conv_onednn.c) where it is the faster (bench/README.md).
 // workspace: cpu_conv2d_forward_workspace_floats(g) floats for the forward,

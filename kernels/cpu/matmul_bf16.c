@@ -2,6 +2,8 @@
 // then oneDNN's matmul primitive (its AVX512-BF16 / AMX kernels) writes C = alpha op(A) op(B) +
 // beta C in fp32, a strided batch in one call. PyTorch's CPU autocast runs the same ops on bf16
 // tensors and rounds C to bf16 as well; here C stays fp32 (one rounding less, the same speed).
+// And the inference path's linear layer in fp32 on the same primitive, its bias and ReLU fused as
+// the matmul's epilogue (cpu_linear_fused).
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
 
@@ -40,8 +42,12 @@ int64_t cpu_gemm_bf16_set_min_batched_width(int64_t width) {
   return before;
 }
 
+enum { EPILOGUE_BIAS = 1, EPILOGUE_RELU = 2 };  // GemmKey.epilogue: C = relu?(A B + bias)
+
 typedef struct {  // no padding bytes: keys are compared with memcmp
   int64_t trans_a, trans_b, m, n, k, batch, lda, ldb, stride_a, stride_b, ldc, stride_c;
+  int64_t f32;       // operands fp32 as given (cpu_linear_fused), else bf16
+  int64_t epilogue;  // EPILOGUE_* bits
   float alpha, beta;
 } GemmKey;
 
@@ -58,7 +64,7 @@ typedef struct {
 typedef struct {
   GemmKey key;
   dnnl_primitive_t prim;
-  dnnl_memory_desc_t a_md, b_md, c_md;
+  dnnl_memory_desc_t a_md, b_md, c_md, bias_md;  // bias_md: with EPILOGUE_BIAS
   OperandCopy a_copy, b_copy;
   uint64_t used;  // LRU stamp; 0: empty
 } GemmPrim;
@@ -100,25 +106,31 @@ static void operand_copy_run(const OperandCopy *c, const float *x, int64_t batch
 }
 
 // The matmul of a key: src [batch, m, k] and weights [batch, k, n] dense bf16 (transposed ones by
-// their strides), dst [batch, m, n] fp32 at C's strides; alpha as output scale, beta as a sum.
+// their strides; fp32 for an f32 key), dst [batch, m, n] fp32 at C's strides; alpha as output
+// scale, beta as a sum, then the epilogue's bias [n] and ReLU.
 static void gemm_prim_create(GemmPrim *p, const GemmKey *key) {
   int64_t m = key->m, n = key->n, k = key->k, B = key->batch;
   dnnl_dims_t ad = {B, m, k}, bd = {B, k, n}, cd = {B, m, n};
   dnnl_dims_t as = {m * k, key->trans_a ? 1 : k, key->trans_a ? m : 1};  // stored [k, m] when transposed
   dnnl_dims_t bs = {k * n, key->trans_b ? 1 : n, key->trans_b ? k : 1};  // stored [n, k] when transposed
   dnnl_dims_t cs = {key->stride_c, key->ldc, 1};
-  DNNL_CHECK(dnnl_memory_desc_init_by_strides(&p->a_md, 3, ad, dnnl_bf16, as));
-  DNNL_CHECK(dnnl_memory_desc_init_by_strides(&p->b_md, 3, bd, dnnl_bf16, bs));
+  dnnl_data_type_t operands = key->f32 ? dnnl_f32 : dnnl_bf16;
+  DNNL_CHECK(dnnl_memory_desc_init_by_strides(&p->a_md, 3, ad, operands, as));
+  DNNL_CHECK(dnnl_memory_desc_init_by_strides(&p->b_md, 3, bd, operands, bs));
   DNNL_CHECK(dnnl_memory_desc_init_by_strides(&p->c_md, 3, cd, dnnl_f32, cs));
+  dnnl_dims_t biasd = {1, 1, n};  // broadcast over the batch and the rows
+  if (key->epilogue & EPILOGUE_BIAS) DNNL_CHECK(dnnl_memory_desc_init_by_tag(&p->bias_md, 3, biasd, dnnl_f32, dnnl_abc));
   dnnl_matmul_desc_t d;
-  DNNL_CHECK(dnnl_matmul_desc_init(&d, &p->a_md, &p->b_md, NULL, &p->c_md));
+  DNNL_CHECK(dnnl_matmul_desc_init(&d, &p->a_md, &p->b_md, key->epilogue & EPILOGUE_BIAS ? &p->bias_md : NULL,
+                                   &p->c_md));
   dnnl_primitive_attr_t attr;
   DNNL_CHECK(dnnl_primitive_attr_create(&attr));
   if (key->alpha != 1.0f) DNNL_CHECK(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &key->alpha));
-  if (key->beta != 0.0f) {  // C = alpha AB + beta C
+  if (key->beta != 0.0f || (key->epilogue & EPILOGUE_RELU)) {  // C = relu?(alpha AB + bias + beta C)
     dnnl_post_ops_t po;
     DNNL_CHECK(dnnl_post_ops_create(&po));
-    DNNL_CHECK(dnnl_post_ops_append_sum(po, key->beta));
+    if (key->beta != 0.0f) DNNL_CHECK(dnnl_post_ops_append_sum(po, key->beta));
+    if (key->epilogue & EPILOGUE_RELU) DNNL_CHECK(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f));
     DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr, po));
     DNNL_CHECK(dnnl_post_ops_destroy(po));
   }
@@ -128,8 +140,9 @@ static void gemm_prim_create(GemmPrim *p, const GemmKey *key) {
   DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
   DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
   // As stored: A [m, k] (or [k, m] transposed) rows of lda; B [k, n] (or [n, k]) rows of ldb. A key
-  // of lda 0 is a GEMM on operands given in bf16 (cpu_gemm_bf16): nothing to convert.
-  if (key->lda) {
+  // of lda 0 is a GEMM on operands given in bf16 (cpu_gemm_bf16), an f32 key one on operands read as
+  // given: nothing to convert.
+  if (key->lda && !key->f32) {
     operand_copy_create(&p->a_copy, B, key->trans_a ? k : m, key->trans_a ? m : k, key->lda, key->stride_a);
     operand_copy_create(&p->b_copy, B, key->trans_b ? n : k, key->trans_b ? k : n, key->ldb, key->stride_b);
   }
@@ -176,24 +189,28 @@ static bool bf16_wanted(int64_t m, int64_t n, int64_t k, int64_t batch) {
 
 bool cpu_gemm_bf16_wanted(int64_t m, int64_t n, int64_t k) { return bf16_wanted(m, n, k, 1); }
 
-// C = alpha A B + beta C by p's matmul on dense bf16 operands.
-static void gemm_prim_run(const GemmPrim *p, const uint16_t *a16, const uint16_t *b16, float *c) {
-  dnnl_memory_t ma, mb, mc;
-  DNNL_CHECK(dnnl_memory_create(&ma, &p->a_md, engine, (void *)a16));
-  DNNL_CHECK(dnnl_memory_create(&mb, &p->b_md, engine, (void *)b16));
-  DNNL_CHECK(dnnl_memory_create(&mc, &p->c_md, engine, c));
-  dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
-  DNNL_CHECK(dnnl_primitive_execute(p->prim, stream, 3, args));
-  DNNL_CHECK(dnnl_memory_destroy(ma));
-  DNNL_CHECK(dnnl_memory_destroy(mb));
-  DNNL_CHECK(dnnl_memory_destroy(mc));
+// C = relu?(alpha A B + bias + beta C) by p's matmul on its operands (dense bf16, or fp32 for an
+// f32 key); bias [n] where the key's epilogue has one, else NULL.
+static void gemm_prim_run(const GemmPrim *p, const void *a, const void *b, const float *bias, float *c) {
+  dnnl_memory_t mem[4];
+  DNNL_CHECK(dnnl_memory_create(&mem[0], &p->a_md, engine, (void *)a));
+  DNNL_CHECK(dnnl_memory_create(&mem[1], &p->b_md, engine, (void *)b));
+  DNNL_CHECK(dnnl_memory_create(&mem[2], &p->c_md, engine, c));
+  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]}, {DNNL_ARG_DST, mem[2]}};
+  int n_args = 3;
+  if (p->key.epilogue & EPILOGUE_BIAS) {
+    DNNL_CHECK(dnnl_memory_create(&mem[3], &p->bias_md, engine, (void *)bias));
+    args[n_args++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, mem[3]};
+  }
+  DNNL_CHECK(dnnl_primitive_execute(p->prim, stream, n_args, args));
+  for (int i = 0; i < n_args; i++) DNNL_CHECK(dnnl_memory_destroy(mem[i]));
 }
 
 bool cpu_gemm_bf16_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                            int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, float beta,
                            float *c, int64_t ldc, int64_t stride_c, int64_t batch) {
   if (!bf16_wanted(m, n, k, batch)) return false;
-  _Static_assert(sizeof(GemmKey) == 12 * sizeof(int64_t) + 2 * sizeof(float), "GemmKey has padding bytes");
+  _Static_assert(sizeof(GemmKey) == 14 * sizeof(int64_t) + 2 * sizeof(float), "GemmKey has padding bytes");
   GemmKey key = {.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k, .batch = batch, .lda = lda,
                  .ldb = ldb, .stride_a = batch > 1 ? stride_a : 0, .stride_b = batch > 1 ? stride_b : 0, .ldc = ldc,
                  .stride_c = batch > 1 ? stride_c : m * ldc, .alpha = alpha, .beta = beta};
@@ -207,7 +224,7 @@ bool cpu_gemm_bf16_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int
   uint16_t *a16 = copies, *b16 = copies + na;
   operand_copy_run(&p->a_copy, a, batch, a16);
   operand_copy_run(&p->b_copy, b, batch, b16);
-  gemm_prim_run(p, a16, b16, c);
+  gemm_prim_run(p, a16, b16, NULL, c);
   return true;
 }
 
@@ -248,7 +265,17 @@ void cpu_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   DETR_CHECK(!omp_in_parallel(), "cpu_gemm_bf16: called inside a parallel region (its cache is shared)");
   GemmKey key = {.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k, .batch = 1, .ldc = ldc,
                  .stride_c = m * ldc, .alpha = alpha, .beta = beta};  // lda 0: operands already bf16
-  gemm_prim_run(gemm_prim_get(&key), a, b, c);
+  gemm_prim_run(gemm_prim_get(&key), a, b, NULL, c);
+}
+
+bool cpu_linear_fused(const float *x, const float *w, const float *bias, bool relu, float *y, int64_t rows, int64_t in,
+                      int64_t out) {
+  if (rows == 0 || in == 0 || out == 0 || omp_in_parallel()) return false;  // the caller's loops cover those
+  GemmKey key = {.trans_b = 1, .m = rows, .n = out, .k = in, .batch = 1, .lda = in, .ldb = in, .ldc = out,
+                 .stride_c = rows * out, .f32 = 1, .epilogue = (bias ? EPILOGUE_BIAS : 0) | (relu ? EPILOGUE_RELU : 0),
+                 .alpha = 1.0f, .beta = 0.0f};
+  gemm_prim_run(gemm_prim_get(&key), x, w, bias, y);
+  return true;
 }
 #else
 int64_t cpu_gemm_bf16_set_min_batched_width(int64_t width) {
@@ -272,6 +299,12 @@ bool cpu_gemm_bf16_wanted(int64_t m, int64_t n, int64_t k) {
 void cpu_round_bf16(const float *x, int64_t rows, int64_t cols, uint16_t *out) {
   (void)x, (void)rows, (void)cols, (void)out;
   DETR_FAIL("cpu_round_bf16: this build has no oneDNN (bf16 is refused without it)");
+}
+
+bool cpu_linear_fused(const float *x, const float *w, const float *bias, bool relu, float *y, int64_t rows, int64_t in,
+                      int64_t out) {
+  (void)x, (void)w, (void)bias, (void)relu, (void)y, (void)rows, (void)in, (void)out;
+  return false;  // sgemm and the bias pass, as in training
 }
 
 void cpu_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
