@@ -96,6 +96,8 @@ void autograd_profile_enable(bool on);
 void autograd_profile_reset(void);
 void autograd_profile_mark(void);  // restart the forward clock (e.g. at a step's start)
 void autograd_profile_report(FILE *f);
+// For an op that never records (inference only: op_conv2d_fused): its forward time, as a recorded op's.
+void autograd_profile_op(const char *name);
 
 // Zero-fills the .grad of each tensor that has one.
 void autograd_zero_grad(Tensor *const *params, int n);

@@ -178,6 +178,7 @@ static Tensor *conv2d_fused(Tensor *x, Tensor *weight, Tensor *bias, Tensor *res
   float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
   cpu_conv2d_forward_fused(x->data, weight->data, b, res, relu, y->data, &g, ws, pack);
   detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));
+  autograd_profile_op("conv2d_fused");
   return y;
 }
 
@@ -245,13 +246,14 @@ Tensor *op_maxpool2d(Tensor *x, int kernel, int stride, int pad, bool channels_l
   ConvGeom g = conv_geometry("maxpool2d", x->shape, channels_last, -1, kernel, kernel, stride, stride,
                              pad, pad, 1, 1);
   Tensor *y = tensor_new_scoped(x->device, conv_out_shape(&g));
-  size_t idx_bytes = (size_t)y->numel * sizeof(int32_t);
-  int32_t *argmax = detr_alloc(x->device, idx_bytes);  // y's shape, on x's device
+  // The indices only for a backward (y's shape, on x's device): inference keeps none.
+  size_t idx_bytes = autograd_records(1, &x) ? (size_t)y->numel * sizeof(int32_t) : 0;
+  int32_t *argmax = idx_bytes ? detr_alloc(x->device, idx_bytes) : NULL;
   DISPATCH(x->device, cpu_maxpool2d_forward(x->data, y->data, argmax, &g),
            cuda_maxpool2d_forward(x->data, y->data, argmax, &g));
   TapeNode *n = autograd_record("maxpool2d", maxpool_backward_node, y, 1, &x);
   if (n) *NODE_ATTRS(n, ConvGeom) = g;
-  node_take_block(n, x->device, argmax, idx_bytes);  // the node owns the indices now (or they are freed)
+  if (argmax) node_take_block(n, x->device, argmax, idx_bytes);  // the node owns the indices now
   return y;
 }
 

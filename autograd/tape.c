@@ -145,6 +145,10 @@ static void profile_forward(const char *name) {
   last_record_s = t;
 }
 
+void autograd_profile_op(const char *name) {
+  if (profiling) profile_forward(name);
+}
+
 TapeNode *autograd_record(const char *name, BackwardFn backward, Tensor *out, int n_in,
                           Tensor *const *in) {
   if (profiling) profile_forward(name);

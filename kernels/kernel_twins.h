@@ -59,7 +59,7 @@
 
 // conv.c/.cu: depthwise convolution (kernels/conv_math.h): w [C, k, k], bias [C] or NULL; the
 // backward accumulates into dx, dw, dbias (each may be NULL). Max pooling (argmax [B, C, HO, WO]).
-// Frozen batch norm, optionally fused with a residual add (residual: x's shape, or NULL) and ReLU:
+// argmax NULL: none kept (inference: no backward). Frozen batch norm, optionally fused with a residual add (residual: x's shape, or NULL) and ReLU:
 // y = relu?(x * scale[c] + shift[c] + residual); under ReLU relu_mask (or NULL) receives y > 0 as
 // bits (kernels/norm_math.h: relu_mask_byte). Backward: dx += g * scale[c], dresidual += g, with
 // g = dy masked by relu_mask under ReLU (read only then); dx, dresidual may be NULL;

@@ -307,16 +307,18 @@ END_TEST
 
 // The CPU max-pool (tap by tap over rows of outputs, stride 2 inlined) against a plain scan of each
 // window in tap order - the first maximum wins, a NaN always takes (maxpool_takes) - values and
-// argmax bit for bit, over kernels 1-4, strides 1-3, padding up to half the kernel, odd sizes, on
-// inputs full of ties, -inf and NaN.
+// argmax bit for bit, over kernels 1-4, strides 1-3, padding up to half the kernel, odd sizes, 3
+// and 20 channels (channels last without argmax: a block of 16 and a rest), on inputs full of
+// ties, -inf and NaN. Without argmax (inference) both layouts give the same floats.
 START_TEST(maxpool_matches_window_scan) {
   float vals[] = {0.0f, 1.0f, 1.0f, -1.0f, 2.0f, -INFINITY, NAN, 2.0f};
   int cases = 0;
+  for (int channels = 3; channels <= 20; channels += 17)
   for (int k = 1; k <= 4; k++)
     for (int stride = 1; stride <= 3; stride++)
       for (int pad = 0; 2 * pad <= k; pad++)
         for (int size = k; size <= 11; size += 3) {
-          ConvGeom g = {.batch = 2, .in_ch = 3, .in_h = size, .in_w = size + 2, .out_ch = 3, .kh = k, .kw = k,
+          ConvGeom g = {.batch = 2, .in_ch = channels, .in_h = size, .in_w = size + 2, .out_ch = channels, .kh = k, .kw = k,
                         .stride_h = stride, .stride_w = stride, .pad_h = pad, .pad_w = pad, .dil_h = 1, .dil_w = 1};
           g.out_h = conv_out_size(g.in_h, k, stride, pad, 1), g.out_w = conv_out_size(g.in_w, k, stride, pad, 1);
           int64_t nx = g.batch * g.in_ch * g.in_h * g.in_w, ny = g.batch * g.in_ch * g.out_h * g.out_w;
@@ -357,11 +359,19 @@ START_TEST(maxpool_matches_window_scan) {
                           "channels last: k %d stride %d pad %d size %d, output %lld: %g at %d, want %g at %d", k,
                           stride, pad, size, (long long)o, yl[ol], atl[ol], y[o], at[o]);
           }
+          // Without argmax: the same floats, both layouts.
+          cpu_maxpool2d_forward(x, y, NULL, &g);
+          cpu_maxpool2d_forward(xl, yl, NULL, &gl);
+          for (int64_t o = 0; o < ny; o++) {
+            int64_t ol = conv_offset(1, o / (C * OHW), o / OHW % C, o % OHW, C, OHW);
+            ck_assert_msg(!memcmp(&yl[ol], &y[o], 4), "no argmax: k %d stride %d pad %d size %d C %d, output %lld: "
+                          "channels last %g, nchw %g", k, stride, pad, size, channels, (long long)o, yl[ol], y[o]);
+          }
           free(xl), free(yl), free(atl);
           free(x), free(y), free(at);
           cases++;
         }
-  ck_assert_int_gt(cases, 50);
+  ck_assert_int_gt(cases, 100);
 }
 END_TEST
 

@@ -543,7 +543,7 @@ extern "C" void cuda_conv2d_backward(const float *x, const float *w, const float
 
 // x [B, C, in_h, in_w] -> y, argmax [B, C, out_h, out_w] (channels last: [B, in_h, in_w, C] ->
 // [B, out_h, out_w, C]); argmax is the position iy * in_w + ix within the input plane (-1 for a
-// window with no input pixel, which padding <= kernel / 2 rules out).
+// window with no input pixel, which padding <= kernel / 2 rules out), or NULL (none kept).
 __global__ void maxpool2d_forward_kernel(const float *x, float *y, int32_t *argmax, ConvGeom g, int64_t total) {
   GRID_STRIDE_LOOP(o, total) {
     int64_t b, c, s;
@@ -565,7 +565,7 @@ __global__ void maxpool2d_forward_kernel(const float *x, float *y, int32_t *argm
       }
     }
     y[o] = best;
-    argmax[o] = best_at;
+    if (argmax) argmax[o] = best_at;
   }
 }
 
