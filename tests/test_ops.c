@@ -476,6 +476,44 @@ START_TEST(dropout_matches_philox_definition) {
 }
 END_TEST
 
+// Layer norm's forward sums rows side by side (LN_ROWS at a time) but each row in order: against
+// one row at a time (each sum a chain over the row, the norm_math.h formulas), output, mean and rstd
+// bit for bit, for row counts that fill groups and leave a rest (1-9), widths 1-256, with weight and
+// bias or without.
+START_TEST(layernorm_rows_side_by_side_bit_for_bit) {
+  static const int64_t widths[] = {1, 5, 128, 256};
+  Rng rng = rng_make(21);
+  for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
+    for (int64_t rows = 1; rows <= 9; rows++)
+      for (int affine = 0; affine < 2; affine++) {
+        int64_t n = widths[wi], N = rows * n;
+        float *buf = malloc(sizeof(float) * (size_t)(3 * N + 2 * n + 4 * rows));
+        ck_assert(buf);
+        float *x = buf, *y = x + N, *want = y + N, *w = want + N, *b = w + n, *mean = b + n, *rstd = mean + rows;
+        float *want_mean = rstd + rows, *want_rstd = want_mean + rows;
+        for (int64_t i = 0; i < N; i++) x[i] = 6.0f * rng_next_uniform(&rng) - 1.5f;
+        for (int64_t j = 0; j < n; j++) w[j] = 0.5f + rng_next_uniform(&rng), b[j] = rng_next_uniform(&rng) - 0.5f;
+        const float *wp = affine ? w : NULL, *bp = affine ? b : NULL;
+        cpu_layernorm_forward(x, wp, bp, y, mean, rstd, rows, n, 1e-5f);
+        for (int64_t r = 0; r < rows; r++) {
+          const float *xr = x + r * n;
+          double s = 0.0, ss = 0.0;
+          for (int64_t j = 0; j < n; j++) s += xr[j];
+          double mu = s / (double)n;
+          for (int64_t j = 0; j < n; j++) ss += (xr[j] - mu) * (xr[j] - mu);
+          want_mean[r] = (float)mu, want_rstd[r] = layernorm_rstd(ss, n, 1e-5f);
+          for (int64_t j = 0; j < n; j++)
+            want[r * n + j] = layernorm_elem(xr[j], want_mean[r], want_rstd[r], wp ? wp[j] : 1.0f, bp ? bp[j] : 0.0f);
+        }
+        ck_assert_msg(!memcmp(y, want, sizeof(float) * (size_t)N) && !memcmp(mean, want_mean, sizeof(float) * (size_t)rows) &&
+                          !memcmp(rstd, want_rstd, sizeof(float) * (size_t)rows),
+                      "%lld rows of %lld (affine %d): not the one-row-at-a-time floats", (long long)rows, (long long)n,
+                      affine);
+        free(buf);
+      }
+}
+END_TEST
+
 START_TEST(softmax_with_mask_and_layernorm) {
   float x[6] = {1, 2, 3, 1, 2, 3};
   float m[6] = {0, 0, 0, 0, -INFINITY, -INFINITY};
@@ -747,6 +785,7 @@ int main(void) {
   tcase_add_test(tc, frozen_bn_channels_last_matches_nchw);
   tcase_add_test(tc, dropout_matches_philox_definition);
   tcase_add_test(tc, softmax_with_mask_and_layernorm);
+  tcase_add_test(tc, layernorm_rows_side_by_side_bit_for_bit);
   tcase_add_test(tc, exp_poly_accuracy);
   tcase_add_test(tc, softmax_vector_path_matches_element_math);
   tcase_add_test(tc, cross_entropy_l1_and_giou_values);
