@@ -374,8 +374,11 @@ static Prepared prepare(const detr_model *m, Image *img) {
   p.h = img->h, p.w = img->w;
   int64_t HW = (int64_t)p.h * p.w;
   p.pixels = detr_malloc((size_t)(3 * HW) * sizeof(float), "image pixels");
-  for (int c = 0; c < 3; c++)
-    for (int64_t i = 0; i < HW; i++) p.pixels[c * HW + i] = m->lut[c][img->data[i * 3 + c]];
+  float *r = p.pixels, *g = r + HW, *b = g + HW;  // planes; the bytes read once, in order
+  for (int64_t i = 0; i < HW; i++) {
+    const unsigned char *px = img->data + i * 3;
+    r[i] = m->lut[0][px[0]], g[i] = m->lut[1][px[1]], b[i] = m->lut[2][px[2]];
+  }
   image_free(img);
   return p;
 }
@@ -383,6 +386,11 @@ static Prepared prepare(const detr_model *m, Image *img) {
 // The batch of n prepared images padded to [n, 3, H, W] (zeros: the reference pads the normalized
 // tensor) with the mask [n, H, W] (1 = padding).
 static void pad_batch(const Prepared *p, int n, int64_t H, int64_t W, float *pixels, uint8_t *mask) {
+  if (n == 1) {  // one image is the batch's size: no padding
+    memcpy(pixels, p[0].pixels, (size_t)(3 * H * W) * sizeof(float));
+    memset(mask, 0, (size_t)(H * W));
+    return;
+  }
   memset(pixels, 0, (size_t)(n * 3 * H * W) * sizeof(float));
   memset(mask, 1, (size_t)(n * H * W));
   for (int b = 0; b < n; b++)

@@ -83,8 +83,7 @@ void cpu_softmax_backward(const float *y, const float *dy, float *dx, int64_t ro
 // The sums of LN_ROWS rows side by side, each row's still in order (the same doubles as one row at
 // a time): a row of 128-256 is two chains of dependent double adds, latency-bound alone. The main
 // job's model: 260 -> 140 us of layer norm a forward (inference, 1 thread), 10.1 -> 6.1 ms over 20
-// training steps (bench_step --profile; an earlier grouping of the forward, measured slower, summed
-// differently).
+// training steps (bench_step --profile).
 enum { LN_ROWS = 4 };
 
 // mean and sum of squared deviations of rows r0 .. r0 + cnt - 1 (cnt <= LN_ROWS) of x [., n].
