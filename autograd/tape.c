@@ -72,8 +72,12 @@ void autograd_profile_report(FILE *f) {
     fprintf(f, "%-22s %8lld %10.1f %10.1f %6.1f%% %12s\n", p->name, (long long)p->calls, p->forward_s * 1e3,
             p->backward_s * 1e3, total > 0 ? 100.0 * t / total : 0.0, rate);
   }
-  fprintf(f, "total %.1f ms recorded; GEMM-shaped ops (matmul, bmm, linear, conv2d) %.1f%% of it\n", total * 1e3,
-          total > 0 ? 100.0 * gemm / total : 0.0);
+  if (gemm > 0)
+    fprintf(f, "total %.1f ms recorded; GEMM-shaped ops (matmul, bmm, linear, conv2d) %.1f%% of it\n", total * 1e3,
+            100.0 * gemm / total);
+  else  // ops count their FLOPs on their tape nodes
+    fprintf(f, "total %.1f ms; no GEMM-shaped op recorded (a forward without a tape): no rates, no GEMM share\n",
+            total * 1e3);
 }
 
 static bool grad_enabled = true;
