@@ -288,8 +288,10 @@ static Tensor *linear(Tensor *x, Tensor *weight, Tensor *bias, bool relu, float 
   bool rounded = linear_rounds_once(x->device, rows, in, out);
   uint16_t *rounded_block = NULL;
   size_t rounded_bytes = 0;
-  // Inference (nothing recorded) on the CPU in fp32: the bias and ReLU fused into the GEMM.
+  // Inference (nothing recorded) on the CPU where the GEMM runs in fp32 (bf16 mode rounds larger
+  // ones): the bias and ReLU fused into it.
   bool fused = !rounded && x->device == DEVICE_CPU && !autograd_records(3, inputs) &&
+               !gemm_bf16_wanted(x->device, rows, out, in) &&
                cpu_linear_fused(x->data, weight->data, bias ? bias->data : NULL, relu, y->data, rows, in, out);
   if (rounded) {
     linear_forward_rounded(x->device, x, weight, rows, in, out, y->data, &rounded_block, &rounded_bytes);

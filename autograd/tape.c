@@ -14,6 +14,7 @@ typedef struct {
   const char *name;
   int64_t calls;
   double forward_s, backward_s, flops;
+  double recorded_s;  // the recorded calls' forward and backward time: the time flops counts
 } OpProfile;
 
 static bool profiling = false;
@@ -66,14 +67,15 @@ void autograd_profile_report(FILE *f) {
   for (int i = 0; i < profile_count; i++) {
     const OpProfile *p = &sorted[i];
     double t = p->forward_s + p->backward_s;
-    // Backward of a GEMM-shaped op does twice the forward's multiply-adds.
+    // Backward of a GEMM-shaped op does twice the forward's multiply-adds; the rate is over the
+    // recorded calls alone (an unrecorded one - a frozen layer's, a forward without grad - counts no FLOPs).
     char rate[32] = "";
-    if (p->flops > 0 && t > 0) snprintf(rate, sizeof rate, "%.1f", 3.0 * p->flops / t * 1e-9);
+    if (p->flops > 0 && p->recorded_s > 0) snprintf(rate, sizeof rate, "%.1f", 3.0 * p->flops / p->recorded_s * 1e-9);
     fprintf(f, "%-22s %8lld %10.1f %10.1f %6.1f%% %12s\n", p->name, (long long)p->calls, p->forward_s * 1e3,
             p->backward_s * 1e3, total > 0 ? 100.0 * t / total : 0.0, rate);
   }
   if (gemm > 0)
-    fprintf(f, "total %.1f ms recorded; GEMM-shaped ops (matmul, bmm, linear, conv2d) %.1f%% of it\n", total * 1e3,
+    fprintf(f, "total %.1f ms; GEMM-shaped ops (matmul, bmm, linear, conv2d) %.1f%% of it\n", total * 1e3,
             100.0 * gemm / total);
   else  // ops count their FLOPs on their tape nodes
     fprintf(f, "total %.1f ms; no GEMM-shaped op recorded (a forward without a tape): no rates, no GEMM share\n",
@@ -138,25 +140,30 @@ bool autograd_records(int n_in, Tensor *const *in) {
 }
 
 // The op named ran since the previous record (or mark): its forward time, counted whether or not
-// it is recorded, so that a forward without a tape (inference) has a profile too.
-static void profile_forward(const char *name) {
-  double t = now_s();
+// it is recorded, so that a forward without a tape (inference) has a profile too. Returns it.
+static double profile_forward(const char *name) {
+  double t = now_s(), took = t - last_record_s;
   OpProfile *p = profile_entry(name);
   if (p) {
     p->calls++;
-    p->forward_s += t - last_record_s;
+    p->forward_s += took;
   }
   last_record_s = t;
+  return took;
 }
 
 void autograd_profile_op(const char *name) {
-  if (profiling) profile_forward(name);
+  if (profiling) (void)profile_forward(name);
 }
 
 TapeNode *autograd_record(const char *name, BackwardFn backward, Tensor *out, int n_in,
                           Tensor *const *in) {
-  if (profiling) profile_forward(name);
+  double took = profiling ? profile_forward(name) : 0.0;
   if (!autograd_records(n_in, in)) return NULL;
+  if (profiling) {
+    OpProfile *p = profile_entry(name);
+    if (p) p->recorded_s += took;
+  }
   DETR_CHECK(n_in <= NODE_MAX_INPUTS, "autograd_record(%s): %d inputs, at most %d", name, n_in,
              NODE_MAX_INPUTS);
   if (tape_count == tape_capacity) {
@@ -231,7 +238,9 @@ void autograd_backward_with(Tensor *out, const Tensor *grad_out) {
       if (profiling) {
         OpProfile *p = profile_entry(n->name);
         if (p) {
-          p->backward_s += now_s() - t0;
+          double took = now_s() - t0;
+          p->backward_s += took;
+          p->recorded_s += took;
           p->flops += n->flops;
         }
       }

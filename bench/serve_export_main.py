@@ -24,9 +24,9 @@ outputs "pred_logits" and "pred_boxes"), the picture as binary PPM (bench_serve 
 normalized tensor (serve_time.py --input), detr-c's detections and PyTorch's outputs.
 
 ENACT's regions are fixed in the ONNX graphs. They depend on the data (runs of equal curvature sign of
-each encoder layer's smoothed entropy map: how many, and where, change with the picture), and ONNX has
-no such data-dependent shapes. So the regions are those the model finds on this picture (recorded in
-an eager forward) and each export clusters with them as a constant [L, N] assignment, through ops
+each encoder layer's smoothed entropy map: how many, and where, change with the picture), and torch
+1.13's tracer would record the region finding's Python loops as constants anyway. So the regions are
+those the model finds on this picture (recorded in an eager forward) and each export clusters with them as a constant [L, N] assignment, through ops
 opset 12 has (a softmax of the smoothed entropy masked to each region, then a matmul; the eager
 module's scatters have none). The graphs therefore compute the model on this picture only (and on
 copies of it): fine for timing on it, not a general export. The entropy, smoothing, cluster weights

@@ -714,7 +714,7 @@ static void maxpool2d_forward_cl(const float *x, float *y, int32_t *argmax, cons
 // Channels last without argmax (inference): a block of up to POOL_CL_BLOCK channels of one output
 // pixel at a time, its maxima held in registers over the window's taps (in torch's order) and
 // stored once - where the kernel above loads and stores the running best and its index at every
-// tap. The main job's stem pool (16 channels): 250 -> ~40 us a 223x213 image (bench/README.md).
+// tap. The main job's stem pool (16 channels): 250 -> 127 us a 223x213 picture, 1 thread (bench/README.md).
 enum { POOL_CL_BLOCK = 16 };
 
 // The POOL_CL_BLOCK-or-fewer channels c0.. of output pixel (b, oy, ox) into y (the pixel's [C]).
