@@ -63,8 +63,6 @@ DETR_HD int64_t conv_in_coord(int64_t o, int64_t k, int stride, int pad, int dil
 DETR_HD int maxpool_takes(float v, float best, int32_t best_at) {
   return (best_at < 0) | (v > best) | (v != v);
 }
-// The same choice where no argmax is kept, after a first tap taken as it is: the same value.
-DETR_HD float maxpool_max(float best, float v) { return ((v > best) | (v != v)) ? v : best; }
 
 // The output coordinates o whose window can read input coordinate i (o * stride - pad + k * dil
 // == i for some tap k < kernel): o in [*lo, *hi], empty when *lo > *hi. A superset where

@@ -308,7 +308,7 @@ END_TEST
 // The CPU max-pool (tap by tap over rows of outputs, stride 2 inlined) against a plain scan of each
 // window in tap order - the first maximum wins, a NaN always takes (maxpool_takes) - values and
 // argmax bit for bit, over kernels 1-4, strides 1-3, padding up to half the kernel, odd sizes, 3
-// and 20 channels (channels last without argmax: a block of 16 and a rest), on inputs full of
+// and 20 channels (channels last runs blocks of 16 channels: one and a rest), on inputs full of
 // ties, -inf and NaN. Without argmax (inference) both layouts give the same floats.
 START_TEST(maxpool_matches_window_scan) {
   float vals[] = {0.0f, 1.0f, 1.0f, -1.0f, 2.0f, -INFINITY, NAN, 2.0f};

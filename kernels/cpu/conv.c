@@ -679,51 +679,25 @@ static inline __attribute__((always_inline)) void pool_row_taps(const float *x, 
   }
 }
 
-// Channels last: the window's taps in torch's order for all channels of a pixel at once (the
-// channels are contiguous: the compare and select vectorize across them). argmax [B, HO, WO, C]
-// holds the input position iy * in_w + ix, as the nchw kernel's.
-static void maxpool2d_forward_cl(const float *x, float *y, int32_t *argmax, const ConvGeom *g) {
-  int64_t C = g->in_ch;
-#pragma omp parallel for schedule(static) if (g->batch * g->out_h * g->out_w * C > PARALLEL_MIN_LIGHT)
-  for (int64_t r = 0; r < g->batch * g->out_h; r++) {  // one output row of one image
-    int64_t b = r / g->out_h, oy = r % g->out_h;
-    for (int64_t ox = 0; ox < g->out_w; ox++) {
-      float *best = y + (r * g->out_w + ox) * C;     // [C]
-      int32_t *at = argmax + (r * g->out_w + ox) * C;  // [C], -1: no tap taken yet
-      for (int64_t c = 0; c < C; c++) best[c] = -FLT_MAX, at[c] = -1;
-      for (int64_t ky = 0; ky < g->kh; ky++) {
-        int64_t iy = conv_in_coord(oy, ky, g->stride_h, g->pad_h, g->dil_h);
-        if (iy < 0 || iy >= g->in_h) continue;
-        for (int64_t kx = 0; kx < g->kw; kx++) {
-          int64_t ix = conv_in_coord(ox, kx, g->stride_w, g->pad_w, g->dil_w);
-          if (ix < 0 || ix >= g->in_w) continue;
-          const float *xp = x + ((b * g->in_h + iy) * g->in_w + ix) * C;
-          int32_t pos = (int32_t)(iy * g->in_w + ix);
-#pragma omp simd
-          for (int64_t c = 0; c < C; c++) {
-            bool take = maxpool_takes(xp[c], best[c], at[c]);
-            best[c] = take ? xp[c] : best[c];
-            at[c] = take ? pos : at[c];
-          }
-        }
-      }
-    }
-  }
-}
-
-// Channels last without argmax (inference): a block of up to POOL_CL_BLOCK channels of one output
-// pixel at a time, its maxima held in registers over the window's taps (in torch's order) and
-// stored once - where the kernel above loads and stores the running best and its index at every
-// tap. The main job's stem pool (16 channels): 250 -> 127 us a 223x213 picture, 1 thread (bench/README.md).
+// Channels last: the window's taps in torch's order for a block of up to POOL_CL_BLOCK channels of
+// one output pixel at a time (the channels are contiguous: the compare and select vectorize across
+// them), the block's maxima - and their taps' input positions iy * in_w + ix, as the nchw kernel's
+// argmax, where one is kept - held in registers over the window and stored once. Against the kernel
+// before it, which loaded and stored the running best and its index at every tap, on the main job's
+// stem pool (16 channels): inference 250 -> 127 us a 223x213 picture (1 thread), training's forward
+// 9.7-12.6 -> 5.0-5.6 ms over 20 steps (bench/README.md).
 enum { POOL_CL_BLOCK = 16 };
 
-// The POOL_CL_BLOCK-or-fewer channels c0.. of output pixel (b, oy, ox) into y (the pixel's [C]).
-static inline __attribute__((always_inline)) void pool_pixel_block(const float *x, float *y, const ConvGeom *g,
-                                                                   int64_t b, int64_t oy, int64_t ox, int64_t c0,
-                                                                   int64_t n) {
-  float best[POOL_CL_BLOCK];  // -FLT_MAX where the window has no tap, as maxpool2d_forward_cl
-  for (int64_t c = 0; c < POOL_CL_BLOCK; c++) best[c] = -FLT_MAX;
-  bool first = true;
+// The POOL_CL_BLOCK-or-fewer channels c0.. of output pixel (b, oy, ox) into y and, with_argmax,
+// argmax (the pixel's [C] each). A literal with_argmax at each call: the indices cost nothing
+// without.
+static inline __attribute__((always_inline)) void pool_pixel_block(const float *x, float *y, int32_t *argmax,
+                                                                   bool with_argmax, const ConvGeom *g, int64_t b,
+                                                                   int64_t oy, int64_t ox, int64_t c0, int64_t n) {
+  float best[POOL_CL_BLOCK];  // -FLT_MAX and -1 where the window has no tap
+  int32_t at[POOL_CL_BLOCK];  // read only with_argmax
+  for (int64_t c = 0; c < POOL_CL_BLOCK; c++) best[c] = -FLT_MAX, at[c] = -1;
+  bool first = true;  // the first tap is taken as it is (maxpool_takes with nothing taken yet)
   for (int64_t ky = 0; ky < g->kh; ky++) {
     int64_t iy = conv_in_coord(oy, ky, g->stride_h, g->pad_h, g->dil_h);
     if (iy < 0 || iy >= g->in_h) continue;
@@ -731,39 +705,54 @@ static inline __attribute__((always_inline)) void pool_pixel_block(const float *
       int64_t ix = conv_in_coord(ox, kx, g->stride_w, g->pad_w, g->dil_w);
       if (ix < 0 || ix >= g->in_w) continue;
       const float *xp = x + ((b * g->in_h + iy) * g->in_w + ix) * g->in_ch + c0;
+      int32_t pos = (int32_t)(iy * g->in_w + ix);
       if (first) {
 #pragma omp simd
-        for (int64_t c = 0; c < n; c++) best[c] = xp[c];
+        for (int64_t c = 0; c < n; c++) best[c] = xp[c], at[c] = pos;
       } else {
 #pragma omp simd
-        for (int64_t c = 0; c < n; c++) best[c] = maxpool_max(best[c], xp[c]);
+        for (int64_t c = 0; c < n; c++) {
+          bool take = maxpool_takes(xp[c], best[c], 0);  // a tap is taken (the first)
+          best[c] = take ? xp[c] : best[c];
+          if (with_argmax) at[c] = take ? pos : at[c];
+        }
       }
       first = false;
     }
   }
   for (int64_t c = 0; c < n; c++) y[c0 + c] = best[c];
+  if (with_argmax)
+    for (int64_t c = 0; c < n; c++) argmax[c0 + c] = at[c];
 }
 
-// One output row (image b, row oy) of y [B, HO, WO, C].
-CPU_AVX2_CLONES static void maxpool_row_cl(const float *x, float *y, const ConvGeom *g, int64_t b, int64_t oy) {
+// The pixels of output row (image b, row oy) of y and, with_argmax, argmax [B, HO, WO, C].
+static inline __attribute__((always_inline)) void pool_row_blocks(const float *x, float *y, int32_t *argmax,
+                                                                  bool with_argmax, const ConvGeom *g, int64_t b,
+                                                                  int64_t oy) {
   int64_t C = g->in_ch;
   for (int64_t ox = 0; ox < g->out_w; ox++) {
-    float *yp = y + ((b * g->out_h + oy) * g->out_w + ox) * C;
+    int64_t pixel = ((b * g->out_h + oy) * g->out_w + ox) * C;
+    int32_t *ap = with_argmax ? argmax + pixel : NULL;
     int64_t c0 = 0;
     for (; c0 + POOL_CL_BLOCK <= C; c0 += POOL_CL_BLOCK)  // a literal width: the block stays in registers
-      pool_pixel_block(x, yp, g, b, oy, ox, c0, POOL_CL_BLOCK);
-    if (c0 < C) pool_pixel_block(x, yp, g, b, oy, ox, c0, C - c0);
+      pool_pixel_block(x, y + pixel, ap, with_argmax, g, b, oy, ox, c0, POOL_CL_BLOCK);
+    if (c0 < C) pool_pixel_block(x, y + pixel, ap, with_argmax, g, b, oy, ox, c0, C - c0);
   }
+}
+
+// One output row; argmax NULL: none kept (inference).
+CPU_AVX2_CLONES static void maxpool_row_cl(const float *x, float *y, int32_t *argmax, const ConvGeom *g, int64_t b,
+                                           int64_t oy) {
+  if (argmax)
+    pool_row_blocks(x, y, argmax, true, g, b, oy);
+  else
+    pool_row_blocks(x, y, NULL, false, g, b, oy);
 }
 
 void cpu_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const ConvGeom *g) {
-  if (g->channels_last && !argmax) {
-#pragma omp parallel for schedule(static) if (g->batch * g->out_h * g->out_w * g->in_ch > PARALLEL_MIN_LIGHT)
-    for (int64_t r = 0; r < g->batch * g->out_h; r++) maxpool_row_cl(x, y, g, r / g->out_h, r % g->out_h);
-    return;
-  }
   if (g->channels_last) {
-    maxpool2d_forward_cl(x, y, argmax, g);
+#pragma omp parallel for schedule(static) if (g->batch * g->out_h * g->out_w * g->in_ch > PARALLEL_MIN_LIGHT)
+    for (int64_t r = 0; r < g->batch * g->out_h; r++) maxpool_row_cl(x, y, argmax, g, r / g->out_h, r % g->out_h);
     return;
   }
   int64_t planes = g->batch * g->in_ch;
