@@ -290,7 +290,8 @@ static Tensor *linear(Tensor *x, Tensor *weight, Tensor *bias, bool relu, float 
   size_t rounded_bytes = 0;
   // Inference (nothing recorded) on the CPU where the GEMM runs in fp32 (bf16 mode rounds larger
   // ones): the bias and ReLU fused into it.
-  bool fused = !rounded && x->device == DEVICE_CPU && !autograd_records(3, inputs) &&
+  // (Where the GEMM is fp32, linear_rounds_once is false: fused and rounded never meet.)
+  bool fused = x->device == DEVICE_CPU && !autograd_records(3, inputs) &&
                !gemm_bf16_wanted(x->device, rows, out, in) &&
                cpu_linear_fused(x->data, weight->data, bias ? bias->data : NULL, relu, y->data, rows, in, out);
   if (rounded) {

@@ -140,30 +140,31 @@ bool autograd_records(int n_in, Tensor *const *in) {
 }
 
 // The op named ran since the previous record (or mark): its forward time, counted whether or not
-// it is recorded, so that a forward without a tape (inference) has a profile too. Returns it.
-static double profile_forward(const char *name) {
-  double t = now_s(), took = t - last_record_s;
+// it is recorded, so that a forward without a tape (inference) has a profile too. Returns its entry
+// (NULL when the table is full) and the time in *took.
+static OpProfile *profile_forward(const char *name, double *took) {
+  double t = now_s();
+  *took = t - last_record_s;
+  last_record_s = t;
   OpProfile *p = profile_entry(name);
   if (p) {
     p->calls++;
-    p->forward_s += took;
+    p->forward_s += *took;
   }
-  last_record_s = t;
-  return took;
+  return p;
 }
 
 void autograd_profile_op(const char *name) {
-  if (profiling) (void)profile_forward(name);
+  double took;
+  if (profiling) (void)profile_forward(name, &took);
 }
 
 TapeNode *autograd_record(const char *name, BackwardFn backward, Tensor *out, int n_in,
                           Tensor *const *in) {
-  double took = profiling ? profile_forward(name) : 0.0;
+  double took = 0.0;
+  OpProfile *profiled = profiling ? profile_forward(name, &took) : NULL;
   if (!autograd_records(n_in, in)) return NULL;
-  if (profiling) {
-    OpProfile *p = profile_entry(name);
-    if (p) p->recorded_s += took;
-  }
+  if (profiled) profiled->recorded_s += took;
   DETR_CHECK(n_in <= NODE_MAX_INPUTS, "autograd_record(%s): %d inputs, at most %d", name, n_in,
              NODE_MAX_INPUTS);
   if (tape_count == tape_capacity) {
