@@ -41,7 +41,6 @@ import argparse
 import json
 import os
 import re
-import struct
 import sys
 import warnings
 from collections import OrderedDict
@@ -64,9 +63,8 @@ TRAINING_ONLY = ("train_backbone", "frozen_stages", "dropout", "aux_loss", "tf32
 def read_checkpoint(path):
     """(model_config as a dict of strings, the model's tensors as numpy) of a detr-c checkpoint."""
     import parity_step
-    with open(path, "rb") as f:
-        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
-    text = header.get("__metadata__", {}).get("model_config")
+    tensors, metadata = parity_step.read_safetensors(path, with_metadata=True)
+    text = metadata.get("model_config")
     if text is None:
         sys.exit(f"serve_export_main: {path} has no model_config in its metadata: not a detr-c checkpoint")
     cfg = dict(line.split("=", 1) for line in text.splitlines() if line.strip())
@@ -75,8 +73,7 @@ def read_checkpoint(path):
     if unknown or wrong:
         sys.exit(f"serve_export_main: {path}: this builder does not build {', '.join(wrong + unknown)} "
                  f"(it builds {'; '.join(f'{k} in {sorted(v)}' for k, v in BUILT.items())})")
-    tensors = {k: v for k, v in parity_step.read_safetensors(path).items() if not k.startswith("optim.")}
-    return cfg, tensors
+    return cfg, {k: v for k, v in tensors.items() if not k.startswith("optim.")}
 
 
 def resnet_body(depth, width, stages, norm):

@@ -83,7 +83,8 @@ def write_safetensors(path, tensors):
             f.write(b)
 
 
-def read_safetensors(path):
+def read_safetensors(path, with_metadata=False):
+    """The file's tensors by name; with_metadata: (tensors, its __metadata__ dict)."""
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(n))
@@ -94,7 +95,7 @@ def read_safetensors(path):
             continue
         a, b = e["data_offsets"]
         out[name] = np.frombuffer(buf[a:b], dtype=DTYPES[e["dtype"]]).reshape(e["shape"])
-    return out
+    return (out, header.get("__metadata__", {})) if with_metadata else out
 
 
 def sine_embed_for_position(features):
