@@ -114,17 +114,7 @@ if [ -n "$checkpoint" ] && [ -z "$repo" ]; then  # detr-c alone on its own model
         --threads "$t" --reps "$reps" --batch "$batch" >> "$out"
     done
   done
-  /usr/bin/python3 - "$out" <<'PY'
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-r0 = rows[0]
-print(f"{r0['config']} {r0['height']}x{r0['width']}, batch {r0['batch']}, detr-c alone, median over {len(rows)} runs:")
-for t in sorted({r["threads"] for r in rows}):
-    for impl in sorted({r["impl"] for r in rows}):
-        rs = [r for r in rows if r["threads"] == t and r["impl"] == impl]
-        print(f"  {t} thread{'s' if t > 1 else ' '} {impl:12s} latency {statistics.median(r['latency_s'] for r in rs):7.4f} s"
-              f"   {statistics.median(r['images_per_s'] for r in rs):7.2f} images/s at batch {r0['batch']}")
-PY
+  report "$out"  # detr-c's lines alone: no ratio
   rm -f "$out"
   exit 0
 fi
