@@ -57,8 +57,61 @@ Tensor *attention_heads(const NnCtx *ctx, Tensor *q, Tensor *k, Tensor *v, int64
   return mha_merge_heads(nn_dropout_bmm(ctx, attn, vh, dropout), B);  // [B, Lq, h * dv]
 }
 
+bool attention_fold_pays(int64_t Q, int64_t L, int64_t d, int64_t heads, const int64_t *din, int n_terms,
+                         int64_t dv_in) {
+  // multiply-adds per image: the projections of the keys and values and the per-head products,
+  // against the projections of the queries and the outputs and products over the inputs' width
+  int64_t projected = L * d * dv_in + Q * L * d * (n_terms + 1), folded = Q * d * dv_in + heads * Q * L * dv_in;
+  for (int t = 0; t < n_terms; t++) projected += L * d * din[t], folded += Q * d * din[t] + heads * Q * L * din[t];
+  return folded < projected;
+}
+
+// [B, Q, heads * hd] -> [heads, B * Q, hd]
+static Tensor *heads_first(Tensor *x, int64_t heads) {
+  int64_t B = x->shape.d[0], Q = x->shape.d[1], hd = x->shape.d[2] / heads;
+  return op_reshape(op_permute(op_reshape(x, SHAPE(B, Q, heads, hd)), (const int[]){2, 0, 1, 3}), SHAPE(heads, B * Q, hd));
+}
+
+Tensor *attention_fold_projections(const AttnKeyTerm *terms, int n_terms, Tensor *value_weight, Tensor *value_bias,
+                                   Tensor *values, int64_t heads, float scale, Tensor *key_padding_mask,
+                                   Tensor **weights) {
+  DETR_CHECK(n_terms >= 1 && n_terms <= ATTN_MAX_KEY_TERMS, "attention_fold_projections: %d key terms (1..%d)", n_terms,
+             ATTN_MAX_KEY_TERMS);
+  int64_t B = values->shape.d[0], L = values->shape.d[1], dv_in = values->shape.d[2];
+  int64_t Q = terms[0].query->shape.d[1], d = value_weight->shape.d[0], D = 0;
+  Tensor *folded[ATTN_MAX_KEY_TERMS], *keys[ATTN_MAX_KEY_TERMS];
+  for (int t = 0; t < n_terms; t++) {
+    int64_t din = terms[t].weight->shape.d[1];
+    Tensor *w = op_reshape(terms[t].weight, SHAPE(heads, terms[t].weight->shape.d[0] / heads, din));  // [h, hd, din]
+    folded[t] = op_bmm(heads_first(terms[t].query, heads), w, false, false);  // [h, B*Q, din]: W_t,h^T q_t,h
+    keys[t] = terms[t].keys;
+    D += din;
+  }
+  Tensor *a = n_terms > 1 ? op_concat(folded, n_terms, 2) : folded[0];  // [h, B*Q, D]
+  a = op_permute(op_reshape(a, SHAPE(heads, B, Q, D)), (const int[]){1, 0, 2, 3});
+  a = op_mul_scalar(op_reshape(a, SHAPE(B, heads * Q, D)), scale);  // [B, h*Q, D]
+  Tensor *k = n_terms > 1 ? op_concat(keys, n_terms, 2) : keys[0];  // [B, L, D]
+  // The mask row of image b serves its h*Q logit rows, as in attention_heads.
+  Tensor *attn = op_softmax(op_bmm(a, k, false, true), key_padding_mask);  // [B, h*Q, L]
+  if (weights) *weights = attention_head_mean(op_reshape(attn, SHAPE(B * heads, Q, L)), B);
+  Tensor *pooled = op_reshape(op_bmm(attn, values, false, false), SHAPE(B, heads, Q, dv_in));  // sum_j P x_v(j)
+  pooled = op_reshape(op_permute(pooled, (const int[]){1, 0, 2, 3}), SHAPE(heads, B * Q, dv_in));
+  Tensor *out = op_bmm(pooled, op_reshape(value_weight, SHAPE(heads, d / heads, dv_in)), false, true);  // [h, B*Q, dv]
+  out = op_permute(op_reshape(out, SHAPE(heads, B, Q, d / heads)), (const int[]){1, 2, 0, 3});  // [B, Q, h, dv]
+  out = op_reshape(out, SHAPE(B, Q, d));
+  return value_bias ? op_add(out, value_bias) : out;
+}
+
 Tensor *mha_forward_weights(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key, Tensor *value,
                             Tensor *key_padding_mask, Tensor **weights) {
+  int64_t d = a->dim, Lq = query->shape.d[1], Lk = key->shape.d[1];
+  if (ctx->inference && attention_fold_pays(Lq, Lk, d, a->heads, &d, 1, d)) {
+    Tensor *wk = op_slice(a->in_proj_weight, 0, d, 2 * d), *wv = op_slice(a->in_proj_weight, 0, 2 * d, 3 * d);
+    AttnKeyTerm term = {.query = mha_project(a, query, 0), .weight = wk, .keys = key};
+    Tensor *out = attention_fold_projections(&term, 1, wv, op_slice(a->in_proj_bias, 0, 2 * d, 3 * d), value, a->heads,
+                                             1.0f / sqrtf((float)(d / a->heads)), key_padding_mask, weights);
+    return linear_forward(&a->out_proj, out);
+  }
   Tensor *q = mha_project(a, query, 0), *k = mha_project(a, key, 1), *v = mha_project(a, value, 2);
   return linear_forward(&a->out_proj, attention_heads(ctx, q, k, v, a->heads, key_padding_mask, a->dropout, weights));
 }

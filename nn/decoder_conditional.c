@@ -138,13 +138,51 @@ static Tensor *ffn(const CondLayer *l, const NnCtx *ctx, float p, Tensor *x) {
   return linear_forward(&l->linear2, linear_relu_dropout_forward(ctx, &l->linear1, x, p));
 }
 
+// The cross-attention as the reference computes it: the memory's and positions' projections, then
+// per head [content ++ spatial] queries against [content ++ spatial] keys. q_content [B, Q, d];
+// sine: p_s T, [B, Q, d] (layer 0: [Q, d]). -> [B, Q, d] before ca_out.
+static Tensor *cross_attention(const CondLayer *l, const TransformerShape *s, const NnCtx *ctx, Tensor *q_content,
+                               Tensor *memory, Tensor *key_mask, Tensor *pos, Tensor *query_pos, Tensor *sine,
+                               bool first, Tensor **cross_weights) {
+  int64_t B = q_content->shape.d[0], Q = q_content->shape.d[1], d = s->dim;
+  Tensor *k_content = linear_forward(&l->ca_kcontent, memory);  // [B, HW, d]
+  Tensor *k_pos = linear_forward(&l->ca_kpos, pos);             // [B, HW, d]
+  Tensor *v = linear_forward(&l->ca_v, memory);
+  if (first) {
+    q_content = op_add(q_content, linear_forward(&l->ca_qpos, query_pos));
+    k_content = op_add(k_content, k_pos);
+  }
+  Tensor *q_sine = linear_forward(&l->ca_qpos_sine, sine);  // [B, Q, d] or, in layer 0, [Q, d]
+  if (q_sine->shape.ndim == 2)  // one per query: the same for every image
+    q_sine = op_add(tensor_scoped(tensor_zeros(q_content->device, SHAPE(B, Q, d))), q_sine);
+  Tensor *q_cross = concat_heads(q_content, q_sine, s->heads);  // [B, Q, 2d]
+  Tensor *k_cross = concat_heads(k_content, k_pos, s->heads);   // [B, HW, 2d]
+  return attention_heads(ctx, q_cross, k_cross, v, s->heads, key_mask, s->dropout, cross_weights);
+}
+
+// The same at inference, where it pays, with the projections moved onto the queries
+// (attention_fold_projections): head h's logit is q_content,h . k_content,h + q_sine,h . k_pos,h
+// (in layer 0 with ca_qpos in q_content and k_pos,h in k_content,h too), a term on the memory and
+// a term on the positions. NULL where it does not pay.
+static Tensor *cross_attention_folded(const CondLayer *l, const TransformerShape *s, Tensor *q_content,
+                                      Tensor *memory, Tensor *key_mask, Tensor *pos, Tensor *query_pos, Tensor *sine,
+                                      bool first, Tensor **cross_weights) {
+  int64_t d = s->dim, widths[2] = {d, d};
+  if (!attention_fold_pays(q_content->shape.d[1], memory->shape.d[1], d, s->heads, widths, 2, d)) return NULL;
+  if (first) q_content = op_add(q_content, linear_forward(&l->ca_qpos, query_pos));
+  Tensor *q_sine = linear_forward(&l->ca_qpos_sine, sine);  // [B, Q, d] or, in layer 0, [Q, d]
+  AttnKeyTerm terms[2] = {{.query = q_content, .weight = l->ca_kcontent.weight, .keys = memory},
+                          {.query = first ? op_add(q_content, q_sine) : q_sine, .weight = l->ca_kpos.weight, .keys = pos}};
+  return attention_fold_projections(terms, 2, l->ca_v.weight, l->ca_v.bias, memory, s->heads,
+                                    1.0f / sqrtf((float)(2 * d / s->heads)), key_mask, cross_weights);
+}
+
 // tgt [B, Q, d]; query_pos [Q, d]; memory, pos [B, HW, d]; sine: p_s T, [B, Q, d] (layer 0: [Q, d]).
 // cross_weights (may be NULL): the cross-attention's weights averaged over the heads [B, Q, HW].
 static Tensor *layer_forward(const CondLayer *l, const TransformerShape *s, const NnCtx *ctx, Tensor *tgt,
                              Tensor *memory, Tensor *key_mask, Tensor *pos, Tensor *query_pos, Tensor *sine,
                              bool first, Tensor **cross_weights) {
   float p = s->dropout;
-  int64_t B = tgt->shape.d[0], Q = tgt->shape.d[1], d = s->dim;
   Tensor *q = op_add(linear_forward(&l->sa_qcontent, tgt), linear_forward(&l->sa_qpos, query_pos));
   Tensor *k = op_add(linear_forward(&l->sa_kcontent, tgt), linear_forward(&l->sa_kpos, query_pos));
   Tensor *v = linear_forward(&l->sa_v, tgt);
@@ -152,19 +190,11 @@ static Tensor *layer_forward(const CondLayer *l, const TransformerShape *s, cons
   tgt = layernorm_forward(&l->norm1, op_add(tgt, nn_dropout(ctx, self, p)));
 
   Tensor *q_content = linear_forward(&l->ca_qcontent, tgt);  // [B, Q, d]
-  Tensor *k_content = linear_forward(&l->ca_kcontent, memory);  // [B, HW, d]
-  Tensor *k_pos = linear_forward(&l->ca_kpos, pos);             // [B, HW, d]
-  v = linear_forward(&l->ca_v, memory);
-  if (first) {
-    q_content = op_add(q_content, linear_forward(&l->ca_qpos, query_pos));
-    k_content = op_add(k_content, k_pos);
-  }
-  Tensor *q_sine = linear_forward(&l->ca_qpos_sine, sine);  // [B, Q, d] or, in layer 0, [Q, d]
-  if (q_sine->shape.ndim == 2)  // one per query: the same for every image
-    q_sine = op_add(tensor_scoped(tensor_zeros(tgt->device, SHAPE(B, Q, d))), q_sine);
-  Tensor *q_cross = concat_heads(q_content, q_sine, s->heads);  // [B, Q, 2d]
-  Tensor *k_cross = concat_heads(k_content, k_pos, s->heads);   // [B, HW, 2d]
-  Tensor *cross = attention_heads(ctx, q_cross, k_cross, v, s->heads, key_mask, p, cross_weights);
+  Tensor *cross = ctx->inference ? cross_attention_folded(l, s, q_content, memory, key_mask, pos, query_pos, sine,
+                                                          first, cross_weights)
+                                 : NULL;
+  if (!cross)
+    cross = cross_attention(l, s, ctx, q_content, memory, key_mask, pos, query_pos, sine, first, cross_weights);
   tgt = layernorm_forward(&l->norm2, op_add(tgt, nn_dropout(ctx, linear_forward(&l->ca_out, cross), p)));
   tgt = op_add(tgt, nn_dropout(ctx, ffn(l, ctx, p, tgt), p));
   return layernorm_forward(&l->norm3, tgt);

@@ -79,7 +79,10 @@ void detr_model_init(DetrModel *m, uint64_t seed) {
   resnet_init(&m->backbone, &rng);
 }
 
-void detr_model_prepare_inference(DetrModel *m) { resnet_fold_bn(&m->backbone); }
+void detr_model_prepare_inference(DetrModel *m) {
+  resnet_fold_bn(&m->backbone);
+  m->prepared_for_inference = true;
+}
 
 void detr_model_free(DetrModel *m) {
   if (!m) return;
@@ -139,6 +142,11 @@ static void decode(const DetrModel *m, const NnCtx *ctx, const DecoderInput *din
 int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, const uint8_t *mask, DetrOutput *out,
                        char *err, size_t err_cap) {
   memset(out, 0, sizeof *out);
+  // A prepared model run without a tape may compute each layer's function in another order
+  // (NnCtx.inference); training, and any forward that records, computes it as the reference.
+  NnCtx run = *ctx;
+  run.inference = m->prepared_for_inference && !ctx->training && !autograd_grad_enabled();
+  ctx = &run;
   device_set_bf16(images->device, m->cfg.bf16);  // this model's precision (its backward's too), resolved at creation
   char sbuf[64];
   DETR_CHECK(images->shape.ndim == 4 && images->shape.d[1] == 3, "detr_model_forward: images must be [B, 3, H, W], got %s",

@@ -117,6 +117,7 @@ typedef struct {
   Tensor *query_embed; // [num_queries, hidden]; NULL when the decoder kind makes its queries
   Linear class_embed;  // [num_classes + the class head's extra columns, hidden]
   Mlp bbox_embed;
+  bool prepared_for_inference;  // detr_model_prepare_inference was called: see NnCtx.inference
 } DetrModel;
 
 // Creates the model's parameters on dev (zeros / identity batch norm until detr_model_init or a load).
@@ -125,7 +126,8 @@ DetrModel *detr_model_create(const DetrConfig *cfg, Device dev);
 void detr_model_init(DetrModel *m, uint64_t seed);
 // For a model that is only run, no longer trained (the C API's, `detr eval`'s): the backbone's
 // frozen batch norms folded into its convolutions (resnet_fold_bn), which the forward with grad
-// mode off then runs with their epilogues fused. Call after the weights are loaded.
+// mode off then runs with their epilogues fused, and the transformer's layers free to compute their
+// function in another order where it is faster (NnCtx.inference). Call after the weights are loaded.
 void detr_model_prepare_inference(DetrModel *m);
 void detr_model_free(DetrModel *m);
 

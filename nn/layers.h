@@ -7,12 +7,16 @@
 // Forward-pass context: dropout is active only when training. want_cross_attn asks the decoder
 // for its last layer's cross-attention weights (DetrOutput.cross_attn, `detr predict --show
 // attention`), want_clusters the encoder variants that cluster for each position's cluster
-// (AttnTrace.clusters, `--show clusters`); off, nothing extra is computed.
+// (AttnTrace.clusters, `--show clusters`); off, nothing extra is computed. inference is set by
+// detr_model_forward, not by callers: the model was prepared for inference
+// (detr_model_prepare_inference), nothing is recorded and nothing trains, so a layer may compute
+// the same function in another order, equal to rounding (attention_fold_projections).
 typedef struct {
   bool training;
   Rng *dropout_rng;  // advanced by every dropout draw
   bool want_cross_attn;
   bool want_clusters;
+  bool inference;
 } NnCtx;
 
 Tensor *nn_dropout(const NnCtx *ctx, Tensor *x, float p);
@@ -121,6 +125,32 @@ Tensor *mha_forward_weights(const MultiheadAttention *a, const NnCtx *ctx, Tenso
 // (dk = 2 dv) calls it directly. weights: as mha_forward_weights (NULL: not wanted).
 Tensor *attention_heads(const NnCtx *ctx, Tensor *q, Tensor *k, Tensor *v, int64_t heads, Tensor *key_padding_mask,
                         float dropout, Tensor **weights);
+// Cross-attention of few queries over many keys with the key and value projections moved onto the
+// queries (inference only: the same function to rounding; docs/inference.md "Projections moved
+// onto the queries"). Per head h of hd features, with key terms t (DETR: one, the keys' projection;
+// Conditional DETR: its content and position halves):
+//   logit_h(q, j) = scale sum_t q_t,h(q) . (W_t,h x_t(j) + b_t,h)
+//                 = scale sum_t (W_t,h^T q_t,h(q)) . x_t(j) + a constant over j, which softmax drops
+//   out_h(q)      = sum_j P_h(q, j) (W_v,h x_v(j) + b_v,h) = W_v,h (sum_j P_h(q, j) x_v(j)) + b_v,h
+// (the weights P of a row sum to 1). No key or value is projected: the projections apply to Q
+// queries instead of L keys, and the products run over the inputs' width instead of a head's.
+typedef struct {
+  Tensor *query;   // [B, Q, d]: head h is features h*hd .. (h+1)*hd - 1 (hd = d / heads)
+  Tensor *weight;  // [d, din]: the key projection (its bias is one of the constants softmax drops)
+  Tensor *keys;    // [B, L, din]: what it projects
+} AttnKeyTerm;
+#define ATTN_MAX_KEY_TERMS 4
+// Whether the fold does fewer multiply-adds than projecting the keys and values (about: heads * Q
+// under the inputs' width): Q queries, L keys, key terms of widths din[0..n_terms), values of width
+// dv_in projected to d.
+bool attention_fold_pays(int64_t Q, int64_t L, int64_t d, int64_t heads, const int64_t *din, int n_terms,
+                         int64_t dv_in);
+// [B, Q, d] from terms[0..n_terms) (each query's head h scaled by `scale` in the logits) and the values'
+// projection (value_weight [d, dv_in], value_bias [d] or NULL) of values [B, L, dv_in]; the key padding
+// mask and *weights as attention_heads'.
+Tensor *attention_fold_projections(const AttnKeyTerm *terms, int n_terms, Tensor *value_weight, Tensor *value_bias,
+                                   Tensor *values, int64_t heads, float scale, Tensor *key_padding_mask,
+                                   Tensor **weights);
 // Per-head weights [B*heads, Lq, Lk] averaged over the heads: [B, Lq, Lk].
 Tensor *attention_head_mean(Tensor *w, int64_t B);
 // The q, k, v projections alone (the encoder-attention variants apply their own attention between

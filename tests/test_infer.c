@@ -246,6 +246,141 @@ START_TEST(linear_fused_within_bound) {
 }
 END_TEST
 
+// The cross-attention with its projections moved onto the queries (attention_fold_projections)
+// against the projections then attention_heads, within a bound derived for each path's rounding
+// from the exact value (in double), u = 2^-24, gamma_n <= 1.01 n u:
+//  - logits: each path's head-h logit of (q, j) is within 1.01 n_L u M_L of the exact one up to a
+//    constant over j (the keys' biases, which one path adds and the other drops), where
+//    M_L = scale sum_t sum_{r in h} |q_t,r| (sum_c |W_t,rc| |x_t,jc| + |b_t,r|) and n_L = T din + T hd + 4
+//    (projection, product and the scaling: one sum of din + T hd terms on one side, hd + T din on the other).
+//    Softmax subtracts the row's maximum m in fp32 (u |L_j - m| more), so with e the largest of
+//    these over a row, P_j = P*_j (1 + r), |r| <= e^(2e) - 1 + 6u (exp_poly's 1.5 ulp, the
+//    reciprocal and the product: rel_P).
+//  - outputs: out_r = sum_j P_j (W_v,r . x_v,j + b_v,r); with V_jr = sum_c |W_v,rc| |x_v,jc| + |b_v,r|,
+//    both paths are within (rel_P + 1.01 (L + dv_in + 3) u) (1 + rel_P) sum_j P*_j V_jr of it (the
+//    value projection and the weighted sum in either order; the bias is b_v sum_j P_j = b_v).
+// The test requires |folded - projected| <= twice that. A dropped value bias, a head's rows mixed up,
+// or a transposed weight fails it by orders of magnitude. Shapes: the main job's decoder (2 terms:
+// content and position, 4 heads of 32, 10 queries, 196 keys) and DETR's (1 term, 8 heads of 16),
+// image 1 padded at its last keys.
+typedef struct {
+  int64_t B, Q, L, d, heads, n_terms;
+} FoldAttnCase;
+
+static Tensor *concat_head_parts(Tensor *const *parts, int n, int64_t heads) {  // [B, L, d] each -> [B, L, n d]
+  int64_t B = parts[0]->shape.d[0], L = parts[0]->shape.d[1], d = parts[0]->shape.d[2];
+  Tensor *r[ATTN_MAX_KEY_TERMS];
+  for (int t = 0; t < n; t++) r[t] = op_reshape(parts[t], SHAPE(B, L, heads, d / heads));
+  return op_reshape(op_concat(r, n, 3), SHAPE(B, L, n * d));
+}
+
+static double fold_attention_case(const FoldAttnCase *c, uint64_t seed) {
+  const double u = ldexp(1.0, -24);
+  int64_t B = c->B, Q = c->Q, L = c->L, d = c->d, H = c->heads, T = c->n_terms, hd = d / H;
+  Rng rng = rng_make(seed);
+  ScopeMark mark = tensor_scope_mark();
+  Tensor *q[ATTN_MAX_KEY_TERMS], *w[ATTN_MAX_KEY_TERMS], *bias[ATTN_MAX_KEY_TERMS], *x[ATTN_MAX_KEY_TERMS];
+  AttnKeyTerm terms[ATTN_MAX_KEY_TERMS];
+  for (int t = 0; t < T; t++) {
+    q[t] = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(B, Q, d))), w[t] = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(d, d)));
+    bias[t] = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(d))), x[t] = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(B, L, d)));
+    tensor_normal_(q[t], &rng, 0.0f, 1.0f), tensor_normal_(w[t], &rng, 0.0f, 0.1f);
+    tensor_normal_(bias[t], &rng, 0.0f, 0.5f), tensor_normal_(x[t], &rng, 0.0f, 1.0f);
+    terms[t] = (AttnKeyTerm){.query = q[t], .weight = w[t], .keys = x[t]};
+  }
+  Tensor *wv = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(d, d))), *bv = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(d)));
+  Tensor *xv = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(B, L, d)));
+  tensor_normal_(wv, &rng, 0.0f, 0.1f), tensor_normal_(bv, &rng, 0.0f, 0.5f), tensor_normal_(xv, &rng, 0.0f, 1.0f);
+  float *mask_host = detr_calloc((size_t)(B * L), sizeof(float), "mask");  // image 1's last L/5 keys padded
+  for (int64_t j = L - L / 5; j < L; j++) mask_host[(B - 1) * L + j] = -INFINITY;
+  Tensor *mask = tensor_scoped(tensor_from_host(DEVICE_CPU, SHAPE(B, L), mask_host));
+  float scale = 1.0f / sqrtf((float)(T * hd));  // attention_heads' own: heads of T hd
+
+  bool was = autograd_set_grad_enabled(false);
+  Tensor *keys[ATTN_MAX_KEY_TERMS];
+  for (int t = 0; t < T; t++) keys[t] = op_linear(x[t], w[t], bias[t]);
+  Tensor *proj_weights = NULL, *fold_weights = NULL;
+  Tensor *projected = attention_heads(&(NnCtx){0}, concat_head_parts(q, (int)T, H), concat_head_parts(keys, (int)T, H),
+                                      op_linear(xv, wv, bv), H, mask, 0.0f, &proj_weights);
+  Tensor *folded = attention_fold_projections(terms, (int)T, wv, bv, xv, H, scale, mask, &fold_weights);
+  autograd_set_grad_enabled(was);
+
+  double worst = 0;
+  int64_t n_l = T * d + T * hd + 4;
+  double *logit = detr_malloc((size_t)L * 2 * sizeof(double), "logits"), *mag = logit + L;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t iq = 0; iq < Q; iq++) {
+        double m = -INFINITY;
+        for (int64_t j = 0; j < L; j++) {  // exact logits (with the keys' biases) and their M_L
+          double l = 0, a = 0;
+          for (int64_t t = 0; t < T; t++)
+            for (int64_t r = h * hd; r < (h + 1) * hd; r++) {
+              double qv = q[t]->data[(b * Q + iq) * d + r], k = bias[t]->data[r], ka = fabs(k);
+              for (int64_t cc = 0; cc < d; cc++) {
+                double p = (double)w[t]->data[r * d + cc] * x[t]->data[(b * L + j) * d + cc];
+                k += p, ka += fabs(p);
+              }
+              l += qv * k, a += fabs(qv) * ka;
+            }
+          logit[j] = scale * l, mag[j] = scale * a;
+          if (mask_host[b * L + j] == 0 && logit[j] > m) m = logit[j];
+        }
+        double e = 0, sum = 0;
+        for (int64_t j = 0; j < L; j++)
+          if (mask_host[b * L + j] == 0) {
+            e = fmax(e, 1.01 * (double)n_l * u * mag[j] + 1.01 * u * (fabs(logit[j] - m) + 2.02 * (double)n_l * u * mag[j]));
+            sum += exp(logit[j] - m);
+          }
+        double rel_p = expm1(2 * e) + 6 * u;
+        for (int64_t r = h * hd; r < (h + 1) * hd; r++) {
+          double exact = 0, pv = 0;
+          for (int64_t j = 0; j < L; j++) {
+            if (mask_host[b * L + j] != 0) continue;
+            double p = exp(logit[j] - m) / sum, v = bv->data[r], va = fabs(v);
+            for (int64_t cc = 0; cc < d; cc++) {
+              double t = (double)wv->data[r * d + cc] * xv->data[(b * L + j) * d + cc];
+              v += t, va += fabs(t);
+            }
+            exact += p * v, pv += p * va;
+          }
+          double bound = (rel_p + 1.01 * (double)(L + d + 3) * u) * (1 + rel_p) * pv;
+          double diff = fabs((double)folded->data[(b * Q + iq) * d + r] - projected->data[(b * Q + iq) * d + r]);
+          ck_assert_msg(diff <= 2 * bound, "B%lld Q%lld L%lld d%lld heads %lld terms %lld: out[%lld, %lld, %lld] folded %.9g, "
+                        "projected %.9g (exact %.9g): differs by %.3g, bound %.3g", (long long)B, (long long)Q, (long long)L,
+                        (long long)d, (long long)H, (long long)T, (long long)b, (long long)iq, (long long)r,
+                        folded->data[(b * Q + iq) * d + r], projected->data[(b * Q + iq) * d + r], exact, diff, 2 * bound);
+          worst = fmax(worst, diff / (2 * bound));
+        }
+      }
+  // The weights averaged over the heads, each within rel_P of the exact ones: compared with each other.
+  for (int64_t i = 0; i < proj_weights->numel; i++)
+    ck_assert_msg(fabs((double)fold_weights->data[i] - proj_weights->data[i]) <= 1e-4 * fabs(proj_weights->data[i]) + 1e-12,
+                  "weights %lld: folded %g, projected %g", (long long)i, fold_weights->data[i], proj_weights->data[i]);
+  free(logit);
+  free(mask_host);
+  tensor_scope_release(mark);
+  return worst;
+}
+
+START_TEST(attention_fold_within_bound) {
+  static const FoldAttnCase cases[] = {{2, 10, 196, 128, 4, 2}, {2, 10, 150, 128, 8, 1}, {1, 3, 40, 32, 2, 2}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    const FoldAttnCase *c = &cases[i];
+    int64_t widths[ATTN_MAX_KEY_TERMS] = {c->d, c->d, c->d, c->d};
+    double worst = fold_attention_case(c, 40 + i);
+    printf("attention fold %lld queries x %lld keys, %lld heads, %lld terms: within %.3g of the bound (pays: %d)\n",
+           (long long)c->Q, (long long)c->L, (long long)c->heads, (long long)c->n_terms, worst,
+           attention_fold_pays(c->Q, c->L, c->d, c->heads, widths, (int)c->n_terms, c->d));
+  }
+  // Where it pays: the main job's decoder (10 queries, 4 heads of 32, 196 keys) and not DETR-R50's
+  // (100 queries, 8 heads of 32, 850 keys).
+  int64_t w128[2] = {128, 128}, w256 = 256;
+  ck_assert(attention_fold_pays(10, 196, 128, 4, w128, 2, 128));
+  ck_assert(!attention_fold_pays(100, 850, 256, 8, &w256, 1, 256));
+}
+END_TEST
+
 // A weight pack (the weight's reordered copies kept between forwards) gives the same floats as
 // reordering each call, through changes of layout: channels last (oneDNN's brgemm convolution
 // above 128 channels, its own weight layout) and nchw (the direct one on blocked activations,
@@ -335,6 +470,19 @@ static void model_outputs(DetrModel *m, Tensor *images, const uint8_t *mask, flo
   autograd_set_grad_enabled(was);
 }
 
+// The last layer's logits of a forward with grad mode on (recorded), into out [n_logits].
+static void recorded_logits(DetrModel *m, Tensor *images, const uint8_t *mask, float *out, int64_t n_logits) {
+  ScopeMark mark = tensor_scope_mark();
+  NnCtx ctx = {.training = false};
+  DetrOutput o;
+  char err[256];
+  ck_assert_int_eq(detr_model_forward(m, &ctx, images, mask, &o, err, sizeof err), 0);
+  memcpy(out, o.layers[o.n_layers - 1].logits->data, (size_t)n_logits * sizeof(float));
+  detr_output_free(&o);
+  tensor_scope_release(mark);
+  autograd_clear_tape();
+}
+
 // Every backbone convolution weight one ulp up or down at random (on), or back (off: the same
 // draws, as the rng is copied).
 static void perturb_backbone(DetrModel *m, Rng *rng, bool on) {
@@ -352,15 +500,29 @@ static void perturb_backbone(DetrModel *m, Rng *rng, bool on) {
   }
 }
 
-// _i: 0 a ResNet-50 (bottleneck blocks), 1 a ResNet-18 (basic blocks), both of width 16.
+// _i: 0 a ResNet-50 (bottleneck blocks), 1 a ResNet-18 (basic blocks), both of width 16; 2 the main
+// job's shape of model (ResNet-18 to stride 16, Conditional DETR's decoder, hidden 128 in 4 heads,
+// 10 queries), whose cross-attention runs with its projections moved onto the queries as well
+// (attention_fold_within_bound).
 START_TEST(folded_model_matches_training_forward) {
   DetrConfig cfg;
   ck_assert_int_eq(detr_config_preset("tiny", &cfg), 0);
   cfg.backbone_depth = _i ? 18 : 50;
   cfg.backbone_width = 16;
+  if (_i == 2) {
+    static const char *const sets[][2] = {{"decoder", "conditional"}, {"backbone_layers", "3"}, {"hidden_dim", "128"},
+                                          {"nheads", "4"}, {"ffn_dim", "256"}, {"dec_layers", "3"}};
+    char err[256];
+    for (size_t k = 0; k < sizeof sets / sizeof *sets; k++)
+      ck_assert_msg(detr_config_set(&cfg, sets[k][0], sets[k][1], err, sizeof err) == 0, "%s", err);
+    int64_t widths[2] = {128, 128};  // 6 x 8 tokens of the 96 x 128 images at stride 16
+    ck_assert(attention_fold_pays(cfg.num_queries, 48, 128, 4, widths, 2, 128));
+  }
   DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
   detr_model_init(m, 7);
   Rng rng = rng_make(8);
+  if (_i == 2)  // Conditional DETR starts every box at its reference point (a zero last layer): not here
+    tensor_normal_(m->bbox_embed.layers[m->bbox_embed.n_layers - 1].weight, &rng, 0.0f, 0.1f);
   Tensor *images = tensor_new(DEVICE_CPU, SHAPE(2, 3, 96, 128));
   tensor_normal_(images, &rng, 0.0f, 1.0f);
   resnet_calibrate(&m->backbone, images);  // the activations stay normalised, as with real statistics
@@ -374,13 +536,15 @@ START_TEST(folded_model_matches_training_forward) {
   uint8_t *mask = detr_calloc(2 * 96 * 128, 1, "mask");
   for (int y = 0; y < 96; y++)
     for (int x = 100; x < 128; x++) mask[96 * 128 + y * 128 + x] = 1;  // image 1 padded on the right
-  int64_t nl = 2 * cfg.num_queries * (cfg.num_classes + 1), nb = 2 * cfg.num_queries * 4;
+  int64_t nl = 2 * cfg.num_queries * (cfg.num_classes + detr_classes(&cfg)->extra_columns), nb = 2 * cfg.num_queries * 4;
   float *train = detr_malloc((size_t)(3 * (nl + nb)) * sizeof(float), "outputs");
   float *im2col = train + nl + nb, *folded = im2col + nl + nb;
   model_outputs(m, images, mask, train, nl, nb);
   cpu_conv2d_set_impl(CONV_IMPL_IM2COL);
   model_outputs(m, images, mask, im2col, nl, nb);
   cpu_conv2d_set_impl(CONV_IMPL_AUTO);
+  float *recorded = detr_malloc((size_t)(2 * nl) * sizeof(float), "logits");  // before, after
+  recorded_logits(m, images, mask, recorded, nl);
   float *ulp = detr_malloc((size_t)(nl + nb) * sizeof(float), "outputs");
   perturb_backbone(m, &rng, true);
   model_outputs(m, images, mask, ulp, nl, nb);
@@ -399,18 +563,13 @@ START_TEST(folded_model_matches_training_forward) {
                   "summation order: %.3g)", part ? "boxes" : "logits", fold, weights, order);
   }
   free(ulp);
-  // With grad mode on the folded copies are not used: the training path, the same floats as before.
-  ScopeMark mark = tensor_scope_mark();
-  NnCtx ctx = {.training = false};
-  DetrOutput o;
-  char err[256];
-  ck_assert_int_eq(detr_model_forward(m, &ctx, images, mask, &o, err, sizeof err), 0);
-  ck_assert_int_eq(memcmp(o.layers[o.n_layers - 1].logits->data, train, (size_t)nl * sizeof(float)), 0);
-  detr_output_free(&o);
-  tensor_scope_release(mark);
-  autograd_clear_tape();
+  // With grad mode on neither the folded copies nor the folded attention are used: the training
+  // path, the same floats as a recorded forward before the model was prepared.
+  recorded_logits(m, images, mask, recorded + nl, nl);
+  ck_assert_int_eq(memcmp(recorded, recorded + nl, (size_t)nl * sizeof(float)), 0);
   free(mask);
   free(train);
+  free(recorded);
   tensor_release(images);
   detr_model_free(m);
 }
@@ -423,10 +582,11 @@ int main(void) {
   tcase_add_test(tc, folded_conv_within_bound);
   tcase_add_test(tc, post_ops_match_separate_ops);
   tcase_add_test(tc, linear_fused_within_bound);
+  tcase_add_test(tc, attention_fold_within_bound);
   tcase_add_test(tc, weight_pack_matches_reordering);
   if (DETR_HAVE_ONEDNN) tcase_add_exit_test(tc, weight_pack_refuses_another_weight, 1);
   tcase_add_exit_test(tc, fused_refuses_grad_mode, 1);
-  tcase_add_loop_test(tc, folded_model_matches_training_forward, 0, 2);
+  tcase_add_loop_test(tc, folded_model_matches_training_forward, 0, 3);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
