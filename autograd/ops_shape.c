@@ -158,8 +158,11 @@ Tensor *op_slice(Tensor *x, int axis, int64_t start, int64_t end) {
              (long long)end, a, (long long)x->shape.d[a]);
   Shape out = x->shape;
   out.d[a] = end - start;
-  Tensor *y = tensor_new_scoped(x->device, out);
   int64_t outer = dims_product(x->shape, 0, a), inner = dims_product(x->shape, a + 1, x->shape.ndim);
+  // One block of x's elements, and nothing recorded: a view (a layer's rows of a packed weight at
+  // inference, e.g. the attention's q, k, v projections) rather than a copy.
+  if (outer == 1 && !autograd_records(1, &x)) return tensor_scoped(tensor_view_range(x, start * inner, out));
+  Tensor *y = tensor_new_scoped(x->device, out);
   copy_range(x->device, x->data, y->data, outer, x->shape.d[a], out.d[a], inner, start, 0, out.d[a], false);
   TapeNode *n = autograd_record("slice", slice_backward_node, y, 1, &x);
   if (n) *NODE_ATTRS(n, SliceAttrs) = (SliceAttrs){.axis = a, .start = start};

@@ -125,10 +125,18 @@ Tensor *tensor_view(Tensor *t, Shape shape) {
   char a[64], b[64];
   DETR_CHECK(shape_numel(shape) == t->numel, "tensor_view: cannot view %s as %s",
              shape_str(t->shape, a, sizeof a), shape_str(shape, b, sizeof b));
+  return tensor_view_range(t, 0, shape);
+}
+
+Tensor *tensor_view_range(Tensor *t, int64_t offset, Shape shape) {
+  char a[64], b[64];
+  int64_t numel = shape_numel(shape);
+  DETR_CHECK(offset >= 0 && offset + numel <= t->numel, "tensor_view_range: %s at %lld is outside %s",
+             shape_str(shape, b, sizeof b), (long long)offset, shape_str(t->shape, a, sizeof a));
   Tensor *v = header_get();
-  v->data = t->data;
+  v->data = t->data ? t->data + offset : NULL;
   v->shape = shape;
-  v->numel = t->numel;
+  v->numel = numel;
   v->device = t->device;
   v->refcount = 1;
   v->data_refs = 1;

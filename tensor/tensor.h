@@ -50,6 +50,8 @@ Tensor *tensor_from_host(Device dev, Shape shape, const float *host);
 Tensor *tensor_to_device(const Tensor *t, Device dev);  // a copy on dev
 // A tensor sharing t's data with another shape of the same numel (reshape without copy).
 Tensor *tensor_view(Tensor *t, Shape shape);
+// A tensor of `shape` on t's elements offset .. offset + numel(shape) - 1 (a contiguous slice).
+Tensor *tensor_view_range(Tensor *t, int64_t offset, Shape shape);
 
 Tensor *tensor_retain(Tensor *t);
 void tensor_release(Tensor *t);
