@@ -87,6 +87,13 @@ typedef struct DecoderKind {
   // positions; the kind's create makes DecoderShape.enc_layers encoder layers.
   Tensor *(*encode)(const void *state, const NnCtx *ctx, Tensor *src, const FeatureGeometry *g, Tensor **pos);
   const DecoderModelLayout *layout;  // NULL: DETR's
+  // Optional, for a model prepared for inference (detr_model_prepare_inference; its weights do not
+  // change after): computes once what the kind's forward derives from its weights and the learned
+  // queries alone (query_embed [Q, d], NULL for a kind with its own queries), for its forward to
+  // use where ctx->inference - the same floats the forward would compute. release_inference frees
+  // it (also called by detr_model_free; safe when nothing was prepared).
+  void (*prepare_inference)(void *state, Tensor *query_embed);
+  void (*release_inference)(void *state);
   // The kind's own encoder judges DecoderShape.encoder_attn itself (in unsupported): Anchor DETR's
   // takes enact_official (Anchor-DETR-ENACT). false: a kind with encode refuses any encoder_attn.
   bool own_encoder_attn;

@@ -28,6 +28,13 @@ typedef struct {
   LayerNorm norm1, norm2, norm3;
 } CondLayer;
 
+// What a layer computes from the learned queries alone (prepare_inference), each [Q, d]; NULL: not
+// prepared (computed in the forward).
+typedef struct {
+  Tensor *sa_qpos, *sa_kpos;  // sa_qpos(query_pos), sa_kpos(query_pos)
+  Tensor *ca_qpos, *q_sine;   // layer 0: ca_qpos(query_pos), ca_qpos_sine(p_s) (later layers scale p_s by tgt)
+} QueryTerms;
+
 typedef struct {
   CondLayer layers[DECODER_MAX_LAYERS];
   LayerNorm norm;             // transformer.decoder.norm
@@ -35,6 +42,10 @@ typedef struct {
   Mlp ref_point_head;         // d -> d -> 2
   TransformerShape s;
   int64_t n_layers;
+  // prepare_inference's: the reference points [Q, 2], their sine embedding p_s [Q, d], each
+  // layer's query terms; NULL until prepared.
+  Tensor *reference, *sine;
+  QueryTerms terms[DECODER_MAX_LAYERS];
 } CondDecoder;
 
 // The reference's state_dict order within a layer.
@@ -143,16 +154,16 @@ static Tensor *ffn(const CondLayer *l, const NnCtx *ctx, float p, Tensor *x) {
 // sine: p_s T, [B, Q, d] (layer 0: [Q, d]). -> [B, Q, d] before ca_out.
 static Tensor *cross_attention(const CondLayer *l, const TransformerShape *s, const NnCtx *ctx, Tensor *q_content,
                                Tensor *memory, Tensor *key_mask, Tensor *pos, Tensor *query_pos, Tensor *sine,
-                               bool first, Tensor **cross_weights) {
+                               const QueryTerms *qt, bool first, Tensor **cross_weights) {
   int64_t B = q_content->shape.d[0], Q = q_content->shape.d[1], d = s->dim;
   Tensor *k_content = linear_forward(&l->ca_kcontent, memory);  // [B, HW, d]
   Tensor *k_pos = linear_forward(&l->ca_kpos, pos);             // [B, HW, d]
   Tensor *v = linear_forward(&l->ca_v, memory);
   if (first) {
-    q_content = op_add(q_content, linear_forward(&l->ca_qpos, query_pos));
+    q_content = op_add(q_content, qt ? qt->ca_qpos : linear_forward(&l->ca_qpos, query_pos));
     k_content = op_add(k_content, k_pos);
   }
-  Tensor *q_sine = linear_forward(&l->ca_qpos_sine, sine);  // [B, Q, d] or, in layer 0, [Q, d]
+  Tensor *q_sine = qt && qt->q_sine ? qt->q_sine : linear_forward(&l->ca_qpos_sine, sine);  // [B, Q, d]; layer 0 [Q, d]
   if (q_sine->shape.ndim == 2)  // one per query: the same for every image
     q_sine = op_add(tensor_scoped(tensor_zeros(q_content->device, SHAPE(B, Q, d))), q_sine);
   Tensor *q_cross = concat_heads(q_content, q_sine, s->heads);  // [B, Q, 2d]
@@ -166,11 +177,11 @@ static Tensor *cross_attention(const CondLayer *l, const TransformerShape *s, co
 // a term on the positions. NULL where it does not pay.
 static Tensor *cross_attention_folded(const CondLayer *l, const TransformerShape *s, Tensor *q_content,
                                       Tensor *memory, Tensor *key_mask, Tensor *pos, Tensor *query_pos, Tensor *sine,
-                                      bool first, Tensor **cross_weights) {
+                                      const QueryTerms *qt, bool first, Tensor **cross_weights) {
   int64_t d = s->dim, widths[2] = {d, d};
   if (!attention_fold_pays(q_content->shape.d[1], memory->shape.d[1], d, s->heads, widths, 2, d)) return NULL;
-  if (first) q_content = op_add(q_content, linear_forward(&l->ca_qpos, query_pos));
-  Tensor *q_sine = linear_forward(&l->ca_qpos_sine, sine);  // [B, Q, d] or, in layer 0, [Q, d]
+  if (first) q_content = op_add(q_content, qt ? qt->ca_qpos : linear_forward(&l->ca_qpos, query_pos));
+  Tensor *q_sine = qt && qt->q_sine ? qt->q_sine : linear_forward(&l->ca_qpos_sine, sine);  // [B, Q, d]; layer 0 [Q, d]
   AttnKeyTerm terms[2] = {{.query = q_content, .weight = l->ca_kcontent.weight, .keys = memory},
                           {.query = first ? op_add(q_content, q_sine) : q_sine, .weight = l->ca_kpos.weight, .keys = pos}};
   return attention_fold_projections(terms, 2, l->ca_v.weight, l->ca_v.bias, memory, s->heads,
@@ -178,23 +189,24 @@ static Tensor *cross_attention_folded(const CondLayer *l, const TransformerShape
 }
 
 // tgt [B, Q, d]; query_pos [Q, d]; memory, pos [B, HW, d]; sine: p_s T, [B, Q, d] (layer 0: [Q, d]).
-// cross_weights (may be NULL): the cross-attention's weights averaged over the heads [B, Q, HW].
+// qt: the layer's query terms where prepared and ctx->inference, else NULL. cross_weights (may be
+// NULL): the cross-attention's weights averaged over the heads [B, Q, HW].
 static Tensor *layer_forward(const CondLayer *l, const TransformerShape *s, const NnCtx *ctx, Tensor *tgt,
                              Tensor *memory, Tensor *key_mask, Tensor *pos, Tensor *query_pos, Tensor *sine,
-                             bool first, Tensor **cross_weights) {
+                             const QueryTerms *qt, bool first, Tensor **cross_weights) {
   float p = s->dropout;
-  Tensor *q = op_add(linear_forward(&l->sa_qcontent, tgt), linear_forward(&l->sa_qpos, query_pos));
-  Tensor *k = op_add(linear_forward(&l->sa_kcontent, tgt), linear_forward(&l->sa_kpos, query_pos));
+  Tensor *q = op_add(linear_forward(&l->sa_qcontent, tgt), qt ? qt->sa_qpos : linear_forward(&l->sa_qpos, query_pos));
+  Tensor *k = op_add(linear_forward(&l->sa_kcontent, tgt), qt ? qt->sa_kpos : linear_forward(&l->sa_kpos, query_pos));
   Tensor *v = linear_forward(&l->sa_v, tgt);
   Tensor *self = linear_forward(&l->sa_out, attention_heads(ctx, q, k, v, s->heads, NULL, p, NULL));
   tgt = layernorm_forward(&l->norm1, op_add(tgt, nn_dropout(ctx, self, p)));
 
   Tensor *q_content = linear_forward(&l->ca_qcontent, tgt);  // [B, Q, d]
   Tensor *cross = ctx->inference ? cross_attention_folded(l, s, q_content, memory, key_mask, pos, query_pos, sine,
-                                                          first, cross_weights)
+                                                          qt, first, cross_weights)
                                  : NULL;
   if (!cross)
-    cross = cross_attention(l, s, ctx, q_content, memory, key_mask, pos, query_pos, sine, first, cross_weights);
+    cross = cross_attention(l, s, ctx, q_content, memory, key_mask, pos, query_pos, sine, qt, first, cross_weights);
   tgt = layernorm_forward(&l->norm2, op_add(tgt, nn_dropout(ctx, linear_forward(&l->ca_out, cross), p)));
   tgt = op_add(tgt, nn_dropout(ctx, ffn(l, ctx, p, tgt), p));
   return layernorm_forward(&l->norm3, tgt);
@@ -203,8 +215,9 @@ static Tensor *layer_forward(const CondLayer *l, const TransformerShape *s, cons
 static void forward(const void *state, const NnCtx *ctx, const DecoderInput *in, DecoderOutput *out) {
   const CondDecoder *c = state;
   int64_t Q = in->query_embed->shape.d[0], d = c->s.dim;
-  Tensor *reference = op_sigmoid(mlp_forward(&c->ref_point_head, in->query_embed));  // [Q, 2]
-  Tensor *sine = sine_embed(reference, d);                                             // [Q, d]
+  bool prepared = ctx->inference && c->reference;
+  Tensor *reference = prepared ? c->reference : op_sigmoid(mlp_forward(&c->ref_point_head, in->query_embed));  // [Q, 2]
+  Tensor *sine = prepared ? c->sine : sine_embed(reference, d);                                                // [Q, d]
   Tensor *tgt = tensor_scoped(tensor_zeros(in->memory->device, SHAPE(in->batch, Q, d)));  // [B, Q, d]
   out->n_layers = (int)c->n_layers;
   out->reference = reference;
@@ -213,11 +226,45 @@ static void forward(const void *state, const NnCtx *ctx, const DecoderInput *in,
     Tensor *scaled = i == 0 ? sine : op_mul(sine, mlp_forward(&c->query_scale, tgt));  // p_s T
     bool last = i == c->n_layers - 1 && ctx->want_cross_attn;
     tgt = layer_forward(&c->layers[i], &c->s, ctx, tgt, in->memory, in->key_mask, in->pos, in->query_embed, scaled,
-                        i == 0, last ? &out->cross_attn : NULL);
+                        prepared ? &c->terms[i] : NULL, i == 0, last ? &out->cross_attn : NULL);
     out->hs[i] = layernorm_forward(&c->norm, tgt);
     Tensor *keep[3] = {tgt, out->hs[i], last ? out->cross_attn : NULL};
     tensor_scope_keep(mark, keep, keep[2] ? 3 : 2);
   }
+}
+
+// The forward's terms of the learned queries alone, computed by the same ops (the same floats) once:
+// the reference points and their sine embedding, and per layer the self-attention's query and key
+// positions and layer 0's query position and spatial query. Retained: they outlive every scope.
+static void release_inference(void *state) {
+  CondDecoder *c = state;
+  tensor_release(c->reference), tensor_release(c->sine);
+  c->reference = c->sine = NULL;
+  for (int i = 0; i < c->n_layers; i++) {
+    QueryTerms *t = &c->terms[i];
+    tensor_release(t->sa_qpos), tensor_release(t->sa_kpos), tensor_release(t->ca_qpos), tensor_release(t->q_sine);
+    *t = (QueryTerms){0};
+  }
+}
+
+static void prepare_inference(void *state, Tensor *query_embed) {
+  CondDecoder *c = state;
+  bool was = autograd_set_grad_enabled(false);
+  ScopeMark mark = tensor_scope_mark();
+  c->reference = tensor_retain(op_sigmoid(mlp_forward(&c->ref_point_head, query_embed)));
+  c->sine = tensor_retain(sine_embed(c->reference, c->s.dim));
+  for (int i = 0; i < c->n_layers; i++) {
+    const CondLayer *l = &c->layers[i];
+    QueryTerms *t = &c->terms[i];
+    t->sa_qpos = tensor_retain(linear_forward(&l->sa_qpos, query_embed));
+    t->sa_kpos = tensor_retain(linear_forward(&l->sa_kpos, query_embed));
+    if (i == 0) {
+      t->ca_qpos = tensor_retain(linear_forward(&l->ca_qpos, query_embed));
+      t->q_sine = tensor_retain(linear_forward(&l->ca_qpos_sine, c->sine));
+    }
+  }
+  tensor_scope_release(mark);
+  autograd_set_grad_enabled(was);
 }
 
 // sigmoid(head_out + [inverse_sigmoid(s), 0, 0]): the reference point is the box centre's prior.
@@ -253,4 +300,6 @@ const DecoderKind decoder_conditional = {
     .classes = &class_head_focal,
     .init_heads = init_heads,
     .unsupported = unsupported,
+    .prepare_inference = prepare_inference,
+    .release_inference = release_inference,
 };

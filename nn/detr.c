@@ -81,13 +81,21 @@ void detr_model_init(DetrModel *m, uint64_t seed) {
 
 void detr_model_prepare_inference(DetrModel *m) {
   resnet_fold_bn(&m->backbone);
+  const DecoderKind *dk = detr_decoder(&m->cfg);
+  if (dk->prepare_inference) {
+    if (dk->release_inference) dk->release_inference(m->decoder_state);
+    device_set_bf16(m->params.device, m->cfg.bf16);  // the model's precision, as its forward sets it
+    dk->prepare_inference(m->decoder_state, m->query_embed);
+  }
   m->prepared_for_inference = true;
 }
 
 void detr_model_free(DetrModel *m) {
   if (!m) return;
   resnet_unfold_bn(&m->backbone);
-  for (int i = 0; i < m->cfg.enc_layers && !detr_decoder(&m->cfg)->encode; i++) encoder_layer_free(&m->enc[i]);
+  const DecoderKind *dk = detr_decoder(&m->cfg);
+  if (dk->release_inference) dk->release_inference(m->decoder_state);
+  for (int i = 0; i < m->cfg.enc_layers && !dk->encode; i++) encoder_layer_free(&m->enc[i]);
   free(m->decoder_state);
   params_free(&m->params);
   free(m);

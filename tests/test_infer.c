@@ -551,6 +551,16 @@ START_TEST(folded_model_matches_training_forward) {
   perturb_backbone(m, &rng, false);
   detr_model_prepare_inference(m);  // from here on the forward with grad mode off runs the folded copies
   model_outputs(m, images, mask, folded, nl, nb);
+  const DecoderKind *dk = detr_decoder(&m->cfg);
+  if (dk->release_inference) {  // the decoder's prepared query terms are the floats its forward computes
+    float *computed = detr_malloc((size_t)(nl + nb) * sizeof(float), "outputs");
+    dk->release_inference(m->decoder_state);
+    model_outputs(m, images, mask, computed, nl, nb);
+    ck_assert_msg(!memcmp(computed, folded, (size_t)(nl + nb) * sizeof(float)),
+                  "the decoder's prepared terms change the outputs");
+    dk->prepare_inference(m->decoder_state, m->query_embed);
+    free(computed);
+  }
   for (int part = 0; part < 2; part++) {  // logits, boxes
     int64_t off = part ? nl : 0, n = part ? nb : nl;
     Tensor ta = {.numel = n, .data = train + off}, ti = {.numel = n, .data = im2col + off},
