@@ -10,6 +10,7 @@
 
 #include "nn/detr.h"
 #include "nn/model_io.h"
+#include "nn/position.h"
 #include "tests/gradcheck.h"
 
 START_TEST(reference_parameter_names) {
@@ -212,6 +213,54 @@ START_TEST(anchor_backbone_from_detr_names) {
 }
 END_TEST
 
+// position_sine copies a half's features from the previous column or row where its value is the
+// same: the same floats as each position's sines and cosines computed (DETR's formula, below), for
+// unpadded, right/bottom-padded, scattered and fully padded masks.
+START_TEST(position_sine_copies_equal_features) {
+  const float scale = 6.283185307179586f, eps = 1e-6f;
+  Rng rng = rng_make(3);
+  for (int t = 0; t < 200; t++) {
+    int64_t B = 1 + t % 3, h = 1 + (int64_t)(rng_next_uniform(&rng) * 19), w = 1 + (int64_t)(rng_next_uniform(&rng) * 19);
+    int64_t npf = 2 * (1 + t % 32), n = B * h * w * 2 * npf;
+    uint8_t *mask = calloc((size_t)(B * h * w), 1);
+    for (int64_t b = 0; b < B; b++) {
+      int kind = (int)((t + b) % 4);  // 0 unpadded, 1 padded right and below, 2 scattered, 3 all padding
+      int64_t vh = 1 + (int64_t)(rng_next_uniform(&rng) * (float)h) % h, vw = 1 + (int64_t)(rng_next_uniform(&rng) * (float)w) % w;
+      for (int64_t y = 0; y < h; y++)
+        for (int64_t x = 0; x < w; x++)
+          mask[(b * h + y) * w + x] = kind == 1 ? (y >= vh || x >= vw) : kind == 2 ? rng_next_uniform(&rng) < 0.3f : kind == 3;
+    }
+    float *pos = malloc((size_t)n * sizeof(float)), *want = malloc((size_t)n * sizeof(float));
+    position_sine(mask, B, h, w, npf, 10000.0f, pos);
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t y = 0; y < h; y++)
+        for (int64_t x = 0; x < w; x++) {
+          float cy = 0, cx = 0, ty = 0, tx = 0;  // not-mask counts: up to and through (y, x), and whole column / row
+          for (int64_t k = 0; k < h; k++) {
+            float v = mask[(b * h + k) * w + x] ? 0.0f : 1.0f;
+            ty += v;
+            if (k <= y) cy += v;
+          }
+          for (int64_t k = 0; k < w; k++) {
+            float v = mask[(b * h + y) * w + k] ? 0.0f : 1.0f;
+            tx += v;
+            if (k <= x) cx += v;
+          }
+          float ye = cy / (ty + eps) * scale, xe = cx / (tx + eps) * scale;
+          float *p = want + ((b * h + y) * w + x) * 2 * npf;
+          for (int64_t i = 0; i < npf; i++) {
+            float dim_t = powf(10000.0f, (float)(2 * (i / 2)) / (float)npf);
+            p[i] = i % 2 == 0 ? sinf(ye / dim_t) : cosf(ye / dim_t);
+            p[npf + i] = i % 2 == 0 ? sinf(xe / dim_t) : cosf(xe / dim_t);
+          }
+        }
+    ck_assert_msg(!memcmp(pos, want, (size_t)n * sizeof(float)), "case %d (%lldx%lldx%lld, %lld features): differs", t,
+                  (long long)B, (long long)h, (long long)w, (long long)npf);
+    free(mask), free(pos), free(want);
+  }
+}
+END_TEST
+
 START_TEST(config_overrides) {
   DetrConfig cfg;
   char err[128], text[1024];
@@ -281,6 +330,7 @@ int main(void) {
   tcase_add_test(tc, anchor_r50_names);
   tcase_add_test(tc, anchor_backbone_from_detr_names);
   tcase_add_test(tc, config_overrides);
+  tcase_add_test(tc, position_sine_copies_equal_features);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
