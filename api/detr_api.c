@@ -359,7 +359,7 @@ static detr_result *make_result(const detr_model *m, Detection *dets, int64_t K,
 
 // An image resized and normalized for the forward.
 typedef struct {
-  float *pixels;  // [3, h, w]
+  float *pixels;  // [h, w, 3]: channels last, as the pixels come (the backbone's layout)
   int h, w;       // after the val transform
   int ow, oh;     // as given
 } Prepared;
@@ -374,16 +374,16 @@ static Prepared prepare(const detr_model *m, Image *img) {
   p.h = img->h, p.w = img->w;
   int64_t HW = (int64_t)p.h * p.w;
   p.pixels = detr_malloc((size_t)(3 * HW) * sizeof(float), "image pixels");
-  float *r = p.pixels, *g = r + HW, *b = g + HW;  // planes; the bytes read once, in order
-  for (int64_t i = 0; i < HW; i++) {
+  for (int64_t i = 0; i < HW; i++) {  // byte i*3+c to float i*3+c: read and written once, in order
     const unsigned char *px = img->data + i * 3;
-    r[i] = m->lut[0][px[0]], g[i] = m->lut[1][px[1]], b[i] = m->lut[2][px[2]];
+    float *out = p.pixels + i * 3;
+    out[0] = m->lut[0][px[0]], out[1] = m->lut[1][px[1]], out[2] = m->lut[2][px[2]];
   }
   image_free(img);
   return p;
 }
 
-// The batch of n prepared images padded to [n, 3, H, W] (zeros: the reference pads the normalized
+// The batch of n prepared images padded to [n, H, W, 3] (zeros: the reference pads the normalized
 // tensor) with the mask [n, H, W] (1 = padding).
 static void pad_batch(const Prepared *p, int n, int64_t H, int64_t W, float *pixels, uint8_t *mask) {
   if (n == 1) {  // one image is the batch's size: no padding
@@ -391,15 +391,13 @@ static void pad_batch(const Prepared *p, int n, int64_t H, int64_t W, float *pix
     memset(mask, 0, (size_t)(H * W));
     return;
   }
-  memset(pixels, 0, (size_t)(n * 3 * H * W) * sizeof(float));
+  memset(pixels, 0, (size_t)(n * H * W * 3) * sizeof(float));
   memset(mask, 1, (size_t)(n * H * W));
   for (int b = 0; b < n; b++)
-    for (int c = 0; c < 3; c++)
-      for (int64_t y = 0; y < p[b].h; y++) {
-        memcpy(pixels + ((b * 3 + c) * H + y) * W, p[b].pixels + (c * p[b].h + y) * p[b].w,
-               (size_t)p[b].w * sizeof(float));
-        if (c == 0) memset(mask + (b * H + y) * W, 0, (size_t)p[b].w);
-      }
+    for (int64_t y = 0; y < p[b].h; y++) {
+      memcpy(pixels + ((b * H + y) * W) * 3, p[b].pixels + y * p[b].w * 3, (size_t)(p[b].w * 3) * sizeof(float));
+      memset(mask + (b * H + y) * W, 0, (size_t)p[b].w);
+    }
 }
 
 // One forward of the n prepared images (freed here); out[n] their results, or all NULL on failure.
@@ -420,14 +418,15 @@ static detr_status detect_prepared(detr_model *m, Prepared *p, int n, double thr
   if (m->threads) omp_set_num_threads(m->threads);
   bool was = autograd_set_grad_enabled(false);
   ScopeMark mark = tensor_scope_mark();
-  // [n, 3, H, W], padded straight into a CPU tensor: the allocator's arena keeps its pages mapped
+  // [n, H, W, 3], padded straight into a CPU tensor: the allocator's arena keeps its pages mapped
   // from one call to the next, where a malloc'd buffer of this size is fresh pages every time.
-  Tensor *images = tensor_new_scoped(DEVICE_CPU, SHAPE(n, 3, H, W));
+  // Channels last, the backbone's layout: no permute of the image in the forward.
+  Tensor *images = tensor_new_scoped(DEVICE_CPU, SHAPE(n, H, W, 3));
   pad_batch(p, n, H, W, images->data, mask);
   for (int b = 0; b < n; b++) free(p[b].pixels);
   if (m->net->params.device != DEVICE_CPU) images = tensor_scoped(tensor_to_device(images, m->net->params.device));
   NnCtx ctx = {.training = false, .want_cross_attn = m->outputs & DETR_OUTPUT_ATTENTION,
-               .want_clusters = m->outputs & DETR_OUTPUT_CLUSTERS};
+               .want_clusters = m->outputs & DETR_OUTPUT_CLUSTERS, .images_channels_last = true};
   DetrOutput fwd;
   detr_status st = DETR_OK;
   if (detr_model_forward(m->net, &ctx, images, mask, &fwd, last_error, sizeof last_error)) {

@@ -188,12 +188,12 @@ static Tensor *resblock_forward_folded(const ResBlock *b, Tensor *x) {
   return folded_conv_forward(b->bottleneck ? &b->f3 : &b->f2, out, identity, true, true);
 }
 
-Tensor *resnet_forward(const ResNet *r, Tensor *x) {
+Tensor *resnet_forward(const ResNet *r, Tensor *x, bool channels_last) {
   // After the stem and after each block, everything scoped since the start but the newest
   // activation is released: what backward needs is held by the tape, the rest (all of it in the
   // frozen stages, and each block's input once the next block has read it) is freed.
   ScopeMark mark = tensor_scope_mark();
-  x = op_permute(x, (const int[]){0, 2, 3, 1});  // [B, H, W, 3]: channels last from here on
+  if (!channels_last) x = op_permute(x, (const int[]){0, 2, 3, 1});  // [B, H, W, 3]: channels last from here on
   bool folded = r->folded && !autograd_grad_enabled();
   x = folded ? folded_conv_forward(&r->fstem, x, NULL, true, false)
              : frozen_bn_act_forward(&r->bn1, conv2d_forward(&r->conv1, x), NULL, true);

@@ -51,6 +51,7 @@ void resnet_calibrate(ResNet *r, Tensor *x);
 // trained is folded (the C API's and `detr eval`'s; with grad mode on the forward ignores them).
 void resnet_fold_bn(ResNet *r);
 void resnet_unfold_bn(ResNet *r);  // releases the folded copies (a no-op when none)
-Tensor *resnet_forward(const ResNet *r, Tensor *x);  // [B, 3, H, W] -> [B, H/32, W/32, C] (H/16: 3 layers)
+// [B, 3, H, W] (or, channels_last, [B, H, W, 3]) -> [B, H/32, W/32, C] (H/16: 3 layers)
+Tensor *resnet_forward(const ResNet *r, Tensor *x, bool channels_last);
 // One residual block alone (its gradient test): x [B, H, W, C].
 Tensor *resblock_forward(const ResBlock *b, Tensor *x);

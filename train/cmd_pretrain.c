@@ -35,7 +35,7 @@ typedef struct {
 
 // logits [B, classes] of the images [B, 3, S, S].
 static Tensor *classify(const Classifier *m, Tensor *images) {
-  Tensor *feat = resnet_forward(&m->resnet, images);  // [B, h, w, C]
+  Tensor *feat = resnet_forward(&m->resnet, images, false);  // [B, h, w, C]
   int64_t B = feat->shape.d[0], C = feat->shape.d[3];
   Tensor *pooled = op_mean(op_reshape(feat, SHAPE(B, -1, C)), 1, false);  // [B, C]
   return linear_forward(&m->head, pooled);
