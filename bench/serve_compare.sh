@@ -97,10 +97,16 @@ for t in sorted({r["threads"] for r in rows}):
         med[impl] = lat
         print(f"  {t} thread{'s' if t > 1 else ' '} {impl:22s} latency {show(lat)}   {ips:6.2f} images/s at batch "
               f"{r0['batch']}   (latencies: {', '.join(str(r['latency_s']) for r in rs)})")
-    ort = [v for k, v in med.items() if k.startswith("onnxruntime")]
+    ort = [k for k in med if k.startswith("onnxruntime")]
     for impl in ("detr-c", "detr-c-bf16"):
         if impl in med and ort:
-            print(f"  {t} thread{'s' if t > 1 else ' '} {impl} latency / ONNX Runtime's: {med[impl] / ort[0]:.2f}")
+            # Each round's two runs, taken one after the other, as a pair: on a noisy machine the median
+            # of the pairs' ratios moves less than the ratio of the medians.
+            pairs = zip((r["latency_s"] for r in rows if r["threads"] == t and r["impl"] == impl),
+                        (r["latency_s"] for r in rows if r["threads"] == t and r["impl"] == ort[0]))
+            ratios = sorted(a / b for a, b in pairs)
+            print(f"  {t} thread{'s' if t > 1 else ' '} {impl} latency / ONNX Runtime's: {med[impl] / med[ort[0]]:.2f} "
+                  f"(rounds' ratios: median {statistics.median(ratios):.2f}, {ratios[0]:.2f}-{ratios[-1]:.2f})")
 PY
 }
 [ -n "$repo" ] || [ -n "$checkpoint" ] || { echo "serve_compare.sh: --detr-repo DIR (or --checkpoint C) is required" >&2; exit 2; }
