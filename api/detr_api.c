@@ -1,8 +1,10 @@
 // The public C API (include/detr.h): a model opened from a checkpoint or weights + config, and
 // detection on an image file or RGB pixels - evaluation's preprocessing exactly (the val resize,
 // ImageNet normalization, an all-valid mask), one image per forward or a padded and masked batch
-// (detr_detect_batch), DETR's post-processing. The model is opened for inference only: its
-// backbone's frozen norms are folded into the convolutions (detr_model_prepare_inference).
+// (detr_detect_batch), DETR's post-processing. The model is opened for inference only
+// (detr_model_prepare_inference, docs/inference.md): its backbone's frozen norms folded into the
+// convolutions, the decoder's terms of the learned queries computed once, and the layers free to
+// compute their function in a faster order.
 // `detr predict` is a user of this file. Every user-input problem is checked here or returned by
 // the readers below as an error; out of memory and CUDA failures stay fatal (DETR_CHECK).
 #define _POSIX_C_SOURCE 200809L
@@ -190,7 +192,7 @@ static detr_status open_model(const char *checkpoint, const char *weights, const
   st = model_file_load(checkpoint, weights, config, sets, n_all, dev, &m->net, &ci, last_error, sizeof last_error);
   free(sets);
   if (!st) {
-    detr_model_prepare_inference(m->net);  // the weights never change here: the norms fold into the convolutions
+    detr_model_prepare_inference(m->net);  // the weights never change here (docs/inference.md)
     m->n_labels = (int)m->net->cfg.num_classes;
     st = make_names(m, &o, checkpoint, &ci, last_error, sizeof last_error);
   }

@@ -114,7 +114,7 @@ Tensor *op_reshape(Tensor *x, Shape shape);  // a view; one dim may be -1
 Tensor *op_permute(Tensor *x, const int *perm);  // copies; perm has x->shape.ndim entries
 Tensor *op_transpose(Tensor *x, int dim0, int dim1);
 Tensor *op_concat(Tensor *const *xs, int n, int axis);
-Tensor *op_slice(Tensor *x, int axis, int64_t start, int64_t end);  // [start, end)
+Tensor *op_slice(Tensor *x, int axis, int64_t start, int64_t end);  // [start, end); may share x's data (one block, not recorded)
 // Rows of x [R, ...] picked by host indices idx[0..n) -> [n, ...].
 Tensor *op_index_select(Tensor *x, const int64_t *idx, int64_t n);
 

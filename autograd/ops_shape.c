@@ -80,7 +80,8 @@ Tensor *op_transpose(Tensor *x, int dim0, int dim1) {
   return op_permute(x, perm);
 }
 
-// --- concat and slice: copies of [outer, axis range, inner] blocks ---
+// --- concat and slice: copies of [outer, axis range, inner] blocks (a slice of one block with
+// nothing recorded: a view) ---
 
 static void copy_range(Device dev, const float *src, float *dst, int64_t outer, int64_t src_axis,
                        int64_t dst_axis, int64_t inner, int64_t src_start, int64_t dst_start,

@@ -22,7 +22,7 @@ MultiheadAttention mha_create(ParamStore *ps, const char *prefix, int64_t dim, i
 }
 
 Tensor *mha_project(const MultiheadAttention *a, Tensor *x, int which) {
-  // Rows [which*d, (which+1)*d) of the packed projection (slices are small copies).
+  // Rows [which*d, (which+1)*d) of the packed projection (a view where nothing records, else a copy).
   Tensor *w = op_slice(a->in_proj_weight, 0, which * a->dim, (which + 1) * a->dim);
   Tensor *b = op_slice(a->in_proj_bias, 0, which * a->dim, (which + 1) * a->dim);
   return op_linear(x, w, b);
@@ -57,8 +57,9 @@ Tensor *attention_heads(const NnCtx *ctx, Tensor *q, Tensor *k, Tensor *v, int64
   return mha_merge_heads(nn_dropout_bmm(ctx, attn, vh, dropout), B);  // [B, Lq, h * dv]
 }
 
-bool attention_fold_pays(int64_t Q, int64_t L, int64_t d, int64_t heads, const int64_t *din, int n_terms,
+bool attention_fold_pays(Device dev, int64_t Q, int64_t L, int64_t d, int64_t heads, const int64_t *din, int n_terms,
                          int64_t dv_in) {
+  if (dev != DEVICE_CPU) return false;  // measured on the CPU only; on a GPU the projected form runs
   // multiply-adds per image: the projections of the keys and values and the per-head products,
   // against the projections of the queries and the outputs and products over the inputs' width
   int64_t projected = L * d * dv_in + Q * L * d * (n_terms + 1), folded = Q * d * dv_in + heads * Q * L * dv_in;
@@ -79,9 +80,17 @@ Tensor *attention_fold_projections(const AttnKeyTerm *terms, int n_terms, Tensor
              ATTN_MAX_KEY_TERMS);
   int64_t B = values->shape.d[0], L = values->shape.d[1], dv_in = values->shape.d[2];
   int64_t Q = terms[0].query->shape.d[1], d = value_weight->shape.d[0], D = 0;
+  DETR_CHECK(values->shape.ndim == 3 && value_weight->shape.d[1] == dv_in && d % heads == 0,
+             "attention_fold_projections: values [B, L, %lld] do not fit the value projection [%lld, %lld] in %lld heads",
+             (long long)dv_in, (long long)d, (long long)value_weight->shape.d[1], (long long)heads);
   Tensor *folded[ATTN_MAX_KEY_TERMS], *keys[ATTN_MAX_KEY_TERMS];
   for (int t = 0; t < n_terms; t++) {
     int64_t din = terms[t].weight->shape.d[1];
+    const Shape *qs = &terms[t].query->shape, *ks = &terms[t].keys->shape;
+    DETR_CHECK(qs->ndim == 3 && qs->d[0] == B && qs->d[1] == Q && qs->d[2] == terms[t].weight->shape.d[0] &&
+                   qs->d[2] % heads == 0 && ks->ndim == 3 && ks->d[0] == B && ks->d[1] == L && ks->d[2] == din,
+               "attention_fold_projections: term %d's query, weight [%lld, %lld] and keys do not fit [B %lld, Q %lld, L %lld]",
+               t, (long long)terms[t].weight->shape.d[0], (long long)din, (long long)B, (long long)Q, (long long)L);
     Tensor *w = op_reshape(terms[t].weight, SHAPE(heads, terms[t].weight->shape.d[0] / heads, din));  // [h, hd, din]
     folded[t] = op_bmm(heads_first(terms[t].query, heads), w, false, false);  // [h, B*Q, din]: W_t,h^T q_t,h
     keys[t] = terms[t].keys;
@@ -98,14 +107,24 @@ Tensor *attention_fold_projections(const AttnKeyTerm *terms, int n_terms, Tensor
   pooled = op_reshape(op_permute(pooled, (const int[]){1, 0, 2, 3}), SHAPE(heads, B * Q, dv_in));
   Tensor *out = op_bmm(pooled, op_reshape(value_weight, SHAPE(heads, d / heads, dv_in)), false, true);  // [h, B*Q, dv]
   out = op_permute(op_reshape(out, SHAPE(heads, B, Q, d / heads)), (const int[]){1, 2, 0, 3});  // [B, Q, h, dv]
-  out = op_reshape(out, SHAPE(B, Q, d));
-  return value_bias ? op_add(out, value_bias) : out;
+  if (value_bias && key_padding_mask) {
+    // b_v times the row's weights' sum: 1, or 0 where every key is padding (softmax's zeros, which
+    // the projected form turns into 0, not b_v).
+    Tensor *sums = op_reshape(op_sum(attn, 2, false), SHAPE(B, heads, Q, 1));
+    sums = op_permute(sums, (const int[]){0, 2, 1, 3});  // [B, Q, h, 1]
+    out = op_add(out, op_mul(sums, op_reshape(value_bias, SHAPE(heads, d / heads))));
+  } else if (value_bias) {
+    out = op_add(out, op_reshape(value_bias, SHAPE(heads, d / heads)));
+  }
+  return op_reshape(out, SHAPE(B, Q, d));
 }
 
 Tensor *mha_forward_weights(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key, Tensor *value,
                             Tensor *key_padding_mask, Tensor **weights) {
+  // The decoder's cross-attention at inference, where the queries are few; never the encoders'
+  // self-attention (as many queries as keys, or more: it does not pay).
   int64_t d = a->dim, Lq = query->shape.d[1], Lk = key->shape.d[1];
-  if (ctx->inference && attention_fold_pays(Lq, Lk, d, a->heads, &d, 1, d)) {
+  if (ctx->inference && attention_fold_pays(query->device, Lq, Lk, d, a->heads, &d, 1, d)) {
     Tensor *wk = op_slice(a->in_proj_weight, 0, d, 2 * d), *wv = op_slice(a->in_proj_weight, 0, 2 * d, 3 * d);
     AttnKeyTerm term = {.query = mha_project(a, query, 0), .weight = wk, .keys = key};
     Tensor *out = attention_fold_projections(&term, 1, wv, op_slice(a->in_proj_bias, 0, 2 * d, 3 * d), value, a->heads,

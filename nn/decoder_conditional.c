@@ -150,20 +150,16 @@ static Tensor *ffn(const CondLayer *l, const NnCtx *ctx, float p, Tensor *x) {
 }
 
 // The cross-attention as the reference computes it: the memory's and positions' projections, then
-// per head [content ++ spatial] queries against [content ++ spatial] keys. q_content [B, Q, d];
-// sine: p_s T, [B, Q, d] (layer 0: [Q, d]). -> [B, Q, d] before ca_out.
+// per head [content ++ spatial] queries against [content ++ spatial] keys. q_content [B, Q, d] (layer
+// 0: with ca_qpos(query_pos) added); q_sine [B, Q, d] (layer 0: [Q, d]). -> [B, Q, d] before ca_out.
 static Tensor *cross_attention(const CondLayer *l, const TransformerShape *s, const NnCtx *ctx, Tensor *q_content,
-                               Tensor *memory, Tensor *key_mask, Tensor *pos, Tensor *query_pos, Tensor *sine,
-                               const QueryTerms *qt, bool first, Tensor **cross_weights) {
+                               Tensor *q_sine, Tensor *memory, Tensor *key_mask, Tensor *pos, bool first,
+                               Tensor **cross_weights) {
   int64_t B = q_content->shape.d[0], Q = q_content->shape.d[1], d = s->dim;
   Tensor *k_content = linear_forward(&l->ca_kcontent, memory);  // [B, HW, d]
   Tensor *k_pos = linear_forward(&l->ca_kpos, pos);             // [B, HW, d]
   Tensor *v = linear_forward(&l->ca_v, memory);
-  if (first) {
-    q_content = op_add(q_content, qt ? qt->ca_qpos : linear_forward(&l->ca_qpos, query_pos));
-    k_content = op_add(k_content, k_pos);
-  }
-  Tensor *q_sine = qt && qt->q_sine ? qt->q_sine : linear_forward(&l->ca_qpos_sine, sine);  // [B, Q, d]; layer 0 [Q, d]
+  if (first) k_content = op_add(k_content, k_pos);
   if (q_sine->shape.ndim == 2)  // one per query: the same for every image
     q_sine = op_add(tensor_scoped(tensor_zeros(q_content->device, SHAPE(B, Q, d))), q_sine);
   Tensor *q_cross = concat_heads(q_content, q_sine, s->heads);  // [B, Q, 2d]
@@ -171,17 +167,19 @@ static Tensor *cross_attention(const CondLayer *l, const TransformerShape *s, co
   return attention_heads(ctx, q_cross, k_cross, v, s->heads, key_mask, s->dropout, cross_weights);
 }
 
-// The same at inference, where it pays, with the projections moved onto the queries
-// (attention_fold_projections): head h's logit is q_content,h . k_content,h + q_sine,h . k_pos,h
-// (in layer 0 with ca_qpos in q_content and k_pos,h in k_content,h too), a term on the memory and
-// a term on the positions. NULL where it does not pay.
-static Tensor *cross_attention_folded(const CondLayer *l, const TransformerShape *s, Tensor *q_content,
-                                      Tensor *memory, Tensor *key_mask, Tensor *pos, Tensor *query_pos, Tensor *sine,
-                                      const QueryTerms *qt, bool first, Tensor **cross_weights) {
+// The same with the projections moved onto the queries (attention_fold_projections), at inference
+// where it pays: head h's logit is q_content,h . k_content,h + q_sine,h . k_pos,h (in layer 0 with
+// k_pos,h in k_content,h too), a term on the memory and a term on the positions.
+static bool cross_attention_folds(const TransformerShape *s, const NnCtx *ctx, Tensor *q_content, Tensor *memory) {
   int64_t d = s->dim, widths[2] = {d, d};
-  if (!attention_fold_pays(q_content->shape.d[1], memory->shape.d[1], d, s->heads, widths, 2, d)) return NULL;
-  if (first) q_content = op_add(q_content, qt ? qt->ca_qpos : linear_forward(&l->ca_qpos, query_pos));
-  Tensor *q_sine = qt && qt->q_sine ? qt->q_sine : linear_forward(&l->ca_qpos_sine, sine);  // [B, Q, d]; layer 0 [Q, d]
+  return ctx->inference &&
+         attention_fold_pays(memory->device, q_content->shape.d[1], memory->shape.d[1], d, s->heads, widths, 2, d);
+}
+
+static Tensor *cross_attention_folded(const CondLayer *l, const TransformerShape *s, Tensor *q_content,
+                                      Tensor *q_sine, Tensor *memory, Tensor *key_mask, Tensor *pos, bool first,
+                                      Tensor **cross_weights) {
+  int64_t d = s->dim;
   AttnKeyTerm terms[2] = {{.query = q_content, .weight = l->ca_kcontent.weight, .keys = memory},
                           {.query = first ? op_add(q_content, q_sine) : q_sine, .weight = l->ca_kpos.weight, .keys = pos}};
   return attention_fold_projections(terms, 2, l->ca_v.weight, l->ca_v.bias, memory, s->heads,
@@ -201,12 +199,14 @@ static Tensor *layer_forward(const CondLayer *l, const TransformerShape *s, cons
   Tensor *self = linear_forward(&l->sa_out, attention_heads(ctx, q, k, v, s->heads, NULL, p, NULL));
   tgt = layernorm_forward(&l->norm1, op_add(tgt, nn_dropout(ctx, self, p)));
 
+  // ca_qpos and ca_qpos_sine before the keys' and values' projections, where the reference has them
+  // after: no tensor is read by both, so every gradient is summed in the same order.
   Tensor *q_content = linear_forward(&l->ca_qcontent, tgt);  // [B, Q, d]
-  Tensor *cross = ctx->inference ? cross_attention_folded(l, s, q_content, memory, key_mask, pos, query_pos, sine,
-                                                          qt, first, cross_weights)
-                                 : NULL;
-  if (!cross)
-    cross = cross_attention(l, s, ctx, q_content, memory, key_mask, pos, query_pos, sine, qt, first, cross_weights);
+  if (first) q_content = op_add(q_content, qt ? qt->ca_qpos : linear_forward(&l->ca_qpos, query_pos));
+  Tensor *q_sine = qt && qt->q_sine ? qt->q_sine : linear_forward(&l->ca_qpos_sine, sine);  // [B, Q, d]; layer 0 [Q, d]
+  Tensor *cross = cross_attention_folds(s, ctx, q_content, memory)
+                      ? cross_attention_folded(l, s, q_content, q_sine, memory, key_mask, pos, first, cross_weights)
+                      : cross_attention(l, s, ctx, q_content, q_sine, memory, key_mask, pos, first, cross_weights);
   tgt = layernorm_forward(&l->norm2, op_add(tgt, nn_dropout(ctx, linear_forward(&l->ca_out, cross), p)));
   tgt = op_add(tgt, nn_dropout(ctx, ffn(l, ctx, p, tgt), p));
   return layernorm_forward(&l->norm3, tgt);

@@ -83,7 +83,9 @@ void detr_model_prepare_inference(DetrModel *m) {
   resnet_fold_bn(&m->backbone);
   const DecoderKind *dk = detr_decoder(&m->cfg);
   if (dk->prepare_inference) {
-    if (dk->release_inference) dk->release_inference(m->decoder_state);
+    DETR_CHECK(dk->release_inference, "detr_model_prepare_inference: decoder %s prepares but has no release_inference",
+               dk->name);
+    dk->release_inference(m->decoder_state);
     device_set_bf16(m->params.device, m->cfg.bf16);  // the model's precision, as its forward sets it
     dk->prepare_inference(m->decoder_state, m->query_embed);
   }

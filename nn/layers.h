@@ -134,7 +134,8 @@ Tensor *attention_heads(const NnCtx *ctx, Tensor *q, Tensor *k, Tensor *v, int64
 //   logit_h(q, j) = scale sum_t q_t,h(q) . (W_t,h x_t(j) + b_t,h)
 //                 = scale sum_t (W_t,h^T q_t,h(q)) . x_t(j) + a constant over j, which softmax drops
 //   out_h(q)      = sum_j P_h(q, j) (W_v,h x_v(j) + b_v,h) = W_v,h (sum_j P_h(q, j) x_v(j)) + b_v,h
-// (the weights P of a row sum to 1). No key or value is projected: the projections apply to Q
+// (the weights P of a row sum to 1, or 0 where every key is padding: b_v is scaled by the sum). No
+// key or value is projected: the projections apply to Q
 // queries instead of L keys, and the products run over the inputs' width instead of a head's.
 typedef struct {
   Tensor *query;   // [B, Q, d]: head h is features h*hd .. (h+1)*hd - 1 (hd = d / heads)
@@ -144,8 +145,8 @@ typedef struct {
 #define ATTN_MAX_KEY_TERMS 4
 // Whether the fold does fewer multiply-adds than projecting the keys and values (about: heads * Q
 // under the inputs' width): Q queries, L keys, key terms of widths din[0..n_terms), values of width
-// dv_in projected to d.
-bool attention_fold_pays(int64_t Q, int64_t L, int64_t d, int64_t heads, const int64_t *din, int n_terms,
+// dv_in projected to d. On the CPU only (not measured on a GPU).
+bool attention_fold_pays(Device dev, int64_t Q, int64_t L, int64_t d, int64_t heads, const int64_t *din, int n_terms,
                          int64_t dv_in);
 // [B, Q, d] from terms[0..n_terms) (each query's head h scaled by `scale` in the logits) and the values'
 // projection (value_weight [d, dv_in], value_bias [d] or NULL) of values [B, L, dv_in]; the key padding

@@ -313,6 +313,40 @@ START_TEST(print_does_not_crash) {
 }
 END_TEST
 
+// op_slice of one contiguous block with nothing recorded is a view into x's data (a view of a view
+// nests the offsets) that keeps it alive past x's scope; recorded, or strided, it is a copy.
+START_TEST(slices_view_or_copy) {
+  float host[24];
+  for (int i = 0; i < 24; i++) host[i] = (float)i;
+  bool was = autograd_set_grad_enabled(false);
+  Tensor *x = tensor_from_host(DEVICE_CPU, SHAPE(4, 6), host);
+  ScopeMark outer = tensor_scope_mark();
+  ScopeMark inner = tensor_scope_mark();
+  Tensor *rows = op_slice(x, 0, 1, 3);    // rows 1, 2: elements 6 .. 17
+  Tensor *row2 = op_slice(rows, 0, 1, 2);  // of those, row 1: elements 12 .. 17
+  ck_assert_ptr_eq(rows->data, x->data + 6);
+  ck_assert_ptr_eq(row2->data, x->data + 12);
+  Tensor *cols = op_slice(x, 1, 2, 4);  // strided: a copy
+  ck_assert_ptr_ne(cols->data, x->data + 2);
+  ck_assert_float_eq(cols->data[2], 8.0f);
+  tensor_scope_keep(inner, &row2, 1);  // rows and cols freed, row2 kept; then x's own reference goes
+  tensor_release(x);
+  for (int i = 0; i < 6; i++) ck_assert_float_eq(row2->data[i], (float)(12 + i));
+  tensor_scope_release(outer);
+  autograd_set_grad_enabled(was);
+  // Recorded (x needs a gradient): a copy, whose backward needs its own output.
+  Tensor *w = tensor_from_host(DEVICE_CPU, SHAPE(4, 6), host);
+  w->requires_grad = true;
+  ScopeMark mark = tensor_scope_mark();
+  Tensor *copy = op_slice(w, 0, 1, 3);
+  ck_assert_ptr_ne(copy->data, w->data + 6);
+  ck_assert_float_eq(copy->data[0], 6.0f);
+  tensor_scope_release(mark);
+  autograd_clear_tape();
+  tensor_release(w);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("tensor");
   TCase *tc = tcase_create("core");
@@ -327,6 +361,7 @@ int main(void) {
   tcase_add_test(tc, arena_best_fit_merges_and_lowers_top);
   tcase_add_test(tc, arena_random_keeps_invariants);
   tcase_add_test(tc, print_does_not_crash);
+  tcase_add_test(tc, slices_view_or_copy);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -116,7 +116,7 @@ int cmd_eval(int argc, char **argv) {
     fprintf(stderr, "detr eval: %s\n", err);
     return 1;
   }
-  detr_model_prepare_inference(m);  // evaluation only: the backbone's norms fold into its convolutions
+  detr_model_prepare_inference(m);  // evaluation only (docs/inference.md)
   int is, ms;  // the training run's sizes when the checkpoint says them
   model_eval_sizes(&m->cfg, &ci, &is, &ms);
   if (pad_multiple < 0) pad_multiple = ci.pad_multiple >= 1 && ci.pad_multiple <= 256 ? ci.pad_multiple : 1;

@@ -67,7 +67,7 @@ void cpu_unary_backward(int op, const float *x, const float *y, const float *dy,
 
 // y = a op b: one loop per op with the op a literal (as the unary loops: an OpenMP region is
 // outlined before inlining, so a variable op kept binary_forward's switch in every element; an add
-// of 196 x 128 took 14.5 us instead of 2-3, bench/README.md "Serving"). Broadcast operands go by
+// of 196 x 128 took 14.5 us instead of 3.0, bench/README.md "Session 23"). Broadcast operands go by
 // rows of the output's last dim, each operand's offset found once per row and its step along the
 // row 0 or 1 (a bias or per-query term: 0), so the row loops vectorize too.
 #define BINARY_FORWARD_LOOPS(OP)                                                                          \

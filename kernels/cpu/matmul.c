@@ -71,19 +71,20 @@ void cpu_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
     return;
   double flops = 2.0 * (double)m * (double)n * (double)k;
   int64_t threads = omp_get_max_threads();
+#define SGEMM_MATRIX(i)                                                                                 \
+  sgemm(trans_a, trans_b, m, n, k, alpha, a + (i) * stride_a, lda, b + (i) * stride_b, ldb, beta, c + (i) * stride_c, \
+        ldc)
   if (batch >= threads && flops < GEMM_BATCH_PARALLEL_MAX_FLOPS) {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < batch; i++)
-      sgemm(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta, c + i * stride_c,
-            ldc);
+    for (int64_t i = 0; i < batch; i++) SGEMM_MATRIX(i);
     return;
   }
   // Not inside a parallel region, even an inactive one (an `if` clause that is false): oneDNN's
   // sgemm called there took 3-4 ms instead of 12 us for a 40x128x196 product at 2 threads, its
-  // threads waiting on each other (a 1-image batch of the folded attention, bench/README.md).
-  for (int64_t i = 0; i < batch; i++)
-    sgemm(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta, c + i * stride_c,
-          ldc);
+  // threads waiting on each other (the folded attention's 1-image batch; bench/README.md
+  // "Session 23").
+  for (int64_t i = 0; i < batch; i++) SGEMM_MATRIX(i);
+#undef SGEMM_MATRIX
 }
 
 void cpu_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols, bool relu) {
