@@ -67,6 +67,18 @@ bool attention_fold_pays(Device dev, int64_t Q, int64_t L, int64_t d, int64_t he
   return folded < projected;
 }
 
+// Whether a row of the additive key padding mask [B, L] (host-readable: the fold runs on the CPU)
+// is all padding (-inf).
+static bool some_row_all_padding(const Tensor *mask) {
+  int64_t L = mask->shape.d[mask->shape.ndim - 1], rows = L > 0 ? mask->numel / L : 0;
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t j = 0;
+    while (j < L && mask->data[r * L + j] == -INFINITY) j++;
+    if (j == L) return true;
+  }
+  return false;
+}
+
 // [B, Q, heads * hd] -> [heads, B * Q, hd]
 static Tensor *heads_first(Tensor *x, int64_t heads) {
   int64_t B = x->shape.d[0], Q = x->shape.d[1], hd = x->shape.d[2] / heads;
@@ -80,6 +92,7 @@ Tensor *attention_fold_projections(const AttnKeyTerm *terms, int n_terms, Tensor
              ATTN_MAX_KEY_TERMS);
   int64_t B = values->shape.d[0], L = values->shape.d[1], dv_in = values->shape.d[2];
   int64_t Q = terms[0].query->shape.d[1], d = value_weight->shape.d[0], D = 0;
+  DETR_CHECK(values->device == DEVICE_CPU, "attention_fold_projections: CPU tensors only (attention_fold_pays)");
   DETR_CHECK(values->shape.ndim == 3 && value_weight->shape.d[1] == dv_in && d % heads == 0,
              "attention_fold_projections: values [B, L, %lld] do not fit the value projection [%lld, %lld] in %lld heads",
              (long long)dv_in, (long long)d, (long long)value_weight->shape.d[1], (long long)heads);
@@ -107,9 +120,9 @@ Tensor *attention_fold_projections(const AttnKeyTerm *terms, int n_terms, Tensor
   pooled = op_reshape(op_permute(pooled, (const int[]){1, 0, 2, 3}), SHAPE(heads, B * Q, dv_in));
   Tensor *out = op_bmm(pooled, op_reshape(value_weight, SHAPE(heads, d / heads, dv_in)), false, true);  // [h, B*Q, dv]
   out = op_permute(op_reshape(out, SHAPE(heads, B, Q, d / heads)), (const int[]){1, 2, 0, 3});  // [B, Q, h, dv]
-  if (value_bias && key_padding_mask) {
+  if (value_bias && key_padding_mask && some_row_all_padding(key_padding_mask)) {
     // b_v times the row's weights' sum: 1, or 0 where every key is padding (softmax's zeros, which
-    // the projected form turns into 0, not b_v).
+    // the projected form turns into 0, not b_v). Only then: the sums cost 6 us a layer.
     Tensor *sums = op_reshape(op_sum(attn, 2, false), SHAPE(B, heads, Q, 1));
     sums = op_permute(sums, (const int[]){0, 2, 1, 3});  // [B, Q, h, 1]
     out = op_add(out, op_mul(sums, op_reshape(value_bias, SHAPE(heads, d / heads))));

@@ -150,7 +150,7 @@ bool attention_fold_pays(Device dev, int64_t Q, int64_t L, int64_t d, int64_t he
                          int64_t dv_in);
 // [B, Q, d] from terms[0..n_terms) (each query's head h scaled by `scale` in the logits) and the values'
 // projection (value_weight [d, dv_in], value_bias [d] or NULL) of values [B, L, dv_in]; the key padding
-// mask and *weights as attention_heads'.
+// mask and *weights as attention_heads'. CPU tensors only (attention_fold_pays).
 Tensor *attention_fold_projections(const AttnKeyTerm *terms, int n_terms, Tensor *value_weight, Tensor *value_bias,
                                    Tensor *values, int64_t heads, float scale, Tensor *key_padding_mask,
                                    Tensor **weights);
