@@ -65,6 +65,19 @@ void cpu_unary_backward(int op, const float *x, const float *y, const float *dy,
   }
 }
 
+// Rows of the output's last dim: each operand's element step along a row (0 where it is broadcast
+// there, else 1), so that offsets are found once per row (broadcast_offsets of its first element).
+typedef struct {
+  int64_t len, rows, step_a, step_b;
+} BroadcastRows;
+
+static BroadcastRows broadcast_rows(const Broadcast *bc, int64_t n) {
+  int last = bc->ndim - 1;
+  int64_t len = last >= 0 ? bc->shape[last] : 1;
+  return (BroadcastRows){.len = len, .rows = len > 0 ? n / len : 0, .step_a = last >= 0 ? bc->stride_a[last] : 0,
+                         .step_b = last >= 0 ? bc->stride_b[last] : 0};
+}
+
 // y = a op b: one loop per op with the op a literal (as the unary loops: an OpenMP region is
 // outlined before inlining, so a variable op kept binary_forward's switch in every element; an add
 // of 196 x 128 took 14.5 us instead of 3.0, bench/README.md "Session 23"). Broadcast operands go by
@@ -99,9 +112,8 @@ void cpu_unary_backward(int op, const float *x, const float *y, const float *dy,
 void cpu_binary_forward(int op, const float *a, const float *b, float *y, Broadcast bc) {
   int64_t n = broadcast_numel(&bc);
   bool dense = broadcast_is_dense(&bc, bc.stride_a) && broadcast_is_dense(&bc, bc.stride_b);
-  int last = bc.ndim - 1;
-  int64_t len = last >= 0 ? bc.shape[last] : 1, rows = len > 0 ? n / len : 0;
-  int64_t step_a = last >= 0 ? bc.stride_a[last] : 0, step_b = last >= 0 ? bc.stride_b[last] : 0;
+  BroadcastRows br = broadcast_rows(&bc, n);
+  int64_t len = br.len, rows = br.rows, step_a = br.step_a, step_b = br.step_b;
   switch (op) {
     BINARY_OPS(BINARY_FORWARD_CASE)
     default: DETR_FAIL("cpu_binary_forward: unknown op %d", op);
@@ -130,13 +142,13 @@ void cpu_binary_backward(int op, const float *a, const float *b, const float *dy
     }
     return;
   }
-  // By rows of the output's last dim, each operand's offset found once per row instead of per
-  // element (most of the time: a [2, 100, 256] + [100, 256] add's backward 1083 -> 102 us on one
-  // thread, the same bits; bench/README.md "Session 23"). A dense gradient has one writer per element: rows in parallel. A broadcast one sums many output
-  // elements into one: rows in order, the element order of a loop over i, so the sums are fixed.
-  int last = bc.ndim - 1;
-  int64_t len = last >= 0 ? bc.shape[last] : 1, rows = len > 0 ? n / len : 0;
-  int64_t step_a = last >= 0 ? bc.stride_a[last] : 0, step_b = last >= 0 ? bc.stride_b[last] : 0;
+  // By rows (broadcast_rows): each operand's offset found once per row instead of per element,
+  // which was most of the time (a [2, 100, 256] + [100, 256] add's backward 1083 -> 102 us on one
+  // thread, the same bits; bench/README.md "Session 23"). A dense gradient has one writer per
+  // element: rows in parallel. A broadcast one sums many output elements into one: rows in order,
+  // the element order of a loop over i, so the sums are fixed.
+  BroadcastRows br = broadcast_rows(&bc, n);
+  int64_t len = br.len, rows = br.rows, step_a = br.step_a, step_b = br.step_b;
   if ((da && dense_a) || (db && dense_b)) {
     float *set_a = da && dense_a ? da : NULL, *set_b = db && dense_b ? db : NULL;
 #pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_HEAVY)
