@@ -21,10 +21,16 @@ MultiheadAttention mha_create(ParamStore *ps, const char *prefix, int64_t dim, i
   return a;
 }
 
+// Rows [which*d, (which+1)*d) of the packed projection's weight and bias (views where nothing
+// records, else copies); which: 0 q, 1 k, 2 v.
+static void mha_rows(const MultiheadAttention *a, int which, Tensor **w, Tensor **b) {
+  *w = op_slice(a->in_proj_weight, 0, which * a->dim, (which + 1) * a->dim);
+  *b = op_slice(a->in_proj_bias, 0, which * a->dim, (which + 1) * a->dim);
+}
+
 Tensor *mha_project(const MultiheadAttention *a, Tensor *x, int which) {
-  // Rows [which*d, (which+1)*d) of the packed projection (a view where nothing records, else a copy).
-  Tensor *w = op_slice(a->in_proj_weight, 0, which * a->dim, (which + 1) * a->dim);
-  Tensor *b = op_slice(a->in_proj_bias, 0, which * a->dim, (which + 1) * a->dim);
+  Tensor *w, *b;
+  mha_rows(a, which, &w, &b);
   return op_linear(x, w, b);
 }
 
@@ -120,14 +126,15 @@ Tensor *attention_fold_projections(const AttnKeyTerm *terms, int n_terms, Tensor
   pooled = op_reshape(op_permute(pooled, (const int[]){1, 0, 2, 3}), SHAPE(heads, B * Q, dv_in));
   Tensor *out = op_bmm(pooled, op_reshape(value_weight, SHAPE(heads, d / heads, dv_in)), false, true);  // [h, B*Q, dv]
   out = op_permute(op_reshape(out, SHAPE(heads, B, Q, d / heads)), (const int[]){1, 2, 0, 3});  // [B, Q, h, dv]
-  if (value_bias && key_padding_mask && some_row_all_padding(key_padding_mask)) {
-    // b_v times the row's weights' sum: 1, or 0 where every key is padding (softmax's zeros, which
-    // the projected form turns into 0, not b_v). Only then: the sums cost 6 us a layer.
-    Tensor *sums = op_reshape(op_sum(attn, 2, false), SHAPE(B, heads, Q, 1));
-    sums = op_permute(sums, (const int[]){0, 2, 1, 3});  // [B, Q, h, 1]
-    out = op_add(out, op_mul(sums, op_reshape(value_bias, SHAPE(heads, d / heads))));
-  } else if (value_bias) {
-    out = op_add(out, op_reshape(value_bias, SHAPE(heads, d / heads)));
+  if (value_bias) {
+    Tensor *bias = op_reshape(value_bias, SHAPE(heads, d / heads));  // [h, dv]
+    if (key_padding_mask && some_row_all_padding(key_padding_mask)) {
+      // b_v times the row's weights' sum: 1, or 0 where every key is padding (softmax's zeros, which
+      // the projected form turns into 0, not b_v). Only then: the sums cost 6 us a layer.
+      Tensor *sums = op_reshape(op_sum(attn, 2, false), SHAPE(B, heads, Q, 1));
+      bias = op_mul(op_permute(sums, (const int[]){0, 2, 1, 3}), bias);  // [B, Q, h, 1] x [h, dv]
+    }
+    out = op_add(out, bias);
   }
   return op_reshape(out, SHAPE(B, Q, d));
 }
@@ -138,10 +145,11 @@ Tensor *mha_forward_weights(const MultiheadAttention *a, const NnCtx *ctx, Tenso
   // self-attention (as many queries as keys, or more: it does not pay).
   int64_t d = a->dim, Lq = query->shape.d[1], Lk = key->shape.d[1];
   if (ctx->inference && attention_fold_pays(query->device, Lq, Lk, d, a->heads, &d, 1, d)) {
-    Tensor *wk = op_slice(a->in_proj_weight, 0, d, 2 * d), *wv = op_slice(a->in_proj_weight, 0, 2 * d, 3 * d);
+    Tensor *wk, *bk, *wv, *bv;  // the keys' bias is a constant over the keys: unused
+    mha_rows(a, 1, &wk, &bk), mha_rows(a, 2, &wv, &bv);
     AttnKeyTerm term = {.query = mha_project(a, query, 0), .weight = wk, .keys = key};
-    Tensor *out = attention_fold_projections(&term, 1, wv, op_slice(a->in_proj_bias, 0, 2 * d, 3 * d), value, a->heads,
-                                             1.0f / sqrtf((float)(d / a->heads)), key_padding_mask, weights);
+    Tensor *out = attention_fold_projections(&term, 1, wv, bv, value, a->heads, 1.0f / sqrtf((float)(d / a->heads)),
+                                             key_padding_mask, weights);
     return linear_forward(&a->out_proj, out);
   }
   Tensor *q = mha_project(a, query, 0), *k = mha_project(a, key, 1), *v = mha_project(a, value, 2);
