@@ -288,12 +288,16 @@ static Tensor *linear(Tensor *x, Tensor *weight, Tensor *bias, bool relu, float 
   bool rounded = linear_rounds_once(x->device, rows, in, out);
   uint16_t *rounded_block = NULL;
   size_t rounded_bytes = 0;
-  // Inference (nothing recorded) on the CPU where the GEMM runs in fp32 (bf16 mode rounds larger
-  // ones): the bias and ReLU fused into it.
-  // (Where the GEMM is fp32, linear_rounds_once is false: fused and rounded never meet.)
+  // Inference (nothing recorded) on the CPU, the bias and ReLU fused into the GEMM: in bf16 where the
+  // weight is kept in bf16 (a model prepared for inference in bf16 mode: x alone is rounded, and from
+  // smaller GEMMs on, as cpu_linear_bf16 decides), else where the GEMM runs in fp32 (bf16 mode rounds
+  // larger ones, on the path below).
+  const float *b_data = bias ? bias->data : NULL;
   bool fused = x->device == DEVICE_CPU && !autograd_records(3, inputs) &&
-               !gemm_bf16_wanted(x->device, rows, out, in) &&
-               cpu_linear_fused(x->data, weight->data, bias ? bias->data : NULL, relu, y->data, rows, in, out);
+               ((weight->bf16 && cpu_linear_bf16(x->data, weight->bf16, b_data, relu, y->data, rows, in, out)) ||
+                (!gemm_bf16_wanted(x->device, rows, out, in) &&
+                 cpu_linear_fused(x->data, weight->data, b_data, relu, y->data, rows, in, out)));
+  if (fused) rounded = false;  // nothing is recorded: no copies to keep
   if (rounded) {
     linear_forward_rounded(x->device, x, weight, rows, in, out, y->data, &rounded_block, &rounded_bytes);
   } else if (!fused) {

@@ -89,6 +89,11 @@ void detr_model_prepare_inference(DetrModel *m) {
     device_set_bf16(m->params.device, m->cfg.bf16);  // the model's precision, as its forward sets it
     dk->prepare_inference(m->decoder_state, m->query_embed);
   }
+  // bf16 mode's linear layers read their weights kept in bf16 instead of rounding them every forward
+  // (op_linear; the matrices of the parameters: the linear layers' weights, and a few embeddings).
+  if (m->cfg.bf16 && m->params.device == DEVICE_CPU)
+    for (int i = 0; i < m->params.count; i++)
+      if (m->params.items[i].tensor->shape.ndim == 2) tensor_keep_bf16(m->params.items[i].tensor);
   m->prepared_for_inference = true;
 }
 

@@ -135,6 +135,7 @@ Tensor *tensor_view_range(Tensor *t, int64_t offset, Shape shape) {
              shape_str(shape, b, sizeof b), (long long)offset, shape_str(t->shape, a, sizeof a));
   Tensor *v = header_get();
   v->data = t->data ? t->data + offset : NULL;
+  v->bf16 = t->bf16 ? t->bf16 + offset : NULL;
   v->shape = shape;
   v->numel = numel;
   v->device = t->device;
@@ -158,13 +159,28 @@ Tensor *tensor_retain_header(Tensor *t) {
   return t;
 }
 
+void tensor_keep_bf16(Tensor *t) {
+  DETR_CHECK(t->device == DEVICE_CPU && !t->view_of, "tensor_keep_bf16: a CPU tensor that owns its data");
+  if (t->bf16 || !t->numel) return;
+  t->bf16 = detr_malloc((size_t)t->numel * sizeof(uint16_t), "a weight's bf16 copy");
+  cpu_round_bf16(t->data, 1, t->numel, t->bf16);
+}
+
+void tensor_drop_bf16(Tensor *t) {
+  if (t->view_of) return;  // a view's points into its base's
+  free(t->bf16);
+  t->bf16 = NULL;
+}
+
 static void drop_data(Tensor *t) {
   if (t->view_of)
     tensor_release(t->view_of);
   else if (t->data)
     detr_free(t->device, t->data, t->alloc_bytes);
+  if (!t->view_of) free(t->bf16);
   t->view_of = NULL;
   t->data = NULL;
+  t->bf16 = NULL;
 }
 
 static void drop_header(Tensor *t) {

@@ -39,6 +39,7 @@ typedef struct Tensor {
   bool requires_grad;
   struct Tensor *grad;        // accumulated gradient (same shape), or NULL
   struct TapeNode *grad_fn;   // the node that produced this tensor, NULL for leaves
+  uint16_t *bf16;             // a constant tensor's data rounded to bf16 (tensor_keep_bf16), or NULL
 } Tensor;
 
 // --- creation (caller owns the result) ---
@@ -52,6 +53,14 @@ Tensor *tensor_to_device(const Tensor *t, Device dev);  // a copy on dev
 Tensor *tensor_view(Tensor *t, Shape shape);
 // A tensor of `shape` on t's elements offset .. offset + numel(shape) - 1 (a contiguous slice).
 Tensor *tensor_view_range(Tensor *t, int64_t offset, Shape shape);
+
+// A weight that no longer changes (a model prepared for inference) keeps its data rounded to bf16
+// beside it, so that bf16 mode's GEMMs read that instead of rounding it in every forward (views of t
+// made afterwards point into the copy too). CPU only; the copy is freed with the data. Whoever
+// writes t's data afterwards must drop the copy first (tensor_drop_bf16): AdamW refuses such a
+// parameter.
+void tensor_keep_bf16(Tensor *t);
+void tensor_drop_bf16(Tensor *t);
 
 Tensor *tensor_retain(Tensor *t);
 void tensor_release(Tensor *t);

@@ -19,6 +19,9 @@ list(APPEND cpu_only_helpers "cpu_conv2d_forward_fused(" "cpu_conv2d_forward_fus
 # Inference's linear with its epilogue in the GEMM (op_linear recording nothing): on CUDA, as in
 # training, the GEMM and then the bias (and ReLU) kernel.
 list(APPEND cpu_only_helpers "cpu_linear_fused(")
+# Its bf16 form on a weight kept in bf16 (tensor_keep_bf16, CPU tensors only): on CUDA a model keeps
+# no copies and its linear layers round as in training.
+list(APPEND cpu_only_helpers "cpu_linear_bf16(")
 # bf16 mode's convolution copies rounded once (op_conv2d): which passes read them. CUDA's bf16
 # convolutions stage their own copies per pass (kernels/cuda/conv.cu).
 list(APPEND cpu_only_helpers "cpu_conv2d_takes_bf16(" "cpu_conv2d_x16_numel(")

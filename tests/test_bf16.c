@@ -229,6 +229,87 @@ START_TEST(linear_rounds_once_as_each_gemm) {
 }
 END_TEST
 
+// --- a weight kept in bf16 (tensor_keep_bf16): inference's linear layers ---
+
+// The kept copy is each element rounded to the nearest bf16 (the independent rounding's bits), and a
+// view made afterwards points into it. op_linear with nothing recorded reads the copy, rounds x, and
+// sums in fp32 with the bias and ReLU after: y = relu(sum x'w' + b) within (gamma_K + 2u) sum |x'w'|
+// + u |b| of the double sum of the rounded inputs (the bias adds one rounding, the ReLU none and
+// moves nothing further: it is 1-Lipschitz), and outside fp32's error of the exact sum (bf16 ran:
+// a path that read the fp32 weight would not be). Shapes above the size where the kept copy is
+// taken (47 x 128 x 128, as an ENACT cluster's projection; 10 x 512 x 128, the decoder's FFN); a
+// view of rows 128..255 of a [384, 128] weight, as the packed attention projections slice theirs,
+// gives what a weight made of those rows alone gives, bit for bit.
+static void check_kept_linear(int64_t rows, int64_t in, int64_t out, bool relu, int64_t view_rows) {
+  float *xh = uniform_buffer(rows * in, 41), *wh = uniform_buffer((out + 2 * view_rows) * in, 42);
+  float *bh = uniform_buffer(out, 43);
+  Tensor *x = tensor_from_host(DEVICE_CPU, SHAPE(rows, in), xh), *b = tensor_from_host(DEVICE_CPU, SHAPE(out), bh);
+  Tensor *packed = tensor_from_host(DEVICE_CPU, SHAPE(out + 2 * view_rows, in), wh);  // rows view_rows.. are W
+  tensor_keep_bf16(packed);
+  for (int64_t i = 0; i < packed->numel; i++) {
+    float r = bf16_to_float(packed->bf16[i]);
+    ck_assert_msg((double)r == ref_bf16(packed->data[i]), "kept copy [%lld]: %.9g, expected %.9g", (long long)i, r,
+                  ref_bf16(packed->data[i]));
+  }
+  Tensor *w = tensor_view_range(packed, view_rows * in, SHAPE(out, in));
+  ck_assert(w->bf16 == packed->bf16 + view_rows * in);
+  bool was = autograd_set_grad_enabled(false);
+  cpu_set_bf16(true);
+  ScopeMark mark = tensor_scope_mark();
+  Tensor *y = relu ? op_linear_relu(x, w, b) : op_linear(x, w, b);
+  Tensor *alone = tensor_from_host(DEVICE_CPU, SHAPE(out, in), wh + view_rows * in);
+  tensor_keep_bf16(alone);
+  Tensor *y_alone = relu ? op_linear_relu(x, alone, b) : op_linear(x, alone, b);
+  cpu_set_bf16(false);
+  autograd_set_grad_enabled(was);
+  ck_assert_msg(!memcmp(y->data, y_alone->data, sizeof(float) * (size_t)(rows * out)),
+                "a view of a kept weight gives other floats than the weight alone");
+  BoundCheck chk = {0};
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t o = 0; o < out; o++) {
+      double rs = 0, ra = 0, es = 0, ea = 0;
+      for (int64_t k = 0; k < in; k++) {
+        float xv = xh[i * in + k], wv = wh[(view_rows + o) * in + k];
+        double r = ref_bf16(xv) * ref_bf16(wv), e = (double)xv * wv;
+        rs += r, ra += fabs(r), es += e, ea += fabs(e);
+      }
+      double got = y->data[i * out + o], bias = bh[o], extra = U32 * (ra + fabs(bias));  // the bias's rounding
+      double want = rs + bias, exact = es + bias;
+      if (relu) want = fmax(want, 0), exact = fmax(exact, 0);
+      double allowed = (gamma_k((double)in) + U32) * ra + extra + 1e-30;
+      chk.worst_ratio = fmax(chk.worst_ratio, fabs(got - want) / allowed);
+      chk.worst_vs_exact = fmax(chk.worst_vs_exact, fabs(got - exact) / (gamma_k((double)in) * ea + extra + 1e-30));
+    }
+  ck_assert_msg(chk.worst_ratio <= 1, "kept linear %lldx%lldx%lld relu %d: %.3g x the bound", (long long)rows,
+                (long long)in, (long long)out, relu, chk.worst_ratio);
+  ck_assert_msg(chk.worst_vs_exact > 1, "kept linear %lldx%lldx%lld: within fp32's error of the exact sum: bf16 did not run",
+                (long long)rows, (long long)in, (long long)out);
+  tensor_scope_release(mark);
+  tensor_release(w), tensor_release(packed), tensor_release(alone), tensor_release(x), tensor_release(b);
+  free(xh), free(wh), free(bh);
+}
+
+START_TEST(kept_weight_linear_within_rounding_bound) {
+  if (!have_bf16()) return;
+  check_kept_linear(47, 128, 128, false, 128);
+  check_kept_linear(10, 512, 128, true, 0);
+  check_kept_linear(200, 96, 64, true, 64);
+}
+END_TEST
+
+// A parameter kept in bf16 is constant: AdamW refuses to change it under its copy.
+START_TEST(adamw_refuses_a_kept_weight) {
+  ParamStore ps;
+  params_init(&ps, DEVICE_CPU);
+  Tensor *w = params_add(&ps, SHAPE(4, 4), PARAM_TRAINABLE, LR_GROUP_MAIN, "w");
+  tensor_keep_bf16(w);
+  AdamW opt;
+  adamw_init(&opt, &ps, optim_config_default());
+  autograd_grad(w);
+  adamw_clip_step(&opt, 0.1f);  // exits: "w is kept in bf16 for inference"
+}
+END_TEST
+
 // --- convolution: the three passes, nchw and channels last ---
 
 typedef struct {
@@ -563,6 +644,8 @@ int main(void) {
   tcase_add_test(tc, gemm_bf16_within_rounding_bound);
   tcase_add_test(tc, small_gemm_and_bf16_off_stay_fp32);
   tcase_add_test(tc, linear_rounds_once_as_each_gemm);
+  tcase_add_test(tc, kept_weight_linear_within_rounding_bound);
+  if (DETR_HAVE_ONEDNN) tcase_add_exit_test(tc, adamw_refuses_a_kept_weight, 1);
   tcase_add_test(tc, conv_bf16_within_rounding_bound);
   tcase_add_test(tc, conv_bf16_choice_within_rounding_bound);
   tcase_add_test(tc, conv_rounds_once_as_each_pass);

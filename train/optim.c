@@ -108,6 +108,8 @@ void adamw_step(AdamW *opt) {
   for (int i = 0; i < opt->params->count; i++) {
     Param *p = &opt->params->items[i];
     if (p->kind != PARAM_TRAINABLE || !p->tensor->grad) continue;
+    DETR_CHECK(!p->tensor->bf16, "adamw_step: %s is kept in bf16 for inference (tensor_keep_bf16): it cannot train",
+               p->name);
     AdamWStep s = step_constants(opt, p);
     Tensor *t = p->tensor;
     float *m = opt->exp_avg[i]->data, *v = opt->exp_avg_sq[i]->data;
@@ -138,6 +140,8 @@ double adamw_clip_step(AdamW *opt, float max_norm) {
     Param *p = &params->items[i];
     Tensor *t = p->tensor;
     if (p->kind != PARAM_TRAINABLE || !t->grad) continue;
+    DETR_CHECK(!t->bf16, "adamw_clip_step: %s is kept in bf16 for inference (tensor_keep_bf16): it cannot train",
+               p->name);
     ts[n] = (AdamWTensor){.p = t->data, .m = opt->exp_avg[i]->data, .v = opt->exp_avg_sq[i]->data,
                           .g = t->grad->data, .n = t->numel, .s = step_constants(opt, p)};
     grads[n] = t->grad->data, sizes[n] = t->numel, n++;

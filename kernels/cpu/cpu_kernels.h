@@ -42,6 +42,12 @@ bool cpu_gemm_bf16_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int
 // previous width. For bench_ops, which times what bf16 would do below it.
 int64_t cpu_gemm_bf16_set_min_batched_width(int64_t width);
 TWIN_GEMM_BF16(cpu)
+// y [rows, out] = relu?(x W^T + bias) in bf16 with W given rounded (w16 [out, in]: a weight kept in
+// bf16, tensor_keep_bf16), x rounded here, fp32 accumulation, the bias and ReLU as the matmul's
+// epilogue. False (nothing done) where bf16 is off, inside a parallel region, or the GEMM too small
+// to gain (LINEAR_BF16_KEPT_MIN_MACS_PER_THREAD): the caller runs its fp32 path.
+bool cpu_linear_bf16(const float *x, const uint16_t *w16, const float *bias, bool relu, float *y, int64_t rows,
+                     int64_t in, int64_t out);
 // The inference path's linear layer (op_linear with nothing recorded): y [rows, out] = relu?(x [rows,
 // in] W^T + bias) on oneDNN's fp32 matmul with the bias (NULL: none) and ReLU as its epilogue - one
 // pass over y instead of sgemm's and the bias pass's two. False (nothing done) without oneDNN or

@@ -25,6 +25,11 @@
 // Below this many multiply-adds a GEMM stays fp32: the copies and the call cost more than bf16
 // saves (bench/README.md "bf16 mixed precision").
 #define GEMM_BF16_MIN_MACS ((double)(1 << 20))
+// A linear layer whose weight is kept in bf16 (tensor_keep_bf16) rounds only x: bf16 pays from fewer
+// multiply-adds, per thread. Against the fp32 fused matmul, weights out of L2 (bench/README.md "Session
+// 24"): 1 thread 0.72x at 10x128x128 (164k multiply-adds), 2 threads 1.12x there, 1.01x at 13x128x128
+// (213k), 0.74x at 10x128x512.
+#define LINEAR_BF16_KEPT_MIN_MACS_PER_THREAD ((double)(1 << 17))
 
 // A batch of narrow products that fp32 runs one per thread (as many as threads, each under
 // GEMM_BATCH_PARALLEL_MAX_FLOPS) stays fp32 too: attention's per-head GEMMs whose output is a head
@@ -280,6 +285,22 @@ bool cpu_linear_fused(const float *x, const float *w, const float *bias, bool re
   gemm_prim_run(gemm_prim_get(&key), x, w, bias, y);
   return true;
 }
+bool cpu_linear_bf16(const float *x, const uint16_t *w16, const float *bias, bool relu, float *y, int64_t rows,
+                     int64_t in, int64_t out) {
+  if (!cpu_bf16_enabled() || rows == 0 || in == 0 || out == 0 || omp_in_parallel() ||
+      (double)rows * in * out < LINEAR_BF16_KEPT_MIN_MACS_PER_THREAD * omp_get_max_threads())
+    return false;
+  if (rows * in > copies_cap) {
+    free(copies);
+    copies_cap = rows * in;
+    copies = detr_malloc((size_t)copies_cap * sizeof(uint16_t), "bf16 GEMM operands");
+  }
+  cpu_round_bf16(x, rows, in, copies);  // [rows, in]
+  GemmKey key = {.trans_b = 1, .m = rows, .n = out, .k = in, .batch = 1, .ldc = out, .stride_c = rows * out,
+                 .epilogue = (bias ? EPILOGUE_BIAS : 0) | (relu ? EPILOGUE_RELU : 0), .alpha = 1.0f, .beta = 0.0f};
+  gemm_prim_run(gemm_prim_get(&key), copies, w16, bias, y);  // lda 0: operands already bf16
+  return true;
+}
 #else
 int64_t cpu_gemm_bf16_set_min_batched_width(int64_t width) {
   (void)width;
@@ -302,6 +323,12 @@ bool cpu_gemm_bf16_wanted(int64_t m, int64_t n, int64_t k) {
 void cpu_round_bf16(const float *x, int64_t rows, int64_t cols, uint16_t *out) {
   (void)x, (void)rows, (void)cols, (void)out;
   DETR_FAIL("cpu_round_bf16: this build has no oneDNN (bf16 is refused without it)");
+}
+
+bool cpu_linear_bf16(const float *x, const uint16_t *w16, const float *bias, bool relu, float *y, int64_t rows,
+                     int64_t in, int64_t out) {
+  (void)x, (void)w16, (void)bias, (void)relu, (void)y, (void)rows, (void)in, (void)out;
+  return false;  // no bf16 without oneDNN
 }
 
 bool cpu_linear_fused(const float *x, const float *w, const float *bias, bool relu, float *y, int64_t rows, int64_t in,
