@@ -749,7 +749,78 @@ CPU_AVX2_CLONES static void maxpool_row_cl(const float *x, float *y, int32_t *ar
     pool_row_blocks(x, y, NULL, false, g, b, oy);
 }
 
+// Channels last without argmax (inference): the window's maximum is taken separably - over its rows
+// for every input column of the output row first (vmax [in_w, C], contiguous: one vector loop), then
+// over its columns from vmax - where the kernel above keeps an index per channel and takes the 9 taps
+// pixel by pixel. The same values: the maximum of a set does not depend on the order it is taken in,
+// a NaN anywhere gives NaN (maxpool_takes lets one in and keeps it), and a tie between +0 and -0,
+// where the order would pick the sign, cannot come from a ReLU before the pool. The main job's stem
+// pool on a 223x213 picture ([112, 107, 16] in): 131 -> 38 us on 1 thread, 80 -> 20 us on 2 (hot;
+// bench/README.md "Session 24").
+enum { POOL_SEPARABLE_MAX_KH = 8 };  // taller windows take the kernel above
+
+CPU_AVX2_CLONES static void maxpool_row_cl_values(const float *x, float *y, float *vmax, const ConvGeom *g, int64_t b,
+                                                  int64_t oy) {
+  int64_t C = g->in_ch, row = g->in_w * C;
+  const float *rows[POOL_SEPARABLE_MAX_KH];  // the window's rows inside the picture, in tap order
+  int n_rows = 0;
+  for (int64_t ky = 0; ky < g->kh; ky++) {
+    int64_t iy = conv_in_coord(oy, ky, g->stride_h, g->pad_h, g->dil_h);
+    if (iy >= 0 && iy < g->in_h) rows[n_rows++] = x + (b * g->in_h + iy) * row;
+  }
+  int done = 1;  // rows taken into vmax
+  if (n_rows >= 3) {  // the first three in one pass (a 3x3 window's all)
+    const float *r0 = rows[0], *r1 = rows[1], *r2 = rows[2];
+#pragma omp simd
+    for (int64_t i = 0; i < row; i++) {
+      float m = maxpool_takes(r1[i], r0[i], 0) ? r1[i] : r0[i];
+      vmax[i] = maxpool_takes(r2[i], m, 0) ? r2[i] : m;
+    }
+    done = 3;
+  } else if (n_rows > 0) {
+    memcpy(vmax, rows[0], (size_t)row * sizeof(float));
+  }
+  for (int r = done; r < n_rows; r++) {
+    const float *xr = rows[r];
+#pragma omp simd
+    for (int64_t i = 0; i < row; i++) vmax[i] = maxpool_takes(xr[i], vmax[i], 0) ? xr[i] : vmax[i];
+  }
+  float *yr = y + (b * g->out_h + oy) * g->out_w * C;
+  if (n_rows == 0) {  // every row of the window in the padding (as above: not for torch's pools)
+    for (int64_t i = 0; i < g->out_w * C; i++) yr[i] = -FLT_MAX;
+    return;
+  }
+  for (int64_t ox = 0; ox < g->out_w; ox++) {
+    float *yp = yr + ox * C;
+    bool taken = false;
+    for (int64_t kx = 0; kx < g->kw; kx++) {
+      int64_t ix = conv_in_coord(ox, kx, g->stride_w, g->pad_w, g->dil_w);
+      if (ix < 0 || ix >= g->in_w) continue;
+      const float *v = vmax + ix * C;
+      if (!taken) {
+        memcpy(yp, v, (size_t)C * sizeof(float));
+      } else {
+#pragma omp simd
+        for (int64_t c = 0; c < C; c++) yp[c] = maxpool_takes(v[c], yp[c], 0) ? v[c] : yp[c];
+      }
+      taken = true;
+    }
+    if (!taken)  // a window wholly in the padding (not for torch's pools: pad <= kernel / 2)
+      for (int64_t c = 0; c < C; c++) yp[c] = -FLT_MAX;
+  }
+}
+
 void cpu_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const ConvGeom *g) {
+  if (g->channels_last && !argmax && g->kh <= POOL_SEPARABLE_MAX_KH) {
+#pragma omp parallel if (g->batch * g->out_h * g->out_w * g->in_ch > PARALLEL_MIN_LIGHT)
+    {
+      float *vmax = detr_malloc((size_t)(g->in_w * g->in_ch) * sizeof(float), "max-pool rows");  // [in_w, C]
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < g->batch * g->out_h; r++) maxpool_row_cl_values(x, y, vmax, g, r / g->out_h, r % g->out_h);
+      free(vmax);
+    }
+    return;
+  }
   if (g->channels_last) {
 #pragma omp parallel for schedule(static) if (g->batch * g->out_h * g->out_w * g->in_ch > PARALLEL_MIN_LIGHT)
     for (int64_t r = 0; r < g->batch * g->out_h; r++) maxpool_row_cl(x, y, argmax, g, r / g->out_h, r % g->out_h);
