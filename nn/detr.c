@@ -145,7 +145,8 @@ static void decode(const DetrModel *m, const NnCtx *ctx, const DecoderInput *din
   dk->forward(m->decoder_state, ctx, din, &dec);
   out->n_layers = dec.n_layers;
   out->cross_attn = dec.cross_attn;
-  for (int i = 0; i < dec.n_layers; i++) {
+  // The earlier layers' heads feed only the auxiliary losses: inference computes the last layer's.
+  for (int i = ctx->inference ? dec.n_layers - 1 : 0; i < dec.n_layers; i++) {
     ScopeMark mark = tensor_scope_mark();
     out->layers[i].logits = linear_forward(&m->class_embed, dec.hs[i]);
     out->layers[i].boxes = dk->boxes(m->decoder_state, mlp_forward(&m->bbox_embed, dec.hs[i]), &dec, i);

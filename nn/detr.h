@@ -132,7 +132,8 @@ void detr_model_prepare_inference(DetrModel *m);
 void detr_model_free(DetrModel *m);
 
 typedef struct {
-  DetrLayerOutput layers[DETR_MAX_LAYERS];  // decoder layer order; the last is the prediction
+  DetrLayerOutput layers[DETR_MAX_LAYERS];  // decoder layer order; the last is the prediction (under
+                                            // NnCtx.inference the only one: the others' NULL)
   int n_layers;
   int64_t feat_h, feat_w;  // feature map size
   AttnTrace attn[DETR_MAX_LAYERS];  // per encoder layer: what its attention variant reports
