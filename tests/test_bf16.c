@@ -229,6 +229,38 @@ START_TEST(linear_rounds_once_as_each_gemm) {
 }
 END_TEST
 
+// cpu_round_bf16 (the GEMMs' and the kept weights' rounding, AVX512-BF16's vcvtneps2bf16) against the
+// independent rounding, at lengths around its 16-float steps and its chunks, on ties, carries into
+// the exponent, the largest finite values, infinities and NaN; a denormal input gives a zero of its
+// sign, as the instruction (and oneDNN's reorder before it) takes denormals as zero.
+START_TEST(round_bf16_any_length) {
+  if (!have_bf16()) return;
+  const float special[] = {1.00390625f, 1.01171875f, -1.0078125f, 255.5f, 3.3895314e38f, -3.4028235e38f, 1e-30f,
+                           1e-40f, -1e-45f, 0.0f, -0.0f, INFINITY, -INFINITY, NAN, 65535.0f};
+  int n_special = (int)(sizeof special / sizeof special[0]);
+  const int64_t lengths[] = {1, 15, 16, 17, 100, 4099, 70001};
+  for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
+    int64_t n = lengths[li];
+    float *x = uniform_buffer(n, 51 + li);
+    for (int64_t i = 0; i < n; i++) x[i] = i % 3 == 0 ? special[(i / 3) % n_special] : x[i] * powf(2.0f, (float)(i % 50 - 25));
+    uint16_t *out = detr_malloc((size_t)n * sizeof(uint16_t), "rounded");
+    cpu_round_bf16(x, 1, n, out);
+    for (int64_t i = 0; i < n; i++) {
+      float got = bf16_to_float(out[i]);
+      if (isnan(x[i])) {
+        ck_assert_msg(isnan(got), "length %lld [%lld]: NaN rounded to %g", (long long)n, (long long)i, got);
+        continue;
+      }
+      double want = fpclassify(x[i]) == FP_SUBNORMAL ? copysign(0.0, x[i]) : ref_bf16(x[i]);
+      if (fabs(want) >= 0x1p128) want = copysign(INFINITY, x[i]);  // past bf16's largest finite value
+      ck_assert_msg(got == want && !signbit(got) == !signbit(want), "length %lld [%lld]: %.9g rounded to %.9g, expected %.9g",
+                    (long long)n, (long long)i, x[i], got, want);
+    }
+    free(x), free(out);
+  }
+}
+END_TEST
+
 // --- a weight kept in bf16 (tensor_keep_bf16): inference's linear layers ---
 
 // The kept copy is each element rounded to the nearest bf16 (the independent rounding's bits), and a
@@ -641,6 +673,7 @@ int main(void) {
   TCase *tc = tcase_create("bf16");
   tcase_set_timeout(tc, 600);  // the training run takes ~2 minutes under ASan on a loaded 2-core machine
   tcase_add_test(tc, bf16_rounding_to_nearest_even);
+  tcase_add_test(tc, round_bf16_any_length);
   tcase_add_test(tc, gemm_bf16_within_rounding_bound);
   tcase_add_test(tc, small_gemm_and_bf16_off_stay_fp32);
   tcase_add_test(tc, linear_rounds_once_as_each_gemm);
