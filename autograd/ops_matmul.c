@@ -230,15 +230,23 @@ static void linear_backward_rounded(Device dev, const LinearAttrs *at, const uin
 // a 64-element boundary. The node keeps both even where the backward reads one (x or W without a
 // gradient): a separate block for the other, freed at once, raised detr-r50@512's peak RSS by 36 MB
 // for the same live bytes (measured), while such layers are few (DETR's first decoder layer's values).
-static void linear_forward_rounded(Device dev, const Tensor *x, const Tensor *w, int64_t rows, int64_t in, int64_t out,
-                                   float *y, uint16_t **block, size_t *block_bytes) {
+// On the CPU the bias (may be NULL) and ReLU are the GEMM's epilogue (returns true: done), a pass over
+// y fewer; elsewhere the caller adds them.
+static bool linear_forward_rounded(Device dev, const Tensor *x, const Tensor *w, const Tensor *bias, bool relu,
+                                   int64_t rows, int64_t in, int64_t out, float *y, uint16_t **block,
+                                   size_t *block_bytes) {
   int64_t nw = w16_span(out, in);
   *block_bytes = (size_t)(nw + rows * in) * sizeof(uint16_t);
   *block = detr_alloc(dev, *block_bytes);
   uint16_t *w16 = *block, *x16 = *block + nw;
   round_bf16(dev, w->data, out, in, w16);
   round_bf16(dev, x->data, rows, in, x16);
+  if (dev == DEVICE_CPU) {
+    cpu_linear_bf16_rounded(x16, w16, bias ? bias->data : NULL, relu, y, rows, in, out);
+    return true;
+  }
   gemm_bf16(dev, false, true, rows, out, in, x16, w16, 0.0f, y, out);
+  return false;
 }
 
 static void linear_backward_node(TapeNode *n) {
@@ -288,10 +296,10 @@ static Tensor *linear(Tensor *x, Tensor *weight, Tensor *bias, bool relu, float 
   bool rounded = linear_rounds_once(x->device, rows, in, out);
   uint16_t *rounded_block = NULL;
   size_t rounded_bytes = 0;
-  // Inference (nothing recorded) on the CPU, the bias and ReLU fused into the GEMM: in bf16 where the
-  // weight is kept in bf16 (a model prepared for inference in bf16 mode: x alone is rounded, and from
-  // smaller GEMMs on, as cpu_linear_bf16 decides), else where the GEMM runs in fp32 (bf16 mode rounds
-  // larger ones, on the path below).
+  // fused: the bias and ReLU applied by the GEMM's epilogue. Inference (nothing recorded) on the CPU:
+  // in bf16 where the weight is kept in bf16 (a model prepared for inference in bf16 mode: x alone is
+  // rounded, and from smaller GEMMs on, as cpu_linear_bf16 decides), else where the GEMM runs in fp32
+  // (bf16 mode rounds larger ones, on the path below, whose CPU GEMM has the epilogue too).
   const float *b_data = bias ? bias->data : NULL;
   bool fused = x->device == DEVICE_CPU && !autograd_records(3, inputs) &&
                ((weight->bf16 && cpu_linear_bf16(x->data, weight->bf16, b_data, relu, y->data, rows, in, out)) ||
@@ -299,7 +307,8 @@ static Tensor *linear(Tensor *x, Tensor *weight, Tensor *bias, bool relu, float 
                  cpu_linear_fused(x->data, weight->data, b_data, relu, y->data, rows, in, out)));
   if (fused) rounded = false;  // nothing is recorded: no copies to keep
   if (rounded) {
-    linear_forward_rounded(x->device, x, weight, rows, in, out, y->data, &rounded_block, &rounded_bytes);
+    fused = linear_forward_rounded(x->device, x, weight, bias, relu, rows, in, out, y->data, &rounded_block,
+                                   &rounded_bytes);
   } else if (!fused) {
     gemm(x->device, false, true, rows, out, in, 1.0f, x->data, in, weight->data, in, 0.0f, y->data, out);
   }

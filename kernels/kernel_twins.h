@@ -50,7 +50,7 @@
 // gemm_bf16_wanted - whether P_gemm runs a GEMM of this shape in bf16 now; round_bf16 - a dense
 // matrix [rows, cols] rounded to the nearest bf16; gemm_bf16 - C[m, n] = alpha op(A) op(B) + beta C
 // on such copies (A [m, k], or [k, m] when trans_a; B [k, n] or [n, k]): P_gemm's bf16 arithmetic
-// (on the CPU its bits: the same oneDNN conversion and matmul).
+// (on the CPU its bits: the same conversion instruction and oneDNN matmul).
 #define TWIN_GEMM_BF16(P)                                                                                         \
   bool P##_gemm_bf16_wanted(int64_t m, int64_t n, int64_t k);                                                     \
   void P##_round_bf16(const float *x, int64_t rows, int64_t cols, uint16_t *out);                                 \

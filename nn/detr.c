@@ -81,6 +81,12 @@ void detr_model_init(DetrModel *m, uint64_t seed) {
 
 void detr_model_prepare_inference(DetrModel *m) {
   resnet_fold_bn(&m->backbone);
+  // bf16 mode's linear layers read their weights kept in bf16 instead of rounding them every forward
+  // (op_linear; the matrices of the parameters: the linear layers' weights, and a few embeddings).
+  // Before the decoder's terms below, so that those are the forward's floats.
+  if (m->cfg.bf16 && m->params.device == DEVICE_CPU)
+    for (int i = 0; i < m->params.count; i++)
+      if (m->params.items[i].tensor->shape.ndim == 2) tensor_keep_bf16(m->params.items[i].tensor);
   const DecoderKind *dk = detr_decoder(&m->cfg);
   if (dk->prepare_inference) {
     DETR_CHECK(dk->release_inference, "detr_model_prepare_inference: decoder %s prepares but has no release_inference",
@@ -89,11 +95,6 @@ void detr_model_prepare_inference(DetrModel *m) {
     device_set_bf16(m->params.device, m->cfg.bf16);  // the model's precision, as its forward sets it
     dk->prepare_inference(m->decoder_state, m->query_embed);
   }
-  // bf16 mode's linear layers read their weights kept in bf16 instead of rounding them every forward
-  // (op_linear; the matrices of the parameters: the linear layers' weights, and a few embeddings).
-  if (m->cfg.bf16 && m->params.device == DEVICE_CPU)
-    for (int i = 0; i < m->params.count; i++)
-      if (m->params.items[i].tensor->shape.ndim == 2) tensor_keep_bf16(m->params.items[i].tensor);
   m->prepared_for_inference = true;
 }
 
@@ -138,7 +139,8 @@ static Tensor *detr_encode(const DetrModel *m, const NnCtx *ctx, Tensor *src, co
   return memory;
 }
 
-// The decoder and the heads on every layer's output (the earlier ones: auxiliary).
+// The decoder and the heads on every layer's output (the earlier ones: auxiliary, not computed under
+// NnCtx.inference).
 static void decode(const DetrModel *m, const NnCtx *ctx, const DecoderInput *din, DetrOutput *out) {
   const DecoderKind *dk = detr_decoder(&m->cfg);
   DecoderOutput dec = {0};  // a kind fills cross_attn only when asked

@@ -94,7 +94,11 @@ int params_load_with(ParamStore *ps, const StFile *f, const ParamsLoad *opt, cha
   }
   int rc = 0;
   for (int i = 0; i < ps->count && !rc; i++)
-    if (load[i]) rc = st_read_f32_into(f, ps->items[i].name, ps->items[i].tensor, err, err_cap);
+    if (load[i]) {
+      DETR_CHECK(!ps->items[i].tensor->bf16, "params_load: %s is kept in bf16 for inference (tensor_keep_bf16): load "
+                 "the weights before detr_model_prepare_inference", ps->items[i].name);
+      rc = st_read_f32_into(f, ps->items[i].name, ps->items[i].tensor, err, err_cap);
+    }
   free(load);
   return rc;
 }

@@ -161,15 +161,9 @@ Tensor *tensor_retain_header(Tensor *t) {
 
 void tensor_keep_bf16(Tensor *t) {
   DETR_CHECK(t->device == DEVICE_CPU && !t->view_of, "tensor_keep_bf16: a CPU tensor that owns its data");
-  if (t->bf16 || !t->numel) return;
-  t->bf16 = detr_malloc((size_t)t->numel * sizeof(uint16_t), "a weight's bf16 copy");
-  cpu_round_bf16(t->data, 1, t->numel, t->bf16);
-}
-
-void tensor_drop_bf16(Tensor *t) {
-  if (t->view_of) return;  // a view's points into its base's
-  free(t->bf16);
-  t->bf16 = NULL;
+  if (!t->numel) return;
+  if (!t->bf16) t->bf16 = detr_malloc((size_t)t->numel * sizeof(uint16_t), "a weight's bf16 copy");
+  cpu_round_bf16(t->data, 1, t->numel, t->bf16);  // (again where kept: the data may have been reloaded)
 }
 
 static void drop_data(Tensor *t) {
@@ -239,6 +233,7 @@ void tensor_scope_keep(ScopeMark mark, Tensor *const *keep, int n) {
 // --- data movement ---
 
 void tensor_copy_(Tensor *dst, const Tensor *src) {
+  DETR_CHECK(!dst->bf16, "tensor_copy_: the destination is kept in bf16 (tensor_keep_bf16): its copy would go stale");
   DETR_CHECK(dst->numel == src->numel, "tensor_copy_: %lld elements into %lld",
              (long long)src->numel, (long long)dst->numel);
   size_t bytes = (size_t)src->numel * sizeof(float);
@@ -277,6 +272,7 @@ float tensor_item(const Tensor *t) {
 }
 
 void tensor_fill_(Tensor *t, float value) {
+  DETR_CHECK(!t->bf16, "tensor_fill_: the tensor is kept in bf16 (tensor_keep_bf16): its copy would go stale");
   if (t->device == DEVICE_CPU) {
     cpu_fill(t->data, t->numel, value);
     return;

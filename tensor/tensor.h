@@ -56,11 +56,10 @@ Tensor *tensor_view_range(Tensor *t, int64_t offset, Shape shape);
 
 // A weight that no longer changes (a model prepared for inference) keeps its data rounded to bf16
 // beside it, so that bf16 mode's GEMMs read that instead of rounding it in every forward (views of t
-// made afterwards point into the copy too). CPU only; the copy is freed with the data. Whoever
-// writes t's data afterwards must drop the copy first (tensor_drop_bf16): AdamW refuses such a
-// parameter.
+// made afterwards point into the copy too). CPU only; the copy is freed with the data; called again,
+// it rounds the data again. The writers that could leave the copy stale refuse such a tensor:
+// tensor_copy_, tensor_fill_, loading parameters, AdamW.
 void tensor_keep_bf16(Tensor *t);
-void tensor_drop_bf16(Tensor *t);
 
 Tensor *tensor_retain(Tensor *t);
 void tensor_release(Tensor *t);

@@ -22,6 +22,9 @@ list(APPEND cpu_only_helpers "cpu_linear_fused(")
 # Its bf16 form on a weight kept in bf16 (tensor_keep_bf16, CPU tensors only): on CUDA a model keeps
 # no copies and its linear layers round as in training.
 list(APPEND cpu_only_helpers "cpu_linear_bf16(")
+# Training's bf16 linear with its bias and ReLU in the GEMM's epilogue: on CUDA the GEMM on the
+# copies, then the bias kernel.
+list(APPEND cpu_only_helpers "cpu_linear_bf16_rounded(")
 # bf16 mode's convolution copies rounded once (op_conv2d): which passes read them. CUDA's bf16
 # convolutions stage their own copies per pass (kernels/cuda/conv.cu).
 list(APPEND cpu_only_helpers "cpu_conv2d_takes_bf16(" "cpu_conv2d_x16_numel(")

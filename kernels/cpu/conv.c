@@ -751,12 +751,11 @@ CPU_AVX2_CLONES static void maxpool_row_cl(const float *x, float *y, int32_t *ar
 
 // Channels last without argmax (inference): the window's maximum is taken separably - over its rows
 // for every input column of the output row first (vmax [in_w, C], contiguous: one vector loop), then
-// over its columns from vmax - where the kernel above keeps an index per channel and takes the 9 taps
-// pixel by pixel. The same values: the maximum of a set does not depend on the order it is taken in,
+// over its columns from vmax - where the kernel above takes the 9 taps pixel by pixel. The same values: the maximum of a set does not depend on the order it is taken in,
 // a NaN anywhere gives NaN (maxpool_takes lets one in and keeps it), and a tie between +0 and -0,
 // where the order would pick the sign, cannot come from a ReLU before the pool. The main job's stem
-// pool on a 223x213 picture ([112, 107, 16] in): 131 -> 38 us on 1 thread, 80 -> 20 us on 2 (hot;
-// bench/README.md "Session 24").
+// pool on a picture 223 high, 213 wide ([112, 107, 16] in): 131 -> 38 us on 1 thread, 80 -> 20 us on 2
+// (hot; bench/README.md "Session 24").
 enum { POOL_SEPARABLE_MAX_KH = 8 };  // taller windows take the kernel above
 
 CPU_AVX2_CLONES static void maxpool_row_cl_values(const float *x, float *y, float *vmax, const ConvGeom *g, int64_t b,

@@ -48,6 +48,11 @@ TWIN_GEMM_BF16(cpu)
 // to gain (LINEAR_BF16_KEPT_MIN_MACS_PER_THREAD): the caller runs its fp32 path.
 bool cpu_linear_bf16(const float *x, const uint16_t *w16, const float *bias, bool relu, float *y, int64_t rows,
                      int64_t in, int64_t out);
+// The same on x already rounded (x16 [rows, in]), whatever the size: training's bf16 linear layer,
+// which keeps both copies for its backward. The epilogue's floats are those of the GEMM and then
+// cpu_add_row_bias (measured bit for bit on oneDNN 2.6, Zen 4; bench/README.md "Session 24").
+void cpu_linear_bf16_rounded(const uint16_t *x16, const uint16_t *w16, const float *bias, bool relu, float *y,
+                             int64_t rows, int64_t in, int64_t out);
 // The inference path's linear layer (op_linear with nothing recorded): y [rows, out] = relu?(x [rows,
 // in] W^T + bias) on oneDNN's fp32 matmul with the bias (NULL: none) and ReLU as its epilogue - one
 // pass over y instead of sgemm's and the bias pass's two. False (nothing done) without oneDNN or

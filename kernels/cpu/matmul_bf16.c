@@ -8,9 +8,13 @@
 #include "kernels/cpu/parallel.h"
 
 #if DETR_HAVE_ONEDNN
-#if defined(__x86_64__)
+// AVX512-BF16 intrinsics: GCC 10 and clang 9 on.
+#if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10))
+#define HAVE_BF16_INTRINSICS 1
 #include <immintrin.h>
+#include <pthread.h>
 #endif
+#include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -29,9 +33,9 @@
 // saves (bench/README.md "bf16 mixed precision").
 #define GEMM_BF16_MIN_MACS ((double)(1 << 20))
 // A linear layer whose weight is kept in bf16 (tensor_keep_bf16) rounds only x: bf16 pays from fewer
-// multiply-adds, per thread. Against the fp32 fused matmul, weights out of L2 (bench/README.md "Session
-// 24"): 1 thread 0.72x at 10x128x128 (164k multiply-adds), 2 threads 1.12x there, 1.01x at 13x128x128
-// (213k), 0.74x at 10x128x512.
+// multiply-adds, per thread (and never from more than the rounding path's GEMM_BF16_MIN_MACS). Against
+// the fp32 fused matmul, 24 weights cycled (bench/README.md "Session 24"): 1 thread 0.72x at 10x128x128
+// (164k multiply-adds), 2 threads 1.12x there, 1.01x at 13x128x128 (213k), 0.74x at 10x128x512.
 #define LINEAR_BF16_KEPT_MIN_MACS_PER_THREAD ((double)(1 << 17))
 
 // A batch of narrow products that fp32 runs one per thread (as many as threads, each under
@@ -59,10 +63,10 @@ typedef struct {  // no padding bytes: keys are compared with memcmp
   float alpha, beta;
 } GemmKey;
 
-// An operand's rounding into its dense bf16 copy: a oneDNN reorder from the fp32 matrices as
-// stored. oneDNN converts with AVX512-BF16's vcvtneps2bf16 (to nearest even, as bf16_from_float
-// but for denormal inputs, which it takes as zero) at 3x the rate of a C loop: 5.1 against 1.6 G
-// elements/s (bench/README.md "bf16: 1x1 passes on GEMMs, weights kept for inference").
+// An operand's rounding into its dense bf16 copy: round_rows over the fp32 matrices as stored - AVX512-
+// BF16's vcvtneps2bf16 (to nearest even, as bf16_from_float but for denormal inputs, which it takes as
+// zero), as oneDNN's reorder did before it (3x a C loop's rate: bench/README.md "bf16: 1x1 passes on
+// GEMMs, weights kept for inference") - or, on a CPU without that instruction, the reorder.
 typedef struct {
   dnnl_primitive_t reorder;  // NULL where the CPU rounds directly (round_direct)
   dnnl_memory_desc_t from, to;
@@ -72,9 +76,9 @@ typedef struct {
 
 // AVX512-BF16's vcvtneps2bf16, 16 floats at a time: the instruction oneDNN's reorder runs (to nearest
 // even, a denormal input taken as zero), so the same bits, without the reorder primitive's call and
-// threading costs - at 2 threads 2-3x faster at every size, 1280 floats to 2M (bench/README.md
+// threading costs - at 2 threads 2.7x faster at 2M floats, 3.3x at 131k, 28x at 1280 (bench/README.md
 // "Session 24"). On a CPU with AVX512-BF16 or AMX (cpu_bf16_supported); elsewhere the reorder.
-#if defined(__x86_64__) && defined(__GNUC__)
+#if HAVE_BF16_INTRINSICS
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void round_run(const float *x, int64_t n,
                                                                                        uint16_t *out) {
   int64_t i = 0;
@@ -86,15 +90,17 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void roun
   }
 }
 
+static bool has_direct;
+static pthread_once_t direct_once = PTHREAD_ONCE_INIT;
+static void direct_check(void) { has_direct = cpu_bf16_supported(NULL, 0); }
 static bool round_direct(void) {
-  static int has = -1;  // a benign race: every thread stores the same answer
-  if (has < 0) has = cpu_bf16_supported(NULL, 0);
-  return has;
+  pthread_once(&direct_once, direct_check);
+  return has_direct;
 }
 #else
 static void round_run(const float *x, int64_t n, uint16_t *out) {
   (void)x, (void)n, (void)out;
-  DETR_FAIL("round_run: not an x86-64 build (round_direct says no)");
+  DETR_FAIL("round_run: no AVX512-BF16 intrinsics in this build (round_direct says no)");
 }
 static bool round_direct(void) { return false; }
 #endif
@@ -152,7 +158,11 @@ static void operand_copy_create(OperandCopy *c, int64_t batch, int64_t rows, int
 // out [batch, rows, cols] = the operand x rounded to bf16 (c made for its shape).
 static void operand_copy_run(const OperandCopy *c, const float *x, int64_t batch, uint16_t *out) {
   if (!c->reorder) {
-    for (int64_t b = 0; b < c->batch; b++) round_rows(x + b * c->stride, c->rows, c->cols, c->ld, out + b * c->rows * c->cols);
+    if (c->ld == c->cols && (c->batch == 1 || c->stride == c->rows * c->cols))  // the batch dense: one pass
+      round_rows(x, c->batch * c->rows, c->cols, c->cols, out);
+    else
+      for (int64_t b = 0; b < c->batch; b++)
+        round_rows(x + b * c->stride, c->rows, c->cols, c->ld, out + b * c->rows * c->cols);
     for (int64_t b = c->batch; b < batch; b++)  // the shared matrix, once per batch entry
       memcpy(out + b * c->rows * c->cols, out, (size_t)(c->rows * c->cols) * sizeof(uint16_t));
     return;
@@ -350,7 +360,7 @@ bool cpu_linear_fused(const float *x, const float *w, const float *bias, bool re
 bool cpu_linear_bf16(const float *x, const uint16_t *w16, const float *bias, bool relu, float *y, int64_t rows,
                      int64_t in, int64_t out) {
   if (!cpu_bf16_enabled() || rows == 0 || in == 0 || out == 0 || omp_in_parallel() ||
-      (double)rows * in * out < LINEAR_BF16_KEPT_MIN_MACS_PER_THREAD * omp_get_max_threads())
+      (double)rows * in * out < fmin(LINEAR_BF16_KEPT_MIN_MACS_PER_THREAD * omp_get_max_threads(), GEMM_BF16_MIN_MACS))
     return false;
   if (rows * in > copies_cap) {
     free(copies);
@@ -358,10 +368,18 @@ bool cpu_linear_bf16(const float *x, const uint16_t *w16, const float *bias, boo
     copies = detr_malloc((size_t)copies_cap * sizeof(uint16_t), "bf16 GEMM operands");
   }
   cpu_round_bf16(x, rows, in, copies);  // [rows, in]
+  cpu_linear_bf16_rounded(copies, w16, bias, relu, y, rows, in, out);
+  return true;
+}
+
+void cpu_linear_bf16_rounded(const uint16_t *x16, const uint16_t *w16, const float *bias, bool relu, float *y,
+                             int64_t rows, int64_t in, int64_t out) {
+  if (rows == 0 || out == 0) return;
+  DETR_CHECK(in > 0 && !omp_in_parallel(), "cpu_linear_bf16_rounded: %lld inputs, %s a parallel region", (long long)in,
+             omp_in_parallel() ? "inside" : "outside");
   GemmKey key = {.trans_b = 1, .m = rows, .n = out, .k = in, .batch = 1, .ldc = out, .stride_c = rows * out,
                  .epilogue = (bias ? EPILOGUE_BIAS : 0) | (relu ? EPILOGUE_RELU : 0), .alpha = 1.0f, .beta = 0.0f};
-  gemm_prim_run(gemm_prim_get(&key), copies, w16, bias, y);  // lda 0: operands already bf16
-  return true;
+  gemm_prim_run(gemm_prim_get(&key), x16, w16, bias, y);  // lda 0: operands already bf16
 }
 #else
 int64_t cpu_gemm_bf16_set_min_batched_width(int64_t width) {
@@ -391,6 +409,12 @@ bool cpu_linear_bf16(const float *x, const uint16_t *w16, const float *bias, boo
                      int64_t in, int64_t out) {
   (void)x, (void)w16, (void)bias, (void)relu, (void)y, (void)rows, (void)in, (void)out;
   return false;  // no bf16 without oneDNN
+}
+
+void cpu_linear_bf16_rounded(const uint16_t *x16, const uint16_t *w16, const float *bias, bool relu, float *y,
+                             int64_t rows, int64_t in, int64_t out) {
+  (void)x16, (void)w16, (void)bias, (void)relu, (void)y, (void)rows, (void)in, (void)out;
+  DETR_FAIL("cpu_linear_bf16_rounded: this build has no oneDNN (bf16 is refused without it)");
 }
 
 bool cpu_linear_fused(const float *x, const float *w, const float *bias, bool relu, float *y, int64_t rows, int64_t in,
