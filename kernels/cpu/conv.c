@@ -749,15 +749,19 @@ CPU_AVX2_CLONES static void maxpool_row_cl(const float *x, float *y, int32_t *ar
     pool_row_blocks(x, y, NULL, false, g, b, oy);
 }
 
-// Channels last without argmax (inference): the window's maximum is taken separably - over its rows
-// for every input column of the output row first (vmax [in_w, C], contiguous: one vector loop), then
-// over its columns from vmax - where the kernel above takes the 9 taps pixel by pixel. The same values: the maximum of a set does not depend on the order it is taken in,
-// a NaN anywhere gives NaN (maxpool_takes lets one in and keeps it), and a tie between +0 and -0,
-// where the order would pick the sign, cannot come from a ReLU before the pool. The main job's stem
-// pool on a picture 223 high, 213 wide ([112, 107, 16] in): 131 -> 38 us on 1 thread, 80 -> 20 us on 2
-// (hot; bench/README.md "Session 24").
 enum { POOL_SEPARABLE_MAX_KH = 8 };  // taller windows take the kernel above
 
+// The running maximum's step: v where maxpool_takes takes it (a tap was taken already), else best.
+static inline float pool_max(float v, float best) { return maxpool_takes(v, best, 0) ? v : best; }
+
+// Channels last without argmax (inference): the window's maximum is taken separably - over its rows
+// for every input column of the output row first (vmax [in_w, C], contiguous: one vector loop), then
+// over its columns from vmax - where the kernel above takes the 9 taps pixel by pixel. The same
+// values: the maximum of a set does not depend on the order it is taken in, a NaN anywhere gives NaN
+// (maxpool_takes lets one in and keeps it), and a tie between +0 and -0, where the order would pick
+// the sign, cannot come from a ReLU before the pool. The main job's stem pool on a picture 223 high,
+// 213 wide ([112, 107, 16] in): 131 -> 38 us on 1 thread, 80 -> 20 us on 2 (hot; bench/README.md
+// "Session 24").
 CPU_AVX2_CLONES static void maxpool_row_cl_values(const float *x, float *y, float *vmax, const ConvGeom *g, int64_t b,
                                                   int64_t oy) {
   int64_t C = g->in_ch, row = g->in_w * C;
@@ -771,10 +775,7 @@ CPU_AVX2_CLONES static void maxpool_row_cl_values(const float *x, float *y, floa
   if (n_rows >= 3) {  // the first three in one pass (a 3x3 window's all)
     const float *r0 = rows[0], *r1 = rows[1], *r2 = rows[2];
 #pragma omp simd
-    for (int64_t i = 0; i < row; i++) {
-      float m = maxpool_takes(r1[i], r0[i], 0) ? r1[i] : r0[i];
-      vmax[i] = maxpool_takes(r2[i], m, 0) ? r2[i] : m;
-    }
+    for (int64_t i = 0; i < row; i++) vmax[i] = pool_max(r2[i], pool_max(r1[i], r0[i]));
     done = 3;
   } else if (n_rows > 0) {
     memcpy(vmax, rows[0], (size_t)row * sizeof(float));
@@ -782,7 +783,7 @@ CPU_AVX2_CLONES static void maxpool_row_cl_values(const float *x, float *y, floa
   for (int r = done; r < n_rows; r++) {
     const float *xr = rows[r];
 #pragma omp simd
-    for (int64_t i = 0; i < row; i++) vmax[i] = maxpool_takes(xr[i], vmax[i], 0) ? xr[i] : vmax[i];
+    for (int64_t i = 0; i < row; i++) vmax[i] = pool_max(xr[i], vmax[i]);
   }
   float *yr = y + (b * g->out_h + oy) * g->out_w * C;
   if (n_rows == 0) {  // every row of the window in the padding (as above: not for torch's pools)
@@ -800,7 +801,7 @@ CPU_AVX2_CLONES static void maxpool_row_cl_values(const float *x, float *y, floa
         memcpy(yp, v, (size_t)C * sizeof(float));
       } else {
 #pragma omp simd
-        for (int64_t c = 0; c < C; c++) yp[c] = maxpool_takes(v[c], yp[c], 0) ? v[c] : yp[c];
+        for (int64_t c = 0; c < C; c++) yp[c] = pool_max(v[c], yp[c]);
       }
       taken = true;
     }

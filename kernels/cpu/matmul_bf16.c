@@ -138,6 +138,16 @@ static dnnl_stream_t stream;
 static uint16_t *copies;      // A's and B's bf16 copies, grown to the largest call
 static int64_t copies_cap;    // in bf16 elements
 
+// copies, holding at least n bf16 elements.
+static uint16_t *copies_reserve(int64_t n) {
+  if (n > copies_cap) {
+    free(copies);
+    copies_cap = n;
+    copies = detr_malloc((size_t)copies_cap * sizeof(uint16_t), "bf16 GEMM operands");
+  }
+  return copies;
+}
+
 // The copy of an operand stored [batch, rows, cols] (row stride ld, batch stride stride; 0: one
 // matrix for the whole batch) as dense bf16 [batch, rows, cols].
 static void operand_copy_create(OperandCopy *c, int64_t batch, int64_t rows, int64_t cols, int64_t ld,
@@ -289,12 +299,7 @@ bool cpu_gemm_bf16_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int
                  .stride_c = batch > 1 ? stride_c : m * ldc, .alpha = alpha, .beta = beta};
   GemmPrim *p = gemm_prim_get(&key);
   int64_t na = batch * m * k, nb = batch * k * n;
-  if (na + nb > copies_cap) {
-    free(copies);
-    copies_cap = na + nb;
-    copies = detr_malloc((size_t)copies_cap * sizeof(uint16_t), "bf16 GEMM operands");
-  }
-  uint16_t *a16 = copies, *b16 = copies + na;
+  uint16_t *a16 = copies_reserve(na + nb), *b16 = a16 + na;
   operand_copy_run(&p->a_copy, a, batch, a16);
   operand_copy_run(&p->b_copy, b, batch, b16);
   gemm_prim_run(p, a16, b16, NULL, c);
@@ -362,13 +367,9 @@ bool cpu_linear_bf16(const float *x, const uint16_t *w16, const float *bias, boo
   if (!cpu_bf16_enabled() || rows == 0 || in == 0 || out == 0 || omp_in_parallel() ||
       (double)rows * in * out < fmin(LINEAR_BF16_KEPT_MIN_MACS_PER_THREAD * omp_get_max_threads(), GEMM_BF16_MIN_MACS))
     return false;
-  if (rows * in > copies_cap) {
-    free(copies);
-    copies_cap = rows * in;
-    copies = detr_malloc((size_t)copies_cap * sizeof(uint16_t), "bf16 GEMM operands");
-  }
-  cpu_round_bf16(x, rows, in, copies);  // [rows, in]
-  cpu_linear_bf16_rounded(copies, w16, bias, relu, y, rows, in, out);
+  uint16_t *x16 = copies_reserve(rows * in);  // [rows, in]
+  cpu_round_bf16(x, rows, in, x16);
+  cpu_linear_bf16_rounded(x16, w16, bias, relu, y, rows, in, out);
   return true;
 }
 
