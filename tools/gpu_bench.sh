@@ -6,7 +6,8 @@
 #
 #   bash tools/gpu_bench.sh [--out DIR] [--work DIR] [--build DIR] [--refs DIR] [--python PY]
 #                           [--no-torch] [--budget SECONDS] [--reps N] [--rounds N] [--threads N]
-#                           [--profile] [--cudnn-any] [--jobs N] [--arch SM] [--use-bundle] [--no-werror]
+#                           [--profile] [--profile-variants "dense enact bf16 tf32"] [--cudnn-any]
+#                           [--jobs N] [--arch SM] [--use-bundle] [--no-werror]
 #                           [--cpu] [--tiny]   (the CPU path; --tiny: tiny sizes, seconds per run)
 #                           [--copy-to DIR]   (at the end: report.md, runs.jsonl and logs.tar.gz there)
 #                           [--parts "main bf16 enact"]   (a round's parts, in this order: what comes first
@@ -27,13 +28,16 @@
 #    detr-c's convolutions take its deterministic cuDNN algorithms (--cudnn-any: cuDNN's heuristic
 #    choice, DETR_CUDNN_DETERMINISTIC=0, as PyTorch's without cudnn.benchmark);
 # 4b. detr-r50 at the larger batch in bf16: detr-c `--set bf16=true` (cuBLAS GEMMs on bf16 copies, cuDNN bf16
-#    convolutions) against PyTorch's torch.autocast(bfloat16) with TF32 off for what stays fp32;
+#    convolutions) against PyTorch's torch.autocast(bfloat16) with TF32 off for what stays fp32, and
+#    both in TF32 beside them (bf16 against TF32 on the same machine, in the same rounds);
 # 5. ENACT against dense (detr-c, detr-r50, batch 8) at 800x1066 and 800x1333, fp32 and TF32:
 #    step time and peak memory, and the memory ENACT saves against the dense attention maps;
 # 6. with --profile: bench_step dense and with ENACT (batch 8, 800x1333, fp32, the step after the
 #    warm-up: bench_step --capture) under Nsight Compute, every kernel's duration (Nsight Systems cannot make a report on
 #    the lent machines): kernels per step, GPU busy time against the step's wall time (the rest is
 #    the GPU waiting: launches and host round trips), the kernels that take the time;
+#    --profile-variants picks them: dense, enact (as above), bf16, tf32 (detr-r50 dense at the bf16
+#    part's batch and size, in that math: where bf16's conversions take their time);
 # 7. the rounds after the first, with what is left of the budget.
 # Report: OUT/report.md (every run's JSON in OUT/runs.jsonl, logs in OUT/logs/), rewritten after
 # every run, so a run cut short still leaves one. Each run has a time cap and the whole command a
@@ -54,6 +58,7 @@ reps=""
 rounds=2
 threads=""
 profile=0
+profile_variants="dense enact"
 cpu=0
 tiny=0
 check_args=()
@@ -73,6 +78,7 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --profile) profile=1; shift ;;
+    --profile-variants) profile=1; profile_variants=$2; shift 2 ;;
     --cudnn-any) export DETR_CUDNN_DETERMINISTIC=0; shift ;;
     --cpu) cpu=1; shift ;;
     --tiny) tiny=1; shift ;;
@@ -89,6 +95,9 @@ done
 [ -n "${parts// /}" ] || { echo "gpu_bench: --parts names no part (main, bf16, enact)" >&2; exit 2; }
 for p in $parts; do
   case $p in main|bf16|enact) ;; *) echo "gpu_bench: --parts: unknown part '$p' (main, bf16, enact)" >&2; exit 2 ;; esac
+done
+for v in $profile_variants; do
+  case $v in dense|enact|bf16|tf32) ;; *) echo "gpu_bench: --profile-variants: unknown '$v' (dense, enact, bf16, tf32)" >&2; exit 2 ;; esac
 done
 
 # --- --stage-refs: the reference checkouts' Python sources into refs/ (git-ignored), to carry ---
@@ -134,7 +143,7 @@ done
 write_report() {
   if [ -n "$report_py" ]; then
     "$report_py" "$root/tools/gpu_bench_report.py" --runs "$runs" --meta "$meta" --elapsed "$(elapsed)" \
-      --profiled "$enact_batch:${enact_hws[-1]}" > "$out/report.md.tmp" &&
+      --profiled "$enact_batch:${enact_hws[-1]}" --profiled-step "${batches[-1]}:$hw" > "$out/report.md.tmp" &&
       mv "$out/report.md.tmp" "$out/report.md"
   else  # no Python at all: the raw lines
     { echo "# detr-c GPU bench (no Python for the tables: raw results)"; cat "$meta" "$runs" 2>/dev/null; } > "$out/report.md"
@@ -320,15 +329,17 @@ main_round() {
     done
   done
 }
-# bf16_round ROUND: the first model at the larger batch in bf16, detr-c and PyTorch one after the other
-# (PyTorch first in even rounds). On the CPU path PyTorch is left out: Debian's 1.13 cannot run DETR
-# under CPU autocast (docs/precision.md).
+# bf16_round ROUND: the first model at the larger batch in bf16 and in TF32, detr-c and PyTorch one after
+# the other (PyTorch first in even rounds). On the CPU path PyTorch is left out: Debian's 1.13 cannot
+# run DETR under CPU autocast (docs/precision.md); TF32 is a CUDA setting (fp32 math there).
 bf16_round() {
-  local m=${models[0]} b=${batches[-1]} first=detr-c second=pytorch
+  local m=${models[0]} b=${batches[-1]} first=detr-c second=pytorch math
   [ $(( $1 % 2 )) = 0 ] && first=pytorch second=detr-c
-  for impl in $first $second; do
-    [ "$impl" = pytorch ] && { [ "$cpu" = 1 ] || ! torch_for "$m"; } && continue
-    run_one step "$m" "$b" "$hw" bf16 "$impl" "$1"
+  for math in bf16 tf32; do
+    for impl in $first $second; do
+      [ "$impl" = pytorch ] && { [ "$cpu" = 1 ] || ! torch_for "$m"; } && continue
+      run_one step "$m" "$b" "$hw" "$math" "$impl" "$1"
+    done
   done
 }
 # enact_round ROUND: detr-c's detr-r50 (the tiny preset with --tiny), dense and ENACT one after the
@@ -356,32 +367,37 @@ round 1
 
 # --- Nsight Compute: every kernel's duration in one step, dense and ENACT ---
 
-# profile_one VARIANT [ARGS...]: bench_step under ncu, one row per kernel launch in OUT/ncu-VARIANT.csv.
+# profile_one VARIANT: bench_step under ncu, one row per kernel launch in OUT/ncu-VARIANT.csv. dense
+# and enact: batch 8 at the ENACT part's larger size, fp32; bf16 and tf32: dense at the bf16 part's
+# batch and size, in that math.
 profile_one() {
-  local v=$1 left b
-  shift
+  local v=$1 left b pb=$enact_batch phw=${enact_hws[-1]} args=()
+  case $v in
+    enact) args=(--enact) ;;
+    bf16) pb=${batches[-1]} phw=$hw args=(--set bf16=true) ;;
+    tf32) pb=${batches[-1]} phw=$hw args=(--set tf32=true) ;;
+  esac
   left=$(( budget - $(elapsed) - 10 ))
   if [ "$left" -lt 45 ]; then
     meta_add "ncu $v" "skipped: $left s left"
     return
   fi
-  b=$work/batch-b$enact_batch-${enact_hws[-1]}.safetensors
-  [ -f "$b" ] && set -- "$@" --batch-file "$b" --weights "$work/weights-${models[0]%%:*}-detr.safetensors"
+  b=$work/batch-b$pb-$phw.safetensors
+  [ -f "$b" ] && args+=(--batch-file "$b" --weights "$work/weights-${models[0]%%:*}-detr.safetensors")
   local t0=$(date +%s)
   timeout --kill-after=10 $(( left < 150 ? left : 150 )) env LD_LIBRARY_PATH="$bench_ld" "$ncu_bin" \
     --metrics gpu__time_duration.sum --csv --page raw --print-units base --clock-control none --cache-control none \
     --profile-from-start off --log-file "$out/ncu-$v.csv" \
-    "$bench" --device cuda --capture --preset "${models[0]%%:*}" --reps 1 --batch "$enact_batch" --hw "${enact_hws[-1]}" \
-    "$@" > "$logs/ncu-$v.log" 2>&1
-  meta_add "ncu $v" "exit $? in $(( $(date +%s) - t0 )) s: ncu-$v.csv (batch $enact_batch, ${enact_hws[-1]}, fp32, the step after the warm-up)"
+    "$bench" --device cuda --capture --preset "${models[0]%%:*}" --reps 1 --batch "$pb" --hw "$phw" \
+    "${args[@]}" > "$logs/ncu-$v.log" 2>&1
+  meta_add "ncu $v" "exit $? in $(( $(date +%s) - t0 )) s: ncu-$v.csv (batch $pb, $phw, ${args[*]:-fp32}, the step after the warm-up)"
 }
 if [ "$profile" = 1 ] && [ "$cpu" = 0 ]; then
   ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
   if [ -z "$ncu_bin" ]; then
     meta_add ncu "no ncu on this machine"
   else
-    profile_one dense
-    profile_one enact --enact
+    for v in $profile_variants; do profile_one "$v"; done
   fi
   write_report
 fi

@@ -115,31 +115,47 @@ def read_ncu(path):
     return kernels
 
 
-def profile_tables(folder, runs, profiled):
-    """Per variant: launches and kernel time in the profiled step against the step's wall time, and
-    the kernels that take the time."""
-    batch, hw = profiled.split(":") if profiled else ("", "")
+# Profiled variants: the runs whose unprofiled wall time each is compared with (section, impl, math,
+# which size: the ENACT part's or the bf16 part's).
+PROFILED = {"dense": ("enact", "detr-c", "fp32", "enact"), "enact": ("enact", "detr-c-enact", "fp32", "enact"),
+            "bf16": ("step", "detr-c", "bf16", "step"), "tf32": ("step", "detr-c", "tf32", "step")}
+
+
+def profile_tables(folder, runs, profiled, profiled_step):
+    """Per variant: launches and kernel time in the profiled step against the step's wall time, the
+    kernels that take the time, and bf16's conversion kernels."""
+    sizes = {"enact": profiled.split(":") if profiled else ("", ""),
+             "step": profiled_step.split(":") if profiled_step else ("", "")}
     lines = []
-    for variant in ("dense", "enact"):
+    for variant, (section, impl, math, size) in PROFILED.items():
         path = os.path.join(folder, f"ncu-{variant}.csv")
         kernels = read_ncu(path) if os.path.isfile(path) else None
         if not kernels:
             if os.path.isfile(path):
                 lines += ["", f"{variant}: ncu-{variant}.csv holds no kernel rows (see logs/ncu-{variant}.log)."]
             continue
-        impl = "detr-c-enact" if variant == "enact" else "detr-c"
-        wall = med([1000 * r["result"]["median_s"] for r in runs if r["section"] == "enact" and r["result"] and
-                    r["impl"] == impl and r["math"] == "fp32" and r["hw"] == hw and str(r["batch"]) == batch])
+        batch, hw = sizes[size]
+        wall = med([1000 * r["result"]["median_s"] for r in runs if r["section"] == section and r["result"] and
+                    r["impl"] == impl and r["math"] == math and r["hw"] == hw and str(r["batch"]) == batch])
         launches = sum(k[0] for k in kernels.values())
         busy = sum(k[1] for k in kernels.values()) / 1e6
         share = f"{busy / wall:.0%} of the step's wall time {wall:.1f} ms (its timed runs, unprofiled)" if wall else \
             "no unprofiled run to compare with"
-        lines += ["", f"### {variant}: {launches} kernel launches, {busy:.1f} ms of kernel time in one step; {share}", "",
+        lines += ["", f"### {variant} (batch {batch}, {hw}, {math}): {launches} kernel launches, {busy:.1f} ms of kernel "
+                  f"time in one step; {share}", "",
                   "| kernel | launches | total ms | share of kernel time |", "|---|---|---|---|"]
         for name, (n, ns) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:15]:
             lines.append(f"| `{name[:100].replace('|', '/')}` | {n} | {ns / 1e6:.2f} | {ns / 1e6 / busy:.1%} |")
+        # detr-c's own conversions between fp32 and bf16 (the staging copies of docs/precision.md)
+        conv = [(name, n, ns) for name, (n, ns) in kernels.items() if "bf16" in name.split("(")[0]]
+        if conv:
+            n_all = sum(c[1] for c in conv)
+            ms_all = sum(c[2] for c in conv) / 1e6
+            lines += ["", f"Conversions to and from bf16 (kernels named `*bf16*`): {n_all} launches, {ms_all:.2f} ms, "
+                      f"{ms_all / busy:.1%} of kernel time: " +
+                      ", ".join(f"`{c[0].split('(')[0]}` {c[1]} x {c[2] / 1e6:.2f} ms" for c in sorted(conv, key=lambda c: -c[2]))]
     if lines:
-        lines = ["", f"## Where the GPU time goes (Nsight Compute, detr-r50 batch {batch}, {hw}, fp32)", "",
+        lines = ["", "## Where the GPU time goes (Nsight Compute, detr-r50)", "",
                  "Kernel durations from `ncu --metrics gpu__time_duration.sum --clock-control none` over the step after "
                  "the warm-up (`bench_step --capture`); ncu serialises kernels, so the wall-time share compares with "
                  "the unprofiled runs above. Wall time not covered by kernels is the GPU waiting: launch gaps, host "
@@ -152,7 +168,8 @@ def main():
     ap.add_argument("--runs", required=True)
     ap.add_argument("--meta", required=True)
     ap.add_argument("--elapsed", default="?")
-    ap.add_argument("--profiled", default="", help="B:HxW of the profiled runs")
+    ap.add_argument("--profiled", default="", help="B:HxW of the dense and ENACT profiled runs")
+    ap.add_argument("--profiled-step", default="", help="B:HxW of the bf16 and TF32 profiled runs")
     args = ap.parse_args()
     meta = []
     if os.path.isfile(args.meta):
@@ -180,7 +197,7 @@ def main():
     out += step_table(runs, gpu)
     out += ["", "## ENACT against dense (detr-c)", ""]
     out += enact_table(runs, gpu)
-    out += profile_tables(os.path.dirname(os.path.abspath(args.runs)), runs, args.profiled)
+    out += profile_tables(os.path.dirname(os.path.abspath(args.runs)), runs, args.profiled, args.profiled_step)
     out += ["", "## Runs, in order", "", "| # | section | model | batch | HxW | math | impl | round | status | s | median ms | steps ms |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
