@@ -147,11 +147,12 @@ def profile_tables(folder, runs, profiled, profiled_step):
         for name, (n, ns) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:15]:
             lines.append(f"| `{name[:100].replace('|', '/')}` | {n} | {ns / 1e6:.2f} | {ns / 1e6 / busy:.1%} |")
         # detr-c's own conversions between fp32 and bf16 (the staging copies of docs/precision.md)
-        conv = [(name, n, ns) for name, (n, ns) in kernels.items() if "bf16" in name.split("(")[0]]
+        conv = [(name, n, ns) for name, (n, ns) in kernels.items() if name.split("(")[0].endswith("bf16_kernel") or
+                name.split("(")[0].endswith("bf16_x4_kernel")]
         if conv:
             n_all = sum(c[1] for c in conv)
             ms_all = sum(c[2] for c in conv) / 1e6
-            lines += ["", f"Conversions to and from bf16 (kernels named `*bf16*`): {n_all} launches, {ms_all:.2f} ms, "
+            lines += ["", f"Conversions to and from bf16 (`to_bf16`, `from_bf16`, `weight_bf16` kernels): {n_all} launches, {ms_all:.2f} ms, "
                       f"{ms_all / busy:.1%} of kernel time: " +
                       ", ".join(f"`{c[0].split('(')[0]}` {c[1]} x {c[2] / 1e6:.2f} ms" for c in sorted(conv, key=lambda c: -c[2]))]
     if lines:

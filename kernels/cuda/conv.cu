@@ -336,10 +336,49 @@ __global__ void to_bf16_kernel(const float *src, uint16_t *dst, int64_t n) {
   GRID_STRIDE_LOOP(i, n) dst[i] = bf16_from_float(src[i]);
 }
 
+// The same, four values a thread (src 16-byte, dst 8-byte aligned): one 16-byte load and one 8-byte
+// store instead of four 4-byte loads and 2-byte stores. On an H100 (ncu, detr-r50 bf16 step, batch 8
+// at 800x1066) the one-a-thread form moved 1.3 TB/s on copies of 0.3-17M values, this one 2.75 TB/s;
+// the step's conversions took 18.0 ms instead of 26.4, the step 96.5 ms instead of 104.3.
+__global__ void to_bf16_x4_kernel(const float *src, uint16_t *dst, int64_t n) {
+  int64_t n4 = n / 4;
+  GRID_STRIDE_LOOP(i, n4) {
+    float4 v = reinterpret_cast<const float4 *>(src)[i];
+    uint2 packed;  // little endian: the lower half holds the lower index
+    packed.x = (uint32_t)bf16_from_float(v.x) | (uint32_t)bf16_from_float(v.y) << 16;
+    packed.y = (uint32_t)bf16_from_float(v.z) | (uint32_t)bf16_from_float(v.w) << 16;
+    reinterpret_cast<uint2 *>(dst)[i] = packed;
+  }
+  GRID_STRIDE_LOOP(i, n - 4 * n4) dst[4 * n4 + i] = bf16_from_float(src[4 * n4 + i]);
+}
+
 // dst [n] (+)= src widened to fp32 (set: =).
 __global__ void from_bf16_kernel(const uint16_t *src, float *dst, int64_t n, bool set) {
   GRID_STRIDE_LOOP(i, n) dst[i] = set ? bf16_to_float(src[i]) : dst[i] + bf16_to_float(src[i]);
 }
+
+// The same, four values a thread (src 8-byte, dst 16-byte aligned).
+__global__ void from_bf16_x4_kernel(const uint16_t *src, float *dst, int64_t n, bool set) {
+  int64_t n4 = n / 4;
+  GRID_STRIDE_LOOP(i, n4) {
+    uint2 packed = reinterpret_cast<const uint2 *>(src)[i];
+    float4 v = make_float4(bf16_to_float((uint16_t)packed.x), bf16_to_float((uint16_t)(packed.x >> 16)),
+                           bf16_to_float((uint16_t)packed.y), bf16_to_float((uint16_t)(packed.y >> 16)));
+    float4 *d = reinterpret_cast<float4 *>(dst) + i;
+    if (!set) {
+      float4 old = *d;
+      v.x += old.x, v.y += old.y, v.z += old.z, v.w += old.w;
+    }
+    *d = v;
+  }
+  GRID_STRIDE_LOOP(i, n - 4 * n4) {
+    int64_t j = 4 * n4 + i;
+    dst[j] = set ? bf16_to_float(src[j]) : dst[j] + bf16_to_float(src[j]);
+  }
+}
+
+// Whether p is aligned to `bytes`.
+static bool aligned(const void *p, uintptr_t bytes) { return (uintptr_t)p % bytes == 0; }
 
 // to_bf16: wb = w [O, C, KH, KW] rounded to bf16, in KRSC order when krsc (channels last); else
 // w (+)= such a copy widened (a gradient: add, or set when `set`).
@@ -354,12 +393,22 @@ __global__ void weight_bf16_kernel(float *w, uint16_t *wb, int64_t channels, int
 
 extern "C" void cuda_to_bf16(const float *src, uint16_t *dst, int64_t n) {
   if (n <= 0) return;
+  if (n >= 4 && aligned(src, 16) && aligned(dst, 8)) {
+    to_bf16_x4_kernel<<<detr_grid_size(n / 4, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(src, dst, n);
+    CUDA_CHECK_LAUNCH("to_bf16_x4_kernel");
+    return;
+  }
   to_bf16_kernel<<<detr_grid_size(n, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(src, dst, n);
   CUDA_CHECK_LAUNCH("to_bf16_kernel");
 }
 
 static void from_bf16(const uint16_t *src, float *dst, int64_t n, bool set) {
   if (n <= 0) return;
+  if (n >= 4 && aligned(src, 8) && aligned(dst, 16)) {
+    from_bf16_x4_kernel<<<detr_grid_size(n / 4, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(src, dst, n, set);
+    CUDA_CHECK_LAUNCH("from_bf16_x4_kernel");
+    return;
+  }
   from_bf16_kernel<<<detr_grid_size(n, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(src, dst, n, set);
   CUDA_CHECK_LAUNCH("from_bf16_kernel");
 }
