@@ -349,6 +349,30 @@ void cpu_conv2d_set_impl(ConvImpl impl) {
 
 static ConvImpl bf16_conv_impl(const ConvGeom *g, ConvPass pass);
 
+// A CPU without AVX-512 (AMD Zen 3, Intel before Skylake-SP), channels last, a k x k kernel:
+// oneDNN 2.6's jit:avx2 direct convolution runs the 3x3 passes at 25-137 GFLOP/s where im2col +
+// sgemm runs 57-130 (`bench_ops 5 --conv-last r50@512 / r18@320 / main@192`, AMD EPYC Zen 3 at 2.45
+// GHz, 2 threads, whose fp32 peak is 157; bench/README.md "Session 25"). im2col's against oneDNN's:
+//  - backward-weights from 64+ input channels: 1.1-3.3x;
+//  - forward from 128+ input channels: 0.98-2.4x (from 64: 0.85-1.04x);
+//  - backward-data at stride 2 from 64+ channels: 1.02-1.7x; at stride 1 from 128-256: 1.03-1.2x
+//    (from 64: 0.55-0.65x, from 512: 0.74-0.91x).
+// Below 64 channels (the main job's 16-32, the stem's 3) oneDNN's is the faster in every pass.
+// (With AVX-512 oneDNN's direct and Winograd kernels are the faster: the rules below.)
+static bool avx2_im2col_wins(const ConvGeom *g, ConvPass pass) {
+  if (g->in_ch < 64) return false;
+  bool strided = g->stride_h > 1 || g->stride_w > 1;
+  switch (pass) {
+    case CONV_PASS_BWD_WEIGHTS:
+      return true;
+    case CONV_PASS_FWD:
+      return g->in_ch >= 128;
+    case CONV_PASS_BWD_DATA:
+      return strided || (g->in_ch >= 128 && g->in_ch <= 256);
+  }
+  return false;
+}
+
 // The per-pass choice, from bench_ops' medians at 2 threads (bench/README.md):
 //  - 3x3 and 7x7: oneDNN's direct convolution on its blocked layouts, reorders included: forward
 //    1.2-2.2x im2col + sgemm, backward-data 1.0-2.0x (most at 64-128 channels, where im2col's
@@ -400,9 +424,10 @@ ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
       int64_t floats = onednn_conv2d_winograd_workspace_floats(g, pass);
       if (floats >= 0 && (pass == CONV_PASS_FWD || floats * (int64_t)sizeof(float) <= WINOGRAD_BACKWARD_MAX_BYTES))
         return CONV_IMPL_ONEDNN_WINOGRAD;
-      return cpu_bf16_enabled() ? CONV_IMPL_ONEDNN_BF16 : CONV_IMPL_ONEDNN;
+      if (cpu_bf16_enabled()) return CONV_IMPL_ONEDNN_BF16;
     }
     if (cpu_bf16_enabled()) return bf16_conv_impl(g, pass);
+    if (!one && !onednn_cpu_has_avx512() && avx2_im2col_wins(g, pass)) return CONV_IMPL_IM2COL;
     if (pass == CONV_PASS_BWD_DATA && one) return CONV_IMPL_IM2COL;
     if (pass == CONV_PASS_BWD_WEIGHTS && one && g->in_ch >= 256) return CONV_IMPL_IM2COL;
     if (pass == CONV_PASS_BWD_WEIGHTS && !one && g->stride_h > 1 && g->in_ch >= 64 && out_spatial >= 400)
