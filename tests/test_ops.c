@@ -252,12 +252,12 @@ START_TEST(conv2d_winograd_runs) {
   // AVX-512, im2col where conv.c's avx2_im2col_wins measured it faster: every backward-weights
   // from 64 channels, the forward from 128, backward-data from 128-256 at stride 1.
   ck_assert_int_eq(onednn_cpu_has_avx512(), avx512_core);
-  ConvImpl wino = avx512_core ? CONV_IMPL_ONEDNN_WINOGRAD : CONV_IMPL_IM2COL;
+  ConvImpl wino_or_im2col = avx512_core ? CONV_IMPL_ONEDNN_WINOGRAD : CONV_IMPL_IM2COL;
   ConvImpl avx2_im2col = avx512_core ? CONV_IMPL_ONEDNN : CONV_IMPL_IM2COL;
   ConvGeom r18 = {.batch = 2, .in_ch = 128, .in_h = 40, .in_w = 40, .out_ch = 128, .out_h = 40, .out_w = 40, .kh = 3,
                   .kw = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1,
                   .channels_last = 1};
-  for (int pass = 0; pass < 3; pass++) ck_assert_int_eq(cpu_conv2d_impl(&r18, (ConvPass)pass), wino);
+  for (int pass = 0; pass < 3; pass++) ck_assert_int_eq(cpu_conv2d_impl(&r18, (ConvPass)pass), wino_or_im2col);
   ConvGeom r18_layer4 = r18;
   r18_layer4.in_ch = r18_layer4.out_ch = 512, r18_layer4.in_h = r18_layer4.in_w = 10;
   r18_layer4.out_h = r18_layer4.out_w = 10;
@@ -266,7 +266,7 @@ START_TEST(conv2d_winograd_runs) {
   ck_assert_int_eq(cpu_conv2d_impl(&r18_layer4, CONV_PASS_BWD_WEIGHTS), avx2_im2col);
   ConvGeom r50 = r18;
   r50.in_ch = r50.out_ch = 256, r50.in_h = r50.in_w = r50.out_h = r50.out_w = 32;
-  ck_assert_int_eq(cpu_conv2d_impl(&r50, CONV_PASS_FWD), wino);
+  ck_assert_int_eq(cpu_conv2d_impl(&r50, CONV_PASS_FWD), wino_or_im2col);
   for (int pass = 1; pass < 3; pass++) ck_assert_int_eq(cpu_conv2d_impl(&r50, (ConvPass)pass), avx2_im2col);
   ConvGeom r50_layer1 = r18;  // 64 channels: oneDNN's, but for backward-weights without AVX-512
   r50_layer1.in_ch = r50_layer1.out_ch = 64, r50_layer1.in_h = r50_layer1.in_w = r50_layer1.out_h = r50_layer1.out_w = 128;
@@ -274,6 +274,14 @@ START_TEST(conv2d_winograd_runs) {
   if (!avx512_core) {  // (with AVX-512 the backward passes' Winograd depends on its workspace)
     ck_assert_int_eq(cpu_conv2d_impl(&r50_layer1, CONV_PASS_BWD_DATA), CONV_IMPL_ONEDNN);
     ck_assert_int_eq(cpu_conv2d_impl(&r50_layer1, CONV_PASS_BWD_WEIGHTS), CONV_IMPL_IM2COL);
+    ConvGeom down = r50_layer1;  // stride 2 from 64 channels (r18@320's layer2): backward-data too
+    down.stride_h = down.stride_w = 2, down.out_ch = 128, down.out_h = down.out_w = 64;
+    ck_assert_int_eq(cpu_conv2d_impl(&down, CONV_PASS_FWD), CONV_IMPL_ONEDNN);
+    ck_assert_int_eq(cpu_conv2d_impl(&down, CONV_PASS_BWD_DATA), CONV_IMPL_IM2COL);
+    ck_assert_int_eq(cpu_conv2d_impl(&down, CONV_PASS_BWD_WEIGHTS), CONV_IMPL_IM2COL);
+    ConvGeom narrow = down;  // under 64 channels (the main job's): oneDNN's in every pass
+    narrow.in_ch = 32, narrow.out_ch = 64;
+    for (int pass = 0; pass < 3; pass++) ck_assert_int_eq(cpu_conv2d_impl(&narrow, (ConvPass)pass), CONV_IMPL_ONEDNN);
   }
 }
 END_TEST

@@ -29,7 +29,7 @@
 #    choice, DETR_CUDNN_DETERMINISTIC=0, as PyTorch's without cudnn.benchmark);
 # 4b. detr-r50 at the larger batch in bf16: detr-c `--set bf16=true` (cuBLAS GEMMs on bf16 copies, cuDNN bf16
 #    convolutions) against PyTorch's torch.autocast(bfloat16) with TF32 off for what stays fp32, and
-#    both in TF32 beside them (bf16 against TF32 on the same machine, in the same rounds);
+#    both in TF32 beside them when the main part does not run (bf16 against TF32 on one machine);
 # 5. ENACT against dense (detr-c, detr-r50, batch 8) at 800x1066 and 800x1333, fp32 and TF32:
 #    step time and peak memory, and the memory ENACT saves against the dense attention maps;
 # 6. with --profile: bench_step dense and with ENACT (batch 8, 800x1333, fp32, the step after the
@@ -87,7 +87,7 @@ while [ $# -gt 0 ]; do
     --stage-refs) stage=("$2" "$3"); shift 3 ;;
     --copy-to) copy_to=$2; shift 2 ;;
     --parts) parts=$2; shift 2 ;;
-    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
     *) echo "gpu_bench: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -329,13 +329,15 @@ main_round() {
     done
   done
 }
-# bf16_round ROUND: the first model at the larger batch in bf16 and in TF32, detr-c and PyTorch one after
-# the other (PyTorch first in even rounds). On the CPU path PyTorch is left out: Debian's 1.13 cannot
-# run DETR under CPU autocast (docs/precision.md); TF32 is a CUDA setting (fp32 math there).
+# bf16_round ROUND: the first model at the larger batch in bf16, and in TF32 where the main part does
+# not run that already, detr-c and PyTorch one after the other (PyTorch first in even rounds). On the
+# CPU path PyTorch is left out (Debian's 1.13 cannot run DETR under CPU autocast, docs/precision.md),
+# and so is TF32 (a CUDA setting: fp32 math there).
 bf16_round() {
-  local m=${models[0]} b=${batches[-1]} first=detr-c second=pytorch math
+  local m=${models[0]} b=${batches[-1]} first=detr-c second=pytorch math maths_here=bf16
   [ $(( $1 % 2 )) = 0 ] && first=pytorch second=detr-c
-  for math in bf16 tf32; do
+  [ "$cpu" = 0 ] && [[ " $parts " != *" main "* ]] && maths_here="bf16 tf32"
+  for math in $maths_here; do
     for impl in $first $second; do
       [ "$impl" = pytorch ] && { [ "$cpu" = 1 ] || ! torch_for "$m"; } && continue
       run_one step "$m" "$b" "$hw" "$math" "$impl" "$1"
@@ -382,6 +384,7 @@ profile_one() {
     meta_add "ncu $v" "skipped: $left s left"
     return
   fi
+  local label=${args[*]:-fp32}
   b=$work/batch-b$pb-$phw.safetensors
   [ -f "$b" ] && args+=(--batch-file "$b" --weights "$work/weights-${models[0]%%:*}-detr.safetensors")
   local t0=$(date +%s)
@@ -390,7 +393,7 @@ profile_one() {
     --profile-from-start off --log-file "$out/ncu-$v.csv" \
     "$bench" --device cuda --capture --preset "${models[0]%%:*}" --reps 1 --batch "$pb" --hw "$phw" \
     "${args[@]}" > "$logs/ncu-$v.log" 2>&1
-  meta_add "ncu $v" "exit $? in $(( $(date +%s) - t0 )) s: ncu-$v.csv (batch $pb, $phw, ${args[*]:-fp32}, the step after the warm-up)"
+  meta_add "ncu $v" "exit $? in $(( $(date +%s) - t0 )) s: ncu-$v.csv (batch $pb, $phw, $label, the step after the warm-up)"
 }
 if [ "$profile" = 1 ] && [ "$cpu" = 0 ]; then
   ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)

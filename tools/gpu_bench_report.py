@@ -127,7 +127,7 @@ def profile_tables(folder, runs, profiled, profiled_step):
     sizes = {"enact": profiled.split(":") if profiled else ("", ""),
              "step": profiled_step.split(":") if profiled_step else ("", "")}
     lines = []
-    for variant, (section, impl, math, size) in PROFILED.items():
+    for variant, (section, impl, precision, size) in PROFILED.items():
         path = os.path.join(folder, f"ncu-{variant}.csv")
         kernels = read_ncu(path) if os.path.isfile(path) else None
         if not kernels:
@@ -136,12 +136,12 @@ def profile_tables(folder, runs, profiled, profiled_step):
             continue
         batch, hw = sizes[size]
         wall = med([1000 * r["result"]["median_s"] for r in runs if r["section"] == section and r["result"] and
-                    r["impl"] == impl and r["math"] == math and r["hw"] == hw and str(r["batch"]) == batch])
+                    r["impl"] == impl and r["math"] == precision and r["hw"] == hw and str(r["batch"]) == batch])
         launches = sum(k[0] for k in kernels.values())
         busy = sum(k[1] for k in kernels.values()) / 1e6
         share = f"{busy / wall:.0%} of the step's wall time {wall:.1f} ms (its timed runs, unprofiled)" if wall else \
             "no unprofiled run to compare with"
-        lines += ["", f"### {variant} (batch {batch}, {hw}, {math}): {launches} kernel launches, {busy:.1f} ms of kernel "
+        lines += ["", f"### {variant} (batch {batch}, {hw}, {precision}): {launches} kernel launches, {busy:.1f} ms of kernel "
                   f"time in one step; {share}", "",
                   "| kernel | launches | total ms | share of kernel time |", "|---|---|---|---|"]
         for name, (n, ns) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:15]:

@@ -352,7 +352,8 @@ static ConvImpl bf16_conv_impl(const ConvGeom *g, ConvPass pass);
 // A CPU without AVX-512 (AMD Zen 3, Intel before Skylake-SP), channels last, a k x k kernel:
 // oneDNN 2.6's jit:avx2 direct convolution runs the 3x3 passes at 25-137 GFLOP/s where im2col +
 // sgemm runs 57-130 (`bench_ops 5 --conv-last r50@512 / r18@320 / main@192`, AMD EPYC Zen 3 at 2.45
-// GHz, 2 threads, whose fp32 peak is 157; bench/README.md "Session 25"). im2col's against oneDNN's:
+// GHz, 2 threads, whose fp32 peak is 157; bench/README.md "Session 25: convolutions on a CPU without
+// AVX-512"). im2col's against oneDNN's:
 //  - backward-weights from 64+ input channels: 1.1-3.3x;
 //  - forward from 128+ input channels: 0.98-2.4x (from 64: 0.85-1.04x);
 //  - backward-data at stride 2 from 64+ channels: 1.02-1.7x; at stride 1 from 128-256: 1.03-1.2x
