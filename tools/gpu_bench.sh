@@ -376,8 +376,7 @@ profile_one() {
   local v=$1 left b pb=$enact_batch phw=${enact_hws[-1]} args=()
   case $v in
     enact) args=(--enact) ;;
-    bf16) pb=${batches[-1]} phw=$hw args=(--set bf16=true) ;;
-    tf32) pb=${batches[-1]} phw=$hw args=(--set tf32=true) ;;
+    bf16|tf32) pb=${batches[-1]} phw=$hw args=(--set "$v=true") ;;
   esac
   left=$(( budget - $(elapsed) - 10 ))
   if [ "$left" -lt 45 ]; then
