@@ -755,6 +755,56 @@ START_TEST(permute_matches_index_loops) {
 }
 END_TEST
 
+// cpu_gemm on every transposition, on shapes either side of the rule that sends some A^T B to
+// OpenBLAS below AVX-512 (kernels/cpu/matmul.c openblas_takes: 512+ rows and 128-256 columns, or
+// 512x512), with gaps in every leading dimension, alpha and beta not 1, against a double-precision
+// sum. Bound: each element's k products summed in float, |error| <= (k + 2) u sum |alpha a b| +
+// 2 u |beta c| (u = 2^-24); a wrong leading dimension or transposition is off by far more.
+START_TEST(gemm_every_transposition_matches_double) {
+  static const int64_t shapes[][3] = {{512, 256, 96}, {2048, 128, 40}, {512, 512, 33}, {1024, 512, 17},
+                                      {256, 256, 64}, {600, 200, 50},  {1024, 32, 20}, {7, 5, 3}};
+  if (!onednn_cpu_has_avx512() && DETR_HAVE_ONEDNN)
+    ck_assert_msg(strstr(cpu_gemm_library(), "OpenBLAS") != NULL, "cpu_gemm_library: %s", cpu_gemm_library());
+  const float alpha = 0.75f, beta = -0.5f;
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+    int64_t m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
+    for (int t = 0; t < 4; t++) {
+      bool ta = t & 1, tb = t & 2;
+      int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;  // rows of op(A) are A's columns under ta
+      int64_t a_rows = ta ? k : m, b_rows = tb ? n : k;
+      float *a = malloc((size_t)(a_rows * lda) * sizeof(float)), *b = malloc((size_t)(b_rows * ldb) * sizeof(float));
+      float *c = malloc((size_t)(m * ldc) * sizeof(float)), *c0 = malloc((size_t)(m * ldc) * sizeof(float));
+      cpu_uniform(a, a_rows * lda, 11 + si, 0, -1, 1);
+      cpu_uniform(b, b_rows * ldb, 12 + si, 0, -1, 1);
+      cpu_uniform(c0, m * ldc, 13 + si, 0, -1, 1);
+      memcpy(c, c0, (size_t)(m * ldc) * sizeof(float));
+      cpu_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      double u = ldexp(1.0, -24), worst = 0.0;
+      for (int64_t i = 0; i < m; i++) {
+        for (int64_t j = 0; j < n; j++) {
+          double sum = 0.0, mag = 0.0;
+          for (int64_t p = 0; p < k; p++) {
+            double x = ta ? a[p * lda + i] : a[i * lda + p], y = tb ? b[j * ldb + p] : b[p * ldb + j];
+            sum += x * y;
+            mag += fabs(x * y);
+          }
+          double want = alpha * sum + beta * c0[i * ldc + j];
+          double bound = (double)(k + 2) * u * fabs(alpha) * mag + 2.0 * u * fabs(beta * c0[i * ldc + j]);
+          double err = fabs(c[i * ldc + j] - want);
+          if (err / (bound + 1e-30) > worst) worst = err / (bound + 1e-30);
+          ck_assert_msg(err <= bound, "%c%c %lldx%lldx%lld: c[%lld, %lld] %.9g, want %.9g (bound %.3g)", ta ? 'T' : 'N',
+                        tb ? 'T' : 'N', (long long)m, (long long)n, (long long)k, (long long)i, (long long)j,
+                        c[i * ldc + j], want, bound);
+        }
+        // The gap after each row of C is left as it was.
+        for (int64_t j = n; j < ldc; j++) ck_assert(!memcmp(&c[i * ldc + j], &c0[i * ldc + j], sizeof(float)));
+      }
+      free(a), free(b), free(c), free(c0);
+    }
+  }
+}
+END_TEST
+
 START_TEST(matmul_and_bmm_values) {
   float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, 0, 1, 1, 1};
   Tensor *ta = tensor_from_host(DEVICE_CPU, SHAPE(2, 3), a), *tb = tensor_from_host(DEVICE_CPU, SHAPE(3, 2), b);
@@ -817,6 +867,7 @@ int main(void) {
   tcase_add_test(tc, inverse_sigmoid_and_focal_values);
   tcase_add_test(tc, shape_ops_and_broadcasting);
   tcase_add_test(tc, permute_matches_index_loops);
+  tcase_add_test(tc, gemm_every_transposition_matches_double);
   tcase_add_test(tc, matmul_and_bmm_values);
   tcase_add_exit_test(tc, bad_broadcast_fails, 1);
   tcase_add_exit_test(tc, bad_matmul_fails, 1);

@@ -4,9 +4,11 @@
 // median of 41, the transformer's and the main job's shapes, bench/README.md "GEMM library"): on
 // an AMD family 26 (AVX-512) oneDNN 1.7-3.2x OpenBLAS (410-500 vs 220-245 GFLOP/s; 40-row
 // decoder GEMMs 230-440 vs 125-140); with oneDNN held to AVX2 (DNNL_MAX_CPU_ISA=AVX2) 0.8-1.6x,
-// 1.04x at the median. Results: deterministic for a fixed thread count either way.
+// 1.04x at the median; but for A^T B of some shapes below AVX-512 (openblas_takes). Results:
+// deterministic for a fixed thread count either way.
 #include <cblas.h>
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #if DETR_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.h>
@@ -16,7 +18,40 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
 
-// The fp32 GEMM of the library.
+#if DETR_HAVE_ONEDNN
+// Whether oneDNN runs its AVX-512 kernels here (asked once; DNNL_MAX_CPU_ISA is honoured). The
+// query needs no engine and is safe from any thread; the cached answer is an atomic for that.
+static bool onednn_sgemm_is_avx512(void) {
+  static _Atomic int known = -1;  // -1: not asked yet
+  int v = atomic_load_explicit(&known, memory_order_relaxed);
+  if (v < 0) {
+    v = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;  // nested masks
+    atomic_store_explicit(&known, v, memory_order_relaxed);
+  }
+  return v;
+}
+
+// C = A^T B (a weight gradient's dW = dY^T X) on OpenBLAS instead of oneDNN: below AVX-512 oneDNN
+// 2.6's sgemm with A transposed is 1.2-2.1x slower than OpenBLAS's where C has 512+ rows and
+// 128-256 columns (or is 512x512), at 1 and 2 threads and k from 200 to 2048: the transformer's
+// first feed-forward weight (2048x256), ResNet's 1x1 backward-weights into 512-1024 outputs from
+// 128-256 channels. Narrower C (attention's 32-64-column heads) is 1.3-3x faster on oneDNN at 2
+// threads; elsewhere, and for the other transpositions everywhere, oneDNN's is as fast or faster
+// (bench/README.md "Session 26"); with AVX-512 it is 1.7-3.2x OpenBLAS's.
+static bool openblas_takes(bool trans_a, bool trans_b, int64_t m, int64_t n) {
+  return trans_a && !trans_b && m >= 512 && n >= 128 && (n <= 256 || m * n <= (1 << 18)) &&
+         !onednn_sgemm_is_avx512();
+}
+#endif
+
+static void openblas_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta, c,
+              (blasint)ldc);
+}
+
+// The fp32 GEMM of the library (of OpenBLAS where openblas_takes the shape).
 static void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                   int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
   if (m == 0 || n == 0) return;
@@ -26,15 +61,17 @@ static void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
     return;
   }
 #if DETR_HAVE_ONEDNN
+  if (openblas_takes(trans_a, trans_b, m, n)) {
+    openblas_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
   dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb,
                                 beta, c, ldc);
   DETR_CHECK(st == dnnl_success, "cpu_gemm: dnnl_sgemm(%c%c, %lld x %lld x %lld) failed: %s",
              trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', (long long)m, (long long)n, (long long)k,
              dnnl_status2str(st));
 #else
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta, c,
-              (blasint)ldc);
+  openblas_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 #endif
 }
 
@@ -51,7 +88,8 @@ const char *cpu_gemm_library(void) {
   static char name[64];
 #if DETR_HAVE_ONEDNN
   const dnnl_version_t *v = dnnl_version();
-  snprintf(name, sizeof name, "oneDNN %d.%d sgemm", v->major, v->minor);
+  snprintf(name, sizeof name, "oneDNN %d.%d sgemm%s", v->major, v->minor,
+           onednn_sgemm_is_avx512() ? "" : " (OpenBLAS's for A^T B of 512+ rows)");
 #else
   snprintf(name, sizeof name, "OpenBLAS sgemm (%s)", openblas_get_corename());
 #endif
