@@ -80,30 +80,32 @@ static void bmm_backward_node(TapeNode *n) {
     DISPATCH(dev, cpu_dropout_forward(a->data, dropped->data, a->numel, p, at->seed, at->offset),
              cuda_dropout_forward(a->data, dropped->data, a->numel, p, at->seed, at->offset));
   }
+  float da_beta = 1.0f;  // da accumulates; the dropped copy's gradient is written (beta 0), not added to zeros
   if (p > 0.0f && da) {
     da_through_mask = da;
-    d_dropped = tensor_zeros(dev, a->shape);
+    d_dropped = tensor_new(dev, a->shape);
     da = d_dropped->data;
+    da_beta = 0.0f;
   }
   const float *a_data = dropped ? dropped->data : a->data;  // op(a) as the product used it
   int64_t lda = ta ? M : K, ldb = tb ? K : N;
-#define BMM(tA, tB, m_, n_, k_, A, ldA, sA, Bm, ldB, sB, C, ldC, sC)                             \
-  DISPATCH(dev, cpu_gemm_batched(tA, tB, m_, n_, k_, 1.0f, A, ldA, sA, Bm, ldB, sB, 1.0f, C, ldC, \
-                                 sC, B),                                                         \
-           cuda_gemm_batched(tA, tB, m_, n_, k_, 1.0f, A, ldA, sA, Bm, ldB, sB, 1.0f, C, ldC, sC, \
+#define BMM(tA, tB, m_, n_, k_, A, ldA, sA, Bm, ldB, sB, beta, C, ldC, sC)                        \
+  DISPATCH(dev, cpu_gemm_batched(tA, tB, m_, n_, k_, 1.0f, A, ldA, sA, Bm, ldB, sB, beta, C, ldC, \
+                                 sC, B),                                                          \
+           cuda_gemm_batched(tA, tB, m_, n_, k_, 1.0f, A, ldA, sA, Bm, ldB, sB, beta, C, ldC, sC, \
                              B))
   // With Y = A B (A = op(a), B = op(b)): dA = dY B^T, dB = A^T dY; transposed storage swaps roles.
   if (da) {
     if (!ta)  // da [M, K] += dY [M, N] op(b)^T
-      BMM(false, !tb, M, K, N, dy, N, M * N, b->data, ldb, K * N, da, K, M * K);
+      BMM(false, !tb, M, K, N, dy, N, M * N, b->data, ldb, K * N, da_beta, da, K, M * K);
     else  // da [K, M] += op(b) [K, N] dY^T [N, M]
-      BMM(tb, true, K, M, N, b->data, ldb, K * N, dy, N, M * N, da, M, M * K);
+      BMM(tb, true, K, M, N, b->data, ldb, K * N, dy, N, M * N, da_beta, da, M, M * K);
   }
   if (db) {
     if (!tb)  // db [K, N] += op(a)^T [K, M] dY [M, N]
-      BMM(!ta, false, K, N, M, a_data, lda, M * K, dy, N, M * N, db, N, K * N);
+      BMM(!ta, false, K, N, M, a_data, lda, M * K, dy, N, M * N, 1.0f, db, N, K * N);
     else  // db [N, K] += dY^T [N, M] op(a) [M, K]
-      BMM(true, ta, N, K, M, dy, N, M * N, a_data, lda, M * K, db, K, K * N);
+      BMM(true, ta, N, K, M, dy, N, M * N, a_data, lda, M * K, 1.0f, db, K, K * N);
   }
 #undef BMM
   if (da_through_mask)
