@@ -96,9 +96,9 @@ static void bmm_backward_node(TapeNode *n) {
                              B))
   // With Y = A B (A = op(a), B = op(b)): dA = dY B^T, dB = A^T dY; transposed storage swaps roles.
   if (da) {
-    if (!ta)  // da [M, K] += dY [M, N] op(b)^T
+    if (!ta)  // da [M, K] (+)= dY [M, N] op(b)^T
       BMM(false, !tb, M, K, N, dy, N, M * N, b->data, ldb, K * N, da_beta, da, K, M * K);
-    else  // da [K, M] += op(b) [K, N] dY^T [N, M]
+    else  // da [K, M] (+)= op(b) [K, N] dY^T [N, M]
       BMM(tb, true, K, M, N, b->data, ldb, K * N, dy, N, M * N, da_beta, da, M, M * K);
   }
   if (db) {

@@ -251,7 +251,7 @@ START_TEST(conv2d_winograd_runs) {
   // 10x10, and r50@512's layer3, whose Winograd backward workspaces are over the limit. Without
   // AVX-512, im2col where conv.c's avx2_im2col_wins measured it faster: every backward-weights
   // from 64 channels, the forward from 128, backward-data from 128-256 at stride 1.
-  ck_assert_int_eq(onednn_cpu_has_avx512(), avx512_core);
+  ck_assert_int_eq(cpu_has_avx512(), avx512_core);
   ConvImpl wino_or_im2col = avx512_core ? CONV_IMPL_ONEDNN_WINOGRAD : CONV_IMPL_IM2COL;
   ConvImpl avx2_im2col = avx512_core ? CONV_IMPL_ONEDNN : CONV_IMPL_IM2COL;
   ConvGeom r18 = {.batch = 2, .in_ch = 128, .in_h = 40, .in_w = 40, .out_ch = 128, .out_h = 40, .out_w = 40, .kh = 3,
@@ -755,53 +755,72 @@ START_TEST(permute_matches_index_loops) {
 }
 END_TEST
 
-// cpu_gemm on every transposition, on shapes either side of the rule that sends some A^T B to
-// OpenBLAS below AVX-512 (kernels/cpu/matmul.c openblas_takes: 512+ rows and 128-256 columns, or
-// 512x512), with gaps in every leading dimension, alpha and beta not 1, against a double-precision
-// sum. Bound: each element's k products summed in float, |error| <= (k + 2) u sum |alpha a b| +
-// 2 u |beta c| (u = 2^-24); a wrong leading dimension or transposition is off by far more.
-START_TEST(gemm_every_transposition_matches_double) {
-  static const int64_t shapes[][3] = {{512, 256, 96}, {2048, 128, 40}, {512, 512, 33}, {1024, 512, 17},
-                                      {256, 256, 64}, {600, 200, 50},  {1024, 32, 20}, {7, 5, 3}};
-  if (!onednn_cpu_has_avx512() && DETR_HAVE_ONEDNN)
-    ck_assert_msg(strstr(cpu_gemm_library(), "OpenBLAS") != NULL, "cpu_gemm_library: %s", cpu_gemm_library());
+// cpu_gemm on every transposition, on shapes either side of the rule that sends A^T B to OpenBLAS
+// below AVX-512 (kernels/cpu/matmul.c cpu_gemm_on_openblas), and cpu_gemm_batched's one-per-thread
+// path on such a shape, with gaps in every leading dimension, alpha and beta not 1, against a
+// double-precision sum. Bound: each element's k products summed in float, |error| <= (k + 2) u sum
+// |alpha a b| + 2 u |beta c| (u = 2^-24); a wrong leading dimension or transposition is off by far more.
+static double gemm_worst_ratio(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t batch, uint64_t seed) {
   const float alpha = 0.75f, beta = -0.5f;
-  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-    int64_t m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
-    for (int t = 0; t < 4; t++) {
-      bool ta = t & 1, tb = t & 2;
-      int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;  // rows of op(A) are A's columns under ta
-      int64_t a_rows = ta ? k : m, b_rows = tb ? n : k;
-      float *a = malloc((size_t)(a_rows * lda) * sizeof(float)), *b = malloc((size_t)(b_rows * ldb) * sizeof(float));
-      float *c = malloc((size_t)(m * ldc) * sizeof(float)), *c0 = malloc((size_t)(m * ldc) * sizeof(float));
-      cpu_uniform(a, a_rows * lda, 11 + si, 0, -1, 1);
-      cpu_uniform(b, b_rows * ldb, 12 + si, 0, -1, 1);
-      cpu_uniform(c0, m * ldc, 13 + si, 0, -1, 1);
-      memcpy(c, c0, (size_t)(m * ldc) * sizeof(float));
-      cpu_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-      double u = ldexp(1.0, -24), worst = 0.0;
-      for (int64_t i = 0; i < m; i++) {
-        for (int64_t j = 0; j < n; j++) {
-          double sum = 0.0, mag = 0.0;
-          for (int64_t p = 0; p < k; p++) {
-            double x = ta ? a[p * lda + i] : a[i * lda + p], y = tb ? b[j * ldb + p] : b[p * ldb + j];
-            sum += x * y;
-            mag += fabs(x * y);
-          }
-          double want = alpha * sum + beta * c0[i * ldc + j];
-          double bound = (double)(k + 2) * u * fabs(alpha) * mag + 2.0 * u * fabs(beta * c0[i * ldc + j]);
-          double err = fabs(c[i * ldc + j] - want);
-          if (err / (bound + 1e-30) > worst) worst = err / (bound + 1e-30);
-          ck_assert_msg(err <= bound, "%c%c %lldx%lldx%lld: c[%lld, %lld] %.9g, want %.9g (bound %.3g)", ta ? 'T' : 'N',
-                        tb ? 'T' : 'N', (long long)m, (long long)n, (long long)k, (long long)i, (long long)j,
-                        c[i * ldc + j], want, bound);
+  int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;  // under ta, op(A)'s rows are A's columns
+  int64_t sa = (ta ? k : m) * lda, sb = (tb ? n : k) * ldb, sc = m * ldc;  // one matrix each, gaps included
+  float *a = malloc((size_t)(batch * sa) * sizeof(float)), *b = malloc((size_t)(batch * sb) * sizeof(float));
+  float *c = malloc((size_t)(batch * sc) * sizeof(float)), *c0 = malloc((size_t)(batch * sc) * sizeof(float));
+  cpu_uniform(a, batch * sa, seed, 0, -1, 1);
+  cpu_uniform(b, batch * sb, seed + 1, 0, -1, 1);
+  cpu_uniform(c0, batch * sc, seed + 2, 0, -1, 1);
+  memcpy(c, c0, (size_t)(batch * sc) * sizeof(float));
+  if (batch == 1) cpu_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else cpu_gemm_batched(ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch);
+  double u = ldexp(1.0, -24), worst = 0.0;
+  for (int64_t bi = 0; bi < batch; bi++) {
+    const float *ab = a + bi * sa, *bb = b + bi * sb, *cb = c + bi * sc, *c0b = c0 + bi * sc;
+    for (int64_t i = 0; i < m; i++) {
+      for (int64_t j = 0; j < ldc; j++) {
+        if (j >= n) {  // the gap after each row of C is left as it was
+          if (memcmp(&cb[i * ldc + j], &c0b[i * ldc + j], sizeof(float))) worst = INFINITY;
+          continue;
         }
-        // The gap after each row of C is left as it was.
-        for (int64_t j = n; j < ldc; j++) ck_assert(!memcmp(&c[i * ldc + j], &c0[i * ldc + j], sizeof(float)));
+        double sum = 0.0, mag = 0.0;
+        for (int64_t p = 0; p < k; p++) {
+          double x = ta ? ab[p * lda + i] : ab[i * lda + p], y = tb ? bb[j * ldb + p] : bb[p * ldb + j];
+          sum += x * y;
+          mag += fabs(x * y);
+        }
+        double want = alpha * sum + beta * c0b[i * ldc + j];
+        double bound = (double)(k + 2) * u * fabs(alpha) * mag + 2.0 * u * fabs(beta * c0b[i * ldc + j]);
+        double ratio = fabs(cb[i * ldc + j] - want) / (bound + 1e-30);
+        if (!(ratio <= worst)) worst = ratio;  // NaN too
       }
-      free(a), free(b), free(c), free(c0);
     }
   }
+  free(a), free(b), free(c), free(c0);
+  return worst;
+}
+
+START_TEST(gemm_every_transposition_matches_double) {
+  static const struct {
+    int64_t m, n, k;
+    bool openblas;  // below AVX-512, A^T B of this C runs on OpenBLAS
+  } shapes[] = {{2048, 256, 40, true}, {256, 2048, 24, true}, {256, 2304, 30, true}, {128, 1152, 40, false}, {512, 512, 33, true},
+                {1024, 512, 17, false}, {64, 576, 50, false}, {1024, 32, 20, false}, {600, 200, 50, true},
+                {7, 5, 3, false}};
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+    for (int t = 0; t < 4; t++) {
+      bool ta = t & 1, tb = t & 2;
+      int64_t m = shapes[si].m, n = shapes[si].n, k = shapes[si].k;
+      bool want_openblas = !DETR_HAVE_ONEDNN || (ta && !tb && shapes[si].openblas && !cpu_has_avx512());
+      ck_assert_msg(cpu_gemm_on_openblas(ta, tb, m, n) == want_openblas, "%c%c %lldx%lld: on OpenBLAS %d, want %d",
+                    ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)m, (long long)n, cpu_gemm_on_openblas(ta, tb, m, n),
+                    want_openblas);
+      double worst = gemm_worst_ratio(ta, tb, m, n, k, 1, 11 + si);
+      ck_assert_msg(worst <= 1.0, "%c%c %lldx%lldx%lld: worst error %.3g of its bound", ta ? 'T' : 'N',
+                    tb ? 'T' : 'N', (long long)m, (long long)n, (long long)k, worst);
+    }
+  }
+  // A batch of small products runs one per thread (inside a parallel region: OpenBLAS single-threaded there).
+  double worst = gemm_worst_ratio(true, false, 512, 128, 16, 2 * omp_get_max_threads(), 40);
+  ck_assert_msg(worst <= 1.0, "batched TN 512x128x16: worst error %.3g of its bound", worst);
 }
 END_TEST
 

@@ -428,7 +428,7 @@ ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
       if (cpu_bf16_enabled()) return CONV_IMPL_ONEDNN_BF16;
     }
     if (cpu_bf16_enabled()) return bf16_conv_impl(g, pass);
-    if (!one && !onednn_cpu_has_avx512() && avx2_im2col_wins(g, pass)) return CONV_IMPL_IM2COL;
+    if (!one && !cpu_has_avx512() && avx2_im2col_wins(g, pass)) return CONV_IMPL_IM2COL;
     if (pass == CONV_PASS_BWD_DATA && one) return CONV_IMPL_IM2COL;
     if (pass == CONV_PASS_BWD_WEIGHTS && one && g->in_ch >= 256) return CONV_IMPL_IM2COL;
     if (pass == CONV_PASS_BWD_WEIGHTS && !one && g->stride_h > 1 && g->in_ch >= 64 && out_spatial >= 400)

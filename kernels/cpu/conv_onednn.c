@@ -677,15 +677,6 @@ bool onednn_conv2d_has_winograd(void) {
   return has;
 }
 
-bool onednn_cpu_has_avx512(void) {
-  static int has = -1;  // not asked yet
-  if (has < 0) {
-    onednn_init();
-    has = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;  // nested masks
-  }
-  return has;
-}
-
 // The geometry a pass of g runs on (*runs times): the whole batch at once (1), or one image at a
 // time (g->batch).
 static ConvGeom pass_geometry(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, int64_t *runs) {

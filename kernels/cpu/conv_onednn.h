@@ -35,8 +35,6 @@ int64_t onednn_conv2d_forward_post_workspace_floats(const ConvGeom *g, ConvImpl 
                                                     bool packed);
 // Whether oneDNN has Winograd on this CPU (AVX-512; probed once).
 bool onednn_conv2d_has_winograd(void);
-// Whether oneDNN runs its AVX-512 kernels on this CPU (else AVX2 or older: cpu_conv2d_impl's rules differ).
-bool onednn_cpu_has_avx512(void);
 // The workspace (onednn_conv2d_workspace_floats) a Winograd pass of g would take, or -1 where
 // oneDNN has no Winograd for it; from the descriptor, no primitive is made.
 int64_t onednn_conv2d_winograd_workspace_floats(const ConvGeom *g, ConvPass pass);
@@ -54,7 +52,6 @@ static inline int64_t onednn_conv2d_set_whole_batch_bytes(int64_t bytes) {
   return 0;
 }
 static inline bool onednn_conv2d_has_winograd(void) { return false; }
-static inline bool onednn_cpu_has_avx512(void) { return false; }
 static inline int64_t onednn_conv2d_winograd_workspace_floats(const ConvGeom *g, ConvPass pass) {
   (void)g, (void)pass;
   return -1;

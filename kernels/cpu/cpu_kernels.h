@@ -14,6 +14,11 @@
 // setting the user made is kept. Returns when nothing needed setting.
 void cpu_runtime_setup(char **argv);
 
+// Whether oneDNN runs its AVX-512 kernels on this CPU (cpu_runtime.c; DNNL_MAX_CPU_ISA honoured; false
+// without oneDNN). Below AVX-512 some passes and GEMMs are faster elsewhere: cpu_conv2d_impl's
+// rules, cpu_gemm's. Safe from any thread.
+bool cpu_has_avx512(void);
+
 // bf16 mixed precision (cpu_runtime.c): the GEMM-shaped kernels (convolutions, cpu_gemm) round
 // their inputs to bf16 and accumulate in fp32 where that is the faster per shape; everything else
 // stays fp32. Process-wide, off by default. cpu_bf16_supported: whether this build and CPU run bf16
@@ -32,6 +37,9 @@ TWIN_REDUCE(cpu)
 // matmul.c: row-major C[M,N] = alpha op(A) op(B) + beta C, and its strided-batched form.
 TWIN_MATMUL(cpu)
 const char *cpu_gemm_library(void);  // e.g. "oneDNN 2.6 sgemm", "OpenBLAS sgemm (Haswell)"
+// Whether cpu_gemm's fp32 GEMM of that transposition and C [m, n] runs on OpenBLAS (always without
+// oneDNN; with it, some A^T B below AVX-512: matmul.c says which, and why).
+bool cpu_gemm_on_openblas(bool trans_a, bool trans_b, int64_t m, int64_t n);
 // matmul_bf16.c: cpu_gemm_batched's operation with A and B rounded to bf16 and fp32 accumulation,
 // when bf16 is on (cpu_set_bf16) and the GEMM is large enough to gain (and, batched, not narrow);
 // false (nothing done) otherwise. cpu_gemm and cpu_gemm_batched call it first.

@@ -1,6 +1,7 @@
 // Settings libgomp reads once, as it loads: the program puts them in its environment and starts
 // itself again (once). bench/README.md, "wait policy".
 #define _POSIX_C_SOURCE 200809L  // setenv
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -21,6 +22,20 @@ void cpu_runtime_setup(char **argv) {
   execv("/proc/self/exe", argv);
   // Still here: the setting reaches child processes only; this one goes on with libgomp's default.
   fprintf(stderr, "cpu_runtime_setup: execv(/proc/self/exe) failed; libgomp's default spin stays\n");
+}
+
+bool cpu_has_avx512(void) {
+#if DETR_HAVE_ONEDNN
+  static _Atomic int known = -1;  // -1: not asked yet; a race asks twice and stores the same answer
+  int has = atomic_load_explicit(&known, memory_order_relaxed);
+  if (has < 0) {
+    has = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;  // nested masks
+    atomic_store_explicit(&known, has, memory_order_relaxed);
+  }
+  return has;
+#else
+  return false;
+#endif
 }
 
 // bf16 needs oneDNN's AVX512-BF16 kernels (Cooper Lake, Zen 4, Zen 5, Sapphire Rapids' AVX-512

@@ -4,11 +4,10 @@
 // median of 41, the transformer's and the main job's shapes, bench/README.md "GEMM library"): on
 // an AMD family 26 (AVX-512) oneDNN 1.7-3.2x OpenBLAS (410-500 vs 220-245 GFLOP/s; 40-row
 // decoder GEMMs 230-440 vs 125-140); with oneDNN held to AVX2 (DNNL_MAX_CPU_ISA=AVX2) 0.8-1.6x,
-// 1.04x at the median; but for A^T B of some shapes below AVX-512 (openblas_takes). Results:
+// 1.04x at the median; but for A^T B of most shapes below AVX-512 (cpu_gemm_on_openblas). Results:
 // deterministic for a fixed thread count either way.
 #include <cblas.h>
 #include <omp.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #if DETR_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.h>
@@ -18,31 +17,21 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
 
-#if DETR_HAVE_ONEDNN
-// Whether oneDNN runs its AVX-512 kernels here (asked once; DNNL_MAX_CPU_ISA is honoured). The
-// query needs no engine and is safe from any thread; the cached answer is an atomic for that.
-static bool onednn_sgemm_is_avx512(void) {
-  static _Atomic int known = -1;  // -1: not asked yet
-  int v = atomic_load_explicit(&known, memory_order_relaxed);
-  if (v < 0) {
-    v = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;  // nested masks
-    atomic_store_explicit(&known, v, memory_order_relaxed);
-  }
-  return v;
+// C = A^T B (a weight gradient: dW = dY^T X) on OpenBLAS instead of oneDNN below AVX-512, where
+// oneDNN 2.6's AVX2 sgemm with A transposed measured slower (OMP_NUM_THREADS=2, fresh buffers at
+// several alignments, k 200-2048 and the convolutions' chunks of 800-7281 rows; bench/README.md
+// "Session 26"): C of 256+ rows and 128+ columns, 1.1-2.1x (0.96 at worst): the transformer's
+// feed-forward weights (2048x256, 256x2048), the 3x3 backward-weights' [O, 9C] of 256 outputs,
+// the 1x1 ones into 512-1024 outputs. Not C of 512+ by 512+ beyond 512x512, where the two are even
+// (0.8-1.1x), nor C of 128 rows (0.9-1.0x on the convolutions' long chunks, though 1.1-1.9x at k up
+// to 2048), nor narrower C (attention's 32-64-column heads, the stem's 64 outputs: 0.4-0.9x). The
+// other transpositions stay on oneDNN (as fast or faster: 0.5-1.0x), and with AVX-512 everything
+// (1.7-3.2x OpenBLAS's).
+bool cpu_gemm_on_openblas(bool trans_a, bool trans_b, int64_t m, int64_t n) {
+  if (!DETR_HAVE_ONEDNN) return true;
+  if (!trans_a || trans_b || m < 256 || n < 128 || (m >= 512 && n >= 512 && m * n > (1 << 18))) return false;
+  return !cpu_has_avx512();
 }
-
-// C = A^T B (a weight gradient's dW = dY^T X) on OpenBLAS instead of oneDNN: below AVX-512 oneDNN
-// 2.6's sgemm with A transposed is 1.2-2.1x slower than OpenBLAS's where C has 512+ rows and
-// 128-256 columns (or is 512x512), at 1 and 2 threads and k from 200 to 2048: the transformer's
-// first feed-forward weight (2048x256), ResNet's 1x1 backward-weights into 512-1024 outputs from
-// 128-256 channels. Narrower C (attention's 32-64-column heads) is 1.3-3x faster on oneDNN at 2
-// threads; elsewhere, and for the other transpositions everywhere, oneDNN's is as fast or faster
-// (bench/README.md "Session 26"); with AVX-512 it is 1.7-3.2x OpenBLAS's.
-static bool openblas_takes(bool trans_a, bool trans_b, int64_t m, int64_t n) {
-  return trans_a && !trans_b && m >= 512 && n >= 128 && (n <= 256 || m * n <= (1 << 18)) &&
-         !onednn_sgemm_is_avx512();
-}
-#endif
 
 static void openblas_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                            int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
@@ -51,7 +40,7 @@ static void openblas_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int
               (blasint)ldc);
 }
 
-// The fp32 GEMM of the library (of OpenBLAS where openblas_takes the shape).
+// The fp32 GEMM: oneDNN's, or OpenBLAS's where cpu_gemm_on_openblas.
 static void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                   int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
   if (m == 0 || n == 0) return;
@@ -61,7 +50,7 @@ static void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
     return;
   }
 #if DETR_HAVE_ONEDNN
-  if (openblas_takes(trans_a, trans_b, m, n)) {
+  if (cpu_gemm_on_openblas(trans_a, trans_b, m, n)) {
     openblas_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
@@ -89,7 +78,7 @@ const char *cpu_gemm_library(void) {
 #if DETR_HAVE_ONEDNN
   const dnnl_version_t *v = dnnl_version();
   snprintf(name, sizeof name, "oneDNN %d.%d sgemm%s", v->major, v->minor,
-           onednn_sgemm_is_avx512() ? "" : " (OpenBLAS's for A^T B of 512+ rows)");
+           cpu_has_avx512() ? "" : " (OpenBLAS's for most A^T B)");
 #else
   snprintf(name, sizeof name, "OpenBLAS sgemm (%s)", openblas_get_corename());
 #endif
