@@ -565,7 +565,7 @@ def main():
     ap.add_argument("--padding", action="store_true", help="second image padded bottom/right")
     ap.add_argument("--detr", default="build/detr", help="the detr binary")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--size", default=None, help="HxW of the batch (default: 96x128, 320x320 for detr-r50)")
+    ap.add_argument("--size", default=None, help="HxW of the batch, or N for NxN (default: 96x128, 320x320 for detr-r50)")
     ap.add_argument("--tol", type=float, default=1e-4)
     ap.add_argument("--threads", type=int, default=2, help="torch threads for the reference")
     ap.add_argument("--keep", default=None, help="directory to keep the files in")
@@ -574,7 +574,15 @@ def main():
     args = ap.parse_args()
     p = PRESETS[args.preset]
     decoder = args.decoder or p.get("decoder", "detr")
-    size = tuple(int(v) for v in (args.size or ("320x320" if args.preset.endswith("detr-r50") else "96x128")).split("x"))
+    size_text = args.size or ("320x320" if args.preset.endswith("detr-r50") else "96x128")
+    try:
+        size = tuple(int(v) for v in size_text.split("x"))
+    except ValueError:
+        size = ()
+    if len(size) == 1:
+        size = size * 2  # N: NxN
+    if len(size) != 2 or min(size) <= 0:
+        ap.error(f"--size {size_text}: expected HxW (e.g. 320x448) or N for NxN")
     torch.set_num_threads(args.threads)
 
     enact = None
