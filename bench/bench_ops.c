@@ -1,6 +1,7 @@
 // Matmul and conv2d throughput against OpenBLAS's raw sgemm on the same machine.
 //   build/bench/bench_ops [reps] [--conv [MODEL]]  (--conv: the convolutions only, of one model)
 //   build/bench/bench_ops [reps] --attention-bf16  (attention's per-head GEMMs, fp32 against bf16)
+//   build/bench/bench_ops [reps] --gemm-at-b  (C = A^T B on oneDNN's sgemm against OpenBLAS's)
 // Matmul: the median time of our op (on oneDNN's sgemm where the build has oneDNN) and of the bare
 // OpenBLAS cblas_sgemm call doing the same multiply-adds, in GFLOP/s, and their ratio; batches of
 // small GEMMs one per thread (cpu_gemm_batched) against one after another. Conv2d: every convolution of DETR's training step (detr-r18-small at
@@ -13,6 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#if DETR_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+#endif
 
 #include "autograd/ops.h"
 #include "kernels/cpu/conv_onednn.h"
@@ -321,18 +326,70 @@ static void bench_detr_convs(int reps, const char *only_model, bool channels_las
   }
 }
 
+#if DETR_HAVE_ONEDNN
+// C = A^T B (every weight gradient, dW = dY^T X) on oneDNN's sgemm against OpenBLAS's: oneDNN's time
+// over OpenBLAS's, each cell the median over 11 fresh allocations at different alignments (one
+// alignment alone moved the ratio by up to 2x between runs) of the best of `reps` calls of each,
+// alternating. '*': cpu_gemm runs that shape on OpenBLAS (cpu_gemm_on_openblas, kernels/cpu/matmul.c).
+static void bench_gemm_at_b(int reps) {
+  static const int64_t ms[] = {64, 128, 256, 512, 1024, 2048}, ns[] = {32, 64, 128, 256, 512, 1024, 2048, 4608};
+  static const int64_t ks[] = {200, 512, 2048};
+  enum { PLACEMENTS = 11 };
+  printf("\nC = A^T B, oneDNN's sgemm time / OpenBLAS's (median of %d placements, best of %d calls each); "
+         "*: cpu_gemm takes OpenBLAS\n", PLACEMENTS, reps);
+  for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+    int64_t k = ks[ki];
+    printf("k = %lld\n  m \\ n", (long long)k);
+    for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++) printf("%8lld", (long long)ns[j]);
+    printf("\n");
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+      int64_t m = ms[i];
+      printf("%7lld", (long long)m);
+      for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++) {
+        int64_t n = ns[j];
+        double ratio[PLACEMENTS];
+        for (int pl = 0; pl < PLACEMENTS; pl++) {
+          // A [k, m], B [k, n], C [m, n]; the offset moves A's alignment by 64 bytes a placement.
+          float *a_block = rand_buffer(k * m + 16 * (pl % 4), 1 + pl), *a = a_block + 16 * (pl % 4);
+          float *b = rand_buffer(k * n, 2 + pl), *c = calloc((size_t)(m * n), sizeof(float));
+          double one = 1e30, blas = 1e30;
+          for (int r = 0; r < reps; r++) {
+            double t0 = now();
+            dnnl_sgemm('T', 'N', m, n, k, 1.0f, a, m, b, n, 1.0f, c, n);
+            double t1 = now();
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)m, b, (int)n,
+                        1.0f, c, (int)n);
+            double t2 = now();
+            if (t1 - t0 < one) one = t1 - t0;
+            if (t2 - t1 < blas) blas = t2 - t1;
+          }
+          ratio[pl] = one / blas;
+          free(a_block), free(b), free(c);
+        }
+        printf("%7.2f%c", median(ratio, PLACEMENTS), cpu_gemm_on_openblas(true, false, m, n) ? '*' : ' ');
+      }
+      printf("\n");
+      fflush(stdout);
+    }
+  }
+}
+#endif
+
 int main(int argc, char **argv) {
   cpu_runtime_setup(argv);  // libgomp's spin setting, as the detr command has it
   int reps = argc > 1 ? atoi(argv[1]) : 7;
   bool channels_last = argc > 2 && !strcmp(argv[2], "--conv-last");
   bool conv_only = argc > 2 && (!strcmp(argv[2], "--conv") || channels_last);
   bool attention_bf16 = argc == 3 && !strcmp(argv[2], "--attention-bf16");
+  bool gemm_at_b = argc == 3 && !strcmp(argv[2], "--gemm-at-b") && DETR_HAVE_ONEDNN;
   const char *only_model = conv_only && argc > 3 ? argv[3] : NULL;
-  if (reps < 1 || (argc > 2 && !conv_only && !attention_bf16) || argc > 4) {
+  if (reps < 1 || (argc > 2 && !conv_only && !attention_bf16 && !gemm_at_b) || argc > 4) {
     fprintf(stderr, "usage: bench_ops [reps] [--conv | --conv-last [r18@320 | r50@512 | main@192 | i18@192]]\n"
                     "       bench_ops [reps] --attention-bf16\n"
+                    "       bench_ops [reps] --gemm-at-b   (builds with oneDNN)\n"
                     "  --conv-last: the convolutions channels last ([B, H, W, C], as the backbone runs)\n"
-                    "  --attention-bf16: attention's per-head GEMMs in fp32 and bf16, and bf16 mode's choice\n");
+                    "  --attention-bf16: attention's per-head GEMMs in fp32 and bf16, and bf16 mode's choice\n"
+                    "  --gemm-at-b: C = A^T B on oneDNN's sgemm against OpenBLAS's, and where cpu_gemm takes which\n");
     return 2;
   }
   printf("threads: OpenBLAS %d; GEMM: %s\n", openblas_get_num_threads(), cpu_gemm_library());
@@ -340,6 +397,12 @@ int main(int argc, char **argv) {
     bench_attention_bf16(reps);
     return 0;
   }
+#if DETR_HAVE_ONEDNN
+  if (gemm_at_b) {
+    bench_gemm_at_b(reps);
+    return 0;
+  }
+#endif
   if (!conv_only) {
     // Transformer shapes: hidden 256, FFN 2048, a 25x38 feature map of 2 images (1900 tokens).
     bench_matmul(256, 256, 2048, reps);

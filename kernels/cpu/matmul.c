@@ -19,8 +19,8 @@
 
 // C = A^T B (a weight gradient: dW = dY^T X) on OpenBLAS instead of oneDNN below AVX-512, where
 // oneDNN 2.6's AVX2 sgemm with A transposed measured slower (OMP_NUM_THREADS=2, fresh buffers at
-// several alignments, k 200-2048 and the convolutions' chunks of 800-7281 rows; bench/README.md
-// "Session 26"): C of 256+ rows and 128+ columns, 1.1-2.1x (0.96 at worst): the transformer's
+// several alignments, k 200-2048 (`bench_ops 3 --gemm-at-b`) and the convolutions' chunks of 800-7281
+// rows; bench/README.md "Session 26"): C of 256+ rows and 128+ columns, 1.1-2.1x (0.96 at worst): the transformer's
 // feed-forward weights (2048x256, 256x2048), the 3x3 backward-weights' [O, 9C] of 256 outputs,
 // the 1x1 ones into 512-1024 outputs. Not C of 512+ by 512+ beyond 512x512, where the two are even
 // (0.8-1.1x), nor C of 128 rows (0.9-1.0x on the convolutions' long chunks, though 1.1-1.9x at k up
