@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -620,38 +621,73 @@ static void log_eval(FILE *metrics, int64_t epoch, int64_t step, const EvalRepor
 
 // --- the epoch: steps, their log, checkpoints ---
 
-// SIGINT or SIGTERM: the step in progress finishes and is checkpointed, then the run stops. The
-// handler is reset by its first call: a second Ctrl-C ends the process at once (the checkpoints
-// written so far are whole: writes are atomic).
+// SIGINT or SIGTERM: the step in progress finishes and is checkpointed, then the run stops; a second
+// signal ends the process at once (the checkpoints written so far are whole: writes are atomic).
+// The signals are taken by one thread of their own (sigwait) and blocked in every other: oneDNN's
+// AVX2 sgemm kernel runs with its stack pointer in a heap buffer, so a signal delivered to a compute
+// thread there writes its frame into the heap (glibc then aborts on a corrupted chunk: about 1 in 40
+// runs stopped by Ctrl-C did, before this).
 static volatile sig_atomic_t stop_signal;
 static struct sigaction saved_int, saved_term;  // the actions before train_run's
+static sigset_t stop_set;                       // the signals the thread takes (not the ignored ones)
+static pthread_t stop_thread;
+static bool stop_thread_running;
 
-static void on_stop_signal(int sig) {
-  int saved_errno = errno;
-  stop_signal = sig;
+static void *stop_signal_thread(void *arg) {
+  (void)arg;
   static const char on_int[] = "\ndetr train: stopping after this step (and the evaluation due with it) to write a "
                                "checkpoint; Ctrl-C again quits now, the last checkpoint kept\n";
   static const char on_term[] = "\ndetr train: SIGTERM: stopping after this step to write a checkpoint\n";
-  ssize_t ignored = sig == SIGINT ? write(STDERR_FILENO, on_int, sizeof on_int - 1)
-                                  : write(STDERR_FILENO, on_term, sizeof on_term - 1);
-  (void)ignored;
-  errno = saved_errno;
+  for (;;) {
+    int sig;
+    if (sigwait(&stop_set, &sig) != 0) continue;
+    if (stop_signal) {  // the second: its default action, now (this thread alone unblocks it)
+      signal(sig, SIG_DFL);
+      sigset_t one;
+      sigemptyset(&one);
+      sigaddset(&one, sig);
+      pthread_sigmask(SIG_UNBLOCK, &one, NULL);
+      raise(sig);
+      continue;
+    }
+    stop_signal = sig;
+    ssize_t ignored = sig == SIGINT ? write(STDERR_FILENO, on_int, sizeof on_int - 1)
+                                    : write(STDERR_FILENO, on_term, sizeof on_term - 1);
+    (void)ignored;
+  }
+  return NULL;
 }
 
-// SA_RESETHAND: a second signal takes the default action. A signal the caller ignores (a
-// background job's SIGINT under nohup) stays ignored.
+// The mask in the calling thread and in every OpenMP thread (threads made later inherit it from the
+// thread that makes them: the main thread's).
+static void mask_stop_signals(int how) {
+  pthread_sigmask(how, &stop_set, NULL);
+#pragma omp parallel
+  pthread_sigmask(how, &stop_set, NULL);
+}
+
+// A signal the caller ignores (a background job's SIGINT under nohup) stays ignored.
 static void catch_stop_signals(bool on) {
   if (!on) {
+    if (!stop_thread_running) return;
+    pthread_cancel(stop_thread);  // sigwait is a cancellation point
+    pthread_join(stop_thread, NULL);
+    stop_thread_running = false;
     sigaction(SIGINT, &saved_int, NULL);
     sigaction(SIGTERM, &saved_term, NULL);
+    mask_stop_signals(SIG_UNBLOCK);  // a signal still pending takes its default action here
     return;
   }
-  struct sigaction sa = {.sa_handler = on_stop_signal, .sa_flags = (int)(SA_RESETHAND | SA_RESTART)};
-  sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, NULL, &saved_int);
   sigaction(SIGTERM, NULL, &saved_term);
-  if (saved_int.sa_handler != SIG_IGN) sigaction(SIGINT, &sa, NULL);
-  if (saved_term.sa_handler != SIG_IGN) sigaction(SIGTERM, &sa, NULL);
+  sigemptyset(&stop_set);
+  if (saved_int.sa_handler != SIG_IGN) sigaddset(&stop_set, SIGINT);
+  if (saved_term.sa_handler != SIG_IGN) sigaddset(&stop_set, SIGTERM);
+  if (!sigismember(&stop_set, SIGINT) && !sigismember(&stop_set, SIGTERM)) return;  // both ignored: nothing to take
+  mask_stop_signals(SIG_BLOCK);
+  int rc = pthread_create(&stop_thread, NULL, stop_signal_thread, NULL);
+  DETR_CHECK(rc == 0, "train_run: cannot start the signal thread: %s", strerror(rc));
+  stop_thread_running = true;
 }
 
 // Whether any process was asked to stop (every process must stop at the same step).
