@@ -1,7 +1,8 @@
 // Data-parallel training as a user runs it: `mpirun -np 2 detr train --batch b` follows the same
 // loss curve as one process with --batch 2b (to float tolerance: the gradient sums are ordered
 // differently), evaluates to the same COCO numbers, resumes exactly with the same number of
-// processes, and refuses, with a clear message, a checkpoint of another number of processes.
+// processes, and refuses, with a clear message, a checkpoint of another number of processes;
+// stopped by SIGUSR1 to mpirun, every process stops after the same step with a checkpoint.
 // Skips (77) when the build has no MPI or mpirun is missing.
 #define _DEFAULT_SOURCE  // mkdtemp, setenv
 #include <check.h>
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 
 #include "tests/shell.h"
 
@@ -93,6 +95,35 @@ START_TEST(resume_needs_the_same_number_of_processes) {
 }
 END_TEST
 
+// mpirun answers a Ctrl-C by killing its processes a second after asking them to stop; SIGUSR1 it
+// passes on. Every process stops after the same step, rank 0 checkpoints it, says so once and how
+// to resume, leaves no half-written file, and the resumed run logs each step once.
+START_TEST(sigusr1_to_mpirun_stops_every_process_with_a_checkpoint) {
+  setup_data();
+  char ckpt2[256];
+  snprintf(ckpt2, sizeof ckpt2, "%s/u/ckpt-2.safetensors", test_root);
+  pid_t pid = sh_start("%s %s train --data %s/data --out %s/u %s --batch 2 --epochs 1000 --eval-every 0 "
+                       "--checkpoint-every 2 > %s/u.log 2>&1", MPIRUN, DETR_BIN, test_root, test_root, FLAGS, test_root);
+  ck_assert_msg(sh_wait_for_file(ckpt2, 120), "no checkpoint after 120 s: see %s/u.log", test_root);
+  kill(pid, SIGUSR1);  // mpirun's pid: sh_start exec's the command
+  int status = sh_wait(pid);
+  ck_assert_msg(status == 128 + SIGUSR1, "mpirun's status %d", status);
+  ck_assert_int_eq(sh("grep -q 'kill -USR1 %d' %s/u.log", (int)pid, test_root), 0);  // said at the start
+  ck_assert_int_eq(sh("test $(grep -c 'SIGUSR1: stopping after this step' %s/u.log) -eq 1", test_root), 0);
+  ck_assert_int_eq(sh("grep -q 'resume with the same 2 processes' %s/u.log", test_root), 0);
+  int step = (int)sh_read_long(0, "grep -o 'interrupted at step [0-9]* (SIGUSR1)' %s/u.log | grep -o '[0-9][0-9]*'",
+                               test_root);
+  ck_assert_int_ge(step, 2);
+  ck_assert_int_eq(sh("test -s %s/u/ckpt-%d.safetensors && ! ls %s/u | grep -q '[.]tmp'", test_root, step, test_root), 0);
+  ck_assert_int_eq(sh("%s %s train --data %s/data --out %s/u %s --batch 2 --epochs 1000 --eval-every 0 --checkpoint-every 2 "
+                      "--max-steps %d --resume auto", MPIRUN, DETR_BIN, test_root, test_root, FLAGS, step + 2), 0);
+  double steps[64];
+  int n = read_numbers("u", "train", "step", steps, 64);
+  ck_assert_int_eq(n, step + 2);
+  for (int i = 0; i < n; i++) ck_assert_int_eq((int)steps[i], i + 1);
+}
+END_TEST
+
 int main(void) {
 #if !DETR_HAVE_MPI
   printf("this build has no MPI: skipped\n");
@@ -110,6 +141,7 @@ int main(void) {
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, two_processes_equal_one_with_twice_the_batch);
   tcase_add_test(tc, resume_needs_the_same_number_of_processes);
+  tcase_add_test(tc, sigusr1_to_mpirun_stops_every_process_with_a_checkpoint);
   suite_add_tcase(s, tc);
   SRunner *r = srunner_create(s);
   srunner_set_fork_status(r, CK_NOFORK);  // test_root[] persists across the tests

@@ -41,13 +41,7 @@ static bool log_has(const char *pattern) { return sh("grep -Eq -- '%s' %s", patt
 
 // Training lines in RUN/metrics.jsonl, and whether each step 1..n appears exactly once.
 static int train_lines(const char *run) {
-  char cmd[512];
-  snprintf(cmd, sizeof cmd, "grep -c '\"type\": \"train\"' %s/%s/metrics.jsonl 2>/dev/null", test_root, run);
-  FILE *p = popen(cmd, "r");
-  int n = -1;
-  if (!p || fscanf(p, "%d", &n) != 1) n = -1;
-  if (p) pclose(p);
-  return n;
+  return (int)sh_read_long(-1, "grep -c '\"type\": \"train\"' %s/%s/metrics.jsonl 2>/dev/null", test_root, run);
 }
 
 static bool each_step_once(const char *run, int steps) {
@@ -107,11 +101,23 @@ START_TEST(resume_keeps_one_history) {
   setup_data();
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/c --max-steps 6 %s", DETR_BIN, test_root, test_root, TINY), 0);
   ck_assert_int_eq(sh("rm %s/c/ckpt-6.safetensors", test_root), 0);  // killed after logging step 6
+  // ... while writing ckpt-6: its temporary file is removed; one of a process still running (this
+  // test's) stays, and so does a file detr does not write.
+  pid_t dead = fork();
+  ck_assert_int_ge(dead, 0);
+  if (dead == 0) _exit(0);
+  waitpid(dead, NULL, 0);
+  ck_assert_int_eq(sh("cd %s/c && head -c 100000 ckpt-4.safetensors > ckpt-6.safetensors.tmp.%d && touch "
+                      "ckpt-6.safetensors.tmp.%d notes.txt.tmp.%d", test_root, (int)dead, (int)getpid(), (int)dead), 0);
   clear_log();
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/c --max-steps 8 --resume auto %s", DETR_BIN, test_root, test_root,
                       TINY), 0);
   ck_assert_msg(each_step_once("c", 8), "metrics.jsonl does not hold steps 1-8 once each");
   ASSERT_LOG("stopped at step 8 .*--max-steps");
+  ASSERT_LOG("removed [^ ]*/c/ckpt-6.safetensors.tmp.[0-9]+ \\(0.1 MB\\), left by process");
+  ck_assert_int_eq(sh("cd %s/c && ! test -e ckpt-6.safetensors.tmp.%d && test -e ckpt-6.safetensors.tmp.%d && "
+                      "test -e notes.txt.tmp.%d && rm ckpt-6.safetensors.tmp.%d notes.txt.tmp.%d", test_root, (int)dead,
+                      (int)getpid(), (int)dead, (int)getpid(), (int)dead), 0);
   // At its --max-steps: nothing to do, nothing written.
   ck_assert_int_eq(sh("(cd %s/c && ls -l --time-style=full-iso > ../c.ls && md5sum * > ../c.md5)", test_root), 0);
   clear_log();
@@ -173,34 +179,22 @@ END_TEST
 // and the exit status is 130.
 START_TEST(ctrl_c_saves_and_says_how_to_resume) {
   setup_data();
-  char cmd[2048], ckpt2[256];
-  snprintf(cmd, sizeof cmd, "exec %s train --data %s/data --out %s/i --max-steps 100000 %s >> %s 2>&1", DETR_BIN,
-           test_root, test_root, TINY, log_path);
+  char ckpt2[256];
   snprintf(ckpt2, sizeof ckpt2, "%s/i/ckpt-2.safetensors", test_root);
   clear_log();
-  pid_t pid = fork();
-  ck_assert_int_ge(pid, 0);
-  if (pid == 0) {
-    execl("/bin/sh", "sh", "-c", cmd, NULL);
-    _exit(127);
-  }
-  struct stat st;
-  for (int i = 0; i < 6000 && stat(ckpt2, &st) != 0; i++) usleep(10000);
+  pid_t pid = sh_start("%s train --data %s/data --out %s/i --max-steps 100000 %s >> %s 2>&1", DETR_BIN, test_root,
+                       test_root, TINY, log_path);
+  sh_wait_for_file(ckpt2, 60);
   usleep(100000);
   kill(pid, SIGINT);
-  int status;
-  waitpid(pid, &status, 0);
-  ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 130, "exit status %d", status);
+  int status = sh_wait(pid);
+  ck_assert_msg(status == 130, "exit status %d", status);
   ASSERT_LOG("interrupted at step [0-9]+");
   ASSERT_LOG("--resume auto");
   // The checkpoint it names exists and resumes: two more steps, each step logged once.
   ck_assert_int_eq(sh("f=$(grep -o '[^ ]*/i/ckpt-[0-9]*.safetensors' %s | tail -1) && test -s \"$f\"", log_path), 0);
-  int step = 0;
-  char cmd2[512];
-  snprintf(cmd2, sizeof cmd2, "grep -o 'interrupted at step [0-9]*' %s | tail -1 | grep -o '[0-9]*$'", log_path);
-  FILE *p = popen(cmd2, "r");
-  ck_assert(p && fscanf(p, "%d", &step) == 1 && step >= 2);
-  pclose(p);
+  int step = (int)sh_read_long(0, "grep -o 'interrupted at step [0-9]*' %s | tail -1 | grep -o '[0-9]*$'", log_path);
+  ck_assert_int_ge(step, 2);
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/i --max-steps %d --resume auto %s", DETR_BIN, test_root, test_root,
                       step + 2, TINY), 0);
   ck_assert_msg(each_step_once("i", step + 2), "steps 1-%d are not each logged once", step + 2);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "autograd/autograd.h"
 #include "core/error.h"
@@ -95,6 +96,27 @@ const char *dist_backend_name(void) {
 #else
   return "none";
 #endif
+}
+
+int dist_mpirun_kill_grace_s(void) {
+  if (!getenv("OMPI_COMM_WORLD_SIZE")) return -1;
+  const char *v = getenv("OMPI_MCA_odls_base_sigkill_timeout");
+  char *end = NULL;
+  long s = v ? strtol(v, &end, 10) : 1;
+  return v && (end == v || s < 0) ? 1 : s > 1000000 ? 1000000 : (int)s;
+}
+
+int dist_mpirun_pid(void) {
+  if (!getenv("OMPI_COMM_WORLD_SIZE")) return 0;
+  pid_t parent = getppid();
+  char path[64], name[64] = "";
+  snprintf(path, sizeof path, "/proc/%d/comm", (int)parent);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  bool read = fgets(name, sizeof name, f) != NULL;
+  fclose(f);
+  name[strcspn(name, "\n")] = 0;
+  return read && (!strcmp(name, "mpirun") || !strcmp(name, "mpiexec") || !strcmp(name, "orterun")) ? (int)parent : 0;
 }
 
 int dist_bind_device(Device dev, char *err, size_t err_cap) {

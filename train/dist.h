@@ -37,6 +37,15 @@ Dist dist_group(void);
 static inline bool dist_is_main(const Dist *g) { return g->rank == 0; }
 // The MPI library this build has, or "none".
 const char *dist_backend_name(void);
+// How long OpenMPI's mpirun lets its processes stop: on a Ctrl-C or SIGTERM it sends them SIGCONT,
+// SIGTERM this many seconds later and SIGKILL as many seconds after that (its
+// odls_base_sigkill_timeout: 1 unless set, seen by the processes in
+// OMPI_MCA_odls_base_sigkill_timeout when set on mpirun's command line or in the environment). -1
+// when this process was not started by OpenMPI. SIGUSR1 and SIGUSR2 it passes on at once and kills
+// nobody.
+int dist_mpirun_kill_grace_s(void);
+// The pid of the OpenMPI launcher (mpirun, mpiexec, orterun) when it is this process's parent, else 0.
+int dist_mpirun_pid(void);
 
 // CUDA under mpirun: binds this rank to GPU local_rank % count (once; before any other CUDA work).
 // Every verb that takes --device does it (setup_device), so training, evaluation and prediction

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -165,6 +166,47 @@ int run_dir_cut_metrics(const char *path, int64_t step, char *err, size_t err_ca
   free(line);
   fclose(in);
   return rc;
+}
+
+// "ckpt-10.safetensors.tmp.8183" -> 8183 when the name before ".tmp." is one that detr writes
+// through a temporary file; 0 otherwise.
+static long dead_temp_pid(const char *name) {
+  const char *tmp = strstr(name, ".tmp.");
+  if (!tmp || tmp == name) return 0;
+  char *end = NULL;
+  long pid = strtol(tmp + 5, &end, 10);
+  if (end == tmp + 5 || *end || pid <= 0) return 0;
+  static const char *const written[] = {".safetensors", ".json", ".png"};
+  for (size_t i = 0; i < sizeof written / sizeof written[0]; i++) {
+    size_t n = strlen(written[i]);
+    if ((size_t)(tmp - name) > n && !strncmp(tmp - n, written[i], n)) return pid;
+  }
+  return 0;
+}
+
+int run_dir_remove_dead_temps(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  int removed = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    long pid = dead_temp_pid(e->d_name);
+    if (!pid || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;  // running (or not ours to ask)
+    char path[4200];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (unlink(path) != 0) {
+      fprintf(stderr, "detr train: cannot remove %s, left by process %ld that ended mid-write: %s\n", path, pid,
+              strerror(errno));
+      continue;
+    }
+    fprintf(stderr, "detr train: removed %s (%.1f MB), left by process %ld that ended while writing it\n", path,
+            (double)st.st_size / 1e6, pid);
+    removed++;
+  }
+  closedir(d);
+  return removed;
 }
 
 void run_dir_prune(const char *dir, int keep, int64_t current_step) {

@@ -298,6 +298,7 @@ static int check_run_dir(Trainer *t, char *err, size_t err_cap) {
 // Rank 0 decides (and moves an old run aside); every rank learns the outcome.
 static int claim_run_dir(Trainer *t, char *err, size_t err_cap) {
   bool ok = !dist_is_main(&t->dist) || (check_run_dir(t, err, err_cap) == 0 && mkdir_p(t->o->out_dir, err, err_cap) == 0);
+  if (ok && dist_is_main(&t->dist)) run_dir_remove_dead_temps(t->o->out_dir);
   if (dist_all_ok(&t->dist, ok)) return 0;
   if (ok) snprintf(err, err_cap, "the run directory was refused (see the message of rank 0)");
   return -1;
@@ -359,6 +360,21 @@ static int initial_weights(Trainer *t, char *err, size_t err_cap) {
   return o->calibrate_bn ? calibrate_batch_norms(t, err, err_cap) : 0;
 }
 
+// OpenMPI's mpirun answers a Ctrl-C by sending its processes SIGTERM a second later and SIGKILL a
+// second after that: too soon to finish a step and write its checkpoint, so the steps since the last
+// one are lost (and a checkpoint being written is left as a temporary file). Say so once, with what
+// stops the run with a checkpoint. (A larger odls_base_sigkill_timeout T delays the SIGTERM by T
+// too, so it is no cure.)
+static void say_how_to_stop_under_mpirun(void) {
+  int grace = dist_mpirun_kill_grace_s();
+  if (grace < 0 || grace >= 60) return;
+  char who[64] = "<mpirun's pid>";
+  if (dist_mpirun_pid() > 0) snprintf(who, sizeof who, "%d", dist_mpirun_pid());
+  fprintf(stderr, "detr train: a Ctrl-C to mpirun kills its processes %d s after asking them to stop (OpenMPI's "
+          "odls_base_sigkill_timeout), too soon to checkpoint: stop this run with `kill -USR1 %s` instead (mpirun "
+          "passes SIGUSR1 on, and every process stops after the same step with a checkpoint)\n", grace, who);
+}
+
 // metrics.jsonl (appended to when resuming; the history read back first), the loader at the
 // saved data position, and the run's summary line.
 static int open_log_and_loader(Trainer *t, char *err, size_t err_cap) {
@@ -406,6 +422,7 @@ static int open_log_and_loader(Trainer *t, char *err, size_t err_cap) {
     if (t->dist.world > 1)
       fprintf(stderr, "detr train: data parallel over %d processes (%s), %d images each per step\n", t->dist.world,
               dist_backend_name(), o->batch_size);
+    say_how_to_stop_under_mpirun();
   }
   return 0;
 }
@@ -621,23 +638,35 @@ static void log_eval(FILE *metrics, int64_t epoch, int64_t step, const EvalRepor
 
 // --- the epoch: steps, their log, checkpoints ---
 
-// SIGINT or SIGTERM: the step in progress finishes and is checkpointed, then the run stops; a second
-// signal ends the process at once (the checkpoints written so far are whole: writes are atomic).
-// The signals are taken by one thread of their own (sigwait) and blocked in every other: oneDNN's
-// AVX2 sgemm kernel runs with its stack pointer in a heap buffer, so a signal delivered to a compute
-// thread there writes its frame into the heap (glibc then aborts on a corrupted chunk: about 1 in 40
-// runs stopped by Ctrl-C did, before this).
+// SIGINT, SIGTERM or SIGUSR1: the step in progress finishes and is checkpointed, then the run stops;
+// a second signal ends the process at once (the checkpoints written so far are whole: writes are
+// atomic). SIGUSR1 is the one OpenMPI's mpirun passes on to every process without killing them a
+// second later, as it does after the SIGTERM it sends on a Ctrl-C (dist_mpirun_kill_grace_s); it
+// is also what a batch scheduler can be asked to send before a job's time runs out.
+// The signals are taken by one thread of their own (sigwait) and blocked in the threads train_run
+// makes or reaches: oneDNN's AVX2 sgemm kernel runs with its stack pointer in a heap buffer, so a
+// signal delivered to a compute thread there writes its frame into the heap (glibc then aborts on a
+// corrupted chunk: about 1 in 40 runs stopped by Ctrl-C did, before this). Threads made before
+// train_run (MPI's and the CUDA runtime's) do not block them: the kernel may deliver a signal there,
+// and a handler passes it on to the signal thread (with the default action it would end the process:
+// rank 1 of an mpirun job died of the first SIGUSR1 so).
+static const int stop_signals[] = {SIGINT, SIGTERM, SIGUSR1};
+#define N_STOP_SIGNALS (int)(sizeof stop_signals / sizeof stop_signals[0])
 static volatile sig_atomic_t stop_signal;
-static struct sigaction saved_int, saved_term;  // the actions before train_run's
-static sigset_t stop_set;                       // the signals the thread takes (not the ignored ones)
+static struct sigaction saved_actions[N_STOP_SIGNALS];  // the actions before train_run's
+static sigset_t stop_set;                               // the signals the thread takes (not the ignored ones)
 static pthread_t stop_thread;
 static bool stop_thread_running;
+static bool stop_thread_speaks;  // rank 0 says that it stops (mpirun passes a signal to every rank)
+
+static const char *stop_signal_name(int sig) { return sig == SIGINT ? "Ctrl-C" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1"; }
 
 static void *stop_signal_thread(void *arg) {
   (void)arg;
   static const char on_int[] = "\ndetr train: stopping after this step (and the evaluation due with it) to write a "
                                "checkpoint; Ctrl-C again quits now, the last checkpoint kept\n";
   static const char on_term[] = "\ndetr train: SIGTERM: stopping after this step to write a checkpoint\n";
+  static const char on_usr1[] = "\ndetr train: SIGUSR1: stopping after this step to write a checkpoint\n";
   for (;;) {
     int sig;
     if (sigwait(&stop_set, &sig) != 0) continue;
@@ -651,11 +680,21 @@ static void *stop_signal_thread(void *arg) {
       continue;
     }
     stop_signal = sig;
-    ssize_t ignored = sig == SIGINT ? write(STDERR_FILENO, on_int, sizeof on_int - 1)
-                                    : write(STDERR_FILENO, on_term, sizeof on_term - 1);
-    (void)ignored;
+    const char *say = sig == SIGINT ? on_int : sig == SIGTERM ? on_term : on_usr1;
+    size_t len = sig == SIGINT ? sizeof on_int - 1 : sig == SIGTERM ? sizeof on_term - 1 : sizeof on_usr1 - 1;
+    if (stop_thread_speaks) {
+      ssize_t ignored = write(STDERR_FILENO, say, len);
+      (void)ignored;
+    }
   }
   return NULL;
+}
+
+// Runs in a thread that does not block the signal (one made before train_run); async-signal-safe.
+static void pass_on_stop_signal(int sig) {
+  int saved_errno = errno;
+  pthread_kill(stop_thread, sig);  // pending there until its sigwait takes it
+  errno = saved_errno;
 }
 
 // The mask in the calling thread and in every OpenMP thread (threads made later inherit it from the
@@ -670,24 +709,29 @@ static void mask_stop_signals(int how) {
 static void catch_stop_signals(bool on) {
   if (!on) {
     if (!stop_thread_running) return;
+    // The old actions first, so that no handler passes a signal on to a thread that is gone.
+    for (int i = 0; i < N_STOP_SIGNALS; i++) sigaction(stop_signals[i], &saved_actions[i], NULL);
     pthread_cancel(stop_thread);  // sigwait is a cancellation point
     pthread_join(stop_thread, NULL);
     stop_thread_running = false;
-    sigaction(SIGINT, &saved_int, NULL);
-    sigaction(SIGTERM, &saved_term, NULL);
     mask_stop_signals(SIG_UNBLOCK);  // a signal still pending takes its default action here
     return;
   }
-  sigaction(SIGINT, NULL, &saved_int);
-  sigaction(SIGTERM, NULL, &saved_term);
   sigemptyset(&stop_set);
-  if (saved_int.sa_handler != SIG_IGN) sigaddset(&stop_set, SIGINT);
-  if (saved_term.sa_handler != SIG_IGN) sigaddset(&stop_set, SIGTERM);
-  if (!sigismember(&stop_set, SIGINT) && !sigismember(&stop_set, SIGTERM)) return;  // both ignored: nothing to take
+  int taken = 0;
+  for (int i = 0; i < N_STOP_SIGNALS; i++) {
+    sigaction(stop_signals[i], NULL, &saved_actions[i]);
+    if (saved_actions[i].sa_handler != SIG_IGN) taken += sigaddset(&stop_set, stop_signals[i]) == 0;
+  }
+  if (!taken) return;  // all ignored: nothing to take
   mask_stop_signals(SIG_BLOCK);
   int rc = pthread_create(&stop_thread, NULL, stop_signal_thread, NULL);
   DETR_CHECK(rc == 0, "train_run: cannot start the signal thread: %s", strerror(rc));
   stop_thread_running = true;
+  struct sigaction pass = {.sa_handler = pass_on_stop_signal, .sa_flags = SA_RESTART};
+  sigfillset(&pass.sa_mask);
+  for (int i = 0; i < N_STOP_SIGNALS; i++)
+    if (sigismember(&stop_set, stop_signals[i])) sigaction(stop_signals[i], &pass, NULL);
 }
 
 // Whether any process was asked to stop (every process must stop at the same step).
@@ -789,10 +833,14 @@ static int save_final(Trainer *t) {
 
 // How to go on from the run's last checkpoint: the command that made the run, with --resume auto
 // for its --resume and without --move-old-run.
-static void print_resume_hint(const TrainOptions *o) {
+static void print_resume_hint(const TrainOptions *o, const Dist *g) {
   char text[sizeof o->train_config_text], *save = NULL;
   snprintf(text, sizeof text, "%s", o->train_config_text);
-  fprintf(stderr, "detr train: resume with: detr");
+  if (g->world > 1)  // the launcher's own options (a host file, say) are not known here
+    fprintf(stderr, "detr train: resume with the same %d processes and --batch, through your launcher (mpirun -np %d ...): detr",
+            g->world, g->world);
+  else
+    fprintf(stderr, "detr train: resume with: detr");
   for (char *w = strtok_r(text, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
     if (!strcmp(w, "--resume")) w = strtok_r(NULL, " ", &save);
     else if (strncmp(w, "--resume=", 9) && strcmp(w, "--move-old-run")) fprintf(stderr, " %s", w);
@@ -827,8 +875,8 @@ static void report_end(const Trainer *t, int rc) {
   ckpt_path(o, t->st.step, path, sizeof path);
   if (t->interrupted) {
     fprintf(stderr, "detr train: interrupted at step %lld (%s): the state is in %s\n", (long long)t->st.step,
-            t->interrupted == SIGINT ? "Ctrl-C" : "SIGTERM", path);
-    print_resume_hint(o);
+            stop_signal_name(t->interrupted), path);
+    print_resume_hint(o, &t->dist);
   } else if (o->max_steps > 0 && t->st.step >= o->max_steps) {
     fprintf(stderr, "detr train: stopped at step %lld (--max-steps %lld): the state is in %s; continue with --resume "
             "auto and a larger --max-steps\n", (long long)t->st.step, (long long)o->max_steps, path);
@@ -845,6 +893,7 @@ int train_run(TrainOptions *o, const Dist *group) {
   Trainer t = {.o = o, .dist = *group};
   char err[4096];
   stop_signal = 0;
+  stop_thread_speaks = dist_is_main(group);
   catch_stop_signals(true);
   int rc = trainer_setup(&t, err, sizeof err);
   if (rc) fprintf(stderr, "detr train: %s\n", err);
