@@ -147,6 +147,22 @@ START_TEST(resume_keeps_one_history) {
 }
 END_TEST
 
+// An epoch's checkpoint is written before its evaluation (a crash there loses nothing) and again
+// when the evaluation finds a new best: a run resumed from it keeps that best AP, and so never
+// replaces best.safetensors with a worse model.
+START_TEST(epoch_checkpoint_knows_its_evaluation) {
+  setup_data();
+  // 12 images, 4 a step: the epoch ends at step 3, its evaluation the first (so a new best).
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/e --config tiny --set num_classes=100 --epochs 1 --batch 4 "
+                      "--threads 2 --workers 2 --seed 5 --no-progress", DETR_BIN, test_root, test_root), 0);
+  const char *best_ap = "%s info %s/e/%s | grep 'best AP:'";
+  char a[512], b[512];
+  snprintf(a, sizeof a, best_ap, DETR_BIN, test_root, "ckpt-3.safetensors");
+  snprintf(b, sizeof b, best_ap, DETR_BIN, test_root, "best.safetensors");
+  ck_assert_int_eq(sh("%s && test \"$(%s)\" = \"$(%s)\"", a, a, b), 0);
+}
+END_TEST
+
 // The reference's loss and matcher weights are flags; --val-split none trains without evaluation.
 START_TEST(loss_weights_and_no_val_split) {
   setup_data();
@@ -269,6 +285,7 @@ int main(void) {
   tcase_add_test(tc, existing_run_is_never_overwritten);
   tcase_add_test(tc, resume_keeps_one_history);
   tcase_add_test(tc, loss_weights_and_no_val_split);
+  tcase_add_test(tc, epoch_checkpoint_knows_its_evaluation);
   tcase_add_test(tc, ctrl_c_saves_and_says_how_to_resume);
   tcase_add_test(tc, bad_data_fails_before_step_one);
   suite_add_tcase(s, tc);

@@ -164,7 +164,8 @@ typedef struct {
   Progress progress;
   TrainHistory history;
   CpuShare cpu;               // compute threads: the cores other processes leave free
-  int interrupted;            // the signal that stopped the run (SIGINT, SIGTERM), 0 if none
+  int interrupted;            // the signal that stopped the run (SIGINT, SIGTERM, SIGUSR1), 0 if none
+  int64_t saved_step;         // the step of the last ckpt-<step> this run wrote, -1 before the first
 } Trainer;
 
 // --- stage 1, set-up: data, model, optimizer; resume or initial weights; the log; the loader ---
@@ -782,6 +783,7 @@ static int train_epoch(Trainer *t, bool *stop) {
         t->interrupted) {
       ckpt_path(o, st->step, path, sizeof path);
       if (save(&t->dist, o, path, t->m, &t->opt, st, t->categories)) return -1;
+      t->saved_step = st->step;
       prune_checkpoints(&t->dist, o, st->step);
     }
     if (epoch_done) break;
@@ -817,6 +819,12 @@ static int evaluate_epoch(Trainer *t) {
   t->st.best_map = ap;
   char path[4200];
   snprintf(path, sizeof path, "%s/best.safetensors", o->out_dir);
+  if (save(&t->dist, o, path, t->m, &t->opt, &t->st, t->categories)) return -1;
+  // The step's checkpoint, written before this evaluation (so that a crash in it loses nothing),
+  // holds the best AP from before it: written again, so that a run resumed from it knows this best
+  // and does not replace best.safetensors with a worse model at its next evaluation.
+  if (t->saved_step != t->st.step) return 0;
+  ckpt_path(o, t->st.step, path, sizeof path);
   return save(&t->dist, o, path, t->m, &t->opt, &t->st, t->categories);
 }
 
@@ -890,7 +898,7 @@ static void report_end(const Trainer *t, int rc) {
 }
 
 int train_run(TrainOptions *o, const Dist *group) {
-  Trainer t = {.o = o, .dist = *group};
+  Trainer t = {.o = o, .dist = *group, .saved_step = -1};
   char err[4096];
   stop_signal = 0;
   stop_thread_speaks = dist_is_main(group);
