@@ -501,6 +501,11 @@ detr_status model_file_load(const char *checkpoint, const char *weights, const c
     if (model_config_load(config ? config : "detr-r50", sets, n_sets, &cfg, err, err_cap)) return DETR_ERR_CONFIG;
     if ((st = open_safetensors(weights, &f, err, err_cap))) return st;
   }
+  if (!st && weights && checkpoint_is(f)) {  // its optimizer tensors would fail the load: say what the file is
+    snprintf(err, err_cap, "%s is a detr-c checkpoint, not weights: load it with --checkpoint / detr_open_checkpoint",
+             weights);
+    st = DETR_ERR_MISMATCH;
+  }
   if (!st) {
     DetrModel *m = detr_model_create(&cfg, dev);
     // A load sets every tensor but the optional ones (ENACT's W_prob) that the file lacks: those
@@ -511,11 +516,6 @@ detr_status model_file_load(const char *checkpoint, const char *weights, const c
     if (init) detr_model_init(m, 0);
     const char *ignore[] = {"optim.", NULL};  // a checkpoint's AdamW moments
     if (params_load(&m->params, f, checkpoint ? ignore : NULL, err, err_cap)) {
-      if (weights && checkpoint_is(f)) {  // the tensors name the problem; say what the file is
-        size_t n = strlen(err);
-        snprintf(err + n, err_cap - n, "\n(%s is a detr-c checkpoint: load it with --checkpoint / detr_open_checkpoint)",
-                 weights);
-      }
       detr_model_free(m);
       st = DETR_ERR_MISMATCH;
     } else {

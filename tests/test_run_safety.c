@@ -217,6 +217,49 @@ START_TEST(ctrl_c_saves_and_says_how_to_resume) {
 }
 END_TEST
 
+// The files a verb writes where the user says (eval's --results and --json, predict's --json and
+// pictures, pretrain's --out, synth's folder) never replace an input, a file of another kind, or
+// a file an earlier run of the verb did not write; each refusal comes before any work.
+START_TEST(outputs_never_replace_what_the_user_made) {
+  setup_data();
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/o --max-steps 1 %s", DETR_BIN, test_root, test_root, TINY), 0);
+  ck_assert_int_eq(sh("cd %s && mkdir photos && cp data/val/000000000001.jpg photos/a.jpg && echo mine > photos/a.png && "
+                      "echo notes > notes.txt && (md5sum o/ckpt-1.safetensors data/annotations/instances_val.json "
+                      "photos/* notes.txt > sums.md5)", test_root), 0);
+  const char *eval = "%s eval --checkpoint %s/o/ckpt-1.safetensors --data %s/data --threads 2 %s %s/%s";
+  clear_log();
+  ck_assert_int_eq(sh(eval, DETR_BIN, test_root, test_root, "--results", test_root, "o/ckpt-1.safetensors"), 2);
+  ASSERT_LOG("is this command.s input");
+  ck_assert_int_eq(sh(eval, DETR_BIN, test_root, test_root, "--json", test_root, "data/annotations/instances_val.json"), 2);
+  ck_assert_int_eq(sh(eval, DETR_BIN, test_root, test_root, "--json", test_root, "notes.txt"), 2);
+  ASSERT_LOG("is not a JSON file: not overwritten");
+  const char *predict = "%s predict --checkpoint %s/o/ckpt-1.safetensors --threads 2 %s/photos/a.jpg --out %s/photos %s";
+  char json[300];
+  snprintf(json, sizeof json, "--json %s/photos/a.jpg", test_root);
+  ck_assert_int_eq(sh(predict, DETR_BIN, test_root, test_root, test_root, json), 2);
+  // The user's a.png beside a.jpg stays; the picture goes to a-2.png, which a second run replaces.
+  ck_assert_int_eq(sh(predict, DETR_BIN, test_root, test_root, test_root, ""), 0);
+  ck_assert_int_eq(sh(predict, DETR_BIN, test_root, test_root, test_root, ""), 0);
+  ck_assert_int_eq(sh("cd %s/photos && test -s a-2.png && ! test -e a-3.png && grep -q '\"output\": \"a-2.png\"' "
+                      "predictions.json", test_root), 0);
+  clear_log();
+  ck_assert_int_eq(sh("%s pretrain --data %s/data --out %s/notes.txt --config tiny --epochs 1 --threads 2", DETR_BIN,
+                      test_root, test_root), 2);
+  ASSERT_LOG("exists: not overwritten");
+  ck_assert_int_eq(sh("%s synth --out %s/photos --train 2 --val 1", DETR_BIN, test_root), 2);
+  ASSERT_LOG("is not empty");
+  ck_assert_int_eq(sh("cd %s && md5sum -c --quiet sums.md5", test_root), 0);
+  // No flag takes infinity; a checkpoint given as weights says so first.
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/o2 --max-steps 1 %s --lr inf", DETR_BIN, test_root, test_root,
+                      TINY), 2);
+  ASSERT_LOG("--lr: .inf. is not a finite number");
+  clear_log();
+  ck_assert_int_ne(sh("%s eval --weights %s/o/ckpt-1.safetensors --config tiny --set num_classes=100 --data %s/data "
+                      "--threads 2", DETR_BIN, test_root, test_root), 0);
+  ASSERT_LOG("^detr eval: [^ ]*ckpt-1.safetensors is a detr-c checkpoint, not weights");
+}
+END_TEST
+
 // Data with the usual mistakes fails before step 1, saying what is wrong and where.
 START_TEST(bad_data_fails_before_step_one) {
   setup_data();
@@ -288,6 +331,7 @@ int main(void) {
   tcase_add_test(tc, epoch_checkpoint_knows_its_evaluation);
   tcase_add_test(tc, ctrl_c_saves_and_says_how_to_resume);
   tcase_add_test(tc, bad_data_fails_before_step_one);
+  tcase_add_test(tc, outputs_never_replace_what_the_user_made);
   suite_add_tcase(s, tc);
   return sh_run_suite(s);
 }

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,6 +141,11 @@ static int set_flag_value(const char *verb, const CliFlag *fl, const char *value
       double v = strtod(value, &end);
       if (errno || end == value || *end) {
         fprintf(stderr, "detr %s: --%s: '%s' is not a number\n", verb, fl->name, value);
+        return 2;
+      }
+      if (!isfinite(fl->kind == FLAG_F32 ? (double)(float)v : v)) {  // no setting means infinity (nan fails every check)
+        fprintf(stderr, "detr %s: --%s: '%s' is not a finite number%s\n", verb, fl->name, value,
+                fl->kind == FLAG_F32 && isfinite(v) ? " in single precision" : "");
         return 2;
       }
       if (fl->kind == FLAG_FLOAT) *(double *)fl->dest = v;

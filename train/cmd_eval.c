@@ -1,11 +1,13 @@
 // detr eval: COCO bbox evaluation of a checkpoint or weights on a dataset split.
 #include <stdio.h>
+#include <string.h>
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "train/commands.h"
 #include "train/cpu_share.h"
 #include "train/dist.h"
 #include "train/evaluate.h"
+#include "train/out_file.h"
 #include "train/setup.h"
 
 static const char *USAGE =
@@ -63,6 +65,25 @@ static int evaluate_and_report(const DetrModel *m, const CocoDataset *ds, const 
   return rc ? 1 : 0;
 }
 
+// Before the evaluation: a --results or --json that would replace an input (or the other) fails
+// now, not after it. Returns 0, or -1 with err set.
+static int check_outputs(const char *data, const char *split, const char **inputs, int n_inputs, const char *results,
+                         const char *json, char *err, size_t err_cap) {
+  char ann[4200], img[4200];
+  setup_split_paths(data, split, ann, sizeof ann, img, sizeof img);
+  const char *all[8] = {ann};
+  for (int i = 0; i < n_inputs && i < 7; i++) all[i + 1] = inputs[i];
+  int n = n_inputs < 7 ? n_inputs + 1 : 8;
+  if ((results && out_file_check(results, "results", OUT_FILE_JSON, all, n, err, err_cap)) ||
+      (json && out_file_check(json, "json", OUT_FILE_JSON, all, n, err, err_cap)))
+    return -1;
+  if (results && json && !strcmp(results, json)) {
+    snprintf(err, err_cap, "--results and --json name one file, %s", json);
+    return -1;
+  }
+  return 0;
+}
+
 int cmd_eval(int argc, char **argv) {
   const char *checkpoint = NULL, *weights = NULL, *config = SETUP_DEFAULT_PRESET, *data = NULL, *split = "val",
              *results = NULL, *json = NULL, *device = "cpu", *bad_input = "fail";
@@ -106,7 +127,8 @@ int cmd_eval(int argc, char **argv) {
             "--pad-multiple 1..256 (see detr eval --help)\n");
     return 2;
   }
-  if (setup_device(device, &dev, err, sizeof err) || setup_precision(precision, true, dev, &sets, err, sizeof err)) {
+  if (setup_device(device, &dev, err, sizeof err) || setup_precision(precision, true, dev, &sets, err, sizeof err) ||
+      check_outputs(data, split, (const char *[]){checkpoint, weights, config}, 3, results, json, err, sizeof err)) {
     fprintf(stderr, "detr eval: %s\n", err);
     return 2;
   }

@@ -18,6 +18,7 @@
 #include "train/cpu_share.h"
 #include "train/draw.h"
 #include "train/progress.h"
+#include "train/out_file.h"
 #include "train/setup.h"
 
 static const char *USAGE =
@@ -203,9 +204,41 @@ static bool overwrites_input(const char *dir, const char *name, const struct sta
   return false;
 }
 
-// "DIR/<stem>.png" whose files (with its --show pictures) are unique among the outputs so far and
-// none of them the input file itself.
-static char *output_name(const char *input, const char *dir, const ImageResult *done, int n_done) {
+static void json_string(FILE *f, const char *s);
+
+// Whether the predictions JSON an earlier run left (its text, NULL if none) lists `name` as an
+// output: that run wrote it and its pictures, so this one may replace them.
+static bool written_before(const char *earlier, const char *name) {
+  if (!earlier) return false;
+  char *token = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&token, &len);
+  DETR_CHECK(f, "written_before: open_memstream failed");
+  fputs("\"output\": ", f);
+  json_string(f, name);
+  fclose(f);
+  bool found = strstr(earlier, token) != NULL;
+  free(token);
+  return found;
+}
+
+// Whether one of the files of output `name` exists in dir and is not an earlier prediction's (a
+// user's own <stem>.png beside <stem>.jpg, say).
+static bool holds_other_file(const char *dir, const char *name, const char *earlier) {
+  for (int i = 0; i < N_PICTURES; i++) {
+    char file[700];
+    picture_file(name, i, file, sizeof file);
+    char *path = data_path_join(dir, file);
+    bool exists = access(path, F_OK) == 0;
+    free(path);
+    if (exists) return !written_before(earlier, name);
+  }
+  return false;
+}
+
+// "DIR/<stem>.png" whose files (with its --show pictures) are unique among the outputs so far,
+// none of them the input file itself nor a file in DIR that an earlier prediction did not write.
+static char *output_name(const char *input, const char *dir, const ImageResult *done, int n_done, const char *earlier) {
   const char *base = strrchr(input, '/');
   base = base ? base + 1 : input;
   char stem[512];
@@ -218,7 +251,7 @@ static char *output_name(const char *input, const char *dir, const ImageResult *
     char name[600];
     if (k == 1) snprintf(name, sizeof name, "%s.png", stem);
     else snprintf(name, sizeof name, "%s-%d.png", stem, k);
-    bool taken = have_in && overwrites_input(dir, name, &in_st);
+    bool taken = (have_in && overwrites_input(dir, name, &in_st)) || holds_other_file(dir, name, earlier);
     for (int i = 0; i < n_done && !taken; i++) taken = outputs_collide(done[i].output, name);
     if (!taken) return detr_strdup(name, "a string");
   }
@@ -297,7 +330,8 @@ typedef struct {
   CliList sets, show;
   unsigned outputs;          // DETR_OUTPUT_* of --show
   bool enact;
-  double threshold;          // -1: the class head's (detr_default_threshold)
+  const char *threshold_text;  // --threshold as given, NULL: the class head's (detr_default_threshold)
+  double threshold;          // -1 until the model is open
   int threads;               // 0: OMP_NUM_THREADS, or every core
   int image_size, max_size;  // -1: the checkpoint's training run, else the model's defaults
   const char **inputs;       // [n_inputs] image files
@@ -313,7 +347,17 @@ typedef struct {
   int n_results, skipped;
   long long total, nonfinite;  // detections kept, and dropped for a non-finite score or box
   FILE *log;                   // stdout, or stderr when the JSON goes to stdout
+  char *earlier_json;          // the predictions JSON found at the start (an earlier run's), NULL if none
 } Predictor;
+
+// A score in [0, 1], the whole text a number.
+static bool parse_threshold(const char *text, double *out) {
+  char *end = NULL;
+  double v = strtod(text, &end);
+  if (end == text || *end || !(v >= 0.0 && v <= 1.0)) return false;
+  *out = v;
+  return true;
+}
 
 // Flags and their usage checks. Returns 0, 1 after --help, or 2 (message printed).
 static int parse_args(int argc, char **argv, PredictArgs *a) {
@@ -327,7 +371,7 @@ static int parse_args(int argc, char **argv, PredictArgs *a) {
       {"enact", FLAG_BOOL, &a->enact, SETUP_ENACT_HELP},
       {"precision", FLAG_STRING, &a->precision, SETUP_PRECISION_HELP},
       {"out", FLAG_STRING, &a->out_dir, "output folder (created): predictions.json and the pictures"},
-      {"threshold", FLAG_FLOAT, &a->threshold,
+      {"threshold", FLAG_STRING, &a->threshold_text,
        "keep detections with score >= this (default 0.5, or 0.3 for a sigmoid class head such as Conditional "
        "DETR's, whose scores run lower; 0 keeps every query)"},
       {"image-size", FLAG_I32, &a->image_size, "val shortest side (default: the checkpoint's training run, else 800, 320 small, 128 tiny)", 32, 4096},
@@ -350,8 +394,8 @@ static int parse_args(int argc, char **argv, PredictArgs *a) {
   else if (a->checkpoint && a->config) usage_error = "--config goes with --weights (a checkpoint stores its config)";
   else if (!a->out_dir) usage_error = "--out DIR is required";
   else if (a->n_inputs == 0) usage_error = "no images given";
-  else if (!(a->threshold >= 0.0 && a->threshold <= 1.0) && a->threshold != -1)
-    usage_error = "--threshold must be in [0, 1]";
+  else if (a->threshold_text && !parse_threshold(a->threshold_text, &a->threshold))
+    usage_error = "--threshold must be a number in [0, 1]";
   else if (bad_input_policy_parse(a->bad_input, &a->policy)) usage_error = "--bad-input: expected fail or skip";
   for (int i = 0; i < a->show.count && !usage_error; i++) {
     unsigned o = !strcmp(a->show.items[i], "attention") ? DETR_OUTPUT_ATTENTION
@@ -431,7 +475,7 @@ static int predict_image(Predictor *p, const char *input, char *err, size_t err_
   }
   ImageResult *r = &p->results[p->n_results];
   *r = (ImageResult){.file = detr_strdup(input, "a string"), .w = img.w, .h = img.h, .res = res,
-                     .output = output_name(input, a->out_dir, p->results, p->n_results)};
+                     .output = output_name(input, a->out_dir, p->results, p->n_results, p->earlier_json)};
   p->n_results++;
   int count = detr_result_count(res);
   p->total += count;
@@ -467,11 +511,45 @@ static int predict_image(Predictor *p, const char *input, char *err, size_t err_
 }
 
 // Every image, then the predictions JSON. Returns 0, or -1 with err.
+// Where the predictions JSON goes: --json, else DIR/predictions.json (default_json).
+static const char *json_path(const PredictArgs *a, const char *default_json) {
+  return a->json_path ? a->json_path : default_json;
+}
+
+// Before anything is written: the JSON may replace an earlier one, never an input or another kind
+// of file; the earlier one's list of outputs is kept (holds_other_file).
+static int check_outputs(Predictor *p, const char *default_json, char *err, size_t err_cap) {
+  const PredictArgs *a = p->a;
+  const char *jp = json_path(a, default_json);
+  const char **inputs = detr_malloc((size_t)(a->n_inputs + 3) * sizeof(char *), "input names");
+  for (int i = 0; i < a->n_inputs; i++) inputs[i] = a->inputs[i];
+  inputs[a->n_inputs] = a->checkpoint;
+  inputs[a->n_inputs + 1] = a->weights;
+  inputs[a->n_inputs + 2] = a->names_path;
+  int rc = out_file_check(jp, a->json_path ? "json" : "out", OUT_FILE_JSON, inputs, a->n_inputs + 3, err, err_cap);
+  free(inputs);
+  if (rc || !strcmp(jp, "-")) return rc;
+  FILE *f = fopen(jp, "rb");
+  if (!f) return 0;
+  size_t len = 0;
+  p->earlier_json = NULL;
+  FILE *m = open_memstream(&p->earlier_json, &len);
+  DETR_CHECK(m, "check_outputs: open_memstream failed");
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, n, m);
+  fclose(m);
+  fclose(f);
+  return 0;
+}
+
 static int predict_all(Predictor *p, char *err, size_t err_cap) {
   const PredictArgs *a = p->a;
   DataError derr;
+  char *default_json = data_path_join(a->out_dir, "predictions.json");
   if (data_mkdirs(a->out_dir, &derr)) {
     snprintf(err, err_cap, "%s", derr.msg);
+    free(default_json);
     return -1;
   }
   double t0 = now_s();
@@ -480,8 +558,7 @@ static int predict_all(Predictor *p, char *err, size_t err_cap) {
   if (p->nonfinite)
     fprintf(stderr, "detr predict: warning: %lld detections with a non-finite score or box were left out\n",
             p->nonfinite);
-  char *default_json = data_path_join(a->out_dir, "predictions.json");
-  const char *jp = a->json_path ? a->json_path : default_json;
+  const char *jp = json_path(a, default_json);
   int rc = save_json(jp, p->results, p->n_results, err, err_cap);
   double secs = now_s() - t0;
   if (rc == 0) {
@@ -500,11 +577,17 @@ int cmd_predict(int argc, char **argv) {
     Predictor p = {.a = &a, .log = a.json_path && !strcmp(a.json_path, "-") ? stderr : stdout};
     CpuShare cpu;  // a fixed --threads; else OpenMP's default (no adapting: a prediction is short)
     cpu_share_init(&cpu, a.threads);
-    rc = open_model(&a, &p.model);
+    char *default_json = data_path_join(a.out_dir, "predictions.json"), err[4096];
+    rc = check_outputs(&p, default_json, err, sizeof err);  // before the model: a usage error
+    free(default_json);
+    if (rc) {
+      fprintf(stderr, "detr predict: %s\n", err);
+      rc = 2;
+    }
+    if (rc == 0) rc = open_model(&a, &p.model);
     if (rc == 0) {
       if (a.threshold < 0) a.threshold = detr_default_threshold(p.model);
       p.results = detr_calloc((size_t)a.n_inputs, sizeof(ImageResult), "image results");
-      char err[4096];
       if (predict_all(&p, err, sizeof err)) {
         fprintf(stderr, "detr predict: %s\n", err);
         rc = 1;
@@ -517,6 +600,7 @@ int cmd_predict(int argc, char **argv) {
       free(p.results);
       detr_close(p.model);
     }
+    free(p.earlier_json);
   } else if (rc == 1) {
     rc = 0;  // --help
   }

@@ -19,6 +19,7 @@
 #include "train/cpu_share.h"
 #include "train/optim.h"
 #include "train/progress.h"
+#include "train/out_file.h"
 #include "train/setup.h"
 
 static const char *USAGE =
@@ -250,12 +251,19 @@ int cmd_pretrain(int argc, char **argv) {
     fprintf(stderr, "detr pretrain: --data DIR and --out FILE are required (see detr pretrain --help)\n");
     return 2;
   }
-  if (!(o.lr > 0 && o.weight_decay >= 0)) {
-    fprintf(stderr, "detr pretrain: --lr must be > 0 and --weight-decay >= 0\n");
+  if (!(o.lr > 0 && isfinite(o.lr) && o.weight_decay >= 0 && isfinite(o.weight_decay))) {
+    fprintf(stderr, "detr pretrain: --lr must be > 0 and --weight-decay >= 0 (finite numbers)\n");
     return 2;
   }
   Pretrainer p = {.o = &o};
   char err[1024];
+  char ann[4200], img[4200];
+  setup_split_paths(o.data, o.train_split, ann, sizeof ann, img, sizeof img);
+  const char *inputs[] = {ann};
+  if (out_file_check(o.out, "out", OUT_FILE_NEW, inputs, 1, err, sizeof err)) {  // a backbone takes long to make
+    fprintf(stderr, "detr pretrain: %s\n", err);
+    return 2;
+  }
   if (setup_model_config(o.config, &o.sets, &p.cfg, err, sizeof err) || setup_device(o.device, &p.dev, err, sizeof err)) {
     fprintf(stderr, "detr pretrain: %s\n", err);
     return 2;

@@ -1,5 +1,7 @@
 // detr synth: writes the built-in synthetic COCO-format dataset (datasets/synth.h).
+#include <dirent.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "datasets/synth.h"
 #include "train/cli.h"
@@ -35,6 +37,21 @@ int cmd_synth(int argc, char **argv) {
   if (cfg.min_side > cfg.max_side) {
     fprintf(stderr, "detr synth: --min-side %d is larger than --max-side %d\n", cfg.min_side, cfg.max_side);
     return 2;
+  }
+  // A new data set goes into a new or empty folder: written over an existing one it would replace
+  // its annotation files and some of its images and leave the rest, a mixture of two sets.
+  DIR *d = opendir(cfg.out_dir);
+  if (d) {
+    struct dirent *e;
+    while ((e = readdir(d)) && (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))) {
+    }
+    if (e) {
+      fprintf(stderr, "detr synth: --out %s is not empty (it holds %s): give a new or empty folder\n", cfg.out_dir,
+              e->d_name);
+      closedir(d);
+      return 2;
+    }
+    closedir(d);
   }
   DataError err;
   if (synth_generate(&cfg, &err) != DATA_OK) {

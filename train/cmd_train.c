@@ -319,7 +319,7 @@ int cmd_train(int argc, char **argv) {
       {"cost-class", FLAG_F32, &o.loss.cost_class, "matcher: class cost weight (default 1; Conditional DETR 2)"},
       {"cost-bbox", FLAG_F32, &o.loss.cost_bbox, "matcher: L1 box cost weight (default 5)"},
       {"cost-giou", FLAG_F32, &o.loss.cost_giou, "matcher: GIoU cost weight (default 2)"},
-      {"max-steps", FLAG_I64, &o.max_steps, "stop after this many steps in total (default: no limit)", 0, 1LL << 40},
+      {"max-steps", FLAG_I64, &o.max_steps, "stop after this many steps in total (default 0: no limit)", 0, 1LL << 40},
       {"bad-input", FLAG_STRING, &f.bad_input, "fail or skip (with a warning and a count) bad annotations/images"},
       {"calibrate-bn", FLAG_BOOL, &o.calibrate_bn,
        "training from scratch: set the frozen batch norms' statistics from 8 training images first"},

@@ -659,6 +659,7 @@ static sigset_t stop_set;                               // the signals the threa
 static pthread_t stop_thread;
 static bool stop_thread_running;
 static bool stop_thread_speaks;  // rank 0 says that it stops (mpirun passes a signal to every rank)
+static volatile sig_atomic_t stepping;  // set-up is over: a signal now stops after a step
 
 static const char *stop_signal_name(int sig) { return sig == SIGINT ? "Ctrl-C" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1"; }
 
@@ -666,6 +667,7 @@ static void *stop_signal_thread(void *arg) {
   (void)arg;
   static const char on_int[] = "\ndetr train: stopping after this step (and the evaluation due with it) to write a "
                                "checkpoint; Ctrl-C again quits now, the last checkpoint kept\n";
+  static const char in_setup[] = "\ndetr train: stopping before the first step\n";
   static const char on_term[] = "\ndetr train: SIGTERM: stopping after this step to write a checkpoint\n";
   static const char on_usr1[] = "\ndetr train: SIGUSR1: stopping after this step to write a checkpoint\n";
   for (;;) {
@@ -681,8 +683,8 @@ static void *stop_signal_thread(void *arg) {
       continue;
     }
     stop_signal = sig;
-    const char *say = sig == SIGINT ? on_int : sig == SIGTERM ? on_term : on_usr1;
-    size_t len = sig == SIGINT ? sizeof on_int - 1 : sig == SIGTERM ? sizeof on_term - 1 : sizeof on_usr1 - 1;
+    const char *say = !stepping ? in_setup : sig == SIGINT ? on_int : sig == SIGTERM ? on_term : on_usr1;
+    size_t len = strlen(say);
     if (stop_thread_speaks) {
       ssize_t ignored = write(STDERR_FILENO, say, len);
       (void)ignored;
@@ -759,9 +761,13 @@ static int train_epoch(Trainer *t, bool *stop) {
     double t0 = now_s();
     StepLog log;
     if (train_step(t, b, &log, err, sizeof err)) {
-      fprintf(stderr, "\ndetr train: step %lld (epoch %lld, batch %lld): %s; stopping. The checkpoints in %s are "
-              "from before this step.\n", (long long)st->step + 1, (long long)st->epoch, (long long)b->index, err,
-              o->out_dir);
+      char kept[4300];
+      if (t->saved_step >= 0 || t->resumed)
+        snprintf(kept, sizeof kept, "The checkpoints in %s are from before this step.", o->out_dir);
+      else
+        snprintf(kept, sizeof kept, "No checkpoint was written (the first comes at --checkpoint-every or the epoch's end).");
+      fprintf(stderr, "\ndetr train: step %lld (epoch %lld, batch %lld): %s; stopping. %s\n", (long long)st->step + 1,
+              (long long)st->epoch, (long long)b->index, err, kept);
       return -1;
     }
     st->step++;
@@ -901,6 +907,7 @@ int train_run(TrainOptions *o, const Dist *group) {
   Trainer t = {.o = o, .dist = *group, .saved_step = -1};
   char err[4096];
   stop_signal = 0;
+  stepping = 0;
   stop_thread_speaks = dist_is_main(group);
   catch_stop_signals(true);
   int rc = trainer_setup(&t, err, sizeof err);
@@ -911,6 +918,7 @@ int train_run(TrainOptions *o, const Dist *group) {
     rc = -1;
   }
   bool complete = rc == 0 && run_complete(&t), stop = complete;
+  stepping = 1;
   while (rc == 0 && !stop && t.st.epoch < o->epochs) {
     t.opt.epoch = (int)t.st.epoch;
     double epoch_t0 = now_s();
