@@ -473,7 +473,7 @@ detr_status model_file_load(const char *checkpoint, const char *weights, const c
   CheckpointInfo ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
   if (info) *info = ci;
   if ((checkpoint != NULL) == (weights != NULL)) {
-    snprintf(err, err_cap, "give exactly one of a checkpoint and weights");
+    snprintf(err, err_cap, "give exactly one of a checkpoint (--checkpoint) and weights (--weights)");
     return DETR_ERR_ARGUMENT;
   }
   DetrConfig cfg;

@@ -314,10 +314,12 @@ START_TEST(bad_data_fails_before_step_one) {
   ASSERT_LOG("sub.*folder");
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/p --max-steps 1 %s", DETR_BIN, test_root, test_root, TINY), 0);
   clear_log();
+  // A folder for predict: a usage error that says how to give its images, before --out is made.
   ck_assert_int_eq(sh("%s predict --checkpoint %s/p/ckpt-1.safetensors --out %s/pred %s/data/val", DETR_BIN, test_root,
-                      test_root, test_root), 1);
-  ASSERT_LOG("data/val.*folder");
+                      test_root, test_root), 2);
+  ASSERT_LOG("data/val is a folder: give its images .*data/val/[*].jpg");
   ck_assert(!log_has("bytes for encoded image"));
+  ck_assert_int_eq(sh("test -e %s/pred", test_root), 1);
 }
 END_TEST
 

@@ -107,9 +107,9 @@ int cmd_eval(int argc, char **argv) {
       {"image-size", FLAG_INT, &image_size, "shortest side (default: the checkpoint's training run, else as detr train)"},
       {"max-size", FLAG_INT, &max_size, "longest side (default from the model)"},
       {"pad-multiple", FLAG_INT, &pad_multiple,
-       "pad each batch to a multiple of N pixels, 1..256 (default: the checkpoint's training run, else 1)"},
-      {"batch", FLAG_INT, &batch, "images per batch (default: the checkpoint's training run, else 2)"},
-      {"workers", FLAG_INT, &workers, "loader threads (default 2)"},
+       "pad each batch to a multiple of N pixels, 1..256 (default: the checkpoint's training run, else 1)", 1, 256},
+      {"batch", FLAG_INT, &batch, "images per batch (default: the checkpoint's training run, else 2)", 1, 64},
+      {"workers", FLAG_INT, &workers, "loader threads (default 2)", 0, 64},
       {"threads", FLAG_I32, &threads, "CPU threads (default: OMP_NUM_THREADS, or every core)", 0, 1024},
       {"device", FLAG_STRING, &device, "cpu or cuda"},
       {"bad-input", FLAG_STRING, &bad_input, "fail or skip unreadable images"},
@@ -121,13 +121,13 @@ int cmd_eval(int argc, char **argv) {
   char err[4096];
   BadInputPolicy policy;
   Device dev;
-  if (!data || bad_input_policy_parse(bad_input, &policy) || batch == 0 || batch < -1 || batch > 64 || workers < 0 ||
-      workers > 64 || pad_multiple == 0 || pad_multiple < -1 || pad_multiple > 256) {
-    fprintf(stderr, "detr eval: --data is required, --bad-input is fail or skip, --batch 1..64, --workers 0..64, "
-            "--pad-multiple 1..256 (see detr eval --help)\n");
+  if (!data || bad_input_policy_parse(bad_input, &policy)) {
+    fprintf(stderr, "detr eval: %s (see detr eval --help)\n",
+            !data ? "--data DIR is required" : "--bad-input: expected fail or skip");
     return 2;
   }
-  if (setup_device(device, &dev, err, sizeof err) || setup_precision(precision, true, dev, &sets, err, sizeof err) ||
+  if (setup_check_split_layout(data, split, "--split", err, sizeof err) || setup_device(device, &dev, err, sizeof err) ||
+      setup_precision(precision, true, dev, &sets, err, sizeof err) ||
       check_outputs(data, split, (const char *[]){checkpoint, weights, config}, 3, results, json, err, sizeof err)) {
     fprintf(stderr, "detr eval: %s\n", err);
     return 2;

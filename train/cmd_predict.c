@@ -516,10 +516,18 @@ static const char *json_path(const PredictArgs *a, const char *default_json) {
   return a->json_path ? a->json_path : default_json;
 }
 
-// Before anything is written: the JSON may replace an earlier one, never an input or another kind
-// of file; the earlier one's list of outputs is kept (holds_other_file).
+// Before anything is written: no input is a folder; the JSON may replace an earlier one, never an
+// input or another kind of file; the earlier one's list of outputs is kept (holds_other_file).
 static int check_outputs(Predictor *p, const char *default_json, char *err, size_t err_cap) {
   const PredictArgs *a = p->a;
+  for (int i = 0; i < a->n_inputs; i++) {  // a folder given for its images: say how, before anything is made
+    struct stat st;
+    if (stat(a->inputs[i], &st) == 0 && S_ISDIR(st.st_mode)) {
+      snprintf(err, err_cap, "%s is a folder: give its images (%s/*.jpg %s/*.png)", a->inputs[i], a->inputs[i],
+               a->inputs[i]);
+      return -1;
+    }
+  }
   const char *jp = json_path(a, default_json);
   const char **inputs = detr_malloc((size_t)(a->n_inputs + 3) * sizeof(char *), "input names");
   for (int i = 0; i < a->n_inputs; i++) inputs[i] = a->inputs[i];

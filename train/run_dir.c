@@ -102,9 +102,13 @@ int run_dir_newest_intact(const char *dir, int64_t *step, char *err, size_t err_
     // Renamed: a later --resume auto would meet it again, and it is kept (never deleted).
     char damaged[4300];
     snprintf(damaged, sizeof damaged, "%s.damaged", candidate);
-    bool renamed = rename(candidate, damaged) == 0;
-    fprintf(stderr, "detr train: skipping %s: %s%s%s\n", candidate, why, renamed ? "; renamed to " : "",
-            renamed ? damaged : "");
+    if (rename(candidate, damaged) != 0) {  // left in place it would count as the newest: stop here
+      snprintf(err, err_cap, "%s is damaged (%s) and cannot be renamed aside: %s. Training could not write in %s "
+               "either: make it writable, or copy the run elsewhere and resume there", candidate, why, strerror(errno),
+               dir);
+      return -1;
+    }
+    fprintf(stderr, "detr train: skipping %s: %s; renamed to %s\n", candidate, why, damaged);
   }
   if (c.n_checkpoints > 0) {
     snprintf(err, err_cap, "every checkpoint in %s is damaged (see above; renamed to *.damaged): resume from another "
