@@ -3,6 +3,7 @@
 
 #include <check.h>
 #include <stdarg.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -47,9 +48,20 @@ bool sh_wait_for_file(const char *path, double seconds) {
   return stat(path, &st) == 0;
 }
 
-int sh_wait(pid_t pid) {
-  int st;
-  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+int sh_wait(pid_t pid, double seconds) {
+  int st = 0;
+  pid_t done = 0;
+  for (int i = 0; i < (int)(seconds * 100) && (done = waitpid(pid, &st, WNOHANG)) == 0; i++) usleep(10000);
+  if (done == 0) {  // mpirun passes SIGTERM on to its processes; SIGKILL would leave them running
+    kill(pid, SIGTERM);
+    for (int i = 0; i < 1000 && (done = waitpid(pid, &st, WNOHANG)) == 0; i++) usleep(10000);
+    if (done == 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+    }
+    ck_abort_msg("pid %d still ran after %.0f s: stopped", (int)pid, seconds);
+  }
+  ck_assert_int_eq(done, pid);
   return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
 }
 

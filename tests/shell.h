@@ -16,8 +16,9 @@ int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 pid_t sh_start(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 // Waits up to `seconds` for `path` to appear; whether it did.
 bool sh_wait_for_file(const char *path, double seconds);
-// The exit status of a command sh_start began (128 + the signal that ended it), after it ends.
-int sh_wait(pid_t pid);
+// The exit status of a command sh_start began (128 + the signal that ended it), after it ends; a
+// command still running after `seconds` is sent SIGTERM, then SIGKILL 10 s later, and fails the test.
+int sh_wait(pid_t pid, double seconds);
 
 // The first integer a shell command prints (printf-style), or `otherwise` when it prints none.
 long sh_read_long(long otherwise, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

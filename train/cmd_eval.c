@@ -74,8 +74,9 @@ static int check_outputs(const char *data, const char *split, const char **input
   const char *all[8] = {ann};
   for (int i = 0; i < n_inputs && i < 7; i++) all[i + 1] = inputs[i];
   int n = n_inputs < 7 ? n_inputs + 1 : 8;
-  if ((results && out_file_check(results, "results", OUT_FILE_JSON, all, n, err, err_cap)) ||
-      (json && out_file_check(json, "json", OUT_FILE_JSON, all, n, err, err_cap)))
+  static const JsonShape detections = {'[', "\"image_id\""}, numbers = {'{', "\"AP\""};
+  if ((results && out_file_check(results, "results", &detections, all, n, err, err_cap)) ||
+      (json && out_file_check(json, "json", &numbers, all, n, err, err_cap)))
     return -1;
   if (results && json && !strcmp(results, json)) {
     snprintf(err, err_cap, "--results and --json name one file, %s", json);

@@ -347,7 +347,7 @@ typedef struct {
   int n_results, skipped;
   long long total, nonfinite;  // detections kept, and dropped for a non-finite score or box
   FILE *log;                   // stdout, or stderr when the JSON goes to stdout
-  char *earlier_json;          // the predictions JSON found at the start (an earlier run's), NULL if none
+  char *earlier_json;          // the predictions JSONs found at the start (earlier runs'), "" if none
 } Predictor;
 
 // A score in [0, 1], the whole text a number.
@@ -529,25 +529,32 @@ static int check_outputs(Predictor *p, const char *default_json, char *err, size
     }
   }
   const char *jp = json_path(a, default_json);
+  static const JsonShape predictions = {'[', "\"output\""};
   const char **inputs = detr_malloc((size_t)(a->n_inputs + 3) * sizeof(char *), "input names");
   for (int i = 0; i < a->n_inputs; i++) inputs[i] = a->inputs[i];
   inputs[a->n_inputs] = a->checkpoint;
   inputs[a->n_inputs + 1] = a->weights;
   inputs[a->n_inputs + 2] = a->names_path;
-  int rc = out_file_check(jp, a->json_path ? "json" : "out", OUT_FILE_JSON, inputs, a->n_inputs + 3, err, err_cap);
+  int rc = strcmp(jp, "-") ? out_file_check(jp, a->json_path ? "json" : "out", &predictions, inputs, a->n_inputs + 3,
+                                            err, err_cap)
+                           : 0;
   free(inputs);
-  if (rc || !strcmp(jp, "-")) return rc;
-  FILE *f = fopen(jp, "rb");
-  if (!f) return 0;
+  if (rc) return rc;
+  // What earlier runs into DIR wrote: DIR/predictions.json's list, and --json's when it is elsewhere.
   size_t len = 0;
-  p->earlier_json = NULL;
   FILE *m = open_memstream(&p->earlier_json, &len);
   DETR_CHECK(m, "check_outputs: open_memstream failed");
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, n, m);
+  for (int k = 0; k < 2; k++) {
+    const char *path = k == 0 ? default_json : jp;
+    if ((k == 1 && (!strcmp(jp, "-") || !strcmp(jp, default_json)))) break;
+    FILE *f = fopen(path, "rb");
+    if (!f) continue;
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, n, m);
+    fclose(f);
+  }
   fclose(m);
-  fclose(f);
   return 0;
 }
 

@@ -260,7 +260,7 @@ int cmd_pretrain(int argc, char **argv) {
   char ann[4200], img[4200];
   setup_split_paths(o.data, o.train_split, ann, sizeof ann, img, sizeof img);
   const char *inputs[] = {ann};
-  if (out_file_check(o.out, "out", OUT_FILE_NEW, inputs, 1, err, sizeof err)) {  // a backbone takes long to make
+  if (out_file_check(o.out, "out", NULL, inputs, 1, err, sizeof err)) {  // a backbone takes long to make
     fprintf(stderr, "detr pretrain: %s\n", err);
     return 2;
   }

@@ -116,7 +116,7 @@ int dist_mpirun_pid(void) {
   bool read = fgets(name, sizeof name, f) != NULL;
   fclose(f);
   name[strcspn(name, "\n")] = 0;
-  return read && (!strcmp(name, "mpirun") || !strcmp(name, "mpiexec") || !strcmp(name, "orterun")) ? (int)parent : 0;
+  return read && (!strcmp(name, "mpirun") || !strcmp(name, "mpiexec") || !strcmp(name, "orterun") || !strcmp(name, "prterun")) ? (int)parent : 0;
 }
 
 int dist_bind_device(Device dev, char *err, size_t err_cap) {

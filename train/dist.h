@@ -44,7 +44,7 @@ const char *dist_backend_name(void);
 // when this process was not started by OpenMPI. SIGUSR1 and SIGUSR2 it passes on at once and kills
 // nobody.
 int dist_mpirun_kill_grace_s(void);
-// The pid of the OpenMPI launcher (mpirun, mpiexec, orterun) when it is this process's parent, else 0.
+// The pid of the OpenMPI launcher (mpirun, mpiexec, orterun, prterun) when it is this process's parent, else 0.
 int dist_mpirun_pid(void);
 
 // CUDA under mpirun: binds this rank to GPU local_rank % count (once; before any other CUDA work).

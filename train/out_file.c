@@ -5,20 +5,27 @@
 #include <string.h>
 #include <sys/stat.h>
 
-// The first byte that is not white space is { or [ (an empty file counts: nothing to lose).
-static bool looks_like_json(const char *path) {
+// The file's first 64 KiB (an earlier output's key comes early) shows `shape`: its first non-space
+// character is shape->open and it holds shape->key, or it is empty ("", "[]", "{}").
+static bool has_shape(const char *path, const JsonShape *shape) {
   FILE *f = fopen(path, "rb");
   if (!f) return false;
-  int c;
-  while ((c = fgetc(f)) != EOF && isspace(c)) {
-  }
+  char head[65537];
+  size_t n = fread(head, 1, sizeof head - 1, f);
   fclose(f);
-  return c == EOF || c == '{' || c == '[';
+  head[n] = 0;
+  size_t i = 0;
+  while (i < n && isspace((unsigned char)head[i])) i++;
+  if (i == n) return true;
+  if (head[i] != shape->open) return false;
+  size_t j = i + 1;
+  while (j < n && isspace((unsigned char)head[j])) j++;
+  if (j < n && head[j] == (shape->open == '[' ? ']' : '}')) return true;
+  return strstr(head + i, shape->key) != NULL;
 }
 
-int out_file_check(const char *path, const char *flag, OutFileKind kind, const char *const *inputs, int n_inputs,
+int out_file_check(const char *path, const char *flag, const JsonShape *shape, const char *const *inputs, int n_inputs,
                    char *err, size_t err_cap) {
-  if (!strcmp(path, "-")) return 0;
   struct stat st;
   if (stat(path, &st) != 0) return 0;  // a new file (a folder that is missing fails at the write, saying so)
   if (S_ISDIR(st.st_mode)) {
@@ -33,12 +40,13 @@ int out_file_check(const char *path, const char *flag, OutFileKind kind, const c
       return -1;
     }
   }
-  if (kind == OUT_FILE_NEW) {
+  if (!shape) {
     snprintf(err, err_cap, "--%s %s exists: not overwritten; give another path, or move or remove it first", flag, path);
     return -1;
   }
-  if (!looks_like_json(path)) {
-    snprintf(err, err_cap, "--%s %s exists and is not a JSON file: not overwritten; give another path", flag, path);
+  if (!has_shape(path, shape)) {
+    snprintf(err, err_cap, "--%s %s exists and is not this command's earlier output (a JSON %s with %s): not "
+             "overwritten; give another path", flag, path, shape->open == '[' ? "array" : "object", shape->key);
     return -1;
   }
   return 0;

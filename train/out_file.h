@@ -5,13 +5,16 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-typedef enum {
-  OUT_FILE_JSON,  // may replace a JSON file (a previous output) that is none of the inputs
-  OUT_FILE_NEW,   // must not exist (an output that took long to make: it is never replaced)
-} OutFileKind;
+// What the verb's own JSON looks like: its first character ('{' or '[') and a key every such file
+// holds unless it is empty ("\"AP\"" for eval's numbers, "\"image_id\"" for COCO results).
+typedef struct {
+  char open;
+  const char *key;
+} JsonShape;
 
 // Checks, before any work, that `path` (given as --<flag>) may be written: not a folder, not one
-// of inputs[0..n_inputs) (NULL entries skipped; compared as files, however spelled), and per kind.
-// "-" (stdout) always may. Returns 0, or -1 with err set to a message that says what to do.
-int out_file_check(const char *path, const char *flag, OutFileKind kind, const char *const *inputs, int n_inputs,
+// of inputs[0..n_inputs) (NULL entries skipped; compared as files, however spelled), and, when it
+// exists, a JSON file of `shape` (an earlier output); with shape NULL it must not exist (an output
+// that took long to make is never replaced). Returns 0, or -1 with err set to what to do.
+int out_file_check(const char *path, const char *flag, const JsonShape *shape, const char *const *inputs, int n_inputs,
                    char *err, size_t err_cap);

@@ -193,13 +193,15 @@ int run_dir_remove_dead_temps(const char *dir) {
   if (!d) return 0;
   int removed = 0;
   struct dirent *e;
+  time_t now = time(NULL);
   while ((e = readdir(d))) {
     long pid = dead_temp_pid(e->d_name);
-    if (!pid || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;  // running (or not ours to ask)
+    if (!pid || pid > INT_MAX || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;  // running (or not ours to ask)
     char path[4200];
     struct stat st;
     snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-    if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    // Untouched for a minute as well: a writer on another host (a shared --out) is no pid here.
+    if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || now - st.st_mtime < 60) continue;
     if (unlink(path) != 0) {
       fprintf(stderr, "detr train: cannot remove %s, left by process %ld that ended mid-write: %s\n", path, pid,
               strerror(errno));

@@ -1,7 +1,7 @@
 // The run directory is the user's data: what `detr train --out DIR` finds there, which checkpoint
 // a --resume means, and the few ways the trainer changes a directory (moving an old run aside,
 // cutting metrics.jsonl back to a resumed step, pruning its own old checkpoints, removing what a
-// killed process left half-written). Nothing here deletes what another run wrote.
+// killed process left half-written). Nothing here deletes what another run wrote or is writing.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -43,8 +43,9 @@ int run_dir_cut_metrics(const char *path, int64_t step, char *err, size_t err_ca
 // Removes the temporary files (NAME.tmp.PID, NAME a checkpoint, a results JSON or a picture) that a
 // process which has ended (PID no longer running here) was writing when it was killed: a SIGKILL, or
 // mpirun's kill a second after a Ctrl-C, cuts a checkpoint's write short, leaving a file as large
-// as the checkpoint that nothing will ever read. A file of a process still running stays. Says what
-// it removed on stderr; returns how many.
+// as the checkpoint that nothing will ever read. A file of a process still running here, or written
+// to in the last minute (a writer on another host of a shared file system), stays. Says what it
+// removed on stderr; returns how many.
 int run_dir_remove_dead_temps(const char *dir);
 
 // Removes this run's checkpoints beyond the newest `keep` among those at steps <= current_step;

@@ -6,7 +6,9 @@
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -658,6 +660,9 @@ static struct sigaction saved_actions[N_STOP_SIGNALS];  // the actions before tr
 static sigset_t stop_set;                               // the signals the thread takes (not the ignored ones)
 static pthread_t stop_thread;
 static bool stop_thread_running;
+static atomic_int stop_thread_alive;   // the handler may pthread_kill it (0 before it starts, from teardown on)
+static atomic_int handlers_passing;    // handlers between reading stop_thread_alive and their pthread_kill
+static sigset_t saved_mask;            // the calling thread's mask before train_run's
 static bool stop_thread_speaks;  // rank 0 says that it stops (mpirun passes a signal to every rank)
 static volatile sig_atomic_t stepping;  // set-up is over: a signal now stops after a step
 
@@ -693,10 +698,15 @@ static void *stop_signal_thread(void *arg) {
   return NULL;
 }
 
-// Runs in a thread that does not block the signal (one made before train_run); async-signal-safe.
+// Runs in a thread that does not block the signal (one made before train_run); async-signal-safe
+// (lock-free atomics). Teardown waits for handlers_passing to reach 0 before the thread goes, so
+// no pthread_kill reaches a joined thread; before the thread runs, the signal is noted here.
 static void pass_on_stop_signal(int sig) {
   int saved_errno = errno;
-  pthread_kill(stop_thread, sig);  // pending there until its sigwait takes it
+  atomic_fetch_add(&handlers_passing, 1);
+  if (atomic_load(&stop_thread_alive)) pthread_kill(stop_thread, sig);  // pending there until its sigwait takes it
+  else if (!stop_signal) stop_signal = sig;
+  atomic_fetch_sub(&handlers_passing, 1);
   errno = saved_errno;
 }
 
@@ -712,12 +722,14 @@ static void mask_stop_signals(int how) {
 static void catch_stop_signals(bool on) {
   if (!on) {
     if (!stop_thread_running) return;
-    // The old actions first, so that no handler passes a signal on to a thread that is gone.
+    atomic_store(&stop_thread_alive, 0);
     for (int i = 0; i < N_STOP_SIGNALS; i++) sigaction(stop_signals[i], &saved_actions[i], NULL);
+    while (atomic_load(&handlers_passing)) sched_yield();  // a handler still passing one on finishes first
     pthread_cancel(stop_thread);  // sigwait is a cancellation point
     pthread_join(stop_thread, NULL);
     stop_thread_running = false;
-    mask_stop_signals(SIG_UNBLOCK);  // a signal still pending takes its default action here
+    mask_stop_signals(SIG_UNBLOCK);               // the OpenMP threads: train_run's own
+    pthread_sigmask(SIG_SETMASK, &saved_mask, NULL);  // the caller's mask as it was (a signal still pending acts now)
     return;
   }
   sigemptyset(&stop_set);
@@ -727,14 +739,17 @@ static void catch_stop_signals(bool on) {
     if (saved_actions[i].sa_handler != SIG_IGN) taken += sigaddset(&stop_set, stop_signals[i]) == 0;
   }
   if (!taken) return;  // all ignored: nothing to take
+  pthread_sigmask(SIG_BLOCK, &stop_set, &saved_mask);
   mask_stop_signals(SIG_BLOCK);
-  int rc = pthread_create(&stop_thread, NULL, stop_signal_thread, NULL);
-  DETR_CHECK(rc == 0, "train_run: cannot start the signal thread: %s", strerror(rc));
-  stop_thread_running = true;
+  // The handler before the thread: no moment where a signal to another thread has its default action.
   struct sigaction pass = {.sa_handler = pass_on_stop_signal, .sa_flags = SA_RESTART};
   sigfillset(&pass.sa_mask);
   for (int i = 0; i < N_STOP_SIGNALS; i++)
     if (sigismember(&stop_set, stop_signals[i])) sigaction(stop_signals[i], &pass, NULL);
+  int rc = pthread_create(&stop_thread, NULL, stop_signal_thread, NULL);
+  DETR_CHECK(rc == 0, "train_run: cannot start the signal thread: %s", strerror(rc));
+  stop_thread_running = true;
+  atomic_store(&stop_thread_alive, 1);
 }
 
 // Whether any process was asked to stop (every process must stop at the same step).
@@ -762,7 +777,7 @@ static int train_epoch(Trainer *t, bool *stop) {
     StepLog log;
     if (train_step(t, b, &log, err, sizeof err)) {
       char kept[4300];
-      if (t->saved_step >= 0 || t->resumed)
+      if (t->saved_step >= 0 || (t->resumed && run_dir_contains(o->out_dir, o->resume)))
         snprintf(kept, sizeof kept, "The checkpoints in %s are from before this step.", o->out_dir);
       else
         snprintf(kept, sizeof kept, "No checkpoint was written (the first comes at --checkpoint-every or the epoch's end).");
@@ -839,7 +854,7 @@ static int evaluate_epoch(Trainer *t) {
 static int save_final(Trainer *t) {
   char path[4200];
   ckpt_path(t->o, t->st.step, path, sizeof path);
-  if (access(path, F_OK) == 0) return 0;
+  if (t->saved_step == t->st.step) return 0;  // the same on every rank (a file check might not be)
   if (save(&t->dist, t->o, path, t->m, &t->opt, &t->st, t->categories)) return -1;
   prune_checkpoints(&t->dist, t->o, t->st.step);
   return 0;
@@ -912,9 +927,10 @@ int train_run(TrainOptions *o, const Dist *group) {
   catch_stop_signals(true);
   int rc = trainer_setup(&t, err, sizeof err);
   if (rc) fprintf(stderr, "detr train: %s\n", err);
-  if (rc == 0 && stop_signal) {  // during set-up: nothing trained, nothing to checkpoint
+  // During set-up: nothing trained, nothing to checkpoint. Every rank must agree (a signal passed on
+  // by mpirun reaches them a moment apart).
+  if (rc == 0 && (t.interrupted = stop_requested(&t.dist))) {
     if (dist_is_main(&t.dist)) fprintf(stderr, "detr train: interrupted before the first step: nothing trained\n");
-    t.interrupted = stop_signal;
     rc = -1;
   }
   bool complete = rc == 0 && run_complete(&t), stop = complete;
