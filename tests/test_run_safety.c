@@ -235,6 +235,10 @@ START_TEST(outputs_never_replace_what_the_user_made) {
   ck_assert_int_eq(sh(eval, DETR_BIN, test_root, test_root, "--json", test_root, "data/annotations/instances_val.json"), 2);
   ck_assert_int_eq(sh(eval, DETR_BIN, test_root, test_root, "--json", test_root, "notes.txt"), 2);
   ASSERT_LOG("is not this command.s earlier output");
+  clear_log();
+  ck_assert_int_eq(sh("%s eval --checkpoint %s/o/ckpt-1.safetensors --data %s/data --results %s/r.json --json %s/./r.json",
+                      DETR_BIN, test_root, test_root, test_root, test_root), 2);
+  ASSERT_LOG("--results and --json name one file");
   // JSON of another kind: the training split's annotations are no earlier output of eval.
   ck_assert_int_eq(sh(eval, DETR_BIN, test_root, test_root, "--results", test_root, "data/annotations/instances_train.json"),
                    2);

@@ -78,7 +78,7 @@ static int check_outputs(const char *data, const char *split, const char **input
   if ((results && out_file_check(results, "results", &detections, all, n, err, err_cap)) ||
       (json && out_file_check(json, "json", &numbers, all, n, err, err_cap)))
     return -1;
-  if (results && json && !strcmp(results, json)) {
+  if (results && json && out_file_same(results, json)) {
     snprintf(err, err_cap, "--results and --json name one file, %s", json);
     return -1;
   }

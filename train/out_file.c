@@ -1,6 +1,9 @@
+#define _DEFAULT_SOURCE  // realpath
 #include "train/out_file.h"
 
 #include <ctype.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -50,4 +53,18 @@ int out_file_check(const char *path, const char *flag, const JsonShape *shape, c
     return -1;
   }
   return 0;
+}
+
+// dir/name with dir resolved (the file itself may not exist yet); false when dir does not exist.
+static bool canonical(const char *path, char *out, size_t cap) {
+  const char *slash = strrchr(path, '/');
+  char dir[PATH_MAX], real[PATH_MAX];
+  snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + (slash == path) : 1, slash ? path : ".");
+  if (!realpath(dir, real)) return false;
+  return (size_t)snprintf(out, cap, "%s/%s", real, slash ? slash + 1 : path) < cap;
+}
+
+bool out_file_same(const char *a, const char *b) {
+  char x[2 * PATH_MAX], y[2 * PATH_MAX];
+  return canonical(a, x, sizeof x) && canonical(b, y, sizeof y) ? !strcmp(x, y) : !strcmp(a, b);
 }

@@ -18,3 +18,7 @@ typedef struct {
 // that took long to make is never replaced). Returns 0, or -1 with err set to what to do.
 int out_file_check(const char *path, const char *flag, const JsonShape *shape, const char *const *inputs, int n_inputs,
                    char *err, size_t err_cap);
+
+// Whether two output paths name one file, however spelled ("r.json", "./r.json", "d/../r.json"),
+// whether or not it exists yet.
+bool out_file_same(const char *a, const char *b);
