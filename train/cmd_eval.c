@@ -67,16 +67,14 @@ static int evaluate_and_report(const DetrModel *m, const CocoDataset *ds, const 
 
 // Before the evaluation: a --results or --json that would replace an input (or the other) fails
 // now, not after it. Returns 0, or -1 with err set.
-static int check_outputs(const char *data, const char *split, const char **inputs, int n_inputs, const char *results,
-                         const char *json, char *err, size_t err_cap) {
+static int check_outputs(const char *data, const char *split, const char *checkpoint, const char *weights,
+                         const char *config, const char *results, const char *json, char *err, size_t err_cap) {
   char ann[4200], img[4200];
   setup_split_paths(data, split, ann, sizeof ann, img, sizeof img);
-  const char *all[8] = {ann};
-  for (int i = 0; i < n_inputs && i < 7; i++) all[i + 1] = inputs[i];
-  int n = n_inputs < 7 ? n_inputs + 1 : 8;
+  const char *inputs[] = {ann, checkpoint, weights, config};
   static const JsonShape detections = {'[', "\"image_id\""}, numbers = {'{', "\"AP\""};
-  if ((results && out_file_check(results, "results", &detections, all, n, err, err_cap)) ||
-      (json && out_file_check(json, "json", &numbers, all, n, err, err_cap)))
+  if ((results && out_file_check(results, "results", &detections, inputs, 4, err, err_cap)) ||
+      (json && out_file_check(json, "json", &numbers, inputs, 4, err, err_cap)))
     return -1;
   if (results && json && out_file_same(results, json)) {
     snprintf(err, err_cap, "--results and --json name one file, %s", json);
@@ -129,7 +127,7 @@ int cmd_eval(int argc, char **argv) {
   }
   if (setup_check_split_layout(data, split, "--split", err, sizeof err) || setup_device(device, &dev, err, sizeof err) ||
       setup_precision(precision, true, dev, &sets, err, sizeof err) ||
-      check_outputs(data, split, (const char *[]){checkpoint, weights, config}, 3, results, json, err, sizeof err)) {
+      check_outputs(data, split, checkpoint, weights, config, results, json, err, sizeof err)) {
     fprintf(stderr, "detr eval: %s\n", err);
     return 2;
   }

@@ -347,6 +347,8 @@ typedef struct {
   int n_results, skipped;
   long long total, nonfinite;  // detections kept, and dropped for a non-finite score or box
   FILE *log;                   // stdout, or stderr when the JSON goes to stdout
+  char *dir_json;              // DIR/predictions.json
+  const char *json;            // where the predictions JSON goes: --json ("-": stdout), else dir_json
   char *earlier_json;          // the predictions JSONs found at the start (earlier runs'), "" if none
 } Predictor;
 
@@ -510,15 +512,19 @@ static int predict_image(Predictor *p, const char *input, char *err, size_t err_
   return rc ? -1 : 0;
 }
 
-// Every image, then the predictions JSON. Returns 0, or -1 with err.
-// Where the predictions JSON goes: --json, else DIR/predictions.json (default_json).
-static const char *json_path(const PredictArgs *a, const char *default_json) {
-  return a->json_path ? a->json_path : default_json;
+// Appends the file's bytes to m (nothing when it cannot be opened).
+static void append_file(FILE *m, const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return;
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, n, m);
+  fclose(f);
 }
 
 // Before anything is written: no input is a folder; the JSON may replace an earlier one, never an
 // input or another kind of file; the earlier one's list of outputs is kept (holds_other_file).
-static int check_outputs(Predictor *p, const char *default_json, char *err, size_t err_cap) {
+static int check_outputs(Predictor *p, char *err, size_t err_cap) {
   const PredictArgs *a = p->a;
   for (int i = 0; i < a->n_inputs; i++) {  // a folder given for its images: say how, before anything is made
     struct stat st;
@@ -528,43 +534,34 @@ static int check_outputs(Predictor *p, const char *default_json, char *err, size
       return -1;
     }
   }
-  const char *jp = json_path(a, default_json);
+  bool to_stdout = !strcmp(p->json, "-");
   static const JsonShape predictions = {'[', "\"output\""};
   const char **inputs = detr_malloc((size_t)(a->n_inputs + 3) * sizeof(char *), "input names");
   for (int i = 0; i < a->n_inputs; i++) inputs[i] = a->inputs[i];
   inputs[a->n_inputs] = a->checkpoint;
   inputs[a->n_inputs + 1] = a->weights;
   inputs[a->n_inputs + 2] = a->names_path;
-  int rc = strcmp(jp, "-") ? out_file_check(jp, a->json_path ? "json" : "out", &predictions, inputs, a->n_inputs + 3,
-                                            err, err_cap)
-                           : 0;
+  int rc = to_stdout ? 0
+                     : out_file_check(p->json, a->json_path ? "json" : "out", &predictions, inputs, a->n_inputs + 3,
+                                      err, err_cap);
   free(inputs);
   if (rc) return rc;
   // What earlier runs into DIR wrote: DIR/predictions.json's list, and --json's when it is elsewhere.
   size_t len = 0;
   FILE *m = open_memstream(&p->earlier_json, &len);
   DETR_CHECK(m, "check_outputs: open_memstream failed");
-  for (int k = 0; k < 2; k++) {
-    const char *path = k == 0 ? default_json : jp;
-    if ((k == 1 && (!strcmp(jp, "-") || !strcmp(jp, default_json)))) break;
-    FILE *f = fopen(path, "rb");
-    if (!f) continue;
-    char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, n, m);
-    fclose(f);
-  }
+  append_file(m, p->dir_json);
+  if (!to_stdout && !out_file_same(p->json, p->dir_json)) append_file(m, p->json);
   fclose(m);
   return 0;
 }
 
+// Every image, then the predictions JSON. Returns 0, or -1 with err.
 static int predict_all(Predictor *p, char *err, size_t err_cap) {
   const PredictArgs *a = p->a;
   DataError derr;
-  char *default_json = data_path_join(a->out_dir, "predictions.json");
   if (data_mkdirs(a->out_dir, &derr)) {
     snprintf(err, err_cap, "%s", derr.msg);
-    free(default_json);
     return -1;
   }
   double t0 = now_s();
@@ -573,15 +570,13 @@ static int predict_all(Predictor *p, char *err, size_t err_cap) {
   if (p->nonfinite)
     fprintf(stderr, "detr predict: warning: %lld detections with a non-finite score or box were left out\n",
             p->nonfinite);
-  const char *jp = json_path(a, default_json);
-  int rc = save_json(jp, p->results, p->n_results, err, err_cap);
+  int rc = save_json(p->json, p->results, p->n_results, err, err_cap);
   double secs = now_s() - t0;
   if (rc == 0) {
     fprintf(p->log, "%d images, %lld detections, %.2f s (%.0f ms/image); wrote %s\n", p->n_results, p->total, secs,
-            p->n_results ? 1e3 * secs / p->n_results : 0.0, strcmp(jp, "-") ? jp : "stdout");
+            p->n_results ? 1e3 * secs / p->n_results : 0.0, strcmp(p->json, "-") ? p->json : "stdout");
     if (p->skipped) fprintf(stderr, "detr predict: %d unreadable images skipped\n", p->skipped);
   }
-  free(default_json);
   return rc;
 }
 
@@ -592,9 +587,10 @@ int cmd_predict(int argc, char **argv) {
     Predictor p = {.a = &a, .log = a.json_path && !strcmp(a.json_path, "-") ? stderr : stdout};
     CpuShare cpu;  // a fixed --threads; else OpenMP's default (no adapting: a prediction is short)
     cpu_share_init(&cpu, a.threads);
-    char *default_json = data_path_join(a.out_dir, "predictions.json"), err[4096];
-    rc = check_outputs(&p, default_json, err, sizeof err);  // before the model: a usage error
-    free(default_json);
+    p.dir_json = data_path_join(a.out_dir, "predictions.json");
+    p.json = a.json_path ? a.json_path : p.dir_json;
+    char err[4096];
+    rc = check_outputs(&p, err, sizeof err);  // before the model: a usage error
     if (rc) {
       fprintf(stderr, "detr predict: %s\n", err);
       rc = 2;
@@ -616,6 +612,7 @@ int cmd_predict(int argc, char **argv) {
       detr_close(p.model);
     }
     free(p.earlier_json);
+    free(p.dir_json);
   } else if (rc == 1) {
     rc = 0;  // --help
   }

@@ -372,7 +372,8 @@ static void say_how_to_stop_under_mpirun(void) {
   int grace = dist_mpirun_kill_grace_s();
   if (grace < 0 || grace >= 60) return;
   char who[64] = "<mpirun's pid>";
-  if (dist_mpirun_pid() > 0) snprintf(who, sizeof who, "%d", dist_mpirun_pid());
+  int pid = dist_mpirun_pid();
+  if (pid > 0) snprintf(who, sizeof who, "%d", pid);
   fprintf(stderr, "detr train: a Ctrl-C to mpirun kills its processes %d s after asking them to stop (OpenMPI's "
           "odls_base_sigkill_timeout), too soon to checkpoint: stop this run with `kill -USR1 %s` instead (mpirun "
           "passes SIGUSR1 on, and every process stops after the same step with a checkpoint)\n", grace, who);
@@ -659,8 +660,7 @@ static volatile sig_atomic_t stop_signal;
 static struct sigaction saved_actions[N_STOP_SIGNALS];  // the actions before train_run's
 static sigset_t stop_set;                               // the signals the thread takes (not the ignored ones)
 static pthread_t stop_thread;
-static bool stop_thread_running;
-static atomic_int stop_thread_alive;   // the handler may pthread_kill it (0 before it starts, from teardown on)
+static atomic_int stop_thread_alive;   // 1 while it runs: the handler may pthread_kill it
 static atomic_int handlers_passing;    // handlers between reading stop_thread_alive and their pthread_kill
 static sigset_t saved_mask;            // the calling thread's mask before train_run's
 static bool stop_thread_speaks;  // rank 0 says that it stops (mpirun passes a signal to every rank)
@@ -721,13 +721,11 @@ static void mask_stop_signals(int how) {
 // A signal the caller ignores (a background job's SIGINT under nohup) stays ignored.
 static void catch_stop_signals(bool on) {
   if (!on) {
-    if (!stop_thread_running) return;
-    atomic_store(&stop_thread_alive, 0);
+    if (!atomic_exchange(&stop_thread_alive, 0)) return;  // none started (every stop signal ignored)
     for (int i = 0; i < N_STOP_SIGNALS; i++) sigaction(stop_signals[i], &saved_actions[i], NULL);
     while (atomic_load(&handlers_passing)) sched_yield();  // a handler still passing one on finishes first
     pthread_cancel(stop_thread);  // sigwait is a cancellation point
     pthread_join(stop_thread, NULL);
-    stop_thread_running = false;
     mask_stop_signals(SIG_UNBLOCK);               // the OpenMP threads: train_run's own
     pthread_sigmask(SIG_SETMASK, &saved_mask, NULL);  // the caller's mask as it was (a signal still pending acts now)
     return;
@@ -748,7 +746,6 @@ static void catch_stop_signals(bool on) {
     if (sigismember(&stop_set, stop_signals[i])) sigaction(stop_signals[i], &pass, NULL);
   int rc = pthread_create(&stop_thread, NULL, stop_signal_thread, NULL);
   DETR_CHECK(rc == 0, "train_run: cannot start the signal thread: %s", strerror(rc));
-  stop_thread_running = true;
   atomic_store(&stop_thread_alive, 1);
 }
 
