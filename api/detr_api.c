@@ -30,31 +30,31 @@
 
 struct detr_model {
   DetrModel *net;
-  AugConfig aug;            // the val transform: shortest side image_size, longest at most max_size
-  float lut[3][256];        // pixel value -> normalized network input, per channel
+  AugConfig aug;      // the val transform: shortest side image_size, longest at most max_size
+  float lut[3][256];  // pixel value -> normalized network input, per channel
   int image_size, max_size;
-  int n_labels;             // num_classes: labels 0..n_labels-1 (the last logit is no-object)
-  char **names;             // [n_labels], never NULL entries
-  unsigned outputs;         // DETR_OUTPUT_* a detection keeps (detr_set_outputs)
-  int threads;              // OpenMP threads of a detection (0: OpenMP's default)
+  int n_labels;      // num_classes: labels 0..n_labels-1 (the last logit is no-object)
+  char **names;      // [n_labels], never NULL entries
+  unsigned outputs;  // DETR_OUTPUT_* a detection keeps (detr_set_outputs)
+  int threads;       // OpenMP threads of a detection (0: OpenMP's default)
 };
 
 // The optional outputs of a forward on one image, on the host (every query's map; what the
 // result keeps of them is its detections' maps).
 typedef struct {
-  int h, w;             // the feature map
-  float *attention;     // [Q, h * w] or NULL
-  int n_layers;         // encoder layers with clusters (0: not asked for)
-  int *clusters;        // [n_layers, h * w] or NULL
-  int *cluster_count;   // [n_layers]
+  int h, w;            // the feature map
+  float *attention;    // [Q, h * w] or NULL
+  int n_layers;        // encoder layers with clusters (0: not asked for)
+  int *clusters;       // [n_layers, h * w] or NULL
+  int *cluster_count;  // [n_layers]
 } Outputs;
 
 struct detr_result {
-  int width, height;        // of the image given
+  int width, height;  // of the image given
   int count, dropped;
-  detr_detection *items;    // [count] by falling score
-  char *strings;            // the names, NUL-separated; items[i].name points in here
-  Outputs out;              // attention [count, h * w] (item i's map in row i), clusters as made
+  detr_detection *items;  // [count] by falling score
+  char *strings;          // the names, NUL-separated; items[i].name points in here
+  Outputs out;            // attention [count, h * w] (item i's map in row i), clusters as made
 };
 
 // The tensor runtime keeps process-wide state (the scope stack of temporaries, the grad switch),
@@ -127,8 +127,10 @@ static detr_status check_options(const detr_options *o, int *n_sets, Device *dev
 // The options' sets with the precision's keys after them (all[] holds n_sets + 3), NULL-terminated;
 // returns how many, or -1 with last_error set (bf16 on a device without it: DETR_ERR_DEVICE).
 static int precision_sets(const detr_options *o, Device dev, int n_sets, const char **all) {
-  static const DetrMath MATH[] = {[DETR_PRECISION_DEFAULT] = DETR_MATH_DEFAULT, [DETR_PRECISION_FP32] = DETR_MATH_FP32,
-                                  [DETR_PRECISION_TF32] = DETR_MATH_TF32, [DETR_PRECISION_BF16] = DETR_MATH_BF16};
+  static const DetrMath MATH[] = {[DETR_PRECISION_DEFAULT] = DETR_MATH_DEFAULT,
+                                  [DETR_PRECISION_FP32] = DETR_MATH_FP32,
+                                  [DETR_PRECISION_TF32] = DETR_MATH_TF32,
+                                  [DETR_PRECISION_BF16] = DETR_MATH_BF16};
   for (int i = 0; i < n_sets; i++) all[i] = o->sets[i];
   char why[512];
   int k = detr_math_keys(MATH[o->precision], true, dev, all, n_sets, all + n_sets, why, sizeof why);
@@ -250,15 +252,18 @@ detr_status detr_set_outputs(detr_model *model, unsigned outputs) {
   last_error[0] = 0;
   if (!model) return fail(DETR_ERR_ARGUMENT, "model: NULL");
   if (outputs & ~(DETR_OUTPUT_ATTENTION | DETR_OUTPUT_CLUSTERS))
-    return fail(DETR_ERR_ARGUMENT, "outputs 0x%x: unknown bits (DETR_OUTPUT_ATTENTION | DETR_OUTPUT_CLUSTERS)", outputs);
+    return fail(DETR_ERR_ARGUMENT, "outputs 0x%x: unknown bits (DETR_OUTPUT_ATTENTION | DETR_OUTPUT_CLUSTERS)",
+                outputs);
   const EncoderAttnKind *k = detr_encoder_attn(&model->net->cfg);
   if ((outputs & DETR_OUTPUT_CLUSTERS) && !k->clusters) {
     char some[256] = "";  // the variants that do, from the registry
     for (int i = 0, n = 0; encoder_attn_at(i) && n < (int)sizeof some; i++)
       if (encoder_attn_at(i)->clusters)
         n += snprintf(some + n, sizeof some - (size_t)n, "%s%s", n ? ", " : "", encoder_attn_at(i)->name);
-    return fail(DETR_ERR_CONFIG, "clusters: the model's encoder attention is '%s', which forms no clusters (one that "
-                "does: encoder_attn=%s)", k->name, some);
+    return fail(DETR_ERR_CONFIG,
+                "clusters: the model's encoder attention is '%s', which forms no clusters (one that "
+                "does: encoder_attn=%s)",
+                k->name, some);
   }
   if ((outputs & DETR_OUTPUT_CLUSTERS) && model->net->cfg.enc_layers < 1)
     return fail(DETR_ERR_CONFIG, "clusters: the model has no encoder layer (enc_layers=0)");
@@ -286,7 +291,7 @@ static detr_status copy_outputs(const detr_model *m, const DetrOutput *fwd, int6
     if (!fwd->cross_attn)
       return fail(DETR_ERR_RUNTIME, "attention: the model's decoder '%s' does not report its cross-attention",
                   detr_decoder(&m->net->cfg)->name);
-    int64_t per = fwd->cross_attn->numel / fwd->cross_attn->shape.d[0];                   // Q * N
+    int64_t per = fwd->cross_attn->numel / fwd->cross_attn->shape.d[0];                          // Q * N
     float *all = detr_malloc((size_t)fwd->cross_attn->numel * sizeof(float), "attention maps");  // [B, Q, N]
     tensor_to_host(fwd->cross_attn, all);
     o->attention = detr_malloc((size_t)per * sizeof(float), "attention maps");  // [Q, N]
@@ -328,8 +333,8 @@ static detr_result *make_result(const detr_model *m, Detection *dets, int64_t K,
   int64_t kept = 0;
   for (int64_t k = 0; k < K; k++) {
     const Detection *d = &dets[k];
-    bool finite = isfinite(d->score) && isfinite(d->box[0]) && isfinite(d->box[1]) && isfinite(d->box[2]) &&
-                  isfinite(d->box[3]);
+    bool finite =
+        isfinite(d->score) && isfinite(d->box[0]) && isfinite(d->box[1]) && isfinite(d->box[2]) && isfinite(d->box[3]);
     if (!finite) r->dropped++;  // NaN weights: never a silent "detection"
     else if (d->score >= threshold) dets[kept++] = *d;
   }
@@ -343,8 +348,11 @@ static detr_result *make_result(const detr_model *m, Detection *dets, int64_t K,
     const Detection *d = &dets[i];
     size_t n = strlen(m->names[d->label]) + 1;
     memcpy(s, m->names[d->label], n);
-    r->items[i] = (detr_detection){.box = {d->box[0], d->box[1], d->box[2], d->box[3]}, .score = d->score,
-                                   .label = d->label, .name = s, .query = (int)d->query};
+    r->items[i] = (detr_detection){.box = {d->box[0], d->box[1], d->box[2], d->box[3]},
+                                   .score = d->score,
+                                   .label = d->label,
+                                   .name = s,
+                                   .query = (int)d->query};
     s += n;
   }
   r->count = (int)kept;
@@ -416,9 +424,9 @@ static detr_status detect_prepared(detr_model *m, Prepared *p, int n, double thr
     if (p[b].w > W) W = p[b].w;
     ow[b] = p[b].ow, oh[b] = p[b].oh;
   }
-  uint8_t *mask = detr_malloc((size_t)(n * H * W), "a padding mask");                    // [n, H, W]
-  Detection *dets = detr_malloc((size_t)(n * K) * sizeof(Detection), "detections");       // [n, K]
-  Outputs *extra = detr_calloc((size_t)n, sizeof(Outputs), "outputs");                    // [n]
+  uint8_t *mask = detr_malloc((size_t)(n * H * W), "a padding mask");                // [n, H, W]
+  Detection *dets = detr_malloc((size_t)(n * K) * sizeof(Detection), "detections");  // [n, K]
+  Outputs *extra = detr_calloc((size_t)n, sizeof(Outputs), "outputs");               // [n]
 
   pthread_mutex_lock(&api_lock);
   int threads_before = omp_get_max_threads();
@@ -432,8 +440,10 @@ static detr_status detect_prepared(detr_model *m, Prepared *p, int n, double thr
   fill_batch(m, p, n, H, W, images->data, mask);
   for (int b = 0; b < n; b++) image_free(&p[b].owned);
   if (m->net->params.device != DEVICE_CPU) images = tensor_scoped(tensor_to_device(images, m->net->params.device));
-  NnCtx ctx = {.training = false, .want_cross_attn = m->outputs & DETR_OUTPUT_ATTENTION,
-               .want_clusters = m->outputs & DETR_OUTPUT_CLUSTERS, .images_channels_last = true};
+  NnCtx ctx = {.training = false,
+               .want_cross_attn = m->outputs & DETR_OUTPUT_ATTENTION,
+               .want_clusters = m->outputs & DETR_OUTPUT_CLUSTERS,
+               .images_channels_last = true};
   DetrOutput fwd;
   detr_status st = DETR_OK;
   if (detr_model_forward(m->net, &ctx, images, mask, &fwd, last_error, sizeof last_error)) {

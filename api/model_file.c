@@ -269,12 +269,12 @@ void label_names_free(LabelNames *nm) {
 typedef struct {
   LabelNames *nm;
   const char *path;
-  int depth;              // open maps and arrays
-  bool top_is_categories; // the current key of the top-level object is "categories"
-  bool in_categories;     // inside its array
-  bool seen;              // the array was there
-  char key[16];           // current key inside a category object
-  long long id, index;    // the category being read, and its position in the array
+  int depth;               // open maps and arrays
+  bool top_is_categories;  // the current key of the top-level object is "categories"
+  bool in_categories;      // inside its array
+  bool seen;               // the array was there
+  char key[16];            // current key inside a category object
+  long long id, index;     // the category being read, and its position in the array
   bool has_id;
   char *name;
   char err[512];
@@ -290,7 +290,9 @@ static int np_deep(NameParser *p) {
   return 0;
 }
 
-static bool np_field(const NameParser *p, const char *key) { return p->in_categories && p->depth == 3 && !strcmp(p->key, key); }
+static bool np_field(const NameParser *p, const char *key) {
+  return p->in_categories && p->depth == 3 && !strcmp(p->key, key);
+}
 
 static int np_integer(void *ctx, long long v) {
   NameParser *p = ctx;
@@ -389,7 +391,7 @@ int file_check_readable(const char *path, char *err, size_t err_cap) {
 }
 
 detr_status label_names_from_coco(const char *path, LabelNames *nm, char *err, size_t err_cap) {
-  static const yajl_callbacks CB = {np_null, np_bool, np_integer, np_double, NULL, np_string,
+  static const yajl_callbacks CB = {np_null,      np_bool,    np_integer, np_double,      NULL,        np_string,
                                     np_start_map, np_map_key, np_end_map, np_start_array, np_end_array};
   if (file_check_readable(path, err, err_cap)) return DETR_ERR_IO;
   NameParser p = {.nm = nm, .path = path};
@@ -407,8 +409,8 @@ detr_status label_names_from_coco(const char *path, LabelNames *nm, char *err, s
   // A .gz file may expand to at most what datasets/coco.c allows an instances file.
   struct stat sb;
   long long file_bytes = stat(path, &sb) == 0 && sb.st_size > 0 ? (long long)sb.st_size : 0;
-  long long max_json = file_bytes * COCO_MAX_GZIP_RATIO > COCO_MIN_GZIP_BUDGET ? file_bytes * COCO_MAX_GZIP_RATIO
-                                                                               : COCO_MIN_GZIP_BUDGET;
+  long long max_json =
+      file_bytes * COCO_MAX_GZIP_RATIO > COCO_MIN_GZIP_BUDGET ? file_bytes * COCO_MAX_GZIP_RATIO : COCO_MIN_GZIP_BUDGET;
   while (st == yajl_status_ok && (n = gzread(gz, chunk, sizeof chunk)) > 0) {
     if (!gzdirect(gz) && offset + n > max_json) {
       snprintf(p.err, sizeof p.err, "%s: decompresses to more than %lld bytes, the limit for a %lld-byte .gz file",
@@ -490,11 +492,11 @@ detr_status model_file_load(const char *checkpoint, const char *weights, const c
       char why[512];
       if (model_config_apply_sets(&cfg, sets, n_sets, err, err_cap)) {
         st = DETR_ERR_CONFIG;
-      } else if (detr_config_validate(&cfg, why, sizeof why)) {  // the message names the file (found by fuzz_checkpoint)
+      } else if (detr_config_validate(&cfg, why,
+                                      sizeof why)) {  // the message names the file (found by fuzz_checkpoint)
         snprintf(err, err_cap, "%s: model_config%s: %s", checkpoint, n_sets ? " with the overrides" : "", why);
         st = DETR_ERR_CONFIG;
-      } else if (check_config_tensors(f, &cfg, n_sets > 0, err, err_cap))
-        st = DETR_ERR_MISMATCH;
+      } else if (check_config_tensors(f, &cfg, n_sets > 0, err, err_cap)) st = DETR_ERR_MISMATCH;
     }
   } else {
     // The config first: a bad one is reported before the (possibly large) weights are read.

@@ -26,7 +26,7 @@ struct TapeNode {
   Tensor *saved[NODE_MAX_SAVED];  // extra tensors backward needs (references held)
   int n_saved;
   double flops;  // multiply-adds x 2 of the forward (GEMM-shaped ops set it; for the profile)
-  void *buf;  // op-private data (e.g. argmax indices), from detr_alloc on buf_device
+  void *buf;     // op-private data (e.g. argmax indices), from detr_alloc on buf_device
   size_t buf_bytes;
   Device buf_device;
   // The op's attributes (sizes, flags, scalars): a struct of the op's own, through NODE_ATTRS.
@@ -36,12 +36,12 @@ struct TapeNode {
 // node's attributes as the op's struct Type, e.g. `NODE_ATTRS(n, SliceAttrs)->start`; the op
 // writes them when recording and its backward reads them. A Type that does not fit the node is a
 // compile-time error.
-#define NODE_ATTRS(node, Type)                                                                 \
-  ((void)sizeof(struct {                                                                       \
+#define NODE_ATTRS(node, Type)                                                                   \
+  ((void)sizeof(struct {                                                                         \
      _Static_assert(sizeof(Type) <= NODE_ATTRS_BYTES && _Alignof(Type) <= _Alignof(max_align_t), \
-                    #Type " does not fit TapeNode.attrs");                                      \
-     char unused;                                                                               \
-   }),                                                                                          \
+                    #Type " does not fit TapeNode.attrs");                                       \
+     char unused;                                                                                \
+   }),                                                                                           \
    (Type *)(node)->attrs)
 
 // Grad mode. autograd_set_grad_enabled returns the previous mode, to restore it later.
@@ -53,8 +53,7 @@ void tensor_set_requires_grad(Tensor *t, bool requires_grad);
 // Records an op producing `out` from `in`. Returns NULL (and records nothing) when grad mode is
 // off or no input requires grad; otherwise out->requires_grad is set and the node is returned
 // for the op to fill in its attributes and saved tensors.
-TapeNode *autograd_record(const char *name, BackwardFn backward, Tensor *out, int n_in,
-                          Tensor *const *in);
+TapeNode *autograd_record(const char *name, BackwardFn backward, Tensor *out, int n_in, Tensor *const *in);
 // Whether autograd_record would record an op of these inputs now: for an op that must know before
 // its kernel runs (what it keeps for a backward is written by the forward's kernel).
 bool autograd_records(int n_in, Tensor *const *in);

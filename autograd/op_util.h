@@ -60,13 +60,10 @@ static inline void node_take_block(TapeNode *n, Device dev, void *block, size_t 
 }
 
 // The gradient buffer of t when t takes a gradient, else NULL.
-static inline float *grad_data_or_null(Tensor *t) {
-  return (t && t->requires_grad) ? autograd_grad(t)->data : NULL;
-}
+static inline float *grad_data_or_null(Tensor *t) { return (t && t->requires_grad) ? autograd_grad(t)->data : NULL; }
 
 static inline void check_same_device(const char *op, const Tensor *a, const Tensor *b) {
-  DETR_CHECK(a->device == b->device, "%s: inputs on %s and %s", op, device_name(a->device),
-             device_name(b->device));
+  DETR_CHECK(a->device == b->device, "%s: inputs on %s and %s", op, device_name(a->device), device_name(b->device));
 }
 
 // Normalises a possibly negative axis of a rank-ndim tensor.

@@ -15,7 +15,7 @@ Tensor *op_add_scalar(Tensor *x, float s);
 Tensor *op_mul_scalar(Tensor *x, float s);
 Tensor *op_sqrt(Tensor *x);
 Tensor *op_pow_scalar(Tensor *x, float p);  // x^p for x > 0
-Tensor *op_softplus(Tensor *x);              // log(1 + e^x); x above 20, as torch
+Tensor *op_softplus(Tensor *x);             // log(1 + e^x); x above 20, as torch
 Tensor *op_sin(Tensor *x);
 Tensor *op_cos(Tensor *x);
 // Conditional DETR's inverse_sigmoid: log(max(x, eps) / max(1 - x, eps)) of x clamped to [0, 1].
@@ -85,13 +85,13 @@ Tensor *op_depthwise_conv2d(Tensor *x, Tensor *weight, Tensor *bias);
 Tensor *op_maxpool2d(Tensor *x, int kernel, int stride, int pad, bool channels_last);
 // y = (x - mean) / sqrt(var + eps) * weight + bias per channel of x [B, C, H, W]; the four
 // [C] statistics are frozen buffers (no gradient), as DETR's FrozenBatchNorm2d.
-Tensor *op_frozen_batchnorm2d(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean,
-                              Tensor *running_var, float eps);
+Tensor *op_frozen_batchnorm2d(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean, Tensor *running_var,
+                              float eps);
 // The same fused with what follows it in a ResNet block: relu?(frozen_bn(x) + residual), residual
 // of x's shape or NULL. One pass instead of three (frozen BN, add, ReLU), and the same floats.
 // channels_last: x is [B, H, W, C].
-Tensor *op_frozen_batchnorm2d_act(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean,
-                                  Tensor *running_var, float eps, Tensor *residual, bool relu, bool channels_last);
+Tensor *op_frozen_batchnorm2d_act(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean, Tensor *running_var,
+                                  float eps, Tensor *residual, bool relu, bool channels_last);
 
 // --- softmax and normalisation (ops_softmax.c) ---
 // Over the last axis of x viewed as [A, R, N] with an additive mask [A, N] (or NULL): rows
@@ -110,11 +110,12 @@ Tensor *op_cluster_argmax(Tensor *x, Tensor *mask, bool mean, Tensor **winners);
 Tensor *op_layernorm(Tensor *x, Tensor *weight, Tensor *bias, float eps);
 
 // --- shapes and indexing (ops_shape.c) ---
-Tensor *op_reshape(Tensor *x, Shape shape);  // a view; one dim may be -1
+Tensor *op_reshape(Tensor *x, Shape shape);      // a view; one dim may be -1
 Tensor *op_permute(Tensor *x, const int *perm);  // copies; perm has x->shape.ndim entries
 Tensor *op_transpose(Tensor *x, int dim0, int dim1);
 Tensor *op_concat(Tensor *const *xs, int n, int axis);
-Tensor *op_slice(Tensor *x, int axis, int64_t start, int64_t end);  // [start, end); may share x's data (one block, not recorded)
+Tensor *op_slice(Tensor *x, int axis, int64_t start,
+                 int64_t end);  // [start, end); may share x's data (one block, not recorded)
 // Rows of x [R, ...] picked by host indices idx[0..n) -> [n, ...].
 Tensor *op_index_select(Tensor *x, const int64_t *idx, int64_t n);
 

@@ -10,20 +10,31 @@ static ConvGeom conv_geometry(const char *op, Shape x, bool channels_last, int64
   DETR_CHECK(sh > 0 && sw > 0 && dh > 0 && dw > 0 && ph >= 0 && pw >= 0,
              "%s: stride and dilation must be positive and padding non-negative", op);
   int c = channels_last ? 3 : 1, h = channels_last ? 1 : 2;
-  ConvGeom g = {.batch = x.d[0], .in_ch = x.d[c], .in_h = x.d[h], .in_w = x.d[h + 1],
-                .out_ch = out_ch < 0 ? x.d[c] : out_ch, .kh = kh, .kw = kw,
-                .stride_h = sh, .stride_w = sw, .pad_h = ph, .pad_w = pw, .dil_h = dh, .dil_w = dw,
+  ConvGeom g = {.batch = x.d[0],
+                .in_ch = x.d[c],
+                .in_h = x.d[h],
+                .in_w = x.d[h + 1],
+                .out_ch = out_ch < 0 ? x.d[c] : out_ch,
+                .kh = kh,
+                .kw = kw,
+                .stride_h = sh,
+                .stride_w = sw,
+                .pad_h = ph,
+                .pad_w = pw,
+                .dil_h = dh,
+                .dil_w = dw,
                 .channels_last = channels_last};
   g.out_h = conv_out_size(g.in_h, kh, sh, ph, dh);
   g.out_w = conv_out_size(g.in_w, kw, sw, pw, dw);
-  DETR_CHECK(g.out_h > 0 && g.out_w > 0, "%s: %lldx%lld input is smaller than the %lldx%lld kernel",
-             op, (long long)g.in_h, (long long)g.in_w, (long long)kh, (long long)kw);
+  DETR_CHECK(g.out_h > 0 && g.out_w > 0, "%s: %lldx%lld input is smaller than the %lldx%lld kernel", op,
+             (long long)g.in_h, (long long)g.in_w, (long long)kh, (long long)kw);
   return g;
 }
 
 // The output shape of g: [B, O, HO, WO] or, channels last, [B, HO, WO, O].
 static Shape conv_out_shape(const ConvGeom *g) {
-  return g->channels_last ? SHAPE(g->batch, g->out_h, g->out_w, g->out_ch) : SHAPE(g->batch, g->out_ch, g->out_h, g->out_w);
+  return g->channels_last ? SHAPE(g->batch, g->out_h, g->out_w, g->out_ch)
+                          : SHAPE(g->batch, g->out_ch, g->out_h, g->out_w);
 }
 
 // --- conv2d ---
@@ -80,14 +91,14 @@ static bool conv2d_rounds_dy(const ConvGeom *g, bool dx, bool dw, bool x16) {
 static void conv2d_backward_node(TapeNode *n) {
   Tensor *x = n->in[0], *w = n->in[1], *bias = n->in[2], *y = n->out[0];
   ConvGeom g = *NODE_ATTRS(n, ConvGeom);  // conv2d's and maxpool2d's attributes: the geometry
-  bool set_dx, set_dw;  // no gradient yet: the kernel writes it instead of adding to zeros
+  bool set_dx, set_dw;                    // no gradient yet: the kernel writes it instead of adding to zeros
   float *dx = autograd_grad_to_write(x, &set_dx), *dw = autograd_grad_to_write(w, &set_dw);
   float *db = grad_data_or_null(bias);
   if (x->device == DEVICE_CPU) {
-    const uint16_t *x16 = n->buf;  // x rounded by the forward (conv2d_keeps_x16), or NULL
+    const uint16_t *x16 = n->buf;            // x rounded by the forward (conv2d_keeps_x16), or NULL
     const float *xf = x16 ? NULL : x->data;  // not kept with the copy
-    size_t dy16_bytes = conv2d_rounds_dy(&g, dx != NULL, dw != NULL, x16 != NULL)
-                            ? (size_t)y->numel * sizeof(uint16_t) : 0;
+    size_t dy16_bytes =
+        conv2d_rounds_dy(&g, dx != NULL, dw != NULL, x16 != NULL) ? (size_t)y->numel * sizeof(uint16_t) : 0;
     uint16_t *dy16 = dy16_bytes ? detr_alloc(DEVICE_CPU, dy16_bytes) : NULL;  // [B, HO, WO, O], rounded there
     int64_t ws_floats = cpu_conv2d_backward_workspace_floats(&g, dx != NULL, set_dx, dw != NULL, set_dw, db != NULL);
     float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
@@ -95,8 +106,7 @@ static void conv2d_backward_node(TapeNode *n) {
     detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));
     detr_free(DEVICE_CPU, dy16, dy16_bytes);
   } else {
-    DISPATCH(x->device, (void)0,
-             conv2d_backward_cuda(x->data, w->data, y->grad->data, dx, set_dx, dw, set_dw, db, &g));
+    DISPATCH(x->device, (void)0, conv2d_backward_cuda(x->data, w->data, y->grad->data, dx, set_dx, dw, set_dw, db, &g));
   }
 }
 
@@ -112,8 +122,7 @@ Tensor *op_conv2d(Tensor *x, Tensor *weight, Tensor *bias, Conv2dParams p) {
                (long long)bias->numel, (long long)weight->shape.d[0]);
   }
   ConvGeom g = conv_geometry("conv2d", x->shape, p.channels_last, weight->shape.d[0], weight->shape.d[2],
-                             weight->shape.d[3], p.stride_h, p.stride_w, p.pad_h, p.pad_w,
-                             p.dilation_h, p.dilation_w);
+                             weight->shape.d[3], p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dilation_h, p.dilation_w);
   Tensor *y = tensor_new_scoped(x->device, conv_out_shape(&g));
   const float *bias_data = bias ? bias->data : NULL;
   uint16_t *x16 = NULL;  // x rounded once, kept by the node (conv2d_keeps_x16; cpu_conv2d_x16_numel)
@@ -162,8 +171,7 @@ static Tensor *conv2d_fused(Tensor *x, Tensor *weight, Tensor *bias, Tensor *res
   DETR_CHECK(!bias || (bias->device == x->device && bias->numel == weight->shape.d[0]),
              "conv2d_fused: bias must be [%lld] on the input's device", (long long)weight->shape.d[0]);
   ConvGeom g = conv_geometry("conv2d_fused", x->shape, p.channels_last, weight->shape.d[0], weight->shape.d[2],
-                             weight->shape.d[3], p.stride_h, p.stride_w, p.pad_h, p.pad_w,
-                             p.dilation_h, p.dilation_w);
+                             weight->shape.d[3], p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dilation_h, p.dilation_w);
   Shape ys = conv_out_shape(&g);
   if (residual) {
     check_same_device("conv2d_fused", x, residual);
@@ -204,7 +212,8 @@ static void dwconv_backward_node(TapeNode *n) {
 }
 
 Tensor *op_depthwise_conv2d(Tensor *x, Tensor *weight, Tensor *bias) {
-  DETR_CHECK(x->shape.ndim == 4 && weight->shape.ndim == 4, "depthwise_conv2d: x must be [M, C, H, W] and the "
+  DETR_CHECK(x->shape.ndim == 4 && weight->shape.ndim == 4,
+             "depthwise_conv2d: x must be [M, C, H, W] and the "
              "weight [C, 1, k, k]");
   int64_t C = x->shape.d[1], k = weight->shape.d[2];
   DETR_CHECK(weight->shape.d[0] == C && weight->shape.d[1] == 1 && weight->shape.d[3] == k && k % 2 == 1,
@@ -241,10 +250,8 @@ static void maxpool_backward_node(TapeNode *n) {
 }
 
 Tensor *op_maxpool2d(Tensor *x, int kernel, int stride, int pad, bool channels_last) {
-  DETR_CHECK(kernel > 0 && 2 * pad <= kernel, "maxpool2d: padding %d is more than half the kernel %d",
-             pad, kernel);
-  ConvGeom g = conv_geometry("maxpool2d", x->shape, channels_last, -1, kernel, kernel, stride, stride,
-                             pad, pad, 1, 1);
+  DETR_CHECK(kernel > 0 && 2 * pad <= kernel, "maxpool2d: padding %d is more than half the kernel %d", pad, kernel);
+  ConvGeom g = conv_geometry("maxpool2d", x->shape, channels_last, -1, kernel, kernel, stride, stride, pad, pad, 1, 1);
   Tensor *y = tensor_new_scoped(x->device, conv_out_shape(&g));
   // The indices only for a backward (y's shape, on x's device): inference keeps none.
   size_t idx_bytes = autograd_records(1, &x) ? (size_t)y->numel * sizeof(int32_t) : 0;
@@ -280,12 +287,13 @@ static void frozen_bn_backward_node(TapeNode *n) {
   float *dx = take_x ? y->grad->data : grad_data_or_null(x);
   if (!dx && !dres) return;
   const uint8_t *mask = n->buf;  // the ReLU's, under ReLU
-  DISPATCH(x->device, cpu_frozen_bn_backward(mask, y->grad->data, scale->data, relu, dx, take_x, dres, take_res, B, C, S),
+  DISPATCH(x->device,
+           cpu_frozen_bn_backward(mask, y->grad->data, scale->data, relu, dx, take_x, dres, take_res, B, C, S),
            cuda_frozen_bn_backward(mask, y->grad->data, scale->data, relu, dx, take_x, dres, take_res, B, C, S));
 }
 
-Tensor *op_frozen_batchnorm2d_act(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean,
-                                  Tensor *running_var, float eps, Tensor *residual, bool relu, bool channels_last) {
+Tensor *op_frozen_batchnorm2d_act(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean, Tensor *running_var,
+                                  float eps, Tensor *residual, bool relu, bool channels_last) {
   char s[64], sr[64];
   DETR_CHECK(x->shape.ndim == 4, "frozen_batchnorm2d: input must be %s, got %s",
              channels_last ? "[B, H, W, C]" : "[B, C, H, W]", shape_str(x->shape, s, sizeof s));
@@ -295,8 +303,10 @@ Tensor *op_frozen_batchnorm2d_act(Tensor *x, Tensor *weight, Tensor *bias, Tenso
   Tensor *stats[4] = {weight, bias, running_mean, running_var};
   for (int i = 0; i < 4; i++) {
     check_same_device("frozen_batchnorm2d", x, stats[i]);
-    DETR_CHECK(stats[i]->numel == C, "frozen_batchnorm2d: statistic %d has %lld elements for %lld "
-               "channels", i, (long long)stats[i]->numel, (long long)C);
+    DETR_CHECK(stats[i]->numel == C,
+               "frozen_batchnorm2d: statistic %d has %lld elements for %lld "
+               "channels",
+               i, (long long)stats[i]->numel, (long long)C);
   }
   if (residual) {
     check_same_device("frozen_batchnorm2d", x, residual);
@@ -312,12 +322,13 @@ Tensor *op_frozen_batchnorm2d_act(Tensor *x, Tensor *weight, Tensor *bias, Tenso
   size_t mask_bytes = relu && autograd_records(residual ? 2 : 1, inputs) ? (size_t)(x->numel + 7) / 8 : 0;
   uint8_t *mask = mask_bytes ? detr_alloc(x->device, mask_bytes) : NULL;
   DISPATCH(x->device,
-           cpu_frozen_bn_forward(x->data, weight->data, bias->data, running_mean->data, running_var->data, eps,
-                                 res, relu, y->data, mask, scale->data, B, C, S),
-           cuda_frozen_bn_forward(x->data, weight->data, bias->data, running_mean->data, running_var->data, eps,
-                                  res, relu, y->data, mask, scale->data, B, C, S));
-  const char *name = residual ? (relu ? "frozen_bn_add_relu" : "frozen_bn_add") : relu ? "frozen_bn_relu"
-                                                                                      : "frozen_batchnorm2d";
+           cpu_frozen_bn_forward(x->data, weight->data, bias->data, running_mean->data, running_var->data, eps, res,
+                                 relu, y->data, mask, scale->data, B, C, S),
+           cuda_frozen_bn_forward(x->data, weight->data, bias->data, running_mean->data, running_var->data, eps, res,
+                                  relu, y->data, mask, scale->data, B, C, S));
+  const char *name = residual ? (relu ? "frozen_bn_add_relu" : "frozen_bn_add")
+                     : relu   ? "frozen_bn_relu"
+                              : "frozen_batchnorm2d";
   TapeNode *n = autograd_record(name, frozen_bn_backward_node, y, residual ? 2 : 1, inputs);
   if (n) {
     *NODE_ATTRS(n, FrozenBnAttrs) = (FrozenBnAttrs){.relu = relu, .batch = B, .channels = C, .spatial = S};
@@ -327,7 +338,7 @@ Tensor *op_frozen_batchnorm2d_act(Tensor *x, Tensor *weight, Tensor *bias, Tenso
   return y;
 }
 
-Tensor *op_frozen_batchnorm2d(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean,
-                              Tensor *running_var, float eps) {
+Tensor *op_frozen_batchnorm2d(Tensor *x, Tensor *weight, Tensor *bias, Tensor *running_mean, Tensor *running_var,
+                              float eps) {
   return op_frozen_batchnorm2d_act(x, weight, bias, running_mean, running_var, eps, NULL, false, false);
 }

@@ -71,8 +71,8 @@ static Broadcast make_broadcast(const char *op, Shape a, Shape b) {
     int da = d - (bc.ndim - a.ndim), db = d - (bc.ndim - b.ndim);
     int64_t na = da >= 0 ? a.d[da] : 1, nb = db >= 0 ? b.d[db] : 1;
     char x[64], y[64];
-    DETR_CHECK(na == nb || na == 1 || nb == 1, "%s: shapes %s and %s do not broadcast", op,
-               shape_str(a, x, sizeof x), shape_str(b, y, sizeof y));
+    DETR_CHECK(na == nb || na == 1 || nb == 1, "%s: shapes %s and %s do not broadcast", op, shape_str(a, x, sizeof x),
+               shape_str(b, y, sizeof y));
     bc.shape[d] = na > nb ? na : nb;
     if (na == 0 || nb == 0) bc.shape[d] = 0;
     bc.stride_a[d] = na == 1 ? 0 : sa;

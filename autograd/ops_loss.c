@@ -18,13 +18,12 @@ static void cross_entropy_backward_node(TapeNode *n) {
 
 Tensor *op_cross_entropy(Tensor *logits, const int64_t *targets, Tensor *class_weight) {
   char s[64];
-  DETR_CHECK(logits->shape.ndim == 2 && logits->shape.d[0] > 0,
-             "cross_entropy: logits must be [N > 0, C], got %s", shape_str(logits->shape, s, sizeof s));
+  DETR_CHECK(logits->shape.ndim == 2 && logits->shape.d[0] > 0, "cross_entropy: logits must be [N > 0, C], got %s",
+             shape_str(logits->shape, s, sizeof s));
   int64_t rows = logits->shape.d[0], classes = logits->shape.d[1];
   for (int64_t r = 0; r < rows; r++)
-    DETR_CHECK(targets[r] >= 0 && targets[r] < classes,
-               "cross_entropy: target %lld of row %lld is outside [0, %lld)", (long long)targets[r],
-               (long long)r, (long long)classes);
+    DETR_CHECK(targets[r] >= 0 && targets[r] < classes, "cross_entropy: target %lld of row %lld is outside [0, %lld)",
+               (long long)targets[r], (long long)r, (long long)classes);
   if (class_weight) {
     check_same_device("cross_entropy", logits, class_weight);
     DETR_CHECK(class_weight->numel == classes, "cross_entropy: %lld class weights for %lld classes",
@@ -63,9 +62,10 @@ static void focal_loss_backward_node(TapeNode *n) {
   if (!dlogits) return;
   const FocalAttrs *at = NODE_ATTRS(n, FocalAttrs);
   int64_t rows = logits->shape.d[0], classes = logits->shape.d[1];
-  DISPATCH(logits->device,
-           cpu_focal_loss_backward(logits->data, n->buf, y->grad->data[0], dlogits, rows, classes, at->alpha, at->gamma),
-           cuda_focal_loss_backward(logits->data, n->buf, y->grad->data, dlogits, rows, classes, at->alpha, at->gamma));
+  DISPATCH(
+      logits->device,
+      cpu_focal_loss_backward(logits->data, n->buf, y->grad->data[0], dlogits, rows, classes, at->alpha, at->gamma),
+      cuda_focal_loss_backward(logits->data, n->buf, y->grad->data, dlogits, rows, classes, at->alpha, at->gamma));
 }
 
 Tensor *op_sigmoid_focal_loss(Tensor *logits, const int64_t *targets, float alpha, float gamma) {
@@ -77,8 +77,8 @@ Tensor *op_sigmoid_focal_loss(Tensor *logits, const int64_t *targets, float alph
   int64_t rows = logits->shape.d[0], classes = logits->shape.d[1];
   for (int64_t r = 0; r < rows; r++)
     DETR_CHECK(targets[r] >= 0 && targets[r] <= classes,
-               "sigmoid_focal_loss: target %lld of row %lld is outside [0, %lld]", (long long)targets[r],
-               (long long)r, (long long)classes);
+               "sigmoid_focal_loss: target %lld of row %lld is outside [0, %lld]", (long long)targets[r], (long long)r,
+               (long long)classes);
   Device dev = logits->device;
   Tensor *y = tensor_new_scoped(dev, (Shape){0});
   size_t target_bytes = (size_t)rows * sizeof(int64_t);
@@ -106,8 +106,8 @@ static void l1_backward_node(TapeNode *n) {
 Tensor *op_l1_sum(Tensor *a, Tensor *b) {
   check_same_device("l1_sum", a, b);
   char sa[64], sb[64];
-  DETR_CHECK(shape_equal(a->shape, b->shape), "l1_sum: shapes %s and %s differ",
-             shape_str(a->shape, sa, sizeof sa), shape_str(b->shape, sb, sizeof sb));
+  DETR_CHECK(shape_equal(a->shape, b->shape), "l1_sum: shapes %s and %s differ", shape_str(a->shape, sa, sizeof sa),
+             shape_str(b->shape, sb, sizeof sb));
   Tensor *y = tensor_new_scoped(a->device, (Shape){0});
   DISPATCH(a->device, y->data[0] = cpu_l1_sum_forward(a->data, b->data, a->numel),
            cuda_l1_sum_forward(a->data, b->data, y->data, a->numel));
@@ -124,8 +124,8 @@ Tensor *op_l1_sum(Tensor *a, Tensor *b) {
 
 static int64_t box_count(const char *op, const Tensor *t) {
   char s[64];
-  DETR_CHECK(t->shape.ndim >= 1 && t->shape.d[t->shape.ndim - 1] == 4, "%s: boxes must be [..., 4], got %s",
-             op, shape_str(t->shape, s, sizeof s));
+  DETR_CHECK(t->shape.ndim >= 1 && t->shape.d[t->shape.ndim - 1] == 4, "%s: boxes must be [..., 4], got %s", op,
+             shape_str(t->shape, s, sizeof s));
   return t->numel / 4;
 }
 

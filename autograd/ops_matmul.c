@@ -3,9 +3,8 @@
 #include "autograd/op_util.h"
 
 // C[M,N] = alpha op(A) op(B) + beta C on the tensors' device.
-static void gemm(Device dev, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-                 const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-                 int64_t ldc) {
+static void gemm(Device dev, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                 int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
   DISPATCH(dev, cpu_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc),
            cuda_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
 }
@@ -28,8 +27,7 @@ static void matmul_backward_node(TapeNode *n) {
 Tensor *op_matmul(Tensor *a, Tensor *b) {
   check_same_device("matmul", a, b);
   char sa[64], sb[64];
-  DETR_CHECK(a->shape.ndim >= 2 && b->shape.ndim == 2 &&
-                 a->shape.d[a->shape.ndim - 1] == b->shape.d[0],
+  DETR_CHECK(a->shape.ndim >= 2 && b->shape.ndim == 2 && a->shape.d[a->shape.ndim - 1] == b->shape.d[0],
              "matmul: cannot multiply %s by %s", shape_str(a->shape, sa, sizeof sa),
              shape_str(b->shape, sb, sizeof sb));
   int64_t K = b->shape.d[0], N = b->shape.d[1], rows = K ? a->numel / K : 0;
@@ -58,7 +56,7 @@ Tensor *op_matmul(Tensor *a, Tensor *b) {
 
 typedef struct {
   bool trans_a, trans_b;
-  int64_t B, M, K, N;  // y [B, M, N] = op(a) [B, M, K] op(b) [B, K, N]
+  int64_t B, M, K, N;     // y [B, M, N] = op(a) [B, M, K] op(b) [B, K, N]
   float dropout_p;        // of a (not transposed); 0: none
   uint64_t seed, offset;  // the stream position of its mask
 } BmmAttrs;
@@ -89,11 +87,9 @@ static void bmm_backward_node(TapeNode *n) {
   }
   const float *a_data = dropped ? dropped->data : a->data;  // op(a) as the product used it
   int64_t lda = ta ? M : K, ldb = tb ? K : N;
-#define BMM(tA, tB, m_, n_, k_, A, ldA, sA, Bm, ldB, sB, beta, C, ldC, sC)                        \
-  DISPATCH(dev, cpu_gemm_batched(tA, tB, m_, n_, k_, 1.0f, A, ldA, sA, Bm, ldB, sB, beta, C, ldC, \
-                                 sC, B),                                                          \
-           cuda_gemm_batched(tA, tB, m_, n_, k_, 1.0f, A, ldA, sA, Bm, ldB, sB, beta, C, ldC, sC, \
-                             B))
+#define BMM(tA, tB, m_, n_, k_, A, ldA, sA, Bm, ldB, sB, beta, C, ldC, sC)                                \
+  DISPATCH(dev, cpu_gemm_batched(tA, tB, m_, n_, k_, 1.0f, A, ldA, sA, Bm, ldB, sB, beta, C, ldC, sC, B), \
+           cuda_gemm_batched(tA, tB, m_, n_, k_, 1.0f, A, ldA, sA, Bm, ldB, sB, beta, C, ldC, sC, B))
   // With Y = A B (A = op(a), B = op(b)): dA = dY B^T, dB = A^T dY; transposed storage swaps roles.
   if (da) {
     if (!ta)  // da [M, K] (+)= dY [M, N] op(b)^T
@@ -140,18 +136,25 @@ static Tensor *bmm(Tensor *a, Tensor *b, bool trans_a, bool trans_b, float dropo
   }
   const float *a_data = dropped ? dropped->data : a->data;
   DISPATCH(a->device,
-           cpu_gemm_batched(trans_a, trans_b, M, N, K, 1.0f, a_data, lda, M * K, b->data, ldb,
-                            K * N, 0.0f, y->data, N, M * N, B),
-           cuda_gemm_batched(trans_a, trans_b, M, N, K, 1.0f, a_data, lda, M * K, b->data, ldb,
-                             K * N, 0.0f, y->data, N, M * N, B));
+           cpu_gemm_batched(trans_a, trans_b, M, N, K, 1.0f, a_data, lda, M * K, b->data, ldb, K * N, 0.0f, y->data, N,
+                            M * N, B),
+           cuda_gemm_batched(trans_a, trans_b, M, N, K, 1.0f, a_data, lda, M * K, b->data, ldb, K * N, 0.0f, y->data, N,
+                             M * N, B));
   tensor_release(dropped);
   Tensor *in[2] = {a, b};
   TapeNode *n = autograd_record(dropout_p > 0.0f ? "dropout_bmm" : "bmm", bmm_backward_node, y, 2, in);
   if (n) {
     autograd_save(n, a);
     autograd_save(n, b);
-    *NODE_ATTRS(n, BmmAttrs) = (BmmAttrs){.trans_a = trans_a, .trans_b = trans_b, .B = B, .M = M, .K = K, .N = N,
-                                          .dropout_p = dropout_p, .seed = seed, .offset = offset};
+    *NODE_ATTRS(n, BmmAttrs) = (BmmAttrs){.trans_a = trans_a,
+                                          .trans_b = trans_b,
+                                          .B = B,
+                                          .M = M,
+                                          .K = K,
+                                          .N = N,
+                                          .dropout_p = dropout_p,
+                                          .seed = seed,
+                                          .offset = offset};
     n->flops = 2.0 * (double)B * (double)M * (double)K * (double)N;
   }
   return y;
@@ -179,9 +182,9 @@ Tensor *op_dropout_bmm(Tensor *a, Tensor *b, float p, bool training, Rng *rng) {
 typedef struct {
   int64_t rows, in, out;  // x [rows, in], W [out, in]
   bool relu;
-  float dropout_p;        // after the ReLU; 0: none
-  bool rounded;           // bf16 operands rounded once (linear_rounds_once): node->buf holds W [out, in]
-                          // and x [rows, in] (at a 64-element boundary) rounded
+  float dropout_p;  // after the ReLU; 0: none
+  bool rounded;     // bf16 operands rounded once (linear_rounds_once): node->buf holds W [out, in]
+                    // and x [rows, in] (at a 64-element boundary) rounded
 } LinearAttrs;
 
 // In bf16 mode each GEMM rounds its operands into bf16 copies: six conversions a layer, x and W
@@ -272,9 +275,7 @@ static void linear_backward_node(TapeNode *n) {
     if (dx) gemm(x->device, false, false, rows, in, out, 1.0f, dy, out, w->data, in, set_dx ? 0.0f : 1.0f, dx, in);
     if (dw) gemm(x->device, true, false, out, in, rows, 1.0f, dy, out, x->data, in, set_dw ? 0.0f : 1.0f, dw, in);
   }
-  if (db)
-    DISPATCH(x->device, cpu_row_bias_backward(dy, db, rows, out),
-             cuda_row_bias_backward(dy, db, rows, out));
+  if (db) DISPATCH(x->device, cpu_row_bias_backward(dy, db, rows, out), cuda_row_bias_backward(dy, db, rows, out));
 }
 
 // dropout_p > 0 (relu only): dropout with rng after the ReLU.
@@ -287,8 +288,8 @@ static Tensor *linear(Tensor *x, Tensor *weight, Tensor *bias, bool relu, float 
              shape_str(weight->shape, sw, sizeof sw));
   if (bias) {
     check_same_device("linear", x, bias);
-    DETR_CHECK(bias->numel == out, "linear: bias has %lld elements, expected %lld",
-               (long long)bias->numel, (long long)out);
+    DETR_CHECK(bias->numel == out, "linear: bias has %lld elements, expected %lld", (long long)bias->numel,
+               (long long)out);
   }
   int64_t rows = in ? x->numel / in : 0;
   Shape os = x->shape;

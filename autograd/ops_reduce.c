@@ -25,14 +25,12 @@ static void sum_backward_node(TapeNode *n) {
 }
 
 // y = scale * sum over the [outer, n, inner] middle axis, with output shape `out`.
-static Tensor *reduce(const char *name, Tensor *x, int64_t outer, int64_t len, int64_t inner,
-                      float scale, Shape out) {
+static Tensor *reduce(const char *name, Tensor *x, int64_t outer, int64_t len, int64_t inner, float scale, Shape out) {
   Tensor *y = tensor_new_scoped(x->device, out);
   DISPATCH(x->device, cpu_reduce_sum(x->data, y->data, outer, len, inner, scale),
            cuda_reduce_sum(x->data, y->data, outer, len, inner, scale));
   TapeNode *node = autograd_record(name, sum_backward_node, y, 1, &x);
-  if (node)
-    *NODE_ATTRS(node, ReduceAttrs) = (ReduceAttrs){.outer = outer, .len = len, .inner = inner, .scale = scale};
+  if (node) *NODE_ATTRS(node, ReduceAttrs) = (ReduceAttrs){.outer = outer, .len = len, .inner = inner, .scale = scale};
   return y;
 }
 
@@ -42,10 +40,8 @@ static Tensor *reduce_axis(const char *name, Tensor *x, int axis, bool keepdim, 
   reduce_geometry(x->shape, a, &outer, &len, &inner);
   Shape out = {.ndim = 0};
   for (int d = 0; d < x->shape.ndim; d++) {
-    if (d != a)
-      out.d[out.ndim++] = x->shape.d[d];
-    else if (keepdim)
-      out.d[out.ndim++] = 1;
+    if (d != a) out.d[out.ndim++] = x->shape.d[d];
+    else if (keepdim) out.d[out.ndim++] = 1;
   }
   float scale = mean ? (len ? 1.0f / (float)len : NAN) : 1.0f;
   return reduce(name, x, outer, len, inner, scale, out);

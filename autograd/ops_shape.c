@@ -11,8 +11,7 @@ static void reshape_backward_node(TapeNode *n) {
   if (autograd_grad_take(x, y->grad)) return;
   float *dx = grad_data_or_null(x);
   if (!dx) return;
-  DISPATCH(x->device, cpu_accumulate(dx, y->grad->data, x->numel),
-           cuda_accumulate(dx, y->grad->data, x->numel));
+  DISPATCH(x->device, cpu_accumulate(dx, y->grad->data, x->numel), cuda_accumulate(dx, y->grad->data, x->numel));
 }
 
 Tensor *op_reshape(Tensor *x, Shape shape) {
@@ -83,11 +82,9 @@ Tensor *op_transpose(Tensor *x, int dim0, int dim1) {
 // --- concat and slice: copies of [outer, axis range, inner] blocks (a slice of one block with
 // nothing recorded: a view) ---
 
-static void copy_range(Device dev, const float *src, float *dst, int64_t outer, int64_t src_axis,
-                       int64_t dst_axis, int64_t inner, int64_t src_start, int64_t dst_start,
-                       int64_t len, bool accumulate) {
-  DISPATCH(dev,
-           cpu_copy_axis_range(src, dst, outer, src_axis, dst_axis, inner, src_start, dst_start, len, accumulate),
+static void copy_range(Device dev, const float *src, float *dst, int64_t outer, int64_t src_axis, int64_t dst_axis,
+                       int64_t inner, int64_t src_start, int64_t dst_start, int64_t len, bool accumulate) {
+  DISPATCH(dev, cpu_copy_axis_range(src, dst, outer, src_axis, dst_axis, inner, src_start, dst_start, len, accumulate),
            cuda_copy_axis_range(src, dst, outer, src_axis, dst_axis, inner, src_start, dst_start, len, accumulate));
 }
 
@@ -148,15 +145,15 @@ static void slice_backward_node(TapeNode *n) {
   const SliceAttrs *at = NODE_ATTRS(n, SliceAttrs);
   int axis = at->axis;
   int64_t outer = dims_product(x->shape, 0, axis), inner = dims_product(x->shape, axis + 1, x->shape.ndim);
-  copy_range(x->device, y->grad->data, dx, outer, y->shape.d[axis], x->shape.d[axis], inner, 0,
-             at->start, y->shape.d[axis], true);
+  copy_range(x->device, y->grad->data, dx, outer, y->shape.d[axis], x->shape.d[axis], inner, 0, at->start,
+             y->shape.d[axis], true);
 }
 
 Tensor *op_slice(Tensor *x, int axis, int64_t start, int64_t end) {
   int a = normalize_axis("slice", axis, x->shape.ndim);
   DETR_CHECK(start >= 0 && start <= end && end <= x->shape.d[a],
-             "slice: range [%lld, %lld) outside axis %d of size %lld", (long long)start,
-             (long long)end, a, (long long)x->shape.d[a]);
+             "slice: range [%lld, %lld) outside axis %d of size %lld", (long long)start, (long long)end, a,
+             (long long)x->shape.d[a]);
   Shape out = x->shape;
   out.d[a] = end - start;
   int64_t outer = dims_product(x->shape, 0, a), inner = dims_product(x->shape, a + 1, x->shape.ndim);
@@ -184,7 +181,7 @@ static int64_t *inverse_index(const int64_t *idx, int64_t count, int64_t rows) {
   int64_t *offsets = inv, *positions = inv + rows + 1;
   memset(offsets, 0, (size_t)(rows + 1) * sizeof(int64_t));
   for (int64_t i = 0; i < count; i++) offsets[idx[i] + 1]++;
-  for (int64_t r = 0; r < rows; r++) offsets[r + 1] += offsets[r];  // offsets[r]: start of row r
+  for (int64_t r = 0; r < rows; r++) offsets[r + 1] += offsets[r];       // offsets[r]: start of row r
   for (int64_t i = 0; i < count; i++) positions[offsets[idx[i]]++] = i;  // offsets[r]: end of row r
   for (int64_t r = rows; r > 0; r--) offsets[r] = offsets[r - 1];
   offsets[0] = 0;
@@ -210,8 +207,10 @@ Tensor *op_index_select(Tensor *x, const int64_t *idx, int64_t count) {
   DETR_CHECK(x->shape.ndim >= 1, "index_select: input must have at least one dimension");
   int64_t rows = x->shape.d[0], row = rows ? x->numel / rows : 0;
   for (int64_t i = 0; i < count; i++)
-    DETR_CHECK(idx[i] >= 0 && idx[i] < rows, "index_select: index %lld at position %lld is outside "
-               "[0, %lld)", (long long)idx[i], (long long)i, (long long)rows);
+    DETR_CHECK(idx[i] >= 0 && idx[i] < rows,
+               "index_select: index %lld at position %lld is outside "
+               "[0, %lld)",
+               (long long)idx[i], (long long)i, (long long)rows);
   Shape out = x->shape;
   out.d[0] = count;
   Device dev = x->device;

@@ -62,8 +62,8 @@ Tensor *op_layernorm(Tensor *x, Tensor *weight, Tensor *bias, float eps) {
   for (int i = 0; i < 2; i++)
     if (affine[i]) {
       check_same_device("layernorm", x, affine[i]);
-      DETR_CHECK(affine[i]->numel == cols, "layernorm: %s has %lld elements, expected %lld",
-                 i ? "bias" : "weight", (long long)affine[i]->numel, (long long)cols);
+      DETR_CHECK(affine[i]->numel == cols, "layernorm: %s has %lld elements, expected %lld", i ? "bias" : "weight",
+                 (long long)affine[i]->numel, (long long)cols);
     }
   Tensor *y = tensor_new_scoped(x->device, x->shape);
   Tensor *mean = tensor_new_scoped(x->device, SHAPE(rows));
@@ -98,7 +98,8 @@ Tensor *op_cluster_argmax(Tensor *x, Tensor *mask, bool mean, Tensor **winners) 
   Tensor *w = tensor_new_scoped(x->device, SHAPE(n, l)), *counts = tensor_new_scoped(x->device, SHAPE(n, q));
   const float *m = mask ? mask->data : NULL;
   if (n * q * l > 0)
-    DISPATCH(x->device, cpu_cluster_argmax(x->data, m, y->data, w->data, counts->data, n, q, l, per_mask ? per_mask : 1, mean),
+    DISPATCH(x->device,
+             cpu_cluster_argmax(x->data, m, y->data, w->data, counts->data, n, q, l, per_mask ? per_mask : 1, mean),
              cuda_cluster_argmax(x->data, m, y->data, w->data, counts->data, n, q, l, per_mask ? per_mask : 1, mean));
   if (winners) *winners = w;
   return y;  // no tape node: the assignment is a constant (kMaX computes it under torch.no_grad())

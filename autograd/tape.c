@@ -93,8 +93,7 @@ bool autograd_set_grad_enabled(bool enabled) {
 }
 
 void tensor_set_requires_grad(Tensor *t, bool requires_grad) {
-  DETR_CHECK(t->grad_fn == NULL || requires_grad,
-             "tensor_set_requires_grad: an op output cannot stop requiring grad");
+  DETR_CHECK(t->grad_fn == NULL || requires_grad, "tensor_set_requires_grad: an op output cannot stop requiring grad");
   t->requires_grad = requires_grad;
 }
 
@@ -159,14 +158,12 @@ void autograd_profile_op(const char *name) {
   if (profiling) (void)profile_forward(name, &took);
 }
 
-TapeNode *autograd_record(const char *name, BackwardFn backward, Tensor *out, int n_in,
-                          Tensor *const *in) {
+TapeNode *autograd_record(const char *name, BackwardFn backward, Tensor *out, int n_in, Tensor *const *in) {
   double took = 0.0;
   OpProfile *profiled = profiling ? profile_forward(name, &took) : NULL;
   if (!autograd_records(n_in, in)) return NULL;
   if (profiled) profiled->recorded_s += took;
-  DETR_CHECK(n_in <= NODE_MAX_INPUTS, "autograd_record(%s): %d inputs, at most %d", name, n_in,
-             NODE_MAX_INPUTS);
+  DETR_CHECK(n_in <= NODE_MAX_INPUTS, "autograd_record(%s): %d inputs, at most %d", name, n_in, NODE_MAX_INPUTS);
   if (tape_count == tape_capacity) {
     size_t cap = tape_capacity ? 2 * tape_capacity : 1024;
     TapeNode **grown = detr_realloc(tape, cap * sizeof(TapeNode *), "the tape");
@@ -257,8 +254,10 @@ void autograd_backward_with(Tensor *out, const Tensor *grad_out) {
 }
 
 void autograd_backward(Tensor *loss) {
-  DETR_CHECK(loss->numel == 1, "autograd_backward: loss has %lld elements; use "
-             "autograd_backward_with for a non-scalar output", (long long)loss->numel);
+  DETR_CHECK(loss->numel == 1,
+             "autograd_backward: loss has %lld elements; use "
+             "autograd_backward_with for a non-scalar output",
+             (long long)loss->numel);
   Tensor *one = tensor_ones(loss->device, loss->shape);
   autograd_backward_with(loss, one);
   tensor_release(one);

@@ -45,7 +45,7 @@ int main(int argc, char **argv) {
   double *per_tensor = detr_malloc(sizeof(double) * (size_t)reps, "timings");
   double *one_buffer = detr_malloc(sizeof(double) * (size_t)reps, "timings");
   for (int r = -1; r < reps; r++) {  // r = -1: warm-up
-    dist_all_ok(&g, true);               // start together
+    dist_all_ok(&g, true);           // start together
     double t0 = now();
     dist_allreduce_gradients(&g, &m->params);
     double t1 = now();
@@ -56,9 +56,11 @@ int main(int argc, char **argv) {
   qsort(per_tensor, (size_t)reps, sizeof(double), cmp_double);
   qsort(one_buffer, (size_t)reps, sizeof(double), cmp_double);
   if (dist_is_main(&g))
-    printf("{\"preset\": \"%s\", \"processes\": %d, \"tensors\": %d, \"mb\": %.1f, \"per_tensor_s\": %.5f, "
-           "\"one_buffer_s\": %.5f, \"gb_per_s\": %.2f}\n", preset, g.world, tensors,
-           numel * 4.0 / 1e6, per_tensor[reps / 2], one_buffer[reps / 2], numel * 4.0 / 1e9 / per_tensor[reps / 2]);
+    printf(
+        "{\"preset\": \"%s\", \"processes\": %d, \"tensors\": %d, \"mb\": %.1f, \"per_tensor_s\": %.5f, "
+        "\"one_buffer_s\": %.5f, \"gb_per_s\": %.2f}\n",
+        preset, g.world, tensors, numel * 4.0 / 1e6, per_tensor[reps / 2], one_buffer[reps / 2],
+        numel * 4.0 / 1e9 / per_tensor[reps / 2]);
   free(flat), free(per_tensor), free(one_buffer);
   detr_model_free(m);
   dist_finalize();

@@ -98,8 +98,8 @@ static Measure bench_step(const EncoderAttnKind *kind, int reps) {
     char err[256];
     CriterionResult loss;
     if (detr_model_forward(m, &ctx, images, mask, &out, err, sizeof err) ||
-        criterion_forward(&ccfg, out.layers[out.n_layers - 1], out.layers, out.n_layers - 1, targets, 6.0f, NULL,
-                          &loss, err, sizeof err)) {
+        criterion_forward(&ccfg, out.layers[out.n_layers - 1], out.layers, out.n_layers - 1, targets, 6.0f, NULL, &loss,
+                          err, sizeof err)) {
       fprintf(stderr, "bench_attention: %s\n", err);
       exit(1);
     }

@@ -101,8 +101,9 @@ static void write_image(Out *o, int i) {
   out_str(o, name);
   out_str(o, "\", \"coco_url\": \"http://images.cocodataset.org/train2017/");
   out_str(o, name);
-  out_str(o, "\", \"height\": 480, \"width\": 640, \"date_captured\": \"2013-11-14 11:18:45\", \"flickr_url\": "
-             "\"http://farm9.staticflickr.com/8186/8119368305_4e622c8349_z.jpg\", \"id\": ");
+  out_str(o,
+          "\", \"height\": 480, \"width\": 640, \"date_captured\": \"2013-11-14 11:18:45\", \"flickr_url\": "
+          "\"http://farm9.staticflickr.com/8186/8119368305_4e622c8349_z.jpg\", \"id\": ");
   out_int(o, i + 1);
   out_str(o, "}");
 }
@@ -161,8 +162,9 @@ static void write_instances(const char *path, double target_mb, bool gz) {
   // bytes per polygon point ("473.07,395.93,"): the polygon length that reaches the target size.
   double per_ann = target_mb * 1e6 / N_ANNS - 290.0 * N_IMAGES / N_ANNS - 130;
   int points = per_ann / 14 > 4 ? (int)(per_ann / 14) : 4;
-  out_str(o, "{\"info\": {\"description\": \"COCO 2017 Dataset (bench)\", \"year\": 2017},\n\"licenses\": [{\"url\": "
-             "\"http://creativecommons.org/licenses/by-nc-sa/2.0/\", \"id\": 1, \"name\": \"x\"}],\n\"images\": [");
+  out_str(o,
+          "{\"info\": {\"description\": \"COCO 2017 Dataset (bench)\", \"year\": 2017},\n\"licenses\": [{\"url\": "
+          "\"http://creativecommons.org/licenses/by-nc-sa/2.0/\", \"id\": 1, \"name\": \"x\"}],\n\"images\": [");
   for (int i = 0; i < N_IMAGES; i++) write_image(o, i);
   out_str(o, "],\n\"annotations\": [");
   for (int a = 0; a < N_ANNS; a++) write_annotation(o, a, points);
@@ -267,8 +269,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   double secs = now() - t0;
-  printf("parsed in %.2f s: %lld images, %lld annotations (%lld crowd), %d categories\n", secs,
-         (long long)ds->n_images, (long long)ds->n_anns, (long long)ds->stats.crowd_annotations, ds->n_categories);
+  printf("parsed in %.2f s: %lld images, %lld annotations (%lld crowd), %d categories\n", secs, (long long)ds->n_images,
+         (long long)ds->n_anns, (long long)ds->stats.crowd_annotations, ds->n_categories);
   double json_mb = gz ? 0 : st.st_size / 1e6;  // for .gz: the uncompressed size printed by the writer
   printf("peak RSS %.1f MB", peak_rss_mb());
   if (json_mb > 0) printf(" (%.1f%% of the %.1f MB file)", 100.0 * peak_rss_mb() / json_mb, json_mb);

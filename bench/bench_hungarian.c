@@ -12,7 +12,8 @@
 
 static double time_lsa(int64_t r, int64_t c, int integer, int reps) {
   double *cost = malloc((size_t)(r * c) * sizeof(double));
-  int64_t *ro = malloc((size_t)(r < c ? r : c) * sizeof(int64_t)), *co = malloc((size_t)(r < c ? r : c) * sizeof(int64_t));
+  int64_t *ro = malloc((size_t)(r < c ? r : c) * sizeof(int64_t)),
+          *co = malloc((size_t)(r < c ? r : c) * sizeof(int64_t));
   Rng rng = rng_make(11);
   double best = 1e30;
   for (int k = 0; k < reps; k++) {
@@ -40,8 +41,7 @@ int main(void) {
     snprintf(shape, sizeof shape, "%dx%d", n, n);
     if (k >= 2 && sizes[k] == 2 * sizes[k - 1])
       printf("%-14s %12.3f %12.3f %18.1f\n", shape, tf * 1e3, ti * 1e3, tf / prev);
-    else
-      printf("%-14s %12.3f %12.3f %18s\n", shape, tf * 1e3, ti * 1e3, "");
+    else printf("%-14s %12.3f %12.3f %18s\n", shape, tf * 1e3, ti * 1e3, "");
     prev = tf;
   }
   int64_t rect[][2] = {{100, 10}, {100, 50}, {300, 100}, {100, 300}};

@@ -65,9 +65,10 @@ static void bench_training(const CocoDataset *ds, int scale, int max_size, int s
     tensor_scope_release(mark);
   }
   double secs = now() - t_start;
-  printf("detr-r18-small training step (batch 2, 2 loader workers): %.2f s per step = %.2f images/s consumed; "
-         "waited for data %.1f ms per step\n",
-         secs / steps, images / secs, 1e3 * waited / steps);
+  printf(
+      "detr-r18-small training step (batch 2, 2 loader workers): %.2f s per step = %.2f images/s consumed; "
+      "waited for data %.1f ms per step\n",
+      secs / steps, images / secs, 1e3 * waited / steps);
   loader_free(L);
   detr_model_free(model);
 }
@@ -83,8 +84,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--max-size") && i + 1 < argc) max_size = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
     else {
-      fprintf(stderr, "usage: bench_loader [--data DIR] [--images N] [--batches N] [--scale PX] [--max-size PX] "
-                      "[--steps N]\n");
+      fprintf(stderr,
+              "usage: bench_loader [--data DIR] [--images N] [--batches N] [--scale PX] [--max-size PX] "
+              "[--steps N]\n");
       return 2;
     }
   }

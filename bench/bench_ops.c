@@ -52,8 +52,8 @@ static double time_sgemm(int64_t m, int64_t n, int64_t k, int batch, int reps) {
   for (int r = -3; r < reps; r++) {
     double t0 = now();
     for (int i = 0; i < batch; i++)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)k, b,
-                  (int)n, 0.0f, c, (int)n);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)k, b, (int)n, 0.0f,
+                  c, (int)n);
     if (r >= 0) t[r] = now() - t0;
   }
   double med = median(t, reps);
@@ -73,8 +73,8 @@ static void bench_matmul(int64_t m, int64_t n, int64_t k, int reps) {
   }
   double ours = median(t, reps), blas = time_sgemm(m, n, k, 1, reps);
   double gflop = 2.0 * m * n * k * 1e-9;
-  printf("linear  %5lldx%5lldx%5lld          ours %7.1f GFLOP/s  sgemm %7.1f GFLOP/s  ratio %.2f\n",
-         (long long)m, (long long)n, (long long)k, gflop / ours, gflop / blas, blas / ours);
+  printf("linear  %5lldx%5lldx%5lld          ours %7.1f GFLOP/s  sgemm %7.1f GFLOP/s  ratio %.2f\n", (long long)m,
+         (long long)n, (long long)k, gflop / ours, gflop / blas, blas / ours);
   tensor_release(x), tensor_release(w), free(t);
 }
 
@@ -86,8 +86,7 @@ static void bench_gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, i
   for (int way = 0; way < 2; way++) {
     for (int r = -1; r < reps; r++) {
       double t0 = now();
-      if (way == 0)
-        cpu_gemm_batched(false, false, m, n, k, 1.0f, a, k, m * k, b, n, k * n, 0.0f, c, n, m * n, batch);
+      if (way == 0) cpu_gemm_batched(false, false, m, n, k, 1.0f, a, k, m * k, b, n, k * n, 0.0f, c, n, m * n, batch);
       else
         for (int64_t i = 0; i < batch; i++)
           cpu_gemm(false, false, m, n, k, 1.0f, a + i * m * k, k, b + i * k * n, n, 0.0f, c + i * m * n, n);
@@ -131,9 +130,10 @@ static void bench_gemm_batched_bf16(bool ta, bool tb, int64_t batch, int64_t m, 
                                     m * n, batch);  // what the rule takes (it runs it once more)
   cpu_set_bf16(false);
   double gflop = 2.0 * batch * m * n * k * 1e-9;
-  printf("bmm %c%c %3lldx %4lldx%4lldx%4lld  fp32 %6.1f  bf16 %6.1f GFLOP/s (bf16/fp32 time %.2f)  bf16 mode: %s %6.1f\n",
-         ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)batch, (long long)m, (long long)n, (long long)k, gflop / fp32,
-         gflop / forced, forced / fp32, bf16 ? "bf16" : "fp32", gflop / chosen);
+  printf(
+      "bmm %c%c %3lldx %4lldx%4lldx%4lld  fp32 %6.1f  bf16 %6.1f GFLOP/s (bf16/fp32 time %.2f)  bf16 mode: %s %6.1f\n",
+      ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)batch, (long long)m, (long long)n, (long long)k, gflop / fp32,
+      gflop / forced, forced / fp32, bf16 ? "bf16" : "fp32", gflop / chosen);
   free(a), free(b), free(c);
 }
 
@@ -146,8 +146,8 @@ static void bench_attention_bf16(int reps) {
   // heads x images, queries, keys, head width: DETR-R50 at 512 (2 images, 8 heads, 256 tokens, 100
   // queries, 32 wide), at 800x1066 (one image, 850 tokens) and the main job's (4 images, 144 tokens,
   // 16 wide).
-  static const int64_t shapes[][4] = {{16, 256, 256, 32}, {16, 100, 256, 32}, {16, 100, 100, 32}, {8, 850, 850, 32},
-                                      {32, 144, 144, 16}};
+  static const int64_t shapes[][4] = {
+      {16, 256, 256, 32}, {16, 100, 256, 32}, {16, 100, 100, 32}, {8, 850, 850, 32}, {32, 144, 144, 16}};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     int64_t B = shapes[i][0], q = shapes[i][1], kv = shapes[i][2], d = shapes[i][3];
     bench_gemm_batched_bf16(false, true, B, q, kv, d, reps);   // logits = q k^T; dp = dy v^T
@@ -170,36 +170,64 @@ typedef struct {
 // Every convolution of detr-r18-small at 320x320 and detr-r50 at 512x512, batch 2 (the stem and
 // layer1 are frozen, as in DETR; input_proj has a bias). From DNNL_VERBOSE=1 bench_step.
 static const DetrConv detr_convs[] = {
-    {"r18@320", 1, 0, 3, 320, 64, 7, 2, false},      {"r18@320", 4, 0, 64, 80, 64, 3, 1, false},
-    {"r18@320", 1, 1, 64, 80, 128, 3, 2, false},     {"r18@320", 1, 1, 64, 80, 128, 1, 2, false},
-    {"r18@320", 3, 2, 128, 40, 128, 3, 1, false},    {"r18@320", 1, 2, 128, 40, 256, 3, 2, false},
-    {"r18@320", 1, 2, 128, 40, 256, 1, 2, false},    {"r18@320", 3, 2, 256, 20, 256, 3, 1, false},
-    {"r18@320", 1, 2, 256, 20, 512, 3, 2, false},    {"r18@320", 1, 2, 256, 20, 512, 1, 2, false},
-    {"r18@320", 3, 2, 512, 10, 512, 3, 1, false},    {"r18@320", 1, 2, 512, 10, 128, 1, 1, true},
-    {"r50@512", 1, 0, 3, 512, 64, 7, 2, false},      {"r50@512", 1, 0, 64, 128, 64, 1, 1, false},
-    {"r50@512", 3, 0, 64, 128, 64, 3, 1, false},     {"r50@512", 4, 0, 64, 128, 256, 1, 1, false},
-    {"r50@512", 2, 0, 256, 128, 64, 1, 1, false},    {"r50@512", 1, 1, 256, 128, 128, 1, 1, false},
-    {"r50@512", 1, 2, 128, 128, 128, 3, 2, false},   {"r50@512", 1, 1, 256, 128, 512, 1, 2, false},
-    {"r50@512", 4, 2, 128, 64, 512, 1, 1, false},    {"r50@512", 3, 2, 512, 64, 128, 1, 1, false},
-    {"r50@512", 3, 2, 128, 64, 128, 3, 1, false},    {"r50@512", 1, 2, 512, 64, 256, 1, 1, false},
-    {"r50@512", 1, 2, 256, 64, 256, 3, 2, false},    {"r50@512", 1, 2, 512, 64, 1024, 1, 2, false},
-    {"r50@512", 6, 2, 256, 32, 1024, 1, 1, false},   {"r50@512", 5, 2, 1024, 32, 256, 1, 1, false},
-    {"r50@512", 5, 2, 256, 32, 256, 3, 1, false},    {"r50@512", 1, 2, 1024, 32, 512, 1, 1, false},
-    {"r50@512", 1, 2, 512, 32, 512, 3, 2, false},    {"r50@512", 1, 2, 1024, 32, 2048, 1, 2, false},
-    {"r50@512", 3, 2, 512, 16, 2048, 1, 1, false},   {"r50@512", 2, 2, 2048, 16, 512, 1, 1, false},
-    {"r50@512", 2, 2, 512, 16, 512, 3, 1, false},    {"r50@512", 1, 2, 2048, 16, 256, 1, 1, true},
+    {"r18@320", 1, 0, 3, 320, 64, 7, 2, false},
+    {"r18@320", 4, 0, 64, 80, 64, 3, 1, false},
+    {"r18@320", 1, 1, 64, 80, 128, 3, 2, false},
+    {"r18@320", 1, 1, 64, 80, 128, 1, 2, false},
+    {"r18@320", 3, 2, 128, 40, 128, 3, 1, false},
+    {"r18@320", 1, 2, 128, 40, 256, 3, 2, false},
+    {"r18@320", 1, 2, 128, 40, 256, 1, 2, false},
+    {"r18@320", 3, 2, 256, 20, 256, 3, 1, false},
+    {"r18@320", 1, 2, 256, 20, 512, 3, 2, false},
+    {"r18@320", 1, 2, 256, 20, 512, 1, 2, false},
+    {"r18@320", 3, 2, 512, 10, 512, 3, 1, false},
+    {"r18@320", 1, 2, 512, 10, 128, 1, 1, true},
+    {"r50@512", 1, 0, 3, 512, 64, 7, 2, false},
+    {"r50@512", 1, 0, 64, 128, 64, 1, 1, false},
+    {"r50@512", 3, 0, 64, 128, 64, 3, 1, false},
+    {"r50@512", 4, 0, 64, 128, 256, 1, 1, false},
+    {"r50@512", 2, 0, 256, 128, 64, 1, 1, false},
+    {"r50@512", 1, 1, 256, 128, 128, 1, 1, false},
+    {"r50@512", 1, 2, 128, 128, 128, 3, 2, false},
+    {"r50@512", 1, 1, 256, 128, 512, 1, 2, false},
+    {"r50@512", 4, 2, 128, 64, 512, 1, 1, false},
+    {"r50@512", 3, 2, 512, 64, 128, 1, 1, false},
+    {"r50@512", 3, 2, 128, 64, 128, 3, 1, false},
+    {"r50@512", 1, 2, 512, 64, 256, 1, 1, false},
+    {"r50@512", 1, 2, 256, 64, 256, 3, 2, false},
+    {"r50@512", 1, 2, 512, 64, 1024, 1, 2, false},
+    {"r50@512", 6, 2, 256, 32, 1024, 1, 1, false},
+    {"r50@512", 5, 2, 1024, 32, 256, 1, 1, false},
+    {"r50@512", 5, 2, 256, 32, 256, 3, 1, false},
+    {"r50@512", 1, 2, 1024, 32, 512, 1, 1, false},
+    {"r50@512", 1, 2, 512, 32, 512, 3, 2, false},
+    {"r50@512", 1, 2, 1024, 32, 2048, 1, 2, false},
+    {"r50@512", 3, 2, 512, 16, 2048, 1, 1, false},
+    {"r50@512", 2, 2, 2048, 16, 512, 1, 1, false},
+    {"r50@512", 2, 2, 512, 16, 512, 3, 1, false},
+    {"r50@512", 1, 2, 2048, 16, 256, 1, 1, true},
     // The main job's model (tools/main_job_config.sh: ResNet-18 at width 16 to layer3, every stage
     // trained) at 192x192, batch 4, and issue #18's (the same to layer4, input_proj to 64).
-    {"main@192", 1, 1, 3, 192, 16, 7, 2, false, 4},   {"main@192", 4, 2, 16, 48, 16, 3, 1, false, 4},
-    {"main@192", 1, 2, 16, 48, 32, 3, 2, false, 4},   {"main@192", 1, 2, 16, 48, 32, 1, 2, false, 4},
-    {"main@192", 3, 2, 32, 24, 32, 3, 1, false, 4},   {"main@192", 1, 2, 32, 24, 64, 3, 2, false, 4},
-    {"main@192", 1, 2, 32, 24, 64, 1, 2, false, 4},   {"main@192", 3, 2, 64, 12, 64, 3, 1, false, 4},
-    {"main@192", 1, 2, 64, 12, 128, 1, 1, true, 4},   {"i18@192", 1, 1, 3, 192, 16, 7, 2, false, 4},
-    {"i18@192", 4, 2, 16, 48, 16, 3, 1, false, 4},    {"i18@192", 1, 2, 16, 48, 32, 3, 2, false, 4},
-    {"i18@192", 1, 2, 16, 48, 32, 1, 2, false, 4},    {"i18@192", 3, 2, 32, 24, 32, 3, 1, false, 4},
-    {"i18@192", 1, 2, 32, 24, 64, 3, 2, false, 4},    {"i18@192", 1, 2, 32, 24, 64, 1, 2, false, 4},
-    {"i18@192", 3, 2, 64, 12, 64, 3, 1, false, 4},    {"i18@192", 1, 2, 64, 12, 128, 3, 2, false, 4},
-    {"i18@192", 1, 2, 64, 12, 128, 1, 2, false, 4},   {"i18@192", 3, 2, 128, 6, 128, 3, 1, false, 4},
+    {"main@192", 1, 1, 3, 192, 16, 7, 2, false, 4},
+    {"main@192", 4, 2, 16, 48, 16, 3, 1, false, 4},
+    {"main@192", 1, 2, 16, 48, 32, 3, 2, false, 4},
+    {"main@192", 1, 2, 16, 48, 32, 1, 2, false, 4},
+    {"main@192", 3, 2, 32, 24, 32, 3, 1, false, 4},
+    {"main@192", 1, 2, 32, 24, 64, 3, 2, false, 4},
+    {"main@192", 1, 2, 32, 24, 64, 1, 2, false, 4},
+    {"main@192", 3, 2, 64, 12, 64, 3, 1, false, 4},
+    {"main@192", 1, 2, 64, 12, 128, 1, 1, true, 4},
+    {"i18@192", 1, 1, 3, 192, 16, 7, 2, false, 4},
+    {"i18@192", 4, 2, 16, 48, 16, 3, 1, false, 4},
+    {"i18@192", 1, 2, 16, 48, 32, 3, 2, false, 4},
+    {"i18@192", 1, 2, 16, 48, 32, 1, 2, false, 4},
+    {"i18@192", 3, 2, 32, 24, 32, 3, 1, false, 4},
+    {"i18@192", 1, 2, 32, 24, 64, 3, 2, false, 4},
+    {"i18@192", 1, 2, 32, 24, 64, 1, 2, false, 4},
+    {"i18@192", 3, 2, 64, 12, 64, 3, 1, false, 4},
+    {"i18@192", 1, 2, 64, 12, 128, 3, 2, false, 4},
+    {"i18@192", 1, 2, 64, 12, 128, 1, 2, false, 4},
+    {"i18@192", 3, 2, 128, 6, 128, 3, 1, false, 4},
     {"i18@192", 1, 2, 128, 6, 64, 1, 1, true, 4},
 };
 
@@ -225,11 +253,13 @@ static double time_conv_pass(ConvImpl impl, bool bf16, const ConvGeom *g, bool w
   for (int r = -1; r < reps; r++) {  // r = -1: warm-up (oneDNN creates its primitive)
     double t0 = now();
     int64_t ws_floats = pass == CONV_PASS_FWD ? cpu_conv2d_forward_workspace_floats(g, with_bias)
-                        : pass == CONV_PASS_BWD_DATA ? cpu_conv2d_backward_workspace_floats(g, true, false, false, false, false)
-                                                     : cpu_conv2d_backward_workspace_floats(g, false, false, true, true, with_bias);
+                        : pass == CONV_PASS_BWD_DATA
+                            ? cpu_conv2d_backward_workspace_floats(g, true, false, false, false, false)
+                            : cpu_conv2d_backward_workspace_floats(g, false, false, true, true, with_bias);
     float *ws = detr_alloc(DEVICE_CPU, (size_t)ws_floats * sizeof(float));
     if (pass == CONV_PASS_FWD) cpu_conv2d_forward(x, NULL, w, bias, y, g, ws);
-    else if (pass == CONV_PASS_BWD_DATA) cpu_conv2d_backward(NULL, NULL, w, y, NULL, dx, false, NULL, false, NULL, g, ws);
+    else if (pass == CONV_PASS_BWD_DATA)
+      cpu_conv2d_backward(NULL, NULL, w, y, NULL, dx, false, NULL, false, NULL, g, ws);
     else cpu_conv2d_backward(x, NULL, NULL, y, NULL, NULL, false, dw, true, bias, g, ws);  // dw fresh, as in training
     detr_free(DEVICE_CPU, ws, (size_t)ws_floats * sizeof(float));
     if (r >= 0) t[r] = now() - t0;
@@ -241,19 +271,40 @@ static double time_conv_pass(ConvImpl impl, bool bf16, const ConvGeom *g, bool w
   return med;
 }
 
+// The geometry of one of detr_convs: square maps, "same" padding.
+static ConvGeom detr_conv_geom(const DetrConv *d, bool channels_last) {
+  int pad = d->k / 2;
+  ConvGeom g = {.batch = d->batch ? d->batch : 2,
+                .in_ch = d->c,
+                .in_h = d->hw,
+                .in_w = d->hw,
+                .out_ch = d->o,
+                .kh = d->k,
+                .kw = d->k,
+                .stride_h = d->stride,
+                .stride_w = d->stride,
+                .pad_h = pad,
+                .pad_w = pad,
+                .dil_h = 1,
+                .dil_w = 1,
+                .channels_last = channels_last};
+  g.out_h = g.out_w = conv_out_size(d->hw, d->k, d->stride, pad, 1);
+  return g;
+}
+
 // One row per DETR convolution: GFLOP/s of each pass on each path (and bare sgemm doing the
 // forward's multiply-adds, one call per image), and the step's convolution time on each path.
 // channels_last: the same convolutions on [B, H, W, C] activations (the backbone's layout): im2col's
 // rows are pixels, "oneDNN blocked" is nhwc with blocked weights, "oneDNN nchw" nhwc with oihw.
 static void bench_detr_convs(int reps, const char *only_model, bool channels_last) {
   int n_impl = DETR_HAVE_ONEDNN ? IMPLS : 1;
-  printf("\nDETR convolutions%s, batch 2 (main, i18: 4): GFLOP/s of im2col+sgemm / oneDNN blocked / oneDNN nchw / "
-         "oneDNN Winograd / oneDNN bf16 (fp32 accumulation) / im2col+bf16 GEMMs%s\n",
-         channels_last ? " CHANNELS LAST" : "", DETR_HAVE_ONEDNN ? "" : " (no oneDNN in this build)");
+  printf(
+      "\nDETR convolutions%s, batch 2 (main, i18: 4): GFLOP/s of im2col+sgemm / oneDNN blocked / oneDNN nchw / "
+      "oneDNN Winograd / oneDNN bf16 (fp32 accumulation) / im2col+bf16 GEMMs%s\n",
+      channels_last ? " CHANNELS LAST" : "", DETR_HAVE_ONEDNN ? "" : " (no oneDNN in this build)");
   printf("calls: per training step; f: frozen (forward only), w: no dx (dw only)\n");
-  printf("%-8s %-26s %5s  %-35s %-35s %-35s %6s  %s\n", "model", "conv", "calls", "fwd", "bwd-data",
-         "bwd-weights", "sgemm",
-         "AUTO's choice (fwd bwd-data bwd-weights), bf16 mode's, oneDNN blocked fwd, Winograd fwd");
+  printf("%-8s %-26s %5s  %-35s %-35s %-35s %6s  %s\n", "model", "conv", "calls", "fwd", "bwd-data", "bwd-weights",
+         "sgemm", "AUTO's choice (fwd bwd-data bwd-weights), bf16 mode's, oneDNN blocked fwd, Winograd fwd");
   const char *model = NULL;
   // per training step: each path, the fastest per pass, AUTO's choice, bf16 mode's choice
   double step_ms[IMPLS + 3] = {0};
@@ -263,22 +314,20 @@ static void bench_detr_convs(int reps, const char *only_model, bool channels_las
     const DetrConv *d = i < n ? &detr_convs[i] : NULL;
     if (d && only_model && strcmp(d->model, only_model)) continue;
     if (model && (!d || strcmp(d->model, model))) {
-      printf("%-8s convolution ms per step: im2col %.0f, oneDNN blocked %.0f, oneDNN nchw %.0f, Winograd %.0f, "
-             "bf16 %.0f, im2col+bf16 %.0f, fastest per pass %.0f, AUTO %.0f, bf16 mode's choice %.0f\n", model,
-             step_ms[0], step_ms[1], channels_last ? NAN : step_ms[2], step_ms[3], step_ms[4], step_ms[5],
-             step_ms[IMPLS], step_ms[IMPLS + 1], bf16 ? step_ms[IMPLS + 2] : NAN);
+      printf(
+          "%-8s convolution ms per step: im2col %.0f, oneDNN blocked %.0f, oneDNN nchw %.0f, Winograd %.0f, "
+          "bf16 %.0f, im2col+bf16 %.0f, fastest per pass %.0f, AUTO %.0f, bf16 mode's choice %.0f\n",
+          model, step_ms[0], step_ms[1], channels_last ? NAN : step_ms[2], step_ms[3], step_ms[4], step_ms[5],
+          step_ms[IMPLS], step_ms[IMPLS + 1], bf16 ? step_ms[IMPLS + 2] : NAN);
       memset(step_ms, 0, sizeof step_ms);
     }
     if (!d) break;
     model = d->model;
-    int pad = d->k / 2;
-    ConvGeom g = {.batch = d->batch ? d->batch : 2, .in_ch = d->c, .in_h = d->hw, .in_w = d->hw, .out_ch = d->o, .kh = d->k, .kw = d->k,
-                  .stride_h = d->stride, .stride_w = d->stride, .pad_h = pad, .pad_w = pad, .dil_h = 1, .dil_w = 1,
-                  .channels_last = channels_last};
-    g.out_h = g.out_w = conv_out_size(d->hw, d->k, d->stride, pad, 1);
+    ConvGeom g = detr_conv_geom(d, channels_last);
     double gflop = 2.0 * g.batch * g.out_ch * g.out_h * g.out_w * g.in_ch * g.kh * g.kw * 1e-9;
     char what[64], cell[PASSES][64], chosen[8] = "", chosen_bf16[8] = "---";
-    snprintf(what, sizeof what, "%dx%d s%d %4dx%3d->%4d%s", d->k, d->k, d->stride, d->c, d->hw, d->o, d->bias ? " +b" : "");
+    snprintf(what, sizeof what, "%dx%d s%d %4dx%3d->%4d%s", d->k, d->k, d->stride, d->c, d->hw, d->o,
+             d->bias ? " +b" : "");
     for (int p = 0; p < PASSES; p++) {
       double t[IMPLS] = {0};
       int len = 0;
@@ -321,8 +370,10 @@ static void bench_detr_convs(int reps, const char *only_model, bool channels_las
     wino = onednn_conv2d_impl(&g, CONV_PASS_FWD, CONV_IMPL_ONEDNN_WINOGRAD);
 #endif
     printf("%-8s %-26s %3d%-2s  %-35s %-35s %-35s %6.0f  %s %s %s %s\n", d->model, what, d->calls,
-           d->grads == 0 ? "f" : d->grads == 1 ? "w" : "", cell[0], cell[1], cell[2], gflop / blas, chosen, chosen_bf16,
-           impl, wino);
+           d->grads == 0   ? "f"
+           : d->grads == 1 ? "w"
+                           : "",
+           cell[0], cell[1], cell[2], gflop / blas, chosen, chosen_bf16, impl, wino);
   }
 }
 
@@ -335,8 +386,10 @@ static void bench_gemm_at_b(int reps) {
   static const int64_t ms[] = {64, 128, 256, 512, 1024, 2048}, ns[] = {32, 64, 128, 256, 512, 1024, 2048, 4608};
   static const int64_t ks[] = {200, 512, 2048};
   enum { PLACEMENTS = 11 };
-  printf("\nC = A^T B, oneDNN's sgemm time / OpenBLAS's (median of %d placements, best of %d calls each); "
-         "*: cpu_gemm takes OpenBLAS\n", PLACEMENTS, reps);
+  printf(
+      "\nC = A^T B, oneDNN's sgemm time / OpenBLAS's (median of %d placements, best of %d calls each); "
+      "*: cpu_gemm takes OpenBLAS\n",
+      PLACEMENTS, reps);
   for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
     int64_t k = ks[ki];
     printf("k = %lld\n  m \\ n", (long long)k);
@@ -384,12 +437,13 @@ int main(int argc, char **argv) {
   bool gemm_at_b = argc == 3 && !strcmp(argv[2], "--gemm-at-b") && DETR_HAVE_ONEDNN;
   const char *only_model = conv_only && argc > 3 ? argv[3] : NULL;
   if (reps < 1 || (argc > 2 && !conv_only && !attention_bf16 && !gemm_at_b) || argc > 4) {
-    fprintf(stderr, "usage: bench_ops [reps] [--conv | --conv-last [r18@320 | r50@512 | main@192 | i18@192]]\n"
-                    "       bench_ops [reps] --attention-bf16\n"
-                    "       bench_ops [reps] --gemm-at-b   (builds with oneDNN)\n"
-                    "  --conv-last: the convolutions channels last ([B, H, W, C], as the backbone runs)\n"
-                    "  --attention-bf16: attention's per-head GEMMs in fp32 and bf16, and bf16 mode's choice\n"
-                    "  --gemm-at-b: C = A^T B on oneDNN's sgemm against OpenBLAS's, and where cpu_gemm takes which\n");
+    fprintf(stderr,
+            "usage: bench_ops [reps] [--conv | --conv-last [r18@320 | r50@512 | main@192 | i18@192]]\n"
+            "       bench_ops [reps] --attention-bf16\n"
+            "       bench_ops [reps] --gemm-at-b   (builds with oneDNN)\n"
+            "  --conv-last: the convolutions channels last ([B, H, W, C], as the backbone runs)\n"
+            "  --attention-bf16: attention's per-head GEMMs in fp32 and bf16, and bf16 mode's choice\n"
+            "  --gemm-at-b: C = A^T B on oneDNN's sgemm against OpenBLAS's, and where cpu_gemm takes which\n");
     return 2;
   }
   printf("threads: OpenBLAS %d; GEMM: %s\n", openblas_get_num_threads(), cpu_gemm_library());

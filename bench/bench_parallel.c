@@ -21,8 +21,8 @@ static double now(void) {
 }
 
 enum { ACCUMULATE, RELU_FORWARD, SIGMOID_FORWARD, LAYERNORM_ROWS, N_LOOPS };
-static const char *LOOP_NAMES[N_LOOPS] = {"accumulate (dst += src)", "relu forward",
-                                          "sigmoid forward (expf)", "layernorm, rows of 128"};
+static const char *LOOP_NAMES[N_LOOPS] = {"accumulate (dst += src)", "relu forward", "sigmoid forward (expf)",
+                                          "layernorm, rows of 128"};
 
 // One loop of class `which` over n floats; `parallel` forces the region on (else one thread).
 static void run_loop(int which, bool parallel, const float *x, float *y, int64_t n) {
@@ -64,8 +64,7 @@ static double best_seconds(int which, bool parallel, bool pause, const float *x,
   double best = 1e9;
   for (int r = -20; r < 200; r++) {
     if (pause)
-      for (double t = now(); now() - t < 100e-6;) {
-      }
+      for (double t = now(); now() - t < 100e-6;) {}
     double t0 = now();
     run_loop(which, parallel, x, y, n);
     double t = now() - t0;
@@ -80,8 +79,10 @@ int main(int argc, char **argv) {
   float *x = detr_malloc(sizeof(float) * max_n, "x"), *y = detr_calloc(max_n, sizeof(float), "y");
   for (int64_t i = 0; i < max_n; i++) x[i] = (float)((i * 7919) % 2001 - 1000) / 1000.0f;
   int threads = omp_get_max_threads();
-  printf("microseconds on 1 thread / on %d threads (speed-up); back to back, and each run after a\n"
-         "pause in which the other threads went to sleep\n", threads);
+  printf(
+      "microseconds on 1 thread / on %d threads (speed-up); back to back, and each run after a\n"
+      "pause in which the other threads went to sleep\n",
+      threads);
   for (int which = 0; which < N_LOOPS; which++) {
     printf("%-28s %-32s %s\n", LOOP_NAMES[which], "back to back", "after a pause");
     int64_t first_gain[2] = {0, 0};
@@ -94,8 +95,8 @@ int main(int argc, char **argv) {
       }
       printf("\n");
     }
-    printf("  first size with a 1.2x gain: %lld floats back to back, %lld after a pause\n",
-           (long long)first_gain[0], (long long)first_gain[1]);
+    printf("  first size with a 1.2x gain: %lld floats back to back, %lld after a pause\n", (long long)first_gain[0],
+           (long long)first_gain[1]);
   }
   free(x), free(y);
   return 0;

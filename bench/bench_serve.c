@@ -124,7 +124,8 @@ int main(int argc, char **argv) {
   o.image_size = a.width < a.height ? a.width : a.height;
   o.max_size = a.width < a.height ? a.height : a.width;
   detr_model *m;
-  detr_status st = a.checkpoint ? detr_open_checkpoint(a.checkpoint, &o, &m) : detr_open_weights(a.weights, a.config, &o, &m);
+  detr_status st =
+      a.checkpoint ? detr_open_checkpoint(a.checkpoint, &o, &m) : detr_open_weights(a.weights, a.config, &o, &m);
   if (st != DETR_OK) {
     fprintf(stderr, "bench_serve: %s: %s\n", detr_status_name(st), detr_last_error());
     return 1;
@@ -142,9 +143,11 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 64; i++) imgs[i] = (detr_image){rgb, size, a.width, a.height};
   double one = time_detect(m, imgs, 1, a.reps);
   double batch = a.batch > 0 ? time_detect(m, imgs, a.batch, a.reps) : 0;
-  printf("{\"impl\": \"detr-c\", \"config\": \"%s\", \"width\": %d, \"height\": %d, \"threads\": %d, "
-         "\"latency_s\": %.6f, \"batch\": %d, \"batch_s\": %.6f, \"images_per_s\": %.3f}\n",
-         a.checkpoint ? a.checkpoint : a.config, a.width, a.height, a.threads, one, a.batch, batch, batch > 0 ? a.batch / batch : 0.0);
+  printf(
+      "{\"impl\": \"detr-c\", \"config\": \"%s\", \"width\": %d, \"height\": %d, \"threads\": %d, "
+      "\"latency_s\": %.6f, \"batch\": %d, \"batch_s\": %.6f, \"images_per_s\": %.3f}\n",
+      a.checkpoint ? a.checkpoint : a.config, a.width, a.height, a.threads, one, a.batch, batch,
+      batch > 0 ? a.batch / batch : 0.0);
   free(rgb);
   detr_close(m);
   return 0;

@@ -61,7 +61,7 @@ static void device_sync(Device dev) {
 typedef struct {
   const char *preset, *weights, *batch_file, *precision;
   int size, boxes, reps, batch, height, width;
-  float num_boxes;  // the loss's normaliser: the batch's boxes
+  float num_boxes;   // the loss's normaliser: the batch's boxes
   float first_loss;  // the warm-up step's total loss (a check that both sides run the same model)
   bool enact, profile, forward_only, vary, capture, pair_fp32;
   Device dev;
@@ -101,10 +101,12 @@ static int parse_device(const char *d, Device *dev) {
 
 // --conv c: forces that CPU convolution implementation everywhere. 0, or the exit code.
 static int parse_conv(const char *c) {
-  ConvImpl impl = !strcmp(c, "im2col") ? CONV_IMPL_IM2COL : !strcmp(c, "onednn") ? CONV_IMPL_ONEDNN
-                : !strcmp(c, "onednn-nchw") ? CONV_IMPL_ONEDNN_PLAIN
-                : !strcmp(c, "onednn-winograd") ? CONV_IMPL_ONEDNN_WINOGRAD
-                : !strcmp(c, "onednn-bf16") ? CONV_IMPL_ONEDNN_BF16 : CONV_IMPL_AUTO;
+  ConvImpl impl = !strcmp(c, "im2col")            ? CONV_IMPL_IM2COL
+                  : !strcmp(c, "onednn")          ? CONV_IMPL_ONEDNN
+                  : !strcmp(c, "onednn-nchw")     ? CONV_IMPL_ONEDNN_PLAIN
+                  : !strcmp(c, "onednn-winograd") ? CONV_IMPL_ONEDNN_WINOGRAD
+                  : !strcmp(c, "onednn-bf16")     ? CONV_IMPL_ONEDNN_BF16
+                                                  : CONV_IMPL_AUTO;
   if (impl == CONV_IMPL_AUTO && strcmp(c, "auto")) {
     fprintf(stderr, "bench_step: --conv takes auto, im2col, onednn, onednn-nchw, onednn-winograd or onednn-bf16\n");
     return 2;
@@ -119,8 +121,8 @@ static int parse_conv(const char *c) {
 
 // Reads the command line into a (the defaults where it says nothing). 0, or the exit code.
 static int parse_args(int argc, char **argv, StepArgs *a) {
-  *a = (StepArgs){.preset = "detr-r18-small", .size = 320, .boxes = 3, .reps = 5, .batch = 2, .dev = DEVICE_CPU,
-                  .first_loss = NAN};
+  *a = (StepArgs){
+      .preset = "detr-r18-small", .size = 320, .boxes = 3, .reps = 5, .batch = 2, .dev = DEVICE_CPU, .first_loss = NAN};
   for (int i = 1; i < argc; i++) {
     int rc = 0;
     if (!strcmp(argv[i], "--preset") && i + 1 < argc) a->preset = argv[++i];
@@ -133,8 +135,7 @@ static int parse_args(int argc, char **argv, StepArgs *a) {
     else if (!strcmp(argv[i], "--batch") && i + 1 < argc) a->batch = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--hw") && i + 1 < argc) {
       if (sscanf(argv[++i], "%dx%d", &a->height, &a->width) != 2) a->height = a->width = 0;
-    }
-    else if (!strcmp(argv[i], "--profile")) a->profile = true;
+    } else if (!strcmp(argv[i], "--profile")) a->profile = true;
     else if (!strcmp(argv[i], "--device") && i + 1 < argc) rc = parse_device(argv[++i], &a->dev);
     else if (!strcmp(argv[i], "--vary-size")) a->vary = true;
     else if (!strcmp(argv[i], "--weights") && i + 1 < argc) a->weights = argv[++i];
@@ -160,8 +161,9 @@ static int parse_args(int argc, char **argv, StepArgs *a) {
     return 2;
   }
   if (a->pair_fp32 && (!a->precision || strcmp(a->precision, "bf16") || a->profile || a->vary)) {
-    fprintf(stderr, "bench_step: --pair-fp32 pairs bf16 steps with fp32 ones: needs --precision bf16, not with "
-                    "--profile or --vary-size\n");
+    fprintf(stderr,
+            "bench_step: --pair-fp32 pairs bf16 steps with fp32 ones: needs --precision bf16, not with "
+            "--profile or --vary-size\n");
     return 2;
   }
   if (a->batch_file && a->vary) {
@@ -184,8 +186,9 @@ static int make_config(const StepArgs *a, DetrConfig *cfg) {
   memcpy(sets, a->sets, (size_t)n * sizeof sets[0]);
   DetrMath math;
   char err[512];
-  int k = detr_math_parse(a->precision, &math, err, sizeof err) ? -1
-          : detr_math_keys(math, false, a->dev, sets, n, sets + n, err, sizeof err);
+  int k = detr_math_parse(a->precision, &math, err, sizeof err)
+              ? -1
+              : detr_math_keys(math, false, a->dev, sets, n, sets + n, err, sizeof err);
   if (k < 0) {
     fprintf(stderr, "bench_step: --precision %s\n", err);
     return math == DETR_MATH_BF16 ? 1 : 2;
@@ -264,8 +267,8 @@ static int step(const StepArgs *a, DetrModel *m, AdamW *opt, const CriterionConf
     return 0;
   }
   if (detr_model_forward(m, ctx, images, mask, &out, err, sizeof err) ||
-      criterion_forward(ccfg, out.layers[out.n_layers - 1], out.layers, m->cfg.aux_loss ? out.n_layers - 1 : 0,
-                        targets, a->num_boxes, NULL, &loss, err, sizeof err)) {
+      criterion_forward(ccfg, out.layers[out.n_layers - 1], out.layers, m->cfg.aux_loss ? out.n_layers - 1 : 0, targets,
+                        a->num_boxes, NULL, &loss, err, sizeof err)) {
     fprintf(stderr, "bench_step: %s\n", err);
     return 1;
   }
@@ -308,18 +311,18 @@ static void print_report(const StepArgs *a, const DetrConfig *cfg, const double 
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   AllocStats alloc = detr_alloc_stats(DEVICE_CPU);  // the tensor allocator: peak live, cached now
-  char loss_text[32] = "null";  // --forward has no loss
+  char loss_text[32] = "null";                      // --forward has no loss
   if (!isnan(a->first_loss)) snprintf(loss_text, sizeof loss_text, "%.6g", a->first_loss);
-  printf("{\"impl\": \"detr-c\", \"preset\": \"%s\", \"decoder\": \"%s\", \"encoder_attn\": \"%s\", \"size\": %d, "
-         "\"hw\": \"%dx%d\", \"batch\": %d, \"what\": \"%s\", "
-         "\"enact\": %s, \"tf32\": %s, \"bf16\": %s, \"gemm\": \"%s\", \"median_s\": %.4f, \"peak_rss_mb\": %.1f, \"alloc_peak_mb\": %.1f, "
-         "\"alloc_cached_mb\": %.1f, \"alloc_held_peak_mb\": %.1f, \"first_loss\": %s, \"steps_s\": [",
-         a->preset, detr_decoder(cfg)->name, detr_encoder_attn(cfg)->name, a->size, a->height, a->width, a->batch,
-         a->forward_only ? "forward" : "train step",
-         a->enact ? "true" : "false", cfg->tf32 ? "true" : "false", cfg->bf16 ? "true" : "false",
-         cpu_gemm_library(), median_of(t, reps),
-         ru.ru_maxrss / 1024.0, alloc.peak_live_bytes / 1048576.0, alloc.cached_bytes / 1048576.0,
-         alloc.peak_held_bytes / 1048576.0, loss_text);
+  printf(
+      "{\"impl\": \"detr-c\", \"preset\": \"%s\", \"decoder\": \"%s\", \"encoder_attn\": \"%s\", \"size\": %d, "
+      "\"hw\": \"%dx%d\", \"batch\": %d, \"what\": \"%s\", "
+      "\"enact\": %s, \"tf32\": %s, \"bf16\": %s, \"gemm\": \"%s\", \"median_s\": %.4f, \"peak_rss_mb\": %.1f, "
+      "\"alloc_peak_mb\": %.1f, "
+      "\"alloc_cached_mb\": %.1f, \"alloc_held_peak_mb\": %.1f, \"first_loss\": %s, \"steps_s\": [",
+      a->preset, detr_decoder(cfg)->name, detr_encoder_attn(cfg)->name, a->size, a->height, a->width, a->batch,
+      a->forward_only ? "forward" : "train step", a->enact ? "true" : "false", cfg->tf32 ? "true" : "false",
+      cfg->bf16 ? "true" : "false", cpu_gemm_library(), median_of(t, reps), ru.ru_maxrss / 1024.0,
+      alloc.peak_live_bytes / 1048576.0, alloc.cached_bytes / 1048576.0, alloc.peak_held_bytes / 1048576.0, loss_text);
   for (int r = 0; r < reps; r++) printf(r ? ", %.4f" : "%.4f", t[r]);
   printf("]");
   if (t32) print_pairs(reps, t, t32);
@@ -332,9 +335,10 @@ static void print_report(const StepArgs *a, const DetrConfig *cfg, const double 
     cuda_device_name(name, sizeof name);
     for (char *c = name; *c; c++)
       if (*c == '"' || *c == '\\') *c = ' ';
-    printf(", \"device\": \"cuda\", \"gpu\": \"%s\", \"peak_device_mb\": %.1f, \"peak_device_held_mb\": %.1f, "
-           "\"device_used_mb\": %.1f, \"device_total_mb\": %.1f",
-           name, ds.peak_live_bytes / 1048576.0, ds.peak_held_bytes / 1048576.0, used / 1048576.0, total / 1048576.0);
+    printf(
+        ", \"device\": \"cuda\", \"gpu\": \"%s\", \"peak_device_mb\": %.1f, \"peak_device_held_mb\": %.1f, "
+        "\"device_used_mb\": %.1f, \"device_total_mb\": %.1f",
+        name, ds.peak_live_bytes / 1048576.0, ds.peak_held_bytes / 1048576.0, used / 1048576.0, total / 1048576.0);
   }
 #endif
   printf("}\n");
@@ -367,7 +371,8 @@ int main(int argc, char **argv) {
   CriterionConfig ccfg = detr_criterion_config(&cfg);
   Rng drop = rng_make(3);
   NnCtx ctx = {.training = true, .dropout_rng = &drop};
-  double *t = malloc(sizeof(double) * (size_t)a.reps), *t32 = a.pair_fp32 ? malloc(sizeof(double) * (size_t)a.reps) : NULL;
+  double *t = malloc(sizeof(double) * (size_t)a.reps),
+         *t32 = a.pair_fp32 ? malloc(sizeof(double) * (size_t)a.reps) : NULL;
   DETR_CHECK(t && (t32 || !a.pair_fp32), "bench_step: out of memory");
   bool asked_bf16 = m->cfg.bf16;  // the precision asked for, resolved at creation
   for (int r = -1; r < a.reps; r++) {
@@ -383,7 +388,7 @@ int main(int argc, char **argv) {
     if (r == 0) capture(&a, true);
     for (int half = 0; half < (a.pair_fp32 ? 2 : 1); half++) {
       bool fp32_now = a.pair_fp32 && (half == (r & 1));  // even reps fp32 first, odd reps second
-      m->cfg.bf16 = asked_bf16 && !fp32_now;  // each forward sets the kernels' precision from its model's
+      m->cfg.bf16 = asked_bf16 && !fp32_now;             // each forward sets the kernels' precision from its model's
       double t0 = now();
       if (a.profile) autograd_profile_mark();
       if (step(&a, m, &opt, &ccfg, &ctx, images, in.mask, in.targets, fp32_now ? NULL : &a.first_loss)) return 1;

@@ -6,11 +6,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CHECK(call)                                                                               \
-  do {                                                                                            \
-    dnnl_status_t s_ = (call);                                                                    \
-    if (s_ != dnnl_success) {                                                                     \
-      fprintf(stderr, "%s:%d: %s failed: status %d\n", __FILE__, __LINE__, #call, (int)s_);       \
-      exit(1);                                                                                    \
-    }                                                                                             \
+#define CHECK(call)                                                                         \
+  do {                                                                                      \
+    dnnl_status_t s_ = (call);                                                              \
+    if (s_ != dnnl_success) {                                                               \
+      fprintf(stderr, "%s:%d: %s failed: status %d\n", __FILE__, __LINE__, #call, (int)s_); \
+      exit(1);                                                                              \
+    }                                                                                       \
   } while (0)

@@ -22,12 +22,9 @@ typedef struct {
 
 // detr-r50 at 512x512, batch 2: one convolution of each kind the backbone repeats.
 static const Shape SHAPES[] = {
-    {"layer1 3x3 64", 2, 64, 128, 128, 64, 3, 1, 1},
-    {"layer2.0 3x3 128 s2", 2, 128, 128, 128, 128, 3, 2, 1},
-    {"layer3 3x3 256", 2, 256, 32, 32, 256, 3, 1, 1},
-    {"layer4 3x3 512", 2, 512, 16, 16, 512, 3, 1, 1},
-    {"layer3 1x1 1024>256", 2, 1024, 32, 32, 256, 1, 1, 0},
-    {"layer3 1x1 256>1024", 2, 256, 32, 32, 1024, 1, 1, 0},
+    {"layer1 3x3 64", 2, 64, 128, 128, 64, 3, 1, 1},        {"layer2.0 3x3 128 s2", 2, 128, 128, 128, 128, 3, 2, 1},
+    {"layer3 3x3 256", 2, 256, 32, 32, 256, 3, 1, 1},       {"layer4 3x3 512", 2, 512, 16, 16, 512, 3, 1, 1},
+    {"layer3 1x1 1024>256", 2, 1024, 32, 32, 256, 1, 1, 0}, {"layer3 1x1 256>1024", 2, 256, 32, 32, 1024, 1, 1, 0},
     {"layer1 1x1 64>256", 2, 64, 128, 128, 256, 1, 1, 0},
 };
 
@@ -87,7 +84,8 @@ static double time_pass(dnnl_engine_t eng, dnnl_stream_t st, const Shape *s, dnn
   // as detr-c asks for; fp32: fp32 everywhere.
   dnnl_data_type_t out = dnnl_f32;
   dnnl_format_tag_t a = activation_tag, any = dnnl_format_tag_any;
-  Md src_md = md_tag(4, src, dt, a), wei_md = md_tag(4, wei, dt, any), dst_md = md_tag(4, dst, pass == FWD ? out : dt, a);
+  Md src_md = md_tag(4, src, dt, a), wei_md = md_tag(4, wei, dt, any),
+     dst_md = md_tag(4, dst, pass == FWD ? out : dt, a);
   Md dsrc_md = md_tag(4, src, dt, a), dwei_md = md_tag(4, wei, out, any);
   dnnl_primitive_desc_t fwd_pd, pd;
 #if DNNL_VERSION_MAJOR >= 3
@@ -135,7 +133,7 @@ static double time_pass(dnnl_engine_t eng, dnnl_stream_t st, const Shape *s, dnn
     args[1] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_WEIGHTS, memory_for(eng, pd, dnnl_query_diff_weights_md)};
     args[2] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_DST, memory_for(eng, pd, dnnl_query_diff_dst_md)};
   }
-  double t[64];  // reps <= 64 (main)
+  double t[64];                      // reps <= 64 (main)
   for (int i = -1; i < reps; i++) {  // one warm-up
     double t0 = now_ms();
     CHECK(dnnl_primitive_execute(prim, st, nargs, args));

@@ -70,9 +70,9 @@ int main(int argc, char **argv) {
     dnnl_data_type_t type;
     const char *name;
   } layouts[] = {
-      {dnnl_AcdB32a2b, dnnl_bf16, "AcdB32a2b bf16"},   {dnnl_AcdB64a2b, dnnl_bf16, "AcdB64a2b bf16"},
+      {dnnl_AcdB32a2b, dnnl_bf16, "AcdB32a2b bf16"},     {dnnl_AcdB64a2b, dnnl_bf16, "AcdB64a2b bf16"},
       {dnnl_ABcd8a16b2a, dnnl_bf16, "ABcd8a16b2a bf16"}, {dnnl_ABcd16a16b2a, dnnl_bf16, "ABcd16a16b2a bf16"},
-      {dnnl_Acdb32a, dnnl_f32, "Acdb32a fp32"},         {dnnl_ABcd16a16b, dnnl_f32, "ABcd16a16b fp32"},
+      {dnnl_Acdb32a, dnnl_f32, "Acdb32a fp32"},          {dnnl_ABcd16a16b, dnnl_f32, "ABcd16a16b fp32"},
   };
   printf("3x3 weight oihw fp32 -> layout: one reorder / two (via ohwi), ms, best of %d, cold caches\n", reps);
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
@@ -86,7 +86,8 @@ int main(int argc, char **argv) {
       float *w = xmalloc(n * sizeof(float));  // [O, I, 3, 3]
       for (size_t i = 0; i < n; i++) w[i] = (float)rand() / (float)RAND_MAX - 0.5f;
       void *out = xmalloc(dnnl_memory_desc_get_size(&dst)), *mid = xmalloc(dnnl_memory_desc_get_size(&via));
-      dnnl_primitive_t one = reorder_new(&plain, &dst), first = reorder_new(&plain, &via), second = reorder_new(&via, &dst);
+      dnnl_primitive_t one = reorder_new(&plain, &dst), first = reorder_new(&plain, &via),
+                       second = reorder_new(&via, &dst);
       double t_one = 1e30, t_two = 1e30;
       for (int r = 0; r < reps; r++) {
         flush(junk);

@@ -34,9 +34,9 @@ char *detr_strdup_at(const char *s, const char *what, const char *file, int line
 #endif
 
 #define DETR_FAIL(...) detr_fail(__FILE__, __LINE__, __VA_ARGS__)
-#define DETR_CHECK(cond, ...)                                                                        \
-  do {                                                                                             \
-    if (!(cond)) detr_fail(__FILE__, __LINE__, __VA_ARGS__);                                       \
+#define DETR_CHECK(cond, ...)                                \
+  do {                                                       \
+    if (!(cond)) detr_fail(__FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
 
 #define detr_malloc(nbytes, what) detr_malloc_at((nbytes), (what), __FILE__, __LINE__)

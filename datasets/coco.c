@@ -27,9 +27,17 @@ typedef enum { SEC_NONE, SEC_IMAGES, SEC_ANNOTATIONS, SEC_CATEGORIES, SEC_OTHER 
 
 typedef enum {
   F_NONE,  // a key we do not keep: its value is skipped
-  F_ID, F_FILE_NAME, F_WIDTH, F_HEIGHT,                    // images
-  F_IMAGE_ID, F_CATEGORY_ID, F_BBOX, F_AREA, F_ISCROWD,   // annotations
-  F_NAME, F_SUPERCATEGORY,                                 // categories
+  F_ID,
+  F_FILE_NAME,
+  F_WIDTH,
+  F_HEIGHT,  // images
+  F_IMAGE_ID,
+  F_CATEGORY_ID,
+  F_BBOX,
+  F_AREA,
+  F_ISCROWD,  // annotations
+  F_NAME,
+  F_SUPERCATEGORY,  // categories
 } Field;
 
 typedef struct {
@@ -53,18 +61,18 @@ typedef struct {
   int64_t warnings;
   CocoStats *stats;
 
-  int depth;         // nesting of the value being parsed: 1 = inside the top-level object
-  int skip_depth;    // while skipping, the depth at which the skipped value started
+  int depth;       // nesting of the value being parsed: 1 = inside the top-level object
+  int skip_depth;  // while skipping, the depth at which the skipped value started
   bool skipping;
   bool seen_top, seen_images, seen_categories;
   Section section;
   Field field;
-  int64_t item_index;  // position of the current item in its array
+  int64_t item_index;        // position of the current item in its array
   int64_t items, max_items;  // items begun in all sections, and the limit for this file's size
 
   // The current item: which fields it had, their values, the first problem found.
-  bool has_id, has_file_name, has_width, has_height, has_image_id, has_category_id, has_area, has_iscrowd,
-      has_name, has_supercategory;
+  bool has_id, has_file_name, has_width, has_height, has_image_id, has_category_id, has_area, has_iscrowd, has_name,
+      has_supercategory;
   int n_bbox;  // numbers seen in the bbox array (more than 4 is a problem)
   bool in_bbox;
   int64_t id, image_id;
@@ -102,7 +110,8 @@ static int64_t pool_add(Parser *p, const unsigned char *s, size_t n) {
 #if defined(__GNUC__)
 __attribute__((format(printf, 2, 3)))
 #endif
-static void item_problem(Parser *p, const char *fmt, ...) {
+static void
+item_problem(Parser *p, const char *fmt, ...) {
   if (p->problem[0]) return;
   va_list ap;
   va_start(ap, fmt);
@@ -117,7 +126,8 @@ static void set_error(Parser *p, const char *fmt, ...);
 #if defined(__GNUC__)
 __attribute__((format(printf, 2, 3)))
 #endif
-static bool bad_item(Parser *p, const char *fmt, ...) {
+static bool
+bad_item(Parser *p, const char *fmt, ...) {
   char msg[sizeof(((DataError *)0)->msg) - 16];
   va_list ap;
   va_start(ap, fmt);
@@ -135,7 +145,8 @@ static bool bad_item(Parser *p, const char *fmt, ...) {
 #if defined(__GNUC__)
 __attribute__((format(printf, 2, 3)))
 #endif
-static void set_error(Parser *p, const char *fmt, ...) {
+static void
+set_error(Parser *p, const char *fmt, ...) {
   if (p->failed) return;
   va_list ap;
   va_start(ap, fmt);
@@ -166,7 +177,8 @@ static void begin_item(Parser *p) {
 
 // "annotations[12] (id 7)" for messages.
 static const char *item_label(const Parser *p, char *buf, size_t cap) {
-  if (p->has_id) snprintf(buf, cap, "%s[%lld] (id %lld)", section_name(p->section), (long long)p->item_index, (long long)p->id);
+  if (p->has_id)
+    snprintf(buf, cap, "%s[%lld] (id %lld)", section_name(p->section), (long long)p->item_index, (long long)p->id);
   else snprintf(buf, cap, "%s[%lld]", section_name(p->section), (long long)p->item_index);
   return buf;
 }
@@ -179,8 +191,7 @@ static int end_item(Parser *p) {
       missing = !p->has_file_name ? "file_name" : !p->has_width ? "width" : !p->has_height ? "height" : NULL;
     else if (p->section == SEC_ANNOTATIONS)
       missing = !p->has_image_id ? "image_id" : !p->has_category_id ? "category_id" : p->n_bbox == 0 ? "bbox" : NULL;
-    else if (p->section == SEC_CATEGORIES)
-      missing = !p->has_name ? "name" : NULL;
+    else if (p->section == SEC_CATEGORIES) missing = !p->has_name ? "name" : NULL;
     if (missing) item_problem(p, "missing '%s'", missing);
     else if (p->section == SEC_ANNOTATIONS && p->n_bbox != 4)
       item_problem(p, "'bbox' has %d numbers, not 4 (x, y, width, height)", p->n_bbox);
@@ -203,15 +214,20 @@ static int end_item(Parser *p) {
     data_reserve(&buf, &p->cap_anns, p->n_anns + 1, sizeof(CocoAnn), "annotation records");
     p->anns = buf;
     CocoAnn *a = &p->anns[p->n_anns++];
-    *a = (CocoAnn){.id = p->id, .image_id = p->image_id, .image_index = -1, .category_id = p->category_id,
-                   .iscrowd = p->iscrowd != 0, .area = p->has_area ? p->area : p->bbox[2] * p->bbox[3],
+    *a = (CocoAnn){.id = p->id,
+                   .image_id = p->image_id,
+                   .image_index = -1,
+                   .category_id = p->category_id,
+                   .iscrowd = p->iscrowd != 0,
+                   .area = p->has_area ? p->area : p->bbox[2] * p->bbox[3],
                    .file_index = p->item_index};
     memcpy(a->bbox, p->bbox, sizeof a->bbox);
   } else {
     void *buf = p->cats;
     data_reserve(&buf, &p->cap_cats, p->n_cats + 1, sizeof(RawCategory), "category records");
     p->cats = buf;
-    p->cats[p->n_cats++] = (RawCategory){.id = (int)p->id, .name = p->name,
+    p->cats[p->n_cats++] = (RawCategory){.id = (int)p->id,
+                                         .name = p->name,
                                          .supercategory = p->has_supercategory ? p->supercategory : -1,
                                          .file_index = p->item_index};
   }
@@ -340,10 +356,8 @@ static int on_field(Parser *p, ValueKind kind, const char *s, size_t n, int bool
       if (kind != V_STRING) break;
       on_string_field(p, s, n);
       return 1;
-    case F_BBOX:
-      break;  // a scalar where the bbox array belongs
-    default:
-      return 1;
+    case F_BBOX: break;  // a scalar where the bbox array belongs
+    default: return 1;
   }
   static const char *kinds[] = {"null", "a boolean", "a number", "a string"};
   item_problem(p, "'%s' has a wrong type or value (%s)", field_key(p->field), kinds[kind]);
@@ -577,9 +591,9 @@ static int parse_file(Parser *p) {
   struct stat sb;
   int64_t file_bytes = file_size_on_disk(p->path, &sb);
   p->max_items = file_bytes * COCO_MAX_ITEMS_PER_BYTE > COCO_MIN_ITEM_BUDGET ? file_bytes * COCO_MAX_ITEMS_PER_BYTE
-                                                                            : COCO_MIN_ITEM_BUDGET;
-  int64_t max_json = file_bytes * COCO_MAX_GZIP_RATIO > COCO_MIN_GZIP_BUDGET ? file_bytes * COCO_MAX_GZIP_RATIO
-                                                                             : COCO_MIN_GZIP_BUDGET;
+                                                                             : COCO_MIN_ITEM_BUDGET;
+  int64_t max_json =
+      file_bytes * COCO_MAX_GZIP_RATIO > COCO_MIN_GZIP_BUDGET ? file_bytes * COCO_MAX_GZIP_RATIO : COCO_MIN_GZIP_BUDGET;
   gzbuffer(gz, COCO_READ_CHUNK);
   yajl_handle h = yajl_alloc(&callbacks, NULL, p);
   DETR_CHECK(h, "yajl_alloc failed (out of memory)");
@@ -612,8 +626,10 @@ static int parse_file(Parser *p) {
       break;
     }
     if (!gzdirect(gz) && offset + n > max_json) {
-      set_error(p, "%s: decompresses to more than %lld bytes, the limit for a %lld-byte .gz file (%dx, at least %lld; a "
-                "gzip bomb?)", p->path, (long long)max_json, (long long)file_bytes, COCO_MAX_GZIP_RATIO,
+      set_error(p,
+                "%s: decompresses to more than %lld bytes, the limit for a %lld-byte .gz file (%dx, at least %lld; a "
+                "gzip bomb?)",
+                p->path, (long long)max_json, (long long)file_bytes, COCO_MAX_GZIP_RATIO,
                 (long long)COCO_MIN_GZIP_BUDGET);
       break;
     }
@@ -630,7 +646,8 @@ static int parse_file(Parser *p) {
   gzclose(gz);
   if (p->failed) return DATA_ERROR;
   if (!p->seen_top) {
-    set_error(p, "%s: no JSON object in the file (%s)", p->path, offset == 0 ? "empty file" : "not a COCO instances file");
+    set_error(p, "%s: no JSON object in the file (%s)", p->path,
+              offset == 0 ? "empty file" : "not a COCO instances file");
     return DATA_ERROR;
   }
   if (!p->seen_images) set_error(p, "%s: no 'images' array (not a COCO instances file)", p->path);
@@ -686,14 +703,16 @@ static int index_categories(Parser *p, CocoDataset *ds) {
         return DATA_ERROR;
       continue;
     }
-    ds->categories[nc++] = (CocoCategory){.id = c->id, .name = p->pool + c->name,
+    ds->categories[nc++] = (CocoCategory){.id = c->id,
+                                          .name = p->pool + c->name,
                                           .supercategory = c->supercategory >= 0 ? p->pool + c->supercategory : ""};
   }
   ds->n_categories = nc;
   ds->max_category_id = nc ? ds->categories[nc - 1].id : 0;
   ds->label_of_category = detr_malloc(sizeof(int) * (size_t)(ds->max_category_id + 1), "category label map");
   for (int i = 0; i <= ds->max_category_id; i++) ds->label_of_category[i] = -1;
-  for (int i = 0; i < nc; i++) ds->label_of_category[ds->categories[i].id] = ds->contiguous_labels ? i : ds->categories[i].id;
+  for (int i = 0; i < nc; i++)
+    ds->label_of_category[ds->categories[i].id] = ds->contiguous_labels ? i : ds->categories[i].id;
   ds->num_classes = ds->contiguous_labels ? nc : ds->max_category_id + 1;
   return DATA_OK;
 }
@@ -864,7 +883,8 @@ static int check_images(CocoDataset *ds, BadInputPolicy policy, int64_t *warning
       if (policy == BAD_INPUT_FAIL) {
         rc = data_error(err, "%s (image id %lld in %s)", e.msg, (long long)im->id, ds->ann_path);
       } else {
-        data_warn(warnings, "%s (image id %lld) - skipped with its %d annotations", e.msg, (long long)im->id, im->n_anns);
+        data_warn(warnings, "%s (image id %lld) - skipped with its %d annotations", e.msg, (long long)im->id,
+                  im->n_anns);
         keep[i] = false;
         dropped = true;
         ds->stats.skipped_images++;
@@ -929,10 +949,12 @@ static int check_box_format(const CocoDataset *ds, DataError *err) {
     fit_as_corners += w > x && h > y && w <= im->width + 1.0 && h <= im->height + 1.0;
   }
   if (boxes < 4 || past * 5 < boxes || fit_as_corners * 100 < boxes * 95) return DATA_OK;
-  return data_error(err, "%s: %lld of %lld boxes (%.0f%%) reach past their image read as COCO's [x, y, width, height], "
-                    "and %lld fit it read as [x0, y0, x1, y1]: the boxes look like corners. Write each bbox as [x0, y0, "
-                    "x1 - x0, y1 - y0]", ds->ann_path, (long long)past, (long long)boxes, 100.0 * (double)past / (double)boxes,
-                    (long long)fit_as_corners);
+  return data_error(
+      err,
+      "%s: %lld of %lld boxes (%.0f%%) reach past their image read as COCO's [x, y, width, height], "
+      "and %lld fit it read as [x0, y0, x1, y1]: the boxes look like corners. Write each bbox as [x0, y0, "
+      "x1 - x0, y1 - y0]",
+      ds->ann_path, (long long)past, (long long)boxes, 100.0 * (double)past / (double)boxes, (long long)fit_as_corners);
 }
 
 void coco_print_stats(const CocoDataset *ds, FILE *f) {
@@ -947,10 +969,10 @@ void coco_print_stats(const CocoDataset *ds, FILE *f) {
     const struct {
       const char *what;
       int64_t n;
-    } kinds[] = {{"malformed items", s->malformed_items},          {"duplicate ids", s->duplicate_ids},
-                 {"unknown image ids", s->unknown_image_ids},      {"unknown category ids", s->unknown_category_ids},
-                 {"empty or negative boxes", s->zero_size_boxes},          {"out-of-image boxes", s->out_of_image_boxes},
-                 {"missing image files", s->missing_images},       {"corrupt images", s->corrupt_images},
+    } kinds[] = {{"malformed items", s->malformed_items},         {"duplicate ids", s->duplicate_ids},
+                 {"unknown image ids", s->unknown_image_ids},     {"unknown category ids", s->unknown_category_ids},
+                 {"empty or negative boxes", s->zero_size_boxes}, {"out-of-image boxes", s->out_of_image_boxes},
+                 {"missing image files", s->missing_images},      {"corrupt images", s->corrupt_images},
                  {"files named twice", s->duplicate_files}};
     const char *sep = " ";
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {

@@ -14,8 +14,8 @@
 // Limits an instances file cannot exceed, each a clear error naming the file and the limit, so
 // that a small file cannot make a reader allocate or work without bound (train/cocoeval_io.c
 // applies them too):
-#define COCO_MAX_CATEGORY_ID (1 << 20)   // the label map is an array indexed by category id
-#define COCO_MAX_STRING_BYTES 4096       // a file_name, category name or supercategory (a bad item)
+#define COCO_MAX_CATEGORY_ID (1 << 20)  // the label map is an array indexed by category id
+#define COCO_MAX_STRING_BYTES 4096      // a file_name, category name or supercategory (a bad item)
 // Items (images, annotations, categories, detections) per byte of the file on disk, with a floor:
 // a plain JSON item takes a dozen bytes or more, so this bites only a gzip file of repeated items.
 #define COCO_MAX_ITEMS_PER_BYTE 1
@@ -38,9 +38,9 @@ typedef struct {
   int64_t image_id;
   int64_t image_index;  // into images
   int category_id;
-  bool iscrowd;      // kept for evaluation, never a training target
-  double bbox[4];    // x, y, w, h as in the file
-  double area;       // the segmentation area (bbox w*h when the file has none)
+  bool iscrowd;        // kept for evaluation, never a training target
+  double bbox[4];      // x, y, w, h as in the file
+  double area;         // the segmentation area (bbox w*h when the file has none)
   int64_t file_index;  // position in the file's "annotations" array (for messages)
 } CocoAnn;
 
@@ -57,41 +57,41 @@ typedef struct {
   int64_t images_without_annotations;
   int64_t clamped_boxes;  // partly outside their image: kept, clipped for training as the reference
   // Skipped under BAD_INPUT_SKIP (each also printed as a warning, the first few of each kind):
-  int64_t malformed_items;      // missing or mistyped fields
-  int64_t duplicate_ids;        // an image or category id seen before
-  int64_t unknown_image_ids;    // annotation of an image the file does not list
-  int64_t unknown_category_ids; // annotation with a category the file does not list
-  int64_t zero_size_boxes;      // bbox width or height <= 0
-  int64_t duplicate_files;      // an image file named by a second image id
-  int64_t out_of_image_boxes;   // bbox entirely outside its image
-  int64_t missing_images;       // image file absent or unreadable (check_images)
-  int64_t corrupt_images;       // not a JPEG/PNG, or a size other than the file states (check_images)
-  int64_t skipped_annotations;  // total annotations dropped, including those of skipped images
-  int64_t skipped_images;       // total images dropped
+  int64_t malformed_items;       // missing or mistyped fields
+  int64_t duplicate_ids;         // an image or category id seen before
+  int64_t unknown_image_ids;     // annotation of an image the file does not list
+  int64_t unknown_category_ids;  // annotation with a category the file does not list
+  int64_t zero_size_boxes;       // bbox width or height <= 0
+  int64_t duplicate_files;       // an image file named by a second image id
+  int64_t out_of_image_boxes;    // bbox entirely outside its image
+  int64_t missing_images;        // image file absent or unreadable (check_images)
+  int64_t corrupt_images;        // not a JPEG/PNG, or a size other than the file states (check_images)
+  int64_t skipped_annotations;   // total annotations dropped, including those of skipped images
+  int64_t skipped_images;        // total images dropped
 } CocoStats;
 
 typedef struct {
   const char *ann_path;   // instances_*.json or .json.gz
   const char *image_dir;  // folder the file_names are relative to (may be NULL: no image access)
   BadInputPolicy policy;
-  bool check_images;      // at open: every image file exists and its header matches its size
-  bool contiguous_labels; // labels 0..K-1 in category-id order; default: label = category id
-  bool quiet;             // no summary line on stderr (warnings are still printed)
+  bool check_images;       // at open: every image file exists and its header matches its size
+  bool contiguous_labels;  // labels 0..K-1 in category-id order; default: label = category id
+  bool quiet;              // no summary line on stderr (warnings are still printed)
 } CocoOpenConfig;
 
 typedef struct {
   char *ann_path, *image_dir;
   CocoImage *images;  // [n_images], sorted by id: the reference's dataset order
   int64_t n_images;
-  CocoAnn *anns;      // [n_anns], grouped by image, file order within an image
+  CocoAnn *anns;  // [n_anns], grouped by image, file order within an image
   int64_t n_anns;
   CocoCategory *categories;  // [n_categories], sorted by id
   int n_categories;
   int max_category_id;
   bool contiguous_labels;
-  int num_classes;          // model classes without no-object: max id + 1, or n_categories
-  int *label_of_category;   // [max_category_id + 1]: label, or -1 for ids the file does not list
-  char *strings;            // pool holding file and category names
+  int num_classes;         // model classes without no-object: max id + 1, or n_categories
+  int *label_of_category;  // [max_category_id + 1]: label, or -1 for ids the file does not list
+  char *strings;           // pool holding file and category names
   CocoStats stats;
 } CocoDataset;
 

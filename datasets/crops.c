@@ -16,8 +16,9 @@ static float sample(const Image *img, float x, float y, int c) {
     for (int dx = 0; dx < 2; dx++) {
       int xx = x0 + dx, yy = y0 + dy;
       float w = (dx ? ax : 1.0f - ax) * (dy ? ay : 1.0f - ay);
-      float v = (xx < 0 || yy < 0 || xx >= img->w || yy >= img->h) ? (float)OUTSIDE_RGB[c]
-                                                                      : (float)img->data[((size_t)yy * (size_t)img->w + (size_t)xx) * 3 + (size_t)c];
+      float v = (xx < 0 || yy < 0 || xx >= img->w || yy >= img->h)
+                    ? (float)OUTSIDE_RGB[c]
+                    : (float)img->data[((size_t)yy * (size_t)img->w + (size_t)xx) * 3 + (size_t)c];
       acc += w * v;
     }
   return acc;
@@ -43,7 +44,8 @@ static void cut(const Image *img, const float *box, int side, float context, uin
 int crops_extract(const CocoDataset *ds, int side, float context, CropSet *out, DataError *err) {
   memset(out, 0, sizeof *out);
   if (side < 8 || side > 1024 || !(context >= 0.0f && context <= 4.0f))
-    return data_error(err, "crops_extract: side %d must be in [8, 1024] and context %g in [0, 4]", side, (double)context);
+    return data_error(err, "crops_extract: side %d must be in [8, 1024] and context %g in [0, 4]", side,
+                      (double)context);
   int64_t cap = 0;
   out->side = side;
   out->num_classes = ds->num_classes;

@@ -65,7 +65,7 @@ static bool sos_tables_defined(const uint8_t *p, size_t len, bool progressive, b
 // files must not reach it.
 static int jpeg_walk(const uint8_t *buf, size_t n) {
   size_t pos = 0;
-  while (pos < n && buf[pos] == 0xFF) pos++;  // stb_image takes FF FF .. FF D8 as the start too
+  while (pos < n && buf[pos] == 0xFF) pos++;               // stb_image takes FF FF .. FF D8 as the start too
   if (pos == 0 || pos >= n || buf[pos] != 0xD8) return 0;  // no start-of-image marker
   pos++;
   bool defined[2][4] = {{false}}, frame = false, progressive = false;
@@ -122,7 +122,8 @@ static _Atomic int64_t max_pixels = IMAGE_MAX_PIXELS;
 int64_t image_max_pixels(void) { return max_pixels; }
 
 void image_set_max_pixels(int64_t n) {
-  DETR_CHECK(n >= 1 && n <= IMAGE_MAX_PIXELS, "image_set_max_pixels: %lld not in 1..%d", (long long)n, IMAGE_MAX_PIXELS);
+  DETR_CHECK(n >= 1 && n <= IMAGE_MAX_PIXELS, "image_set_max_pixels: %lld not in 1..%d", (long long)n,
+             IMAGE_MAX_PIXELS);
   max_pixels = n;
 }
 
@@ -138,7 +139,8 @@ int image_decode_memory(const uint8_t *buf, size_t n, const char *name, Image *o
     if (walk == -2) return data_error(err, "%s: corrupt JPEG (a scan uses a Huffman table that is not defined)", name);
   }
   if (buf[0] == 0x89 && !png_is_complete(buf, n))
-    return data_error(err, "%s: truncated or corrupt PNG (a chunk runs past the end of the file, or no IEND chunk)", name);
+    return data_error(err, "%s: truncated or corrupt PNG (a chunk runs past the end of the file, or no IEND chunk)",
+                      name);
   int w = 0, h = 0, comp = 0;
   // The size the header declares, before the decoder allocates for it (stb_image allocates the
   // whole output, and for PNG a zlib buffer of the declared size, before reading the pixels).
@@ -200,14 +202,12 @@ static bool jpeg_header_tables_ok(FILE *f) {
   bool ok = true;
   int c = fgetc(f);
   if (c == 0xFF) {
-    while ((c = fgetc(f)) == 0xFF) {
-    }
+    while ((c = fgetc(f)) == 0xFF) {}
   }
   if (c == 0xD8) {
     for (;;) {
       // As stb_image, which scans past bytes between segments to the next marker.
-      while ((c = fgetc(f)) != 0xFF && c != EOF) {
-      }
+      while ((c = fgetc(f)) != 0xFF && c != EOF) {}
       while (c == 0xFF) c = fgetc(f);
       if (c == EOF || c == 0xD9 || c == 0xDA || (c >= 0xC0 && c <= 0xCF && c != 0xC4 && c != 0xC8 && c != 0xCC))
         break;  // the end, a scan or a frame header: stbi_info stops here
@@ -243,8 +243,8 @@ int image_read_header(const char *path, int *w, int *h, DataError *err) {
   fclose(f);
   if (!ok) return data_error(err, "%s: not a readable JPEG or PNG (%s)", path, stbi_failure_reason());
   if ((int64_t)*w * *h > max_pixels)
-    return data_error(err, "%s: image is %dx%d = %lld pixels, more than the limit of %lld (a decompression bomb?)", path,
-                      *w, *h, (long long)*w * *h, (long long)max_pixels);
+    return data_error(err, "%s: image is %dx%d = %lld pixels, more than the limit of %lld (a decompression bomb?)",
+                      path, *w, *h, (long long)*w * *h, (long long)max_pixels);
   return DATA_OK;
 }
 
@@ -265,8 +265,7 @@ void image_hflip(Image *img) {
 
 Image image_crop(const Image *src, int top, int left, int h, int w) {
   DETR_CHECK(top >= 0 && left >= 0 && h > 0 && w > 0 && top + h <= src->h && left + w <= src->w,
-             "image_crop: region (top %d, left %d, %dx%d) outside the %dx%d image", top, left, w, h, src->w,
-             src->h);
+             "image_crop: region (top %d, left %d, %dx%d) outside the %dx%d image", top, left, w, h, src->w, src->h);
   Image out = image_alloc(w, h);
   for (int y = 0; y < h; y++)
     memcpy(out.data + (size_t)y * w * 3, src->data + ((size_t)(top + y) * src->w + left) * 3, (size_t)w * 3);
@@ -355,7 +354,8 @@ static void resample_rows(const Image *src, int row0, int rows, const Taps *tx, 
 }
 
 Image image_resize_bilinear(const Image *src, int out_w, int out_h) {
-  DETR_CHECK(src->data && out_w > 0 && out_h > 0, "image_resize_bilinear: %dx%d -> %dx%d", src->w, src->h, out_w, out_h);
+  DETR_CHECK(src->data && out_w > 0 && out_h > 0, "image_resize_bilinear: %dx%d -> %dx%d", src->w, src->h, out_w,
+             out_h);
   Image out = image_alloc(out_w, out_h);
   bool need_x = out_w != src->w, need_y = out_h != src->h;
   if (!need_x && !need_y) {

@@ -56,6 +56,5 @@ Image image_resize_bilinear(const Image *src, int out_w, int out_h);
 
 // Writes pixels ([h, w, comp] with comp 1 = grey or 3 = RGB) as a baseline JPEG (quality 1..100)
 // or a PNG. Deterministic: the same pixels give the same bytes.
-int image_write_jpeg(const char *path, const uint8_t *px, int w, int h, int comp, int quality,
-                     DataError *err);
+int image_write_jpeg(const char *path, const uint8_t *px, int w, int h, int comp, int quality, DataError *err);
 int image_write_png(const char *path, const uint8_t *px, int w, int h, int comp, DataError *err);

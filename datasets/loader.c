@@ -44,7 +44,7 @@ typedef enum { SLOT_EMPTY, SLOT_WORKING, SLOT_READY } SlotState;
 // consumer built itself stays the worker's until it finishes).
 typedef struct {
   SlotState state;
-  bool abandoned;    // the consumer built this batch itself: the worker stops and empties the slot
+  bool abandoned;  // the consumer built this batch itself: the worker stops and empties the slot
   int64_t g;
   int count;         // samples in this batch
   int64_t *indices;  // [batch_size] dataset indices, copied from the epoch order at claim time
@@ -55,8 +55,8 @@ typedef struct {
 
 // Per-thread decode/augment buffers.
 typedef struct {
-  Image *images;    // [batch_size]
-  Target *targets;  // [batch_size]
+  Image *images;         // [batch_size]
+  Target *targets;       // [batch_size]
   int *orig_w, *orig_h;  // [batch_size] decoded sizes
   int64_t *kept;         // [batch_size] dataset indices of the samples that loaded
 } Scratch;
@@ -70,11 +70,11 @@ typedef struct {
 struct DataLoader {
   const CocoDataset *ds;
   LoaderConfig cfg;
-  int64_t n;    // images in the dataset
-  int64_t bpe;  // batches per epoch
+  int64_t n;             // images in the dataset
+  int64_t bpe;           // batches per epoch
   int64_t global_batch;  // samples per batch over all shards (batch_size * shards)
   int shard;             // which batch_size slice of it this loader delivers
-  float lut[3][256];  // pixel value -> normalized float, per channel
+  float lut[3][256];     // pixel value -> normalized float, per channel
 
   pthread_mutex_t lock;
   pthread_cond_t work_cv;   // workers: a slot became free, or stop/pause changed
@@ -87,11 +87,11 @@ struct DataLoader {
   int64_t empty_run;     // batches in a row whose every image was skipped: an epoch of them is an error
   bool holding;          // the consumer holds slot next_deliver (or `spare`)
   bool holding_spare;
-  Slot spare;            // a batch the consumer builds itself while its slot is still a worker's
-  double image_cpu_s;    // moving average of one sample's build time (CPU time of the building thread)
+  Slot spare;          // a batch the consumer builds itself while its slot is still a worker's
+  double image_cpu_s;  // moving average of one sample's build time (CPU time of the building thread)
   LoaderStats stats;
   bool stop, paused;
-  int busy;              // slots being built
+  int busy;  // slots being built
   bool failed;
   DataError fail_err;
   int64_t order_epoch;  // the epoch whose order `order` holds (-1: none)
@@ -105,8 +105,16 @@ struct DataLoader {
 };
 
 LoaderConfig loader_config_default(bool train) {
-  return (LoaderConfig){.batch_size = 2, .num_workers = 2, .worker_wait_us = -1, .prefetch = 4, .shuffle = train, .drop_last = train,
-                        .pad_multiple = 1, .single_pass = !train, .seed = 42, .aug = aug_config_detr(train),
+  return (LoaderConfig){.batch_size = 2,
+                        .num_workers = 2,
+                        .worker_wait_us = -1,
+                        .prefetch = 4,
+                        .shuffle = train,
+                        .drop_last = train,
+                        .pad_multiple = 1,
+                        .single_pass = !train,
+                        .seed = 42,
+                        .aug = aug_config_detr(train),
                         .policy = BAD_INPUT_FAIL};
 }
 
@@ -199,8 +207,15 @@ static void collate(DataLoader *L, Batch *b, const Scratch *s, const int64_t *in
     int64_t *labels = b->label_pool + box_at;
     target_to_cxcywh_normalized(t, im->w, im->h, boxes);
     if (t->n) memcpy(labels, t->labels, sizeof(int64_t) * (size_t)t->n);
-    *bt = (BatchTarget){.image_id = ds->images[idx].id, .dataset_index = idx, .orig_w = s->orig_w[i],
-                        .orig_h = s->orig_h[i], .w = im->w, .h = im->h, .n = t->n, .boxes = boxes, .labels = labels};
+    *bt = (BatchTarget){.image_id = ds->images[idx].id,
+                        .dataset_index = idx,
+                        .orig_w = s->orig_w[i],
+                        .orig_h = s->orig_h[i],
+                        .w = im->w,
+                        .h = im->h,
+                        .n = t->n,
+                        .boxes = boxes,
+                        .labels = labels};
     box_at += t->n;
   }
 }
@@ -302,7 +317,7 @@ static void *worker_main(void *arg) {
     while (!L->stop && !can_claim(L)) pthread_cond_wait(&L->work_cv, &L->lock);
     if (L->stop) break;
     int64_t epoch = L->next_claim / L->bpe;
-    if (L->order_epoch != epoch) {  // a new epoch's order: shuffled without the lock (a background
+    if (L->order_epoch != epoch) {     // a new epoch's order: shuffled without the lock (a background
       pthread_mutex_unlock(&L->lock);  // thread holding it could stall the consumer), then swapped in
       loader_epoch_order(L->cfg.seed, epoch, L->cfg.shuffle, L->n, w->order);
       pthread_mutex_lock(&L->lock);
@@ -365,8 +380,7 @@ int loader_create(const CocoDataset *ds, const LoaderConfig *cfg, LoaderPosition
   if (aug_config_validate(&cfg->aug, err) != DATA_OK) return DATA_ERROR;
   if (!ds->image_dir) return data_error(err, "loader: %s was opened without an image folder", ds->ann_path);
   int shards = cfg->shards > 1 ? cfg->shards : 1;
-  if (cfg->shard < 0 || cfg->shard >= shards)
-    return data_error(err, "loader: shard %d of %d", cfg->shard, shards);
+  if (cfg->shard < 0 || cfg->shard >= shards) return data_error(err, "loader: shard %d of %d", cfg->shard, shards);
   int64_t global_batch = (int64_t)cfg->batch_size * shards;
   int64_t bpe = cfg->drop_last ? ds->n_images / global_batch : (ds->n_images + global_batch - 1) / global_batch;
   if (bpe < 1)
@@ -496,9 +510,10 @@ int loader_next(DataLoader *L, const Batch **out, DataError *err) {
       pthread_cond_broadcast(&L->work_cv);
       if (++L->empty_run >= L->bpe) {  // not one image of a whole epoch could be read: nothing will come
         L->failed = true;
-        data_error(&L->fail_err, "%s: no image of a whole epoch could be read (%lld batches, %lld images skipped so "
-                   "far; see the warnings above)", L->ds->ann_path, (long long)L->bpe,
-                   (long long)L->stats.skipped_images);
+        data_error(&L->fail_err,
+                   "%s: no image of a whole epoch could be read (%lld batches, %lld images skipped so "
+                   "far; see the warnings above)",
+                   L->ds->ann_path, (long long)L->bpe, (long long)L->stats.skipped_images);
       }
       continue;
     }

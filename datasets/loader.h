@@ -35,8 +35,8 @@ typedef struct {
   int64_t epoch, index;  // which batch this is: number `index` of epoch `epoch`
   int skipped;           // images of this batch dropped under the skip policy
   // Storage, reused from batch to batch (capacities in elements).
-  float *box_pool;       // [sum n, 4]
-  int64_t *label_pool;   // [sum n]
+  float *box_pool;      // [sum n, 4]
+  int64_t *label_pool;  // [sum n]
   int64_t images_cap, mask_cap, pool_cap, targets_cap;
 } Batch;
 
@@ -47,7 +47,7 @@ typedef struct {
 } LoaderPosition;
 
 typedef struct {
-  int batch_size;     // 2
+  int batch_size;  // 2
   // Decode/augment threads; 0 loads on the calling thread. They run at background priority
   // (SCHED_IDLE): on cores the training leaves idle, never preempting its compute threads. A batch
   // the consumer needs and no worker has started, or one a worker has not finished within the
@@ -58,15 +58,15 @@ typedef struct {
   int worker_wait_us;
   // Tests: a worker sleeps this long before each batch it builds (a slow or starved worker). 0.
   int worker_delay_us;
-  int prefetch;       // batches decoded ahead (>= 1): default 2 per worker
-  bool shuffle;       // a new order every epoch (train)
-  bool drop_last;     // drop an epoch's incomplete last batch (train, as the reference)
+  int prefetch;    // batches decoded ahead (>= 1): default 2 per worker
+  bool shuffle;    // a new order every epoch (train)
+  bool drop_last;  // drop an epoch's incomplete last batch (train, as the reference)
   // The padded height and width are multiples of this (1: the largest image's, as the reference).
   // Random scales give almost every batch a new size, and each new size builds its oneDNN
   // convolutions anew; a multiple such as 16 leaves a few dozen sizes, each built once
   // (bench/README.md, "the main job's training against its step"). 1..256.
   int pad_multiple;
-  bool single_pass;   // end after the starting epoch (evaluation)
+  bool single_pass;  // end after the starting epoch (evaluation)
   uint64_t seed;
   AugConfig aug;
   BadInputPolicy policy;  // unreadable image: fail, or skip it (warning + count)
@@ -75,7 +75,7 @@ typedef struct {
   // of batch_size * shards samples, so the ranks of a run together see exactly the batches one
   // process with the global batch size would. Slices left empty (the end of a single pass, or
   // every image skipped) are delivered with size 0, so every rank steps through the same batches.
-  int shard, shards;      // 0, 1: not sharded
+  int shard, shards;  // 0, 1: not sharded
 } LoaderConfig;
 
 // The reference's settings: train (shuffle, drop_last, train augmentation) or val (one pass in
@@ -115,6 +115,6 @@ void loader_epoch_order(uint64_t seed, int64_t epoch, bool shuffle, int64_t n, i
 Rng loader_sample_rng(uint64_t seed, int64_t epoch, int64_t dataset_index);
 
 // Tensors from a batch (the caller owns them).
-Tensor *batch_images_tensor(const Batch *b, Device dev);       // [size, 3, h, w]
-Tensor *batch_mask_tensor(const Batch *b, Device dev);         // [size, h, w] 1.0 = padding
-Tensor *batch_boxes_tensor(const Batch *b, int i, Device dev); // [n, 4] of image i
+Tensor *batch_images_tensor(const Batch *b, Device dev);        // [size, 3, h, w]
+Tensor *batch_mask_tensor(const Batch *b, Device dev);          // [size, h, w] 1.0 = padding
+Tensor *batch_boxes_tensor(const Batch *b, int i, Device dev);  // [n, 4] of image i

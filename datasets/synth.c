@@ -20,17 +20,17 @@ SynthConfig synth_config_default(void) {
 }
 
 // COCO's area classes, by the side of a square of the same area.
-#define SMALL_MAX_SIDE 31  // area < 32^2
-#define MEDIUM_MAX_SIDE 95 // area < 96^2
+#define SMALL_MAX_SIDE 31   // area < 32^2
+#define MEDIUM_MAX_SIDE 95  // area < 96^2
 #define MAX_OBJECTS 8
 #define POLY_MAX_POINTS 24
 
 typedef enum { SHAPE_RECT, SHAPE_ELLIPSE, SHAPE_TRIANGLE, SHAPE_DIAMOND, SHAPE_CROSS, SHAPE_RING } ShapeKind;
 
 typedef struct {
-  int category;   // index into synth_categories (== ShapeKind)
-  int orient;     // triangle: apex up, down, left, right
-  int x, y, w, h; // the shape's frame in pixels
+  int category;    // index into synth_categories (== ShapeKind)
+  int orient;      // triangle: apex up, down, left, right
+  int x, y, w, h;  // the shape's frame in pixels
 } SynthShape;
 
 typedef struct {
@@ -79,20 +79,53 @@ static bool shape_contains(const SynthShape *s, float px, float py) {
 static int shape_polygon(const SynthShape *s, float *xy) {
   float cx = s->x + s->w * 0.5f, cy = s->y + s->h * 0.5f, rx = s->w * 0.5f, ry = s->h * 0.5f;
   int n = 0;
-#define PT(u, v) (xy[2 * n] = cx + (u) * rx, xy[2 * n + 1] = cy + (v) * ry, n++)
+#define PT(u, v) (xy[2 * n] = cx + (u)*rx, xy[2 * n + 1] = cy + (v)*ry, n++)
   switch ((ShapeKind)s->category) {
-    case SHAPE_RECT: PT(-1, -1); PT(1, -1); PT(1, 1); PT(-1, 1); break;
-    case SHAPE_DIAMOND: PT(0, -1); PT(1, 0); PT(0, 1); PT(-1, 0); break;
+    case SHAPE_RECT:
+      PT(-1, -1);
+      PT(1, -1);
+      PT(1, 1);
+      PT(-1, 1);
+      break;
+    case SHAPE_DIAMOND:
+      PT(0, -1);
+      PT(1, 0);
+      PT(0, 1);
+      PT(-1, 0);
+      break;
     case SHAPE_TRIANGLE:
-      if (s->orient == 0) { PT(0, -1); PT(1, 1); PT(-1, 1); }
-      else if (s->orient == 1) { PT(-1, -1); PT(1, -1); PT(0, 1); }
-      else if (s->orient == 2) { PT(-1, 0); PT(1, -1); PT(1, 1); }
-      else { PT(-1, -1); PT(1, 0); PT(-1, 1); }
+      if (s->orient == 0) {
+        PT(0, -1);
+        PT(1, 1);
+        PT(-1, 1);
+      } else if (s->orient == 1) {
+        PT(-1, -1);
+        PT(1, -1);
+        PT(0, 1);
+      } else if (s->orient == 2) {
+        PT(-1, 0);
+        PT(1, -1);
+        PT(1, 1);
+      } else {
+        PT(-1, -1);
+        PT(1, 0);
+        PT(-1, 1);
+      }
       break;
     case SHAPE_CROSS: {
       const float a = 1.0f / 3;
-      PT(-a, -1); PT(a, -1); PT(a, -a); PT(1, -a); PT(1, a); PT(a, a);
-      PT(a, 1); PT(-a, 1); PT(-a, a); PT(-1, a); PT(-1, -a); PT(-a, -a);
+      PT(-a, -1);
+      PT(a, -1);
+      PT(a, -a);
+      PT(1, -a);
+      PT(1, a);
+      PT(a, a);
+      PT(a, 1);
+      PT(-a, 1);
+      PT(-a, a);
+      PT(-1, a);
+      PT(-1, -a);
+      PT(-a, -a);
       break;
     }
     case SHAPE_ELLIPSE:
@@ -129,9 +162,9 @@ static void draw_background(uint8_t *px, int w, int h, Rng *r, uint64_t key, Rgb
       float t;
       float along = x * ca + y * sa;
       switch (pattern) {
-        case 0: t = 0.5f + 0.5f * along / (float)(w + h); break;                       // gradient
-        case 1: t = 0.5f + 0.5f * sinf(6.2831853f * along / period); break;            // stripes
-        case 2: t = (float)(((x / cell) + (y / cell)) & 1); break;                      // checker
+        case 0: t = 0.5f + 0.5f * along / (float)(w + h); break;                            // gradient
+        case 1: t = 0.5f + 0.5f * sinf(6.2831853f * along / period); break;                 // stripes
+        case 2: t = (float)(((x / cell) + (y / cell)) & 1); break;                          // checker
         default: t = 0.5f + 0.25f * (sinf(x / period) + sinf(y / (period * 0.7f))); break;  // waves
       }
       uint64_t noise = rng_mix64(key ^ ((uint64_t)y << 32 | (uint64_t)x));
@@ -190,19 +223,28 @@ static void draw_crowd(uint8_t *px, int w, int h, Rng *r, SynthAnn *ann) {
   for (int y = ry; y + step <= ry + rh; y += step) {
     for (int x = rx; x + step <= rx + rw; x += step) {
       int size = randint(r, step * 3 / 5, step - 1);
-      SynthShape s = {.category = category, .orient = randint(r, 0, 3), .x = x + randint(r, 0, step - size),
-                 .y = y + randint(r, 0, step - size), .w = size, .h = size};
+      SynthShape s = {.category = category,
+                      .orient = randint(r, 0, 3),
+                      .x = x + randint(r, 0, step - size),
+                      .y = y + randint(r, 0, step - size),
+                      .w = size,
+                      .h = size};
       int box[4];
       area += draw_shape(px, w, h, &s, fg, fg, 0, box);
     }
   }
-  *ann = (SynthAnn){.category_id = synth_categories[category].id, .iscrowd = true, .bbox = {rx, ry, rw, rh},
-                    .area = area, .img_w = w, .img_h = h};
+  *ann = (SynthAnn){.category_id = synth_categories[category].id,
+                    .iscrowd = true,
+                    .bbox = {rx, ry, rw, rh},
+                    .area = area,
+                    .img_w = w,
+                    .img_h = h};
 }
 
 // Generates image `index` of a split: pixels into *px (malloc'd [h, w, 3]) and its annotations.
 static void generate_image(const SynthConfig *cfg, int split, int64_t index, SynthImage *im, uint8_t **px) {
-  uint64_t key = rng_mix64(rng_mix64(cfg->seed ^ 0x53594E5448ull) + (uint64_t)split * 0x9E3779B97F4A7C15ull + (uint64_t)index);
+  uint64_t key =
+      rng_mix64(rng_mix64(cfg->seed ^ 0x53594E5448ull) + (uint64_t)split * 0x9E3779B97F4A7C15ull + (uint64_t)index);
   Rng r = rng_make(key);
   im->id = index + 1;
   im->w = randint(&r, cfg->min_side, cfg->max_side);
@@ -290,15 +332,17 @@ static int write_json(const char *path, const SynthImage *images, int64_t n, con
   for (int64_t i = 0; i < n; i++) {
     for (int k = 0; k < images[i].n_anns; k++) {
       const SynthAnn *a = &images[i].anns[k];
-      fprintf(f, "%s{\"id\": %lld, \"image_id\": %lld, \"category_id\": %d, \"iscrowd\": %d, \"area\": %lld, "
-                 "\"bbox\": [%d, %d, %d, %d], \"segmentation\": ",
+      fprintf(f,
+              "%s{\"id\": %lld, \"image_id\": %lld, \"category_id\": %d, \"iscrowd\": %d, \"area\": %lld, "
+              "\"bbox\": [%d, %d, %d, %d], \"segmentation\": ",
               first ? "" : ",\n", (long long)ann_id++, (long long)images[i].id, a->category_id, a->iscrowd ? 1 : 0,
               (long long)a->area, a->bbox[0], a->bbox[1], a->bbox[2], a->bbox[3]);
       if (a->iscrowd) {
         write_rle(f, a);
       } else {
         fprintf(f, "[[");
-        for (int p = 0; p < a->n_poly; p++) fprintf(f, "%s%.1f, %.1f", p ? ", " : "", a->poly[2 * p], a->poly[2 * p + 1]);
+        for (int p = 0; p < a->n_poly; p++)
+          fprintf(f, "%s%.1f, %.1f", p ? ", " : "", a->poly[2 * p], a->poly[2 * p + 1]);
         fprintf(f, "]]");
       }
       fputc('}', f);

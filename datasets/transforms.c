@@ -8,8 +8,12 @@ static const int detr_scales[] = {480, 512, 544, 576, 608, 640, 672, 704, 736, 7
 static const int detr_crop_resize_scales[] = {400, 500, 600};
 
 static AugConfig make_config(bool train, double factor, int max_size) {
-  AugConfig c = {.train = train, .flip_prob = 0.5f, .resize_only_prob = 0.5f, .max_size = max_size,
-                 .mean = {0.485f, 0.456f, 0.406f}, .std = {0.229f, 0.224f, 0.225f}};
+  AugConfig c = {.train = train,
+                 .flip_prob = 0.5f,
+                 .resize_only_prob = 0.5f,
+                 .max_size = max_size,
+                 .mean = {0.485f, 0.456f, 0.406f},
+                 .std = {0.229f, 0.224f, 0.225f}};
   c.n_scales = (int)(sizeof detr_scales / sizeof detr_scales[0]);
   for (int i = 0; i < c.n_scales; i++) c.scales[i] = (int)lround(detr_scales[i] * factor);
   c.n_crop_resize_scales = (int)(sizeof detr_crop_resize_scales / sizeof detr_crop_resize_scales[0]);

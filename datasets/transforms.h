@@ -20,8 +20,8 @@
 
 typedef struct {
   bool train;
-  float flip_prob;         // 0.5
-  float resize_only_prob;  // 0.5: RandomSelect's p, the plain multi-scale resize branch
+  float flip_prob;             // 0.5
+  float resize_only_prob;      // 0.5: RandomSelect's p, the plain multi-scale resize branch
   int scales[AUG_MAX_SCALES];  // shortest-side choices: 480, 512, ..., 800
   int n_scales;
   int max_size;                            // longest side limit, 1333 (<= 0: none)

@@ -11,8 +11,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   detr_model *model;
-  detr_status st = argc == 5 ? detr_open_weights(argv[1], argv[4], NULL, &model)
-                             : detr_open_checkpoint(argv[1], NULL, &model);
+  detr_status st =
+      argc == 5 ? detr_open_weights(argv[1], argv[4], NULL, &model) : detr_open_checkpoint(argv[1], NULL, &model);
   detr_result *result = NULL;
   if (st == DETR_OK) st = detr_detect_file(model, argv[2], argc > 3 ? atof(argv[3]) : 0.5, &result);
   if (st != DETR_OK) {

@@ -97,7 +97,8 @@ static const char *fix_crc(const char *path) {
       const StEntry *e = st_entry(f, i);
       st_writer_add(w, e->name, e->dtype, e->ndim, e->shape, st_data(f, e));
     }
-    for (int i = 0; i < st_metadata_count(f); i++) st_writer_set_metadata(w, st_metadata_key(f, i), st_metadata_value(f, i));
+    for (int i = 0; i < st_metadata_count(f); i++)
+      st_writer_set_metadata(w, st_metadata_key(f, i), st_metadata_value(f, i));
     st_writer_set_metadata(w, "crc32", hex);
     out = fuzz_path("fixed.safetensors");
     FUZZ_ASSERT(st_writer_save(w, out, err, sizeof err) == 0, "st_writer_save: %s", err);

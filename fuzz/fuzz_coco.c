@@ -59,8 +59,10 @@ static void check_dataset(const CocoDataset *ds) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const char *path = write_input(data, size);
   for (int variant = 0; variant < 3; variant++) {
-    CocoOpenConfig cfg = {.ann_path = path, .policy = variant ? BAD_INPUT_SKIP : BAD_INPUT_FAIL,
-                          .contiguous_labels = variant == 2, .quiet = true};
+    CocoOpenConfig cfg = {.ann_path = path,
+                          .policy = variant ? BAD_INPUT_SKIP : BAD_INPUT_FAIL,
+                          .contiguous_labels = variant == 2,
+                          .quiet = true};
     CocoDataset *ds = NULL;
     DataError err = {{0}};
     if (coco_open(&cfg, &ds, &err) == DATA_OK) {
@@ -76,7 +78,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   LabelNames names = {0};
   char err[2048] = "";
   if (label_names_from_coco(path, &names, err, sizeof err) != DETR_OK) fuzz_expect_error(err, path);
-  for (int i = 0; i < names.n; i++) FUZZ_ASSERT(!names.name[i] || strlen(names.name[i]) <= COCO_MAX_STRING_BYTES, "name");
+  for (int i = 0; i < names.n; i++)
+    FUZZ_ASSERT(!names.name[i] || strlen(names.name[i]) <= COCO_MAX_STRING_BYTES, "name");
   label_names_free(&names);
 
   CocoEvalGt gt;
@@ -98,8 +101,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     bool finite = true;
     for (int c = 0; c < 4; c++) finite = finite && isfinite(a->bbox[c]);
     if (!finite) continue;
-    dets[nd++] = (CocoEvalDet){.image_id = a->image_id, .category_id = a->category_id,
-                               .bbox = {a->bbox[0], a->bbox[1], a->bbox[2], a->bbox[3]}, .score = 1.0 / (double)(i + 1)};
+    dets[nd++] = (CocoEvalDet){.image_id = a->image_id,
+                               .category_id = a->category_id,
+                               .bbox = {a->bbox[0], a->bbox[1], a->bbox[2], a->bbox[3]},
+                               .score = 1.0 / (double)(i + 1)};
   }
   CocoEvalResult res;
   if (coco_evaluate(&gt, dets, nd, &res, err, sizeof err) == 0) {

@@ -79,8 +79,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   StepBatch batch;
   err[0] = 0;
   if (step_batch_read(f, DEVICE_CPU, 3, &batch, err, sizeof err)) fuzz_expect_error(err, path);
-  else FUZZ_ASSERT(batch.B >= 1 && batch.H >= 1 && batch.W >= 1, "batch %lldx%lldx%lld", (long long)batch.B,
-                   (long long)batch.H, (long long)batch.W);
+  else
+    FUZZ_ASSERT(batch.B >= 1 && batch.H >= 1 && batch.W >= 1, "batch %lldx%lldx%lld", (long long)batch.B,
+                (long long)batch.H, (long long)batch.W);
   step_batch_free(&batch);
 
   // Round trip through the writer, for files of the dtypes it writes.
@@ -92,7 +93,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       const StEntry *e = st_entry(f, i);
       st_writer_add(w, e->name, e->dtype, e->ndim, e->shape, st_data(f, e));
     }
-    for (int i = 0; i < st_metadata_count(f); i++) st_writer_set_metadata(w, st_metadata_key(f, i), st_metadata_value(f, i));
+    for (int i = 0; i < st_metadata_count(f); i++)
+      st_writer_set_metadata(w, st_metadata_key(f, i), st_metadata_value(f, i));
     const char *out = fuzz_path("roundtrip.safetensors");
     FUZZ_ASSERT(st_writer_save(w, out, err, sizeof err) == 0, "st_writer_save: %s", err);
     st_writer_free(w);

@@ -44,7 +44,9 @@ static void put(const char *harness, const char *name, const void *data, size_t 
   FILE *f = fopen(path, "wb");
   if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f)) fail(path);
 }
-static void put_text(const char *harness, const char *name, const char *text) { put(harness, name, text, strlen(text)); }
+static void put_text(const char *harness, const char *name, const char *text) {
+  put(harness, name, text, strlen(text));
+}
 
 static void copy_file(const char *from, const char *harness, const char *name) {
   FILE *f = fopen(from, "rb");
@@ -84,14 +86,15 @@ static const char *BAD_ITEMS_COCO =  // one of each bad item (skipped or fatal b
     " {\"id\": 1048577, \"name\": \"big\"}, {\"name\": \"noid\"}]}";
 
 static const char *RESULTS[] = {
-(    "[{\"image_id\": 1, \"category_id\": 1, \"bbox\": [10, 20, 30, 40], \"score\": 0.9},"
-    " {\"image_id\": 1, \"category_id\": 3, \"bbox\": [100, 100, 200, 150], \"score\": 0.8},"
-    " {\"image_id\": 2, \"category_id\": 2, \"bbox\": [5, 5, 4, 4], \"score\": 0.5, \"id\": 3, \"area\": 1},"
-    " {\"image_id\": 7, \"category_id\": 3, \"bbox\": [1, 1, 2, 2], \"score\": 1e-3},"
-    " {\"image_id\": 2, \"category_id\": 9, \"bbox\": [0, 0, 1, 1], \"score\": 0.7}]"),
+    ("[{\"image_id\": 1, \"category_id\": 1, \"bbox\": [10, 20, 30, 40], \"score\": 0.9},"
+     " {\"image_id\": 1, \"category_id\": 3, \"bbox\": [100, 100, 200, 150], \"score\": 0.8},"
+     " {\"image_id\": 2, \"category_id\": 2, \"bbox\": [5, 5, 4, 4], \"score\": 0.5, \"id\": 3, \"area\": 1},"
+     " {\"image_id\": 7, \"category_id\": 3, \"bbox\": [1, 1, 2, 2], \"score\": 1e-3},"
+     " {\"image_id\": 2, \"category_id\": 9, \"bbox\": [0, 0, 1, 1], \"score\": 0.7}]"),
     "[]",
-(    "[{\"image_id\": 2.0, \"category_id\": 2, \"bbox\": [5.5e0, 5, 4, 4], \"score\": 1, \"segmentation\": [[1, 2, 3]]},"
-    " {\"image_id\": 1, \"category_id\": 1, \"bbox\": [0, 0, 1e308, 1e308], \"score\": 0.25}]"),
+    ("[{\"image_id\": 2.0, \"category_id\": 2, \"bbox\": [5.5e0, 5, 4, 4], \"score\": 1, \"segmentation\": [[1, 2, "
+     "3]]},"
+     " {\"image_id\": 1, \"category_id\": 1, \"bbox\": [0, 0, 1e308, 1e308], \"score\": 0.25}]"),
     "[{\"image_id\": 99, \"category_id\": 1, \"bbox\": [1, 2, 3, 4], \"score\": 0.5}]",
     "[{\"image_id\": 1, \"category_id\": 1, \"bbox\": [1, 2, 3], \"score\": 0.5}]",
     "{\"image_id\": 1}",
@@ -218,16 +221,19 @@ static void safetensors_seeds(void) {
   st_writer_set_metadata(w, "k", "");
   save(w, "safetensors", "rank4.safetensors");
   // Foreign dtypes and an unknown field, written by hand (the writer keeps to its six dtypes).
-  const char *hdr = "{\"h\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,4]},"
-                    "\"q\":{\"dtype\":\"F8_E4M3\",\"shape\":[2,2],\"data_offsets\":[4,8],\"extra\":{\"x\":[1]}}}";
+  const char *hdr =
+      "{\"h\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,4]},"
+      "\"q\":{\"dtype\":\"F8_E4M3\",\"shape\":[2,2],\"data_offsets\":[4,8],\"extra\":{\"x\":[1]}}}";
   size_t hn = strlen(hdr);
   uint8_t file[512] = {0};
   for (int k = 0; k < 8; k++) file[k] = (uint8_t)(hn >> (8 * k));
   memcpy(file + 8, hdr, hn);
   put("safetensors", "foreign.safetensors", file, 8 + hn + 8);
+}
 
-  // A `detr step` batch: 2 images of 2x3, one with 2 boxes, one with none.
-  w = st_writer_new();
+// A `detr step` batch: 2 images of 2x3, one with 2 boxes, one with none.
+static void step_batch_seed(void) {
+  StWriter *w = st_writer_new();
   float px[2 * 3 * 2 * 3];
   for (int i = 0; i < 36; i++) px[i] = (float)i / 36 - 0.5f;
   uint8_t mask[12] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 1};
@@ -240,24 +246,33 @@ static void safetensors_seeds(void) {
   st_writer_add(w, "targets.1.boxes", ST_F32, 2, (int64_t[]){0, 4}, NULL);
   st_writer_add(w, "targets.1.labels", ST_I64, 1, (int64_t[]){0}, NULL);
   save(w, "safetensors", "step-batch.safetensors");
+}
 
-  // The fuzz model: weights (model_load), a pretrain-style backbone file, checkpoints.
+// The fuzz model: weights (model_load), a pretrain-style backbone file, checkpoints.
+static void model_seeds(void) {
   DetrConfig cfg;
   fuzz_model_config(&cfg);
   DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
   detr_model_init(m, 1);
-  w = st_writer_new();
+  StWriter *w = st_writer_new();
   params_save(&m->params, w, "");
   save(w, "model_load", "weights.safetensors");
   w = st_writer_new();
   for (int i = 0; i < m->params.count; i++)
-    if (!strncmp(m->params.items[i].name, "backbone.", 9)) st_writer_add_tensor(w, m->params.items[i].name, m->params.items[i].tensor);
+    if (!strncmp(m->params.items[i].name, "backbone.", 9))
+      st_writer_add_tensor(w, m->params.items[i].name, m->params.items[i].tensor);
   save(w, "model_load", "backbone.safetensors");
   AdamW opt;
   adamw_init(&opt, &m->params, optim_config_default());
   opt.step = 3;
-  TrainState st = {.step = 3, .epoch = 1, .next_batch = 2, .seed = 42, .dropout_rng = rng_make(7), .best_map = 0.25,
-                   .world_size = 1, .global_batch = 2};
+  TrainState st = {.step = 3,
+                   .epoch = 1,
+                   .next_batch = 2,
+                   .seed = 42,
+                   .dropout_rng = rng_make(7),
+                   .best_map = 0.25,
+                   .world_size = 1,
+                   .global_batch = 2};
   char err[1024];
   if (checkpoint_save(at("checkpoint", "with-optimizer.safetensors"), m, &opt, &st, "train --data d --image-size 64",
                       "1:circle;3:square", err, sizeof err) ||
@@ -307,6 +322,8 @@ int main(int argc, char **argv) {
   coco_seeds();
   image_seeds();
   safetensors_seeds();
+  step_batch_seed();
+  model_seeds();
   text_seeds();
   return 0;
 }

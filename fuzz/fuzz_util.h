@@ -11,14 +11,14 @@
 
 // A failed property: prints the message and aborts, which libFuzzer reports as a crash with the
 // input that caused it.
-#define FUZZ_ASSERT(cond, ...)                                      \
-  do {                                                              \
-    if (!(cond)) {                                                  \
+#define FUZZ_ASSERT(cond, ...)                                                  \
+  do {                                                                          \
+    if (!(cond)) {                                                              \
       fuzz_report("%s:%d: assertion '%s' failed: ", __FILE__, __LINE__, #cond); \
-      fuzz_report(__VA_ARGS__);                                     \
-      fuzz_report("\n");                                            \
-      abort();                                                      \
-    }                                                               \
+      fuzz_report(__VA_ARGS__);                                                 \
+      fuzz_report("\n");                                                        \
+      abort();                                                                  \
+    }                                                                           \
   } while (0)
 // printf to the stderr the process started with: still open when libFuzzer runs with
 // -close_fd_mask=3 (tools/fuzz.sh does, to drop the readers' output).

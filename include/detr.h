@@ -96,15 +96,15 @@ typedef struct detr_result detr_result; /* opaque: the detections of one image *
 /* How to open a model. Start from detr_options_default() and set what you need; a NULL options
  * pointer means the defaults. */
 typedef struct detr_options {
-  detr_device device;      /* DETR_DEVICE_CPU (default) or DETR_DEVICE_CUDA */
-  const char *const *sets; /* NULL-terminated "key=value" config overrides (e.g. "num_queries=50",
+  detr_device device;       /* DETR_DEVICE_CPU (default) or DETR_DEVICE_CUDA */
+  const char *const *sets;  /* NULL-terminated "key=value" config overrides (e.g. "num_queries=50",
                               "encoder_attn=enact"), applied after the config; NULL: none */
-  int image_size;          /* shortest side images are resized to, 32..4096; 0: the checkpoint's
+  int image_size;           /* shortest side images are resized to, 32..4096; 0: the checkpoint's
                               training run, else the model's default (800, 320 ResNet-18/34, 128 tiny) */
-  int max_size;            /* longest side limit, 32..8192; 0: likewise (1333, 512, 192) */
-  const char *names;       /* a COCO instances JSON (plain or .gz) whose categories name the labels;
+  int max_size;             /* longest side limit, 32..8192; 0: likewise (1333, 512, 192) */
+  const char *names;        /* a COCO instances JSON (plain or .gz) whose categories name the labels;
                               NULL: the checkpoint's names; labels without a name are "class <label>" */
-  int threads;             /* CPU threads each detection of the model runs on, 1..1024; 0 (default):
+  int threads;              /* CPU threads each detection of the model runs on, 1..1024; 0 (default):
                               OpenMP's default (OMP_NUM_THREADS, else every core) */
   detr_precision precision; /* DETR_PRECISION_DEFAULT (fp32) unless set */
 } detr_options;

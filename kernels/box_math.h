@@ -74,28 +74,42 @@ DETR_HD float box_giou(const float *a, const float *b) {
 // box whose coordinate wins (ties go to a, as torch's max/min gradient goes to one input).
 DETR_HD void box_giou_backward(const float *a, const float *b, float dg, float *da, float *db) {
   GiouParts p = box_giou_parts(a, b);
-  float dI = dg * (1.0f / p.uni);                          // dG/dI (direct term)
+  float dI = dg * (1.0f / p.uni);                                // dG/dI (direct term)
   float dU = dg * (-p.inter / (p.uni * p.uni) + 1.0f / p.encl);  // dG/dU
-  float dE = dg * (-p.uni / (p.encl * p.encl));             // dG/dE
-  dI -= dU;  // U = area_a + area_b - I
+  float dE = dg * (-p.uni / (p.encl * p.encl));                  // dG/dE
+  dI -= dU;                                                      // U = area_a + area_b - I
   // Areas: area = (x1 - x0)(y1 - y0).
   float aw = a[2] - a[0], ah = a[3] - a[1], bw = b[2] - b[0], bh = b[3] - b[1];
-  da[0] -= dU * ah; da[2] += dU * ah; da[1] -= dU * aw; da[3] += dU * aw;
-  db[0] -= dU * bh; db[2] += dU * bh; db[1] -= dU * bw; db[3] += dU * bw;
+  da[0] -= dU * ah;
+  da[2] += dU * ah;
+  da[1] -= dU * aw;
+  da[3] += dU * aw;
+  db[0] -= dU * bh;
+  db[2] += dU * bh;
+  db[1] -= dU * bw;
+  db[3] += dU * bw;
   // Intersection: iw = min(x1) - max(x0) clamped; I = iw * ih.
   if (p.inter_w > 0.0f && p.inter_h > 0.0f) {
     float g_iw = dI * p.inter_h, g_ih = dI * p.inter_w;
-    if (a[2] <= b[2]) da[2] += g_iw; else db[2] += g_iw;
-    if (a[0] >= b[0]) da[0] -= g_iw; else db[0] -= g_iw;
-    if (a[3] <= b[3]) da[3] += g_ih; else db[3] += g_ih;
-    if (a[1] >= b[1]) da[1] -= g_ih; else db[1] -= g_ih;
+    if (a[2] <= b[2]) da[2] += g_iw;
+    else db[2] += g_iw;
+    if (a[0] >= b[0]) da[0] -= g_iw;
+    else db[0] -= g_iw;
+    if (a[3] <= b[3]) da[3] += g_ih;
+    else db[3] += g_ih;
+    if (a[1] >= b[1]) da[1] -= g_ih;
+    else db[1] -= g_ih;
   }
   // Enclosing box: ew = max(x1) - min(x0); E = ew * eh.
   if (p.encl_w > 0.0f && p.encl_h > 0.0f) {
     float g_ew = dE * p.encl_h, g_eh = dE * p.encl_w;
-    if (a[2] >= b[2]) da[2] += g_ew; else db[2] += g_ew;
-    if (a[0] <= b[0]) da[0] -= g_ew; else db[0] -= g_ew;
-    if (a[3] >= b[3]) da[3] += g_eh; else db[3] += g_eh;
-    if (a[1] <= b[1]) da[1] -= g_eh; else db[1] -= g_eh;
+    if (a[2] >= b[2]) da[2] += g_ew;
+    else db[2] += g_ew;
+    if (a[0] <= b[0]) da[0] -= g_ew;
+    else db[0] -= g_ew;
+    if (a[3] >= b[3]) da[3] += g_eh;
+    else db[3] += g_eh;
+    if (a[1] <= b[1]) da[1] -= g_eh;
+    else db[1] -= g_eh;
   }
 }

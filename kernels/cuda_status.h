@@ -12,13 +12,13 @@
 #include <stdio.h>
 
 #define DETR_CUDA_SUCCESS 0
-#define DETR_CUDA_ERROR_INITIALIZATION 3           // cudaErrorInitializationError
-#define DETR_CUDA_ERROR_INSUFFICIENT_DRIVER 35     // cudaErrorInsufficientDriver
-#define DETR_CUDA_ERROR_DEVICES_UNAVAILABLE 46     // cudaErrorDevicesUnavailable
-#define DETR_CUDA_ERROR_NO_DEVICE 100              // cudaErrorNoDevice
-#define DETR_CUDA_ERROR_SYSTEM_NOT_READY 802       // cudaErrorSystemNotReady
-#define DETR_CUDA_ERROR_SYSTEM_DRIVER_MISMATCH 803 // cudaErrorSystemDriverMismatch
-#define DETR_CUDA_ERROR_COMPAT_NOT_SUPPORTED 804   // cudaErrorCompatNotSupportedOnDevice
+#define DETR_CUDA_ERROR_INITIALIZATION 3            // cudaErrorInitializationError
+#define DETR_CUDA_ERROR_INSUFFICIENT_DRIVER 35      // cudaErrorInsufficientDriver
+#define DETR_CUDA_ERROR_DEVICES_UNAVAILABLE 46      // cudaErrorDevicesUnavailable
+#define DETR_CUDA_ERROR_NO_DEVICE 100               // cudaErrorNoDevice
+#define DETR_CUDA_ERROR_SYSTEM_NOT_READY 802        // cudaErrorSystemNotReady
+#define DETR_CUDA_ERROR_SYSTEM_DRIVER_MISMATCH 803  // cudaErrorSystemDriverMismatch
+#define DETR_CUDA_ERROR_COMPAT_NOT_SUPPORTED 804    // cudaErrorCompatNotSupportedOnDevice
 
 // status, count: cudaGetDeviceCount's status and count; driver, runtime: cudaDriverGetVersion's and
 // cudaRuntimeGetVersion's values (1000 * major + 10 * minor; driver 0: no driver is installed);
@@ -26,8 +26,8 @@
 // NULL. Returns the number of usable devices (> 0, why = ""); 0 with why set when the machine has
 // none for an ordinary reason (no NVIDIA driver, or the driver sees no GPU); -1 with why set when
 // CUDA is there but cannot be used.
-static inline int cuda_probe_explain(int status, int count, int driver, int runtime, const char *name,
-                                     const char *text, const char *visible, char *why, size_t cap) {
+static inline int cuda_probe_explain(int status, int count, int driver, int runtime, const char *name, const char *text,
+                                     const char *visible, char *why, size_t cap) {
   int dmaj = driver / 1000, dmin = driver % 1000 / 10, rmaj = runtime / 1000, rmin = runtime % 1000 / 10;
   if (cap) why[0] = 0;
   if (status == DETR_CUDA_SUCCESS && count > 0) return count;
@@ -35,8 +35,7 @@ static inline int cuda_probe_explain(int status, int count, int driver, int runt
     if (visible)
       snprintf(why, cap, "no CUDA device is visible (CUDA_VISIBLE_DEVICES=\"%s\"; NVIDIA driver for CUDA %d.%d)",
                visible, dmaj, dmin);
-    else
-      snprintf(why, cap, "the NVIDIA driver (for CUDA %d.%d) finds no GPU", dmaj, dmin);
+    else snprintf(why, cap, "the NVIDIA driver (for CUDA %d.%d) finds no GPU", dmaj, dmin);
     return 0;
   }
   if (status == DETR_CUDA_ERROR_INSUFFICIENT_DRIVER && driver == 0) {

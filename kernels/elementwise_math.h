@@ -19,21 +19,21 @@ static inline int fill_is_zero_bits(float value) {
 }
 
 // The unary ops, one list: the enum and the name table are generated from it.
-#define UNARY_OPS(X)                                                            \
-  X(RELU, "relu")                                                               \
-  X(SIGMOID, "sigmoid")                                                         \
-  X(EXP, "exp")                                                                 \
-  X(LOG, "log")                                                                 \
-  X(NEG, "neg")                                                                 \
-  X(ADD_SCALAR, "add_scalar") /* x + param */                                   \
-  X(MUL_SCALAR, "mul_scalar") /* x * param */                                   \
-  X(SQRT, "sqrt")                                                               \
-  X(POW_SCALAR, "pow_scalar") /* x ^ param, x > 0 */                            \
-  X(SOFTPLUS, "softplus")     /* log(1 + e^x), x for x > 20 (torch's threshold) */       \
-  X(SIN, "sin")                                                                 \
-  X(COS, "cos")                                                                 \
-  X(INVERSE_SIGMOID, "inverse_sigmoid") /* log(x1 / x2), param = eps (below) */ \
-  X(ABS, "abs")               /* |x|; derivative sign(x), 0 at 0 (torch) */
+#define UNARY_OPS(X)                                                               \
+  X(RELU, "relu")                                                                  \
+  X(SIGMOID, "sigmoid")                                                            \
+  X(EXP, "exp")                                                                    \
+  X(LOG, "log")                                                                    \
+  X(NEG, "neg")                                                                    \
+  X(ADD_SCALAR, "add_scalar") /* x + param */                                      \
+  X(MUL_SCALAR, "mul_scalar") /* x * param */                                      \
+  X(SQRT, "sqrt")                                                                  \
+  X(POW_SCALAR, "pow_scalar") /* x ^ param, x > 0 */                               \
+  X(SOFTPLUS, "softplus")     /* log(1 + e^x), x for x > 20 (torch's threshold) */ \
+  X(SIN, "sin")                                                                    \
+  X(COS, "cos")                                                                    \
+  X(INVERSE_SIGMOID, "inverse_sigmoid") /* log(x1 / x2), param = eps (below) */    \
+  X(ABS, "abs")                         /* |x|; derivative sign(x), 0 at 0 (torch) */
 
 #define UNARY_ENUM_ENTRY(id, name) UNARY_##id,
 typedef enum { UNARY_OPS(UNARY_ENUM_ENTRY) UNARY_COUNT } UnaryOp;
@@ -105,11 +105,14 @@ DETR_HD float unary_backward(int op, float x, float y, float dy, float param) {
 
 // The binary ops, one list: each op's name, y = a op b, and dy times d y/da and d y/db, in terms
 // of a, b and dy. The enum, the name table and the three functions below are generated from it.
+// Laid out by hand: clang-format spaces the formulas (a * b) as declarations.
+// clang-format off
 #define BINARY_OPS(X)                             \
   X(ADD, "add", a + b, dy, dy)                    \
   X(SUB, "sub", a - b, dy, -dy)                   \
   X(MUL, "mul", a * b, dy * b, dy * a)            \
   X(DIV, "div", a / b, dy / b, -dy * a / (b * b))
+// clang-format on
 
 #define BINARY_ENUM_ENTRY(id, name, ...) BINARY_##id,
 typedef enum { BINARY_OPS(BINARY_ENUM_ENTRY) BINARY_COUNT } BinaryOp;
@@ -122,6 +125,8 @@ static inline const char *binary_op_name(int op) {
   return op >= 0 && op < BINARY_COUNT ? names[op] : "unknown";
 }
 
+// One case per macro, by hand: clang-format would join them and space the switches' labels.
+// clang-format off
 #define BINARY_FORWARD_CASE(id, name, y, da, db) case BINARY_##id: return y;
 #define BINARY_DA_CASE(id, name, y, da, db) case BINARY_##id: return da;
 #define BINARY_DB_CASE(id, name, y, da, db) case BINARY_##id: return db;
@@ -138,6 +143,7 @@ DETR_HD float binary_backward_b(int op, float a, float b, float dy) {
 #undef BINARY_FORWARD_CASE
 #undef BINARY_DA_CASE
 #undef BINARY_DB_CASE
+// clang-format on
 
 // Broadcasting geometry: the output shape and, for each operand, its element stride along each
 // output dim (0 where the operand has size 1 there). Passed by value to kernels.

@@ -42,8 +42,7 @@ DETR_HD float enact_dh_term(float w, float s, float x, float xc, float dxc) { re
 
 // Gaussian smoothing of the entropy map (op_enact_smooth): the centred taps[2r+1] at position pos
 // of a line of len values x[0], x[stride], ..., zero outside the line, summed in tap order.
-DETR_HD float enact_smooth_at(const float *x, int64_t stride, int64_t len, int64_t pos, const float *taps,
-                              int64_t r) {
+DETR_HD float enact_smooth_at(const float *x, int64_t stride, int64_t len, int64_t pos, const float *taps, int64_t r) {
   float acc = 0.0f;
   for (int64_t t = -r; t <= r; t++)
     if (pos + t >= 0 && pos + t < len) acc += taps[t + r] * x[(pos + t) * stride];

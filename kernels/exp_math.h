@@ -28,7 +28,7 @@ DETR_HD float exp_poly_pow2(int32_t k) {
 }
 
 DETR_HD float exp_poly(float x) {
-  const float lo = -104.0f;        // exp(-104) = 6.8e-46: below half the smallest denormal, rounds to 0
+  const float lo = -104.0f;       // exp(-104) = 6.8e-46: below half the smallest denormal, rounds to 0
   const float hi = 88.72283935f;  // ln(FLT_MAX): above it, +inf
   float xc = x < lo ? lo : (x > hi ? hi : x);
   xc = x == x ? xc : 0.0f;  // NaN: compute on 0 (no NaN-to-int conversion), return x below
@@ -43,7 +43,7 @@ DETR_HD float exp_poly(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   float e = p * (r * r) + r + 1.0f;
-  int32_t k = (int32_t)n;  // in [-150, 128]
+  int32_t k = (int32_t)n;        // in [-150, 128]
   int32_t a = k / 2, b = k - a;  // each in [-75, 64]
   float y = (e * exp_poly_pow2(a)) * exp_poly_pow2(b);
   y = x < lo ? 0.0f : y;

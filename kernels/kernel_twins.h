@@ -9,23 +9,22 @@
 // elementwise.c/.cu: fill, uniform in [low, high) and normal draws (kernels/rng_math.h: the same
 // stream on both), dst += src, unary and broadcasting binary ops (binary_backward: da, db may be
 // NULL; they have the broadcast, unexpanded shapes of a and b), dropout.
-#define TWIN_ELEMENTWISE(P)                                                                                  \
-  void P##_fill(float *x, int64_t n, float value);                                                           \
-  void P##_uniform(float *x, int64_t n, uint64_t seed, uint64_t offset, float low, float high);              \
-  void P##_normal(float *x, int64_t n, uint64_t seed, uint64_t offset, float mean, float std);               \
-  void P##_accumulate(float *dst, const float *src, int64_t n);                                              \
-  void P##_unary_forward(int op, const float *x, float *y, int64_t n, float param);                          \
-  void P##_unary_backward(int op, const float *x, const float *y, const float *dy, float *dx, int64_t n,     \
-                          float param);                                                                      \
-  void P##_binary_forward(int op, const float *a, const float *b, float *y, Broadcast bc);                   \
-  void P##_binary_backward(int op, const float *a, const float *b, const float *dy, float *da, float *db,    \
-                           Broadcast bc);                                                                    \
-  void P##_dropout_forward(const float *x, float *y, int64_t n, float p, uint64_t seed, uint64_t offset);    \
+#define TWIN_ELEMENTWISE(P)                                                                                            \
+  void P##_fill(float *x, int64_t n, float value);                                                                     \
+  void P##_uniform(float *x, int64_t n, uint64_t seed, uint64_t offset, float low, float high);                        \
+  void P##_normal(float *x, int64_t n, uint64_t seed, uint64_t offset, float mean, float std);                         \
+  void P##_accumulate(float *dst, const float *src, int64_t n);                                                        \
+  void P##_unary_forward(int op, const float *x, float *y, int64_t n, float param);                                    \
+  void P##_unary_backward(int op, const float *x, const float *y, const float *dy, float *dx, int64_t n, float param); \
+  void P##_binary_forward(int op, const float *a, const float *b, float *y, Broadcast bc);                             \
+  void P##_binary_backward(int op, const float *a, const float *b, const float *dy, float *da, float *db,              \
+                           Broadcast bc);                                                                              \
+  void P##_dropout_forward(const float *x, float *y, int64_t n, float p, uint64_t seed, uint64_t offset);              \
   void P##_dropout_backward(const float *dy, float *dx, int64_t n, float p, uint64_t seed, uint64_t offset);
 
 // reduce.c/.cu: x viewed as [outer, n, inner]; y [outer, inner] = scale * sum over n.
-#define TWIN_REDUCE(P)                                                                                            \
-  void P##_reduce_sum(const float *x, float *y, int64_t outer, int64_t n, int64_t inner, float scale);            \
+#define TWIN_REDUCE(P)                                                                                 \
+  void P##_reduce_sum(const float *x, float *y, int64_t outer, int64_t n, int64_t inner, float scale); \
   void P##_reduce_sum_backward(const float *dy, float *dx, int64_t outer, int64_t n, int64_t inner, float scale);
 
 // matmul.c/.cu: row-major C[M,N] = alpha op(A) op(B) + beta C, and its strided-batched form.
@@ -34,15 +33,15 @@
 // output y [rows, cols]: dz = relu'(y) dy (dz may be dy itself), and dbias[j] += sum_r dz[r, j] when
 // dbias is not NULL, in one pass; keep_scale != 1: y is the output of dropout after the ReLU, dy its
 // gradient (relu_dropout_backward_from_output).
-#define TWIN_MATMUL(P)                                                                                            \
-  void P##_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,         \
-                int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);                     \
-  void P##_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a, \
-                        int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, float beta, \
-                        float *c, int64_t ldc, int64_t stride_c, int64_t batch);                                  \
-  void P##_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols, bool relu);                      \
-  void P##_row_bias_backward(const float *dy, float *dbias, int64_t rows, int64_t cols);                          \
-  void P##_relu_row_bias_backward(const float *y, const float *dy, float keep_scale, float *dz, float *dbias,     \
+#define TWIN_MATMUL(P)                                                                                                 \
+  void P##_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, \
+                const float *b, int64_t ldb, float beta, float *c, int64_t ldc);                                       \
+  void P##_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,      \
+                        int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, float beta,      \
+                        float *c, int64_t ldc, int64_t stride_c, int64_t batch);                                       \
+  void P##_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols, bool relu);                           \
+  void P##_row_bias_backward(const float *dy, float *dbias, int64_t rows, int64_t cols);                               \
+  void P##_relu_row_bias_backward(const float *y, const float *dy, float keep_scale, float *dz, float *dbias,          \
                                   int64_t rows, int64_t cols);
 
 // matmul_bf16.c / matmul.cu: for an op that reads one matrix in several GEMMs (linear: x and W in the
@@ -65,32 +64,32 @@
 // g = dy masked by relu_mask under ReLU (read only then); dx, dresidual may be NULL;
 // set_dx: dx = g * scale instead of +=, and without dresidual dx may then be dy itself;
 // set_dresidual: dresidual = g instead of += g, and dresidual may then be dy itself.
-#define TWIN_CONV(P)                                                                                              \
-  void P##_dwconv_forward(const float *x, const float *w, const float *bias, float *y, const DwConvGeom *g);      \
-  void P##_dwconv_backward(const float *x, const float *w, const float *dy, float *dx, float *dw, float *dbias,   \
-                           const DwConvGeom *g);                                                                  \
-  void P##_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const ConvGeom *g);                       \
-  void P##_maxpool2d_backward(const float *dy, const int32_t *argmax, float *dx, const ConvGeom *g);              \
-  void P##_frozen_bn_forward(const float *x, const float *weight, const float *bias, const float *mean,           \
-                             const float *var, float eps, const float *residual, bool relu, float *y,             \
-                             uint8_t *relu_mask, float *scale, int64_t batch, int64_t channels, int64_t spatial); \
+#define TWIN_CONV(P)                                                                                               \
+  void P##_dwconv_forward(const float *x, const float *w, const float *bias, float *y, const DwConvGeom *g);       \
+  void P##_dwconv_backward(const float *x, const float *w, const float *dy, float *dx, float *dw, float *dbias,    \
+                           const DwConvGeom *g);                                                                   \
+  void P##_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const ConvGeom *g);                        \
+  void P##_maxpool2d_backward(const float *dy, const int32_t *argmax, float *dx, const ConvGeom *g);               \
+  void P##_frozen_bn_forward(const float *x, const float *weight, const float *bias, const float *mean,            \
+                             const float *var, float eps, const float *residual, bool relu, float *y,              \
+                             uint8_t *relu_mask, float *scale, int64_t batch, int64_t channels, int64_t spatial);  \
   void P##_frozen_bn_backward(const uint8_t *relu_mask, const float *dy, const float *scale, bool relu, float *dx, \
-                              bool set_dx, float *dresidual, bool set_dresidual, int64_t batch, int64_t channels, \
+                              bool set_dx, float *dresidual, bool set_dresidual, int64_t batch, int64_t channels,  \
                               int64_t spatial);
 
 // softmax.c/.cu: x [rows, n]; mask [rows / rows_per_mask, n] or NULL. cluster_argmax: x, y
 // [n, q, l]; mask [n / rows_per_mask, l] or NULL; winners [n, l] and counts [n, q] receive each
 // pixel's query (-1: padded) and each query's pixel count (op_cluster_argmax). Layer norm.
-#define TWIN_SOFTMAX(P)                                                                                          \
-  void P##_softmax_forward(const float *x, const float *mask, float *y, int64_t rows, int64_t n,                 \
-                           int64_t rows_per_mask, bool log);                                                     \
-  void P##_softmax_backward(const float *y, const float *dy, float *dx, int64_t rows, int64_t n, bool log);      \
-  void P##_cluster_argmax(const float *x, const float *mask, float *y, float *winners, float *counts, int64_t n, \
-                          int64_t q, int64_t l, int64_t rows_per_mask, bool mean);                               \
-  void P##_layernorm_forward(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd, \
-                             int64_t rows, int64_t n, float eps);                                                \
-  void P##_layernorm_backward(const float *x, const float *w, const float *mean, const float *rstd,              \
-                              const float *dy, float *dx, float *dw, float *db, int64_t rows, int64_t n);
+#define TWIN_SOFTMAX(P)                                                                                              \
+  void P##_softmax_forward(const float *x, const float *mask, float *y, int64_t rows, int64_t n,                     \
+                           int64_t rows_per_mask, bool log);                                                         \
+  void P##_softmax_backward(const float *y, const float *dy, float *dx, int64_t rows, int64_t n, bool log);          \
+  void P##_cluster_argmax(const float *x, const float *mask, float *y, float *winners, float *counts, int64_t n,     \
+                          int64_t q, int64_t l, int64_t rows_per_mask, bool mean);                                   \
+  void P##_layernorm_forward(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,     \
+                             int64_t rows, int64_t n, float eps);                                                    \
+  void P##_layernorm_backward(const float *x, const float *w, const float *mean, const float *rstd, const float *dy, \
+                              float *dx, float *dw, float *db, int64_t rows, int64_t n);
 
 // shape.c/.cu: permute (in_shape and perm are host arrays); copy_axis_range: dst[o, dst_start + k, i]
 // (+)= src[o, src_start + k, i] for k < len, src/dst viewed as [outer, src_axis, inner] and
@@ -102,10 +101,10 @@
   void P##_index_select(const float *x, const int64_t *idx, float *y, int64_t n, int64_t row);
 
 // loss.c/.cu: box format conversion (kernels/box_math.h) and generalized IoU, per box of [n, 4].
-#define TWIN_BOXES(P)                                                                                             \
-  void P##_box_convert_forward(const float *in, float *out, int64_t boxes, bool to_xyxy);                         \
-  void P##_box_convert_backward(const float *dout, float *din, int64_t boxes, bool to_xyxy);                      \
-  void P##_box_giou_forward(const float *a, const float *b, float *out, int64_t n);                               \
+#define TWIN_BOXES(P)                                                                        \
+  void P##_box_convert_forward(const float *in, float *out, int64_t boxes, bool to_xyxy);    \
+  void P##_box_convert_backward(const float *dout, float *din, int64_t boxes, bool to_xyxy); \
+  void P##_box_giou_forward(const float *a, const float *b, float *out, int64_t n);          \
   void P##_box_giou_backward(const float *a, const float *b, const float *dout, float *da, float *db, int64_t n);
 
 // enact.c/.cu: ENACT's clustering (kernels/enact_math.h). K, V [M, d]; H [M]; signs [M] or NULL;

@@ -4,13 +4,13 @@
 #pragma once
 #include "kernels/common.h"
 #include "kernels/elementwise_math.h"  // the ReLU the fused frozen batch norm ends in
-#include "kernels/exp_math.h"         // the softmaxes' exponential
+#include "kernels/exp_math.h"          // the softmaxes' exponential
 
 #include <math.h>
 
 // FrozenBatchNorm2d folds its buffers into y = x * scale + shift (as the reference does).
-DETR_HD void frozen_bn_scale_shift(float weight, float bias, float mean, float var, float eps,
-                                   float *scale, float *shift) {
+DETR_HD void frozen_bn_scale_shift(float weight, float bias, float mean, float var, float eps, float *scale,
+                                   float *shift) {
   float s = weight * (1.0f / sqrtf(var + eps));
   *scale = s;
   *shift = bias - mean * s;
@@ -19,8 +19,7 @@ DETR_HD float frozen_bn_elem(float x, float scale, float shift) { return x * sca
 // Fused with what follows it in a ResNet block (op_frozen_batchnorm2d_act): the residual added,
 // then op_relu's own element function - the same float operations, in the same order, as the
 // three ops one after another.
-DETR_HD float frozen_bn_act_elem(float x, float scale, float shift, const float *residual, int64_t i,
-                                 bool relu) {
+DETR_HD float frozen_bn_act_elem(float x, float scale, float shift, const float *residual, int64_t i, bool relu) {
   float v = frozen_bn_elem(x, scale, shift);
   if (residual) v = v + residual[i];
   return relu ? unary_forward(UNARY_RELU, v, 0.0f) : v;
@@ -45,21 +44,16 @@ DETR_HD float layernorm_rstd(double sum_sq_dev, int64_t n, float eps) {
   return (float)(1.0 / sqrt(sum_sq_dev / (double)n + eps));
 }
 DETR_HD float layernorm_xhat(float x, float mean, float rstd) { return (x - mean) * rstd; }
-DETR_HD float layernorm_elem(float x, float mean, float rstd, float w, float b) {
-  return (x - mean) * rstd * w + b;
-}
+DETR_HD float layernorm_elem(float x, float mean, float rstd, float w, float b) { return (x - mean) * rstd * w + b; }
 // dx_i = rstd * (g_i - mean(g) - xhat_i * mean(g * xhat)) with g = dy * w.
-DETR_HD float layernorm_backward_elem(float g, float xhat, float rstd, float mean_g,
-                                      float mean_g_xhat) {
+DETR_HD float layernorm_backward_elem(float g, float xhat, float rstd, float mean_g, float mean_g_xhat) {
   return rstd * (g - mean_g - xhat * mean_g_xhat);
 }
 
 // Softmax of a row: v = x + mask; m = max v; s = sum exp(v - m) (in double).
 // y = exp(v - m) / s, log-softmax y = v - (m + log s). A row with m = -inf (every entry masked)
 // has no distribution: zeros (log: -inf), and no gradient.
-DETR_HD float softmax_input(float x, const float *mask_row, int64_t j) {
-  return mask_row ? x + mask_row[j] : x;
-}
+DETR_HD float softmax_input(float x, const float *mask_row, int64_t j) { return mask_row ? x + mask_row[j] : x; }
 DETR_HD float log_sum_exp(float max, double sum) { return max + logf((float)sum); }
 DETR_HD float softmax_inv_sum(double sum) { return (float)(1.0 / sum); }
 DETR_HD float softmax_exp(float v, float max) { return exp_poly(v - max); }
@@ -67,9 +61,7 @@ DETR_HD float softmax_elem(float v, float max, float inv_sum) { return softmax_e
 
 // Softmax: dx_i = y_i (dy_i - sum_j dy_j y_j). Log-softmax: dx_i = dy_i - exp(y_i) sum_j dy_j.
 DETR_HD float softmax_backward_elem(float y, float dy, float dot) { return y * (dy - dot); }
-DETR_HD float log_softmax_backward_elem(float y, float dy, float sum_dy) {
-  return dy - expf(y) * sum_dy;
-}
+DETR_HD float log_softmax_backward_elem(float y, float dy, float sum_dy) { return dy - expf(y) * sum_dy; }
 
 // Cluster-wise argmax (kMaX-DeepLab's k-means assignment, op_cluster_argmax): logits x [Q, L] of
 // one image and head; pixel l goes to the query with the largest logit in column l (the first on

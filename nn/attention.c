@@ -11,7 +11,8 @@ MultiheadAttention mha_create(ParamStore *ps, const char *prefix, int64_t dim, i
   char name[112];
   param_name_join(name, sizeof name, prefix, "out_proj");
   MultiheadAttention a = {
-      .in_proj_weight = params_add(ps, SHAPE(3 * dim, dim), PARAM_TRAINABLE, LR_GROUP_MAIN, "%s.in_proj_weight", prefix),
+      .in_proj_weight =
+          params_add(ps, SHAPE(3 * dim, dim), PARAM_TRAINABLE, LR_GROUP_MAIN, "%s.in_proj_weight", prefix),
       .in_proj_bias = params_add(ps, SHAPE(3 * dim), PARAM_TRAINABLE, LR_GROUP_MAIN, "%s.in_proj_bias", prefix),
       .out_proj = linear_create(ps, name, dim, dim, true, PARAM_TRAINABLE, LR_GROUP_MAIN),
       .dim = dim,
@@ -88,7 +89,8 @@ static bool some_row_all_padding(const Tensor *mask) {
 // [B, Q, heads * hd] -> [heads, B * Q, hd]
 static Tensor *heads_first(Tensor *x, int64_t heads) {
   int64_t B = x->shape.d[0], Q = x->shape.d[1], hd = x->shape.d[2] / heads;
-  return op_reshape(op_permute(op_reshape(x, SHAPE(B, Q, heads, hd)), (const int[]){2, 0, 1, 3}), SHAPE(heads, B * Q, hd));
+  return op_reshape(op_permute(op_reshape(x, SHAPE(B, Q, heads, hd)), (const int[]){2, 0, 1, 3}),
+                    SHAPE(heads, B * Q, hd));
 }
 
 Tensor *attention_fold_projections(const AttnKeyTerm *terms, int n_terms, Tensor *value_weight, Tensor *value_bias,
@@ -99,17 +101,19 @@ Tensor *attention_fold_projections(const AttnKeyTerm *terms, int n_terms, Tensor
   int64_t B = values->shape.d[0], L = values->shape.d[1], dv_in = values->shape.d[2];
   int64_t Q = terms[0].query->shape.d[1], d = value_weight->shape.d[0], D = 0;
   DETR_CHECK(values->device == DEVICE_CPU, "attention_fold_projections: CPU tensors only (attention_fold_pays)");
-  DETR_CHECK(values->shape.ndim == 3 && value_weight->shape.d[1] == dv_in && d % heads == 0,
-             "attention_fold_projections: values [B, L, %lld] do not fit the value projection [%lld, %lld] in %lld heads",
-             (long long)dv_in, (long long)d, (long long)value_weight->shape.d[1], (long long)heads);
+  DETR_CHECK(
+      values->shape.ndim == 3 && value_weight->shape.d[1] == dv_in && d % heads == 0,
+      "attention_fold_projections: values [B, L, %lld] do not fit the value projection [%lld, %lld] in %lld heads",
+      (long long)dv_in, (long long)d, (long long)value_weight->shape.d[1], (long long)heads);
   Tensor *folded[ATTN_MAX_KEY_TERMS], *keys[ATTN_MAX_KEY_TERMS];
   for (int t = 0; t < n_terms; t++) {
     int64_t din = terms[t].weight->shape.d[1];
     const Shape *qs = &terms[t].query->shape, *ks = &terms[t].keys->shape;
-    DETR_CHECK(qs->ndim == 3 && qs->d[0] == B && qs->d[1] == Q && qs->d[2] == terms[t].weight->shape.d[0] &&
-                   qs->d[2] % heads == 0 && ks->ndim == 3 && ks->d[0] == B && ks->d[1] == L && ks->d[2] == din,
-               "attention_fold_projections: term %d's query, weight [%lld, %lld] and keys do not fit [B %lld, Q %lld, L %lld]",
-               t, (long long)terms[t].weight->shape.d[0], (long long)din, (long long)B, (long long)Q, (long long)L);
+    DETR_CHECK(
+        qs->ndim == 3 && qs->d[0] == B && qs->d[1] == Q && qs->d[2] == terms[t].weight->shape.d[0] &&
+            qs->d[2] % heads == 0 && ks->ndim == 3 && ks->d[0] == B && ks->d[1] == L && ks->d[2] == din,
+        "attention_fold_projections: term %d's query, weight [%lld, %lld] and keys do not fit [B %lld, Q %lld, L %lld]",
+        t, (long long)terms[t].weight->shape.d[0], (long long)din, (long long)B, (long long)Q, (long long)L);
     Tensor *w = op_reshape(terms[t].weight, SHAPE(heads, terms[t].weight->shape.d[0] / heads, din));  // [h, hd, din]
     folded[t] = op_bmm(heads_first(terms[t].query, heads), w, false, false);  // [h, B*Q, din]: W_t,h^T q_t,h
     keys[t] = terms[t].keys;
@@ -125,7 +129,7 @@ Tensor *attention_fold_projections(const AttnKeyTerm *terms, int n_terms, Tensor
   Tensor *pooled = op_reshape(op_bmm(attn, values, false, false), SHAPE(B, heads, Q, dv_in));  // sum_j P x_v(j)
   pooled = op_reshape(op_permute(pooled, (const int[]){1, 0, 2, 3}), SHAPE(heads, B * Q, dv_in));
   Tensor *out = op_bmm(pooled, op_reshape(value_weight, SHAPE(heads, d / heads, dv_in)), false, true);  // [h, B*Q, dv]
-  out = op_permute(op_reshape(out, SHAPE(heads, B, Q, d / heads)), (const int[]){1, 2, 0, 3});  // [B, Q, h, dv]
+  out = op_permute(op_reshape(out, SHAPE(heads, B, Q, d / heads)), (const int[]){1, 2, 0, 3});          // [B, Q, h, dv]
   if (value_bias) {
     Tensor *bias = op_reshape(value_bias, SHAPE(heads, d / heads));  // [h, dv]
     if (key_padding_mask && some_row_all_padding(key_padding_mask)) {

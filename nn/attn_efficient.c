@@ -13,10 +13,10 @@ static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnIn
   Tensor *qk = op_add(in->x, in->pos);
   Tensor *q = mha_project(a, qk, 0), *k = mha_project(a, qk, 1), *v = mha_project(a, in->x, 2);  // [B, N, d]
   Tensor *rho_q = op_reshape(op_softmax(op_reshape(q, SHAPE(B * N * h, hd)), NULL), SHAPE(B, N, d));
-  Tensor *rho_k = op_softmax(op_transpose(k, 1, 2), in->geom->key_mask);  // [B, d, N], over valid positions
-  Tensor *kh = op_reshape(rho_k, SHAPE(B * h, hd, N));                    // channels are head-major
-  Tensor *context = op_bmm(kh, mha_split_heads(v, h), false, false);      // [B*h, hd, hd]
-  Tensor *out = op_bmm(mha_split_heads(rho_q, h), context, false, false); // [B*h, N, hd]
+  Tensor *rho_k = op_softmax(op_transpose(k, 1, 2), in->geom->key_mask);   // [B, d, N], over valid positions
+  Tensor *kh = op_reshape(rho_k, SHAPE(B * h, hd, N));                     // channels are head-major
+  Tensor *context = op_bmm(kh, mha_split_heads(v, h), false, false);       // [B*h, hd, hd]
+  Tensor *out = op_bmm(mha_split_heads(rho_q, h), context, false, false);  // [B*h, N, hd]
   return linear_forward(&a->out_proj, mha_merge_heads(out, B));
 }
 

@@ -75,10 +75,10 @@ Tensor *enact_official_cluster(Tensor *k, Tensor *v, Tensor *hsm, int64_t c, Ten
 
 Tensor *enact_official_attend(const EnactOfficial *e, Tensor *q, Tensor *kc, Tensor *vc) {
   int64_t B = q->shape.d[0], hd = q->shape.d[2] / e->heads;
-  Tensor *qh = mha_split_heads(linear_forward(&e->w_q, q), e->heads);    // [B*h, N, hd]
-  Tensor *kh = mha_split_heads(linear_forward(&e->w_k, kc), e->heads);   // [B*h, L, hd]
-  Tensor *vh = mha_split_heads(linear_forward(&e->w_v, vc), e->heads);   // [B*h, L, hd]
-  Tensor *attn = op_softmax(op_bmm(qh, kh, false, true), NULL);          // [B*h, N, L], unscaled logits
+  Tensor *qh = mha_split_heads(linear_forward(&e->w_q, q), e->heads);   // [B*h, N, hd]
+  Tensor *kh = mha_split_heads(linear_forward(&e->w_k, kc), e->heads);  // [B*h, L, hd]
+  Tensor *vh = mha_split_heads(linear_forward(&e->w_v, vc), e->heads);  // [B*h, L, hd]
+  Tensor *attn = op_softmax(op_bmm(qh, kh, false, true), NULL);         // [B*h, N, L], unscaled logits
   attn = op_mul_scalar(attn, 1.0f / (float)hd);  // softmax(...) / head_dim (exact for a power-of-2 head_dim)
   return linear_forward(&e->w_o, mha_merge_heads(op_bmm(attn, vh, false, false), B));  // [B, N, d]
 }
@@ -181,8 +181,9 @@ static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnIn
 
 const EncoderAttnKind encoder_attn_enact_official = {
     .name = "enact_official",
-    .summary = "ENACT as its authors' ClustAttn: fixed chunks of the batch's mean run length, own W_q/W_k/W_v/W_o, "
-               "no padding mask, O(N L d)",
+    .summary =
+        "ENACT as its authors' ClustAttn: fixed chunks of the batch's mean run length, own W_q/W_k/W_v/W_o, "
+        "no padding mask, O(N L d)",
     .settings = SETTINGS,
     .n_settings = (int)(sizeof SETTINGS / sizeof SETTINGS[0]),
     .extras_size = sizeof(EnactOfficial),

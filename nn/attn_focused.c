@@ -39,8 +39,8 @@ static void create(void *extras, ParamStore *ps, const char *prefix, int64_t dim
 
 static void init(void *extras, Rng *rng) {
   FocusedAttn *f = extras;
-  tensor_fill_(f->scale, 0.0f);                             // as the official module
-  init_torch_default(f->dwc_weight, f->dwc_bias, rng);      // nn.Conv2d's default
+  tensor_fill_(f->scale, 0.0f);                         // as the official module
+  init_torch_default(f->dwc_weight, f->dwc_bias, rng);  // nn.Conv2d's default
 }
 
 // f_p of x [B, N, d] (x > 0): ||x|| / ||x^p|| * x^p over the last axis.
@@ -72,12 +72,13 @@ static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnIn
   }
   Tensor *inv_n = tensor_scoped(tensor_from_host(in->x->device, SHAPE(B * h, 1, 1), host));
   free(host);
-  Tensor *kv = op_mul(op_bmm(kh, vh, true, false), inv_n);                     // [B*h, hd, hd]
-  Tensor *k_mean = op_mul(op_sum(kh, 1, true), inv_n);                         // [B*h, 1, hd]
-  Tensor *denom = op_add_scalar(op_bmm(qh, k_mean, false, true), 1e-6f);       // [B*h, N, 1]
-  Tensor *out = op_div(op_bmm(qh, kv, false, false), denom);                   // [B*h, N, hd]
+  Tensor *kv = op_mul(op_bmm(kh, vh, true, false), inv_n);                // [B*h, hd, hd]
+  Tensor *k_mean = op_mul(op_sum(kh, 1, true), inv_n);                    // [B*h, 1, hd]
+  Tensor *denom = op_add_scalar(op_bmm(qh, k_mean, false, true), 1e-6f);  // [B*h, N, 1]
+  Tensor *out = op_div(op_bmm(qh, kv, false, false), denom);              // [B*h, N, hd]
   // DWC over each head's value map (padded pixels zeroed): [B*h, hd, Hp, Wp].
-  Tensor *vmap = op_reshape(op_transpose(mha_split_heads(op_mul(v, g->valid), h), 1, 2), SHAPE(B * h, hd, g->Hp, g->Wp));
+  Tensor *vmap =
+      op_reshape(op_transpose(mha_split_heads(op_mul(v, g->valid), h), 1, 2), SHAPE(B * h, hd, g->Hp, g->Wp));
   Tensor *dwc = op_depthwise_conv2d(vmap, f->dwc_weight, f->dwc_bias);
   out = op_add(out, op_transpose(op_reshape(dwc, SHAPE(B * h, hd, N)), 1, 2));
   return linear_forward(&a->out_proj, mha_merge_heads(out, B));
@@ -85,7 +86,8 @@ static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnIn
 
 const EncoderAttnKind encoder_attn_focused = {
     .name = "focused",
-    .summary = "FLatten's focused linear attention f_p(q) (f_p(k)^T v) / normaliser + depthwise conv of v, O(N d^2 / h)",
+    .summary =
+        "FLatten's focused linear attention f_p(q) (f_p(k)^T v) / normaliser + depthwise conv of v, O(N d^2 / h)",
     .settings = SETTINGS,
     .n_settings = (int)(sizeof SETTINGS / sizeof SETTINGS[0]),
     .extras_size = sizeof(FocusedAttn),

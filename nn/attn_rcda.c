@@ -14,7 +14,8 @@ MultiheadRcda rcda_create(ParamStore *ps, const char *prefix, int64_t dim, int64
   char name[112];
   param_name_join(name, sizeof name, prefix, "out_proj");
   return (MultiheadRcda){
-      .in_proj_weight = params_add(ps, SHAPE(5 * dim, dim), PARAM_TRAINABLE, LR_GROUP_MAIN, "%s.in_proj_weight", prefix),
+      .in_proj_weight =
+          params_add(ps, SHAPE(5 * dim, dim), PARAM_TRAINABLE, LR_GROUP_MAIN, "%s.in_proj_weight", prefix),
       .in_proj_bias = params_add(ps, SHAPE(5 * dim), PARAM_TRAINABLE, LR_GROUP_MAIN, "%s.in_proj_bias", prefix),
       .out_proj = linear_create(ps, name, dim, dim, true, PARAM_TRAINABLE, LR_GROUP_MAIN),
       .dim = dim,
@@ -39,27 +40,27 @@ Tensor *rcda_project(const MultiheadRcda *a, Tensor *x, int which) {
 RcdaKeys rcda_keys(const MultiheadRcda *a, Tensor *key_row_in, Tensor *key_col_in, Tensor *value_in) {
   DETR_CHECK(key_row_in->shape.ndim == 4 && key_col_in->shape.ndim == 4 && value_in->shape.ndim == 4,
              "rcda_keys: the keys and value must be maps [B, H, W, d]");
-  return (RcdaKeys){.k_row = rcda_project(a, op_mean(key_row_in, 1, false), RCDA_K_ROW),   // [B, W, d]
-                    .k_col = rcda_project(a, op_mean(key_col_in, 2, false), RCDA_K_COL),   // [B, H, d]
-                    .v = rcda_project(a, value_in, RCDA_V)};                               // [B, H, W, d]
+  return (RcdaKeys){.k_row = rcda_project(a, op_mean(key_row_in, 1, false), RCDA_K_ROW),  // [B, W, d]
+                    .k_col = rcda_project(a, op_mean(key_col_in, 2, false), RCDA_K_COL),  // [B, H, d]
+                    .v = rcda_project(a, value_in, RCDA_V)};                              // [B, H, W, d]
 }
 
 // Per-head softmax weights [B*h, L, S] of queries q [B, L, d] against keys k [B, S, d], the mask
 // [B, S] serving each image's h * L rows.
 static Tensor *weights_1d(Tensor *q, Tensor *k, int64_t heads, Tensor *mask) {
   int64_t B = q->shape.d[0], L = q->shape.d[1], S = k->shape.d[1], hd = q->shape.d[2] / heads;
-  Tensor *logits = op_bmm(mha_split_heads(op_mul_scalar(q, 1.0f / sqrtf((float)hd)), heads),
-                          mha_split_heads(k, heads), false, true);  // [B*h, L, S]
+  Tensor *logits = op_bmm(mha_split_heads(op_mul_scalar(q, 1.0f / sqrtf((float)hd)), heads), mha_split_heads(k, heads),
+                          false, true);  // [B*h, L, S]
   return op_reshape(op_softmax(op_reshape(logits, SHAPE(B, heads * L, S)), mask), SHAPE(B * heads, L, S));
 }
 
-Tensor *rcda_attend(const NnCtx *ctx, Tensor *q_row, Tensor *q_col, const RcdaKeys *k, int64_t heads,
-                    Tensor *row_mask, Tensor *col_mask, float p, Tensor **weights) {
+Tensor *rcda_attend(const NnCtx *ctx, Tensor *q_row, Tensor *q_col, const RcdaKeys *k, int64_t heads, Tensor *row_mask,
+                    Tensor *col_mask, float p, Tensor **weights) {
   int64_t B = q_row->shape.d[0], L = q_row->shape.d[1], d = q_row->shape.d[2], hd = d / heads;
   int64_t H = k->v->shape.d[1], W = k->v->shape.d[2], bh = B * heads;
   Tensor *row = weights_1d(q_row, k->k_row, heads, row_mask);  // [B*h, L, W]
   Tensor *col = weights_1d(q_col, k->k_col, heads, col_mask);  // [B*h, L, H]
-  if (weights) {  // before dropout, as DETR's pictured weights
+  if (weights) {                                               // before dropout, as DETR's pictured weights
     Tensor *w2 = op_mul(op_reshape(col, SHAPE(bh, L, H, 1)), op_reshape(row, SHAPE(bh, L, 1, W)));
     *weights = attention_head_mean(op_reshape(w2, SHAPE(bh, L, H * W)), B);
   }
@@ -72,7 +73,7 @@ Tensor *rcda_attend(const NnCtx *ctx, Tensor *q_row, Tensor *q_col, const RcdaKe
     int perm[4] = {0, 2, 1, 3};
     Tensor *vw = op_reshape(op_permute(op_reshape(v, SHAPE(bh, H, W, hd)), perm), SHAPE(bh, W, H * hd));
     Tensor *t = op_reshape(op_bmm(row, vw, false, false), SHAPE(bh * L, H, hd));  // sum over x
-    out = op_bmm(op_reshape(col, SHAPE(bh * L, 1, H)), t, false, false);        // [B*h*L, 1, hd]
+    out = op_bmm(op_reshape(col, SHAPE(bh * L, 1, H)), t, false, false);          // [B*h*L, 1, hd]
   } else {
     Tensor *t = op_reshape(op_bmm(col, op_reshape(v, SHAPE(bh, H, W * hd)), false, false), SHAPE(bh * L, W, hd));
     out = op_bmm(op_reshape(row, SHAPE(bh * L, 1, W)), t, false, false);  // [B*h*L, 1, hd]
@@ -80,9 +81,8 @@ Tensor *rcda_attend(const NnCtx *ctx, Tensor *q_row, Tensor *q_col, const RcdaKe
   return mha_merge_heads(op_reshape(out, SHAPE(bh, L, hd)), B);  // [B, L, d]
 }
 
-Tensor *rcda_forward(const MultiheadRcda *a, const NnCtx *ctx, Tensor *query_row, Tensor *query_col,
-                     Tensor *key_row_in, Tensor *key_col_in, Tensor *value_in, Tensor *row_mask, Tensor *col_mask,
-                     Tensor **weights) {
+Tensor *rcda_forward(const MultiheadRcda *a, const NnCtx *ctx, Tensor *query_row, Tensor *query_col, Tensor *key_row_in,
+                     Tensor *key_col_in, Tensor *value_in, Tensor *row_mask, Tensor *col_mask, Tensor **weights) {
   RcdaKeys k = rcda_keys(a, key_row_in, key_col_in, value_in);
   Tensor *q_row = rcda_project(a, query_row, RCDA_Q_ROW), *q_col = rcda_project(a, query_col, RCDA_Q_COL);
   Tensor *y = rcda_attend(ctx, q_row, q_col, &k, a->heads, row_mask, col_mask, a->dropout, weights);
@@ -103,8 +103,8 @@ Tensor *rcda_cluster_forward(const MultiheadRcda *a, const NnCtx *ctx, Tensor *m
   // The map's projections averaged over the other axis are the queries (projection then mean, as
   // the reference: the same affine map either way); the clusters are the keys, projected with the
   // query weights (the reference's argument order turns RCDA's roles).
-  Tensor *q_row = op_mean(rcda_project(a, map_row, RCDA_K_ROW), 1, false);  // [B, W, d]
-  Tensor *q_col = op_mean(rcda_project(a, map_col, RCDA_K_COL), 2, false);  // [B, H, d]
+  Tensor *q_row = op_mean(rcda_project(a, map_row, RCDA_K_ROW), 1, false);              // [B, W, d]
+  Tensor *q_col = op_mean(rcda_project(a, map_col, RCDA_K_COL), 2, false);              // [B, H, d]
   Tensor *row = weights_1d(q_row, rcda_project(a, k_row_cl, RCDA_Q_ROW), heads, NULL);  // [B*h, W, L]
   Tensor *col = weights_1d(q_col, rcda_project(a, k_col_cl, RCDA_Q_COL), heads, NULL);  // [B*h, H, L]
   row = nn_dropout(ctx, row, a->dropout);

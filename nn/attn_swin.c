@@ -38,8 +38,8 @@ static void create(void *extras, ParamStore *ps, const char *prefix, int64_t dim
   s->shift = attn_setting(settings, "swin_shift") != 0;
   s->heads = heads;
   int64_t side = 2 * s->window - 1;
-  s->table = params_add(ps, SHAPE(side * side, heads), PARAM_TRAINABLE, LR_GROUP_MAIN, "%s.relative_position_bias_table",
-                        prefix);
+  s->table = params_add(ps, SHAPE(side * side, heads), PARAM_TRAINABLE, LR_GROUP_MAIN,
+                        "%s.relative_position_bias_table", prefix);
 }
 
 static void init(void *extras, Rng *rng) {  // WindowAttention: trunc_normal_(std=.02), timm's bounds [-2, 2]
@@ -142,8 +142,8 @@ static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnIn
   Tensor *q = op_mul_scalar(mha_project(a, qk, 0), 1.0f / sqrtf((float)hd));
   Tensor *k = mha_project(a, qk, 1), *v = mha_project(a, vin, 2);
   Tensor *logits = op_bmm(mha_split_heads(q, h), mha_split_heads(k, h), false, true);  // [B*nW*h, T, T]
-  Tensor *bias = relative_bias(s);                                                       // [h, T, T]
-  if (w.shift_mask) {  // [nW, h, T, T]
+  Tensor *bias = relative_bias(s);                                                     // [h, T, T]
+  if (w.shift_mask) {                                                                  // [nW, h, T, T]
     bias = op_add(bias, tensor_scoped(tensor_from_host(in->x->device, SHAPE(nW, 1, T, T), w.shift_mask)));
     logits = op_add(op_reshape(logits, SHAPE(B, nW, h, T, T)), bias);
   } else {
@@ -153,7 +153,7 @@ static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnIn
   Tensor *key_mask = tensor_scoped(tensor_from_host(in->x->device, SHAPE(B * nW, T), w.key_mask));
   Tensor *attn = op_reshape(op_softmax(op_reshape(logits, SHAPE(B * nW, h * T, T)), key_mask), SHAPE(B * nW * h, T, T));
   Tensor *out = mha_merge_heads(nn_dropout_bmm(ctx, attn, mha_split_heads(v, h), a->dropout), B * nW);  // [B*nW, T, d]
-  out = op_index_select(op_reshape(out, SHAPE(B * nW * T, d)), w.unpart, B * N);                      // [B*N, d]
+  out = op_index_select(op_reshape(out, SHAPE(B * nW * T, d)), w.unpart, B * N);                        // [B*N, d]
   windows_free(&w);
   return linear_forward(&a->out_proj, op_reshape(out, SHAPE(B, N, d)));
 }

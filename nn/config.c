@@ -16,14 +16,17 @@ typedef struct {
   const char *help;  // one line for `--help` (detr_config_key)
 } Field;
 
-#define F(key, type, help) {#key, type, offsetof(DetrConfig, key), help}
+#define F(key, type, help) \
+  { #key, type, offsetof(DetrConfig, key), help }
 static const Field FIELDS[] = {
     {"backbone", FIELD_INT32, offsetof(DetrConfig, backbone_depth), "ResNet depth: 18, 34, 50 or 101"},
     {"backbone_width", FIELD_INT32, offsetof(DetrConfig, backbone_width), "channels of the stem and layer1 (0: 64)"},
-    {"backbone_layers", FIELD_INT32, offsetof(DetrConfig, backbone_layers), "4 (stride 32) or 3 (stop after layer3: stride 16)"},
+    {"backbone_layers", FIELD_INT32, offsetof(DetrConfig, backbone_layers),
+     "4 (stride 32) or 3 (stop after layer3: stride 16)"},
     F(dilation, FIELD_BOOL, "DC5: layer4 dilated instead of strided (ResNet-50/101)"),
     F(train_backbone, FIELD_BOOL, "the backbone trains at all"),
-    {"frozen_stages", FIELD_INT32, offsetof(DetrConfig, frozen_stages), "leading backbone stages kept frozen (2: stem + layer1)"},
+    {"frozen_stages", FIELD_INT32, offsetof(DetrConfig, frozen_stages),
+     "leading backbone stages kept frozen (2: stem + layer1)"},
     F(hidden_dim, FIELD_INT, "the transformer's width"),
     F(nheads, FIELD_INT, "attention heads (divides hidden_dim)"),
     F(enc_layers, FIELD_INT, "encoder layers, 0..12"),
@@ -90,7 +93,8 @@ const char *detr_config_key(int i, char *help, size_t cap) {
   i -= N_FIELDS;
   if (i < 3) {
     if (help && i == 0)
-      snprintf(help, cap, "the encoder's self-attention: %s (docs/attention.md)", encoder_attn_names(names, sizeof names));
+      snprintf(help, cap, "the encoder's self-attention: %s (docs/attention.md)",
+               encoder_attn_names(names, sizeof names));
     else if (help && i == 1)
       snprintf(help, cap, "the decoder: %s (docs/conditional_detr.md)", decoder_names(names, sizeof names));
     else if (help)
@@ -123,7 +127,8 @@ int detr_config_set(DetrConfig *cfg, const char *key, const char *value, char *e
     const DecoderKind *k = decoder_find(value);
     char names[256];
     if (!k) {
-      snprintf(err, err_cap, "config decoder: unknown decoder '%s' (one of %s)", value, decoder_names(names, sizeof names));
+      snprintf(err, err_cap, "config decoder: unknown decoder '%s' (one of %s)", value,
+               decoder_names(names, sizeof names));
       return -1;
     }
     cfg->decoder = k;
@@ -195,8 +200,7 @@ void detr_config_format(const DetrConfig *cfg, char *buf, size_t cap) {
       n += (size_t)snprintf(buf + n, cap - n, "%s=%.9g\n", FIELDS[i].key, *(const float *)at);
     else if (FIELDS[i].type == FIELD_INT32)
       n += (size_t)snprintf(buf + n, cap - n, "%s=%d\n", FIELDS[i].key, *(const int *)at);
-    else
-      n += (size_t)snprintf(buf + n, cap - n, "%s=%lld\n", FIELDS[i].key, (long long)*(const int64_t *)at);
+    else n += (size_t)snprintf(buf + n, cap - n, "%s=%lld\n", FIELDS[i].key, (long long)*(const int64_t *)at);
   }
   const EncoderAttnKind *attn = detr_encoder_attn(cfg);
   if (n < cap) n += (size_t)snprintf(buf + n, cap - n, "encoder_attn=%s\n", attn->name);
@@ -232,18 +236,21 @@ int detr_config_validate(const DetrConfig *c, char *err, size_t err_cap) {
   else if (!(c->dropout >= 0.0f && c->dropout < 1.0f)) problem = "dropout must be in [0, 1)";
   else if (c->decoder_cross_attn && !decoder_cross_attn_find(detr_decoder(c), c->decoder_cross_attn))
     problem = "decoder_cross_attn is not offered by the decoder";
-  else if (detr_decoder(c)->encode && !detr_decoder(c)->own_encoder_attn && detr_encoder_attn(c) != encoder_attn_default())
+  else if (detr_decoder(c)->encode && !detr_decoder(c)->own_encoder_attn &&
+           detr_encoder_attn(c) != encoder_attn_default())
     problem = "the decoder brings its own encoder (RCDA): encoder_attn does not apply to it";
   else if (detr_decoder(c)->unsupported)
-    problem = detr_decoder(c)->unsupported(&(DecoderShape){
-        .s = {.dim = c->hidden_dim, .heads = c->nheads, .ffn_dim = c->ffn_dim, .dropout = c->dropout,
-              .pre_norm = c->pre_norm},
-        .layers = c->dec_layers,
-        .cross_attn = c->decoder_cross_attn,
-        .enc_layers = c->enc_layers,
-        .queries = c->num_queries,
-        .encoder_attn = detr_encoder_attn(c),
-        .attn_settings = &c->attn_settings});
+    problem = detr_decoder(c)->unsupported(&(DecoderShape){.s = {.dim = c->hidden_dim,
+                                                                 .heads = c->nheads,
+                                                                 .ffn_dim = c->ffn_dim,
+                                                                 .dropout = c->dropout,
+                                                                 .pre_norm = c->pre_norm},
+                                                           .layers = c->dec_layers,
+                                                           .cross_attn = c->decoder_cross_attn,
+                                                           .enc_layers = c->enc_layers,
+                                                           .queries = c->num_queries,
+                                                           .encoder_attn = detr_encoder_attn(c),
+                                                           .attn_settings = &c->attn_settings});
   if (problem) {
     snprintf(err, err_cap, "config: %s", problem);
     return -1;
@@ -271,8 +278,8 @@ bool detr_config_sets_name(const char *const *sets, int n_sets, const char *key)
   return false;
 }
 
-int detr_math_keys(DetrMath math, bool inference, Device dev, const char *const *sets, int n_sets,
-                   const char *keys[2], char *err, size_t err_cap) {
+int detr_math_keys(DetrMath math, bool inference, Device dev, const char *const *sets, int n_sets, const char *keys[2],
+                   char *err, size_t err_cap) {
   switch (math) {
     case DETR_MATH_DEFAULT:
       if (!inference || detr_config_sets_name(sets, n_sets, "bf16")) return 0;

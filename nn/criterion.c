@@ -6,15 +6,15 @@
 #include <string.h>
 
 CriterionConfig criterion_config_for(int num_classes, const ClassHead *classes) {
-  return (CriterionConfig){.num_classes = num_classes,
-                           .classes = classes,
-                           .eos_coef = 0.1f,
-                           .weight_ce = classes->weight_ce,
-                           .weight_bbox = 5.0f,
-                           .weight_giou = 2.0f,
-                           .ce_share = 1.0f,
-                           .matcher = {.cost_class = classes->cost_class, .cost_bbox = 5.0f, .cost_giou = 2.0f,
-                                       .classes = classes}};
+  return (CriterionConfig){
+      .num_classes = num_classes,
+      .classes = classes,
+      .eos_coef = 0.1f,
+      .weight_ce = classes->weight_ce,
+      .weight_bbox = 5.0f,
+      .weight_giou = 2.0f,
+      .ce_share = 1.0f,
+      .matcher = {.cost_class = classes->cost_class, .cost_bbox = 5.0f, .cost_giou = 2.0f, .classes = classes}};
 }
 
 CriterionConfig criterion_config_default(int num_classes) {
@@ -52,8 +52,8 @@ static void layer_losses(const CriterionConfig *cfg, DetrLayerOutput out, const 
       m++;
     }
   }
-  ClassLossArgs args = {.num_classes = cfg->num_classes, .num_boxes = num_boxes,
-                        .eos_coef = cfg->eos_coef, .ce_share = cfg->ce_share};
+  ClassLossArgs args = {
+      .num_classes = cfg->num_classes, .num_boxes = num_boxes, .eos_coef = cfg->eos_coef, .ce_share = cfg->ce_share};
   const ClassHead *head = class_head_or_softmax(cfg->classes);
   Tensor *loss_ce = head->loss(op_reshape(out.logits, SHAPE(B * Q, C1)), classes, &args);
 
@@ -73,8 +73,7 @@ static void layer_losses(const CriterionConfig *cfg, DetrLayerOutput out, const 
 // mean |#queries predicting an object - #targets| over the images (logged only). A query predicts
 // an object when its argmax is not the last column: DETR's no-object; with sigmoids (Conditional
 // DETR's loss_cardinality, kept as the reference computes it) the last real class.
-static float cardinality_error(const float *logits, int64_t B, int64_t Q, int64_t C1,
-                               const DetrTarget *targets) {
+static float cardinality_error(const float *logits, int64_t B, int64_t Q, int64_t C1, const DetrTarget *targets) {
   double card = 0.0;
   for (int64_t b = 0; b < B; b++) {
     int64_t predicted_objects = 0;
@@ -120,14 +119,13 @@ static void logging_metrics(const CriterionConfig *cfg, DetrLayerOutput out, con
   free(logits);
 }
 
-int criterion_forward(const CriterionConfig *cfg, DetrLayerOutput final, const DetrLayerOutput *aux,
-                      int n_aux, const DetrTarget *targets, float num_boxes,
-                      const DetrMatch *const *fixed_matches, CriterionResult *out, char *err,
-                      size_t err_cap) {
+int criterion_forward(const CriterionConfig *cfg, DetrLayerOutput final, const DetrLayerOutput *aux, int n_aux,
+                      const DetrTarget *targets, float num_boxes, const DetrMatch *const *fixed_matches,
+                      CriterionResult *out, char *err, size_t err_cap) {
   memset(out, 0, sizeof *out);
   DETR_CHECK(n_aux >= 0 && n_aux < DETR_MAX_LOSS_TERMS / 3 - 1, "criterion: %d auxiliary outputs", n_aux);
   DETR_CHECK(num_boxes >= 1.0f, "criterion: num_boxes %g < 1", num_boxes);
-  int B = (int)final.logits->shape.d[0];
+  int B = (int) final.logits->shape.d[0];
   int cols = cfg->num_classes + class_head_or_softmax(cfg->classes)->extra_columns;
   DETR_CHECK(final.logits->shape.ndim == 3 && final.logits->shape.d[2] == cols, "criterion: logits must be [B, Q, %d]",
              cols);

@@ -8,9 +8,9 @@
 #include "nn/matcher.h"
 
 typedef struct {
-  int num_classes;             // logits have num_classes + classes->extra_columns columns
-  const ClassHead *classes;    // how logits are read (NULL: DETR's softmax with "no object")
-  float eos_coef;              // softmax: cross-entropy weight of the no-object class (0.1)
+  int num_classes;                            // logits have num_classes + classes->extra_columns columns
+  const ClassHead *classes;                   // how logits are read (NULL: DETR's softmax with "no object")
+  float eos_coef;                             // softmax: cross-entropy weight of the no-object class (0.1)
   float weight_ce, weight_bbox, weight_giou;  // DETR 1, 5, 2; Conditional DETR 2, 5, 2
   MatcherWeights matcher;                     // DETR 1, 5, 2; Conditional DETR 2, 5, 2
   // Data parallelism: this process's share of the global batch's cross-entropy weight (sum of the
@@ -44,7 +44,7 @@ typedef struct {
   float class_error;        // 100 - top-1 accuracy (%) of the final output's matched queries
   float cardinality_error;  // mean |#queries whose argmax is not the last column - #targets| per image
   float aux_cardinality_error[DETR_MAX_LOSS_TERMS / 3];  // the same for each auxiliary output
-  DetrMatch *matches;       // [n_images], the final output's matches (owned: criterion_result_free)
+  DetrMatch *matches;  // [n_images], the final output's matches (owned: criterion_result_free)
   int n_images;
 } CriterionResult;
 
@@ -52,10 +52,9 @@ typedef struct {
 // targets in the global batch, at least 1. fixed_matches: NULL to match, or [1 + n_aux][B]
 // matches to use as given (final first), e.g. to hold matching fixed in a gradient check.
 // Returns 0, or -1 with err set (matching failures name the image; the caller adds the step).
-int criterion_forward(const CriterionConfig *cfg, DetrLayerOutput final, const DetrLayerOutput *aux,
-                      int n_aux, const DetrTarget *targets, float num_boxes,
-                      const DetrMatch *const *fixed_matches, CriterionResult *out, char *err,
-                      size_t err_cap);
+int criterion_forward(const CriterionConfig *cfg, DetrLayerOutput final, const DetrLayerOutput *aux, int n_aux,
+                      const DetrTarget *targets, float num_boxes, const DetrMatch *const *fixed_matches,
+                      CriterionResult *out, char *err, size_t err_cap);
 void criterion_result_free(CriterionResult *r);
 // The names of the terms criterion_forward makes for n_aux auxiliary outputs, in its order
 // (final then auxiliary, each ce, bbox, giou). Returns their number, 3 * (1 + n_aux).

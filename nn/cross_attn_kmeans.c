@@ -21,8 +21,8 @@
 
 #include "nn/layers.h"
 
-Tensor *kmeans_cross_attention_assign(const MultiheadAttention *a, Tensor *query, Tensor *key,
-                                      Tensor *key_padding_mask, Tensor **winners) {
+Tensor *kmeans_cross_attention_assign(const MultiheadAttention *a, Tensor *query, Tensor *key, Tensor *key_padding_mask,
+                                      Tensor **winners) {
   int64_t h = a->heads, hd = a->dim / h;
   bool was = autograd_set_grad_enabled(false);  // kMaX: `with torch.no_grad()`; nothing is taped
   Tensor *q = op_mul_scalar(mha_project(a, query, 0), 1.0f / sqrtf((float)hd));
@@ -40,8 +40,8 @@ Tensor *kmeans_cross_attention_update(const MultiheadAttention *a, Tensor *assig
   return linear_forward(&a->out_proj, mha_merge_heads(out, B));
 }
 
-Tensor *kmeans_cross_attention(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key,
-                               Tensor *value, Tensor *key_padding_mask, Tensor **weights) {
+Tensor *kmeans_cross_attention(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key, Tensor *value,
+                               Tensor *key_padding_mask, Tensor **weights) {
   (void)ctx;  // no dropout on the assignment (kMaX drops the whole update: drop_path)
   Tensor *assign = kmeans_cross_attention_assign(a, query, key, key_padding_mask, NULL);
   if (weights) *weights = attention_head_mean(assign, value->shape.d[0]);

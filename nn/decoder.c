@@ -34,7 +34,8 @@ const DecoderKind *decoder_find(const char *name) {
 const char *decoder_names(char *buf, size_t cap) {
   size_t n = 0;
   buf[0] = 0;
-  for (int i = 0; i < N_KINDS && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", KINDS[i]->name);
+  for (int i = 0; i < N_KINDS && n < cap; i++)
+    n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", KINDS[i]->name);
   return buf;
 }
 

@@ -16,8 +16,8 @@
 #define DECODER_MAX_LAYERS 12
 
 typedef struct {
-  TransformerShape s;  // d, heads, FFN, dropout, pre-norm
-  int64_t layers;      // decoder layers (1..DECODER_MAX_LAYERS)
+  TransformerShape s;      // d, heads, FFN, dropout, pre-norm
+  int64_t layers;          // decoder layers (1..DECODER_MAX_LAYERS)
   const char *cross_attn;  // one of the kind's cross_attns (config decoder_cross_attn); NULL: the first
   int64_t enc_layers;      // a kind with its own encoder (DecoderKind.encode): its layers
   int64_t queries;         // num_queries (a kind that makes its own queries: DecoderModelLayout.own_queries)
@@ -28,38 +28,38 @@ typedef struct {
 } DecoderShape;
 
 typedef struct {
-  Tensor *memory, *pos;  // the encoder's output and the sine positions [B, HW, d]
-  Tensor *key_mask;      // the memory's key padding mask (FeatureGeometry.key_mask)
-  Tensor *query_embed;   // the learned queries [Q, d] (NULL for a kind with its own queries)
-  int64_t batch;         // B
+  Tensor *memory, *pos;         // the encoder's output and the sine positions [B, HW, d]
+  Tensor *key_mask;             // the memory's key padding mask (FeatureGeometry.key_mask)
+  Tensor *query_embed;          // the learned queries [Q, d] (NULL for a kind with its own queries)
+  int64_t batch;                // B
   const FeatureGeometry *geom;  // the memory's Hp x Wp map and padding
 } DecoderInput;
 
 typedef struct {
   Tensor *hs[DECODER_MAX_LAYERS];  // [B, Q, d] every layer's output, after the decoder's final norm
   int n_layers;
-  Tensor *reference;               // [Q, 2] or [B, Q, 2] the queries' reference points (sigmoid space), or NULL
-  Tensor *cross_attn;              // [B, Q, HW] the last layer's cross-attention weights averaged over the
-                                   // heads when ctx->want_cross_attn, else NULL (the model zeroes it)
+  Tensor *reference;   // [Q, 2] or [B, Q, 2] the queries' reference points (sigmoid space), or NULL
+  Tensor *cross_attn;  // [B, Q, HW] the last layer's cross-attention weights averaged over the
+                       // heads when ctx->want_cross_attn, else NULL (the model zeroes it)
 } DecoderOutput;
 
 // The parts of the model around the transformer, for a kind whose reference names or builds them
 // differently from DETR (Anchor DETR). DecoderKind.layout NULL: DETR's (decoder_layout).
 typedef struct {
-  const char *prefix;       // the prefix the kind's create gets (DETR: "transformer.decoder")
-  const char *backbone;     // the backbone's prefix (DETR: "backbone.0.body")
-  const char *input_proj;   // the input projection's 1x1 convolution (DETR: "input_proj")
-  const char *input_norm;   // a GroupNorm (32 groups) after it, or NULL (DETR: none); with it, the
-                            // convolution is initialised as Anchor DETR's: xavier-uniform, bias 0
+  const char *prefix;                    // the prefix the kind's create gets (DETR: "transformer.decoder")
+  const char *backbone;                  // the backbone's prefix (DETR: "backbone.0.body")
+  const char *input_proj;                // the input projection's 1x1 convolution (DETR: "input_proj")
+  const char *input_norm;                // a GroupNorm (32 groups) after it, or NULL (DETR: none); with it, the
+                                         // convolution is initialised as Anchor DETR's: xavier-uniform, bias 0
   const char *class_embed, *bbox_embed;  // the heads, shared by every decoder layer
-  bool own_queries;         // the kind makes its queries: the model has no query_embed
-  const char *last_ffn;     // the last decoder layer's first FFN weight, a format of the layer index
-                            // (a checkpoint's config is checked against its shape: api/model_file.c)
+  bool own_queries;                      // the kind makes its queries: the model has no query_embed
+  const char *last_ffn;                  // the last decoder layer's first FFN weight, a format of the layer index
+                                         // (a checkpoint's config is checked against its shape: api/model_file.c)
 } DecoderModelLayout;
 
 typedef struct DecoderKind {
   const char *name;
-  const char *model;    // the detector it makes, for titles: "DETR", "Conditional DETR"
+  const char *model;  // the detector it makes, for titles: "DETR", "Conditional DETR"
   const char *summary;
   size_t state_size;  // the kind's state (layers, norms), allocated zeroed by the model
   // Registers the kind's parameters under `prefix` (the reference's "transformer.decoder").
@@ -99,11 +99,11 @@ typedef struct DecoderKind {
   bool own_encoder_attn;
 } DecoderKind;
 
-const DecoderKind *decoder_find(const char *name);  // NULL when unknown
-const DecoderKind *decoder_default(void);            // detr
-const ClassHead *decoder_classes(const DecoderKind *k);  // the kind's class head (softmax when unset)
+const DecoderKind *decoder_find(const char *name);               // NULL when unknown
+const DecoderKind *decoder_default(void);                        // detr
+const ClassHead *decoder_classes(const DecoderKind *k);          // the kind's class head (softmax when unset)
 const DecoderModelLayout *decoder_layout(const DecoderKind *k);  // the kind's layout (DETR's when unset)
-const char *decoder_names(char *buf, size_t cap);    // "detr, ..." for messages
+const char *decoder_names(char *buf, size_t cap);                // "detr, ..." for messages
 // The kind's cross-attention named `name` as its own static string (NULL: unknown to the kind);
 // names: "softmax, ..." for messages.
 const char *decoder_cross_attn_find(const DecoderKind *k, const char *name);

@@ -27,8 +27,8 @@
 #include "nn/decoder.h"
 #include "nn/enact.h"
 
-#define ANCHOR_PATTERNS 3            // num_query_pattern
-#define INVERSE_SIGMOID_EPS 1e-5f    // util/misc.py inverse_sigmoid
+#define ANCHOR_PATTERNS 3          // num_query_pattern
+#define INVERSE_SIGMOID_EPS 1e-5f  // util/misc.py inverse_sigmoid
 #define TWO_PI 6.28318530717958647692
 
 typedef struct {
@@ -51,8 +51,8 @@ typedef struct {
 typedef struct {
   EncLayer enc[DECODER_MAX_LAYERS];
   DecLayer dec[DECODER_MAX_LAYERS];
-  Tensor *pattern;   // [P, d]
-  Tensor *position;  // [NP, 2] the anchors (x, y)
+  Tensor *pattern;                            // [P, d]
+  Tensor *position;                           // [NP, 2] the anchors (x, y)
   Linear pos2d_0, pos2d_2, pos1d_0, pos1d_2;  // adapt_pos2d.{0,2}, adapt_pos1d.{0,2}
   TransformerShape s;
   int64_t n_enc, n_dec, positions;
@@ -86,7 +86,8 @@ static void create(void *state, ParamStore *ps, const char *prefix, const Decode
   for (int i = 0; i < shape->enc_layers; i++) {
     EncLayer *l = &a->enc[i];
     snprintf(p, sizeof p, "%s.encoder_layers.%d", prefix, i);
-    if (a->enact_sigma > 0) l->w_prob = linear_create_named(ps, p, "ENACT.W_prob", d, 1);  // before self_attn, as the reference
+    if (a->enact_sigma > 0)
+      l->w_prob = linear_create_named(ps, p, "ENACT.W_prob", d, 1);  // before self_attn, as the reference
     snprintf(name, sizeof name, "%s.self_attn", p);
     l->self_attn = rcda_create(ps, name, d, s.heads, s.dropout);
     l->norm1 = layernorm_create_named(ps, p, "norm1", d);
@@ -145,7 +146,7 @@ static void init(const void *state, Rng *rng) {
     init_torch_default(l->linear1.weight, l->linear1.bias, rng);
     init_torch_default(l->linear2.weight, l->linear2.bias, rng);
   }
-  init_normal(a->pattern, rng, 1.0f);          // nn.Embedding
+  init_normal(a->pattern, rng, 1.0f);             // nn.Embedding
   tensor_uniform_(a->position, rng, 0.0f, 1.0f);  // nn.init.uniform_(position.weight, 0, 1)
   const Linear *lin[] = {&a->pos2d_0, &a->pos2d_2, &a->pos1d_0, &a->pos1d_2};
   for (int i = 0; i < 4; i++) init_torch_default(lin[i]->weight, lin[i]->bias, rng);
@@ -243,9 +244,10 @@ static Tensor *enc_layer_forward(const EncLayer *l, const NnCtx *ctx, float p, T
                                  Tensor *row_mask, Tensor *col_mask, int sigma, int64_t fixed_c) {
   int64_t B = x->shape.d[0], H = x->shape.d[1], W = x->shape.d[2], d = x->shape.d[3];
   Tensor *xr = op_add(x, prow), *xc = op_add(x, pcol);  // [B, H, W, d]
-  Tensor *y = sigma > 0 ? enact_rcda(l, ctx, sigma, fixed_c, xr, xc, x)
-                        : rcda_forward(&l->self_attn, ctx, op_reshape(xr, SHAPE(B, H * W, d)), op_reshape(xc, SHAPE(B, H * W, d)),
-                           xr, xc, x, row_mask, col_mask, NULL);  // [B, HW, d]
+  Tensor *y =
+      sigma > 0 ? enact_rcda(l, ctx, sigma, fixed_c, xr, xc, x)
+                : rcda_forward(&l->self_attn, ctx, op_reshape(xr, SHAPE(B, H * W, d)),
+                               op_reshape(xc, SHAPE(B, H * W, d)), xr, xc, x, row_mask, col_mask, NULL);  // [B, HW, d]
   Tensor *t = layernorm_forward(&l->norm1, op_add(op_reshape(x, SHAPE(B, H * W, d)), nn_dropout(ctx, y, p)));
   return op_reshape(ffn(&l->linear1, &l->linear2, &l->ffn_norm, ctx, p, t), SHAPE(B, H, W, d));
 }
@@ -297,7 +299,7 @@ static void query_rows(int64_t NP, int64_t Q, int64_t *anchor, int64_t *pattern)
 static void query_positions(const AnchorTransformer *a, const int64_t *anchor, int64_t Q, DecContext *c) {
   int64_t d = a->s.dim;
   Tensor *xs = op_slice(a->position, 1, 0, 1), *ys = op_slice(a->position, 1, 1, 2);  // [NP, 1]
-  Tensor *yx[2] = {sine_features(ys, d / 2), sine_features(xs, d / 2)};             // pos2posemb2d: y then x
+  Tensor *yx[2] = {sine_features(ys, d / 2), sine_features(xs, d / 2)};               // pos2posemb2d: y then x
   c->query_pos = op_index_select(adapt(&a->pos2d_0, &a->pos2d_2, op_concat(yx, 2, 1)), anchor, Q);
   c->pos_x = op_index_select(adapt(&a->pos1d_0, &a->pos1d_2, sine_features(xs, d)), anchor, Q);
   c->pos_y = op_index_select(adapt(&a->pos1d_0, &a->pos1d_2, sine_features(ys, d)), anchor, Q);

@@ -37,9 +37,9 @@ typedef struct {
 
 typedef struct {
   CondLayer layers[DECODER_MAX_LAYERS];
-  LayerNorm norm;             // transformer.decoder.norm
-  Mlp query_scale;            // d -> d -> d
-  Mlp ref_point_head;         // d -> d -> 2
+  LayerNorm norm;      // transformer.decoder.norm
+  Mlp query_scale;     // d -> d -> d
+  Mlp ref_point_head;  // d -> d -> 2
   TransformerShape s;
   int64_t n_layers;
   // prepare_inference's: the reference points [Q, 2], their sine embedding p_s [Q, d], each
@@ -102,8 +102,8 @@ static void init(const void *state, Rng *rng) {
   const CondDecoder *c = state;
   for (int i = 0; i < c->n_layers; i++) {
     CondLayer *l = (CondLayer *)&c->layers[i];
-    Linear *plain[] = {&l->sa_qcontent, &l->sa_qpos, &l->sa_kcontent, &l->sa_kpos, &l->sa_v,
-                       &l->ca_qcontent, &l->ca_qpos, &l->ca_kcontent, &l->ca_kpos, &l->ca_v,
+    Linear *plain[] = {&l->sa_qcontent,  &l->sa_qpos, &l->sa_kcontent, &l->sa_kpos, &l->sa_v,
+                       &l->ca_qcontent,  &l->ca_qpos, &l->ca_kcontent, &l->ca_kpos, &l->ca_v,
                        &l->ca_qpos_sine, &l->linear1, &l->linear2};
     for (size_t k = 0; k < sizeof plain / sizeof *plain; k++) init_linear(plain[k], rng, false);
     init_linear(&l->sa_out, rng, true);
@@ -131,9 +131,9 @@ static Tensor *sine_embed(Tensor *points, int64_t d) {
   Tensor *odd = tensor_scoped(tensor_from_host(dev, SHAPE(F), host + 2 * F));
   free(host);
   Tensor *yx[2] = {op_slice(points, 1, 1, 2), op_slice(points, 1, 0, 1)};
-  Tensor *c = op_reshape(op_concat(yx, 2, 1), SHAPE(Q, 2, 1));              // [Q, 2 (y, x), 1]
-  Tensor *arg = op_div(op_mul_scalar(c, (float)(2.0 * 3.14159265358979323846)), dim_t);        // [Q, 2, F]
-  Tensor *emb = op_add(op_mul(op_sin(arg), even), op_mul(op_cos(arg), odd));  // [Q, 2, F]
+  Tensor *c = op_reshape(op_concat(yx, 2, 1), SHAPE(Q, 2, 1));                           // [Q, 2 (y, x), 1]
+  Tensor *arg = op_div(op_mul_scalar(c, (float)(2.0 * 3.14159265358979323846)), dim_t);  // [Q, 2, F]
+  Tensor *emb = op_add(op_mul(op_sin(arg), even), op_mul(op_cos(arg), odd));             // [Q, 2, F]
   return op_reshape(emb, SHAPE(Q, d));
 }
 
@@ -176,12 +176,13 @@ static bool cross_attention_folds(const TransformerShape *s, const NnCtx *ctx, T
          attention_fold_pays(memory->device, q_content->shape.d[1], memory->shape.d[1], d, s->heads, widths, 2, d);
 }
 
-static Tensor *cross_attention_folded(const CondLayer *l, const TransformerShape *s, Tensor *q_content,
-                                      Tensor *q_sine, Tensor *memory, Tensor *key_mask, Tensor *pos, bool first,
+static Tensor *cross_attention_folded(const CondLayer *l, const TransformerShape *s, Tensor *q_content, Tensor *q_sine,
+                                      Tensor *memory, Tensor *key_mask, Tensor *pos, bool first,
                                       Tensor **cross_weights) {
   int64_t d = s->dim;
-  AttnKeyTerm terms[2] = {{.query = q_content, .weight = l->ca_kcontent.weight, .keys = memory},
-                          {.query = first ? op_add(q_content, q_sine) : q_sine, .weight = l->ca_kpos.weight, .keys = pos}};
+  AttnKeyTerm terms[2] = {
+      {.query = q_content, .weight = l->ca_kcontent.weight, .keys = memory},
+      {.query = first ? op_add(q_content, q_sine) : q_sine, .weight = l->ca_kpos.weight, .keys = pos}};
   return attention_fold_projections(terms, 2, l->ca_v.weight, l->ca_v.bias, memory, s->heads,
                                     1.0f / sqrtf((float)(2 * d / s->heads)), key_mask, cross_weights);
 }

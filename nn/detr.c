@@ -11,8 +11,8 @@
 static void create_transformer(DetrModel *m, ParamStore *ps, const DecoderKind *dk, const DecoderModelLayout *lay) {
   const DetrConfig *cfg = &m->cfg;
   int64_t d = cfg->hidden_dim;
-  TransformerShape s = {.dim = d, .heads = cfg->nheads, .ffn_dim = cfg->ffn_dim, .dropout = cfg->dropout,
-                        .pre_norm = cfg->pre_norm};
+  TransformerShape s = {
+      .dim = d, .heads = cfg->nheads, .ffn_dim = cfg->ffn_dim, .dropout = cfg->dropout, .pre_norm = cfg->pre_norm};
   char name[112];
   for (int i = 0; i < cfg->enc_layers && !dk->encode; i++) {
     snprintf(name, sizeof name, "transformer.encoder.layers.%d", i);
@@ -22,9 +22,13 @@ static void create_transformer(DetrModel *m, ParamStore *ps, const DecoderKind *
   if (cfg->pre_norm && !dk->encode) m->enc_norm = layernorm_create(ps, "transformer.encoder.norm", d);
   m->decoder_state = detr_calloc(1, dk->state_size, "decoder state");
   dk->create(m->decoder_state, ps, lay->prefix,
-             &(DecoderShape){.s = s, .layers = cfg->dec_layers, .cross_attn = cfg->decoder_cross_attn,
-                             .enc_layers = cfg->enc_layers, .queries = cfg->num_queries,
-                             .encoder_attn = detr_encoder_attn(cfg), .attn_settings = &m->cfg.attn_settings});
+             &(DecoderShape){.s = s,
+                             .layers = cfg->dec_layers,
+                             .cross_attn = cfg->decoder_cross_attn,
+                             .enc_layers = cfg->enc_layers,
+                             .queries = cfg->num_queries,
+                             .encoder_attn = detr_encoder_attn(cfg),
+                             .attn_settings = &m->cfg.attn_settings});
   m->class_embed = linear_create(ps, lay->class_embed, d, cfg->num_classes + detr_classes(cfg)->extra_columns, true,
                                  PARAM_TRAINABLE, LR_GROUP_MAIN);
   m->bbox_embed = mlp_create(ps, lay->bbox_embed, d, d, 4, 3);
@@ -53,8 +57,8 @@ DetrModel *detr_model_create(const DetrConfig *cfg, Device dev) {
     m->query_embed = params_add(ps, SHAPE(cfg->num_queries, d), PARAM_TRAINABLE, LR_GROUP_MAIN, "query_embed.weight");
   resnet_create(&m->backbone, ps, lay->backbone, cfg->backbone_depth, cfg->backbone_width, cfg->backbone_layers,
                 cfg->dilation, cfg->train_backbone, cfg->frozen_stages);
-  m->input_proj = conv2d_create(ps, lay->input_proj, m->backbone.out_channels, d, 1, 1, 0, 1, true, PARAM_TRAINABLE,
-                                LR_GROUP_MAIN);
+  m->input_proj =
+      conv2d_create(ps, lay->input_proj, m->backbone.out_channels, d, 1, 1, 0, 1, true, PARAM_TRAINABLE, LR_GROUP_MAIN);
   m->input_proj.p.channels_last = true;  // on the backbone's output, whose rows become the tokens
   if (lay->input_norm) m->input_norm = groupnorm_create(ps, lay->input_norm, 32, d);
   return m;
@@ -116,8 +120,8 @@ void detr_output_free(DetrOutput *out) {
 
 // DETR's encoder: the sine positions into *pos, each layer's self-attention through its variant.
 // Returns the memory [B, N, d], or NULL with err set.
-static Tensor *detr_encode(const DetrModel *m, const NnCtx *ctx, Tensor *src, const FeatureGeometry *g,
-                           Tensor **pos, DetrOutput *out, char *err, size_t err_cap) {
+static Tensor *detr_encode(const DetrModel *m, const NnCtx *ctx, Tensor *src, const FeatureGeometry *g, Tensor **pos,
+                           DetrOutput *out, char *err, size_t err_cap) {
   const DetrConfig *c = &m->cfg;
   int64_t B = g->B, h = g->Hp, w = g->Wp, N = h * w, d = c->hidden_dim;
   float *host = detr_malloc((size_t)(B * N * d) * sizeof(float), "detr_model_forward host");  // [B, N, d]
@@ -168,15 +172,17 @@ int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, con
   device_set_bf16(images->device, m->cfg.bf16);  // this model's precision (its backward's too), resolved at creation
   char sbuf[64];
   bool nhwc = ctx->images_channels_last;
-  DETR_CHECK(images->shape.ndim == 4 && images->shape.d[nhwc ? 3 : 1] == 3, "detr_model_forward: images must be %s, got %s",
-             nhwc ? "[B, H, W, 3]" : "[B, 3, H, W]", shape_str(images->shape, sbuf, sizeof sbuf));
+  DETR_CHECK(images->shape.ndim == 4 && images->shape.d[nhwc ? 3 : 1] == 3,
+             "detr_model_forward: images must be %s, got %s", nhwc ? "[B, H, W, 3]" : "[B, 3, H, W]",
+             shape_str(images->shape, sbuf, sizeof sbuf));
   const DetrConfig *c = &m->cfg;
   const DecoderKind *dk = detr_decoder(c);
-  int64_t B = images->shape.d[0], H = images->shape.d[nhwc ? 1 : 2], W = images->shape.d[nhwc ? 2 : 3], d = c->hidden_dim;
+  int64_t B = images->shape.d[0], H = images->shape.d[nhwc ? 1 : 2], W = images->shape.d[nhwc ? 2 : 3],
+          d = c->hidden_dim;
   Tensor *feat = resnet_forward(&m->backbone, images, nhwc);  // [B, h, w, C] (channels last)
   int64_t h = feat->shape.d[1], w = feat->shape.d[2], N = h * w;
   Tensor *src = conv2d_forward(&m->input_proj, feat);  // [B, h, w, d]
-  src = op_reshape(src, SHAPE(B, N, d));                // [B, N, d]
+  src = op_reshape(src, SHAPE(B, N, d));               // [B, N, d]
   if (decoder_layout(dk)->input_norm) src = groupnorm_forward(&m->input_norm, src);
 
   // The mask at feature resolution (host), then the encoder: DETR's or the decoder kind's own.
@@ -191,8 +197,12 @@ int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, con
     out->feat_h = h;
     out->feat_w = w;
     decode(m, ctx,
-           &(DecoderInput){.memory = memory, .pos = pos, .key_mask = geom.key_mask, .query_embed = m->query_embed,
-                           .batch = B, .geom = &geom},
+           &(DecoderInput){.memory = memory,
+                           .pos = pos,
+                           .key_mask = geom.key_mask,
+                           .query_embed = m->query_embed,
+                           .batch = B,
+                           .geom = &geom},
            out);
   }
   feature_geometry_free(&geom);

@@ -11,12 +11,12 @@
 _Static_assert(DETR_MAX_LAYERS == DECODER_MAX_LAYERS, "one layer limit for the model and its decoder");
 
 typedef struct {
-  int backbone_depth;  // 18, 34, 50, 101
-  int backbone_width;  // channels of the stem and layer1, doubling per stage (torchvision: 64; 0 = 64)
-  int backbone_layers; // ResNet layers run: 4 (DETR, stride 32) or 3 (stop after layer3: stride 16); 0 = 4
-  bool dilation;       // DC5: layer4 dilated instead of strided
-  bool train_backbone; // the backbone trains at all (lr_backbone > 0)
-  int frozen_stages;   // leading backbone stages kept frozen: 2 = stem + layer1 (the reference), 0 = none
+  int backbone_depth;   // 18, 34, 50, 101
+  int backbone_width;   // channels of the stem and layer1, doubling per stage (torchvision: 64; 0 = 64)
+  int backbone_layers;  // ResNet layers run: 4 (DETR, stride 32) or 3 (stop after layer3: stride 16); 0 = 4
+  bool dilation;        // DC5: layer4 dilated instead of strided
+  bool train_backbone;  // the backbone trains at all (lr_backbone > 0)
+  int frozen_stages;    // leading backbone stages kept frozen: 2 = stem + layer1 (the reference), 0 = none
   int64_t hidden_dim, nheads, enc_layers, dec_layers, ffn_dim, num_queries, num_classes;
   float dropout;
   bool pre_norm;
@@ -25,22 +25,22 @@ typedef struct {
   const DecoderKind *decoder;           // the decoder (nn/decoder.h; NULL: detr)
   const char *decoder_cross_attn;       // the decoder's cross-attention (a kind's static name; NULL: its default)
   AttnSettings attn_settings;           // the variants' settings (e.g. enact_sigma); n == 0: defaults
-  bool tf32;               // CUDA: TF32 tensor-core matmuls and convolutions (off: fp32, CPU parity)
-  bool bf16;               // bf16 inputs, fp32 accumulation in convolutions and GEMMs (CPU: AVX512-BF16 or AMX)
+  bool tf32;                            // CUDA: TF32 tensor-core matmuls and convolutions (off: fp32, CPU parity)
+  bool bf16;  // bf16 inputs, fp32 accumulation in convolutions and GEMMs (CPU: AVX512-BF16 or AMX)
 } DetrConfig;
 
 // The presets, one row each (the only list of them; their models are built in nn/presets.c):
 // X(id, name, epochs, image_size, max_size, lr_drop), the last row LAST(...). The numbers are the
 // run defaults that go with the model (RunDefaults). The last macro argument lets the name list
 // below be one string literal, joinable into --help texts.
-#define DETR_PRESET_ROWS(X, LAST)                                                                     \
-  X(r50, "detr-r50", 300, 800, 1333, 200)                 /* the paper: its schedule, COCO's sizes */ \
-  X(r18_small, "detr-r18-small", 50, 320, 512, 0)         /* CPU-sized: the synthetic set's scale */  \
-  X(cond_r50, "conditional-detr-r50", 50, 800, 1333, 40)  /* Conditional DETR's paper and main.py */  \
-  X(cond_r18_small, "conditional-detr-r18-small", 50, 320, 512, 0)                                    \
-  X(anchor_r50, "anchor-detr-r50", 50, 800, 1333, 40)     /* Anchor DETR's main.py (DC5) */           \
-  X(anchor_r18_small, "anchor-detr-r18-small", 50, 320, 512, 0)                                        \
-  LAST(tiny, "tiny", 50, 128, 192, 0)                     /* tests and smoke runs */
+#define DETR_PRESET_ROWS(X, LAST)                                                                    \
+  X(r50, "detr-r50", 300, 800, 1333, 200)                /* the paper: its schedule, COCO's sizes */ \
+  X(r18_small, "detr-r18-small", 50, 320, 512, 0)        /* CPU-sized: the synthetic set's scale */  \
+  X(cond_r50, "conditional-detr-r50", 50, 800, 1333, 40) /* Conditional DETR's paper and main.py */  \
+  X(cond_r18_small, "conditional-detr-r18-small", 50, 320, 512, 0)                                   \
+  X(anchor_r50, "anchor-detr-r50", 50, 800, 1333, 40) /* Anchor DETR's main.py (DC5) */              \
+  X(anchor_r18_small, "anchor-detr-r18-small", 50, 320, 512, 0)                                      \
+  LAST(tiny, "tiny", 50, 128, 192, 0) /* tests and smoke runs */
 #define DETR_PRESET_NAME_SEP_(id, name, ...) name ", "
 #define DETR_PRESET_NAME_(id, name, ...) name
 // "detr-r50, detr-r18-small, ..., tiny"
@@ -102,20 +102,20 @@ bool detr_config_sets_name(const char *const *sets, int n_sets, const char *key)
 // none, bf16=false for inference unless the sets name bf16 (a model trained in bf16 is evaluated in
 // fp32 unless asked) and nothing for training (a resumed run keeps its own). Writes at most 2 keys to
 // keys[]; returns how many, or -1.
-int detr_math_keys(DetrMath math, bool inference, Device dev, const char *const *sets, int n_sets,
-                   const char *keys[2], char *err, size_t err_cap);
+int detr_math_keys(DetrMath math, bool inference, Device dev, const char *const *sets, int n_sets, const char *keys[2],
+                   char *err, size_t err_cap);
 
 typedef struct {
   DetrConfig cfg;
   ParamStore params;
   ResNet backbone;
   Conv2d input_proj;
-  GroupNorm input_norm; // Anchor DETR's (DecoderModelLayout.input_norm), else unused
+  GroupNorm input_norm;               // Anchor DETR's (DecoderModelLayout.input_norm), else unused
   EncoderLayer enc[DETR_MAX_LAYERS];  // none when the decoder kind brings its encoder (DecoderKind.encode)
-  LayerNorm enc_norm;   // pre-norm only (transformer.encoder.norm)
-  void *decoder_state;  // the decoder kind's layers and norms (transformer.decoder.*), owned
-  Tensor *query_embed; // [num_queries, hidden]; NULL when the decoder kind makes its queries
-  Linear class_embed;  // [num_classes + the class head's extra columns, hidden]
+  LayerNorm enc_norm;                 // pre-norm only (transformer.encoder.norm)
+  void *decoder_state;                // the decoder kind's layers and norms (transformer.decoder.*), owned
+  Tensor *query_embed;                // [num_queries, hidden]; NULL when the decoder kind makes its queries
+  Linear class_embed;                 // [num_classes + the class head's extra columns, hidden]
   Mlp bbox_embed;
   bool prepared_for_inference;  // detr_model_prepare_inference was called: see NnCtx.inference
 } DetrModel;
@@ -135,7 +135,7 @@ typedef struct {
   DetrLayerOutput layers[DETR_MAX_LAYERS];  // decoder layer order; the last is the prediction (under
                                             // NnCtx.inference the only one: the others' NULL)
   int n_layers;
-  int64_t feat_h, feat_w;  // feature map size
+  int64_t feat_h, feat_w;           // feature map size
   AttnTrace attn[DETR_MAX_LAYERS];  // per encoder layer: what its attention variant reports
   int n_attn;
   Tensor *cross_attn;  // [B, Q, feat_h * feat_w] the last decoder layer's cross-attention weights averaged

@@ -19,7 +19,8 @@ int enact_check_geometry(const EnactGeometry *g, char *err, size_t err_cap) {
   return 0;
 }
 
-int enact_geometry(const uint8_t *mask, int64_t B, int64_t Hp, int64_t Wp, EnactGeometry *g, char *err, size_t err_cap) {
+int enact_geometry(const uint8_t *mask, int64_t B, int64_t Hp, int64_t Wp, EnactGeometry *g, char *err,
+                   size_t err_cap) {
   feature_geometry_make(mask, B, Hp, Wp, DEVICE_CPU, g);
   if (enact_check_geometry(g, err, err_cap)) {
     enact_geometry_free(g);
@@ -156,7 +157,8 @@ Tensor *enact_attention(const EnactAttn *e, const MultiheadAttention *proj, cons
   // 1. Self-information of each pixel: H = -p log2(p + 1e-8), p = softmax over valid pixels.
   Tensor *logit = op_reshape(linear_forward(&e->w_prob, k_in), SHAPE(B, N));
   Tensor *p = op_softmax(logit, g->key_mask);
-  Tensor *H = op_mul_scalar(op_mul(p, op_log(op_add_scalar(p, 1e-8f))), (float)(-1.0 / 0.6931471805599453)  /* log2 = ln / ln 2 */);
+  Tensor *H = op_mul_scalar(op_mul(p, op_log(op_add_scalar(p, 1e-8f))),
+                            (float)(-1.0 / 0.6931471805599453) /* log2 = ln / ln 2 */);
   // 2. Smoothing (differentiable) and the curvature sign (host, no gradient).
   float taps[64];
   int ntaps = enact_gaussian_taps(e->opt.sigma, taps);

@@ -11,9 +11,9 @@
 #include "nn/transformer.h"
 
 typedef struct {
-  float sigma;          // Gaussian sigma (3)
-  bool one_d;           // the reference code's 1-D smoothing/curvature along each image's row-major order
-  bool sign_factor;     // Algorithm 1's -Hs factor in the clustering sums
+  float sigma;       // Gaussian sigma (3)
+  bool one_d;        // the reference code's 1-D smoothing/curvature along each image's row-major order
+  bool sign_factor;  // Algorithm 1's -Hs factor in the clustering sums
 } EnactOptions;
 
 // ENACT works on the batch's feature-map geometry (nn/encoder_attn.h) and needs each image's valid
@@ -40,9 +40,9 @@ void enact_curvature_sign(const float *hsm, const EnactGeometry *g, bool one_d, 
 
 // Regions of a batch: starts/lengths index the batch-flattened pixel order b*N + y*Wp + x.
 typedef struct {
-  int64_t count;           // L
+  int64_t count;              // L
   int64_t *starts, *lengths;  // [L]
-  int64_t *image_offset;   // [B + 1]: image b's regions are [image_offset[b], image_offset[b+1])
+  int64_t *image_offset;      // [B + 1]: image b's regions are [image_offset[b], image_offset[b+1])
   int64_t B;
 } EnactRegions;
 

@@ -12,8 +12,8 @@ extern const EncoderAttnKind encoder_attn_dense, encoder_attn_enact, encoder_att
 
 // The registry: one line per variant. The first is the default.
 static const EncoderAttnKind *const KINDS[] = {
-    &encoder_attn_dense, &encoder_attn_enact, &encoder_attn_efficient, &encoder_attn_hydra, &encoder_attn_focused,
-    &encoder_attn_sra, &encoder_attn_enact_official, &encoder_attn_swin,
+    &encoder_attn_dense,   &encoder_attn_enact, &encoder_attn_efficient,      &encoder_attn_hydra,
+    &encoder_attn_focused, &encoder_attn_sra,   &encoder_attn_enact_official, &encoder_attn_swin,
 };
 #define N_KINDS ((int)(sizeof KINDS / sizeof KINDS[0]))
 
@@ -30,7 +30,8 @@ const EncoderAttnKind *encoder_attn_find(const char *name) {
 const char *encoder_attn_names(char *buf, size_t cap) {
   size_t n = 0;
   buf[0] = 0;
-  for (int i = 0; i < N_KINDS && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? "|" : "", KINDS[i]->name);
+  for (int i = 0; i < N_KINDS && n < cap; i++)
+    n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? "|" : "", KINDS[i]->name);
   return buf;
 }
 
@@ -97,7 +98,8 @@ size_t attn_settings_format(const AttnSettings *s, const EncoderAttnKind *kind, 
   for (int j = 0; j < kind->n_settings && n < cap; j++) {
     const AttnSettingSpec *sp = &kind->settings[j];
     double v = attn_setting(s, sp->key);
-    if (sp->type == ATTN_SETTING_BOOL) n += (size_t)snprintf(buf + n, cap - n, "%s=%s\n", sp->key, v != 0 ? "true" : "false");
+    if (sp->type == ATTN_SETTING_BOOL)
+      n += (size_t)snprintf(buf + n, cap - n, "%s=%s\n", sp->key, v != 0 ? "true" : "false");
     else if (sp->type == ATTN_SETTING_INT) n += (size_t)snprintf(buf + n, cap - n, "%s=%lld\n", sp->key, (long long)v);
     else n += (size_t)snprintf(buf + n, cap - n, "%s=%.9g\n", sp->key, (double)(float)v);
   }

@@ -38,9 +38,9 @@ typedef struct {
   double value;
 } AttnStat;
 typedef struct {
-  const char *name;         // e.g. "entropy"
-  Tensor *f32;              // a float tensor (scoped), or NULL and then:
-  const int64_t *i64;       // host int64 values [n], owned by the trace
+  const char *name;    // e.g. "entropy"
+  Tensor *f32;         // a float tensor (scoped), or NULL and then:
+  const int64_t *i64;  // host int64 values [n], owned by the trace
   int64_t n;
 } AttnExport;
 typedef struct {

@@ -57,10 +57,8 @@ static int64_t augmenting_path(Lsa *s, int64_t i, double *min_val_out) {
     min_val = lowest;
     if (min_val == INFINITY) return -1;
     int64_t j = s->remaining[index];
-    if (s->row4col[j] == -1)
-      sink = j;
-    else
-      i = s->row4col[j];
+    if (s->row4col[j] == -1) sink = j;
+    else i = s->row4col[j];
     s->sc[j] = true;
     s->remaining[index] = s->remaining[--num_remaining];
   }
@@ -110,8 +108,8 @@ static void write_pairs(const Lsa *s, bool transpose, int64_t rows, int64_t *row
   }
 }
 
-LsaStatus linear_sum_assignment(int64_t rows, int64_t cols, const double *cost, int64_t *row_of,
-                                int64_t *col_of, int64_t *bad_row, int64_t *bad_col) {
+LsaStatus linear_sum_assignment(int64_t rows, int64_t cols, const double *cost, int64_t *row_of, int64_t *col_of,
+                                int64_t *bad_row, int64_t *bad_col) {
   for (int64_t k = 0; k < rows * cols; k++) {
     if (isnan(cost[k]) || cost[k] == -INFINITY) {
       if (bad_row) *bad_row = k / cols;

@@ -13,6 +13,6 @@ typedef enum {
 
 // cost: rows x cols, row-major doubles. Writes min(rows, cols) pairs (row_of[k], col_of[k]) with
 // row_of ascending. On LSA_INVALID, *bad_row / *bad_col (if not NULL) locate the offending entry.
-LsaStatus linear_sum_assignment(int64_t rows, int64_t cols, const double *cost, int64_t *row_of,
-                                int64_t *col_of, int64_t *bad_row, int64_t *bad_col);
+LsaStatus linear_sum_assignment(int64_t rows, int64_t cols, const double *cost, int64_t *row_of, int64_t *col_of,
+                                int64_t *bad_row, int64_t *bad_col);
 const char *lsa_status_str(LsaStatus s);

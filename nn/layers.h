@@ -52,15 +52,15 @@ typedef struct {
   Tensor *weight, *bias;  // [out, in, kh, kw], [out] or NULL
   Conv2dParams p;
 } Conv2d;
-Conv2d conv2d_create(ParamStore *ps, const char *prefix, int64_t in, int64_t out, int kernel, int stride,
-                     int pad, int dilation, bool bias, ParamKind kind, LrGroup group);
+Conv2d conv2d_create(ParamStore *ps, const char *prefix, int64_t in, int64_t out, int kernel, int stride, int pad,
+                     int dilation, bool bias, ParamKind kind, LrGroup group);
 Tensor *conv2d_forward(const Conv2d *c, Tensor *x);
 
 // --- FrozenBatchNorm2d (nn/frozen_bn.c): four buffers, eps 1e-5 ---
 #define FROZEN_BN_EPS 1e-5f  // DETR's FrozenBatchNorm2d (models/backbone.py)
 typedef struct {
   Tensor *weight, *bias, *running_mean, *running_var;  // [C] each
-  bool channels_last;  // its input is [B, H, W, C], not [B, C, H, W]
+  bool channels_last;                                  // its input is [B, H, W, C], not [B, C, H, W]
 } FrozenBn;
 FrozenBn frozen_bn_create(ParamStore *ps, const char *prefix, int64_t channels);
 Tensor *frozen_bn_forward(const FrozenBn *bn, Tensor *x);
@@ -108,12 +108,12 @@ MultiheadAttention mha_create(ParamStore *ps, const char *prefix, int64_t dim, i
 // q.k/sqrt(hd) (a constant: computed without gradient, as kMaX-DeepLab's kMaXTransformerLayer does),
 // and each query's update is the mean of its pixels' values, then out_proj. Same signature as
 // mha_forward_weights (dropout is not applied to the assignment); its weights: the assignment A.
-Tensor *kmeans_cross_attention(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key,
-                               Tensor *value, Tensor *key_padding_mask, Tensor **weights);
+Tensor *kmeans_cross_attention(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key, Tensor *value,
+                               Tensor *key_padding_mask, Tensor **weights);
 // Its two halves: the assignment [B*h, Lq, Lk] (op_cluster_argmax of the per-head logits, no tape;
 // winners as op_cluster_argmax's), and the differentiable update (assign v_h) W_o^T + b_o given it.
-Tensor *kmeans_cross_attention_assign(const MultiheadAttention *a, Tensor *query, Tensor *key,
-                                      Tensor *key_padding_mask, Tensor **winners);
+Tensor *kmeans_cross_attention_assign(const MultiheadAttention *a, Tensor *query, Tensor *key, Tensor *key_padding_mask,
+                                      Tensor **winners);
 Tensor *kmeans_cross_attention_update(const MultiheadAttention *a, Tensor *assign, Tensor *value);
 Tensor *mha_forward(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key, Tensor *value,
                     Tensor *key_padding_mask);
@@ -159,8 +159,8 @@ Tensor *attention_head_mean(Tensor *w, int64_t B);
 // The q, k, v projections alone (the encoder-attention variants apply their own attention between
 // the projections: nn/encoder_attn.h).
 Tensor *mha_project(const MultiheadAttention *a, Tensor *x, int which);  // which: 0 q, 1 k, 2 v
-Tensor *mha_split_heads(Tensor *x, int64_t heads);  // [B, L, d] -> [B*heads, L, d/heads]
-Tensor *mha_merge_heads(Tensor *x, int64_t B);      // [B*heads, L, hd] -> [B, L, heads*hd]
+Tensor *mha_split_heads(Tensor *x, int64_t heads);                       // [B, L, d] -> [B*heads, L, d/heads]
+Tensor *mha_merge_heads(Tensor *x, int64_t B);                           // [B*heads, L, hd] -> [B, L, heads*hd]
 
 // --- GroupNorm (nn/layernorm.c): torch.nn.GroupNorm(groups, C), eps 1e-5, on channels-last
 // x [B, N, C]: each image's C / groups channels of a group normalised together over all N
@@ -202,12 +202,11 @@ RcdaKeys rcda_keys(const MultiheadRcda *a, Tensor *key_row_in, Tensor *key_col_i
 // first as the reference. q_row, q_col [B, L, d]; row_mask [B, W], col_mask [B, H] additive (0 or
 // -inf) or NULL. Returns [B, L, d] before out_proj. weights (may be NULL): the 2-D weights
 // row[q, x] col[q, y] averaged over the heads [B, L, H * W].
-Tensor *rcda_attend(const NnCtx *ctx, Tensor *q_row, Tensor *q_col, const RcdaKeys *k, int64_t heads,
-                    Tensor *row_mask, Tensor *col_mask, float p, Tensor **weights);
+Tensor *rcda_attend(const NnCtx *ctx, Tensor *q_row, Tensor *q_col, const RcdaKeys *k, int64_t heads, Tensor *row_mask,
+                    Tensor *col_mask, float p, Tensor **weights);
 // The module: projections, rcda_attend, out_proj. [B, L, d].
-Tensor *rcda_forward(const MultiheadRcda *a, const NnCtx *ctx, Tensor *query_row, Tensor *query_col,
-                     Tensor *key_row_in, Tensor *key_col_in, Tensor *value_in, Tensor *row_mask, Tensor *col_mask,
-                     Tensor **weights);
+Tensor *rcda_forward(const MultiheadRcda *a, const NnCtx *ctx, Tensor *query_row, Tensor *query_col, Tensor *key_row_in,
+                     Tensor *key_col_in, Tensor *value_in, Tensor *row_mask, Tensor *col_mask, Tensor **weights);
 // RCDA over clustered keys (Anchor-DETR-ENACT's encoder, GSavathrakis/ENACT,
 // row_column_decoupled_attention.py multi_head_rcda_forward_enc): map_row, map_col [B, H, W, d] give
 // the queries (projected with k_row / k_col's weights, averaged over H / W: one per column, one per

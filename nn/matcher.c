@@ -8,8 +8,8 @@
 #include "kernels/box_math.h"
 #include "nn/hungarian.h"
 
-int detr_hungarian_match(const Tensor *logits, const Tensor *boxes, const DetrTarget *targets,
-                         MatcherWeights w, DetrMatch *matches, char *err, size_t err_cap) {
+int detr_hungarian_match(const Tensor *logits, const Tensor *boxes, const DetrTarget *targets, MatcherWeights w,
+                         DetrMatch *matches, char *err, size_t err_cap) {
   char s1[64], s2[64];
   DETR_CHECK(logits->shape.ndim == 3 && boxes->shape.ndim == 3 && boxes->shape.d[2] == 4 &&
                  logits->shape.d[0] == boxes->shape.d[0] && logits->shape.d[1] == boxes->shape.d[1],
@@ -34,8 +34,8 @@ int detr_hungarian_match(const Tensor *logits, const Tensor *boxes, const DetrTa
     matches[b].target = detr_malloc((size_t)(n ? n : 1) * sizeof(int64_t), "detr_hungarian_match target");
     for (int64_t j = 0; j < n && status == 0; j++) {
       if (t->labels[j] < 0 || t->labels[j] >= n_classes) {
-        snprintf(err, err_cap, "image %lld: target %lld has label %lld outside [0, %lld)", (long long)b,
-                 (long long)j, (long long)t->labels[j], (long long)n_classes);
+        snprintf(err, err_cap, "image %lld: target %lld has label %lld outside [0, %lld)", (long long)b, (long long)j,
+                 (long long)t->labels[j], (long long)n_classes);
         status = -1;
       }
     }
@@ -47,7 +47,8 @@ int detr_hungarian_match(const Tensor *logits, const Tensor *boxes, const DetrTa
         const float *tj = t->boxes + 4 * j;
         float l1 = fabsf(bq[0] - tj[0]) + fabsf(bq[1] - tj[1]) + fabsf(bq[2] - tj[2]) + fabsf(bq[3] - tj[3]);
         box_cxcywh_to_xyxy(tj, t_xyxy);
-        float c = w.cost_bbox * l1 + w.cost_class * head->match_cost(pq, t->labels[j]) + w.cost_giou * -box_giou(bq_xyxy, t_xyxy);
+        float c = w.cost_bbox * l1 + w.cost_class * head->match_cost(pq, t->labels[j]) +
+                  w.cost_giou * -box_giou(bq_xyxy, t_xyxy);
         cost[q * n + j] = (double)c;
       }
     }
@@ -55,9 +56,10 @@ int detr_hungarian_match(const Tensor *logits, const Tensor *boxes, const DetrTa
       int64_t bad_q = -1, bad_t = -1;
       LsaStatus st = linear_sum_assignment(Q, n, cost, matches[b].query, matches[b].target, &bad_q, &bad_t);
       if (st == LSA_INVALID) {
-        snprintf(err, err_cap, "image %lld: matching cost is %g at query %lld, target %lld (NaN or -inf in "
-                 "the predictions or targets)", (long long)b, cost[bad_q * n + bad_t], (long long)bad_q,
-                 (long long)bad_t);
+        snprintf(err, err_cap,
+                 "image %lld: matching cost is %g at query %lld, target %lld (NaN or -inf in "
+                 "the predictions or targets)",
+                 (long long)b, cost[bad_q * n + bad_t], (long long)bad_q, (long long)bad_t);
         status = -1;
       } else if (st != LSA_OK) {
         snprintf(err, err_cap, "image %lld: %s", (long long)b, lsa_status_str(st));

@@ -30,6 +30,6 @@ typedef struct {
 // logits [B, Q, C + extra columns], boxes [B, Q, 4] on any device; targets [B]; fills matches [B] (free with
 // detr_matches_free). Returns 0, or -1 with err naming the image and the bad entry (NaN or -inf
 // cost, out-of-range label, infeasible matrix).
-int detr_hungarian_match(const Tensor *logits, const Tensor *boxes, const DetrTarget *targets,
-                         MatcherWeights w, DetrMatch *matches, char *err, size_t err_cap);
+int detr_hungarian_match(const Tensor *logits, const Tensor *boxes, const DetrTarget *targets, MatcherWeights w,
+                         DetrMatch *matches, char *err, size_t err_cap);
 void detr_matches_free(DetrMatch *matches, int n_images);

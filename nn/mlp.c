@@ -4,14 +4,13 @@
 #include "nn/layers.h"
 
 Mlp mlp_create(ParamStore *ps, const char *prefix, int64_t in, int64_t hidden, int64_t out, int n_layers) {
-  DETR_CHECK(n_layers >= 1 && n_layers <= MLP_MAX_LAYERS, "mlp: %d layers, expected 1..%d", n_layers,
-             MLP_MAX_LAYERS);
+  DETR_CHECK(n_layers >= 1 && n_layers <= MLP_MAX_LAYERS, "mlp: %d layers, expected 1..%d", n_layers, MLP_MAX_LAYERS);
   Mlp m = {.n_layers = n_layers};
   for (int i = 0; i < n_layers; i++) {
     char name[112];
     snprintf(name, sizeof name, "%s.layers.%d", prefix, i);
-    m.layers[i] = linear_create(ps, name, i == 0 ? in : hidden, i == n_layers - 1 ? out : hidden, true,
-                                PARAM_TRAINABLE, LR_GROUP_MAIN);
+    m.layers[i] = linear_create(ps, name, i == 0 ? in : hidden, i == n_layers - 1 ? out : hidden, true, PARAM_TRAINABLE,
+                                LR_GROUP_MAIN);
   }
   return m;
 }

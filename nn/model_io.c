@@ -31,8 +31,7 @@ static void misfit(const Param *p, const StEntry *e, char *why, size_t cap) {
   bool fits = e->ndim <= DETR_MAX_DIMS;
   for (int d = 0; fits && d < e->ndim; d++) s.d[d] = e->shape[d];
   why[0] = 0;
-  if (e->dtype != ST_F32)
-    snprintf(why, cap, " is %s, expected F32", st_dtype_name(e->dtype));
+  if (e->dtype != ST_F32) snprintf(why, cap, " is %s, expected F32", st_dtype_name(e->dtype));
   else if (!fits || !shape_equal(s, p->tensor->shape))
     snprintf(why, cap, " is %s in the file, the model has %s", fits ? shape_str(s, s1, sizeof s1) : "(rank > 6)",
              shape_str(p->tensor->shape, s2, sizeof s2));
@@ -95,8 +94,10 @@ int params_load_with(ParamStore *ps, const StFile *f, const ParamsLoad *opt, cha
   int rc = 0;
   for (int i = 0; i < ps->count && !rc; i++)
     if (load[i]) {
-      DETR_CHECK(!ps->items[i].tensor->bf16, "params_load: %s is kept in bf16 for inference (tensor_keep_bf16): load "
-                 "the weights before detr_model_prepare_inference", ps->items[i].name);
+      DETR_CHECK(!ps->items[i].tensor->bf16,
+                 "params_load: %s is kept in bf16 for inference (tensor_keep_bf16): load "
+                 "the weights before detr_model_prepare_inference",
+                 ps->items[i].name);
       rc = st_read_f32_into(f, ps->items[i].name, ps->items[i].tensor, err, err_cap);
     }
   free(load);
@@ -123,8 +124,8 @@ static const char *file_name(const char *name, const char *prefix, const char *f
   return buf;
 }
 
-int params_load_file_prefix_as(ParamStore *ps, const char *path, const char *prefix, const char *file_prefix,
-                               char *err, size_t err_cap) {
+int params_load_file_prefix_as(ParamStore *ps, const char *path, const char *prefix, const char *file_prefix, char *err,
+                               size_t err_cap) {
   StFile *f = st_open(path, err, err_cap);
   if (!f) return -1;
   size_t n = strlen(prefix);

@@ -19,7 +19,7 @@ typedef struct {
   const char *const *ignore_prefixes;  // file entries never read (a checkpoint's "optim.")
   const char *const *keep_init;        // NULL-terminated names: keep their initial values
   bool partial;
-  char *not_loaded;                    // may be NULL
+  char *not_loaded;  // may be NULL
   size_t not_loaded_cap;
 } ParamsLoad;
 int params_load_with(ParamStore *ps, const StFile *f, const ParamsLoad *opt, char *err, size_t err_cap);
@@ -31,7 +31,7 @@ int params_load_file(ParamStore *ps, const char *path, char *err, size_t err_cap
 int params_load_file_prefix(ParamStore *ps, const char *path, const char *prefix, char *err, size_t err_cap);
 // The same, the file naming the tensors with file_prefix in place of prefix (NULL: the same names),
 // e.g. a backbone saved as backbone.0.body.* into Anchor DETR's backbone.body.*.
-int params_load_file_prefix_as(ParamStore *ps, const char *path, const char *prefix, const char *file_prefix,
-                               char *err, size_t err_cap);
+int params_load_file_prefix_as(ParamStore *ps, const char *path, const char *prefix, const char *file_prefix, char *err,
+                               size_t err_cap);
 // Adds every parameter and buffer to w, with an optional name prefix ("" for none).
 void params_save(const ParamStore *ps, StWriter *w, const char *prefix);

@@ -34,7 +34,8 @@ void params_free(ParamStore *ps);
 #if defined(__GNUC__)
 __attribute__((format(printf, 5, 6)))
 #endif
-Tensor *params_add(ParamStore *ps, Shape shape, ParamKind kind, LrGroup group, const char *fmt, ...);
+Tensor *
+params_add(ParamStore *ps, Shape shape, ParamKind kind, LrGroup group, const char *fmt, ...);
 // out = "prefix.name" (fails when longer than a parameter name may be).
 void param_name_join(char *out, size_t cap, const char *prefix, const char *name);
 Param *params_find(const ParamStore *ps, const char *name);

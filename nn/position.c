@@ -6,8 +6,7 @@
 
 #include "core/error.h"
 
-void mask_downsample_nearest(const uint8_t *mask, int64_t B, int64_t H, int64_t W, int64_t h, int64_t w,
-                             uint8_t *out) {
+void mask_downsample_nearest(const uint8_t *mask, int64_t B, int64_t H, int64_t W, int64_t h, int64_t w, uint8_t *out) {
   float sy = (float)H / (float)h, sx = (float)W / (float)w;
   for (int64_t b = 0; b < B; b++)
     for (int64_t y = 0; y < h; y++) {
@@ -21,12 +20,12 @@ void mask_downsample_nearest(const uint8_t *mask, int64_t B, int64_t H, int64_t 
     }
 }
 
-void position_sine(const uint8_t *mask, int64_t B, int64_t h, int64_t w, int64_t npf, float temperature,
-                   float *pos) {
+void position_sine(const uint8_t *mask, int64_t B, int64_t h, int64_t w, int64_t npf, float temperature, float *pos) {
   const float scale = 6.283185307179586f, eps = 1e-6f;  // 2 pi, as float32(2 * math.pi)
   float *dim_t = detr_malloc((size_t)npf * sizeof(float), "position_sine dim_t");
   float *y_embed = detr_malloc((size_t)(h * w * 2) * sizeof(float), "position_sine embed"), *x_embed = y_embed + h * w;
-  float *xe_row = detr_malloc((size_t)(2 * w) * sizeof(float), "position_sine row"), *xe_prev = xe_row + w;  // xe of this, the previous row
+  float *xe_row = detr_malloc((size_t)(2 * w) * sizeof(float), "position_sine row"),
+        *xe_prev = xe_row + w;  // xe of this, the previous row
   for (int64_t i = 0; i < npf; i++) dim_t[i] = powf(temperature, (float)(2 * (i / 2)) / (float)npf);
   for (int64_t b = 0; b < B; b++) {
     const uint8_t *m = mask + b * h * w;
@@ -52,12 +51,10 @@ void position_sine(const uint8_t *mask, int64_t B, int64_t h, int64_t w, int64_t
         const float *prev_y = x > 0 && memcmp(&ye, &ye_prev, sizeof ye) == 0 ? p - 2 * npf : NULL;
         const float *prev_x = y > 0 && memcmp(&xe, &xe_prev[x], sizeof xe) == 0 ? p - w * 2 * npf : NULL;
         ye_prev = ye;
-        if (prev_y)
-          memcpy(p, prev_y, (size_t)npf * sizeof(float));
+        if (prev_y) memcpy(p, prev_y, (size_t)npf * sizeof(float));
         else
           for (int64_t i = 0; i < npf; i++) p[i] = i % 2 == 0 ? sinf(ye / dim_t[i]) : cosf(ye / dim_t[i]);
-        if (prev_x)
-          memcpy(p + npf, prev_x + npf, (size_t)npf * sizeof(float));
+        if (prev_x) memcpy(p + npf, prev_x + npf, (size_t)npf * sizeof(float));
         else
           for (int64_t i = 0; i < npf; i++) p[npf + i] = i % 2 == 0 ? sinf(xe / dim_t[i]) : cosf(xe / dim_t[i]);
       }

@@ -12,7 +12,7 @@ void detr_postprocess(const ClassHead *head, const Tensor *logits, const Tensor 
   int64_t K = head->detections_per_image(Q, cols);
   // [B, Q, cols], then [B, Q, 4]
   float *prob = detr_malloc((size_t)(logits->numel + boxes->numel) * sizeof(float), "detr_postprocess prob");
-  ClassPick *picks = detr_malloc((size_t)K * sizeof(ClassPick), "detr_postprocess picks");                      // [K]
+  ClassPick *picks = detr_malloc((size_t)K * sizeof(ClassPick), "detr_postprocess picks");  // [K]
   float *bx = prob + logits->numel;
   tensor_to_host(logits, prob);
   tensor_to_host(boxes, bx);

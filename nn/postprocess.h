@@ -9,9 +9,9 @@
 
 typedef struct {
   int64_t query;
-  int label;        // model label (a COCO category id unless the dataset maps them)
+  int label;  // model label (a COCO category id unless the dataset maps them)
   float score;
-  float box[4];     // x0, y0, x1, y1 in pixels of the original image
+  float box[4];  // x0, y0, x1, y1 in pixels of the original image
 } Detection;
 
 // logits [B, Q, cols], boxes [B, Q, 4] (normalized cxcywh); orig_w/orig_h [B]; head NULL: DETR's

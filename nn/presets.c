@@ -7,9 +7,20 @@
 // The paper's DETR-R50: ResNet-50, hidden 256, 8 heads, 6 + 6 layers, FFN 2048, 100 queries,
 // 91 classes (COCO ids 1..90, plus the unused 0).
 static void preset_r50(DetrConfig *cfg) {
-  *cfg = (DetrConfig){.backbone_depth = 50, .backbone_width = 64, .backbone_layers = 4, .train_backbone = true,
-                      .frozen_stages = 2, .hidden_dim = 256, .nheads = 8, .enc_layers = 6, .dec_layers = 6,
-                      .ffn_dim = 2048, .num_queries = 100, .num_classes = 91, .dropout = 0.1f, .aux_loss = true};
+  *cfg = (DetrConfig){.backbone_depth = 50,
+                      .backbone_width = 64,
+                      .backbone_layers = 4,
+                      .train_backbone = true,
+                      .frozen_stages = 2,
+                      .hidden_dim = 256,
+                      .nheads = 8,
+                      .enc_layers = 6,
+                      .dec_layers = 6,
+                      .ffn_dim = 2048,
+                      .num_queries = 100,
+                      .num_classes = 91,
+                      .dropout = 0.1f,
+                      .aux_loss = true};
   attn_settings_default(&cfg->attn_settings);
 }
 

@@ -36,7 +36,8 @@ void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, int
   *r = (ResNet){0};
   // Stage 0 is the stem, stage k (1..4) is layer k.
   int64_t base = width > 0 ? width : 64;
-  r->conv1 = conv(ps, prefix, "conv1", 3, base, 7, 2, 1, train_layers && frozen_stages < 1 ? PARAM_TRAINABLE : PARAM_FROZEN);
+  r->conv1 =
+      conv(ps, prefix, "conv1", 3, base, 7, 2, 1, train_layers && frozen_stages < 1 ? PARAM_TRAINABLE : PARAM_FROZEN);
   r->conv1.p.pad_h = r->conv1.p.pad_w = 3;
   r->bn1 = bn(ps, prefix, "bn1", base);
   int64_t inplanes = base;

@@ -50,7 +50,8 @@ static Tensor *ffn(const Linear *l1, const Linear *l2, const NnCtx *ctx, float p
 Tensor *encoder_layer_finish(const EncoderLayer *l, const NnCtx *ctx, Tensor *src, Tensor *attn_out) {
   float p = l->s.dropout;
   src = op_add(src, nn_dropout(ctx, attn_out, p));
-  if (l->s.pre_norm) return op_add(src, nn_dropout(ctx, ffn(&l->linear1, &l->linear2, ctx, p, layernorm_forward(&l->norm2, src)), p));
+  if (l->s.pre_norm)
+    return op_add(src, nn_dropout(ctx, ffn(&l->linear1, &l->linear2, ctx, p, layernorm_forward(&l->norm2, src)), p));
   src = layernorm_forward(&l->norm1, src);
   src = op_add(src, nn_dropout(ctx, ffn(&l->linear1, &l->linear2, ctx, p, src), p));
   return layernorm_forward(&l->norm2, src);
@@ -83,8 +84,8 @@ DecoderLayer decoder_layer_create(ParamStore *ps, const char *prefix, Transforme
                         .cross_attn = mha_forward_weights};
 }
 
-Tensor *decoder_layer_forward(const DecoderLayer *l, const NnCtx *ctx, Tensor *tgt, Tensor *memory,
-                              Tensor *memory_mask, Tensor *pos, Tensor *query_pos, Tensor **cross_weights) {
+Tensor *decoder_layer_forward(const DecoderLayer *l, const NnCtx *ctx, Tensor *tgt, Tensor *memory, Tensor *memory_mask,
+                              Tensor *pos, Tensor *query_pos, Tensor **cross_weights) {
   float p = l->s.dropout;
   Tensor *key = with_pos(memory, pos);
   if (l->s.pre_norm) {
@@ -92,13 +93,16 @@ Tensor *decoder_layer_forward(const DecoderLayer *l, const NnCtx *ctx, Tensor *t
     Tensor *qk = with_pos(t2, query_pos);
     tgt = op_add(tgt, nn_dropout(ctx, mha_forward(&l->self_attn, ctx, qk, qk, t2, NULL), p));
     t2 = layernorm_forward(&l->norm2, tgt);
-    tgt = op_add(tgt, nn_dropout(ctx, l->cross_attn(&l->multihead_attn, ctx, with_pos(t2, query_pos), key, memory,
-                                                  memory_mask, cross_weights), p));
+    tgt = op_add(tgt, nn_dropout(ctx,
+                                 l->cross_attn(&l->multihead_attn, ctx, with_pos(t2, query_pos), key, memory,
+                                               memory_mask, cross_weights),
+                                 p));
     t2 = layernorm_forward(&l->norm3, tgt);
     return op_add(tgt, nn_dropout(ctx, ffn(&l->linear1, &l->linear2, ctx, p, t2), p));
   }
   Tensor *qk = with_pos(tgt, query_pos);
-  tgt = layernorm_forward(&l->norm1, op_add(tgt, nn_dropout(ctx, mha_forward(&l->self_attn, ctx, qk, qk, tgt, NULL), p)));
+  tgt =
+      layernorm_forward(&l->norm1, op_add(tgt, nn_dropout(ctx, mha_forward(&l->self_attn, ctx, qk, qk, tgt, NULL), p)));
   Tensor *cross =
       l->cross_attn(&l->multihead_attn, ctx, with_pos(tgt, query_pos), key, memory, memory_mask, cross_weights);
   tgt = layernorm_forward(&l->norm2, op_add(tgt, nn_dropout(ctx, cross, p)));

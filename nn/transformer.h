@@ -12,7 +12,7 @@ typedef struct {
 
 typedef struct {
   MultiheadAttention self_attn;  // DETR's projections, used by every attention variant (tensors NULL when
-                                // the variant has its own: EncoderAttnKind.own_projections)
+                                 // the variant has its own: EncoderAttnKind.own_projections)
   Linear linear1, linear2;
   LayerNorm norm1, norm2;
   TransformerShape s;
@@ -25,8 +25,8 @@ typedef struct {
 // mha_forward_weights (softmax, the reference) or kmeans_cross_attention (nn/cross_attn_kmeans.c).
 // The decoder kind picks it (nn/decoder_detr.c, config key decoder_cross_attn). weights (may be
 // NULL) receives the weights averaged over the heads [B, Lq, Lk].
-typedef Tensor *(*CrossAttnFn)(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key,
-                               Tensor *value, Tensor *key_padding_mask, Tensor **weights);
+typedef Tensor *(*CrossAttnFn)(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *key, Tensor *value,
+                               Tensor *key_padding_mask, Tensor **weights);
 
 typedef struct {
   MultiheadAttention self_attn, multihead_attn;
@@ -54,8 +54,8 @@ Tensor *encoder_layer_finish(const EncoderLayer *l, const NnCtx *ctx, Tensor *sr
 DecoderLayer decoder_layer_create(ParamStore *ps, const char *prefix, TransformerShape s);
 // tgt, query_pos [B, Q, d] (query_pos may be [Q, d]); memory, pos [B, HW, d]. cross_weights (may
 // be NULL) receives the cross-attention's weights averaged over the heads [B, Q, HW].
-Tensor *decoder_layer_forward(const DecoderLayer *l, const NnCtx *ctx, Tensor *tgt, Tensor *memory,
-                              Tensor *memory_mask, Tensor *pos, Tensor *query_pos, Tensor **cross_weights);
+Tensor *decoder_layer_forward(const DecoderLayer *l, const NnCtx *ctx, Tensor *tgt, Tensor *memory, Tensor *memory_mask,
+                              Tensor *pos, Tensor *query_pos, Tensor **cross_weights);
 
 // Xavier-uniform on every matrix of the transformer, zero biases for attention (torch's MHA
 // reset), torch's Linear default for the FFN biases; LayerNorm weight 1, bias 0.

@@ -43,8 +43,7 @@ typedef struct {
   AllocStats stats;
 } DeviceCache;
 
-static DeviceCache caches[DEVICE_COUNT] = {{.lock = PTHREAD_MUTEX_INITIALIZER},
-                                          {.lock = PTHREAD_MUTEX_INITIALIZER}};
+static DeviceCache caches[DEVICE_COUNT] = {{.lock = PTHREAD_MUTEX_INITIALIZER}, {.lock = PTHREAD_MUTEX_INITIALIZER}};
 
 // CPU blocks of ARENA_MIN_BYTES and more skip the cache: they come from the arena (tensor/arena.c)
 // and go back to it at once, at their own size rounded to a page, not their size class. A
@@ -153,8 +152,8 @@ void *detr_alloc(Device dev, size_t nbytes) {
     }
     if (!ptr) {
       pthread_mutex_unlock(&c->lock);
-      DETR_FAIL("detr_alloc: out of %s memory allocating %zu bytes (%zu bytes live)",
-                device_name(dev), block, c->stats.live_bytes);
+      DETR_FAIL("detr_alloc: out of %s memory allocating %zu bytes (%zu bytes live)", device_name(dev), block,
+                c->stats.live_bytes);
     }
     c->stats.system_allocs++;
   }

@@ -12,23 +12,21 @@
 #define ARENA_ALIGN 4096  // every block starts on a page and takes whole pages
 
 // The bytes a block of `bytes` takes in the arena.
-static inline size_t arena_block_bytes(size_t bytes) {
-  return (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
-}
+static inline size_t arena_block_bytes(size_t bytes) { return (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }
 
 typedef struct {
   size_t off, len;
 } ArenaExtent;
 
 typedef struct {
-  char *base;           // the reserved range, range_bytes long; NULL before arena_reserve
+  char *base;  // the reserved range, range_bytes long; NULL before arena_reserve
   size_t range_bytes;
-  size_t top;           // the end of the highest block in use
-  size_t touched;       // the highest top since the last trim: pages below may hold memory
-  size_t high;          // the highest top ever (what AddressSanitizer may have poisoned)
-  ArenaExtent *free;    // free extents below top, sorted by offset, never adjacent
+  size_t top;            // the end of the highest block in use
+  size_t touched;        // the highest top since the last trim: pages below may hold memory
+  size_t high;           // the highest top ever (what AddressSanitizer may have poisoned)
+  ArenaExtent *free;     // free extents below top, sorted by offset, never adjacent
   int n_free, free_cap;  // free_cap >= n_live: a free never has to grow the list
-  int n_live;           // blocks handed out
+  int n_live;            // blocks handed out
 } Arena;
 
 // Reserves range_bytes of address space (no memory). False, with the arena unusable, on failure.

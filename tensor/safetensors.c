@@ -21,10 +21,9 @@ static const struct {
   const char *name;
   size_t size;
 } dtypes[ST_DTYPE_COUNT] = {
-    [ST_F32] = {"F32", 4}, [ST_F64] = {"F64", 8},         [ST_I64] = {"I64", 8},
-    [ST_I32] = {"I32", 4}, [ST_U8] = {"U8", 1},           [ST_BOOL] = {"BOOL", 1},
-    [ST_F16] = {"F16", 2}, [ST_BF16] = {"BF16", 2},       [ST_I8] = {"I8", 1},
-    [ST_I16] = {"I16", 2}, [ST_U16] = {"U16", 2},         [ST_U32] = {"U32", 4},
+    [ST_F32] = {"F32", 4}, [ST_F64] = {"F64", 8},         [ST_I64] = {"I64", 8},         [ST_I32] = {"I32", 4},
+    [ST_U8] = {"U8", 1},   [ST_BOOL] = {"BOOL", 1},       [ST_F16] = {"F16", 2},         [ST_BF16] = {"BF16", 2},
+    [ST_I8] = {"I8", 1},   [ST_I16] = {"I16", 2},         [ST_U16] = {"U16", 2},         [ST_U32] = {"U32", 4},
     [ST_U64] = {"U64", 8}, [ST_F8_E4M3] = {"F8_E4M3", 1}, [ST_F8_E5M2] = {"F8_E5M2", 1},
 };
 
@@ -49,7 +48,8 @@ bool st_dtype_supported(StDtype dt) {
 #if defined(__GNUC__)
 __attribute__((format(printf, 3, 4)))
 #endif
-static void set_err(char *err, size_t err_cap, const char *fmt, ...) {
+static void
+set_err(char *err, size_t err_cap, const char *fmt, ...) {
   if (!err || err_cap == 0) return;
   va_list ap;
   va_start(ap, fmt);
@@ -92,21 +92,16 @@ static bool utf8_valid_n(const unsigned char *s, size_t len) {
       s++;
       continue;
     }
-    if (c >= 0xC2 && c <= 0xDF)
-      n = 1, cp = c & 0x1F;
-    else if (c >= 0xE0 && c <= 0xEF)
-      n = 2, cp = c & 0x0F;
-    else if (c >= 0xF0 && c <= 0xF4)
-      n = 3, cp = c & 0x07;
-    else
-      return false;
+    if (c >= 0xC2 && c <= 0xDF) n = 1, cp = c & 0x1F;
+    else if (c >= 0xE0 && c <= 0xEF) n = 2, cp = c & 0x0F;
+    else if (c >= 0xF0 && c <= 0xF4) n = 3, cp = c & 0x07;
+    else return false;
     if ((size_t)(end - s) <= n) return false;
     for (unsigned i = 1; i <= n; i++) {
       if ((s[i] & 0xC0) != 0x80) return false;
       cp = cp << 6 | (s[i] & 0x3F);
     }
-    if ((n == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
-        (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
+    if ((n == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
       return false;
     s += n + 1;
   }
@@ -174,13 +169,11 @@ const void *st_data_buffer(const StFile *f, size_t *nbytes) {
 }
 int st_metadata_count(const StFile *f) { return f->nmeta; }
 const char *st_metadata_key(const StFile *f, int i) {
-  DETR_CHECK(i >= 0 && i < f->nmeta, "st_metadata_key: index %d out of range [0, %d) in %s", i,
-             f->nmeta, f->path);
+  DETR_CHECK(i >= 0 && i < f->nmeta, "st_metadata_key: index %d out of range [0, %d) in %s", i, f->nmeta, f->path);
   return f->meta[i].key;
 }
 const char *st_metadata_value(const StFile *f, int i) {
-  DETR_CHECK(i >= 0 && i < f->nmeta, "st_metadata_value: index %d out of range [0, %d) in %s", i,
-             f->nmeta, f->path);
+  DETR_CHECK(i >= 0 && i < f->nmeta, "st_metadata_value: index %d out of range [0, %d) in %s", i, f->nmeta, f->path);
   return f->meta[i].value;
 }
 
@@ -205,8 +198,7 @@ const StEntry *st_find(const StFile *f, const char *name) {
 
 const char *st_metadata(const StFile *f, const char *key) {
   if (f->nmeta == 0) return NULL;
-  const StMeta **m =
-      bsearch(key, f->meta_by_key, (size_t)f->nmeta, sizeof *f->meta_by_key, cmp_key_meta);
+  const StMeta **m = bsearch(key, f->meta_by_key, (size_t)f->nmeta, sizeof *f->meta_by_key, cmp_key_meta);
   return m ? (*m)->value : NULL;
 }
 
@@ -232,7 +224,8 @@ typedef struct {
 #if defined(__GNUC__)
 __attribute__((format(printf, 2, 3)))
 #endif
-static int parse_fail(Parser *p, const char *fmt, ...) {
+static int
+parse_fail(Parser *p, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(p->msg, sizeof p->msg, fmt, ap);
@@ -248,10 +241,8 @@ static const char *field_name(int field) {
 // A value of __metadata__ (depth 2): a string without NUL characters, valid UTF-8.
 static int on_metadata_value(Parser *p, int kind, const unsigned char *s, size_t len) {
   StMeta *m = &p->f->meta[p->f->nmeta - 1];
-  if (kind != V_STRING)
-    return parse_fail(p, "__metadata__ value of '%s' is not a string", m->key);
-  if (memchr(s, 0, len))
-    return parse_fail(p, "__metadata__ value of '%s' contains a NUL character", m->key);
+  if (kind != V_STRING) return parse_fail(p, "__metadata__ value of '%s' is not a string", m->key);
+  if (memchr(s, 0, len)) return parse_fail(p, "__metadata__ value of '%s' contains a NUL character", m->key);
   if (!utf8_valid_n(s, len)) return parse_fail(p, "__metadata__ value of '%s' is not valid UTF-8", m->key);
   m->value = xstrndup(s, len);
   return 1;
@@ -261,31 +252,27 @@ static int on_metadata_value(Parser *p, int kind, const unsigned char *s, size_t
 static int on_array_element(Parser *p, int kind, const unsigned char *s, size_t len) {
   const char *what = field_name(p->field);
   if (kind != V_NUMBER)
-    return parse_fail(p, "tensor '%s': %s holds a value that is not an integer",
-                      cur_entry(p)->name, what);
+    return parse_fail(p, "tensor '%s': %s holds a value that is not an integer", cur_entry(p)->name, what);
   uint64_t v = 0;
   for (size_t i = 0; i < len; i++) {
     if (s[i] < '0' || s[i] > '9')
-      return parse_fail(p, "tensor '%s': %s holds %.*s, not a non-negative integer",
-                        cur_entry(p)->name, what, (int)(len > 32 ? 32 : len), (const char *)s);
+      return parse_fail(p, "tensor '%s': %s holds %.*s, not a non-negative integer", cur_entry(p)->name, what,
+                        (int)(len > 32 ? 32 : len), (const char *)s);
     unsigned digit = (unsigned)(s[i] - '0');
     if (v > (UINT64_MAX - digit) / 10)
-      return parse_fail(p, "tensor '%s': %s holds %.*s, which is too large", cur_entry(p)->name,
-                        what, (int)(len > 32 ? 32 : len), (const char *)s);
+      return parse_fail(p, "tensor '%s': %s holds %.*s, which is too large", cur_entry(p)->name, what,
+                        (int)(len > 32 ? 32 : len), (const char *)s);
     v = v * 10 + digit;
   }
   if (p->field == FLD_SHAPE) {
     if (p->nvals == ST_MAX_DIMS)
-      return parse_fail(p, "tensor '%s': shape has more than %d dimensions", cur_entry(p)->name,
-                        ST_MAX_DIMS);
+      return parse_fail(p, "tensor '%s': shape has more than %d dimensions", cur_entry(p)->name, ST_MAX_DIMS);
     if (v > (uint64_t)INT64_MAX)
-      return parse_fail(p, "tensor '%s': shape holds %llu, which is too large",
-                        cur_entry(p)->name, (unsigned long long)v);
+      return parse_fail(p, "tensor '%s': shape holds %llu, which is too large", cur_entry(p)->name,
+                        (unsigned long long)v);
     cur_entry(p)->shape[p->nvals] = (int64_t)v;
   } else {
-    if (p->nvals == 2)
-      return parse_fail(p, "tensor '%s': data_offsets has more than 2 values",
-                        cur_entry(p)->name);
+    if (p->nvals == 2) return parse_fail(p, "tensor '%s': data_offsets has more than 2 values", cur_entry(p)->name);
     p->offsets[p->nvals] = v;
   }
   p->nvals++;
@@ -316,19 +303,17 @@ static int on_value(Parser *p, int kind, const unsigned char *s, size_t len) {
         return 1;
       }
       if (p->field == FLD_DTYPE) {
-        if (kind != V_STRING)
-          return parse_fail(p, "tensor '%s': dtype is not a string", cur_entry(p)->name);
+        if (kind != V_STRING) return parse_fail(p, "tensor '%s': dtype is not a string", cur_entry(p)->name);
         for (int d = 0; d < ST_DTYPE_COUNT; d++)
           if (strlen(dtypes[d].name) == len && memcmp(dtypes[d].name, s, len) == 0) {
             cur_entry(p)->dtype = (StDtype)d;
             return 1;
           }
-        return parse_fail(p, "tensor '%s': unknown dtype \"%.*s\"", cur_entry(p)->name,
-                          (int)(len > 32 ? 32 : len), (const char *)s);
+        return parse_fail(p, "tensor '%s': unknown dtype \"%.*s\"", cur_entry(p)->name, (int)(len > 32 ? 32 : len),
+                          (const char *)s);
       }
       if (kind != V_ARRAY)
-        return parse_fail(p, "tensor '%s': %s is not an array", cur_entry(p)->name,
-                          field_name(p->field));
+        return parse_fail(p, "tensor '%s': %s is not an array", cur_entry(p)->name, field_name(p->field));
       p->nvals = 0;
       break;
     case 3:  // an element of shape or data_offsets
@@ -343,9 +328,7 @@ static int on_bool(void *ctx, int b) { return on_value(ctx, V_BOOL, NULL, 0); }
 static int on_number(void *ctx, const char *s, size_t len) {
   return on_value(ctx, V_NUMBER, (const unsigned char *)s, len);
 }
-static int on_string(void *ctx, const unsigned char *s, size_t len) {
-  return on_value(ctx, V_STRING, s, len);
-}
+static int on_string(void *ctx, const unsigned char *s, size_t len) { return on_value(ctx, V_STRING, s, len); }
 static int on_start_map(void *ctx) { return on_value(ctx, V_MAP, NULL, 0); }
 static int on_start_array(void *ctx) { return on_value(ctx, V_ARRAY, NULL, 0); }
 
@@ -395,8 +378,7 @@ static int on_key(void *ctx, const unsigned char *s, size_t len) {
     if (strlen(field_name(fld)) == len && memcmp(field_name(fld), s, len) == 0) p->field = fld;
   if (p->field == FLD_IGNORED) return 1;
   if (p->seen & (unsigned)p->field)
-    return parse_fail(p, "tensor '%s': \"%s\" appears twice", cur_entry(p)->name,
-                      field_name(p->field));
+    return parse_fail(p, "tensor '%s': \"%s\" appears twice", cur_entry(p)->name, field_name(p->field));
   p->seen |= (unsigned)p->field;
   return 1;
 }
@@ -428,8 +410,8 @@ static int on_end_array(void *ctx) {
   if (p->field == FLD_SHAPE) {
     cur_entry(p)->ndim = p->nvals;
   } else if (p->nvals != 2) {
-    return parse_fail(p, "tensor '%s': data_offsets has %d value%s, expected 2", cur_entry(p)->name,
-                      p->nvals, p->nvals == 1 ? "" : "s");
+    return parse_fail(p, "tensor '%s': data_offsets has %d value%s, expected 2", cur_entry(p)->name, p->nvals,
+                      p->nvals == 1 ? "" : "s");
   }
   p->depth--;
   return 1;
@@ -463,8 +445,8 @@ static bool parse_header(StFile *f, const unsigned char *json, size_t len, char 
   } else if (st == yajl_status_error) {
     unsigned char *msg = yajl_get_error(h, 0, json, len);
     size_t n = strcspn((const char *)msg, "\n");  // yajl ends its message with a newline
-    set_err(err, err_cap, "%s: malformed JSON in the header at byte %zu of %zu: %.*s", f->path, at, len,
-            (int)n, (const char *)msg);
+    set_err(err, err_cap, "%s: malformed JSON in the header at byte %zu of %zu: %.*s", f->path, at, len, (int)n,
+            (const char *)msg);
     yajl_free_error(h, msg);
   }
   yajl_free(h);
@@ -489,16 +471,15 @@ static bool validate_entry(const StFile *f, StEntry *e, uint64_t end, char *err,
   char a[160];
   uint64_t begin = e->offset;
   if (end < begin) {
-    set_err(err, err_cap, "%s: tensor '%s': data_offsets [%llu, %llu] are not in order", f->path,
-            e->name, (unsigned long long)begin, (unsigned long long)end);
+    set_err(err, err_cap, "%s: tensor '%s': data_offsets [%llu, %llu] are not in order", f->path, e->name,
+            (unsigned long long)begin, (unsigned long long)end);
     return false;
   }
   if (end > f->buf_len) {
     set_err(err, err_cap,
             "%s: tensor '%s': data_offsets [%llu, %llu] run past the end of the %llu-byte data "
             "buffer (truncated file?)",
-            f->path, e->name, (unsigned long long)begin, (unsigned long long)end,
-            (unsigned long long)f->buf_len);
+            f->path, e->name, (unsigned long long)begin, (unsigned long long)end, (unsigned long long)f->buf_len);
     return false;
   }
   size_t nbytes;
@@ -509,11 +490,9 @@ static bool validate_entry(const StFile *f, StEntry *e, uint64_t end, char *err,
     return false;
   }
   if (nbytes != end - begin) {
-    set_err(err, err_cap,
-            "%s: tensor '%s': data_offsets [%llu, %llu] hold %llu bytes but %s %s needs %zu",
-            f->path, e->name, (unsigned long long)begin, (unsigned long long)end,
-            (unsigned long long)(end - begin), dtypes[e->dtype].name,
-            dims_str(e->ndim, e->shape, a, sizeof a), nbytes);
+    set_err(err, err_cap, "%s: tensor '%s': data_offsets [%llu, %llu] hold %llu bytes but %s %s needs %zu", f->path,
+            e->name, (unsigned long long)begin, (unsigned long long)end, (unsigned long long)(end - begin),
+            dtypes[e->dtype].name, dims_str(e->ndim, e->shape, a, sizeof a), nbytes);
     return false;
   }
   e->nbytes = nbytes;
@@ -528,24 +507,22 @@ static bool validate_tiling(const StFile *f, Span *spans, char *err, size_t err_
   const char *prev = NULL;
   for (int i = 0; i < f->n; i++) {
     if (spans[i].begin < at) {
-      set_err(err, err_cap, "%s: tensor '%s' (bytes %llu..%llu) overlaps tensor '%s' (ends at %llu)",
-              f->path, spans[i].e->name, (unsigned long long)spans[i].begin,
-              (unsigned long long)spans[i].end, prev, (unsigned long long)at);
+      set_err(err, err_cap, "%s: tensor '%s' (bytes %llu..%llu) overlaps tensor '%s' (ends at %llu)", f->path,
+              spans[i].e->name, (unsigned long long)spans[i].begin, (unsigned long long)spans[i].end, prev,
+              (unsigned long long)at);
       return false;
     }
     if (spans[i].begin > at) {
-      set_err(err, err_cap, "%s: bytes %llu..%llu of the data buffer belong to no tensor (before '%s')",
-              f->path, (unsigned long long)at, (unsigned long long)spans[i].begin,
-              spans[i].e->name);
+      set_err(err, err_cap, "%s: bytes %llu..%llu of the data buffer belong to no tensor (before '%s')", f->path,
+              (unsigned long long)at, (unsigned long long)spans[i].begin, spans[i].e->name);
       return false;
     }
     at = spans[i].end;
     prev = spans[i].e->name;
   }
   if (at != f->buf_len) {
-    set_err(err, err_cap,
-            "%s: the data buffer has %llu bytes but the tensors cover %llu (trailing bytes)",
-            f->path, (unsigned long long)f->buf_len, (unsigned long long)at);
+    set_err(err, err_cap, "%s: the data buffer has %llu bytes but the tensors cover %llu (trailing bytes)", f->path,
+            (unsigned long long)f->buf_len, (unsigned long long)at);
     return false;
   }
   return true;
@@ -623,8 +600,8 @@ static bool read_file(StFile *f, char *err, size_t err_cap) {
   uint64_t n = 0;
   for (int i = 7; i >= 0; i--) n = n << 8 | len8[i];
   if (n > ST_MAX_HEADER_BYTES) {
-    set_err(err, err_cap, "%s: header length %llu exceeds the %d-byte limit (not a safetensors file?)",
-            f->path, (unsigned long long)n, ST_MAX_HEADER_BYTES);
+    set_err(err, err_cap, "%s: header length %llu exceeds the %d-byte limit (not a safetensors file?)", f->path,
+            (unsigned long long)n, ST_MAX_HEADER_BYTES);
     goto done;
   }
   if (n > size - 8) {
@@ -640,8 +617,7 @@ static bool read_file(StFile *f, char *err, size_t err_cap) {
   }
   f->mem = malloc((size_t)size + 64);
   if (!f->mem) {
-    set_err(err, err_cap, "%s: out of host memory reading %llu bytes", f->path,
-            (unsigned long long)size);
+    set_err(err, err_cap, "%s: out of host memory reading %llu bytes", f->path, (unsigned long long)size);
     goto done;
   }
   size_t pad = (64 - ((uintptr_t)f->mem + 8 + (uintptr_t)n) % 64) % 64;
@@ -689,16 +665,15 @@ int st_read_f32_into(const StFile *f, const char *name, Tensor *dst, char *err, 
     return -1;
   }
   if (e->dtype != ST_F32) {
-    set_err(err, err_cap, "%s: tensor '%s' has dtype %s, expected F32%s", f->path, name,
-            dtypes[e->dtype].name, st_dtype_supported(e->dtype) ? "" : " (unsupported dtype)");
+    set_err(err, err_cap, "%s: tensor '%s' has dtype %s, expected F32%s", f->path, name, dtypes[e->dtype].name,
+            st_dtype_supported(e->dtype) ? "" : " (unsupported dtype)");
     return -1;
   }
   bool same = e->ndim == dst->shape.ndim;
   for (int i = 0; same && i < e->ndim; i++) same = e->shape[i] == dst->shape.d[i];
   if (!same) {
     set_err(err, err_cap, "%s: tensor '%s' has shape %s, expected %s", f->path, name,
-            dims_str(e->ndim, e->shape, have, sizeof have),
-            shape_str(dst->shape, want, sizeof want));
+            dims_str(e->ndim, e->shape, have, sizeof have), shape_str(dst->shape, want, sizeof want));
     return -1;
   }
   if (e->nbytes == 0) return 0;
@@ -756,13 +731,13 @@ void st_writer_free(StWriter *w) {
 }
 
 // Takes ownership of data.
-static void writer_add_owned(StWriter *w, const char *name, StDtype dtype, int ndim,
-                             const int64_t *shape, void *data, size_t nbytes) {
+static void writer_add_owned(StWriter *w, const char *name, StDtype dtype, int ndim, const int64_t *shape, void *data,
+                             size_t nbytes) {
   DETR_CHECK(name && utf8_valid(name), "st_writer_add: tensor name is missing or not UTF-8");
   DETR_CHECK(strcmp(name, "__metadata__") != 0, "st_writer_add: '__metadata__' is reserved");
   DETR_CHECK(strlen(name) <= ST_MAX_NAME_BYTES && w->n < ST_MAX_TENSORS,
-             "st_writer_add: '%.64s...': name longer than %d bytes or more than %d tensors (readers refuse it)",
-             name, ST_MAX_NAME_BYTES, ST_MAX_TENSORS);
+             "st_writer_add: '%.64s...': name longer than %d bytes or more than %d tensors (readers refuse it)", name,
+             ST_MAX_NAME_BYTES, ST_MAX_TENSORS);
   for (int i = 0; i < w->n; i++)
     DETR_CHECK(strcmp(w->e[i].name, name) != 0, "st_writer_add: duplicate tensor name '%s'", name);
   if (w->n == w->cap) {
@@ -780,21 +755,18 @@ static void writer_add_owned(StWriter *w, const char *name, StDtype dtype, int n
 
 static size_t writer_check(const char *name, StDtype dtype, int ndim, const int64_t *shape) {
   check_dtype(dtype);
-  DETR_CHECK(st_dtype_supported(dtype), "st_writer_add: tensor '%s': unsupported dtype %s", name,
-             dtypes[dtype].name);
-  DETR_CHECK(ndim >= 0 && ndim <= ST_MAX_DIMS, "st_writer_add: tensor '%s': rank %d not in 0..%d",
-             name, ndim, ST_MAX_DIMS);
+  DETR_CHECK(st_dtype_supported(dtype), "st_writer_add: tensor '%s': unsupported dtype %s", name, dtypes[dtype].name);
+  DETR_CHECK(ndim >= 0 && ndim <= ST_MAX_DIMS, "st_writer_add: tensor '%s': rank %d not in 0..%d", name, ndim,
+             ST_MAX_DIMS);
   for (int i = 0; i < ndim; i++)
-    DETR_CHECK(shape[i] >= 0, "st_writer_add: tensor '%s': negative dimension %lld", name,
-               (long long)shape[i]);
+    DETR_CHECK(shape[i] >= 0, "st_writer_add: tensor '%s': negative dimension %lld", name, (long long)shape[i]);
   size_t nbytes;
   DETR_CHECK(checked_numel(ndim, shape, dtypes[dtype].size, &nbytes) >= 0,
              "st_writer_add: tensor '%s': shape too large", name);
   return nbytes;
 }
 
-void st_writer_add(StWriter *w, const char *name, StDtype dtype, int ndim, const int64_t *shape,
-                   const void *data) {
+void st_writer_add(StWriter *w, const char *name, StDtype dtype, int ndim, const int64_t *shape, const void *data) {
   size_t nbytes = writer_check(name ? name : "(null)", dtype, ndim, shape);
   DETR_CHECK(data || nbytes == 0, "st_writer_add: tensor '%s': NULL data", name);
   void *copy = detr_realloc(NULL, nbytes, "a safetensors buffer");
@@ -850,7 +822,8 @@ static void buf_put(Buf *b, const char *s, size_t n) {
 #if defined(__GNUC__)
 __attribute__((format(printf, 2, 3)))
 #endif
-static void buf_printf(Buf *b, const char *fmt, ...) {
+static void
+buf_printf(Buf *b, const char *fmt, ...) {
   char tmp[64];
   va_list ap;
   va_start(ap, fmt);
@@ -864,24 +837,15 @@ static void buf_json_string(Buf *b, const char *s) {
   buf_put(b, "\"", 1);
   for (; *s; s++) {
     unsigned char c = (unsigned char)*s;
-    if (c == '"')
-      buf_put(b, "\\\"", 2);
-    else if (c == '\\')
-      buf_put(b, "\\\\", 2);
-    else if (c == '\n')
-      buf_put(b, "\\n", 2);
-    else if (c == '\r')
-      buf_put(b, "\\r", 2);
-    else if (c == '\t')
-      buf_put(b, "\\t", 2);
-    else if (c == '\b')
-      buf_put(b, "\\b", 2);
-    else if (c == '\f')
-      buf_put(b, "\\f", 2);
-    else if (c < 0x20)
-      buf_printf(b, "\\u%04x", c);
-    else
-      buf_put(b, (const char *)&c, 1);
+    if (c == '"') buf_put(b, "\\\"", 2);
+    else if (c == '\\') buf_put(b, "\\\\", 2);
+    else if (c == '\n') buf_put(b, "\\n", 2);
+    else if (c == '\r') buf_put(b, "\\r", 2);
+    else if (c == '\t') buf_put(b, "\\t", 2);
+    else if (c == '\b') buf_put(b, "\\b", 2);
+    else if (c == '\f') buf_put(b, "\\f", 2);
+    else if (c < 0x20) buf_printf(b, "\\u%04x", c);
+    else buf_put(b, (const char *)&c, 1);
   }
   buf_put(b, "\"", 1);
 }
@@ -932,9 +896,8 @@ static void build_header(const StWriter *w, const int *order, Buf *b) {
 // fsync the directory holding path, so the rename itself survives a crash.
 static int fsync_dir(const char *path) {
   const char *slash = strrchr(path, '/');
-  char *dir =
-      slash ? xstrndup((const unsigned char *)path, slash == path ? 1 : (size_t)(slash - path))
-            : xstrndup((const unsigned char *)".", 1);
+  char *dir = slash ? xstrndup((const unsigned char *)path, slash == path ? 1 : (size_t)(slash - path))
+                    : xstrndup((const unsigned char *)".", 1);
   int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = -1;
   if (fd >= 0) {
     rc = fsync(fd);
@@ -965,8 +928,7 @@ int st_writer_save(const StWriter *w, const char *path, char *err, size_t err_ca
   }
   unsigned char len8[8];
   for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)header.n >> (8 * i));
-  if (fwrite(len8, 1, 8, fp) != 8 || fwrite(header.p, 1, header.n, fp) != header.n)
-    failed = "fwrite";
+  if (fwrite(len8, 1, 8, fp) != 8 || fwrite(header.p, 1, header.n, fp) != header.n) failed = "fwrite";
   for (int k = 0; k < w->n && !failed; k++) {
     const WEntry *e = &w->e[order[k]];
     if (e->nbytes && fwrite(e->data, 1, e->nbytes, fp) != e->nbytes) failed = "fwrite";
@@ -991,8 +953,7 @@ int st_writer_save(const StWriter *w, const char *path, char *err, size_t err_ca
   }
   // The new file is in place; without this fsync the rename itself may not survive a crash.
   if (fsync_dir(path) != 0) {
-    set_err(err, err_cap, "%s: written, but fsync of its directory failed: %s", path,
-            strerror(errno));
+    set_err(err, err_cap, "%s: written, but fsync of its directory failed: %s", path, strerror(errno));
     goto out;
   }
   rc = 0;

@@ -96,8 +96,7 @@ void st_writer_free(StWriter *w);
 // Copies shape and data (st_dtype_size(dtype) * prod(shape) bytes), so the caller may free them.
 // The header lists tensors in insertion order; names must be unique, valid UTF-8 and not
 // "__metadata__".
-void st_writer_add(StWriter *w, const char *name, StDtype dtype, int ndim, const int64_t *shape,
-                   const void *data);
+void st_writer_add(StWriter *w, const char *name, StDtype dtype, int ndim, const int64_t *shape, const void *data);
 void st_writer_add_tensor(StWriter *w, const char *name, const Tensor *t);     // F32, any device
 void st_writer_set_metadata(StWriter *w, const char *key, const char *value);  // replaces
 // Writes atomically: PATH.tmp.<pid> in the same directory, fsync, rename over PATH, fsync the

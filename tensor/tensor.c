@@ -14,8 +14,7 @@
 // --- shapes ---
 
 Shape shape_make(const int64_t *dims, int ndim) {
-  DETR_CHECK(ndim >= 0 && ndim <= DETR_MAX_DIMS, "shape_make: rank %d is not in 0..%d", ndim,
-             DETR_MAX_DIMS);
+  DETR_CHECK(ndim >= 0 && ndim <= DETR_MAX_DIMS, "shape_make: rank %d is not in 0..%d", ndim, DETR_MAX_DIMS);
   Shape s = {.ndim = ndim};
   for (int i = 0; i < ndim; i++) {
     DETR_CHECK(dims[i] >= -1, "shape_make: negative dimension %lld", (long long)dims[i]);  // -1: inferred by reshape
@@ -123,8 +122,8 @@ Tensor *tensor_to_device(const Tensor *t, Device dev) {
 
 Tensor *tensor_view(Tensor *t, Shape shape) {
   char a[64], b[64];
-  DETR_CHECK(shape_numel(shape) == t->numel, "tensor_view: cannot view %s as %s",
-             shape_str(t->shape, a, sizeof a), shape_str(shape, b, sizeof b));
+  DETR_CHECK(shape_numel(shape) == t->numel, "tensor_view: cannot view %s as %s", shape_str(t->shape, a, sizeof a),
+             shape_str(shape, b, sizeof b));
   return tensor_view_range(t, 0, shape);
 }
 
@@ -167,10 +166,8 @@ void tensor_keep_bf16(Tensor *t) {
 }
 
 static void drop_data(Tensor *t) {
-  if (t->view_of)
-    tensor_release(t->view_of);
-  else if (t->data)
-    detr_free(t->device, t->data, t->alloc_bytes);
+  if (t->view_of) tensor_release(t->view_of);
+  else if (t->data) detr_free(t->device, t->data, t->alloc_bytes);
   if (!t->view_of) free(t->bf16);
   t->view_of = NULL;
   t->data = NULL;
@@ -219,8 +216,7 @@ ScopeMark tensor_scope_mark(void) { return scope_count; }
 size_t tensor_scope_size(void) { return scope_count; }
 
 void tensor_scope_release(ScopeMark mark) {
-  DETR_CHECK(mark <= scope_count, "tensor_scope_release: mark %zu is past the scope end %zu", mark,
-             scope_count);
+  DETR_CHECK(mark <= scope_count, "tensor_scope_release: mark %zu is past the scope end %zu", mark, scope_count);
   while (scope_count > mark) tensor_release(scope_items[--scope_count]);
 }
 
@@ -234,8 +230,8 @@ void tensor_scope_keep(ScopeMark mark, Tensor *const *keep, int n) {
 
 void tensor_copy_(Tensor *dst, const Tensor *src) {
   DETR_CHECK(!dst->bf16, "tensor_copy_: the destination is kept in bf16 (tensor_keep_bf16): its copy would go stale");
-  DETR_CHECK(dst->numel == src->numel, "tensor_copy_: %lld elements into %lld",
-             (long long)src->numel, (long long)dst->numel);
+  DETR_CHECK(dst->numel == src->numel, "tensor_copy_: %lld elements into %lld", (long long)src->numel,
+             (long long)dst->numel);
   size_t bytes = (size_t)src->numel * sizeof(float);
   if (bytes == 0 || dst->data == src->data) return;
   if (dst->device == DEVICE_CPU && src->device == DEVICE_CPU) {
@@ -243,12 +239,9 @@ void tensor_copy_(Tensor *dst, const Tensor *src) {
     return;
   }
 #if DETR_HAVE_CUDA
-  if (dst->device == DEVICE_CUDA && src->device == DEVICE_CUDA)
-    cuda_memcpy_d2d(dst->data, src->data, bytes);
-  else if (dst->device == DEVICE_CUDA)
-    cuda_memcpy_h2d(dst->data, src->data, bytes);
-  else
-    cuda_memcpy_d2h(dst->data, src->data, bytes);
+  if (dst->device == DEVICE_CUDA && src->device == DEVICE_CUDA) cuda_memcpy_d2d(dst->data, src->data, bytes);
+  else if (dst->device == DEVICE_CUDA) cuda_memcpy_h2d(dst->data, src->data, bytes);
+  else cuda_memcpy_d2h(dst->data, src->data, bytes);
 #endif
 }
 
@@ -326,8 +319,7 @@ uint64_t rng_next_below(Rng *rng, uint64_t n) {
 
 void tensor_print(FILE *f, const char *name, const Tensor *t) {
   char buf[96];
-  fprintf(f, "%s: %s %s", name ? name : "tensor", device_name(t->device),
-          shape_str(t->shape, buf, sizeof buf));
+  fprintf(f, "%s: %s %s", name ? name : "tensor", device_name(t->device), shape_str(t->shape, buf, sizeof buf));
   float *host = detr_malloc((size_t)(t->numel ? t->numel : 1) * sizeof(float), "tensor_print host");
   tensor_to_host(t, host);
   int64_t last = t->shape.ndim ? t->shape.d[t->shape.ndim - 1] : 1;

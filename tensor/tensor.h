@@ -18,8 +18,7 @@ typedef struct {
 } Shape;
 
 Shape shape_make(const int64_t *dims, int ndim);
-#define SHAPE(...) \
-  shape_make((const int64_t[]){__VA_ARGS__}, (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
+#define SHAPE(...) shape_make((const int64_t[]){__VA_ARGS__}, (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
 int64_t shape_numel(Shape s);
 bool shape_equal(Shape a, Shape b);
 // "[2, 3, 4]" into buf.
@@ -37,9 +36,9 @@ typedef struct Tensor {
   struct Tensor *view_of;  // when set, `data` belongs to that tensor (a reference is held)
   size_t alloc_bytes;      // bytes of the owned allocation (0 for views)
   bool requires_grad;
-  struct Tensor *grad;        // accumulated gradient (same shape), or NULL
-  struct TapeNode *grad_fn;   // the node that produced this tensor, NULL for leaves
-  uint16_t *bf16;             // a constant tensor's data rounded to bf16 (tensor_keep_bf16), or NULL
+  struct Tensor *grad;       // accumulated gradient (same shape), or NULL
+  struct TapeNode *grad_fn;  // the node that produced this tensor, NULL for leaves
+  uint16_t *bf16;            // a constant tensor's data rounded to bf16 (tensor_keep_bf16), or NULL
 } Tensor;
 
 // --- creation (caller owns the result) ---

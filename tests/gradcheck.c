@@ -69,16 +69,15 @@ GradReport gradcheck(GradFn f, Tensor *const *inputs, int n_inputs, void *ctx, G
       if (err > tol.atol + tol.rtol * fabs(numeric) && rep.ok) {
         rep.ok = false;
         snprintf(rep.message, sizeof rep.message,
-                 "input %d element %lld: analytic %.6g vs numeric %.6g (|diff| %.3g > %.3g + %.3g |num|)",
-                 k, (long long)i, analytic[i], numeric, err, tol.atol, tol.rtol);
+                 "input %d element %lld: analytic %.6g vs numeric %.6g (|diff| %.3g > %.3g + %.3g |num|)", k,
+                 (long long)i, analytic[i], numeric, err, tol.atol, tol.rtol);
       }
     }
     free(analytic);
   }
   autograd_set_grad_enabled(was);
   free(rhost);
-  if (rep.ok)
-    snprintf(rep.message, sizeof rep.message, "%d elements, max |diff| %.3g", rep.checked, rep.max_abs_err);
+  if (rep.ok) snprintf(rep.message, sizeof rep.message, "%d elements, max |diff| %.3g", rep.checked, rep.max_abs_err);
   return rep;
 }
 
@@ -90,8 +89,7 @@ Tensor *test_uniform(Shape shape, float low, float high, uint64_t seed, bool req
   return t;
 }
 
-Tensor *test_uniform_away_from_zero(Shape shape, float margin, float high, uint64_t seed,
-                                    bool requires_grad) {
+Tensor *test_uniform_away_from_zero(Shape shape, float margin, float high, uint64_t seed, bool requires_grad) {
   Tensor *t = test_uniform(shape, -1.0f, 1.0f, seed, requires_grad);
   for (int64_t i = 0; i < t->numel; i++) {
     float u = t->data[i];

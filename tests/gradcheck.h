@@ -17,9 +17,9 @@ typedef struct {
 
 typedef struct {
   bool ok;
-  int checked;             // elements compared
-  double max_abs_err;      // worst |analytic - numeric|
-  int worst_input;         // where it was
+  int checked;         // elements compared
+  double max_abs_err;  // worst |analytic - numeric|
+  int worst_input;     // where it was
   int64_t worst_index;
   double analytic, numeric;  // the worst pair
   char message[256];
@@ -31,7 +31,6 @@ GradReport gradcheck(GradFn f, Tensor *const *inputs, int n_inputs, void *ctx, G
 // Test data: uniform in [low, high) from `seed`, with requires_grad set as asked.
 Tensor *test_uniform(Shape shape, float low, float high, uint64_t seed, bool requires_grad);
 // Uniform with magnitudes in [margin, high): keeps points away from kinks at 0 (relu, |x|).
-Tensor *test_uniform_away_from_zero(Shape shape, float margin, float high, uint64_t seed,
-                                    bool requires_grad);
+Tensor *test_uniform_away_from_zero(Shape shape, float margin, float high, uint64_t seed, bool requires_grad);
 // Max relative difference max|a - b| / max(1, max|b|) of two host arrays.
 double max_rel_diff(const float *a, const float *b, int64_t n);

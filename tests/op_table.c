@@ -24,11 +24,15 @@ static Tensor *f_div(Tensor *const *in, void *c) { return op_div(in[0], in[1]); 
 
 // A unary op: its gradient-check range, then the kernel test's wider range and parameter. The
 // kernel test has no finite differences, so it also covers the kinks, clamps and large arguments.
-#define UNARY(n, fn, k, r, w, p) \
-  {.name = n, .kind = OP_UNARY, .f = fn, .kernel = UNARY_##k, .range = {r}, .wide = w, .kernel_param = p, .cuda = true}
+#define UNARY(n, fn, k, r, w, p)                                                                           \
+  {                                                                                                        \
+    .name = n, .kind = OP_UNARY, .f = fn, .kernel = UNARY_##k, .range = {r}, .wide = w, .kernel_param = p, \
+    .cuda = true                                                                                           \
+  }
 #define BINARY(n, fn, k, rb) \
-  {.name = n, .kind = OP_BINARY, .f = fn, .kernel = BINARY_##k, .range = {UNIFORM(-1, 1), rb}, .cuda = true}
-#define SUITE(n, c) {.name = n, .kind = OP_SUITE, .cuda = c}
+  { .name = n, .kind = OP_BINARY, .f = fn, .kernel = BINARY_##k, .range = {UNIFORM(-1, 1), rb}, .cuda = true }
+#define SUITE(n, c) \
+  { .name = n, .kind = OP_SUITE, .cuda = c }
 
 #define POSITIVE UNIFORM(0.1f, 4.0f)
 #define SPREAD AWAY(0.05f, 3.0f)
@@ -56,38 +60,75 @@ const OpEntry OP_TABLE[] = {
     BINARY("mul", f_mul, MUL, UNIFORM(-1, 1)),
     BINARY("div", f_div, DIV, AWAY(0.5f, 2.0f)),  // |b| >= 0.5: away from the pole
     SUITE("dropout", true),
-    SUITE("sum", true), SUITE("mean", true), SUITE("sum_all", true), SUITE("mean_all", true),
-    SUITE("matmul", true), SUITE("bmm", true), SUITE("dropout_bmm", true), SUITE("linear", true),
-    SUITE("linear_relu", true), SUITE("linear_relu_dropout", true),
-    SUITE("conv2d", true), SUITE("depthwise_conv2d", true), SUITE("maxpool2d", true),
-    SUITE("frozen_batchnorm2d", true), SUITE("frozen_batchnorm2d_act", true),
-    SUITE("softmax", true), SUITE("log_softmax", true), SUITE("layernorm", true),
-    SUITE("reshape", true), SUITE("taken_buffers", false),  // the tape's buffer reuse, CPU
-    SUITE("permute", true), SUITE("transpose", true), SUITE("concat", true), SUITE("slice", true),
+    SUITE("sum", true),
+    SUITE("mean", true),
+    SUITE("sum_all", true),
+    SUITE("mean_all", true),
+    SUITE("matmul", true),
+    SUITE("bmm", true),
+    SUITE("dropout_bmm", true),
+    SUITE("linear", true),
+    SUITE("linear_relu", true),
+    SUITE("linear_relu_dropout", true),
+    SUITE("conv2d", true),
+    SUITE("depthwise_conv2d", true),
+    SUITE("maxpool2d", true),
+    SUITE("frozen_batchnorm2d", true),
+    SUITE("frozen_batchnorm2d_act", true),
+    SUITE("softmax", true),
+    SUITE("log_softmax", true),
+    SUITE("layernorm", true),
+    SUITE("reshape", true),
+    SUITE("taken_buffers", false),  // the tape's buffer reuse, CPU
+    SUITE("permute", true),
+    SUITE("transpose", true),
+    SUITE("concat", true),
+    SUITE("slice", true),
     SUITE("index_select", true),
-    SUITE("cross_entropy", true), SUITE("sigmoid_focal_loss", true), SUITE("l1_sum", true),
-    SUITE("box_cxcywh_to_xyxy", true), SUITE("box_xyxy_to_cxcywh", true), SUITE("box_giou", true),
+    SUITE("cross_entropy", true),
+    SUITE("sigmoid_focal_loss", true),
+    SUITE("l1_sum", true),
+    SUITE("box_cxcywh_to_xyxy", true),
+    SUITE("box_xyxy_to_cxcywh", true),
+    SUITE("box_giou", true),
     // Composites: on CUDA they run inside test_gpu's model steps (not compared alone).
-    SUITE("criterion", false), SUITE("attention", false), SUITE("encoder_decoder_layers", false),
-    SUITE("bottleneck", false), SUITE("enact_cluster", true), SUITE("enact_smooth", true),
-    SUITE("enact_attention", false), SUITE("enact_layer", false),
-    SUITE("encoder_attn.dense", false), SUITE("encoder_attn.enact", false), SUITE("encoder_attn.efficient", false),
-    SUITE("encoder_attn.hydra", false), SUITE("encoder_attn.focused", false), SUITE("encoder_attn.sra", false),
+    SUITE("criterion", false),
+    SUITE("attention", false),
+    SUITE("encoder_decoder_layers", false),
+    SUITE("bottleneck", false),
+    SUITE("enact_cluster", true),
+    SUITE("enact_smooth", true),
+    SUITE("enact_attention", false),
+    SUITE("enact_layer", false),
+    SUITE("encoder_attn.dense", false),
+    SUITE("encoder_attn.enact", false),
+    SUITE("encoder_attn.efficient", false),
+    SUITE("encoder_attn.hydra", false),
+    SUITE("encoder_attn.focused", false),
+    SUITE("encoder_attn.sra", false),
     SUITE("encoder_attn.enact_official", false),
     SUITE("encoder_attn.swin", false),
-    SUITE("cluster_argmax", true), SUITE("kmeans_cross_attn", false), SUITE("decoder.conditional", false),
-    SUITE("rcda", false), SUITE("groupnorm", false), SUITE("decoder.anchor", false), SUITE("decoder.anchor_enact", false),
+    SUITE("cluster_argmax", true),
+    SUITE("kmeans_cross_attn", false),
+    SUITE("decoder.conditional", false),
+    SUITE("rcda", false),
+    SUITE("groupnorm", false),
+    SUITE("decoder.anchor", false),
+    SUITE("decoder.anchor_enact", false),
 };
 const int OP_TABLE_COUNT = (int)(sizeof OP_TABLE / sizeof OP_TABLE[0]);
 
 // SHAPE() is a call: constant initializers spell the dimensions out.
-#define SH(n, ...) {.ndim = n, .d = {__VA_ARGS__}}
-const Shape OP_UNARY_SHAPES[UNARY_SHAPES] = {SH(1, 1),       SH(1, 7),       SH(3, 3, 1, 5), SH(4, 2, 3, 4, 2),
-                                             SH(2, 3, 1000), SH(1, 300007)};
-const Shape OP_BINARY_PAIRS[BINARY_PAIRS][2] = {
-    {SH(1, 5), SH(1, 5)},         {SH(2, 2, 3), SH(1, 3)},           {SH(3, 2, 1, 4), SH(2, 3, 1)},
-    {SH(1, 1), SH(2, 2, 3)},      {SH(2, 4, 1), SH(2, 1, 3)},        {SH(4, 2, 3, 1, 2), SH(3, 3, 5, 1)},
-    {SH(2, 2000, 64), SH(1, 64)}, {SH(3, 8, 300, 4), SH(3, 8, 1, 4)}};
+#define SH(n, ...)                  \
+  {                                 \
+    .ndim = n, .d = { __VA_ARGS__ } \
+  }
+const Shape OP_UNARY_SHAPES[UNARY_SHAPES] = {SH(1, 1),          SH(1, 7),       SH(3, 3, 1, 5),
+                                             SH(4, 2, 3, 4, 2), SH(2, 3, 1000), SH(1, 300007)};
+const Shape OP_BINARY_PAIRS[BINARY_PAIRS][2] = {{SH(1, 5), SH(1, 5)},          {SH(2, 2, 3), SH(1, 3)},
+                                                {SH(3, 2, 1, 4), SH(2, 3, 1)}, {SH(1, 1), SH(2, 2, 3)},
+                                                {SH(2, 4, 1), SH(2, 1, 3)},    {SH(4, 2, 3, 1, 2), SH(3, 3, 5, 1)},
+                                                {SH(2, 2000, 64), SH(1, 64)},  {SH(3, 8, 300, 4), SH(3, 8, 1, 4)}};
 
 const OpEntry *op_table_find(const char *name) {
   for (int i = 0; i < OP_TABLE_COUNT; i++)

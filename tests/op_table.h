@@ -24,19 +24,21 @@ typedef struct {
   float lo, hi;
 } ValueRange;
 
-#define UNIFORM(l, h) {.away = false, .lo = (l), .hi = (h)}
-#define AWAY(l, h) {.away = true, .lo = (l), .hi = (h)}
+#define UNIFORM(l, h) \
+  { .away = false, .lo = (l), .hi = (h) }
+#define AWAY(l, h) \
+  { .away = true, .lo = (l), .hi = (h) }
 
 typedef struct {
-  const char *name;       // ctest grad.NAME; test_gpu's comparisons are named from it
+  const char *name;  // ctest grad.NAME; test_gpu's comparisons are named from it
   OpKind kind;
-  GradFn f;               // the op on its inputs (unary, binary)
-  int kernel;             // its UnaryOp / BinaryOp: the kernel-level CUDA test (unary, binary)
-  ValueRange range[2];    // each input's values, for the gradient check and the CUDA comparison
-  ValueRange wide;        // unary: the kernel test's values, wider (clamps, large arguments)
-  float kernel_param;     // unary: the kernel test's parameter
-  GradTol tol;            // finite differences; {0}: eps 1e-2, atol 2e-3, rtol 1e-2
-  bool cuda;              // test_gpu compares it alone with the CPU (composites: in the model steps)
+  GradFn f;             // the op on its inputs (unary, binary)
+  int kernel;           // its UnaryOp / BinaryOp: the kernel-level CUDA test (unary, binary)
+  ValueRange range[2];  // each input's values, for the gradient check and the CUDA comparison
+  ValueRange wide;      // unary: the kernel test's values, wider (clamps, large arguments)
+  float kernel_param;   // unary: the kernel test's parameter
+  GradTol tol;          // finite differences; {0}: eps 1e-2, atol 2e-3, rtol 1e-2
+  bool cuda;            // test_gpu compares it alone with the CPU (composites: in the model steps)
 } OpEntry;
 
 extern const OpEntry OP_TABLE[];

@@ -218,7 +218,8 @@ static int cmd_diff(int argc, char **argv) {
       double e = rel_error(td, rd, r->numel), sp = 0.0;
       for (int k = 0; k < n_spreads; k++) {
         const StEntry *d = st_find(spreads[k], r->name);
-        if (d && d->dtype == ST_F32 && d->numel == r->numel) sp = fmax(sp, rel_error(st_data(spreads[k], d), rd, r->numel));
+        if (d && d->dtype == ST_F32 && d->numel == r->numel)
+          sp = fmax(sp, rel_error(st_data(spreads[k], d), rd, r->numel));
       }
       double allowed = fmax(tol, SPREAD_FACTOR * sp);
       if (e > tol && e <= allowed) by_spread[g]++;

@@ -298,7 +298,7 @@ END_TEST
 // 1x1, 1x4000 and 4000x1 images (the resize keeps at least one pixel a side; the backbone's
 // padding keeps at least one feature) with every encoder variant: detections or an error code.
 START_TEST(extreme_shapes_every_variant) {
-  static const char *const VARIANTS[] = {"encoder_attn=dense", "encoder_attn=enact", "encoder_attn=efficient",
+  static const char *const VARIANTS[] = {"encoder_attn=dense", "encoder_attn=enact",   "encoder_attn=efficient",
                                          "encoder_attn=hydra", "encoder_attn=focused", "encoder_attn=sra"};
   const int sizes[][2] = {{1, 1}, {4000, 1}, {1, 4000}, {33, 2}};
   for (size_t v = 0; v < sizeof VARIANTS / sizeof VARIANTS[0]; v++) {
@@ -313,8 +313,8 @@ START_TEST(extreme_shapes_every_variant) {
       for (size_t i = 0; i < n; i++) px[i] = (unsigned char)(i * 37);
       detr_result *r = NULL;
       detr_status st = detr_detect_rgb(m, px, n, w, h, 0.0, &r);
-      ck_assert_msg(st == DETR_OK || (st == DETR_ERR_RUNTIME && *detr_last_error()), "%s %dx%d: %s: %s", VARIANTS[v],
-                    w, h, detr_status_name(st), detr_last_error());
+      ck_assert_msg(st == DETR_OK || (st == DETR_ERR_RUNTIME && *detr_last_error()), "%s %dx%d: %s: %s", VARIANTS[v], w,
+                    h, detr_status_name(st), detr_last_error());
       if (st == DETR_OK) ck_assert_int_eq(detr_result_count(r) + detr_result_dropped(r), QUERIES);
       else ck_assert_ptr_null(r);
       detr_result_free(r);
@@ -361,7 +361,8 @@ START_TEST(batch_matches_single_images) {
     for (int x = 0; x < IMG_W; x++) memcpy(mirror[y][x], pixels[y][IMG_W - 1 - x], 3);
   for (int y = 0; y < 50; y++) memcpy(crop[y], pixels[y], sizeof crop[y]);
   detr_image img[3] = {{&pixels[0][0][0], sizeof pixels, IMG_W, IMG_H},
-                       {&mirror[0][0][0], sizeof mirror, IMG_W, IMG_H}, {&crop[0][0][0], sizeof crop, 60, 50}};
+                       {&mirror[0][0][0], sizeof mirror, IMG_W, IMG_H},
+                       {&crop[0][0][0], sizeof crop, 60, 50}};
   detr_result *alone[3], *batch[3];
   for (int i = 0; i < 3; i++)
     ck_assert_int_eq(detr_detect_rgb(m, img[i].rgb, img[i].size, img[i].width, img[i].height, 0.0, &alone[i]), DETR_OK);
@@ -516,15 +517,15 @@ END_TEST
 // --- bad input ---------------------------------------------------------------------------------------
 
 // The error code `want` with a message containing `needle`, and no model (`call` opens into m).
-#define EXPECT_OPEN(call, want, needle)                                                                     \
-  do {                                                                                                      \
-    m = (detr_model *)&m;                                                                                   \
-    detr_status st_ = (call);                                                                               \
-    ck_assert_ptr_null(m);                                                                                  \
+#define EXPECT_OPEN(call, want, needle)                                                                           \
+  do {                                                                                                            \
+    m = (detr_model *)&m;                                                                                         \
+    detr_status st_ = (call);                                                                                     \
+    ck_assert_ptr_null(m);                                                                                        \
     ck_assert_msg(st_ == (want), "%s: got %s (%s), expected %s", #call, detr_status_name(st_), detr_last_error(), \
-                  detr_status_name(want));                                                                  \
-    ck_assert_msg(strstr(detr_last_error(), (needle)) != NULL, "%s: message '%s' lacks '%s'", #call,        \
-                  detr_last_error(), (needle));                                                             \
+                  detr_status_name(want));                                                                        \
+    ck_assert_msg(strstr(detr_last_error(), (needle)) != NULL, "%s: message '%s' lacks '%s'", #call,              \
+                  detr_last_error(), (needle));                                                                   \
   } while (0)
 
 static void copy_prefix(const char *from, const char *to, long bytes) {
@@ -567,7 +568,9 @@ static void write_f16_variant(const char *from, const char *name, const char *to
   for (int i = 0; i < st_count(f); i++) {
     const StEntry *e = st_entry(f, i);
     if (strcmp(e->name, name)) fwrite(st_data(f, e), 1, e->nbytes, g);
-    else for (size_t k = 0; k < e->nbytes / 2; k += sizeof zeros) fwrite(zeros, 1, e->nbytes / 2 - k < sizeof zeros ? e->nbytes / 2 - k : sizeof zeros, g);
+    else
+      for (size_t k = 0; k < e->nbytes / 2; k += sizeof zeros)
+        fwrite(zeros, 1, e->nbytes / 2 - k < sizeof zeros ? e->nbytes / 2 - k : sizeof zeros, g);
   }
   fclose(g);
   st_close(f);
@@ -609,7 +612,8 @@ START_TEST(bad_models) {
   m = NULL;
 
   // Files that cannot be read.
-  EXPECT_OPEN(detr_open_checkpoint(at("missing.safetensors"), NULL, &m), DETR_ERR_IO, "missing.safetensors: cannot open");
+  EXPECT_OPEN(detr_open_checkpoint(at("missing.safetensors"), NULL, &m), DETR_ERR_IO,
+              "missing.safetensors: cannot open");
   EXPECT_OPEN(detr_open_weights(at("missing.safetensors"), "tiny", NULL, &m), DETR_ERR_IO, "cannot open");
   EXPECT_OPEN(detr_open_weights(tmp, "tiny", NULL, &m), DETR_ERR_IO, "not a regular file");
   ck_assert_ptr_null(m);
@@ -645,7 +649,8 @@ START_TEST(bad_models) {
     const StEntry *e = st_entry(f, i);
     st_writer_add(w, e->name, e->dtype, e->ndim, e->shape, st_data(f, e));
   }
-  for (int i = 0; i < st_metadata_count(f); i++) st_writer_set_metadata(w, st_metadata_key(f, i), st_metadata_value(f, i));
+  for (int i = 0; i < st_metadata_count(f); i++)
+    st_writer_set_metadata(w, st_metadata_key(f, i), st_metadata_value(f, i));
   st_writer_set_metadata(w, "model_config", "hidden_dim=banana\n");
   ck_assert_int_eq(st_writer_save(w, at("badcfg.safetensors"), err, sizeof err), 0);
   st_writer_set_metadata(w, "model_config", "hidden_dim=100000000000\n");  // absurd: refused, not allocated
@@ -679,7 +684,7 @@ START_TEST(bad_models) {
   write_text(at("bad2.conf"), "nheads=5\nhidden_dim=32\n");
   EXPECT_OPEN(detr_open_weights(W, at("bad2.conf"), NULL, &m), DETR_ERR_CONFIG, "nheads");
   const char *const BAD_SETS[][2] = {{"hidden_dim=abc", "hidden_dim"}, {"no_such_key=1", "no_such_key"},
-                                     {"novalue", "not key=value"},    {"encoder_attn=magic", "magic"},
+                                     {"novalue", "not key=value"},     {"encoder_attn=magic", "magic"},
                                      {"num_classes=0", "num_classes"}, {"ffn_dim=99999999999", "ffn_dim"}};
   for (int i = 0; i < 6; i++) {
     const char *sets[] = {BAD_SETS[i][0], NULL};
@@ -709,16 +714,16 @@ START_TEST(bad_models) {
 }
 END_TEST
 
-#define EXPECT_DETECT(call, want, needle)                                                                   \
-  do {                                                                                                      \
-    detr_result *r_ = (detr_result *)1;                                                                     \
-    detr_result **out_ = &r_;                                                                               \
-    detr_status st_ = (call);                                                                               \
+#define EXPECT_DETECT(call, want, needle)                                                                         \
+  do {                                                                                                            \
+    detr_result *r_ = (detr_result *)1;                                                                           \
+    detr_result **out_ = &r_;                                                                                     \
+    detr_status st_ = (call);                                                                                     \
     ck_assert_msg(st_ == (want), "%s: got %s (%s), expected %s", #call, detr_status_name(st_), detr_last_error(), \
-                  detr_status_name(want));                                                                  \
-    ck_assert_msg(strstr(detr_last_error(), (needle)) != NULL, "%s: message '%s' lacks '%s'", #call,        \
-                  detr_last_error(), (needle));                                                             \
-    ck_assert_ptr_null(*out_);                                                                              \
+                  detr_status_name(want));                                                                        \
+    ck_assert_msg(strstr(detr_last_error(), (needle)) != NULL, "%s: message '%s' lacks '%s'", #call,              \
+                  detr_last_error(), (needle));                                                                   \
+    ck_assert_ptr_null(*out_);                                                                                    \
   } while (0)
 
 START_TEST(bad_images) {

@@ -53,9 +53,11 @@ static void check_padding_ignored(const char *name) {
     if (!pad[i])
       for (int64_t c = 0; c < d; c++) worst = fmax(worst, fabs((double)a[i * d + c] - b[i * d + c]));
   if (layer.attn->attends_padding)
-    ck_assert_msg(worst > 1e-3, "%s attention: valid outputs did not move (%g) when padded pixels changed", name, worst);
+    ck_assert_msg(worst > 1e-3, "%s attention: valid outputs did not move (%g) when padded pixels changed", name,
+                  worst);
   else
-    ck_assert_msg(worst < 1e-5, "%s attention: a valid pixel's output moved by %g when padded pixels changed", name, worst);
+    ck_assert_msg(worst < 1e-5, "%s attention: a valid pixel's output moved by %g when padded pixels changed", name,
+                  worst);
   // ... and the padded values did reach the layer (the check can fail): some padded output moved.
   double moved = 0.0;
   for (int64_t i = 0; i < B * N; i++)
@@ -229,7 +231,8 @@ START_TEST(swin_image_alone_equals_batched) {
         pos1->data[p * d + c] = pos->data[q * d + c];
       }
     ScopeMark mark = tensor_scope_mark();
-    Tensor *batched = swin_layer(&layer, src, pos, pad, B, Hp, Wp), *alone = swin_layer(&layer, src1, pos1, none, 1, h, w);
+    Tensor *batched = swin_layer(&layer, src, pos, pad, B, Hp, Wp),
+           *alone = swin_layer(&layer, src1, pos1, none, 1, h, w);
     double worst = 0.0;
     for (int64_t p = 0; p < h * w; p++)
       for (int64_t c = 0; c < d; c++)

@@ -43,8 +43,8 @@ START_TEST(probe_old_driver_is_an_error) {
   ck_assert_msg(strstr(why, "12.8") && strstr(why, "13.0") && strstr(why, "cudaErrorX"), "%s", why);
   // Every other failure is an error too, with its name and text.
   const int errors[] = {DETR_CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, DETR_CUDA_ERROR_SYSTEM_NOT_READY,
-                        DETR_CUDA_ERROR_DEVICES_UNAVAILABLE, DETR_CUDA_ERROR_COMPAT_NOT_SUPPORTED,
-                        DETR_CUDA_ERROR_INITIALIZATION, 999};
+                        DETR_CUDA_ERROR_DEVICES_UNAVAILABLE,    DETR_CUDA_ERROR_COMPAT_NOT_SUPPORTED,
+                        DETR_CUDA_ERROR_INITIALIZATION,         999};
   for (size_t i = 0; i < sizeof errors / sizeof *errors; i++) {
     ck_assert_int_eq(probe(errors[i], 0, 13000, why), -1);
     ck_assert_msg(strstr(why, "cudaErrorX") && strstr(why, "some text"), "status %d: %s", errors[i], why);

@@ -50,8 +50,8 @@ static bool have_bf16(void) {
 
 // What a comparison of one output with its exact sums found.
 typedef struct {
-  double worst_ratio;      // max |got - sum a'b'| / ((gamma_K + u) sum |a'b'|): <= 1 passes
-  double worst_vs_exact;   // max |got - sum ab| / (gamma_K sum |ab|): > 1 somewhere when bf16 ran
+  double worst_ratio;     // max |got - sum a'b'| / ((gamma_K + u) sum |a'b'|): <= 1 passes
+  double worst_vs_exact;  // max |got - sum ab| / (gamma_K sum |ab|): > 1 somewhere when bf16 ran
 } BoundCheck;
 
 static void bound_add(BoundCheck *c, double got, double rounded_sum, double rounded_abs, double exact_sum,
@@ -72,7 +72,7 @@ static float *uniform_buffer(int64_t n, uint64_t seed) {
 // shared_b: one B for the whole batch (batch stride 0). a_gap: A's row gap.
 static void check_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, float beta, int64_t batch,
                        bool shared_b, int64_t a_gap) {
-  int64_t lda = (ta ? m : k) + a_gap, ldb = (tb ? k : n) + 1, ldc = n + 2;  // row gaps
+  int64_t lda = (ta ? m : k) + a_gap, ldb = (tb ? k : n) + 1, ldc = n + 2;             // row gaps
   int64_t sa = (ta ? k : m) * lda + 5, sb = (tb ? n : k) * ldb + 7, sc = m * ldc + 4;  // batch gaps
   float *a = uniform_buffer(sa * batch, 1), *b = uniform_buffer(sb * (shared_b ? 1 : batch), 2);
   float *c = uniform_buffer(sc * batch, 3);
@@ -103,15 +103,16 @@ static void check_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
   ck_assert_msg(chk.worst_ratio <= 1, "gemm %c%c %lldx%lldx%lld batch %lld alpha %g beta %g: %.3g x the bound",
                 ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)m, (long long)n, (long long)k, (long long)batch, alpha, beta,
                 chk.worst_ratio);
-  ck_assert_msg(chk.worst_vs_exact > 1, "gemm %c%c %lldx%lldx%lld: within fp32's error of the exact sum: bf16 did not run",
-                ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)m, (long long)n, (long long)k);
+  ck_assert_msg(chk.worst_vs_exact > 1,
+                "gemm %c%c %lldx%lldx%lld: within fp32's error of the exact sum: bf16 did not run", ta ? 'T' : 'N',
+                tb ? 'T' : 'N', (long long)m, (long long)n, (long long)k);
   free(a), free(b), free(c), free(c0);
 }
 
 START_TEST(gemm_bf16_within_rounding_bound) {
   if (!have_bf16()) return;
   for (int t = 0; t < 4; t++) check_gemm(t & 1, t & 2, 97, 130, 211, 1.0f, 0.0f, 1, false, 3);
-  check_gemm(false, true, 64, 96, 300, 0.5f, 1.0f, 3, false, 3);   // alpha, beta (the backward's accumulation), batch
+  check_gemm(false, true, 64, 96, 300, 0.5f, 1.0f, 3, false, 3);     // alpha, beta (the backward's accumulation), batch
   check_gemm(true, false, 200, 48, 1000, 1.0f, 0.25f, 2, false, 3);  // long sums, the narrowest batch in bf16
   check_gemm(true, false, 200, 33, 1000, 1.0f, 0.25f, 1, false, 3);  // narrow but alone: bf16
   check_gemm(false, false, 90, 64, 200, 1.0f, 0.0f, 4, true, 3);     // one B for the batch (stride 0)
@@ -121,8 +122,8 @@ END_TEST
 
 // The kernels' rounding (kernels/bf16_math.h) against the independent one, ties and carries included.
 START_TEST(bf16_rounding_to_nearest_even) {
-  const float special[] = {1.0f, 1.00390625f, 1.01171875f, 1.0078125f, -3.0f, 255.5f, 1e-30f, 3.3895314e38f,
-                           0.1f, -0.2f, 65535.0f};
+  const float special[] = {1.0f,   1.00390625f,   1.01171875f, 1.0078125f, -3.0f,   255.5f,
+                           1e-30f, 3.3895314e38f, 0.1f,        -0.2f,      65535.0f};
   for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
     ck_assert_msg(bf16_round(special[i]) == ref_bf16(special[i]), "%.9g: %.9g, expected %.9g", special[i],
                   bf16_round(special[i]), ref_bf16(special[i]));
@@ -156,7 +157,7 @@ static void check_stays_fp32(bool tb, int64_t m, int64_t n, int64_t k, int64_t b
 START_TEST(small_gemm_and_bf16_off_stay_fp32) {
   if (!have_bf16()) return;
   int threads = omp_get_max_threads();
-  omp_set_num_threads(2);  // a narrow batch stays fp32 where it has a matrix per thread: 8 heads on 2
+  omp_set_num_threads(2);                    // a narrow batch stays fp32 where it has a matrix per thread: 8 heads on 2
   check_stays_fp32(false, 8, 8, 8, 1);       // under bf16's size
   check_stays_fp32(false, 256, 32, 256, 8);  // probabilities x values of 8 heads 32 wide
   check_stays_fp32(true, 32, 256, 256, 8);   // the same narrow the other way
@@ -172,11 +173,13 @@ static void check_linear_rounds_once(bool weight_grad) {
   enum { ROWS = 300, IN = 64, OUT = 96 };
   float *xh = uniform_buffer(ROWS * IN, 21), *wh = uniform_buffer(OUT * IN, 22), *gh = uniform_buffer(ROWS * OUT, 23);
   float *g2h = uniform_buffer(ROWS * OUT, 24);
-  Tensor *x = tensor_from_host(DEVICE_CPU, SHAPE(3, ROWS / 3, IN), xh), *w = tensor_from_host(DEVICE_CPU, SHAPE(OUT, IN), wh);
+  Tensor *x = tensor_from_host(DEVICE_CPU, SHAPE(3, ROWS / 3, IN), xh),
+         *w = tensor_from_host(DEVICE_CPU, SHAPE(OUT, IN), wh);
   tensor_set_requires_grad(x, true);
   tensor_set_requires_grad(w, weight_grad);
   cpu_set_bf16(true);
-  ck_assert(cpu_gemm_bf16_wanted(ROWS, OUT, IN) && cpu_gemm_bf16_wanted(ROWS, IN, OUT) && cpu_gemm_bf16_wanted(OUT, IN, ROWS));
+  ck_assert(cpu_gemm_bf16_wanted(ROWS, OUT, IN) && cpu_gemm_bf16_wanted(ROWS, IN, OUT) &&
+            cpu_gemm_bf16_wanted(OUT, IN, ROWS));
   ScopeMark mark = tensor_scope_mark();
   int x_data_refs = x->data_refs;
   Tensor *y = op_linear(x, w, NULL), *y2 = op_linear(x, w, NULL);  // two uses: the second backward adds
@@ -185,7 +188,8 @@ static void check_linear_rounds_once(bool weight_grad) {
   Tensor *g = tensor_from_host(DEVICE_CPU, y->shape, gh), *g2 = tensor_from_host(DEVICE_CPU, y->shape, g2h);
   Tensor *loss = op_add(op_sum_all(op_mul(y, g)), op_sum_all(op_mul(y2, g2)));
   autograd_backward(loss);
-  float *y_ref = detr_malloc(sizeof(float) * ROWS * OUT, "y_ref"), *dx_ref = detr_malloc(sizeof(float) * ROWS * IN, "dx_ref");
+  float *y_ref = detr_malloc(sizeof(float) * ROWS * OUT, "y_ref"),
+        *dx_ref = detr_malloc(sizeof(float) * ROWS * IN, "dx_ref");
   float *dw_ref = detr_malloc(sizeof(float) * OUT * IN, "dw_ref");
   cpu_gemm(false, true, ROWS, OUT, IN, 1.0f, xh, IN, wh, IN, 0.0f, y_ref, OUT);
   cpu_gemm(false, false, ROWS, IN, OUT, 1.0f, g2h, OUT, wh, IN, 0.0f, dx_ref, IN);  // the tape runs y2's first
@@ -197,8 +201,7 @@ static void check_linear_rounds_once(bool weight_grad) {
   ck_assert_msg(!memcmp(x->grad->data, dx_ref, sizeof(float) * ROWS * IN), "linear's dx differs from its GEMMs'");
   if (weight_grad)
     ck_assert_msg(!memcmp(w->grad->data, dw_ref, sizeof(float) * OUT * IN), "linear's dW differs from its GEMMs'");
-  else
-    ck_assert(w->grad == NULL);
+  else ck_assert(w->grad == NULL);
   tensor_scope_release(mark);
   free(xh), free(wh), free(gh), free(g2h), free(y_ref), free(dx_ref), free(dw_ref);
   tensor_release(x), tensor_release(w), tensor_release(g), tensor_release(g2);
@@ -239,14 +242,16 @@ END_TEST
 // sign, as the instruction (and oneDNN's reorder before it) takes denormals as zero.
 START_TEST(round_bf16_any_length) {
   if (!have_bf16()) return;
-  const float special[] = {1.00390625f, 1.01171875f, -1.0078125f, 255.5f, 3.3895314e38f, -3.4028235e38f, 1e-30f,
-                           1e-40f, -1e-45f, 0.0f, -0.0f, INFINITY, -INFINITY, NAN, 65535.0f};
+  const float special[] = {1.00390625f,    1.01171875f, -1.0078125f, 255.5f,  3.3895314e38f,
+                           -3.4028235e38f, 1e-30f,      1e-40f,      -1e-45f, 0.0f,
+                           -0.0f,          INFINITY,    -INFINITY,   NAN,     65535.0f};
   int n_special = (int)(sizeof special / sizeof special[0]);
   const int64_t lengths[] = {1, 15, 16, 17, 100, 4099, 70001};
   for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
     int64_t n = lengths[li];
     float *x = uniform_buffer(n, 51 + li);
-    for (int64_t i = 0; i < n; i++) x[i] = i % 3 == 0 ? special[(i / 3) % n_special] : x[i] * powf(2.0f, (float)(i % 50 - 25));
+    for (int64_t i = 0; i < n; i++)
+      x[i] = i % 3 == 0 ? special[(i / 3) % n_special] : x[i] * powf(2.0f, (float)(i % 50 - 25));
     uint16_t *out = detr_malloc((size_t)n * sizeof(uint16_t), "rounded");
     cpu_round_bf16(x, 1, n, out);
     for (int64_t i = 0; i < n; i++) {
@@ -257,8 +262,9 @@ START_TEST(round_bf16_any_length) {
       }
       double want = fpclassify(x[i]) == FP_SUBNORMAL ? copysign(0.0, x[i]) : ref_bf16(x[i]);
       if (fabs(want) >= 0x1p128) want = copysign(INFINITY, x[i]);  // past bf16's largest finite value
-      ck_assert_msg(got == want && !signbit(got) == !signbit(want), "length %lld [%lld]: %.9g rounded to %.9g, expected %.9g",
-                    (long long)n, (long long)i, x[i], got, want);
+      ck_assert_msg(got == want && !signbit(got) == !signbit(want),
+                    "length %lld [%lld]: %.9g rounded to %.9g, expected %.9g", (long long)n, (long long)i, x[i], got,
+                    want);
     }
     free(x), free(out);
   }
@@ -318,8 +324,9 @@ static void check_kept_linear(int64_t rows, int64_t in, int64_t out, bool relu, 
     }
   ck_assert_msg(chk.worst_ratio <= 1, "kept linear %lldx%lldx%lld relu %d: %.3g x the bound", (long long)rows,
                 (long long)in, (long long)out, relu, chk.worst_ratio);
-  ck_assert_msg(chk.worst_vs_exact > 1, "kept linear %lldx%lldx%lld: within fp32's error of the exact sum: bf16 did not run",
-                (long long)rows, (long long)in, (long long)out);
+  ck_assert_msg(chk.worst_vs_exact > 1,
+                "kept linear %lldx%lldx%lld: within fp32's error of the exact sum: bf16 did not run", (long long)rows,
+                (long long)in, (long long)out);
   tensor_scope_release(mark);
   tensor_release(w), tensor_release(packed), tensor_release(alone), tensor_release(x), tensor_release(b);
   free(xh), free(wh), free(bh);
@@ -363,16 +370,28 @@ typedef struct {
 } ConvCase;
 
 static ConvGeom conv_geom(const ConvCase *cc, bool last) {
-  ConvGeom g = {.batch = cc->B, .in_ch = cc->C, .in_h = cc->H, .in_w = cc->W, .out_ch = cc->O, .kh = cc->K,
-                .kw = cc->K, .stride_h = cc->stride, .stride_w = cc->stride, .pad_h = cc->pad, .pad_w = cc->pad,
-                .dil_h = 1, .dil_w = 1, .channels_last = last};
+  ConvGeom g = {.batch = cc->B,
+                .in_ch = cc->C,
+                .in_h = cc->H,
+                .in_w = cc->W,
+                .out_ch = cc->O,
+                .kh = cc->K,
+                .kw = cc->K,
+                .stride_h = cc->stride,
+                .stride_w = cc->stride,
+                .pad_h = cc->pad,
+                .pad_w = cc->pad,
+                .dil_h = 1,
+                .dil_w = 1,
+                .channels_last = last};
   g.out_h = conv_out_size(g.in_h, g.kh, g.stride_h, g.pad_h, 1);
   g.out_w = conv_out_size(g.in_w, g.kw, g.stride_w, g.pad_w, 1);
   return g;
 }
 
 static int64_t x_at(const ConvGeom *g, int64_t n, int64_t c, int64_t y, int64_t x) {
-  return g->channels_last ? ((n * g->in_h + y) * g->in_w + x) * g->in_ch + c : ((n * g->in_ch + c) * g->in_h + y) * g->in_w + x;
+  return g->channels_last ? ((n * g->in_h + y) * g->in_w + x) * g->in_ch + c
+                          : ((n * g->in_ch + c) * g->in_h + y) * g->in_w + x;
 }
 static int64_t y_at(const ConvGeom *g, int64_t n, int64_t o, int64_t y, int64_t x) {
   return g->channels_last ? ((n * g->out_h + y) * g->out_w + x) * g->out_ch + o
@@ -390,9 +409,9 @@ static void term(double *s, float f1, float f2) {
 // (n, o, oy, ox, c, ky, kx) tuples that touch it.
 static BoundCheck check_conv_pass(const ConvGeom *g, ConvPass pass, const float *x, const float *w, const float *dy,
                                   const float *out) {
-  int64_t nout = pass == CONV_PASS_FWD ? g->batch * g->out_ch * g->out_h * g->out_w
+  int64_t nout = pass == CONV_PASS_FWD        ? g->batch * g->out_ch * g->out_h * g->out_w
                  : pass == CONV_PASS_BWD_DATA ? g->batch * g->in_ch * g->in_h * g->in_w
-                                             : g->out_ch * g->in_ch * g->kh * g->kw;
+                                              : g->out_ch * g->in_ch * g->kh * g->kw;
   double *sums = calloc((size_t)nout * 4, sizeof(double));
   int64_t *terms = calloc((size_t)nout, sizeof(int64_t));
   for (int64_t n = 0; n < g->batch; n++)
@@ -434,8 +453,8 @@ static void check_conv_case(const ConvCase *cc, size_t ci, bool last, bool per_i
   float *ws64 = (float *)(((uintptr_t)ws + 63) / 64 * 64);
   cpu_conv2d_forward(x, NULL, w, NULL, y, &g, ws64);
   free(ws);
-  ws = detr_malloc((size_t)(cpu_conv2d_backward_workspace_floats(&g, true, true, true, true, true) + 16) * 4 + 64,
-                   "ws");
+  ws =
+      detr_malloc((size_t)(cpu_conv2d_backward_workspace_floats(&g, true, true, true, true, true) + 16) * 4 + 64, "ws");
   ws64 = (float *)(((uintptr_t)ws + 63) / 64 * 64);
   float *dbias = calloc((size_t)g.out_ch, 4);
   cpu_conv2d_backward(x, NULL, w, dy, NULL, dx, true, dw, true, dbias, &g, ws64);
@@ -496,9 +515,9 @@ START_TEST(conv_bf16_choice_within_rounding_bound) {
     ConvCase cc;
     ConvPass im2col;  // a pass the choice gives to im2col
   } cases[] = {
-      {{2, 64, 18, 18, 128, 1, 2, 0}, CONV_PASS_FWD},            // stride 2: every pass
-      {{2, 256, 16, 16, 32, 1, 1, 0}, CONV_PASS_BWD_WEIGHTS},    // from 256 channels, 256 pixels
-      {{2, 512, 16, 16, 16, 1, 1, 0}, CONV_PASS_BWD_DATA},       // into 512 channels
+      {{2, 64, 18, 18, 128, 1, 2, 0}, CONV_PASS_FWD},          // stride 2: every pass
+      {{2, 256, 16, 16, 32, 1, 1, 0}, CONV_PASS_BWD_WEIGHTS},  // from 256 channels, 256 pixels
+      {{2, 512, 16, 16, 16, 1, 1, 0}, CONV_PASS_BWD_DATA},     // into 512 channels
   };
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
     ConvGeom g = conv_geom(&cases[ci].cc, true);
@@ -544,12 +563,19 @@ static void check_conv_rounds_once(const ConvCase *cc, size_t ci, bool whole, bo
                 takes, keeps_x16);
   ScopeMark mark = tensor_scope_mark();
   int x_data_refs = x->data_refs;
-  Conv2dParams p = {.stride_h = (int)cc->stride, .stride_w = (int)cc->stride, .pad_h = (int)cc->pad,
-                    .pad_w = (int)cc->pad, .dilation_h = 1, .dilation_w = 1, .channels_last = true};
+  Conv2dParams p = {.stride_h = (int)cc->stride,
+                    .stride_w = (int)cc->stride,
+                    .pad_h = (int)cc->pad,
+                    .pad_w = (int)cc->pad,
+                    .dilation_h = 1,
+                    .dilation_w = 1,
+                    .channels_last = true};
   Tensor *y = op_conv2d(x, w, NULL, p), *y2 = op_conv2d(x, w, NULL, p);  // two uses: the second backward adds
   if (keeps_x16 && weight_grad)
-    ck_assert_msg(x->data_refs == x_data_refs, "case %zu: conv2d kept x itself (%d data references, %d before): not "
-                  "its bf16 copy", ci, x->data_refs, x_data_refs);
+    ck_assert_msg(x->data_refs == x_data_refs,
+                  "case %zu: conv2d kept x itself (%d data references, %d before): not "
+                  "its bf16 copy",
+                  ci, x->data_refs, x_data_refs);
   Tensor *gt = tensor_from_host(DEVICE_CPU, y->shape, gh), *g2t = tensor_from_host(DEVICE_CPU, y->shape, g2h);
   autograd_backward(op_add(op_sum_all(op_mul(y, gt)), op_sum_all(op_mul(y2, g2t))));
   float *y_ref = calloc((size_t)ny, 4), *dx_ref = calloc((size_t)nx, 4), *dw_ref = calloc((size_t)nw, 4), *base;
@@ -562,15 +588,20 @@ static void check_conv_rounds_once(const ConvCase *cc, size_t ci, bool whole, bo
   free(base);
   cpu_set_bf16(false);
   onednn_conv2d_set_whole_batch_bytes(-1);
-  ck_assert_msg(!memcmp(y->data, y_ref, sizeof(float) * ny), "case %zu whole %d: conv2d's output differs from its "
-                "kernel's", ci, whole);
-  ck_assert_msg(!memcmp(x->grad->data, dx_ref, sizeof(float) * nx), "case %zu whole %d weight grad %d: conv2d's dx "
-                "differs from its kernel's", ci, whole, weight_grad);
+  ck_assert_msg(!memcmp(y->data, y_ref, sizeof(float) * ny),
+                "case %zu whole %d: conv2d's output differs from its "
+                "kernel's",
+                ci, whole);
+  ck_assert_msg(!memcmp(x->grad->data, dx_ref, sizeof(float) * nx),
+                "case %zu whole %d weight grad %d: conv2d's dx "
+                "differs from its kernel's",
+                ci, whole, weight_grad);
   if (weight_grad)
-    ck_assert_msg(!memcmp(w->grad->data, dw_ref, sizeof(float) * nw), "case %zu whole %d: conv2d's dW differs from "
-                  "its kernel's", ci, whole);
-  else
-    ck_assert(w->grad == NULL);
+    ck_assert_msg(!memcmp(w->grad->data, dw_ref, sizeof(float) * nw),
+                  "case %zu whole %d: conv2d's dW differs from "
+                  "its kernel's",
+                  ci, whole);
+  else ck_assert(w->grad == NULL);
   tensor_scope_release(mark);
   free(xh), free(wh), free(gh), free(g2h), free(y_ref), free(dx_ref), free(dw_ref);
   tensor_release(x), tensor_release(w), tensor_release(gt), tensor_release(g2t);
@@ -582,11 +613,11 @@ START_TEST(conv_rounds_once_as_each_pass) {
     ConvCase cc;
     bool keeps_x16;  // the forward and backward-weights both take x's copy
   } cases[] = {
-      {{2, 512, 16, 16, 64, 1, 1, 0}, true},   // 1x1: forward direct, both backward passes GEMMs
-      {{2, 64, 18, 18, 128, 1, 2, 0}, true},   // 1x1 stride 2: every pass a GEMM on x's gathered copy
-      {{2, 32, 9, 11, 48, 3, 1, 1}, true},     // 3x3: direct in every pass
-      {{2, 64, 12, 10, 32, 3, 2, 1}, true},    // 3x3 stride 2
-      {{2, 64, 24, 24, 64, 3, 1, 1}, false},   // Winograd (fp32) here: x itself kept
+      {{2, 512, 16, 16, 64, 1, 1, 0}, true},  // 1x1: forward direct, both backward passes GEMMs
+      {{2, 64, 18, 18, 128, 1, 2, 0}, true},  // 1x1 stride 2: every pass a GEMM on x's gathered copy
+      {{2, 32, 9, 11, 48, 3, 1, 1}, true},    // 3x3: direct in every pass
+      {{2, 64, 12, 10, 32, 3, 2, 1}, true},   // 3x3 stride 2
+      {{2, 64, 24, 24, 64, 3, 1, 1}, false},  // Winograd (fp32) here: x itself kept
   };
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
     for (int whole = 0; whole < 2; whole++)
@@ -599,7 +630,7 @@ END_TEST
 // model asking for bf16 runs fp32 with a warning.
 START_TEST(bf16_refused_without_the_instructions) {
   const char *fork = getenv("CK_FORK");
-  if (fork && !strcmp(fork, "no")) return;  // oneDNN's instruction set is fixed at its first use, earlier
+  if (fork && !strcmp(fork, "no")) return;         // oneDNN's instruction set is fixed at its first use, earlier
   setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE", 1);  // read by oneDNN at its first use, in this forked test
   setenv("DNNL_MAX_CPU_ISA", "AVX512_CORE", 1);
   char why[256] = "";
@@ -639,7 +670,8 @@ static void train_losses(bool bf16, int steps, double *losses) {
     ck_assert_int_eq(detr_model_forward(m, &ctx, images, mask, &out, err, sizeof err), 0);
     CriterionResult r;
     ck_assert_int_eq(criterion_forward(&ccfg, out.layers[out.n_layers - 1], out.layers, out.n_layers - 1, targets, 3.0f,
-                                       NULL, &r, err, sizeof err), 0);
+                                       NULL, &r, err, sizeof err),
+                     0);
     losses[s] = tensor_item(r.total);
     autograd_backward(r.total);
     criterion_result_free(&r);

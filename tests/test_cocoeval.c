@@ -133,14 +133,15 @@ START_TEST(false_positive_above_true_positive) {
   expect_stats(&r, (double[]){0.5, 0.5, 0.5, 0.5, NA, NA, 0, 1, 1, 1, NA, NA});
 
   // Two GTs ranked TP, FP, TP: precision [1, 1/2, 2/3] -> [1, 2/3, 2/3], recall [1/2, 1/2, 1].
-  r = evaluate("{'images': [{'id': 1}],"
-               " 'annotations': ["
-               "  {'id': 1, 'image_id': 1, 'category_id': 1, 'bbox': [0, 0, 10, 10], 'area': 100, 'iscrowd': 0},"
-               "  {'id': 2, 'image_id': 1, 'category_id': 1, 'bbox': [20, 0, 10, 10], 'area': 100, 'iscrowd': 0}],"
-               " 'categories': [{'id': 1}]}",
-               "[{'image_id': 1, 'category_id': 1, 'bbox': [0, 0, 10, 10], 'score': 0.9},"
-               " {'image_id': 1, 'category_id': 1, 'bbox': [50, 50, 10, 10], 'score': 0.8},"
-               " {'image_id': 1, 'category_id': 1, 'bbox': [20, 0, 10, 10], 'score': 0.7}]");
+  r = evaluate(
+      "{'images': [{'id': 1}],"
+      " 'annotations': ["
+      "  {'id': 1, 'image_id': 1, 'category_id': 1, 'bbox': [0, 0, 10, 10], 'area': 100, 'iscrowd': 0},"
+      "  {'id': 2, 'image_id': 1, 'category_id': 1, 'bbox': [20, 0, 10, 10], 'area': 100, 'iscrowd': 0}],"
+      " 'categories': [{'id': 1}]}",
+      "[{'image_id': 1, 'category_id': 1, 'bbox': [0, 0, 10, 10], 'score': 0.9},"
+      " {'image_id': 1, 'category_id': 1, 'bbox': [50, 50, 10, 10], 'score': 0.8},"
+      " {'image_id': 1, 'category_id': 1, 'bbox': [20, 0, 10, 10], 'score': 0.7}]");
   double ap = ap_halves(1 / (1 + DBL_EPSILON), 2 / (3 + DBL_EPSILON));
   expect_stats(&r, (double[]){ap, ap, ap, ap, NA, NA, 0.5, 1, 1, 1, NA, NA});
 }
@@ -193,10 +194,11 @@ static const char *CROWD_GT =
     "  {'id': 1, 'image_id': 1, 'category_id': 1, 'bbox': [0, 0, 20, 20], 'area': 400, 'iscrowd': 0},"
     "  {'id': 2, 'image_id': 1, 'category_id': 1, 'bbox': [100, 100, 200, 200], 'area': 40000, 'iscrowd': %d}],"
     " 'categories': [{'id': 1}]}";
-static const char *CROWD_RES = "[{'image_id': 1, 'category_id': 1, 'bbox': [110, 110, 10, 10], 'score': 0.9},"
-                               " {'image_id': 1, 'category_id': 1, 'bbox': [150, 150, 20, 20], 'score': 0.85},"
-                               " {'image_id': 1, 'category_id': 1, 'bbox': [200, 200, 30, 30], 'score': 0.8},"
-                               " {'image_id': 1, 'category_id': 1, 'bbox': [0, 0, 20, 20], 'score': 0.7}]";
+static const char *CROWD_RES =
+    "[{'image_id': 1, 'category_id': 1, 'bbox': [110, 110, 10, 10], 'score': 0.9},"
+    " {'image_id': 1, 'category_id': 1, 'bbox': [150, 150, 20, 20], 'score': 0.85},"
+    " {'image_id': 1, 'category_id': 1, 'bbox': [200, 200, 30, 30], 'score': 0.8},"
+    " {'image_id': 1, 'category_id': 1, 'bbox': [0, 0, 20, 20], 'score': 0.7}]";
 
 START_TEST(crowd_region_absorbs_detections) {
   char gt[1024];
@@ -303,12 +305,14 @@ START_TEST(ties_keep_image_id_order) {
       "  {'id': 1, 'image_id': 1, 'category_id': 1, 'bbox': [0, 0, 10, 10], 'area': 100, 'iscrowd': 0},"
       "  {'id': 2, 'image_id': 2, 'category_id': 1, 'bbox': [0, 0, 10, 10], 'area': 100, 'iscrowd': 0}],"
       " 'categories': [{'id': 1}]}";
-  CocoEvalResult r = evaluate(gt, "[{'image_id': 2, 'category_id': 1, 'bbox': [0, 0, 10, 10], 'score': 0.5},"
-                                  " {'image_id': 1, 'category_id': 1, 'bbox': [50, 50, 10, 10], 'score': 0.5}]");
+  CocoEvalResult r = evaluate(gt,
+                              "[{'image_id': 2, 'category_id': 1, 'bbox': [0, 0, 10, 10], 'score': 0.5},"
+                              " {'image_id': 1, 'category_id': 1, 'bbox': [50, 50, 10, 10], 'score': 0.5}]");
   double ap = ap_halves(1 / (2 + DBL_EPSILON), 0);
   expect_stats(&r, (double[]){ap, ap, ap, ap, NA, NA, 0.5, 0.5, 0.5, 0.5, NA, NA});
-  r = evaluate(gt, "[{'image_id': 2, 'category_id': 1, 'bbox': [50, 50, 10, 10], 'score': 0.5},"
-                   " {'image_id': 1, 'category_id': 1, 'bbox': [0, 0, 10, 10], 'score': 0.5}]");
+  r = evaluate(gt,
+               "[{'image_id': 2, 'category_id': 1, 'bbox': [50, 50, 10, 10], 'score': 0.5},"
+               " {'image_id': 1, 'category_id': 1, 'bbox': [0, 0, 10, 10], 'score': 0.5}]");
   ap = ap_halves(1 / (1 + DBL_EPSILON), 0);
   expect_stats(&r, (double[]){ap, ap, ap, ap, NA, NA, 0.5, 0.5, 0.5, 0.5, NA, NA});
 }
@@ -373,10 +377,18 @@ static const char *FIXED_RES =
     " {'image_id': 100, 'category_id': 18, 'bbox': [12, 8, 90, 99], 'score': 0.65},"
     " {'image_id': 100, 'category_id': 18, 'bbox': [0, 0, 50, 50], 'score': 0.3},"
     " {'image_id': 300, 'category_id': 90, 'bbox': [1, 1, 50, 50], 'score': 0.2}]";
-static const double FIXED_STATS[COCO_N_STATS] = {
-    0.6356199905704856, 0.746031746031746, 0.746031746031746, 0.5376237623762377,
-    0.6755775577557755, 0.8999999999999999, 0.3, 0.8666666666666667,
-    0.8666666666666667, 0.925, 0.825, 0.9};
+static const double FIXED_STATS[COCO_N_STATS] = {0.6356199905704856,
+                                                 0.746031746031746,
+                                                 0.746031746031746,
+                                                 0.5376237623762377,
+                                                 0.6755775577557755,
+                                                 0.8999999999999999,
+                                                 0.3,
+                                                 0.8666666666666667,
+                                                 0.8666666666666667,
+                                                 0.925,
+                                                 0.825,
+                                                 0.9};
 
 START_TEST(fixed_case_matches_pycocotools) {
   CocoEvalResult r = evaluate(FIXED_GT, FIXED_RES);
@@ -522,8 +534,9 @@ START_TEST(bad_results) {
 
   // A result for an image the GT does not list: pycocotools asserts, this fails naming it.
   write_json(at("gt.json"), ONE_GT);
-  write_json(at("res.json"), "[{'image_id': 1, 'category_id': 1, 'bbox': [0, 0, 1, 1], 'score': 0.5, 'id': 3},"
-                             " {'image_id': 99, 'category_id': 1, 'bbox': [0, 0, 1, 1], 'score': 0.5}]");
+  write_json(at("res.json"),
+             "[{'image_id': 1, 'category_id': 1, 'bbox': [0, 0, 1, 1], 'score': 0.5, 'id': 3},"
+             " {'image_id': 99, 'category_id': 1, 'bbox': [0, 0, 1, 1], 'score': 0.5}]");
   CocoEvalGt gt;
   ck_assert_int_eq(coco_eval_read_gt(at("gt.json"), &gt, err, sizeof err), 0);
   ck_assert_int_eq(coco_eval_read_results(at("res.json"), &dets, &n, err, sizeof err), 0);

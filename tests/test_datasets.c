@@ -72,7 +72,8 @@ static uint8_t *read_file(const char *path, size_t *n) {
 static Image solid_image(int w, int h, const uint8_t bg[3], int x0, int y0, int x1, int y1, const uint8_t fg[3]) {
   Image img = image_alloc(w, h);
   for (int y = 0; y < h; y++)
-    for (int x = 0; x < w; x++) memcpy(img.data + ((size_t)y * w + x) * 3, (x >= x0 && x < x1 && y >= y0 && y < y1) ? fg : bg, 3);
+    for (int x = 0; x < w; x++)
+      memcpy(img.data + ((size_t)y * w + x) * 3, (x >= x0 && x < x1 && y >= y0 && y < y1) ? fg : bg, 3);
   return img;
 }
 
@@ -93,8 +94,8 @@ static void write_jpeg(const char *path, int w, int h) {
 }
 
 static CocoDataset *open_ok(const char *path, const char *image_dir, BadInputPolicy policy, bool check_images) {
-  CocoOpenConfig cfg = {.ann_path = path, .image_dir = image_dir, .policy = policy, .check_images = check_images,
-                        .quiet = true};
+  CocoOpenConfig cfg = {
+      .ann_path = path, .image_dir = image_dir, .policy = policy, .check_images = check_images, .quiet = true};
   CocoDataset *ds = NULL;
   DataError err;
   int rc = coco_open(&cfg, &ds, &err);
@@ -105,8 +106,8 @@ static CocoDataset *open_ok(const char *path, const char *image_dir, BadInputPol
 // coco_open must fail, with a message holding the file name and `expect`.
 static void open_fails(const char *path, const char *image_dir, BadInputPolicy policy, bool check_images,
                        const char *expect) {
-  CocoOpenConfig cfg = {.ann_path = path, .image_dir = image_dir, .policy = policy, .check_images = check_images,
-                        .quiet = true};
+  CocoOpenConfig cfg = {
+      .ann_path = path, .image_dir = image_dir, .policy = policy, .check_images = check_images, .quiet = true};
   CocoDataset *ds = (CocoDataset *)1;
   DataError err = {{0}};
   ck_assert_int_eq(coco_open(&cfg, &ds, &err), DATA_ERROR);
@@ -141,7 +142,7 @@ static void check_minimal(const CocoDataset *ds) {
   ck_assert(!a10->iscrowd);
   const CocoAnn *a11 = &ds->anns[ds->images[0].first_ann];
   ck_assert(a11->iscrowd);
-  ck_assert_double_eq(a11->area, 16);  // no "area": bbox w*h
+  ck_assert_double_eq(a11->area, 16);                         // no "area": bbox w*h
   ck_assert(!ds->anns[ds->images[0].first_ann + 1].iscrowd);  // "iscrowd": false
   ck_assert_int_eq(ds->n_categories, 2);
   ck_assert_int_eq(ds->categories[0].id, 2);
@@ -227,7 +228,8 @@ START_TEST(malformed_and_truncated_json_fail) {
   open_fails(at("scalarann.json"), NULL, BAD_INPUT_SKIP, false, "'annotations' is not an array");
   open_fails(at("does_not_exist.json"), NULL, BAD_INPUT_SKIP, false, "cannot open");
   // No annotations section at all (an image-info file) is fine.
-  write_text(at("noanns.json"), "{\"images\": [{\"id\": 1, \"file_name\": \"a.jpg\", \"width\": 4, \"height\": 4}], \"categories\": []}");
+  write_text(at("noanns.json"),
+             "{\"images\": [{\"id\": 1, \"file_name\": \"a.jpg\", \"width\": 4, \"height\": 4}], \"categories\": []}");
   CocoDataset *ds = open_ok(at("noanns.json"), NULL, BAD_INPUT_FAIL, false);
   ck_assert_int_eq(ds->n_images, 1);
   ck_assert_int_eq(ds->n_anns, 0);
@@ -254,15 +256,15 @@ static const BadItemCase bad_item_cases[] = {
      offsetof(CocoStats, malformed_items), 1, 1},
     {NULL, "{\"id\": 5, \"image_id\": 1, \"category_id\": 3, \"bbox\": [1, 2, \"3\", 4]}", "not a number",
      offsetof(CocoStats, malformed_items), 1, 1},
-    {NULL, "{\"id\": 5, \"image_id\": 1, \"category_id\": \"3\", \"bbox\": [1, 2, 3, 4]}", "'category_id' has a wrong type",
-     offsetof(CocoStats, malformed_items), 1, 1},
+    {NULL, "{\"id\": 5, \"image_id\": 1, \"category_id\": \"3\", \"bbox\": [1, 2, 3, 4]}",
+     "'category_id' has a wrong type", offsetof(CocoStats, malformed_items), 1, 1},
     {NULL, "{\"id\": 5, \"image_id\": 1, \"category_id\": 3, \"bbox\": [1, 2, 3, 4], \"iscrowd\": 2}", "'iscrowd'",
      offsetof(CocoStats, malformed_items), 1, 1},
     {NULL, "42", "annotations[1]: not a JSON object", offsetof(CocoStats, malformed_items), 1, 1},
     {NULL, "{\"id\": 5, \"image_id\": 1, \"category_id\": 3, \"bbox\": [10, 10, 0, 5]}",
      "annotations[1] (id 5, image_id 1): box [10, 10, 0, 5] has no area", offsetof(CocoStats, zero_size_boxes), 1, 1},
-    {NULL, "{\"id\": 5, \"image_id\": 1, \"category_id\": 3, \"bbox\": [10, 10, -3, 5]}", "has a negative width or height",
-     offsetof(CocoStats, zero_size_boxes), 1, 1},
+    {NULL, "{\"id\": 5, \"image_id\": 1, \"category_id\": 3, \"bbox\": [10, 10, -3, 5]}",
+     "has a negative width or height", offsetof(CocoStats, zero_size_boxes), 1, 1},
     {NULL, "{\"id\": 5, \"image_id\": 1, \"category_id\": 3, \"bbox\": [200, 10, 5, 5]}",
      "box [200, 10, 5, 5] lies outside the 100x80 image", offsetof(CocoStats, out_of_image_boxes), 1, 1},
     {NULL, "{\"id\": 5, \"image_id\": 1, \"category_id\": 3, \"bbox\": [-9, 10, 5, 5]}", "lies outside",
@@ -271,8 +273,8 @@ static const BadItemCase bad_item_cases[] = {
      "annotations[1] (id 5, image_id 1): unknown category_id 4", offsetof(CocoStats, unknown_category_ids), 1, 1},
     {NULL, "{\"id\": 5, \"image_id\": 2, \"category_id\": 3, \"bbox\": [1, 2, 3, 4]}",
      "(id 5, image_id 2): image_id not in 'images'", offsetof(CocoStats, unknown_image_ids), 1, 1},
-    {"{\"id\": 1, \"file_name\": \"dup.jpg\", \"width\": 10, \"height\": 10}", NULL, "images[1] (id 1): duplicate image id",
-     offsetof(CocoStats, duplicate_ids), 1, 1},
+    {"{\"id\": 1, \"file_name\": \"dup.jpg\", \"width\": 10, \"height\": 10}", NULL,
+     "images[1] (id 1): duplicate image id", offsetof(CocoStats, duplicate_ids), 1, 1},
     {"{\"id\": 2, \"file_name\": \"b.jpg\", \"height\": 10}", NULL, "images[1] (id 2): missing 'width'",
      offsetof(CocoStats, malformed_items), 1, 1},
     {"{\"id\": 2, \"file_name\": \"b.jpg\", \"width\": 0, \"height\": 10}", NULL, "'width' 0 outside",
@@ -346,7 +348,8 @@ START_TEST(decode_progressive_grey_png) {
   Image img;
   // Progressive JPEG, in memory and from a file.
   ck_assert(jpeg_is_complete(progressive_jpeg_16x16, sizeof progressive_jpeg_16x16));
-  ck_assert_int_eq(image_decode_memory(progressive_jpeg_16x16, sizeof progressive_jpeg_16x16, "p.jpg", &img, &err), DATA_OK);
+  ck_assert_int_eq(image_decode_memory(progressive_jpeg_16x16, sizeof progressive_jpeg_16x16, "p.jpg", &img, &err),
+                   DATA_OK);
   ck_assert_int_eq(img.w, 16);
   ck_assert_int_eq(img.h, 16);
   const int expect[4][3] = {{255, 0, 0}, {0, 255, 0}, {0, 0, 255}, {255, 255, 255}};
@@ -494,14 +497,16 @@ START_TEST(hostile_coco) {
   for (int i = 0; i < COCO_MAX_STRING_BYTES + 1; i++) json[n++] = 'a';
   n += (size_t)snprintf(json + n, 20000 - n, "\"}], \"annotations\": [], \"categories\": []}");
   write_file(at("long.json"), json, n);
-  open_fails(at("long.json"), NULL, BAD_INPUT_FAIL, false, "images[0] (id 1): 'file_name' has 4097 bytes, more than the limit of 4096");
+  open_fails(at("long.json"), NULL, BAD_INPUT_FAIL, false,
+             "images[0] (id 1): 'file_name' has 4097 bytes, more than the limit of 4096");
   CocoDataset *ds = open_ok(at("long.json"), NULL, BAD_INPUT_SKIP, false);
   ck_assert_int_eq(ds->n_images, 0);
   ck_assert_int_eq(ds->stats.malformed_items, 1);
   coco_free(ds);
   // A NUL inside a name (found by fuzz/fuzz_coco.c): "a\u0000b.jpg" would have named "a".
-  write_text(at("nul.json"), "{\"images\": [{\"id\": 1, \"width\": 9, \"height\": 9, \"file_name\": \"a\\u0000b.jpg\"}],"
-                             " \"annotations\": [], \"categories\": []}");
+  write_text(at("nul.json"),
+             "{\"images\": [{\"id\": 1, \"width\": 9, \"height\": 9, \"file_name\": \"a\\u0000b.jpg\"}],"
+             " \"annotations\": [], \"categories\": []}");
   open_fails(at("nul.json"), NULL, BAD_INPUT_FAIL, false, "images[0] (id 1): 'file_name' contains a NUL character");
   free(json);
 }
@@ -679,19 +684,19 @@ START_TEST(augmentation_keeps_boxes_on_objects) {
       } else {
         ck_assert_msg(fabsf(b[0] - x0) <= 1.01f && fabsf(b[1] - y0) <= 1.01f && fabsf(b[2] - (x1 + 1)) <= 1.01f &&
                           fabsf(b[3] - (y1 + 1)) <= 1.01f,
-                      "seed %d: box [%g %g %g %g], object pixels [%d %d %d %d] in %dx%d", seed, b[0], b[1], b[2],
-                      b[3], x0, y0, x1 + 1, y1 + 1, img.w, img.h);
+                      "seed %d: box [%g %g %g %g], object pixels [%d %d %d %d] in %dx%d", seed, b[0], b[1], b[2], b[3],
+                      x0, y0, x1 + 1, y1 + 1, img.w, img.h);
         kept++;
         if (b[2] - b[0] < (b[3] - b[1]) * 0.99f) cropped++;  // the object is square: narrower = cut by the crop
-        if (b[0] < img.w / 2.0f - 1) flipped_side++;   // the object started on the right
+        if (b[0] < img.w / 2.0f - 1) flipped_side++;         // the object started on the right
       }
     }
     image_free(&img);
     target_free(&t);
   }
   ck_assert_int_gt(kept, 40);
-  ck_assert_int_gt(cropped, 3);       // the crop branch ran and cut the object
-  ck_assert_int_gt(flipped_side, 10); // flips ran
+  ck_assert_int_gt(cropped, 3);        // the crop branch ran and cut the object
+  ck_assert_int_gt(flipped_side, 10);  // flips ran
   (void)dropped;
 }
 END_TEST
@@ -1164,12 +1169,15 @@ START_TEST(duplicate_files_and_corner_boxes) {
   coco_free(ds);
   // Corners [x0, y0, x1, y1] of boxes in the right half of a 100x100 image: as [x, y, w, h] they
   // reach past it. Real COCO-style boxes near the border (one of four past it) pass.
-  const char *corners = "{\"images\": [{\"id\": 1, \"file_name\": \"a.jpg\", \"width\": 100, \"height\": 100}],\n"
-                        " \"annotations\": [%s],\n \"categories\": [{\"id\": 1, \"name\": \"c\"}]}";
+  const char *corners =
+      "{\"images\": [{\"id\": 1, \"file_name\": \"a.jpg\", \"width\": 100, \"height\": 100}],\n"
+      " \"annotations\": [%s],\n \"categories\": [{\"id\": 1, \"name\": \"c\"}]}";
   char json[1024], anns[512] = "";
   for (int i = 0, n = 0; i < 4; i++)
-    n += snprintf(anns + n, sizeof anns - (size_t)n, "%s{\"id\": %d, \"image_id\": 1, \"category_id\": 1, \"bbox\": "
-                  "[%d, %d, %d, %d]}", i ? ", " : "", i + 1, 50 + i, 40 + i, 90 + i, 80 + i);
+    n += snprintf(anns + n, sizeof anns - (size_t)n,
+                  "%s{\"id\": %d, \"image_id\": 1, \"category_id\": 1, \"bbox\": "
+                  "[%d, %d, %d, %d]}",
+                  i ? ", " : "", i + 1, 50 + i, 40 + i, 90 + i, 80 + i);
   snprintf(json, sizeof json, corners, anns);
   write_text(at("xyxy.json"), json);
   open_fails(at("xyxy.json"), NULL, BAD_INPUT_SKIP, false, "the boxes look like corners");
@@ -1214,7 +1222,7 @@ START_TEST(synth_is_deterministic) {
   sc.seed = 12;
   ck_assert_int_eq(synth_generate(&sc, &err), DATA_OK);
   const char *files[] = {"annotations/instances_train.json", "annotations/instances_val.json", "train/000000000001.jpg",
-                         "train/000000000006.jpg", "val/000000000001.jpg", "val/000000000004.jpg"};
+                         "train/000000000006.jpg",           "val/000000000001.jpg",           "val/000000000004.jpg"};
   for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
     char a[400], b[400], c[400];
     snprintf(a, sizeof a, "%s/%s", dir_a, files[i]);

@@ -17,12 +17,18 @@ START_TEST(reference_parameter_names) {
   DetrConfig cfg;
   ck_assert_int_eq(detr_config_preset("detr-r50", &cfg), 0);
   DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
-  const char *names[] = {"backbone.0.body.conv1.weight", "backbone.0.body.bn1.running_var",
-                         "backbone.0.body.layer2.0.downsample.0.weight", "backbone.0.body.layer4.2.bn3.bias",
+  const char *names[] = {"backbone.0.body.conv1.weight",
+                         "backbone.0.body.bn1.running_var",
+                         "backbone.0.body.layer2.0.downsample.0.weight",
+                         "backbone.0.body.layer4.2.bn3.bias",
                          "transformer.encoder.layers.5.self_attn.in_proj_weight",
                          "transformer.decoder.layers.0.multihead_attn.out_proj.bias",
-                         "transformer.decoder.layers.5.norm3.weight", "transformer.decoder.norm.bias",
-                         "class_embed.weight", "bbox_embed.layers.2.bias", "query_embed.weight", "input_proj.bias"};
+                         "transformer.decoder.layers.5.norm3.weight",
+                         "transformer.decoder.norm.bias",
+                         "class_embed.weight",
+                         "bbox_embed.layers.2.bias",
+                         "query_embed.weight",
+                         "input_proj.bias"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     ck_assert_msg(params_find(&m->params, names[i]) != NULL, "missing %s", names[i]);
   ck_assert_ptr_null(params_find(&m->params, "transformer.encoder.norm.weight"));  // post-norm: none
@@ -97,7 +103,8 @@ static void tiny_step(const char *const *sets) {
     if (!strcmp(cross_attn, "kmeans") && strstr(p->name, "multihead_attn.in_proj_")) {
       int64_t d = cfg.hidden_dim, per_row = p->tensor->numel / (3 * d);
       double qk = 0, v = 0;
-      for (int64_t k = 0; k < p->tensor->numel; k++) *(k < 2 * d * per_row ? &qk : &v) += fabs(p->tensor->grad->data[k]);
+      for (int64_t k = 0; k < p->tensor->numel; k++)
+        *(k < 2 * d * per_row ? &qk : &v) += fabs(p->tensor->grad->data[k]);
       ck_assert_msg(qk == 0 && v > 0, "%s: |grad| of q, k rows %g (expected 0), of v rows %g", p->name, qk, v);
     }
   }
@@ -139,10 +146,14 @@ START_TEST(anchor_r50_names) {
               {"transformer.decoder_layers.5.cross_attn.in_proj_bias", 1280, 0},
               {"transformer.decoder_layers.0.self_attn.in_proj_weight", 768, 256},
               {"transformer.decoder_layers.0.ffn.linear1.weight", 1024, 256},
-              {"transformer.pattern.weight", 3, 256}, {"transformer.position.weight", 300, 2},
-              {"transformer.adapt_pos1d.2.weight", 256, 256}, {"transformer.adapt_pos2d.0.bias", 256, 0},
-              {"transformer.class_embed.0.weight", 91, 256}, {"transformer.bbox_embed.0.layers.2.bias", 4, 0},
-              {"input_proj.0.0.weight", 256, 2048}, {"input_proj.0.1.bias", 256, 0},
+              {"transformer.pattern.weight", 3, 256},
+              {"transformer.position.weight", 300, 2},
+              {"transformer.adapt_pos1d.2.weight", 256, 256},
+              {"transformer.adapt_pos2d.0.bias", 256, 0},
+              {"transformer.class_embed.0.weight", 91, 256},
+              {"transformer.bbox_embed.0.layers.2.bias", 4, 0},
+              {"input_proj.0.0.weight", 256, 2048},
+              {"input_proj.0.1.bias", 256, 0},
               {"backbone.body.layer4.2.conv3.weight", 2048, 512}};
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
     Param *p = params_find(&m->params, want[i].name);
@@ -194,8 +205,9 @@ START_TEST(anchor_backbone_from_detr_names) {
   DetrModel *anchor = detr_model_create(&cfg, DEVICE_CPU);
   detr_model_init(anchor, 2);
   ck_assert_int_eq(params_load_file_prefix_as(&anchor->params, path, "backbone.body.", NULL, err, sizeof err), -1);
-  ck_assert_msg(params_load_file_prefix_as(&anchor->params, path, "backbone.body.", "backbone.0.body.", err, sizeof err) == 0,
-                "%s", err);
+  ck_assert_msg(
+      params_load_file_prefix_as(&anchor->params, path, "backbone.body.", "backbone.0.body.", err, sizeof err) == 0,
+      "%s", err);
   int n = 0;
   for (int i = 0; i < anchor->params.count; i++) {
     const Param *p = &anchor->params.items[i];
@@ -220,15 +232,19 @@ START_TEST(position_sine_copies_equal_features) {
   const float scale = 6.283185307179586f, eps = 1e-6f;
   Rng rng = rng_make(3);
   for (int t = 0; t < 200; t++) {
-    int64_t B = 1 + t % 3, h = 1 + (int64_t)(rng_next_uniform(&rng) * 19), w = 1 + (int64_t)(rng_next_uniform(&rng) * 19);
+    int64_t B = 1 + t % 3, h = 1 + (int64_t)(rng_next_uniform(&rng) * 19),
+            w = 1 + (int64_t)(rng_next_uniform(&rng) * 19);
     int64_t npf = 2 * (1 + t % 32), n = B * h * w * 2 * npf;
     uint8_t *mask = calloc((size_t)(B * h * w), 1);
     for (int64_t b = 0; b < B; b++) {
       int kind = (int)((t + b) % 4);  // 0 unpadded, 1 padded right and below, 2 scattered, 3 all padding
-      int64_t vh = 1 + (int64_t)(rng_next_uniform(&rng) * (float)h) % h, vw = 1 + (int64_t)(rng_next_uniform(&rng) * (float)w) % w;
+      int64_t vh = 1 + (int64_t)(rng_next_uniform(&rng) * (float)h) % h,
+              vw = 1 + (int64_t)(rng_next_uniform(&rng) * (float)w) % w;
       for (int64_t y = 0; y < h; y++)
         for (int64_t x = 0; x < w; x++)
-          mask[(b * h + y) * w + x] = kind == 1 ? (y >= vh || x >= vw) : kind == 2 ? rng_next_uniform(&rng) < 0.3f : kind == 3;
+          mask[(b * h + y) * w + x] = kind == 1   ? (y >= vh || x >= vw)
+                                      : kind == 2 ? rng_next_uniform(&rng) < 0.3f
+                                                  : kind == 3;
     }
     float *pos = malloc((size_t)n * sizeof(float)), *want = malloc((size_t)n * sizeof(float));
     position_sine(mask, B, h, w, npf, 10000.0f, pos);

@@ -30,8 +30,8 @@ static void setup_data(void) {
   if (test_root[0]) return;
   snprintf(test_root, sizeof test_root, "/tmp/detr-dist-XXXXXX");
   ck_assert_ptr_nonnull(mkdtemp(test_root));
-  ck_assert_int_eq(sh("%s synth --out %s/data --train 16 --val 8 --min-side 96 --max-side 96 --seed 1", DETR_BIN,
-                      test_root), 0);
+  ck_assert_int_eq(
+      sh("%s synth --out %s/data --train 16 --val 8 --min-side 96 --max-side 96 --seed 1", DETR_BIN, test_root), 0);
 }
 
 // Every number after "key": in the lines of type `type` of a metrics file, in order.
@@ -63,10 +63,11 @@ static void expect_close(const char *run_a, const char *run_b, const char *type,
 START_TEST(two_processes_equal_one_with_twice_the_batch) {
   setup_data();
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/one %s --batch 4", DETR_BIN, test_root, test_root, FLAGS), 0);
-  ck_assert_int_eq(sh("%s %s train --data %s/data --out %s/two %s --batch 2", MPIRUN, DETR_BIN, test_root, test_root, FLAGS), 0);
+  ck_assert_int_eq(
+      sh("%s %s train --data %s/data --out %s/two %s --batch 2", MPIRUN, DETR_BIN, test_root, test_root, FLAGS), 0);
   // 16 images, 4 per step: 8 steps over 2 epochs, every loss term of the final and aux outputs.
-  const char *keys[] = {"loss", "loss_ce", "loss_bbox", "loss_giou", "loss_ce_0", "loss_giou_0", "grad_norm",
-                        "class_error", "clusters_per_image"};
+  const char *keys[] = {"loss",        "loss_ce",   "loss_bbox",   "loss_giou",         "loss_ce_0",
+                        "loss_giou_0", "grad_norm", "class_error", "clusters_per_image"};
   for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) expect_close("one", "two", "train", keys[k], 1e-4);
   double steps[64];
   ck_assert_int_eq(read_numbers("two", "train", "step", steps, 64), 8);
@@ -80,16 +81,19 @@ END_TEST
 START_TEST(resume_needs_the_same_number_of_processes) {
   setup_data();
   // Stop after 3 steps, resume to the end: the same log as the uninterrupted two-process run.
-  ck_assert_int_eq(sh("%s %s train --data %s/data --out %s/full %s --batch 2", MPIRUN, DETR_BIN, test_root, test_root, FLAGS), 0);
-  ck_assert_int_eq(sh("%s %s train --data %s/data --out %s/cut %s --batch 2 --max-steps 3 --checkpoint-every 1",
-                      MPIRUN, DETR_BIN, test_root, test_root, FLAGS), 0);
+  ck_assert_int_eq(
+      sh("%s %s train --data %s/data --out %s/full %s --batch 2", MPIRUN, DETR_BIN, test_root, test_root, FLAGS), 0);
+  ck_assert_int_eq(sh("%s %s train --data %s/data --out %s/cut %s --batch 2 --max-steps 3 --checkpoint-every 1", MPIRUN,
+                      DETR_BIN, test_root, test_root, FLAGS),
+                   0);
   ck_assert_int_eq(sh("%s %s train --data %s/data --out %s/cut %s --batch 2 --resume auto", MPIRUN, DETR_BIN, test_root,
-                      test_root, FLAGS), 0);
+                      test_root, FLAGS),
+                   0);
   expect_close("full", "cut", "train", "loss", 0.0);
   expect_close("full", "cut", "train", "loss_giou_0", 0.0);
   // One process on a two-process checkpoint: refused, saying why, and nothing removed.
-  ck_assert_int_ne(sh("%s train --data %s/data --out %s/cut %s --batch 4 --resume auto", DETR_BIN, test_root, test_root, FLAGS),
-                   0);
+  ck_assert_int_ne(
+      sh("%s train --data %s/data --out %s/cut %s --batch 4 --resume auto", DETR_BIN, test_root, test_root, FLAGS), 0);
   ck_assert_int_eq(sh("grep -q 'written by a run of 2 processes' %s/log.txt", test_root), 0);
   ck_assert_int_eq(sh("test -f %s/cut/ckpt-8.safetensors", test_root), 0);
 }
@@ -103,9 +107,10 @@ START_TEST(sigusr1_to_mpirun_stops_every_process_with_a_checkpoint) {
   char ckpt2[256];
   snprintf(ckpt2, sizeof ckpt2, "%s/u/ckpt-2.safetensors", test_root);
   // --max-steps: a backstop, should the signal not stop it.
-  pid_t pid = sh_start("%s %s train --data %s/data --out %s/u %s --batch 2 --epochs 1000 --eval-every 0 "
-                       "--checkpoint-every 2 --max-steps 400 > %s/u.log 2>&1", MPIRUN, DETR_BIN, test_root, test_root,
-                       FLAGS, test_root);
+  pid_t pid = sh_start(
+      "%s %s train --data %s/data --out %s/u %s --batch 2 --epochs 1000 --eval-every 0 "
+      "--checkpoint-every 2 --max-steps 400 > %s/u.log 2>&1",
+      MPIRUN, DETR_BIN, test_root, test_root, FLAGS, test_root);
   ck_assert_msg(sh_wait_for_file(ckpt2, 120) || (kill(pid, SIGTERM), sh_wait(pid, 30), false),
                 "no checkpoint after 120 s: see %s/u.log", test_root);
   kill(pid, SIGUSR1);  // mpirun's pid: sh_start exec's the command
@@ -117,9 +122,13 @@ START_TEST(sigusr1_to_mpirun_stops_every_process_with_a_checkpoint) {
   int step = (int)sh_read_long(0, "grep -o 'interrupted at step [0-9]* (SIGUSR1)' %s/u.log | grep -o '[0-9][0-9]*'",
                                test_root);
   ck_assert_int_ge(step, 2);
-  ck_assert_int_eq(sh("test -s %s/u/ckpt-%d.safetensors && ! ls %s/u | grep -q '[.]tmp'", test_root, step, test_root), 0);
-  ck_assert_int_eq(sh("%s %s train --data %s/data --out %s/u %s --batch 2 --epochs 1000 --eval-every 0 --checkpoint-every 2 "
-                      "--max-steps %d --resume auto", MPIRUN, DETR_BIN, test_root, test_root, FLAGS, step + 2), 0);
+  ck_assert_int_eq(sh("test -s %s/u/ckpt-%d.safetensors && ! ls %s/u | grep -q '[.]tmp'", test_root, step, test_root),
+                   0);
+  ck_assert_int_eq(
+      sh("%s %s train --data %s/data --out %s/u %s --batch 2 --epochs 1000 --eval-every 0 --checkpoint-every 2 "
+         "--max-steps %d --resume auto",
+         MPIRUN, DETR_BIN, test_root, test_root, FLAGS, step + 2),
+      0);
   double steps[64];
   int n = read_numbers("u", "train", "step", steps, 64);
   ck_assert_int_eq(n, step + 2);

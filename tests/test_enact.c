@@ -105,7 +105,8 @@ START_TEST(erratum_in_eq3) {
         pv += exp(H->data[k]) / (S * S) * V->data[k * 3 + c];
       }
       printed += R->data[c] * -w * (pk + K->data[i * 3 + c]) + R->data[3 + c] * -w * (pv + V->data[i * 3 + c]);
-      exact += R->data[c] * w * (K->data[i * 3 + c] - kc->data[c]) + R->data[3 + c] * w * (V->data[i * 3 + c] - vc->data[c]);
+      exact +=
+          R->data[c] * w * (K->data[i * 3 + c] - kc->data[c]) + R->data[3 + c] * w * (V->data[i * 3 + c] - vc->data[c]);
     }
     worst_exact = fmax(worst_exact, fabs(exact - fd));
     worst_printed = fmax(worst_printed, fabs(printed - fd));
@@ -192,8 +193,8 @@ START_TEST(official_form_pieces) {
   ck_assert_int_eq(enact_official_cluster_size(end5, 1, 5, &mean), 2);  // 2.5 -> 2 (half to even, not 3)
   ck_assert_double_eq(mean, 2.5);
   ck_assert_int_eq(enact_official_cluster_size(end7, 1, 7, &mean), 4);  // 3.5 -> 4
-  two[5] = 1;                 // image 0: runs F T F: 12 / 3 = 4
-  two[12 + 3] = two[12 + 8] = 1;  // image 1: 5 runs: 2.4
+  two[5] = 1;                                                           // image 0: runs F T F: 12 / 3 = 4
+  two[12 + 3] = two[12 + 8] = 1;                                        // image 1: 5 runs: 2.4
   ck_assert_int_eq(enact_official_cluster_size(two, 2, 12, &mean), 3);
   ck_assert_double_eq_tol(mean, (4.0 + (double)(12.0f / 5.0f)) / 2.0, 1e-15);
   // Chunks of 3 over N = 11: pixel 0 and pixel 10 trimmed; equal entropies give each chunk's mean.

@@ -42,16 +42,21 @@ static void setup(void) {
   snprintf(log_path, sizeof log_path, "%s/log.txt", test_root);
   ck_assert_int_eq(sh("%s synth --out %s/data --train 12 --val 4 --seed 3", DETR_BIN, test_root), 0);
   ck_assert_int_eq(sh("mkdir -p %s/data3/annotations && ln -s %s/data/train %s/data3/train && "
-                      "ln -s %s/data/val %s/data3/val", test_root, test_root, test_root, test_root, test_root), 0);
+                      "ln -s %s/data/val %s/data3/val",
+                      test_root, test_root, test_root, test_root, test_root),
+                   0);
   for (int i = 0; i < 2; i++)
     ck_assert_int_eq(sh("(%s %s/data/annotations/instances_%s.json > %s/data3/annotations/instances_%s.json)", RELABEL,
-                        test_root, i ? "val" : "train", test_root, i ? "val" : "train"), 0);
+                        test_root, i ? "val" : "train", test_root, i ? "val" : "train"),
+                     0);
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/six %s %s --epochs 50 --max-steps 4", DETR_BIN, test_root,
-                      test_root, MODEL, RUN), 0);
+                      test_root, MODEL, RUN),
+                   0);
 }
 
 static void clear_log(void) { ck_assert_int_eq(sh(": > %s", log_path), 0); }
-#define ASSERT_LOG(pattern) ck_assert_msg(sh("grep -Eq -- '%s' %s", pattern, log_path) == 0, "the log lacks /%s/", pattern)
+#define ASSERT_LOG(pattern) \
+  ck_assert_msg(sh("grep -Eq -- '%s' %s", pattern, log_path) == 0, "the log lacks /%s/", pattern)
 
 // Every tensor of `a` but those under skip_prefix equals b's (to 1e-20: a learning rate of 1e-30
 // moves a zero bias by about that much).
@@ -80,9 +85,13 @@ START_TEST(checkpoint_onto_other_classes) {
   clear_log();
   // No --config: the checkpoint's model, num_classes from the data (3 categories, ids up to 3).
   ck_assert_int_eq(sh("%s train --data %s/data3 --out %s/three --init %s/six/ckpt-4.safetensors %s --lr 1e-30 "
-                      "--lr-backbone 1e-30 --max-steps 1", DETR_BIN, test_root, test_root, test_root, RUN), 0);
+                      "--lr-backbone 1e-30 --max-steps 1",
+                      DETR_BIN, test_root, test_root, test_root, RUN),
+                   0);
   ASSERT_LOG("num_classes 4 for the data.s categories");
-  ASSERT_LOG("re-initialised class_embed.weight and class_embed.bias: the class head.s outputs \\(classes\\): 14 in the weights, 4 here");
+  ASSERT_LOG(
+      "re-initialised class_embed.weight and class_embed.bias: the class head.s outputs \\(classes\\): 14 in the "
+      "weights, 4 here");
   ASSERT_LOG("its optimizer state, step and schedule are not used");
   char six[256], three[256], err[1024];
   snprintf(six, sizeof six, "%s/six/ckpt-4.safetensors", test_root);
@@ -98,18 +107,21 @@ START_TEST(checkpoint_onto_other_classes) {
   st_close(f);
   // The names reach predict's output.
   ck_assert_int_eq(sh("%s predict --checkpoint %s --out %s/pred --threshold 0 %s/data3/val/000000000001.jpg", DETR_BIN,
-                      three, test_root, test_root), 0);
+                      three, test_root, test_root),
+                   0);
   ck_assert_int_eq(sh("grep -Eq '\"name\": \"(round|boxy|pointy)\"' %s/pred/predictions.json", test_root), 0);
   // --set without --config changes the checkpoint's model, not the default preset's.
   clear_log();
   ck_assert_int_eq(sh("%s train --data %s/data3 --out %s/three-q --init %s --set num_queries=12 %s --max-steps 1",
-                      DETR_BIN, test_root, test_root, six, RUN), 0);
+                      DETR_BIN, test_root, test_root, six, RUN),
+                   0);
   ASSERT_LOG("re-initialised query_embed.weight: num_queries is 10 in the weights, 12 here");
   ck_assert_int_ne(sh("grep -q 'wrong shape' %s", log_path), 0);
   // The same classes: nothing re-initialised.
   clear_log();
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/same --init %s %s --max-steps 1", DETR_BIN, test_root, test_root,
-                      six, RUN), 0);
+  ck_assert_int_eq(
+      sh("%s train --data %s/data --out %s/same --init %s %s --max-steps 1", DETR_BIN, test_root, test_root, six, RUN),
+      0);
   ck_assert_int_ne(sh("grep -q 're-initialised' %s", log_path), 0);
 }
 END_TEST
@@ -118,25 +130,34 @@ START_TEST(reference_weights_and_partial_loads) {
   setup();
   // Weights in the reference layout for COCO's 91 classes (what an official file converts to).
   ck_assert_int_eq(sh("%s weights --config tiny --set decoder=conditional --set num_classes=91 --seed 7 --out "
-                      "%s/coco.safetensors", STEP_COMPARE_BIN, test_root), 0);
+                      "%s/coco.safetensors",
+                      STEP_COMPARE_BIN, test_root),
+                   0);
   clear_log();
   ck_assert_int_eq(sh("%s train --data %s/data3 --out %s/ref --init %s/coco.safetensors --config tiny --set "
-                      "decoder=conditional --set num_classes=4 --set num_queries=12 %s --max-steps 1", DETR_BIN,
-                      test_root, test_root, test_root, RUN), 0);
-  ASSERT_LOG("re-initialised class_embed.weight and class_embed.bias: the class head.s outputs \\(classes\\): 91 in the weights, 4 here");
+                      "decoder=conditional --set num_classes=4 --set num_queries=12 %s --max-steps 1",
+                      DETR_BIN, test_root, test_root, test_root, RUN),
+                   0);
+  ASSERT_LOG(
+      "re-initialised class_embed.weight and class_embed.bias: the class head.s outputs \\(classes\\): 91 in the "
+      "weights, 4 here");
   ASSERT_LOG("re-initialised query_embed.weight: num_queries is 10 in the weights, 12 here");
   // Another hidden size: refused, naming the tensors and the flag; with the flag, what fits.
   clear_log();
   ck_assert_int_eq(sh("%s train --data %s/data3 --out %s/part --init %s/coco.safetensors --config tiny --set "
-                      "decoder=conditional --set num_classes=4 --set ffn_dim=48 %s --max-steps 1", DETR_BIN,
-                      test_root, test_root, test_root, RUN), 1);
-  ASSERT_LOG("wrong shape: transformer.encoder.layers.0.linear1.weight is \\[64, 32\\] in the file, the model has \\[48, 32\\]");
+                      "decoder=conditional --set num_classes=4 --set ffn_dim=48 %s --max-steps 1",
+                      DETR_BIN, test_root, test_root, test_root, RUN),
+                   1);
+  ASSERT_LOG(
+      "wrong shape: transformer.encoder.layers.0.linear1.weight is \\[64, 32\\] in the file, the model has \\[48, "
+      "32\\]");
   ASSERT_LOG("--init-partial");
   ck_assert_int_eq(sh("test -e %s/part/metrics.jsonl", test_root), 1);
   clear_log();
   ck_assert_int_eq(sh("%s train --data %s/data3 --out %s/part --init %s/coco.safetensors --config tiny --set "
                       "decoder=conditional --set num_classes=4 --set ffn_dim=48 --init-partial %s --max-steps 1",
-                      DETR_BIN, test_root, test_root, test_root, RUN), 0);
+                      DETR_BIN, test_root, test_root, test_root, RUN),
+                   0);
   ASSERT_LOG("loaded every tensor of .*coco.safetensors that fits but these:");
   ASSERT_LOG("wrong shape: transformer.decoder.layers.1.linear2.weight");
 }

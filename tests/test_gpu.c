@@ -56,8 +56,8 @@ static struct timespec g_test_start;
 static void watchdog_fired(int sig) {
   (void)sig;
   const char *name = tcase_name();  // the running test's (set when its body starts)
-  static const char head[] = "\ntest_gpu: watchdog: test '", tail[] =
-      "' exceeded DETR_GPU_TEST_TIMEOUT (a hung kernel or a deadlock?); stopping\n";
+  static const char head[] = "\ntest_gpu: watchdog: test '",
+                    tail[] = "' exceeded DETR_GPU_TEST_TIMEOUT (a hung kernel or a deadlock?); stopping\n";
   ssize_t ignored = write(2, head, sizeof head - 1);
   if (name) ignored = write(2, name, strlen(name));
   ignored = write(2, tail, sizeof tail - 1);
@@ -169,8 +169,7 @@ static double gpu_rel_diff(const float *a, const float *b, int64_t n) {
 }
 
 // The device array d against the host reference ref.
-static void expect_close(const char *what, const float *d, const float *ref, int64_t n,
-                         double tol) {
+static void expect_close(const char *what, const float *d, const float *ref, int64_t n, double tol) {
   float *h = dev_download(d, n);
   double err = gpu_rel_diff(h, ref, n);
   ck_assert_msg(err <= tol, "%s: relative error %.3g > %.3g", what, err, tol);
@@ -180,8 +179,8 @@ static void expect_close(const char *what, const float *d, const float *ref, int
 static void expect_bitwise(const char *what, const float *d, const float *ref, int64_t n) {
   float *h = dev_download(d, n);
   for (int64_t i = 0; i < n; i++)
-    ck_assert_msg(memcmp(&h[i], &ref[i], sizeof(float)) == 0,
-                  "%s: element %lld is %.9g, expected %.9g", what, (long long)i, h[i], ref[i]);
+    ck_assert_msg(memcmp(&h[i], &ref[i], sizeof(float)) == 0, "%s: element %lld is %.9g, expected %.9g", what,
+                  (long long)i, h[i], ref[i]);
   free(h);
 }
 
@@ -313,14 +312,13 @@ static void check_binary_case(int op, TestShape sa, TestShape sb, bool grad_b, u
   int64_t na = test_numel(sa), nb = test_numel(sb), n = 1;
   for (int d = 0; d < bc.ndim; d++) n *= bc.shape[d];
   float *a = host_uniform(na, seed, -2, 2);
-  float *b = op == BINARY_DIV ? host_away_from_zero(nb, seed + 1, 0.5f, 2.0f)
-                              : host_uniform(nb, seed + 1, -2, 2);
+  float *b = op == BINARY_DIV ? host_away_from_zero(nb, seed + 1, 0.5f, 2.0f) : host_uniform(nb, seed + 1, -2, 2);
   float *y = host_alloc(n), *dy = host_uniform(n, seed + 2, -1, 1);
   float *da0 = host_uniform(na, seed + 3, -1, 1), *db0 = host_uniform(nb, seed + 4, -1, 1);
   float *da = host_copy(da0, na), *db = host_copy(db0, nb);
   char what[160];
-  snprintf(what, sizeof what, "binary %s, a rank %d [%lld..] (%lld), b rank %d (%lld)", binary_op_name(op),
-           sa.ndim, (long long)(sa.ndim ? sa.d[0] : 1), (long long)na, sb.ndim, (long long)nb);
+  snprintf(what, sizeof what, "binary %s, a rank %d [%lld..] (%lld), b rank %d (%lld)", binary_op_name(op), sa.ndim,
+           (long long)(sa.ndim ? sa.d[0] : 1), (long long)na, sb.ndim, (long long)nb);
 
   cpu_binary_forward(op, a, b, y, bc);
   float *d_a = dev_upload(a, na), *d_b = dev_upload(b, nb), *d_y = dev_upload(y, n);
@@ -387,8 +385,8 @@ END_TEST
 
 // One row-major C [m, n] = alpha op(A) op(B) + beta C per batch entry, padded leading dims and
 // batch strides (gaps between matrices), compared with cpu_gemm(_batched).
-static void check_gemm_case(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t pad,
-                            int64_t batch, float alpha, float beta, uint64_t seed) {
+static void check_gemm_case(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t pad, int64_t batch, float alpha,
+                            float beta, uint64_t seed) {
   int64_t a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
   int64_t lda = a_cols + pad, ldb = b_cols + pad, ldc = n + pad;
   int64_t sa = a_rows * lda + 5, sb = b_rows * ldb + 7, sc = m * ldc + 3;  // gaps between entries
@@ -398,15 +396,13 @@ static void check_gemm_case(bool ta, bool tb, int64_t m, int64_t n, int64_t k, i
   float *d_a = dev_upload(a, na), *d_b = dev_upload(b, nb), *d_c = dev_upload(c, nc);
   char what[160];
   snprintf(what, sizeof what, "gemm%s ta=%d tb=%d m=%lld n=%lld k=%lld pad=%lld alpha=%g beta=%g",
-           batch > 1 ? "_batched" : "", ta, tb, (long long)m, (long long)n, (long long)k,
-           (long long)pad, alpha, beta);
+           batch > 1 ? "_batched" : "", ta, tb, (long long)m, (long long)n, (long long)k, (long long)pad, alpha, beta);
   if (batch == 1) {
     cpu_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     cuda_gemm(ta, tb, m, n, k, alpha, d_a, lda, d_b, ldb, beta, d_c, ldc);
   } else {
     cpu_gemm_batched(ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch);
-    cuda_gemm_batched(ta, tb, m, n, k, alpha, d_a, lda, sa, d_b, ldb, sb, beta, d_c, ldc, sc,
-                      batch);
+    cuda_gemm_batched(ta, tb, m, n, k, alpha, d_a, lda, sa, d_b, ldb, sb, beta, d_c, ldc, sc, batch);
   }
   expect_close(what, d_c, c, nc, TOL);  // includes the gaps: they must be untouched
   cuda_device_free(d_a);
@@ -486,8 +482,8 @@ END_TEST
 
 // --- conv2d ---
 
-static ConvGeom make_geom(int64_t b, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh,
-                          int64_t kw, int sh, int sw, int ph, int pw, int dh, int dw) {
+static ConvGeom make_geom(int64_t b, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh, int64_t kw, int sh, int sw,
+                          int ph, int pw, int dh, int dw) {
   ConvGeom g = {.batch = b,
                 .in_ch = c,
                 .in_h = h,
@@ -530,15 +526,13 @@ static void check_conv_case(const ConvGeom *g, bool with_bias, uint64_t seed) {
   const char *det = getenv("DETR_CUDNN_DETERMINISTIC");
   bool deterministic = !det || strcmp(det, "0") != 0;  // as kernels/cuda/conv.cu reads it
   char what[200], msg[240];
-  snprintf(
-      what, sizeof what,
-      "conv2d%s x[%lld,%lld,%lld,%lld] w[%lld,%lld,%lld,%lld] stride %d,%d pad %d,%d dil %d,%d%s "
-      "(deterministic=%s)",
-      g->channels_last ? " (channels last, x as [B, C, H, W])" : "",
-      (long long)g->batch, (long long)g->in_ch, (long long)g->in_h, (long long)g->in_w,
-      (long long)g->out_ch, (long long)g->in_ch, (long long)g->kh, (long long)g->kw, g->stride_h,
-      g->stride_w, g->pad_h, g->pad_w, g->dil_h, g->dil_w, with_bias ? " +bias" : "",
-      det ? det : "unset");
+  snprintf(what, sizeof what,
+           "conv2d%s x[%lld,%lld,%lld,%lld] w[%lld,%lld,%lld,%lld] stride %d,%d pad %d,%d dil %d,%d%s "
+           "(deterministic=%s)",
+           g->channels_last ? " (channels last, x as [B, C, H, W])" : "", (long long)g->batch, (long long)g->in_ch,
+           (long long)g->in_h, (long long)g->in_w, (long long)g->out_ch, (long long)g->in_ch, (long long)g->kh,
+           (long long)g->kw, g->stride_h, g->stride_w, g->pad_h, g->pad_w, g->dil_h, g->dil_w,
+           with_bias ? " +bias" : "", det ? det : "unset");
   float *x = host_uniform(nx, seed, -1, 1), *w = host_uniform(nw, seed + 1, -1, 1);
   float *bias = host_uniform(nb, seed + 2, -1, 1), *y = host_alloc(ny);
   // One CPU workspace for the forward and the backward passes below (both gradients, or each alone).
@@ -831,9 +825,11 @@ static void check_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, i
         tf32_err = fmax(tf32_err, fabs(got - (tf32_sum + old)));
         bf16_err = fmax(bf16_err, fabs(got - sum.rs));
       }
-  ck_assert_msg(worst <= 1, "bf16 gemm%s %c%c %lldx%lldx%lld beta %g: %.3g x the bound (largest distance to the "
-                "bf16-rounded sum %.3g, to the TF32-rounded one %.3g)", batch > 1 ? "_batched" : "", ta ? 'T' : 'N',
-                tb ? 'T' : 'N', (long long)m, (long long)n, (long long)k, beta, worst, bf16_err, tf32_err);
+  ck_assert_msg(worst <= 1,
+                "bf16 gemm%s %c%c %lldx%lldx%lld beta %g: %.3g x the bound (largest distance to the "
+                "bf16-rounded sum %.3g, to the TF32-rounded one %.3g)",
+                batch > 1 ? "_batched" : "", ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)m, (long long)n, (long long)k,
+                beta, worst, bf16_err, tf32_err);
   ck_assert_msg(vs_exact > 1, "bf16 gemm %lldx%lldx%lld: within fp32's error of the exact sum: bf16 did not run",
                 (long long)m, (long long)n, (long long)k);
   cuda_device_free(d_a), cuda_device_free(d_b), cuda_device_free(d_c);
@@ -852,8 +848,10 @@ static int64_t act_index(bool last, int64_t b, int64_t c, int64_t h, int64_t w, 
 static void check_conv_bf16(const ConvGeom *g, uint64_t seed) {
   int64_t nx = g->batch * g->in_ch * g->in_h * g->in_w, nw = g->out_ch * g->in_ch * g->kh * g->kw;
   int64_t ny = g->batch * g->out_ch * g->out_h * g->out_w;
-  float *x = host_uniform(nx, seed, -1, 1), *w = host_uniform(nw, seed + 1, -1, 1), *dy = host_uniform(ny, seed + 2, -1, 1);
-  Bf16Sum *sy = calloc((size_t)ny, sizeof *sy), *sdx = calloc((size_t)nx, sizeof *sdx), *sdw = calloc((size_t)nw, sizeof *sdw);
+  float *x = host_uniform(nx, seed, -1, 1), *w = host_uniform(nw, seed + 1, -1, 1),
+        *dy = host_uniform(ny, seed + 2, -1, 1);
+  Bf16Sum *sy = calloc((size_t)ny, sizeof *sy), *sdx = calloc((size_t)nx, sizeof *sdx),
+          *sdw = calloc((size_t)nw, sizeof *sdw);
   ck_assert(sy && sdx && sdw);
   bool last = g->channels_last;
   for (int64_t b = 0; b < g->batch; b++)
@@ -864,7 +862,8 @@ static void check_conv_bf16(const ConvGeom *g, uint64_t seed) {
           for (int64_t c = 0; c < g->in_ch; c++)
             for (int64_t i = 0; i < g->kh; i++)
               for (int64_t j = 0; j < g->kw; j++) {
-                int64_t ih = oh * g->stride_h - g->pad_h + i * g->dil_h, iw = ow * g->stride_w - g->pad_w + j * g->dil_w;
+                int64_t ih = oh * g->stride_h - g->pad_h + i * g->dil_h,
+                        iw = ow * g->stride_w - g->pad_w + j * g->dil_w;
                 if (ih < 0 || ih >= g->in_h || iw < 0 || iw >= g->in_w) continue;
                 int64_t xi = act_index(last, b, c, ih, iw, g->in_ch, g->in_h, g->in_w);
                 int64_t wi = ((o * g->in_ch + c) * g->kh + i) * g->kw + j;
@@ -915,8 +914,8 @@ static void check_conv_bf16(const ConvGeom *g, uint64_t seed) {
 
 // One output of C [m, n] = A B from row-major host A [m, k] (element (i, p) at a[i * sa_i + p * sa_p])
 // and B [k, n] (b[p * sb_p + j * sb_j]) against its bf16 bound.
-static void judge_product(const float *got, int64_t m, int64_t n, int64_t k, const float *a, int64_t sa_i,
-                          int64_t sa_p, const float *b, int64_t sb_p, int64_t sb_j, double *worst, double *vs_exact) {
+static void judge_product(const float *got, int64_t m, int64_t n, int64_t k, const float *a, int64_t sa_i, int64_t sa_p,
+                          const float *b, int64_t sb_p, int64_t sb_j, double *worst, double *vs_exact) {
   for (int64_t i = 0; i < m; i++)
     for (int64_t j = 0; j < n; j++) {
       Bf16Sum sum = {0};
@@ -932,7 +931,8 @@ static void check_linear_bf16(void) {
   enum { ROWS = 150, IN = 48, OUT = 72 };
   float *xh = host_uniform(ROWS * IN, 43000, -1, 1), *wh = host_uniform(OUT * IN, 43001, -1, 1);
   float *gh = host_uniform(ROWS * OUT, 43002, -1, 1);
-  Tensor *x = tensor_from_host(DEVICE_CUDA, SHAPE(ROWS, IN), xh), *w = tensor_from_host(DEVICE_CUDA, SHAPE(OUT, IN), wh);
+  Tensor *x = tensor_from_host(DEVICE_CUDA, SHAPE(ROWS, IN), xh),
+         *w = tensor_from_host(DEVICE_CUDA, SHAPE(OUT, IN), wh);
   Tensor *g = tensor_from_host(DEVICE_CUDA, SHAPE(ROWS, OUT), gh);
   tensor_set_requires_grad(x, true);
   tensor_set_requires_grad(w, true);
@@ -945,9 +945,9 @@ static void check_linear_bf16(void) {
   float *yh = dev_download(y->data, ROWS * OUT), *dxh = dev_download(x->grad->data, ROWS * IN);
   float *dwh = dev_download(w->grad->data, OUT * IN);
   double worst[3] = {0}, vs_exact[3] = {0};
-  judge_product(yh, ROWS, OUT, IN, xh, IN, 1, wh, 1, IN, &worst[0], &vs_exact[0]);     // x [R, I] W^T
-  judge_product(dxh, ROWS, IN, OUT, gh, OUT, 1, wh, IN, 1, &worst[1], &vs_exact[1]);   // dy [R, O] W [O, I]
-  judge_product(dwh, OUT, IN, ROWS, gh, 1, OUT, xh, IN, 1, &worst[2], &vs_exact[2]);   // dy^T [O, R] x [R, I]
+  judge_product(yh, ROWS, OUT, IN, xh, IN, 1, wh, 1, IN, &worst[0], &vs_exact[0]);    // x [R, I] W^T
+  judge_product(dxh, ROWS, IN, OUT, gh, OUT, 1, wh, IN, 1, &worst[1], &vs_exact[1]);  // dy [R, O] W [O, I]
+  judge_product(dwh, OUT, IN, ROWS, gh, 1, OUT, xh, IN, 1, &worst[2], &vs_exact[2]);  // dy^T [O, R] x [R, I]
   static const char *what[3] = {"y", "dx", "dW"};
   for (int i = 0; i < 3; i++) {
     ck_assert_msg(worst[i] <= 1, "bf16 linear %s: %.3g x the bound", what[i], worst[i]);
@@ -970,10 +970,10 @@ START_TEST(bf16_within_rounding_bound) {
   check_gemm_bf16(true, false, 33, 40, 70, 3, 0.0f, 42200, 5, false);   // padded rows, gaps between entries
   check_gemm_bf16(false, false, 33, 40, 70, 3, 0.0f, 42300, 3, true);   // one B for every entry
   check_linear_bf16();
-  const ConvGeom geoms[] = {make_geom(2, 16, 12, 10, 24, 3, 3, 1, 1, 1, 1, 1, 1),   // 3x3
-                            make_geom(2, 32, 9, 8, 16, 1, 1, 2, 2, 0, 0, 1, 1),     // 1x1 stride 2
-                            make_geom(1, 8, 20, 18, 16, 7, 7, 2, 2, 3, 3, 1, 1),    // 7x7
-                            make_geom(1, 3, 20, 18, 16, 7, 7, 2, 2, 3, 3, 1, 1)};   // the stem: 3 channels
+  const ConvGeom geoms[] = {make_geom(2, 16, 12, 10, 24, 3, 3, 1, 1, 1, 1, 1, 1),  // 3x3
+                            make_geom(2, 32, 9, 8, 16, 1, 1, 2, 2, 0, 0, 1, 1),    // 1x1 stride 2
+                            make_geom(1, 8, 20, 18, 16, 7, 7, 2, 2, 3, 3, 1, 1),   // 7x7
+                            make_geom(1, 3, 20, 18, 16, 7, 7, 2, 2, 3, 3, 1, 1)};  // the stem: 3 channels
   for (int last = 0; last < 2; last++)
     for (size_t i = 0; i < sizeof geoms / sizeof *geoms; i++) {
       ConvGeom g = geoms[i];
@@ -1068,8 +1068,7 @@ START_TEST(autograd_conv2d) {
   leaf_pair(SHAPE(2, 3, 9, 10), 21, -1, 1, &x, &xg);
   leaf_pair(SHAPE(4, 3, 3, 3), 22, -1, 1, &w, &wg);
   leaf_pair(SHAPE(4), 23, -1, 1, &b, &bg);
-  Conv2dParams p = {
-      .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1, .dilation_h = 1, .dilation_w = 1};
+  Conv2dParams p = {.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1, .dilation_h = 1, .dilation_w = 1};
   Tensor *y = op_conv2d(x, w, b, p);
   backward_seeded(y, 24);
   Tensor *yg = op_conv2d(xg, wg, bg, p);
@@ -1312,10 +1311,10 @@ START_TEST(ops_reduce) {
   struct {
     Shape s;
     AxisArg a;
-  } cases[] = {{SHAPE(3, 4, 5), {0, false, false}}, {SHAPE(3, 4, 5), {1, true, true}},
-               {SHAPE(3, 4, 5), {-1, false, false}}, {SHAPE(1, 7), {0, false, true}},
+  } cases[] = {{SHAPE(3, 4, 5), {0, false, false}},    {SHAPE(3, 4, 5), {1, true, true}},
+               {SHAPE(3, 4, 5), {-1, false, false}},   {SHAPE(1, 7), {0, false, true}},
                {SHAPE(64, 30, 50), {1, false, false}}, {SHAPE(3, 5000, 2), {1, true, false}},
-               {SHAPE(2, 3000), {-1, false, true}},   {SHAPE(5000, 3), {0, false, false}}};
+               {SHAPE(2, 3000), {-1, false, true}},    {SHAPE(5000, 3), {0, false, false}}};
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     Tensor *x = cpu_uniform_tensor(cases[i].s, 23000 + i, -1, 1, true);
     char what[64];
@@ -1415,13 +1414,15 @@ START_TEST(ops_pool_and_norm) {
   // Depthwise convolution: FLatten's 5x5 over a feature map, a 3x3 without bias, a 1x1; sizes
   // past one block of parameter-gradient threads (the [C, k, k] reductions over 2 x 40 x 36).
   Tensor *dw[3] = {cpu_uniform_tensor(SHAPE(2, 6, 40, 36), 25300, -1, 1, true),
-                   cpu_uniform_tensor(SHAPE(6, 1, 5, 5), 25301, -1, 1, true), cpu_uniform_tensor(SHAPE(6), 25302, -1, 1, true)};
+                   cpu_uniform_tensor(SHAPE(6, 1, 5, 5), 25301, -1, 1, true),
+                   cpu_uniform_tensor(SHAPE(6), 25302, -1, 1, true)};
   compare_op("depthwise_conv2d 5x5", f_dwconv, dw, 3, NULL, 25303, false);
   Tensor *dw3[3] = {cpu_uniform_tensor(SHAPE(3, 4, 7, 9), 25310, -1, 1, true),
                     cpu_uniform_tensor(SHAPE(4, 1, 3, 3), 25311, -1, 1, true), NULL};
   compare_op("depthwise_conv2d 3x3 without bias", f_dwconv, dw3, 3, NULL, 25312, false);
   Tensor *dw1[3] = {cpu_uniform_tensor(SHAPE(1, 5, 4, 4), 25320, -1, 1, true),
-                    cpu_uniform_tensor(SHAPE(5, 1, 1, 1), 25321, -1, 1, true), cpu_uniform_tensor(SHAPE(5), 25322, -1, 1, true)};
+                    cpu_uniform_tensor(SHAPE(5, 1, 1, 1), 25321, -1, 1, true),
+                    cpu_uniform_tensor(SHAPE(5), 25322, -1, 1, true)};
   compare_op("depthwise_conv2d 1x1", f_dwconv, dw1, 3, NULL, 25323, false);
   Tensor *bn[5] = {cpu_uniform_tensor(SHAPE(2, 3, 4, 5), 25100, -1, 1, true),
                    cpu_uniform_tensor(SHAPE(3), 25101, 0.5f, 1.5f, false),
@@ -1439,16 +1440,16 @@ START_TEST(ops_pool_and_norm) {
     Shape xs = combos[i][2] ? SHAPE(2, 4, 5, 3) : SHAPE(2, 3, 4, 5);
     Tensor *in[6] = {cpu_uniform_tensor(xs, seed, -1, 1, true),
                      cpu_uniform_tensor(SHAPE(3), seed + 1, 0.5f, 1.5f, false),
-                     cpu_uniform_tensor(SHAPE(3), seed + 2, -1, 1, false), cpu_uniform_tensor(SHAPE(3), seed + 3, -1, 1, false),
+                     cpu_uniform_tensor(SHAPE(3), seed + 2, -1, 1, false),
+                     cpu_uniform_tensor(SHAPE(3), seed + 3, -1, 1, false),
                      cpu_uniform_tensor(SHAPE(3), seed + 4, 0.2f, 2.0f, false),
                      combos[i][0] ? cpu_uniform_tensor(xs, seed + 5, -1, 1, true) : NULL};
     compare_op(combo_names[i], f_frozen_bn_act, in, combos[i][0] ? 6 : 5, combos[i], seed + 6, false);
   }
-  Tensor *big[5] = {cpu_uniform_tensor(SHAPE(2, 64, 20, 30), 25200, -1, 1, true),
-                    cpu_uniform_tensor(SHAPE(64), 25201, 0.5f, 1.5f, false),
-                    cpu_uniform_tensor(SHAPE(64), 25202, -1, 1, false),
-                    cpu_uniform_tensor(SHAPE(64), 25203, -1, 1, false),
-                    cpu_uniform_tensor(SHAPE(64), 25204, 0.2f, 2.0f, false)};
+  Tensor *big[5] = {
+      cpu_uniform_tensor(SHAPE(2, 64, 20, 30), 25200, -1, 1, true),
+      cpu_uniform_tensor(SHAPE(64), 25201, 0.5f, 1.5f, false), cpu_uniform_tensor(SHAPE(64), 25202, -1, 1, false),
+      cpu_uniform_tensor(SHAPE(64), 25203, -1, 1, false), cpu_uniform_tensor(SHAPE(64), 25204, 0.2f, 2.0f, false)};
   compare_op("frozen_batchnorm2d 64 channels", f_frozen_bn, big, 5, NULL, 25205, false);
 }
 END_TEST
@@ -1492,8 +1493,8 @@ START_TEST(ops_softmax_layernorm) {
   for (int mean = 0; mean < 2; mean++) {
     int64_t pad[3] = {0, 300, 1000};
     Tensor *km[2] = {cpu_uniform_tensor(SHAPE(6, 100, 1000), 26200 + mean, -4, 4, false), padding_mask(3, 1000, pad)};
-    compare_op(mean ? "cluster_argmax (mean)" : "cluster_argmax (sum)", f_cluster_argmax, km, 2, mean ? (void *)1 : NULL,
-               26210 + mean, true);
+    compare_op(mean ? "cluster_argmax (mean)" : "cluster_argmax (sum)", f_cluster_argmax, km, 2,
+               mean ? (void *)1 : NULL, 26210 + mean, true);
   }
   Tensor *ln[3] = {cpu_uniform_tensor(SHAPE(3, 2, 8), 26100, -2, 2, true),
                    cpu_uniform_tensor(SHAPE(8), 26101, 0.5f, 1.5f, true),
@@ -1819,8 +1820,7 @@ static void model_forward(DetrModel *m, Tensor *images, const uint8_t *mask, Det
 }
 
 // The matches of every decoder output: m[0] the final one's, m[1 + l] auxiliary output l's.
-static void match_all(const DetrModel *m, const DetrOutput *out, const DetrTarget *targets,
-                      DetrMatch (*matches)[2]) {
+static void match_all(const DetrModel *m, const DetrOutput *out, const DetrTarget *targets, DetrMatch (*matches)[2]) {
   CriterionConfig cc = detr_criterion_config(&m->cfg);  // the decoder kind's class head (Anchor DETR: focal)
   char err[256];
   for (int k = 0; k < out->n_layers; k++) {
@@ -1830,8 +1830,8 @@ static void match_all(const DetrModel *m, const DetrOutput *out, const DetrTarge
   }
 }
 
-static void loss_backward(const DetrModel *m, const DetrOutput *out, const DetrTarget *targets,
-                          DetrMatch (*matches)[2], CriterionResult *loss) {
+static void loss_backward(const DetrModel *m, const DetrOutput *out, const DetrTarget *targets, DetrMatch (*matches)[2],
+                          CriterionResult *loss) {
   CriterionConfig cc = detr_criterion_config(&m->cfg);
   const DetrMatch *fixed[DETR_MAX_LAYERS];
   for (int k = 0; k < out->n_layers; k++) fixed[k] = matches[k];

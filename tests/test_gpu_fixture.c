@@ -66,6 +66,7 @@ int main(int argc, char **argv) {
   if (getenv("DETR_CUDNN_DETERMINISTIC") || getenv("DETR_CUDNN_WORKSPACE_MB"))
     problems[n++] = "the cuDNN settings are still in the environment";
   for (int i = 0; i < n; i++) fprintf(stderr, "test_gpu_fixture: %s\n", problems[i]);
-  if (!n) printf("test_gpu_fixture: after a failed test the tape, scope, grad mode, TF32 and cuDNN settings are clean\n");
+  if (!n)
+    printf("test_gpu_fixture: after a failed test the tape, scope, grad mode, TF32 and cuDNN settings are clean\n");
   return n ? 1 : 0;
 }

@@ -122,8 +122,14 @@ typedef struct {
   bool keepdim;
 } AxisArg;
 
-static Tensor *f_sum(Tensor *const *in, void *c) { AxisArg *a = c; return op_sum(in[0], a->axis, a->keepdim); }
-static Tensor *f_mean(Tensor *const *in, void *c) { AxisArg *a = c; return op_mean(in[0], a->axis, a->keepdim); }
+static Tensor *f_sum(Tensor *const *in, void *c) {
+  AxisArg *a = c;
+  return op_sum(in[0], a->axis, a->keepdim);
+}
+static Tensor *f_mean(Tensor *const *in, void *c) {
+  AxisArg *a = c;
+  return op_mean(in[0], a->axis, a->keepdim);
+}
 static Tensor *f_sum_all(Tensor *const *in, void *c) { return op_sum_all(in[0]); }
 static Tensor *f_mean_all(Tensor *const *in, void *c) { return op_mean_all(in[0]); }
 
@@ -290,10 +296,12 @@ START_TEST(grad_linear_relu_dropout) {
   Tensor *x = U(SHAPE(4, 5), 130), *w = U(SHAPE(6, 5), 131), *b = U(SHAPE(6), 132);
   ScopeMark mark = tensor_scope_mark();
   Rng rng = rng_make(9);
-  Tensor *off = op_linear_relu_dropout(x, w, b, 0.3f, false, &rng), *zero = op_linear_relu_dropout(x, w, b, 0.0f, true, &rng);
+  Tensor *off = op_linear_relu_dropout(x, w, b, 0.3f, false, &rng),
+         *zero = op_linear_relu_dropout(x, w, b, 0.0f, true, &rng);
   Tensor *plain = op_linear_relu(x, w, b);
   ck_assert_uint_eq(rng.offset, rng_make(9).offset);
-  ck_assert(!memcmp(off->data, plain->data, sizeof(float) * 24) && !memcmp(zero->data, plain->data, sizeof(float) * 24));
+  ck_assert(!memcmp(off->data, plain->data, sizeof(float) * 24) &&
+            !memcmp(zero->data, plain->data, sizeof(float) * 24));
   tensor_scope_release(mark);
   tensor_release(x), tensor_release(w), tensor_release(b);
   for (int i = 0; i < 3; i++) tensor_release(wide[i]);
@@ -346,7 +354,8 @@ START_TEST(grad_dropout_bmm) {
   Tensor *off = op_dropout_bmm(a, b, 0.3f, false, &rng), *zero = op_dropout_bmm(a, b, 0.0f, true, &rng);
   Tensor *plain = op_bmm(a, b, false, false);
   ck_assert_uint_eq(rng.offset, rng_make(9).offset);
-  ck_assert(!memcmp(off->data, plain->data, sizeof(float) * 30) && !memcmp(zero->data, plain->data, sizeof(float) * 30));
+  ck_assert(!memcmp(off->data, plain->data, sizeof(float) * 30) &&
+            !memcmp(zero->data, plain->data, sizeof(float) * 30));
   tensor_scope_release(mark);
   tensor_release(a), tensor_release(b);
 }
@@ -362,13 +371,13 @@ START_TEST(grad_conv2d) {
     Conv2dParams p;
     bool bias;
   } cases[] = {
-      {SHAPE(2, 3, 6, 5), SHAPE(4, 3, 3, 3), {1, 1, 1, 1, 1, 1}, true},   // 3x3 same
-      {SHAPE(1, 2, 7, 7), SHAPE(3, 2, 3, 3), {2, 2, 1, 1, 1, 1}, false},  // stride 2
-      {SHAPE(1, 2, 7, 6), SHAPE(2, 2, 3, 3), {1, 1, 2, 2, 2, 2}, true},   // dilation 2
-      {SHAPE(2, 4, 3, 3), SHAPE(5, 4, 1, 1), {1, 1, 0, 0, 1, 1}, true},   // 1x1 pointwise
-      {SHAPE(1, 1, 9, 8), SHAPE(2, 1, 7, 7), {2, 2, 3, 3, 1, 1}, false},  // the ResNet stem shape
-      {SHAPE(1, 3, 4, 5), SHAPE(2, 3, 1, 1), {2, 2, 0, 0, 1, 1}, false},  // strided 1x1 (downsample)
-      {SHAPE(1, 16, 5, 6), SHAPE(16, 16, 3, 3), {1, 1, 1, 1, 1, 1}, true}, // oneDNN's Winograd (AVX-512)
+      {SHAPE(2, 3, 6, 5), SHAPE(4, 3, 3, 3), {1, 1, 1, 1, 1, 1}, true},     // 3x3 same
+      {SHAPE(1, 2, 7, 7), SHAPE(3, 2, 3, 3), {2, 2, 1, 1, 1, 1}, false},    // stride 2
+      {SHAPE(1, 2, 7, 6), SHAPE(2, 2, 3, 3), {1, 1, 2, 2, 2, 2}, true},     // dilation 2
+      {SHAPE(2, 4, 3, 3), SHAPE(5, 4, 1, 1), {1, 1, 0, 0, 1, 1}, true},     // 1x1 pointwise
+      {SHAPE(1, 1, 9, 8), SHAPE(2, 1, 7, 7), {2, 2, 3, 3, 1, 1}, false},    // the ResNet stem shape
+      {SHAPE(1, 3, 4, 5), SHAPE(2, 3, 1, 1), {2, 2, 0, 0, 1, 1}, false},    // strided 1x1 (downsample)
+      {SHAPE(1, 16, 5, 6), SHAPE(16, 16, 3, 3), {1, 1, 1, 1, 1, 1}, true},  // oneDNN's Winograd (AVX-512)
   };
   // Every CPU implementation of this build: AUTO's per-shape choice, then each forced; both layouts
   // (channels last: x [B, H, W, C]).
@@ -382,7 +391,8 @@ START_TEST(grad_conv2d) {
         if (last) x = SHAPE(x.d[0], x.d[2], x.d[3], x.d[1]);
         Conv2dParams p = cases[i].p;
         p.channels_last = last;
-        Tensor *in[3] = {U(x, 110 + i), U(cases[i].w, 120 + i), cases[i].bias ? U(SHAPE(cases[i].w.d[0]), 130 + i) : NULL};
+        Tensor *in[3] = {U(x, 110 + i), U(cases[i].w, 120 + i),
+                         cases[i].bias ? U(SHAPE(cases[i].w.d[0]), 130 + i) : NULL};
         expect_grad(last ? "conv2d (channels last)" : "conv2d", f_conv2d, in, 3, &p, TOL);
       }
     }
@@ -399,7 +409,9 @@ START_TEST(grad_depthwise_conv2d) {
     Shape x;
     int k;
     bool bias;
-  } cases[] = {{SHAPE(2, 3, 6, 5), 5, true}, {SHAPE(1, 2, 4, 7), 3, false}, {SHAPE(2, 2, 3, 3), 1, true},
+  } cases[] = {{SHAPE(2, 3, 6, 5), 5, true},
+               {SHAPE(1, 2, 4, 7), 3, false},
+               {SHAPE(2, 2, 3, 3), 1, true},
                {SHAPE(1, 2, 2, 3), 5, true}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     Shape xs = cases[i].x;
@@ -479,9 +491,12 @@ START_TEST(grad_frozen_batchnorm2d_act) {
     Shape xs = last ? SHAPE(2, 4, 5, 3) : SHAPE(2, 3, 4, 5);
     // Residual without ReLU: random statistics, no kink.
     bool add_only[3] = {true, false, last};
-    Tensor *a[6] = {U(xs, 155), test_uniform(SHAPE(3), 0.5f, 1.5f, 156, false),
-                    test_uniform(SHAPE(3), -1, 1, 157, false), test_uniform(SHAPE(3), -1, 1, 158, false),
-                    test_uniform(SHAPE(3), 0.2f, 2.0f, 159, false), U(xs, 160)};
+    Tensor *a[6] = {U(xs, 155),
+                    test_uniform(SHAPE(3), 0.5f, 1.5f, 156, false),
+                    test_uniform(SHAPE(3), -1, 1, 157, false),
+                    test_uniform(SHAPE(3), -1, 1, 158, false),
+                    test_uniform(SHAPE(3), 0.2f, 2.0f, 159, false),
+                    U(xs, 160)};
     expect_grad(last ? "frozen_bn_add (channels last)" : "frozen_bn_add", f_frozen_bn_act, a, 6, add_only, TOL);
     // ReLU, with and without the residual: weight in [0.5, 1.5], bias and mean 0, var 1 (scale about
     // the weight, shift 0), x at least 0.3 from zero and the residual within 0.1: every
@@ -489,10 +504,10 @@ START_TEST(grad_frozen_batchnorm2d_act) {
     bool add_relu[3] = {true, true, last}, relu_only[3] = {false, true, last};
     for (int k = 0; k < 2; k++) {  // expect_grad releases its inputs: a set per call
       uint64_t seed = 161 + 10 * (uint64_t)k;
-      Tensor *b[6] = {test_uniform_away_from_zero(xs, 0.3f, 1.0f, seed, true),
-                      test_uniform(SHAPE(3), 0.5f, 1.5f, seed + 1, false), test_uniform(SHAPE(3), 0, 0, seed + 2, false),
-                      test_uniform(SHAPE(3), 0, 0, seed + 3, false), test_uniform(SHAPE(3), 1, 1, seed + 4, false),
-                      test_uniform(xs, -0.1f, 0.1f, seed + 5, true)};
+      Tensor *b[6] = {
+          test_uniform_away_from_zero(xs, 0.3f, 1.0f, seed, true), test_uniform(SHAPE(3), 0.5f, 1.5f, seed + 1, false),
+          test_uniform(SHAPE(3), 0, 0, seed + 2, false),           test_uniform(SHAPE(3), 0, 0, seed + 3, false),
+          test_uniform(SHAPE(3), 1, 1, seed + 4, false),           test_uniform(xs, -0.1f, 0.1f, seed + 5, true)};
       if (k == 0) expect_grad("frozen_bn_add_relu", f_frozen_bn_act, b, 6, add_relu, TOL);
       else {
         tensor_release(b[5]);
@@ -578,8 +593,8 @@ static Tensor *f_taken_bn_residual(Tensor *const *in, void *c) {
   Tensor *const *stats = c;  // weight, bias, mean, var [2]
   Tensor *u = op_mul_scalar(in[0], 1.5f);
   Tensor *uu = op_mul(u, u);  // recorded before the norm: its backward runs after the norm's
-  Tensor *bn =
-      op_frozen_batchnorm2d_act(op_mul_scalar(in[0], 0.5f), stats[0], stats[1], stats[2], stats[3], 1e-5f, u, true, false);
+  Tensor *bn = op_frozen_batchnorm2d_act(op_mul_scalar(in[0], 0.5f), stats[0], stats[1], stats[2], stats[3], 1e-5f, u,
+                                         true, false);
   // Without a residual the norm's own input takes the buffer (z, used again before it).
   Tensor *z = op_mul_scalar(in[0], -0.8f);
   Tensor *zz = op_mul(z, z);
@@ -720,10 +735,10 @@ static Tensor *f_giou(Tensor *const *in, void *c) { return op_box_giou(in[0], in
 // Pairs of xyxy boxes chosen so that no coordinate of a is within 0.05 of b's (no min/max tie),
 // covering overlap, containment and disjoint boxes (where the intersection is clamped at 0).
 START_TEST(grad_box_giou) {
-  float a[] = {0.10f, 0.10f, 0.50f, 0.60f,   0.20f, 0.30f, 0.90f, 0.80f,   0.05f, 0.05f, 0.25f, 0.30f,
-               0.30f, 0.20f, 0.70f, 0.45f};
-  float b[] = {0.30f, 0.20f, 0.70f, 0.90f,   0.40f, 0.45f, 0.60f, 0.65f,   0.55f, 0.50f, 0.85f, 0.95f,
-               0.10f, 0.35f, 0.90f, 0.95f};
+  float a[] = {0.10f, 0.10f, 0.50f, 0.60f, 0.20f, 0.30f, 0.90f, 0.80f,
+               0.05f, 0.05f, 0.25f, 0.30f, 0.30f, 0.20f, 0.70f, 0.45f};
+  float b[] = {0.30f, 0.20f, 0.70f, 0.90f, 0.40f, 0.45f, 0.60f, 0.65f,
+               0.55f, 0.50f, 0.85f, 0.95f, 0.10f, 0.35f, 0.90f, 0.95f};
   Tensor *in[2] = {tensor_from_host(DEVICE_CPU, SHAPE(4, 4), a), tensor_from_host(DEVICE_CPU, SHAPE(4, 4), b)};
   tensor_set_requires_grad(in[0], true);
   tensor_set_requires_grad(in[1], true);
@@ -745,7 +760,8 @@ static Tensor *f_criterion(Tensor *const *in, void *c) {
   CriterionResult r;
   char err[128];
   DetrLayerOutput final = {in[0], in[1]}, aux = {in[2], in[3]};
-  ck_assert_int_eq(criterion_forward(&ctx->cfg, final, &aux, 1, ctx->targets, 3.0f, ctx->matches, &r, err, sizeof err), 0);
+  ck_assert_int_eq(criterion_forward(&ctx->cfg, final, &aux, 1, ctx->targets, 3.0f, ctx->matches, &r, err, sizeof err),
+                   0);
   criterion_result_free(&r);
   return r.total;
 }
@@ -757,12 +773,14 @@ START_TEST(grad_criterion) {
   CriterionCtx ctx = {.cfg = criterion_config_default(3)};
   ctx.targets[0] = (DetrTarget){2, boxes0, labels0};
   ctx.targets[1] = (DetrTarget){1, boxes1, labels1};
-  Tensor *in[4] = {test_uniform(SHAPE(2, 5, 4), -2, 2, 250, true), test_uniform(SHAPE(2, 5, 4), 0.15f, 0.85f, 251, true),
-                   test_uniform(SHAPE(2, 5, 4), -2, 2, 252, true), test_uniform(SHAPE(2, 5, 4), 0.15f, 0.85f, 253, true)};
+  Tensor *in[4] = {
+      test_uniform(SHAPE(2, 5, 4), -2, 2, 250, true), test_uniform(SHAPE(2, 5, 4), 0.15f, 0.85f, 251, true),
+      test_uniform(SHAPE(2, 5, 4), -2, 2, 252, true), test_uniform(SHAPE(2, 5, 4), 0.15f, 0.85f, 253, true)};
   DetrMatch m[2][2];
   char err[128];
   for (int l = 0; l < 2; l++) {
-    ck_assert_int_eq(detr_hungarian_match(in[2 * l], in[2 * l + 1], ctx.targets, ctx.cfg.matcher, m[l], err, sizeof err), 0);
+    ck_assert_int_eq(
+        detr_hungarian_match(in[2 * l], in[2 * l + 1], ctx.targets, ctx.cfg.matcher, m[l], err, sizeof err), 0);
     ctx.matches[l] = m[l];
   }
   GradTol tol = {.eps = 2e-3, .atol = 2e-3, .rtol = 1e-2};  // small eps: no |pred - target| kink crossed
@@ -916,8 +934,7 @@ END_TEST
 static const int64_t REGION_STARTS[] = {0, 3, 4, 9, 12, 16, 17, 20, 21};
 static const int64_t REGION_LENGTHS[] = {3, 1, 5, 3, 3, 1, 2, 1, 2};
 #define N_REGIONS 9
-static const float SIGNS[24] = {1, 1, 1, -1, 1, 1, 1, 1, 1, -1, -1, -1,
-                                1, 1, 1, 0, -1, 1, 1, 0, 1, -1, -1, 0};
+static const float SIGNS[24] = {1, 1, 1, -1, 1, 1, 1, 1, 1, -1, -1, -1, 1, 1, 1, 0, -1, 1, 1, 0, 1, -1, -1, 0};
 
 static Tensor *f_enact_cluster(Tensor *const *in, void *c) {
   Tensor *vc;
@@ -993,7 +1010,8 @@ typedef struct {
 // The encoder layer with ENACT's attention on regions held fixed.
 static Tensor *enact_layer(EnactLayerCtx *e, Tensor *src, const EnactTrace *fixed, EnactTrace *trace) {
   Tensor *x = encoder_layer_attn_input(&e->layer, src);
-  Tensor *attn = enact_attention(e->layer.attn_extras, &e->layer.self_attn, &EVAL_CTX, x, e->pos, &e->geom, fixed, trace);
+  Tensor *attn =
+      enact_attention(e->layer.attn_extras, &e->layer.self_attn, &EVAL_CTX, x, e->pos, &e->geom, fixed, trace);
   return encoder_layer_finish(&e->layer, &EVAL_CTX, src, attn);
 }
 
@@ -1009,7 +1027,8 @@ START_TEST(grad_enact_layer) {
     attn_settings_default(&settings);
     char err[128];
     ck_assert_int_eq(attn_settings_set(&settings, "enact_sigma", "1", err, sizeof err), 1);
-    ck_assert_int_eq(attn_settings_set(&settings, "enact_sign_factor", with_sign ? "true" : "false", err, sizeof err), 1);
+    ck_assert_int_eq(attn_settings_set(&settings, "enact_sign_factor", with_sign ? "true" : "false", err, sizeof err),
+                     1);
     ParamStore ps;
     params_init(&ps, DEVICE_CPU);
     EnactLayerCtx c = {0};
@@ -1134,14 +1153,15 @@ START_TEST(grad_cluster_argmax) {
           if (x->data[n * 15 + q * 5 + l] > x->data[n * 15 + best * 5 + l]) best = q;
         want[l] = padded ? -1 : best;
         if (!padded) count[best]++;
-        ck_assert_msg(winners->data[n * 5 + l] == (float)want[l], "winner of row %lld pixel %lld", (long long)n, (long long)l);
+        ck_assert_msg(winners->data[n * 5 + l] == (float)want[l], "winner of row %lld pixel %lld", (long long)n,
+                      (long long)l);
       }
       if (n == 0) ck_assert_int_eq(want[1], 0);  // the tie
       for (int q = 0; q < 3; q++)
         for (int64_t l = 0; l < 5; l++) {
           float w = want[l] == q ? (mean ? 1.0f / (float)count[q] : 1.0f) : 0.0f;
-          ck_assert_msg(y->data[n * 15 + q * 5 + l] == w, "%s: y[%lld, %d, %lld] = %g, expected %g", mean ? "mean" : "sum",
-                        (long long)n, q, (long long)l, y->data[n * 15 + q * 5 + l], w);
+          ck_assert_msg(y->data[n * 15 + q * 5 + l] == w, "%s: y[%lld, %d, %lld] = %g, expected %g",
+                        mean ? "mean" : "sum", (long long)n, q, (long long)l, y->data[n * 15 + q * 5 + l], w);
           if (want[l] < 0) ck_assert(y->data[n * 15 + q * 5 + l] == 0.0f);  // padded: never assigned
         }
     }
@@ -1318,7 +1338,7 @@ START_TEST(grad_decoder_conditional) {
   DecoderShape shape = {.s = {.dim = 8, .heads = 2, .ffn_dim = 12, .dropout = 0.1f}, .layers = 2};
   c.kind->create(c.state, &ps, "dec", &shape);
   randomize_params(&ps, 341);
-  GradTol tol = {.eps = 1e-3, .atol = 3e-3, .rtol = 1e-2};  // eps: no ReLU input crosses 0 within a step
+  GradTol tol = {.eps = 1e-3, .atol = 3e-3, .rtol = 1e-2};         // eps: no ReLU input crosses 0 within a step
   Tensor *in[96] = {U(SHAPE(2, 6, 8), 342), U(SHAPE(3, 8), 343)};  // + 80 parameters
   int n = block_inputs(in, 2, &ps);
   ck_assert_int_eq(n, 82);
@@ -1344,8 +1364,8 @@ typedef struct {
 static Tensor *f_rcda(Tensor *const *in, void *c) {  // in: queries [2, 3, 8] x2, map [2, H, W, 8]
   const RcdaCtx *k = c;
   Tensor *w = NULL;
-  Tensor *y = rcda_forward(&k->a, &EVAL_CTX, in[0], in[1], op_add(in[2], in[2]), in[2], in[2], k->row_mask,
-                           k->col_mask, &w);
+  Tensor *y =
+      rcda_forward(&k->a, &EVAL_CTX, in[0], in[1], op_add(in[2], in[2]), in[2], in[2], k->row_mask, k->col_mask, &w);
   Tensor *parts[2] = {op_reshape(y, SHAPE(2, 3 * 8)), op_reshape(w, SHAPE(2, -1))};
   return op_concat(parts, 2, 1);
 }
@@ -1416,13 +1436,17 @@ static void check_anchor_grad(const char *what, const uint8_t *mask, int64_t h, 
   ck_assert_ptr_nonnull(c.kind);
   feature_geometry_make(mask, 2, h, w, DEVICE_CPU, &c.g);
   c.state = calloc(1, c.kind->state_size);
-  DecoderShape shape = {.s = {.dim = 8, .heads = 2, .ffn_dim = 12}, .layers = 2, .enc_layers = 1, .queries = 6,
+  DecoderShape shape = {.s = {.dim = 8, .heads = 2, .ffn_dim = 12},
+                        .layers = 2,
+                        .enc_layers = 1,
+                        .queries = 6,
                         .encoder_attn = encoder_attn};
   ck_assert_ptr_null(c.kind->unsupported(&shape));
   c.kind->create(c.state, &ps, "t", &shape);
   if (param) ck_assert_ptr_nonnull(params_find(&ps, param));
   randomize_params(&ps, seed);
-  tensor_uniform_(params_find(&ps, "t.position.weight")->tensor, &(Rng){.seed = seed + 1}, 0.1f, 0.9f);  // anchors in (0, 1)
+  tensor_uniform_(params_find(&ps, "t.position.weight")->tensor, &(Rng){.seed = seed + 1}, 0.1f,
+                  0.9f);                                    // anchors in (0, 1)
   GradTol tol = {.eps = 1e-3, .atol = 3e-3, .rtol = 1e-2};  // eps: no ReLU input crosses 0 within a step
   Tensor *in[96] = {U(SHAPE(2, h * w, 8), seed + 2)};
   int n = block_inputs(in, 1, &ps);
@@ -1466,31 +1490,62 @@ typedef struct {
 #define MAX_SUITES 64
 static int grad_suites(GradSuite *out) {
   const GradSuite all[] = {
-    {"harness", grad_harness}, {"dropout", grad_dropout},
-    {"sum", grad_sum}, {"mean", grad_mean}, {"sum_all", grad_sum_all}, {"mean_all", grad_mean_all},
-    {"matmul", grad_matmul}, {"bmm", grad_bmm}, {"linear", grad_linear}, {"linear_relu", grad_linear_relu},
-    {"linear_relu_dropout", grad_linear_relu_dropout}, {"dropout_bmm", grad_dropout_bmm},
-    {"conv2d", grad_conv2d}, {"depthwise_conv2d", grad_depthwise_conv2d},
-    {"maxpool2d", grad_maxpool2d}, {"frozen_batchnorm2d", grad_frozen_batchnorm2d},
-    {"frozen_batchnorm2d_act", grad_frozen_batchnorm2d_act},
-    {"softmax", grad_softmax}, {"log_softmax", grad_log_softmax}, {"layernorm", grad_layernorm},
-    {"reshape", grad_reshape}, {"taken_buffers", grad_taken_buffers}, {"permute", grad_permute},
-    {"transpose", grad_transpose},
-    {"concat", grad_concat}, {"slice", grad_slice}, {"index_select", grad_index_select},
-    {"cross_entropy", grad_cross_entropy}, {"sigmoid_focal_loss", grad_sigmoid_focal_loss}, {"l1_sum", grad_l1_sum},
-    {"box_cxcywh_to_xyxy", grad_box_cxcywh_to_xyxy}, {"box_xyxy_to_cxcywh", grad_box_xyxy_to_cxcywh},
-    {"box_giou", grad_box_giou}, {"criterion", grad_criterion},
-    {"attention", grad_attention}, {"encoder_decoder_layers", grad_encoder_layer_and_decoder_layer},
-    {"bottleneck", grad_bottleneck}, {"enact_cluster", grad_enact_cluster}, {"enact_smooth", grad_enact_smooth},
-    {"enact_attention", grad_enact_attention}, {"enact_layer", grad_enact_layer},
-    {"encoder_attn.dense", grad_attn_dense}, {"encoder_attn.enact", grad_enact_layer},
-    {"encoder_attn.efficient", grad_attn_efficient}, {"encoder_attn.hydra", grad_attn_hydra},
-    {"encoder_attn.focused", grad_attn_focused}, {"encoder_attn.sra", grad_attn_sra},
-    {"encoder_attn.enact_official", grad_attn_enact_official}, {"encoder_attn.swin", grad_attn_swin},
-    {"cluster_argmax", grad_cluster_argmax}, {"kmeans_cross_attn", grad_kmeans_cross_attn},
-    {"decoder.conditional", grad_decoder_conditional},
-    {"rcda", grad_rcda}, {"groupnorm", grad_groupnorm}, {"decoder.anchor", grad_decoder_anchor},
-    {"decoder.anchor_enact", grad_decoder_anchor_enact},
+      {"harness", grad_harness},
+      {"dropout", grad_dropout},
+      {"sum", grad_sum},
+      {"mean", grad_mean},
+      {"sum_all", grad_sum_all},
+      {"mean_all", grad_mean_all},
+      {"matmul", grad_matmul},
+      {"bmm", grad_bmm},
+      {"linear", grad_linear},
+      {"linear_relu", grad_linear_relu},
+      {"linear_relu_dropout", grad_linear_relu_dropout},
+      {"dropout_bmm", grad_dropout_bmm},
+      {"conv2d", grad_conv2d},
+      {"depthwise_conv2d", grad_depthwise_conv2d},
+      {"maxpool2d", grad_maxpool2d},
+      {"frozen_batchnorm2d", grad_frozen_batchnorm2d},
+      {"frozen_batchnorm2d_act", grad_frozen_batchnorm2d_act},
+      {"softmax", grad_softmax},
+      {"log_softmax", grad_log_softmax},
+      {"layernorm", grad_layernorm},
+      {"reshape", grad_reshape},
+      {"taken_buffers", grad_taken_buffers},
+      {"permute", grad_permute},
+      {"transpose", grad_transpose},
+      {"concat", grad_concat},
+      {"slice", grad_slice},
+      {"index_select", grad_index_select},
+      {"cross_entropy", grad_cross_entropy},
+      {"sigmoid_focal_loss", grad_sigmoid_focal_loss},
+      {"l1_sum", grad_l1_sum},
+      {"box_cxcywh_to_xyxy", grad_box_cxcywh_to_xyxy},
+      {"box_xyxy_to_cxcywh", grad_box_xyxy_to_cxcywh},
+      {"box_giou", grad_box_giou},
+      {"criterion", grad_criterion},
+      {"attention", grad_attention},
+      {"encoder_decoder_layers", grad_encoder_layer_and_decoder_layer},
+      {"bottleneck", grad_bottleneck},
+      {"enact_cluster", grad_enact_cluster},
+      {"enact_smooth", grad_enact_smooth},
+      {"enact_attention", grad_enact_attention},
+      {"enact_layer", grad_enact_layer},
+      {"encoder_attn.dense", grad_attn_dense},
+      {"encoder_attn.enact", grad_enact_layer},
+      {"encoder_attn.efficient", grad_attn_efficient},
+      {"encoder_attn.hydra", grad_attn_hydra},
+      {"encoder_attn.focused", grad_attn_focused},
+      {"encoder_attn.sra", grad_attn_sra},
+      {"encoder_attn.enact_official", grad_attn_enact_official},
+      {"encoder_attn.swin", grad_attn_swin},
+      {"cluster_argmax", grad_cluster_argmax},
+      {"kmeans_cross_attn", grad_kmeans_cross_attn},
+      {"decoder.conditional", grad_decoder_conditional},
+      {"rcda", grad_rcda},
+      {"groupnorm", grad_groupnorm},
+      {"decoder.anchor", grad_decoder_anchor},
+      {"decoder.anchor_enact", grad_decoder_anchor_enact},
   };
   _Static_assert(sizeof all / sizeof all[0] <= MAX_SUITES, "raise MAX_SUITES");
   memcpy(out, all, sizeof all);
@@ -1544,10 +1599,8 @@ int main(int argc, char **argv) {
     Suite *s = suite_create(e->name);
     TCase *tc = tcase_create("grad");
     tcase_set_timeout(tc, 120);
-    if (e->kind == OP_SUITE)
-      tcase_add_test(tc, suite_test(e->name));
-    else
-      tcase_add_loop_test(tc, grad_elementwise, i, i + 1);
+    if (e->kind == OP_SUITE) tcase_add_test(tc, suite_test(e->name));
+    else tcase_add_loop_test(tc, grad_elementwise, i, i + 1);
     suite_add_tcase(s, tc);
     srunner_add_suite(sr, s);
     added++;

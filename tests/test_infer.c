@@ -37,7 +37,8 @@ static void abs_conv(const float *x, const float *w, double *a, const Conv2dPara
           double acc = 0;
           for (int64_t ky = 0; ky < k; ky++)
             for (int64_t kx = 0; kx < k; kx++) {
-              int64_t iy = oy * p->stride_h - p->pad_h + ky * p->dilation_h, ix = ox * p->stride_w - p->pad_w + kx * p->dilation_w;
+              int64_t iy = oy * p->stride_h - p->pad_h + ky * p->dilation_h,
+                      ix = ox * p->stride_w - p->pad_w + kx * p->dilation_w;
               if (iy < 0 || iy >= H || ix < 0 || ix >= W) continue;
               for (int64_t c = 0; c < C; c++)
                 acc += fabs(x[((b * H + iy) * W + ix) * C + c]) * fabs(w[((o * C + c) * k + ky) * k + kx]);
@@ -56,8 +57,8 @@ typedef struct {
 static double fold_case(const FoldCase *fc, uint64_t seed) {
   ParamStore ps;
   params_init(&ps, DEVICE_CPU);
-  Conv2d conv = conv2d_create(&ps, "c", fc->C, fc->O, fc->k, fc->stride, fc->k / 2, 1, false, PARAM_FROZEN,
-                              LR_GROUP_BACKBONE);
+  Conv2d conv =
+      conv2d_create(&ps, "c", fc->C, fc->O, fc->k, fc->stride, fc->k / 2, 1, false, PARAM_FROZEN, LR_GROUP_BACKBONE);
   conv.p.channels_last = true;
   FrozenBn bn = frozen_bn_create(&ps, "bn", fc->O);
   bn.channels_last = true;
@@ -67,7 +68,8 @@ static double fold_case(const FoldCase *fc, uint64_t seed) {
   tensor_normal_(bn.bias, &rng, 0.0f, 0.5f);
   tensor_normal_(bn.running_mean, &rng, 0.0f, 0.5f);
   tensor_uniform_(bn.running_var, &rng, 0.01f, 1.0f);  // small variances: a wrong eps shows
-  int64_t HO = conv_out_size(fc->H, fc->k, fc->stride, fc->k / 2, 1), WO = conv_out_size(fc->W, fc->k, fc->stride, fc->k / 2, 1);
+  int64_t HO = conv_out_size(fc->H, fc->k, fc->stride, fc->k / 2, 1),
+          WO = conv_out_size(fc->W, fc->k, fc->stride, fc->k / 2, 1);
   Tensor *x = tensor_new(DEVICE_CPU, SHAPE(fc->B, fc->H, fc->W, fc->C));
   Tensor *res = fc->residual ? tensor_new(DEVICE_CPU, SHAPE(fc->B, HO, WO, fc->O)) : NULL;
   tensor_normal_(x, &rng, 0.0f, 1.0f);
@@ -114,9 +116,8 @@ static double fold_case(const FoldCase *fc, uint64_t seed) {
 // with the residual and ReLU (a bottleneck's conv3), 1x1 stride 2 (a downsample), 3x3 stride 2 and
 // stride 1 + ReLU; on oneDNN (its post-ops) and on im2col + sgemm (the epilogue loop).
 static const FoldCase fold_cases[] = {
-    {2, 3, 20, 18, 16, 7, 2, false, true},  {2, 32, 9, 11, 64, 1, 1, true, true},
-    {1, 32, 10, 9, 48, 1, 2, false, false}, {2, 24, 9, 10, 24, 3, 2, false, true},
-    {1, 16, 8, 12, 32, 3, 1, true, true},   {1, 48, 7, 7, 40, 3, 1, false, true},
+    {2, 3, 20, 18, 16, 7, 2, false, true}, {2, 32, 9, 11, 64, 1, 1, true, true}, {1, 32, 10, 9, 48, 1, 2, false, false},
+    {2, 24, 9, 10, 24, 3, 2, false, true}, {1, 16, 8, 12, 32, 3, 1, true, true}, {1, 48, 7, 7, 40, 3, 1, false, true},
 };
 
 START_TEST(folded_conv_within_bound) {
@@ -183,10 +184,24 @@ START_TEST(post_ops_match_separate_ops) {
     printf("post-ops check without AVX-512: max |fused - separate| / bound = %.3g\n", worst);
     ck_assert_msg(worst <= 1.0, "fused and separate differ by %.3g x the bound", worst);
   }
-  ConvGeom g = {.batch = 1, .in_ch = 64, .in_h = 24, .in_w = 24, .out_ch = 64, .out_h = 24, .out_w = 24, .kh = 3,
-                .kw = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1,
+  ConvGeom g = {.batch = 1,
+                .in_ch = 64,
+                .in_h = 24,
+                .in_w = 24,
+                .out_ch = 64,
+                .out_h = 24,
+                .out_w = 24,
+                .kh = 3,
+                .kw = 3,
+                .stride_h = 1,
+                .stride_w = 1,
+                .pad_h = 1,
+                .pad_w = 1,
+                .dil_h = 1,
+                .dil_w = 1,
                 .channels_last = true};
-  printf("post-ops check: the geometry's forward runs on %s\n", DETR_HAVE_ONEDNN ? onednn_conv2d_impl(&g, CONV_PASS_FWD, cpu_conv2d_impl(&g, CONV_PASS_FWD)) : "im2col");
+  printf("post-ops check: the geometry's forward runs on %s\n",
+         DETR_HAVE_ONEDNN ? onednn_conv2d_impl(&g, CONV_PASS_FWD, cpu_conv2d_impl(&g, CONV_PASS_FWD)) : "im2col");
   tensor_scope_release(mark);
   autograd_set_grad_enabled(was);
   onednn_conv2d_set_whole_batch_bytes(before);
@@ -203,7 +218,7 @@ END_TEST
 // transposed weight, fails it by far more than the bound.
 START_TEST(linear_fused_within_bound) {
   static const int64_t shapes[][3] = {{10, 128, 128}, {196, 128, 512}, {196, 512, 128}, {47, 128, 128},
-                                      {10, 128, 14}, {10, 128, 4}, {1, 3, 5}};
+                                      {10, 128, 14},  {10, 128, 4},    {1, 3, 5}};
   const double u = ldexp(1.0, -24);
   Rng rng = rng_make(11);
   int fused_runs = 0;
@@ -236,12 +251,13 @@ START_TEST(linear_fused_within_bound) {
           double bound = u * ((2.03 * (double)in + 4.0) * a + 2.0 * (b ? fabs(b->data[o]) : 0.0));
           double d = fabs((double)train->data[r * out + o] - infer->data[r * out + o]);
           ck_assert_msg(d <= bound, "%lldx%lldx%lld bias %d relu %d: [%lld, %lld] differs by %.3g, bound %.3g",
-                        (long long)rows, (long long)in, (long long)out, with_bias, relu, (long long)r, (long long)o,
-                        d, bound);
+                        (long long)rows, (long long)in, (long long)out, with_bias, relu, (long long)r, (long long)o, d,
+                        bound);
           if (d / bound > worst) worst = d / bound;
         }
-      if (variant == 3) printf("linear %lldx%lldx%lld: inference within %.3g of the bound\n", (long long)rows,
-                               (long long)in, (long long)out, worst);
+      if (variant == 3)
+        printf("linear %lldx%lldx%lld: inference within %.3g of the bound\n", (long long)rows, (long long)in,
+               (long long)out, worst);
       tensor_scope_release(mark);
     }
   // With oneDNN the op's inference output above is the fused kernel's (the memcmp, on every shape):
@@ -249,7 +265,8 @@ START_TEST(linear_fused_within_bound) {
   ck_assert_int_eq(fused_runs, DETR_HAVE_ONEDNN ? 28 : 0);
   // Non-finite inputs: the ReLU takes NaN to 0 and keeps inf, as the training path's (exact sums of
   // small integers, so the floats are equal).
-  float xs[8] = {NAN, 1, 1, 1, INFINITY, -1, 0, 2}, ws[12] = {1, 0, 0, 0, 0, 1, 0, 0, 1, 1, 1, 1}, bs[3] = {0.5f, -1, 2};
+  float xs[8] = {NAN, 1, 1, 1, INFINITY, -1, 0, 2}, ws[12] = {1, 0, 0, 0, 0, 1, 0, 0, 1, 1, 1, 1},
+        bs[3] = {0.5f, -1, 2};
   ScopeMark mark = tensor_scope_mark();
   Tensor *x = tensor_scoped(tensor_from_host(DEVICE_CPU, SHAPE(2, 4), xs));
   Tensor *w = tensor_scoped(tensor_from_host(DEVICE_CPU, SHAPE(3, 4), ws));
@@ -261,8 +278,8 @@ START_TEST(linear_fused_within_bound) {
   Tensor *infer = op_linear_relu(x, w, b);
   autograd_set_grad_enabled(was);
   for (int i = 0; i < 6; i++)
-    ck_assert_msg(!memcmp(&train->data[i], &infer->data[i], 4), "non-finite input, output %d: inference %g, training %g",
-                  i, infer->data[i], train->data[i]);
+    ck_assert_msg(!memcmp(&train->data[i], &infer->data[i], 4),
+                  "non-finite input, output %d: inference %g, training %g", i, infer->data[i], train->data[i]);
   tensor_scope_release(mark);
 }
 END_TEST
@@ -304,13 +321,16 @@ static double fold_attention_case(const FoldAttnCase *c, uint64_t seed) {
   Tensor *q[ATTN_MAX_KEY_TERMS], *w[ATTN_MAX_KEY_TERMS], *bias[ATTN_MAX_KEY_TERMS], *x[ATTN_MAX_KEY_TERMS];
   AttnKeyTerm terms[ATTN_MAX_KEY_TERMS];
   for (int t = 0; t < T; t++) {
-    q[t] = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(B, Q, d))), w[t] = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(d, d)));
-    bias[t] = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(d))), x[t] = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(B, L, d)));
+    q[t] = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(B, Q, d))),
+    w[t] = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(d, d)));
+    bias[t] = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(d))),
+    x[t] = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(B, L, d)));
     tensor_normal_(q[t], &rng, 0.0f, 1.0f), tensor_normal_(w[t], &rng, 0.0f, 0.1f);
     tensor_normal_(bias[t], &rng, 0.0f, 0.5f), tensor_normal_(x[t], &rng, 0.0f, 1.0f);
     terms[t] = (AttnKeyTerm){.query = q[t], .weight = w[t], .keys = x[t]};
   }
-  Tensor *wv = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(d, d))), *bv = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(d)));
+  Tensor *wv = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(d, d))),
+         *bv = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(d)));
   Tensor *xv = tensor_scoped(tensor_new(DEVICE_CPU, SHAPE(B, L, d)));
   tensor_normal_(wv, &rng, 0.0f, 0.1f), tensor_normal_(bv, &rng, 0.0f, 0.5f), tensor_normal_(xv, &rng, 0.0f, 1.0f);
   float *mask_host = detr_calloc((size_t)(B * L), sizeof(float), "mask");  // the last image's last L/5 keys padded
@@ -359,12 +379,14 @@ static double fold_attention_case(const FoldAttnCase *c, uint64_t seed) {
         double e = 0, sum = 0;
         for (int64_t j = 0; j < L; j++)
           if (mask_host[b * L + j] == 0) {
-            e = fmax(e, 1.01 * (double)n_l * u * mag[j] + 1.01 * u * (fabs(logit[j] - m) + 2.02 * (double)n_l * u * mag[j]));
+            e = fmax(
+                e, 1.01 * (double)n_l * u * mag[j] + 1.01 * u * (fabs(logit[j] - m) + 2.02 * (double)n_l * u * mag[j]));
             sum += exp(logit[j] - m);
           }
         double rel_p = expm1(2 * e) + 6 * u;
         for (int64_t j = 0; j < L; j++)  // each path's weight within rel_P of the exact one; their head mean
-          if (mask_host[b * L + j] == 0) weight_bound[(b * Q + iq) * L + j] += 2 * rel_p * exp(logit[j] - m) / sum / (double)H;
+          if (mask_host[b * L + j] == 0)
+            weight_bound[(b * Q + iq) * L + j] += 2 * rel_p * exp(logit[j] - m) / sum / (double)H;
         for (int64_t r = h * hd; r < (h + 1) * hd; r++) {
           double exact = 0, pv = 0;
           for (int64_t j = 0; j < L; j++) {
@@ -378,10 +400,12 @@ static double fold_attention_case(const FoldAttnCase *c, uint64_t seed) {
           }
           double bound = (rel_p + 1.01 * (double)(L + d + 3) * u) * (1 + rel_p) * pv;
           double diff = fabs((double)folded->data[(b * Q + iq) * d + r] - projected->data[(b * Q + iq) * d + r]);
-          ck_assert_msg(diff <= 2 * bound, "B%lld Q%lld L%lld d%lld heads %lld terms %lld: out[%lld, %lld, %lld] folded %.9g, "
-                        "projected %.9g (exact %.9g): differs by %.3g, bound %.3g", (long long)B, (long long)Q, (long long)L,
-                        (long long)d, (long long)H, (long long)T, (long long)b, (long long)iq, (long long)r,
-                        folded->data[(b * Q + iq) * d + r], projected->data[(b * Q + iq) * d + r], exact, diff, 2 * bound);
+          ck_assert_msg(diff <= 2 * bound,
+                        "B%lld Q%lld L%lld d%lld heads %lld terms %lld: out[%lld, %lld, %lld] folded %.9g, "
+                        "projected %.9g (exact %.9g): differs by %.3g, bound %.3g",
+                        (long long)B, (long long)Q, (long long)L, (long long)d, (long long)H, (long long)T,
+                        (long long)b, (long long)iq, (long long)r, folded->data[(b * Q + iq) * d + r],
+                        projected->data[(b * Q + iq) * d + r], exact, diff, 2 * bound);
           worst = fmax(worst, diff / (2 * bound));
         }
       }
@@ -401,8 +425,10 @@ static double fold_attention_case(const FoldAttnCase *c, uint64_t seed) {
 }
 
 START_TEST(attention_fold_within_bound) {
-  static const FoldAttnCase cases[] = {{2, 10, 196, 128, 4, 2, false}, {2, 10, 150, 128, 8, 1, false},
-                                       {1, 3, 40, 32, 2, 2, false}, {2, 10, 60, 64, 2, 2, true}};
+  static const FoldAttnCase cases[] = {{2, 10, 196, 128, 4, 2, false},
+                                       {2, 10, 150, 128, 8, 1, false},
+                                       {1, 3, 40, 32, 2, 2, false},
+                                       {2, 10, 60, 64, 2, 2, true}};
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     const FoldAttnCase *c = &cases[i];
     int64_t widths[ATTN_MAX_KEY_TERMS] = {c->d, c->d, c->d, c->d};
@@ -552,8 +578,9 @@ START_TEST(folded_model_matches_training_forward) {
   cfg.backbone_depth = _i ? 18 : 50;
   cfg.backbone_width = 16;
   if (_i == 2) {
-    static const char *const sets[][2] = {{"decoder", "conditional"}, {"backbone_layers", "3"}, {"hidden_dim", "128"},
-                                          {"nheads", "4"}, {"ffn_dim", "256"}, {"dec_layers", "3"}};
+    static const char *const sets[][2] = {{"decoder", "conditional"}, {"backbone_layers", "3"},
+                                          {"hidden_dim", "128"},      {"nheads", "4"},
+                                          {"ffn_dim", "256"},         {"dec_layers", "3"}};
     char err[256];
     for (size_t k = 0; k < sizeof sets / sizeof *sets; k++)
       ck_assert_msg(detr_config_set(&cfg, sets[k][0], sets[k][1], err, sizeof err) == 0, "%s", err);
@@ -567,7 +594,7 @@ START_TEST(folded_model_matches_training_forward) {
     tensor_normal_(m->bbox_embed.layers[m->bbox_embed.n_layers - 1].weight, &rng, 0.0f, 0.1f);
   Tensor *images = tensor_new(DEVICE_CPU, SHAPE(2, 3, 96, 128));
   tensor_normal_(images, &rng, 0.0f, 1.0f);
-  resnet_calibrate(&m->backbone, images);  // the activations stay normalised, as with real statistics
+  resnet_calibrate(&m->backbone, images);      // the activations stay normalised, as with real statistics
   for (int i = 0; i < m->params.count; i++) {  // and the affine parts away from the identity
     Param *p = &m->params.items[i];
     if (p->kind == PARAM_BUFFER && strstr(p->name, "bn") && strstr(p->name, ".weight"))
@@ -578,7 +605,8 @@ START_TEST(folded_model_matches_training_forward) {
   uint8_t *mask = detr_calloc(2 * 96 * 128, 1, "mask");
   for (int y = 0; y < 96; y++)
     for (int x = 100; x < 128; x++) mask[96 * 128 + y * 128 + x] = 1;  // image 1 padded on the right
-  int64_t nl = 2 * cfg.num_queries * (cfg.num_classes + detr_classes(&cfg)->extra_columns), nb = 2 * cfg.num_queries * 4;
+  int64_t nl = 2 * cfg.num_queries * (cfg.num_classes + detr_classes(&cfg)->extra_columns),
+          nb = 2 * cfg.num_queries * 4;
   float *train = detr_malloc((size_t)(3 * (nl + nb)) * sizeof(float), "outputs");
   float *im2col = train + nl + nb, *folded = im2col + nl + nb;
   model_outputs(m, images, mask, train, nl, nb);
@@ -608,11 +636,15 @@ START_TEST(folded_model_matches_training_forward) {
     Tensor ta = {.numel = n, .data = train + off}, ti = {.numel = n, .data = im2col + off},
            tf = {.numel = n, .data = folded + off}, tu = {.numel = n, .data = ulp + off};
     double order = max_rel(&ta, &ti), weights = max_rel(&ta, &tu), fold = max_rel(&ta, &tf);
-    printf("%s: folded vs training %.3g; weights 1 ulp off %.3g, im2col vs oneDNN %.3g (max |difference| / max |value|)\n",
-           part ? "boxes" : "logits", fold, weights, order);
-    ck_assert_msg(fold > 0, "%s: the folded path gives the training path's floats: is it used?", part ? "boxes" : "logits");
-    ck_assert_msg(fold <= 0x1p-10, "%s: folded differs by %.3g of the range (one ulp of the weights: %.3g, another "
-                  "summation order: %.3g)", part ? "boxes" : "logits", fold, weights, order);
+    printf(
+        "%s: folded vs training %.3g; weights 1 ulp off %.3g, im2col vs oneDNN %.3g (max |difference| / max |value|)\n",
+        part ? "boxes" : "logits", fold, weights, order);
+    ck_assert_msg(fold > 0, "%s: the folded path gives the training path's floats: is it used?",
+                  part ? "boxes" : "logits");
+    ck_assert_msg(fold <= 0x1p-10,
+                  "%s: folded differs by %.3g of the range (one ulp of the weights: %.3g, another "
+                  "summation order: %.3g)",
+                  part ? "boxes" : "logits", fold, weights, order);
   }
   free(ulp);
   // With grad mode on neither the folded copies nor the folded attention are used: the training

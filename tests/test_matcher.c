@@ -64,7 +64,7 @@ START_TEST(lsa_edge_cases) {
   int64_t row_of[4], col_of[4], br = -1, bc = -1;
   double none[1] = {0};
   ck_assert_int_eq(linear_sum_assignment(5, 0, none, row_of, col_of, NULL, NULL), LSA_OK);  // no targets
-  double one[3] = {3, 1, 2};  // 3 queries, 1 target
+  double one[3] = {3, 1, 2};                                                                // 3 queries, 1 target
   ck_assert_int_eq(linear_sum_assignment(3, 1, one, row_of, col_of, NULL, NULL), LSA_OK);
   ck_assert_int_eq(row_of[0], 1);
   ck_assert_int_eq(col_of[0], 0);

@@ -33,15 +33,12 @@ static const int n_conv_impls = DETR_HAVE_ONEDNN ? 5 : 2;
 static const struct {
   int64_t x[4], w[4];  // [B, C, H, W], [O, C, KH, KW]
   Conv2dParams p;
-} conv_cases[] = {{{2, 3, 9, 8}, {5, 3, 3, 3}, {1, 1, 1, 1, 1, 1}},
-                  {{1, 4, 11, 10}, {3, 4, 3, 3}, {2, 2, 1, 1, 1, 1}},
-                  {{1, 2, 10, 9}, {2, 2, 3, 3}, {1, 1, 2, 2, 2, 2}},
-                  {{1, 3, 15, 13}, {4, 3, 7, 7}, {2, 2, 3, 3, 1, 1}},
-                  {{2, 6, 5, 5}, {4, 6, 1, 1}, {1, 1, 0, 0, 1, 1}},
-                  {{2, 20, 8, 7}, {18, 20, 1, 1}, {2, 2, 0, 0, 1, 1}},
-                  {{2, 24, 9, 12}, {33, 24, 3, 3}, {2, 1, 0, 1, 1, 2}},
-                  {{1, 17, 12, 11}, {16, 17, 3, 2}, {3, 2, 2, 1, 2, 1}},
-                  {{2, 16, 9, 10}, {32, 16, 3, 3}, {1, 1, 1, 1, 1, 1}}};
+} conv_cases[] = {
+    {{2, 3, 9, 8}, {5, 3, 3, 3}, {1, 1, 1, 1, 1, 1}},     {{1, 4, 11, 10}, {3, 4, 3, 3}, {2, 2, 1, 1, 1, 1}},
+    {{1, 2, 10, 9}, {2, 2, 3, 3}, {1, 1, 2, 2, 2, 2}},    {{1, 3, 15, 13}, {4, 3, 7, 7}, {2, 2, 3, 3, 1, 1}},
+    {{2, 6, 5, 5}, {4, 6, 1, 1}, {1, 1, 0, 0, 1, 1}},     {{2, 20, 8, 7}, {18, 20, 1, 1}, {2, 2, 0, 0, 1, 1}},
+    {{2, 24, 9, 12}, {33, 24, 3, 3}, {2, 1, 0, 1, 1, 2}}, {{1, 17, 12, 11}, {16, 17, 3, 2}, {3, 2, 2, 1, 2, 1}},
+    {{2, 16, 9, 10}, {32, 16, 3, 3}, {1, 1, 1, 1, 1, 1}}};
 
 // A convolution workspace of n floats, 64-byte aligned as the kernels require (free() it).
 static float *conv_workspace(int64_t n) {
@@ -62,9 +59,11 @@ static float *guarded_workspace(int64_t n) {
 }
 static void check_guard(const float *ws, int64_t n, const char *what, const ConvGeom *g) {
   for (int i = 0; i < WS_GUARD; i++)
-    ck_assert_msg(ws[n + i] == ws_sentinel, "%s (%lldx%lld, %lld -> %lld channels, channels last %d, impl %d): wrote "
-                  "past its %lld-float workspace", what, (long long)g->in_h, (long long)g->in_w, (long long)g->in_ch,
-                  (long long)g->out_ch, g->channels_last, (int)cpu_conv2d_impl(g, CONV_PASS_FWD), (long long)n);
+    ck_assert_msg(ws[n + i] == ws_sentinel,
+                  "%s (%lldx%lld, %lld -> %lld channels, channels last %d, impl %d): wrote "
+                  "past its %lld-float workspace",
+                  what, (long long)g->in_h, (long long)g->in_w, (long long)g->in_ch, (long long)g->out_ch,
+                  g->channels_last, (int)cpu_conv2d_impl(g, CONV_PASS_FWD), (long long)n);
 }
 static void conv_forward_guarded(const float *x, const float *w, const float *bias, float *y, const ConvGeom *g) {
   int64_t n = cpu_conv2d_forward_workspace_floats(g, bias != NULL);
@@ -93,8 +92,8 @@ START_TEST(conv2d_matches_direct_loops) {
     cpu_conv2d_set_impl(conv_impls[impl]);
     ScopeMark mark = tensor_scope_mark();
     const int64_t *xd = conv_cases[k].x, *wd = conv_cases[k].w;
-    Tensor *x = test_uniform(last ? SHAPE(xd[0], xd[2], xd[3], xd[1]) : SHAPE(xd[0], xd[1], xd[2], xd[3]), -1, 1, k,
-                             false);
+    Tensor *x =
+        test_uniform(last ? SHAPE(xd[0], xd[2], xd[3], xd[1]) : SHAPE(xd[0], xd[1], xd[2], xd[3]), -1, 1, k, false);
     Tensor *w = test_uniform(SHAPE(wd[0], wd[1], wd[2], wd[3]), -1, 1, 10 + k, false);
     Tensor *b = test_uniform(SHAPE(wd[0]), -1, 1, 20 + k, false);
     Conv2dParams p = conv_cases[k].p;
@@ -145,9 +144,19 @@ START_TEST(conv2d_backward_implementations_agree) {
     size_t k = kl / 2;  // each case nchw, then channels last (the same buffer sizes)
     Conv2dParams p = conv_cases[k].p;
     const int64_t *xd = conv_cases[k].x, *wd = conv_cases[k].w;
-    ConvGeom g = {.batch = xd[0], .in_ch = xd[1], .in_h = xd[2], .in_w = xd[3], .out_ch = wd[0],
-                  .kh = wd[2], .kw = wd[3], .stride_h = p.stride_h, .stride_w = p.stride_w,
-                  .pad_h = p.pad_h, .pad_w = p.pad_w, .dil_h = p.dilation_h, .dil_w = p.dilation_w,
+    ConvGeom g = {.batch = xd[0],
+                  .in_ch = xd[1],
+                  .in_h = xd[2],
+                  .in_w = xd[3],
+                  .out_ch = wd[0],
+                  .kh = wd[2],
+                  .kw = wd[3],
+                  .stride_h = p.stride_h,
+                  .stride_w = p.stride_w,
+                  .pad_h = p.pad_h,
+                  .pad_w = p.pad_w,
+                  .dil_h = p.dilation_h,
+                  .dil_w = p.dilation_w,
                   .channels_last = (int)(kl % 2)};
     g.out_h = conv_out_size(g.in_h, g.kh, g.stride_h, g.pad_h, g.dil_h);
     g.out_w = conv_out_size(g.in_w, g.kw, g.stride_w, g.pad_w, g.dil_w);
@@ -170,12 +179,12 @@ START_TEST(conv2d_backward_implementations_agree) {
             int64_t nt = t ? nw : nx;
             for (int64_t i = 0; i < nt; i++) fresh[i] = NAN, zeros[i] = 0.0f;
             conv_backward_guarded(t ? x : NULL, t ? NULL : w, dy, t ? NULL : fresh, !t, t ? fresh : NULL, t, NULL, &g);
-            conv_backward_guarded(t ? x : NULL, t ? NULL : w, dy, t ? NULL : zeros, false, t ? zeros : NULL, false, NULL,
-                                  &g);
+            conv_backward_guarded(t ? x : NULL, t ? NULL : w, dy, t ? NULL : zeros, false, t ? zeros : NULL, false,
+                                  NULL, &g);
             ck_assert_msg(!memcmp(fresh, zeros, (size_t)nt * sizeof(float)),
                           "implementation %d, case %zu, channels last %d, per_image %d: %s written differs from %s "
-                          "added to zeros", (int)conv_impls[impl], k, g.channels_last, _i, t ? "dw" : "dx",
-                          t ? "dw" : "dx");
+                          "added to zeros",
+                          (int)conv_impls[impl], k, g.channels_last, _i, t ? "dw" : "dx", t ? "dw" : "dx");
           }
           free(fresh), free(zeros);
           continue;
@@ -197,13 +206,16 @@ START_TEST(conv2d_backward_implementations_agree) {
       for (int t = 0; t < 3; t++) {
         ck_assert_msg(!memcmp(grads[0][t], grads[1][t], (size_t)n[t] * sizeof(float)),
                       "implementation %d, case %zu, channels last %d, gradient %d: not the same bits alone and "
-                      "together", (int)conv_impls[impl], k, g.channels_last, t);
+                      "together",
+                      (int)conv_impls[impl], k, g.channels_last, t);
         if (impl == 1) {
           ref[t] = grads[0][t];
         } else {
           double err = max_rel_diff(grads[0][t], ref[t], n[t]);
-          ck_assert_msg(err < 1e-5, "implementation %d, case %zu, channels last %d, gradient %d, per_image %d: "
-                        "relative error %g", (int)conv_impls[impl], k, g.channels_last, t, _i, err);
+          ck_assert_msg(err < 1e-5,
+                        "implementation %d, case %zu, channels last %d, gradient %d, per_image %d: "
+                        "relative error %g",
+                        (int)conv_impls[impl], k, g.channels_last, t, _i, err);
           free(grads[0][t]);
         }
         free(grads[1][t]);
@@ -227,8 +239,21 @@ START_TEST(conv2d_winograd_runs) {
   bool avx512_core = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   ck_assert_int_eq(onednn_conv2d_has_winograd(), avx512_core);
-  ConvGeom g = {.batch = 2, .in_ch = 16, .in_h = 9, .in_w = 10, .out_ch = 32, .out_h = 9, .out_w = 10, .kh = 3,
-                .kw = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1};
+  ConvGeom g = {.batch = 2,
+                .in_ch = 16,
+                .in_h = 9,
+                .in_w = 10,
+                .out_ch = 32,
+                .out_h = 9,
+                .out_w = 10,
+                .kh = 3,
+                .kw = 3,
+                .stride_h = 1,
+                .stride_w = 1,
+                .pad_h = 1,
+                .pad_w = 1,
+                .dil_h = 1,
+                .dil_w = 1};
   ConvGeom strided = g;
   strided.stride_h = strided.stride_w = 2, strided.out_h = 5, strided.out_w = 5;
   for (int last = 0; last < 2; last++) {
@@ -254,10 +279,30 @@ START_TEST(conv2d_winograd_runs) {
   ck_assert_int_eq(cpu_has_avx512(), avx512_core);
   ConvImpl wino_or_im2col = avx512_core ? CONV_IMPL_ONEDNN_WINOGRAD : CONV_IMPL_IM2COL;
   ConvImpl avx2_im2col = avx512_core ? CONV_IMPL_ONEDNN : CONV_IMPL_IM2COL;
-  ConvGeom r18 = {.batch = 2, .in_ch = 128, .in_h = 40, .in_w = 40, .out_ch = 128, .out_h = 40, .out_w = 40, .kh = 3,
-                  .kw = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1,
+  ConvGeom r18 = {.batch = 2,
+                  .in_ch = 128,
+                  .in_h = 40,
+                  .in_w = 40,
+                  .out_ch = 128,
+                  .out_h = 40,
+                  .out_w = 40,
+                  .kh = 3,
+                  .kw = 3,
+                  .stride_h = 1,
+                  .stride_w = 1,
+                  .pad_h = 1,
+                  .pad_w = 1,
+                  .dil_h = 1,
+                  .dil_w = 1,
                   .channels_last = 1};
-  for (int pass = 0; pass < 3; pass++) ck_assert_int_eq(cpu_conv2d_impl(&r18, (ConvPass)pass), wino_or_im2col);
+  // A backward pass whose Winograd workspace is over the cap goes direct. That workspace depends on
+  // oneDNN's blocking for the CPU's caches: r18's backward-weights takes 19 MB on a Zen 4, 27 MB on
+  // a Xeon with 2 MB of L2 per core.
+  for (int pass = 0; pass < 3; pass++) {
+    int64_t bytes = onednn_conv2d_winograd_workspace_floats(&r18, (ConvPass)pass) * (int64_t)sizeof(float);
+    bool fits = pass == CONV_PASS_FWD || bytes <= CPU_WINOGRAD_BACKWARD_MAX_BYTES;
+    ck_assert_int_eq(cpu_conv2d_impl(&r18, (ConvPass)pass), fits ? wino_or_im2col : avx2_im2col);
+  }
   ConvGeom r18_layer4 = r18;
   r18_layer4.in_ch = r18_layer4.out_ch = 512, r18_layer4.in_h = r18_layer4.in_w = 10;
   r18_layer4.out_h = r18_layer4.out_w = 10;
@@ -269,8 +314,10 @@ START_TEST(conv2d_winograd_runs) {
   ck_assert_int_eq(cpu_conv2d_impl(&r50, CONV_PASS_FWD), wino_or_im2col);
   for (int pass = 1; pass < 3; pass++) ck_assert_int_eq(cpu_conv2d_impl(&r50, (ConvPass)pass), avx2_im2col);
   ConvGeom r50_layer1 = r18;  // 64 channels: oneDNN's, but for backward-weights without AVX-512
-  r50_layer1.in_ch = r50_layer1.out_ch = 64, r50_layer1.in_h = r50_layer1.in_w = r50_layer1.out_h = r50_layer1.out_w = 128;
-  ck_assert_int_eq(cpu_conv2d_impl(&r50_layer1, CONV_PASS_FWD), avx512_core ? CONV_IMPL_ONEDNN_WINOGRAD : CONV_IMPL_ONEDNN);
+  r50_layer1.in_ch = r50_layer1.out_ch = 64,
+  r50_layer1.in_h = r50_layer1.in_w = r50_layer1.out_h = r50_layer1.out_w = 128;
+  ck_assert_int_eq(cpu_conv2d_impl(&r50_layer1, CONV_PASS_FWD),
+                   avx512_core ? CONV_IMPL_ONEDNN_WINOGRAD : CONV_IMPL_ONEDNN);
   if (!avx512_core) {  // (with AVX-512 the backward passes' Winograd depends on its workspace)
     ck_assert_int_eq(cpu_conv2d_impl(&r50_layer1, CONV_PASS_BWD_DATA), CONV_IMPL_ONEDNN);
     ck_assert_int_eq(cpu_conv2d_impl(&r50_layer1, CONV_PASS_BWD_WEIGHTS), CONV_IMPL_IM2COL);
@@ -296,8 +343,19 @@ START_TEST(conv2d_primitive_cache_turns_over) {
   cpu_uniform(w, 3 * 2 * 3 * 3, 2, 0, -1, 1);
   for (int i = 0; i < 300 + 1; i++) {
     int s = i % 300;  // the last one is the first again, long evicted
-    ConvGeom g = {.batch = 1, .in_ch = 2, .in_h = 3 + s % 7, .in_w = 3 + s / 7, .out_ch = 3, .kh = 3, .kw = 3,
-                  .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1};
+    ConvGeom g = {.batch = 1,
+                  .in_ch = 2,
+                  .in_h = 3 + s % 7,
+                  .in_w = 3 + s / 7,
+                  .out_ch = 3,
+                  .kh = 3,
+                  .kw = 3,
+                  .stride_h = 1,
+                  .stride_w = 1,
+                  .pad_h = 1,
+                  .pad_w = 1,
+                  .dil_h = 1,
+                  .dil_w = 1};
     g.out_h = g.in_h, g.out_w = g.in_w;
     for (int k = 0; k < 2; k++) {
       cpu_conv2d_set_impl(k ? CONV_IMPL_ONEDNN : CONV_IMPL_IM2COL);
@@ -339,8 +397,19 @@ START_TEST(maxpool_matches_window_scan) {
       for (int stride = 1; stride <= 3; stride++)
         for (int pad = 0; 2 * pad <= k; pad++)
           for (int size = k; size <= 11; size += 3) {
-            ConvGeom g = {.batch = 2, .in_ch = channels, .in_h = size, .in_w = size + 2, .out_ch = channels, .kh = k, .kw = k,
-                          .stride_h = stride, .stride_w = stride, .pad_h = pad, .pad_w = pad, .dil_h = 1, .dil_w = 1};
+            ConvGeom g = {.batch = 2,
+                          .in_ch = channels,
+                          .in_h = size,
+                          .in_w = size + 2,
+                          .out_ch = channels,
+                          .kh = k,
+                          .kw = k,
+                          .stride_h = stride,
+                          .stride_w = stride,
+                          .pad_h = pad,
+                          .pad_w = pad,
+                          .dil_h = 1,
+                          .dil_w = 1};
             g.out_h = conv_out_size(g.in_h, k, stride, pad, 1), g.out_w = conv_out_size(g.in_w, k, stride, pad, 1);
             int64_t nx = g.batch * g.in_ch * g.in_h * g.in_w, ny = g.batch * g.in_ch * g.out_h * g.out_w;
             float *x = malloc((size_t)nx * 4), *y = malloc((size_t)ny * 4);
@@ -389,7 +458,8 @@ START_TEST(maxpool_matches_window_scan) {
               int64_t ol = conv_offset(1, o / (C * OHW), o / OHW % C, o % OHW, C, OHW);
               ck_assert_msg(!memcmp(&y2[o], &y[o], 4) && !memcmp(&yl[ol], &y[o], 4),
                             "no argmax: k %d stride %d pad %d size %d C %d, output %lld: nchw %g, channels last %g, "
-                            "want %g", k, stride, pad, size, channels, (long long)o, y2[o], yl[ol], y[o]);
+                            "want %g",
+                            k, stride, pad, size, channels, (long long)o, y2[o], yl[ol], y[o]);
             }
             free(y2);
             free(xl), free(yl), free(atl);
@@ -530,10 +600,10 @@ START_TEST(layernorm_rows_side_by_side_bit_for_bit) {
           for (int64_t j = 0; j < n; j++)
             want[r * n + j] = layernorm_elem(xr[j], want_mean[r], want_rstd[r], wp ? wp[j] : 1.0f, bp ? bp[j] : 0.0f);
         }
-        ck_assert_msg(!memcmp(y, want, sizeof(float) * (size_t)N) && !memcmp(mean, want_mean, sizeof(float) * (size_t)rows) &&
-                          !memcmp(rstd, want_rstd, sizeof(float) * (size_t)rows),
-                      "%lld rows of %lld (affine %d): not the one-row-at-a-time floats", (long long)rows, (long long)n,
-                      affine);
+        ck_assert_msg(
+            !memcmp(y, want, sizeof(float) * (size_t)N) && !memcmp(mean, want_mean, sizeof(float) * (size_t)rows) &&
+                !memcmp(rstd, want_rstd, sizeof(float) * (size_t)rows),
+            "%lld rows of %lld (affine %d): not the one-row-at-a-time floats", (long long)rows, (long long)n, affine);
         free(buf);
       }
 }
@@ -731,7 +801,8 @@ START_TEST(permute_matches_index_loops) {
     cpu_uniform(x, n, 40 + si, 0, -1, 1);
     for (int pi = 0; pi < np; pi++) {
       const int *p = perms[pi];
-      int64_t out[4] = {in[p[0]], in[p[1]], in[p[2]], in[p[3]]}, stride[4] = {in[1] * in[2] * in[3], in[2] * in[3], in[3], 1};
+      int64_t out[4] = {in[p[0]], in[p[1]], in[p[2]], in[p[3]]},
+              stride[4] = {in[1] * in[2] * in[3], in[2] * in[3], in[3], 1};
       for (int64_t i = 0; i < n; i++) {  // y's element i: its index along each dim of y, then x's offset
         int64_t rest = i, off = 0;
         for (int dd = 3; dd >= 0; dd--) {
@@ -762,7 +833,7 @@ END_TEST
 // |alpha a b| + 2 u |beta c| (u = 2^-24); a wrong leading dimension or transposition is off by far more.
 static double gemm_worst_ratio(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t batch, uint64_t seed) {
   const float alpha = 0.75f, beta = -0.5f;
-  int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;  // under ta, op(A)'s rows are A's columns
+  int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;     // under ta, op(A)'s rows are A's columns
   int64_t sa = (ta ? k : m) * lda, sb = (tb ? n : k) * ldb, sc = m * ldc;  // one matrix each, gaps included
   float *a = malloc((size_t)(batch * sa) * sizeof(float)), *b = malloc((size_t)(batch * sb) * sizeof(float));
   float *c = malloc((size_t)(batch * sc) * sizeof(float)), *c0 = malloc((size_t)(batch * sc) * sizeof(float));
@@ -802,9 +873,9 @@ START_TEST(gemm_every_transposition_matches_double) {
   static const struct {
     int64_t m, n, k;
     bool openblas;  // below AVX-512, A^T B of this C runs on OpenBLAS
-  } shapes[] = {{2048, 256, 40, true}, {256, 2048, 24, true}, {256, 2304, 30, true}, {128, 1152, 40, false}, {512, 512, 33, true},
-                {1024, 512, 17, false}, {64, 576, 50, false}, {1024, 32, 20, false}, {600, 200, 50, true},
-                {7, 5, 3, false}};
+  } shapes[] = {{2048, 256, 40, true}, {256, 2048, 24, true},  {256, 2304, 30, true}, {128, 1152, 40, false},
+                {512, 512, 33, true},  {1024, 512, 17, false}, {64, 576, 50, false},  {1024, 32, 20, false},
+                {600, 200, 50, true},  {7, 5, 3, false}};
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
     for (int t = 0; t < 4; t++) {
       bool ta = t & 1, tb = t & 2;
@@ -814,8 +885,8 @@ START_TEST(gemm_every_transposition_matches_double) {
                     ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)m, (long long)n, cpu_gemm_on_openblas(ta, tb, m, n),
                     want_openblas);
       double worst = gemm_worst_ratio(ta, tb, m, n, k, 1, 11 + si);
-      ck_assert_msg(worst <= 1.0, "%c%c %lldx%lldx%lld: worst error %.3g of its bound", ta ? 'T' : 'N',
-                    tb ? 'T' : 'N', (long long)m, (long long)n, (long long)k, worst);
+      ck_assert_msg(worst <= 1.0, "%c%c %lldx%lldx%lld: worst error %.3g of its bound", ta ? 'T' : 'N', tb ? 'T' : 'N',
+                    (long long)m, (long long)n, (long long)k, worst);
     }
   }
   // A batch of small products runs one per thread (inside a parallel region: OpenBLAS single-threaded there).

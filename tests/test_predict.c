@@ -85,7 +85,7 @@ END_TEST
 
 START_TEST(line_pixels) {
   Image img = blank(10, 10, 0);
-  draw_line(&img, 1, 1, 6, 6, RED, 1);  // the diagonal exactly
+  draw_line(&img, 1, 1, 6, 6, RED, 1);   // the diagonal exactly
   draw_line(&img, 9, 0, 9, 3, BLUE, 1);  // a vertical run, ends included
   int red = 0, blue = 0;
   for (int y = 0; y < 10; y++)
@@ -99,8 +99,7 @@ START_TEST(line_pixels) {
   Image t = blank(10, 10, 0);
   draw_line(&t, 2, 5, 7, 5, RED, 3);
   for (int y = 0; y < 10; y++)
-    for (int x = 0; x < 10; x++)
-      ck_assert_int_eq(is_rgb(&t, x, y, RED), x >= 1 && x <= 8 && y >= 4 && y <= 6);
+    for (int x = 0; x < 10; x++) ck_assert_int_eq(is_rgb(&t, x, y, RED), x >= 1 && x <= 8 && y >= 4 && y <= 6);
   image_free(&t);
   image_free(&img);
 }
@@ -123,7 +122,8 @@ START_TEST(font_glyphs) {
         on += lit;
       }
     ck_assert_msg(c == ' ' ? on == 0 : on > 0, "glyph '%c' has %d pixels", c, on);
-    for (int d = 32; d < c; d++) ck_assert_msg(memcmp(seen[c - 32], seen[d - 32], sizeof seen[0]), "'%c' == '%c'", c, d);
+    for (int d = 32; d < c; d++)
+      ck_assert_msg(memcmp(seen[c - 32], seen[d - 32], sizeof seen[0]), "'%c' == '%c'", c, d);
     image_free(&img);
   }
   // Scaled text: lit pixels exactly inside the measured box, and the box's last column and row
@@ -191,7 +191,7 @@ START_TEST(clipping_stays_inside) {
   draw_text_up(&img, W - 3, H + 20, "edge", WHITE, 2);
   draw_label(&img, W - 5, H - 5, "label", RED, 2, 3);
   draw_label(&img, INT_MAX - 5, INT_MIN + 5, "far", RED, INT_MAX, INT_MAX);  // no overflow (UBSan)
-  draw_line(&img, INT_MIN, 3, INT_MAX, 4, BLUE, INT_MAX);  // a brush wider than the image: bounded
+  draw_line(&img, INT_MIN, 3, INT_MAX, 4, BLUE, INT_MAX);                    // a brush wider than the image: bounded
   draw_pixel(&img, -1, 0, RED);
   draw_pixel(&img, W, H - 1, RED);
   for (size_t i = 0; i < GUARD; i++) {
@@ -209,7 +209,7 @@ START_TEST(class_colours) {
   Rgb a = draw_class_colour(1), b = draw_class_colour(2), c = draw_class_colour(17), d = draw_class_colour(-3);
   ck_assert(a.r != b.r || a.g != b.g || a.b != b.b);
   ck_assert(a.r == c.r && a.g == c.g && a.b == c.b);  // the palette cycles every 16
-  (void)d;  // a negative id must not index outside the palette (ASan checks)
+  (void)d;                                            // a negative id must not index outside the palette (ASan checks)
 }
 END_TEST
 
@@ -226,7 +226,7 @@ START_TEST(label_placement) {
                     "label %d overlaps label %d", k, j);
   }
   ck_assert(taken[0].x0 == 40 && taken[0].y1 == 59);  // above the box
-  ck_assert(taken[1].y0 == 151);                       // then below it
+  ck_assert(taken[1].y0 == 151);                      // then below it
   int dw, dh;
   draw_display_size(64, 48, &dw, &dh);  // small pictures scaled up, large ones kept
   ck_assert(dw == 512 && dh == 384);
@@ -296,16 +296,22 @@ static bool no_temp_files(void) {
 
 START_TEST(chart_png) {
   double steps[200], loss[200], ep[5] = {1, 2, 3, 4, 5}, ap[5] = {0.01, 0.05, NAN, 0.12, 0.2},
-                                 ap50[5] = {0.03, 0.1, 0.2, 0.25, 0.33}, one_x = 7, one_y = 0.4;
+                                ap50[5] = {0.03, 0.1, 0.2, 0.25, 0.33}, one_x = 7, one_y = 0.4;
   for (int i = 0; i < 200; i++) steps[i] = 10 * i, loss[i] = 5.0 * exp(-i / 60.0) + 0.1 * sin(i);
   loss[50] = INFINITY;  // a gap
   const Rgb C1 = {1, 2, 250}, C2 = {250, 3, 4}, C3 = {5, 251, 6}, C4 = {7, 8, 9};
   ChartSpec spec = {.title = "detr-r18-small on synth", .n_panels = 2};
-  spec.panels[0] = (ChartPanel){.title = "loss", .x_label = "step", .y_label = "loss", .n_series = 2,
+  spec.panels[0] = (ChartPanel){.title = "loss",
+                                .x_label = "step",
+                                .y_label = "loss",
+                                .n_series = 2,
                                 .series = {{"train loss", steps, loss, 200, C1}, {"empty", NULL, NULL, 0, C4}}};
-  spec.panels[1] = (ChartPanel){.title = "COCO AP", .x_label = "epoch", .y_label = "AP", .n_series = 3,
-                                .series = {{"AP", ep, ap, 5, C2}, {"AP50", ep, ap50, 5, C3},
-                                           {"one", &one_x, &one_y, 1, C4}}};
+  spec.panels[1] =
+      (ChartPanel){.title = "COCO AP",
+                   .x_label = "epoch",
+                   .y_label = "AP",
+                   .n_series = 3,
+                   .series = {{"AP", ep, ap, 5, C2}, {"AP50", ep, ap50, 5, C3}, {"one", &one_x, &one_y, 1, C4}}};
   char err[512];
   ck_assert_msg(chart_write_png(at("chart.png"), &spec, err, sizeof err) == 0, "%s", err);
   ck_assert(no_temp_files());
@@ -388,10 +394,11 @@ static DetrModel *make_fixture(void) {
   DataError derr;
   ck_assert_int_eq(image_write_jpeg(at("img.jpg"), &px[0][0][0], IMG_W, IMG_H, 3, 92, &derr), 0);
   FILE *f = fopen(at("names.json"), "w");
-  fprintf(f, "{\"images\": [{\"id\": 1, \"file_name\": \"img.jpg\", \"width\": %d, \"height\": %d}],\n"
-             " \"annotations\": [{\"id\": 1, \"image_id\": 1, \"category_id\": 1, \"bbox\": [10, 10, 30, 20],"
-             " \"area\": 600, \"iscrowd\": 0}],\n"
-             " \"categories\": [{\"id\": 1, \"name\": \"alpha\"}, {\"id\": 3, \"name\": \"be\\\"ta\"}]}\n",
+  fprintf(f,
+          "{\"images\": [{\"id\": 1, \"file_name\": \"img.jpg\", \"width\": %d, \"height\": %d}],\n"
+          " \"annotations\": [{\"id\": 1, \"image_id\": 1, \"category_id\": 1, \"bbox\": [10, 10, 30, 20],"
+          " \"area\": 600, \"iscrowd\": 0}],\n"
+          " \"categories\": [{\"id\": 1, \"name\": \"alpha\"}, {\"id\": 3, \"name\": \"be\\\"ta\"}]}\n",
           IMG_W, IMG_H);
   fclose(f);
   return m;
@@ -561,10 +568,10 @@ START_TEST(predict_checkpoint) {
   DetrModel *m = make_fixture();
   char err[1024];
   TrainState state = {.step = 7, .epoch = 2, .next_batch = 3, .seed = 42, .best_map = 0.125};
-  ck_assert_int_eq(checkpoint_save(at("plain.safetensors"), m, NULL, &state,
-                                   "train --data d --config tiny --image-size 96 --max-size=160", NULL, err,
-                                   sizeof err),
-                   0);
+  ck_assert_int_eq(
+      checkpoint_save(at("plain.safetensors"), m, NULL, &state,
+                      "train --data d --config tiny --image-size 96 --max-size=160", NULL, err, sizeof err),
+      0);
   // The same checkpoint with class names in its metadata (the crc covers the tensors only).
   StFile *f = st_open(at("plain.safetensors"), err, sizeof err);
   ck_assert_ptr_nonnull(f);
@@ -573,7 +580,8 @@ START_TEST(predict_checkpoint) {
     const StEntry *e = st_entry(f, i);
     st_writer_add(w, e->name, e->dtype, e->ndim, e->shape, st_data(f, e));
   }
-  for (int i = 0; i < st_metadata_count(f); i++) st_writer_set_metadata(w, st_metadata_key(f, i), st_metadata_value(f, i));
+  for (int i = 0; i < st_metadata_count(f); i++)
+    st_writer_set_metadata(w, st_metadata_key(f, i), st_metadata_value(f, i));
   st_writer_set_metadata(w, "categories", "1:one;3:three");
   ck_assert_int_eq(st_writer_save(w, at("ckpt.safetensors"), err, sizeof err), 0);
   st_writer_free(w);
@@ -584,8 +592,10 @@ START_TEST(predict_checkpoint) {
                at("ckpt.safetensors"), at("img.jpg"), at("a"));
   ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
   // The training run's val size (96/160, from the stored command) is used: same as giving it.
-  rc = run(out, sizeof out, "%s predict --weights %s --config tiny --image-size 96 --max-size 160 %s --out %s "
-                            "--threshold 0", DETR_BIN, at("w.safetensors"), at("img.jpg"), at("b"));
+  rc = run(out, sizeof out,
+           "%s predict --weights %s --config tiny --image-size 96 --max-size 160 %s --out %s "
+           "--threshold 0",
+           DETR_BIN, at("w.safetensors"), at("img.jpg"), at("b"));
   ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
   rc = run(out, sizeof out, "%s predict --weights %s --config tiny %s --out %s --threshold 0", DETR_BIN,
            at("w.safetensors"), at("img.jpg"), at("c"));
@@ -600,14 +610,17 @@ START_TEST(predict_checkpoint) {
     ck_assert_double_eq(a[k].score, b[k].score);
     differs_from_default |= a[k].score != c[k].score;
     char buf[32];
-    const char *name = a[k].label == 1 ? "one" : a[k].label == 3 ? "three" : (sprintf(buf, "class %d", a[k].label), buf);
+    const char *name = a[k].label == 1   ? "one"
+                       : a[k].label == 3 ? "three"
+                                         : (sprintf(buf, "class %d", a[k].label), buf);
     ck_assert_str_eq(a[k].name, name);
   }
   ck_assert(differs_from_default);  // 128/192 gives other numbers: the sizes did matter
   // --names replaces the checkpoint's names; a file with only "categories" (gzip-compressed) does.
   gzFile gz = gzopen(at("cats.json.gz"), "wb");
-  gzputs(gz, "{\"info\": {\"x\": [1, {\"id\": 3}]}, \"categories\": [{\"id\": 1, \"name\": \"uno\", "
-             "\"keypoints\": [\"a\"]}]}");
+  gzputs(gz,
+         "{\"info\": {\"x\": [1, {\"id\": 3}]}, \"categories\": [{\"id\": 1, \"name\": \"uno\", "
+         "\"keypoints\": [\"a\"]}]}");
   gzclose(gz);
   rc = run(out, sizeof out, "%s predict --checkpoint %s %s --out %s --threshold 0 --names %s", DETR_BIN,
            at("ckpt.safetensors"), at("img.jpg"), at("e"), at("cats.json.gz"));
@@ -646,8 +659,8 @@ START_TEST(predict_checkpoint) {
   rc = run(out, sizeof out, "%s info %s", DETR_BIN, at("bad.safetensors"));
   ck_assert_int_eq(rc, 1);
   ck_assert_msg(strstr(out, "checksum mismatch") && strstr(out, at("bad.safetensors")), "%s", out);
-  rc = run(out, sizeof out, "%s predict --checkpoint %s %s --out %s", DETR_BIN, at("bad.safetensors"),
-           at("img.jpg"), at("d"));
+  rc = run(out, sizeof out, "%s predict --checkpoint %s %s --out %s", DETR_BIN, at("bad.safetensors"), at("img.jpg"),
+           at("d"));
   ck_assert_int_eq(rc, 1);
   ck_assert_msg(strstr(out, "checksum mismatch"), "%s", out);
   // Plain weights given as a checkpoint: told to use --weights.
@@ -742,13 +755,15 @@ START_TEST(predict_bad_input) {
     ck_assert_msg(strstr(out, bad[i]), "%s", out);
   }
   // A names file that is not COCO JSON: exit 1, named.
-  rc = run(out, sizeof out, "%s predict --weights %s --config tiny %s --out %s --names %s", DETR_BIN, W,
-           at("img.jpg"), at("o"), bad[1]);
+  rc = run(out, sizeof out, "%s predict --weights %s --config tiny %s --out %s --names %s", DETR_BIN, W, at("img.jpg"),
+           at("o"), bad[1]);
   ck_assert_int_eq(rc, 1);
   ck_assert_msg(strstr(out, "malformed JSON") && strstr(out, bad[1]), "%s", out);
   // Under --bad-input skip the readable image is still predicted.
-  rc = run(out, sizeof out, "%s predict --weights %s --config tiny %s %s --out %s --bad-input skip --threshold 0 "
-                            "--json %s", DETR_BIN, W, at("junk.jpg"), at("img.jpg"), at("s"), at("s.json"));
+  rc = run(out, sizeof out,
+           "%s predict --weights %s --config tiny %s %s --out %s --bad-input skip --threshold 0 "
+           "--json %s",
+           DETR_BIN, W, at("junk.jpg"), at("img.jpg"), at("s"), at("s.json"));
   ck_assert_msg(rc == 0, "%s", out);
   ck_assert_ptr_nonnull(strstr(out, "warning"));
   Pred p[64];
@@ -874,8 +889,10 @@ END_TEST
 // the val split.
 static void make_data(void) {
   char cmd[1400];
-  snprintf(cmd, sizeof cmd, "mkdir -p %s/data/annotations %s/data/val && cp %s %s/data/annotations/instances_val.json "
-           "&& cp %s %s/data/val/img.jpg", tmp, tmp, at("names.json"), tmp, at("img.jpg"), tmp);
+  snprintf(cmd, sizeof cmd,
+           "mkdir -p %s/data/annotations %s/data/val && cp %s %s/data/annotations/instances_val.json "
+           "&& cp %s %s/data/val/img.jpg",
+           tmp, tmp, at("names.json"), tmp, at("img.jpg"), tmp);
   ck_assert_int_eq(system(cmd), 0);
 }
 
@@ -891,8 +908,8 @@ START_TEST(checkpoint_batch) {
   const struct {
     const char *cmd;
     long long batch;
-  } cases[] = {{"train --data d --batch 4", 4}, {"train --data d --batch=3 --workers 1", 3}, {"train --data d", 2},
-               {NULL, -1}};
+  } cases[] = {
+      {"train --data d --batch 4", 4}, {"train --data d --batch=3 --workers 1", 3}, {"train --data d", 2}, {NULL, -1}};
   for (int i = 0; i < 4; i++) {
     save_checkpoint(m, at("c.safetensors"), cases[i].cmd, NULL);
     char err[1024];
@@ -954,16 +971,16 @@ START_TEST(eval_run_defaults) {
   static char out[1 << 16];
   save_checkpoint(m, at("b4.safetensors"), "train --data d --config tiny --batch 4", NULL);
   save_checkpoint(m, at("b.safetensors"), "train --data d --config tiny", NULL);
-  int rc = run(out, sizeof out, "%s eval --checkpoint %s --data %s --threads 1", DETR_BIN, at("b4.safetensors"),
-               at("data"));
+  int rc =
+      run(out, sizeof out, "%s eval --checkpoint %s --data %s --threads 1", DETR_BIN, at("b4.safetensors"), at("data"));
   ck_assert_msg(rc == 0 && strstr(out, "in batches of 4 "), "exit %d: %s", rc, out);
   rc = run(out, sizeof out, "%s eval --checkpoint %s --data %s --batch 1", DETR_BIN, at("b4.safetensors"), at("data"));
   ck_assert_msg(rc == 0 && strstr(out, "in batches of 1 "), "exit %d: %s", rc, out);
   rc = run(out, sizeof out, "%s eval --checkpoint %s --data %s", DETR_BIN, at("b.safetensors"), at("data"));
   ck_assert_msg(rc == 0 && strstr(out, "in batches of 2 "), "exit %d: %s", rc, out);
-  ck_assert_int_eq(run(out, sizeof out, "%s eval --checkpoint %s --data %s --threads -1", DETR_BIN,
-                       at("b.safetensors"), at("data")),
-                   2);
+  ck_assert_int_eq(
+      run(out, sizeof out, "%s eval --checkpoint %s --data %s --threads -1", DETR_BIN, at("b.safetensors"), at("data")),
+      2);
   ck_assert_int_eq(run(out, sizeof out, "%s eval --help", DETR_BIN), 0);
   ck_assert_msg(strstr(out, "default " SETUP_DEFAULT_PRESET) && strstr(out, "training run, else 2"), "%s", out);
   detr_model_free(m);
@@ -1016,7 +1033,7 @@ START_TEST(cross_attention_capture) {
   const char *kinds[][2] = {{"detr", "softmax"}, {"conditional", "softmax"}, {"detr", "kmeans"}, {"anchor", "softmax"}};
   enum { B = 2, H = 96, W = 128 };
   float *px = malloc(sizeof(float) * B * 3 * H * W);  // [B, 3, H, W]
-  uint8_t mask[B * H * W] = {0};                       // [B, H, W]: image 1's right half is padding
+  uint8_t mask[B * H * W] = {0};                      // [B, H, W]: image 1's right half is padding
   for (int i = 0; i < B * 3 * H * W; i++) px[i] = sinf(0.37f * (float)i) + 0.5f * cosf(0.011f * (float)i);
   for (int y = 0; y < H; y++)
     for (int x = W / 2; x < W; x++) mask[(H + y) * W + x] = 1;
@@ -1104,9 +1121,11 @@ START_TEST(show_pictures) {
   snprintf(small, sizeof small, "%s", at("small.png"));
   snprintf(grey, sizeof grey, "%s", at("grey.png"));
   snprintf(dir, sizeof dir, "%s", at("o"));
-  int rc = run(out, sizeof out, "%s synth --out %s --train 4 --val 1 --seed 0 --min-side 64 --max-side 96 && "
+  int rc = run(out, sizeof out,
+               "%s synth --out %s --train 4 --val 1 --seed 0 --min-side 64 --max-side 96 && "
                "%s train --data %s --config tiny --enact --set num_classes=14 --max-steps 2 --batch 2 --threads 1 "
-               "--val-split none --out %s", DETR_BIN, at("synth"), DETR_BIN, at("synth"), at("run"));
+               "--val-split none --out %s",
+               DETR_BIN, at("synth"), DETR_BIN, at("synth"), at("run"));
   ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
   uint8_t px[48][64][3], flat[48][64][3];
   for (int y = 0; y < 48; y++)
@@ -1119,8 +1138,10 @@ START_TEST(show_pictures) {
   ck_assert_int_eq(image_write_png(small, &px[0][0][0], 64, 48, 3, &derr), 0);
   ck_assert_int_eq(image_write_png(grey, &flat[0][0][0], 64, 48, 3, &derr), 0);
   // A sigma of 1 (3 trained with): more clusters on these small maps, so that their colours count.
-  rc = run(out, sizeof out, "%s predict --checkpoint %s --image-size 320 --max-size 480 --set enact_sigma=1 "
-           "--threshold 0 --show attention --show clusters %s %s --out %s", DETR_BIN, ckpt, small, grey, dir);
+  rc = run(out, sizeof out,
+           "%s predict --checkpoint %s --image-size 320 --max-size 480 --set enact_sigma=1 "
+           "--threshold 0 --show attention --show clusters %s %s --out %s",
+           DETR_BIN, ckpt, small, grey, dir);
   ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
 
   // The same model through the API.
@@ -1139,7 +1160,7 @@ START_TEST(show_pictures) {
   ck_assert_int_eq(n, 10);  // threshold 0: one per query
   for (int i = 0; i < n; i++) {
     const float *map = detr_result_attention(r, i, &h, &w);  // [h, w]
-    ck_assert(map && h == 10 && w == 14);                   // 320x427 at stride 32 (tiny: ResNet-18)
+    ck_assert(map && h == 10 && w == 14);                    // 320x427 at stride 32 (tiny: ResNet-18)
     double sum = 0;
     for (int k = 0; k < h * w; k++) sum += map[k];
     ck_assert_msg(fabs(sum - 1) < 1e-5, "detection %d: attention sums to %g", i, sum);

@@ -46,9 +46,11 @@ static int train_lines(const char *run) {
 
 static bool each_step_once(const char *run, int steps) {
   char want[512] = "";
-  for (int s = 1, n = 0; s <= steps && n < (int)sizeof want - 16; s++) n += snprintf(want + n, sizeof want - n, "%d ", s);
+  for (int s = 1, n = 0; s <= steps && n < (int)sizeof want - 16; s++)
+    n += snprintf(want + n, sizeof want - n, "%d ", s);
   return sh("grep '\"type\": \"train\"' %s/%s/metrics.jsonl | sed 's/.*\"step\": \\([0-9]*\\),.*/\\1/' | "
-            "tr '\\n' ' ' | grep -qx '%s'", test_root, run, want) == 0;
+            "tr '\\n' ' ' | grep -qx '%s'",
+            test_root, run, want) == 0;
 }
 
 // A run into a directory that holds another run (of another config, or without --resume) stops
@@ -56,11 +58,13 @@ static bool each_step_once(const char *run, int steps) {
 START_TEST(existing_run_is_never_overwritten) {
   setup_data();
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/a --max-steps 4 %s", DETR_BIN, test_root, test_root, TINY), 0);
-  ck_assert_int_eq(sh("(cd %s/a && md5sum ckpt-2.safetensors ckpt-4.safetensors metrics.jsonl > ../a.md5)", test_root), 0);
+  ck_assert_int_eq(sh("(cd %s/a && md5sum ckpt-2.safetensors ckpt-4.safetensors metrics.jsonl > ../a.md5)", test_root),
+                   0);
   clear_log();
   // Another model config with --resume auto: refused, naming the differing key.
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/a --max-steps 6 --resume auto %s --set hidden_dim=16", DETR_BIN,
-                      test_root, test_root, TINY), 1);
+                      test_root, test_root, TINY),
+                   1);
   ASSERT_LOG("hidden_dim");
   ASSERT_LOG("--out");
   ck_assert_int_eq(sh("cd %s/a && md5sum -c --quiet ../a.md5", test_root), 0);
@@ -73,23 +77,32 @@ START_TEST(existing_run_is_never_overwritten) {
   ck_assert_int_eq(sh("cd %s/a && md5sum -c --quiet ../a.md5", test_root), 0);
   // --resume auto without --config: the checkpoint's model config, continued to step 6.
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/a --max-steps 6 --resume auto --epochs 50 --checkpoint-every 2 "
-                      "--keep 20 --threads 2 --seed 5 --no-progress --eval-every 0", DETR_BIN, test_root, test_root), 0);
+                      "--keep 20 --threads 2 --seed 5 --no-progress --eval-every 0",
+                      DETR_BIN, test_root, test_root),
+                   0);
   ck_assert_msg(each_step_once("a", 6), "metrics.jsonl does not hold steps 1-6 once each");
   ck_assert_int_eq(sh("(cd %s/a && md5sum *.safetensors metrics.jsonl > ../a.md5)", test_root), 0);
   // --move-old-run: the old run moved aside whole, a new one started; its starting backbone, kept
   // in the old run's directory, is read before the move.
   ck_assert_int_eq(sh("cp %s/a/ckpt-2.safetensors %s/a/backbone.safetensors", test_root, test_root), 0);
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/a --max-steps 2 --move-old-run --init-backbone "
-                      "%s/a/backbone.safetensors %s", DETR_BIN, test_root, test_root, test_root, TINY), 0);
+                      "%s/a/backbone.safetensors %s",
+                      DETR_BIN, test_root, test_root, test_root, TINY),
+                   0);
   ck_assert_int_eq(train_lines("a"), 2);
   ck_assert_int_eq(sh("test $(ls -d %s/a.old-* | wc -l) -eq 1 && cd %s/a.old-* && md5sum -c --quiet ../a.md5 && "
-                      "test -e ckpt-6.safetensors", test_root, test_root), 0);
+                      "test -e ckpt-6.safetensors",
+                      test_root, test_root),
+                   0);
   // A run that stopped before its first checkpoint (its log written): --resume auto starts it again.
-  ck_assert_int_eq(sh("mkdir %s/early && (head -1 %s/a/metrics.jsonl > %s/early/metrics.jsonl)", test_root, test_root,
-                      test_root), 0);
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/early --max-steps 2 %s", DETR_BIN, test_root, test_root, TINY), 1);
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/early --max-steps 2 --resume auto %s", DETR_BIN, test_root,
-                      test_root, TINY), 0);
+  ck_assert_int_eq(
+      sh("mkdir %s/early && (head -1 %s/a/metrics.jsonl > %s/early/metrics.jsonl)", test_root, test_root, test_root),
+      0);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/early --max-steps 2 %s", DETR_BIN, test_root, test_root, TINY),
+                   1);
+  ck_assert_int_eq(
+      sh("%s train --data %s/data --out %s/early --max-steps 2 --resume auto %s", DETR_BIN, test_root, test_root, TINY),
+      0);
   ck_assert(each_step_once("early", 2));
 }
 END_TEST
@@ -108,41 +121,46 @@ START_TEST(resume_keeps_one_history) {
   if (dead == 0) _exit(0);
   waitpid(dead, NULL, 0);
   ck_assert_int_eq(sh("cd %s/c && head -c 100000 ckpt-4.safetensors > ckpt-6.safetensors.tmp.%d && touch "
-                      "ckpt-6.safetensors.tmp.%d notes.txt.tmp.%d && touch -d '2 minutes ago' *.tmp.*", test_root,
-                      (int)dead, (int)getpid(), (int)dead), 0);
+                      "ckpt-6.safetensors.tmp.%d notes.txt.tmp.%d && touch -d '2 minutes ago' *.tmp.*",
+                      test_root, (int)dead, (int)getpid(), (int)dead),
+                   0);
   clear_log();
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/c --max-steps 8 --resume auto %s", DETR_BIN, test_root, test_root,
-                      TINY), 0);
+  ck_assert_int_eq(
+      sh("%s train --data %s/data --out %s/c --max-steps 8 --resume auto %s", DETR_BIN, test_root, test_root, TINY), 0);
   ck_assert_msg(each_step_once("c", 8), "metrics.jsonl does not hold steps 1-8 once each");
   ASSERT_LOG("stopped at step 8 .*--max-steps");
   ASSERT_LOG("removed [^ ]*/c/ckpt-6.safetensors.tmp.[0-9]+ \\(0.1 MB\\), left by process");
   ck_assert_int_eq(sh("cd %s/c && ! test -e ckpt-6.safetensors.tmp.%d && test -e ckpt-6.safetensors.tmp.%d && "
-                      "test -e notes.txt.tmp.%d && rm ckpt-6.safetensors.tmp.%d notes.txt.tmp.%d", test_root, (int)dead,
-                      (int)getpid(), (int)dead, (int)getpid(), (int)dead), 0);
+                      "test -e notes.txt.tmp.%d && rm ckpt-6.safetensors.tmp.%d notes.txt.tmp.%d",
+                      test_root, (int)dead, (int)getpid(), (int)dead, (int)getpid(), (int)dead),
+                   0);
   // At its --max-steps: nothing to do, nothing written.
   ck_assert_int_eq(sh("(cd %s/c && ls -l --time-style=full-iso > ../c.ls && md5sum * > ../c.md5)", test_root), 0);
   clear_log();
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/c --max-steps 8 --resume auto %s", DETR_BIN, test_root, test_root,
-                      TINY), 0);
+  ck_assert_int_eq(
+      sh("%s train --data %s/data --out %s/c --max-steps 8 --resume auto %s", DETR_BIN, test_root, test_root, TINY), 0);
   ASSERT_LOG("at step 8, which --max-steps 8 has reached: nothing to do");
-  ck_assert_int_eq(sh("cd %s/c && md5sum -c --quiet ../c.md5 && ls -l --time-style=full-iso | cmp -s - ../c.ls",
-                      test_root), 0);
+  ck_assert_int_eq(
+      sh("cd %s/c && md5sum -c --quiet ../c.md5 && ls -l --time-style=full-iso | cmp -s - ../c.ls", test_root), 0);
   // An older checkpoint of this directory: refused; into a new --out: a branch, the original kept.
   clear_log();
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/c --max-steps 8 --resume %s/c/ckpt-2.safetensors %s", DETR_BIN,
-                      test_root, test_root, test_root, TINY), 1);
+                      test_root, test_root, test_root, TINY),
+                   1);
   ASSERT_LOG("ckpt-8");
   ASSERT_LOG("--out");
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/c2 --max-steps 4 --resume %s/c/ckpt-2.safetensors %s", DETR_BIN,
-                      test_root, test_root, test_root, TINY), 0);
+                      test_root, test_root, test_root, TINY),
+                   0);
   ck_assert_int_eq(sh("test -e %s/c2/ckpt-4.safetensors && test -e %s/c/ckpt-8.safetensors", test_root, test_root), 0);
   // Other categories in the data: a resumed run trains on its own classes (--init starts anew).
   ck_assert_int_eq(sh("cp -r %s/data %s/dc && sed -i 's/\"id\": 7, \"name\"/\"id\": 99, \"name\"/; "
                       "s/\"category_id\": 7,/\"category_id\": 99,/' %s/dc/annotations/instances_train.json",
-                      test_root, test_root, test_root), 0);
+                      test_root, test_root, test_root),
+                   0);
   clear_log();
-  ck_assert_int_eq(sh("%s train --data %s/dc --out %s/c --max-steps 10 --resume auto %s", DETR_BIN, test_root, test_root,
-                      TINY), 1);
+  ck_assert_int_eq(
+      sh("%s train --data %s/dc --out %s/c --max-steps 10 --resume auto %s", DETR_BIN, test_root, test_root, TINY), 1);
   ASSERT_LOG("categories .* differ");
   ASSERT_LOG("--init");
 }
@@ -155,7 +173,9 @@ START_TEST(epoch_checkpoint_knows_its_evaluation) {
   setup_data();
   // 12 images, 4 a step: the epoch ends at step 3, its evaluation the first (so a new best).
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/e --config tiny --set num_classes=100 --epochs 1 --batch 4 "
-                      "--threads 2 --workers 2 --seed 5 --no-progress", DETR_BIN, test_root, test_root), 0);
+                      "--threads 2 --workers 2 --seed 5 --no-progress",
+                      DETR_BIN, test_root, test_root),
+                   0);
   const char *best_ap = "%s info %s/e/%s | grep 'best AP:'";
   char a[512], b[512];
   snprintf(a, sizeof a, best_ap, DETR_BIN, test_root, "ckpt-3.safetensors");
@@ -169,7 +189,8 @@ START_TEST(loss_weights_and_no_val_split) {
   setup_data();
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/w1 --max-steps 1 %s", DETR_BIN, test_root, test_root, TINY), 0);
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/w2 --max-steps 1 %s --bbox-loss-coef 0 --giou-loss-coef 0",
-                      DETR_BIN, test_root, test_root, TINY), 0);
+                      DETR_BIN, test_root, test_root, TINY),
+                   0);
   // The same first step's terms, another weighted total.
   const char *terms = "grep -o '\"loss_bbox\": [0-9.]*' %s/%s/metrics.jsonl";
   char a[512], b[512];
@@ -177,18 +198,27 @@ START_TEST(loss_weights_and_no_val_split) {
   snprintf(b, sizeof b, terms, test_root, "w2");
   ck_assert_int_eq(sh("test \"$(%s)\" = \"$(%s)\"", a, b), 0);
   ck_assert_int_ne(sh("test \"$(grep -o '\"loss\": [0-9.]*' %s/w1/metrics.jsonl)\" = "
-                      "\"$(grep -o '\"loss\": [0-9.]*' %s/w2/metrics.jsonl)\"", test_root, test_root), 0);
+                      "\"$(grep -o '\"loss\": [0-9.]*' %s/w2/metrics.jsonl)\"",
+                      test_root, test_root),
+                   0);
   // The no-object weight changes the class loss itself.
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/w3 --max-steps 1 %s --eos-coef 0.5", DETR_BIN, test_root,
-                      test_root, TINY), 0);
+  ck_assert_int_eq(
+      sh("%s train --data %s/data --out %s/w3 --max-steps 1 %s --eos-coef 0.5", DETR_BIN, test_root, test_root, TINY),
+      0);
   ck_assert_int_ne(sh("test \"$(grep -o '\"loss_ce\": [0-9.]*' %s/w1/metrics.jsonl)\" = "
-                      "\"$(grep -o '\"loss_ce\": [0-9.]*' %s/w3/metrics.jsonl)\"", test_root, test_root), 0);
+                      "\"$(grep -o '\"loss_ce\": [0-9.]*' %s/w3/metrics.jsonl)\"",
+                      test_root, test_root),
+                   0);
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/w4 --max-steps 1 %s --bbox-loss-coef -1", DETR_BIN, test_root,
-                      test_root, TINY), 2);
+                      test_root, TINY),
+                   2);
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/nv --config tiny --set num_classes=100 --epochs 1 --threads 2 "
-                      "--no-progress --val-split none", DETR_BIN, test_root, test_root), 0);
-  ck_assert_int_eq(sh("test -e %s/nv/best.safetensors || grep -q '\"type\": \"eval\"' %s/nv/metrics.jsonl", test_root,
-                      test_root), 1);
+                      "--no-progress --val-split none",
+                      DETR_BIN, test_root, test_root),
+                   0);
+  ck_assert_int_eq(
+      sh("test -e %s/nv/best.safetensors || grep -q '\"type\": \"eval\"' %s/nv/metrics.jsonl", test_root, test_root),
+      1);
 }
 END_TEST
 
@@ -213,8 +243,9 @@ START_TEST(ctrl_c_saves_and_says_how_to_resume) {
   ck_assert_int_eq(sh("f=$(grep -o '[^ ]*/i/ckpt-[0-9]*.safetensors' %s | tail -1) && test -s \"$f\"", log_path), 0);
   int step = (int)sh_read_long(0, "grep -o 'interrupted at step [0-9]*' %s | tail -1 | grep -o '[0-9]*$'", log_path);
   ck_assert_int_ge(step, 2);
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/i --max-steps %d --resume auto %s", DETR_BIN, test_root, test_root,
-                      step + 2, TINY), 0);
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/i --max-steps %d --resume auto %s", DETR_BIN, test_root,
+                      test_root, step + 2, TINY),
+                   0);
   ck_assert_msg(each_step_once("i", step + 2), "steps 1-%d are not each logged once", step + 2);
 }
 END_TEST
@@ -225,24 +256,31 @@ END_TEST
 START_TEST(outputs_never_replace_what_the_user_made) {
   setup_data();
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/o --max-steps 1 %s", DETR_BIN, test_root, test_root, TINY), 0);
-  ck_assert_int_eq(sh("cd %s && mkdir photos && cp data/val/000000000001.jpg photos/a.jpg && echo mine > photos/a.png && "
-                      "echo notes > notes.txt && (md5sum o/ckpt-1.safetensors data/annotations/instances_*.json "
-                      "photos/* notes.txt > sums.md5)", test_root), 0);
+  ck_assert_int_eq(
+      sh("cd %s && mkdir photos && cp data/val/000000000001.jpg photos/a.jpg && echo mine > photos/a.png && "
+         "echo notes > notes.txt && (md5sum o/ckpt-1.safetensors data/annotations/instances_*.json "
+         "photos/* notes.txt > sums.md5)",
+         test_root),
+      0);
   const char *eval = "%s eval --checkpoint %s/o/ckpt-1.safetensors --data %s/data --threads 2 %s %s/%s";
   clear_log();
   ck_assert_int_eq(sh(eval, DETR_BIN, test_root, test_root, "--results", test_root, "o/ckpt-1.safetensors"), 2);
   ASSERT_LOG("is this command.s input");
-  ck_assert_int_eq(sh(eval, DETR_BIN, test_root, test_root, "--json", test_root, "data/annotations/instances_val.json"), 2);
+  ck_assert_int_eq(sh(eval, DETR_BIN, test_root, test_root, "--json", test_root, "data/annotations/instances_val.json"),
+                   2);
   ck_assert_int_eq(sh(eval, DETR_BIN, test_root, test_root, "--json", test_root, "notes.txt"), 2);
   ASSERT_LOG("is not this command.s earlier output");
   clear_log();
-  ck_assert_int_eq(sh("%s eval --checkpoint %s/o/ckpt-1.safetensors --data %s/data --results %s/r.json --json %s/./r.json",
-                      DETR_BIN, test_root, test_root, test_root, test_root), 2);
+  ck_assert_int_eq(
+      sh("%s eval --checkpoint %s/o/ckpt-1.safetensors --data %s/data --results %s/r.json --json %s/./r.json", DETR_BIN,
+         test_root, test_root, test_root, test_root),
+      2);
   ASSERT_LOG("--results and --json name one file");
   // JSON of another kind: the training split's annotations are no earlier output of eval.
-  ck_assert_int_eq(sh(eval, DETR_BIN, test_root, test_root, "--results", test_root, "data/annotations/instances_train.json"),
-                   2);
-  const char *predict = "%s predict --checkpoint %s/o/ckpt-1.safetensors --threads 2 %s/photos/a.jpg --out %s/photos %s";
+  ck_assert_int_eq(
+      sh(eval, DETR_BIN, test_root, test_root, "--results", test_root, "data/annotations/instances_train.json"), 2);
+  const char *predict =
+      "%s predict --checkpoint %s/o/ckpt-1.safetensors --threads 2 %s/photos/a.jpg --out %s/photos %s";
   char json[300];
   snprintf(json, sizeof json, "--json %s/photos/a.jpg", test_root);
   ck_assert_int_eq(sh(predict, DETR_BIN, test_root, test_root, test_root, json), 2);
@@ -250,21 +288,26 @@ START_TEST(outputs_never_replace_what_the_user_made) {
   ck_assert_int_eq(sh(predict, DETR_BIN, test_root, test_root, test_root, ""), 0);
   ck_assert_int_eq(sh(predict, DETR_BIN, test_root, test_root, test_root, ""), 0);
   ck_assert_int_eq(sh("cd %s/photos && test -s a-2.png && ! test -e a-3.png && grep -q '\"output\": \"a-2.png\"' "
-                      "predictions.json", test_root), 0);
+                      "predictions.json",
+                      test_root),
+                   0);
   clear_log();
   ck_assert_int_eq(sh("%s pretrain --data %s/data --out %s/notes.txt --config tiny --epochs 1 --threads 2", DETR_BIN,
-                      test_root, test_root), 2);
+                      test_root, test_root),
+                   2);
   ASSERT_LOG("exists: not overwritten");
   ck_assert_int_eq(sh("%s synth --out %s/photos --train 2 --val 1", DETR_BIN, test_root), 2);
   ASSERT_LOG("is not empty");
   ck_assert_int_eq(sh("cd %s && md5sum -c --quiet sums.md5", test_root), 0);
   // No flag takes infinity; a checkpoint given as weights says so first.
-  ck_assert_int_eq(sh("%s train --data %s/data --out %s/o2 --max-steps 1 %s --lr inf", DETR_BIN, test_root, test_root,
-                      TINY), 2);
+  ck_assert_int_eq(
+      sh("%s train --data %s/data --out %s/o2 --max-steps 1 %s --lr inf", DETR_BIN, test_root, test_root, TINY), 2);
   ASSERT_LOG("--lr: .inf. is not a finite number");
   clear_log();
   ck_assert_int_ne(sh("%s eval --weights %s/o/ckpt-1.safetensors --config tiny --set num_classes=100 --data %s/data "
-                      "--threads 2", DETR_BIN, test_root, test_root), 0);
+                      "--threads 2",
+                      DETR_BIN, test_root, test_root),
+                   0);
   ASSERT_LOG("^detr eval: [^ ]*ckpt-1.safetensors is a detr-c checkpoint, not weights");
 }
 END_TEST
@@ -274,7 +317,8 @@ START_TEST(bad_data_fails_before_step_one) {
   setup_data();
   const char *ann = "annotations/instances_train.json";
   // The images in images/ instead of train/: the layout and --train-split in the message.
-  ck_assert_int_eq(sh("cp -r %s/data %s/d1 && mv %s/d1/train %s/d1/images", test_root, test_root, test_root, test_root), 0);
+  ck_assert_int_eq(sh("cp -r %s/data %s/d1 && mv %s/d1/train %s/d1/images", test_root, test_root, test_root, test_root),
+                   0);
   clear_log();
   ck_assert_int_eq(sh("%s train --data %s/d1 --out %s/r1 %s", DETR_BIN, test_root, test_root, TINY), 1);
   ASSERT_LOG("--train-split");
@@ -282,12 +326,16 @@ START_TEST(bad_data_fails_before_step_one) {
   // Under skip, a folder without one readable image is an error, not a loader spinning forever.
   ck_assert_int_eq(sh("mkdir %s/d1/train", test_root), 0);
   clear_log();
-  ck_assert_int_eq(sh("timeout 120 %s train --data %s/d1 --out %s/r1b --bad-input skip %s", DETR_BIN, test_root, test_root,
-                      TINY), 1);
+  ck_assert_int_eq(
+      sh("timeout 120 %s train --data %s/d1 --out %s/r1b --bad-input skip %s", DETR_BIN, test_root, test_root, TINY),
+      1);
   ASSERT_LOG("no image is left to train on \\(12 skipped: 12 missing");
   // One image's width and height doubled in the file.
-  ck_assert_int_eq(sh("cp -r %s/data %s/d2 && sed -i 's/\"width\": 425, \"height\": 416/\"width\": 850, \"height\": 832/' "
-                      "%s/d2/%s", test_root, test_root, test_root, ann), 0);
+  ck_assert_int_eq(
+      sh("cp -r %s/data %s/d2 && sed -i 's/\"width\": 425, \"height\": 416/\"width\": 850, \"height\": 832/' "
+         "%s/d2/%s",
+         test_root, test_root, test_root, ann),
+      0);
   clear_log();
   ck_assert_int_eq(sh("%s train --data %s/d2 --out %s/r2 %s", DETR_BIN, test_root, test_root, TINY), 1);
   ASSERT_LOG("425x416 but the annotation file says 850x832");
@@ -297,19 +345,24 @@ START_TEST(bad_data_fails_before_step_one) {
                       "split(substr($0, RSTART + 9, RLENGTH - 10), b, \", \"); $0 = substr($0, 1, RSTART - 1) "
                       "\"\\\"bbox\\\": [\" b[1] \", \" b[2] \", \" b[1] + b[3] \", \" b[2] + b[4] \"]\" "
                       "substr($0, RSTART + RLENGTH) } print }' %s/data/%s > %s/d3/%s)",
-                      test_root, test_root, test_root, ann, test_root, ann), 0);
+                      test_root, test_root, test_root, ann, test_root, ann),
+                   0);
   clear_log();
-  ck_assert_int_eq(sh("%s train --data %s/d3 --out %s/r3 %s --bad-input skip", DETR_BIN, test_root, test_root, TINY), 1);
+  ck_assert_int_eq(sh("%s train --data %s/d3 --out %s/r3 %s --bad-input skip", DETR_BIN, test_root, test_root, TINY),
+                   1);
   ASSERT_LOG("\\[x, y, width, height\\]");
   // No annotations at all.
-  ck_assert_int_eq(sh("cp -r %s/data %s/d4 && sed -i '/\"image_id\"/d' %s/d4/%s", test_root, test_root, test_root, ann), 0);
+  ck_assert_int_eq(sh("cp -r %s/data %s/d4 && sed -i '/\"image_id\"/d' %s/d4/%s", test_root, test_root, test_root, ann),
+                   0);
   clear_log();
   ck_assert_int_eq(sh("%s train --data %s/d4 --out %s/r4 %s", DETR_BIN, test_root, test_root, TINY), 1);
   ASSERT_LOG("no annotations");
   // One file under two image ids.
-  ck_assert_int_eq(sh("cp -r %s/data %s/d5 && sed -i 's/\"file_name\": \"000000000002.jpg\", \"width\": 395, \"height\": "
-                      "440/\"file_name\": \"000000000001.jpg\", \"width\": 425, \"height\": 416/' %s/d5/%s",
-                      test_root, test_root, test_root, ann), 0);
+  ck_assert_int_eq(
+      sh("cp -r %s/data %s/d5 && sed -i 's/\"file_name\": \"000000000002.jpg\", \"width\": 395, \"height\": "
+         "440/\"file_name\": \"000000000001.jpg\", \"width\": 425, \"height\": 416/' %s/d5/%s",
+         test_root, test_root, test_root, ann),
+      0);
   clear_log();
   ck_assert_int_eq(sh("%s train --data %s/d5 --out %s/r5 %s", DETR_BIN, test_root, test_root, TINY), 1);
   ASSERT_LOG("000000000001.jpg");
@@ -317,7 +370,8 @@ START_TEST(bad_data_fails_before_step_one) {
   // A folder where an image file should be: named as such, for train and for predict.
   ck_assert_int_eq(sh("cp -r %s/data %s/d6 && mkdir %s/d6/train/sub && sed -i "
                       "'s/\"file_name\": \"000000000003.jpg\"/\"file_name\": \"sub\"/' %s/d6/%s",
-                      test_root, test_root, test_root, test_root, ann), 0);
+                      test_root, test_root, test_root, test_root, ann),
+                   0);
   clear_log();
   ck_assert_int_eq(sh("%s train --data %s/d6 --out %s/r6 %s", DETR_BIN, test_root, test_root, TINY), 1);
   ASSERT_LOG("sub.*folder");
@@ -325,7 +379,8 @@ START_TEST(bad_data_fails_before_step_one) {
   clear_log();
   // A folder for predict: a usage error that says how to give its images, before --out is made.
   ck_assert_int_eq(sh("%s predict --checkpoint %s/p/ckpt-1.safetensors --out %s/pred %s/data/val", DETR_BIN, test_root,
-                      test_root, test_root), 2);
+                      test_root, test_root),
+                   2);
   ASSERT_LOG("data/val is a folder: give its images .*data/val/[*].jpg");
   ck_assert(!log_has("bytes for encoded image"));
   ck_assert_int_eq(sh("test -e %s/pred", test_root), 1);

@@ -82,8 +82,7 @@ static unsigned char *read_bytes(const char *path, size_t *n) {
 }
 
 // An independent writer: the 8-byte little-endian length, the header text as given, the data.
-static void write_st(const char *path, const char *header, size_t header_len, const void *data,
-                     size_t data_len) {
+static void write_st(const char *path, const char *header, size_t header_len, const void *data, size_t data_len) {
   size_t n = 8 + header_len + data_len;
   unsigned char *p = calloc(n, 1);
   for (int i = 0; i < 8; i++) p[i] = (unsigned char)((uint64_t)header_len >> (8 * i));
@@ -427,19 +426,16 @@ START_TEST(malformed_files) {
       {"{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "tensor 'a' has no \"dtype\""},
       {"{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, "tensor 'a' has no \"shape\""},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, "tensor 'a' has no \"data_offsets\""},
-      {"{\"a\":{\"dtype\":\"F33\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
-       "unknown dtype \"F33\""},
+      {"{\"a\":{\"dtype\":\"F33\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "unknown dtype \"F33\""},
       {"{\"a\":{\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "dtype is not a string"},
       {"{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
        "\"dtype\" appears twice"},
-      {"{\"a\":{\"dtype\":\"F32\",\"shape\":1,\"data_offsets\":[0,4]}}", 4,
-       "shape is not an array"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":1,\"data_offsets\":[0,4]}}", 4, "shape is not an array"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
        "shape holds -1, not a non-negative integer"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1.0],\"data_offsets\":[0,4]}}", 4,
        "shape holds 1.0, not a non-negative integer"},
-      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1e0],\"data_offsets\":[0,4]}}", 4,
-       "not a non-negative integer"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1e0],\"data_offsets\":[0,4]}}", 4, "not a non-negative integer"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[\"1\"],\"data_offsets\":[0,4]}}", 4,
        "shape holds a value that is not an integer"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[[1]],\"data_offsets\":[0,4]}}", 4,
@@ -447,22 +443,16 @@ START_TEST(malformed_files) {
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[null],\"data_offsets\":[0,4]}}", 4, "not an integer"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[99999999999999999999999],\"data_offsets\":[0,4]}}", 4,
        "which is too large"},
-      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[9223372036854775808],\"data_offsets\":[0,4]}}", 4,
-       "which is too large"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[9223372036854775808],\"data_offsets\":[0,4]}}", 4, "which is too large"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4],\"data_offsets\":[0,4]}}", 4,
        "shape [4294967296, 4294967296, 4] is too large"},
       {"{\"a\":{\"dtype\":\"F64\",\"shape\":[2305843009213693952],\"data_offsets\":[0,4]}}", 4,
        "is too large"},  // numel fits, bytes overflow
-      {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1,
-       "more than 8 dimensions"},
-      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", 8,
-       "data_offsets has more than 2 values"},
-      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4]}}", 4,
-       "data_offsets has 1 value, expected 2"},
-      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":{}}}", 4,
-       "data_offsets is not an array"},
-      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 4,
-       "data_offsets [4, 0] are not in order"},
+      {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1, "more than 8 dimensions"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", 8, "data_offsets has more than 2 values"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4]}}", 4, "data_offsets has 1 value, expected 2"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":{}}}", 4, "data_offsets is not an array"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 4, "data_offsets [4, 0] are not in order"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 2,
        "run past the end of the 2-byte data buffer"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8,
@@ -481,8 +471,7 @@ START_TEST(malformed_files) {
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
        "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
        8, "tensor name 'a' appears twice"},
-      {"{\"a\\u0000b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
-       "tensor name contains a NUL"},
+      {"{\"a\\u0000b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "tensor name contains a NUL"},
       {"{\"__metadata__\":{\"k\":1}}", 0, "__metadata__ value of 'k' is not a string"},
       {"{\"__metadata__\":{\"k\":null}}", 0, "__metadata__ value of 'k' is not a string"},
       {"{\"__metadata__\":{\"k\":[\"v\"]}}", 0, "__metadata__ value of 'k' is not a string"},
@@ -510,12 +499,10 @@ START_TEST(malformed_files) {
   expect_open_fails(in_tmp("short.safetensors"), "5 bytes is too short");
   unsigned char big[24] = {0xe8, 0x03};  // N = 1000, 16 bytes follow
   write_bytes(in_tmp("long_header.safetensors"), big, sizeof big);
-  expect_open_fails(in_tmp("long_header.safetensors"),
-                    "header length 1000 is larger than the 16 bytes after it");
+  expect_open_fails(in_tmp("long_header.safetensors"), "header length 1000 is larger than the 16 bytes after it");
   unsigned char huge[24] = {0x00, 0xc2, 0xeb, 0x0b};  // N = 200,000,000
   write_bytes(in_tmp("huge_header.safetensors"), huge, sizeof huge);
-  expect_open_fails(in_tmp("huge_header.safetensors"),
-                    "header length 200000000 exceeds the 100000000-byte limit");
+  expect_open_fails(in_tmp("huge_header.safetensors"), "header length 200000000 exceeds the 100000000-byte limit");
   unsigned char ones[16];
   memset(ones, 0xff, sizeof ones);  // N = 2^64 - 1: no overflow in the size checks
   write_bytes(in_tmp("max_header.safetensors"), ones, sizeof ones);
@@ -546,15 +533,12 @@ START_TEST(truncated_files) {
   unsigned char *full = read_bytes(path, &n);
   uint64_t hlen = 0;
   for (int i = 7; i >= 0; i--) hlen = hlen << 8 | full[i];
-  size_t cuts[] = {
-      0,     1,    7, 8, 9, 8 + hlen / 2, 8 + hlen - 1, 8 + hlen, 8 + hlen + 1, 8 + hlen + 28,
-      n - 4, n - 1};
+  size_t cuts[] = {0, 1, 7, 8, 9, 8 + hlen / 2, 8 + hlen - 1, 8 + hlen, 8 + hlen + 1, 8 + hlen + 28, n - 4, n - 1};
   const char *cut_path = in_tmp("cut.safetensors");
   for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
     write_bytes(cut_path, full, cuts[i]);
     err[0] = '\0';
-    ck_assert_msg(st_open(cut_path, err, sizeof err) == NULL, "cut at %zu of %zu opened", cuts[i],
-                  n);
+    ck_assert_msg(st_open(cut_path, err, sizeof err) == NULL, "cut at %zu of %zu opened", cuts[i], n);
     assert_contains(err, cut_path);
   }
   // Spot-check the messages at the interesting places.

@@ -322,7 +322,7 @@ START_TEST(slices_view_or_copy) {
   Tensor *x = tensor_from_host(DEVICE_CPU, SHAPE(4, 6), host);
   ScopeMark outer = tensor_scope_mark();
   ScopeMark inner = tensor_scope_mark();
-  Tensor *rows = op_slice(x, 0, 1, 3);    // rows 1, 2: elements 6 .. 17
+  Tensor *rows = op_slice(x, 0, 1, 3);     // rows 1, 2: elements 6 .. 17
   Tensor *row2 = op_slice(rows, 0, 1, 2);  // of those, row 1: elements 12 .. 17
   ck_assert_ptr_eq(rows->data, x->data + 6);
   ck_assert_ptr_eq(row2->data, x->data + 12);

@@ -120,8 +120,8 @@ START_TEST(fused_clip_step_matches_the_three_steps) {
       ck_assert(norm0 == norm1);
       for (int i = 0; i < ps[0].count; i++) {
         const Tensor *a = ps[0].items[i].tensor, *b = ps[1].items[i].tensor;
-        ck_assert_msg(!memcmp(a->data, b->data, (size_t)a->numel * 4), "max %g step %d: %s differs", max_norms[c],
-                      step, ps[0].items[i].name);
+        ck_assert_msg(!memcmp(a->data, b->data, (size_t)a->numel * 4), "max %g step %d: %s differs", max_norms[c], step,
+                      ps[0].items[i].name);
         ck_assert_msg(!a->grad && !b->grad, "%s: a gradient left after the step", ps[0].items[i].name);
         if (opt[0].exp_avg[i]) {
           ck_assert(!memcmp(opt[0].exp_avg[i]->data, opt[1].exp_avg[i]->data, (size_t)a->numel * 4));
@@ -146,8 +146,8 @@ static void run_make(Run *r, uint64_t seed) {
   r->model = detr_model_create(&cfg, DEVICE_CPU);
   detr_model_init(r->model, seed);
   adamw_init(&r->opt, &r->model->params, optim_config_default());
-  r->state = (TrainState){.step = 7, .epoch = 2, .next_batch = 3, .seed = seed, .dropout_rng = {seed, 99},
-                          .best_map = 0.25};
+  r->state =
+      (TrainState){.step = 7, .epoch = 2, .next_batch = 3, .seed = seed, .dropout_rng = {seed, 99}, .best_map = 0.25};
   // Non-trivial moments.
   for (int i = 0; i < r->model->params.count; i++)
     if (r->opt.exp_avg[i]) {
@@ -217,7 +217,8 @@ static void copy_with_metadata(const char *from, const char *to, const char *key
     const StEntry *e = st_entry(f, i);
     st_writer_add(w, e->name, e->dtype, e->ndim, e->shape, st_data(f, e));
   }
-  for (int i = 0; i < st_metadata_count(f); i++) st_writer_set_metadata(w, st_metadata_key(f, i), st_metadata_value(f, i));
+  for (int i = 0; i < st_metadata_count(f); i++)
+    st_writer_set_metadata(w, st_metadata_key(f, i), st_metadata_value(f, i));
   st_writer_set_metadata(w, key, value);
   ck_assert_int_eq(st_writer_save(w, to, err, sizeof err), 0);
   st_writer_free(w);
@@ -270,7 +271,8 @@ START_TEST(configs_and_metadata_checked) {
   const char *path = tmp_path("c.safetensors"), *bad = tmp_path("bad.safetensors");
   ck_assert_int_eq(checkpoint_save(path, a.model, &a.opt, &a.state, "", NULL, err, sizeof err), 0);
   DetrModel *m = NULL;
-  ck_assert_msg(model_file_load(path, NULL, NULL, NULL, 0, DEVICE_CPU, &m, NULL, err, sizeof err) == DETR_OK, "%s", err);
+  ck_assert_msg(model_file_load(path, NULL, NULL, NULL, 0, DEVICE_CPU, &m, NULL, err, sizeof err) == DETR_OK, "%s",
+                err);
   detr_model_free(m);
   char text[4096];
   detr_config_format(&a.model->cfg, text, sizeof text);
@@ -281,7 +283,8 @@ START_TEST(configs_and_metadata_checked) {
   copy_with_metadata(path, bad, "model_config", text);
   ck_assert_int_eq(model_file_load(bad, NULL, NULL, NULL, 0, DEVICE_CPU, &m, NULL, err, sizeof err), DETR_ERR_MISMATCH);
   ck_assert_ptr_null(m);
-  ck_assert_msg(strstr(err, "does not match the checkpoint's tensors (query_embed.weight has another shape)"), "%s", err);
+  ck_assert_msg(strstr(err, "does not match the checkpoint's tensors (query_embed.weight has another shape)"), "%s",
+                err);
   copy_with_metadata(path, bad, "step", "-7");
   ck_assert_int_eq(checkpoint_load(bad, a.model, &a.opt, &a.state, err, sizeof err), -1);
   ck_assert_msg(strstr(err, "metadata 'step' is missing or not a number"), "%s", err);
@@ -368,8 +371,8 @@ START_TEST(checkpoint_survives_sigkill) {
     ck_assert(WIFSIGNALED(status));
     Run b;
     run_make(&b, 5);
-    ck_assert_msg(checkpoint_load(path, b.model, &b.opt, &b.state, err, sizeof err) == 0,
-                  "after SIGKILL %d: %s", trial, err);
+    ck_assert_msg(checkpoint_load(path, b.model, &b.opt, &b.state, err, sizeof err) == 0, "after SIGKILL %d: %s", trial,
+                  err);
     run_free(&b);
   }
   run_free(&a);
@@ -379,10 +382,11 @@ END_TEST
 // /proc/stat's per-CPU lines: busy = user + nice + system + irq + softirq of the CPUs in the set;
 // the "cpu " total line and CPUs outside the set are not counted.
 START_TEST(cpu_share_reads_proc_stat) {
-  const char *text = "cpu  5 1 2 900 1 0 0 0 0 0\n"
-                     "cpu0 100 10 20 5000 7 1 2 3 0 0\n"
-                     "cpu1 200 20 40 6000 9 3 4 5 0 0\n"
-                     "intr 12345\n";
+  const char *text =
+      "cpu  5 1 2 900 1 0 0 0 0 0\n"
+      "cpu0 100 10 20 5000 7 1 2 3 0 0\n"
+      "cpu1 200 20 40 6000 9 3 4 5 0 0\n"
+      "intr 12345\n";
   uint64_t set[1] = {0x2};  // cpu1 only
   ck_assert_int_eq(cpu_share_busy_ticks(text, set, 1), 200 + 20 + 40 + 3 + 4);
   set[0] = 0x3;
@@ -406,16 +410,15 @@ START_TEST(cpu_share_yields_to_a_busy_process) {
   pid_t busy = fork();
   ck_assert_int_ge(busy, 0);
   if (busy == 0) {
-    for (volatile uint64_t i = 0;; i++) {
-    }
+    for (volatile uint64_t i = 0;; i++) {}
   }
   usleep(2100 * 1000);
   bool changed = cpu_share_update(&s);
   kill(busy, SIGKILL);
   waitpid(busy, NULL, 0);
   // Other tests running beside this one only add to what the others use.
-  ck_assert_msg(changed && s.threads <= s.max_threads - 1, "others %.2f cores: %d of %d threads", s.others,
-                s.threads, s.max_threads);
+  ck_assert_msg(changed && s.threads <= s.max_threads - 1, "others %.2f cores: %d of %d threads", s.others, s.threads,
+                s.max_threads);
   ck_assert_double_ge(s.others, 0.8);
 }
 END_TEST

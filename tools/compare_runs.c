@@ -79,8 +79,8 @@ int main(int argc, char **argv) {
   static const Rgb colours[MAX_RUNS] = {{200, 60, 40}, {30, 80, 200}, {40, 160, 60}, {150, 90, 170}};
   ChartSpec spec = {.title = title, .n_panels = 2};
   spec.panels[0] = (ChartPanel){.title = "by epoch", .x_label = "epochs", .y_label = "AP50", .n_series = n};
-  spec.panels[1] = (ChartPanel){.title = "by training time", .x_label = "minutes in training steps", .y_label = "AP50",
-                                .n_series = n};
+  spec.panels[1] = (ChartPanel){
+      .title = "by training time", .x_label = "minutes in training steps", .y_label = "AP50", .n_series = n};
   for (int i = 0; i < n; i++) {
     spec.panels[0].series[i] = (ChartSeries){runs[i].name, runs[i].epoch, runs[i].ap50, runs[i].n, colours[i]};
     spec.panels[1].series[i] = (ChartSeries){runs[i].name, runs[i].minutes, runs[i].ap50, runs[i].n, colours[i]};

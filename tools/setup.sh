@@ -4,7 +4,8 @@ set -euo pipefail
 packages=(build-essential cmake pkg-config libopenblas-openmp-dev check libsubunit-dev zlib1g-dev libyajl-dev libstb-dev
           openmpi-bin libopenmpi-dev   # data-parallel training (optional at build time)
           libdnnl-dev                  # oneDNN: CPU convolution (optional at build time)
-          clang libclang-rt-dev libomp-dev)  # the fuzz harnesses: clang, its libFuzzer runtime and OpenMP
+          clang libclang-rt-dev libomp-dev  # the fuzz harnesses: clang, its libFuzzer runtime and OpenMP
+          clang-format)                    # the layout check (tools/format.sh)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

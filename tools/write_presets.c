@@ -27,9 +27,10 @@ int main(int argc, char **argv) {
       perror(path);
       return 1;
     }
-    fprintf(f, "# detr-c model preset '%s': the same model as --config %s. Copy and edit it, then pass\n"
-               "# the file as --config FILE (detr train/eval/predict) or to detr_open_weights(). key=value lines,\n"
-               "# # comments; fields not given keep detr-r50's values.\n%s",
+    fprintf(f,
+            "# detr-c model preset '%s': the same model as --config %s. Copy and edit it, then pass\n"
+            "# the file as --config FILE (detr train/eval/predict) or to detr_open_weights(). key=value lines,\n"
+            "# # comments; fields not given keep detr-r50's values.\n%s",
             PRESETS[i], PRESETS[i], text);
     if (fclose(f)) {
       perror(path);

@@ -40,10 +40,10 @@ int checkpoint_save(const char *path, const DetrModel *model, const AdamW *opt, 
   st_writer_set_metadata(w, "model_config", config);
   st_writer_set_metadata(w, "train_config", extra_config ? extra_config : "");
   if (categories) st_writer_set_metadata(w, "categories", categories);
-#define META(key, fmt, v)                          \
-  do {                                             \
-    snprintf(value, sizeof value, fmt, v);         \
-    st_writer_set_metadata(w, key, value);         \
+#define META(key, fmt, v)                  \
+  do {                                     \
+    snprintf(value, sizeof value, fmt, v); \
+    st_writer_set_metadata(w, key, value); \
   } while (0)
   META("step", "%" PRId64, state->step);
   META("epoch", "%" PRId64, state->epoch);
@@ -89,7 +89,7 @@ int checkpoint_load(const char *path, DetrModel *model, AdamW *opt, TrainState *
     if (!rc) rc = st_read_f32_into(f, name, opt->exp_avg_sq[i], err, err_cap);
   }
   uint64_t v[8];
-  const char *keys[8] = {"step", "epoch", "next_batch", "seed", "dropout_rng_seed", "dropout_rng_offset",
+  const char *keys[8] = {"step",           "epoch", "next_batch", "seed", "dropout_rng_seed", "dropout_rng_offset",
                          "optimizer_step", NULL};
   for (int k = 0; !rc && keys[k]; k++) rc = meta_u64(f, keys[k], &v[k], err, err_cap);
   if (!rc && (v[0] > INT64_MAX || v[1] > INT32_MAX || v[2] > INT64_MAX || v[6] > INT64_MAX)) {

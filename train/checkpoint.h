@@ -8,14 +8,14 @@
 #include "train/optim.h"
 
 typedef struct {
-  int64_t step;            // optimizer steps taken
-  int64_t epoch;           // current epoch
-  int64_t next_batch;      // data position: the next batch of `epoch` to train on
-  uint64_t seed;           // the run's seed (data order, augmentation)
-  Rng dropout_rng;         // the dropout stream's state
-  double best_map;         // best evaluation AP so far (-1 if none)
-  int world_size;          // processes of the run (data parallel), 1 without
-  int64_t global_batch;    // images per step over all processes (0: not recorded)
+  int64_t step;          // optimizer steps taken
+  int64_t epoch;         // current epoch
+  int64_t next_batch;    // data position: the next batch of `epoch` to train on
+  uint64_t seed;         // the run's seed (data order, augmentation)
+  Rng dropout_rng;       // the dropout stream's state
+  double best_map;       // best evaluation AP so far (-1 if none)
+  int world_size;        // processes of the run (data parallel), 1 without
+  int64_t global_batch;  // images per step over all processes (0: not recorded)
 } TrainState;
 
 // extra_config: the command line that made the run; categories: "id:name;id:name;..." of the

@@ -37,14 +37,28 @@ void cli_print_usage(const char *verb, const char *usage, const CliFlag *flags, 
 static const struct {
   const char *ref, *ours;
 } REFERENCE_FLAGS[] = {
-    {"output_dir", "--out"}, {"coco_path", "--data"}, {"num_workers", "--workers"}, {"batch_size", "--batch"},
-    {"clip_max_norm", "--clip"}, {"bbox_loss_coef", "--bbox-loss-coef"}, {"giou_loss_coef", "--giou-loss-coef"},
-    {"eos_coef", "--eos-coef"}, {"set_cost_class", "--cost-class"}, {"set_cost_bbox", "--cost-bbox"},
-    {"set_cost_giou", "--cost-giou"}, {"start_epoch", "--resume"},
-    {"num_queries", "--set num_queries=N"}, {"enc_layers", "--set enc_layers=N"}, {"dec_layers", "--set dec_layers=N"},
-    {"hidden_dim", "--set hidden_dim=N"}, {"nheads", "--set nheads=N"}, {"dim_feedforward", "--set ffn_dim=N"},
-    {"dropout", "--set dropout=P"}, {"backbone", "--set backbone=DEPTH (18, 34, 50 or 101)"},
-    {"dilation", "--set dilation=true"}, {"no_aux_loss", "--set aux_loss=false"},
+    {"output_dir", "--out"},
+    {"coco_path", "--data"},
+    {"num_workers", "--workers"},
+    {"batch_size", "--batch"},
+    {"clip_max_norm", "--clip"},
+    {"bbox_loss_coef", "--bbox-loss-coef"},
+    {"giou_loss_coef", "--giou-loss-coef"},
+    {"eos_coef", "--eos-coef"},
+    {"set_cost_class", "--cost-class"},
+    {"set_cost_bbox", "--cost-bbox"},
+    {"set_cost_giou", "--cost-giou"},
+    {"start_epoch", "--resume"},
+    {"num_queries", "--set num_queries=N"},
+    {"enc_layers", "--set enc_layers=N"},
+    {"dec_layers", "--set dec_layers=N"},
+    {"hidden_dim", "--set hidden_dim=N"},
+    {"nheads", "--set nheads=N"},
+    {"dim_feedforward", "--set ffn_dim=N"},
+    {"dropout", "--set dropout=P"},
+    {"backbone", "--set backbone=DEPTH (18, 34, 50 or 101)"},
+    {"dilation", "--set dilation=true"},
+    {"no_aux_loss", "--set aux_loss=false"},
 };
 
 // Levenshtein distance, capped: short flag names only (longer ones are never close).
@@ -143,7 +157,8 @@ static int set_flag_value(const char *verb, const CliFlag *fl, const char *value
         fprintf(stderr, "detr %s: --%s: '%s' is not a number\n", verb, fl->name, value);
         return 2;
       }
-      if (!isfinite(fl->kind == FLAG_F32 ? (double)(float)v : v)) {  // no setting means infinity (nan fails every check)
+      if (!isfinite(fl->kind == FLAG_F32 ? (double)(float)v
+                                         : v)) {  // no setting means infinity (nan fails every check)
         fprintf(stderr, "detr %s: --%s: '%s' is not a finite number%s\n", verb, fl->name, value,
                 fl->kind == FLAG_F32 && isfinite(v) ? " in single precision" : "");
         return 2;
@@ -166,8 +181,8 @@ static int set_flag_value(const char *verb, const CliFlag *fl, const char *value
   return 0;
 }
 
-int cli_parse(const char *verb, const char *usage, int argc, char **argv, int first, const CliFlag *flags,
-              int n_flags, const char **positional, int max_positional, int *n_positional) {
+int cli_parse(const char *verb, const char *usage, int argc, char **argv, int first, const CliFlag *flags, int n_flags,
+              const char **positional, int max_positional, int *n_positional) {
   *n_positional = 0;
   for (int i = first; i < argc; i++) {
     const char *arg = argv[i];

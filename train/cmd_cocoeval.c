@@ -47,14 +47,20 @@ int cmd_cocoeval(int argc, char **argv) {
       fprintf(stderr, "detr cocoeval: warning: %s: %lld detections of categories %s does not list (left out)\n",
               res_path, (long long)res.dets_unknown_category, ann_path);
     if (res.gts_unknown_image || res.gts_unknown_category)
-      fprintf(stderr, "detr cocoeval: warning: %s: %lld annotations of unlisted images, %lld of unlisted categories "
-              "(left out)\n", ann_path, (long long)res.gts_unknown_image, (long long)res.gts_unknown_category);
+      fprintf(stderr,
+              "detr cocoeval: warning: %s: %lld annotations of unlisted images, %lld of unlisted categories "
+              "(left out)\n",
+              ann_path, (long long)res.gts_unknown_image, (long long)res.gts_unknown_category);
     if (res.gts_id_zero)
-      fprintf(stderr, "detr cocoeval: warning: %s: an annotation has id 0; as in pycocotools, a detection "
-              "matched to it counts as a false positive\n", ann_path);
+      fprintf(stderr,
+              "detr cocoeval: warning: %s: an annotation has id 0; as in pycocotools, a detection "
+              "matched to it counts as a false positive\n",
+              ann_path);
     if (gt.n_ignore_flags)
-      fprintf(stderr, "detr cocoeval: warning: %s: %lld annotations set \"ignore\"; pycocotools disregards it "
-              "(only iscrowd is ignored), and so does this\n", ann_path, (long long)gt.n_ignore_flags);
+      fprintf(stderr,
+              "detr cocoeval: warning: %s: %lld annotations set \"ignore\"; pycocotools disregards it "
+              "(only iscrowd is ignored), and so does this\n",
+              ann_path, (long long)gt.n_ignore_flags);
     printf("%lld images, %lld categories, %lld annotations, %lld detections\n", (long long)gt.n_images,
            (long long)gt.n_categories, (long long)gt.n_anns, (long long)n_dets);
     coco_print_summary(&res, stdout);

@@ -36,13 +36,16 @@ static int open_eval_data(const char *data, const char *split, BadInputPolicy po
   char diff[1024];
   int same = categories_compare(ci->categories, *ds, diff, sizeof diff);
   if (same == 2 && !other_categories) {
-    fprintf(stderr, "detr eval: %s: the category ids differ from those %s was trained on (%s): AP against them "
-            "would be meaningless (--allow-other-categories evaluates anyway)\n", ann, checkpoint, diff);
+    fprintf(stderr,
+            "detr eval: %s: the category ids differ from those %s was trained on (%s): AP against them "
+            "would be meaningless (--allow-other-categories evaluates anyway)\n",
+            ann, checkpoint, diff);
     coco_free(*ds);
     return 1;
   }
   Dist g = dist_group();
-  if (same && dist_is_main(&g)) fprintf(stderr, "detr eval: warning: %s: the categories differ from %s's: %s\n", ann, checkpoint, diff);
+  if (same && dist_is_main(&g))
+    fprintf(stderr, "detr eval: warning: %s: the categories differ from %s's: %s\n", ann, checkpoint, diff);
   return 0;
 }
 
@@ -54,8 +57,10 @@ static int evaluate_and_report(const DetrModel *m, const CocoDataset *ds, const 
   EvalReport rep;
   int rc = evaluate_model(m, ds, ec, &rep, err, sizeof err);
   if (rc == 0 && dist_is_main(&ec->dist)) {  // under mpirun the processes split the images; rank 0 reports
-    fprintf(stderr, "detr eval: %lld images in batches of %lld (padded to multiples of %lld), %lld detections in "
-            "%.1f s\n", (long long)rep.images, batch, pad_multiple, (long long)rep.detections, rep.seconds);
+    fprintf(stderr,
+            "detr eval: %lld images in batches of %lld (padded to multiples of %lld), %lld detections in "
+            "%.1f s\n",
+            (long long)rep.images, batch, pad_multiple, (long long)rep.detections, rep.seconds);
     for (int i = 0; i < rep.attn.n; i++)
       fprintf(stderr, "detr eval: encoder attention %s %.2f\n", rep.attn.name[i], attn_stats_mean(&rep.attn, i));
     coco_print_summary(&rep.coco, stdout);
@@ -83,83 +88,107 @@ static int check_outputs(const char *data, const char *split, const char *checkp
   return 0;
 }
 
-int cmd_eval(int argc, char **argv) {
-  const char *checkpoint = NULL, *weights = NULL, *config = SETUP_DEFAULT_PRESET, *data = NULL, *split = "val",
-             *results = NULL, *json = NULL, *device = "cpu", *bad_input = "fail";
-  CliList sets = {0};
-  const char *precision = NULL;
-  bool enact = false, other_categories = false;
-  long long image_size = -1, max_size = -1, pad_multiple = -1, batch = -1, workers = 2;
-  int threads = 0;
-  CliFlag flags[] = {
-      {"checkpoint", FLAG_STRING, &checkpoint, "a detr-c checkpoint (its config is used)"},
-      {"weights", FLAG_STRING, &weights, "model weights (safetensors, reference names)"},
-      {"config", FLAG_STRING, &config,
-       "model preset (" DETR_PRESET_LIST ") or key=value file, with --weights (default " SETUP_DEFAULT_PRESET ")"},
-      {"set", FLAG_LIST, &sets, "override one config field, with --weights"},
-      {"enact", FLAG_BOOL, &enact, SETUP_ENACT_HELP},
-      {"precision", FLAG_STRING, &precision, SETUP_PRECISION_HELP},
-      {"data", FLAG_STRING, &data, "dataset root (annotations/instances_<split>.json and <split>/)"},
-      {"split", FLAG_STRING, &split, "split name (default val)"},
-      {"results", FLAG_STRING, &results, "write the detections as a COCO results JSON"},
-      {"json", FLAG_STRING, &json, "write the 12 numbers as a JSON object"},
-      {"image-size", FLAG_INT, &image_size, "shortest side (default: the checkpoint's training run, else as detr train)"},
-      {"max-size", FLAG_INT, &max_size, "longest side (default from the model)"},
-      {"pad-multiple", FLAG_INT, &pad_multiple,
-       "pad each batch to a multiple of N pixels, 1..256 (default: the checkpoint's training run, else 1)", 1, 256},
-      {"batch", FLAG_INT, &batch, "images per batch (default: the checkpoint's training run, else 2)", 1, 64},
-      {"workers", FLAG_INT, &workers, "loader threads (default 2)", 0, 64},
-      {"threads", FLAG_I32, &threads, "CPU threads (default: OMP_NUM_THREADS, or every core)", 0, 1024},
-      {"device", FLAG_STRING, &device, "cpu or cuda"},
-      {"bad-input", FLAG_STRING, &bad_input, "fail or skip unreadable images"},
-      {"allow-other-categories", FLAG_BOOL, &other_categories,
-       "evaluate even when the data's category ids differ from the checkpoint's"},
-  };
-  int n_pos = 0, rc = cli_parse("eval", USAGE, argc, argv, 2, flags, (int)(sizeof flags / sizeof flags[0]), NULL, 0, &n_pos);
-  if (rc) return rc == 1 ? 0 : 2;
-  char err[4096];
-  BadInputPolicy policy;
-  Device dev;
-  if (!data || bad_input_policy_parse(bad_input, &policy)) {
-    fprintf(stderr, "detr eval: %s (see detr eval --help)\n",
-            !data ? "--data DIR is required" : "--bad-input: expected fail or skip");
-    return 2;
-  }
-  if (setup_check_split_layout(data, split, "--split", err, sizeof err) || setup_device(device, &dev, err, sizeof err) ||
-      setup_precision(precision, true, dev, &sets, err, sizeof err) ||
-      check_outputs(data, split, checkpoint, weights, config, results, json, err, sizeof err)) {
-    fprintf(stderr, "detr eval: %s\n", err);
-    return 2;
-  }
-  DetrModel *m;
-  CheckpointInfo ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
-  if (setup_load_model(checkpoint, weights, config, &sets, enact, dev, &m, &ci, err, sizeof err)) {
-    fprintf(stderr, "detr eval: %s\n", err);
-    return 1;
-  }
+// The flags of `detr eval`, with their defaults.
+typedef struct {
+  const char *checkpoint, *weights, *config, *data, *split, *results, *json, *device, *bad_input, *precision;
+  CliList sets;
+  bool enact, other_categories;
+  long long image_size, max_size, pad_multiple, batch, workers;  // -1: from the checkpoint's training run
+  int threads;
+} EvalArgs;
+
+// Evaluates a loaded model on the flags' data: sizes, batch and padding from the flags, else from
+// the checkpoint's training run (ci). Frees the model and ci.
+static int eval_loaded_model(DetrModel *m, CheckpointInfo *ci, EvalArgs *a, BadInputPolicy policy) {
   detr_model_prepare_inference(m);  // evaluation only (docs/inference.md)
-  int is, ms;  // the training run's sizes when the checkpoint says them
-  model_eval_sizes(&m->cfg, &ci, &is, &ms);
-  if (pad_multiple < 0) pad_multiple = ci.pad_multiple >= 1 && ci.pad_multiple <= 256 ? ci.pad_multiple : 1;
-  if (batch < 0) batch = ci.batch >= 1 && ci.batch <= 64 ? ci.batch : 2;
-  if (image_size > 0) is = (int)image_size;
-  if (max_size > 0) ms = (int)max_size;
+  int is, ms;                       // the training run's sizes when the checkpoint says them
+  model_eval_sizes(&m->cfg, ci, &is, &ms);
+  if (a->pad_multiple < 0) a->pad_multiple = ci->pad_multiple >= 1 && ci->pad_multiple <= 256 ? ci->pad_multiple : 1;
+  if (a->batch < 0) a->batch = ci->batch >= 1 && ci->batch <= 64 ? ci->batch : 2;
+  if (a->image_size > 0) is = (int)a->image_size;
+  if (a->max_size > 0) ms = (int)a->max_size;
   CocoDataset *ds = NULL;
-  rc = open_eval_data(data, split, policy, checkpoint, &ci, other_categories, &ds);
-  checkpoint_info_free(&ci);
+  int rc = open_eval_data(a->data, a->split, policy, a->checkpoint, ci, a->other_categories, &ds);
+  checkpoint_info_free(ci);
   if (rc) {
     detr_model_free(m);
     return 1;
   }
   CpuShare cpu;  // a fixed --threads; else OpenMP's default (no adapting: an evaluation is short)
-  cpu_share_init(&cpu, threads);
+  cpu_share_init(&cpu, a->threads);
   cpu_flush_denormals(true);
-  EvalConfig ec = {.batch_size = (int)batch, .num_workers = (int)workers, .aug = aug_config_scaled(false, is, ms),
-                   .pad_multiple = (int)pad_multiple,
-                   .policy = policy, .results_path = results, .dist = dist_group()};
+  EvalConfig ec = {.batch_size = (int)a->batch,
+                   .num_workers = (int)a->workers,
+                   .aug = aug_config_scaled(false, is, ms),
+                   .pad_multiple = (int)a->pad_multiple,
+                   .policy = policy,
+                   .results_path = a->results,
+                   .dist = dist_group()};
   ec.progress = dist_is_main(&ec.dist);
-  rc = evaluate_and_report(m, ds, &ec, batch, pad_multiple, json);
+  rc = evaluate_and_report(m, ds, &ec, a->batch, a->pad_multiple, a->json);
   coco_free(ds);
   detr_model_free(m);
   return rc;
+}
+
+int cmd_eval(int argc, char **argv) {
+  EvalArgs a = {.config = SETUP_DEFAULT_PRESET,
+                .split = "val",
+                .device = "cpu",
+                .bad_input = "fail",
+                .image_size = -1,
+                .max_size = -1,
+                .pad_multiple = -1,
+                .batch = -1,
+                .workers = 2};
+  CliFlag flags[] = {
+      {"checkpoint", FLAG_STRING, &a.checkpoint, "a detr-c checkpoint (its config is used)"},
+      {"weights", FLAG_STRING, &a.weights, "model weights (safetensors, reference names)"},
+      {"config", FLAG_STRING, &a.config,
+       "model preset (" DETR_PRESET_LIST ") or key=value file, with --weights (default " SETUP_DEFAULT_PRESET ")"},
+      {"set", FLAG_LIST, &a.sets, "override one config field, with --weights"},
+      {"enact", FLAG_BOOL, &a.enact, SETUP_ENACT_HELP},
+      {"precision", FLAG_STRING, &a.precision, SETUP_PRECISION_HELP},
+      {"data", FLAG_STRING, &a.data, "dataset root (annotations/instances_<split>.json and <split>/)"},
+      {"split", FLAG_STRING, &a.split, "split name (default val)"},
+      {"results", FLAG_STRING, &a.results, "write the detections as a COCO results JSON"},
+      {"json", FLAG_STRING, &a.json, "write the 12 numbers as a JSON object"},
+      {"image-size", FLAG_INT, &a.image_size,
+       "shortest side (default: the checkpoint's training run, else as detr train)"},
+      {"max-size", FLAG_INT, &a.max_size, "longest side (default from the model)"},
+      {"pad-multiple", FLAG_INT, &a.pad_multiple,
+       "pad each batch to a multiple of N pixels, 1..256 (default: the checkpoint's training run, else 1)", 1, 256},
+      {"batch", FLAG_INT, &a.batch, "images per batch (default: the checkpoint's training run, else 2)", 1, 64},
+      {"workers", FLAG_INT, &a.workers, "loader threads (default 2)", 0, 64},
+      {"threads", FLAG_I32, &a.threads, "CPU threads (default: OMP_NUM_THREADS, or every core)", 0, 1024},
+      {"device", FLAG_STRING, &a.device, "cpu or cuda"},
+      {"bad-input", FLAG_STRING, &a.bad_input, "fail or skip unreadable images"},
+      {"allow-other-categories", FLAG_BOOL, &a.other_categories,
+       "evaluate even when the data's category ids differ from the checkpoint's"},
+  };
+  int n_pos = 0,
+      rc = cli_parse("eval", USAGE, argc, argv, 2, flags, (int)(sizeof flags / sizeof flags[0]), NULL, 0, &n_pos);
+  if (rc) return rc == 1 ? 0 : 2;
+  char err[4096];
+  BadInputPolicy policy;
+  Device dev;
+  if (!a.data || bad_input_policy_parse(a.bad_input, &policy)) {
+    fprintf(stderr, "detr eval: %s (see detr eval --help)\n",
+            !a.data ? "--data DIR is required" : "--bad-input: expected fail or skip");
+    return 2;
+  }
+  if (setup_check_split_layout(a.data, a.split, "--split", err, sizeof err) ||
+      setup_device(a.device, &dev, err, sizeof err) ||
+      setup_precision(a.precision, true, dev, &a.sets, err, sizeof err) ||
+      check_outputs(a.data, a.split, a.checkpoint, a.weights, a.config, a.results, a.json, err, sizeof err)) {
+    fprintf(stderr, "detr eval: %s\n", err);
+    return 2;
+  }
+  DetrModel *m;
+  CheckpointInfo ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
+  if (setup_load_model(a.checkpoint, a.weights, a.config, &a.sets, a.enact, dev, &m, &ci, err, sizeof err)) {
+    fprintf(stderr, "detr eval: %s\n", err);
+    return 1;
+  }
+  return eval_loaded_model(m, &ci, &a, policy);
 }

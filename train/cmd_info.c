@@ -102,8 +102,8 @@ static int describe_checkpoint(const char *path, StFile *f, bool all) {
     if (len) printf("  %.*s\n", (int)len, p);
     p += len + (p[len] == '\n');
   }
-  static const char *const SHOWN[] = {"format", "step", "epoch", "next_batch", "best_map", "train_config",
-                                      "model_config", "crc32", NULL};
+  static const char *const SHOWN[] = {"format",       "step",         "epoch", "next_batch", "best_map",
+                                      "train_config", "model_config", "crc32", NULL};
   bool header = false;
   for (int i = 0; i < st_metadata_count(f); i++) {
     const char *k = st_metadata_key(f, i);

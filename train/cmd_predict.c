@@ -29,7 +29,8 @@ static const char *USAGE =
     "detections [{label, category_id, name, score, box [x0, y0, x1, y1] in pixels}] by falling score) and\n"
     "DIR/<image name>.png with the boxes, class names and scores drawn. Class names come from --names (a COCO\n"
     "instances JSON; only its categories are used), else from the checkpoint, else 'class <id>'.\n"
-    "--show attention: DIR/<image name>-attention.png, a row per detection (the best 24): its box, and its query's last\n"
+    "--show attention: DIR/<image name>-attention.png, a row per detection (the best 24): its box, and its query's "
+    "last\n"
     "decoder layer cross-attention (mean over heads) as a heat map over the image. --show clusters:\n"
     "DIR/<image name>-clusters.png, ENACT's clusters of the first and the last encoder layer (docs/pictures.md).";
 
@@ -38,7 +39,7 @@ static const char *USAGE =
 typedef struct {
   char *file, *output;  // input path as given; the picture's name in DIR
   int w, h;
-  detr_result *res;     // detections with score >= threshold, by falling score
+  detr_result *res;  // detections with score >= threshold, by falling score
 } ImageResult;
 
 static int clamp_px(float v, int hi) { return v < -1.0f ? -1 : v > (float)hi ? hi : (int)lrintf(v); }
@@ -93,9 +94,9 @@ static void draw_detections(Image *pic, const detr_result *res, int first, int n
 
 // --- pictures of what the model attends to (--show) ----------------------------------------------
 
-#define GAP 8               // pixels between and around the panels of a grid
-#define ATTENTION_ROWS 24   // detections pictured at most (the best)
-#define PANEL_MAX_SIDE 1024 // a panel's long side at most: 24 rows of them stay within a picture's 32768 px
+#define GAP 8                // pixels between and around the panels of a grid
+#define ATTENTION_ROWS 24    // detections pictured at most (the best)
+#define PANEL_MAX_SIDE 1024  // a panel's long side at most: 24 rows of them stay within a picture's 32768 px
 
 // A white canvas of cols x rows panels of pw x ph pixels, GAP apart and around.
 static Image grid_canvas(int cols, int rows, int pw, int ph) {
@@ -328,13 +329,13 @@ static int save_json(const char *path, const ImageResult *res, int n, char *err,
 typedef struct {
   const char *checkpoint, *weights, *config, *out_dir, *names_path, *device, *json_path, *bad_input, *precision;
   CliList sets, show;
-  unsigned outputs;          // DETR_OUTPUT_* of --show
+  unsigned outputs;  // DETR_OUTPUT_* of --show
   bool enact;
   const char *threshold_text;  // --threshold as given, NULL: the class head's (detr_default_threshold)
-  double threshold;          // -1 until the model is open
-  int threads;               // 0: OMP_NUM_THREADS, or every core
-  int image_size, max_size;  // -1: the checkpoint's training run, else the model's defaults
-  const char **inputs;       // [n_inputs] image files
+  double threshold;            // -1 until the model is open
+  int threads;                 // 0: OMP_NUM_THREADS, or every core
+  int image_size, max_size;    // -1: the checkpoint's training run, else the model's defaults
+  const char **inputs;         // [n_inputs] image files
   int n_inputs;
   BadInputPolicy policy;
 } PredictArgs;
@@ -376,12 +377,15 @@ static int parse_args(int argc, char **argv, PredictArgs *a) {
       {"threshold", FLAG_STRING, &a->threshold_text,
        "keep detections with score >= this (default 0.5, or 0.3 for a sigmoid class head such as Conditional "
        "DETR's, whose scores run lower; 0 keeps every query)"},
-      {"image-size", FLAG_I32, &a->image_size, "val shortest side (default: the checkpoint's training run, else 800, 320 small, 128 tiny)", 32, 4096},
-      {"max-size", FLAG_I32, &a->max_size, "longest side (default: the checkpoint's training run, else 1333, 512 small, 192 tiny)", 32, 8192},
+      {"image-size", FLAG_I32, &a->image_size,
+       "val shortest side (default: the checkpoint's training run, else 800, 320 small, 128 tiny)", 32, 4096},
+      {"max-size", FLAG_I32, &a->max_size,
+       "longest side (default: the checkpoint's training run, else 1333, 512 small, 192 tiny)", 32, 8192},
       {"names", FLAG_STRING, &a->names_path, "COCO instances JSON whose categories name the labels"},
       {"device", FLAG_STRING, &a->device, "cpu or cuda (default cpu)"},
       {"threads", FLAG_I32, &a->threads, "CPU threads (default: OMP_NUM_THREADS, or every core)", 0, 1024},
-      {"json", FLAG_STRING, &a->json_path, "where to write the predictions JSON (default DIR/predictions.json; - for stdout)"},
+      {"json", FLAG_STRING, &a->json_path,
+       "where to write the predictions JSON (default DIR/predictions.json; - for stdout)"},
       {"bad-input", FLAG_STRING, &a->bad_input, "fail (default) or skip (with a warning) images that cannot be read"},
       {"show", FLAG_LIST, &a->show,
        "also picture what the model attends to: attention (each detection's cross-attention) or clusters (ENACT's "
@@ -400,8 +404,9 @@ static int parse_args(int argc, char **argv, PredictArgs *a) {
     usage_error = "--threshold must be a number in [0, 1]";
   else if (bad_input_policy_parse(a->bad_input, &a->policy)) usage_error = "--bad-input: expected fail or skip";
   for (int i = 0; i < a->show.count && !usage_error; i++) {
-    unsigned o = !strcmp(a->show.items[i], "attention") ? DETR_OUTPUT_ATTENTION
-                 : !strcmp(a->show.items[i], "clusters") ? DETR_OUTPUT_CLUSTERS : 0;
+    unsigned o = !strcmp(a->show.items[i], "attention")  ? DETR_OUTPUT_ATTENTION
+                 : !strcmp(a->show.items[i], "clusters") ? DETR_OUTPUT_CLUSTERS
+                                                         : 0;
     if (!o) {
       fprintf(stderr, "detr predict: --show %s: unknown picture (attention or clusters)\n", a->show.items[i]);
       return 2;
@@ -420,7 +425,7 @@ static int parse_args(int argc, char **argv, PredictArgs *a) {
 static int open_model(const PredictArgs *a, detr_model **model) {
   char err[4096];
   Device dev;
-  CliList sets = a->sets;  // with --precision's keys
+  CliList sets = a->sets;                                // with --precision's keys
   if (setup_device(a->device, &dev, err, sizeof err) ||  // binds this rank's GPU under mpirun
       setup_precision(a->precision, true, dev, &sets, err, sizeof err)) {
     fprintf(stderr, "detr predict: %s\n", err);
@@ -445,8 +450,7 @@ static int open_model(const PredictArgs *a, detr_model **model) {
     return st == DETR_ERR_CONFIG || st == DETR_ERR_ARGUMENT || st == DETR_ERR_DEVICE ? 2 : 1;
   }
   if (detr_set_outputs(*model, a->outputs)) {  // the only refusal: clusters from an attention without them
-    fprintf(stderr, "detr predict: --show %s; a model trained with `detr train --enact` has them\n",
-            detr_last_error());
+    fprintf(stderr, "detr predict: --show %s; a model trained with `detr train --enact` has them\n", detr_last_error());
     detr_close(*model);
     *model = NULL;
     return 2;
@@ -476,7 +480,10 @@ static int predict_image(Predictor *p, const char *input, char *err, size_t err_
     return -1;
   }
   ImageResult *r = &p->results[p->n_results];
-  *r = (ImageResult){.file = detr_strdup(input, "a string"), .w = img.w, .h = img.h, .res = res,
+  *r = (ImageResult){.file = detr_strdup(input, "a string"),
+                     .w = img.w,
+                     .h = img.h,
+                     .res = res,
                      .output = output_name(input, a->out_dir, p->results, p->n_results, p->earlier_json)};
   p->n_results++;
   int count = detr_result_count(res);
@@ -506,8 +513,7 @@ static int predict_image(Predictor *p, const char *input, char *err, size_t err_
   if (rc == 0 && best)
     fprintf(p->log, "%s: %d detection%s (best: %s %.2f) -> %s\n", r->file, count, count == 1 ? "" : "s", best->name,
             best->score, png);
-  else if (rc == 0)
-    fprintf(p->log, "%s: no detections >= %.2f -> %s\n", r->file, a->threshold, png);
+  else if (rc == 0) fprintf(p->log, "%s: no detections >= %.2f -> %s\n", r->file, a->threshold, png);
   free(png);
   return rc ? -1 : 0;
 }

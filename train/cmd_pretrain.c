@@ -224,8 +224,16 @@ static void pretrainer_free(Pretrainer *p) {
 }
 
 int cmd_pretrain(int argc, char **argv) {
-  PretrainOptions o = {.config = SETUP_DEFAULT_PRESET, .device = "cpu", .train_split = "train", .val_split = "val",
-                       .epochs = 10, .batch = 32, .crop = 64, .seed = 42, .lr = 1e-3, .weight_decay = 1e-4};
+  PretrainOptions o = {.config = SETUP_DEFAULT_PRESET,
+                       .device = "cpu",
+                       .train_split = "train",
+                       .val_split = "val",
+                       .epochs = 10,
+                       .batch = 32,
+                       .crop = 64,
+                       .seed = 42,
+                       .lr = 1e-3,
+                       .weight_decay = 1e-4};
   CliFlag flags[] = {
       {"data", FLAG_STRING, &o.data, "dataset root (annotations/instances_<split>.json and <split>/)"},
       {"out", FLAG_STRING, &o.out, "output safetensors file (the backbone's tensors)"},
@@ -240,7 +248,8 @@ int cmd_pretrain(int argc, char **argv) {
       {"lr", FLAG_FLOAT, &o.lr, "AdamW learning rate (default 1e-3; x0.1 for the last third of the epochs)"},
       {"weight-decay", FLAG_FLOAT, &o.weight_decay, "AdamW weight decay (default 1e-4)"},
       {"device", FLAG_STRING, &o.device, "cpu or cuda (default cpu)"},
-      {"threads", FLAG_I32, &o.threads, "CPU threads (default: OMP_NUM_THREADS, or the cores other processes leave free)", 0, 1024},
+      {"threads", FLAG_I32, &o.threads,
+       "CPU threads (default: OMP_NUM_THREADS, or the cores other processes leave free)", 0, 1024},
       {"seed", FLAG_U64, &o.seed, "seed of initialisation, crop order and augmentation (default 42)", 0, 1LL << 62},
       {"no-progress", FLAG_BOOL, &o.no_progress, "no per-epoch lines"},
   };
@@ -264,7 +273,8 @@ int cmd_pretrain(int argc, char **argv) {
     fprintf(stderr, "detr pretrain: %s\n", err);
     return 2;
   }
-  if (setup_model_config(o.config, &o.sets, &p.cfg, err, sizeof err) || setup_device(o.device, &p.dev, err, sizeof err)) {
+  if (setup_model_config(o.config, &o.sets, &p.cfg, err, sizeof err) ||
+      setup_device(o.device, &p.dev, err, sizeof err)) {
     fprintf(stderr, "detr pretrain: %s\n", err);
     return 2;
   }

@@ -89,20 +89,22 @@ static void add_gradients(StWriter *w, const DetrModel *model) {
 
 // The model (initialised from seed, then the weights file if any) and the batch.
 static int load_model_and_batch(const DetrConfig *cfg, Device dev, uint64_t seed, const char *weights,
-                                const char *batch_path, DetrModel **model, StepBatch *batch, char *err, size_t err_cap) {
+                                const char *batch_path, DetrModel **model, StepBatch *batch, char *err,
+                                size_t err_cap) {
   *model = detr_model_create(cfg, dev);
   detr_model_init(*model, seed);
   if (weights && params_load_file(&(*model)->params, weights, err, err_cap)) return -1;
   StFile *bf = st_open(batch_path, err, err_cap);
   if (!bf) return -1;
-  int rc = step_batch_read(bf, dev, cfg->num_classes, batch, err, err_cap);  // on failure the caller frees what it holds
+  int rc =
+      step_batch_read(bf, dev, cfg->num_classes, batch, err, err_cap);  // on failure the caller frees what it holds
   st_close(bf);
   return rc;
 }
 
 // Forward, loss (the batch's boxes as the normaliser) and backward.
-static int forward_backward(DetrModel *model, const DetrConfig *cfg, const StepBatch *batch, bool dropout, uint64_t seed,
-                            DetrOutput *out, CriterionResult *loss, char *err, size_t err_cap) {
+static int forward_backward(DetrModel *model, const DetrConfig *cfg, const StepBatch *batch, bool dropout,
+                            uint64_t seed, DetrOutput *out, CriterionResult *loss, char *err, size_t err_cap) {
   Rng dropout_rng = rng_make(seed ^ 0xd40bu);
   NnCtx ctx = {.training = dropout, .dropout_rng = &dropout_rng};
   if (detr_model_forward(model, &ctx, batch->images, batch->mask, out, err, err_cap)) return -1;

@@ -43,8 +43,7 @@ int cmd_synth(int argc, char **argv) {
   DIR *d = opendir(cfg.out_dir);
   if (d) {
     struct dirent *e;
-    while ((e = readdir(d)) && (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))) {
-    }
+    while ((e = readdir(d)) && (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))) {}
     if (e) {
       fprintf(stderr, "detr synth: --out %s is not empty (it holds %s): give a new or empty folder\n", cfg.out_dir,
               e->d_name);

@@ -46,15 +46,16 @@ static void store_command_line(TrainOptions *o, int argc, char **argv, int image
   const struct {
     const char *flag;
     int value;
-  } ran_with[] = {{"--batch", o->batch_size}, {"--pad-multiple", o->pad_multiple}, {"--image-size", image_size},
+  } ran_with[] = {{"--batch", o->batch_size},
+                  {"--pad-multiple", o->pad_multiple},
+                  {"--image-size", image_size},
                   {"--max-size", max_size}};
   for (size_t k = 0; k < sizeof ran_with / sizeof ran_with[0]; k++) {
     char pair[48];
     snprintf(pair, sizeof pair, "%s %d", ran_with[k].flag, ran_with[k].value);
     if (!has_flag(argc, argv, ran_with[k].flag)) append_word(text, cap, &n, pair);
   }
-  for (int i = 2; i < argc && append_word(text, cap, &n, argv[i]); i++) {
-  }
+  for (int i = 2; i < argc && append_word(text, cap, &n, argv[i]); i++) {}
 }
 
 // What --resume continues: the checkpoint (auto: the newest intact one in --out, none in an empty
@@ -129,12 +130,11 @@ static size_t config_differences(const DetrConfig *here, const DetrConfig *check
       if (side == 1 && other) continue;  // compared from mine
       if (other && olen == len && !strncmp(other, line, len)) continue;
       if (n >= cap) break;
-      if (side == 1)
-        n += (size_t)snprintf(out + n, cap - n, " %.*s in the checkpoint only;", (int)len, line);
-      else if (!other)
-        n += (size_t)snprintf(out + n, cap - n, " %.*s here only;", (int)len, line);
+      if (side == 1) n += (size_t)snprintf(out + n, cap - n, " %.*s in the checkpoint only;", (int)len, line);
+      else if (!other) n += (size_t)snprintf(out + n, cap - n, " %.*s here only;", (int)len, line);
       else
-        n += (size_t)snprintf(out + n, cap - n, " %.*s in the checkpoint, %.*s here;", (int)olen, other, (int)len, line);
+        n +=
+            (size_t)snprintf(out + n, cap - n, " %.*s in the checkpoint, %.*s here;", (int)olen, other, (int)len, line);
     }
   }
   return n;
@@ -158,8 +158,10 @@ static int model_config(TrainOptions *o, const char *config, const CliList *sets
     if (!detr_config_sets_name(sets->items, sets->count, "bf16")) o->model.bf16 = ci->cfg.bf16;
     char diff[2048];
     if (config_differences(&o->model, &ci->cfg, diff, sizeof diff)) {
-      snprintf(err, err_cap, "%s is a run of another model config:%s resume it without --config/--set (its config is "
-               "read from the checkpoint), or start this model in a new directory with --out NEW_DIR", o->resume, diff);
+      snprintf(err, err_cap,
+               "%s is a run of another model config:%s resume it without --config/--set (its config is "
+               "read from the checkpoint), or start this model in a new directory with --out NEW_DIR",
+               o->resume, diff);
       return -1;
     }
   } else if (ci && !config) {  // fine-tuning a checkpoint's model: num_classes follows the data unless set
@@ -201,7 +203,8 @@ static int resolve(TrainOptions *o, const char *config, const CliList *sets, boo
   const float weights[] = {w->ce, w->bbox, w->giou, w->eos, w->cost_class, w->cost_bbox, w->cost_giou};
   for (size_t i = 0; i < sizeof weights / sizeof weights[0]; i++)
     if (!(isnan(weights[i]) || (weights[i] >= 0 && weights[i] < 1e6f))) {
-      fprintf(stderr, "detr train: the loss and matcher weights (--*-loss-coef, --eos-coef, --cost-*) lie in [0, 1e6)\n");
+      fprintf(stderr,
+              "detr train: the loss and matcher weights (--*-loss-coef, --eos-coef, --cost-*) lie in [0, 1e6)\n");
       return 2;
     }
   const RunDefaults *d = detr_run_defaults(&o->model);
@@ -215,7 +218,9 @@ static int resolve(TrainOptions *o, const char *config, const CliList *sets, boo
   if (o->batch_size < 0) o->batch_size = CHECKPOINT_TRAIN_DEFAULT_BATCH;
   if (o->epochs < 0) o->epochs = d->epochs;
   if (o->optim.lr_drop < 0)
-    o->optim.lr_drop = d->lr_drop > 0 && o->epochs == d->epochs ? d->lr_drop : o->epochs * 2 / 3 > 0 ? o->epochs * 2 / 3 : 1;
+    o->optim.lr_drop = d->lr_drop > 0 && o->epochs == d->epochs ? d->lr_drop
+                       : o->epochs * 2 / 3 > 0                  ? o->epochs * 2 / 3
+                                                                : 1;
   if (image_size < 32) image_size = d->image_size;
   if (max_size < 32) max_size = d->max_size;
   o->train_aug = aug_config_scaled(augment, image_size, max_size);
@@ -251,8 +256,11 @@ static int resolve_and_train(TrainOptions *o, TrainFlags *f, int argc, char **ar
     checkpoint_info_free(&ci);
     return 1;
   }
-  int rc = resolve(o, f->config, &f->sets, f->enact, f->device, f->precision, f->bad_input, &f->image_size, &f->max_size,
-                   !f->no_augment, o->resume ? &ci : init_is_checkpoint ? &init_ci : NULL);
+  int rc = resolve(o, f->config, &f->sets, f->enact, f->device, f->precision, f->bad_input, &f->image_size,
+                   &f->max_size, !f->no_augment,
+                   o->resume            ? &ci
+                   : init_is_checkpoint ? &init_ci
+                                        : NULL);
   if (rc == 0) {
     o->progress = !f->no_progress;
     store_command_line(o, argc, argv, f->image_size, f->max_size);
@@ -265,15 +273,17 @@ static int resolve_and_train(TrainOptions *o, TrainFlags *f, int argc, char **ar
 
 int cmd_train(int argc, char **argv) {
   TrainOptions o = train_options_default();
-  o.epochs = o.optim.lr_drop = -1;  // from the model (resolve)
+  o.epochs = o.optim.lr_drop = -1;     // from the model (resolve)
   o.batch_size = o.pad_multiple = -1;  // from the resumed run's command, else 2 and 1 (resolve)
   TrainFlags f = {.device = "cpu", .bad_input = "fail", .image_size = -1, .max_size = -1};
   CliFlag flags[] = {
       {"data", FLAG_STRING, &o.data_dir, "dataset root (annotations/instances_<split>.json and <split>/)"},
       {"train-split", FLAG_STRING, &o.train_split, "training split name (default train; COCO: train2017)"},
-      {"val-split", FLAG_STRING, &o.val_split, "validation split name (default val; COCO: val2017; none: no evaluation)"},
-      {"config", FLAG_STRING, &f.config, "model preset (" DETR_PRESET_LIST ") or key=value file (default "
-       SETUP_DEFAULT_PRESET "; resuming: the checkpoint's)"},
+      {"val-split", FLAG_STRING, &o.val_split,
+       "validation split name (default val; COCO: val2017; none: no evaluation)"},
+      {"config", FLAG_STRING, &f.config,
+       "model preset (" DETR_PRESET_LIST ") or key=value file (default " SETUP_DEFAULT_PRESET
+       "; resuming: the checkpoint's)"},
       {"set", FLAG_LIST, &f.sets, "override one model config field, e.g. --set num_queries=20"},
       {"enact", FLAG_BOOL, &f.enact, SETUP_ENACT_HELP},
       {"precision", FLAG_STRING, &f.precision, SETUP_PRECISION_HELP},
@@ -286,14 +296,16 @@ int cmd_train(int argc, char **argv) {
       {"clip", FLAG_F32, &o.optim.clip_max_norm, "gradient clipping max norm (default 0.1; 0 disables)"},
       {"lr-drop", FLAG_I32, &o.optim.lr_drop, "epochs between learning-rate drops x0.1 (default 2/3 of --epochs)", 1,
        1000000},
-      {"image-size", FLAG_I32, &f.image_size, "val shortest side; train scales follow (default 800, 320 small, 128 tiny)",
-       32, 4096},
+      {"image-size", FLAG_I32, &f.image_size,
+       "val shortest side; train scales follow (default 800, 320 small, 128 tiny)", 32, 4096},
       {"max-size", FLAG_I32, &f.max_size, "longest image side (default 1333, 512 small, 192 tiny)", 32, 8192},
       {"pad-multiple", FLAG_I32, &o.pad_multiple,
        "pad each batch to a multiple of N pixels (default 1: to its largest image, as the reference; e.g. 16: "
-       "fewer distinct input sizes, faster on the CPU; resuming: the run's)", 1, 256},
+       "fewer distinct input sizes, faster on the CPU; resuming: the run's)",
+       1, 256},
       {"device", FLAG_STRING, &f.device, "cpu or cuda (default cpu)"},
-      {"threads", FLAG_I32, &o.threads, "CPU threads (default: OMP_NUM_THREADS, or the cores other processes leave free)", 0, 1024},
+      {"threads", FLAG_I32, &o.threads,
+       "CPU threads (default: OMP_NUM_THREADS, or the cores other processes leave free)", 0, 1024},
       {"workers", FLAG_I32, &o.workers, "data loader threads (default 2)", 0, 64},
       {"seed", FLAG_U64, &o.seed, "seed of initialisation, data order, augmentation and dropout (default 42)", 0,
        1LL << 62},

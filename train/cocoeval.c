@@ -32,9 +32,8 @@ static const struct {
   double iou;
   int area, m;
 } SUMMARY[COCO_N_STATS] = {
-    {true, -1, 0, 2},  {true, .5, 0, 2},   {true, .75, 0, 2},  {true, -1, 1, 2},
-    {true, -1, 2, 2},  {true, -1, 3, 2},   {false, -1, 0, 0},  {false, -1, 0, 1},
-    {false, -1, 0, 2}, {false, -1, 1, 2},  {false, -1, 2, 2},  {false, -1, 3, 2},
+    {true, -1, 0, 2},  {true, .5, 0, 2},  {true, .75, 0, 2}, {true, -1, 1, 2},  {true, -1, 2, 2},  {true, -1, 3, 2},
+    {false, -1, 0, 0}, {false, -1, 0, 1}, {false, -1, 0, 2}, {false, -1, 1, 2}, {false, -1, 2, 2}, {false, -1, 3, 2},
 };
 
 // np.linspace(start, stop, num) as numpy computes it: i * step + start, the last exactly stop.
@@ -474,8 +473,7 @@ int coco_write_stats_json(const char *path, const CocoEvalResult *r, char *err, 
     return -1;
   }
   fputc('{', f);
-  for (int s = 0; s < COCO_N_STATS; s++)
-    fprintf(f, "%s\"%s\": %.17g", s ? ", " : "", coco_stat_names[s], r->stats[s]);
+  for (int s = 0; s < COCO_N_STATS; s++) fprintf(f, "%s\"%s\": %.17g", s ? ", " : "", coco_stat_names[s], r->stats[s]);
   fputs("}\n", f);
   bool ok = !ferror(f);
   ok = fclose(f) == 0 && ok;

@@ -41,8 +41,18 @@ typedef struct {
 } CocoEvalDet;
 
 enum {
-  COCO_AP, COCO_AP50, COCO_AP75, COCO_APS, COCO_APM, COCO_APL,
-  COCO_AR1, COCO_AR10, COCO_AR100, COCO_ARS, COCO_ARM, COCO_ARL,
+  COCO_AP,
+  COCO_AP50,
+  COCO_AP75,
+  COCO_APS,
+  COCO_APM,
+  COCO_APL,
+  COCO_AR1,
+  COCO_AR10,
+  COCO_AR100,
+  COCO_ARS,
+  COCO_ARM,
+  COCO_ARL,
   COCO_N_STATS
 };
 extern const char *const coco_stat_names[COCO_N_STATS];  // "AP", "AP50", ..., "ARl"

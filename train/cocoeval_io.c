@@ -23,7 +23,17 @@ typedef enum { SEC_NONE, SEC_IMAGES, SEC_ANNS, SEC_CATS, SEC_RESULTS, SEC_COUNT 
 static const char *const SECTION_NAME[SEC_COUNT] = {"", "images", "annotations", "categories", "detection"};
 
 typedef enum {
-  F_ID, F_IMAGE_ID, F_CATEGORY_ID, F_WIDTH, F_HEIGHT, F_BBOX, F_AREA, F_ISCROWD, F_IGNORE, F_SCORE, F_COUNT,
+  F_ID,
+  F_IMAGE_ID,
+  F_CATEGORY_ID,
+  F_WIDTH,
+  F_HEIGHT,
+  F_BBOX,
+  F_AREA,
+  F_ISCROWD,
+  F_IGNORE,
+  F_SCORE,
+  F_COUNT,
   F_NONE = -1
 } Field;
 static const char *const FIELD_NAME[F_COUNT] = {"id",   "image_id", "category_id", "width",  "height",
@@ -33,8 +43,8 @@ static const char *const FIELD_NAME[F_COUNT] = {"id",   "image_id", "category_id
 // COCO.loadRes overwrites them (id = position + 1, area = w * h, iscrowd = 0).
 static const uint32_t READS[SEC_COUNT] = {
     [SEC_IMAGES] = BIT(F_ID) | BIT(F_WIDTH) | BIT(F_HEIGHT),
-    [SEC_ANNS] = BIT(F_ID) | BIT(F_IMAGE_ID) | BIT(F_CATEGORY_ID) | BIT(F_BBOX) | BIT(F_AREA) | BIT(F_ISCROWD) |
-                 BIT(F_IGNORE),
+    [SEC_ANNS] =
+        BIT(F_ID) | BIT(F_IMAGE_ID) | BIT(F_CATEGORY_ID) | BIT(F_BBOX) | BIT(F_AREA) | BIT(F_ISCROWD) | BIT(F_IGNORE),
     [SEC_CATS] = BIT(F_ID),
     [SEC_RESULTS] = BIT(F_IMAGE_ID) | BIT(F_CATEGORY_ID) | BIT(F_BBOX) | BIT(F_SCORE),
 };
@@ -50,11 +60,11 @@ static const char *const KIND_NAME[] = {"null", "a boolean", "a number", "a stri
 
 typedef struct {
   const char *path;
-  bool results;     // a results array (else an instances object)
-  int item_depth;   // containers open inside an item object: 3 for instances, 2 for results
-  int depth;        // containers open (not counting skipped ones)
-  int skip;         // > 0: inside a skipped value, this many containers deep
-  bool skip_next;   // the next value belongs to a key that is not read
+  bool results;    // a results array (else an instances object)
+  int item_depth;  // containers open inside an item object: 3 for instances, 2 for results
+  int depth;       // containers open (not counting skipped ones)
+  int skip;        // > 0: inside a skipped value, this many containers deep
+  bool skip_next;  // the next value belongs to a key that is not read
   Section section;
   uint32_t sections_seen;
   Field field;
@@ -89,14 +99,13 @@ static void grow(void **buf, int64_t *cap, int64_t need, size_t elem) {
 #if defined(__GNUC__)
 __attribute__((format(printf, 3, 4)))
 #endif
-static int fail(Reader *r, bool item, const char *fmt, ...) {
+static int
+fail(Reader *r, bool item, const char *fmt, ...) {
   int n = snprintf(r->err, r->err_cap, "%s: ", r->path);
   if (item && n >= 0 && (size_t)n < r->err_cap) {
     int64_t i = r->count[r->section] - 1;
-    if (r->section == SEC_RESULTS)
-      n += snprintf(r->err + n, r->err_cap - (size_t)n, "detection %lld", (long long)i);
-    else
-      n += snprintf(r->err + n, r->err_cap - (size_t)n, "%s[%lld]", SECTION_NAME[r->section], (long long)i);
+    if (r->section == SEC_RESULTS) n += snprintf(r->err + n, r->err_cap - (size_t)n, "detection %lld", (long long)i);
+    else n += snprintf(r->err + n, r->err_cap - (size_t)n, "%s[%lld]", SECTION_NAME[r->section], (long long)i);
     if (r->seen & BIT(F_ID) && (size_t)n < r->err_cap)
       n += snprintf(r->err + n, r->err_cap - (size_t)n, " (id %lld)", (long long)r->ival[F_ID]);
     if ((size_t)n < r->err_cap) n += snprintf(r->err + n, r->err_cap - (size_t)n, ": ");
@@ -258,7 +267,8 @@ static int value(Reader *r, ValueKind k, const char *s, size_t len, bool b) {
     if (++r->items > r->max_items)
       return fail(r, false,
                   "more than %lld items, the limit for a file of this size (%d per byte on disk, at least %d; a gzip "
-                  "bomb?)", (long long)r->max_items, COCO_MAX_ITEMS_PER_BYTE, COCO_MIN_ITEM_BUDGET);
+                  "bomb?)",
+                  (long long)r->max_items, COCO_MAX_ITEMS_PER_BYTE, COCO_MIN_ITEM_BUDGET);
     r->count[r->section]++;
     r->seen = 0;
     r->ignore_true = false;
@@ -323,8 +333,8 @@ static int cb_end(void *ctx) {  // end of a map or an array: YAJL has checked th
 }
 
 static int parse_file(Reader *r) {
-  static const yajl_callbacks callbacks = {cb_null, cb_boolean, NULL, NULL, cb_number, cb_string, cb_start_map,
-                                           cb_key, cb_end, cb_start_array, cb_end};
+  static const yajl_callbacks callbacks = {cb_null,      cb_boolean, NULL,   NULL,           cb_number, cb_string,
+                                           cb_start_map, cb_key,     cb_end, cb_start_array, cb_end};
   errno = 0;
   gzFile f = gzopen(r->path, "rb");  // reads plain files as they are
   if (!f) {
@@ -334,9 +344,9 @@ static int parse_file(Reader *r) {
   struct stat sb;
   int64_t file_bytes = stat(r->path, &sb) == 0 && sb.st_size > 0 ? (int64_t)sb.st_size : 0;
   r->max_items = file_bytes * COCO_MAX_ITEMS_PER_BYTE > COCO_MIN_ITEM_BUDGET ? file_bytes * COCO_MAX_ITEMS_PER_BYTE
-                                                                            : COCO_MIN_ITEM_BUDGET;
-  int64_t max_json = file_bytes * COCO_MAX_GZIP_RATIO > COCO_MIN_GZIP_BUDGET ? file_bytes * COCO_MAX_GZIP_RATIO
-                                                                             : COCO_MIN_GZIP_BUDGET;
+                                                                             : COCO_MIN_ITEM_BUDGET;
+  int64_t max_json =
+      file_bytes * COCO_MAX_GZIP_RATIO > COCO_MIN_GZIP_BUDGET ? file_bytes * COCO_MAX_GZIP_RATIO : COCO_MIN_GZIP_BUDGET;
   yajl_handle h = yajl_alloc(&callbacks, NULL, r);
   DETR_CHECK(h, "cocoeval: out of host memory (JSON parser)");
 #ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
@@ -364,7 +374,8 @@ static int parse_file(Reader *r) {
     if (!gzdirect(f) && offset + n > max_json) {
       snprintf(r->err, r->err_cap,
                "%s: decompresses to more than %lld bytes, the limit for a %lld-byte .gz file (%dx, at least %lld; a "
-               "gzip bomb?)", r->path, (long long)max_json, (long long)file_bytes, COCO_MAX_GZIP_RATIO,
+               "gzip bomb?)",
+               r->path, (long long)max_json, (long long)file_bytes, COCO_MAX_GZIP_RATIO,
                (long long)COCO_MIN_GZIP_BUDGET);
       read_error = true;
       break;

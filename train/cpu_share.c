@@ -90,6 +90,6 @@ bool cpu_share_update(CpuShare *s) {
 }
 
 void cpu_share_log(const CpuShare *s, const char *command) {
-  fprintf(stderr, "%s: other processes use %.1f of %d cores: %d compute thread%s\n", command, s->others,
-          s->max_threads, s->threads, s->threads > 1 ? "s" : "");
+  fprintf(stderr, "%s: other processes use %.1f of %d cores: %d compute thread%s\n", command, s->others, s->max_threads,
+          s->threads, s->threads > 1 ? "s" : "");
 }

@@ -13,12 +13,12 @@
 #define CPU_SHARE_SET_WORDS (1024 / 64)  // CPUs 0..1023, a bit each
 
 typedef struct {
-  bool adapt;                 // false: a fixed thread count, or no /proc/stat
+  bool adapt;                             // false: a fixed thread count, or no /proc/stat
   uint64_t allowed[CPU_SHARE_SET_WORDS];  // the CPUs this process may run on (sched_getaffinity)
-  int max_threads, threads;   // the ceiling (cores this process may run on) and the current count
-  double last_wall, last_own; // seconds: wall clock and this process's CPU time at the last look
-  uint64_t last_busy;         // clock ticks the allowed cores were busy (all processes), last look
-  double others;              // cores the other processes used over the last interval
+  int max_threads, threads;               // the ceiling (cores this process may run on) and the current count
+  double last_wall, last_own;             // seconds: wall clock and this process's CPU time at the last look
+  uint64_t last_busy;                     // clock ticks the allowed cores were busy (all processes), last look
+  double others;                          // cores the other processes used over the last interval
 } CpuShare;
 
 // fixed_threads > 0: the user's count, kept (so is OMP_NUM_THREADS).

@@ -23,7 +23,7 @@ static int g_rank = 0, g_size = 1;
 static int g_local_rank = 0;  // rank among the processes on this host: the GPU it binds
 #endif
 #if DETR_HAVE_MPI
-static bool g_mpi = false;   // MPI_Init was called
+static bool g_mpi = false;  // MPI_Init was called
 #endif
 #if DETR_HAVE_NCCL
 static bool g_nccl = false;  // the NCCL communicator exists
@@ -38,16 +38,16 @@ static bool launched_by_mpi(void) {
 }
 
 #if DETR_HAVE_MPI
-#define MPI_CALL(call)                                                                 \
-  do {                                                                                 \
-    int mpi_rc_ = (call);                                                              \
-    if (mpi_rc_ != MPI_SUCCESS) {                                                      \
-      char mpi_msg_[MPI_MAX_ERROR_STRING];                                             \
-      int mpi_len_ = 0;                                                                \
-      MPI_Error_string(mpi_rc_, mpi_msg_, &mpi_len_);                                  \
+#define MPI_CALL(call)                                                                      \
+  do {                                                                                      \
+    int mpi_rc_ = (call);                                                                   \
+    if (mpi_rc_ != MPI_SUCCESS) {                                                           \
+      char mpi_msg_[MPI_MAX_ERROR_STRING];                                                  \
+      int mpi_len_ = 0;                                                                     \
+      MPI_Error_string(mpi_rc_, mpi_msg_, &mpi_len_);                                       \
       fprintf(stderr, "detr: %s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, mpi_msg_); \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                    \
-    }                                                                                  \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                                         \
+    }                                                                                       \
   } while (0)
 #endif
 
@@ -68,7 +68,8 @@ void dist_init(int *argc, char ***argv) {
 #else
   (void)argc, (void)argv;
   if (launched_by_mpi())
-    fprintf(stderr, "detr: launched by an MPI launcher, but this build has no MPI: every process trains alone "
+    fprintf(stderr,
+            "detr: launched by an MPI launcher, but this build has no MPI: every process trains alone "
             "(rebuild with libopenmpi-dev installed)\n");
 #endif
 }
@@ -116,7 +117,10 @@ int dist_mpirun_pid(void) {
   bool read = fgets(name, sizeof name, f) != NULL;
   fclose(f);
   name[strcspn(name, "\n")] = 0;
-  return read && (!strcmp(name, "mpirun") || !strcmp(name, "mpiexec") || !strcmp(name, "orterun") || !strcmp(name, "prterun")) ? (int)parent : 0;
+  return read && (!strcmp(name, "mpirun") || !strcmp(name, "mpiexec") || !strcmp(name, "orterun") ||
+                  !strcmp(name, "prterun"))
+             ? (int)parent
+             : 0;
 }
 
 int dist_bind_device(Device dev, char *err, size_t err_cap) {
@@ -135,8 +139,8 @@ int dist_bind_device(Device dev, char *err, size_t err_cap) {
   cuda_set_device(g_local_rank % count);
   bound = true;
   if (g_local_rank >= count)
-    fprintf(stderr, "detr: rank %d shares GPU %d (%d GPUs on this host for more ranks)\n", g_rank,
-            g_local_rank % count, count);
+    fprintf(stderr, "detr: rank %d shares GPU %d (%d GPUs on this host for more ranks)\n", g_rank, g_local_rank % count,
+            count);
   return 0;
 #else
   snprintf(err, err_cap, "--device cuda: this build has no CUDA backend (configure with -DDETR_CUDA=ON)");

@@ -259,10 +259,10 @@ int draw_label(Image *img, int x, int y, const char *s, Rgb bg, int scale, int p
 }
 
 Rgb draw_class_colour(int class_id) {
-  static const Rgb PALETTE[16] = {
-      {230, 25, 75},  {60, 180, 75},  {0, 130, 200},  {245, 130, 48}, {145, 30, 180}, {70, 240, 240},
-      {240, 50, 230}, {210, 245, 60}, {0, 128, 128},  {170, 110, 40}, {255, 225, 25}, {128, 0, 0},
-      {0, 0, 128},    {128, 128, 0},  {250, 150, 190}, {100, 100, 255}};
+  static const Rgb PALETTE[16] = {{230, 25, 75},  {60, 180, 75},  {0, 130, 200},   {245, 130, 48},
+                                  {145, 30, 180}, {70, 240, 240}, {240, 50, 230},  {210, 245, 60},
+                                  {0, 128, 128},  {170, 110, 40}, {255, 225, 25},  {128, 0, 0},
+                                  {0, 0, 128},    {128, 128, 0},  {250, 150, 190}, {100, 100, 255}};
   unsigned u = (unsigned)class_id;  // negative ids wrap to valid entries too
   return PALETTE[u % 16u];
 }
@@ -503,7 +503,7 @@ static bool point_ok(const ChartSeries *s, int i) { return isfinite(s->x[i]) && 
 typedef struct {
   int x0, y0, w, h;  // the plot's top-left pixel and size
   Axis ax, ay;
-  int64_t points;    // finite points over every series
+  int64_t points;  // finite points over every series
 } Plot;
 
 static int64_t plot_x(const Plot *pl, double x) { return to_px(x, &pl->ax, pl->x0, pl->w, false); }
@@ -569,8 +569,8 @@ static void draw_axes(Image *img, const ChartPanel *p, const Plot *pl, int ox, i
     draw_text_up(img, ox + 10, pl->y0 + (pl->h + draw_text_width(p->y_label, 1)) / 2, p->y_label, TEXT, 1);
   if (!pl->points) {
     const char *msg = "no data";
-    draw_text(img, pl->x0 + (pl->w - draw_text_width(msg, 2)) / 2, pl->y0 + (pl->h - draw_text_height(msg, 2)) / 2,
-              msg, FRAME, 2);
+    draw_text(img, pl->x0 + (pl->w - draw_text_width(msg, 2)) / 2, pl->y0 + (pl->h - draw_text_height(msg, 2)) / 2, msg,
+              FRAME, 2);
   }
 }
 

@@ -89,15 +89,15 @@ int image_save_png(const char *path, const Image *img, char *err, size_t err_cap
 #define CHART_MAX_SERIES 4
 
 typedef struct {
-  const char *name;        // legend entry (NULL or "": not in the legend)
-  const double *x, *y;     // [n]; points with a non-finite coordinate are left out (gaps)
+  const char *name;     // legend entry (NULL or "": not in the legend)
+  const double *x, *y;  // [n]; points with a non-finite coordinate are left out (gaps)
   int n;
   Rgb colour;
 } ChartSeries;
 
 typedef struct {
-  const char *title;                // above the panel (may be NULL)
-  const char *x_label, *y_label;    // axis titles (may be NULL)
+  const char *title;              // above the panel (may be NULL)
+  const char *x_label, *y_label;  // axis titles (may be NULL)
   ChartSeries series[CHART_MAX_SERIES];
   int n_series;
 } ChartPanel;
@@ -105,7 +105,7 @@ typedef struct {
 typedef struct {
   const char *title;  // above all panels (may be NULL)
   ChartPanel panels[CHART_MAX_PANELS];
-  int n_panels;       // 1..CHART_MAX_PANELS
+  int n_panels;          // 1..CHART_MAX_PANELS
   int panel_w, panel_h;  // pixels per panel; 0 picks 560 x 420
 } ChartSpec;
 

@@ -91,9 +91,11 @@ static void add_batch_detections(const DetrModel *model, const CocoDataset *ds, 
       int category = coco_category_of(ds, d->label);
       if (category < 0 || dl->n >= dl->cap) continue;  // a label no category has: pycocotools drops it too
       dl->dets[dl->n].order = ((b->index * dl->global_batch + dl->first_slot + i) * K + k);
-      dl->dets[dl->n++].det = (CocoEvalDet){.image_id = b->targets[i].image_id, .category_id = category,
-                                            .bbox = {d->box[0], d->box[1], d->box[2] - d->box[0], d->box[3] - d->box[1]},
-                                            .score = d->score};
+      dl->dets[dl->n++].det =
+          (CocoEvalDet){.image_id = b->targets[i].image_id,
+                        .category_id = category,
+                        .bbox = {d->box[0], d->box[1], d->box[2] - d->box[0], d->box[3] - d->box[1]},
+                        .score = d->score};
     }
 }
 
@@ -132,8 +134,7 @@ static int run_batches(const DetrModel *model, const CocoDataset *ds, const Eval
     rep->images += b->size;
     detr_output_free(&out);
     tensor_scope_release(mark);
-    if (cfg->progress && tty)
-      fprintf(stderr, "\reval %lld/%lld batches", (long long)batches, (long long)total_batches);
+    if (cfg->progress && tty) fprintf(stderr, "\reval %lld/%lld batches", (long long)batches, (long long)total_batches);
   }
   if (cfg->progress && tty) fprintf(stderr, "\n");
   autograd_set_grad_enabled(was);
@@ -179,7 +180,8 @@ int evaluate_model(const DetrModel *model, const CocoDataset *ds, const EvalConf
     return -1;
   }
   int64_t K = detr_detections_per_image(&model->cfg);  // K per image
-  DetList dl = {.cap = ds->n_images * K, .K = K,
+  DetList dl = {.cap = ds->n_images * K,
+                .K = K,
                 .global_batch = (int64_t)cfg->batch_size * (dist ? g->world : 1),
                 .first_slot = dist ? (int64_t)g->rank * cfg->batch_size : 0};
   dl.dets = detr_malloc((size_t)(dl.cap ? dl.cap : 1) * sizeof(OrderedDet), "evaluate_model dets");

@@ -10,9 +10,9 @@
 
 typedef struct {
   int batch_size, num_workers;
-  AugConfig aug;          // val resize (aug.train false)
-  int pad_multiple;       // batches padded to a multiple of this many pixels (0 or 1: none)
-  BadInputPolicy policy;  // unreadable images: fail or skip
+  AugConfig aug;             // val resize (aug.train false)
+  int pad_multiple;          // batches padded to a multiple of this many pixels (0 or 1: none)
+  BadInputPolicy policy;     // unreadable images: fail or skip
   const char *results_path;  // a COCO results JSON to write, or NULL
   bool progress;             // a progress line on stderr
   Dist dist;                 // the processes (train/dist.h; zero or DIST_SINGLE: this one alone).

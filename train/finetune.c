@@ -5,7 +5,7 @@
 
 #include "api/model_file.h"  // checkpoint_is, checkpoint_verify
 #include "nn/model_io.h"
-#include "train/setup.h"     // categories_compare
+#include "train/setup.h"  // categories_compare
 
 // The file's `name` has another number of rows than the model's (classes, queries) and is
 // otherwise the same shape: what a re-initialisation adapts. Any other difference is a model that
@@ -29,8 +29,10 @@ int finetune_load(DetrModel *m, const char *path, const char *init_categories, c
     return -1;
   }
   if (checkpoint && say)
-    fprintf(stderr, "detr train: --init %s: a checkpoint: its model tensors (its optimizer state, step and schedule "
-            "are not used; --resume continues a run)\n", path);
+    fprintf(stderr,
+            "detr train: --init %s: a checkpoint: its model tensors (its optimizer state, step and schedule "
+            "are not used; --resume continues a run)\n",
+            path);
   // The class head: other classes (another count, or known ids/names that differ).
   const char *keep[4] = {NULL};
   int n_keep = 0;
@@ -38,18 +40,24 @@ int finetune_load(DetrModel *m, const char *path, const char *init_categories, c
   snprintf(class_w, sizeof class_w, "%s.weight", decoder_layout(detr_decoder(&m->cfg))->class_embed);
   snprintf(class_b, sizeof class_b, "%s.bias", decoder_layout(detr_decoder(&m->cfg))->class_embed);
   if (rows_differ(f, m->class_embed.weight, class_w, why, sizeof why)) {
-    if (say) fprintf(stderr, "detr train: re-initialised %s and %s: the class head's outputs (classes%s): %s\n", class_w,
-                     class_b, detr_classes(&m->cfg)->extra_columns ? " and no-object" : "", why);
+    if (say)
+      fprintf(stderr, "detr train: re-initialised %s and %s: the class head's outputs (classes%s): %s\n", class_w,
+              class_b, detr_classes(&m->cfg)->extra_columns ? " and no-object" : "", why);
     keep[n_keep++] = class_w;
     keep[n_keep++] = class_b;
   } else if (categories_compare(init_categories, train, why, sizeof why)) {
-    if (say) fprintf(stderr, "detr train: re-initialised %s and %s: the data's categories differ from the checkpoint's "
-                     "(%s)\n", class_w, class_b, why);
+    if (say)
+      fprintf(stderr,
+              "detr train: re-initialised %s and %s: the data's categories differ from the checkpoint's "
+              "(%s)\n",
+              class_w, class_b, why);
     keep[n_keep++] = class_w;
     keep[n_keep++] = class_b;
   } else if (!init_categories && say) {
-    fprintf(stderr, "detr train: warning: %s names no categories: its class head is kept, its class k taken for the "
-            "data's category id k\n", path);
+    fprintf(stderr,
+            "detr train: warning: %s names no categories: its class head is kept, its class k taken for the "
+            "data's category id k\n",
+            path);
   }
   if (m->query_embed && rows_differ(f, m->query_embed, "query_embed.weight", why, sizeof why)) {
     if (say) fprintf(stderr, "detr train: re-initialised query_embed.weight: num_queries is %s\n", why);
@@ -57,13 +65,17 @@ int finetune_load(DetrModel *m, const char *path, const char *init_categories, c
   }
   const char *ignore[] = {"optim.", NULL};
   char not_loaded[4096];
-  ParamsLoad opt = {.ignore_prefixes = checkpoint ? ignore : NULL, .keep_init = keep, .partial = partial,
-                    .not_loaded = not_loaded, .not_loaded_cap = sizeof not_loaded};
+  ParamsLoad opt = {.ignore_prefixes = checkpoint ? ignore : NULL,
+                    .keep_init = keep,
+                    .partial = partial,
+                    .not_loaded = not_loaded,
+                    .not_loaded_cap = sizeof not_loaded};
   int rc = params_load_with(&m->params, f, &opt, err, err_cap);
   if (rc) {
     size_t n = strlen(err);
     if (n < err_cap)
-      snprintf(err + n, err_cap - n, "\n(--init-partial loads the tensors that fit and keeps the others' initialisation)");
+      snprintf(err + n, err_cap - n,
+               "\n(--init-partial loads the tensors that fit and keeps the others' initialisation)");
   } else if (partial && say) {
     fprintf(stderr, "detr train: --init-partial: loaded every tensor of %s that fits but these:%s\n", path,
             not_loaded[0] ? not_loaded : " (none: all fit)");

@@ -81,10 +81,13 @@ int history_chart_render(const TrainHistory *h, const char *title, Image *out, c
   }
   ChartSpec spec = {.title = title, .n_panels = 2};
   spec.panels[0] = (ChartPanel){.title = "loss", .x_label = "step", .y_label = "weighted loss", .n_series = 2};
-  spec.panels[0].series[0] = (ChartSeries){.name = "step", .x = h->step, .y = h->loss, .n = n, .colour = {190, 200, 230}};
-  spec.panels[0].series[1] = (ChartSeries){.name = "mean of 50", .x = h->step, .y = mean, .n = n, .colour = {30, 80, 200}};
+  spec.panels[0].series[0] =
+      (ChartSeries){.name = "step", .x = h->step, .y = h->loss, .n = n, .colour = {190, 200, 230}};
+  spec.panels[0].series[1] =
+      (ChartSeries){.name = "mean of 50", .x = h->step, .y = mean, .n = n, .colour = {30, 80, 200}};
   spec.panels[1] = (ChartPanel){.title = "COCO AP (val)", .x_label = "epoch", .y_label = "AP", .n_series = 2};
-  spec.panels[1].series[0] = (ChartSeries){.name = "AP", .x = h->epoch, .y = h->ap, .n = h->n_evals, .colour = {200, 60, 40}};
+  spec.panels[1].series[0] =
+      (ChartSeries){.name = "AP", .x = h->epoch, .y = h->ap, .n = h->n_evals, .colour = {200, 60, 40}};
   spec.panels[1].series[1] =
       (ChartSeries){.name = "AP50", .x = h->epoch, .y = h->ap50, .n = h->n_evals, .colour = {40, 160, 60}};
   chart_render(&spec, out);

@@ -5,9 +5,9 @@
 
 #include "datasets/image.h"
 
-#define HISTORY_MAX_EVALS 512          // evaluations drawn (the first ones)
+#define HISTORY_MAX_EVALS 512               // evaluations drawn (the first ones)
 #define HISTORY_MAX_LOADED_STEPS (1 << 22)  // train lines read back from a metrics.jsonl
-#define HISTORY_MAX_LINE 8192          // longer lines of a metrics.jsonl are skipped whole
+#define HISTORY_MAX_LINE 8192               // longer lines of a metrics.jsonl are skipped whole
 
 typedef struct {
   double *step, *loss;  // [n]

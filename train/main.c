@@ -18,7 +18,8 @@ typedef struct {
 static const Verb VERBS[] = {
     {"cocoeval", cmd_cocoeval, "COCO bbox metrics of a results JSON (pycocotools COCOeval semantics)"},
     {"train", cmd_train, "train DETR / DETR+ENACT on a COCO-format dataset"},
-    {"pretrain", cmd_pretrain, "train a backbone as a classifier of a dataset's object crops (for train --init-backbone)"},
+    {"pretrain", cmd_pretrain,
+     "train a backbone as a classifier of a dataset's object crops (for train --init-backbone)"},
     {"eval", cmd_eval, "COCO mAP of a checkpoint or weights on a dataset split"},
     {"step", cmd_step, "one forward + loss + backward on a batch file (parity interface)"},
     {"synth", cmd_synth, "write the built-in synthetic COCO-format dataset"},

@@ -10,8 +10,14 @@
 #endif
 
 OptimConfig optim_config_default(void) {
-  return (OptimConfig){.lr = 1e-4f, .lr_backbone = 1e-5f, .weight_decay = 1e-4f, .beta1 = 0.9f,
-                       .beta2 = 0.999f, .eps = 1e-8f, .clip_max_norm = 0.1f, .lr_drop = 200};
+  return (OptimConfig){.lr = 1e-4f,
+                       .lr_backbone = 1e-5f,
+                       .weight_decay = 1e-4f,
+                       .beta1 = 0.9f,
+                       .beta2 = 0.999f,
+                       .eps = 1e-8f,
+                       .clip_max_norm = 0.1f,
+                       .lr_drop = 200};
 }
 
 void adamw_init(AdamW *opt, ParamStore *params, OptimConfig cfg) {
@@ -98,8 +104,12 @@ double clip_grad_norm(ParamStore *params, float max_norm) {
 // The element constants of this step for parameter p (opt->step already counts it).
 static AdamWStep step_constants(const AdamW *opt, const Param *p) {
   double bc1 = 1.0 - pow(opt->cfg.beta1, (double)opt->step), bc2 = 1.0 - pow(opt->cfg.beta2, (double)opt->step);
-  return (AdamWStep){.lr = adamw_lr(opt, p->group), .beta1 = opt->cfg.beta1, .beta2 = opt->cfg.beta2,
-                     .eps = opt->cfg.eps, .weight_decay = opt->cfg.weight_decay, .bias_correction1 = (float)bc1,
+  return (AdamWStep){.lr = adamw_lr(opt, p->group),
+                     .beta1 = opt->cfg.beta1,
+                     .beta2 = opt->cfg.beta2,
+                     .eps = opt->cfg.eps,
+                     .weight_decay = opt->cfg.weight_decay,
+                     .bias_correction1 = (float)bc1,
                      .bias_correction2_sqrt = (float)sqrt(bc2)};
 }
 
@@ -142,8 +152,12 @@ double adamw_clip_step(AdamW *opt, float max_norm) {
     if (p->kind != PARAM_TRAINABLE || !t->grad) continue;
     DETR_CHECK(!t->bf16, "adamw_clip_step: %s is kept in bf16 for inference (tensor_keep_bf16): it cannot train",
                p->name);
-    ts[n] = (AdamWTensor){.p = t->data, .m = opt->exp_avg[i]->data, .v = opt->exp_avg_sq[i]->data,
-                          .g = t->grad->data, .n = t->numel, .s = step_constants(opt, p)};
+    ts[n] = (AdamWTensor){.p = t->data,
+                          .m = opt->exp_avg[i]->data,
+                          .v = opt->exp_avg_sq[i]->data,
+                          .g = t->grad->data,
+                          .n = t->numel,
+                          .s = step_constants(opt, p)};
     grads[n] = t->grad->data, sizes[n] = t->numel, n++;
   }
   double norm = sqrt(cpu_sum_squares_multi(grads, sizes, n));

@@ -4,12 +4,12 @@
 #include "nn/params.h"
 
 typedef struct {
-  float lr;             // 1e-4
-  float lr_backbone;    // 1e-5 (layer2-4 of the ResNet)
-  float weight_decay;   // 1e-4
+  float lr;                 // 1e-4
+  float lr_backbone;        // 1e-5 (layer2-4 of the ResNet)
+  float weight_decay;       // 1e-4
   float beta1, beta2, eps;  // 0.9, 0.999, 1e-8
-  float clip_max_norm;  // 0.1; <= 0 disables clipping
-  int lr_drop;          // multiply the learning rates by 0.1 every lr_drop epochs (StepLR)
+  float clip_max_norm;      // 0.1; <= 0 disables clipping
+  int lr_drop;              // multiply the learning rates by 0.1 every lr_drop epochs (StepLR)
 } OptimConfig;
 
 OptimConfig optim_config_default(void);

@@ -44,12 +44,15 @@ int out_file_check(const char *path, const char *flag, const JsonShape *shape, c
     }
   }
   if (!shape) {
-    snprintf(err, err_cap, "--%s %s exists: not overwritten; give another path, or move or remove it first", flag, path);
+    snprintf(err, err_cap, "--%s %s exists: not overwritten; give another path, or move or remove it first", flag,
+             path);
     return -1;
   }
   if (!has_shape(path, shape)) {
-    snprintf(err, err_cap, "--%s %s exists and is not this command's earlier output (a JSON %s with %s): not "
-             "overwritten; give another path", flag, path, shape->open == '[' ? "array" : "object", shape->key);
+    snprintf(err, err_cap,
+             "--%s %s exists and is not this command's earlier output (a JSON %s with %s): not "
+             "overwritten; give another path",
+             flag, path, shape->open == '[' ? "array" : "object", shape->key);
     return -1;
   }
   return 0;

@@ -12,8 +12,11 @@ double now_s(void) {
 }
 
 void progress_init(Progress *p, bool enabled, int64_t first_step, int64_t total_steps) {
-  *p = (Progress){.enabled = enabled, .tty = isatty(STDERR_FILENO), .first_step = first_step,
-                  .total_steps = total_steps, .t_start = now_s()};
+  *p = (Progress){.enabled = enabled,
+                  .tty = isatty(STDERR_FILENO),
+                  .first_step = first_step,
+                  .total_steps = total_steps,
+                  .t_start = now_s()};
 }
 
 static void format_eta(double s, char *buf, size_t cap) {
@@ -22,10 +25,8 @@ static void format_eta(double s, char *buf, size_t cap) {
     return;
   }
   int h = (int)(s / 3600), m = (int)(s / 60) % 60, sec = (int)s % 60;
-  if (h)
-    snprintf(buf, cap, "%dh%02dm", h, m);
-  else
-    snprintf(buf, cap, "%dm%02ds", m, sec);
+  if (h) snprintf(buf, cap, "%dh%02dm", h, m);
+  else snprintf(buf, cap, "%dm%02ds", m, sec);
 }
 
 void progress_update(Progress *p, int64_t step, int64_t epoch, int64_t epochs, int images, double step_seconds,

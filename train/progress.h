@@ -11,7 +11,6 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-
 typedef struct {
   bool enabled, tty;
   int64_t first_step, total_steps;

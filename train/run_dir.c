@@ -103,16 +103,19 @@ int run_dir_newest_intact(const char *dir, int64_t *step, char *err, size_t err_
     char damaged[4300];
     snprintf(damaged, sizeof damaged, "%s.damaged", candidate);
     if (rename(candidate, damaged) != 0) {  // left in place it would count as the newest: stop here
-      snprintf(err, err_cap, "%s is damaged (%s) and cannot be renamed aside: %s. Training could not write in %s "
-               "either: make it writable, or copy the run elsewhere and resume there", candidate, why, strerror(errno),
-               dir);
+      snprintf(err, err_cap,
+               "%s is damaged (%s) and cannot be renamed aside: %s. Training could not write in %s "
+               "either: make it writable, or copy the run elsewhere and resume there",
+               candidate, why, strerror(errno), dir);
       return -1;
     }
     fprintf(stderr, "detr train: skipping %s: %s; renamed to %s\n", candidate, why, damaged);
   }
   if (c.n_checkpoints > 0) {
-    snprintf(err, err_cap, "every checkpoint in %s is damaged (see above; renamed to *.damaged): resume from another "
-             "with --resume FILE, or start anew with --out NEW_DIR or --move-old-run", dir);
+    snprintf(err, err_cap,
+             "every checkpoint in %s is damaged (see above; renamed to *.damaged): resume from another "
+             "with --resume FILE, or start anew with --out NEW_DIR or --move-old-run",
+             dir);
     return -1;
   }
   return 0;

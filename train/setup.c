@@ -70,8 +70,9 @@ int setup_precision(const char *precision, bool inference, Device dev, CliList *
   DetrMath math;
   const char *keys[2];
   char why[512];
-  int n = detr_math_parse(precision, &math, why, sizeof why) ? -1
-          : detr_math_keys(math, inference, dev, sets->items, sets->count, keys, why, sizeof why);
+  int n = detr_math_parse(precision, &math, why, sizeof why)
+              ? -1
+              : detr_math_keys(math, inference, dev, sets->items, sets->count, keys, why, sizeof why);
   if (n < 0) {
     snprintf(err, err_cap, "--precision %s%s", why, math == DETR_MATH_BF16 ? "; use --precision fp32" : "");
     return -1;
@@ -133,10 +134,11 @@ int categories_compare(const char *checkpoint_categories, const CocoDataset *ds,
           n += (size_t)snprintf(msg + n, cap - n, "%sid %ld (%.*s) only in the checkpoint", id_diffs > 1 ? "; " : "",
                                 id, name_len, name);
       } else {
-        if ((strlen(theirs) != (size_t)name_len || strncmp(theirs, name, (size_t)name_len)) &&
-            name_diffs++ < SHOWN && nn < sizeof names)
-          nn += (size_t)snprintf(names + nn, sizeof names - nn, "%sid %ld is '%.*s' in the checkpoint, '%s' in the data",
-                                 name_diffs > 1 ? "; " : "", id, name_len, name, theirs);
+        if ((strlen(theirs) != (size_t)name_len || strncmp(theirs, name, (size_t)name_len)) && name_diffs++ < SHOWN &&
+            nn < sizeof names)
+          nn +=
+              (size_t)snprintf(names + nn, sizeof names - nn, "%sid %ld is '%.*s' in the checkpoint, '%s' in the data",
+                               name_diffs > 1 ? "; " : "", id, name_len, name, theirs);
       }
     }
     p += len + (p[len] == ';');
@@ -195,16 +197,18 @@ int setup_check_split_layout(const char *data_dir, const char *split, const char
   if (access(ann, F_OK) != 0) {
     snprintf(dir, sizeof dir, "%s/annotations", data_dir);
     list_names(dir, is_instances_file, there, sizeof there);
-    snprintf(err, err_cap, "%s: no such file. A data set holds annotations/instances_<split>.json and the images in "
-             "<split>/; %s has %s%s (pick the split with %s NAME, e.g. %s train2017 for COCO)", ann, dir,
-             there[0] ? "" : "no instances_*.json", there, flag, flag);
+    snprintf(err, err_cap,
+             "%s: no such file. A data set holds annotations/instances_<split>.json and the images in "
+             "<split>/; %s has %s%s (pick the split with %s NAME, e.g. %s train2017 for COCO)",
+             ann, dir, there[0] ? "" : "no instances_*.json", there, flag, flag);
     return -1;
   }
   if (!is_folder(img, ".")) {
     list_names(data_dir, is_folder, there, sizeof there);
-    snprintf(err, err_cap, "%s/: no such folder: the images of split '%s' go in %s/ (the folder named as the split; "
-             "pick another with %s NAME). %s holds the folders: %s", img, split, img, flag, data_dir,
-             there[0] ? there : "none");
+    snprintf(err, err_cap,
+             "%s/: no such folder: the images of split '%s' go in %s/ (the folder named as the split; "
+             "pick another with %s NAME). %s holds the folders: %s",
+             img, split, img, flag, data_dir, there[0] ? there : "none");
     return -1;
   }
   return 0;

@@ -9,14 +9,13 @@
 
 static const StEntry *need(const StFile *f, const char *name, StDtype dtype, int ndim, char *err, size_t err_cap) {
   const StEntry *e = st_find(f, name);
-  if (!e)
-    snprintf(err, err_cap, "%s: no tensor '%s'", st_path(f), name);
+  if (!e) snprintf(err, err_cap, "%s: no tensor '%s'", st_path(f), name);
   else if (e->dtype != dtype)
-    snprintf(err, err_cap, "%s: '%s' is %s, expected %s", st_path(f), name, st_dtype_name(e->dtype), st_dtype_name(dtype));
+    snprintf(err, err_cap, "%s: '%s' is %s, expected %s", st_path(f), name, st_dtype_name(e->dtype),
+             st_dtype_name(dtype));
   else if (e->ndim != ndim)
     snprintf(err, err_cap, "%s: '%s' has %d dimensions, expected %d", st_path(f), name, e->ndim, ndim);
-  else
-    return e;
+  else return e;
   return NULL;
 }
 
@@ -72,8 +71,8 @@ int step_batch_read(const StFile *f, Device dev, int64_t num_classes, StepBatch 
     for (int64_t k = 0; k < n; k++) {
       int64_t label = b->labels_storage[at + k];
       if (label < 0 || label > num_classes) {
-        snprintf(err, err_cap, "%s: %s[%lld] = %lld is outside [0, %lld]", st_path(f), nl, (long long)k, (long long)label,
-                 (long long)num_classes);
+        snprintf(err, err_cap, "%s: %s[%lld] = %lld is outside [0, %lld]", st_path(f), nl, (long long)k,
+                 (long long)label, (long long)num_classes);
         return -1;
       }
       const float *bx = b->boxes_storage + 4 * (at + k);
@@ -96,4 +95,3 @@ void step_batch_free(StepBatch *b) {
   free(b->boxes_storage);
   free(b->labels_storage);
 }
-

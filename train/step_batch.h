@@ -8,10 +8,10 @@
 
 typedef struct {
   int64_t B, H, W;
-  Tensor *images;          // owned
-  uint8_t *mask;           // [B, H, W]
-  DetrTarget *targets;     // [B], pointing into the file's data (valid while it is open)
-  float *boxes_storage;    // aligned copies of the targets
+  Tensor *images;        // owned
+  uint8_t *mask;         // [B, H, W]
+  DetrTarget *targets;   // [B], pointing into the file's data (valid while it is open)
+  float *boxes_storage;  // aligned copies of the targets
   int64_t *labels_storage;
 } StepBatch;
 

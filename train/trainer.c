@@ -30,11 +30,21 @@
 #include "train/setup.h"
 
 TrainOptions train_options_default(void) {
-  TrainOptions o = {.optim = optim_config_default(), .epochs = 300, .batch_size = CHECKPOINT_TRAIN_DEFAULT_BATCH,
-                    .workers = 2, .seed = 42,
-                    .pad_multiple = 1, .loss = LOSS_WEIGHTS_MODEL,
-                    .device = DEVICE_CPU, .train_split = "train", .val_split = "val", .bad_input = BAD_INPUT_FAIL,
-                    .out_dir = "runs/detr", .eval_every = 1, .keep_last = 2, .progress = true};
+  TrainOptions o = {.optim = optim_config_default(),
+                    .epochs = 300,
+                    .batch_size = CHECKPOINT_TRAIN_DEFAULT_BATCH,
+                    .workers = 2,
+                    .seed = 42,
+                    .pad_multiple = 1,
+                    .loss = LOSS_WEIGHTS_MODEL,
+                    .device = DEVICE_CPU,
+                    .train_split = "train",
+                    .val_split = "val",
+                    .bad_input = BAD_INPUT_FAIL,
+                    .out_dir = "runs/detr",
+                    .eval_every = 1,
+                    .keep_last = 2,
+                    .progress = true};
   detr_config_preset("detr-r50", &o.model);
   o.train_aug = aug_config_detr(true);
   o.val_aug = aug_config_detr(false);
@@ -67,19 +77,22 @@ static CocoDataset *open_split(const Dist *g, const TrainOptions *o, bool traini
   }
   const CocoStats *s = &ds->stats;
   if (ds->n_images == 0) {
-    snprintf(err, err_cap, "%s: no image is left to %s (%lld skipped: %lld missing files, %lld unreadable or of another "
-             "size than the file says, %lld named twice; see the warnings above)", ds->ann_path,
-             training ? "train on" : "evaluate on", (long long)s->skipped_images, (long long)s->missing_images,
-             (long long)s->corrupt_images, (long long)s->duplicate_files);
+    snprintf(err, err_cap,
+             "%s: no image is left to %s (%lld skipped: %lld missing files, %lld unreadable or of another "
+             "size than the file says, %lld named twice; see the warnings above)",
+             ds->ann_path, training ? "train on" : "evaluate on", (long long)s->skipped_images,
+             (long long)s->missing_images, (long long)s->corrupt_images, (long long)s->duplicate_files);
   } else if (s->annotations - s->crowd_annotations == 0 && training) {
-    snprintf(err, err_cap, "%s: no annotations (%lld images, none with a box%s): there is nothing to learn", ds->ann_path,
-             (long long)ds->n_images, s->skipped_annotations ? " left after skipping" : "");
+    snprintf(err, err_cap, "%s: no annotations (%lld images, none with a box%s): there is nothing to learn",
+             ds->ann_path, (long long)ds->n_images, s->skipped_annotations ? " left after skipping" : "");
   } else {
     // A val split without boxes is a warning: training still works, but its AP would be -1 and
     // no best.safetensors written.
     if (s->annotations - s->crowd_annotations == 0 && dist_is_main(g))
-      fprintf(stderr, "detr train: warning: %s has no annotations besides crowd ones: its evaluations will report AP -1 "
-              "and no best.safetensors is written (--val-split none trains without evaluating)\n", ds->ann_path);
+      fprintf(stderr,
+              "detr train: warning: %s has no annotations besides crowd ones: its evaluations will report AP -1 "
+              "and no best.safetensors is written (--val-split none trains without evaluating)\n",
+              ds->ann_path);
     return ds;
   }
   coco_free(ds);
@@ -98,7 +111,8 @@ static int mkdir_p(const char *dir, char *err, size_t err_cap) {
   if (mkdir(path, 0777) && errno != EEXIST) goto fail;
   return 0;
 fail:
-  if (snprintf(err, err_cap, "%s: cannot create the directory: %s", path, strerror(errno)) >= (int)err_cap) err[err_cap - 1] = 0;
+  if (snprintf(err, err_cap, "%s: cannot create the directory: %s", path, strerror(errno)) >= (int)err_cap)
+    err[err_cap - 1] = 0;
   return -1;
 }
 
@@ -152,22 +166,22 @@ static void write_chart(const Dist *g, const TrainOptions *o, const TrainHistory
 
 typedef struct {
   TrainOptions *o;
-  Dist dist;                  // the processes of a data-parallel run (train/dist.h)
+  Dist dist;  // the processes of a data-parallel run (train/dist.h)
   CocoDataset *train, *val;
-  char *categories;           // "id:name;..." of the training categories, stored in every checkpoint
+  char *categories;  // "id:name;..." of the training categories, stored in every checkpoint
   DetrModel *m;
   AdamW opt;
-  TrainState st;              // step, data position, dropout stream, best AP: what a checkpoint resumes
+  TrainState st;  // step, data position, dropout stream, best AP: what a checkpoint resumes
   bool resumed;
-  FILE *metrics;              // OUT/metrics.jsonl (rank 0; NULL elsewhere)
+  FILE *metrics;  // OUT/metrics.jsonl (rank 0; NULL elsewhere)
   DataLoader *loader;
-  int64_t per_epoch;          // global batches per epoch
+  int64_t per_epoch;  // global batches per epoch
   CriterionConfig criterion;
   Progress progress;
   TrainHistory history;
-  CpuShare cpu;               // compute threads: the cores other processes leave free
-  int interrupted;            // the signal that stopped the run (SIGINT, SIGTERM, SIGUSR1), 0 if none
-  int64_t saved_step;         // the step of the last ckpt-<step> this run wrote, -1 before the first
+  CpuShare cpu;        // compute threads: the cores other processes leave free
+  int interrupted;     // the signal that stopped the run (SIGINT, SIGTERM, SIGUSR1), 0 if none
+  int64_t saved_step;  // the step of the last ckpt-<step> this run wrote, -1 before the first
 } Trainer;
 
 // --- stage 1, set-up: data, model, optimizer; resume or initial weights; the log; the loader ---
@@ -190,7 +204,8 @@ static int open_data(Trainer *t, char *err, size_t err_cap) {
     t->o->model.num_classes = t->train->num_classes;
   }
   if (o->model.num_classes < t->train->num_classes) {
-    snprintf(err, err_cap, "the data has category ids up to %d but the model has num_classes %lld (set --set num_classes=%d)",
+    snprintf(err, err_cap,
+             "the data has category ids up to %d but the model has num_classes %lld (set --set num_classes=%d)",
              t->train->num_classes - 1, (long long)o->model.num_classes, t->train->num_classes);
     return -1;
   }
@@ -203,12 +218,14 @@ static int open_data(Trainer *t, char *err, size_t err_cap) {
                   t->train->categories[i].name);
   int same = o->resume ? categories_compare(o->resume_categories, t->train, diff, sizeof diff) : 0;
   if (same == 2) {
-    snprintf(err, err_cap, "the categories of %s differ from those of the run in %s (%s): a resumed run trains on the "
+    snprintf(err, err_cap,
+             "the categories of %s differ from those of the run in %s (%s): a resumed run trains on the "
              "same classes; to train on these, start a new run from its weights: --init %s --out NEW_DIR",
              t->train->ann_path, o->resume, diff, o->resume);
     return -1;
   }
-  if (same == 1 && dist_is_main(&t->dist)) fprintf(stderr, "detr train: warning: the category names differ from %s's: %s\n", o->resume, diff);
+  if (same == 1 && dist_is_main(&t->dist))
+    fprintf(stderr, "detr train: warning: the category names differ from %s's: %s\n", o->resume, diff);
   return 0;
 }
 
@@ -217,8 +234,11 @@ static void create_model(Trainer *t) {
   t->m = detr_model_create(&o->model, o->device);
   detr_model_init(t->m, o->seed);
   adamw_init(&t->opt, &t->m->params, o->optim);
-  t->st = (TrainState){.seed = o->seed, .dropout_rng = rng_make(o->seed ^ 0xd40bu), .best_map = -1.0,
-                       .world_size = t->dist.world, .global_batch = (int64_t)t->dist.world * o->batch_size};
+  t->st = (TrainState){.seed = o->seed,
+                       .dropout_rng = rng_make(o->seed ^ 0xd40bu),
+                       .best_map = -1.0,
+                       .world_size = t->dist.world,
+                       .global_batch = (int64_t)t->dist.world * o->batch_size};
 }
 
 // --resume: the state of a checkpoint, which every process must have read at the same step and
@@ -233,12 +253,14 @@ static int resume(Trainer *t, char *err, size_t err_cap) {
       return -1;
     }
     t->resumed = true;
-    if (dist_is_main(&t->dist)) fprintf(stderr, "detr train: resuming from %s (step %lld)\n", o->resume, (long long)st->step);
+    if (dist_is_main(&t->dist))
+      fprintf(stderr, "detr train: resuming from %s (step %lld)\n", o->resume, (long long)st->step);
   }
   int64_t global_batch = (int64_t)t->dist.world * o->batch_size;
   if (t->resumed && (st->world_size != t->dist.world || (st->global_batch && st->global_batch != global_batch))) {
     // The data position counts global batches: another split of them would train on other data.
-    snprintf(err, err_cap, "the checkpoint was written by a run of %d process%s with %lld images per step; this run has %d "
+    snprintf(err, err_cap,
+             "the checkpoint was written by a run of %d process%s with %lld images per step; this run has %d "
              "process%s with %lld: resume with the same number of processes and --batch, or start a new run directory",
              st->world_size, st->world_size == 1 ? "" : "es", (long long)st->global_batch, t->dist.world,
              t->dist.world == 1 ? "" : "es", (long long)global_batch);
@@ -247,8 +269,10 @@ static int resume(Trainer *t, char *err, size_t err_cap) {
   uint64_t resumed_at[2] = {(uint64_t)st->step, ~(uint64_t)st->step};  // max of step and of -step: all equal?
   dist_allreduce_max_u64(&t->dist, resumed_at, 2);
   if (resumed_at[0] != (uint64_t)st->step || ~resumed_at[1] != (uint64_t)st->step) {
-    snprintf(err, err_cap, "the processes resumed from different checkpoints (this one at step %lld): is %s one directory "
-             "shared by all of them?", (long long)st->step, o->out_dir);
+    snprintf(err, err_cap,
+             "the processes resumed from different checkpoints (this one at step %lld): is %s one directory "
+             "shared by all of them?",
+             (long long)st->step, o->out_dir);
     return -1;
   }
   return 0;
@@ -266,20 +290,25 @@ static int check_run_dir(Trainer *t, char *err, size_t err_cap) {
   run_dir_describe(&c, what, sizeof what);
   if (t->resumed && run_dir_contains(o->out_dir, o->resume)) {
     if (o->move_old_run) {
-      snprintf(err, err_cap, "--move-old-run would move away the run that --resume %s continues: leave it out", o->resume);
+      snprintf(err, err_cap, "--move-old-run would move away the run that --resume %s continues: leave it out",
+               o->resume);
       return -1;
     }
     if (c.n_checkpoints > 0 && c.steps[0] > t->st.step) {
-      snprintf(err, err_cap, "%s holds ckpt-%lld.safetensors, newer than %s (step %lld): going on from an older checkpoint "
+      snprintf(err, err_cap,
+               "%s holds ckpt-%lld.safetensors, newer than %s (step %lld): going on from an older checkpoint "
                "here would mix two histories. Continue the newest with --resume auto, or branch off from this one into "
-               "a new directory with --out NEW_DIR", o->out_dir, (long long)c.steps[0], o->resume, (long long)t->st.step);
+               "a new directory with --out NEW_DIR",
+               o->out_dir, (long long)c.steps[0], o->resume, (long long)t->st.step);
       return -1;
     }
     return 0;
   }
   if (o->resume_auto && !t->resumed && c.n_checkpoints == 0 && !c.best) {
-    fprintf(stderr, "detr train: %s holds a run that stopped before its first checkpoint (%s): it starts again from "
-            "step 0\n", o->out_dir, what);
+    fprintf(stderr,
+            "detr train: %s holds a run that stopped before its first checkpoint (%s): it starts again from "
+            "step 0\n",
+            o->out_dir, what);
     return 0;
   }
   if (o->move_old_run) {
@@ -288,19 +317,23 @@ static int check_run_dir(Trainer *t, char *err, size_t err_cap) {
     return 0;
   }
   if (t->resumed)
-    snprintf(err, err_cap, "%s already holds another run (%s): resuming %s into it would mix two runs. Choose an empty "
-             "--out, or pass --move-old-run to rename that run to %s.old-<time> first (nothing is deleted)", o->out_dir,
-             what, o->resume, o->out_dir);
+    snprintf(err, err_cap,
+             "%s already holds another run (%s): resuming %s into it would mix two runs. Choose an empty "
+             "--out, or pass --move-old-run to rename that run to %s.old-<time> first (nothing is deleted)",
+             o->out_dir, what, o->resume, o->out_dir);
   else
-    snprintf(err, err_cap, "%s already holds a run (%s). Continue it with --resume auto (its model config is read from the "
+    snprintf(err, err_cap,
+             "%s already holds a run (%s). Continue it with --resume auto (its model config is read from the "
              "checkpoint), start a new run with --out NEW_DIR, or pass --move-old-run to rename the directory to "
-             "%s.old-<time> first (nothing is deleted)", o->out_dir, what, o->out_dir);
+             "%s.old-<time> first (nothing is deleted)",
+             o->out_dir, what, o->out_dir);
   return -1;
 }
 
 // Rank 0 decides (and moves an old run aside); every rank learns the outcome.
 static int claim_run_dir(Trainer *t, char *err, size_t err_cap) {
-  bool ok = !dist_is_main(&t->dist) || (check_run_dir(t, err, err_cap) == 0 && mkdir_p(t->o->out_dir, err, err_cap) == 0);
+  bool ok =
+      !dist_is_main(&t->dist) || (check_run_dir(t, err, err_cap) == 0 && mkdir_p(t->o->out_dir, err, err_cap) == 0);
   if (ok && dist_is_main(&t->dist)) run_dir_remove_dead_temps(t->o->out_dir);
   if (dist_all_ok(&t->dist, ok)) return 0;
   if (ok) snprintf(err, err_cap, "the run directory was refused (see the message of rank 0)");
@@ -325,7 +358,8 @@ static int calibrate_batch_norms(Trainer *t, char *err, size_t err_cap) {
   Tensor *x = batch_images_tensor(cb, o->device);
   resnet_calibrate(&t->m->backbone, x);
   tensor_release(x);
-  if (dist_is_main(&t->dist)) fprintf(stderr, "detr train: frozen batch norms calibrated on %d training images\n", cb->size);
+  if (dist_is_main(&t->dist))
+    fprintf(stderr, "detr train: frozen batch norms calibrated on %d training images\n", cb->size);
   loader_free(cl);
   return 0;
 }
@@ -352,7 +386,7 @@ static int initial_weights(Trainer *t, char *err, size_t err_cap) {
   const TrainOptions *o = t->o;
   char why[2048];
   if (o->init_weights && finetune_load(t->m, o->init_weights, o->init_categories, t->train, o->init_partial,
-                                      dist_is_main(&t->dist), why, sizeof why)) {
+                                       dist_is_main(&t->dist), why, sizeof why)) {
     snprintf(err, err_cap, "--init %s", why);
     return -1;
   }
@@ -374,9 +408,11 @@ static void say_how_to_stop_under_mpirun(void) {
   char who[64] = "<mpirun's pid>";
   int pid = dist_mpirun_pid();
   if (pid > 0) snprintf(who, sizeof who, "%d", pid);
-  fprintf(stderr, "detr train: a Ctrl-C to mpirun kills its processes %d s after asking them to stop (OpenMPI's "
+  fprintf(stderr,
+          "detr train: a Ctrl-C to mpirun kills its processes %d s after asking them to stop (OpenMPI's "
           "odls_base_sigkill_timeout), too soon to checkpoint: stop this run with `kill -USR1 %s` instead (mpirun "
-          "passes SIGUSR1 on, and every process stops after the same step with a checkpoint)\n", grace, who);
+          "passes SIGUSR1 on, and every process stops after the same step with a checkpoint)\n",
+          grace, who);
 }
 
 // metrics.jsonl (appended to when resuming; the history read back first), the loader at the
@@ -400,7 +436,8 @@ static int open_log_and_loader(Trainer *t, char *err, size_t err_cap) {
     }
   }
   if (!dist_all_ok(&t->dist, ok)) {
-    snprintf(err, err_cap, "no metrics log: stopping (see the message above%s)", dist_is_main(&t->dist) ? "" : ", of rank 0");
+    snprintf(err, err_cap, "no metrics log: stopping (see the message above%s)",
+             dist_is_main(&t->dist) ? "" : ", of rank 0");
     return -1;
   }
   LoaderConfig lc = loader_config_make(true, o->batch_size, o->workers, o->train_aug, o->bad_input);
@@ -419,10 +456,12 @@ static int open_log_and_loader(Trainer *t, char *err, size_t err_cap) {
     return -1;
   }
   if (dist_is_main(&t->dist)) {
-    fprintf(stderr, "detr train: %lld training images (%lld batches of %lld per epoch), %lld val images, %lld trainable "
-            "parameters, encoder attention %s, run directory %s\n", (long long)t->train->n_images,
-            (long long)t->per_epoch, (long long)t->dist.world * o->batch_size, t->val ? (long long)t->val->n_images : 0LL,
-            (long long)params_numel(&t->m->params, PARAM_TRAINABLE), detr_encoder_attn(&t->m->cfg)->name, o->out_dir);
+    fprintf(stderr,
+            "detr train: %lld training images (%lld batches of %lld per epoch), %lld val images, %lld trainable "
+            "parameters, encoder attention %s, run directory %s\n",
+            (long long)t->train->n_images, (long long)t->per_epoch, (long long)t->dist.world * o->batch_size,
+            t->val ? (long long)t->val->n_images : 0LL, (long long)params_numel(&t->m->params, PARAM_TRAINABLE),
+            detr_encoder_attn(&t->m->cfg)->name, o->out_dir);
     if (t->dist.world > 1)
       fprintf(stderr, "detr train: data parallel over %d processes (%s), %d images each per step\n", t->dist.world,
               dist_backend_name(), o->batch_size);
@@ -474,9 +513,9 @@ _Static_assert(sizeof(BatchTotals) == 4 * sizeof(double), "BatchTotals is all-re
 
 // One step's forward results, summed over the processes (all-reduced as one array of doubles).
 typedef struct {
-  double failed;                      // processes whose forward or loss failed
+  double failed;  // processes whose forward or loss failed
   double total, terms[DETR_MAX_LOSS_TERMS];
-  double class_error_x_matched;       // class_error is a percentage of the matched queries
+  double class_error_x_matched;  // class_error is a percentage of the matched queries
   double cardinality_error_x_images;
   double attn_images, attn_sum[ATTN_TRACE_MAX];
 } StepSums;
@@ -497,11 +536,11 @@ typedef struct {
 
 // What the step needs besides the batch: targets, normalisers, the criterion's share.
 typedef struct {
-  DetrTarget targets[64];      // [images]
-  BatchTotals local, global;   // this process's slice, and summed over the processes
-  CriterionConfig criterion;   // with this process's share of the cross-entropy normaliser
-  float num_boxes;             // the global batch's boxes (at least 1): the box losses' normaliser
-  int n_aux;                   // auxiliary decoder outputs with a loss
+  DetrTarget targets[64];     // [images]
+  BatchTotals local, global;  // this process's slice, and summed over the processes
+  CriterionConfig criterion;  // with this process's share of the cross-entropy normaliser
+  float num_boxes;            // the global batch's boxes (at least 1): the box losses' normaliser
+  int n_aux;                  // auxiliary decoder outputs with a loss
 } StepPlan;
 
 // This process's forward pass and loss.
@@ -618,10 +657,13 @@ static void log_train_step(Trainer *t, const Batch *b, const StepLog *log, doubl
     fprintf(f, "{\"type\": \"train\", \"step\": %lld, \"epoch\": %lld, \"batch\": %lld, \"loss\": %.6f",
             (long long)t->st.step, (long long)t->st.epoch, (long long)b->index, log->total);
     for (int i = 0; i < log->n_terms; i++) fprintf(f, ", \"%s\": %.6f", log->names[i], log->terms[i]);
-    fprintf(f, ", \"class_error\": %.4f, \"cardinality_error\": %.4f, \"grad_norm\": %.6f, \"lr\": %.3g, "
-            "\"images_per_s\": %.3f", log->class_error, log->cardinality_error, log->grad_norm,
-            (double)adamw_lr(&t->opt, LR_GROUP_MAIN), log->images / seconds);
-    for (int i = 0; i < log->attn.n; i++) fprintf(f, ", \"%s\": %.2f", log->attn.name[i], attn_stats_mean(&log->attn, i));
+    fprintf(f,
+            ", \"class_error\": %.4f, \"cardinality_error\": %.4f, \"grad_norm\": %.6f, \"lr\": %.3g, "
+            "\"images_per_s\": %.3f",
+            log->class_error, log->cardinality_error, log->grad_norm, (double)adamw_lr(&t->opt, LR_GROUP_MAIN),
+            log->images / seconds);
+    for (int i = 0; i < log->attn.n; i++)
+      fprintf(f, ", \"%s\": %.2f", log->attn.name[i], attn_stats_mean(&log->attn, i));
     fprintf(f, "}\n");
     fflush(f);
   }
@@ -660,18 +702,21 @@ static volatile sig_atomic_t stop_signal;
 static struct sigaction saved_actions[N_STOP_SIGNALS];  // the actions before train_run's
 static sigset_t stop_set;                               // the signals the thread takes (not the ignored ones)
 static pthread_t stop_thread;
-static atomic_int stop_thread_alive;   // 1 while it runs: the handler may pthread_kill it
-static atomic_int handlers_passing;    // handlers between reading stop_thread_alive and their pthread_kill
-static sigset_t saved_mask;            // the calling thread's mask before train_run's
-static bool stop_thread_speaks;  // rank 0 says that it stops (mpirun passes a signal to every rank)
+static atomic_int stop_thread_alive;    // 1 while it runs: the handler may pthread_kill it
+static atomic_int handlers_passing;     // handlers between reading stop_thread_alive and their pthread_kill
+static sigset_t saved_mask;             // the calling thread's mask before train_run's
+static bool stop_thread_speaks;         // rank 0 says that it stops (mpirun passes a signal to every rank)
 static volatile sig_atomic_t stepping;  // set-up is over: a signal now stops after a step
 
-static const char *stop_signal_name(int sig) { return sig == SIGINT ? "Ctrl-C" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1"; }
+static const char *stop_signal_name(int sig) {
+  return sig == SIGINT ? "Ctrl-C" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1";
+}
 
 static void *stop_signal_thread(void *arg) {
   (void)arg;
-  static const char on_int[] = "\ndetr train: stopping after this step (and the evaluation due with it) to write a "
-                               "checkpoint; Ctrl-C again quits now, the last checkpoint kept\n";
+  static const char on_int[] =
+      "\ndetr train: stopping after this step (and the evaluation due with it) to write a "
+      "checkpoint; Ctrl-C again quits now, the last checkpoint kept\n";
   static const char in_setup[] = "\ndetr train: stopping before the first step\n";
   static const char on_term[] = "\ndetr train: SIGTERM: stopping after this step to write a checkpoint\n";
   static const char on_usr1[] = "\ndetr train: SIGUSR1: stopping after this step to write a checkpoint\n";
@@ -724,9 +769,9 @@ static void catch_stop_signals(bool on) {
     if (!atomic_exchange(&stop_thread_alive, 0)) return;  // none started (every stop signal ignored)
     for (int i = 0; i < N_STOP_SIGNALS; i++) sigaction(stop_signals[i], &saved_actions[i], NULL);
     while (atomic_load(&handlers_passing)) sched_yield();  // a handler still passing one on finishes first
-    pthread_cancel(stop_thread);  // sigwait is a cancellation point
+    pthread_cancel(stop_thread);                           // sigwait is a cancellation point
     pthread_join(stop_thread, NULL);
-    mask_stop_signals(SIG_UNBLOCK);               // the OpenMP threads: train_run's own
+    mask_stop_signals(SIG_UNBLOCK);                   // the OpenMP threads: train_run's own
     pthread_sigmask(SIG_SETMASK, &saved_mask, NULL);  // the caller's mask as it was (a signal still pending acts now)
     return;
   }
@@ -777,7 +822,8 @@ static int train_epoch(Trainer *t, bool *stop) {
       if (t->saved_step >= 0 || (t->resumed && run_dir_contains(o->out_dir, o->resume)))
         snprintf(kept, sizeof kept, "The checkpoints in %s are from before this step.", o->out_dir);
       else
-        snprintf(kept, sizeof kept, "No checkpoint was written (the first comes at --checkpoint-every or the epoch's end).");
+        snprintf(kept, sizeof kept,
+                 "No checkpoint was written (the first comes at --checkpoint-every or the epoch's end).");
       fprintf(stderr, "\ndetr train: step %lld (epoch %lld, batch %lld): %s; stopping. %s\n", (long long)st->step + 1,
               (long long)st->epoch, (long long)b->index, err, kept);
       return -1;
@@ -816,9 +862,14 @@ static int evaluate_epoch(Trainer *t) {
   int64_t epoch = t->st.epoch - 1;
   char results[4200], err[2048];
   snprintf(results, sizeof results, "%s/results-epoch%lld.json", o->out_dir, (long long)epoch);
-  EvalConfig ec = {.batch_size = o->batch_size, .num_workers = o->workers, .aug = o->val_aug,
-                   .pad_multiple = o->pad_multiple, .policy = o->bad_input, .results_path = results,
-                   .progress = o->progress && dist_is_main(&t->dist), .dist = t->dist};
+  EvalConfig ec = {.batch_size = o->batch_size,
+                   .num_workers = o->workers,
+                   .aug = o->val_aug,
+                   .pad_multiple = o->pad_multiple,
+                   .policy = o->bad_input,
+                   .results_path = results,
+                   .progress = o->progress && dist_is_main(&t->dist),
+                   .dist = t->dist};
   EvalReport rep;
   if (evaluate_model(t->m, t->val, &ec, &rep, err, sizeof err)) {
     fprintf(stderr, "detr train: evaluation failed: %s\n", err);
@@ -830,7 +881,8 @@ static int evaluate_epoch(Trainer *t) {
     coco_print_summary(&rep.coco, stderr);
   }
   log_eval(t->metrics, epoch, t->st.step, &rep);
-  history_add_eval(&t->history, (double)epoch, as_logged(rep.coco.stats[COCO_AP]), as_logged(rep.coco.stats[COCO_AP50]));
+  history_add_eval(&t->history, (double)epoch, as_logged(rep.coco.stats[COCO_AP]),
+                   as_logged(rep.coco.stats[COCO_AP50]));
   write_chart(&t->dist, o, &t->history);
   double ap = rep.coco.stats[COCO_AP];
   if (ap <= t->st.best_map) return 0;
@@ -863,10 +915,11 @@ static void print_resume_hint(const TrainOptions *o, const Dist *g) {
   char text[sizeof o->train_config_text], *save = NULL;
   snprintf(text, sizeof text, "%s", o->train_config_text);
   if (g->world > 1)  // the launcher's own options (a host file, say) are not known here
-    fprintf(stderr, "detr train: resume with the same %d processes and --batch, through your launcher (mpirun -np %d ...): detr",
-            g->world, g->world);
-  else
-    fprintf(stderr, "detr train: resume with: detr");
+    fprintf(
+        stderr,
+        "detr train: resume with the same %d processes and --batch, through your launcher (mpirun -np %d ...): detr",
+        g->world, g->world);
+  else fprintf(stderr, "detr train: resume with: detr");
   for (char *w = strtok_r(text, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
     if (!strcmp(w, "--resume")) w = strtok_r(NULL, " ", &save);
     else if (strncmp(w, "--resume=", 9) && strcmp(w, "--move-old-run")) fprintf(stderr, " %s", w);
@@ -880,14 +933,18 @@ static bool run_complete(const Trainer *t) {
   const TrainOptions *o = t->o;
   if (o->max_steps > 0 && t->st.step >= o->max_steps) {
     if (dist_is_main(&t->dist))
-      fprintf(stderr, "detr train: %s is at step %lld, which --max-steps %lld has reached: nothing to do (a larger "
-              "--max-steps trains on)\n", o->out_dir, (long long)t->st.step, (long long)o->max_steps);
+      fprintf(stderr,
+              "detr train: %s is at step %lld, which --max-steps %lld has reached: nothing to do (a larger "
+              "--max-steps trains on)\n",
+              o->out_dir, (long long)t->st.step, (long long)o->max_steps);
     return true;
   }
   if (t->st.epoch >= o->epochs) {
     if (dist_is_main(&t->dist))
-      fprintf(stderr, "detr train: %s has finished its %d epochs (step %lld): nothing to do (a larger --epochs trains "
-              "on)\n", o->out_dir, o->epochs, (long long)t->st.step);
+      fprintf(stderr,
+              "detr train: %s has finished its %d epochs (step %lld): nothing to do (a larger --epochs trains "
+              "on)\n",
+              o->out_dir, o->epochs, (long long)t->st.step);
     return true;
   }
   return false;
@@ -904,11 +961,15 @@ static void report_end(const Trainer *t, int rc) {
             stop_signal_name(t->interrupted), path);
     print_resume_hint(o, &t->dist);
   } else if (o->max_steps > 0 && t->st.step >= o->max_steps) {
-    fprintf(stderr, "detr train: stopped at step %lld (--max-steps %lld): the state is in %s; continue with --resume "
-            "auto and a larger --max-steps\n", (long long)t->st.step, (long long)o->max_steps, path);
+    fprintf(stderr,
+            "detr train: stopped at step %lld (--max-steps %lld): the state is in %s; continue with --resume "
+            "auto and a larger --max-steps\n",
+            (long long)t->st.step, (long long)o->max_steps, path);
   } else if (t->val && t->st.best_map >= 0) {
-    fprintf(stderr, "detr train: finished %d epochs at step %lld: the state is in %s, the best AP %.4f in "
-            "%s/best.safetensors\n", o->epochs, (long long)t->st.step, path, t->st.best_map, o->out_dir);
+    fprintf(stderr,
+            "detr train: finished %d epochs at step %lld: the state is in %s, the best AP %.4f in "
+            "%s/best.safetensors\n",
+            o->epochs, (long long)t->st.step, path, t->st.best_map, o->out_dir);
   } else {
     fprintf(stderr, "detr train: finished %d epochs at step %lld: the state is in %s\n", o->epochs,
             (long long)t->st.step, path);

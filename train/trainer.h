@@ -26,31 +26,31 @@ typedef struct {
   int epochs;
   int batch_size;
   int workers;
-  int threads;              // OpenMP threads (0: leave as is)
+  int threads;  // OpenMP threads (0: leave as is)
   uint64_t seed;
   Device device;
-  const char *data_dir;     // DIR/annotations/instances_<split>.json[.gz] and DIR/<split>/
+  const char *data_dir;                 // DIR/annotations/instances_<split>.json[.gz] and DIR/<split>/
   const char *train_split, *val_split;  // val_split "none": no evaluation (and no best.safetensors)
   AugConfig train_aug, val_aug;
-  int pad_multiple;         // batches padded to a multiple of this many pixels (LoaderConfig; 1: none)
+  int pad_multiple;  // batches padded to a multiple of this many pixels (LoaderConfig; 1: none)
   BadInputPolicy bad_input;
-  const char *out_dir;      // run directory: metrics.jsonl, checkpoints, results, chart
-  int eval_every;           // epochs between evaluations (0: only at the end)
-  int64_t checkpoint_every; // steps between checkpoints (0: at the end of every epoch)
-  int keep_last;            // checkpoints kept (ckpt-<step>.safetensors), besides best.safetensors
-  const char *init_weights; // model weights or a checkpoint to start from (fine-tuning: train/finetune.c)
-  const char *init_categories;  // the --init checkpoint's "id:name;..." (NULL: plain weights, unknown)
-  bool init_partial;        // --init-partial: tensors that do not fit keep their initialisation (listed)
-  bool model_from_init;     // the model config is the --init checkpoint's: num_classes follows the data
-  const char *init_backbone; // backbone weights to start from (`detr pretrain`; backbone.* tensors only)
-  const char *resume;       // NULL or the checkpoint to resume (`detr train` resolves --resume auto)
-  bool resume_auto;         // --resume auto was given (with no checkpoint: a run that never reached one restarts)
+  const char *out_dir;            // run directory: metrics.jsonl, checkpoints, results, chart
+  int eval_every;                 // epochs between evaluations (0: only at the end)
+  int64_t checkpoint_every;       // steps between checkpoints (0: at the end of every epoch)
+  int keep_last;                  // checkpoints kept (ckpt-<step>.safetensors), besides best.safetensors
+  const char *init_weights;       // model weights or a checkpoint to start from (fine-tuning: train/finetune.c)
+  const char *init_categories;    // the --init checkpoint's "id:name;..." (NULL: plain weights, unknown)
+  bool init_partial;              // --init-partial: tensors that do not fit keep their initialisation (listed)
+  bool model_from_init;           // the model config is the --init checkpoint's: num_classes follows the data
+  const char *init_backbone;      // backbone weights to start from (`detr pretrain`; backbone.* tensors only)
+  const char *resume;             // NULL or the checkpoint to resume (`detr train` resolves --resume auto)
+  bool resume_auto;               // --resume auto was given (with no checkpoint: a run that never reached one restarts)
   const char *resume_categories;  // the resumed checkpoint's "id:name;..." (NULL: unknown)
-  bool move_old_run;        // a run already in out_dir is renamed to out_dir.old-<time> first
+  bool move_old_run;              // a run already in out_dir is renamed to out_dir.old-<time> first
   LossWeights loss;
-  int64_t max_steps;        // stop after this many steps in total (0: no limit), e.g. for tests
-  bool calibrate_bn;        // from scratch: set the frozen BN statistics from a batch before training
-  bool progress;            // progress bar on stderr
+  int64_t max_steps;             // stop after this many steps in total (0: no limit), e.g. for tests
+  bool calibrate_bn;             // from scratch: set the frozen BN statistics from a batch before training
+  bool progress;                 // progress bar on stderr
   char train_config_text[2048];  // the flags that made the run, stored in checkpoints
 } TrainOptions;
 

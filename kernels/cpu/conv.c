@@ -20,8 +20,7 @@
 #define CONV_CHUNK_FLOATS (4 * 1024 * 1024)
 
 static bool conv_is_pointwise(const ConvGeom *g) {
-  return g->kh == 1 && g->kw == 1 && g->stride_h == 1 && g->stride_w == 1 && g->pad_h == 0 &&
-         g->pad_w == 0;
+  return g->kh == 1 && g->kw == 1 && g->stride_h == 1 && g->stride_w == 1 && g->pad_h == 0 && g->pad_w == 0;
 }
 
 // Output columns per chunk (at least 1).
@@ -93,8 +92,7 @@ static void im2col(const float *x, float *col, const ConvGeom *g, int64_t s0, in
         row_tap_range(base, g->stride_w, g->in_w, seg, &lo, &hi);
         float *out = dst + j;
         for (int64_t t = 0; t < lo; t++) out[t] = 0.0f;
-        if (g->stride_w == 1)
-          memcpy(out + lo, xrow + base + lo, (size_t)(hi - lo) * sizeof(float));
+        if (g->stride_w == 1) memcpy(out + lo, xrow + base + lo, (size_t)(hi - lo) * sizeof(float));
         else
           for (int64_t t = lo; t < hi; t++) out[t] = xrow[base + t * g->stride_w];
         for (int64_t t = hi; t < seg; t++) out[t] = 0.0f;
@@ -164,10 +162,8 @@ static void im2col_cl(const void *x, void *col, size_t elem, const ConvGeom *g, 
       int64_t iy = conv_in_coord(oy, ky, g->stride_h, g->pad_h, g->dil_h);
       for (int64_t kx = 0; kx < g->kw; kx++, dst += tap) {
         int64_t ix = conv_in_coord(ox, kx, g->stride_w, g->pad_w, g->dil_w);
-        if (iy < 0 || iy >= g->in_h || ix < 0 || ix >= g->in_w)
-          memset(dst, 0, tap);
-        else
-          memcpy(dst, (const char *)x + (size_t)(((b * g->in_h + iy) * g->in_w + ix) * C) * elem, tap);
+        if (iy < 0 || iy >= g->in_h || ix < 0 || ix >= g->in_w) memset(dst, 0, tap);
+        else memcpy(dst, (const char *)x + (size_t)(((b * g->in_h + iy) * g->in_w + ix) * C) * elem, tap);
       }
     }
   }
@@ -235,13 +231,13 @@ static void cl_weight_permute(const ConvGeom *g, float *w, float *wt, bool to_ta
 // operands itself), else runs cpu_gemm on the fp32 operands.
 
 // gathered: x16 is room for the rows the GEMM reads (x16_gathered), filled here, not x's copy.
-static void im2col_cl_forward(const float *x, uint16_t *x16, bool gathered, const float *w, const float *bias,
-                              float *y, const ConvGeom *g, float *workspace) {
+static void im2col_cl_forward(const float *x, uint16_t *x16, bool gathered, const float *w, const float *bias, float *y,
+                              const ConvGeom *g, float *workspace) {
   int64_t C = g->in_ch, O = g->out_ch, K = C * g->kh * g->kw, rows = g->batch * g->out_h * g->out_w;
   bool pointwise = conv_is_pointwise(g);
   int64_t chunk = pointwise ? rows : cl_chunk_rows(g);
   float *col = workspace, *wt = (float *)w;  // wt: W' [O, K]
-  uint16_t *w16 = NULL;                       // W [O, K] in bf16, with x16 (a 1x1)
+  uint16_t *w16 = NULL;                      // W [O, K] in bf16, with x16 (a 1x1)
   if (x16) {
     w16 = (uint16_t *)(workspace + cl_col_floats(g));
     cpu_round_bf16(w, O, K, w16);
@@ -251,7 +247,7 @@ static void im2col_cl_forward(const float *x, uint16_t *x16, bool gathered, cons
   }
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     int64_t len = rows - r0 < chunk ? rows - r0 : chunk;
-    if (x16) {  // y [len, O] = col16 W16^T
+    if (x16) {                             // y [len, O] = col16 W16^T
       const uint16_t *a16 = x16 + r0 * C;  // pointwise: x's pixels are col's rows; gathered: col's rows
       if (gathered) {
         im2col_cl(x, col, sizeof(float), g, r0, len);
@@ -280,8 +276,8 @@ static void im2col_cl_forward(const float *x, uint16_t *x16, bool gathered, cons
 // x16, dy16: the bf16 copies the passes read, or NULL (a 1x1; dw reads x16 with dy16); gathered:
 // x16 holds the GEMM's rows (x16_gathered), not x's copy.
 static void im2col_cl_backward(const float *x, const uint16_t *x16, bool gathered, const float *w, const float *dy,
-                               const uint16_t *dy16, float *dx, bool set_dx, float *dw, float *dbias,
-                               const ConvGeom *g, float *workspace) {
+                               const uint16_t *dy16, float *dx, bool set_dx, float *dw, float *dbias, const ConvGeom *g,
+                               float *workspace) {
   int64_t C = g->in_ch, O = g->out_ch, K = C * g->kh * g->kw, rows = g->batch * g->out_h * g->out_w;
   bool pointwise = conv_is_pointwise(g), taps = g->kh * g->kw > 1;
   int64_t chunk = pointwise ? rows : cl_chunk_rows(g);
@@ -314,7 +310,7 @@ static void im2col_cl_backward(const float *x, const uint16_t *x16, bool gathere
     }
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
       int64_t len = rows - r0 < chunk ? rows - r0 : chunk;
-      if (x16) {  // dW += dy16^T col16
+      if (x16) {                             // dW += dy16^T col16
         const uint16_t *a16 = x16 + r0 * C;  // pointwise or gathered: the rows themselves
         if (!pointwise && !gathered) {
           im2col_cl(x16, col, sizeof(uint16_t), g, r0, len);
@@ -336,8 +332,6 @@ static void im2col_cl_backward(const float *x, const uint16_t *x16, bool gathere
 }
 
 static ConvImpl forced_impl = CONV_IMPL_AUTO;
-
-#define WINOGRAD_BACKWARD_MAX_BYTES ((int64_t)24 << 20)
 
 void cpu_conv2d_set_impl(ConvImpl impl) {
   DETR_CHECK(impl == CONV_IMPL_AUTO || impl == CONV_IMPL_IM2COL || DETR_HAVE_ONEDNN,
@@ -364,12 +358,9 @@ static bool avx2_im2col_wins(const ConvGeom *g, ConvPass pass) {
   if (g->in_ch < 64) return false;
   bool strided = g->stride_h > 1 || g->stride_w > 1;
   switch (pass) {
-    case CONV_PASS_BWD_WEIGHTS:
-      return true;
-    case CONV_PASS_FWD:
-      return g->in_ch >= 128;
-    case CONV_PASS_BWD_DATA:
-      return strided || (g->in_ch >= 128 && g->in_ch <= 256);
+    case CONV_PASS_BWD_WEIGHTS: return true;
+    case CONV_PASS_FWD: return g->in_ch >= 128;
+    case CONV_PASS_BWD_DATA: return strided || (g->in_ch >= 128 && g->in_ch <= 256);
   }
   return false;
 }
@@ -414,7 +405,7 @@ ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
   // so not there (bench/README.md "Session 14"); nor where oneDNN has none (a CPU without AVX-512).
   // And not a backward pass whose Winograd workspace (its layout copies and scratchpad: the
   // transformed tiles, for backward-weights also a transformed dW per thread) is over
-  // WINOGRAD_BACKWARD_MAX_BYTES: the backbone's backward is the step's memory peak, and there
+  // CPU_WINOGRAD_BACKWARD_MAX_BYTES: the backbone's backward is the step's memory peak, and there
   // R50@512's layer2-3 take 30-50 MB (R18's layer3 42 MB) on 2 threads: with the cap R50's peak
   // RSS is 923 MB instead of 962, its step about 5% slower; R18's the same (its layer2 backward,
   // 19 MB, stays on Winograd). More threads, larger workspaces: fewer backward passes qualify.
@@ -423,7 +414,7 @@ ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
     if (g->kh == 3 && g->kw == 3 && g->stride_h == 1 && g->stride_w == 1 && g->dil_h == 1 && g->dil_w == 1 &&
         g->in_ch >= 64 && g->out_ch >= 64 && out_spatial >= 400) {
       int64_t floats = onednn_conv2d_winograd_workspace_floats(g, pass);
-      if (floats >= 0 && (pass == CONV_PASS_FWD || floats * (int64_t)sizeof(float) <= WINOGRAD_BACKWARD_MAX_BYTES))
+      if (floats >= 0 && (pass == CONV_PASS_FWD || floats * (int64_t)sizeof(float) <= CPU_WINOGRAD_BACKWARD_MAX_BYTES))
         return CONV_IMPL_ONEDNN_WINOGRAD;
       if (cpu_bf16_enabled()) return CONV_IMPL_ONEDNN_BF16;
     }
@@ -483,7 +474,8 @@ int64_t cpu_conv2d_forward_workspace_floats(const ConvGeom *g, bool bias) {
   return pass_workspace_floats(g, CONV_PASS_FWD, false, bias);
 }
 
-int64_t cpu_conv2d_backward_workspace_floats(const ConvGeom *g, bool dx, bool set_dx, bool dw, bool set_dw, bool dbias) {
+int64_t cpu_conv2d_backward_workspace_floats(const ConvGeom *g, bool dx, bool set_dx, bool dw, bool set_dw,
+                                             bool dbias) {
   if (g->batch * g->out_ch * g->out_h * g->out_w == 0 || g->in_ch == 0) return 0;  // nothing runs
   // The passes run one after the other on the same workspace; dbias goes with dw.
   int64_t data = dx ? pass_workspace_floats(g, CONV_PASS_BWD_DATA, !set_dx, false) : 0;
@@ -535,13 +527,15 @@ static const uint16_t *pass_half(const ConvGeom *g, ConvPass pass, const void *f
                                  const char *what) {
   static const char *names[3] = {"forward", "backward-data", "backward-weights"};
   if (half && !cpu_conv2d_takes_bf16(g, pass)) half = NULL;
-  DETR_CHECK(fp32 || half, "conv2d: the %s needs %s in fp32 (it runs in fp32: was bf16 mode turned off between a "
-             "forward and its backward?)", names[pass], what);
+  DETR_CHECK(fp32 || half,
+             "conv2d: the %s needs %s in fp32 (it runs in fp32: was bf16 mode turned off between a "
+             "forward and its backward?)",
+             names[pass], what);
   return half;
 }
 
-void cpu_conv2d_forward(const float *x, uint16_t *x16, const float *w, const float *bias, float *y,
-                        const ConvGeom *g, float *workspace) {
+void cpu_conv2d_forward(const float *x, uint16_t *x16, const float *w, const float *bias, float *y, const ConvGeom *g,
+                        float *workspace) {
   bool gathered = x16 && x16_gathered(g);  // filled by the GEMM path as it gathers
   if (x16 && !gathered) cpu_round_bf16(x, g->batch * g->in_h * g->in_w, g->in_ch, x16);
   x16 = (uint16_t *)pass_half(g, CONV_PASS_FWD, x, x16, "x");
@@ -622,7 +616,8 @@ static void im2col_backward(const float *x, const float *w, const float *dy, flo
     if (pointwise) {
       // dW [O, C] += dY [O, S] x X^T [S, C];  dX [C, S] += W^T [C, O] x dY [O, S]
       if (dw) cpu_gemm(false, true, g->out_ch, K, spatial, 1.0f, dyb, spatial, xb, spatial, 1.0f, dw, K);
-      if (dxb) cpu_gemm(true, false, K, spatial, g->out_ch, 1.0f, w, K, dyb, spatial, set_dx ? 0.0f : 1.0f, dxb, spatial);
+      if (dxb)
+        cpu_gemm(true, false, K, spatial, g->out_ch, 1.0f, w, K, dyb, spatial, set_dx ? 0.0f : 1.0f, dxb, spatial);
       continue;
     }
     if (dxb && set_dx) memset(dxb, 0, (size_t)(g->in_ch * g->in_h * g->in_w) * sizeof(float));  // col2im adds
@@ -692,8 +687,8 @@ static void pool_out_range(int64_t k, int stride, int pad, int dil, int64_t in, 
 
 // One tap of a row of max-pool windows: outputs o in [lo, hi) read x[shift + o * stride]; best and
 // at are indexed by o. Inlined with a literal stride where the caller has one.
-static inline __attribute__((always_inline)) void pool_row_taps(const float *x, float *best, int32_t *at,
-                                                                int64_t shift, int stride, int64_t lo, int64_t hi) {
+static inline __attribute__((always_inline)) void pool_row_taps(const float *x, float *best, int32_t *at, int64_t shift,
+                                                                int stride, int64_t lo, int64_t hi) {
   const float *xs = x + shift;  // addressed in 64 bits: an affine index the compiler can vectorize
 #pragma omp simd
   for (int64_t o = lo; o < hi; o++) {
@@ -769,10 +764,8 @@ static inline __attribute__((always_inline)) void pool_row_blocks(const float *x
 // One output row; argmax NULL: none kept (inference).
 CPU_AVX2_CLONES static void maxpool_row_cl(const float *x, float *y, int32_t *argmax, const ConvGeom *g, int64_t b,
                                            int64_t oy) {
-  if (argmax)
-    pool_row_blocks(x, y, argmax, true, g, b, oy);
-  else
-    pool_row_blocks(x, y, NULL, false, g, b, oy);
+  if (argmax) pool_row_blocks(x, y, argmax, true, g, b, oy);
+  else pool_row_blocks(x, y, NULL, false, g, b, oy);
 }
 
 enum { POOL_SEPARABLE_MAX_KH = 8 };  // taller windows take the kernel above
@@ -797,7 +790,7 @@ CPU_AVX2_CLONES static void maxpool_row_cl_values(const float *x, float *y, floa
     int64_t iy = conv_in_coord(oy, ky, g->stride_h, g->pad_h, g->dil_h);
     if (iy >= 0 && iy < g->in_h) rows[n_rows++] = x + (b * g->in_h + iy) * row;
   }
-  int done = 1;  // rows taken into vmax
+  int done = 1;       // rows taken into vmax
   if (n_rows >= 3) {  // the first three in one pass (a 3x3 window's all)
     const float *r0 = rows[0], *r1 = rows[1], *r2 = rows[2];
 #pragma omp simd
@@ -842,7 +835,8 @@ void cpu_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const Conv
     {
       float *vmax = detr_malloc((size_t)(g->in_w * g->in_ch) * sizeof(float), "max-pool rows");  // [in_w, C]
 #pragma omp for schedule(static)
-      for (int64_t r = 0; r < g->batch * g->out_h; r++) maxpool_row_cl_values(x, y, vmax, g, r / g->out_h, r % g->out_h);
+      for (int64_t r = 0; r < g->batch * g->out_h; r++)
+        maxpool_row_cl_values(x, y, vmax, g, r / g->out_h, r % g->out_h);
       free(vmax);
     }
     return;
@@ -861,8 +855,8 @@ void cpu_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const Conv
       int32_t *ar = argmax ? argmax + (p * g->out_h + oy) * g->out_w : NULL;
       for (int64_t o0 = 0; o0 < g->out_w; o0 += POOL_ROW_CHUNK) {
         int64_t o1 = o0 + POOL_ROW_CHUNK < g->out_w ? o0 + POOL_ROW_CHUNK : g->out_w;
-        float best[POOL_ROW_CHUNK];    // [o1 - o0]
-        int32_t at[POOL_ROW_CHUNK];    // [o1 - o0], -1: no tap taken yet
+        float best[POOL_ROW_CHUNK];  // [o1 - o0]
+        int32_t at[POOL_ROW_CHUNK];  // [o1 - o0], -1: no tap taken yet
         for (int64_t o = 0; o < o1 - o0; o++) best[o] = -FLT_MAX, at[o] = -1;
         for (int64_t ky = 0; ky < g->kh; ky++) {
           int64_t iy = conv_in_coord(oy, ky, g->stride_h, g->pad_h, g->dil_h);
@@ -873,8 +867,7 @@ void cpu_maxpool2d_forward(const float *x, float *y, int32_t *argmax, const Conv
             int64_t shift = iy * g->in_w + conv_in_coord(0, kx, g->stride_w, g->pad_w, g->dil_w);
             if (g->stride_w == 2)  // ResNet's stem pool: a constant stride vectorizes the gather
               pool_row_taps(xp, best - o0, at - o0, shift, 2, lo, hi);
-            else
-              pool_row_taps(xp, best - o0, at - o0, shift, g->stride_w, lo, hi);
+            else pool_row_taps(xp, best - o0, at - o0, shift, g->stride_w, lo, hi);
           }
         }
         memcpy(yr + o0, best, (size_t)(o1 - o0) * sizeof *best);
@@ -891,7 +884,8 @@ void cpu_dwconv_forward(const float *x, const float *w, const float *bias, float
     int64_t c = p % g->channels;
     const float *wc = w + c * g->k * g->k;
     float b = bias ? bias[c] : 0.0f;
-    for (int64_t i = 0; i < HW; i++) y[p * HW + i] = dwconv_at(x + p * HW, wc, g->H, g->W, g->k, i / g->W, i % g->W) + b;
+    for (int64_t i = 0; i < HW; i++)
+      y[p * HW + i] = dwconv_at(x + p * HW, wc, g->H, g->W, g->k, i / g->W, i % g->W) + b;
   }
 }
 
@@ -984,10 +978,9 @@ static inline void relu_gate8(uint8_t bits, const float *dy, float *g) {
 // scale and shift one number), with S == 1 (channels last: [B*H*W, C, 1]) a row holds one pixel's
 // C channels (a scale and shift per element).
 
-void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bias,
-                           const float *mean, const float *var, float eps, const float *residual,
-                           bool relu, float *y, uint8_t *relu_mask, float *scale, int64_t batch, int64_t channels,
-                           int64_t spatial) {
+void cpu_frozen_bn_forward(const float *x, const float *weight, const float *bias, const float *mean, const float *var,
+                           float eps, const float *residual, bool relu, float *y, uint8_t *relu_mask, float *scale,
+                           int64_t batch, int64_t channels, int64_t spatial) {
   // scale [C] is an output (kept for backward), shift [C] a temporary: each computed once.
   float *shift = detr_malloc((size_t)(channels > 0 ? channels : 1) * sizeof(float), "frozen batch-norm shifts");
   for (int64_t c = 0; c < channels; c++)
@@ -1041,7 +1034,8 @@ void cpu_frozen_bn_backward(const uint8_t *relu_mask, const float *dy, const flo
         for (int64_t t = 0; t < len; t += 8) relu_gate8(relu_mask[(r * n + i0 + t) / 8], dyp + t, gate + t);
         g = gate;
       } else if (relu) {
-        for (int64_t t = 0; t < len; t++) gate[t] = frozen_bn_relu_grad(relu_mask_bit(relu_mask, r * n + i0 + t), dyp[t]);
+        for (int64_t t = 0; t < len; t++)
+          gate[t] = frozen_bn_relu_grad(relu_mask_bit(relu_mask, r * n + i0 + t), dyp[t]);
         g = gate;
       }
       if (dxp)

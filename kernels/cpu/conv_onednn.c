@@ -51,22 +51,22 @@
 #endif
 
 // Fails with file:line, the call's text and oneDNN's status name.
-#define DNNL_CHECK(call)                                                                          \
-  do {                                                                                            \
-    dnnl_status_t st_ = (call);                                                                   \
-    if (st_ != dnnl_success) DETR_FAIL("oneDNN: %s failed: %s", #call, dnnl_status2str(st_));     \
+#define DNNL_CHECK(call)                                                                      \
+  do {                                                                                        \
+    dnnl_status_t st_ = (call);                                                               \
+    if (st_ != dnnl_success) DETR_FAIL("oneDNN: %s failed: %s", #call, dnnl_status2str(st_)); \
   } while (0)
 
 // One tensor argument of a pass: the plain buffer the framework holds and the layout the
 // convolution runs on. Inputs are reordered plain -> prim when they differ; an output in another
 // layout is reordered prim -> plain (with a sum post-op when the pass accumulates).
 typedef struct {
-  int arg;                   // DNNL_ARG_*
-  dnnl_memory_desc_t user;   // plain: nchw, nhwc or oihw
-  dnnl_memory_desc_t prim;   // the convolution's own
-  dnnl_primitive_t reorder;  // NULL: the layouts are the same (output: the accumulating reorder)
+  int arg;                       // DNNL_ARG_*
+  dnnl_memory_desc_t user;       // plain: nchw, nhwc or oihw
+  dnnl_memory_desc_t prim;       // the convolution's own
+  dnnl_primitive_t reorder;      // NULL: the layouts are the same (output: the accumulating reorder)
   dnnl_primitive_t reorder_set;  // a backward pass's output: the writing reorder (a fresh dx or dw), made on first use
-  dnnl_primitive_t reorder_in;   // a forward output in another layout with the sum post-op: plain -> prim (the residual)
+  dnnl_primitive_t reorder_in;  // a forward output in another layout with the sum post-op: plain -> prim (the residual)
   bool takes16;  // an input the pass reads in bf16 on the plain layout itself: a caller's dense bf16 copy serves as is
   // A weight reordered in two steps (weight_goes_via_ohwi): plain -> via (ohwi, prim's type) by
   // reorder_via, then via -> prim by reorder; NULL: one step.
@@ -77,17 +77,17 @@ typedef struct {
 typedef struct {
   ConvGeom g;
   ConvPass pass;
-  ConvImpl impl;         // CONV_IMPL_ONEDNN, _ONEDNN_PLAIN or _ONEDNN_WINOGRAD: the layouts and algorithm asked for
-  bool winograd;         // oneDNN had Winograd for it (else the entry is the direct convolution)
-  bool bias;             // the forward adds one / backward-weights computes its gradient
-  unsigned post;         // the forward's post-ops (CONV_POST_*, inference's fused epilogue); 0 otherwise
-  int nthr;              // OpenMP's thread count when it was made: its scratchpad serves that many or fewer
+  ConvImpl impl;  // CONV_IMPL_ONEDNN, _ONEDNN_PLAIN or _ONEDNN_WINOGRAD: the layouts and algorithm asked for
+  bool winograd;  // oneDNN had Winograd for it (else the entry is the direct convolution)
+  bool bias;      // the forward adds one / backward-weights computes its gradient
+  unsigned post;  // the forward's post-ops (CONV_POST_*, inference's fused epilogue); 0 otherwise
+  int nthr;       // OpenMP's thread count when it was made: its scratchpad serves that many or fewer
   dnnl_primitive_t conv;
   dnnl_primitive_desc_t fwd_pd;  // the forward's descriptor (forward entries only): the backward passes' hint
-  ConvArg a[3];          // a[0], a[1]: inputs; a[2]: the output
-  dnnl_memory_desc_t bias_md;  // [O]
-  size_t scratch_bytes;  // oneDNN's scratchpad for this primitive
-  uint64_t used;         // LRU stamp; 0: empty slot
+  ConvArg a[3];                  // a[0], a[1]: inputs; a[2]: the output
+  dnnl_memory_desc_t bias_md;    // [O]
+  size_t scratch_bytes;          // oneDNN's scratchpad for this primitive
+  uint64_t used;                 // LRU stamp; 0: empty slot
 } ConvPrim;
 
 // DETR has ~20-60 distinct convolutions per input size, 2-3 passes each; training on varying input
@@ -150,8 +150,7 @@ static dnnl_memory_t mem_wrap(const dnnl_memory_desc_t *md, void *data) {
   return m;
 }
 
-static dnnl_primitive_t reorder_create(const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to,
-                                       bool accumulate) {
+static dnnl_primitive_t reorder_create(const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to, bool accumulate) {
   dnnl_primitive_attr_t attr;
   DNNL_CHECK(dnnl_primitive_attr_create(&attr));
   if (accumulate) {  // to = 1 * to + from
@@ -179,23 +178,22 @@ static const int pass_args[3][3] = {
 
 // The convolution descriptor of one pass on memory descriptors x/w/y (and bias when given).
 static void conv_desc(dnnl_convolution_desc_t *d, const ConvGeom *g, ConvPass pass, dnnl_alg_kind_t alg,
-                      const dnnl_memory_desc_t *x, const dnnl_memory_desc_t *w,
-                      const dnnl_memory_desc_t *y, const dnnl_memory_desc_t *bias) {
+                      const dnnl_memory_desc_t *x, const dnnl_memory_desc_t *w, const dnnl_memory_desc_t *y,
+                      const dnnl_memory_desc_t *bias) {
   // oneDNN counts dilation from 0 (no dilation); right padding as torch's (floor in the
   // output-size formula, which oneDNN's consistency check shares).
   dnnl_dims_t strides = {g->stride_h, g->stride_w}, dil = {g->dil_h - 1, g->dil_w - 1};
   dnnl_dims_t pad = {g->pad_h, g->pad_w};
   switch (pass) {
     case CONV_PASS_FWD:
-      DNNL_CHECK(dnnl_dilated_convolution_forward_desc_init(d, dnnl_forward_training, alg, x, w, bias, y, strides,
-                                                            dil, pad, pad));
+      DNNL_CHECK(dnnl_dilated_convolution_forward_desc_init(d, dnnl_forward_training, alg, x, w, bias, y, strides, dil,
+                                                            pad, pad));
       break;
     case CONV_PASS_BWD_DATA:
       DNNL_CHECK(dnnl_dilated_convolution_backward_data_desc_init(d, alg, x, w, y, strides, dil, pad, pad));
       break;
     default:
-      DNNL_CHECK(dnnl_dilated_convolution_backward_weights_desc_init(d, alg, x, w, bias, y, strides, dil, pad,
-                                                                     pad));
+      DNNL_CHECK(dnnl_dilated_convolution_backward_weights_desc_init(d, alg, x, w, bias, y, strides, dil, pad, pad));
   }
 }
 
@@ -575,8 +573,8 @@ static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *i
   const ConvGeom *g = &p->g;
   int64_t x_img = g->in_ch * g->in_h * g->in_w, y_img = g->out_ch * g->out_h * g->out_w;
   // What each argument holds: 1: x or dx, 2: y or dy (both per image), 0: w or dw (shared).
-  static const int holds[3][3] = {[CONV_PASS_FWD] = {1, 0, 2}, [CONV_PASS_BWD_DATA] = {2, 0, 1},
-                                  [CONV_PASS_BWD_WEIGHTS] = {1, 2, 0}};
+  static const int holds[3][3] = {
+      [CONV_PASS_FWD] = {1, 0, 2}, [CONV_PASS_BWD_DATA] = {2, 0, 1}, [CONV_PASS_BWD_WEIGHTS] = {1, 2, 0}};
   int64_t step[3];  // elements from one image to the next in each plain argument
   for (int i = 0; i < 3; i++) step[i] = holds[p->pass][i] == 1 ? x_img : holds[p->pass][i] == 2 ? y_img : 0;
 
@@ -591,11 +589,13 @@ static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *i
   ws += round64(p->scratch_bytes);
   const char *user[3] = {(const char *)in0, (const char *)in1, (const char *)out};
   size_t elem[3] = {sizeof(float), sizeof(float), sizeof(float)};  // bytes per element of each plain argument
-  bool as_is[2] = {false, false};  // an input read from its bf16 copy
+  bool as_is[2] = {false, false};                                  // an input read from its bf16 copy
   for (int i = 0; i < 2; i++) {
     if (!in16 || !in16[i]) continue;
-    DETR_CHECK(p->a[i].takes16, "onednn_conv2d_run: input %d of pass %d is given in bf16, which the pass does not "
-               "read on its plain layout", i, (int)p->pass);
+    DETR_CHECK(p->a[i].takes16,
+               "onednn_conv2d_run: input %d of pass %d is given in bf16, which the pass does not "
+               "read on its plain layout",
+               i, (int)p->pass);
     user[i] = (const char *)in16[i], elem[i] = sizeof(uint16_t), as_is[i] = true;
   }
   void *buf[3] = {NULL, NULL, NULL};  // prim-layout copies
@@ -666,10 +666,23 @@ int64_t onednn_conv2d_set_whole_batch_bytes(int64_t bytes) {
 
 bool onednn_conv2d_has_winograd(void) {
   static int has = -1;  // not probed yet
-  if (has < 0) {  // a 16-channel 3x3 convolution on 8x8, the simplest Winograd covers
+  if (has < 0) {        // a 16-channel 3x3 convolution on 8x8, the simplest Winograd covers
     onednn_init();
-    ConvGeom g = {.batch = 1, .in_ch = 16, .in_h = 8, .in_w = 8, .out_ch = 16, .out_h = 8, .out_w = 8, .kh = 3,
-                  .kw = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1};
+    ConvGeom g = {.batch = 1,
+                  .in_ch = 16,
+                  .in_h = 8,
+                  .in_w = 8,
+                  .out_ch = 16,
+                  .out_h = 8,
+                  .out_w = 8,
+                  .kh = 3,
+                  .kw = 3,
+                  .stride_h = 1,
+                  .stride_w = 1,
+                  .pad_h = 1,
+                  .pad_w = 1,
+                  .dil_h = 1,
+                  .dil_w = 1};
     dnnl_primitive_desc_t pd = winograd_pd_create(&g, CONV_PASS_FWD, NULL, NULL, NULL);
     has = pd != NULL;
     if (pd) DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
@@ -688,9 +701,8 @@ static ConvGeom pass_geometry(const ConvGeom *g, ConvPass pass, ConvImpl impl, b
                 (pass == CONV_PASS_BWD_DATA && accumulate);
   ConvGeom run = *g;
   *runs = 1;
-  if (copies &&
-      (g->in_ch * g->in_h * g->in_w + g->out_ch * g->out_h * g->out_w) * g->batch * (int64_t)sizeof(float) >
-          whole_batch_bytes) {
+  if (copies && (g->in_ch * g->in_h * g->in_w + g->out_ch * g->out_h * g->out_w) * g->batch * (int64_t)sizeof(float) >
+                    whole_batch_bytes) {
     run.batch = 1;  // one image's primitive, shared by every batch size
     *runs = g->batch;
   }
@@ -746,7 +758,8 @@ int64_t onednn_conv2d_winograd_workspace_floats(const ConvGeom *g, ConvPass pass
     const dnnl_memory_desc_t *scratch = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     size_t bytes = scratch ? round64(dnnl_memory_desc_get_size(scratch)) : 0;
     for (int i = 0; i < 3; i++)
-      bytes += round64(dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, pass_args[pass][i])));
+      bytes += round64(
+          dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, pass_args[pass][i])));
     floats = (int64_t)((bytes + sizeof(float) - 1) / sizeof(float));
     DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
   }

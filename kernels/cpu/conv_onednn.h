@@ -60,9 +60,9 @@ static inline const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, C
   (void)g, (void)pass, (void)impl;
   DETR_FAIL("conv2d: this build has no oneDNN");
 }
-static inline void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate,
-                                     const float *in0, const float *in1, const uint16_t *const *in16, float *out,
-                                     float *bias, float *workspace) {
+static inline void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, const float *in0,
+                                     const float *in1, const uint16_t *const *in16, float *out, float *bias,
+                                     float *workspace) {
   DETR_FAIL("conv2d: this build has no oneDNN");
 }
 static inline void onednn_conv2d_forward_post(const ConvGeom *g, ConvImpl impl, unsigned post, const float *x,

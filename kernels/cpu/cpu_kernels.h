@@ -76,8 +76,8 @@ bool cpu_linear_fused(const float *x, const float *w, const float *bias, bool re
 // tensor allocator, as cuDNN's, so that it is memory only while a pass runs).
 int64_t cpu_conv2d_forward_workspace_floats(const ConvGeom *g, bool bias);
 int64_t cpu_conv2d_backward_workspace_floats(const ConvGeom *g, bool dx, bool set_dx, bool dw, bool set_dw, bool dbias);
-void cpu_conv2d_forward(const float *x, uint16_t *x16, const float *w, const float *bias, float *y,
-                        const ConvGeom *g, float *workspace);
+void cpu_conv2d_forward(const float *x, uint16_t *x16, const float *w, const float *bias, float *y, const ConvGeom *g,
+                        float *workspace);
 // dx, dw, dbias may be NULL; x is read for dw only, w for dx only (the other may be NULL). The
 // gradients accumulate, but dx (dw) is written when set_dx (set_dw): its old contents may be
 // garbage (a fresh buffer, autograd_grad_to_write).
@@ -140,6 +140,9 @@ typedef enum {
 } ConvImpl;
 void cpu_conv2d_set_impl(ConvImpl impl);
 ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass);  // never AUTO
+// A backward pass takes Winograd only when its workspace fits this (the backbone's backward is the
+// step's memory peak). The workspace depends on the CPU: oneDNN blocks by its cache sizes.
+#define CPU_WINOGRAD_BACKWARD_MAX_BYTES ((int64_t)24 << 20)
 // Depthwise convolution, max pooling, frozen batch norm.
 TWIN_CONV(cpu)
 
@@ -152,20 +155,18 @@ void cpu_index_add(const float *dy, const int64_t *idx, float *dx, int64_t n, in
 
 // loss.c (the boxes: TWIN_BOXES below)
 // Returns the loss; writes each row's log-sum-exp to lse[rows].
-float cpu_cross_entropy_forward(const float *logits, const int64_t *targets, const float *weight,
-                                float *lse, int64_t rows, int64_t classes);
-void cpu_cross_entropy_backward(const float *logits, const int64_t *targets, const float *weight,
-                                const float *lse, float dloss, float *dlogits, int64_t rows,
-                                int64_t classes);
+float cpu_cross_entropy_forward(const float *logits, const int64_t *targets, const float *weight, float *lse,
+                                int64_t rows, int64_t classes);
+void cpu_cross_entropy_backward(const float *logits, const int64_t *targets, const float *weight, const float *lse,
+                                float dloss, float *dlogits, int64_t rows, int64_t classes);
 // Sigmoid focal loss summed over logits [rows, classes]; targets [rows] in [0, classes] (classes:
 // no positive class in that row).
-float cpu_focal_loss_forward(const float *logits, const int64_t *targets, int64_t rows, int64_t classes,
-                             float alpha, float gamma);
+float cpu_focal_loss_forward(const float *logits, const int64_t *targets, int64_t rows, int64_t classes, float alpha,
+                             float gamma);
 void cpu_focal_loss_backward(const float *logits, const int64_t *targets, float dloss, float *dlogits, int64_t rows,
                              int64_t classes, float alpha, float gamma);
 float cpu_l1_sum_forward(const float *a, const float *b, int64_t n);
-void cpu_l1_sum_backward(const float *a, const float *b, float dloss, float *da, float *db,
-                         int64_t n);
+void cpu_l1_sum_backward(const float *a, const float *b, float dloss, float *da, float *db, int64_t n);
 TWIN_BOXES(cpu)
 
 // enact.c: ENACT's clustering and smoothing.

@@ -49,10 +49,14 @@ bool cpu_bf16_supported(char *why, size_t why_cap) {
   bool has = (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16 ||
              (isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
   if (!has && why)
-    snprintf(why, why_cap, "this CPU has neither AVX512-BF16 nor AMX-BF16 (oneDNN's best instruction set here: %s), "
-             "so bf16 would run slower than fp32", isa == dnnl_cpu_isa_avx2 ? "AVX2" : isa == dnnl_cpu_isa_avx512_core ?
-             "AVX-512 without BF16" : isa == dnnl_cpu_isa_avx512_core_vnni ? "AVX-512 VNNI without BF16" :
-             isa == dnnl_cpu_isa_avx2_vnni ? "AVX2 VNNI" : "older than AVX2");
+    snprintf(why, why_cap,
+             "this CPU has neither AVX512-BF16 nor AMX-BF16 (oneDNN's best instruction set here: %s), "
+             "so bf16 would run slower than fp32",
+             isa == dnnl_cpu_isa_avx2               ? "AVX2"
+             : isa == dnnl_cpu_isa_avx512_core      ? "AVX-512 without BF16"
+             : isa == dnnl_cpu_isa_avx512_core_vnni ? "AVX-512 VNNI without BF16"
+             : isa == dnnl_cpu_isa_avx2_vnni        ? "AVX2 VNNI"
+                                                    : "older than AVX2");
   return has;
 #else
   if (why) snprintf(why, why_cap, "this build has no oneDNN, whose bf16 kernels it needs");

@@ -4,7 +4,6 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/rng_math.h"
 
-
 void cpu_fill(float *x, int64_t n, float value) {
   if (fill_is_zero_bits(value)) {  // +0.0 only: -0.0 has its sign bit set
     memset(x, 0, (size_t)n * sizeof(float));
@@ -31,6 +30,8 @@ void cpu_accumulate(float *dst, const float *src, int64_t n) {
 
 // One loop per op, the op a constant in each: unary_forward's switch folds away and the loop
 // vectorizes (a switch per element made relu 2-3x slower: bench/README.md, "unary loops").
+// The _Pragma loops below are laid out by hand: clang-format would join each pragma to its loop.
+// clang-format off
 #define UNARY_FORWARD_CASE(id, name)                                     \
   case UNARY_##id:                                                       \
     _Pragma("omp parallel for schedule(static) if (n > parallel_min)")  \
@@ -41,6 +42,7 @@ void cpu_accumulate(float *dst, const float *src, int64_t n) {
     _Pragma("omp parallel for schedule(static) if (n > parallel_min)")  \
     for (int64_t i = 0; i < n; i++) dx[i] += unary_backward(UNARY_##id, x[i], y[i], dy[i], param); \
     break;
+// clang-format on
 
 // A few operations per element (light) or a transcendental, sqrt or division (heavy).
 static int64_t unary_parallel_min(int op) {
@@ -56,8 +58,7 @@ void cpu_unary_forward(int op, const float *x, float *y, int64_t n, float param)
   }
 }
 
-void cpu_unary_backward(int op, const float *x, const float *y, const float *dy, float *dx,
-                        int64_t n, float param) {
+void cpu_unary_backward(int op, const float *x, const float *y, const float *dy, float *dx, int64_t n, float param) {
   int64_t parallel_min = unary_parallel_min(op);
   switch (op) {
     UNARY_OPS(UNARY_BACKWARD_CASE)
@@ -74,7 +75,9 @@ typedef struct {
 static BroadcastRows broadcast_rows(const Broadcast *bc, int64_t n) {
   int last = bc->ndim - 1;
   int64_t len = last >= 0 ? bc->shape[last] : 1;
-  return (BroadcastRows){.len = len, .rows = len > 0 ? n / len : 0, .step_a = last >= 0 ? bc->stride_a[last] : 0,
+  return (BroadcastRows){.len = len,
+                         .rows = len > 0 ? n / len : 0,
+                         .step_a = last >= 0 ? bc->stride_a[last] : 0,
                          .step_b = last >= 0 ? bc->stride_b[last] : 0};
 }
 
@@ -83,6 +86,7 @@ static BroadcastRows broadcast_rows(const Broadcast *bc, int64_t n) {
 // of 196 x 128 took 14.5 us instead of 3.0, bench/README.md "Session 23"). Broadcast operands go by
 // rows of the output's last dim, each operand's offset found once per row and its step along the
 // row 0 or 1 (a bias or per-query term: 0), so the row loops vectorize too.
+// clang-format off
 #define BINARY_FORWARD_LOOPS(OP)                                                                          \
   if (dense) {                                                                                             \
     _Pragma("omp parallel for schedule(static) if (n > PARALLEL_MIN_LIGHT)")                              \
@@ -108,6 +112,7 @@ static BroadcastRows broadcast_rows(const Broadcast *bc, int64_t n) {
   case BINARY_##id:                                \
     BINARY_FORWARD_LOOPS(BINARY_##id)              \
     break;
+// clang-format on
 
 void cpu_binary_forward(int op, const float *a, const float *b, float *y, Broadcast bc) {
   int64_t n = broadcast_numel(&bc);
@@ -122,6 +127,7 @@ void cpu_binary_forward(int op, const float *a, const float *b, float *y, Broadc
 #undef BINARY_FORWARD_CASE
 #undef BINARY_FORWARD_LOOPS
 
+// clang-format off
 #define BINARY_DENSE_BACKWARD_CASE(id, name, fwd, da_expr, db_expr)                  \
   case BINARY_##id:                                                                 \
     _Pragma("omp parallel for schedule(static) if (n > PARALLEL_MIN_LIGHT)")       \
@@ -130,9 +136,9 @@ void cpu_binary_forward(int op, const float *a, const float *b, float *y, Broadc
       if (db) db[i] += binary_backward_b(BINARY_##id, a[i], b[i], dy[i]);           \
     }                                                                               \
     break;
+// clang-format on
 
-void cpu_binary_backward(int op, const float *a, const float *b, const float *dy, float *da,
-                         float *db, Broadcast bc) {
+void cpu_binary_backward(int op, const float *a, const float *b, const float *dy, float *da, float *db, Broadcast bc) {
   int64_t n = broadcast_numel(&bc);
   bool dense_a = broadcast_is_dense(&bc, bc.stride_a), dense_b = broadcast_is_dense(&bc, bc.stride_b);
   if (dense_a && dense_b) {  // same shapes (residual adds): no index arithmetic, a loop per op
@@ -186,8 +192,8 @@ void cpu_binary_backward(int op, const float *a, const float *b, const float *dy
 // lane: the state words sit zero-extended in 64-bit lanes). The same arithmetic per counter as
 // philox4x32: the same words, so the same masks as the CUDA kernel and as the backward's
 // regenerated mask (tests/test_ops.c compares every word). Figures: bench/README.md "Session 10".
-#define DROPOUT_LANES 16                   // counters per block
-#define DROPOUT_BLOCK (4 * DROPOUT_LANES)  // elements per block
+#define DROPOUT_LANES 16                    // counters per block
+#define DROPOUT_BLOCK (4 * DROPOUT_LANES)   // elements per block
 #define DROPOUT_CHUNK (64 * DROPOUT_BLOCK)  // elements per parallel work item
 
 // words[4 * l + k] = philox4x32(ctr0 + l, seed).v[k] for l < DROPOUT_LANES.
@@ -228,8 +234,8 @@ __attribute__((target("avx2"))) static void philox4x32_block_avx2(uint64_t ctr0,
     // Lane j of c_k is word k of counter 4v + j: pack the four words of each counter together.
     __m256i a = _mm256_or_si256(c0[v], _mm256_slli_epi64(c1[v], 32));  // per lane: words 0, 1
     __m256i b = _mm256_or_si256(c2[v], _mm256_slli_epi64(c3[v], 32));  // per lane: words 2, 3
-    __m256i lo = _mm256_unpacklo_epi64(a, b);  // counters 4v, 4v + 2
-    __m256i hi = _mm256_unpackhi_epi64(a, b);  // counters 4v + 1, 4v + 3
+    __m256i lo = _mm256_unpacklo_epi64(a, b);                          // counters 4v, 4v + 2
+    __m256i hi = _mm256_unpackhi_epi64(a, b);                          // counters 4v + 1, 4v + 3
     _mm256_storeu_si256((__m256i *)(words + 16 * v), _mm256_permute2x128_si256(lo, hi, 0x20));
     _mm256_storeu_si256((__m256i *)(words + 16 * v + 8), _mm256_permute2x128_si256(lo, hi, 0x31));
   }
@@ -238,8 +244,8 @@ __attribute__((target("avx2"))) static void philox4x32_block_avx2(uint64_t ctr0,
 
 // Elements [i0, i1) of the forward (backward: dx += mask * dy * scale); i0 is a multiple of
 // DROPOUT_BLOCK.
-static void dropout_range(bool backward, const float *in, float *out, int64_t i0, int64_t i1, float p,
-                          uint64_t seed, uint64_t offset) {
+static void dropout_range(bool backward, const float *in, float *out, int64_t i0, int64_t i1, float p, uint64_t seed,
+                          uint64_t offset) {
   void (*block)(uint64_t, uint64_t, uint32_t *) = philox4x32_block_scalar;
 #ifdef DROPOUT_HAVE_AVX2_PATH
   if (__builtin_cpu_supports("avx2")) block = philox4x32_block_avx2;

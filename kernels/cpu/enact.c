@@ -27,9 +27,8 @@ void cpu_enact_cluster_forward(const float *K, const float *V, const float *H, c
 }
 
 void cpu_enact_cluster_backward(const float *K, const float *V, const float *H, const float *signs,
-                                const int64_t *starts, const int64_t *lengths, int64_t L, int64_t d,
-                                const float *Kc, const float *Vc, const float *dKc, const float *dVc, float *dK,
-                                float *dV, float *dH) {
+                                const int64_t *starts, const int64_t *lengths, int64_t L, int64_t d, const float *Kc,
+                                const float *Vc, const float *dKc, const float *dVc, float *dK, float *dV, float *dH) {
   // Regions are disjoint row ranges: parallel over regions writes disjoint rows.
 #pragma omp parallel for schedule(static) if (L * d > PARALLEL_MIN_HEAVY)
   for (int64_t j = 0; j < L; j++) {
@@ -52,8 +51,8 @@ void cpu_enact_cluster_backward(const float *K, const float *V, const float *H, 
 }
 
 // One image: valid region [h, w] inside the padded [Hp, Wp] grid. tmp holds h*w floats.
-static void smooth_image(const float *x, float *y, int64_t Wp, int64_t h, int64_t w, const float *taps,
-                         int64_t ntaps, bool two_d, float *tmp) {
+static void smooth_image(const float *x, float *y, int64_t Wp, int64_t h, int64_t w, const float *taps, int64_t ntaps,
+                         bool two_d, float *tmp) {
   int64_t r = ntaps / 2;
   if (two_d) {
     for (int64_t yy = 0; yy < h; yy++)  // along rows

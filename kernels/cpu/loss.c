@@ -4,8 +4,8 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/loss_math.h"
 
-float cpu_cross_entropy_forward(const float *logits, const int64_t *targets, const float *weight,
-                                float *lse, int64_t rows, int64_t classes) {
+float cpu_cross_entropy_forward(const float *logits, const int64_t *targets, const float *weight, float *lse,
+                                int64_t rows, int64_t classes) {
   double loss = 0.0, wsum = 0.0;
   for (int64_t r = 0; r < rows; r++) {
     const float *x = logits + r * classes;
@@ -21,9 +21,8 @@ float cpu_cross_entropy_forward(const float *logits, const int64_t *targets, con
   return (float)(loss / wsum);
 }
 
-void cpu_cross_entropy_backward(const float *logits, const int64_t *targets, const float *weight,
-                                const float *lse, float dloss, float *dlogits, int64_t rows,
-                                int64_t classes) {
+void cpu_cross_entropy_backward(const float *logits, const int64_t *targets, const float *weight, const float *lse,
+                                float dloss, float *dlogits, int64_t rows, int64_t classes) {
   double wsum = 0.0;
   for (int64_t r = 0; r < rows; r++) wsum += cross_entropy_weight(weight, targets[r]);
   float scale = (float)(dloss / wsum);
@@ -40,8 +39,7 @@ float cpu_l1_sum_forward(const float *a, const float *b, int64_t n) {
   return (float)s;
 }
 
-void cpu_l1_sum_backward(const float *a, const float *b, float dloss, float *da, float *db,
-                         int64_t n) {
+void cpu_l1_sum_backward(const float *a, const float *b, float dloss, float *da, float *db, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
     float d = l1_backward_elem(a[i], b[i], dloss);
     if (da) da[i] += d;
@@ -49,8 +47,8 @@ void cpu_l1_sum_backward(const float *a, const float *b, float dloss, float *da,
   }
 }
 
-float cpu_focal_loss_forward(const float *logits, const int64_t *targets, int64_t rows, int64_t classes,
-                             float alpha, float gamma) {
+float cpu_focal_loss_forward(const float *logits, const int64_t *targets, int64_t rows, int64_t classes, float alpha,
+                             float gamma) {
   double s = 0.0;
   for (int64_t r = 0; r < rows; r++)
     for (int64_t c = 0; c < classes; c++) s += focal_elem(logits[r * classes + c], c == targets[r], alpha, gamma);
@@ -80,8 +78,7 @@ void cpu_box_giou_forward(const float *a, const float *b, float *out, int64_t n)
   for (int64_t i = 0; i < n; i++) out[i] = box_giou(a + 4 * i, b + 4 * i);
 }
 
-void cpu_box_giou_backward(const float *a, const float *b, const float *dout, float *da,
-                           float *db, int64_t n) {
+void cpu_box_giou_backward(const float *a, const float *b, const float *dout, float *da, float *db, int64_t n) {
   float scratch_a[4], scratch_b[4];
   for (int64_t i = 0; i < n; i++) {
     float *ga = da ? da + 4 * i : scratch_a, *gb = db ? db + 4 * i : scratch_b;

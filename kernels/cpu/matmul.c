@@ -35,14 +35,13 @@ bool cpu_gemm_on_openblas(bool trans_a, bool trans_b, int64_t m, int64_t n) {
 
 static void openblas_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                            int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta, c,
-              (blasint)ldc);
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (blasint)m,
+              (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
 }
 
 // The fp32 GEMM: oneDNN's, or OpenBLAS's where cpu_gemm_on_openblas.
-static void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-                  int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+static void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                  const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (k == 0) {  // C = beta C, done here: a GEMM library may skip the beta scaling when k is 0
     for (int64_t i = 0; i < m; i++)
@@ -54,19 +53,16 @@ static void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
     openblas_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb,
-                                beta, c, ldc);
-  DETR_CHECK(st == dnnl_success, "cpu_gemm: dnnl_sgemm(%c%c, %lld x %lld x %lld) failed: %s",
-             trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', (long long)m, (long long)n, (long long)k,
-             dnnl_status2str(st));
+  dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  DETR_CHECK(st == dnnl_success, "cpu_gemm: dnnl_sgemm(%c%c, %lld x %lld x %lld) failed: %s", trans_a ? 'T' : 'N',
+             trans_b ? 'T' : 'N', (long long)m, (long long)n, (long long)k, dnnl_status2str(st));
 #else
   openblas_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 #endif
 }
 
-void cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-              const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-              int64_t ldc) {
+void cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+              const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
   if (m > 0 && n > 0 && k > 0 &&
       cpu_gemm_bf16_batched(trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1))
     return;
@@ -85,22 +81,21 @@ const char *cpu_gemm_library(void) {
   return name;
 }
 
-void cpu_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                      const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb,
-                      int64_t stride_b, float beta, float *c, int64_t ldc, int64_t stride_c,
-                      int64_t batch) {
+void cpu_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                      int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, float beta,
+                      float *c, int64_t ldc, int64_t stride_c, int64_t batch) {
   // Small matrices one per thread (the GEMM library runs single-threaded inside a parallel
   // region; GEMM_BATCH_PARALLEL_MAX_FLOPS); large ones one after another, each on all threads. In
   // fp32 either way: a batch bf16 declines has matrices it would decline too (each smaller, or run
   // inside the per-thread region), so they need not be asked again.
-  if (m > 0 && n > 0 && k > 0 && cpu_gemm_bf16_batched(trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb,
-                                                       stride_b, beta, c, ldc, stride_c, batch))
+  if (m > 0 && n > 0 && k > 0 &&
+      cpu_gemm_bf16_batched(trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
+                            stride_c, batch))
     return;
   double flops = 2.0 * (double)m * (double)n * (double)k;
   int64_t threads = omp_get_max_threads();
-#define SGEMM_MATRIX(i)                                                                                 \
-  sgemm(trans_a, trans_b, m, n, k, alpha, a + (i) * stride_a, lda, b + (i) * stride_b, ldb, beta, c + (i) * stride_c, \
-        ldc)
+#define SGEMM_MATRIX(i) \
+  sgemm(trans_a, trans_b, m, n, k, alpha, a + (i)*stride_a, lda, b + (i)*stride_b, ldb, beta, c + (i)*stride_c, ldc)
   if (batch >= threads && flops < GEMM_BATCH_PARALLEL_MAX_FLOPS) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < batch; i++) SGEMM_MATRIX(i);
@@ -157,7 +152,7 @@ void cpu_row_bias_backward(const float *dy, float *dbias, int64_t rows, int64_t 
   row_bias_blocks(dy, NULL, 1.0f, NULL, dbias, rows, cols);
 }
 
-void cpu_relu_row_bias_backward(const float *y, const float *dy, float keep_scale, float *dz, float *dbias, int64_t rows,
-                                int64_t cols) {
+void cpu_relu_row_bias_backward(const float *y, const float *dy, float keep_scale, float *dz, float *dbias,
+                                int64_t rows, int64_t cols) {
   row_bias_blocks(dy, y, keep_scale, dz, dbias, rows, cols);
 }

@@ -23,10 +23,10 @@
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
 
-#define DNNL_CHECK(call)                                                                          \
-  do {                                                                                            \
-    dnnl_status_t st_ = (call);                                                                   \
-    if (st_ != dnnl_success) DETR_FAIL("oneDNN: %s failed: %s", #call, dnnl_status2str(st_));     \
+#define DNNL_CHECK(call)                                                                      \
+  do {                                                                                        \
+    dnnl_status_t st_ = (call);                                                               \
+    if (st_ != dnnl_success) DETR_FAIL("oneDNN: %s failed: %s", #call, dnnl_status2str(st_)); \
   } while (0)
 
 // Below this many multiply-adds a GEMM stays fp32: the copies and the call cost more than bf16
@@ -70,7 +70,7 @@ typedef struct {  // no padding bytes: keys are compared with memcmp
 typedef struct {
   dnnl_primitive_t reorder;  // NULL where the CPU rounds directly (round_direct)
   dnnl_memory_desc_t from, to;
-  int64_t batch;  // copies made: 1 where the batch shares the operand (stride 0), then copied
+  int64_t batch;                   // copies made: 1 where the batch shares the operand (stride 0), then copied
   int64_t rows, cols, ld, stride;  // the operand as stored: [batch, rows, cols], row stride ld
 } OperandCopy;
 
@@ -80,7 +80,7 @@ typedef struct {
 // "Session 24"). On a CPU with AVX512-BF16 or AMX (cpu_bf16_supported); elsewhere the reorder.
 #if HAVE_BF16_INTRINSICS
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void round_run(const float *x, int64_t n,
-                                                                                       uint16_t *out) {
+                                                                                      uint16_t *out) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
     _mm256_storeu_si256((__m256i *)(out + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
@@ -135,8 +135,8 @@ static GemmPrim gemm_cache[GEMM_CACHE_SIZE];
 static uint64_t gemm_clock;
 static dnnl_engine_t engine;
 static dnnl_stream_t stream;
-static uint16_t *copies;      // A's and B's bf16 copies, grown to the largest call
-static int64_t copies_cap;    // in bf16 elements
+static uint16_t *copies;    // A's and B's bf16 copies, grown to the largest call
+static int64_t copies_cap;  // in bf16 elements
 
 // copies, holding at least n bf16 elements.
 static uint16_t *copies_reserve(int64_t n) {
@@ -150,8 +150,7 @@ static uint16_t *copies_reserve(int64_t n) {
 
 // The copy of an operand stored [batch, rows, cols] (row stride ld, batch stride stride; 0: one
 // matrix for the whole batch) as dense bf16 [batch, rows, cols].
-static void operand_copy_create(OperandCopy *c, int64_t batch, int64_t rows, int64_t cols, int64_t ld,
-                                int64_t stride) {
+static void operand_copy_create(OperandCopy *c, int64_t batch, int64_t rows, int64_t cols, int64_t ld, int64_t stride) {
   c->batch = stride == 0 ? 1 : batch;
   c->rows = rows, c->cols = cols, c->ld = ld, c->stride = stride;
   if (round_direct()) return;
@@ -202,10 +201,11 @@ static void gemm_prim_create(GemmPrim *p, const GemmKey *key) {
   DNNL_CHECK(dnnl_memory_desc_init_by_strides(&p->b_md, 3, bd, operands, bs));
   DNNL_CHECK(dnnl_memory_desc_init_by_strides(&p->c_md, 3, cd, dnnl_f32, cs));
   dnnl_dims_t biasd = {1, 1, n};  // broadcast over the batch and the rows
-  if (key->epilogue & EPILOGUE_BIAS) DNNL_CHECK(dnnl_memory_desc_init_by_tag(&p->bias_md, 3, biasd, dnnl_f32, dnnl_abc));
+  if (key->epilogue & EPILOGUE_BIAS)
+    DNNL_CHECK(dnnl_memory_desc_init_by_tag(&p->bias_md, 3, biasd, dnnl_f32, dnnl_abc));
   dnnl_matmul_desc_t d;
-  DNNL_CHECK(dnnl_matmul_desc_init(&d, &p->a_md, &p->b_md, key->epilogue & EPILOGUE_BIAS ? &p->bias_md : NULL,
-                                   &p->c_md));
+  DNNL_CHECK(
+      dnnl_matmul_desc_init(&d, &p->a_md, &p->b_md, key->epilogue & EPILOGUE_BIAS ? &p->bias_md : NULL, &p->c_md));
   dnnl_primitive_attr_t attr;
   DNNL_CHECK(dnnl_primitive_attr_create(&attr));
   if (key->alpha != 1.0f) DNNL_CHECK(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &key->alpha));
@@ -213,7 +213,8 @@ static void gemm_prim_create(GemmPrim *p, const GemmKey *key) {
     dnnl_post_ops_t po;
     DNNL_CHECK(dnnl_post_ops_create(&po));
     if (key->beta != 0.0f) DNNL_CHECK(dnnl_post_ops_append_sum(po, key->beta));
-    if (key->epilogue & EPILOGUE_RELU) DNNL_CHECK(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f));
+    if (key->epilogue & EPILOGUE_RELU)
+      DNNL_CHECK(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f));
     DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr, po));
     DNNL_CHECK(dnnl_post_ops_destroy(po));
   }
@@ -294,9 +295,20 @@ bool cpu_gemm_bf16_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int
                            float *c, int64_t ldc, int64_t stride_c, int64_t batch) {
   if (!bf16_wanted(m, n, k, batch)) return false;
   _Static_assert(sizeof(GemmKey) == 14 * sizeof(int64_t) + 2 * sizeof(float), "GemmKey has padding bytes");
-  GemmKey key = {.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k, .batch = batch, .lda = lda,
-                 .ldb = ldb, .stride_a = batch > 1 ? stride_a : 0, .stride_b = batch > 1 ? stride_b : 0, .ldc = ldc,
-                 .stride_c = batch > 1 ? stride_c : m * ldc, .alpha = alpha, .beta = beta};
+  GemmKey key = {.trans_a = trans_a,
+                 .trans_b = trans_b,
+                 .m = m,
+                 .n = n,
+                 .k = k,
+                 .batch = batch,
+                 .lda = lda,
+                 .ldb = ldb,
+                 .stride_a = batch > 1 ? stride_a : 0,
+                 .stride_b = batch > 1 ? stride_b : 0,
+                 .ldc = ldc,
+                 .stride_c = batch > 1 ? stride_c : m * ldc,
+                 .alpha = alpha,
+                 .beta = beta};
   GemmPrim *p = gemm_prim_get(&key);
   int64_t na = batch * m * k, nb = batch * k * n;
   uint16_t *a16 = copies_reserve(na + nb), *b16 = a16 + na;
@@ -345,8 +357,16 @@ void cpu_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   DETR_CHECK(k > 0, "cpu_gemm_bf16: %lld x %lld x %lld: no sum (cpu_gemm_bf16_wanted says no)", (long long)m,
              (long long)n, (long long)k);
   DETR_CHECK(!omp_in_parallel(), "cpu_gemm_bf16: called inside a parallel region (its cache is shared)");
-  GemmKey key = {.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k, .batch = 1, .ldc = ldc,
-                 .stride_c = m * ldc, .alpha = alpha, .beta = beta};  // lda 0: operands already bf16
+  GemmKey key = {.trans_a = trans_a,
+                 .trans_b = trans_b,
+                 .m = m,
+                 .n = n,
+                 .k = k,
+                 .batch = 1,
+                 .ldc = ldc,
+                 .stride_c = m * ldc,
+                 .alpha = alpha,
+                 .beta = beta};  // lda 0: operands already bf16
   gemm_prim_run(gemm_prim_get(&key), a, b, NULL, c);
 }
 
@@ -356,9 +376,19 @@ bool cpu_linear_fused(const float *x, const float *w, const float *bias, bool re
   // A primitive per row count, as a convolution's per input size: a new one costs ~0.3 ms (oneDNN's
   // JIT, 2 threads), ENACT's cluster counts and the pictures' sizes make a few dozen. oneDNN's
   // run-time row count (DNNL_RUNTIME_DIM_VAL) took as long for a new count and ran 1.5x slower.
-  GemmKey key = {.trans_b = 1, .m = rows, .n = out, .k = in, .batch = 1, .lda = in, .ldb = in, .ldc = out,
-                 .stride_c = rows * out, .f32 = 1, .epilogue = (bias ? EPILOGUE_BIAS : 0) | (relu ? EPILOGUE_RELU : 0),
-                 .alpha = 1.0f, .beta = 0.0f};
+  GemmKey key = {.trans_b = 1,
+                 .m = rows,
+                 .n = out,
+                 .k = in,
+                 .batch = 1,
+                 .lda = in,
+                 .ldb = in,
+                 .ldc = out,
+                 .stride_c = rows * out,
+                 .f32 = 1,
+                 .epilogue = (bias ? EPILOGUE_BIAS : 0) | (relu ? EPILOGUE_RELU : 0),
+                 .alpha = 1.0f,
+                 .beta = 0.0f};
   gemm_prim_run(gemm_prim_get(&key), x, w, bias, y);
   return true;
 }
@@ -378,8 +408,16 @@ void cpu_linear_bf16_rounded(const uint16_t *x16, const uint16_t *w16, const flo
   if (rows == 0 || out == 0) return;
   DETR_CHECK(in > 0 && !omp_in_parallel(), "cpu_linear_bf16_rounded: %lld inputs, %s a parallel region", (long long)in,
              omp_in_parallel() ? "inside" : "outside");
-  GemmKey key = {.trans_b = 1, .m = rows, .n = out, .k = in, .batch = 1, .ldc = out, .stride_c = rows * out,
-                 .epilogue = (bias ? EPILOGUE_BIAS : 0) | (relu ? EPILOGUE_RELU : 0), .alpha = 1.0f, .beta = 0.0f};
+  GemmKey key = {.trans_b = 1,
+                 .m = rows,
+                 .n = out,
+                 .k = in,
+                 .batch = 1,
+                 .ldc = out,
+                 .stride_c = rows * out,
+                 .epilogue = (bias ? EPILOGUE_BIAS : 0) | (relu ? EPILOGUE_RELU : 0),
+                 .alpha = 1.0f,
+                 .beta = 0.0f};
   gemm_prim_run(gemm_prim_get(&key), x16, w16, bias, y);  // lda 0: operands already bf16
 }
 #else
@@ -426,7 +464,8 @@ bool cpu_linear_fused(const float *x, const float *w, const float *bias, bool re
 
 void cpu_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
                    const uint16_t *b, float beta, float *c, int64_t ldc) {
-  (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)b, (void)beta, (void)c, (void)ldc;
+  (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)b, (void)beta, (void)c,
+      (void)ldc;
   DETR_FAIL("cpu_gemm_bf16: this build has no oneDNN (bf16 is refused without it)");
 }
 #endif

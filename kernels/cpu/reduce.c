@@ -12,8 +12,7 @@ void cpu_reduce_sum(const float *x, float *y, int64_t outer, int64_t n, int64_t 
   }
 }
 
-void cpu_reduce_sum_backward(const float *dy, float *dx, int64_t outer, int64_t n, int64_t inner,
-                             float scale) {
+void cpu_reduce_sum_backward(const float *dy, float *dx, int64_t outer, int64_t n, int64_t inner, float scale) {
 #pragma omp parallel for schedule(static) if (outer * n * inner > PARALLEL_MIN_LIGHT)
   for (int64_t o = 0; o < outer; o++)
     for (int64_t k = 0; k < n; k++)

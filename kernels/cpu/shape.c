@@ -22,8 +22,7 @@ static bool permute_as_transpose(int ndim, const int64_t *in_shape, const int *p
   return true;
 }
 
-void cpu_permute(const float *x, float *y, int ndim, const int64_t *in_shape, const int *perm,
-                 bool accumulate) {
+void cpu_permute(const float *x, float *y, int ndim, const int64_t *in_shape, const int *perm, bool accumulate) {
   int64_t A, P, Q;
   if (permute_as_transpose(ndim, in_shape, perm, &A, &P, &Q) && P < 64) {
     // Few rows to transpose (the images' 3 channels): y's rows of P floats written in order, each
@@ -55,9 +54,8 @@ void cpu_permute(const float *x, float *y, int ndim, const int64_t *in_shape, co
   }
 }
 
-void cpu_copy_axis_range(const float *src, float *dst, int64_t outer, int64_t src_axis,
-                         int64_t dst_axis, int64_t inner, int64_t src_start, int64_t dst_start,
-                         int64_t len, bool accumulate) {
+void cpu_copy_axis_range(const float *src, float *dst, int64_t outer, int64_t src_axis, int64_t dst_axis, int64_t inner,
+                         int64_t src_start, int64_t dst_start, int64_t len, bool accumulate) {
   int64_t chunk = len * inner;
 #pragma omp parallel for schedule(static) if (outer * chunk > PARALLEL_MIN_LIGHT)
   for (int64_t o = 0; o < outer; o++) {
@@ -65,8 +63,7 @@ void cpu_copy_axis_range(const float *src, float *dst, int64_t outer, int64_t sr
     float *d = dst + (o * dst_axis + dst_start) * inner;
     if (accumulate)
       for (int64_t i = 0; i < chunk; i++) d[i] += s[i];
-    else
-      memcpy(d, s, (size_t)chunk * sizeof(float));
+    else memcpy(d, s, (size_t)chunk * sizeof(float));
   }
 }
 

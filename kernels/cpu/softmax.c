@@ -14,8 +14,8 @@ CPU_AVX2_CLONES static void softmax_exp_row(float *y, float max, int64_t n) {
   for (int64_t j = 0; j < n; j++) y[j] = softmax_exp(y[j], max);
 }
 
-void cpu_softmax_forward(const float *x, const float *mask, float *y, int64_t rows, int64_t n,
-                         int64_t rows_per_mask, bool log) {
+void cpu_softmax_forward(const float *x, const float *mask, float *y, int64_t rows, int64_t n, int64_t rows_per_mask,
+                         bool log) {
   int64_t groups = (rows + SM_ROWS - 1) / SM_ROWS;
 #pragma omp parallel for schedule(static) if (rows * n > PARALLEL_MIN_HEAVY)
   for (int64_t gi = 0; gi < groups; gi++) {
@@ -60,8 +60,7 @@ void cpu_softmax_forward(const float *x, const float *mask, float *y, int64_t ro
   }
 }
 
-void cpu_softmax_backward(const float *y, const float *dy, float *dx, int64_t rows, int64_t n,
-                          bool log) {
+void cpu_softmax_backward(const float *y, const float *dy, float *dx, int64_t rows, int64_t n, bool log) {
 #pragma omp parallel for schedule(static) if (rows * n > PARALLEL_MIN_HEAVY)
   for (int64_t r = 0; r < rows; r++) {
     const float *yr = y + r * n, *dyr = dy + r * n;
@@ -100,8 +99,8 @@ static inline __attribute__((always_inline)) void layernorm_row_sums(const float
     }
 }
 
-void cpu_layernorm_forward(const float *x, const float *w, const float *b, float *y, float *mean,
-                           float *rstd, int64_t rows, int64_t n, float eps) {
+void cpu_layernorm_forward(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,
+                           int64_t rows, int64_t n, float eps) {
   int64_t groups = (rows + LN_ROWS - 1) / LN_ROWS;
 #pragma omp parallel for schedule(static) if (rows * n > PARALLEL_MIN_HEAVY)
   for (int64_t gi = 0; gi < groups; gi++) {
@@ -110,23 +109,20 @@ void cpu_layernorm_forward(const float *x, const float *w, const float *b, float
     double mu[LN_ROWS], ss[LN_ROWS];
     if (cnt == LN_ROWS)  // a literal count: the chains unrolled side by side
       layernorm_row_sums(x, r0, LN_ROWS, n, mu, ss);
-    else
-      layernorm_row_sums(x, r0, cnt, n, mu, ss);
+    else layernorm_row_sums(x, r0, cnt, n, mu, ss);
     for (int q = 0; q < cnt; q++) {
       int64_t r = r0 + q;
       const float *xr = x + r * n;
       float m = (float)mu[q], rs = layernorm_rstd(ss[q], n, eps);
       mean[r] = m;
       rstd[r] = rs;
-      for (int64_t j = 0; j < n; j++)
-        y[r * n + j] = layernorm_elem(xr[j], m, rs, w ? w[j] : 1.0f, b ? b[j] : 0.0f);
+      for (int64_t j = 0; j < n; j++) y[r * n + j] = layernorm_elem(xr[j], m, rs, w ? w[j] : 1.0f, b ? b[j] : 0.0f);
     }
   }
 }
 
-void cpu_layernorm_backward(const float *x, const float *w, const float *mean, const float *rstd,
-                            const float *dy, float *dx, float *dw, float *db, int64_t rows,
-                            int64_t n) {
+void cpu_layernorm_backward(const float *x, const float *w, const float *mean, const float *rstd, const float *dy,
+                            float *dx, float *dw, float *db, int64_t rows, int64_t n) {
   // Each row's two sums are chains of double adds, each add waiting on the last: LN_ROWS rows'
   // chains run side by side (each row still summed in order: the same doubles), hiding that
   // latency. The weight and bias gradients are column sums over the rows, each in row order, by

@@ -9,11 +9,10 @@
 #include "kernels/cuda/collectives.h"
 #include "kernels/cuda/cuda_util.cuh"
 
-#define NCCL_CHECK(call)                                                                 \
-  do {                                                                                   \
-    ncclResult_t r_ = (call);                                                            \
-    if (r_ != ncclSuccess)                                                               \
-      detr_fail(__FILE__, __LINE__, "%s failed: %s", #call, ncclGetErrorString(r_));    \
+#define NCCL_CHECK(call)                                                                                  \
+  do {                                                                                                    \
+    ncclResult_t r_ = (call);                                                                             \
+    if (r_ != ncclSuccess) detr_fail(__FILE__, __LINE__, "%s failed: %s", #call, ncclGetErrorString(r_)); \
   } while (0)
 
 static_assert(sizeof(ncclUniqueId) == CUDA_NCCL_ID_BYTES, "NCCL unique id size");

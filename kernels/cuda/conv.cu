@@ -47,8 +47,7 @@
 #include "kernels/norm_math.h"
 
 static int conv_int(int64_t v, const char *what) {
-  DETR_CHECK(v >= 0 && v <= INT_MAX, "conv2d (cuDNN): %s = %lld does not fit an int", what,
-             (long long)v);
+  DETR_CHECK(v >= 0 && v <= INT_MAX, "conv2d (cuDNN): %s = %lld does not fit an int", what, (long long)v);
   return (int)v;
 }
 
@@ -63,8 +62,7 @@ static size_t cudnn_workspace_limit(void) {
   if (v && *v) {
     char *end = NULL;
     unsigned long long mb = strtoull(v, &end, 10);
-    DETR_CHECK(end != v && *end == 0 && mb < (1ull << 40),
-               "DETR_CUDNN_WORKSPACE_MB=%s: expected a number of MiB", v);
+    DETR_CHECK(end != v && *end == 0 && mb < (1ull << 40), "DETR_CUDNN_WORKSPACE_MB=%s: expected a number of MiB", v);
     return (size_t)mb << 20;
   }
   return (size_t)1024 << 20;
@@ -98,16 +96,12 @@ struct ConvDescs {
     // bf16: cuDNN's BFLOAT16 configuration (x, w, y bf16; the fp32 accumulation is the convolution
     // descriptor's compute type below).
     cudnnDataType_t data = math == CONV_MATH_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, act, data, B, C,
-                                           conv_int(g->in_h, "in_h"), conv_int(g->in_w, "in_w")));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, act, data, B, O,
-                                           conv_int(g->out_h, "out_h"),
-                                           conv_int(g->out_w, "out_w")));
-    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, data, act, O, C,
-                                           conv_int(g->kh, "kh"), conv_int(g->kw, "kw")));
-    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, g->pad_h, g->pad_w, g->stride_h, g->stride_w,
-                                                g->dil_h, g->dil_w, CUDNN_CROSS_CORRELATION,
-                                                CUDNN_DATA_FLOAT));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, act, data, B, C, conv_int(g->in_h, "in_h"), conv_int(g->in_w, "in_w")));
+    CUDNN_CHECK(
+        cudnnSetTensor4dDescriptor(y, act, data, B, O, conv_int(g->out_h, "out_h"), conv_int(g->out_w, "out_w")));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, data, act, O, C, conv_int(g->kh, "kh"), conv_int(g->kw, "kw")));
+    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, g->pad_h, g->pad_w, g->stride_h, g->stride_w, g->dil_h, g->dil_w,
+                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     CUDNN_CHECK(cudnnSetConvolutionMathType(conv, math == CONV_MATH_FP32   ? CUDNN_FMA_MATH
                                                   : math == CONV_MATH_TF32 ? CUDNN_DEFAULT_MATH
                                                                            : CUDNN_TENSOR_OP_MATH));
@@ -117,8 +111,7 @@ struct ConvDescs {
     DETR_CHECK(on == B && oc == O && oh == g->out_h && ow == g->out_w,
                "conv2d (cuDNN): output [%d, %d, %d, %d] differs from the geometry's "
                "[%lld, %lld, %lld, %lld]",
-               on, oc, oh, ow, (long long)g->batch, (long long)g->out_ch, (long long)g->out_h,
-               (long long)g->out_w);
+               on, oc, oh, ow, (long long)g->batch, (long long)g->out_ch, (long long)g->out_h, (long long)g->out_w);
   }
   ~ConvDescs() {
     CUDNN_CHECK(cudnnDestroyConvolutionDescriptor(conv));
@@ -148,10 +141,9 @@ static int g_algo_cache_count = 0, g_algo_cache_next = 0;
 
 static bool geom_equal(const ConvGeom *a, const ConvGeom *b) {
   return a->batch == b->batch && a->in_ch == b->in_ch && a->in_h == b->in_h && a->in_w == b->in_w &&
-         a->out_ch == b->out_ch && a->kh == b->kh && a->kw == b->kw && a->out_h == b->out_h &&
-         a->out_w == b->out_w && a->stride_h == b->stride_h && a->stride_w == b->stride_w &&
-         a->pad_h == b->pad_h && a->pad_w == b->pad_w && a->dil_h == b->dil_h &&
-         a->dil_w == b->dil_w && a->channels_last == b->channels_last;
+         a->out_ch == b->out_ch && a->kh == b->kh && a->kw == b->kw && a->out_h == b->out_h && a->out_w == b->out_w &&
+         a->stride_h == b->stride_h && a->stride_w == b->stride_w && a->pad_h == b->pad_h && a->pad_w == b->pad_w &&
+         a->dil_h == b->dil_h && a->dil_w == b->dil_w && a->channels_last == b->channels_last;
 }
 
 static AlgoCacheEntry *algo_cache_entry(const ConvGeom *g, bool deterministic, ConvMath math) {
@@ -236,13 +228,13 @@ static void choose(const ConvDescs &d, ConvPass p, bool deterministic, int *algo
     n = append_ranked(d, p, perf, returned, opts, n);
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w,
-                                                              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, perf));
+    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        h, d.x, d.y, d.conv, d.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, perf));
     n = append_ranked(d, p, perf, returned, opts, n);
   }
   int k = conv_algo_pick(opts, n, deterministic, cudnn_workspace_limit());
-  DETR_CHECK(k >= 0, "conv2d (cuDNN): no %s%s algorithm supports this geometry",
-             deterministic ? "deterministic " : "", PASS_NAME[p]);
+  DETR_CHECK(k >= 0, "conv2d (cuDNN): no %s%s algorithm supports this geometry", deterministic ? "deterministic " : "",
+             PASS_NAME[p]);
   *algo = opts[k].algo;
   *algo_bytes = opts[k].bytes;
 }
@@ -431,8 +423,8 @@ static void check_workspace(const char *pass, size_t need, void *ws, size_t have
 // --- bias ---
 
 // y [B, O, S] (channels last: [B, S, O]) += bias [O], S = HO * WO.
-__global__ void conv_bias_forward_kernel(float *y, const float *bias, int64_t total, int64_t out_ch,
-                                         int64_t spatial, int channels_last) {
+__global__ void conv_bias_forward_kernel(float *y, const float *bias, int64_t total, int64_t out_ch, int64_t spatial,
+                                         int channels_last) {
   GRID_STRIDE_LOOP(i, total) y[i] += bias[channels_last ? i % out_ch : (i / spatial) % out_ch];
 }
 
@@ -440,8 +432,8 @@ __global__ void conv_bias_forward_kernel(float *y, const float *bias, int64_t to
 // thread t sums the flattened (b, s) positions t, t + DETR_BLOCK, ... (adjacent threads read
 // adjacent floats of a plane), then a fixed tree adds the partials: no atomics, the same result
 // on every run. Double accumulation, as the CPU's.
-__global__ void conv_bias_backward_kernel(const float *dy, float *dbias, int64_t batch,
-                                          int64_t out_ch, int64_t spatial, int channels_last) {
+__global__ void conv_bias_backward_kernel(const float *dy, float *dbias, int64_t batch, int64_t out_ch, int64_t spatial,
+                                          int channels_last) {
   __shared__ double partial[DETR_BLOCK];  // blockDim.x == DETR_BLOCK, a power of two
   int64_t per_channel = batch * spatial;
   for (int64_t o = blockIdx.x; o < out_ch; o += gridDim.x) {
@@ -461,8 +453,8 @@ __global__ void conv_bias_backward_kernel(const float *dy, float *dbias, int64_t
   }
 }
 
-extern "C" void cuda_conv2d_forward(const float *x, const float *w, const float *bias, float *y,
-                                    const ConvGeom *g, void *workspace, size_t workspace_bytes) {
+extern "C" void cuda_conv2d_forward(const float *x, const float *w, const float *bias, float *y, const ConvGeom *g,
+                                    void *workspace, size_t workspace_bytes) {
   int64_t total = conv_output_numel(g);
   if (total == 0) return;
   if (g->in_ch == 0) {  // an empty sum (cuDNN rejects C = 0): zeros, then the bias, as the CPU
@@ -475,7 +467,7 @@ extern "C" void cuda_conv2d_forward(const float *x, const float *w, const float 
     ConvDescs d(g, e->math);
     cudnnConvolutionFwdAlgo_t algo = (cudnnConvolutionFwdAlgo_t)e->fwd;
     const float one = 1.0f, zero = 0.0f;  // beta = 0: y is overwritten
-    if (e->math == CONV_MATH_BF16) {  // x', w' (KRSC when channels last) and y' at the workspace's start
+    if (e->math == CONV_MATH_BF16) {      // x', w' (KRSC when channels last) and y' at the workspace's start
       uint16_t *xb = (uint16_t *)workspace, *wb = (uint16_t *)((char *)xb + bf16_bytes(conv_input_numel(g)));
       uint16_t *yb = (uint16_t *)((char *)wb + bf16_bytes(conv_weight_numel(g)));
       cuda_to_bf16(x, xb, conv_input_numel(g));
@@ -495,16 +487,16 @@ extern "C" void cuda_conv2d_forward(const float *x, const float *w, const float 
   }
   if (bias) {
     int64_t spatial = g->out_h * g->out_w;
-    conv_bias_forward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0,
-                               detr_cuda_stream()>>>(y, bias, total, g->out_ch, spatial, g->channels_last);
+    conv_bias_forward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
+        y, bias, total, g->out_ch, spatial, g->channels_last);
     CUDA_CHECK_LAUNCH("conv_bias_forward_kernel");
   }
 }
 
 // dx [B, C, H, W] += conv^T(dy) (set_dx: =), dw [O, C, KH, KW] += dy (*) x (set_dw: =); either may
 // be NULL.
-static void conv_backward_cudnn(const float *x, const float *w, const float *dy, float *dx, bool set_dx,
-                                float *dw, bool set_dw, const ConvGeom *g, void *ws, size_t ws_bytes) {
+static void conv_backward_cudnn(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
+                                bool set_dw, const ConvGeom *g, void *ws, size_t ws_bytes) {
   AlgoCacheEntry *e = conv_choose(g, false, dx != NULL, dw != NULL);
   ConvDescs d(g, e->math);
   cudnnHandle_t h = detr_cudnn_handle();
@@ -512,8 +504,11 @@ static void conv_backward_cudnn(const float *x, const float *w, const float *dy,
   size_t copies = backward_copies(g, e->math, dx != NULL, dw != NULL);
   char *algo_ws = (char *)ws + copies;
   size_t algo_bytes = ws_bytes >= copies ? ws_bytes - copies : 0;
-  if (copies) DETR_CHECK(copies <= ws_bytes && ws, "conv2d (cuDNN) backward: the weight copies need %zu bytes of "
-                         "workspace, %zu given (cuda_conv2d_backward_workspace)", copies, ws ? ws_bytes : 0);
+  if (copies)
+    DETR_CHECK(copies <= ws_bytes && ws,
+               "conv2d (cuDNN) backward: the weight copies need %zu bytes of "
+               "workspace, %zu given (cuda_conv2d_backward_workspace)",
+               copies, ws ? ws_bytes : 0);
   if (e->math == CONV_MATH_BF16) {  // dy', then w' and dx', then x' and dw' (backward_copies' order)
     int64_t nx = conv_input_numel(g), nw = conv_weight_numel(g);
     char *next = (char *)ws;
@@ -534,10 +529,9 @@ static void conv_backward_cudnn(const float *x, const float *w, const float *dy,
       uint16_t *xb = (uint16_t *)next, *dwb = (uint16_t *)(next + bf16_bytes(nx));
       cuda_to_bf16(x, xb, nx);
       check_workspace("backward-filter", e->bwd_filter_bytes, algo_ws, algo_bytes);
-      CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, d.x, xb, d.y, dyb, d.conv,
-                                                 (cudnnConvolutionBwdFilterAlgo_t)e->bwd_filter,
-                                                 e->bwd_filter_bytes ? algo_ws : NULL, e->bwd_filter_bytes, &zero,
-                                                 d.w, dwb));
+      CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+          h, &one, d.x, xb, d.y, dyb, d.conv, (cudnnConvolutionBwdFilterAlgo_t)e->bwd_filter,
+          e->bwd_filter_bytes ? algo_ws : NULL, e->bwd_filter_bytes, &zero, d.w, dwb));
       weight_bf16(g, dw, dwb, false, set_dw);  // dw (+)= dw' (from KRSC order when channels last)
     }
     return;
@@ -553,23 +547,21 @@ static void conv_backward_cudnn(const float *x, const float *w, const float *dy,
   if (wk_bytes && dw) dwk = (float *)((char *)ws + (dx ? wk_bytes : 0));
   if (dx) {
     check_workspace("backward-data", e->bwd_data_bytes, algo_ws, algo_bytes);
-    CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w, wk, d.y, dy, d.conv,
-                                             (cudnnConvolutionBwdDataAlgo_t)e->bwd_data,
-                                             e->bwd_data_bytes ? algo_ws : NULL, e->bwd_data_bytes,
-                                             set_dx ? &zero : &one, d.x, dx));
+    CUDNN_CHECK(cudnnConvolutionBackwardData(
+        h, &one, d.w, wk, d.y, dy, d.conv, (cudnnConvolutionBwdDataAlgo_t)e->bwd_data,
+        e->bwd_data_bytes ? algo_ws : NULL, e->bwd_data_bytes, set_dx ? &zero : &one, d.x, dx));
   }
   if (dw) {
     check_workspace("backward-filter", e->bwd_filter_bytes, algo_ws, algo_bytes);
-    CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, d.x, x, d.y, dy, d.conv,
-                                               (cudnnConvolutionBwdFilterAlgo_t)e->bwd_filter,
-                                               e->bwd_filter_bytes ? algo_ws : NULL, e->bwd_filter_bytes,
-                                               set_dw || wk_bytes ? &zero : &one, d.w, dwk));
+    CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+        h, &one, d.x, x, d.y, dy, d.conv, (cudnnConvolutionBwdFilterAlgo_t)e->bwd_filter,
+        e->bwd_filter_bytes ? algo_ws : NULL, e->bwd_filter_bytes, set_dw || wk_bytes ? &zero : &one, d.w, dwk));
     if (wk_bytes) weight_krsc(g, dw, dwk, false, set_dw);  // dw (+)= the KRSC result
   }
 }
 
-extern "C" void cuda_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, bool set_dx,
-                                     float *dw, bool set_dw, float *dbias, const ConvGeom *g, void *workspace,
+extern "C" void cuda_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
+                                     bool set_dw, float *dbias, const ConvGeom *g, void *workspace,
                                      size_t workspace_bytes) {
   if (!dx && !dw && !dbias) return;
   if (conv_output_numel(g) == 0 || g->in_ch == 0) {  // no terms: a gradient to be written is zero
@@ -582,8 +574,8 @@ extern "C" void cuda_conv2d_backward(const float *x, const float *w, const float
   if (dx || dw) conv_backward_cudnn(x, w, dy, dx, set_dx, dw, set_dw, g, workspace, workspace_bytes);
   if (dbias) {
     unsigned int grid = (unsigned int)(g->out_ch < 65535 ? g->out_ch : 65535);
-    conv_bias_backward_kernel<<<grid, DETR_BLOCK, 0, detr_cuda_stream()>>>(
-        dy, dbias, g->batch, g->out_ch, g->out_h * g->out_w, g->channels_last);
+    conv_bias_backward_kernel<<<grid, DETR_BLOCK, 0, detr_cuda_stream()>>>(dy, dbias, g->batch, g->out_ch,
+                                                                           g->out_h * g->out_w, g->channels_last);
     CUDA_CHECK_LAUNCH("conv_bias_backward_kernel");
   }
 }
@@ -692,7 +684,7 @@ extern "C" void cuda_dwconv_forward(const float *x, const float *w, const float 
   int64_t total = g->planes * g->H * g->W;
   if (total <= 0) return;
   dwconv_forward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(x, w, bias, y, *g,
-                                                                                                   total);
+                                                                                                  total);
   CUDA_CHECK_LAUNCH("dwconv_forward_kernel");
 }
 
@@ -724,8 +716,8 @@ extern "C" void cuda_maxpool2d_forward(const float *x, float *y, int32_t *argmax
   check_plane_index(g, "cuda_maxpool2d_forward");
   int64_t total = g->batch * g->in_ch * g->out_h * g->out_w;
   if (total <= 0) return;
-  maxpool2d_forward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
-      x, y, argmax, *g, total);
+  maxpool2d_forward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(x, y, argmax, *g,
+                                                                                                     total);
   CUDA_CHECK_LAUNCH("maxpool2d_forward_kernel");
 }
 
@@ -733,16 +725,16 @@ extern "C" void cuda_maxpool2d_backward(const float *dy, const int32_t *argmax, 
   check_plane_index(g, "cuda_maxpool2d_backward");
   int64_t total = g->batch * g->in_ch * g->in_h * g->in_w;
   if (total <= 0 || g->out_h <= 0 || g->out_w <= 0) return;
-  maxpool2d_backward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
-      dy, argmax, dx, *g, total);
+  maxpool2d_backward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(dy, argmax, dx,
+                                                                                                      *g, total);
   CUDA_CHECK_LAUNCH("maxpool2d_backward_kernel");
 }
 
 // --- frozen batch norm: y = x * scale[c] + shift[c] (kernels/norm_math.h) ---
 
 // scale [C] (kept for backward).
-__global__ void frozen_bn_scale_kernel(const float *weight, const float *bias, const float *mean,
-                                       const float *var, float eps, float *scale, int64_t channels) {
+__global__ void frozen_bn_scale_kernel(const float *weight, const float *bias, const float *mean, const float *var,
+                                       float eps, float *scale, int64_t channels) {
   GRID_STRIDE_LOOP(c, channels) {
     float shift;
     frozen_bn_scale_shift(weight[c], bias[c], mean[c], var[c], eps, &scale[c], &shift);
@@ -752,9 +744,9 @@ __global__ void frozen_bn_scale_kernel(const float *weight, const float *bias, c
 // x, y [B, C, S]: each element recomputes its channel's scale and shift (a few flops; the kernel
 // is bound by memory traffic), as the CPU recomputes them per (b, c) plane. residual (or NULL) and
 // relu: the fused add and ReLU of op_frozen_batchnorm2d_act.
-__global__ void frozen_bn_forward_kernel(const float *x, const float *weight, const float *bias,
-                                         const float *mean, const float *var, float eps, const float *residual,
-                                         bool relu, float *y, int64_t channels, int64_t spatial, int64_t total) {
+__global__ void frozen_bn_forward_kernel(const float *x, const float *weight, const float *bias, const float *mean,
+                                         const float *var, float eps, const float *residual, bool relu, float *y,
+                                         int64_t channels, int64_t spatial, int64_t total) {
   GRID_STRIDE_LOOP(i, total) {
     int64_t c = (i / spatial) % channels;
     float s, t;
@@ -774,8 +766,8 @@ extern "C" void cuda_frozen_bn_forward(const float *x, const float *weight, cons
                                        int64_t spatial) {
   if (channels <= 0) return;
   cudaStream_t stream = detr_cuda_stream();
-  frozen_bn_scale_kernel<<<detr_grid_size(channels, DETR_BLOCK), DETR_BLOCK, 0, stream>>>(
-      weight, bias, mean, var, eps, scale, channels);
+  frozen_bn_scale_kernel<<<detr_grid_size(channels, DETR_BLOCK), DETR_BLOCK, 0, stream>>>(weight, bias, mean, var, eps,
+                                                                                          scale, channels);
   CUDA_CHECK_LAUNCH("frozen_bn_scale_kernel");
   int64_t total = batch * channels * spatial;
   if (total <= 0) return;
@@ -804,8 +796,8 @@ __global__ void frozen_bn_backward_kernel(const uint8_t *relu_mask, const float 
   }
 }
 
-extern "C" void cuda_frozen_bn_backward(const uint8_t *relu_mask, const float *dy, const float *scale, bool relu, float *dx,
-                                        bool set_dx, float *dresidual, bool set_dresidual, int64_t batch,
+extern "C" void cuda_frozen_bn_backward(const uint8_t *relu_mask, const float *dy, const float *scale, bool relu,
+                                        float *dx, bool set_dx, float *dresidual, bool set_dresidual, int64_t batch,
                                         int64_t channels, int64_t spatial) {
   int64_t total = batch * channels * spatial;
   if (total <= 0 || (!dx && !dresidual)) return;

@@ -88,8 +88,8 @@ TWIN_GEMM_BF16(cuda)
 // DETR_CUDNN_WORKSPACE_MB, and cached per geometry by the size query.
 size_t cuda_conv2d_forward_workspace(const ConvGeom *g);
 size_t cuda_conv2d_backward_workspace(const ConvGeom *g, bool dx, bool dw);
-void cuda_conv2d_forward(const float *x, const float *w, const float *bias, float *y,
-                         const ConvGeom *g, void *workspace, size_t workspace_bytes);
+void cuda_conv2d_forward(const float *x, const float *w, const float *bias, float *y, const ConvGeom *g,
+                         void *workspace, size_t workspace_bytes);
 // set_dx, set_dw: dx, dw are written (their old contents ignored) instead of accumulated into, as
 // cpu_conv2d_backward.
 void cuda_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
@@ -110,9 +110,8 @@ void cuda_index_add(const float *dy, const int64_t *offsets, const int64_t *posi
 // loss.cu (the boxes: TWIN_BOXES below). targets [rows] int64 and the scalars loss [1], dloss [1] are device memory.
 void cuda_cross_entropy_forward(const float *logits, const int64_t *targets, const float *weight, float *lse,
                                 float *loss, int64_t rows, int64_t classes);
-void cuda_cross_entropy_backward(const float *logits, const int64_t *targets, const float *weight,
-                                 const float *lse, const float *dloss, float *dlogits, int64_t rows,
-                                 int64_t classes);
+void cuda_cross_entropy_backward(const float *logits, const int64_t *targets, const float *weight, const float *lse,
+                                 const float *dloss, float *dlogits, int64_t rows, int64_t classes);
 void cuda_focal_loss_forward(const float *logits, const int64_t *targets, float *loss, int64_t rows, int64_t classes,
                              float alpha, float gamma);
 void cuda_focal_loss_backward(const float *logits, const int64_t *targets, const float *dloss, float *dlogits,

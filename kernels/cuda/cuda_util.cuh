@@ -8,11 +8,10 @@
 #include "kernels/common.h"
 
 // Every status is checked; a failure stops the process with file:line, the call and the reason.
-#define CUDA_CHECK(call)                                                               \
-  do {                                                                                 \
-    cudaError_t err_ = (call);                                                         \
-    if (err_ != cudaSuccess)                                                           \
-      detr_fail(__FILE__, __LINE__, "%s failed: %s", #call, cudaGetErrorString(err_)); \
+#define CUDA_CHECK(call)                                                                                      \
+  do {                                                                                                        \
+    cudaError_t err_ = (call);                                                                                \
+    if (err_ != cudaSuccess) detr_fail(__FILE__, __LINE__, "%s failed: %s", #call, cudaGetErrorString(err_)); \
   } while (0)
 
 #define CUBLAS_CHECK(call)                                                               \
@@ -22,21 +21,19 @@
       detr_fail(__FILE__, __LINE__, "%s failed: %s", #call, cublasGetStatusString(st_)); \
   } while (0)
 
-#define CUDNN_CHECK(call)                                                              \
-  do {                                                                                 \
-    cudnnStatus_t st_ = (call);                                                        \
-    if (st_ != CUDNN_STATUS_SUCCESS)                                                   \
-      detr_fail(__FILE__, __LINE__, "%s failed: %s", #call, cudnnGetErrorString(st_)); \
+#define CUDNN_CHECK(call)                                                                                             \
+  do {                                                                                                                \
+    cudnnStatus_t st_ = (call);                                                                                       \
+    if (st_ != CUDNN_STATUS_SUCCESS) detr_fail(__FILE__, __LINE__, "%s failed: %s", #call, cudnnGetErrorString(st_)); \
   } while (0)
 
 // After every <<<...>>>: launch errors (bad configuration, no kernel image for this GPU) are only
 // reported by cudaGetLastError; errors during execution surface at the next synchronising call.
-#define CUDA_CHECK_LAUNCH(kernel_name)                                      \
-  do {                                                                      \
-    cudaError_t err_ = cudaGetLastError();                                  \
-    if (err_ != cudaSuccess)                                                \
-      detr_fail(__FILE__, __LINE__, "launch of %s failed: %s", kernel_name, \
-                cudaGetErrorString(err_));                                  \
+#define CUDA_CHECK_LAUNCH(kernel_name)                                                                 \
+  do {                                                                                                 \
+    cudaError_t err_ = cudaGetLastError();                                                             \
+    if (err_ != cudaSuccess)                                                                           \
+      detr_fail(__FILE__, __LINE__, "launch of %s failed: %s", kernel_name, cudaGetErrorString(err_)); \
   } while (0)
 
 // The one stream all work is queued on (created on first use), and the cuBLAS / cuDNN handles
@@ -60,16 +57,15 @@ static inline unsigned int detr_grid_size(int64_t n, int block) {
 }
 
 // A grid-stride loop with 64-bit indices: i visits every index in [0, n) exactly once.
-#define GRID_STRIDE_LOOP(i, n)                                              \
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
-       i += (int64_t)blockDim.x * gridDim.x)
+#define GRID_STRIDE_LOOP(i, n) \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)blockDim.x * gridDim.x)
 
 // Queues kernel(args...) over a GRID_STRIDE_LOOP of n > 0 items (DETR_BLOCK threads a block, on
 // the stream) and checks the launch: the launch of every one-item-per-thread kernel.
-#define LAUNCH_GRID_STRIDE(kernel, n, ...)                                                        \
-  do {                                                                                            \
+#define LAUNCH_GRID_STRIDE(kernel, n, ...)                                                       \
+  do {                                                                                           \
     kernel<<<detr_grid_size((n), DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(__VA_ARGS__); \
-    CUDA_CHECK_LAUNCH(#kernel);                                                                   \
+    CUDA_CHECK_LAUNCH(#kernel);                                                                  \
   } while (0)
 
 // A grid-stride loop over blocks: block b visits items b, b + gridDim.x, ... (one item per block
@@ -77,9 +73,7 @@ static inline unsigned int detr_grid_size(int64_t n, int block) {
 #define BLOCK_STRIDE_LOOP(i, n) for (int64_t i = blockIdx.x; i < (n); i += gridDim.x)
 
 // Blocks for a BLOCK_STRIDE_LOOP over n items (at most 65535; the loop covers the rest).
-static inline unsigned int detr_block_grid(int64_t n) {
-  return (unsigned int)(n < 65535 ? (n > 0 ? n : 1) : 65535);
-}
+static inline unsigned int detr_block_grid(int64_t n) { return (unsigned int)(n < 65535 ? (n > 0 ? n : 1) : 65535); }
 
 // Block-wide reduction in a fixed order: every thread passes one value, a shared-memory tree
 // combines them (thread t with t + k for k = BLOCK/2, ..., 1), and every thread gets the result.
@@ -102,7 +96,9 @@ __device__ inline T block_reduce(T v, Op op) {
 
 struct SumOp {
   template <typename T>
-  __device__ T operator()(T a, T b) const { return a + b; }
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
 };
 // Max that never picks a NaN (b > a is false for NaN), as the CPU's `if (v > max) max = v`.
 struct MaxOp {
@@ -113,6 +109,10 @@ struct OrOp {
 };
 
 template <int BLOCK>
-__device__ inline double block_sum(double v) { return block_reduce<BLOCK>(v, SumOp()); }
+__device__ inline double block_sum(double v) {
+  return block_reduce<BLOCK>(v, SumOp());
+}
 template <int BLOCK>
-__device__ inline float block_max(float v) { return block_reduce<BLOCK>(v, MaxOp()); }
+__device__ inline float block_max(float v) {
+  return block_reduce<BLOCK>(v, MaxOp());
+}

@@ -80,8 +80,8 @@ extern "C" void cuda_enact_cluster_backward(const float *K, const float *V, cons
                                             float *dK, float *dV, float *dH) {
   if (L == 0 || d == 0) return;
   if (dK || dV) {
-    enact_cluster_backward_kv_kernel<<<region_grid(L, d), dim3(ENACT_BLOCK_X, ENACT_BLOCK_Y), 0,
-                                       detr_cuda_stream()>>>(H, signs, starts, lengths, L, d, dKc, dVc, dK, dV);
+    enact_cluster_backward_kv_kernel<<<region_grid(L, d), dim3(ENACT_BLOCK_X, ENACT_BLOCK_Y), 0, detr_cuda_stream()>>>(
+        H, signs, starts, lengths, L, d, dKc, dVc, dK, dV);
     CUDA_CHECK_LAUNCH("enact_cluster_backward_kv_kernel");
   }
   if (dH) {
@@ -123,8 +123,7 @@ __global__ void enact_smooth_gather_kernel(const float *x, float *tmp, int64_t B
 
 // 1-D, second pass: y at valid pixel i += the filter along the sequence tmp[b, 0 .. h*w).
 __global__ void enact_smooth_seq_kernel(const float *tmp, float *y, int64_t B, int64_t N, int64_t Wp,
-                                        const int64_t *valid_h, const int64_t *valid_w, const float *taps,
-                                        int64_t r) {
+                                        const int64_t *valid_h, const int64_t *valid_w, const float *taps, int64_t r) {
   int64_t total = B * N;
   GRID_STRIDE_LOOP(e, total) {
     int64_t b = e / N, i = e % N, w = valid_w[b], n = valid_h[b] * w;
@@ -133,9 +132,8 @@ __global__ void enact_smooth_seq_kernel(const float *tmp, float *y, int64_t B, i
   }
 }
 
-extern "C" void cuda_enact_smooth(const float *x, float *y, int64_t B, int64_t Hp, int64_t Wp,
-                                  const int64_t *valid_h, const int64_t *valid_w, const float *taps, int64_t ntaps,
-                                  bool two_d, float *tmp) {
+extern "C" void cuda_enact_smooth(const float *x, float *y, int64_t B, int64_t Hp, int64_t Wp, const int64_t *valid_h,
+                                  const int64_t *valid_w, const float *taps, int64_t ntaps, bool two_d, float *tmp) {
   DETR_CHECK(ntaps % 2 == 1, "cuda_enact_smooth: %lld taps, expected an odd count", (long long)ntaps);
   int64_t N = Hp * Wp, total = B * N, r = ntaps / 2;
   if (total <= 0) return;

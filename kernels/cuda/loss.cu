@@ -9,8 +9,8 @@
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/loss_math.h"
 
-#define ROW_BLOCK 128   // threads per row of logits (classes: 8 .. 92)
-#define SUM_BLOCK 256   // threads of the one-block sums
+#define ROW_BLOCK 128  // threads per row of logits (classes: 8 .. 92)
+#define SUM_BLOCK 256  // threads of the one-block sums
 
 // --- weighted cross-entropy ---
 
@@ -42,8 +42,8 @@ __global__ void cross_entropy_loss_kernel(const float *logits, const int64_t *ta
   if (threadIdx.x == 0) loss[0] = (float)(l / wsum);
 }
 
-extern "C" void cuda_cross_entropy_forward(const float *logits, const int64_t *targets, const float *weight,
-                                           float *lse, float *loss, int64_t rows, int64_t classes) {
+extern "C" void cuda_cross_entropy_forward(const float *logits, const int64_t *targets, const float *weight, float *lse,
+                                           float *loss, int64_t rows, int64_t classes) {
   DETR_CHECK(rows > 0 && classes > 0, "cuda_cross_entropy_forward: %lld rows of %lld classes", (long long)rows,
              (long long)classes);
   cudaStream_t stream = detr_cuda_stream();
@@ -93,7 +93,8 @@ __global__ void focal_loss_forward_kernel(const float *logits, const int64_t *ta
 
 extern "C" void cuda_focal_loss_forward(const float *logits, const int64_t *targets, float *loss, int64_t rows,
                                         int64_t classes, float alpha, float gamma) {
-  focal_loss_forward_kernel<<<1, SUM_BLOCK, 0, detr_cuda_stream()>>>(logits, targets, loss, rows, classes, alpha, gamma);
+  focal_loss_forward_kernel<<<1, SUM_BLOCK, 0, detr_cuda_stream()>>>(logits, targets, loss, rows, classes, alpha,
+                                                                     gamma);
   CUDA_CHECK_LAUNCH("focal_loss_forward_kernel");
 }
 

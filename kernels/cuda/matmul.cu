@@ -21,8 +21,7 @@
 #include "kernels/cuda/cuda_util.cuh"
 
 static int to_int(int64_t v, const char *what) {
-  DETR_CHECK(v >= 0 && v <= INT_MAX, "cuda_gemm: %s = %lld does not fit cuBLAS's int", what,
-             (long long)v);
+  DETR_CHECK(v >= 0 && v <= INT_MAX, "cuda_gemm: %s = %lld does not fit cuBLAS's int", what, (long long)v);
   return (int)v;
 }
 
@@ -74,8 +73,8 @@ static void bf16_operands(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
 
 // k == 0: op(A) op(B) is empty, C = beta C; beta == 0 writes zeros (never 0 * NaN), as cpu_gemm.
 // c [m rows, ldc apart][n] in each of `batch` matrices stride_c apart.
-__global__ void gemm_scale_kernel(float *c, int64_t m, int64_t n, int64_t ldc, int64_t stride_c,
-                                  int64_t batch, float beta) {
+__global__ void gemm_scale_kernel(float *c, int64_t m, int64_t n, int64_t ldc, int64_t stride_c, int64_t batch,
+                                  float beta) {
   int64_t total = batch * m * n;
   GRID_STRIDE_LOOP(i, total) {
     int64_t bi = i / (m * n), r = (i / n) % m, col = i % n;
@@ -84,12 +83,11 @@ __global__ void gemm_scale_kernel(float *c, int64_t m, int64_t n, int64_t ldc, i
   }
 }
 
-static void gemm_scale(float *c, int64_t m, int64_t n, int64_t ldc, int64_t stride_c, int64_t batch,
-                       float beta) {
+static void gemm_scale(float *c, int64_t m, int64_t n, int64_t ldc, int64_t stride_c, int64_t batch, float beta) {
   if (beta == 1.0f) return;
   int64_t total = batch * m * n;
-  gemm_scale_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
-      c, m, n, ldc, stride_c, batch, beta);
+  gemm_scale_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(c, m, n, ldc, stride_c,
+                                                                                              batch, beta);
   CUDA_CHECK_LAUNCH("gemm_scale_kernel");
 }
 
@@ -103,9 +101,8 @@ static void gemm_ex_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64
                             CUDA_R_32F, to_int(ldc, "ldc"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-extern "C" void cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                          const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                          float *c, int64_t ldc) {
+extern "C" void cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                          int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
     gemm_scale(c, m, n, ldc, 0, 1, beta);
@@ -120,15 +117,14 @@ extern "C" void cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
     gemm_ex_bf16(trans_a, trans_b, m, n, k, alpha, a16, lda, b16, ldb, beta, c, ldc);
     return;
   }
-  CUBLAS_CHECK(cublasSgemm(detr_cublas_handle(), op_b, op_a, to_int(n, "n"), to_int(m, "m"),
-                           to_int(k, "k"), &alpha, b, to_int(ldb, "ldb"), a, to_int(lda, "lda"),
-                           &beta, c, to_int(ldc, "ldc")));
+  CUBLAS_CHECK(cublasSgemm(detr_cublas_handle(), op_b, op_a, to_int(n, "n"), to_int(m, "m"), to_int(k, "k"), &alpha, b,
+                           to_int(ldb, "ldb"), a, to_int(lda, "lda"), &beta, c, to_int(ldc, "ldc")));
 }
 
-extern "C" void cuda_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                                  float alpha, const float *a, int64_t lda, int64_t stride_a,
-                                  const float *b, int64_t ldb, int64_t stride_b, float beta,
-                                  float *c, int64_t ldc, int64_t stride_c, int64_t batch) {
+extern "C" void cuda_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                                  const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb,
+                                  int64_t stride_b, float beta, float *c, int64_t ldc, int64_t stride_c,
+                                  int64_t batch) {
   if (m == 0 || n == 0 || batch == 0) return;
   if (k == 0) {
     gemm_scale(c, m, n, ldc, stride_c, batch, beta);
@@ -147,10 +143,10 @@ extern "C" void cuda_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t
         CUBLAS_GEMM_DEFAULT));
     return;
   }
-  CUBLAS_CHECK(cublasSgemmStridedBatched(
-      detr_cublas_handle(), op_b, op_a, to_int(n, "n"), to_int(m, "m"), to_int(k, "k"), &alpha, b,
-      to_int(ldb, "ldb"), (long long)stride_b, a, to_int(lda, "lda"), (long long)stride_a, &beta, c,
-      to_int(ldc, "ldc"), (long long)stride_c, to_int(batch, "batch")));
+  CUBLAS_CHECK(cublasSgemmStridedBatched(detr_cublas_handle(), op_b, op_a, to_int(n, "n"), to_int(m, "m"),
+                                         to_int(k, "k"), &alpha, b, to_int(ldb, "ldb"), (long long)stride_b, a,
+                                         to_int(lda, "lda"), (long long)stride_a, &beta, c, to_int(ldc, "ldc"),
+                                         (long long)stride_c, to_int(batch, "batch")));
 }
 
 // --- bf16 operands rounded once by the op (TWIN_GEMM_BF16) ---
@@ -178,17 +174,15 @@ extern "C" void cuda_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n,
 __global__ void add_row_bias_kernel(float *y, const float *bias, int64_t rows, int64_t cols, bool relu) {
   int64_t total = rows * cols;
   GRID_STRIDE_LOOP(i, total) {
-    if (relu)
-      y[i] = bias_relu_forward(y[i], bias ? bias[i % cols] : 0.0f);
-    else
-      y[i] += bias[i % cols];
+    if (relu) y[i] = bias_relu_forward(y[i], bias ? bias[i % cols] : 0.0f);
+    else y[i] += bias[i % cols];
   }
 }
 
 extern "C" void cuda_add_row_bias(float *y, const float *bias, int64_t rows, int64_t cols, bool relu) {
   if (rows <= 0 || cols <= 0) return;
-  add_row_bias_kernel<<<detr_grid_size(rows * cols, DETR_BLOCK), DETR_BLOCK, 0,
-                        detr_cuda_stream()>>>(y, bias, rows, cols, relu);
+  add_row_bias_kernel<<<detr_grid_size(rows * cols, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(y, bias, rows,
+                                                                                                      cols, relu);
   CUDA_CHECK_LAUNCH("add_row_bias_kernel");
 }
 
@@ -215,11 +209,9 @@ extern "C" void cuda_relu_row_bias_backward(const float *y, const float *dy, flo
 #define BIAS_TILE_Y 16
 
 // dy [rows, cols]; dbias [cols] += sum over rows.
-__global__ void row_bias_backward_kernel(const float *dy, float *dbias, int64_t rows,
-                                         int64_t cols) {
+__global__ void row_bias_backward_kernel(const float *dy, float *dbias, int64_t rows, int64_t cols) {
   __shared__ double partial[BIAS_TILE_Y][BIAS_TILE_X];
-  for (int64_t col0 = (int64_t)blockIdx.x * BIAS_TILE_X; col0 < cols;
-       col0 += (int64_t)gridDim.x * BIAS_TILE_X) {
+  for (int64_t col0 = (int64_t)blockIdx.x * BIAS_TILE_X; col0 < cols; col0 += (int64_t)gridDim.x * BIAS_TILE_X) {
     int64_t col = col0 + threadIdx.x;
     double acc = 0.0;
     if (col < cols)
@@ -239,7 +231,6 @@ extern "C" void cuda_row_bias_backward(const float *dy, float *dbias, int64_t ro
   if (rows <= 0 || cols <= 0) return;
   int64_t tiles = (cols + BIAS_TILE_X - 1) / BIAS_TILE_X;
   unsigned int grid = (unsigned int)(tiles < 65535 ? tiles : 65535);
-  row_bias_backward_kernel<<<grid, dim3(BIAS_TILE_X, BIAS_TILE_Y), 0, detr_cuda_stream()>>>(
-      dy, dbias, rows, cols);
+  row_bias_backward_kernel<<<grid, dim3(BIAS_TILE_X, BIAS_TILE_Y), 0, detr_cuda_stream()>>>(dy, dbias, rows, cols);
   CUDA_CHECK_LAUNCH("row_bias_backward_kernel");
 }

@@ -49,9 +49,7 @@ extern "C" void cuda_sum_doubles(const double *x, int64_t n, double *out) {
 }
 
 // x [n] *= s.
-__global__ void scale_kernel(float *x, int64_t n, float s) {
-  GRID_STRIDE_LOOP(i, n) x[i] *= s;
-}
+__global__ void scale_kernel(float *x, int64_t n, float s) { GRID_STRIDE_LOOP(i, n) x[i] *= s; }
 
 extern "C" void cuda_scale(float *x, int64_t n, float s) {
   if (n <= 0) return;

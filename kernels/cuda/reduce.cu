@@ -13,8 +13,8 @@
 
 // One thread per output (o, i) of y [outer, inner]: adjacent threads read adjacent i (coalesced
 // when inner > 1).
-__global__ void reduce_sum_thread_kernel(const float *x, float *y, int64_t outer, int64_t n,
-                                         int64_t inner, float scale) {
+__global__ void reduce_sum_thread_kernel(const float *x, float *y, int64_t outer, int64_t n, int64_t inner,
+                                         float scale) {
   int64_t outputs = outer * inner;
   GRID_STRIDE_LOOP(e, outputs) {
     int64_t o = e / inner, i = e % inner;
@@ -43,8 +43,8 @@ extern "C" void cuda_reduce_sum(const float *x, float *y, int64_t outer, int64_t
   if (outputs <= 0) return;
   cudaStream_t stream = detr_cuda_stream();
   if (n <= REDUCE_THREAD_MAX_TERMS || outputs >= REDUCE_THREAD_MIN_OUTPUTS) {
-    reduce_sum_thread_kernel<<<detr_grid_size(outputs, DETR_BLOCK), DETR_BLOCK, 0, stream>>>(x, y, outer, n,
-                                                                                             inner, scale);
+    reduce_sum_thread_kernel<<<detr_grid_size(outputs, DETR_BLOCK), DETR_BLOCK, 0, stream>>>(x, y, outer, n, inner,
+                                                                                             scale);
     CUDA_CHECK_LAUNCH("reduce_sum_thread_kernel");
   } else {
     reduce_sum_block_kernel<<<detr_block_grid(outputs), REDUCE_BLOCK, 0, stream>>>(x, y, outer, n, inner, scale);
@@ -66,7 +66,7 @@ extern "C" void cuda_reduce_sum_backward(const float *dy, float *dx, int64_t out
                                          float scale) {
   int64_t total = outer * n * inner;
   if (total <= 0) return;
-  reduce_sum_backward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
-      dy, dx, outer, n, inner, scale);
+  reduce_sum_backward_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(dy, dx, outer, n,
+                                                                                                       inner, scale);
   CUDA_CHECK_LAUNCH("reduce_sum_backward_kernel");
 }

@@ -198,8 +198,7 @@ void *cuda_device_malloc(size_t bytes) {
     return NULL;
   }
   if (err != cudaSuccess)
-    detr_fail(__FILE__, __LINE__, "cudaMalloc(%zu bytes) failed: %s", bytes,
-              cudaGetErrorString(err));
+    detr_fail(__FILE__, __LINE__, "cudaMalloc(%zu bytes) failed: %s", bytes, cudaGetErrorString(err));
   return ptr;
 }
 
@@ -247,7 +246,7 @@ void cuda_memcpy_h2d_async(void *dst, const void *pinned_src, size_t bytes) {
 #define STAGING_MAX_BYTES ((size_t)512 << 20)
 
 struct StagingBlock {
-  char *host;        // pinned, `bytes` long
+  char *host;  // pinned, `bytes` long
   size_t bytes;
   cudaEvent_t done;  // recorded after the last copy out of the block
   bool queued;       // a copy was queued since the block was made (done was recorded)

@@ -10,10 +10,8 @@
 __global__ void permute_kernel(const float *x, float *y, PermuteGeom g, bool accumulate) {
   GRID_STRIDE_LOOP(i, g.numel) {
     float v = x[permute_src_offset(&g, g.ndim, i)];
-    if (accumulate)
-      y[i] += v;
-    else
-      y[i] = v;
+    if (accumulate) y[i] += v;
+    else y[i] = v;
   }
 }
 
@@ -30,26 +28,23 @@ extern "C" void cuda_permute(const float *x, float *y, int ndim, const int64_t *
 
 // dst viewed as [outer, dst_axis, inner] gets the block [outer, len, inner] of src viewed as
 // [outer, src_axis, inner]: element k of the block, total = outer * len * inner.
-__global__ void copy_axis_range_kernel(const float *src, float *dst, int64_t total, int64_t src_axis,
-                                       int64_t dst_axis, int64_t inner, int64_t src_start, int64_t dst_start,
-                                       int64_t len, bool accumulate) {
+__global__ void copy_axis_range_kernel(const float *src, float *dst, int64_t total, int64_t src_axis, int64_t dst_axis,
+                                       int64_t inner, int64_t src_start, int64_t dst_start, int64_t len,
+                                       bool accumulate) {
   GRID_STRIDE_LOOP(k, total) {
     float v = src[axis_range_offset(k, len, inner, src_axis, src_start)];
     float *d = dst + axis_range_offset(k, len, inner, dst_axis, dst_start);
-    if (accumulate)
-      *d += v;
-    else
-      *d = v;
+    if (accumulate) *d += v;
+    else *d = v;
   }
 }
 
-extern "C" void cuda_copy_axis_range(const float *src, float *dst, int64_t outer, int64_t src_axis,
-                                     int64_t dst_axis, int64_t inner, int64_t src_start, int64_t dst_start,
-                                     int64_t len, bool accumulate) {
+extern "C" void cuda_copy_axis_range(const float *src, float *dst, int64_t outer, int64_t src_axis, int64_t dst_axis,
+                                     int64_t inner, int64_t src_start, int64_t dst_start, int64_t len,
+                                     bool accumulate) {
   DETR_CHECK(src_start >= 0 && src_start + len <= src_axis && dst_start >= 0 && dst_start + len <= dst_axis,
-             "cuda_copy_axis_range: range [%lld, +%lld) -> [%lld, +%lld) outside axes %lld, %lld",
-             (long long)src_start, (long long)len, (long long)dst_start, (long long)len, (long long)src_axis,
-             (long long)dst_axis);
+             "cuda_copy_axis_range: range [%lld, +%lld) -> [%lld, +%lld) outside axes %lld, %lld", (long long)src_start,
+             (long long)len, (long long)dst_start, (long long)len, (long long)src_axis, (long long)dst_axis);
   int64_t total = outer * len * inner;
   if (total <= 0) return;
   copy_axis_range_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(
@@ -65,8 +60,7 @@ __global__ void index_select_kernel(const float *x, const int64_t *idx, float *y
 extern "C" void cuda_index_select(const float *x, const int64_t *idx, float *y, int64_t n, int64_t row) {
   int64_t total = n * row;
   if (total <= 0) return;
-  index_select_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(x, idx, y, total,
-                                                                                               row);
+  index_select_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(x, idx, y, total, row);
   CUDA_CHECK_LAUNCH("index_select_kernel");
 }
 
@@ -88,7 +82,7 @@ extern "C" void cuda_index_add(const float *dy, const int64_t *offsets, const in
                                int64_t rows, int64_t row) {
   int64_t total = rows * row;
   if (total <= 0) return;
-  index_add_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(dy, offsets, positions,
-                                                                                            dx, total, row);
+  index_add_kernel<<<detr_grid_size(total, DETR_BLOCK), DETR_BLOCK, 0, detr_cuda_stream()>>>(dy, offsets, positions, dx,
+                                                                                             total, row);
   CUDA_CHECK_LAUNCH("index_add_kernel");
 }

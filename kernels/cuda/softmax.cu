@@ -50,13 +50,12 @@ extern "C" void cuda_softmax_forward(const float *x, const float *mask, float *y
   if (rows <= 0 || n <= 0) return;
   DETR_CHECK(rows_per_mask > 0, "cuda_softmax_forward: rows_per_mask %lld", (long long)rows_per_mask);
   softmax_forward_kernel<<<detr_block_grid(rows), ROW_BLOCK, 0, detr_cuda_stream()>>>(x, mask, y, rows, n,
-                                                                                     rows_per_mask, log);
+                                                                                      rows_per_mask, log);
   CUDA_CHECK_LAUNCH("softmax_forward_kernel");
 }
 
 // y, dy, dx [rows, n]: dx += softmax'(y) dy per row (reads only the output y).
-__global__ void softmax_backward_kernel(const float *y, const float *dy, float *dx, int64_t rows, int64_t n,
-                                        bool log) {
+__global__ void softmax_backward_kernel(const float *y, const float *dy, float *dx, int64_t rows, int64_t n, bool log) {
   BLOCK_STRIDE_LOOP(r, rows) {
     const float *yr = y + r * n, *dyr = dy + r * n;
     float *dxr = dx + r * n;
@@ -80,8 +79,7 @@ __global__ void softmax_backward_kernel(const float *y, const float *dy, float *
   }
 }
 
-extern "C" void cuda_softmax_backward(const float *y, const float *dy, float *dx, int64_t rows, int64_t n,
-                                      bool log) {
+extern "C" void cuda_softmax_backward(const float *y, const float *dy, float *dx, int64_t rows, int64_t n, bool log) {
   if (rows <= 0 || n <= 0) return;
   softmax_backward_kernel<<<detr_block_grid(rows), ROW_BLOCK, 0, detr_cuda_stream()>>>(y, dy, dx, rows, n, log);
   CUDA_CHECK_LAUNCH("softmax_backward_kernel");
@@ -114,8 +112,8 @@ __global__ void layernorm_forward_kernel(const float *x, const float *w, const f
 extern "C" void cuda_layernorm_forward(const float *x, const float *w, const float *b, float *y, float *mean,
                                        float *rstd, int64_t rows, int64_t n, float eps) {
   if (rows <= 0 || n <= 0) return;
-  layernorm_forward_kernel<<<detr_block_grid(rows), ROW_BLOCK, 0, detr_cuda_stream()>>>(x, w, b, y, mean, rstd,
-                                                                                      rows, n, eps);
+  layernorm_forward_kernel<<<detr_block_grid(rows), ROW_BLOCK, 0, detr_cuda_stream()>>>(x, w, b, y, mean, rstd, rows, n,
+                                                                                        eps);
   CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
 }
 
@@ -148,8 +146,8 @@ __global__ void layernorm_backward_dx_kernel(const float *x, const float *w, con
 #define LN_TILE_X 32
 #define LN_TILE_Y 8
 
-__global__ void layernorm_backward_dwdb_kernel(const float *x, const float *mean, const float *rstd,
-                                               const float *dy, float *dw, float *db, int64_t rows, int64_t n) {
+__global__ void layernorm_backward_dwdb_kernel(const float *x, const float *mean, const float *rstd, const float *dy,
+                                               float *dw, float *db, int64_t rows, int64_t n) {
   __shared__ double pw[LN_TILE_Y][LN_TILE_X], pb[LN_TILE_Y][LN_TILE_X];
   for (int64_t col0 = (int64_t)blockIdx.x * LN_TILE_X; col0 < n; col0 += (int64_t)gridDim.x * LN_TILE_X) {
     int64_t j = col0 + threadIdx.x;
@@ -181,14 +179,13 @@ extern "C" void cuda_layernorm_backward(const float *x, const float *w, const fl
   if (rows <= 0 || n <= 0) return;
   cudaStream_t stream = detr_cuda_stream();
   if (dx) {
-    layernorm_backward_dx_kernel<<<detr_block_grid(rows), ROW_BLOCK, 0, stream>>>(x, w, mean, rstd, dy, dx, rows,
-                                                                                  n);
+    layernorm_backward_dx_kernel<<<detr_block_grid(rows), ROW_BLOCK, 0, stream>>>(x, w, mean, rstd, dy, dx, rows, n);
     CUDA_CHECK_LAUNCH("layernorm_backward_dx_kernel");
   }
   if (dw || db) {
     int64_t tiles = (n + LN_TILE_X - 1) / LN_TILE_X;
-    layernorm_backward_dwdb_kernel<<<detr_block_grid(tiles), dim3(LN_TILE_X, LN_TILE_Y), 0, stream>>>(
-        x, mean, rstd, dy, dw, db, rows, n);
+    layernorm_backward_dwdb_kernel<<<detr_block_grid(tiles), dim3(LN_TILE_X, LN_TILE_Y), 0, stream>>>(x, mean, rstd, dy,
+                                                                                                      dw, db, rows, n);
     CUDA_CHECK_LAUNCH("layernorm_backward_dwdb_kernel");
   }
 }
@@ -226,11 +223,10 @@ extern "C" void cuda_cluster_argmax(const float *x, const float *mask, float *y,
   DETR_CHECK(rows_per_mask > 0, "cuda_cluster_argmax: rows_per_mask %lld", (long long)rows_per_mask);
   cudaStream_t s = detr_cuda_stream();
   cluster_winner_kernel<<<detr_grid_size(n * l, DETR_BLOCK), DETR_BLOCK, 0, s>>>(x, mask, winners, n, q, l,
-                                                                                  rows_per_mask);
+                                                                                 rows_per_mask);
   CUDA_CHECK_LAUNCH("cluster_winner_kernel");
   cluster_count_kernel<<<detr_grid_size(n * q, DETR_BLOCK), DETR_BLOCK, 0, s>>>(winners, counts, n, q, l);
   CUDA_CHECK_LAUNCH("cluster_count_kernel");
-  cluster_weight_kernel<<<detr_grid_size(n * q * l, DETR_BLOCK), DETR_BLOCK, 0, s>>>(winners, counts, y, n, q, l,
-                                                                                      mean);
+  cluster_weight_kernel<<<detr_grid_size(n * q * l, DETR_BLOCK), DETR_BLOCK, 0, s>>>(winners, counts, y, n, q, l, mean);
   CUDA_CHECK_LAUNCH("cluster_weight_kernel");
 }
