@@ -56,7 +56,7 @@ Tensor *op_linear_relu_dropout(Tensor *x, Tensor *weight, Tensor *bias, float p,
 // --- convolution, pooling, frozen batch norm (ops_conv.c) ---
 // Channels last: activations [B, H, W, C] instead of [B, C, H, W] (the weight's layout does not
 // change). The CPU's oneDNN convolutions run on such buffers without the reorders to and from its
-// blocked layout that nchw needs on every call (bench/README.md "Channels-last backbone").
+// blocked layout that nchw needs on every call (bench/README.md#bench_ops: `--conv` against `--conv-last`).
 typedef struct {
   int stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
   bool channels_last;

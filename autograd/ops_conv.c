@@ -74,7 +74,7 @@ static void conv2d_backward_cuda(const float *x, const float *w, const float *dy
 // it buys is memory, not time: x lives on as 2 bytes an element (frozen batch norm keeps only a bit
 // mask of it), detr-r50@512's bf16 step peaks 91 MB lower; the conversions it saves were cache-hot
 // per-image copies, and the kept copy is read back from memory instead, so the step takes as long
-// (bench/README.md "bf16: convolutions round their activations once").
+// (bench/README.md#bench_step, `--precision bf16`).
 static bool conv2d_keeps_x16(const Tensor *x, const Tensor *weight, const ConvGeom *g) {
   return x->device == DEVICE_CPU && x->numel > 0 && g->out_h * g->out_w * g->out_ch > 0 && autograd_grad_enabled() &&
          weight->requires_grad && cpu_conv2d_takes_bf16(g, CONV_PASS_FWD) &&

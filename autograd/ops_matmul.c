@@ -190,8 +190,8 @@ typedef struct {
 // In bf16 mode each GEMM rounds its operands into bf16 copies: six conversions a layer, x and W
 // twice each and dy twice. Where all three GEMMs run in bf16, the forward rounds x and W once and
 // the node keeps the copies for the backward (x's in place of x itself), which rounds dy once for
-// both of its GEMMs: three conversions, the same arithmetic (bench/README.md "bf16: linear layers
-// round once"). The backward runs as its forward chose, whatever the precision then.
+// both of its GEMMs: three conversions, the same arithmetic (the bf16 step:
+// bench/README.md#bench_step). The backward runs as its forward chose, whatever the precision then.
 static bool gemm_bf16_wanted(Device dev, int64_t m, int64_t n, int64_t k) {
   bool wanted = false;
   DISPATCH(dev, wanted = cpu_gemm_bf16_wanted(m, n, k), wanted = cuda_gemm_bf16_wanted(m, n, k));

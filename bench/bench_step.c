@@ -28,8 +28,7 @@
 // --pair-fp32 (with --precision bf16): each rep runs a bf16 step and an fp32 step of the same model,
 // in turn (the order swapped every rep), and the line adds the fp32 steps, their median and the
 // ratio of each rep's bf16 step to its fp32 one: the two precisions measured seconds apart, where
-// separate runs on a shared machine meet different neighbours (bench/README.md "bf16: linear layers
-// round once").
+// separate runs on a shared machine meet different neighbours (bench/README.md#bench_step).
 // bench/compare_torch.sh runs this and bench/torch_step.py alternately.
 #include <math.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 // Unary ops on the CPU: relu, sigmoid, mul_scalar and dropout (p = 0.1) forward and backward over
-// 590k floats (the main job's first activation, 4 x 16 x 96 x 96), best of 30. bench/README.md
-// "unary loops" and "dropout":
+// 590k floats (the main job's first activation, 4 x 16 x 96 x 96), best of 30. Figures and the
+// choices they made: bench/README.md#bench_unary.
 //   OMP_NUM_THREADS=1 build/bench/bench_unary
 #include <stdio.h>
 #include <stdlib.h>

@@ -36,10 +36,10 @@
 # --precisions: detr-c once per precision in each round (bf16: the C API's sets given bf16=true, on a CPU
 # with AVX512-BF16 or AMX; reported as detr-c-bf16 - a different arithmetic from the other engines' fp32).
 # bench_serve runs in libgomp's default wait policy, as an application linking libdetr does (the
-# library sets none); --gomp-spincount N runs it with GOMP_SPINCOUNT=N instead, e.g. 1000, the setting
-# the detr tool makes for itself (kernels/cpu/cpu_runtime.c), so `detr predict`'s. Until session 23
-# this script always set 1000 (bench/README.md "Session 23": on the main job's model at 2 threads the
-# default's latency was 0.91x that in fp32, the same in bf16).
+# library sets none; on the main job's model at 2 threads the default's fp32 latency is 0.91-0.94x
+# that with a spin of 1000, bf16's about the same: bench/README.md#bench_serve); --gomp-spincount N
+# runs it with GOMP_SPINCOUNT=N instead, e.g. 1000, the setting the detr tool makes for itself
+# (kernels/cpu/cpu_runtime.c), so `detr predict`'s.
 # detr-c's time includes what its API does beyond the forward (normalising the RGB bytes, DETR's
 # post-processing, the heads of every decoder layer); ONNX Runtime's and PyTorch's are the forward on
 # a normalized tensor. ONNX Runtime in a virtual environment outside the repository:

@@ -302,7 +302,7 @@ static void build_unlocked(DataLoader *L, Slot *slot, Scratch *s) {
 
 // Workers run at background priority (SCHED_IDLE): decoding in the compute threads' idle moments
 // instead of taking their cores in the middle of a parallel loop, which stalls both threads at its
-// barrier. Measured (bench/README.md, session 12), with the consumer's takeover below: issue 18's
+// barrier. Measured (bench/README.md#main_job_speed), with the consumer's takeover below: issue 18's
 // model 256-286 -> 333-370 images/s, the main job 217-227 -> 244-263. A system that refuses
 // SCHED_IDLE leaves the workers at normal priority.
 static void *worker_main(void *arg) {

@@ -64,7 +64,7 @@ typedef struct {
   // The padded height and width are multiples of this (1: the largest image's, as the reference).
   // Random scales give almost every batch a new size, and each new size builds its oneDNN
   // convolutions anew; a multiple such as 16 leaves a few dozen sizes, each built once
-  // (bench/README.md, "the main job's training against its step"). 1..256.
+  // (bench/README.md#main_job_speed). 1..256.
   int pad_multiple;
   bool single_pass;  // end after the starting epoch (evaluation)
   uint64_t seed;

@@ -2,7 +2,7 @@
 // softmaxes' exponentials (kernels/norm_math.h's softmax_exp), CPU and CUDA alike. glibc's expf is
 // a call per element that GCC cannot vectorize; in the encoder's attention softmax (8 heads x N^2
 // per layer, N = 850 at 800x1066) it was 3.5% of a DETR-R50 forward and the loop around it 5%
-// (bench/README.md "Serving").
+// (bench/README.md#bench_serve).
 //
 // Cephes' expf: x = n ln2 + r with n = round(x / ln2) and |r| <= ln2 / 2 (ln2 in two parts, so that
 // n * ln2_hi is exact), e^r by a degree-7 polynomial, times 2^n built in the exponent bits - as two

@@ -140,7 +140,7 @@ void resnet_calibrate(ResNet *r, Tensor *x) {
 }
 
 // Each norm fused with the ReLU and residual add after it (op_frozen_batchnorm2d_act): the same
-// floats as the separate ops, in a third of the memory passes (bench/README.md, "fusions").
+// floats as the separate ops, in a third of the memory passes (bench/README.md#bench_step).
 Tensor *resblock_forward(const ResBlock *b, Tensor *x) {
   Tensor *out = frozen_bn_act_forward(&b->bn1, conv2d_forward(&b->conv1, x), NULL, true);
   out = conv2d_forward(&b->conv2, out);

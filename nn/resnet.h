@@ -6,7 +6,7 @@
 // are permuted once on the way in), which lets the CPU's oneDNN convolutions work on the tensors
 // themselves instead of reordering to and from their blocked layout around every call; max-pool
 // and the frozen batch norms take the same layout. Weights keep torch's [O, C, KH, KW], so
-// checkpoints and the parity tools see no difference (bench/README.md "Channels-last backbone").
+// checkpoints and the parity tools see no difference (bench/README.md#bench_ops: `--conv-last`).
 #pragma once
 #include "nn/layers.h"
 

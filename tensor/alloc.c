@@ -57,7 +57,7 @@ static DeviceCache caches[DEVICE_COUNT] = {{.lock = PTHREAD_MUTEX_INITIALIZER}, 
 // backward with 120 MB free in it); with the arena from 1 MiB, 1023 MB in every run; from 64 KiB
 // (the cache had held 68 MB of blocks of 64 KiB - 1 MiB idle at the step's peak), with the
 // dropout fusions of autograd/ops_matmul.c, 931 MB instead of 989. R18@320 270 -> 241 MB. Step
-// times the same in each pair, the main job's too (bench/README.md, session 13). Smaller blocks
+// times the same in each pair, the main job's too (bench/README.md#bench_step). Smaller blocks
 // stay cached: a page each would waste more than their size classes do. Where the range cannot be
 // reserved, or is full, the C library serves these blocks.
 #define ARENA_MIN_BYTES ((size_t)64 << 10)

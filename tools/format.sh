@@ -17,10 +17,9 @@ if [ "$major" != 14 ]; then
 fi
 mapfile -t files < <(git ls-files '*.c' '*.h' '*.cu' '*.cuh' | grep -v '^tests/fixtures/')
 if [ "$mode" = --check ]; then
-  bad=()
-  for f in "${files[@]}"; do
-    clang-format --style=file "$f" | cmp -s - "$f" || bad+=("$f")
-  done
+  # shellcheck disable=SC2016
+  mapfile -t bad < <(printf '%s\0' "${files[@]}" | xargs -0 -n 8 -P "$(nproc)" sh -c \
+    'for f; do clang-format --style=file "$f" | cmp -s - "$f" || echo "$f"; done' sh | sort)
   if [ ${#bad[@]} -gt 0 ]; then
     printf 'format: %s is not laid out as .clang-format says\n' "${bad[@]}" >&2
     echo "format: ${#bad[@]} of ${#files[@]} files differ; run bash tools/format.sh to rewrite them" >&2

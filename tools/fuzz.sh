@@ -64,8 +64,9 @@ fi
 mkdir -p build-fuzz/logs
 summary=build-fuzz/logs/summary.txt
 printf '%-17s %-6s %10s %7s %7s %8s %7s\n' harness result execs exec/s cov ft corpus >"$summary"
-failed=()
-for h in "${HARNESSES[@]}"; do
+# One harness: its run, then its summary row (and the lines of a failure) in build-fuzz/logs/<h>.row.
+fuzz_one() {
+  local h=$1 work art log rc
   if [ "$mode" = smoke ]; then
     work=build-fuzz/corpus-smoke/$h
     rm -rf "$work"
@@ -84,23 +85,41 @@ for h in "${HARNESSES[@]}"; do
     ${FUZZ_ARGS:-} "$work" fuzz/corpus/"$h" >"$log" 2>&1
   rc=$?
   set -e
+  local execs rate last cov ft files result=ok
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
   last=$(grep -E '^#[0-9]+.*cov: ' "$log" | tail -1 || true)
   cov=$(sed -n 's/.*cov: \([0-9]*\).*/\1/p' <<<"$last")
   ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")
   files=$(find "$work" fuzz/corpus/"$h" -type f | wc -l)
-  result=ok
-  if [ $rc -ne 0 ]; then
-    result=FAIL
-    failed+=("$h")
+  [ $rc -eq 0 ] || result=FAIL
+  {
+    printf '%-17s %-6s %10s %7s %7s %8s %7s\n' "$h" "$result" "${execs:-?}" "${rate:-?}" "${cov:-?}" "${ft:-?}" "$files"
+    if [ $rc -ne 0 ]; then
+      grep -E 'ERROR|runtime error|SUMMARY|assertion|Test unit written' "$log" | head -8 | sed 's/^/    /'
+      echo "    log: $log; reproduce: build-fuzz/fuzz/fuzz_$h <the unit written above>"
+    fi
+  } >build-fuzz/logs/"$h".row
+}
+
+# The smoke run fuzzes as many harnesses at once as there are jobs (each is one process on one
+# core); a long run takes them one at a time, each with the whole machine.
+parallel=1
+[ "$mode" = smoke ] && parallel=$jobs
+running=0
+for h in "${HARNESSES[@]}"; do
+  fuzz_one "$h" &
+  running=$((running + 1))
+  if [ $running -ge "$parallel" ]; then
+    wait -n
+    running=$((running - 1))
   fi
-  printf '%-17s %-6s %10s %7s %7s %8s %7s\n' "$h" "$result" "${execs:-?}" "${rate:-?}" "${cov:-?}" "${ft:-?}" \
-    "$files" | tee -a "$summary"
-  if [ $rc -ne 0 ]; then
-    grep -E 'ERROR|runtime error|SUMMARY|assertion|Test unit written' "$log" | head -8 | sed 's/^/    /'
-    echo "    log: $log; reproduce: build-fuzz/fuzz/fuzz_$h <the unit written above>"
-  fi
+done
+wait
+failed=()
+for h in "${HARNESSES[@]}"; do
+  tee -a "$summary" <build-fuzz/logs/"$h".row
+  grep -q "^$h *FAIL" build-fuzz/logs/"$h".row && failed+=("$h")
 done
 [ "$mode" = run ] && echo "fuzz: summary in $summary; new corpus inputs in build-fuzz/corpus/"
 if [ ${#failed[@]} -gt 0 ]; then

@@ -51,8 +51,8 @@ main_make_data "$detr"
 # DETR starts from a pretrained backbone; none can be downloaded here, so the backbone first
 # learns to classify the training set's object crops (15 passes over 9495 crops, a minute: with 10,
 # a weaker seed's crop accuracy stayed at 0.96 and its detector 0.15 AP50 behind; docs/training.md).
-# Both cores, or the one another busy process leaves free (detr's default: bench/README.md, "wait
-# policy" and "the main job's throughput").
+# Both cores, or the one another busy process leaves free (detr's default: bench/README.md#bench_step
+# and bench/README.md#main_job_speed).
 train_start=$(date +%s)  # pretraining, training and evaluation from here
 if [ ! -f "$out/backbone.safetensors" ]; then
   mkdir -p "$out"

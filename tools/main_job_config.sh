@@ -29,5 +29,6 @@ main_model="--config tiny --set decoder=conditional --set num_classes=14 --set f
   --set dropout=0"
 # Optimiser, batch and image sizes (the learning-rate drop depends on the epochs: the caller's).
 # Batches padded to a multiple of 16 pixels: a few dozen distinct input sizes instead of a new one
-# almost every batch, so oneDNN builds each size's convolutions once (1.1x the images/s; bench/README.md).
+# almost every batch, so oneDNN builds each size's convolutions once (1.1x the images/s;
+# bench/README.md#main_job_speed).
 main_train_flags="--lr 2e-4 --lr-backbone 5e-5 --batch 4 --image-size 160 --max-size 224 --pad-multiple 16"

@@ -2,7 +2,7 @@
 //
 // An OpenMP step with more threads than free cores waits at every barrier for a thread that has
 // no core (the main job's 2-thread step took 0.19 s instead of 0.039 s beside one CPU-bound
-// process; one thread: 0.058 s either way; bench/README.md, "wait policy"). CpuShare measures,
+// process; one thread: 0.058 s either way; bench/README.md#bench_step). CpuShare measures,
 // from /proc/stat and getrusage, how many of this process's cores other processes kept busy since
 // the last look, and sets the compute threads to the cores left (at least 1, at most the maximum).
 // Only when the user fixed no thread count (--threads, OMP_NUM_THREADS): a fixed count is kept.

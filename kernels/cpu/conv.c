@@ -9,7 +9,7 @@
 
 // Convolution on the CPU: each pass (forward, backward-data, backward-weights) runs on oneDNN
 // (conv_onednn.c) or on im2col + sgemm below, whichever bench_ops measured faster for its shape
-// (cpu_conv2d_impl; figures in bench/README.md). Without oneDNN, im2col + sgemm runs everything.
+// (cpu_conv2d_impl; figures in bench/README.md#bench_ops). Without oneDNN, im2col + sgemm runs everything.
 //
 // Convolution as im2col + sgemm: y[b] [O, HO*WO] = W [O, C*KH*KW] x col [C*KH*KW, HO*WO]. The
 // output columns are processed in chunks so that col stays cache-resident between im2col and
@@ -345,9 +345,9 @@ static ConvImpl bf16_conv_impl(const ConvGeom *g, ConvPass pass);
 
 // A CPU without AVX-512 (AMD Zen 3, Intel before Skylake-SP), channels last, a k x k kernel:
 // oneDNN 2.6's jit:avx2 direct convolution runs the 3x3 passes at 25-137 GFLOP/s where im2col +
-// sgemm runs 57-130 (`bench_ops 5 --conv-last r50@512 / r18@320 / main@192`, AMD EPYC Zen 3 at 2.45
-// GHz, 2 threads, whose fp32 peak is 157; bench/README.md "Session 25: convolutions on a CPU without
-// AVX-512"). im2col's against oneDNN's:
+// sgemm runs 57-130 on an AMD EPYC Zen 3 at 2.45 GHz, 2 threads, whose fp32 peak is 157
+// (`bench_ops 5 --conv-last r50@512 / r18@320 / main@192`, bench/README.md#bench_ops). im2col's
+// against oneDNN's:
 //  - backward-weights from 64+ input channels: 1.1-3.3x;
 //  - forward from 128+ input channels: 0.98-2.4x (from 64: 0.85-1.04x);
 //  - backward-data at stride 2 from 64+ channels: 1.02-1.7x; at stride 1 from 128-256: 1.03-1.2x
@@ -365,7 +365,7 @@ static bool avx2_im2col_wins(const ConvGeom *g, ConvPass pass) {
   return false;
 }
 
-// The per-pass choice, from bench_ops' medians at 2 threads (bench/README.md):
+// The per-pass choice, from bench_ops' medians at 2 threads (bench/README.md#bench_ops):
 //  - 3x3 and 7x7: oneDNN's direct convolution on its blocked layouts, reorders included: forward
 //    1.2-2.2x im2col + sgemm, backward-data 1.0-2.0x (most at 64-128 channels, where im2col's
 //    column traffic costs most). Not for backward-data into fewer than 16 channels (the stem's,
@@ -391,8 +391,8 @@ ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
   if (forced_impl != CONV_IMPL_AUTO) return forced_impl;
   int64_t out_spatial = g->out_h * g->out_w;  // per image
   // Channels last (oneDNN on the nhwc buffers themselves; im2col's rows are pixels), from
-  // `bench_ops 5 --conv-last r50@512 / r18@320 / main@192` (bench/README.md "Channels-last
-  // backbone"): oneDNN everywhere but
+  // `bench_ops 5 --conv-last r50@512 / r18@320 / main@192` (bench/README.md#bench_ops): oneDNN
+  // everywhere but
   //  - 1x1 backward-data: one sgemm dx [pixels, C] = dy W (stride 1), 1.1-1.6x oneDNN's;
   //  - 1x1 backward-weights from 256 channels: dW = dy^T x with K = all pixels, 1.0-2.1x;
   //  - 3x3 stride-2 backward-weights from 64 channels with 400+ output pixels per image: 1.1-1.5x.
@@ -402,13 +402,14 @@ ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
   // output pixels per image (20x20), reorders to its layouts included: 1.2-2.1x the direct one in
   // every pass (r18@320's 64x80, 128x40, 256x20, r50@512's 64x128, 128x64, 256x32); at 16x16
   // (r50's 512x16) 0.9-1.0x, at 10x10 0.4-0.6x, and below 64 channels (main@192's 16-32) 0.7-1.1x,
-  // so not there (bench/README.md "Session 14"); nor where oneDNN has none (a CPU without AVX-512).
+  // so not there (bench/README.md#bench_ops); nor where oneDNN has none (a CPU without AVX-512).
   // And not a backward pass whose Winograd workspace (its layout copies and scratchpad: the
   // transformed tiles, for backward-weights also a transformed dW per thread) is over
   // CPU_WINOGRAD_BACKWARD_MAX_BYTES: the backbone's backward is the step's memory peak, and there
   // R50@512's layer2-3 take 30-50 MB (R18's layer3 42 MB) on 2 threads: with the cap R50's peak
-  // RSS is 923 MB instead of 962, its step about 5% slower; R18's the same (its layer2 backward,
-  // 19 MB, stays on Winograd). More threads, larger workspaces: fewer backward passes qualify.
+  // RSS is 923 MB instead of 962, its step about 5% slower (bench/README.md#bench_step); R18's the
+  // same (its layer2 backward, 19 MB, stays on Winograd). More threads, larger workspaces: fewer
+  // backward passes qualify.
   if (g->channels_last) {
     bool one = g->kh * g->kw == 1;
     if (g->kh == 3 && g->kw == 3 && g->stride_h == 1 && g->stride_w == 1 && g->dil_h == 1 && g->dil_w == 1 &&
@@ -443,7 +444,7 @@ ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
 // goes through oneDNN's reorder from its blocked layout (2.7 GB/s for a 2048x1024 dw) and, one
 // image at a time, a second reorder that sums. The bias gradient there is dy's own fp32 sum.
 // `bench_ops 7 --conv-last r50@512 / r18@320 / main@192`, columns bf16 and im2col+bf16
-// (bench/README.md "bf16: 1x1 passes on GEMMs, weights kept for inference"):
+// (bench/README.md#bench_ops):
 //  - stride 2 from 64 channels, every pass: 1.0-1.4x (backward-weights 1024 -> 2048: 2.3-2.6x);
 //    the main job's 16-32 channels: 0.7-1.1x, so not there;
 //  - stride-1 backward-data into 512+ channels on maps of 256+ pixels: 1.0-1.4x (at 4096 pixels
@@ -680,7 +681,7 @@ static void pool_out_range(int64_t k, int stride, int pad, int dil, int64_t in, 
 
 // Tap by tap over a row of outputs rather than output by output: each output's choice depends on
 // the one before it (compare, select), and 9 such steps in a chain per output made the main job's
-// stem pool latency-bound (3.7 ms; bench/README.md, "-O3 and the max-pool loop"). Across the row
+// stem pool latency-bound (3.7 ms a step; bench/README.md#bench_step, `--profile`). Across the row
 // the chains are independent. Every output still sees its taps in torch's order (rows, then
 // columns).
 #define POOL_ROW_CHUNK 256
@@ -706,7 +707,7 @@ static inline __attribute__((always_inline)) void pool_row_taps(const float *x, 
 // argmax, where one is kept - held in registers over the window and stored once. Against the kernel
 // before it, which loaded and stored the running best and its index at every tap, on the main job's
 // stem pool (16 channels): inference 250 -> 127 us a 223x213 picture (1 thread), training's forward
-// 9.7-12.6 -> 5.0-5.6 ms over 20 steps (bench/README.md).
+// 9.7-12.6 -> 5.0-5.6 ms over 20 steps (bench/README.md#bench_step).
 enum { POOL_CL_BLOCK = 16 };
 
 // The POOL_CL_BLOCK-or-fewer channels c0.. of output pixel (b, oy, ox) into y and, with_argmax,
@@ -779,8 +780,8 @@ static inline float pool_max(float v, float best) { return maxpool_takes(v, best
 // values: the maximum of a set does not depend on the order it is taken in, a NaN anywhere gives NaN
 // (maxpool_takes lets one in and keeps it), and a tie between +0 and -0, where the order would pick
 // the sign, cannot come from a ReLU before the pool. The main job's stem pool on a picture 223 high,
-// 213 wide ([112, 107, 16] in): 131 -> 38 us on 1 thread, 80 -> 20 us on 2 (hot; bench/README.md
-// "Session 24").
+// 213 wide ([112, 107, 16] in): 131 -> 38 us on 1 thread, 80 -> 20 us on 2 (hot;
+// bench/README.md#bench_serve).
 CPU_AVX2_CLONES static void maxpool_row_cl_values(const float *x, float *y, float *vmax, const ConvGeom *g, int64_t b,
                                                   int64_t oy) {
   int64_t C = g->in_ch, row = g->in_w * C;

@@ -6,7 +6,8 @@
 //
 // Each (geometry, pass, implementation, bias) gets its primitive once and keeps it in an LRU
 // cache: creating one (descriptor, implementation choice, JIT) costs 0.5-1 ms here, so a training
-// run with a new input size every step pays that per new shape (bench/README.md: still faster).
+// run with a new input size every step pays that per new shape (still faster: `bench_step --vary-size`,
+// bench/README.md#bench_step).
 //
 // Layouts: blocked runs the convolution on the layouts oneDNN picks (format_tag any: nChw16c
 // activations and blocked weights on AVX-512), with reorders from and to the plain buffers on each
@@ -14,14 +15,14 @@
 // ("gemm:jit"). conv.c chooses per pass from bench_ops' figures. A channels-last geometry keeps the
 // activations in their nhwc buffers either way (only the weights are reordered, when blocked):
 // oneDNN's nhwc convolutions run as fast as on nChw16c (brgconv forward on AVX-512;
-// bench/README.md "Channels-last backbone").
+// bench/README.md#bench_ops: `--conv-last`).
 //
 // Winograd: oneDNN's F(4x4, 3x3) ("jit_wino_4x3", AVX-512 only) computes a 3x3 stride-1
 // convolution with 2.25x fewer multiplies, on nChw16c activations and its own weight layout (so a
 // channels-last geometry's activations are reordered too). Its rounding is float32's: in
 // tools/parity_step.py the backbone's gradients are as far from float64 as the reference's own
 // float32 ones (detr-r50: median 1.11x, at most 1.27x their distance; the direct convolution's
-// 0.77x, 1.14x; detr-r18-small at 320x320: 0.63x against 0.60x; bench/README.md "Session 14").
+// 0.77x, 1.14x; detr-r18-small at 320x320: 0.63x against 0.60x; bench/README.md#bench_ops).
 // Where oneDNN has no Winograd for a geometry or CPU (AVX2), the entry is the direct one.
 //
 // Gradients accumulate (cpu_conv2d_backward's contract) while oneDNN overwrites: dx and dw are
@@ -113,7 +114,7 @@ static uint64_t cache_clock;
 // batch pushed them out of 1024. With 4096, issue 18's main-job model (no --pad-multiple) trains at
 // 294-312 images/s instead of 256-278, and peaks at 461 MB instead of 269 after 3 epochs (about
 // 45 KB of JIT code a primitive); the main job (--pad-multiple 16: a few dozen sizes) is unchanged
-// in both. bench/README.md. A capacity set in the environment is kept.
+// in both (bench/README.md#main_job_speed). A capacity set in the environment is kept.
 #define PRIMITIVE_CACHE_CAPACITY 4096
 
 static void onednn_init(void) {
@@ -213,7 +214,7 @@ static void prim_destroy(ConvPrim *p) {
 // AVX-512; for convolutions of up to 128 channels in and out its older direct one ("jit") runs as
 // fast or faster (the main job's step 3-4%, its 3-channel stem 2x) and its code is made in about 60%
 // of the time, which a new input size pays (`bench_ops 5 --conv-last`, `bench_step --vary-size`;
-// bench/README.md "Channels-last backbone"). So there the first other implementation is taken.
+// bench/README.md#bench_step). So there the first other implementation is taken.
 static dnnl_primitive_desc_t forward_pd_create(const dnnl_convolution_desc_t *d, const_dnnl_primitive_attr_t attr,
                                                const ConvGeom *g) {
   dnnl_primitive_desc_t pd = NULL;
@@ -339,8 +340,7 @@ static void attr_set_post_ops(dnnl_primitive_attr_t attr, unsigned post) {
 // floats apart and runs 1.1-2.1x slower than the two steps (a plain transposition, then a reorder
 // reading each tap's channels in a row; `bench_weight_reorder`, 64-512 channels, cold caches:
 // 512x512x3x3 1.9 against 1.2 ms). Into the layouts that keep the taps innermost (ABcd8a16b2a), and
-// in fp32, the one step is mostly the faster (bench/README.md "bf16: convolutions round their
-// activations once").
+// in fp32, the one step is mostly the faster (bench/README.md#weight_reorder).
 static bool weight_goes_via_ohwi(const dnnl_memory_desc_t *user, const dnnl_memory_desc_t *prim) {
   if (user->ndims != 4 || user->data_type != dnnl_f32 || prim->data_type != dnnl_bf16 ||
       prim->format_kind != dnnl_blocked || user->dims[2] * user->dims[3] == 1)
@@ -654,7 +654,7 @@ static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *i
 // converts and sums dw once, not once per image) and more parallel work per call. `bench_step`,
 // alternating: the main job's step 4.5% faster, issue 18's model's 10%, detr-r18-small's and R50's
 // 2-4%; peak RSS 1.4 MB more for the main job's, the same for R18 and R50 (at 16 MiB R50 took 22 MB
-// more; bench/README.md "Session 10").
+// more; bench/README.md#bench_step).
 #define CONV_WHOLE_BATCH_BYTES ((int64_t)8 << 20)
 static int64_t whole_batch_bytes = CONV_WHOLE_BATCH_BYTES;
 

@@ -58,7 +58,7 @@ bool cpu_linear_bf16(const float *x, const uint16_t *w16, const float *bias, boo
                      int64_t in, int64_t out);
 // The same on x already rounded (x16 [rows, in]), whatever the size: training's bf16 linear layer,
 // which keeps both copies for its backward. The epilogue's floats are those of the GEMM and then
-// cpu_add_row_bias (measured bit for bit on oneDNN 2.6, Zen 4; bench/README.md "Session 24").
+// cpu_add_row_bias (measured bit for bit on oneDNN 2.6, Zen 4; bench/README.md#bench_step).
 void cpu_linear_bf16_rounded(const uint16_t *x16, const uint16_t *w16, const float *bias, bool relu, float *y,
                              int64_t rows, int64_t in, int64_t out);
 // The inference path's linear layer (op_linear with nothing recorded): y [rows, out] = relu?(x [rows,
@@ -69,7 +69,7 @@ void cpu_linear_bf16_rounded(const uint16_t *x16, const uint16_t *w16, const flo
 bool cpu_linear_fused(const float *x, const float *w, const float *bias, bool relu, float *y, int64_t rows, int64_t in,
                       int64_t out);
 
-// conv.c: im2col + sgemm, or oneDNN (conv_onednn.c) where it is the faster (bench/README.md).
+// conv.c: im2col + sgemm, or oneDNN (conv_onednn.c) where it is the faster (bench/README.md#bench_ops).
 // workspace: cpu_conv2d_forward_workspace_floats(g) floats for the forward,
 // cpu_conv2d_backward_workspace_floats(g, ...) for a backward with the same gradients and flags
 // (im2col's column chunk, or oneDNN's layout copies and scratchpad: the caller takes it from the
@@ -99,7 +99,7 @@ void cpu_conv2d_backward(const float *x, const uint16_t *x16, const float *w, co
 // that reads x takes x16 (dy is always given: dbias reads it), and backward-weights' GEMM takes
 // x16 only with dy16. op_conv2d rounds x in the forward where both of its passes take the copy and
 // keeps it for the backward in place of x (less memory; the step's time is the same), and dy where
-// both of its passes take it (bench/README.md "bf16: convolutions round their activations once").
+// both of its passes take it (bench/README.md#bench_step, `--precision bf16`).
 bool cpu_conv2d_takes_bf16(const ConvGeom *g, ConvPass pass);
 int64_t cpu_conv2d_x16_numel(const ConvGeom *g);
 // Inference's convolution with its epilogue fused (no backward: nothing is kept for one):

@@ -1,5 +1,5 @@
 // Settings libgomp reads once, as it loads: the program puts them in its environment and starts
-// itself again (once). bench/README.md, "wait policy".
+// itself again (once). Why these settings: the wait policy in bench/README.md#bench_step.
 #define _POSIX_C_SOURCE 200809L  // setenv
 #include <stdatomic.h>
 #include <stdio.h>

@@ -29,7 +29,7 @@ void cpu_accumulate(float *dst, const float *src, int64_t n) {
 }
 
 // One loop per op, the op a constant in each: unary_forward's switch folds away and the loop
-// vectorizes (a switch per element made relu 2-3x slower: bench/README.md, "unary loops").
+// vectorizes (a switch per element made the ops 1.3-2.7x slower: bench/README.md#bench_unary).
 // The _Pragma loops below are laid out by hand: clang-format would join each pragma to its loop.
 // clang-format off
 #define UNARY_FORWARD_CASE(id, name)                                     \
@@ -83,9 +83,9 @@ static BroadcastRows broadcast_rows(const Broadcast *bc, int64_t n) {
 
 // y = a op b: one loop per op with the op a literal (as the unary loops: an OpenMP region is
 // outlined before inlining, so a variable op kept binary_forward's switch in every element; an add
-// of 196 x 128 took 14.5 us instead of 3.0, bench/README.md "Session 23"). Broadcast operands go by
-// rows of the output's last dim, each operand's offset found once per row and its step along the
-// row 0 or 1 (a bias or per-query term: 0), so the row loops vectorize too.
+// of 196 x 128 took 14.5 us instead of 3.0 in the served forward, bench/README.md#bench_serve).
+// Broadcast operands go by rows of the output's last dim, each operand's offset found once per row
+// and its step along the row 0 or 1 (a bias or per-query term: 0), so the row loops vectorize too.
 // clang-format off
 #define BINARY_FORWARD_LOOPS(OP)                                                                          \
   if (dense) {                                                                                             \
@@ -150,9 +150,9 @@ void cpu_binary_backward(int op, const float *a, const float *b, const float *dy
   }
   // By rows (broadcast_rows): each operand's offset found once per row instead of per element,
   // which was most of the time (a [2, 100, 256] + [100, 256] add's backward 1083 -> 102 us on one
-  // thread, the same bits; bench/README.md "Session 23"). A dense gradient has one writer per
-  // element: rows in parallel. A broadcast one sums many output elements into one: rows in order,
-  // the element order of a loop over i, so the sums are fixed.
+  // thread, the same bits; bench/README.md#bench_step, `--profile`). A dense gradient has one
+  // writer per element: rows in parallel. A broadcast one sums many output elements into one: rows
+  // in order, the element order of a loop over i, so the sums are fixed.
   BroadcastRows br = broadcast_rows(&bc, n);
   int64_t len = br.len, rows = br.rows, step_a = br.step_a, step_b = br.step_b;
   if ((da && dense_a) || (db && dense_b)) {
@@ -191,7 +191,7 @@ void cpu_binary_backward(int op, const float *a, const float *b, const float *dy
 // a block of 16 counters runs four to a vector (vpmuludq multiplies the low 32 bits of each 64-bit
 // lane: the state words sit zero-extended in 64-bit lanes). The same arithmetic per counter as
 // philox4x32: the same words, so the same masks as the CUDA kernel and as the backward's
-// regenerated mask (tests/test_ops.c compares every word). Figures: bench/README.md "Session 10".
+// regenerated mask (tests/test_ops.c compares every word). 4.2x: bench/README.md#bench_unary.
 #define DROPOUT_LANES 16                    // counters per block
 #define DROPOUT_BLOCK (4 * DROPOUT_LANES)   // elements per block
 #define DROPOUT_CHUNK (64 * DROPOUT_BLOCK)  // elements per parallel work item

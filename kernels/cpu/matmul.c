@@ -1,7 +1,7 @@
 // GEMM on the CPU: oneDNN's sgemm where the build has oneDNN, OpenBLAS's otherwise. oneDNN picks
 // its kernel by the CPU's instruction sets; Debian 12's OpenBLAS 0.3.21 by family and model, and
 // runs its AVX2 kernel on AVX-512 CPUs it does not know (AMD Zen 4, Zen 5). Measured (2 threads,
-// median of 41, the transformer's and the main job's shapes, bench/README.md "GEMM library"): on
+// median of 41, the transformer's and the main job's shapes, bench/README.md#bench_ops): on
 // an AMD family 26 (AVX-512) oneDNN 1.7-3.2x OpenBLAS (410-500 vs 220-245 GFLOP/s; 40-row
 // decoder GEMMs 230-440 vs 125-140); with oneDNN held to AVX2 (DNNL_MAX_CPU_ISA=AVX2) 0.8-1.6x,
 // 1.04x at the median; but for A^T B of most shapes below AVX-512 (cpu_gemm_on_openblas). Results:
@@ -20,7 +20,7 @@
 // C = A^T B (a weight gradient: dW = dY^T X) on OpenBLAS instead of oneDNN below AVX-512, where
 // oneDNN 2.6's AVX2 sgemm with A transposed measured slower (OMP_NUM_THREADS=2, fresh buffers at
 // several alignments, k 200-2048 (`bench_ops 3 --gemm-at-b`) and the convolutions' chunks of 800-7281
-// rows; bench/README.md "Session 26"): C of 256+ rows and 128+ columns, 1.1-2.1x (0.96 at worst): the transformer's
+// rows; bench/README.md#bench_ops): C of 256+ rows and 128+ columns, 1.1-2.1x (0.96 at worst): the transformer's
 // feed-forward weights (2048x256, 256x2048), the 3x3 backward-weights' [O, 9C] of 256 outputs,
 // the 1x1 ones into 512-1024 outputs. Not C of 512+ by 512+ beyond 512x512, where the two are even
 // (0.8-1.1x), nor C of 128 rows (0.9-1.0x on the convolutions' long chunks, though 1.1-1.9x at k up
@@ -103,8 +103,8 @@ void cpu_gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
   }
   // Not inside a parallel region, even an inactive one (an `if` clause that is false): oneDNN's
   // sgemm called there took 3-4 ms instead of 12 us for a 40x128x196 product at 2 threads, its
-  // threads waiting on each other (the folded attention's 1-image batch; bench/README.md
-  // "Session 23").
+  // threads waiting on each other (the folded attention's 1-image batch in a served forward;
+  // bench/README.md#bench_serve).
   for (int64_t i = 0; i < batch; i++) SGEMM_MATRIX(i);
 #undef SGEMM_MATRIX
 }

@@ -30,11 +30,11 @@
   } while (0)
 
 // Below this many multiply-adds a GEMM stays fp32: the copies and the call cost more than bf16
-// saves (bench/README.md "bf16 mixed precision").
+// saves (a judgement, not swept; the bf16 step: bench/README.md#bench_step).
 #define GEMM_BF16_MIN_MACS ((double)(1 << 20))
 // A linear layer whose weight is kept in bf16 (tensor_keep_bf16) rounds only x: bf16 pays from fewer
 // multiply-adds, per thread (and never from more than the rounding path's GEMM_BF16_MIN_MACS). Against
-// the fp32 fused matmul, 24 weights cycled (bench/README.md "Session 24"): 1 thread 0.72x at 10x128x128
+// the fp32 fused matmul, 24 weights cycled (bench/README.md#bench_serve): 1 thread 0.72x at 10x128x128
 // (164k multiply-adds), 2 threads 1.12x there, 1.01x at 13x128x128 (213k), 0.74x at 10x128x512.
 #define LINEAR_BF16_KEPT_MIN_MACS_PER_THREAD ((double)(1 << 17))
 
@@ -44,7 +44,7 @@
 // time of those sgemms in oneDNN's bf16 matmul over the batch, where the logits' products (a
 // head-wide sum, k = 16-32, into a wide output) take 0.6-0.8x. Larger narrow heads (850 tokens: 23 M
 // multiply-adds each) and single narrow GEMMs keep bf16: they gain (`bench_ops 21 --attention-bf16`,
-// bench/README.md "bf16: linear layers round once, narrow heads stay fp32").
+// bench/README.md#bench_ops).
 #define GEMM_BF16_MIN_BATCHED_WIDTH 48
 static int64_t min_batched_width = GEMM_BF16_MIN_BATCHED_WIDTH;
 
@@ -65,8 +65,8 @@ typedef struct {  // no padding bytes: keys are compared with memcmp
 
 // An operand's rounding into its dense bf16 copy: round_rows over the fp32 matrices as stored - AVX512-
 // BF16's vcvtneps2bf16 (to nearest even, as bf16_from_float but for denormal inputs, which it takes as
-// zero), as oneDNN's reorder did before it (3x a C loop's rate: bench/README.md "bf16: 1x1 passes on
-// GEMMs, weights kept for inference") - or, on a CPU without that instruction, the reorder.
+// zero), as oneDNN's reorder did before it (3x a C loop's rate over a bf16 step:
+// bench/README.md#bench_step) - or, on a CPU without that instruction, the reorder.
 typedef struct {
   dnnl_primitive_t reorder;  // NULL where the CPU rounds directly (round_direct)
   dnnl_memory_desc_t from, to;
@@ -76,8 +76,9 @@ typedef struct {
 
 // AVX512-BF16's vcvtneps2bf16, 16 floats at a time: the instruction oneDNN's reorder runs (to nearest
 // even, a denormal input taken as zero), so the same bits, without the reorder primitive's call and
-// threading costs - at 2 threads 2.7x faster at 2M floats, 3.3x at 131k, 28x at 1280 (bench/README.md
-// "Session 24"). On a CPU with AVX512-BF16 or AMX (cpu_bf16_supported); elsewhere the reorder.
+// threading costs - at 2 threads 2.7x faster at 2M floats, 3.3x at 131k, 28x at 1280 (serving in
+// bf16: bench/README.md#bench_serve). On a CPU with AVX512-BF16 or AMX (cpu_bf16_supported); elsewhere
+// the reorder.
 #if HAVE_BF16_INTRINSICS
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void round_run(const float *x, int64_t n,
                                                                                       uint16_t *out) {

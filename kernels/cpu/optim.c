@@ -29,8 +29,8 @@ static double block_sum_squares(const float *xb, int64_t len) {
 double cpu_sum_squares(const float *x, int64_t n) { return cpu_sum_squares_multi(&x, &n, 1); }
 
 // The multi-tensor forms run every tensor's elements in one parallel region, in units of
-// SUM_BLOCK floats: one region per tensor cost a thread wake-up each (12-25 us on a 2-core VM),
-// over the 100-200 tensors of a DETR (bench/README.md "Session 10").
+// SUM_BLOCK floats: one region per tensor cost a thread wake-up each (12-25 us on a 2-core VM,
+// bench/README.md#bench_parallel), over the 100-200 tensors of a DETR.
 typedef struct {
   int tensor;
   int64_t start, len;

@@ -1,6 +1,6 @@
 // The smallest CPU loop, counted in floats it touches, that runs on all threads; shorter loops run
-// on the calling thread. Two classes, measured (bench/bench_parallel.c, bench/README.md "parallel
-// thresholds"; AMD family 26, 2 threads, libgomp spinning 1000 rounds as the detr command sets):
+// on the calling thread. Two classes, measured (bench/bench_parallel.c, bench/README.md#bench_parallel;
+// AMD family 26, 2 threads, libgomp spinning 1000 rounds as the detr command sets):
 //  - light: a few operations per float (copies, adds, ReLU, max-pool taps, bias, frozen BN). On
 //    all threads from 8-16k floats back to back, but only from 512k-1M when the other thread
 //    must first be woken (12-25 us on this VM). The main job's step: the same time (within the
@@ -16,7 +16,7 @@
 #define PARALLEL_MIN_HEAVY ((int64_t)8192)
 
 // Below this a batch of GEMMs (cpu_gemm_batched) runs one matrix per thread. Measured with oneDNN's
-// sgemm, 2 threads (bench/README.md "GEMM library"): one per thread 1.05-1.9x one after another at
+// sgemm, 2 threads (bench/README.md#bench_ops): one per thread 1.05-1.9x one after another at
 // 0.6-10.6 MFLOP per matrix (attention's per-head products: 0.66 MFLOP, 1.5-1.9x), 1.0x at 67 MFLOP.
 #define GEMM_BATCH_PARALLEL_MAX_FLOPS 16e6
 

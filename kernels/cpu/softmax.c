@@ -6,7 +6,7 @@
 
 // A row's sum of exponentials is a chain of double adds, each waiting on the last: SM_ROWS rows'
 // chains run side by side (each row still summed in order: the same doubles), which hides that
-// latency. R50's attention softmax forward (rows of 256): 30% faster (bench/README.md "Session 10").
+// latency. R50's attention softmax forward (rows of 256): 30% faster (bench/README.md#bench_step).
 enum { SM_ROWS = 4 };
 
 // y[j] = softmax_exp(y[j], max) for j < n.
@@ -128,7 +128,7 @@ void cpu_layernorm_backward(const float *x, const float *w, const float *mean, c
   // latency. The weight and bias gradients are column sums over the rows, each in row order, by
   // blocks of LN_COLS columns that a thread walks row by row (contiguous reads; a column at a time
   // strode over the rows). The two: the backward 15-20% faster in the main job's profile
-  // (bench/README.md "Session 10"). The forward's sums are grouped the same way (layernorm_row_sums).
+  // (bench/README.md#bench_step). The forward's sums are grouped the same way (layernorm_row_sums).
   enum { LN_COLS = 64 };
   if (dx) {
     int64_t groups = (rows + LN_ROWS - 1) / LN_ROWS;
