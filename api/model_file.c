@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -204,6 +205,72 @@ static int check_config_tensors(const StFile *f, const DetrConfig *c, bool overr
   return 0;
 }
 
+// The fields of RunSettings by key: the one table its writer and reader share.
+typedef struct {
+  const char *key;
+  bool is_float;  // else int (augment: a bool read as 0 or 1)
+  size_t offset;
+} RunSettingsField;
+
+#define RS_INT(k) \
+  { #k, false, offsetof(RunSettings, k) }
+#define RS_FLOAT(k) \
+  { #k, true, offsetof(RunSettings, k) }
+static const RunSettingsField RUN_SETTINGS_FIELDS[] = {
+    RS_INT(epochs),      RS_INT(lr_drop),    RS_INT(batch),         RS_INT(pad_multiple),   RS_INT(image_size),
+    RS_INT(max_size),    RS_FLOAT(lr),       RS_FLOAT(lr_backbone), RS_FLOAT(weight_decay), RS_FLOAT(clip),
+    RS_FLOAT(ce),        RS_FLOAT(bbox),     RS_FLOAT(giou),        RS_FLOAT(eos),          RS_FLOAT(cost_class),
+    RS_FLOAT(cost_bbox), RS_FLOAT(cost_giou)};
+#undef RS_INT
+#undef RS_FLOAT
+#define N_RUN_SETTINGS_FIELDS (sizeof RUN_SETTINGS_FIELDS / sizeof RUN_SETTINGS_FIELDS[0])
+
+void run_settings_format(const RunSettings *s, char *out, size_t cap) {
+  size_t n = (size_t)snprintf(out, cap, "augment=%d\n", s->augment ? 1 : 0);
+  for (size_t i = 0; i < N_RUN_SETTINGS_FIELDS && n < cap; i++) {
+    const RunSettingsField *f = &RUN_SETTINGS_FIELDS[i];
+    const char *p = (const char *)s + f->offset;
+    if (f->is_float) n += (size_t)snprintf(out + n, cap - n, "%s=%.9g\n", f->key, (double)*(const float *)p);
+    else n += (size_t)snprintf(out + n, cap - n, "%s=%d\n", f->key, *(const int *)p);
+  }
+}
+
+int run_settings_parse(const char *text, RunSettings *s, const char *where, char *err, size_t err_cap) {
+  *s = (RunSettings){0};
+  bool seen[N_RUN_SETTINGS_FIELDS + 1] = {false};  // the fields, then augment
+  for (const char *line = text; *line;) {
+    size_t len = strcspn(line, "\n"), eq = strcspn(line, "=");
+    char key[32], value[64];
+    if (eq >= len || eq >= sizeof key || len - eq - 1 >= sizeof value) {
+      snprintf(err, err_cap, "%s: '%.*s' is no key=value line", where, (int)(len < 80 ? len : 80), line);
+      return -1;
+    }
+    snprintf(key, sizeof key, "%.*s", (int)eq, line);
+    snprintf(value, sizeof value, "%.*s", (int)(len - eq - 1), line + eq + 1);
+    char *end = NULL;
+    double v = strtod(value, &end);
+    size_t i = 0;
+    while (i < N_RUN_SETTINGS_FIELDS && strcmp(key, RUN_SETTINGS_FIELDS[i].key)) i++;
+    bool is_augment = !strcmp(key, "augment"), is_float = i < N_RUN_SETTINGS_FIELDS && RUN_SETTINGS_FIELDS[i].is_float;
+    if ((i == N_RUN_SETTINGS_FIELDS && !is_augment) || end == value || *end ||
+        (!is_float && !(v >= -1e9 && v <= 1e9 && v == (double)(long long)v))) {
+      snprintf(err, err_cap, "%s: %s=%s: an unknown key or a bad value", where, key, value);
+      return -1;
+    }
+    if (is_augment) s->augment = v != 0, seen[N_RUN_SETTINGS_FIELDS] = true;
+    else if (is_float) *(float *)((char *)s + RUN_SETTINGS_FIELDS[i].offset) = (float)v, seen[i] = true;
+    else *(int *)((char *)s + RUN_SETTINGS_FIELDS[i].offset) = (int)v, seen[i] = true;
+    line += len + (line[len] == '\n');
+  }
+  for (size_t i = 0; i <= N_RUN_SETTINGS_FIELDS; i++)
+    if (!seen[i]) {
+      snprintf(err, err_cap, "%s: no %s", where, i < N_RUN_SETTINGS_FIELDS ? RUN_SETTINGS_FIELDS[i].key : "augment");
+      return -1;
+    }
+  s->known = true;
+  return 0;
+}
+
 int checkpoint_info_read(const StFile *f, CheckpointInfo *ci, char *err, size_t err_cap) {
   *ci = (CheckpointInfo){.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
   const char *mc = st_metadata(f, "model_config");
@@ -223,14 +290,20 @@ int checkpoint_info_read(const StFile *f, CheckpointInfo *ci, char *err, size_t 
     rc = model_config_line(&ci->cfg, line, where, err, err_cap);
   free(text);
   if (rc) return -1;
-  const char *cats = st_metadata(f, "categories"), *train = st_metadata(f, "train_config");
-  if (cats && *cats) ci->categories = detr_strdup(cats, "a string");
-  if (train && *train) {  // "": a checkpoint written by no training run (tests, tools)
+  const char *cats = st_metadata(f, "categories"), *train = st_metadata(f, "train_config"),
+             *run = st_metadata(f, "run_settings");
+  if (run) {
+    snprintf(where, sizeof where, "%s: run_settings", st_path(f));
+    if (run_settings_parse(run, &ci->run, where, err, err_cap)) return -1;
+    ci->image_size = ci->run.image_size, ci->max_size = ci->run.max_size;
+    ci->pad_multiple = ci->run.pad_multiple, ci->batch = ci->run.batch;
+  } else if (train && *train) {  // a checkpoint from before run_settings ("": written by no training run)
     ci->image_size = flag_in_command(train, "--image-size", -1);
     ci->max_size = flag_in_command(train, "--max-size", -1);
     ci->pad_multiple = flag_in_command(train, "--pad-multiple", -1);
     ci->batch = flag_in_command(train, "--batch", CHECKPOINT_TRAIN_DEFAULT_BATCH);
   }
+  if (cats && *cats) ci->categories = detr_strdup(cats, "a string");
   return 0;
 }
 

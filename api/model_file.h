@@ -37,13 +37,33 @@ int model_config_apply_sets(DetrConfig *cfg, const char *const *sets, int n_sets
 int model_config_load(const char *config, const char *const *sets, int n_sets, DetrConfig *cfg, char *err,
                       size_t err_cap);
 
+// The settings a training run ran with, stored typed in each of its checkpoints (metadata
+// "run_settings": key=value lines): what a resumed run continues with (docs/cli.md, "Stopping and
+// resuming"), and the sizes, batch and padding `detr eval` evaluates with. known is false for a
+// checkpoint without them (one written before they were stored, or by no training run).
+typedef struct {
+  bool known;
+  int epochs, lr_drop, batch, pad_multiple, image_size, max_size;
+  bool augment;
+  float lr, lr_backbone, weight_decay, clip;
+  // Loss and matcher weights as given (NaN: the model's own, from its class head).
+  float ce, bbox, giou, eos, cost_class, cost_bbox, cost_giou;
+} RunSettings;
+
+// s as "key=value\n" lines (floats to 9 significant digits: read back exactly).
+void run_settings_format(const RunSettings *s, char *out, size_t cap);
+// Reads run_settings_format's lines into s (known set); every key must be there. Returns 0, or -1
+// with err naming `where` and what is wrong.
+int run_settings_parse(const char *text, RunSettings *s, const char *where, char *err, size_t err_cap);
+
 // What a detr-c checkpoint says about the run that made it (its metadata).
 typedef struct {
   DetrConfig cfg;                  // the stored model config
   char *categories;                // "id:name;..." of the training data, or NULL
-  long long image_size, max_size;  // --image-size / --max-size of the training command, or -1
-  long long pad_multiple;          // --pad-multiple of the training command, or -1
-  long long batch;                 // --batch of the training command (its default when absent), or -1
+  RunSettings run;                 // the run's settings, where the checkpoint holds them
+  long long image_size, max_size;  // the run's --image-size / --max-size, or -1
+  long long pad_multiple;          // the run's --pad-multiple, or -1
+  long long batch;                 // the run's --batch, or -1
 } CheckpointInfo;
 // detr train's --batch when none is given: a stored command without --batch ran with it.
 #define CHECKPOINT_TRAIN_DEFAULT_BATCH 2

@@ -250,6 +250,145 @@ START_TEST(ctrl_c_saves_and_says_how_to_resume) {
 }
 END_TEST
 
+// The losses of a run's training steps (its metrics.jsonl without the timings), for comparing runs.
+static bool same_losses(const char *a, const char *b) {
+  const char *runs[] = {a, b};
+  for (int i = 0; i < 2; i++)
+    if (sh("(grep '\"type\": \"train\"' %s/%s/metrics.jsonl | sed 's/, \"images_per_s.*//' > %s/%s.losses)", test_root,
+           runs[i], test_root, runs[i]))
+      return false;
+  return sh("cmp %s/%s.losses %s/%s.losses", test_root, a, test_root, b) == 0;
+}
+
+// An image that fails to load mid-run (its header is whole, so the start-up check passes it) under
+// --bad-input fail: the finished steps are saved, the message names the file and the two commands
+// that go on. Resumed after the file is fixed, the run logs every step once and the same losses as
+// a run that never met the bad file; resumed with --bad-input skip, it trains past it.
+START_TEST(bad_image_mid_run_keeps_the_finished_steps) {
+  setup_data();
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/good --max-steps 12 %s", DETR_BIN, test_root, test_root, TINY),
+                   0);
+  // Image 11 comes in the 6th batch of seed 5's first epoch.
+  ck_assert_int_eq(sh("cp -r %s/data %s/dbad && (head -c 20000 %s/data/train/000000000011.jpg > "
+                      "%s/dbad/train/000000000011.jpg)",
+                      test_root, test_root, test_root, test_root),
+                   0);
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data %s/dbad --out %s/bad --max-steps 12 %s", DETR_BIN, test_root, test_root, TINY),
+                   1);
+  ASSERT_LOG("dbad/train/000000000011.jpg: truncated or corrupt JPEG");
+  ASSERT_LOG("stopped before step 6 on that image: the finished steps are saved in [^ ]*/bad/ckpt-5.safetensors");
+  ASSERT_LOG("replace the file with a readable one and resume with: detr train .* --resume auto$");
+  ASSERT_LOG("leave out every unreadable image .* --bad-input skip --resume auto$");
+  ck_assert_int_eq(sh("test -s %s/bad/ckpt-5.safetensors && cp -r %s/bad %s/badskip && cp -r %s/bad %s/badzero",
+                      test_root, test_root, test_root, test_root, test_root),
+                   0);
+  ck_assert_msg(each_step_once("bad", 5), "steps 1-5 are not each logged once");
+  // Fixed: the run goes on from step 5 as if nothing had happened.
+  ck_assert_int_eq(sh("cp %s/data/train/000000000011.jpg %s/dbad/train/", test_root, test_root), 0);
+  ck_assert_int_eq(
+      sh("%s train --data %s/dbad --out %s/bad --max-steps 12 --resume auto %s", DETR_BIN, test_root, test_root, TINY),
+      0);
+  ck_assert_msg(each_step_once("bad", 12), "steps 1-12 are not each logged once");
+  ck_assert_msg(same_losses("good", "bad"), "the resumed run's losses differ from the uninterrupted run's");
+  // Skipped instead (the file still broken): the run trains on past it and counts it.
+  ck_assert_int_eq(
+      sh("(head -c 20000 %s/data/train/000000000011.jpg > %s/dbad/train/000000000011.jpg)", test_root, test_root), 0);
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data %s/dbad --out %s/badskip --max-steps 12 --bad-input skip --resume auto %s",
+                      DETR_BIN, test_root, test_root, TINY),
+                   0);
+  ck_assert_msg(each_step_once("badskip", 12), "steps 1-12 are not each logged once");
+  ASSERT_LOG("000000000011.jpg");
+  // Unreadable at start-up (empty) under skip: 5 batches per epoch instead of 6, so the position in
+  // epoch 0 (5 batches done) no longer exists; the run goes on from epoch 1 (it looped on forever).
+  ck_assert_int_eq(sh(": > %s/dbad/train/000000000011.jpg", test_root), 0);
+  clear_log();
+  ck_assert_int_eq(sh("timeout -s KILL 120 %s train --data %s/dbad --out %s/badzero --max-steps 12 --bad-input skip "
+                      "--resume auto %s",
+                      DETR_BIN, test_root, test_root, TINY),
+                   0);
+  ASSERT_LOG(
+      "has 5 batches per epoch now, fewer than the 5 this run had trained of epoch 0: going on from the start "
+      "of epoch 1");
+  ck_assert_msg(each_step_once("badzero", 12), "steps 1-12 are not each logged once");
+}
+END_TEST
+
+// A resumed run continues its run's settings, recorded typed in its checkpoints: a larger --epochs
+// keeps the learning rate and its drop where the run had them (StepLR every 2 epochs of the 3, at
+// --lr 5e-4), and a flag that differs from the run's is applied and said.
+START_TEST(resume_continues_the_runs_schedule) {
+  setup_data();
+  const char *flags = "--config tiny --set num_classes=100 --eval-every 0 --workers 2 --threads 2 --no-progress";
+  ck_assert_int_eq(
+      sh("%s train --data %s/data --out %s/s --epochs 3 --lr 5e-4 --seed 5 %s", DETR_BIN, test_root, test_root, flags),
+      0);
+  clear_log();
+  ck_assert_int_eq(
+      sh("%s train --data %s/data --out %s/s --epochs 6 --resume auto %s", DETR_BIN, test_root, test_root, flags), 0);
+  ASSERT_LOG("resuming with settings of its own instead of the run.s: --epochs 6 \\(the run.s: 3\\)$");
+  const char *lr_by_epoch = "0.0005 0.0005 5e-05 5e-05 5e-06 5e-06 ";
+  ck_assert_int_eq(sh("grep -o '\"epoch\": [0-9]*, \"batch\": 0,.*\"lr\": [^,]*' %s/s/metrics.jsonl | "
+                      "sed 's/.*\"lr\": //' | tr '\\n' ' ' | grep -qx '%s'",
+                      test_root, lr_by_epoch),
+                   0);
+  // --lr given again, differing: applied, and said.
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/s --epochs 7 --lr 1e-3 --resume auto %s", DETR_BIN, test_root,
+                      test_root, flags),
+                   0);
+  ASSERT_LOG("--lr 0.001 \\(the run.s: 0.0005\\)");
+  ck_assert_int_eq(sh("grep '\"epoch\": 6, \"batch\": 0,' %s/s/metrics.jsonl | grep -q '\"lr\": 1e-06'", test_root), 0);
+  // The run's seed (its data order) is its own: kept without --seed, another one refused.
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/s --epochs 8 --seed 6 --resume auto %s", DETR_BIN, test_root,
+                      test_root, flags),
+                   1);
+  ASSERT_LOG("seed is 5: --seed 6 would change its data order mid-run");
+}
+END_TEST
+
+// One process per run directory: while a run lives, a second run into its directory, a --resume
+// auto and a --move-old-run are refused before they touch anything, naming the live run's pid and
+// command; the lock of a run killed with SIGKILL is taken over with a line that says so.
+START_TEST(second_process_is_refused_while_the_run_lives) {
+  setup_data();
+  char ckpt2[256];
+  snprintf(ckpt2, sizeof ckpt2, "%s/l/ckpt-2.safetensors", test_root);
+  pid_t pid = sh_start("%s train --data %s/data --out %s/l --max-steps 100000 %s > %s/l.log 2>&1", DETR_BIN, test_root,
+                       test_root, TINY, test_root);
+  ck_assert_msg(sh_wait_for_file(ckpt2, 60) || (kill(pid, SIGKILL), sh_wait(pid, 10), false),
+                "no checkpoint after 60 s: see %s/l.log", test_root);
+  char holder[64];
+  snprintf(holder, sizeof holder, "process %d on ", (int)pid);
+  const char *tries[] = {"", "--resume auto", "--move-old-run"};
+  for (int i = 0; i < 3; i++) {
+    clear_log();
+    ck_assert_int_eq(
+        sh("%s train --data %s/data --out %s/l --max-steps 4 %s %s", DETR_BIN, test_root, test_root, TINY, tries[i]),
+        1);
+    ASSERT_LOG(holder);
+    ASSERT_LOG("is running in this directory: detr train ");
+    ck_assert(!log_has("dropped"));  // the live run's metrics.jsonl untouched
+  }
+  ck_assert_int_eq(sh("test -d %s/l && ! ls -d %s/l.old-* 2>/dev/null", test_root, test_root), 0);
+  kill(pid, SIGKILL);
+  ck_assert_int_eq(sh_wait(pid, 30), 128 + SIGKILL);
+  ck_assert_int_eq(sh("grep -q '^pid %d$' %s/l/train.lock", (int)pid, test_root), 0);  // left behind
+  int step =
+      (int)sh_read_long(0, "ls %s/l | sed -n 's/^ckpt-\\([0-9]*\\).safetensors$/\\1/p' | sort -n | tail -1", test_root);
+  ck_assert_int_ge(step, 2);
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/l --max-steps %d --resume auto %s", DETR_BIN, test_root,
+                      test_root, step + 2, TINY),
+                   0);
+  ASSERT_LOG("train.lock was left by a run that has ended .*process [0-9]+ is no longer running.*taking it over");
+  ck_assert_msg(each_step_once("l", step + 2), "steps 1-%d are not each logged once", step + 2);
+  ck_assert_int_eq(sh("test ! -e %s/l/train.lock", test_root), 0);  // released at the end
+}
+END_TEST
+
 // The files a verb writes where the user says (eval's --results and --json, predict's --json and
 // pictures, pretrain's --out, synth's folder) never replace an input, a file of another kind, or
 // a file an earlier run of the verb did not write; each refusal comes before any work.
@@ -398,6 +537,9 @@ int main(void) {
   tcase_add_test(tc, ctrl_c_saves_and_says_how_to_resume);
   tcase_add_test(tc, bad_data_fails_before_step_one);
   tcase_add_test(tc, outputs_never_replace_what_the_user_made);
+  tcase_add_test(tc, second_process_is_refused_while_the_run_lives);
+  tcase_add_test(tc, bad_image_mid_run_keeps_the_finished_steps);
+  tcase_add_test(tc, resume_continues_the_runs_schedule);
   suite_add_tcase(s, tc);
   return sh_run_suite(s);
 }

@@ -40,6 +40,11 @@ int checkpoint_save(const char *path, const DetrModel *model, const AdamW *opt, 
   st_writer_set_metadata(w, "model_config", config);
   st_writer_set_metadata(w, "train_config", extra_config ? extra_config : "");
   if (categories) st_writer_set_metadata(w, "categories", categories);
+  if (state->run.known) {
+    char run[1024];
+    run_settings_format(&state->run, run, sizeof run);
+    st_writer_set_metadata(w, "run_settings", run);
+  }
 #define META(key, fmt, v)                  \
   do {                                     \
     snprintf(value, sizeof value, fmt, v); \

@@ -4,6 +4,7 @@
 // of every tensor's name and bytes, so a truncated or corrupted file is detected on load. Writes
 // are atomic (temp file, fsync, rename): a crash mid-write leaves the previous checkpoint intact.
 #pragma once
+#include "api/model_file.h"  // RunSettings
 #include "nn/detr.h"
 #include "train/optim.h"
 
@@ -16,6 +17,7 @@ typedef struct {
   double best_map;       // best evaluation AP so far (-1 if none)
   int world_size;        // processes of the run (data parallel), 1 without
   int64_t global_batch;  // images per step over all processes (0: not recorded)
+  RunSettings run;       // the run's settings (run.known false: not written; set by no training run)
 } TrainState;
 
 // extra_config: the command line that made the run; categories: "id:name;id:name;..." of the

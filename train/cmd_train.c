@@ -1,4 +1,5 @@
 // detr train: flags -> TrainOptions -> train_run (train/trainer.c).
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -238,6 +239,99 @@ typedef struct {
   int image_size, max_size;
 } TrainFlags;
 
+static bool same_setting(float a, float b) { return a == b || (isnan(a) && isnan(b)); }
+
+// A float setting as a person writes it (5e-4, not 0.000500000024), unless that would hide a difference.
+static void setting_text(double v, char *out, size_t cap) {
+  if (isnan(v)) snprintf(out, cap, "the model's");
+  else if (snprintf(out, cap, "%g", v), (float)strtod(out, NULL) != (float)v) snprintf(out, cap, "%.9g", v);
+}
+
+// Appends " --flag VALUE (the run's: STORED)" to the list of settings this command changes.
+static void note_change(char *out, size_t cap, size_t *n, const char *flag, double now, double stored) {
+  if (*n >= cap) return;
+  char a[32], b[32];
+  setting_text(now, a, sizeof a);
+  setting_text(stored, b, sizeof b);
+  *n += (size_t)snprintf(out + *n, cap - *n, " %s %s (the run's: %s);", flag, a, b);
+}
+
+// A resumed run continues the run it resumes (docs/cli.md, "Stopping and resuming"): every setting
+// this command does not give is the run's own, as its checkpoint recorded it - the schedule (so a
+// larger --epochs keeps the learning-rate drop where the run had it), the optimizer, the loss and
+// matcher weights, the image sizes and augmentation. One it gives that differs is applied, and
+// said. (--batch: restored, or refused when it differs, by resume() in train/trainer.c.)
+static void continue_run(const Dist *g, TrainOptions *o, TrainFlags *f, const RunSettings *r, int argc, char **argv) {
+  const struct {
+    const char *flag;
+    float *value;
+    float stored;
+  } floats[] = {
+      {"--lr", &o->optim.lr, r->lr},
+      {"--lr-backbone", &o->optim.lr_backbone, r->lr_backbone},
+      {"--weight-decay", &o->optim.weight_decay, r->weight_decay},
+      {"--clip", &o->optim.clip_max_norm, r->clip},
+      {"--ce-loss-coef", &o->loss.ce, r->ce},
+      {"--bbox-loss-coef", &o->loss.bbox, r->bbox},
+      {"--giou-loss-coef", &o->loss.giou, r->giou},
+      {"--eos-coef", &o->loss.eos, r->eos},
+      {"--cost-class", &o->loss.cost_class, r->cost_class},
+      {"--cost-bbox", &o->loss.cost_bbox, r->cost_bbox},
+      {"--cost-giou", &o->loss.cost_giou, r->cost_giou},
+  };
+  const struct {
+    const char *flag;
+    int *value;
+    int stored;
+  } ints[] = {
+      {"--epochs", &o->epochs, r->epochs},
+      {"--lr-drop", &o->optim.lr_drop, r->lr_drop},
+      {"--image-size", &f->image_size, r->image_size},
+      {"--max-size", &f->max_size, r->max_size},
+      {"--pad-multiple", &o->pad_multiple, r->pad_multiple},
+  };
+  char changed[2048] = "";
+  size_t n = 0;
+  for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++) {
+    if (!has_flag(argc, argv, floats[i].flag)) *floats[i].value = floats[i].stored;
+    else if (!same_setting(*floats[i].value, floats[i].stored))
+      note_change(changed, sizeof changed, &n, floats[i].flag, *floats[i].value, floats[i].stored);
+  }
+  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+    if (!has_flag(argc, argv, ints[i].flag)) *ints[i].value = ints[i].stored;
+    else if (*ints[i].value != ints[i].stored)
+      note_change(changed, sizeof changed, &n, ints[i].flag, *ints[i].value, ints[i].stored);
+  }
+  if (!has_flag(argc, argv, "--no-augment")) f->no_augment = !r->augment;
+  else if (r->augment && n < sizeof changed)
+    n += (size_t)snprintf(changed + n, sizeof changed - n, " --no-augment (the run augmented);");
+  if (n && dist_is_main(g))
+    fprintf(stderr, "detr train: resuming with settings of its own instead of the run's:%.*s\n", (int)n - 1, changed);
+}
+
+// What the checkpoints of this run record of its settings (after resolve()).
+static RunSettings run_settings_of(const TrainOptions *o, const TrainFlags *f) {
+  return (RunSettings){.known = true,
+                       .epochs = o->epochs,
+                       .lr_drop = o->optim.lr_drop,
+                       .batch = o->batch_size,
+                       .pad_multiple = o->pad_multiple,
+                       .image_size = f->image_size,
+                       .max_size = f->max_size,
+                       .augment = !f->no_augment,
+                       .lr = o->optim.lr,
+                       .lr_backbone = o->optim.lr_backbone,
+                       .weight_decay = o->optim.weight_decay,
+                       .clip = o->optim.clip_max_norm,
+                       .ce = o->loss.ce,
+                       .bbox = o->loss.bbox,
+                       .giou = o->loss.giou,
+                       .eos = o->loss.eos,
+                       .cost_class = o->loss.cost_class,
+                       .cost_bbox = o->loss.cost_bbox,
+                       .cost_giou = o->loss.cost_giou};
+}
+
 // Reads the checkpoint to resume and the --init weights, resolves the options against them and
 // trains: the verb's exit status.
 static int resolve_and_train(TrainOptions *o, TrainFlags *f, int argc, char **argv) {
@@ -256,6 +350,7 @@ static int resolve_and_train(TrainOptions *o, TrainFlags *f, int argc, char **ar
     checkpoint_info_free(&ci);
     return 1;
   }
+  if (o->resume && ci.run.known) continue_run(&g, o, f, &ci.run, argc, argv);
   int rc = resolve(o, f->config, &f->sets, f->enact, f->device, f->precision, f->bad_input, &f->image_size,
                    &f->max_size, !f->no_augment,
                    o->resume            ? &ci
@@ -264,6 +359,8 @@ static int resolve_and_train(TrainOptions *o, TrainFlags *f, int argc, char **ar
   if (rc == 0) {
     o->progress = !f->no_progress;
     store_command_line(o, argc, argv, f->image_size, f->max_size);
+    o->run = run_settings_of(o, f);
+    o->seed_given = has_flag(argc, argv, "--seed");
     rc = train_run(o, &g);
   }
   checkpoint_info_free(&ci);

@@ -27,6 +27,7 @@
 #include "train/draw.h"
 #include "train/progress.h"
 #include "train/run_dir.h"
+#include "train/run_lock.h"
 #include "train/setup.h"
 
 TrainOptions train_options_default(void) {
@@ -182,6 +183,7 @@ typedef struct {
   CpuShare cpu;        // compute threads: the cores other processes leave free
   int interrupted;     // the signal that stopped the run (SIGINT, SIGTERM, SIGUSR1), 0 if none
   int64_t saved_step;  // the step of the last ckpt-<step> this run wrote, -1 before the first
+  RunLock lock;        // OUT/train.lock (rank 0): one process per run directory
 } Trainer;
 
 // --- stage 1, set-up: data, model, optimizer; resume or initial weights; the log; the loader ---
@@ -266,6 +268,16 @@ static int resume(Trainer *t, char *err, size_t err_cap) {
              t->dist.world == 1 ? "" : "es", (long long)global_batch);
     return -1;
   }
+  if (t->resumed && st->seed != o->seed) {  // the data order and augmentation of the run: its own seed
+    if (o->seed_given) {
+      snprintf(err, err_cap,
+               "the run's seed is %llu: --seed %llu would change its data order mid-run. Leave --seed out to "
+               "continue it, or start a new run with --init %s",
+               (unsigned long long)st->seed, (unsigned long long)o->seed, o->resume);
+      return -1;
+    }
+    t->o->seed = st->seed;
+  }
   uint64_t resumed_at[2] = {(uint64_t)st->step, ~(uint64_t)st->step};  // max of step and of -step: all equal?
   dist_allreduce_max_u64(&t->dist, resumed_at, 2);
   if (resumed_at[0] != (uint64_t)st->step || ~resumed_at[1] != (uint64_t)st->step) {
@@ -312,6 +324,7 @@ static int check_run_dir(Trainer *t, char *err, size_t err_cap) {
     return 0;
   }
   if (o->move_old_run) {
+    run_lock_release(&t->lock);  // the old run's directory goes without this run's lock
     if (run_dir_move_aside(o->out_dir, moved, sizeof moved, err, err_cap)) return -1;
     fprintf(stderr, "detr train: moved the run in %s (%s) to %s\n", o->out_dir, what, moved);
     return 0;
@@ -330,10 +343,22 @@ static int check_run_dir(Trainer *t, char *err, size_t err_cap) {
   return -1;
 }
 
+// The directory, its lock (before anything in it is judged or changed: a live run there is
+// refused), and what it holds; after --move-old-run, the lock of the new directory.
+static int lock_and_check_run_dir(Trainer *t, char *err, size_t err_cap) {
+  const TrainOptions *o = t->o;
+  char command[sizeof o->train_config_text + 8];
+  snprintf(command, sizeof command, "detr %s", o->train_config_text);
+  if (mkdir_p(o->out_dir, err, err_cap) || run_lock_acquire(&t->lock, o->out_dir, command, err, err_cap) ||
+      check_run_dir(t, err, err_cap))
+    return -1;
+  if (t->lock.held) return 0;
+  return mkdir_p(o->out_dir, err, err_cap) || run_lock_acquire(&t->lock, o->out_dir, command, err, err_cap) ? -1 : 0;
+}
+
 // Rank 0 decides (and moves an old run aside); every rank learns the outcome.
 static int claim_run_dir(Trainer *t, char *err, size_t err_cap) {
-  bool ok =
-      !dist_is_main(&t->dist) || (check_run_dir(t, err, err_cap) == 0 && mkdir_p(t->o->out_dir, err, err_cap) == 0);
+  bool ok = !dist_is_main(&t->dist) || lock_and_check_run_dir(t, err, err_cap) == 0;
   if (ok && dist_is_main(&t->dist)) run_dir_remove_dead_temps(t->o->out_dir);
   if (dist_all_ok(&t->dist, ok)) return 0;
   if (ok) snprintf(err, err_cap, "the run directory was refused (see the message of rank 0)");
@@ -446,13 +471,30 @@ static int open_log_and_loader(Trainer *t, char *err, size_t err_cap) {
   lc.shard = t->dist.rank;  // each process: its slice of every global batch
   lc.shards = t->dist.world;
   DataError derr;
-  if (loader_create(t->train, &lc, (LoaderPosition){t->st.epoch, t->st.next_batch}, &t->loader, &derr)) {
+  if (loader_create(t->train, &lc, (LoaderPosition){t->st.epoch, 0}, &t->loader, &derr)) {
     snprintf(err, err_cap, "%s", derr.msg);
     return -1;
   }
   t->per_epoch = loader_batches_per_epoch(t->loader);
   if (t->per_epoch == 0) {
     snprintf(err, err_cap, "%s has fewer images than one batch of %d", t->train->ann_path, o->batch_size);
+    return -1;
+  }
+  // Fewer batches than the run had (images it read then are skipped at start-up now): the rest of
+  // the checkpoint's epoch no longer exists in this order; the next epoch starts anew.
+  if (t->st.next_batch >= t->per_epoch) {
+    if (dist_is_main(&t->dist))
+      fprintf(stderr,
+              "detr train: %s has %lld batches per epoch now, fewer than the %lld this run had trained of epoch "
+              "%lld: going on from the start of epoch %lld\n",
+              t->train->ann_path, (long long)t->per_epoch, (long long)t->st.next_batch, (long long)t->st.epoch,
+              (long long)t->st.epoch + 1);
+    t->st.epoch++;
+    t->st.next_batch = 0;
+  }
+  if (t->st.next_batch > 0 &&
+      loader_seek(t->loader, (LoaderPosition){t->st.epoch, t->st.next_batch}, &derr) != DATA_OK) {
+    snprintf(err, err_cap, "%s", derr.msg);
     return -1;
   }
   if (dist_is_main(&t->dist)) {
@@ -481,6 +523,7 @@ static int trainer_setup(Trainer *t, char *err, size_t err_cap) {
   if (resume(t, err, err_cap) || (!t->resumed && initial_weights(t, err, err_cap)) || claim_run_dir(t, err, err_cap) ||
       open_log_and_loader(t, err, err_cap))
     return -1;
+  t->st.run = o->run;  // what every checkpoint of this run records of its settings
   t->criterion = detr_criterion_config(&o->model);
   loss_weights_apply(&o->loss, &t->criterion);
   int64_t total_steps = (int64_t)o->epochs * t->per_epoch;
@@ -491,6 +534,7 @@ static int trainer_setup(Trainer *t, char *err, size_t err_cap) {
 
 static void trainer_free(Trainer *t) {
   if (t->metrics) fclose(t->metrics);
+  run_lock_release(&t->lock);
   loader_free(t->loader);
   if (t->m) adamw_free(&t->opt);
   detr_model_free(t->m);
@@ -801,6 +845,53 @@ static int stop_requested(const Dist *g) {
   return (int)sig;
 }
 
+// How to go on from the run's last checkpoint: the command that made the run, with --resume auto
+// for its --resume and without --move-old-run; with `flag value` (NULL: none) instead of the
+// run's own value of that flag.
+static void print_resume_hint(const TrainOptions *o, const Dist *g, const char *how, const char *flag,
+                              const char *value) {
+  char text[sizeof o->train_config_text], *save = NULL;
+  snprintf(text, sizeof text, "%s", o->train_config_text);
+  if (g->world > 1)  // the launcher's own options (a host file, say) are not known here
+    fprintf(stderr,
+            "detr train: %s with the same %d processes and --batch, through your launcher (mpirun -np %d ...): "
+            "detr",
+            how, g->world, g->world);
+  else fprintf(stderr, "detr train: %s with: detr", how);
+  size_t flag_len = flag ? strlen(flag) : 0;
+  for (char *w = strtok_r(text, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
+    bool replaced = flag && !strncmp(w, flag, flag_len) && (w[flag_len] == 0 || w[flag_len] == '=');
+    if (!strcmp(w, "--resume") || (replaced && w[flag_len] == 0)) w = strtok_r(NULL, " ", &save);  // and its value
+    else if (strncmp(w, "--resume=", 9) && strcmp(w, "--move-old-run") && !replaced) fprintf(stderr, " %s", w);
+    if (!w) break;
+  }
+  if (flag) fprintf(stderr, " %s %s", flag, value);
+  fprintf(stderr, " --resume auto\n");
+}
+
+// An image that failed to load mid-run under --bad-input fail (the loader's message, naming the
+// file, is above): the finished steps are saved, then the two ways on are said. Returns -1.
+static int stop_on_bad_data(Trainer *t) {
+  const TrainOptions *o = t->o;
+  char path[4200];
+  ckpt_path(o, t->st.step, path, sizeof path);
+  bool saved = t->saved_step == t->st.step;
+  if (!saved && t->st.step > 0) {
+    if (save(&t->dist, o, path, t->m, &t->opt, &t->st, t->categories)) return -1;
+    t->saved_step = t->st.step;
+    prune_checkpoints(&t->dist, o, t->st.step);
+    saved = true;
+  }
+  if (!dist_is_main(&t->dist)) return -1;
+  if (saved)
+    fprintf(stderr, "detr train: stopped before step %lld on that image: the finished steps are saved in %s\n",
+            (long long)t->st.step + 1, path);
+  else fprintf(stderr, "detr train: stopped on that image before the first step: nothing had been trained\n");
+  print_resume_hint(o, &t->dist, "replace the file with a readable one and resume", NULL, NULL);
+  print_resume_hint(o, &t->dist, "or leave out every unreadable image (counted at the end)", "--bad-input", "skip");
+  return -1;
+}
+
 // Trains until the epoch ends, max_steps is reached (*stop) or a step fails (-1).
 static int train_epoch(Trainer *t, bool *stop) {
   const TrainOptions *o = t->o;
@@ -812,7 +903,7 @@ static int train_epoch(Trainer *t, bool *stop) {
     int s = loader_next(t->loader, &b, &derr);
     if (!dist_all_ok(&t->dist, s != DATA_ERROR)) {  // a data error on any process stops them all here
       if (s == DATA_ERROR) fprintf(stderr, "\ndetr train: %s\n", derr.msg);
-      return -1;
+      return stop_on_bad_data(t);
     }
     if (b->epoch != st->epoch) break;  // the loader moved on: this epoch is complete
     double t0 = now_s();
@@ -909,25 +1000,6 @@ static int save_final(Trainer *t) {
   return 0;
 }
 
-// How to go on from the run's last checkpoint: the command that made the run, with --resume auto
-// for its --resume and without --move-old-run.
-static void print_resume_hint(const TrainOptions *o, const Dist *g) {
-  char text[sizeof o->train_config_text], *save = NULL;
-  snprintf(text, sizeof text, "%s", o->train_config_text);
-  if (g->world > 1)  // the launcher's own options (a host file, say) are not known here
-    fprintf(
-        stderr,
-        "detr train: resume with the same %d processes and --batch, through your launcher (mpirun -np %d ...): detr",
-        g->world, g->world);
-  else fprintf(stderr, "detr train: resume with: detr");
-  for (char *w = strtok_r(text, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
-    if (!strcmp(w, "--resume")) w = strtok_r(NULL, " ", &save);
-    else if (strncmp(w, "--resume=", 9) && strcmp(w, "--move-old-run")) fprintf(stderr, " %s", w);
-    if (!w) break;
-  }
-  fprintf(stderr, " --resume auto\n");
-}
-
 // Nothing to train: the run is at its --max-steps or past its last epoch.
 static bool run_complete(const Trainer *t) {
   const TrainOptions *o = t->o;
@@ -959,7 +1031,7 @@ static void report_end(const Trainer *t, int rc) {
   if (t->interrupted) {
     fprintf(stderr, "detr train: interrupted at step %lld (%s): the state is in %s\n", (long long)t->st.step,
             stop_signal_name(t->interrupted), path);
-    print_resume_hint(o, &t->dist);
+    print_resume_hint(o, &t->dist, "resume", NULL, NULL);
   } else if (o->max_steps > 0 && t->st.step >= o->max_steps) {
     fprintf(stderr,
             "detr train: stopped at step %lld (--max-steps %lld): the state is in %s; continue with --resume "

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdbool.h>
 
+#include "api/model_file.h"  // RunSettings
 #include "datasets/loader.h"
 #include "nn/criterion.h"
 #include "nn/detr.h"
@@ -52,6 +53,8 @@ typedef struct {
   bool calibrate_bn;             // from scratch: set the frozen BN statistics from a batch before training
   bool progress;                 // progress bar on stderr
   char train_config_text[2048];  // the flags that made the run, stored in checkpoints
+  RunSettings run;               // the settings resolved from them, stored typed in checkpoints
+  bool seed_given;               // --seed was given (else a resumed run keeps its own)
 } TrainOptions;
 
 TrainOptions train_options_default(void);
