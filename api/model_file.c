@@ -2,6 +2,8 @@
 #include "api/model_file.h"
 
 #include <errno.h>
+#include <math.h>
+#include <ctype.h>
 #include <fcntl.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -205,28 +207,34 @@ static int check_config_tensors(const StFile *f, const DetrConfig *c, bool overr
   return 0;
 }
 
-// The fields of RunSettings by key: the one table its writer and reader share.
+// The fields of RunSettings by key, with the range detr train's flag allows: the one table its
+// writer and reader share. The reader holds a checkpoint's values to the same ranges as the flags
+// (a crafted file must not hand a resumed run what no flag could).
 typedef struct {
   const char *key;
-  bool is_float;  // else int (augment: a bool read as 0 or 1)
+  bool is_float;  // else an int
   size_t offset;
+  double min, max;  // the flag's range; NaN allowed where min is NaN (a weight: the model's own)
 } RunSettingsField;
 
-#define RS_INT(k) \
-  { #k, false, offsetof(RunSettings, k) }
-#define RS_FLOAT(k) \
-  { #k, true, offsetof(RunSettings, k) }
+#define RS_INT(k, lo, hi) \
+  { #k, false, offsetof(RunSettings, k), lo, hi }
+#define RS_FLOAT(k, lo, hi) \
+  { #k, true, offsetof(RunSettings, k), lo, hi }
 static const RunSettingsField RUN_SETTINGS_FIELDS[] = {
-    RS_INT(epochs),      RS_INT(lr_drop),    RS_INT(batch),         RS_INT(pad_multiple),   RS_INT(image_size),
-    RS_INT(max_size),    RS_FLOAT(lr),       RS_FLOAT(lr_backbone), RS_FLOAT(weight_decay), RS_FLOAT(clip),
-    RS_FLOAT(ce),        RS_FLOAT(bbox),     RS_FLOAT(giou),        RS_FLOAT(eos),          RS_FLOAT(cost_class),
-    RS_FLOAT(cost_bbox), RS_FLOAT(cost_giou)};
+    RS_INT(epochs, 1, 100000),      RS_INT(lr_drop, 1, 1000000),   RS_INT(batch, 1, 64),
+    RS_INT(pad_multiple, 1, 256),   RS_INT(image_size, 32, 4096),  RS_INT(max_size, 32, 8192),
+    RS_INT(augment, 0, 1),          RS_FLOAT(lr, 1e-30, 1e6),      RS_FLOAT(lr_backbone, 0, 1e6),
+    RS_FLOAT(weight_decay, 0, 1e6), RS_FLOAT(clip, 0, 1e30),       RS_FLOAT(ce, NAN, 1e6),
+    RS_FLOAT(bbox, NAN, 1e6),       RS_FLOAT(giou, NAN, 1e6),      RS_FLOAT(eos, NAN, 1e6),
+    RS_FLOAT(cost_class, NAN, 1e6), RS_FLOAT(cost_bbox, NAN, 1e6), RS_FLOAT(cost_giou, NAN, 1e6)};
 #undef RS_INT
 #undef RS_FLOAT
 #define N_RUN_SETTINGS_FIELDS (sizeof RUN_SETTINGS_FIELDS / sizeof RUN_SETTINGS_FIELDS[0])
 
 void run_settings_format(const RunSettings *s, char *out, size_t cap) {
-  size_t n = (size_t)snprintf(out, cap, "augment=%d\n", s->augment ? 1 : 0);
+  size_t n = 0;
+  out[0] = 0;
   for (size_t i = 0; i < N_RUN_SETTINGS_FIELDS && n < cap; i++) {
     const RunSettingsField *f = &RUN_SETTINGS_FIELDS[i];
     const char *p = (const char *)s + f->offset;
@@ -235,36 +243,48 @@ void run_settings_format(const RunSettings *s, char *out, size_t cap) {
   }
 }
 
+// One "key=value" line into s: 0, 1 for a key this version does not know (a later version's:
+// ignored), -1 with err set.
+static int run_settings_line(const char *line, size_t len, RunSettings *s, bool *seen, const char *where, char *err,
+                             size_t err_cap) {
+  size_t eq = strcspn(line, "=");
+  char key[32], value[64];
+  if (eq >= len || eq >= sizeof key || len - eq - 1 >= sizeof value) {
+    snprintf(err, err_cap, "%s: '%.*s' is no key=value line", where, (int)(len < 80 ? len : 80), line);
+    return -1;
+  }
+  snprintf(key, sizeof key, "%.*s", (int)eq, line);
+  snprintf(value, sizeof value, "%.*s", (int)(len - eq - 1), line + eq + 1);
+  size_t i = 0;
+  while (i < N_RUN_SETTINGS_FIELDS && strcmp(key, RUN_SETTINGS_FIELDS[i].key)) i++;
+  if (i == N_RUN_SETTINGS_FIELDS) return 1;
+  const RunSettingsField *f = &RUN_SETTINGS_FIELDS[i];
+  char *end = NULL;
+  double v = strtod(value, &end);
+  bool nan_ok = isnan(f->min) && isnan(v);
+  bool ok = end != value && !*end && !isspace((unsigned char)value[0]) && !seen[i] &&
+            (nan_ok || (v >= (isnan(f->min) ? 0 : f->min) && v <= f->max && (f->is_float || v == (double)(int)v)));
+  if (!ok) {
+    snprintf(err, err_cap, "%s: %s=%s: %s", where, key, value, seen[i] ? "given twice" : "not a value the flag takes");
+    return -1;
+  }
+  if (f->is_float) *(float *)((char *)s + f->offset) = (float)v;
+  else *(int *)((char *)s + f->offset) = (int)v;
+  seen[i] = true;
+  return 0;
+}
+
 int run_settings_parse(const char *text, RunSettings *s, const char *where, char *err, size_t err_cap) {
   *s = (RunSettings){0};
-  bool seen[N_RUN_SETTINGS_FIELDS + 1] = {false};  // the fields, then augment
+  bool seen[N_RUN_SETTINGS_FIELDS] = {false};
   for (const char *line = text; *line;) {
-    size_t len = strcspn(line, "\n"), eq = strcspn(line, "=");
-    char key[32], value[64];
-    if (eq >= len || eq >= sizeof key || len - eq - 1 >= sizeof value) {
-      snprintf(err, err_cap, "%s: '%.*s' is no key=value line", where, (int)(len < 80 ? len : 80), line);
-      return -1;
-    }
-    snprintf(key, sizeof key, "%.*s", (int)eq, line);
-    snprintf(value, sizeof value, "%.*s", (int)(len - eq - 1), line + eq + 1);
-    char *end = NULL;
-    double v = strtod(value, &end);
-    size_t i = 0;
-    while (i < N_RUN_SETTINGS_FIELDS && strcmp(key, RUN_SETTINGS_FIELDS[i].key)) i++;
-    bool is_augment = !strcmp(key, "augment"), is_float = i < N_RUN_SETTINGS_FIELDS && RUN_SETTINGS_FIELDS[i].is_float;
-    if ((i == N_RUN_SETTINGS_FIELDS && !is_augment) || end == value || *end ||
-        (!is_float && !(v >= -1e9 && v <= 1e9 && v == (double)(long long)v))) {
-      snprintf(err, err_cap, "%s: %s=%s: an unknown key or a bad value", where, key, value);
-      return -1;
-    }
-    if (is_augment) s->augment = v != 0, seen[N_RUN_SETTINGS_FIELDS] = true;
-    else if (is_float) *(float *)((char *)s + RUN_SETTINGS_FIELDS[i].offset) = (float)v, seen[i] = true;
-    else *(int *)((char *)s + RUN_SETTINGS_FIELDS[i].offset) = (int)v, seen[i] = true;
+    size_t len = strcspn(line, "\n");
+    if (len > 0 && run_settings_line(line, len, s, seen, where, err, err_cap) < 0) return -1;
     line += len + (line[len] == '\n');
   }
-  for (size_t i = 0; i <= N_RUN_SETTINGS_FIELDS; i++)
+  for (size_t i = 0; i < N_RUN_SETTINGS_FIELDS; i++)
     if (!seen[i]) {
-      snprintf(err, err_cap, "%s: no %s", where, i < N_RUN_SETTINGS_FIELDS ? RUN_SETTINGS_FIELDS[i].key : "augment");
+      snprintf(err, err_cap, "%s: no %s", where, RUN_SETTINGS_FIELDS[i].key);
       return -1;
     }
   s->known = true;

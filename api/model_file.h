@@ -44,7 +44,7 @@ int model_config_load(const char *config, const char *const *sets, int n_sets, D
 typedef struct {
   bool known;
   int epochs, lr_drop, batch, pad_multiple, image_size, max_size;
-  bool augment;
+  int augment;  // 0 or 1
   float lr, lr_backbone, weight_decay, clip;
   // Loss and matcher weights as given (NaN: the model's own, from its class head).
   float ce, bbox, giou, eos, cost_class, cost_bbox, cost_giou;
@@ -52,8 +52,9 @@ typedef struct {
 
 // s as "key=value\n" lines (floats to 9 significant digits: read back exactly).
 void run_settings_format(const RunSettings *s, char *out, size_t cap);
-// Reads run_settings_format's lines into s (known set); every key must be there. Returns 0, or -1
-// with err naming `where` and what is wrong.
+// Reads run_settings_format's lines into s (known set): every key must be there once, with a value
+// its detr train flag allows; a key this version does not know is ignored. Returns 0, or -1 with
+// err naming `where` and what is wrong.
 int run_settings_parse(const char *text, RunSettings *s, const char *where, char *err, size_t err_cap);
 
 // What a detr-c checkpoint says about the run that made it (its metadata).

@@ -5,6 +5,7 @@
 // crash-*, leak-*, timeout-* or cov-* beside them.
 #define _DEFAULT_SOURCE  // mkdtemp
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -272,7 +273,26 @@ static void model_seeds(void) {
                    .dropout_rng = rng_make(7),
                    .best_map = 0.25,
                    .world_size = 1,
-                   .global_batch = 2};
+                   .global_batch = 2,
+                   .run = {.known = true,
+                           .epochs = 50,
+                           .lr_drop = 33,
+                           .batch = 2,
+                           .pad_multiple = 1,
+                           .image_size = 64,
+                           .max_size = 96,
+                           .augment = 1,
+                           .lr = 1e-4f,
+                           .lr_backbone = 1e-5f,
+                           .weight_decay = 1e-4f,
+                           .clip = 0.1f,
+                           .ce = NAN,
+                           .bbox = 5,
+                           .giou = 2,
+                           .eos = 0.1f,
+                           .cost_class = NAN,
+                           .cost_bbox = 5,
+                           .cost_giou = 2}};
   char err[1024];
   if (checkpoint_save(at("checkpoint", "with-optimizer.safetensors"), m, &opt, &st, "train --data d --image-size 64",
                       "1:circle;3:square", err, sizeof err) ||

@@ -277,7 +277,8 @@ START_TEST(bad_image_mid_run_keeps_the_finished_steps) {
   ck_assert_int_eq(sh("%s train --data %s/dbad --out %s/bad --max-steps 12 %s", DETR_BIN, test_root, test_root, TINY),
                    1);
   ASSERT_LOG("dbad/train/000000000011.jpg: truncated or corrupt JPEG");
-  ASSERT_LOG("stopped before step 6 on that image: the finished steps are saved in [^ ]*/bad/ckpt-5.safetensors");
+  ASSERT_LOG(
+      "stopped before step 6 on the data error above: the finished steps are saved in [^ ]*/bad/ckpt-5.safetensors");
   ASSERT_LOG("replace the file with a readable one and resume with: detr train .* --resume auto$");
   ASSERT_LOG("leave out every unreadable image .* --bad-input skip --resume auto$");
   ck_assert_int_eq(sh("test -s %s/bad/ckpt-5.safetensors && cp -r %s/bad %s/badskip && cp -r %s/bad %s/badzero",
@@ -349,6 +350,41 @@ START_TEST(resume_continues_the_runs_schedule) {
 }
 END_TEST
 
+// The run directory holds only what the run wrote: a new run into a folder with files of the names
+// it writes (a chart, results) that no run there wrote is refused before it writes anything; the
+// results of every evaluation but the best's and the last's are removed as the run goes (each holds
+// every detection of every val image), unless --keep-all-results.
+START_TEST(run_directory_holds_only_what_the_run_wrote) {
+  setup_data();
+  ck_assert_int_eq(sh("mkdir %s/u && echo mine > %s/u/chart.png && echo '[]' > %s/u/results-epoch0.json && "
+                      "(cd %s/u && md5sum * > ../u.md5)",
+                      test_root, test_root, test_root, test_root),
+                   0);
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/u --max-steps 2 %s", DETR_BIN, test_root, test_root, TINY), 1);
+  ASSERT_LOG("holds (chart.png, results-epoch0.json|results-epoch0.json, chart.png), which this run would write over");
+  ck_assert_int_eq(sh("cd %s/u && md5sum -c --quiet ../u.md5 && test $(ls | wc -l) -eq 2", test_root), 0);
+  const char *flags =
+      "--config tiny --set num_classes=100 --epochs 3 --eval-every 1 --workers 2 --threads 2 --seed 5 "
+      "--no-progress";
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/ev %s", DETR_BIN, test_root, test_root, flags), 0);
+  // The best evaluation: the first with the highest AP.
+  long best = sh_read_long(-1,
+                           "grep '\"type\": \"eval\"' %s/ev/metrics.jsonl | sed 's/.*\"epoch\": \\([0-9]*\\),.*\"AP\": "
+                           "\\([-0-9.]*\\),.*/\\2 \\1/' | awk '$1 > m || NR == 1 {m = $1; e = $2} END {print e}'",
+                           test_root);
+  ck_assert_int_ge(best, 0);
+  char want[96];
+  snprintf(want, sizeof want, best == 2 ? "results-epoch2.json" : "results-epoch%ld.json results-epoch2.json", best);
+  ck_assert_msg(
+      sh("test \"$(cd %s/ev && ls results-epoch*.json | sort | tr '\\n' ' ')\" = '%s '", test_root, want) == 0,
+      "%s/ev should hold only %s", test_root, want);
+  ck_assert_int_eq(
+      sh("%s train --data %s/data --out %s/ev2 --keep-all-results %s", DETR_BIN, test_root, test_root, flags), 0);
+  ck_assert_int_eq(sh("test $(ls %s/ev2/results-epoch*.json | wc -l) -eq 3", test_root), 0);
+}
+END_TEST
+
 // One process per run directory: while a run lives, a second run into its directory, a --resume
 // auto and a --move-old-run are refused before they touch anything, naming the live run's pid and
 // command; the lock of a run killed with SIGKILL is taken over with a line that says so.
@@ -356,8 +392,12 @@ START_TEST(second_process_is_refused_while_the_run_lives) {
   setup_data();
   char ckpt2[256];
   snprintf(ckpt2, sizeof ckpt2, "%s/l/ckpt-2.safetensors", test_root);
-  pid_t pid = sh_start("%s train --data %s/data --out %s/l --max-steps 100000 %s > %s/l.log 2>&1", DETR_BIN, test_root,
-                       test_root, TINY, test_root);
+  // One run as started with OMP_WAIT_POLICY set, the others without: detr restarts itself (as
+  // "exe") only without it, so the processes' names differ, and the lock must not depend on them.
+  pid_t pid = sh_start(
+      "env OMP_WAIT_POLICY=PASSIVE %s train --data %s/data --out %s/l --max-steps 100000 %s > "
+      "%s/l.log 2>&1",
+      DETR_BIN, test_root, test_root, TINY, test_root);
   ck_assert_msg(sh_wait_for_file(ckpt2, 60) || (kill(pid, SIGKILL), sh_wait(pid, 10), false),
                 "no checkpoint after 60 s: see %s/l.log", test_root);
   char holder[64];
@@ -366,7 +406,8 @@ START_TEST(second_process_is_refused_while_the_run_lives) {
   for (int i = 0; i < 3; i++) {
     clear_log();
     ck_assert_int_eq(
-        sh("%s train --data %s/data --out %s/l --max-steps 4 %s %s", DETR_BIN, test_root, test_root, TINY, tries[i]),
+        sh("env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT %s train --data %s/data --out %s/l --max-steps 4 %s %s", DETR_BIN,
+           test_root, test_root, TINY, tries[i]),
         1);
     ASSERT_LOG(holder);
     ASSERT_LOG("is running in this directory: detr train ");
@@ -383,7 +424,7 @@ START_TEST(second_process_is_refused_while_the_run_lives) {
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/l --max-steps %d --resume auto %s", DETR_BIN, test_root,
                       test_root, step + 2, TINY),
                    0);
-  ASSERT_LOG("train.lock was left by a run that has ended .*process [0-9]+ is no longer running.*taking it over");
+  ASSERT_LOG("train.lock was left by a run that has ended \\(process [0-9]+ on .*: detr train .*\\): taking it over");
   ck_assert_msg(each_step_once("l", step + 2), "steps 1-%d are not each logged once", step + 2);
   ck_assert_int_eq(sh("test ! -e %s/l/train.lock", test_root), 0);  // released at the end
 }
@@ -540,6 +581,7 @@ int main(void) {
   tcase_add_test(tc, second_process_is_refused_while_the_run_lives);
   tcase_add_test(tc, bad_image_mid_run_keeps_the_finished_steps);
   tcase_add_test(tc, resume_continues_the_runs_schedule);
+  tcase_add_test(tc, run_directory_holds_only_what_the_run_wrote);
   suite_add_tcase(s, tc);
   return sh_run_suite(s);
 }

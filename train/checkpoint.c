@@ -57,6 +57,7 @@ int checkpoint_save(const char *path, const DetrModel *model, const AdamW *opt, 
   META("dropout_rng_seed", "%" PRIu64, state->dropout_rng.seed);
   META("dropout_rng_offset", "%" PRIu64, state->dropout_rng.offset);
   META("best_map", "%.17g", state->best_map);
+  META("best_epoch", "%" PRId64, state->best_epoch);
   META("world_size", "%d", state->world_size > 0 ? state->world_size : 1);
   META("global_batch", "%" PRId64, state->global_batch);
   META("optimizer_step", "%" PRId64, opt ? opt->step : (int64_t)0);
@@ -109,6 +110,9 @@ int checkpoint_load(const char *path, DetrModel *model, AdamW *opt, TrainState *
     state->dropout_rng = (Rng){.seed = v[4], .offset = v[5]};
     const char *best = st_metadata(f, "best_map");
     state->best_map = best ? strtod(best, NULL) : -1.0;
+    const char *best_epoch = st_metadata(f, "best_epoch");  // older checkpoints: unknown
+    long long be = best_epoch ? strtoll(best_epoch, NULL, 10) : -1;
+    state->best_epoch = be >= 0 && be <= INT32_MAX ? (int64_t)be : -1;
     // Older checkpoints have neither: one process, batch not recorded.
     uint64_t world = 1, global = 0;
     if (st_metadata(f, "world_size")) rc = meta_u64(f, "world_size", &world, err, err_cap);

@@ -15,6 +15,7 @@ typedef struct {
   uint64_t seed;         // the run's seed (data order, augmentation)
   Rng dropout_rng;       // the dropout stream's state
   double best_map;       // best evaluation AP so far (-1 if none)
+  int64_t best_epoch;    // the epoch of that evaluation (-1: none, or a checkpoint that did not say)
   int world_size;        // processes of the run (data parallel), 1 without
   int64_t global_batch;  // images per step over all processes (0: not recorded)
   RunSettings run;       // the run's settings (run.known false: not written; set by no training run)

@@ -411,6 +411,8 @@ int cmd_train(int argc, char **argv) {
       {"checkpoint-every", FLAG_I64, &o.checkpoint_every, "steps between checkpoints (default 0: every epoch)", 0,
        1LL << 40},
       {"keep", FLAG_I32, &o.keep_last, "checkpoints kept besides best.safetensors (default 2)", 1, 1000},
+      {"keep-all-results", FLAG_BOOL, &o.keep_all_results,
+       "keep every evaluation's results-epoch<E>.json (default: the best's and the last's)"},
       {"init", FLAG_STRING, &o.init_weights,
        "start from these weights (safetensors, reference names) or a checkpoint's model (fine-tuning: a class head for "
        "other classes, query embeddings for another num_queries are re-initialised; docs/finetune.md)"},

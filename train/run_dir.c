@@ -46,6 +46,25 @@ void run_dir_scan(const char *dir, RunDirContents *c) {
   c->metrics = exists_in(dir, "metrics.jsonl", true);
 }
 
+int run_dir_foreign_outputs(const char *dir, char *buf, size_t cap) {
+  buf[0] = 0;
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  int n = 0;
+  size_t len = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    long long k;
+    int end = 0;
+    bool results = sscanf(e->d_name, "results-epoch%lld.json%n", &k, &end) == 1 && !e->d_name[end];
+    if (!results && strcmp(e->d_name, "chart.png")) continue;
+    if (len < cap) len += (size_t)snprintf(buf + len, cap - len, "%s%s", n ? ", " : "", e->d_name);
+    n++;
+  }
+  closedir(d);
+  return n;
+}
+
 bool run_dir_has_run(const RunDirContents *c) { return c->n_checkpoints > 0 || c->best || c->metrics; }
 
 void run_dir_describe(const RunDirContents *c, char *buf, size_t cap) {

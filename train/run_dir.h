@@ -18,6 +18,10 @@ typedef struct {
 } RunDirContents;
 
 void run_dir_scan(const char *dir, RunDirContents *c);
+// The files of dir that a run writes but that no run there wrote (chart.png, results-epoch<E>.json
+// in a directory without a run's metrics.jsonl or checkpoints: the user's own), as "chart.png,
+// results-epoch0.json"; how many.
+int run_dir_foreign_outputs(const char *dir, char *buf, size_t cap);
 bool run_dir_has_run(const RunDirContents *c);
 // "ckpt-4.safetensors (the newest of 2 checkpoints), best.safetensors, metrics.jsonl".
 void run_dir_describe(const RunDirContents *c, char *buf, size_t cap);

@@ -1,30 +1,29 @@
-// One process per run directory: DIR/train.lock names the run that holds it (pid, host, command).
-// A second `detr train` into the directory - a new run, --resume auto, --move-old-run - is refused
-// while the holder lives, with its pid and command. A lock whose holder has ended is taken over,
-// with a line saying so: on this host, a holder whose pid no longer runs detr; on another host of a
-// shared file system (rank 0 of an mpirun there), a lock not refreshed for RUN_LOCK_STALE_S (a
-// thread of the holder touches it every RUN_LOCK_REFRESH_S, through evaluations and long steps).
+// One process per run directory: the run holds a kernel file lock (an open file description lock,
+// fcntl F_OFD_SETLK) on DIR/train.lock for as long as it lives, and the file names it (pid, host,
+// command) for the message others get. A second `detr train` into the directory - a new run,
+// --resume auto, --move-old-run - is refused while the lock is held, naming the holder. The kernel
+// drops the lock when its holder dies (SIGKILL, a crash; on NFS, its lock manager when the host
+// goes), so the lock of a run that has ended is simply taken, with a line saying whose it was.
+// Under mpirun, rank 0 holds it.
 #pragma once
-#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 
 #define RUN_LOCK_NAME "train.lock"
-#define RUN_LOCK_REFRESH_S 30
-#define RUN_LOCK_STALE_S 300
 
 typedef struct {
   char path[4200];  // DIR/train.lock
-  bool held;
-  pthread_t refresher;
-  pthread_mutex_t mu;
-  pthread_cond_t wake;
-  bool stopping, thread_started;
+  int fd;           // the open file description that holds the lock (valid when held)
+  bool held;        // false in a zeroed RunLock
 } RunLock;
 
 // Takes DIR/train.lock for this process (DIR must exist). Returns 0, or -1 with err naming the
-// live holder (its pid, host and command) or the file that could not be written.
+// live holder (its pid, host and command) or the file that could not be locked. On a file system
+// without file locks, warns that a second process would not be refused and returns 0.
 int run_lock_acquire(RunLock *l, const char *dir, const char *command, char *err, size_t err_cap);
-// Removes the lock file (when it still names this process) and stops the refreshing thread.
-// Safe on a lock never taken.
+// The directory holding the lock was renamed to moved_dir (--move-old-run): the lock file there,
+// which names this process, is removed and the lock given up, so that it can be taken anew in the
+// new directory.
+void run_lock_release_moved(RunLock *l, const char *moved_dir);
+// Removes the lock file and gives up the lock. Safe on a lock never taken (a zeroed RunLock).
 void run_lock_release(RunLock *l);

@@ -184,6 +184,7 @@ typedef struct {
   int interrupted;     // the signal that stopped the run (SIGINT, SIGTERM, SIGUSR1), 0 if none
   int64_t saved_step;  // the step of the last ckpt-<step> this run wrote, -1 before the first
   RunLock lock;        // OUT/train.lock (rank 0): one process per run directory
+  bool moved_old_run;  // --move-old-run renamed the directory (with the lock) aside
 } Trainer;
 
 // --- stage 1, set-up: data, model, optimizer; resume or initial weights; the log; the loader ---
@@ -239,6 +240,7 @@ static void create_model(Trainer *t) {
   t->st = (TrainState){.seed = o->seed,
                        .dropout_rng = rng_make(o->seed ^ 0xd40bu),
                        .best_map = -1.0,
+                       .best_epoch = -1,
                        .world_size = t->dist.world,
                        .global_batch = (int64_t)t->dist.world * o->batch_size};
 }
@@ -290,6 +292,18 @@ static int resume(Trainer *t, char *err, size_t err_cap) {
   return 0;
 }
 
+// --move-old-run: the directory, with what it holds (`what`), renamed to OUT.old-<time>.
+// The lock is held through the rename (no other process can take the directory meanwhile), then
+// given up with the moved directory's lock file: lock_and_check_run_dir takes the new one's.
+static int move_old_run(Trainer *t, const char *what, char *err, size_t err_cap) {
+  char moved[4200];
+  if (run_dir_move_aside(t->o->out_dir, moved, sizeof moved, err, err_cap)) return -1;
+  run_lock_release_moved(&t->lock, moved);
+  t->moved_old_run = true;
+  fprintf(stderr, "detr train: moved the run in %s (%s) to %s\n", t->o->out_dir, what, moved);
+  return 0;
+}
+
 // What the run directory holds decides what this run may do there, before anything is written:
 // a new run needs a directory without a run (or --move-old-run, which renames it: nothing is
 // deleted); a run resumed from a checkpoint of the directory continues that history only.
@@ -297,8 +311,19 @@ static int check_run_dir(Trainer *t, char *err, size_t err_cap) {
   const TrainOptions *o = t->o;
   RunDirContents c;
   run_dir_scan(o->out_dir, &c);
-  if (!run_dir_has_run(&c)) return 0;
-  char what[1024], moved[4200];
+  char what[1024];
+  if (!run_dir_has_run(&c)) {
+    if (!run_dir_foreign_outputs(o->out_dir, what, sizeof what)) return 0;
+    if (!o->move_old_run) {
+      snprintf(err, err_cap,
+               "%s holds %s, which this run would write over, and no run that wrote them (no metrics.jsonl or "
+               "checkpoint): choose another --out, move them away, or pass --move-old-run to rename the directory "
+               "to %s.old-<time> first (nothing is deleted)",
+               o->out_dir, what, o->out_dir);
+      return -1;
+    }
+    return move_old_run(t, what, err, err_cap);
+  }
   run_dir_describe(&c, what, sizeof what);
   if (t->resumed && run_dir_contains(o->out_dir, o->resume)) {
     if (o->move_old_run) {
@@ -323,12 +348,7 @@ static int check_run_dir(Trainer *t, char *err, size_t err_cap) {
             o->out_dir, what);
     return 0;
   }
-  if (o->move_old_run) {
-    run_lock_release(&t->lock);  // the old run's directory goes without this run's lock
-    if (run_dir_move_aside(o->out_dir, moved, sizeof moved, err, err_cap)) return -1;
-    fprintf(stderr, "detr train: moved the run in %s (%s) to %s\n", o->out_dir, what, moved);
-    return 0;
-  }
+  if (o->move_old_run) return move_old_run(t, what, err, err_cap);
   if (t->resumed)
     snprintf(err, err_cap,
              "%s already holds another run (%s): resuming %s into it would mix two runs. Choose an empty "
@@ -352,7 +372,7 @@ static int lock_and_check_run_dir(Trainer *t, char *err, size_t err_cap) {
   if (mkdir_p(o->out_dir, err, err_cap) || run_lock_acquire(&t->lock, o->out_dir, command, err, err_cap) ||
       check_run_dir(t, err, err_cap))
     return -1;
-  if (t->lock.held) return 0;
+  if (!t->moved_old_run) return 0;
   return mkdir_p(o->out_dir, err, err_cap) || run_lock_acquire(&t->lock, o->out_dir, command, err, err_cap) ? -1 : 0;
 }
 
@@ -884,9 +904,14 @@ static int stop_on_bad_data(Trainer *t) {
   }
   if (!dist_is_main(&t->dist)) return -1;
   if (saved)
-    fprintf(stderr, "detr train: stopped before step %lld on that image: the finished steps are saved in %s\n",
+    fprintf(stderr,
+            "detr train: stopped before step %lld on the data error above: the finished steps are saved in %s\n",
             (long long)t->st.step + 1, path);
-  else fprintf(stderr, "detr train: stopped on that image before the first step: nothing had been trained\n");
+  else fprintf(stderr, "detr train: stopped on the data error above before the first step: nothing had been trained\n");
+  if (o->bad_input != BAD_INPUT_FAIL) {  // not one image (skip): nothing to skip past
+    print_resume_hint(o, &t->dist, "resume once the data is readable", NULL, NULL);
+    return -1;
+  }
   print_resume_hint(o, &t->dist, "replace the file with a readable one and resume", NULL, NULL);
   print_resume_hint(o, &t->dist, "or leave out every unreadable image (counted at the end)", "--bad-input", "skip");
   return -1;
@@ -948,6 +973,30 @@ static int train_epoch(Trainer *t, bool *stop) {
 
 // --- stage 4, evaluation: COCO AP on the val split, its log, the best checkpoint ---
 
+// Removes the results-epoch<K>.json of this run's earlier evaluations but the best's: each holds
+// every detection of every val image (about 117 bytes each: COCO val2017 at 100 detections per
+// image, 58 MB an evaluation, 17 GB over 300 epochs). --keep-all-results keeps them. A best from a
+// checkpoint that did not record its epoch keeps every file until a new best.
+static void prune_results(const Trainer *t, int64_t epoch) {
+  const TrainOptions *o = t->o;
+  if (o->keep_all_results || !dist_is_main(&t->dist) || (t->st.best_epoch < 0 && t->st.best_map >= 0)) return;
+  DIR *d = opendir(o->out_dir);
+  if (!d) return;
+  struct dirent *e;
+  char path[4400];
+  while ((e = readdir(d))) {
+    long long k;
+    int end = 0;
+    if (sscanf(e->d_name, "results-epoch%lld.json%n", &k, &end) != 1 || e->d_name[end] || k >= epoch ||
+        k == t->st.best_epoch || k < 0)
+      continue;
+    snprintf(path, sizeof path, "%s/%s", o->out_dir, e->d_name);
+    if (unlink(path) != 0 && errno != ENOENT)
+      fprintf(stderr, "detr train: %s: cannot remove: %s\n", path, strerror(errno));
+  }
+  closedir(d);
+}
+
 static int evaluate_epoch(Trainer *t) {
   const TrainOptions *o = t->o;
   int64_t epoch = t->st.epoch - 1;
@@ -976,8 +1025,10 @@ static int evaluate_epoch(Trainer *t) {
                    as_logged(rep.coco.stats[COCO_AP50]));
   write_chart(&t->dist, o, &t->history);
   double ap = rep.coco.stats[COCO_AP];
-  if (ap <= t->st.best_map) return 0;
-  t->st.best_map = ap;
+  bool best = ap > t->st.best_map;
+  if (best) t->st.best_map = ap, t->st.best_epoch = epoch;
+  prune_results(t, epoch);
+  if (!best) return 0;
   char path[4200];
   snprintf(path, sizeof path, "%s/best.safetensors", o->out_dir);
   if (save(&t->dist, o, path, t->m, &t->opt, &t->st, t->categories)) return -1;
@@ -1080,6 +1131,7 @@ int train_run(TrainOptions *o, const Dist *group) {
   if (rc == 0 && !complete) rc = save_final(&t);
   if (rc == 0 && !complete) write_chart(&t.dist, o, &t.history);
   if (!complete) report_end(&t, rc);
+  run_lock_release(&t.lock);  // before the stop signals act again: a Ctrl-C now must not leave it
   catch_stop_signals(false);
   int interrupted = t.interrupted;
   trainer_free(&t);

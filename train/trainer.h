@@ -55,6 +55,7 @@ typedef struct {
   char train_config_text[2048];  // the flags that made the run, stored in checkpoints
   RunSettings run;               // the settings resolved from them, stored typed in checkpoints
   bool seed_given;               // --seed was given (else a resumed run keeps its own)
+  bool keep_all_results;         // every evaluation's results-epoch<E>.json (else the best's and the last's)
 } TrainOptions;
 
 TrainOptions train_options_default(void);
