@@ -567,21 +567,25 @@ START_TEST(bad_data_fails_before_step_one) {
 }
 END_TEST
 
+// Two cases, each its own ctest entry (CK_RUN_CASE), so that ctest runs them side by side: the
+// directory's rules, and the faults a long run meets.
 int main(void) {
   Suite *s = suite_create("run_safety");
-  TCase *tc = tcase_create("run_safety");
-  tcase_set_timeout(tc, 600);
-  tcase_add_test(tc, existing_run_is_never_overwritten);
-  tcase_add_test(tc, resume_keeps_one_history);
-  tcase_add_test(tc, loss_weights_and_no_val_split);
-  tcase_add_test(tc, epoch_checkpoint_knows_its_evaluation);
-  tcase_add_test(tc, ctrl_c_saves_and_says_how_to_resume);
-  tcase_add_test(tc, bad_data_fails_before_step_one);
-  tcase_add_test(tc, outputs_never_replace_what_the_user_made);
-  tcase_add_test(tc, second_process_is_refused_while_the_run_lives);
-  tcase_add_test(tc, bad_image_mid_run_keeps_the_finished_steps);
-  tcase_add_test(tc, resume_continues_the_runs_schedule);
-  tcase_add_test(tc, run_directory_holds_only_what_the_run_wrote);
-  suite_add_tcase(s, tc);
+  TCase *dir = tcase_create("directory"), *faults = tcase_create("faults");
+  tcase_set_timeout(dir, 600);
+  tcase_set_timeout(faults, 600);
+  tcase_add_test(dir, existing_run_is_never_overwritten);
+  tcase_add_test(dir, resume_keeps_one_history);
+  tcase_add_test(dir, loss_weights_and_no_val_split);
+  tcase_add_test(dir, epoch_checkpoint_knows_its_evaluation);
+  tcase_add_test(dir, outputs_never_replace_what_the_user_made);
+  tcase_add_test(dir, run_directory_holds_only_what_the_run_wrote);
+  tcase_add_test(faults, ctrl_c_saves_and_says_how_to_resume);
+  tcase_add_test(faults, bad_data_fails_before_step_one);
+  tcase_add_test(faults, second_process_is_refused_while_the_run_lives);
+  tcase_add_test(faults, bad_image_mid_run_keeps_the_finished_steps);
+  tcase_add_test(faults, resume_continues_the_runs_schedule);
+  suite_add_tcase(s, dir);
+  suite_add_tcase(s, faults);
   return sh_run_suite(s);
 }
