@@ -754,6 +754,21 @@ START_TEST(predict_bad_input) {
     ck_assert_int_eq(rc, 1);
     ck_assert_msg(strstr(out, bad[i]), "%s", out);
   }
+  // Every image it can: the one after a missing image is predicted too, predictions.json holds
+  // both readable ones, and the verb exits 1 naming the missing one (it used to stop there,
+  // writing no predictions.json, and a rerun named its picture img-2.png beside the orphan).
+  char cp[512];
+  snprintf(cp, sizeof cp, "cp %s %s", at("img.jpg"), at("img2.jpg"));
+  ck_assert_int_eq(system(cp), 0);
+  for (int pass = 0; pass < 2; pass++) {
+    rc = run(out, sizeof out, "%s predict --weights %s --config tiny %s %s %s --out %s --threshold 0", DETR_BIN, W,
+             at("img.jpg"), at("missing.jpg"), at("img2.jpg"), at("every"));
+    ck_assert_int_eq(rc, 1);
+    ck_assert_msg(strstr(out, "1 of 3 images failed") && strstr(out, at("missing.jpg")), "%s", out);
+    Pred both[64];
+    ck_assert_int_eq(read_preds(at("every/predictions.json"), 1, at("img2.jpg"), 2, both, 64), (int)m->cfg.num_queries);
+    ck_assert_int_eq(access(at("every/img-2.png"), F_OK), -1);  // the rerun replaces its own pictures
+  }
   // A names file that is not COCO JSON: exit 1, named.
   rc = run(out, sizeof out, "%s predict --weights %s --config tiny %s --out %s --names %s", DETR_BIN, W, at("img.jpg"),
            at("o"), bad[1]);

@@ -344,13 +344,13 @@ typedef struct {
 typedef struct {
   const PredictArgs *a;
   detr_model *model;
-  ImageResult *results;  // [n_results]
-  int n_results, skipped;
-  long long total, nonfinite;  // detections kept, and dropped for a non-finite score or box
-  FILE *log;                   // stdout, or stderr when the JSON goes to stdout
-  char *dir_json;              // DIR/predictions.json
-  const char *json;            // where the predictions JSON goes: --json ("-": stdout), else dir_json
-  char *earlier_json;          // the predictions JSONs found at the start (earlier runs'), "" if none
+  ImageResult *results;            // [n_results]
+  int n_results, skipped, failed;  // failed: images that could not be read or detected in (--bad-input fail)
+  long long total, nonfinite;      // detections kept, and dropped for a non-finite score or box
+  FILE *log;                       // stdout, or stderr when the JSON goes to stdout
+  char *dir_json;                  // DIR/predictions.json
+  const char *json;                // where the predictions JSON goes: --json ("-": stdout), else dir_json
+  char *earlier_json;              // the predictions JSONs found at the start (earlier runs'), "" if none
 } Predictor;
 
 // A score in [0, 1], the whole text a number.
@@ -458,26 +458,36 @@ static int open_model(const PredictArgs *a, detr_model **model) {
   return 0;
 }
 
+// An image that could not be read or detected in: skipped with a warning (--bad-input skip), or
+// said and counted (fail: the verb goes on with the other images and exits 1 at the end).
+static void image_failed(Predictor *p, const char *msg) {
+  if (p->a->policy == BAD_INPUT_SKIP) {
+    fprintf(stderr, "detr predict: warning: %s (skipped)\n", msg);
+    p->skipped++;
+  } else {
+    fprintf(stderr, "detr predict: %s\n", msg);
+    p->failed++;
+  }
+}
+
 // One image: decoded here (the API's reader) for the picture, its pixels to the API as they are,
-// the detections drawn into OUT/<name>.png. Returns 0 (also for a skipped image) or -1 with err.
+// the detections drawn into OUT/<name>.png. Returns 0 (also for an image that failed: image_failed)
+// or -1 with err (its picture could not be written: the next would fail the same way).
 static int predict_image(Predictor *p, const char *input, char *err, size_t err_cap) {
   const PredictArgs *a = p->a;
   Image img = {0};
   DataError derr;
   if (image_decode_file(input, &img, &derr)) {
-    if (a->policy != BAD_INPUT_SKIP) {
-      snprintf(err, err_cap, "%s", derr.msg);
-      return -1;
-    }
-    fprintf(stderr, "detr predict: warning: %s (skipped)\n", derr.msg);
-    p->skipped++;
+    image_failed(p, derr.msg);
     return 0;
   }
   detr_result *res = NULL;
   if (detr_detect_rgb(p->model, img.data, (size_t)img.w * img.h * 3, img.w, img.h, a->threshold, &res)) {
-    snprintf(err, err_cap, "%s: %s", input, detr_last_error());
+    char msg[1200];
+    snprintf(msg, sizeof msg, "%s: %s", input, detr_last_error());
+    image_failed(p, msg);
     image_free(&img);
-    return -1;
+    return 0;
   }
   ImageResult *r = &p->results[p->n_results];
   *r = (ImageResult){.file = detr_strdup(input, "a string"),
@@ -582,6 +592,13 @@ static int predict_all(Predictor *p, char *err, size_t err_cap) {
     fprintf(p->log, "%d images, %lld detections, %.2f s (%.0f ms/image); wrote %s\n", p->n_results, p->total, secs,
             p->n_results ? 1e3 * secs / p->n_results : 0.0, strcmp(p->json, "-") ? p->json : "stdout");
     if (p->skipped) fprintf(stderr, "detr predict: %d unreadable images skipped\n", p->skipped);
+  }
+  if (rc == 0 && p->failed) {
+    snprintf(err, err_cap,
+             "%d of %d images failed (above); the predictions of the other %d are in %s (--bad-input skip makes "
+             "such an image a warning)",
+             p->failed, a->n_inputs, p->n_results, strcmp(p->json, "-") ? p->json : "stdout");
+    rc = -1;
   }
   return rc;
 }
