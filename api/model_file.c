@@ -468,7 +468,7 @@ static int np_end_array(void *ctx) {
 
 // open() + fstat: a missing, unreadable or non-regular file is an I/O error with errno's words.
 int file_check_readable(const char *path, char *err, size_t err_cap) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a named pipe: refused below, not waited on
   if (fd < 0) {
     snprintf(err, err_cap, "%s: cannot open: %s", path, strerror(errno));
     return -1;
@@ -488,7 +488,7 @@ detr_status label_names_from_coco(const char *path, LabelNames *nm, char *err, s
                                     np_start_map, np_map_key, np_end_map, np_start_array, np_end_array};
   if (file_check_readable(path, err, err_cap)) return DETR_ERR_IO;
   NameParser p = {.nm = nm, .path = path};
-  gzFile gz = gzopen(path, "rb");  // plain files pass through
+  gzFile gz = coco_json_open(path, 0);  // plain files pass through
   if (!gz) {
     snprintf(err, err_cap, "%s: cannot open: %s", path, strerror(errno));
     return DETR_ERR_IO;

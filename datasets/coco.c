@@ -582,8 +582,13 @@ static void malformed_json_error(Parser *p, yajl_handle h, const unsigned char *
 
 // Streams the file (plain or gzip: gzread passes plain files through) into the parser.
 static int parse_file(Parser *p) {
+  struct stat kind;
+  if (stat(p->path, &kind) == 0 && !S_ISREG(kind.st_mode)) {  // a named pipe would block the open
+    set_error(p, "%s: not a regular file", p->path);
+    return DATA_ERROR;
+  }
   errno = 0;
-  gzFile gz = gzopen(p->path, "rb");
+  gzFile gz = coco_json_open(p->path, COCO_READ_CHUNK);
   if (!gz) {
     set_error(p, "%s: cannot open: %s", p->path, errno ? strerror(errno) : "out of memory");
     return DATA_ERROR;
@@ -594,7 +599,6 @@ static int parse_file(Parser *p) {
                                                                              : COCO_MIN_ITEM_BUDGET;
   int64_t max_json =
       file_bytes * COCO_MAX_GZIP_RATIO > COCO_MIN_GZIP_BUDGET ? file_bytes * COCO_MAX_GZIP_RATIO : COCO_MIN_GZIP_BUDGET;
-  gzbuffer(gz, COCO_READ_CHUNK);
   yajl_handle h = yajl_alloc(&callbacks, NULL, p);
   DETR_CHECK(h, "yajl_alloc failed (out of memory)");
   yajl_config(h, yajl_dont_validate_strings, 1);  // names are copied as bytes; skip UTF-8 checks
@@ -1066,4 +1070,13 @@ int coco_load_sample(const CocoDataset *ds, int64_t index, Image *img, Target *t
     target_push(target, b, coco_label_of(ds, a->category_id));
   }
   return DATA_OK;
+}
+
+gzFile coco_json_open(const char *path, unsigned buffer_bytes) {
+  gzFile gz = gzopen(path, "rb");
+  if (!gz) return NULL;
+  if (buffer_bytes) gzbuffer(gz, buffer_bytes);
+  unsigned char bom[3];
+  if (gzread(gz, bom, 3) != 3 || bom[0] != 0xEF || bom[1] != 0xBB || bom[2] != 0xBF) gzrewind(gz);
+  return gz;
 }

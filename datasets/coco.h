@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <zlib.h>
 
 #include "datasets/data_util.h"
 #include "datasets/image.h"
@@ -113,3 +114,8 @@ void coco_print_stats(const CocoDataset *ds, FILE *f);
 // annotations dropped, boxes to x0y0x1y1 in float32 clamped to the decoded image, empty boxes
 // dropped, labels mapped. img must be empty or previously returned (it is freed first).
 int coco_load_sample(const CocoDataset *ds, int64_t index, Image *img, Target *target, DataError *err);
+
+// Opens a JSON file for a streaming reader (plain or gzip: zlib passes plain files through) with a
+// read buffer of buffer_bytes (0: zlib's), past a UTF-8 byte-order mark (editors on Windows write
+// one; JSON forbids it and yajl stops at byte 1). NULL with errno set when it cannot be opened.
+gzFile coco_json_open(const char *path, unsigned buffer_bytes);

@@ -81,11 +81,13 @@ struct DataLoader {
   pthread_cond_t ready_cv;  // consumer/seek: a slot became ready, or a worker went idle
   Slot *slots;              // [n_slots]
   int n_slots;
-  int64_t next_claim;    // next batch a worker starts
-  int64_t next_deliver;  // next batch loader_next returns (or the one the consumer holds)
-  int64_t end_g;         // one past the last batch (single pass), else INT64_MAX
-  int64_t empty_run;     // batches in a row whose every image was skipped: an epoch of them is an error
-  bool holding;          // the consumer holds slot next_deliver (or `spare`)
+  int64_t next_claim;     // next batch a worker starts
+  int64_t next_deliver;   // next batch loader_next returns (or the one the consumer holds)
+  int64_t end_g;          // one past the last batch (single pass), else INT64_MAX
+  int64_t empty_run;      // batches in a row whose every image was skipped: an epoch of them is an error
+  uint8_t *ever_skipped;  // [n]: 1 once image i was skipped (the summary counts images, not skips)
+  int64_t distinct_skipped;
+  bool holding;  // the consumer holds slot next_deliver (or `spare`)
   bool holding_spare;
   Slot spare;          // a batch the consumer builds itself while its slot is still a worker's
   double image_cpu_s;  // moving average of one sample's build time (CPU time of the building thread)
@@ -240,6 +242,8 @@ static void build_batch(DataLoader *L, Slot *slot, Scratch *s) {
       if (!__atomic_load_n(&slot->abandoned, __ATOMIC_RELAXED))  // else the consumer warns
         data_warn(&L->warnings, "%s - skipped", e.msg);
       skipped++;
+      if (!__atomic_exchange_n(&L->ever_skipped[idx], 1, __ATOMIC_RELAXED))
+        __atomic_add_fetch(&L->distinct_skipped, 1, __ATOMIC_RELAXED);
       continue;
     }
     s->orig_w[m] = s->images[m].w;
@@ -390,10 +394,12 @@ int loader_create(const CocoDataset *ds, const LoaderConfig *cfg, LoaderPosition
   L->ds = ds;
   L->cfg = *cfg;
   L->n = ds->n_images;
+  L->ever_skipped = detr_calloc((size_t)ds->n_images, 1, "the loader's skipped images");
   L->bpe = bpe;
   L->global_batch = global_batch;
   L->shard = shards > 1 ? cfg->shard : 0;
   if (check_position(L, start, err) != DATA_OK) {
+    free(L->ever_skipped);
     free(L);
     return DATA_ERROR;
   }
@@ -567,8 +573,12 @@ void loader_free(DataLoader *L) {
   for (int i = 0; i < L->n_threads; i++) pthread_join(L->threads[i], NULL);
   if (L->stats.skipped_images > 0 && !L->cfg.quiet) {
     fflush(stdout);
-    fprintf(stderr, "detr: %s: the loader skipped %lld unreadable images\n", L->ds->ann_path,
-            (long long)L->stats.skipped_images);
+    int64_t images = __atomic_load_n(&L->distinct_skipped, __ATOMIC_RELAXED);
+    fprintf(stderr, "detr: %s: the loader skipped %lld unreadable image%s", L->ds->ann_path, (long long)images,
+            images == 1 ? "" : "s");
+    if (L->stats.skipped_images > images)
+      fprintf(stderr, " (%lld times, over the epochs)", (long long)L->stats.skipped_images);
+    fputc('\n', stderr);
   }
   for (int i = 0; L->workers && i < L->cfg.num_workers; i++) {
     scratch_free(&L->workers[i].scratch, L->cfg.batch_size);
@@ -589,6 +599,7 @@ void loader_free(DataLoader *L) {
   pthread_cond_destroy(&L->ready_cv);
   pthread_mutex_destroy(&L->lock);
   free(L->slots);
+  free(L->ever_skipped);
   free(L->order);
   free(L->workers);
   free(L->threads);

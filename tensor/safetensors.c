@@ -567,7 +567,7 @@ static bool validate(StFile *f, char *err, size_t err_cap) {
 
 // Reads the file into memory so that the data buffer (at 8 + N) lands 64-byte aligned.
 static bool read_file(StFile *f, char *err, size_t err_cap) {
-  int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+  int fd = open(f->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a named pipe: refused below, not waited on
   if (fd < 0) {
     set_err(err, err_cap, "%s: cannot open: %s", f->path, strerror(errno));
     return false;

@@ -301,6 +301,7 @@ START_TEST(bad_image_mid_run_keeps_the_finished_steps) {
                    0);
   ck_assert_msg(each_step_once("badskip", 12), "steps 1-12 are not each logged once");
   ASSERT_LOG("000000000011.jpg");
+  ASSERT_LOG("the loader skipped 1 unreadable image \\(2 times, over the epochs\\)");  // it said 2 images
   // Unreadable at start-up (empty) under skip: 5 batches per epoch instead of 6, so the position in
   // epoch 0 (5 batches done) no longer exists; the run goes on from epoch 1 (it looped on forever).
   ck_assert_int_eq(sh(": > %s/dbad/train/000000000011.jpg", test_root), 0);
@@ -382,6 +383,44 @@ START_TEST(run_directory_holds_only_what_the_run_wrote) {
   ck_assert_int_eq(
       sh("%s train --data %s/data --out %s/ev2 --keep-all-results %s", DETR_BIN, test_root, test_root, flags), 0);
   ck_assert_int_eq(sh("test $(ls %s/ev2/results-epoch*.json | wc -l) -eq 3", test_root), 0);
+}
+END_TEST
+
+// The small mistakes of a long run's set-up, each with a message that leads to the fix: an
+// annotation file saved with a UTF-8 byte-order mark trains (yajl stopped at byte 1); --data naming
+// the annotation file says what --data takes; a val split without images suggests --val-split
+// none; a named pipe given as a checkpoint or results file is refused, not waited on forever.
+START_TEST(small_mistakes_get_clear_messages) {
+  setup_data();
+  ck_assert_int_eq(sh("cp -r %s/data %s/dbom && for f in %s/dbom/annotations/*.json; do (printf '\\357\\273\\277'; "
+                      "cat $f) > $f.bom && mv $f.bom $f; done",
+                      test_root, test_root, test_root),
+                   0);
+  ck_assert_int_eq(sh("%s train --data %s/dbom --out %s/bom --max-steps 1 %s", DETR_BIN, test_root, test_root, TINY),
+                   0);
+  clear_log();
+  ck_assert_int_ne(sh("%s train --data %s/data/annotations/instances_train.json --out %s/x1 %s", DETR_BIN, test_root,
+                      test_root, TINY),
+                   0);
+  ASSERT_LOG("not a folder: --data takes the dataset.s root");
+  ck_assert_int_eq(sh("cp -r %s/data %s/dv0 && (echo '{\"images\": [], \"annotations\": [], \"categories\": []}' > "
+                      "%s/dv0/annotations/instances_val.json)",
+                      test_root, test_root, test_root),
+                   0);
+  clear_log();
+  ck_assert_int_ne(
+      sh("%s train --data %s/dv0 --out %s/x2 --config tiny --set num_classes=100", DETR_BIN, test_root, test_root), 0);
+  ASSERT_LOG("instances_val.json: no images: to train without evaluating, pass --val-split none");
+  ck_assert_int_eq(sh("mkfifo %s/fifo", test_root), 0);
+  clear_log();
+  ck_assert_int_eq(sh("timeout 20 %s info %s/fifo", DETR_BIN, test_root), 1);
+  ck_assert_int_eq(sh("timeout 20 %s cocoeval --ann %s/data/annotations/instances_val.json --results %s/fifo", DETR_BIN,
+                      test_root, test_root),
+                   1);
+  ck_assert_int_eq(sh("timeout 20 %s train --data %s/data --out %s/x3 --init %s/fifo %s", DETR_BIN, test_root,
+                      test_root, test_root, TINY),
+                   1);
+  ck_assert_int_eq((int)sh_read_long(0, "grep -c 'fifo: not a regular file' %s", log_path), 3);
 }
 END_TEST
 
@@ -580,6 +619,7 @@ int main(void) {
   tcase_add_test(dir, epoch_checkpoint_knows_its_evaluation);
   tcase_add_test(dir, outputs_never_replace_what_the_user_made);
   tcase_add_test(dir, run_directory_holds_only_what_the_run_wrote);
+  tcase_add_test(dir, small_mistakes_get_clear_messages);
   tcase_add_test(faults, ctrl_c_saves_and_says_how_to_resume);
   tcase_add_test(faults, bad_data_fails_before_step_one);
   tcase_add_test(faults, second_process_is_refused_while_the_run_lives);

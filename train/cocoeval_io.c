@@ -14,7 +14,8 @@
 
 #include <sys/stat.h>
 
-#include "datasets/coco.h"  // the limits on instances files (COCO_MAX_*), applied here too
+#include "api/model_file.h"  // file_check_readable
+#include "datasets/coco.h"   // the limits on instances files (COCO_MAX_*), applied here too
 #include "core/error.h"
 #include "kernels/common.h"  // DETR_MAX_JSON_DEPTH
 #include "train/cocoeval.h"
@@ -335,8 +336,9 @@ static int cb_end(void *ctx) {  // end of a map or an array: YAJL has checked th
 static int parse_file(Reader *r) {
   static const yajl_callbacks callbacks = {cb_null,      cb_boolean, NULL,   NULL,           cb_number, cb_string,
                                            cb_start_map, cb_key,     cb_end, cb_start_array, cb_end};
+  if (file_check_readable(r->path, r->err, r->err_cap)) return -1;  // a named pipe would block
   errno = 0;
-  gzFile f = gzopen(r->path, "rb");  // reads plain files as they are
+  gzFile f = coco_json_open(r->path, 0);  // reads plain files as they are
   if (!f) {
     snprintf(r->err, r->err_cap, "%s: cannot open: %s", r->path, errno ? strerror(errno) : "out of memory");
     return -1;

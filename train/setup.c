@@ -191,7 +191,13 @@ int setup_check_split_layout(const char *data_dir, const char *split, const char
   char ann[4096], img[4096], there[1024], dir[4200];
   setup_split_paths(data_dir, split, ann, sizeof ann, img, sizeof img);
   if (!is_folder(data_dir, ".")) {
-    snprintf(err, err_cap, "--data %s: no such folder", data_dir);
+    struct stat st;
+    if (stat(data_dir, &st) == 0)  // an annotation file, say: the root above it is meant
+      snprintf(err, err_cap,
+               "--data %s: not a folder: --data takes the dataset's root, the folder that holds "
+               "annotations/instances_<split>.json and <split>/",
+               data_dir);
+    else snprintf(err, err_cap, "--data %s: no such folder", data_dir);
     return -1;
   }
   if (access(ann, F_OK) != 0) {

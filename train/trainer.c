@@ -77,12 +77,16 @@ static CocoDataset *open_split(const Dist *g, const TrainOptions *o, bool traini
     return NULL;
   }
   const CocoStats *s = &ds->stats;
-  if (ds->n_images == 0) {
+  if (ds->n_images == 0 && s->skipped_images == 0) {  // the split itself is empty
+    snprintf(err, err_cap, "%s: no images%s", ds->ann_path,
+             training ? "" : ": to train without evaluating, pass --val-split none");
+  } else if (ds->n_images == 0) {
     snprintf(err, err_cap,
              "%s: no image is left to %s (%lld skipped: %lld missing files, %lld unreadable or of another "
-             "size than the file says, %lld named twice; see the warnings above)",
+             "size than the file says, %lld named twice; see the warnings above)%s",
              ds->ann_path, training ? "train on" : "evaluate on", (long long)s->skipped_images,
-             (long long)s->missing_images, (long long)s->corrupt_images, (long long)s->duplicate_files);
+             (long long)s->missing_images, (long long)s->corrupt_images, (long long)s->duplicate_files,
+             training ? "" : "; --val-split none trains without evaluating");
   } else if (s->annotations - s->crowd_annotations == 0 && training) {
     snprintf(err, err_cap, "%s: no annotations (%lld images, none with a box%s): there is nothing to learn",
              ds->ann_path, (long long)ds->n_images, s->skipped_annotations ? " left after skipping" : "");
