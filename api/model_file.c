@@ -562,6 +562,67 @@ static detr_status open_safetensors(const char *path, StFile **f, char *err, siz
   return *f ? DETR_OK : DETR_ERR_FORMAT;
 }
 
+WeightsFit weights_fit(const ParamStore *ps, const StFile *f) {
+  WeightsFit w = {0};
+  for (int i = 0; i < ps->count; i++) {
+    const Param *p = &ps->items[i];
+    const StEntry *e = st_find(f, p->name);
+    if (!e) {
+      w.missing += !p->optional;
+      continue;
+    }
+    bool same = e->dtype == ST_F32 && e->ndim == p->tensor->shape.ndim;
+    for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == p->tensor->shape.d[d];
+    if (same) w.fit++;
+    else w.other++;
+  }
+  for (int i = 0; i < st_count(f); i++) {
+    const char *name = st_entry(f, i)->name;
+    if (strncmp(name, "optim.", 6) && !params_find(ps, name)) w.unused++;
+  }
+  return w;
+}
+
+void weights_fitting_presets(const StFile *f, char *out, size_t cap) {
+  size_t n = 0;
+  out[0] = 0;
+  for (int i = 0; DETR_PRESETS[i]; i++) {
+    DetrConfig cfg;
+    if (detr_config_preset(DETR_PRESETS[i], &cfg)) continue;
+    const DecoderModelLayout *lay = decoder_layout(detr_decoder(&cfg));
+    char class_w[112];
+    snprintf(class_w, sizeof class_w, "%s.weight", lay->class_embed);
+    const StEntry *c = st_find(f, class_w), *q = st_find(f, "query_embed.weight");
+    if (!c || c->ndim != 2) continue;  // not this decoder's layout
+    cfg.num_classes = c->shape[0] - detr_classes(&cfg)->extra_columns;
+    if (q && q->ndim == 2 && !lay->own_queries) cfg.num_queries = q->shape[0];
+    char why[256];
+    if (cfg.num_classes < 1 || cfg.num_queries < 1 || cfg.num_classes > 100000 || cfg.num_queries > 100000 ||
+        detr_config_validate(&cfg, why, sizeof why))
+      continue;
+    DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
+    WeightsFit w = weights_fit(&m->params, f);
+    detr_model_free(m);
+    if (w.other == 0 && w.missing == 0 && w.unused == 0 && n < cap)
+      n += (size_t)snprintf(out + n, cap - n, "%s%s", n ? ", " : "", DETR_PRESETS[i]);
+  }
+}
+
+void weights_mismatch_hint(const ParamStore *ps, const StFile *f, bool with_partial, char *err, size_t err_cap) {
+  char presets[512];
+  weights_fitting_presets(f, presets, sizeof presets);
+  size_t n = strlen(err);
+  if (presets[0] && n < err_cap)
+    n += (size_t)snprintf(err + n, err_cap - n, "\n(the file's tensors are those of the preset%s %s: --config %.*s)",
+                          strchr(presets, ',') ? "s" : "", presets, (int)strcspn(presets, ","), presets);
+  WeightsFit w = weights_fit(ps, f);
+  if (with_partial && n < err_cap)
+    snprintf(err + n, err_cap - n,
+             "\n(--init-partial would load the %d of the model's %d tensors that fit and keep the initialisation of "
+             "the other %d: %d of another shape, %d missing from the file; %d of the file's tensors unused)",
+             w.fit, w.fit + w.other + w.missing, w.other + w.missing, w.other, w.missing, w.unused);
+}
+
 detr_status model_file_load(const char *checkpoint, const char *weights, const char *config, const char *const *sets,
                             int n_sets, Device dev, DetrModel **out, CheckpointInfo *info, char *err, size_t err_cap) {
   *out = NULL;
@@ -611,6 +672,7 @@ detr_status model_file_load(const char *checkpoint, const char *weights, const c
     if (init) detr_model_init(m, 0);
     const char *ignore[] = {"optim.", NULL};  // a checkpoint's AdamW moments
     if (params_load(&m->params, f, checkpoint ? ignore : NULL, err, err_cap)) {
+      if (weights) weights_mismatch_hint(&m->params, f, false, err, err_cap);
       detr_model_free(m);
       st = DETR_ERR_MISMATCH;
     } else {

@@ -77,6 +77,21 @@ void checkpoint_info_free(CheckpointInfo *ci);
 // (detr_run_defaults).
 void model_eval_sizes(const DetrConfig *cfg, const CheckpointInfo *ci, int *image_size, int *max_size);
 
+// How a weights file fits a model: model tensors it holds with the model's shape (fit), of another
+// shape or dtype (other), that it lacks (missing: optional ones aside); its tensors the model has
+// no place for (unused; a checkpoint's "optim." state aside).
+typedef struct {
+  int fit, other, missing, unused;
+} WeightsFit;
+WeightsFit weights_fit(const ParamStore *ps, const StFile *f);
+// The presets (DETR_PRESETS) whose model every tensor of f fits, with the file's own numbers of
+// classes and queries: "detr-r50" or "conditional-detr-r50, ..." in out, "" when none. Builds each
+// preset's model (an error path: some memory and a fraction of a second).
+void weights_fitting_presets(const StFile *f, char *out, size_t cap);
+// Appends to err what leads to the fix of a mismatch between f and the model: the presets its
+// tensors fit (--config), and what --init-partial would load (with_partial).
+void weights_mismatch_hint(const ParamStore *ps, const StFile *f, bool with_partial, char *err, size_t err_cap);
+
 // A file that open() can read and that is a regular file. Returns 0, or -1 with err naming the
 // path and errno's reason (the I/O errors of the readers, told apart from their format errors).
 int file_check_readable(const char *path, char *err, size_t err_cap);

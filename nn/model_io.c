@@ -37,10 +37,19 @@ static void misfit(const Param *p, const StEntry *e, char *why, size_t cap) {
              shape_str(p->tensor->shape, s2, sizeof s2));
 }
 
+// Appends "\n  WHAT: NAME DETAIL" to the not-loaded list when it fits whole (a name is never cut):
+// false when it did not (the caller counts it among the rest).
+static bool list_not_loaded(const ParamsLoad *opt, const char *what, const char *name, const char *detail) {
+  size_t n = strlen(opt->not_loaded), need = strlen(what) + strlen(name) + strlen(detail) + 6;
+  if (n + need + 32 >= opt->not_loaded_cap) return false;  // room kept for "... and N more"
+  snprintf(opt->not_loaded + n, opt->not_loaded_cap - n, "\n  %s: %s%s", what, name, detail);
+  return true;
+}
+
 int params_load_with(ParamStore *ps, const StFile *f, const ParamsLoad *opt, char *err, size_t err_cap) {
   err[0] = 0;
   if (opt->not_loaded) opt->not_loaded[0] = 0;
-  int problems = 0, skipped = 0;
+  int problems = 0, skipped = 0, unlisted = 0;
   char detail[160];
   bool *load = detr_calloc((size_t)ps->count, sizeof(bool), "params_load flags");  // [count]: read from the file
   for (int i = 0; i < ps->count; i++) {
@@ -58,11 +67,8 @@ int params_load_with(ParamStore *ps, const StFile *f, const ParamsLoad *opt, cha
     if (!what) {
       load[i] = true;
     } else if (opt->partial) {  // keeps its initial value; said
-      if (opt->not_loaded && skipped++ < 64) {
-        size_t n = strlen(opt->not_loaded);
-        if (n < opt->not_loaded_cap)
-          snprintf(opt->not_loaded + n, opt->not_loaded_cap - n, "\n  %s: %s%s", what, p->name, detail);
-      }
+      if (opt->not_loaded && (skipped >= 64 || !list_not_loaded(opt, what, p->name, detail))) unlisted++;
+      skipped++;
     } else {
       char fmt[64];
       snprintf(fmt, sizeof fmt, "\n  %s: %%s%%s", what);
@@ -74,10 +80,14 @@ int params_load_with(ParamStore *ps, const StFile *f, const ParamsLoad *opt, cha
     if (params_find(ps, e->name) || ignored(e->name, opt->ignore_prefixes) || listed(e->name, opt->keep_init)) continue;
     if (!opt->partial) {
       report(err, err_cap, &problems, "\n  unexpected: %s%s", e->name, "");
-    } else if (opt->not_loaded && skipped++ < 64) {
-      size_t n = strlen(opt->not_loaded);
-      if (n < opt->not_loaded_cap) snprintf(opt->not_loaded + n, opt->not_loaded_cap - n, "\n  unused: %s", e->name);
+    } else if (opt->not_loaded) {
+      if (skipped >= 64 || !list_not_loaded(opt, "unused", e->name, "")) unlisted++;
+      skipped++;
     }
+  }
+  if (opt->not_loaded && unlisted) {
+    size_t n = strlen(opt->not_loaded);
+    snprintf(opt->not_loaded + n, opt->not_loaded_cap - n, "\n  ... and %d more", unlisted);
   }
   if (problems) {
     char head[512];

@@ -421,6 +421,17 @@ START_TEST(small_mistakes_get_clear_messages) {
                       test_root, test_root, TINY),
                    1);
   ck_assert_int_eq((int)sh_read_long(0, "grep -c 'fifo: not a regular file' %s", log_path), 3);
+  // Weights of another preset: the message names the preset they fit and what --init-partial
+  // would load, in counts (it listed every mismatch and suggested --init-partial alone).
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/pre --max-steps 1 %s", DETR_BIN, test_root, test_root, TINY),
+                   0);
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/x4 --init %s/pre/ckpt-1.safetensors --config detr-r18-small "
+                      "--set num_classes=100 --max-steps 1 --no-progress",
+                      DETR_BIN, test_root, test_root, test_root),
+                   1);
+  ASSERT_LOG("the file.s tensors are those of the preset tiny: --config tiny");
+  ASSERT_LOG("--init-partial would load the [0-9]+ of the model.s [0-9]+ tensors that fit");
 }
 END_TEST
 

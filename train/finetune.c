@@ -72,12 +72,13 @@ int finetune_load(DetrModel *m, const char *path, const char *init_categories, c
                     .not_loaded_cap = sizeof not_loaded};
   int rc = params_load_with(&m->params, f, &opt, err, err_cap);
   if (rc) {
-    size_t n = strlen(err);
-    if (n < err_cap)
-      snprintf(err + n, err_cap - n,
-               "\n(--init-partial loads the tensors that fit and keeps the others' initialisation)");
+    weights_mismatch_hint(&m->params, f, !partial, err, err_cap);
   } else if (partial && say) {
-    fprintf(stderr, "detr train: --init-partial: loaded every tensor of %s that fits but these:%s\n", path,
+    WeightsFit w = weights_fit(&m->params, f);
+    fprintf(stderr,
+            "detr train: --init-partial: loaded %d of the model's %d tensors from %s; these keep their "
+            "initialisation (%d of another shape, %d missing; %d of the file's unused):%s\n",
+            w.fit, w.fit + w.other + w.missing, path, w.other, w.missing, w.unused,
             not_loaded[0] ? not_loaded : " (none: all fit)");
   }
   st_close(f);
