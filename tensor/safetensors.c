@@ -1,5 +1,6 @@
 #define _POSIX_C_SOURCE 200809L  // open/pread/fsync/getpid under -std=c11
 #include "tensor/safetensors.h"
+#include "core/json_text.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -833,22 +834,9 @@ buf_printf(Buf *b, const char *fmt, ...) {
   buf_put(b, tmp, (size_t)n);
 }
 
-static void buf_json_string(Buf *b, const char *s) {
-  buf_put(b, "\"", 1);
-  for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (c == '"') buf_put(b, "\\\"", 2);
-    else if (c == '\\') buf_put(b, "\\\\", 2);
-    else if (c == '\n') buf_put(b, "\\n", 2);
-    else if (c == '\r') buf_put(b, "\\r", 2);
-    else if (c == '\t') buf_put(b, "\\t", 2);
-    else if (c == '\b') buf_put(b, "\\b", 2);
-    else if (c == '\f') buf_put(b, "\\f", 2);
-    else if (c < 0x20) buf_printf(b, "\\u%04x", c);
-    else buf_put(b, (const char *)&c, 1);
-  }
-  buf_put(b, "\"", 1);
-}
+static void buf_put_bytes(void *b, const char *bytes, size_t n) { buf_put(b, bytes, n); }
+
+static void buf_json_string(Buf *b, const char *s) { json_quote(s, buf_put_bytes, b); }
 
 // Data order: larger dtypes first (stable), so in a buffer that starts 8-aligned every tensor is
 // aligned for its dtype without padding (the format allows no holes). The header keeps

@@ -13,7 +13,7 @@
 char test_root[64];
 
 int sh(const char *fmt, ...) {
-  char cmd[4096], full[4400];
+  char cmd[12288], full[12800];  // room for a path past PATH_MAX (the tests of a too-long --out)
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(cmd, sizeof cmd, fmt, ap);

@@ -769,6 +769,16 @@ START_TEST(predict_bad_input) {
     ck_assert_int_eq(read_preds(at("every/predictions.json"), 1, at("img2.jpg"), 2, both, 64), (int)m->cfg.num_queries);
     ck_assert_int_eq(access(at("every/img-2.png"), F_OK), -1);  // the rerun replaces its own pictures
   }
+  // A file name that is not UTF-8 (Latin-1 'e' acute): predictions.json stays valid JSON, the name
+  // written as the code points of its bytes (it was written raw: no JSON reader took the file).
+  snprintf(cp, sizeof cp, "cp %s %s", at("img.jpg"), at("caf\xe9.jpg"));
+  ck_assert_int_eq(system(cp), 0);
+  rc = run(out, sizeof out, "%s predict --weights %s --config tiny %s --out %s --threshold 0", DETR_BIN, W,
+           at("caf\xe9.jpg"), at("latin1"));
+  ck_assert_msg(rc == 0, "%s", out);
+  Pred one[64];
+  ck_assert_int_eq(read_preds(at("latin1/predictions.json"), 0, at("caf\xc3\xa9.jpg"), 1, one, 64),
+                   (int)m->cfg.num_queries);
   // A names file that is not COCO JSON: exit 1, named.
   rc = run(out, sizeof out, "%s predict --weights %s --config tiny %s --out %s --names %s", DETR_BIN, W, at("img.jpg"),
            at("o"), bad[1]);

@@ -421,6 +421,13 @@ START_TEST(small_mistakes_get_clear_messages) {
                       test_root, test_root, TINY),
                    1);
   ck_assert_int_eq((int)sh_read_long(0, "grep -c 'fifo: not a regular file' %s", log_path), 3);
+  // An --out too long for the run's files: refused at once (it failed at the first checkpoint).
+  char longest[4100];
+  memset(longest, 'a', 4050);
+  longest[4050] = 0;
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data %s/data --out %s/%s %s", DETR_BIN, test_root, test_root, longest, TINY), 2);
+  ASSERT_LOG("--out is [0-9]+ characters long: a run directory.s path may have at most 4000");
   // Weights of another preset: the message names the preset they fit and what --init-partial
   // would load, in counts (it listed every mismatch and suggested --init-partial alone).
   ck_assert_int_eq(sh("%s train --data %s/data --out %s/pre --max-steps 1 %s", DETR_BIN, test_root, test_root, TINY),

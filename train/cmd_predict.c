@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/json_text.h"
 #include "datasets/image.h"
 #include "include/detr.h"
 #include "train/commands.h"
@@ -260,15 +261,10 @@ static char *output_name(const char *input, const char *dir, const ImageResult *
 
 // --- the JSON ------------------------------------------------------------------------------------
 
-static void json_string(FILE *f, const char *s) {
-  fputc('"', f);
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-    else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-    else fputc(*p, f);
-  }
-  fputc('"', f);
-}
+static void put_file(void *f, const char *bytes, size_t n) { fwrite(bytes, 1, n, f); }
+
+// A file name may be any bytes (core/json_text.h): the JSON stays valid.
+static void json_string(FILE *f, const char *s) { json_quote(s, put_file, f); }
 
 // Labels are COCO category ids (the training data's, as the reference trains), so category_id
 // repeats the label: a consumer of COCO results reads category_id.

@@ -444,5 +444,13 @@ int cmd_train(int argc, char **argv) {
     fprintf(stderr, "detr train: --data DIR is required (see detr train --help)\n");
     return 2;
   }
+  // The run's files are OUT/<name> (ckpt-<step>.safetensors.tmp.<pid> the longest): a longer --out
+  // would fail at the first checkpoint, an epoch in.
+  size_t out_len = strlen(o.out_dir);
+  if (out_len > RUN_DIR_MAX_PATH) {
+    fprintf(stderr, "detr train: --out is %zu characters long: a run directory's path may have at most %d\n", out_len,
+            RUN_DIR_MAX_PATH);
+    return 2;
+  }
   return resolve_and_train(&o, &f, argc, argv);
 }

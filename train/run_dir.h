@@ -8,6 +8,10 @@
 #include <stdint.h>
 
 #define RUN_DIR_MAX_CHECKPOINTS 1024
+// The longest run directory path: the files in it (the longest, a checkpoint's temporary file,
+// "/ckpt-<step>.safetensors.tmp.<pid>") must stay within PATH_MAX (4096) and the trainer's 4200-byte
+// path buffers.
+#define RUN_DIR_MAX_PATH 4000
 
 // What a directory holds of a run.
 typedef struct {
