@@ -368,6 +368,22 @@ static int resolve_and_train(TrainOptions *o, TrainFlags *f, int argc, char **ar
   return rc;
 }
 
+// --data is given, and --out is short enough for the run's files (OUT/ckpt-<step>.safetensors.tmp.<pid>
+// the longest: a longer one failed at the first checkpoint, an epoch in). 0, or -1 with the message.
+static int check_paths(const TrainOptions *o) {
+  if (!o->data_dir) {
+    fprintf(stderr, "detr train: --data DIR is required (see detr train --help)\n");
+    return -1;
+  }
+  size_t out_len = strlen(o->out_dir);
+  if (out_len > RUN_DIR_MAX_PATH) {
+    fprintf(stderr, "detr train: --out is %zu characters long: a run directory's path may have at most %d\n", out_len,
+            RUN_DIR_MAX_PATH);
+    return -1;
+  }
+  return 0;
+}
+
 int cmd_train(int argc, char **argv) {
   TrainOptions o = train_options_default();
   o.epochs = o.optim.lr_drop = -1;     // from the model (resolve)
@@ -440,17 +456,6 @@ int cmd_train(int argc, char **argv) {
   int n_flags = (int)(sizeof flags / sizeof flags[0]), n_pos = 0;
   int rc = cli_parse("train", USAGE, argc, argv, 2, flags, n_flags, NULL, 0, &n_pos);
   if (rc) return rc == 1 ? 0 : 2;
-  if (!o.data_dir) {
-    fprintf(stderr, "detr train: --data DIR is required (see detr train --help)\n");
-    return 2;
-  }
-  // The run's files are OUT/<name> (ckpt-<step>.safetensors.tmp.<pid> the longest): a longer --out
-  // would fail at the first checkpoint, an epoch in.
-  size_t out_len = strlen(o.out_dir);
-  if (out_len > RUN_DIR_MAX_PATH) {
-    fprintf(stderr, "detr train: --out is %zu characters long: a run directory's path may have at most %d\n", out_len,
-            RUN_DIR_MAX_PATH);
-    return 2;
-  }
+  if (check_paths(&o)) return 2;
   return resolve_and_train(&o, &f, argc, argv);
 }
