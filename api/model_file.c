@@ -562,27 +562,6 @@ static detr_status open_safetensors(const char *path, StFile **f, char *err, siz
   return *f ? DETR_OK : DETR_ERR_FORMAT;
 }
 
-WeightsFit weights_fit(const ParamStore *ps, const StFile *f) {
-  WeightsFit w = {0};
-  for (int i = 0; i < ps->count; i++) {
-    const Param *p = &ps->items[i];
-    const StEntry *e = st_find(f, p->name);
-    if (!e) {
-      w.missing += !p->optional;
-      continue;
-    }
-    bool same = e->dtype == ST_F32 && e->ndim == p->tensor->shape.ndim;
-    for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == p->tensor->shape.d[d];
-    if (same) w.fit++;
-    else w.other++;
-  }
-  for (int i = 0; i < st_count(f); i++) {
-    const char *name = st_entry(f, i)->name;
-    if (strncmp(name, "optim.", 6) && !params_find(ps, name)) w.unused++;
-  }
-  return w;
-}
-
 void weights_fitting_presets(const StFile *f, char *out, size_t cap) {
   size_t n = 0;
   out[0] = 0;
@@ -601,7 +580,7 @@ void weights_fitting_presets(const StFile *f, char *out, size_t cap) {
         detr_config_validate(&cfg, why, sizeof why))
       continue;
     DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
-    WeightsFit w = weights_fit(&m->params, f);
+    ParamsFit w = params_fit(&m->params, f);
     detr_model_free(m);
     if (w.other == 0 && w.missing == 0 && w.unused == 0 && n < cap)
       n += (size_t)snprintf(out + n, cap - n, "%s%s", n ? ", " : "", DETR_PRESETS[i]);
@@ -615,7 +594,7 @@ void weights_mismatch_hint(const ParamStore *ps, const StFile *f, bool with_part
   if (presets[0] && n < err_cap)
     n += (size_t)snprintf(err + n, err_cap - n, "\n(the file's tensors are those of the preset%s %s: --config %.*s)",
                           strchr(presets, ',') ? "s" : "", presets, (int)strcspn(presets, ","), presets);
-  WeightsFit w = weights_fit(ps, f);
+  ParamsFit w = params_fit(ps, f);
   if (with_partial && n < err_cap)
     snprintf(err + n, err_cap - n,
              "\n(--init-partial would load the %d of the model's %d tensors that fit and keep the initialisation of "

@@ -77,13 +77,6 @@ void checkpoint_info_free(CheckpointInfo *ci);
 // (detr_run_defaults).
 void model_eval_sizes(const DetrConfig *cfg, const CheckpointInfo *ci, int *image_size, int *max_size);
 
-// How a weights file fits a model: model tensors it holds with the model's shape (fit), of another
-// shape or dtype (other), that it lacks (missing: optional ones aside); its tensors the model has
-// no place for (unused; a checkpoint's "optim." state aside).
-typedef struct {
-  int fit, other, missing, unused;
-} WeightsFit;
-WeightsFit weights_fit(const ParamStore *ps, const StFile *f);
 // The presets (DETR_PRESETS) whose model every tensor of f fits, with the file's own numbers of
 // classes and queries: "detr-r50" or "conditional-detr-r50, ..." in out, "" when none. Builds each
 // preset's model (an error path: some memory and a fraction of a second).

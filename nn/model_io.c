@@ -114,6 +114,28 @@ int params_load_with(ParamStore *ps, const StFile *f, const ParamsLoad *opt, cha
   return rc;
 }
 
+ParamsFit params_fit(const ParamStore *ps, const StFile *f) {
+  ParamsFit w = {0};
+  char why[160];
+  for (int i = 0; i < ps->count; i++) {
+    const Param *p = &ps->items[i];
+    const StEntry *e = st_find(f, p->name);
+    if (!e) {
+      w.missing += !p->optional;
+      continue;
+    }
+    misfit(p, e, why, sizeof why);
+    if (why[0]) w.other++;
+    else w.fit++;
+  }
+  const char *const optim[] = {"optim.", NULL};
+  for (int i = 0; i < st_count(f); i++) {
+    const char *name = st_entry(f, i)->name;
+    if (!ignored(name, optim) && !params_find(ps, name)) w.unused++;
+  }
+  return w;
+}
+
 int params_load(ParamStore *ps, const StFile *f, const char *const *ignore_prefixes, char *err, size_t err_cap) {
   return params_load_with(ps, f, &(ParamsLoad){.ignore_prefixes = ignore_prefixes}, err, err_cap);
 }

@@ -23,6 +23,13 @@ typedef struct {
   size_t not_loaded_cap;
 } ParamsLoad;
 int params_load_with(ParamStore *ps, const StFile *f, const ParamsLoad *opt, char *err, size_t err_cap);
+// How a file fits the parameters, by the load's own rules: those it holds with their shape and dtype
+// (fit), of another shape or dtype (other), that it lacks (missing: optional ones aside); its
+// tensors with no parameter of their name (unused; a checkpoint's "optim." state aside).
+typedef struct {
+  int fit, other, missing, unused;
+} ParamsFit;
+ParamsFit params_fit(const ParamStore *ps, const StFile *f);
 int params_load_file(ParamStore *ps, const char *path, char *err, size_t err_cap);
 // Loads only the parameters and buffers whose names start with prefix (e.g. "backbone." from a
 // `detr pretrain` file or any checkpoint); each of them must be in the file as F32 with the

@@ -74,7 +74,7 @@ int finetune_load(DetrModel *m, const char *path, const char *init_categories, c
   if (rc) {
     weights_mismatch_hint(&m->params, f, !partial, err, err_cap);
   } else if (partial && say) {
-    WeightsFit w = weights_fit(&m->params, f);
+    ParamsFit w = params_fit(&m->params, f);
     fprintf(stderr,
             "detr train: --init-partial: loaded %d of the model's %d tensors from %s; these keep their "
             "initialisation (%d of another shape, %d missing; %d of the file's unused):%s\n",

@@ -54,10 +54,8 @@ int run_dir_foreign_outputs(const char *dir, char *buf, size_t cap) {
   size_t len = 0;
   struct dirent *e;
   while ((e = readdir(d))) {
-    long long k;
-    int end = 0;
-    bool results = sscanf(e->d_name, "results-epoch%lld.json%n", &k, &end) == 1 && !e->d_name[end];
-    if (!results && strcmp(e->d_name, "chart.png")) continue;
+    int64_t k;
+    if (!run_dir_is_results(e->d_name, &k) && strcmp(e->d_name, "chart.png")) continue;
     if (len < cap) len += (size_t)snprintf(buf + len, cap - len, "%s%s", n ? ", " : "", e->d_name);
     n++;
   }
@@ -247,4 +245,31 @@ void run_dir_prune(const char *dir, int keep, int64_t current_step) {
     run_dir_checkpoint_path(dir, c.steps[i], path, sizeof path);
     remove(path);
   }
+}
+
+void run_dir_results_path(const char *dir, int64_t epoch, char *out, size_t cap) {
+  snprintf(out, cap, "%s/results-epoch%lld.json", dir, (long long)epoch);
+}
+
+bool run_dir_is_results(const char *name, int64_t *epoch) {
+  long long k;
+  int end = 0;
+  if (sscanf(name, "results-epoch%lld.json%n", &k, &end) != 1 || name[end] || k < 0) return false;
+  *epoch = (int64_t)k;
+  return true;
+}
+
+void run_dir_prune_results(const char *dir, int64_t epoch, int64_t keep_epoch) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *e;
+  char path[4400];
+  while ((e = readdir(d))) {
+    int64_t k;
+    if (!run_dir_is_results(e->d_name, &k) || k >= epoch || k == keep_epoch) continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    if (unlink(path) != 0 && errno != ENOENT)
+      fprintf(stderr, "detr train: %s: cannot remove: %s\n", path, strerror(errno));
+  }
+  closedir(d);
 }

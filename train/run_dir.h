@@ -59,3 +59,10 @@ int run_dir_remove_dead_temps(const char *dir);
 // Removes this run's checkpoints beyond the newest `keep` among those at steps <= current_step;
 // never a checkpoint from past current_step (not this run's).
 void run_dir_prune(const char *dir, int keep, int64_t current_step);
+
+// DIR/results-epoch<E>.json: an evaluation's COCO results.
+void run_dir_results_path(const char *dir, int64_t epoch, char *out, size_t cap);
+// Whether name is results-epoch<E>.json (exactly), with E in *epoch.
+bool run_dir_is_results(const char *name, int64_t *epoch);
+// Removes the results files of the evaluations before `epoch` but keep_epoch's.
+void run_dir_prune_results(const char *dir, int64_t epoch, int64_t keep_epoch);

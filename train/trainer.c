@@ -893,19 +893,26 @@ static void print_resume_hint(const TrainOptions *o, const Dist *g, const char *
   fprintf(stderr, " --resume auto\n");
 }
 
+// The state at this step in ckpt-<step>, unless this run has written it already (the same on every
+// rank, where a file check might not be); older checkpoints beyond --keep pruned.
+static int save_final(Trainer *t) {
+  char path[4200];
+  ckpt_path(t->o, t->st.step, path, sizeof path);
+  if (t->saved_step == t->st.step) return 0;
+  if (save(&t->dist, t->o, path, t->m, &t->opt, &t->st, t->categories)) return -1;
+  t->saved_step = t->st.step;
+  prune_checkpoints(&t->dist, t->o, t->st.step);
+  return 0;
+}
+
 // An image that failed to load mid-run under --bad-input fail (the loader's message, naming the
 // file, is above): the finished steps are saved, then the two ways on are said. Returns -1.
 static int stop_on_bad_data(Trainer *t) {
   const TrainOptions *o = t->o;
+  if (t->st.step > 0 && save_final(t)) return -1;
+  bool saved = t->saved_step == t->st.step;
   char path[4200];
   ckpt_path(o, t->st.step, path, sizeof path);
-  bool saved = t->saved_step == t->st.step;
-  if (!saved && t->st.step > 0) {
-    if (save(&t->dist, o, path, t->m, &t->opt, &t->st, t->categories)) return -1;
-    t->saved_step = t->st.step;
-    prune_checkpoints(&t->dist, o, t->st.step);
-    saved = true;
-  }
   if (!dist_is_main(&t->dist)) return -1;
   if (saved)
     fprintf(stderr,
@@ -977,35 +984,11 @@ static int train_epoch(Trainer *t, bool *stop) {
 
 // --- stage 4, evaluation: COCO AP on the val split, its log, the best checkpoint ---
 
-// Removes the results-epoch<K>.json of this run's earlier evaluations but the best's: each holds
-// every detection of every val image (about 117 bytes each: COCO val2017 at 100 detections per
-// image, 58 MB an evaluation, 17 GB over 300 epochs). --keep-all-results keeps them. A best from a
-// checkpoint that did not record its epoch keeps every file until a new best.
-static void prune_results(const Trainer *t, int64_t epoch) {
-  const TrainOptions *o = t->o;
-  if (o->keep_all_results || !dist_is_main(&t->dist) || (t->st.best_epoch < 0 && t->st.best_map >= 0)) return;
-  DIR *d = opendir(o->out_dir);
-  if (!d) return;
-  struct dirent *e;
-  char path[4400];
-  while ((e = readdir(d))) {
-    long long k;
-    int end = 0;
-    if (sscanf(e->d_name, "results-epoch%lld.json%n", &k, &end) != 1 || e->d_name[end] || k >= epoch ||
-        k == t->st.best_epoch || k < 0)
-      continue;
-    snprintf(path, sizeof path, "%s/%s", o->out_dir, e->d_name);
-    if (unlink(path) != 0 && errno != ENOENT)
-      fprintf(stderr, "detr train: %s: cannot remove: %s\n", path, strerror(errno));
-  }
-  closedir(d);
-}
-
 static int evaluate_epoch(Trainer *t) {
   const TrainOptions *o = t->o;
   int64_t epoch = t->st.epoch - 1;
   char results[4200], err[2048];
-  snprintf(results, sizeof results, "%s/results-epoch%lld.json", o->out_dir, (long long)epoch);
+  run_dir_results_path(o->out_dir, epoch, results, sizeof results);
   EvalConfig ec = {.batch_size = o->batch_size,
                    .num_workers = o->workers,
                    .aug = o->val_aug,
@@ -1031,7 +1014,12 @@ static int evaluate_epoch(Trainer *t) {
   double ap = rep.coco.stats[COCO_AP];
   bool best = ap > t->st.best_map;
   if (best) t->st.best_map = ap, t->st.best_epoch = epoch;
-  prune_results(t, epoch);
+  // Each results file holds every detection of every val image (about 117 bytes each: COCO
+  // val2017's 100 an image make 58 MB an evaluation, 17 GB over 300 epochs): the best's and this
+  // one's are kept. A best from a checkpoint that did not record its epoch keeps them all.
+  bool best_known = t->st.best_epoch >= 0 || t->st.best_map < 0;
+  if (!o->keep_all_results && best_known && dist_is_main(&t->dist))
+    run_dir_prune_results(o->out_dir, epoch, t->st.best_epoch);
   if (!best) return 0;
   char path[4200];
   snprintf(path, sizeof path, "%s/best.safetensors", o->out_dir);
@@ -1045,15 +1033,6 @@ static int evaluate_epoch(Trainer *t) {
 }
 
 // --- stage 5, the final checkpoint: the last state, whatever the checkpoint interval ---
-
-static int save_final(Trainer *t) {
-  char path[4200];
-  ckpt_path(t->o, t->st.step, path, sizeof path);
-  if (t->saved_step == t->st.step) return 0;  // the same on every rank (a file check might not be)
-  if (save(&t->dist, t->o, path, t->m, &t->opt, &t->st, t->categories)) return -1;
-  prune_checkpoints(&t->dist, t->o, t->st.step);
-  return 0;
-}
 
 // Nothing to train: the run is at its --max-steps or past its last epoch.
 static bool run_complete(const Trainer *t) {
