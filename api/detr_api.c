@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "api/model_file.h"
+#include "core/runtime.h"
 #include "datasets/image.h"
 #include "datasets/transforms.h"
 #include "kernels/cpu/parallel.h"
@@ -33,10 +34,13 @@ struct detr_model {
   AugConfig aug;      // the val transform: shortest side image_size, longest at most max_size
   float lut[3][256];  // pixel value -> normalized network input, per channel
   int image_size, max_size;
-  int n_labels;      // num_classes: labels 0..n_labels-1 (the last logit is no-object)
-  char **names;      // [n_labels], never NULL entries
-  unsigned outputs;  // DETR_OUTPUT_* a detection keeps (detr_set_outputs)
-  int threads;       // OpenMP threads of a detection (0: OpenMP's default)
+  int n_labels;          // num_classes: labels 0..n_labels-1 (the last logit is no-object)
+  char **names;          // [n_labels], never NULL entries
+  unsigned outputs;      // DETR_OUTPUT_* a detection keeps (detr_set_outputs)
+  int threads;           // OpenMP threads of a detection (0: OpenMP's default)
+  Runtime *rt;           // the model's tape, scopes and precision (core/runtime.h), bound for each call
+  pthread_mutex_t lock;  // a call on the model holds it: calls on one model from two threads take turns
+  bool on_gpu;           // its calls hold gpu_lock too
 };
 
 // The optional outputs of a forward on one image, on the host (every query's map; what the
@@ -57,9 +61,23 @@ struct detr_result {
   Outputs out;            // attention [count, h * w] (item i's map in row i), clusters as made
 };
 
-// The tensor runtime keeps process-wide state (the scope stack of temporaries, the grad switch),
-// so everything that makes or uses tensors runs under this lock (include/detr.h: Threads).
-static pthread_mutex_t api_lock = PTHREAD_MUTEX_INITIALIZER;
+// Each model has a runtime of its own (core/runtime.h) and a lock: two threads detect on two models
+// at once, sharing no state; calls on one model take turns (include/detr.h: Threads). Models on the
+// GPU share its one stream and library handles (kernels/cuda/runtime.cu), so their calls take turns.
+static pthread_mutex_t gpu_lock = PTHREAD_MUTEX_INITIALIZER;
+
+// Locks m and binds its runtime to this thread; returns the runtime bound before (model_leave's).
+static Runtime *model_enter(detr_model *m) {
+  pthread_mutex_lock(&m->lock);
+  if (m->on_gpu) pthread_mutex_lock(&gpu_lock);
+  return runtime_bind(m->rt);
+}
+
+static void model_leave(detr_model *m, Runtime *before) {
+  runtime_bind(before);
+  if (m->on_gpu) pthread_mutex_unlock(&gpu_lock);
+  pthread_mutex_unlock(&m->lock);
+}
 
 #define ERR_CAP 4096
 static _Thread_local char last_error[ERR_CAP];
@@ -161,9 +179,14 @@ static detr_status make_names(detr_model *m, const detr_options *o, const char *
   return st;
 }
 
+// Frees m, which no other thread uses: its tensors in its runtime, then the runtime.
 static void model_free(detr_model *m) {
   if (!m) return;
+  Runtime *before = model_enter(m);
   if (m->net) detr_model_free(m->net);
+  model_leave(m, before);
+  runtime_destroy(m->rt);
+  pthread_mutex_destroy(&m->lock);
   for (int i = 0; m->names && i < m->n_labels; i++) free(m->names[i]);
   free(m->names);
   free(m);
@@ -189,8 +212,11 @@ static detr_status open_model(const char *checkpoint, const char *weights, const
     return DETR_ERR_DEVICE;
   }
 
-  pthread_mutex_lock(&api_lock);
   detr_model *m = detr_calloc(1, sizeof *m, "a model");
+  m->rt = runtime_create();
+  pthread_mutex_init(&m->lock, NULL);
+  m->on_gpu = dev == DEVICE_CUDA;
+  Runtime *before = model_enter(m);
   CheckpointInfo ci;
   st = model_file_load(checkpoint, weights, config, sets, n_all, dev, &m->net, &ci, last_error, sizeof last_error);
   free(sets);
@@ -207,12 +233,11 @@ static detr_status open_model(const char *checkpoint, const char *weights, const
     m->threads = o.threads;
     m->aug = aug_config_scaled(false, m->image_size, m->max_size);
     aug_normalize_lut(&m->aug, m->lut);
-    *out = m;
-  } else {
-    model_free(m);
   }
   checkpoint_info_free(&ci);
-  pthread_mutex_unlock(&api_lock);
+  model_leave(m, before);
+  if (st) model_free(m);
+  else *out = m;
   return st;
 }
 
@@ -226,12 +251,7 @@ detr_status detr_open_weights(const char *weights, const char *config, const det
   return open_model(NULL, weights, config, options, model);
 }
 
-void detr_close(detr_model *model) {
-  if (!model) return;
-  pthread_mutex_lock(&api_lock);
-  model_free(model);
-  pthread_mutex_unlock(&api_lock);
-}
+void detr_close(detr_model *model) { model_free(model); }
 
 int detr_num_labels(const detr_model *model) { return model ? model->n_labels : 0; }
 
@@ -267,9 +287,9 @@ detr_status detr_set_outputs(detr_model *model, unsigned outputs) {
   }
   if ((outputs & DETR_OUTPUT_CLUSTERS) && model->net->cfg.enc_layers < 1)
     return fail(DETR_ERR_CONFIG, "clusters: the model has no encoder layer (enc_layers=0)");
-  pthread_mutex_lock(&api_lock);
+  pthread_mutex_lock(&model->lock);
   model->outputs = outputs;
-  pthread_mutex_unlock(&api_lock);
+  pthread_mutex_unlock(&model->lock);
   return DETR_OK;
 }
 
@@ -428,7 +448,7 @@ static detr_status detect_prepared(detr_model *m, Prepared *p, int n, double thr
   Detection *dets = detr_malloc((size_t)(n * K) * sizeof(Detection), "detections");  // [n, K]
   Outputs *extra = detr_calloc((size_t)n, sizeof(Outputs), "outputs");               // [n]
 
-  pthread_mutex_lock(&api_lock);
+  Runtime *before = model_enter(m);
   int threads_before = omp_get_max_threads();
   if (m->threads) omp_set_num_threads(m->threads);
   bool was = autograd_set_grad_enabled(false);
@@ -456,7 +476,7 @@ static detr_status detect_prepared(detr_model *m, Prepared *p, int n, double thr
   tensor_scope_release(mark);
   autograd_set_grad_enabled(was);
   omp_set_num_threads(threads_before);
-  pthread_mutex_unlock(&api_lock);
+  model_leave(m, before);
 
   for (int b = 0; b < n; b++) {
     if (!st) out[b] = make_result(m, dets + b * K, K, threshold, ow[b], oh[b], &extra[b]);

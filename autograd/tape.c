@@ -5,22 +5,18 @@
 #include <time.h>
 
 #include "autograd/autograd.h"
+#include "core/runtime.h"
 
 // --- profile ---
 
-#define PROFILE_MAX_OPS 64
+// Grad mode, the tape and the profile are the bound runtime's (core/runtime.h).
 
-typedef struct {
+typedef struct OpProfile {
   const char *name;
   int64_t calls;
   double forward_s, backward_s, flops;
   double recorded_s;  // the recorded calls' forward and backward time: the time flops counts
 } OpProfile;
-
-static bool profiling = false;
-static OpProfile profile[PROFILE_MAX_OPS];
-static int profile_count = 0;
-static double last_record_s = 0.0;
 
 static double now_s(void) {
   struct timespec ts;
@@ -28,25 +24,29 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static OpProfile *profile_entry(const char *name) {
-  for (int i = 0; i < profile_count; i++)
+static OpProfile *profile_entry(Runtime *rt, const char *name) {
+  OpProfile *profile = rt->profile;
+  for (int i = 0; i < rt->profile_count; i++)
     if (profile[i].name == name || !strcmp(profile[i].name, name)) return &profile[i];
-  if (profile_count == PROFILE_MAX_OPS) return NULL;
-  profile[profile_count] = (OpProfile){.name = name};
-  return &profile[profile_count++];
+  if (rt->profile_count == RUNTIME_PROFILE_MAX_OPS) return NULL;
+  profile[rt->profile_count] = (OpProfile){.name = name};
+  return &profile[rt->profile_count++];
 }
 
 void autograd_profile_enable(bool on) {
-  profiling = on;
-  last_record_s = now_s();
+  Runtime *rt = runtime_current();
+  if (on && !rt->profile) rt->profile = detr_calloc(RUNTIME_PROFILE_MAX_OPS, sizeof(OpProfile), "the op profile");
+  rt->profiling = on;
+  rt->last_record_s = now_s();
 }
 
 void autograd_profile_reset(void) {
-  profile_count = 0;
-  last_record_s = now_s();
+  Runtime *rt = runtime_current();
+  rt->profile_count = 0;
+  rt->last_record_s = now_s();
 }
 
-void autograd_profile_mark(void) { last_record_s = now_s(); }
+void autograd_profile_mark(void) { runtime_current()->last_record_s = now_s(); }
 
 static int by_total_time(const void *a, const void *b) {
   const OpProfile *x = a, *y = b;
@@ -55,8 +55,10 @@ static int by_total_time(const void *a, const void *b) {
 }
 
 void autograd_profile_report(FILE *f) {
-  OpProfile sorted[PROFILE_MAX_OPS];
-  memcpy(sorted, profile, sizeof(OpProfile) * (size_t)profile_count);
+  const Runtime *rt = runtime_current();
+  int profile_count = rt->profile_count;
+  OpProfile sorted[RUNTIME_PROFILE_MAX_OPS];
+  if (profile_count) memcpy(sorted, rt->profile, sizeof(OpProfile) * (size_t)profile_count);
   qsort(sorted, (size_t)profile_count, sizeof(OpProfile), by_total_time);
   double total = 0.0, gemm = 0.0;
   for (int i = 0; i < profile_count; i++) {
@@ -82,13 +84,12 @@ void autograd_profile_report(FILE *f) {
             total * 1e3);
 }
 
-static bool grad_enabled = true;
-
-bool autograd_grad_enabled(void) { return grad_enabled; }
+bool autograd_grad_enabled(void) { return runtime_current()->grad_enabled; }
 
 bool autograd_set_grad_enabled(bool enabled) {
-  bool previous = grad_enabled;
-  grad_enabled = enabled;
+  Runtime *rt = runtime_current();
+  bool previous = rt->grad_enabled;
+  rt->grad_enabled = enabled;
   return previous;
 }
 
@@ -97,23 +98,27 @@ void tensor_set_requires_grad(Tensor *t, bool requires_grad) {
   t->requires_grad = requires_grad;
 }
 
-// The tape: node pointers in recording order. Nodes come from a free list so that a
+// The tape (the runtime's): node pointers in recording order. Nodes come from a free list, shared
+// by the runtimes as the allocator's caches are (a node is memory, not state), so that a
 // steady-state step makes no malloc.
-static TapeNode **tape = NULL;
-static size_t tape_count = 0, tape_capacity = 0;
 static TapeNode *node_pool = NULL;  // linked through `buf`
-static uint64_t node_system_allocs = 0;
+static pthread_mutex_t node_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t node_system_allocs = 0;  // under node_lock
 
-uint64_t autograd_node_system_allocs(void) { return node_system_allocs; }
+uint64_t autograd_node_system_allocs(void) {
+  pthread_mutex_lock(&node_lock);
+  uint64_t n = node_system_allocs;
+  pthread_mutex_unlock(&node_lock);
+  return n;
+}
 
 static TapeNode *node_get(void) {
+  pthread_mutex_lock(&node_lock);
   TapeNode *n = node_pool;
-  if (n) {
-    node_pool = (TapeNode *)n->buf;
-  } else {
-    node_system_allocs++;
-    n = detr_malloc(sizeof(TapeNode), "a tape node");
-  }
+  if (n) node_pool = (TapeNode *)n->buf;
+  else node_system_allocs++;
+  pthread_mutex_unlock(&node_lock);
+  if (!n) n = detr_malloc(sizeof(TapeNode), "a tape node");
   memset(n, 0, sizeof(*n));
   return n;
 }
@@ -127,12 +132,14 @@ static void node_put(TapeNode *n) {
   for (int i = 0; i < n->n_in; i++) tensor_release_header(n->in[i]);
   for (int i = 0; i < n->n_saved; i++) tensor_release(n->saved[i]);
   if (n->buf) detr_free(n->buf_device, n->buf, n->buf_bytes);
+  pthread_mutex_lock(&node_lock);
   n->buf = node_pool;
   node_pool = n;
+  pthread_mutex_unlock(&node_lock);
 }
 
 bool autograd_records(int n_in, Tensor *const *in) {
-  if (!grad_enabled) return false;
+  if (!runtime_current()->grad_enabled) return false;
   for (int i = 0; i < n_in; i++)
     if (in[i] && in[i]->requires_grad) return true;
   return false;
@@ -141,11 +148,11 @@ bool autograd_records(int n_in, Tensor *const *in) {
 // The op named ran since the previous record (or mark): its forward time, counted whether or not
 // it is recorded, so that a forward without a tape (inference) has a profile too. Returns its entry
 // (NULL when the table is full) and the time in *took.
-static OpProfile *profile_forward(const char *name, double *took) {
+static OpProfile *profile_forward(Runtime *rt, const char *name, double *took) {
   double t = now_s();
-  *took = t - last_record_s;
-  last_record_s = t;
-  OpProfile *p = profile_entry(name);
+  *took = t - rt->last_record_s;
+  rt->last_record_s = t;
+  OpProfile *p = profile_entry(rt, name);
   if (p) {
     p->calls++;
     p->forward_s += *took;
@@ -155,20 +162,21 @@ static OpProfile *profile_forward(const char *name, double *took) {
 
 void autograd_profile_op(const char *name) {
   double took;
-  if (profiling) (void)profile_forward(name, &took);
+  Runtime *rt = runtime_current();
+  if (rt->profiling) (void)profile_forward(rt, name, &took);
 }
 
 TapeNode *autograd_record(const char *name, BackwardFn backward, Tensor *out, int n_in, Tensor *const *in) {
   double took = 0.0;
-  OpProfile *profiled = profiling ? profile_forward(name, &took) : NULL;
+  Runtime *rt = runtime_current();
+  OpProfile *profiled = rt->profiling ? profile_forward(rt, name, &took) : NULL;
   if (!autograd_records(n_in, in)) return NULL;
   if (profiled) profiled->recorded_s += took;
   DETR_CHECK(n_in <= NODE_MAX_INPUTS, "autograd_record(%s): %d inputs, at most %d", name, n_in, NODE_MAX_INPUTS);
-  if (tape_count == tape_capacity) {
-    size_t cap = tape_capacity ? 2 * tape_capacity : 1024;
-    TapeNode **grown = detr_realloc(tape, cap * sizeof(TapeNode *), "the tape");
-    tape = grown;
-    tape_capacity = cap;
+  if (rt->tape_count == rt->tape_capacity) {
+    size_t cap = rt->tape_capacity ? 2 * rt->tape_capacity : 1024;
+    rt->tape = detr_realloc(rt->tape, cap * sizeof(TapeNode *), "the tape");
+    rt->tape_capacity = cap;
   }
   TapeNode *n = node_get();
   n->name = name;
@@ -176,7 +184,7 @@ TapeNode *autograd_record(const char *name, BackwardFn backward, Tensor *out, in
   // Inputs and outputs are held for their shapes and .grad; their data only if saved.
   for (int i = 0; i < n_in; i++) n->in[i] = tensor_retain_header(in[i]);  // NULL inputs stay NULL
   n->n_in = n_in;
-  tape[tape_count++] = n;
+  rt->tape[rt->tape_count++] = n;
   autograd_add_output(n, out);
   return n;
 }
@@ -215,26 +223,28 @@ bool autograd_grad_take(Tensor *t, Tensor *g) {
 }
 
 void autograd_clear_tape(void) {
-  while (tape_count > 0) node_put(tape[--tape_count]);
+  Runtime *rt = runtime_current();
+  while (rt->tape_count > 0) node_put(rt->tape[--rt->tape_count]);
 }
 
-size_t autograd_tape_size(void) { return tape_count; }
+size_t autograd_tape_size(void) { return runtime_current()->tape_count; }
 
 void autograd_backward_with(Tensor *out, const Tensor *grad_out) {
   DETR_CHECK(out->requires_grad, "autograd_backward: the output does not require grad");
   DETR_CHECK(shape_equal(out->shape, grad_out->shape), "autograd_backward: grad shape mismatch");
   tensor_copy_(autograd_grad(out), grad_out);
+  Runtime *rt = runtime_current();
   // Reverse recording order is a topological order of the graph.
-  for (size_t k = tape_count; k-- > 0;) {
-    TapeNode *n = tape[k];
+  for (size_t k = rt->tape_count; k-- > 0;) {
+    TapeNode *n = rt->tape[k];
     bool has_grad = false;
     for (int i = 0; i < n->n_out; i++) has_grad = has_grad || n->out[i]->grad != NULL;
     if (has_grad) {
-      double t0 = profiling ? now_s() : 0.0;
+      double t0 = rt->profiling ? now_s() : 0.0;
       for (int i = 0; i < n->n_out; i++) autograd_grad(n->out[i]);  // unused outputs: zeros
       n->backward(n);
-      if (profiling) {
-        OpProfile *p = profile_entry(n->name);
+      if (rt->profiling) {
+        OpProfile *p = profile_entry(rt, n->name);
         if (p) {
           double took = now_s() - t0;
           p->backward_s += took;
@@ -248,7 +258,7 @@ void autograd_backward_with(Tensor *out, const Tensor *grad_out) {
       tensor_release(n->out[i]->grad);
       n->out[i]->grad = NULL;
     }
-    tape_count = k;
+    rt->tape_count = k;
     node_put(n);
   }
 }

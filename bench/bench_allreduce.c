@@ -8,11 +8,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/runtime.h"
 #include "nn/detr.h"
 #include "train/dist.h"
 #include "bench/bench_util.h"
 
 int main(int argc, char **argv) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   dist_init(&argc, &argv);
   Dist g = dist_group();
   const char *preset = "detr-r18-small";

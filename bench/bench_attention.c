@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "bench/bench_util.h"
 #include "nn/detr.h"
 
@@ -122,6 +123,7 @@ static Measure bench_step(const EncoderAttnKind *kind, int reps) {
 }
 
 int main(int argc, char **argv) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   int reps = 5;
   bool scaling = false, step = false;
   const char *only = "all";

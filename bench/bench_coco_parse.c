@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "core/runtime.h"
 #include "datasets/coco.h"
 #include "bench/bench_util.h"
 
@@ -238,6 +239,7 @@ static void time_check_images(const char *ann, const char *dir) {
 }
 
 int main(int argc, char **argv) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   double mb = 450;
   const char *out = NULL, *images = NULL;
   bool gz = false, keep = false;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "core/runtime.h"
 #include "nn/hungarian.h"
 #include "tensor/tensor.h"
 #include "bench/bench_util.h"
@@ -31,6 +32,7 @@ static double time_lsa(int64_t r, int64_t c, int integer, int reps) {
 }
 
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   int sizes[] = {25, 50, 100, 200, 300};
   printf("%-14s %12s %12s %18s\n", "shape", "float (ms)", "int (ms)", "float t / t(n/2)");
   double prev = 0;

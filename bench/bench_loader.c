@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/runtime.h"
 #include "datasets/loader.h"
 #include "datasets/synth.h"
 #include "nn/detr.h"
@@ -74,6 +75,7 @@ static void bench_training(const CocoDataset *ds, int scale, int max_size, int s
 }
 
 int main(int argc, char **argv) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   const char *data = NULL;
   int n_images = 200, n_batches = 150, scale = 320, max_size = 512, steps = 6;
   for (int i = 1; i < argc; i++) {

@@ -19,6 +19,7 @@
 #include <oneapi/dnnl/dnnl.h>
 #endif
 
+#include "core/runtime.h"
 #include "autograd/ops.h"
 #include "kernels/cpu/conv_onednn.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -429,7 +430,8 @@ static void bench_gemm_at_b(int reps) {
 #endif
 
 int main(int argc, char **argv) {
-  cpu_runtime_setup(argv);  // libgomp's spin setting, as the detr command has it
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
+  cpu_runtime_setup(argv);         // libgomp's spin setting, as the detr command has it
   int reps = argc > 1 ? atoi(argv[1]) : 7;
   bool channels_last = argc > 2 && !strcmp(argv[2], "--conv-last");
   bool conv_only = argc > 2 && (!strcmp(argv[2], "--conv") || channels_last);

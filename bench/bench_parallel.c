@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "core/runtime.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/elementwise_math.h"
 
@@ -74,6 +75,7 @@ static double best_seconds(int which, bool parallel, bool pause, const float *x,
 }
 
 int main(int argc, char **argv) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   cpu_runtime_setup(argv);
   const int64_t max_n = 1 << 20;
   float *x = detr_malloc(sizeof(float) * max_n, "x"), *y = detr_calloc(max_n, sizeof(float), "y");

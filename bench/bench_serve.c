@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "bench/bench_util.h"
 #include "include/detr.h"
 
@@ -113,6 +114,7 @@ static double time_detect(detr_model *m, const detr_image *img, int n, int reps)
 }
 
 int main(int argc, char **argv) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   Args a;
   if (parse(argc, argv, &a)) return 2;
   unsigned char *rgb = NULL;

@@ -37,6 +37,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "core/runtime.h"
 #include "api/model_file.h"
 #include "kernels/cpu/cpu_kernels.h"
 #if DETR_HAVE_CUDA
@@ -344,7 +345,8 @@ static void print_report(const StepArgs *a, const DetrConfig *cfg, const double 
 }
 
 int main(int argc, char **argv) {
-  cpu_runtime_setup(argv);  // libgomp's spin setting, as the detr command has it
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
+  cpu_runtime_setup(argv);         // libgomp's spin setting, as the detr command has it
   StepArgs a;
   DetrConfig cfg;
   int rc = parse_args(argc, argv, &a);

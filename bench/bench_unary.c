@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "core/runtime.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/elementwise_math.h"
 
@@ -16,6 +17,7 @@ static double now(void) {
 }
 
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   int64_t n = 4 * 16 * 96 * 96;
   float *x = detr_malloc((size_t)n * 4, "x"), *y = detr_malloc((size_t)n * 4, "y");
   float *dy = detr_malloc((size_t)n * 4, "dy"), *dx = detr_calloc((size_t)n, 4, "dx");

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "core/runtime.h"
 #include "api/model_file.h"
 #include "fuzz_util.h"
 #include "tensor/safetensors.h"
@@ -23,6 +24,7 @@ static DetrModel *model;
 static AdamW opt;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   DetrConfig cfg;
   fuzz_model_config(&cfg);
   model = detr_model_create(&cfg, DEVICE_CPU);

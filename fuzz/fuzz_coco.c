@@ -8,6 +8,7 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "core/runtime.h"
 #include "api/model_file.h"
 #include "datasets/coco.h"
 #include "fuzz_util.h"
@@ -54,6 +55,13 @@ static void check_dataset(const CocoDataset *ds) {
   static FILE *null;
   if (!null) null = fopen("/dev/null", "w");
   coco_print_stats(ds, null);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  (void)argc, (void)argv;
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
+  return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

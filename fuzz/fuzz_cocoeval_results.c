@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "fuzz_util.h"
 #include "train/cocoeval.h"
 
@@ -24,6 +25,7 @@ static const char GT_JSON[] =
     " \"categories\": [{\"id\": 1}, {\"id\": 2}, {\"id\": 3}]}";
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   const char *path = fuzz_write_file("gt.json", (const uint8_t *)GT_JSON, sizeof GT_JSON - 1);
   char err[1024];
   FUZZ_ASSERT(coco_eval_read_gt(path, &gt, err, sizeof err) == 0, "the fixed ground truth: %s", err);

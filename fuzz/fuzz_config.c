@@ -6,8 +6,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "fuzz_util.h"
 #include "train/setup.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  (void)argc, (void)argv;
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
+  return 0;
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const char *path = fuzz_write_file("model.conf", data, size);

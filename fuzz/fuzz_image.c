@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "datasets/image.h"
 #include "datasets/transforms.h"
 #include "fuzz_util.h"
@@ -15,6 +16,7 @@
 // The pixel limit lowered to 4 Mpixels: a full-size decode (178 Mpixels) takes seconds under the
 // sanitizers and would read as a hang. The limit's check is the same code at any value.
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   image_set_max_pixels(1 << 22);
   return 0;
 }

@@ -4,8 +4,16 @@
 // PNG-encoded: that is stb_image_write's, on a fixed-size image).
 #include <string.h>
 
+#include "core/runtime.h"
 #include "fuzz_util.h"
 #include "train/history.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  (void)argc, (void)argv;
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
+  return 0;
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const char *path = fuzz_write_file("metrics.jsonl", data, size);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "fuzz_util.h"
 #include "nn/model_io.h"
 
@@ -13,6 +14,7 @@ static float *snapshot;  // the model's parameters before each load
 static int64_t total;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   DetrConfig cfg;
   fuzz_model_config(&cfg);
   model = detr_model_create(&cfg, DEVICE_CPU);

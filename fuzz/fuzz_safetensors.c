@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "fuzz_util.h"
 #include "tensor/safetensors.h"
 #include "train/commands.h"
@@ -31,6 +32,13 @@ static void check_same(const StFile *a, const StFile *b) {
     const char *v = st_metadata(b, st_metadata_key(a, i));
     FUZZ_ASSERT(v && !strcmp(v, st_metadata_value(a, i)), "metadata '%s' changed", st_metadata_key(a, i));
   }
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  (void)argc, (void)argv;
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
+  return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

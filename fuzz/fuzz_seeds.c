@@ -15,6 +15,7 @@
 
 #include <stb/stb_image_write.h>
 
+#include "core/runtime.h"
 #include "datasets/image.h"
 #include "datasets/synth.h"
 #include "fuzz_util.h"
@@ -333,6 +334,7 @@ static void text_seeds(void) {
 }
 
 int main(int argc, char **argv) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   if (argc != 2) {
     fprintf(stderr, "usage: fuzz_seeds OUT_DIR\n");
     return 2;

@@ -24,12 +24,12 @@
  * released with detr_result_free. A result owns its strings and outlives its model. Pointers into
  * a result stay valid until it is freed; strings from detr_label_name until the model is closed.
  *
- * Threads: every function may be called from any thread. Opening, detection and closing share one
- * process-wide lock: the tensor runtime underneath keeps per-process state (scoped temporaries,
- * the autograd switch), so two detections - on one model or on two - run one after the other,
- * never at the same time, each using all cores through OpenMP/OpenBLAS (or options.threads). A model may be used from
- * several threads; it must not be closed while another thread still uses it. Results are read-only
- * data: any number of threads may read one. detr_last_error() is per thread.
+ * Threads: every function may be called from any thread. Each model has its own runtime (tape,
+ * temporaries, precision) and lock: two threads detect on two models at the same time, sharing no
+ * state, each detection using all cores through OpenMP/OpenBLAS (or options.threads); calls on one
+ * model from several threads take turns. Models on a GPU share its stream, so their calls take turns
+ * too. A model must not be closed while another thread still uses it. Results are read-only data:
+ * any number of threads may read one. detr_last_error() is per thread.
  *
  * Models: DETR (ResNet-18/34/50/101 + transformer) and its encoder-attention variants (ENACT,
  * ...), from a detr-c checkpoint (`detr train` writes them; the config, class names and the

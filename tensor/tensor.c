@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/rng_math.h"
 #if DETR_HAVE_CUDA
@@ -196,28 +197,29 @@ void tensor_release_header(Tensor *t) {
 
 // --- scopes ---
 
-static Tensor **scope_items = NULL;
-static size_t scope_count = 0, scope_capacity = 0;
+// The scope stack is the bound runtime's (core/runtime.h): a thread's ops scope into its own.
 
 Tensor *tensor_scoped(Tensor *t) {
-  if (scope_count == scope_capacity) {
-    size_t cap = scope_capacity ? 2 * scope_capacity : 1024;
-    Tensor **grown = detr_realloc(scope_items, cap * sizeof(Tensor *), "the tensor scope");
-    scope_items = grown;
-    scope_capacity = cap;
+  Runtime *rt = runtime_current();
+  if (rt->scope_count == rt->scope_capacity) {
+    size_t cap = rt->scope_capacity ? 2 * rt->scope_capacity : 1024;
+    rt->scope_items = detr_realloc(rt->scope_items, cap * sizeof(Tensor *), "the tensor scope");
+    rt->scope_capacity = cap;
   }
-  scope_items[scope_count++] = t;
+  rt->scope_items[rt->scope_count++] = t;
   return t;
 }
 
 Tensor *tensor_new_scoped(Device dev, Shape shape) { return tensor_scoped(tensor_new(dev, shape)); }
 
-ScopeMark tensor_scope_mark(void) { return scope_count; }
-size_t tensor_scope_size(void) { return scope_count; }
+ScopeMark tensor_scope_mark(void) { return runtime_current()->scope_count; }
+size_t tensor_scope_size(void) { return runtime_current()->scope_count; }
 
 void tensor_scope_release(ScopeMark mark) {
-  DETR_CHECK(mark <= scope_count, "tensor_scope_release: mark %zu is past the scope end %zu", mark, scope_count);
-  while (scope_count > mark) tensor_release(scope_items[--scope_count]);
+  Runtime *rt = runtime_current();
+  DETR_CHECK(mark <= rt->scope_count, "tensor_scope_release: mark %zu is past the scope end %zu", mark,
+             rt->scope_count);
+  while (rt->scope_count > mark) tensor_release(rt->scope_items[--rt->scope_count]);
 }
 
 void tensor_scope_keep(ScopeMark mark, Tensor *const *keep, int n) {
@@ -354,10 +356,10 @@ bool device_bf16_supported(Device dev, char *why, size_t why_cap) {
 
 bool device_set_bf16(Device dev, bool on) {
   char why[256];
+  Runtime *rt = runtime_current();
   if (on && !device_bf16_supported(dev, why, sizeof why)) {
-    static bool warned = false;
-    if (!warned) fprintf(stderr, "detr: bf16 asked for, running fp32: %s\n", why);
-    warned = true;
+    if (!rt->bf16_fallback_said) fprintf(stderr, "detr: bf16 asked for, running fp32: %s\n", why);
+    rt->bf16_fallback_said = true;
     on = false;
   }
   if (dev == DEVICE_CPU) cpu_set_bf16(on);

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "nn/detr.h"
 #include "nn/model_io.h"
 #include "tensor/safetensors.h"
@@ -271,6 +272,7 @@ static int cmd_diff(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   if (argc < 2) return usage();
   if (!strcmp(argv[1], "batch")) return cmd_batch(argc, argv);
   if (!strcmp(argv[1], "weights")) return cmd_weights(argc, argv);

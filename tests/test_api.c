@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/runtime.h"
 #include "datasets/loader.h"
 #include "api/model_file.h"
 #include "include/detr.h"
@@ -69,6 +70,10 @@ static void setup_files(void) {
   DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
   detr_model_init(m, 11);
   save_weights(m, at("w.safetensors"));
+  DetrModel *m2 = detr_model_create(&cfg, DEVICE_CPU);  // a second model (two_threads_two_models)
+  detr_model_init(m2, 12);
+  save_weights(m2, at("w2.safetensors"));
+  detr_model_free(m2);
   char err[1024];
   TrainState state = {.step = 7, .epoch = 2, .next_batch = 3, .seed = 42, .best_map = 0.125};
   ck_assert_msg(checkpoint_save(at("ckpt.safetensors"), m, NULL, &state,
@@ -514,6 +519,40 @@ START_TEST(two_threads_one_model) {
 }
 END_TEST
 
+// Two models (two files, different weights) on two threads at once: each result equal to the one
+// the model gives alone. Each model runs in its own runtime (core/runtime.h): nothing is shared but
+// the allocator's and oneDNN's locked caches (the tsan_api test runs this under ThreadSanitizer).
+START_TEST(two_threads_two_models) {
+  detr_model *m1 = open_tiny(NULL), *m2 = NULL;
+  ck_assert_int_eq(detr_open_weights(at("w2.safetensors"), "tiny", NULL, &m2), DETR_OK);
+  char jpg[300], png[300];
+  snprintf(jpg, sizeof jpg, "%s", at("img.jpg"));
+  snprintf(png, sizeof png, "%s", at("img.png"));
+  detr_result *ref1 = detect(m1, jpg, 0.0), *ref2 = detect(m2, png, 0.0);
+  detr_result *other = detect(m2, jpg, 0.0);  // the second model differs: its own weights, not the first's
+  ck_assert(detr_result_get(other, 0)->score != detr_result_get(ref1, 0)->score);
+  detr_result_free(other);
+  Worker a = {.m = m1, .file = jpg}, b = {.m = m2, .file = png};
+  pthread_t ta, tb;
+  ck_assert_int_eq(pthread_create(&ta, NULL, work, &a), 0);
+  ck_assert_int_eq(pthread_create(&tb, NULL, work, &b), 0);
+  pthread_join(ta, NULL);
+  pthread_join(tb, NULL);
+  for (int i = 0; i < 4; i++) {
+    ck_assert_int_eq(a.st[i], DETR_OK);
+    ck_assert_int_eq(b.st[i], DETR_OK);
+    assert_same_result(a.r[i], ref1);
+    assert_same_result(b.r[i], ref2);
+    detr_result_free(a.r[i]);
+    detr_result_free(b.r[i]);
+  }
+  detr_result_free(ref1);
+  detr_result_free(ref2);
+  detr_close(m1);
+  detr_close(m2);
+}
+END_TEST
+
 // --- bad input ---------------------------------------------------------------------------------------
 
 // The error code `want` with a message containing `needle`, and no model (`call` opens into m).
@@ -771,6 +810,7 @@ START_TEST(bad_images) {
 END_TEST
 
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   Suite *s = suite_create("api");
   TCase *tc = tcase_create("api");
   tcase_add_unchecked_fixture(tc, setup_files, teardown_tmp);  // once: tests add files of other names
@@ -780,6 +820,7 @@ int main(void) {
   tcase_add_test(tc, nonfinite_outputs_dropped);
   tcase_add_test(tc, extreme_shapes_every_variant);
   tcase_add_test(tc, two_threads_one_model);
+  tcase_add_test(tc, two_threads_two_models);
   tcase_add_test(tc, batch_matches_single_images);
   tcase_add_test(tc, thread_option);
   tcase_add_test(tc, precision_option);

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/runtime.h"
 #include "nn/detr.h"
 #include "nn/model_io.h"
 #include "tests/gradcheck.h"
@@ -316,6 +317,7 @@ START_TEST(swin_table_trunc_normal_init) {
 END_TEST
 
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   Suite *s = suite_create("encoder_attn");
   TCase *tc = tcase_create("encoder_attn");
   tcase_set_timeout(tc, 60);

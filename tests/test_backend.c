@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "kernels/conv_algo.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda_status.h"
@@ -132,6 +133,7 @@ START_TEST(tf32_config_key) {
 END_TEST
 
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   Suite *s = suite_create("backend");
   TCase *tc = tcase_create("backend");
   tcase_add_test(tc, probe_no_driver_is_no_device);

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "kernels/bf16_math.h"
 #include "kernels/cpu/conv_onednn.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -715,6 +716,7 @@ START_TEST(training_losses_follow_fp32) {
 END_TEST
 
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   Suite *s = suite_create("bf16");
   TCase *tc = tcase_create("bf16");
   tcase_set_timeout(tc, 600);  // the training run takes ~2 minutes under ASan on a loaded 2-core machine

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/runtime.h"
 #include "tensor/safetensors.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "tests/shell.h"
@@ -252,6 +253,7 @@ START_TEST(precision_flag) {
 END_TEST
 
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   Suite *s = suite_create("cli_train");
   TCase *tc = tcase_create("cli_train");
   tcase_set_timeout(tc, 600);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "core/runtime.h"
 #include "train/cocoeval.h"
 #include "train/commands.h"
 
@@ -593,6 +594,7 @@ START_TEST(cocoeval_verb) {
 END_TEST
 
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   Suite *s = suite_create("cocoeval");
   TCase *tc = tcase_create("cocoeval");
   tcase_add_checked_fixture(tc, setup_tmp, teardown_tmp);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "core/runtime.h"
 #include "datasets/coco.h"
 #include "datasets/crops.h"
 #include "datasets/image.h"
@@ -1336,6 +1337,7 @@ START_TEST(policy_names) {
 END_TEST
 
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   Suite *s = suite_create("datasets");
   TCase *tc = tcase_create("datasets");
   tcase_add_checked_fixture(tc, setup_tmp, teardown_tmp);

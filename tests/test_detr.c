@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/runtime.h"
 #include "nn/detr.h"
 #include "nn/model_io.h"
 #include "nn/position.h"
@@ -335,6 +336,7 @@ START_TEST(config_overrides) {
 END_TEST
 
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   Suite *s = suite_create("detr");
   TCase *tc = tcase_create("model");
   tcase_set_timeout(tc, 120);

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <signal.h>
 
+#include "core/runtime.h"
 #include "tests/shell.h"
 
 #ifndef DETR_BIN
@@ -137,6 +138,7 @@ START_TEST(sigusr1_to_mpirun_stops_every_process_with_a_checkpoint) {
 END_TEST
 
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
 #if !DETR_HAVE_MPI
   printf("this build has no MPI: skipped\n");
   return 77;

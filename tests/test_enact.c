@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "nn/detr.h"
 #include "nn/enact.h"
 #include "nn/model_io.h"
@@ -246,6 +247,7 @@ START_TEST(detr_weights_load_into_enact) {
 END_TEST
 
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   Suite *s = suite_create("enact");
   TCase *tc = tcase_create("enact");
   tcase_set_timeout(tc, 60);

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/runtime.h"
 #include "tensor/safetensors.h"
 #include "tests/shell.h"
 
@@ -166,6 +167,7 @@ START_TEST(reference_weights_and_partial_loads) {
 END_TEST
 
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   Suite *s = suite_create("finetune");
   TCase *tc = tcase_create("finetune");
   tcase_set_timeout(tc, 600);

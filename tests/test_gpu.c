@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/runtime.h"
 #include "autograd/ops.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -2053,6 +2054,7 @@ END_TEST
 
 // test_gpu [--probe]: --probe only reports the device (exit 0, 77 none, 1 unusable) and runs nothing.
 int main(int argc, char **argv) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   char why[512];
   int devices = cuda_device_probe(why, sizeof why);
   if (devices == 0) {

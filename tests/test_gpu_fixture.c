@@ -8,6 +8,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <check.h>
 
+#include "core/runtime.h"
 #include "autograd/ops.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -40,6 +41,7 @@ START_TEST(hangs) {
 END_TEST
 
 int main(int argc, char **argv) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   bool watchdog = argc > 1 && !strcmp(argv[1], "--watchdog");
   if (watchdog) setenv("DETR_GPU_TEST_TIMEOUT", "1", 1);
   Suite *s = suite_create("gpu_fixture");

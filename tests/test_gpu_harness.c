@@ -8,6 +8,7 @@
 #define _POSIX_C_SOURCE 200809L  // mkdtemp, setenv under -std=c11
 #include <check.h>
 
+#include "core/runtime.h"
 #include "autograd/ops.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -23,6 +24,7 @@
 #undef main
 
 int main(void) {
+  runtime_bind(runtime_create());             // the thread that runs ops (core/runtime.h)
   setenv("DETR_GPU_TEST_TIMEOUT", "600", 0);  // the CPU runs both sides here: slower than a GPU
   Suite *s = suite_create("gpu_harness");
   TCase *tc = gpu_tcase(s, "cpu_as_gpu");  // test_gpu's fixture: clean tape and scope after each test

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "nn/criterion.h"
 #include "nn/decoder.h"
@@ -1584,6 +1585,7 @@ static bool table_consistent(void) {
 // test_grad [NAME | --list]: every entry of the op table, one of them, or their names (one a
 // line; what tests/op_ctest.cmake registers as grad.NAME).
 int main(int argc, char **argv) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   N_SUITES = grad_suites(SUITES);
   if (!table_consistent()) return 2;
   const char *only = argc > 1 ? argv[1] : NULL;

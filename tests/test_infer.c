@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "kernels/cpu/conv_onednn.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/norm_math.h"
@@ -660,6 +661,7 @@ START_TEST(folded_model_matches_training_forward) {
 END_TEST
 
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   Suite *s = suite_create("infer");
   TCase *tc = tcase_create("fold");
   tcase_set_timeout(tc, 600);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "nn/criterion.h"
 #include "nn/hungarian.h"
 #include "tests/gradcheck.h"
@@ -174,6 +175,7 @@ START_TEST(criterion_values) {
 END_TEST
 
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   Suite *s = suite_create("matcher");
   TCase *tc = tcase_create("matcher");
   tcase_set_timeout(tc, 60);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "kernels/cpu/conv_onednn.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/norm_math.h"
@@ -938,6 +939,7 @@ START_TEST(cuda_tensor_without_backend_fails) {
 END_TEST
 
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   Suite *s = suite_create("ops");
   TCase *tc = tcase_create("forward");
   tcase_set_timeout(tc, 60);

@@ -20,6 +20,7 @@
 #include <yajl/yajl_tree.h>
 #include <zlib.h>
 
+#include "core/runtime.h"
 #include "datasets/loader.h"
 #include "nn/model_io.h"
 #include "include/detr.h"
@@ -1252,6 +1253,7 @@ START_TEST(show_errors) {
 END_TEST
 
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   Suite *s = suite_create("predict");
   TCase *draw = tcase_create("draw");
   tcase_set_timeout(draw, 60);

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/runtime.h"
 #include "tests/shell.h"
 
 #ifndef DETR_BIN
@@ -627,6 +628,7 @@ END_TEST
 // Two cases, each its own ctest entry (CK_RUN_CASE), so that ctest runs them side by side: the
 // directory's rules, and the faults a long run meets.
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   Suite *s = suite_create("run_safety");
   TCase *dir = tcase_create("directory"), *faults = tcase_create("faults");
   tcase_set_timeout(dir, 600);

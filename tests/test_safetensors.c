@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/runtime.h"
 #include "tensor/safetensors.h"
 
 // --- helpers ---
@@ -743,6 +744,7 @@ START_TEST(atomic_save_failures) {
 END_TEST
 
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   Suite *s = suite_create("safetensors");
   TCase *tc = tcase_create("core");
   tcase_set_timeout(tc, 60);  // Check's 4 s default is too tight on a loaded 2-core machine

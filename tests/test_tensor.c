@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "tensor/arena.h"
 #include "tests/gradcheck.h"
 
@@ -348,6 +349,7 @@ START_TEST(slices_view_or_copy) {
 END_TEST
 
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   Suite *s = suite_create("tensor");
   TCase *tc = tcase_create("core");
   tcase_set_timeout(tc, 60);  // Check's 4 s default is too tight on a loaded 2-core machine

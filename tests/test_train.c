@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/runtime.h"
 #include "tests/gradcheck.h"
 #include "nn/model_io.h"
 #include "train/checkpoint.h"
@@ -424,6 +425,7 @@ START_TEST(cpu_share_yields_to_a_busy_process) {
 END_TEST
 
 int main(void) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   owner_pid = (int)getpid();
   Suite *s = suite_create("train");
   TCase *tc = tcase_create("train");

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "train/draw.h"
 
 #define MAX_RUNS CHART_MAX_SERIES
@@ -52,6 +53,7 @@ static int read_run(const char *dir, double batch, Run *r) {
 }
 
 int main(int argc, char **argv) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   const char *out = NULL, *title = "AP50 (val)";
   double batch = 4;
   static Run runs[MAX_RUNS];

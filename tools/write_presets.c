@@ -5,9 +5,11 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "nn/detr.h"
 
 int main(int argc, char **argv) {
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
   if (argc != 2) {
     fprintf(stderr, "usage: write_presets DIR\n");
     return 2;

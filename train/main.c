@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "autograd/ops.h"
 #include "include/detr.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -76,8 +77,9 @@ static int run(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-  cpu_runtime_setup(argv);  // may start the program again, with libgomp's spin setting
-  dist_init(&argc, &argv);  // joins the MPI job when launched by mpirun (train, eval)
+  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
+  cpu_runtime_setup(argv);         // may start the program again, with libgomp's spin setting
+  dist_init(&argc, &argv);         // joins the MPI job when launched by mpirun (train, eval)
   int rc = run(argc, argv);
   dist_finalize();
   return rc;

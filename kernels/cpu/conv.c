@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "kernels/cpu/conv_onednn.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/norm_math.h"
@@ -331,14 +332,20 @@ static void im2col_cl_backward(const float *x, const uint16_t *x16, bool gathere
   if (dbias) conv_bias_backward(dy, dbias, g);
 }
 
-static ConvImpl forced_impl = CONV_IMPL_AUTO;
+_Static_assert(CONV_IMPL_AUTO == 0, "Runtime.conv_forced_impl: 0 chooses");
+
+// The implementation a test or benchmark forces: the bound runtime's (core/runtime.h).
+static ConvImpl forced_impl(void) {
+  const Runtime *rt = runtime_bound();
+  return rt ? (ConvImpl)rt->conv_forced_impl : CONV_IMPL_AUTO;
+}
 
 void cpu_conv2d_set_impl(ConvImpl impl) {
   DETR_CHECK(impl == CONV_IMPL_AUTO || impl == CONV_IMPL_IM2COL || DETR_HAVE_ONEDNN,
              "conv2d: this build has no oneDNN");
   char why[256];
   DETR_CHECK(impl != CONV_IMPL_ONEDNN_BF16 || cpu_bf16_supported(why, sizeof why), "conv2d: bf16: %s", why);
-  forced_impl = impl;
+  runtime_current()->conv_forced_impl = (int)impl;
 }
 
 static ConvImpl bf16_conv_impl(const ConvGeom *g, ConvPass pass);
@@ -387,8 +394,9 @@ ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
   if (!DETR_HAVE_ONEDNN) return CONV_IMPL_IM2COL;
   // oneDNN 2.6 on nhwc activations with plain oihw weights runs its reference loop (~1 GFLOP/s,
   // `bench_ops 5 --conv-last`): forcing the plain layouts keeps oihw weights for nchw only.
-  if (forced_impl == CONV_IMPL_ONEDNN_PLAIN && g->channels_last) return CONV_IMPL_ONEDNN;
-  if (forced_impl != CONV_IMPL_AUTO) return forced_impl;
+  ConvImpl forced = forced_impl();
+  if (forced == CONV_IMPL_ONEDNN_PLAIN && g->channels_last) return CONV_IMPL_ONEDNN;
+  if (forced != CONV_IMPL_AUTO) return forced;
   int64_t out_spatial = g->out_h * g->out_w;  // per image
   // Channels last (oneDNN on the nhwc buffers themselves; im2col's rows are pixels), from
   // `bench_ops 5 --conv-last r50@512 / r18@320 / main@192` (bench/README.md#bench_ops): oneDNN

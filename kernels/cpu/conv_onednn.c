@@ -41,9 +41,11 @@
 #include <string.h>
 
 #include <omp.h>
+#include <pthread.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
 
+#include "core/runtime.h"
 #include "kernels/cpu/conv_onednn.h"
 #include "kernels/cpu/parallel.h"
 
@@ -92,13 +94,17 @@ typedef struct {
 } ConvPrim;
 
 // DETR has ~20-60 distinct convolutions per input size, 2-3 passes each; training on varying input
-// sizes cycles through more, and the least recently used is dropped. The cache and the engine are
-// used from one thread at a time (the op layer's), as every kernel here is.
+// sizes cycles through more, and the least recently used is dropped. The cache is the process's
+// (a primitive is JIT code: two runtimes' identical layers share one); every public function below
+// holds cache_lock from its lookup to the end of its run, so no other thread evicts the primitive
+// it runs. Two threads' oneDNN convolutions therefore take turns; each runs on every core.
 #define CONV_CACHE_SIZE 256
 _Static_assert(sizeof(ConvGeom) == 9 * sizeof(int64_t) + 8 * sizeof(int),
                "ConvGeom must have no padding bytes: the cache compares geometries with memcmp");
 
-static dnnl_engine_t engine;
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static dnnl_engine_t engine;  // made once (init_once)
 static dnnl_stream_t stream;
 static ConvPrim cache[CONV_CACHE_SIZE];
 static uint64_t cache_clock;
@@ -117,13 +123,14 @@ static uint64_t cache_clock;
 // in both (bench/README.md#main_job_speed). A capacity set in the environment is kept.
 #define PRIMITIVE_CACHE_CAPACITY 4096
 
-static void onednn_init(void) {
-  if (engine) return;
+static void onednn_init_once(void) {
   if (!getenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY") && !getenv("DNNL_PRIMITIVE_CACHE_CAPACITY"))
     DNNL_CHECK(dnnl_set_primitive_cache_capacity(PRIMITIVE_CACHE_CAPACITY));
   DNNL_CHECK(dnnl_engine_create(&engine, dnnl_cpu, 0));
   DNNL_CHECK(dnnl_stream_create(&stream, engine, dnnl_stream_default_flags));
 }
+
+static void onednn_init(void) { pthread_once(&init_once, onednn_init_once); }
 
 static void md_init_type(dnnl_memory_desc_t *md, int ndims, const dnnl_dims_t dims, dnnl_data_type_t type,
                          dnnl_format_tag_t tag) {
@@ -656,38 +663,47 @@ static void pass_run(ConvPrim *p, int64_t batch, bool accumulate, const float *i
 // 2-4%; peak RSS 1.4 MB more for the main job's, the same for R18 and R50 (at 16 MiB R50 took 22 MB
 // more; bench/README.md#bench_step).
 #define CONV_WHOLE_BATCH_BYTES ((int64_t)8 << 20)
-static int64_t whole_batch_bytes = CONV_WHOLE_BATCH_BYTES;
+
+// The size a benchmark sets (the bound runtime's, core/runtime.h), else CONV_WHOLE_BATCH_BYTES.
+static int64_t whole_batch_bytes(void) {
+  const Runtime *rt = runtime_bound();
+  return rt && rt->conv_whole_batch_bytes >= 0 ? rt->conv_whole_batch_bytes : CONV_WHOLE_BATCH_BYTES;
+}
 
 int64_t onednn_conv2d_set_whole_batch_bytes(int64_t bytes) {
-  int64_t before = whole_batch_bytes;
-  whole_batch_bytes = bytes < 0 ? CONV_WHOLE_BATCH_BYTES : bytes;
+  int64_t before = whole_batch_bytes();
+  runtime_current()->conv_whole_batch_bytes = bytes < 0 ? -1 : bytes;
   return before;
 }
 
+static bool has_winograd;  // written once (winograd_once)
+static pthread_once_t winograd_once = PTHREAD_ONCE_INIT;
+
+static void winograd_probe(void) {  // a 16-channel 3x3 convolution on 8x8, the simplest Winograd covers
+  onednn_init();
+  ConvGeom g = {.batch = 1,
+                .in_ch = 16,
+                .in_h = 8,
+                .in_w = 8,
+                .out_ch = 16,
+                .out_h = 8,
+                .out_w = 8,
+                .kh = 3,
+                .kw = 3,
+                .stride_h = 1,
+                .stride_w = 1,
+                .pad_h = 1,
+                .pad_w = 1,
+                .dil_h = 1,
+                .dil_w = 1};
+  dnnl_primitive_desc_t pd = winograd_pd_create(&g, CONV_PASS_FWD, NULL, NULL, NULL);
+  has_winograd = pd != NULL;
+  if (pd) DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
+}
+
 bool onednn_conv2d_has_winograd(void) {
-  static int has = -1;  // not probed yet
-  if (has < 0) {        // a 16-channel 3x3 convolution on 8x8, the simplest Winograd covers
-    onednn_init();
-    ConvGeom g = {.batch = 1,
-                  .in_ch = 16,
-                  .in_h = 8,
-                  .in_w = 8,
-                  .out_ch = 16,
-                  .out_h = 8,
-                  .out_w = 8,
-                  .kh = 3,
-                  .kw = 3,
-                  .stride_h = 1,
-                  .stride_w = 1,
-                  .pad_h = 1,
-                  .pad_w = 1,
-                  .dil_h = 1,
-                  .dil_w = 1};
-    dnnl_primitive_desc_t pd = winograd_pd_create(&g, CONV_PASS_FWD, NULL, NULL, NULL);
-    has = pd != NULL;
-    if (pd) DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
-  }
-  return has;
+  pthread_once(&winograd_once, winograd_probe);
+  return has_winograd;
 }
 
 // The geometry a pass of g runs on (*runs times): the whole batch at once (1), or one image at a
@@ -702,7 +718,7 @@ static ConvGeom pass_geometry(const ConvGeom *g, ConvPass pass, ConvImpl impl, b
   ConvGeom run = *g;
   *runs = 1;
   if (copies && (g->in_ch * g->in_h * g->in_w + g->out_ch * g->out_h * g->out_w) * g->batch * (int64_t)sizeof(float) >
-                    whole_batch_bytes) {
+                    whole_batch_bytes()) {
     run.batch = 1;  // one image's primitive, shared by every batch size
     *runs = g->batch;
   }
@@ -735,8 +751,17 @@ static struct {
 } winograd_sizes[WINOGRAD_SIZES];
 static uint64_t winograd_sizes_clock;
 
+static int64_t winograd_workspace_floats_locked(const ConvGeom *g, ConvPass pass);
+
 int64_t onednn_conv2d_winograd_workspace_floats(const ConvGeom *g, ConvPass pass) {
   if (!onednn_conv2d_has_winograd()) return -1;
+  pthread_mutex_lock(&cache_lock);
+  int64_t floats = winograd_workspace_floats_locked(g, pass);
+  pthread_mutex_unlock(&cache_lock);
+  return floats;
+}
+
+static int64_t winograd_workspace_floats_locked(const ConvGeom *g, ConvPass pass) {
   int64_t runs;
   ConvGeom run = pass_geometry(g, pass, CONV_IMPL_ONEDNN_WINOGRAD, false, &runs);
   int victim = 0;
@@ -773,9 +798,11 @@ int64_t onednn_conv2d_winograd_workspace_floats(const ConvGeom *g, ConvPass pass
 
 int64_t onednn_conv2d_workspace_floats(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, bool bias) {
   int64_t runs;
+  pthread_mutex_lock(&cache_lock);
   const ConvPrim *p = pass_prim(g, pass, impl, accumulate, bias, 0, &runs);
-  return (int64_t)((pass_buffer_bytes(p, pass_out_copy(p, runs, accumulate), false) + sizeof(float) - 1) /
-                   sizeof(float));
+  size_t bytes = pass_buffer_bytes(p, pass_out_copy(p, runs, accumulate), false);
+  pthread_mutex_unlock(&cache_lock);
+  return (int64_t)((bytes + sizeof(float) - 1) / sizeof(float));
 }
 
 void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool accumulate, const float *in0,
@@ -784,33 +811,42 @@ void onednn_conv2d_run(const ConvGeom *g, ConvPass pass, ConvImpl impl, bool acc
   DETR_CHECK(pass != CONV_PASS_FWD || !accumulate, "onednn_conv2d_run: the forward writes y");
   DETR_CHECK(((uintptr_t)workspace & 63) == 0, "onednn_conv2d_run: the workspace is not 64-byte aligned");
   int64_t runs;
+  pthread_mutex_lock(&cache_lock);
   ConvPrim *p = pass_prim(g, pass, impl, accumulate, bias != NULL, 0, &runs);
   pass_run(p, runs, accumulate, in0, in1, in16, out, bias, (char *)workspace, NULL);
+  pthread_mutex_unlock(&cache_lock);
 }
 
 int64_t onednn_conv2d_forward_post_workspace_floats(const ConvGeom *g, ConvImpl impl, bool bias, unsigned post,
                                                     bool packed) {
   int64_t runs;
+  pthread_mutex_lock(&cache_lock);
   const ConvPrim *p = pass_prim(g, CONV_PASS_FWD, impl, false, bias, post, &runs);
-  return (int64_t)((pass_buffer_bytes(p, pass_out_copy(p, runs, false), packed) + sizeof(float) - 1) / sizeof(float));
+  size_t bytes = pass_buffer_bytes(p, pass_out_copy(p, runs, false), packed);
+  pthread_mutex_unlock(&cache_lock);
+  return (int64_t)((bytes + sizeof(float) - 1) / sizeof(float));
 }
 
 void onednn_conv2d_forward_post(const ConvGeom *g, ConvImpl impl, unsigned post, const float *x, const float *w,
                                 float *y, const float *bias, float *workspace, ConvWeightPack *pack) {
   DETR_CHECK(((uintptr_t)workspace & 63) == 0, "onednn_conv2d_forward_post: the workspace is not 64-byte aligned");
   int64_t runs;
+  pthread_mutex_lock(&cache_lock);
   ConvPrim *p = pass_prim(g, CONV_PASS_FWD, impl, false, bias != NULL, post, &runs);
   pass_run(p, runs, false, x, w, NULL, y, (float *)bias, (char *)workspace, pack);
+  pthread_mutex_unlock(&cache_lock);
 }
 
 const char *onednn_conv2d_impl(const ConvGeom *g, ConvPass pass, ConvImpl impl) {
   ConvGeom one = *g;
   one.batch = 1;
+  pthread_mutex_lock(&cache_lock);  // the name is the primitive's: valid while it stays cached
   ConvPrim *p = prim_get(&one, pass, impl, false, 0);
   const_dnnl_primitive_desc_t pd;
   DNNL_CHECK(dnnl_primitive_get_primitive_desc(p->conv, &pd));
   const char *name = NULL;
   DNNL_CHECK(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &name));
+  pthread_mutex_unlock(&cache_lock);
   return name;
 }
 

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "core/runtime.h"
 #include "kernels/cpu/cpu_kernels.h"
 #if DETR_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.h>
@@ -41,7 +42,6 @@ bool cpu_has_avx512(void) {
 // bf16 needs oneDNN's AVX512-BF16 kernels (Cooper Lake, Zen 4, Zen 5, Sapphire Rapids' AVX-512
 // part) or AMX. oneDNN also runs bf16 by emulation on plain AVX-512 and not at all on AVX2: slower
 // than fp32 there, so it is refused rather than run (the caller names the instructions).
-static bool g_bf16 = false;
 
 bool cpu_bf16_supported(char *why, size_t why_cap) {
 #if DETR_HAVE_ONEDNN
@@ -67,7 +67,12 @@ bool cpu_bf16_supported(char *why, size_t why_cap) {
 void cpu_set_bf16(bool on) {
   char why[256];
   DETR_CHECK(!on || cpu_bf16_supported(why, sizeof why), "cpu_set_bf16: %s", why);
-  g_bf16 = on;
+  runtime_current()->bf16_cpu = on;
 }
 
-bool cpu_bf16_enabled(void) { return g_bf16; }
+// The bound runtime's mode (core/runtime.h). Kernels ask before their parallel regions: an OpenMP
+// worker has no runtime and gets fp32.
+bool cpu_bf16_enabled(void) {
+  const Runtime *rt = runtime_bound();
+  return rt && rt->bf16_cpu;
+}

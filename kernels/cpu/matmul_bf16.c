@@ -4,6 +4,7 @@
 // tensors and rounds C to bf16 as well; here C stays fp32 (one rounding less, the same speed).
 // And the inference path's linear layer in fp32 on the same primitive, its bias and ReLU fused as
 // the matmul's epilogue (cpu_linear_fused).
+#include "core/runtime.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
 
@@ -12,8 +13,8 @@
 #if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10))
 #define HAVE_BF16_INTRINSICS 1
 #include <immintrin.h>
-#include <pthread.h>
 #endif
+#include <pthread.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -46,11 +47,16 @@
 // multiply-adds each) and single narrow GEMMs keep bf16: they gain (`bench_ops 21 --attention-bf16`,
 // bench/README.md#bench_ops).
 #define GEMM_BF16_MIN_BATCHED_WIDTH 48
-static int64_t min_batched_width = GEMM_BF16_MIN_BATCHED_WIDTH;
+
+// The width a benchmark sets (the bound runtime's, core/runtime.h), else GEMM_BF16_MIN_BATCHED_WIDTH.
+static int64_t min_batched_width(void) {
+  const Runtime *rt = runtime_bound();
+  return rt && rt->gemm_bf16_min_batched_width >= 0 ? rt->gemm_bf16_min_batched_width : GEMM_BF16_MIN_BATCHED_WIDTH;
+}
 
 int64_t cpu_gemm_bf16_set_min_batched_width(int64_t width) {
-  int64_t before = min_batched_width;
-  min_batched_width = width < 0 ? GEMM_BF16_MIN_BATCHED_WIDTH : width;
+  int64_t before = min_batched_width();
+  runtime_current()->gemm_bf16_min_batched_width = width < 0 ? -1 : width;
   return before;
 }
 
@@ -131,6 +137,12 @@ typedef struct {
   uint64_t used;  // LRU stamp; 0: empty
 } GemmPrim;
 
+// The primitives, the rounding reorders and the operands' copies are one process-wide cache (a
+// primitive costs ~0.3 ms of oneDNN's JIT to make): every function below that uses them holds
+// cache_lock for the whole call, from the lookup to the primitive's run, so another thread's call
+// can neither evict the primitive nor overwrite the copies in between. Two threads' bf16 GEMMs and
+// fused linear layers therefore take turns; each already runs on every core (OpenMP).
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 #define GEMM_CACHE_SIZE 64
 static GemmPrim gemm_cache[GEMM_CACHE_SIZE];
 static uint64_t gemm_clock;
@@ -268,7 +280,8 @@ static bool bf16_wanted(int64_t m, int64_t n, int64_t k, int64_t batch) {
     return false;
   // cpu_gemm_batched's fp32 runs one matrix per thread where there are as many and each is small.
   bool per_thread = batch >= omp_get_max_threads() && 2.0 * m * n * k < GEMM_BATCH_PARALLEL_MAX_FLOPS;
-  bool narrow = m < min_batched_width || n < min_batched_width;
+  int64_t width = min_batched_width();
+  bool narrow = m < width || n < width;
   return batch == 1 || !narrow || !per_thread;
 }
 
@@ -310,12 +323,14 @@ bool cpu_gemm_bf16_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int
                  .stride_c = batch > 1 ? stride_c : m * ldc,
                  .alpha = alpha,
                  .beta = beta};
+  pthread_mutex_lock(&cache_lock);
   GemmPrim *p = gemm_prim_get(&key);
   int64_t na = batch * m * k, nb = batch * k * n;
   uint16_t *a16 = copies_reserve(na + nb), *b16 = a16 + na;
   operand_copy_run(&p->a_copy, a, batch, a16);
   operand_copy_run(&p->b_copy, b, batch, b16);
   gemm_prim_run(p, a16, b16, NULL, c);
+  pthread_mutex_unlock(&cache_lock);
   return true;
 }
 
@@ -328,7 +343,8 @@ static struct {
 } round_cache[ROUND_CACHE_SIZE];
 static uint64_t round_clock;
 
-void cpu_round_bf16(const float *x, int64_t rows, int64_t cols, uint16_t *out) {
+// cpu_round_bf16 under cache_lock.
+static void round_bf16_locked(const float *x, int64_t rows, int64_t cols, uint16_t *out) {
   if (rows == 0 || cols == 0) return;
   DETR_CHECK(!omp_in_parallel(), "cpu_round_bf16: called inside a parallel region (its cache is shared)");
   if (round_direct()) {
@@ -352,6 +368,12 @@ void cpu_round_bf16(const float *x, int64_t rows, int64_t cols, uint16_t *out) {
   operand_copy_run(&round_cache[victim].copy, x, 1, out);
 }
 
+void cpu_round_bf16(const float *x, int64_t rows, int64_t cols, uint16_t *out) {
+  pthread_mutex_lock(&cache_lock);
+  round_bf16_locked(x, rows, cols, out);
+  pthread_mutex_unlock(&cache_lock);
+}
+
 void cpu_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
                    const uint16_t *b, float beta, float *c, int64_t ldc) {
   if (m == 0 || n == 0) return;
@@ -368,7 +390,9 @@ void cpu_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
                  .stride_c = m * ldc,
                  .alpha = alpha,
                  .beta = beta};  // lda 0: operands already bf16
+  pthread_mutex_lock(&cache_lock);
   gemm_prim_run(gemm_prim_get(&key), a, b, NULL, c);
+  pthread_mutex_unlock(&cache_lock);
 }
 
 bool cpu_linear_fused(const float *x, const float *w, const float *bias, bool relu, float *y, int64_t rows, int64_t in,
@@ -390,22 +414,38 @@ bool cpu_linear_fused(const float *x, const float *w, const float *bias, bool re
                  .epilogue = (bias ? EPILOGUE_BIAS : 0) | (relu ? EPILOGUE_RELU : 0),
                  .alpha = 1.0f,
                  .beta = 0.0f};
+  pthread_mutex_lock(&cache_lock);
   gemm_prim_run(gemm_prim_get(&key), x, w, bias, y);
+  pthread_mutex_unlock(&cache_lock);
   return true;
 }
+
+static void linear_bf16_rounded_locked(const uint16_t *x16, const uint16_t *w16, const float *bias, bool relu, float *y,
+                                       int64_t rows, int64_t in, int64_t out);
+
 bool cpu_linear_bf16(const float *x, const uint16_t *w16, const float *bias, bool relu, float *y, int64_t rows,
                      int64_t in, int64_t out) {
   if (!cpu_bf16_enabled() || rows == 0 || in == 0 || out == 0 || omp_in_parallel() ||
       (double)rows * in * out < fmin(LINEAR_BF16_KEPT_MIN_MACS_PER_THREAD * omp_get_max_threads(), GEMM_BF16_MIN_MACS))
     return false;
+  pthread_mutex_lock(&cache_lock);
   uint16_t *x16 = copies_reserve(rows * in);  // [rows, in]
-  cpu_round_bf16(x, rows, in, x16);
-  cpu_linear_bf16_rounded(x16, w16, bias, relu, y, rows, in, out);
+  round_bf16_locked(x, rows, in, x16);
+  linear_bf16_rounded_locked(x16, w16, bias, relu, y, rows, in, out);
+  pthread_mutex_unlock(&cache_lock);
   return true;
 }
 
 void cpu_linear_bf16_rounded(const uint16_t *x16, const uint16_t *w16, const float *bias, bool relu, float *y,
                              int64_t rows, int64_t in, int64_t out) {
+  pthread_mutex_lock(&cache_lock);
+  linear_bf16_rounded_locked(x16, w16, bias, relu, y, rows, in, out);
+  pthread_mutex_unlock(&cache_lock);
+}
+
+// cpu_linear_bf16_rounded under cache_lock.
+static void linear_bf16_rounded_locked(const uint16_t *x16, const uint16_t *w16, const float *bias, bool relu, float *y,
+                                       int64_t rows, int64_t in, int64_t out) {
   if (rows == 0 || out == 0) return;
   DETR_CHECK(in > 0 && !omp_in_parallel(), "cpu_linear_bf16_rounded: %lld inputs, %s a parallel region", (long long)in,
              omp_in_parallel() ? "inside" : "outside");

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda_status.h"
@@ -32,9 +33,12 @@ cudaStream_t detr_cuda_stream(void) {
   return stream;
 }
 
-// TF32 tensor-core math for cuBLAS and cuDNN (cuda_set_tf32): off unless asked for.
-static bool g_tf32 = false;
-static bool g_cublas_created = false;
+// TF32 tensor-core math for cuBLAS and cuDNN (cuda_set_tf32): off unless asked for; the bound
+// runtime's (core/runtime.h), read per call. A thread without one (none runs ops) computes in fp32.
+bool detr_cuda_tf32(void) {
+  const Runtime *rt = runtime_bound();
+  return rt && rt->tf32;
+}
 
 // CUBLAS_DEFAULT_MATH keeps sgemm in plain fp32 (FMA) arithmetic, so results match the CPU's
 // sgemm to fp32 rounding; CUBLAS_TF32_TENSOR_OP_MATH (the tf32 option) rounds the inputs to TF32
@@ -43,23 +47,24 @@ static bool g_cublas_created = false;
 // relying on the handle's initial mode. (PEDANTIC would also forbid reduced-precision split-K
 // reductions, which fp32 sgemm does not use, at a speed cost.) cuBLAS is bitwise reproducible run
 // to run on one stream and one GPU model, in either mode.
-static void cublas_apply_math_mode(cublasHandle_t h) {
-  CUBLAS_CHECK(cublasSetMathMode(h, g_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-}
-
+// The handle is the process's (as the stream is); its math mode follows the runtime of the call
+// that asks for it, set only when it changes.
 cublasHandle_t detr_cublas_handle(void) {
   static cublasHandle_t handle = [] {
     cublasHandle_t h;
     CUBLAS_CHECK(cublasCreate(&h));
     CUBLAS_CHECK(cublasSetStream(h, detr_cuda_stream()));
-    cublas_apply_math_mode(h);
-    g_cublas_created = true;
+    CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
     return h;
   }();
+  static bool handle_tf32 = false;  // the handle's math mode: part of the handle
+  bool tf32 = detr_cuda_tf32();
+  if (tf32 != handle_tf32) {
+    CUBLAS_CHECK(cublasSetMathMode(handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    handle_tf32 = tf32;
+  }
   return handle;
 }
-
-bool detr_cuda_tf32(void) { return g_tf32; }
 
 cudnnHandle_t detr_cudnn_handle(void) {
   static cudnnHandle_t handle = [] {
@@ -136,10 +141,9 @@ void cuda_device_memory(size_t *used, size_t *total) {
 
 void cuda_profiler_capture(bool on) { CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop()); }
 
-bool cuda_tf32_enabled(void) { return g_tf32; }
+bool cuda_tf32_enabled(void) { return detr_cuda_tf32(); }
 
-// bf16 mixed precision (cuda_set_bf16): read per call by matmul.cu and conv.cu.
-static bool g_bf16 = false;
+// bf16 mixed precision (cuda_set_bf16): the bound runtime's, read per call by matmul.cu and conv.cu.
 
 bool cuda_bf16_supported(char *why, size_t cap) {
   char probe[512];
@@ -162,17 +166,17 @@ void cuda_set_bf16(bool on) {
     char why[512];
     DETR_CHECK(cuda_bf16_supported(why, sizeof why), "cuda_set_bf16: %s", why);
   }
-  g_bf16 = on;
+  runtime_current()->bf16_cuda = on;
 }
 
-bool cuda_bf16_enabled(void) { return g_bf16; }
-
-void cuda_set_tf32(bool on) {
-  g_tf32 = on;
-  // The cuBLAS handle picks the mode up when it is created; an existing one is switched now
-  // (a mode change affects only calls queued after it). cuDNN reads it per convolution (conv.cu).
-  if (g_cublas_created) cublas_apply_math_mode(detr_cublas_handle());
+bool cuda_bf16_enabled(void) {
+  const Runtime *rt = runtime_bound();
+  return rt && rt->bf16_cuda;
 }
+
+// cuBLAS takes the mode with the handle at its next call (detr_cublas_handle); cuDNN reads it per
+// convolution (conv.cu).
+void cuda_set_tf32(bool on) { runtime_current()->tf32 = on; }
 
 static void (*g_reclaim)(void);
 
