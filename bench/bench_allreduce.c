@@ -15,8 +15,7 @@
 
 int main(int argc, char **argv) {
   runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
-  dist_init(&argc, &argv);
-  Dist g = dist_group();
+  Dist g = dist_init(&argc, &argv);
   const char *preset = "detr-r18-small";
   int reps = 10;
   for (int i = 1; i < argc; i++) {
@@ -51,7 +50,7 @@ int main(int argc, char **argv) {
     double t0 = now();
     dist_allreduce_gradients(&g, &m->params);
     double t1 = now();
-    dist_allreduce_sum_f32(flat, numel, DEVICE_CPU);
+    dist_allreduce_sum_f32(&g, flat, numel, DEVICE_CPU);
     double t2 = now();
     if (r >= 0) per_tensor[r] = t1 - t0, one_buffer[r] = t2 - t1;
   }
@@ -65,6 +64,6 @@ int main(int argc, char **argv) {
         numel * 4.0 / 1e9 / per_tensor[reps / 2]);
   free(flat), free(per_tensor), free(one_buffer);
   detr_model_free(m);
-  dist_finalize();
+  dist_finalize(&g);
   return 0;
 }

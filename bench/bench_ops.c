@@ -448,7 +448,8 @@ int main(int argc, char **argv) {
             "  --gemm-at-b: C = A^T B on oneDNN's sgemm against OpenBLAS's, and where cpu_gemm takes which\n");
     return 2;
   }
-  printf("threads: OpenBLAS %d; GEMM: %s\n", openblas_get_num_threads(), cpu_gemm_library());
+  char gemm[96];
+  printf("threads: OpenBLAS %d; GEMM: %s\n", openblas_get_num_threads(), cpu_gemm_library(gemm, sizeof gemm));
   if (attention_bf16) {
     bench_attention_bf16(reps);
     return 0;

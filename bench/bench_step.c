@@ -313,6 +313,7 @@ static void print_report(const StepArgs *a, const DetrConfig *cfg, const double 
   AllocStats alloc = detr_alloc_stats(DEVICE_CPU);  // the tensor allocator: peak live, cached now
   char loss_text[32] = "null";                      // --forward has no loss
   if (!isnan(a->first_loss)) snprintf(loss_text, sizeof loss_text, "%.6g", a->first_loss);
+  char gemm[96];
   printf(
       "{\"impl\": \"detr-c\", \"preset\": \"%s\", \"decoder\": \"%s\", \"encoder_attn\": \"%s\", \"size\": %d, "
       "\"hw\": \"%dx%d\", \"batch\": %d, \"what\": \"%s\", "
@@ -321,7 +322,7 @@ static void print_report(const StepArgs *a, const DetrConfig *cfg, const double 
       "\"alloc_cached_mb\": %.1f, \"alloc_held_peak_mb\": %.1f, \"first_loss\": %s, \"steps_s\": [",
       a->preset, detr_decoder(cfg)->name, detr_encoder_attn(cfg)->name, a->size, a->height, a->width, a->batch,
       a->forward_only ? "forward" : "train step", a->enact ? "true" : "false", cfg->tf32 ? "true" : "false",
-      cfg->bf16 ? "true" : "false", cpu_gemm_library(), median_of(t, reps), ru.ru_maxrss / 1024.0,
+      cfg->bf16 ? "true" : "false", cpu_gemm_library(gemm, sizeof gemm), median_of(t, reps), ru.ru_maxrss / 1024.0,
       alloc.peak_live_bytes / 1048576.0, alloc.cached_bytes / 1048576.0, alloc.peak_held_bytes / 1048576.0, loss_text);
   for (int r = 0; r < reps; r++) printf(r ? ", %.4f" : "%.4f", t[r]);
   printf("]");

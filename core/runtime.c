@@ -36,6 +36,7 @@ Runtime *runtime_bound(void) { return bound_runtime; }
 
 Runtime *runtime_current_at(const char *file, int line) {
   if (!bound_runtime)
-    detr_fail(file, line, "no runtime bound to this thread: create one and bind it first (runtime_bind, core/runtime.h)");
+    detr_fail(file, line,
+              "no runtime bound to this thread: create one and bind it first (runtime_bind, core/runtime.h)");
   return bound_runtime;
 }

@@ -26,23 +26,23 @@ struct Tensor;
 
 typedef struct Runtime {
   // autograd/tape.c
-  bool grad_enabled;                        // ops record onto the tape (autograd_set_grad_enabled)
-  struct TapeNode **tape;                   // [tape_capacity], the recorded ops in order
-  size_t tape_count, tape_capacity;         //
-  bool profiling;                           // autograd_profile_enable
-  struct OpProfile *profile;                // [RUNTIME_PROFILE_MAX_OPS] once profiling was on
-  int profile_count;                        //
-  double last_record_s;                     // the forward clock: when the previous op ran
+  bool grad_enabled;                 // ops record onto the tape (autograd_set_grad_enabled)
+  struct TapeNode **tape;            // [tape_capacity], the recorded ops in order
+  size_t tape_count, tape_capacity;  //
+  bool profiling;                    // autograd_profile_enable
+  struct OpProfile *profile;         // [RUNTIME_PROFILE_MAX_OPS] once profiling was on
+  int profile_count;                 //
+  double last_record_s;              // the forward clock: when the previous op ran
   // tensor/tensor.c
-  struct Tensor **scope_items;              // [scope_capacity], tensors owned by the open scopes
-  size_t scope_count, scope_capacity;       //
-  bool bf16_fallback_said;                  // device_set_bf16 said once that bf16 is not available
+  struct Tensor **scope_items;         // [scope_capacity], tensors owned by the open scopes
+  size_t scope_count, scope_capacity;  //
+  bool bf16_fallback_said;             // device_set_bf16 said once that bf16 is not available
   // kernels/
-  bool bf16_cpu, bf16_cuda;                 // bf16 mixed precision per device (device_set_bf16)
-  bool tf32;                                // CUDA GEMMs and convolutions in TF32 (device_set_tf32)
-  int conv_forced_impl;                     // cpu_conv2d_force_impl's ConvImpl; 0 = choose
-  int64_t gemm_bf16_min_batched_width;      // cpu_gemm_bf16_set_min_batched_width; -1 = default
-  int64_t conv_whole_batch_bytes;           // onednn_conv2d_set_whole_batch_bytes; -1 = default
+  bool bf16_cpu, bf16_cuda;             // bf16 mixed precision per device (device_set_bf16)
+  bool tf32;                            // CUDA GEMMs and convolutions in TF32 (device_set_tf32)
+  int conv_forced_impl;                 // cpu_conv2d_force_impl's ConvImpl; 0 = choose
+  int64_t gemm_bf16_min_batched_width;  // cpu_gemm_bf16_set_min_batched_width; -1 = default
+  int64_t conv_whole_batch_bytes;       // onednn_conv2d_set_whole_batch_bytes; -1 = default
 } Runtime;
 
 #define RUNTIME_PROFILE_MAX_OPS 64

@@ -561,7 +561,8 @@ static int run_verb(const char *a1, const char *a2, const char *a3, const char *
   int argc = 2;
   while (argv[argc]) argc++;
   fflush(stdout);
-  return cmd_cocoeval(argc, argv);
+  Dist alone = DIST_SINGLE;
+  return cmd_cocoeval(argc, argv, &alone);
 }
 
 START_TEST(cocoeval_verb) {

@@ -6,7 +6,8 @@
 #   4. rebuilds with AddressSanitizer + UndefinedBehaviorSanitizer (at -O1, ASan's recommended
 #      level: the same tests take 0.6x the time they take at -O0) and runs the unit tests again,
 #      but for the runs of the built `detr` tool (label `train`) and the source checks (`source`)
-#   5. the fuzz smoke run: every libFuzzer harness over its committed corpus, then 5 s of fuzzing
+#   5. ThreadSanitizer over the C API's two-thread tests (test_api)
+#   6. the fuzz smoke run: every libFuzzer harness over its committed corpus, then 5 s of fuzzing
 #      each, two at a time (tools/fuzz.sh --smoke; skipped with a message without clang)
 #   bash tools/test.sh [--full]
 # --full (CI): step 4 runs the `train` label under the sanitizers too (a few minutes more).
@@ -34,5 +35,13 @@ skip='train|source'
 $full && skip=source
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
    ctest --output-on-failure -j"$jobs" -L unit -LE "$skip")
+
+# ThreadSanitizer over the C API's threads: two models detecting on two threads at once, and one model
+# from two (test_api). OpenMP and OpenBLAS at one thread: their runtimes are not instrumented.
+cmake -S . -B build-tsan -DDETR_CUDA=OFF -DDETR_WERROR=ON -DDETR_TSAN=ON -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_C_FLAGS_DEBUG="-g -O1"
+cmake --build build-tsan -j"$jobs" --target test_api
+(cd build-tsan && OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 \
+   ctest --output-on-failure -R '^api$')
 
 FUZZ_JOBS=$jobs bash tools/fuzz.sh --smoke

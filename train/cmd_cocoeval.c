@@ -12,7 +12,7 @@ static const char *USAGE =
     "A: COCO instances file (images, annotations with bbox, area, iscrowd; categories).\n"
     "R: COCO results, an array of {image_id, category_id, bbox [x, y, w, h], score}.";
 
-int cmd_cocoeval(int argc, char **argv) {
+int cmd_cocoeval(int argc, char **argv, const Dist *job) {
   const char *ann_path = NULL, *res_path = NULL, *json_path = NULL;
   CliFlag flags[] = {
       {"ann", FLAG_STRING, &ann_path, "ground truth: COCO instances JSON (plain or .gz)"},

@@ -23,8 +23,8 @@ static const char *USAGE =
 // Opens the split's annotations into *ds and compares their categories with those the checkpoint
 // (ci) was trained on: 1 with a message when the file cannot be opened or the category ids differ
 // without --allow-other-categories; a warning when only the names differ.
-static int open_eval_data(const char *data, const char *split, BadInputPolicy policy, const char *checkpoint,
-                          const CheckpointInfo *ci, bool other_categories, CocoDataset **ds) {
+static int open_eval_data(const Dist *g, const char *data, const char *split, BadInputPolicy policy,
+                          const char *checkpoint, const CheckpointInfo *ci, bool other_categories, CocoDataset **ds) {
   char ann[4096], img[4096];
   setup_split_paths(data, split, ann, sizeof ann, img, sizeof img);
   CocoOpenConfig cc = {.ann_path = ann, .image_dir = img, .policy = policy};
@@ -43,8 +43,7 @@ static int open_eval_data(const char *data, const char *split, BadInputPolicy po
     coco_free(*ds);
     return 1;
   }
-  Dist g = dist_group();
-  if (same && dist_is_main(&g))
+  if (same && dist_is_main(g))
     fprintf(stderr, "detr eval: warning: %s: the categories differ from %s's: %s\n", ann, checkpoint, diff);
   return 0;
 }
@@ -99,7 +98,7 @@ typedef struct {
 
 // Evaluates a loaded model on the flags' data: sizes, batch and padding from the flags, else from
 // the checkpoint's training run (ci). Frees the model and ci.
-static int eval_loaded_model(DetrModel *m, CheckpointInfo *ci, EvalArgs *a, BadInputPolicy policy) {
+static int eval_loaded_model(const Dist *job, DetrModel *m, CheckpointInfo *ci, EvalArgs *a, BadInputPolicy policy) {
   detr_model_prepare_inference(m);  // evaluation only (docs/inference.md)
   int is, ms;                       // the training run's sizes when the checkpoint says them
   model_eval_sizes(&m->cfg, ci, &is, &ms);
@@ -108,7 +107,7 @@ static int eval_loaded_model(DetrModel *m, CheckpointInfo *ci, EvalArgs *a, BadI
   if (a->image_size > 0) is = (int)a->image_size;
   if (a->max_size > 0) ms = (int)a->max_size;
   CocoDataset *ds = NULL;
-  int rc = open_eval_data(a->data, a->split, policy, a->checkpoint, ci, a->other_categories, &ds);
+  int rc = open_eval_data(job, a->data, a->split, policy, a->checkpoint, ci, a->other_categories, &ds);
   checkpoint_info_free(ci);
   if (rc) {
     detr_model_free(m);
@@ -123,7 +122,7 @@ static int eval_loaded_model(DetrModel *m, CheckpointInfo *ci, EvalArgs *a, BadI
                    .pad_multiple = (int)a->pad_multiple,
                    .policy = policy,
                    .results_path = a->results,
-                   .dist = dist_group()};
+                   .dist = *job};
   ec.progress = dist_is_main(&ec.dist);
   rc = evaluate_and_report(m, ds, &ec, a->batch, a->pad_multiple, a->json);
   coco_free(ds);
@@ -131,7 +130,7 @@ static int eval_loaded_model(DetrModel *m, CheckpointInfo *ci, EvalArgs *a, BadI
   return rc;
 }
 
-int cmd_eval(int argc, char **argv) {
+int cmd_eval(int argc, char **argv, const Dist *job) {
   EvalArgs a = {.config = SETUP_DEFAULT_PRESET,
                 .split = "val",
                 .device = "cpu",
@@ -178,7 +177,7 @@ int cmd_eval(int argc, char **argv) {
     return 2;
   }
   if (setup_check_split_layout(a.data, a.split, "--split", err, sizeof err) ||
-      setup_device(a.device, &dev, err, sizeof err) ||
+      setup_device(job, a.device, &dev, err, sizeof err) ||
       setup_precision(a.precision, true, dev, &a.sets, err, sizeof err) ||
       check_outputs(a.data, a.split, a.checkpoint, a.weights, a.config, a.results, a.json, err, sizeof err)) {
     fprintf(stderr, "detr eval: %s\n", err);
@@ -190,5 +189,5 @@ int cmd_eval(int argc, char **argv) {
     fprintf(stderr, "detr eval: %s\n", err);
     return 1;
   }
-  return eval_loaded_model(m, &ci, &a, policy);
+  return eval_loaded_model(job, m, &ci, &a, policy);
 }

@@ -148,7 +148,7 @@ static int describe_safetensors(StFile *f, bool all) {
   return 0;
 }
 
-int cmd_info(int argc, char **argv) {
+int cmd_info(int argc, char **argv, const Dist *job) {
   bool all = false;
   CliFlag flags[] = {{"all", FLAG_BOOL, &all, "list every tensor (default: the first 40; checkpoints: none)"}};
   const char *pos[1];

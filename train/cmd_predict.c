@@ -418,11 +418,11 @@ static int parse_args(int argc, char **argv, PredictArgs *a) {
 
 // The model through the C API. Usage-level problems (config, device) return 2; unreadable or
 // wrong files 1.
-static int open_model(const PredictArgs *a, detr_model **model) {
+static int open_model(const Dist *job, const PredictArgs *a, detr_model **model) {
   char err[4096];
   Device dev;
-  CliList sets = a->sets;                                // with --precision's keys
-  if (setup_device(a->device, &dev, err, sizeof err) ||  // binds this rank's GPU under mpirun
+  CliList sets = a->sets;                                     // with --precision's keys
+  if (setup_device(job, a->device, &dev, err, sizeof err) ||  // binds this rank's GPU under mpirun
       setup_precision(a->precision, true, dev, &sets, err, sizeof err)) {
     fprintf(stderr, "detr predict: %s\n", err);
     return 2;
@@ -599,7 +599,7 @@ static int predict_all(Predictor *p, char *err, size_t err_cap) {
   return rc;
 }
 
-int cmd_predict(int argc, char **argv) {
+int cmd_predict(int argc, char **argv, const Dist *job) {
   PredictArgs a;
   int rc = parse_args(argc, argv, &a);
   if (rc == 0) {
@@ -614,7 +614,7 @@ int cmd_predict(int argc, char **argv) {
       fprintf(stderr, "detr predict: %s\n", err);
       rc = 2;
     }
-    if (rc == 0) rc = open_model(&a, &p.model);
+    if (rc == 0) rc = open_model(job, &a, &p.model);
     if (rc == 0) {
       if (a.threshold < 0) a.threshold = detr_default_threshold(p.model);
       p.results = detr_calloc((size_t)a.n_inputs, sizeof(ImageResult), "image results");

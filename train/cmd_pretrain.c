@@ -223,7 +223,7 @@ static void pretrainer_free(Pretrainer *p) {
   crops_free(&p->val);
 }
 
-int cmd_pretrain(int argc, char **argv) {
+int cmd_pretrain(int argc, char **argv, const Dist *job) {
   PretrainOptions o = {.config = SETUP_DEFAULT_PRESET,
                        .device = "cpu",
                        .train_split = "train",
@@ -274,7 +274,7 @@ int cmd_pretrain(int argc, char **argv) {
     return 2;
   }
   if (setup_model_config(o.config, &o.sets, &p.cfg, err, sizeof err) ||
-      setup_device(o.device, &p.dev, err, sizeof err)) {
+      setup_device(job, o.device, &p.dev, err, sizeof err)) {
     fprintf(stderr, "detr pretrain: %s\n", err);
     return 2;
   }

@@ -124,7 +124,7 @@ static int forward_backward(DetrModel *model, const DetrConfig *cfg, const StepB
   return 0;
 }
 
-int cmd_step(int argc, char **argv) {
+int cmd_step(int argc, char **argv, const Dist *job) {
   const char *config = NULL, *weights = NULL, *batch_path = NULL, *out_path = NULL, *device = "cpu";
   uint64_t seed = 0;
   bool no_dropout = false;
@@ -149,7 +149,7 @@ int cmd_step(int argc, char **argv) {
   char err[4096];
   DetrConfig cfg;
   Device dev;
-  if (setup_model_config(config, &sets, &cfg, err, sizeof err) || setup_device(device, &dev, err, sizeof err))
+  if (setup_model_config(config, &sets, &cfg, err, sizeof err) || setup_device(job, device, &dev, err, sizeof err))
     return fail(err);
   DetrModel *model = NULL;
   StepBatch batch = {0};

@@ -12,7 +12,7 @@ static const char *USAGE =
     "          [--max-objects N] [--min-object-side PX]\n"
     "Writes DIR/train/*.jpg, DIR/val/*.jpg, DIR/annotations/instances_{train,val}.json.";
 
-int cmd_synth(int argc, char **argv) {
+int cmd_synth(int argc, char **argv, const Dist *job) {
   SynthConfig cfg = synth_config_default();
   const CliFlag flags[] = {
       {"out", FLAG_STRING, &cfg.out_dir, "output folder (created if missing)"},

@@ -175,13 +175,13 @@ static int model_config(TrainOptions *o, const char *config, const CliList *sets
 // The model, device and input policy; the defaults that follow the model (detr_run_defaults)
 // or, when resuming, the checkpoint's training command; the learning rates' constraints.
 // ci: the resumed checkpoint's info, or the --init checkpoint's (fine-tuning), or NULL.
-static int resolve(TrainOptions *o, const char *config, const CliList *sets, bool enact, const char *device,
-                   const char *precision, const char *bad_input, int *image_size_io, int *max_size_io, bool augment,
-                   const CheckpointInfo *ci) {
+static int resolve(const Dist *job, TrainOptions *o, const char *config, const CliList *sets, bool enact,
+                   const char *device, const char *precision, const char *bad_input, int *image_size_io,
+                   int *max_size_io, bool augment, const CheckpointInfo *ci) {
   int image_size = *image_size_io, max_size = *max_size_io;
   char err[4096];
   CliList all_sets = *sets;  // with --precision's keys last
-  if (setup_device(device, &o->device, err, sizeof err) ||
+  if (setup_device(job, device, &o->device, err, sizeof err) ||
       setup_precision(precision, false, o->device, &all_sets, err, sizeof err)) {
     fprintf(stderr, "detr train: %s\n", err);
     return 2;
@@ -334,11 +334,11 @@ static RunSettings run_settings_of(const TrainOptions *o, const TrainFlags *f) {
 
 // Reads the checkpoint to resume and the --init weights, resolves the options against them and
 // trains: the verb's exit status.
-static int resolve_and_train(TrainOptions *o, TrainFlags *f, int argc, char **argv) {
+static int resolve_and_train(const Dist *job, TrainOptions *o, TrainFlags *f, int argc, char **argv) {
   char resume_path[4200], err[4096];
   CheckpointInfo ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
   const char *resume_arg = o->resume;
-  Dist g = dist_group();
+  Dist g = *job;
   if (find_resume(&g, o, resume_path, sizeof resume_path, &ci, err, sizeof err)) {
     if (dist_is_main(&g)) fprintf(stderr, "detr train: --resume %s: %s\n", resume_arg, err);
     return 1;
@@ -351,7 +351,7 @@ static int resolve_and_train(TrainOptions *o, TrainFlags *f, int argc, char **ar
     return 1;
   }
   if (o->resume && ci.run.known) continue_run(&g, o, f, &ci.run, argc, argv);
-  int rc = resolve(o, f->config, &f->sets, f->enact, f->device, f->precision, f->bad_input, &f->image_size,
+  int rc = resolve(job, o, f->config, &f->sets, f->enact, f->device, f->precision, f->bad_input, &f->image_size,
                    &f->max_size, !f->no_augment,
                    o->resume            ? &ci
                    : init_is_checkpoint ? &init_ci
@@ -384,7 +384,7 @@ static int check_paths(const TrainOptions *o) {
   return 0;
 }
 
-int cmd_train(int argc, char **argv) {
+int cmd_train(int argc, char **argv, const Dist *job) {
   TrainOptions o = train_options_default();
   o.epochs = o.optim.lr_drop = -1;     // from the model (resolve)
   o.batch_size = o.pad_multiple = -1;  // from the resumed run's command, else 2 and 1 (resolve)
@@ -457,5 +457,5 @@ int cmd_train(int argc, char **argv) {
   int rc = cli_parse("train", USAGE, argc, argv, 2, flags, n_flags, NULL, 0, &n_pos);
   if (rc) return rc == 1 ? 0 : 2;
   if (check_paths(&o)) return 2;
-  return resolve_and_train(&o, &f, argc, argv);
+  return resolve_and_train(job, &o, &f, argc, argv);
 }

@@ -43,11 +43,14 @@ int64_t cpu_share_busy_ticks(const char *text, const uint64_t *set, int set_word
 static int64_t read_busy(const uint64_t *set) {
   FILE *f = fopen("/proc/stat", "r");
   if (!f) return -1;
-  static char text[1 << 16];  // a line per CPU: room for about 600 of them
-  size_t n = fread(text, 1, sizeof text - 1, f);
+  enum { TEXT_CAP = 1 << 16 };  // a line per CPU: room for about 600 of them
+  char *text = detr_malloc(TEXT_CAP, "/proc/stat's text");
+  size_t n = fread(text, 1, TEXT_CAP - 1, f);
   fclose(f);
   text[n] = '\0';
-  return cpu_share_busy_ticks(text, set, CPU_SHARE_SET_WORDS);
+  int64_t busy = cpu_share_busy_ticks(text, set, CPU_SHARE_SET_WORDS);
+  free(text);
+  return busy;
 }
 
 void cpu_share_init(CpuShare *s, int fixed_threads) {

@@ -18,16 +18,13 @@
 #include "kernels/cuda/collectives.h"
 #endif
 
-static int g_rank = 0, g_size = 1;
-#if DETR_HAVE_MPI || DETR_HAVE_CUDA
-static int g_local_rank = 0;  // rank among the processes on this host: the GPU it binds
-#endif
-#if DETR_HAVE_MPI
-static bool g_mpi = false;  // MPI_Init was called
-#endif
-#if DETR_HAVE_NCCL
-static bool g_nccl = false;  // the NCCL communicator exists
-#endif
+// The process's place in the job, behind every copy of its Dist (main owns it: dist_init, dist_finalize).
+struct DistJob {
+  int local_rank;     // rank among the processes on this host: the GPU it binds
+  bool mpi;           // MPI_Init was called
+  bool device_bound;  // dist_bind_device chose this rank's GPU
+  void *nccl;         // the gradients' NCCL communicator (dist_setup_device), or NULL
+};
 
 // A launcher's rank variable: OpenMPI, MPICH/Hydra (PMI), PMIx, Slurm's srun.
 static bool launched_by_mpi(void) {
@@ -51,19 +48,21 @@ static bool launched_by_mpi(void) {
   } while (0)
 #endif
 
-void dist_init(int *argc, char ***argv) {
+Dist dist_init(int *argc, char ***argv) {
+  Dist g = DIST_SINGLE;
+  g.job = detr_calloc(1, sizeof(DistJob), "the job's state");
 #if DETR_HAVE_MPI
-  if (!launched_by_mpi()) return;
+  if (!launched_by_mpi()) return g;
   // Only the main thread calls MPI (the loader's threads never do).
   int provided = 0;
   MPI_CALL(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);  // MPI_CALL reports, then aborts all
-  g_mpi = true;
-  MPI_CALL(MPI_Comm_rank(MPI_COMM_WORLD, &g_rank));
-  MPI_CALL(MPI_Comm_size(MPI_COMM_WORLD, &g_size));
+  g.job->mpi = true;
+  MPI_CALL(MPI_Comm_rank(MPI_COMM_WORLD, &g.rank));
+  MPI_CALL(MPI_Comm_size(MPI_COMM_WORLD, &g.world));
   MPI_Comm local;
-  MPI_CALL(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_rank, MPI_INFO_NULL, &local));
-  MPI_CALL(MPI_Comm_rank(local, &g_local_rank));
+  MPI_CALL(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g.rank, MPI_INFO_NULL, &local));
+  MPI_CALL(MPI_Comm_rank(local, &g.job->local_rank));
   MPI_CALL(MPI_Comm_free(&local));
 #else
   (void)argc, (void)argv;
@@ -72,22 +71,24 @@ void dist_init(int *argc, char ***argv) {
             "detr: launched by an MPI launcher, but this build has no MPI: every process trains alone "
             "(rebuild with libopenmpi-dev installed)\n");
 #endif
+  return g;
 }
 
-void dist_finalize(void) {
+void dist_finalize(Dist *g) {
+  DistJob *job = g->job;
+  if (!job) return;
 #if DETR_HAVE_NCCL
-  if (g_nccl) cuda_nccl_destroy();
-  g_nccl = false;
+  if (job->nccl) cuda_nccl_destroy(job->nccl);
 #endif
 #if DETR_HAVE_MPI
-  if (!g_mpi) return;
-  MPI_Barrier(MPI_COMM_WORLD);
-  MPI_Finalize();
-  g_mpi = false;
+  if (job->mpi) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Finalize();
+  }
 #endif
+  free(job);
+  *g = DIST_SINGLE;
 }
-
-Dist dist_group(void) { return (Dist){.rank = g_rank, .world = g_size}; }
 
 const char *dist_backend_name(void) {
 #if DETR_HAVE_MPI && DETR_HAVE_NCCL
@@ -123,24 +124,24 @@ int dist_mpirun_pid(void) {
              : 0;
 }
 
-int dist_bind_device(Device dev, char *err, size_t err_cap) {
-  if (dev != DEVICE_CUDA || g_size == 1) return 0;
+int dist_bind_device(const Dist *g, Device dev, char *err, size_t err_cap) {
+  if (dev != DEVICE_CUDA || g->world == 1) return 0;
 #if DETR_HAVE_CUDA
-  static bool bound = false;
-  if (bound) return 0;
+  DistJob *job = g->job;
+  if (job->device_bound) return 0;
   char why[512];
   int count = cuda_device_probe(why, sizeof why);
   if (count <= 0) {
-    snprintf(err, err_cap, "--device cuda: rank %d: %s", g_rank, why);
+    snprintf(err, err_cap, "--device cuda: rank %d: %s", g->rank, why);
     return -1;
   }
   // Before any other CUDA work of this process: the stream, the handles and every allocation
   // belong to this GPU.
-  cuda_set_device(g_local_rank % count);
-  bound = true;
-  if (g_local_rank >= count)
-    fprintf(stderr, "detr: rank %d shares GPU %d (%d GPUs on this host for more ranks)\n", g_rank, g_local_rank % count,
-            count);
+  cuda_set_device(job->local_rank % count);
+  job->device_bound = true;
+  if (job->local_rank >= count)
+    fprintf(stderr, "detr: rank %d shares GPU %d (%d GPUs on this host for more ranks)\n", g->rank,
+            job->local_rank % count, count);
   return 0;
 #else
   snprintf(err, err_cap, "--device cuda: this build has no CUDA backend (configure with -DDETR_CUDA=ON)");
@@ -148,29 +149,29 @@ int dist_bind_device(Device dev, char *err, size_t err_cap) {
 #endif
 }
 
-int dist_setup_device(Device dev, char *err, size_t err_cap) {
-  if (dev != DEVICE_CUDA || g_size == 1) return 0;
+int dist_setup_device(const Dist *g, Device dev, char *err, size_t err_cap) {
+  if (dev != DEVICE_CUDA || g->world == 1) return 0;
 #if DETR_HAVE_NCCL && DETR_HAVE_MPI
-  if (dist_bind_device(dev, err, err_cap)) return -1;  // done already by setup_device; idempotent
+  if (dist_bind_device(g, dev, err, err_cap)) return -1;  // done already by setup_device; idempotent
+  if (g->job->nccl) return 0;
   unsigned char id[CUDA_NCCL_ID_BYTES];
-  if (g_rank == 0) cuda_nccl_unique_id(id);
+  if (g->rank == 0) cuda_nccl_unique_id(id);
   MPI_CALL(MPI_Bcast(id, CUDA_NCCL_ID_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD));
-  cuda_nccl_init(id, g_rank, g_size);
-  g_nccl = true;
+  g->job->nccl = cuda_nccl_init(id, g->rank, g->world);
   return 0;
 #else
-  snprintf(err, err_cap, "--device cuda with %d processes needs NCCL and MPI, and this build has %s", g_size,
+  snprintf(err, err_cap, "--device cuda with %d processes needs NCCL and MPI, and this build has %s", g->world,
            dist_backend_name());
   return -1;
 #endif
 }
 
-void dist_allreduce_sum_f32(float *data, int64_t n, Device dev) {
-  if (g_size == 1 || n == 0) return;
+void dist_allreduce_sum_f32(const Dist *g, float *data, int64_t n, Device dev) {
+  if (g->world == 1 || n == 0) return;
 #if DETR_HAVE_NCCL
   if (dev == DEVICE_CUDA) {
-    DETR_CHECK(g_nccl, "dist_allreduce_sum_f32: CUDA data but no NCCL communicator (dist_setup_device)");
-    cuda_nccl_allreduce_sum(data, n);
+    DETR_CHECK(g->job->nccl, "dist_allreduce_sum_f32: CUDA data but no NCCL communicator (dist_setup_device)");
+    cuda_nccl_allreduce_sum(g->job->nccl, data, n);
     return;
   }
 #endif
@@ -186,16 +187,18 @@ void dist_allreduce_sum_f32(float *data, int64_t n, Device dev) {
 #endif
 }
 
-void dist_group_begin(void) {
+void dist_group_begin(const Dist *g) {
 #if DETR_HAVE_NCCL
-  if (g_nccl) cuda_nccl_group_begin();
+  if (g->job && g->job->nccl) cuda_nccl_group_begin();
 #endif
+  (void)g;
 }
 
-void dist_group_end(void) {
+void dist_group_end(const Dist *g) {
 #if DETR_HAVE_NCCL
-  if (g_nccl) cuda_nccl_group_end();
+  if (g->job && g->job->nccl) cuda_nccl_group_end();
 #endif
+  (void)g;
 }
 
 // In place over every process (nothing to do alone): the sum of doubles, or the max of uint64s.
@@ -236,14 +239,14 @@ void dist_gather_bytes(const Dist *g, const void *data, int64_t bytes, void **ou
   DETR_CHECK(bytes <= INT32_MAX, "dist_gather_bytes: %lld bytes from one rank (at most 2 GiB)", (long long)bytes);
   int mine = (int)bytes, *counts = NULL, *displs = NULL;
   char *all = NULL;
-  if (g_rank == 0) {
-    counts = detr_malloc(sizeof(int) * (size_t)g_size, "dist_gather_bytes counts");
-    displs = detr_malloc(sizeof(int) * (size_t)g_size, "dist_gather_bytes displs");
+  if (g->rank == 0) {
+    counts = detr_malloc(sizeof(int) * (size_t)g->world, "dist_gather_bytes counts");
+    displs = detr_malloc(sizeof(int) * (size_t)g->world, "dist_gather_bytes displs");
   }
   MPI_CALL(MPI_Gather(&mine, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD));
   int64_t total = 0;
-  if (g_rank == 0) {
-    for (int r = 0; r < g_size; r++) {
+  if (g->rank == 0) {
+    for (int r = 0; r < g->world; r++) {
       DETR_CHECK(total + counts[r] <= INT32_MAX, "dist_gather_bytes: more than 2 GiB in all");
       displs[r] = (int)total;
       total += counts[r];
@@ -272,12 +275,12 @@ void dist_broadcast_f64(const Dist *g, double *data, int n) {
 // Every trainable tensor takes part, in the same order on every rank (a grad no op wrote is 0).
 void dist_allreduce_gradients(const Dist *g, ParamStore *params) {
   if (g->world <= 1) return;
-  dist_group_begin();
+  dist_group_begin(g);
   for (int i = 0; i < params->count; i++) {
     Param *p = &params->items[i];
     if (p->kind != PARAM_TRAINABLE) continue;
     Tensor *grad = autograd_grad(p->tensor);
-    dist_allreduce_sum_f32(grad->data, grad->numel, grad->device);
+    dist_allreduce_sum_f32(g, grad->data, grad->numel, grad->device);
   }
-  dist_group_end();
+  dist_group_end(g);
 }

@@ -6,8 +6,8 @@
 // returns its input, so a single-process run has no MPI in it at all.
 //
 // The trainer and the evaluation see the job as one object, a Dist (the process group), made once
-// by dist_group() and passed down: they read as single-process code, and a group of one
-// (DIST_SINGLE, or dist_group() without mpirun) turns every collective into a no-op that returns
+// by dist_init in main and passed down to every verb: they read as single-process code, and a group of one
+// (DIST_SINGLE, or dist_init's without mpirun) turns every collective into a no-op that returns
 // its input. Every collective is called by every rank of the group in the same order. A rank that
 // fails does not leave: it reports the failure through the next dist_all_ok so all ranks stop
 // together.
@@ -19,20 +19,21 @@
 #include "nn/params.h"
 #include "tensor/tensor.h"
 
-// Joins the process group when launched by mpirun/srun. Call first thing in main.
-void dist_init(int *argc, char ***argv);
-// Leaves it (a barrier first). Call before exiting main.
-void dist_finalize(void);
-
-// A group is the whole job (dist_group) or this process alone (DIST_SINGLE; a zeroed Dist too):
-// the collectives run over MPI_COMM_WORLD, there are no other communicators.
+// A group is the whole job (dist_init's) or this process alone (DIST_SINGLE; a zeroed Dist too):
+// the collectives run over MPI_COMM_WORLD, there are no other communicators. A copy is the same
+// group: the job's state (whether MPI was started, the GPU bound, the NCCL communicator) is behind
+// `job`, which main owns.
+typedef struct DistJob DistJob;
 typedef struct {
-  int rank;   // 0 .. world - 1
-  int world;  // processes
+  int rank;      // 0 .. world - 1
+  int world;     // processes
+  DistJob *job;  // NULL: this process alone
 } Dist;
 #define DIST_SINGLE ((Dist){.rank = 0, .world = 1})
-// Every process of the job ({0, 1} when not distributed).
-Dist dist_group(void);
+// Joins the process group when launched by mpirun/srun, else a group of one. Call first thing in main.
+Dist dist_init(int *argc, char ***argv);
+// Leaves it (a barrier first) and frees its state. Call before exiting main.
+void dist_finalize(Dist *g);
 // Rank 0: the one that writes files and logs.
 static inline bool dist_is_main(const Dist *g) { return g->rank == 0; }
 // The MPI library this build has, or "none".
@@ -51,17 +52,17 @@ int dist_mpirun_pid(void);
 // Every verb that takes --device does it (setup_device), so training, evaluation and prediction
 // ranks spread over the host's GPUs. No-op on the CPU or in a single process. Returns 0, or -1
 // with err set (no usable GPU).
-int dist_bind_device(Device dev, char *err, size_t err_cap);
+int dist_bind_device(const Dist *g, Device dev, char *err, size_t err_cap);
 // Training on CUDA: the binding above, then the NCCL communicator for the gradients.
 // Returns 0, or -1 with err set (no NCCL in this build).
-int dist_setup_device(Device dev, char *err, size_t err_cap);
+int dist_setup_device(const Dist *g, Device dev, char *err, size_t err_cap);
 
 // In-place sums over every process of the job. data is on `dev` (CUDA: NCCL on the compute
 // stream). The gradients' all-reduce below; bench/bench_allreduce.c.
-void dist_allreduce_sum_f32(float *data, int64_t n, Device dev);
+void dist_allreduce_sum_f32(const Dist *g, float *data, int64_t n, Device dev);
 // Between begin and end, CUDA all-reduces are fused into one NCCL launch (ncclGroupStart/End).
-void dist_group_begin(void);
-void dist_group_end(void);
+void dist_group_begin(const Dist *g);
+void dist_group_end(const Dist *g);
 
 // --- the group's collectives ---
 

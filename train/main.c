@@ -12,7 +12,7 @@
 
 typedef struct {
   const char *name;
-  int (*run)(int argc, char **argv);
+  int (*run)(int argc, char **argv, const Dist *job);
   const char *summary;
 } Verb;
 
@@ -58,18 +58,20 @@ static int help(int argc, char **argv) {
   }
   char flag[] = "--help";
   char *args[] = {argv[0], argv[2], flag, NULL};
-  return v->run(3, args);
+  Dist alone = DIST_SINGLE;
+  return v->run(3, args, &alone);
 }
 
-static int run(int argc, char **argv) {
+static int run(int argc, char **argv, const Dist *job) {
   if (argc < 2) return usage(stderr);
   if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) return usage(stdout);
   if (!strcmp(argv[1], "help")) return help(argc, argv);
   const Verb *v = find_verb(argv[1]);
-  if (v) return v->run(argc, argv);
+  if (v) return v->run(argc, argv, job);
   if (!strcmp(argv[1], "version")) {
+    char gemm[96];
     printf("detr-c %s (backends: cpu%s; data parallel: %s; GEMM: %s)\n", DETR_VERSION_STRING,
-           DETR_HAVE_CUDA ? ", cuda" : "", dist_backend_name(), cpu_gemm_library());
+           DETR_HAVE_CUDA ? ", cuda" : "", dist_backend_name(), cpu_gemm_library(gemm, sizeof gemm));
     return 0;
   }
   fprintf(stderr, "detr: unknown command '%s'\n", argv[1]);
@@ -77,10 +79,15 @@ static int run(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-  runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
-  cpu_runtime_setup(argv);         // may start the program again, with libgomp's spin setting
-  dist_init(&argc, &argv);         // joins the MPI job when launched by mpirun (train, eval)
-  int rc = run(argc, argv);
-  dist_finalize();
+  Runtime *rt = runtime_create();  // the state of the ops this thread runs (core/runtime.h)
+  runtime_bind(rt);
+  cpu_runtime_setup(argv);             // may start the program again, with libgomp's spin setting
+  Dist job = dist_init(&argc, &argv);  // joins the MPI job when launched by mpirun (train, eval)
+  int rc = run(argc, argv, &job);
+  dist_finalize(&job);
+  autograd_clear_tape();
+  tensor_scope_release(0);
+  runtime_bind(NULL);
+  runtime_destroy(rt);
   return rc;
 }

@@ -33,7 +33,7 @@ void setup_split_paths(const char *data_dir, const char *split, char *ann, size_
   snprintf(img, img_cap, "%s/%s", data_dir, split);
 }
 
-int setup_device(const char *name, Device *dev, char *err, size_t err_cap) {
+int setup_device(const Dist *job, const char *name, Device *dev, char *err, size_t err_cap) {
   if (!strcmp(name, "cpu")) {
     *dev = DEVICE_CPU;
     return 0;
@@ -55,7 +55,7 @@ int setup_device(const char *name, Device *dev, char *err, size_t err_cap) {
   }
   *dev = DEVICE_CUDA;
   // Under mpirun each rank takes its own GPU before its first CUDA work (every verb, not only train).
-  return dist_bind_device(*dev, err, err_cap);
+  return dist_bind_device(job, *dev, err, err_cap);
 #else
   snprintf(err, err_cap, "--device cuda: this build has no CUDA backend (configure with -DDETR_CUDA=ON)");
   return -1;

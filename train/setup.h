@@ -1,5 +1,6 @@
 // Shared set-up of the verbs: model configuration from a preset or file plus overrides, devices.
 #pragma once
+#include "train/dist.h"
 #include "api/model_file.h"  // CheckpointInfo, model_eval_sizes, checkpoint_info_free
 #include "nn/detr.h"
 #include "train/cli.h"
@@ -33,7 +34,7 @@ int setup_precision(const char *precision, bool inference, Device dev, CliList *
 // exists; img = DIR/<split>.
 void setup_split_paths(const char *data_dir, const char *split, char *ann, size_t ann_cap, char *img, size_t img_cap);
 // "cpu" or "cuda". Returns 0, or -1 with err set (unknown name, or CUDA not built / no device).
-int setup_device(const char *name, Device *dev, char *err, size_t err_cap);
+int setup_device(const Dist *job, const char *name, Device *dev, char *err, size_t err_cap);
 
 // A model to run: from a detr-c checkpoint (its stored config, then `sets`; the crc is verified),
 // or from weights (strict) with a config from `config` (+ sets). enact forces ENACT on. info (may

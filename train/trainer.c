@@ -540,7 +540,7 @@ static int trainer_setup(Trainer *t, char *err, size_t err_cap) {
   const TrainOptions *o = t->o;
   cpu_share_init(&t->cpu, o->threads);
   cpu_flush_denormals(true);
-  if (dist_setup_device(o->device, err, err_cap) || open_data(t, err, err_cap)) return -1;
+  if (dist_setup_device(&t->dist, o->device, err, err_cap) || open_data(t, err, err_cap)) return -1;
   create_model(t);
   // The starting weights are read before the run directory is claimed: --move-old-run may move
   // a file they come from (a backbone kept in the run directory).

@@ -36,7 +36,8 @@ TWIN_REDUCE(cpu)
 
 // matmul.c: row-major C[M,N] = alpha op(A) op(B) + beta C, and its strided-batched form.
 TWIN_MATMUL(cpu)
-const char *cpu_gemm_library(void);  // e.g. "oneDNN 2.6 sgemm", "OpenBLAS sgemm (Haswell)"
+const char *cpu_gemm_library(char *name,
+                             size_t cap);  // into name, returned: e.g. "oneDNN 2.6 sgemm", "OpenBLAS sgemm (Haswell)"
 // Whether cpu_gemm's fp32 GEMM of that transposition and C [m, n] runs on OpenBLAS (always without
 // oneDNN; with it, some A^T B below AVX-512: matmul.c says which, and why).
 bool cpu_gemm_on_openblas(bool trans_a, bool trans_b, int64_t m, int64_t n);

@@ -69,14 +69,13 @@ void cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
   sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-const char *cpu_gemm_library(void) {
-  static char name[64];
+const char *cpu_gemm_library(char *name, size_t cap) {
 #if DETR_HAVE_ONEDNN
   const dnnl_version_t *v = dnnl_version();
-  snprintf(name, sizeof name, "oneDNN %d.%d sgemm%s", v->major, v->minor,
+  snprintf(name, cap, "oneDNN %d.%d sgemm%s", v->major, v->minor,
            cpu_has_avx512() ? "" : " (OpenBLAS's for most A^T B)");
 #else
-  snprintf(name, sizeof name, "OpenBLAS sgemm (%s)", openblas_get_corename());
+  snprintf(name, cap, "OpenBLAS sgemm (%s)", openblas_get_corename());
 #endif
   return name;
 }

@@ -22,8 +22,9 @@
 
 // A loop function compiled twice, for baseline x86-64 (what the build targets) and for AVX2, the
 // copy chosen at run time (GCC's target_clones). The same source: without FMA contraction (ISO C
-// here), the same operations and the same bits on either path.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// here), the same operations and the same bits on either path. Not under ThreadSanitizer: the
+// clones' resolver runs while the program is loaded, before the sanitizer's runtime, and crashes it.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define CPU_AVX2_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define CPU_AVX2_CLONES

@@ -17,8 +17,6 @@
 
 static_assert(sizeof(ncclUniqueId) == CUDA_NCCL_ID_BYTES, "NCCL unique id size");
 
-static ncclComm_t g_comm = nullptr;
-
 extern "C" {
 
 void cuda_nccl_unique_id(unsigned char id[CUDA_NCCL_ID_BYTES]) {
@@ -27,25 +25,26 @@ void cuda_nccl_unique_id(unsigned char id[CUDA_NCCL_ID_BYTES]) {
   memcpy(id, &uid, sizeof uid);
 }
 
-void cuda_nccl_init(const unsigned char id[CUDA_NCCL_ID_BYTES], int rank, int size) {
+void *cuda_nccl_init(const unsigned char id[CUDA_NCCL_ID_BYTES], int rank, int size) {
   ncclUniqueId uid;
   memcpy(&uid, id, sizeof uid);
-  NCCL_CHECK(ncclCommInitRank(&g_comm, size, uid, rank));
+  ncclComm_t comm = nullptr;
+  NCCL_CHECK(ncclCommInitRank(&comm, size, uid, rank));
+  return comm;
 }
 
-void cuda_nccl_allreduce_sum(float *data, int64_t n) {
-  if (!g_comm) detr_fail(__FILE__, __LINE__, "cuda_nccl_allreduce_sum: no communicator (cuda_nccl_init)");
-  NCCL_CHECK(ncclAllReduce(data, data, (size_t)n, ncclFloat, ncclSum, g_comm, detr_cuda_stream()));
+void cuda_nccl_allreduce_sum(void *comm, float *data, int64_t n) {
+  if (!comm) detr_fail(__FILE__, __LINE__, "cuda_nccl_allreduce_sum: no communicator (cuda_nccl_init)");
+  NCCL_CHECK(ncclAllReduce(data, data, (size_t)n, ncclFloat, ncclSum, (ncclComm_t)comm, detr_cuda_stream()));
 }
 
 void cuda_nccl_group_begin(void) { NCCL_CHECK(ncclGroupStart()); }
 void cuda_nccl_group_end(void) { NCCL_CHECK(ncclGroupEnd()); }
 
-void cuda_nccl_destroy(void) {
-  if (!g_comm) return;
+void cuda_nccl_destroy(void *comm) {
+  if (!comm) return;
   CUDA_CHECK(cudaStreamSynchronize(detr_cuda_stream()));
-  NCCL_CHECK(ncclCommDestroy(g_comm));
-  g_comm = nullptr;
+  NCCL_CHECK(ncclCommDestroy((ncclComm_t)comm));
 }
 
 }  // extern "C"

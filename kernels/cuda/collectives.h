@@ -11,12 +11,13 @@ extern "C" {
 
 // The process's GPU is selected before (cuda_set_device, train/dist.c's dist_bind_device).
 void cuda_nccl_unique_id(unsigned char id[CUDA_NCCL_ID_BYTES]);  // on rank 0, then broadcast
-void cuda_nccl_init(const unsigned char id[CUDA_NCCL_ID_BYTES], int rank, int size);
+// The communicator (an ncclComm_t) of this rank; its owner (train/dist.c's DistJob) destroys it.
+void *cuda_nccl_init(const unsigned char id[CUDA_NCCL_ID_BYTES], int rank, int size);
 // In-place sum over the ranks of n floats on this GPU, queued on the compute stream.
-void cuda_nccl_allreduce_sum(float *data, int64_t n);
+void cuda_nccl_allreduce_sum(void *comm, float *data, int64_t n);
 void cuda_nccl_group_begin(void);  // ncclGroupStart: the all-reduces until _end run as one
 void cuda_nccl_group_end(void);
-void cuda_nccl_destroy(void);
+void cuda_nccl_destroy(void *comm);
 
 #ifdef __cplusplus
 }
