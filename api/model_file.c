@@ -12,9 +12,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <yajl/yajl_parse.h>
-#include <zlib.h>
+#include <zlib.h>  // crc32
 
-#include "datasets/coco.h"  // the limits of instances files
+#include "datasets/coco.h"
+#include "datasets/json_stream.h"  // the limits of instances files
 #include "nn/model_io.h"
 
 // --- checkpoint format and checksum ------------------------------------------------------------
@@ -370,7 +371,7 @@ typedef struct {
   long long id, index;     // the category being read, and its position in the array
   bool has_id;
   char *name;
-  char err[512];
+  char err[4400];  // room for the path and the reason
 } NameParser;
 
 static int np_fail(NameParser *p, const char *what) {
@@ -486,52 +487,15 @@ int file_check_readable(const char *path, char *err, size_t err_cap) {
 detr_status label_names_from_coco(const char *path, LabelNames *nm, char *err, size_t err_cap) {
   static const yajl_callbacks CB = {np_null,      np_bool,    np_integer, np_double,      NULL,        np_string,
                                     np_start_map, np_map_key, np_end_map, np_start_array, np_end_array};
-  if (file_check_readable(path, err, err_cap)) return DETR_ERR_IO;
   NameParser p = {.nm = nm, .path = path};
-  gzFile gz = coco_json_open(path, 0);  // plain files pass through
-  if (!gz) {
-    snprintf(err, err_cap, "%s: cannot open: %s", path, strerror(errno));
-    return DETR_ERR_IO;
-  }
-  yajl_handle h = yajl_alloc(&CB, NULL, &p);
-  DETR_CHECK(h, "label names: out of host memory");
-  unsigned char chunk[1 << 16];
-  long long offset = 0;
-  int n;
-  yajl_status st = yajl_status_ok;
-  // A .gz file may expand to at most what datasets/coco.c allows an instances file.
-  struct stat sb;
-  long long file_bytes = stat(path, &sb) == 0 && sb.st_size > 0 ? (long long)sb.st_size : 0;
-  long long max_json =
-      file_bytes * COCO_MAX_GZIP_RATIO > COCO_MIN_GZIP_BUDGET ? file_bytes * COCO_MAX_GZIP_RATIO : COCO_MIN_GZIP_BUDGET;
-  while (st == yajl_status_ok && (n = gzread(gz, chunk, sizeof chunk)) > 0) {
-    if (!gzdirect(gz) && offset + n > max_json) {
-      snprintf(p.err, sizeof p.err, "%s: decompresses to more than %lld bytes, the limit for a %lld-byte .gz file",
-               path, max_json, file_bytes);
-      break;
-    }
-    st = yajl_parse(h, chunk, (size_t)n);
-    if (st == yajl_status_error) {
-      long long at = offset + (long long)yajl_get_bytes_consumed(h);
-      snprintf(p.err, sizeof p.err, "%s: malformed JSON at byte %lld", path, at);
-    }
-    offset += n;
-  }
-  int zerr;
-  const char *zmsg = gzerror(gz, &zerr);
-  if (!p.err[0] && zerr != Z_OK) snprintf(p.err, sizeof p.err, "%s: read error: %s", path, zmsg);
-  if (!p.err[0] && yajl_complete_parse(h) != yajl_status_ok)
-    snprintf(p.err, sizeof p.err, "%s: truncated JSON after %lld bytes", path, offset);
-  if (!p.err[0] && (!p.seen || p.index == 0))
+  JsonReader r = {.path = path, .callbacks = &CB, .ctx = &p, .expect = "a COCO instances file", .check_utf8 = true};
+  JsonStatus js = json_read_file(&r, NULL, p.err, sizeof p.err);  // a callback's failure: in p.err too
+  if (js == JSON_OK && (!p.seen || p.index == 0))
     snprintf(p.err, sizeof p.err, "%s: no categories (expected a COCO instances file)", path);
-  yajl_free(h);
-  gzclose(gz);
   free(p.name);
-  if (p.err[0]) {
-    snprintf(err, err_cap, "%s", p.err);
-    return DETR_ERR_FORMAT;
-  }
-  return DETR_OK;
+  if (js == JSON_OK && !p.err[0]) return DETR_OK;
+  snprintf(err, err_cap, "%s", p.err);
+  return js == JSON_ERR_IO ? DETR_ERR_IO : DETR_ERR_FORMAT;
 }
 
 int label_names_from_text(const char *path, const char *text, LabelNames *nm, char *err, size_t err_cap) {

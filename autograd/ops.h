@@ -5,6 +5,11 @@
 #include "autograd/autograd.h"
 #include "kernels/conv_math.h"  // ConvWeightPack
 
+// --- constants (ops_shape.c): tensors no op computes, owned by the current scope like every op's
+// output, so that a layer makes one without handling its lifetime ---
+Tensor *op_constant(Device dev, Shape shape, const float *host);  // a copy of host [numel(shape)]
+Tensor *op_zeros(Device dev, Shape shape);
+
 // --- elementwise (ops_elementwise.c) ---
 Tensor *op_relu(Tensor *x);
 Tensor *op_sigmoid(Tensor *x);

@@ -47,8 +47,7 @@ Tensor *op_enact_cluster(Tensor *K, Tensor *V, Tensor *H, const float *signs, co
   // node keeps the block for backward.
   size_t index_bytes = (size_t)(2 * L) * sizeof(int64_t), sign_bytes = signs ? (size_t)M * sizeof(float) : 0;
   size_t bytes = index_bytes + sign_bytes;
-  char *host = malloc(bytes ? bytes : 1);
-  DETR_CHECK(host, "enact_cluster: out of host memory");
+  char *host = detr_malloc(bytes, "enact_cluster regions");
   memcpy(host, starts, (size_t)L * sizeof(int64_t));
   memcpy(host + (size_t)L * sizeof(int64_t), lengths, (size_t)L * sizeof(int64_t));
   if (signs) memcpy(host + index_bytes, signs, sign_bytes);
@@ -116,8 +115,7 @@ Tensor *op_enact_smooth(Tensor *x, int64_t Hp, int64_t Wp, const int64_t *valid_
                "enact_smooth: image %lld's valid region %lldx%lld is outside %lldx%lld", (long long)b,
                (long long)valid_h[b], (long long)valid_w[b], (long long)Hp, (long long)Wp);
   size_t dims_bytes = (size_t)(2 * B) * sizeof(int64_t), bytes = dims_bytes + (size_t)ntaps * sizeof(float);
-  char *host = malloc(bytes);
-  DETR_CHECK(host, "enact_smooth: out of host memory");
+  char *host = detr_malloc(bytes, "enact_smooth geometry");
   memcpy(host, valid_h, (size_t)B * sizeof(int64_t));
   memcpy(host + (size_t)B * sizeof(int64_t), valid_w, (size_t)B * sizeof(int64_t));
   memcpy(host + dims_bytes, taps, (size_t)ntaps * sizeof(float));

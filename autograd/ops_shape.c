@@ -176,8 +176,7 @@ Tensor *op_slice(Tensor *x, int axis, int64_t start, int64_t end) {
 // The inverse of idx [count] over rows: inv = [offsets rows+1][positions count], the positions i
 // with idx[i] == r at positions[offsets[r] .. offsets[r+1]), increasing (a stable counting sort).
 static int64_t *inverse_index(const int64_t *idx, int64_t count, int64_t rows) {
-  int64_t *inv = malloc((size_t)(rows + 1 + count) * sizeof(int64_t));
-  DETR_CHECK(inv, "index_select: out of host memory");
+  int64_t *inv = detr_malloc((size_t)(rows + 1 + count) * sizeof(int64_t), "index_select inverse index");
   int64_t *offsets = inv, *positions = inv + rows + 1;
   memset(offsets, 0, (size_t)(rows + 1) * sizeof(int64_t));
   for (int64_t i = 0; i < count; i++) offsets[idx[i] + 1]++;
@@ -232,3 +231,11 @@ Tensor *op_index_select(Tensor *x, const int64_t *idx, int64_t count) {
   }
   return y;
 }
+
+// --- constants ---
+
+Tensor *op_constant(Device dev, Shape shape, const float *host) {
+  return tensor_scoped(tensor_from_host(dev, shape, host));
+}
+
+Tensor *op_zeros(Device dev, Shape shape) { return tensor_scoped(tensor_zeros(dev, shape)); }

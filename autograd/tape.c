@@ -1,10 +1,9 @@
-#define _POSIX_C_SOURCE 200809L  // clock_gettime under -std=c11
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "autograd/autograd.h"
+#include "core/clock.h"
 #include "core/runtime.h"
 
 // --- profile ---
@@ -17,12 +16,6 @@ typedef struct OpProfile {
   double forward_s, backward_s, flops;
   double recorded_s;  // the recorded calls' forward and backward time: the time flops counts
 } OpProfile;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static OpProfile *profile_entry(Runtime *rt, const char *name) {
   OpProfile *profile = rt->profile;

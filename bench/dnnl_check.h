@@ -1,6 +1,7 @@
 // For the benchmarks that call oneDNN's C API alone (no detr-c library: onednn_conv_versions.c also
 // builds against another oneDNN release): its headers, and CHECK, which fails with file:line, the
-// call's text and oneDNN's status.
+// call's text and oneDNN's status. Not kernels/cpu/onednn.h's DNNL_CHECK: that one fails through
+// libdetr's detr_fail and refuses a oneDNN not built on OpenMP, which another release may be.
 #pragma once
 #include <oneapi/dnnl/dnnl.h>
 #include <stdio.h>

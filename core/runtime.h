@@ -40,7 +40,7 @@ typedef struct Runtime {
   // kernels/
   bool bf16_cpu, bf16_cuda;             // bf16 mixed precision per device (device_set_bf16)
   bool tf32;                            // CUDA GEMMs and convolutions in TF32 (device_set_tf32)
-  int conv_forced_impl;                 // cpu_conv2d_force_impl's ConvImpl; 0 = choose
+  int conv_forced_impl;                 // cpu_conv2d_set_impl's ConvImpl; 0 = choose
   int64_t gemm_bf16_min_batched_width;  // cpu_gemm_bf16_set_min_batched_width; -1 = default
   int64_t conv_whole_batch_bytes;       // onednn_conv2d_set_whole_batch_bytes; -1 = default
 } Runtime;

@@ -8,9 +8,9 @@
 #include <sys/stat.h>
 
 #include <yajl/yajl_parse.h>
-#include <zlib.h>
 
 #include "core/error.h"
+#include "datasets/json_stream.h"
 #include "kernels/common.h"  // DETR_MAX_JSON_DEPTH
 
 // Bytes handed to the parser per call (and zlib's buffer size). Fuzz builds read in small chunks,
@@ -18,7 +18,7 @@
 #ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
 #define COCO_READ_CHUNK 509
 #else
-#define COCO_READ_CHUNK (1 << 20)
+#define COCO_READ_CHUNK (1u << 20)
 #endif
 
 // --- parse state -------------------------------------------------------------------------------
@@ -161,7 +161,7 @@ static bool count_item(Parser *p) {
   set_error(p,
             "%s: more than %lld images, annotations and categories, the limit for a file of this size (%d per byte "
             "on disk, at least %d; a gzip bomb?)",
-            p->path, (long long)p->max_items, COCO_MAX_ITEMS_PER_BYTE, COCO_MIN_ITEM_BUDGET);
+            p->path, (long long)p->max_items, JSON_MAX_ITEMS_PER_BYTE, JSON_MIN_ITEM_BUDGET);
   return false;
 }
 
@@ -551,103 +551,19 @@ static const yajl_callbacks callbacks = {
 
 // --- reading the file --------------------------------------------------------------------------
 
-// A printable excerpt of chunk around `at` for parse-error messages.
-static void excerpt(const unsigned char *chunk, size_t n, size_t at, char *out, size_t cap) {
-  size_t lo = at > 24 ? at - 24 : 0, hi = at + 24 < n ? at + 24 : n, k = 0;
-  for (size_t i = lo; i < hi && k + 1 < cap; i++) out[k++] = (chunk[i] >= 32 && chunk[i] < 127) ? (char)chunk[i] : ' ';
-  out[k] = '\0';
-}
-
-// The file's size on disk (0 when stat fails: the open that follows reports it).
-static int64_t file_size_on_disk(const char *path, struct stat *sb) {
-  return stat(path, sb) == 0 && sb->st_size > 0 ? (int64_t)sb->st_size : 0;
-}
-
-// The parser's error for the YAJL syntax error in chunk (n bytes, offset bytes of JSON before it).
-static void malformed_json_error(Parser *p, yajl_handle h, const unsigned char *chunk, size_t n, int64_t offset) {
-  size_t at = yajl_get_bytes_consumed(h);
-  unsigned char *reason = yajl_get_error(h, 0, chunk, n);
-  char near[64];
-  excerpt(chunk, n, at, near, sizeof near);
-  // yajl_get_error(verbose 0) says "parse error: <reason>\n"
-  const char *r = (const char *)reason;
-  if (!strncmp(r, "parse error: ", 13)) r += 13;
-  char reason_line[128];
-  snprintf(reason_line, sizeof reason_line, "%s", r);
-  reason_line[strcspn(reason_line, "\r\n")] = '\0';
-  set_error(p, "%s: malformed JSON at byte %lld: %s, near \"%s\"", p->path, (long long)(offset + (int64_t)at),
-            reason_line, near);
-  yajl_free_error(h, reason);
-}
-
-// Streams the file (plain or gzip: gzread passes plain files through) into the parser.
+// Streams the file (plain or gzip) into the parser (datasets/json_stream.h: every failure of the
+// file itself is worded there; the items' own here).
 static int parse_file(Parser *p) {
-  struct stat kind;
-  if (stat(p->path, &kind) == 0 && !S_ISREG(kind.st_mode)) {  // a named pipe would block the open
-    set_error(p, "%s: not a regular file", p->path);
-    return DATA_ERROR;
-  }
-  errno = 0;
-  gzFile gz = coco_json_open(p->path, COCO_READ_CHUNK);
-  if (!gz) {
-    set_error(p, "%s: cannot open: %s", p->path, errno ? strerror(errno) : "out of memory");
-    return DATA_ERROR;
-  }
-  struct stat sb;
-  int64_t file_bytes = file_size_on_disk(p->path, &sb);
-  p->max_items = file_bytes * COCO_MAX_ITEMS_PER_BYTE > COCO_MIN_ITEM_BUDGET ? file_bytes * COCO_MAX_ITEMS_PER_BYTE
-                                                                             : COCO_MIN_ITEM_BUDGET;
-  int64_t max_json =
-      file_bytes * COCO_MAX_GZIP_RATIO > COCO_MIN_GZIP_BUDGET ? file_bytes * COCO_MAX_GZIP_RATIO : COCO_MIN_GZIP_BUDGET;
-  yajl_handle h = yajl_alloc(&callbacks, NULL, p);
-  DETR_CHECK(h, "yajl_alloc failed (out of memory)");
-  yajl_config(h, yajl_dont_validate_strings, 1);  // names are copied as bytes; skip UTF-8 checks
-  unsigned char *chunk = detr_malloc(COCO_READ_CHUNK, "annotation read buffer");
-  int64_t offset = 0;  // bytes of JSON before the current chunk
-  yajl_status st = yajl_status_ok;
-  for (;;) {
-    int n = gzread(gz, chunk, COCO_READ_CHUNK);
-    if (n < 0) {
-      int zerr;
-      const char *msg = gzerror(gz, &zerr);
-      if (zerr == Z_BUF_ERROR)
-        set_error(p, "%s: truncated gzip stream after %lld bytes of JSON", p->path, (long long)offset);
-      else
-        set_error(p, "%s: read error after %lld bytes: %s", p->path, (long long)offset,
-                  zerr == Z_ERRNO ? strerror(errno) : msg);
-      break;
-    }
-    if (n == 0) {
-      int zerr;
-      const char *msg = gzerror(gz, &zerr);
-      if (zerr == Z_BUF_ERROR)
-        set_error(p, "%s: truncated gzip stream after %lld bytes of JSON", p->path, (long long)offset);
-      else if (zerr != Z_OK) set_error(p, "%s: gzip error: %s", p->path, msg);
-      else st = yajl_complete_parse(h);
-      if (!p->failed && offset == 0) set_error(p, "%s: empty file (not a COCO instances file)", p->path);
-      else if (!p->failed && st == yajl_status_error)
-        set_error(p, "%s: truncated JSON: the file ends inside a value after %lld bytes", p->path, (long long)offset);
-      break;
-    }
-    if (!gzdirect(gz) && offset + n > max_json) {
-      set_error(p,
-                "%s: decompresses to more than %lld bytes, the limit for a %lld-byte .gz file (%dx, at least %lld; a "
-                "gzip bomb?)",
-                p->path, (long long)max_json, (long long)file_bytes, COCO_MAX_GZIP_RATIO,
-                (long long)COCO_MIN_GZIP_BUDGET);
-      break;
-    }
-    st = yajl_parse(h, chunk, (size_t)n);
-    if (st == yajl_status_error) {
-      malformed_json_error(p, h, chunk, (size_t)n, offset);
-      break;
-    }
-    if (st == yajl_status_client_canceled) break;  // a callback failed: err is set
-    offset += n;
-  }
-  free(chunk);
-  yajl_free(h);
-  gzclose(gz);
+  p->max_items = json_item_budget(p->path);
+  JsonReader r = {.path = p->path,
+                  .callbacks = &callbacks,
+                  .ctx = p,
+                  .expect = "a COCO instances file",
+                  .chunk = COCO_READ_CHUNK,
+                  .check_utf8 = false};  // names are copied as bytes; skip UTF-8 checks
+  int64_t offset = 0;
+  char err[sizeof(((DataError *)0)->msg)] = "";
+  if (json_read_file(&r, &offset, err, sizeof err) && !p->failed) set_error(p, "%s", err);
   if (p->failed) return DATA_ERROR;
   if (!p->seen_top) {
     set_error(p, "%s: no JSON object in the file (%s)", p->path,
@@ -877,8 +793,14 @@ static int check_images(CocoDataset *ds, BadInputPolicy policy, int64_t *warning
     } else if (image_read_header(path, &w, &h, &e) != DATA_OK) {
       bad = true;
     } else if (w != im->width || h != im->height) {
-      snprintf(e.msg, sizeof e.msg, "%s: image is %dx%d but the annotation file says %dx%d", path, w, h, im->width,
-               im->height);
+      // Sides swapped: a camera's EXIF orientation tag, which an annotation tool applied and the
+      // decoder (as the reference's PIL loader) does not: the pixels are read as stored.
+      bool swapped = w == im->height && h == im->width;
+      snprintf(e.msg, sizeof e.msg, "%s: image is %dx%d but the annotation file says %dx%d%s", path, w, h, im->width,
+               im->height,
+               swapped ? ": width and height are swapped, as when the file's EXIF orientation tag rotates it on "
+                         "display (pixels are read as stored): store it upright (e.g. ImageMagick's -auto-orient)"
+                       : "");
       bad = true;
     }
     if (bad) {
@@ -1070,13 +992,4 @@ int coco_load_sample(const CocoDataset *ds, int64_t index, Image *img, Target *t
     target_push(target, b, coco_label_of(ds, a->category_id));
   }
   return DATA_OK;
-}
-
-gzFile coco_json_open(const char *path, unsigned buffer_bytes) {
-  gzFile gz = gzopen(path, "rb");
-  if (!gz) return NULL;
-  if (buffer_bytes) gzbuffer(gz, buffer_bytes);
-  unsigned char bom[3];
-  if (gzread(gz, bom, 3) != 3 || bom[0] != 0xEF || bom[1] != 0xBB || bom[2] != 0xBF) gzrewind(gz);
-  return gz;
 }

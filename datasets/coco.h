@@ -6,7 +6,6 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <zlib.h>
 
 #include "datasets/data_util.h"
 #include "datasets/image.h"
@@ -17,14 +16,8 @@
 // applies them too):
 #define COCO_MAX_CATEGORY_ID (1 << 20)  // the label map is an array indexed by category id
 #define COCO_MAX_STRING_BYTES 4096      // a file_name, category name or supercategory (a bad item)
-// Items (images, annotations, categories, detections) per byte of the file on disk, with a floor:
-// a plain JSON item takes a dozen bytes or more, so this bites only a gzip file of repeated items.
-#define COCO_MAX_ITEMS_PER_BYTE 1
-#define COCO_MIN_ITEM_BUDGET (1 << 20)
-// A .json.gz expands at most this much (real annotation files: 3-10x), with a floor of
-// COCO_MIN_GZIP_BUDGET decompressed bytes: a gzip "bomb" expands 1000x.
-#define COCO_MAX_GZIP_RATIO 200
-#define COCO_MIN_GZIP_BUDGET ((int64_t)256 << 20)
+// Items per byte on disk and a .gz file's expansion: datasets/json_stream.h's JSON_* limits, as
+// for every JSON input.
 
 typedef struct {
   int64_t id;
@@ -114,8 +107,3 @@ void coco_print_stats(const CocoDataset *ds, FILE *f);
 // annotations dropped, boxes to x0y0x1y1 in float32 clamped to the decoded image, empty boxes
 // dropped, labels mapped. img must be empty or previously returned (it is freed first).
 int coco_load_sample(const CocoDataset *ds, int64_t index, Image *img, Target *target, DataError *err);
-
-// Opens a JSON file for a streaming reader (plain or gzip: zlib passes plain files through) with a
-// read buffer of buffer_bytes (0: zlib's), past a UTF-8 byte-order mark (editors on Windows write
-// one; JSON forbids it and yajl stops at byte 1). NULL with errno set when it cannot be opened.
-gzFile coco_json_open(const char *path, unsigned buffer_bytes);

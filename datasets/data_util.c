@@ -10,8 +10,6 @@
 
 #include "core/error.h"
 
-const char *bad_input_policy_name(BadInputPolicy p) { return p == BAD_INPUT_SKIP ? "skip" : "fail"; }
-
 int bad_input_policy_parse(const char *s, BadInputPolicy *out) {
   if (!strcmp(s, "fail")) *out = BAD_INPUT_FAIL;
   else if (!strcmp(s, "skip")) *out = BAD_INPUT_SKIP;
@@ -61,12 +59,12 @@ char *data_path_join(const char *dir, const char *name) {
 int data_mkdirs(const char *dir, DataError *err) {
   char *path = detr_strdup(dir, "directory path");
   int rc = DATA_OK;
-  // Create each prefix ending at a '/', then the whole path.
+  // Create each prefix ending at a '/', then the whole path; 0777 less the umask, as mkdir -p.
   for (char *p = path + 1;; p++) {
     if (*p == '/' || *p == '\0') {
       char saved = *p;
       *p = '\0';
-      if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+      if (mkdir(path, 0777) != 0 && errno != EEXIST) {
         rc = data_error(err, "%s: cannot create directory: %s", path, strerror(errno));
         break;
       }

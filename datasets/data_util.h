@@ -13,7 +13,6 @@
 // its image, an unknown category id): stop with an error, or skip it with a warning and count it.
 typedef enum { BAD_INPUT_FAIL = 0, BAD_INPUT_SKIP = 1 } BadInputPolicy;
 
-const char *bad_input_policy_name(BadInputPolicy p);  // "fail" | "skip"
 // "fail" or "skip" into *out; returns 0, or -1 for anything else.
 int bad_input_policy_parse(const char *s, BadInputPolicy *out);
 
@@ -21,7 +20,7 @@ int bad_input_policy_parse(const char *s, BadInputPolicy *out);
 enum { DATA_OK = 0, DATA_ERROR = -1 };
 
 typedef struct {
-  char msg[1024];  // "FILE: item: what is wrong"
+  char msg[4400];  // "FILE: item: what is wrong": room for a path of PATH_MAX and the reason
 } DataError;
 
 // Formats into err->msg (err may be NULL). Returns DATA_ERROR so `return data_error(...)` reads.
@@ -40,7 +39,8 @@ void data_warn(int64_t *stream, const char *fmt, ...);
 
 // "dir/name" (just name when dir is NULL or empty), malloc'd.
 char *data_path_join(const char *dir, const char *name);
-// Creates dir and its missing parents (mode 0755). Returns 0 or DATA_ERROR with the reason.
+// Creates dir and its missing parents (mode 0777 less the umask, as mkdir -p). Returns 0 or
+// DATA_ERROR with the reason. The project's one mkdir -p: detr synth, predict and train use it.
 int data_mkdirs(const char *dir, DataError *err);
 
 // Grows *buf (elements of `elem` bytes, capacity *cap) to hold at least `need` elements.

@@ -59,10 +59,11 @@ static bool sos_tables_defined(const uint8_t *p, size_t len, bool progressive, b
 }
 
 // Walks the JPEG's marker segments to its end-of-image marker. Returns 1 when the structure is
-// intact, 0 when it is truncated or broken, -1 when a Huffman table segment (DHT) declares more
-// than 256 codes or runs past its segment, -2 when a scan uses a table never defined: Debian's
-// stb_image 2.27 reads and writes past its arrays on both (fixed upstream in 2.28), so such
-// files must not reach it.
+// intact; 0 when it is truncated or broken (stb_image, like libjpeg, decodes a truncated JPEG
+// without complaint, filling the rest with grey; PIL, which the reference DETR reads images with,
+// rejects it); -1 when a Huffman table segment (DHT) declares more than 256 codes or runs past its
+// segment, -2 when a scan uses a table never defined: Debian's stb_image 2.27 reads and writes past
+// its arrays on both (fixed upstream in 2.28), so such files must not reach it.
 static int jpeg_walk(const uint8_t *buf, size_t n) {
   size_t pos = 0;
   while (pos < n && buf[pos] == 0xFF) pos++;               // stb_image takes FF FF .. FF D8 as the start too
@@ -99,8 +100,6 @@ static int jpeg_walk(const uint8_t *buf, size_t n) {
     }
   }
 }
-
-bool jpeg_is_complete(const uint8_t *buf, size_t n) { return jpeg_walk(buf, n) == 1; }
 
 // True when a PNG's chunks (length, type, data, crc) lie inside the file up to its IEND chunk. A
 // chunk length is 31 bits, and stb_image allocates for an IDAT's declared length before reading

@@ -38,10 +38,6 @@ int image_decode_memory(const uint8_t *buf, size_t n, const char *name, Image *o
 // Width and height from the file's header only (no pixel decode); an image over the pixel limit is an
 // error.
 int image_read_header(const char *path, int *w, int *h, DataError *err);
-// True when the JPEG's marker structure is intact up to its end-of-image marker. stb_image (like
-// libjpeg) decodes a truncated JPEG without complaint, filling the rest with grey; PIL, which the
-// reference DETR reads images with, rejects it. This check rejects it too.
-bool jpeg_is_complete(const uint8_t *buf, size_t n);
 
 // In place: mirror left-right.
 void image_hflip(Image *img);

@@ -532,14 +532,6 @@ int loader_next(DataLoader *L, const Batch **out, DataError *err) {
   }
 }
 
-LoaderPosition loader_position(const DataLoader *L) {
-  DataLoader *M = (DataLoader *)L;  // the lock is not part of the value
-  pthread_mutex_lock(&M->lock);
-  int64_t g = L->next_deliver + (L->holding ? 1 : 0);
-  pthread_mutex_unlock(&M->lock);
-  return (LoaderPosition){.epoch = g / L->bpe, .batch = g % L->bpe};
-}
-
 int loader_seek(DataLoader *L, LoaderPosition pos, DataError *err) {
   if (check_position(L, pos, err) != DATA_OK) return DATA_ERROR;
   pthread_mutex_lock(&L->lock);
@@ -561,8 +553,6 @@ LoaderStats loader_stats(const DataLoader *L) {
   pthread_mutex_unlock(&M->lock);
   return st;
 }
-
-int64_t loader_skipped_images(const DataLoader *L) { return loader_stats(L).skipped_images; }
 
 void loader_free(DataLoader *L) {
   if (!L) return;
@@ -610,18 +600,4 @@ void loader_free(DataLoader *L) {
 
 Tensor *batch_images_tensor(const Batch *b, Device dev) {
   return tensor_from_host(dev, SHAPE(b->size, 3, b->h, b->w), b->images);
-}
-
-Tensor *batch_mask_tensor(const Batch *b, Device dev) {
-  int64_t n = (int64_t)b->size * b->h * b->w;
-  float *m = detr_malloc(sizeof(float) * (size_t)n, "mask tensor staging");  // [size, h, w]
-  for (int64_t i = 0; i < n; i++) m[i] = b->mask[i] ? 1.0f : 0.0f;
-  Tensor *t = tensor_from_host(dev, SHAPE(b->size, b->h, b->w), m);
-  free(m);
-  return t;
-}
-
-Tensor *batch_boxes_tensor(const Batch *b, int i, Device dev) {
-  DETR_CHECK(i >= 0 && i < b->size, "batch_boxes_tensor: image %d of %d", i, b->size);
-  return tensor_from_host(dev, SHAPE(b->targets[i].n, 4), b->targets[i].boxes);
 }

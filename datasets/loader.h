@@ -95,12 +95,9 @@ int loader_create(const CocoDataset *ds, const LoaderConfig *cfg, LoaderPosition
 // LOADER_END or DATA_ERROR (an image failed under the fail policy: err names the file; the
 // loader stays failed until loader_seek). One consumer thread.
 int loader_next(DataLoader *L, const Batch **batch, DataError *err);
-// The position of the batch loader_next returns next.
-LoaderPosition loader_position(const DataLoader *L);
 // Restarts at pos (drops what was prefetched). Returns DATA_ERROR for a position outside the data.
 int loader_seek(DataLoader *L, LoaderPosition pos, DataError *err);
 int64_t loader_batches_per_epoch(const DataLoader *L);
-int64_t loader_skipped_images(const DataLoader *L);  // in the batches delivered so far
 typedef struct {
   int64_t skipped_images;   // unreadable images dropped from the batches delivered so far
   int64_t consumer_builds;  // batches the consumer built itself although there are workers
@@ -114,7 +111,5 @@ void loader_epoch_order(uint64_t seed, int64_t epoch, bool shuffle, int64_t n, i
 // The augmentation stream of one sample.
 Rng loader_sample_rng(uint64_t seed, int64_t epoch, int64_t dataset_index);
 
-// Tensors from a batch (the caller owns them).
-Tensor *batch_images_tensor(const Batch *b, Device dev);        // [size, 3, h, w]
-Tensor *batch_mask_tensor(const Batch *b, Device dev);          // [size, h, w] 1.0 = padding
-Tensor *batch_boxes_tensor(const Batch *b, int i, Device dev);  // [n, 4] of image i
+// The batch's images as a tensor (the caller owns it).
+Tensor *batch_images_tensor(const Batch *b, Device dev);  // [size, 3, h, w]

@@ -70,7 +70,7 @@ static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnIn
     for (int64_t p = 0; p < N; p++) valid += !g->mask[b * N + p];
     for (int64_t j = 0; j < h; j++) host[b * h + j] = 1.0f / (float)(valid ? valid : 1);
   }
-  Tensor *inv_n = tensor_scoped(tensor_from_host(in->x->device, SHAPE(B * h, 1, 1), host));
+  Tensor *inv_n = op_constant(in->x->device, SHAPE(B * h, 1, 1), host);
   free(host);
   Tensor *kv = op_mul(op_bmm(kh, vh, true, false), inv_n);                // [B*h, hd, hd]
   Tensor *k_mean = op_mul(op_sum(kh, 1, true), inv_n);                    // [B*h, 1, hd]

@@ -46,11 +46,11 @@ static Tensor *reduce(const SraAttn *s, Tensor *x, const FeatureGeometry *g, int
   int64_t B = g->B, d = x->shape.d[2], R = s->ratio;
   Tensor *map = op_reshape(op_transpose(op_mul(x, g->valid), 1, 2), SHAPE(B, d, g->Hp, g->Wp));
   if (Hr * R > g->Hp) {
-    Tensor *parts[2] = {map, tensor_scoped(tensor_zeros(x->device, SHAPE(B, d, Hr * R - g->Hp, g->Wp)))};
+    Tensor *parts[2] = {map, op_zeros(x->device, SHAPE(B, d, Hr * R - g->Hp, g->Wp))};
     map = op_concat(parts, 2, 2);
   }
   if (Wr * R > g->Wp) {
-    Tensor *parts[2] = {map, tensor_scoped(tensor_zeros(x->device, SHAPE(B, d, Hr * R, Wr * R - g->Wp)))};
+    Tensor *parts[2] = {map, op_zeros(x->device, SHAPE(B, d, Hr * R, Wr * R - g->Wp))};
     map = op_concat(parts, 2, 3);
   }
   Tensor *reduced = conv2d_forward(&s->sr, map);  // [B, d, Hr, Wr]
@@ -74,7 +74,7 @@ static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnIn
           for (int64_t x = cx * R; x < (cx + 1) * R && x < g->Wp; x++) any |= !g->mask[(b * g->Hp + y) * g->Wp + x];
         host[(b * Hr + cy) * Wr + cx] = any ? 0.0f : -INFINITY;
       }
-  Tensor *key_mask = tensor_scoped(tensor_from_host(in->x->device, SHAPE(g->B, Hr * Wr), host));
+  Tensor *key_mask = op_constant(in->x->device, SHAPE(g->B, Hr * Wr), host);
   free(host);
   Tensor *k = reduce(s, qk, g, Hr, Wr), *v = reduce(s, in->x, g, Hr, Wr);
   return mha_forward(in->proj, ctx, qk, k, v, key_mask);

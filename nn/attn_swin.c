@@ -111,7 +111,7 @@ static Tensor *partition(Tensor *x, const Windows *w) {
   int64_t B = x->shape.d[0], N = x->shape.d[1], d = x->shape.d[2];
   Tensor *rows = op_reshape(x, SHAPE(B * N, d));
   if (w->padded) {
-    Tensor *parts[2] = {rows, tensor_scoped(tensor_zeros(x->device, SHAPE(1, d)))};
+    Tensor *parts[2] = {rows, op_zeros(x->device, SHAPE(1, d))};
     rows = op_concat(parts, 2, 0);  // [B*N + 1, d]
   }
   return op_reshape(op_index_select(rows, w->part, B * w->nW * w->T), SHAPE(B * w->nW, w->T, d));
@@ -144,13 +144,13 @@ static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnIn
   Tensor *logits = op_bmm(mha_split_heads(q, h), mha_split_heads(k, h), false, true);  // [B*nW*h, T, T]
   Tensor *bias = relative_bias(s);                                                     // [h, T, T]
   if (w.shift_mask) {                                                                  // [nW, h, T, T]
-    bias = op_add(bias, tensor_scoped(tensor_from_host(in->x->device, SHAPE(nW, 1, T, T), w.shift_mask)));
+    bias = op_add(bias, op_constant(in->x->device, SHAPE(nW, 1, T, T), w.shift_mask));
     logits = op_add(op_reshape(logits, SHAPE(B, nW, h, T, T)), bias);
   } else {
     logits = op_add(op_reshape(logits, SHAPE(B * nW, h, T, T)), bias);
   }
   // Padded keys: -inf, per window (the mask row of window n serves its h*T logit rows).
-  Tensor *key_mask = tensor_scoped(tensor_from_host(in->x->device, SHAPE(B * nW, T), w.key_mask));
+  Tensor *key_mask = op_constant(in->x->device, SHAPE(B * nW, T), w.key_mask);
   Tensor *attn = op_reshape(op_softmax(op_reshape(logits, SHAPE(B * nW, h * T, T)), key_mask), SHAPE(B * nW * h, T, T));
   Tensor *out = mha_merge_heads(nn_dropout_bmm(ctx, attn, mha_split_heads(v, h), a->dropout), B * nW);  // [B*nW, T, d]
   out = op_index_select(op_reshape(out, SHAPE(B * nW * T, d)), w.unpart, B * N);                        // [B*N, d]

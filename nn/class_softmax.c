@@ -21,7 +21,7 @@ static Tensor *loss(Tensor *logits, const int64_t *classes, const ClassLossArgs 
   int64_t cols = logits->shape.d[1];
   float *w = detr_malloc((size_t)cols * sizeof(float), "class_softmax w");  // [C + 1]
   for (int64_t c = 0; c < cols; c++) w[c] = c == a->num_classes ? a->eos_coef : 1.0f;
-  Tensor *weight = tensor_scoped(tensor_from_host(logits->device, SHAPE(cols), w));
+  Tensor *weight = op_constant(logits->device, SHAPE(cols), w);
   free(w);
   Tensor *ce = op_cross_entropy(logits, classes, weight);
   return a->ce_share != 1.0f ? op_mul_scalar(ce, a->ce_share) : ce;

@@ -58,7 +58,7 @@ static void layer_losses(const CriterionConfig *cfg, DetrLayerOutput out, const 
   Tensor *loss_ce = head->loss(op_reshape(out.logits, SHAPE(B * Q, C1)), classes, &args);
 
   Tensor *src = op_index_select(op_reshape(out.boxes, SHAPE(B * Q, 4)), rows, matched);  // [M, 4]
-  Tensor *tgt = tensor_scoped(tensor_from_host(dev, SHAPE(matched, 4), tgt_boxes));
+  Tensor *tgt = op_constant(dev, SHAPE(matched, 4), tgt_boxes);
   Tensor *loss_bbox = op_mul_scalar(op_l1_sum(src, tgt), 1.0f / num_boxes);
   Tensor *giou = op_box_giou(op_box_cxcywh_to_xyxy(src), op_box_cxcywh_to_xyxy(tgt));  // [M]
   Tensor *loss_giou = op_mul_scalar(op_sum_all(op_add_scalar(op_neg(giou), 1.0f)), 1.0f / num_boxes);

@@ -165,9 +165,9 @@ static Tensor *sine_features(Tensor *c, int64_t F) {
     host[2 * F + j] = j % 2 == 0 ? 0.0f : 1.0f;
   }
   Device dev = c->device;
-  Tensor *dim_t = tensor_scoped(tensor_from_host(dev, SHAPE(F), host));
-  Tensor *even = tensor_scoped(tensor_from_host(dev, SHAPE(F), host + F));
-  Tensor *odd = tensor_scoped(tensor_from_host(dev, SHAPE(F), host + 2 * F));
+  Tensor *dim_t = op_constant(dev, SHAPE(F), host);
+  Tensor *even = op_constant(dev, SHAPE(F), host + F);
+  Tensor *odd = op_constant(dev, SHAPE(F), host + 2 * F);
   free(host);
   Tensor *arg = op_div(op_mul_scalar(c, (float)TWO_PI), dim_t);  // [n, F]
   return op_add(op_mul(op_sin(arg), even), op_mul(op_cos(arg), odd));
@@ -199,8 +199,8 @@ static void map_positions(const AnchorTransformer *a, const FeatureGeometry *g, 
   int64_t B = g->B, H = g->Hp, W = g->Wp, d = a->s.dim;
   float *host = detr_malloc((size_t)(B * (W + H)) * sizeof(float), "decoder_anchor positions");  // xs, ys
   mask_positions(g, host, host + B * W);
-  Tensor *xs = tensor_scoped(tensor_from_host(dev, SHAPE(B * W, 1), host));
-  Tensor *ys = tensor_scoped(tensor_from_host(dev, SHAPE(B * H, 1), host + B * W));
+  Tensor *xs = op_constant(dev, SHAPE(B * W, 1), host);
+  Tensor *ys = op_constant(dev, SHAPE(B * H, 1), host + B * W);
   free(host);
   *pos_row = op_reshape(adapt(&a->pos1d_0, &a->pos1d_2, sine_features(xs, d)), SHAPE(B, W, d));
   *pos_col = op_reshape(adapt(&a->pos1d_0, &a->pos1d_2, sine_features(ys, d)), SHAPE(B, H, d));
@@ -252,6 +252,20 @@ static Tensor *enc_layer_forward(const EncLayer *l, const NnCtx *ctx, float p, T
   return op_reshape(ffn(&l->linear1, &l->linear2, &l->ffn_norm, ctx, p, t), SHAPE(B, H, W, d));
 }
 
+typedef struct {
+  const AnchorTransformer *a;
+  const NnCtx *ctx;
+  Tensor *prow, *pcol, *row_mask, *col_mask;
+} EncStep;
+
+// Encoder layer i (tensor_run_layers): x [B, H, W, d] in carry->t[0].
+static void enc_step(void *state, int i, TensorCarry *carry) {
+  const EncStep *e = state;
+  const AnchorTransformer *a = e->a;
+  carry->t[0] = enc_layer_forward(&a->enc[i], e->ctx, a->s.dropout, carry->t[0], e->prow, e->pcol, e->row_mask,
+                                  e->col_mask, a->enact_sigma, a->enact_fixed_c);
+}
+
 // The memory [B, N, d] and *pos = [pos_row; pos_col] along dim 1: [B, W + H, d].
 static Tensor *encode(const void *state, const NnCtx *ctx, Tensor *src, const FeatureGeometry *g, Tensor **pos) {
   const AnchorTransformer *a = state;
@@ -260,16 +274,12 @@ static Tensor *encode(const void *state, const NnCtx *ctx, Tensor *src, const Fe
   map_positions(a, g, src->device, &pos_row, &pos_col);
   rcda_masks(g->key_mask, H, W, &row_mask, &col_mask);
   Tensor *prow = op_reshape(pos_row, SHAPE(B, 1, W, d)), *pcol = op_reshape(pos_col, SHAPE(B, H, 1, d));
-  Tensor *x = op_reshape(src, SHAPE(B, H, W, d));
-  for (int i = 0; i < a->n_enc; i++) {
-    ScopeMark mark = tensor_scope_mark();  // each layer's dead temporaries are freed after it
-    x = enc_layer_forward(&a->enc[i], ctx, a->s.dropout, x, prow, pcol, row_mask, col_mask, a->enact_sigma,
-                          a->enact_fixed_c);
-    tensor_scope_keep(mark, &x, 1);
-  }
+  EncStep e = {.a = a, .ctx = ctx, .prow = prow, .pcol = pcol, .row_mask = row_mask, .col_mask = col_mask};
+  TensorCarry carry = {.t = {op_reshape(src, SHAPE(B, H, W, d))}, .n = 1};
+  tensor_run_layers((int)a->n_enc, enc_step, &e, &carry);
   Tensor *parts[2] = {pos_row, pos_col};
   *pos = op_concat(parts, 2, 1);
-  return op_reshape(x, SHAPE(B, H * W, d));
+  return op_reshape(carry.t[0], SHAPE(B, H * W, d));
 }
 
 // --- decoder ---
@@ -305,6 +315,25 @@ static void query_positions(const AnchorTransformer *a, const int64_t *anchor, i
   c->pos_y = op_index_select(adapt(&a->pos1d_0, &a->pos1d_2, sine_features(ys, d)), anchor, Q);
 }
 
+typedef struct {
+  const AnchorTransformer *a;
+  const NnCtx *ctx;
+  const DecContext *c;
+  DecoderOutput *out;
+} DecStep;
+
+// Decoder layer i (tensor_run_layers): tgt in carry->t[0]; its output (unnormed, as the reference)
+// joins every earlier layer's.
+static void dec_step(void *state, int i, TensorCarry *carry) {
+  const DecStep *s = state;
+  bool last = i == s->a->n_dec - 1 && s->ctx->want_cross_attn;
+  carry->t[0] =
+      dec_layer_forward(&s->a->dec[i], s->ctx, s->a->s.dropout, carry->t[0], s->c, last ? &s->out->cross_attn : NULL);
+  s->out->hs[i] = carry->t[0];
+  carry->t[carry->n++] = carry->t[0];
+  if (last) carry->t[carry->n++] = s->out->cross_attn;
+}
+
 static void forward(const void *state, const NnCtx *ctx, const DecoderInput *in, DecoderOutput *out) {
   const AnchorTransformer *a = state;
   const FeatureGeometry *g = in->geom;
@@ -314,8 +343,8 @@ static void forward(const void *state, const NnCtx *ctx, const DecoderInput *in,
   DecContext c;
   query_positions(a, rows, Q, &c);
   out->reference = op_index_select(a->position, rows, Q);  // [Q, 2]
-  Tensor *tgt = op_add(tensor_scoped(tensor_zeros(in->memory->device, SHAPE(B, Q, d))),
-                       op_index_select(a->pattern, rows + Q, Q));  // [B, Q, d]
+  Tensor *tgt =
+      op_add(op_zeros(in->memory->device, SHAPE(B, Q, d)), op_index_select(a->pattern, rows + Q, Q));  // [B, Q, d]
   free(rows);
   Tensor *mem = op_reshape(in->memory, SHAPE(B, H, W, d));
   c.key_row = op_add(mem, op_reshape(op_slice(in->pos, 1, 0, W), SHAPE(B, 1, W, d)));
@@ -323,14 +352,9 @@ static void forward(const void *state, const NnCtx *ctx, const DecoderInput *in,
   c.value = mem;
   rcda_masks(in->key_mask, H, W, &c.row_mask, &c.col_mask);
   out->n_layers = (int)a->n_dec;
-  for (int i = 0; i < a->n_dec; i++) {
-    ScopeMark mark = tensor_scope_mark();
-    bool last = i == a->n_dec - 1 && ctx->want_cross_attn;
-    tgt = dec_layer_forward(&a->dec[i], ctx, a->s.dropout, tgt, &c, last ? &out->cross_attn : NULL);
-    out->hs[i] = tgt;
-    Tensor *keep[2] = {tgt, last ? out->cross_attn : NULL};
-    tensor_scope_keep(mark, keep, last ? 2 : 1);
-  }
+  DecStep ds = {.a = a, .ctx = ctx, .c = &c, .out = out};
+  TensorCarry carry = {.t = {tgt}, .n = 1};
+  tensor_run_layers((int)a->n_dec, dec_step, &ds, &carry);
 }
 
 // sigmoid(head_out + [inverse_sigmoid(anchor), 0, 0]): the anchor is the box centre's prior.
@@ -348,9 +372,7 @@ static void init_heads(Linear *class_embed, Mlp *bbox_embed) {
   Linear *last = &bbox_embed->layers[bbox_embed->n_layers - 1];
   tensor_fill_(last->weight, 0.0f);
   const float bias[4] = {0.0f, 0.0f, -2.0f, -2.0f};
-  Tensor *b = tensor_from_host(last->bias->device, SHAPE(4), bias);
-  tensor_copy_(last->bias, b);
-  tensor_release(b);
+  tensor_copy_from_host_(last->bias, bias);
 }
 
 static const char *unsupported(const DecoderShape *shape) {

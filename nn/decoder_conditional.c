@@ -126,9 +126,9 @@ static Tensor *sine_embed(Tensor *points, int64_t d) {
     host[F + j] = j % 2 == 0 ? 1.0f : 0.0f;
     host[2 * F + j] = j % 2 == 0 ? 0.0f : 1.0f;
   }
-  Tensor *dim_t = tensor_scoped(tensor_from_host(dev, SHAPE(F), host));
-  Tensor *even = tensor_scoped(tensor_from_host(dev, SHAPE(F), host + F));
-  Tensor *odd = tensor_scoped(tensor_from_host(dev, SHAPE(F), host + 2 * F));
+  Tensor *dim_t = op_constant(dev, SHAPE(F), host);
+  Tensor *even = op_constant(dev, SHAPE(F), host + F);
+  Tensor *odd = op_constant(dev, SHAPE(F), host + 2 * F);
   free(host);
   Tensor *yx[2] = {op_slice(points, 1, 1, 2), op_slice(points, 1, 0, 1)};
   Tensor *c = op_reshape(op_concat(yx, 2, 1), SHAPE(Q, 2, 1));                           // [Q, 2 (y, x), 1]
@@ -161,7 +161,7 @@ static Tensor *cross_attention(const CondLayer *l, const TransformerShape *s, co
   Tensor *v = linear_forward(&l->ca_v, memory);
   if (first) k_content = op_add(k_content, k_pos);
   if (q_sine->shape.ndim == 2)  // one per query: the same for every image
-    q_sine = op_add(tensor_scoped(tensor_zeros(q_content->device, SHAPE(B, Q, d))), q_sine);
+    q_sine = op_add(op_zeros(q_content->device, SHAPE(B, Q, d)), q_sine);
   Tensor *q_cross = concat_heads(q_content, q_sine, s->heads);  // [B, Q, 2d]
   Tensor *k_cross = concat_heads(k_content, k_pos, s->heads);   // [B, HW, 2d]
   return attention_heads(ctx, q_cross, k_cross, v, s->heads, key_mask, s->dropout, cross_weights);
@@ -213,25 +213,43 @@ static Tensor *layer_forward(const CondLayer *l, const TransformerShape *s, cons
   return layernorm_forward(&l->norm3, tgt);
 }
 
+typedef struct {
+  const CondDecoder *c;
+  const NnCtx *ctx;
+  const DecoderInput *in;
+  DecoderOutput *out;
+  Tensor *sine;
+  bool prepared;
+} Step;
+
+// Layer i (tensor_run_layers): tgt in carry->t[0]; its normed output joins every earlier layer's
+// (the reference points and their sine were made before the layers: they outlive them).
+static void layer_step(void *state, int i, TensorCarry *carry) {
+  const Step *s = state;
+  const CondDecoder *c = s->c;
+  const DecoderInput *in = s->in;
+  Tensor *tgt = carry->t[0];
+  Tensor *scaled = i == 0 ? s->sine : op_mul(s->sine, mlp_forward(&c->query_scale, tgt));  // p_s T
+  bool last = i == c->n_layers - 1 && s->ctx->want_cross_attn;
+  tgt = layer_forward(&c->layers[i], &c->s, s->ctx, tgt, in->memory, in->key_mask, in->pos, in->query_embed, scaled,
+                      s->prepared ? &c->terms[i] : NULL, i == 0, last ? &s->out->cross_attn : NULL);
+  s->out->hs[i] = layernorm_forward(&c->norm, tgt);
+  carry->t[0] = tgt;
+  carry->t[carry->n++] = s->out->hs[i];
+  if (last) carry->t[carry->n++] = s->out->cross_attn;
+}
+
 static void forward(const void *state, const NnCtx *ctx, const DecoderInput *in, DecoderOutput *out) {
   const CondDecoder *c = state;
   int64_t Q = in->query_embed->shape.d[0], d = c->s.dim;
   bool prepared = ctx->inference && c->reference;
   Tensor *reference = prepared ? c->reference : op_sigmoid(mlp_forward(&c->ref_point_head, in->query_embed));  // [Q, 2]
   Tensor *sine = prepared ? c->sine : sine_embed(reference, d);                                                // [Q, d]
-  Tensor *tgt = tensor_scoped(tensor_zeros(in->memory->device, SHAPE(in->batch, Q, d)));  // [B, Q, d]
   out->n_layers = (int)c->n_layers;
   out->reference = reference;
-  for (int i = 0; i < c->n_layers; i++) {
-    ScopeMark mark = tensor_scope_mark();  // each layer's dead temporaries are freed after it
-    Tensor *scaled = i == 0 ? sine : op_mul(sine, mlp_forward(&c->query_scale, tgt));  // p_s T
-    bool last = i == c->n_layers - 1 && ctx->want_cross_attn;
-    tgt = layer_forward(&c->layers[i], &c->s, ctx, tgt, in->memory, in->key_mask, in->pos, in->query_embed, scaled,
-                        prepared ? &c->terms[i] : NULL, i == 0, last ? &out->cross_attn : NULL);
-    out->hs[i] = layernorm_forward(&c->norm, tgt);
-    Tensor *keep[3] = {tgt, out->hs[i], last ? out->cross_attn : NULL};
-    tensor_scope_keep(mark, keep, keep[2] ? 3 : 2);
-  }
+  Step s = {.c = c, .ctx = ctx, .in = in, .out = out, .sine = sine, .prepared = prepared};
+  TensorCarry carry = {.t = {op_zeros(in->memory->device, SHAPE(in->batch, Q, d))}, .n = 1};
+  tensor_run_layers((int)c->n_layers, layer_step, &s, &carry);  // tgt [B, Q, d] in carry.t[0]
 }
 
 // The forward's terms of the learned queries alone, computed by the same ops (the same floats) once:

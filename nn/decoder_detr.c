@@ -41,21 +41,34 @@ static void init(const void *state, Rng *rng) {
   for (int i = 0; i < d->n_layers; i++) decoder_layer_init((DecoderLayer *)&d->layers[i], rng);
 }
 
+typedef struct {
+  const DetrDecoder *d;
+  const NnCtx *ctx;
+  const DecoderInput *in;
+  DecoderOutput *out;
+} Step;
+
+// Layer i (tensor_run_layers): tgt in carry->t[0]; its normed output joins every earlier layer's.
+static void layer_step(void *state, int i, TensorCarry *carry) {
+  Step *s = state;
+  const DecoderInput *in = s->in;
+  bool last = i == s->d->n_layers - 1 && s->ctx->want_cross_attn;
+  Tensor *tgt = decoder_layer_forward(&s->d->layers[i], s->ctx, carry->t[0], in->memory, in->key_mask, in->pos,
+                                      in->query_embed, last ? &s->out->cross_attn : NULL);
+  s->out->hs[i] = layernorm_forward(&s->d->norm, tgt);  // every intermediate output is normed
+  carry->t[0] = tgt;
+  carry->t[carry->n++] = s->out->hs[i];
+  if (last) carry->t[carry->n++] = s->out->cross_attn;
+}
+
 static void forward(const void *state, const NnCtx *ctx, const DecoderInput *in, DecoderOutput *out) {
   const DetrDecoder *d = state;
   int64_t Q = in->query_embed->shape.d[0];
-  Tensor *tgt = tensor_scoped(tensor_zeros(in->memory->device, SHAPE(in->batch, Q, d->dim)));  // [B, Q, d]
   out->n_layers = (int)d->n_layers;
   out->reference = NULL;
-  for (int i = 0; i < d->n_layers; i++) {
-    ScopeMark mark = tensor_scope_mark();  // each layer's dead temporaries are freed after it
-    bool last = i == d->n_layers - 1 && ctx->want_cross_attn;
-    tgt = decoder_layer_forward(&d->layers[i], ctx, tgt, in->memory, in->key_mask, in->pos, in->query_embed,
-                                last ? &out->cross_attn : NULL);
-    out->hs[i] = layernorm_forward(&d->norm, tgt);  // every intermediate output is normed
-    Tensor *keep[3] = {tgt, out->hs[i], last ? out->cross_attn : NULL};
-    tensor_scope_keep(mark, keep, keep[2] ? 3 : 2);
-  }
+  Step s = {.d = d, .ctx = ctx, .in = in, .out = out};
+  TensorCarry carry = {.t = {op_zeros(in->memory->device, SHAPE(in->batch, Q, d->dim))}, .n = 1};  // tgt [B, Q, d]
+  tensor_run_layers((int)d->n_layers, layer_step, &s, &carry);
 }
 
 static Tensor *boxes(const void *state, Tensor *head_out, const DecoderOutput *out, int layer) {

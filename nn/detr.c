@@ -118,6 +118,29 @@ void detr_output_free(DetrOutput *out) {
   out->n_attn = 0;
 }
 
+// One encoder layer (tensor_run_layers): the memory in carry->t[0], then the attention traces'
+// exported tensors of this layer and every earlier one (DetrOutput.attn keeps them).
+typedef struct {
+  const DetrModel *m;
+  const NnCtx *ctx;
+  Tensor *pos;
+  const FeatureGeometry *g;
+  DetrOutput *out;
+  char *err;
+  size_t err_cap;
+} EncodeStep;
+
+static void encode_step(void *state, int i, TensorCarry *carry) {
+  EncodeStep *e = state;
+  if (!carry->t[0]) return;  // an earlier layer failed (e->err says why)
+  AttnTrace *t = &e->out->attn[e->out->n_attn++];
+  carry->t[0] = encoder_layer_forward(&e->m->enc[i], e->ctx, carry->t[0], e->pos, e->g, t, e->err, e->err_cap);
+  for (int k = 0; k < t->n_exports; k++) {
+    DETR_CHECK(carry->n < TENSOR_CARRY_MAX, "detr encoder: more attention traces than a carry holds");
+    if (t->exports[k].f32) carry->t[carry->n++] = t->exports[k].f32;
+  }
+}
+
 // DETR's encoder: the sine positions into *pos, each layer's self-attention through its variant.
 // Returns the memory [B, N, d], or NULL with err set.
 static Tensor *detr_encode(const DetrModel *m, const NnCtx *ctx, Tensor *src, const FeatureGeometry *g, Tensor **pos,
@@ -126,21 +149,35 @@ static Tensor *detr_encode(const DetrModel *m, const NnCtx *ctx, Tensor *src, co
   int64_t B = g->B, h = g->Hp, w = g->Wp, N = h * w, d = c->hidden_dim;
   float *host = detr_malloc((size_t)(B * N * d) * sizeof(float), "detr_model_forward host");  // [B, N, d]
   position_sine(g->mask, B, h, w, d / 2, 10000.0f, host);
-  *pos = tensor_scoped(tensor_from_host(src->device, SHAPE(B, N, d), host));
+  *pos = op_constant(src->device, SHAPE(B, N, d), host);
   free(host);
-  Tensor *memory = src;
-  for (int i = 0; i < c->enc_layers && memory; i++) {
-    ScopeMark mark = tensor_scope_mark();  // each layer's dead temporaries are freed after it
-    AttnTrace *t = &out->attn[out->n_attn++];
-    memory = encoder_layer_forward(&m->enc[i], ctx, memory, *pos, g, t, err, err_cap);
-    Tensor *keep[1 + ATTN_TRACE_MAX] = {memory};
-    int n_keep = 1;
-    for (int e = 0; e < t->n_exports; e++)
-      if (t->exports[e].f32) keep[n_keep++] = t->exports[e].f32;
-    tensor_scope_keep(mark, keep, memory ? n_keep : 0);
-  }
+  EncodeStep e = {.m = m, .ctx = ctx, .pos = *pos, .g = g, .out = out, .err = err, .err_cap = err_cap};
+  TensorCarry carry = {.t = {src}, .n = 1};
+  tensor_run_layers((int)c->enc_layers, encode_step, &e, &carry);
+  Tensor *memory = carry.t[0];
   if (memory && c->pre_norm) memory = layernorm_forward(&m->enc_norm, memory);
   return memory;
+}
+
+// The heads on decoder layer first + i's output (tensor_run_layers): its logits and boxes join the
+// carry, with every earlier layer's.
+typedef struct {
+  const DetrModel *m;
+  const DecoderOutput *dec;
+  DetrOutput *out;
+  int first;
+} HeadStep;
+
+static void head_step(void *state, int i, TensorCarry *carry) {
+  HeadStep *h = state;
+  int layer = h->first + i;
+  const DecoderKind *dk = detr_decoder(&h->m->cfg);
+  DetrLayerOutput *o = &h->out->layers[layer];
+  o->logits = linear_forward(&h->m->class_embed, h->dec->hs[layer]);
+  o->boxes = dk->boxes(h->m->decoder_state, mlp_forward(&h->m->bbox_embed, h->dec->hs[layer]), h->dec, layer);
+  DETR_CHECK(carry->n + 2 <= TENSOR_CARRY_MAX, "detr heads: more decoder layers than a carry holds");
+  carry->t[carry->n++] = o->logits;
+  carry->t[carry->n++] = o->boxes;
 }
 
 // The decoder and the heads on every layer's output (the earlier ones: auxiliary, not computed under
@@ -152,13 +189,9 @@ static void decode(const DetrModel *m, const NnCtx *ctx, const DecoderInput *din
   out->n_layers = dec.n_layers;
   out->cross_attn = dec.cross_attn;
   // The earlier layers' heads feed only the auxiliary losses: inference computes the last layer's.
-  for (int i = ctx->inference ? dec.n_layers - 1 : 0; i < dec.n_layers; i++) {
-    ScopeMark mark = tensor_scope_mark();
-    out->layers[i].logits = linear_forward(&m->class_embed, dec.hs[i]);
-    out->layers[i].boxes = dk->boxes(m->decoder_state, mlp_forward(&m->bbox_embed, dec.hs[i]), &dec, i);
-    Tensor *keep[2] = {out->layers[i].logits, out->layers[i].boxes};
-    tensor_scope_keep(mark, keep, 2);
-  }
+  HeadStep h = {.m = m, .dec = &dec, .out = out, .first = ctx->inference ? dec.n_layers - 1 : 0};
+  TensorCarry carry = {.n = 0};
+  tensor_run_layers(dec.n_layers - h.first, head_step, &h, &carry);
 }
 
 int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, const uint8_t *mask, DetrOutput *out,

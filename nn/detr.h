@@ -59,9 +59,10 @@ typedef struct {
   int epochs, image_size, max_size;
   int lr_drop;  // the epoch of the x0.1 drop (0: two thirds of the epochs)
 } RunDefaults;
-// The run defaults of the preset a model's size matches: tiny for hidden_dim <= 32, the r18-small
-// ones for a ResNet-18/34, else the R50 ones; conditional-* for Conditional DETR's decoder, anchor-*
-// for Anchor DETR's.
+// The run defaults of the preset whose model is nearest to cfg's in backbone depth and transformer
+// width, layers and feed-forward size (each as a ratio), among tiny and the presets of cfg's decoder:
+// a preset's own model gets its own; a ResNet-34 on detr-r50's transformer the paper's schedule, on
+// detr-r18-small's that preset's.
 const RunDefaults *detr_run_defaults(const DetrConfig *cfg);
 // Sets one field from text, e.g. ("hidden_dim", "128"). Returns 0, or -1 with err set.
 int detr_config_set(DetrConfig *cfg, const char *key, const char *value, char *err, size_t err_cap);

@@ -137,11 +137,11 @@ Tensor *enact_cluster_attention(const MultiheadAttention *a, const NnCtx *ctx, T
       idx[b * lmax + k] = real ? j : L;
       mask[b * lmax + k] = real ? 0.0f : -INFINITY;
     }
-  Tensor *zero = tensor_scoped(tensor_zeros(Kc->device, SHAPE(1, d)));
+  Tensor *zero = op_zeros(Kc->device, SHAPE(1, d));
   Tensor *kparts[2] = {Kc, zero}, *vparts[2] = {Vc, zero};
   Tensor *kpad = op_reshape(op_index_select(op_concat(kparts, 2, 0), idx, B * lmax), SHAPE(B, lmax, d));
   Tensor *vpad = op_reshape(op_index_select(op_concat(vparts, 2, 0), idx, B * lmax), SHAPE(B, lmax, d));
-  Tensor *key_mask = tensor_scoped(tensor_from_host(Kc->device, SHAPE(B, lmax), mask));
+  Tensor *key_mask = op_constant(Kc->device, SHAPE(B, lmax), mask);
   free(idx);
   free(mask);
   return mha_forward(a, ctx, query, kpad, vpad, key_mask);

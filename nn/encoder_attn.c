@@ -128,15 +128,13 @@ void feature_geometry_make(const uint8_t *mask, int64_t B, int64_t Hp, int64_t W
     g->valid_h[b] = h;
     g->valid_w[b] = w;
   }
-  g->key_mask = tensor_from_host(dev, SHAPE(B, N), additive);
-  g->valid = tensor_from_host(dev, SHAPE(B, N, 1), valid);
+  g->key_mask = op_constant(dev, SHAPE(B, N), additive);  // the caller's scope owns them
+  g->valid = op_constant(dev, SHAPE(B, N, 1), valid);
   free(host);
 }
 
 void feature_geometry_free(FeatureGeometry *g) {
   free(g->valid_h);
-  if (g->key_mask) tensor_release(g->key_mask);
-  if (g->valid) tensor_release(g->valid);
   g->valid_h = g->valid_w = NULL;
   g->key_mask = g->valid = NULL;
 }

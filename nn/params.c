@@ -74,9 +74,7 @@ void init_trunc_normal(Tensor *t, Rng *rng, float std, float a, float b) {
       float u1 = rng_next_uniform(rng), u2 = rng_next_uniform(rng);
       host[i] = std * sqrtf(-2.0f * logf(1.0f - u1)) * cosf(6.2831853f * u2);
     }
-  Tensor *src = tensor_from_host(DEVICE_CPU, t->shape, host);
-  tensor_copy_(t, src);
-  tensor_release(src);
+  tensor_copy_from_host_(t, host);
   free(host);
 }
 

@@ -1,4 +1,5 @@
 // The model presets: the models of DETR_PRESET_ROWS (nn/detr.h), by name, and their run defaults.
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -103,11 +104,25 @@ int detr_config_preset(const char *name, DetrConfig *cfg) {
   return 0;
 }
 
+// How far model a is from model b in what sets a run's cost, and so its schedule: the backbone's
+// depth and the transformer's width, layers and feed-forward size, each as a ratio.
+static double model_distance(const DetrConfig *a, const DetrConfig *b) {
+  const double fa[4] = {a->backbone_depth, a->hidden_dim, a->enc_layers + a->dec_layers, a->ffn_dim};
+  const double fb[4] = {b->backbone_depth, b->hidden_dim, b->enc_layers + b->dec_layers, b->ffn_dim};
+  double d = 0;
+  for (int i = 0; i < 4; i++) d += fabs(log((fa[i] + 1) / (fb[i] + 1)));
+  return d;
+}
+
 const RunDefaults *detr_run_defaults(const DetrConfig *cfg) {
-  const char *kind = detr_decoder(cfg)->name;
-  const char *family = !strcmp(kind, "conditional") ? "conditional-" : !strcmp(kind, "anchor") ? "anchor-" : "";
-  char name[64];
-  snprintf(name, sizeof name, "%s%s", family, cfg->backbone_depth < 50 ? "detr-r18-small" : "detr-r50");
-  if (cfg->hidden_dim <= 32) snprintf(name, sizeof name, "tiny");
-  return &preset_find(name)->run;
+  const Preset *best = NULL;
+  double best_d = INFINITY;
+  for (int i = 0; i < N_PRESETS; i++) {  // the first of equals: the table's order
+    DetrConfig p;
+    PRESETS[i].make(&p);
+    if (strcmp(PRESETS[i].run.preset, "tiny") && detr_decoder(&p) != detr_decoder(cfg)) continue;
+    double d = model_distance(cfg, &p);
+    if (d < best_d) best = &PRESETS[i], best_d = d;
+  }
+  return &best->run;
 }

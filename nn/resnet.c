@@ -114,28 +114,34 @@ static Tensor *calibrated(const FrozenBn *bn, Tensor *x) {  // x [B, H, W, C]
     mean[c] = (float)mu;
     var[c] = (float)(ss / n - mu * mu > 0 ? ss / n - mu * mu : 0);
   }
-  Tensor *m = tensor_from_host(x->device, SHAPE(C), mean), *v = tensor_from_host(x->device, SHAPE(C), var);
-  tensor_copy_(bn->running_mean, m);
-  tensor_copy_(bn->running_var, v);
-  tensor_release(m), tensor_release(v);
+  tensor_copy_from_host_(bn->running_mean, mean);
+  tensor_copy_from_host_(bn->running_var, var);
   free(host), free(mean);
   return frozen_bn_forward(bn, x);
 }
 
+// The stem (i 0) or block i - 1 on carry->t[0], its batch norms calibrated on the way.
+static void calibrate_step(void *state, int i, TensorCarry *carry) {
+  ResNet *r = state;
+  Tensor *x = carry->t[0];
+  if (i == 0) {
+    x = op_permute(x, (const int[]){0, 2, 3, 1});  // [B, H, W, 3]
+    carry->t[0] = op_maxpool2d(op_relu(calibrated(&r->bn1, conv2d_forward(&r->conv1, x))), 3, 2, 1, true);
+    return;
+  }
+  const ResBlock *b = &r->blocks[i - 1];
+  Tensor *out = op_relu(calibrated(&b->bn1, conv2d_forward(&b->conv1, x)));
+  out = calibrated(&b->bn2, conv2d_forward(&b->conv2, out));
+  if (b->bottleneck) out = calibrated(&b->bn3, conv2d_forward(&b->conv3, op_relu(out)));
+  Tensor *identity = b->has_downsample ? calibrated(&b->down_bn, conv2d_forward(&b->down_conv, x)) : x;
+  carry->t[0] = op_relu(op_add(out, identity));
+  if (i == r->n_blocks) carry->n = 0;  // only the statistics were wanted: the last activation goes too
+}
+
 void resnet_calibrate(ResNet *r, Tensor *x) {
   bool was = autograd_set_grad_enabled(false);
-  ScopeMark mark = tensor_scope_mark();
-  x = op_permute(x, (const int[]){0, 2, 3, 1});  // [B, H, W, 3]
-  x = op_maxpool2d(op_relu(calibrated(&r->bn1, conv2d_forward(&r->conv1, x))), 3, 2, 1, true);
-  for (int i = 0; i < r->n_blocks; i++) {
-    const ResBlock *b = &r->blocks[i];
-    Tensor *out = op_relu(calibrated(&b->bn1, conv2d_forward(&b->conv1, x)));
-    out = calibrated(&b->bn2, conv2d_forward(&b->conv2, out));
-    if (b->bottleneck) out = calibrated(&b->bn3, conv2d_forward(&b->conv3, op_relu(out)));
-    Tensor *identity = b->has_downsample ? calibrated(&b->down_bn, conv2d_forward(&b->down_conv, x)) : x;
-    x = op_relu(op_add(out, identity));
-  }
-  tensor_scope_release(mark);
+  TensorCarry carry = {.t = {x}, .n = 1};
+  tensor_run_layers(1 + r->n_blocks, calibrate_step, r, &carry);
   autograd_set_grad_enabled(was);
 }
 
@@ -189,20 +195,32 @@ static Tensor *resblock_forward_folded(const ResBlock *b, Tensor *x) {
   return folded_conv_forward(b->bottleneck ? &b->f3 : &b->f2, out, identity, true, true);
 }
 
-Tensor *resnet_forward(const ResNet *r, Tensor *x, bool channels_last) {
-  // After the stem and after each block, everything scoped since the start but the newest
-  // activation is released: what backward needs is held by the tape, the rest (all of it in the
-  // frozen stages, and each block's input once the next block has read it) is freed.
-  ScopeMark mark = tensor_scope_mark();
-  if (!channels_last) x = op_permute(x, (const int[]){0, 2, 3, 1});  // [B, H, W, 3]: channels last from here on
-  bool folded = r->folded && !autograd_grad_enabled();
-  x = folded ? folded_conv_forward(&r->fstem, x, NULL, true, false)
-             : frozen_bn_act_forward(&r->bn1, conv2d_forward(&r->conv1, x), NULL, true);
-  x = op_maxpool2d(x, 3, 2, 1, true);
-  tensor_scope_keep(mark, &x, 1);
-  for (int i = 0; i < r->n_blocks; i++) {
-    x = folded ? resblock_forward_folded(&r->blocks[i], x) : resblock_forward(&r->blocks[i], x);
-    tensor_scope_keep(mark, &x, 1);
+typedef struct {
+  const ResNet *r;
+  bool channels_last, folded;
+} ForwardStep;
+
+// The stem (i 0) or block i - 1 on carry->t[0] (tensor_run_layers): after each, everything made
+// since the start but the newest activation is released - what backward needs is held by the tape,
+// the rest (all of it in the frozen stages, and each block's input once the next has read it) freed.
+static void forward_step(void *state, int i, TensorCarry *carry) {
+  const ForwardStep *s = state;
+  const ResNet *r = s->r;
+  Tensor *x = carry->t[0];
+  if (i == 0) {
+    if (!s->channels_last) x = op_permute(x, (const int[]){0, 2, 3, 1});  // [B, H, W, 3]: channels last from here on
+    x = s->folded ? folded_conv_forward(&r->fstem, x, NULL, true, false)
+                  : frozen_bn_act_forward(&r->bn1, conv2d_forward(&r->conv1, x), NULL, true);
+    carry->t[0] = op_maxpool2d(x, 3, 2, 1, true);
+    return;
   }
-  return x;
+  const ResBlock *b = &r->blocks[i - 1];
+  carry->t[0] = s->folded ? resblock_forward_folded(b, x) : resblock_forward(b, x);
+}
+
+Tensor *resnet_forward(const ResNet *r, Tensor *x, bool channels_last) {
+  ForwardStep s = {.r = r, .channels_last = channels_last, .folded = r->folded && !autograd_grad_enabled()};
+  TensorCarry carry = {.t = {x}, .n = 1};
+  tensor_run_layers(1 + r->n_blocks, forward_step, &s, &carry);
+  return carry.t[0];
 }

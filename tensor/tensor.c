@@ -228,6 +228,20 @@ void tensor_scope_keep(ScopeMark mark, Tensor *const *keep, int n) {
   for (int i = 0; i < n; i++) tensor_scoped(keep[i]);
 }
 
+void tensor_run_layers(int n, TensorLayerStep step, void *state, TensorCarry *carry) {
+  ScopeMark mark = tensor_scope_mark();
+  for (int i = 0; i < n; i++) {
+    step(state, i, carry);
+    DETR_CHECK(carry->n >= 0 && carry->n <= TENSOR_CARRY_MAX, "tensor_run_layers: a carry of %d tensors (at most %d)",
+               carry->n, TENSOR_CARRY_MAX);
+    Tensor *keep[TENSOR_CARRY_MAX];
+    int k = 0;
+    for (int j = 0; j < carry->n; j++)
+      if (carry->t[j]) keep[k++] = carry->t[j];
+    tensor_scope_keep(mark, keep, k);
+  }
+}
+
 // --- data movement ---
 
 void tensor_copy_(Tensor *dst, const Tensor *src) {
@@ -244,6 +258,19 @@ void tensor_copy_(Tensor *dst, const Tensor *src) {
   if (dst->device == DEVICE_CUDA && src->device == DEVICE_CUDA) cuda_memcpy_d2d(dst->data, src->data, bytes);
   else if (dst->device == DEVICE_CUDA) cuda_memcpy_h2d(dst->data, src->data, bytes);
   else cuda_memcpy_d2h(dst->data, src->data, bytes);
+#endif
+}
+
+void tensor_copy_from_host_(Tensor *dst, const float *host) {
+  DETR_CHECK(!dst->bf16, "tensor_copy_from_host_: the destination is kept in bf16 (tensor_keep_bf16)");
+  size_t bytes = (size_t)dst->numel * sizeof(float);
+  if (bytes == 0) return;
+  if (dst->device == DEVICE_CPU) {
+    memcpy(dst->data, host, bytes);
+    return;
+  }
+#if DETR_HAVE_CUDA
+  cuda_memcpy_h2d(dst->data, host, bytes);
 #endif
 }
 

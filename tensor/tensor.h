@@ -80,9 +80,25 @@ size_t tensor_scope_size(void);
 // backward is held by its nodes, so only tensors nothing refers to any more are freed.
 void tensor_scope_keep(ScopeMark mark, Tensor *const *keep, int n);
 
+// --- a stack of layers, each one's temporaries freed after it: the lifetimes of model code ---
+// A layer's step sets `carry` to every tensor that must outlive it: its output (the next layer's
+// input) and the outputs the caller collects (each layer's, so far). NULL entries are allowed.
+#define TENSOR_CARRY_MAX 64
+typedef struct {
+  Tensor *t[TENSOR_CARRY_MAX];
+  int n;
+} TensorCarry;
+typedef void (*TensorLayerStep)(void *state, int layer, TensorCarry *carry);
+// Runs step(state, i, carry) for i in [0, n). After each step every tensor made since the call
+// began is released but those in carry; what the tape saved for backward lives on with the tape.
+// So a stack holds one layer's temporaries at a time, and the carry's tensors end in the caller's
+// scope. Model code (nn/) leaves every lifetime to this and to the scope of its caller.
+void tensor_run_layers(int n, TensorLayerStep step, void *state, TensorCarry *carry);
+
 // --- data movement and filling ---
-void tensor_copy_(Tensor *dst, const Tensor *src);  // same numel, any devices
-void tensor_to_host(const Tensor *t, float *host);  // t->numel floats
+void tensor_copy_(Tensor *dst, const Tensor *src);            // same numel, any devices
+void tensor_copy_from_host_(Tensor *dst, const float *host);  // dst->numel floats
+void tensor_to_host(const Tensor *t, float *host);            // t->numel floats
 void tensor_fill_(Tensor *t, float value);
 
 // Device-wide math setting: TF32 tensor-core math for matmuls (cuBLAS) and convolutions (cuDNN)

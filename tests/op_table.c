@@ -99,7 +99,6 @@ const OpEntry OP_TABLE[] = {
     SUITE("enact_cluster", true),
     SUITE("enact_smooth", true),
     SUITE("enact_attention", false),
-    SUITE("enact_layer", false),
     SUITE("encoder_attn.dense", false),
     SUITE("encoder_attn.enact", false),
     SUITE("encoder_attn.efficient", false),

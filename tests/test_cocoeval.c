@@ -472,9 +472,9 @@ END_TEST
 static const struct {
   const char *json, *message;
 } BAD_GT[] = {
-    {"{'images': [{'id': 1}], 'annotations': [], 'categories': [", "malformed JSON near byte"},  // truncated
+    {"{'images': [{'id': 1}], 'annotations': [], 'categories': [", "truncated JSON: the file ends inside a value"},
     {"{'images': [{'id': 1}], 'annotations': [}", "malformed JSON"},
-    {"", "malformed JSON near byte 0"},
+    {"", "empty file (expected a COCO instances file)"},
     {"[]", "expected an object with images, annotations and categories, found an array"},
     {"{'images': [{'id': 1}], 'categories': []}", "no 'annotations' array"},
     {"{'images': {}, 'annotations': [], 'categories': []}", "'images' must be an array, found an object"},
@@ -525,8 +525,8 @@ START_TEST(bad_results) {
                      "detection 0: 'score' must be a number, found a string");
   ck_assert_contains(results_error("{'image_id': 1}"), "res.json: expected an array of detections, found an object");
   ck_assert_contains(results_error("[{'image_id': 1, 'category_id': 1, 'bbox': [0, 0, 1, 1], 'score': 0.5}"),
-                     "res.json: malformed JSON");
-  ck_assert_contains(results_error("[] []"), "res.json: malformed JSON near byte 4: parse error: trailing garbage");
+                     "res.json: truncated JSON");
+  ck_assert_contains(results_error("[] []"), "res.json: malformed JSON at byte 4: trailing garbage, near \"[] []\"");
   char err[1024];
   CocoEvalDet *dets;
   int64_t n;

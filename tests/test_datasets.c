@@ -339,6 +339,13 @@ START_TEST(missing_and_corrupt_images_at_open) {
              "{\"images\": [{\"id\": 4, \"file_name\": \"small.png\", \"width\": 12, \"height\": 10}],"
              " \"categories\": []}");
   open_fails(at("ann2.json"), at("img"), BAD_INPUT_FAIL, true, "image is 6x10 but the annotation file says 12x10");
+  // Width and height swapped (an EXIF-rotated photo, annotated upright): the message says so.
+  write_text(at("ann3.json"),
+             "{\"images\": [{\"id\": 4, \"file_name\": \"small.png\", \"width\": 10, \"height\": 6}],"
+             " \"categories\": []}");
+  open_fails(at("ann3.json"), at("img"), BAD_INPUT_FAIL, true,
+             "image is 6x10 but the annotation file says 10x6: width and height are swapped, as when the file's EXIF "
+             "orientation tag rotates it");
 }
 END_TEST
 
@@ -348,7 +355,6 @@ START_TEST(decode_progressive_grey_png) {
   DataError err;
   Image img;
   // Progressive JPEG, in memory and from a file.
-  ck_assert(jpeg_is_complete(progressive_jpeg_16x16, sizeof progressive_jpeg_16x16));
   ck_assert_int_eq(image_decode_memory(progressive_jpeg_16x16, sizeof progressive_jpeg_16x16, "p.jpg", &img, &err),
                    DATA_OK);
   ck_assert_int_eq(img.w, 16);
@@ -361,7 +367,6 @@ START_TEST(decode_progressive_grey_png) {
   image_free(&img);
   // The same bytes cut short: a truncated JPEG, rejected with the file's name.
   write_file(at("cut.jpg"), progressive_jpeg_16x16, sizeof progressive_jpeg_16x16 - 40);
-  ck_assert(!jpeg_is_complete(progressive_jpeg_16x16, sizeof progressive_jpeg_16x16 - 40));
   ck_assert_int_eq(image_decode_file(at("cut.jpg"), &img, &err), DATA_ERROR);
   ck_assert_ptr_nonnull(strstr(err.msg, "cut.jpg: truncated or corrupt JPEG"));
   ck_assert_ptr_null(img.data);
@@ -833,21 +838,12 @@ START_TEST(batch_padding_mask_normalization) {
         }
       }
   }
-  // Tensors from the batch.
-  Tensor *images = batch_images_tensor(b, DEVICE_CPU), *mask = batch_mask_tensor(b, DEVICE_CPU);
-  Tensor *boxes = batch_boxes_tensor(b, 0, DEVICE_CPU), *none = batch_boxes_tensor(b, 1, DEVICE_CPU);
+  // The images as a tensor.
+  Tensor *images = batch_images_tensor(b, DEVICE_CPU);
   char s[64];
   ck_assert_str_eq(shape_str(images->shape, s, sizeof s), "[2, 3, 14, 20]");
-  ck_assert_str_eq(shape_str(mask->shape, s, sizeof s), "[2, 14, 20]");
-  ck_assert_str_eq(shape_str(boxes->shape, s, sizeof s), "[1, 4]");
-  ck_assert_str_eq(shape_str(none->shape, s, sizeof s), "[0, 4]");
   ck_assert_mem_eq(images->data, b->images, sizeof(float) * 2 * 3 * 14 * 20);
-  for (int i = 0; i < 2 * 14 * 20; i++) ck_assert_float_eq(mask->data[i], (float)b->mask[i]);
-  ck_assert_float_eq(boxes->data[2], 0.4f);
   tensor_release(images);
-  tensor_release(mask);
-  tensor_release(boxes);
-  tensor_release(none);
   // One pass: the end, and it stays the end.
   ck_assert_int_eq(loader_next(L, &b, &err), LOADER_END);
   ck_assert_int_eq(loader_next(L, &b, &err), LOADER_END);
@@ -1041,11 +1037,7 @@ START_TEST(loader_resumes_at_saved_position) {
   DataError err;
   ck_assert_int_eq(loader_create(ds, &cfg, (LoaderPosition){0, 0}, &L, &err), DATA_OK);
   const Batch *b;
-  LoaderPosition pos = loader_position(L);
-  ck_assert(pos.epoch == 0 && pos.batch == 0);
-  for (int i = 0; i < 3; i++) ck_assert_int_eq(loader_next(L, &b, &err), DATA_OK);
-  pos = loader_position(L);  // after the last batch of epoch 0
-  ck_assert(pos.epoch == 1 && pos.batch == 0);
+  for (int i = 0; i < 3; i++) ck_assert_int_eq(loader_next(L, &b, &err), DATA_OK);  // all of epoch 0
   ck_assert_int_eq(loader_seek(L, (LoaderPosition){0, 0}, &err), DATA_OK);
   ck_assert_int_eq(loader_next(L, &b, &err), DATA_OK);
   assert_same_batch(b, &full.b[0]);
@@ -1122,7 +1114,7 @@ START_TEST(loader_unreadable_images_policy) {
   ck_assert_int_eq(loader_next(L, &b, &err), DATA_OK);
   ck_assert(b->size == 1 && b->targets[0].image_id == 5 && b->index == 2);
   ck_assert_int_eq(loader_next(L, &b, &err), LOADER_END);
-  ck_assert_int_eq(loader_skipped_images(L), 3);
+  ck_assert_int_eq(loader_stats(L).skipped_images, 3);
   loader_free(L);
   coco_free(ds);
 }
@@ -1332,7 +1324,6 @@ START_TEST(policy_names) {
   ck_assert_int_eq(bad_input_policy_parse("fail", &p), 0);
   ck_assert_int_eq(p, BAD_INPUT_FAIL);
   ck_assert_int_eq(bad_input_policy_parse("ignore", &p), -1);
-  ck_assert_str_eq(bad_input_policy_name(BAD_INPUT_SKIP), "skip");
 }
 END_TEST
 

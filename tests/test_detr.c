@@ -278,6 +278,26 @@ START_TEST(position_sine_copies_equal_features) {
 }
 END_TEST
 
+// A preset's run defaults are its own; another backbone takes those of the preset whose model is
+// nearest (a ResNet-34 on detr-r50's transformer: the paper's schedule, not detr-r18-small's).
+static const char *run_preset(const char *preset, int depth) {
+  DetrConfig cfg;
+  ck_assert_int_eq(detr_config_preset(preset, &cfg), 0);
+  if (depth) cfg.backbone_depth = depth;
+  return detr_run_defaults(&cfg)->preset;
+}
+
+START_TEST(run_defaults_follow_the_model) {
+  for (int i = 0; DETR_PRESETS[i]; i++) ck_assert_str_eq(run_preset(DETR_PRESETS[i], 0), DETR_PRESETS[i]);
+  ck_assert_str_eq(run_preset("detr-r50", 34), "detr-r50");
+  ck_assert_str_eq(run_preset("detr-r50", 101), "detr-r50");
+  ck_assert_str_eq(run_preset("conditional-detr-r50", 34), "conditional-detr-r50");
+  ck_assert_str_eq(run_preset("anchor-detr-r50", 34), "anchor-detr-r50");
+  ck_assert_str_eq(run_preset("detr-r18-small", 34), "detr-r18-small");
+  ck_assert_str_eq(run_preset("conditional-detr-r18-small", 50), "conditional-detr-r18-small");
+}
+END_TEST
+
 START_TEST(config_overrides) {
   DetrConfig cfg;
   char err[128], text[1024];
@@ -348,6 +368,7 @@ int main(void) {
   tcase_add_test(tc, anchor_r50_names);
   tcase_add_test(tc, anchor_backbone_from_detr_names);
   tcase_add_test(tc, config_overrides);
+  tcase_add_test(tc, run_defaults_follow_the_model);
   tcase_add_test(tc, position_sine_copies_equal_features);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

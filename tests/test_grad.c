@@ -1531,7 +1531,6 @@ static int grad_suites(GradSuite *out) {
       {"enact_cluster", grad_enact_cluster},
       {"enact_smooth", grad_enact_smooth},
       {"enact_attention", grad_enact_attention},
-      {"enact_layer", grad_enact_layer},
       {"encoder_attn.dense", grad_attn_dense},
       {"encoder_attn.enact", grad_enact_layer},
       {"encoder_attn.efficient", grad_attn_efficient},

@@ -318,6 +318,28 @@ START_TEST(bad_image_mid_run_keeps_the_finished_steps) {
 }
 END_TEST
 
+// The resume command a stopped run prints can be pasted as it is: the data and run directories here
+// hold a space and a quote, and the printed command, run by the shell, resumes the run.
+START_TEST(printed_resume_command_can_be_pasted) {
+  setup_data();
+  ck_assert_int_eq(sh("cp -r %s/data \"%s/my data\" && mkdir -p \"%s/it's here\" && (head -c 20000 "
+                      "%s/data/train/000000000011.jpg > \"%s/my data/train/000000000011.jpg\")",
+                      test_root, test_root, test_root, test_root, test_root),
+                   0);
+  clear_log();
+  ck_assert_int_eq(sh("%s train --data \"%s/my data\" --out \"%s/it's here/run\" --max-steps 8 %s", DETR_BIN, test_root,
+                      test_root, TINY),
+                   1);
+  ASSERT_LOG("replace the file with a readable one and resume with: detr train .* --resume auto$");
+  ck_assert_int_eq(sh("cp %s/data/train/000000000011.jpg \"%s/my data/train/\"", test_root, test_root), 0);
+  ck_assert_int_eq(sh("(cmd=$(grep -o 'resume with: detr train .*' %s | head -1 | sed 's/^resume with: detr //') && "
+                      "eval \"%s $cmd\")",
+                      log_path, DETR_BIN),
+                   0);
+  ck_assert_int_eq(sh("test -s \"%s/it's here/run/ckpt-8.safetensors\"", test_root), 0);
+}
+END_TEST
+
 // A resumed run continues its run's settings, recorded typed in its checkpoints: a larger --epochs
 // keeps the learning rate and its drop where the run had them (StepLR every 2 epochs of the 3, at
 // --lr 5e-4), and a flag that differs from the run's is applied and said.
@@ -645,6 +667,7 @@ int main(void) {
   tcase_add_test(faults, second_process_is_refused_while_the_run_lives);
   tcase_add_test(faults, bad_image_mid_run_keeps_the_finished_steps);
   tcase_add_test(faults, resume_continues_the_runs_schedule);
+  tcase_add_test(faults, printed_resume_command_can_be_pasted);
   suite_add_tcase(s, dir);
   suite_add_tcase(s, faults);
   return sh_run_suite(s);

@@ -31,7 +31,10 @@ for lib in "$build/libdetr.a" "$build/libdetr_train.a"; do
     }'
 done | sort -u >"$found"
 
-{ grep -v '^\s*#' "$allowed" || true; } | { grep -v '^\s*$' || true; } | awk '{print $1, $2}' | sort -u >"$listed"
+# A build without CUDA has no .cu objects, nor the variables a C object keeps only for CUDA (marked cuda).
+cuda=$(grep -q '\.cu$' "$objects" && echo 1 || echo 0)
+{ grep -v '^\s*#' "$allowed" || true; } | { grep -v '^\s*$' || true; } |
+  awk -v cuda="$cuda" '$3 != "cuda" || cuda { print $1, $2 }' | sort -u >"$listed"
 # A build without CUDA (or oneDNN) has no such objects: their entries are not judged.
 awk 'NR == FNR { built[$1] = 1; next } built[$1]' "$objects" "$listed" >"$listed.built"
 mv "$listed.built" "$listed"

@@ -25,7 +25,7 @@ int cmd_cocoeval(int argc, char **argv, const Dist *job) {
     fprintf(stderr, "detr cocoeval: --ann and --results are required (see detr cocoeval --help)\n");
     return 2;
   }
-  char err[1024];
+  char err[4400];
   CocoEvalGt gt;
   if (coco_eval_read_gt(ann_path, &gt, err, sizeof err)) {
     fprintf(stderr, "detr cocoeval: %s\n", err);

@@ -52,7 +52,7 @@ static int open_eval_data(const Dist *g, const char *data, const char *split, Ba
 // attention statistics and the 12 numbers, and writes them to json if asked. 0, or 1 with a message.
 static int evaluate_and_report(const DetrModel *m, const CocoDataset *ds, const EvalConfig *ec, long long batch,
                                long long pad_multiple, const char *json) {
-  char err[4096];
+  char err[4608];
   EvalReport rep;
   int rc = evaluate_model(m, ds, ec, &rep, err, sizeof err);
   if (rc == 0 && dist_is_main(&ec->dist)) {  // under mpirun the processes split the images; rank 0 reports
@@ -168,7 +168,7 @@ int cmd_eval(int argc, char **argv, const Dist *job) {
   int n_pos = 0,
       rc = cli_parse("eval", USAGE, argc, argv, 2, flags, (int)(sizeof flags / sizeof flags[0]), NULL, 0, &n_pos);
   if (rc) return rc == 1 ? 0 : 2;
-  char err[4096];
+  char err[4608];
   BadInputPolicy policy;
   Device dev;
   if (!a.data || bad_input_policy_parse(a.bad_input, &policy)) {
@@ -179,13 +179,14 @@ int cmd_eval(int argc, char **argv, const Dist *job) {
   if (setup_check_split_layout(a.data, a.split, "--split", err, sizeof err) ||
       setup_device(job, a.device, &dev, err, sizeof err) ||
       setup_precision(a.precision, true, dev, &a.sets, err, sizeof err) ||
+      setup_enact(a.enact, &a.sets, err, sizeof err) ||
       check_outputs(a.data, a.split, a.checkpoint, a.weights, a.config, a.results, a.json, err, sizeof err)) {
     fprintf(stderr, "detr eval: %s\n", err);
     return 2;
   }
   DetrModel *m;
   CheckpointInfo ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
-  if (setup_load_model(a.checkpoint, a.weights, a.config, &a.sets, a.enact, dev, &m, &ci, err, sizeof err)) {
+  if (setup_load_model(a.checkpoint, a.weights, a.config, &a.sets, dev, &m, &ci, err, sizeof err)) {
     fprintf(stderr, "detr eval: %s\n", err);
     return 1;
   }

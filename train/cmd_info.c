@@ -119,7 +119,7 @@ static int describe_checkpoint(const char *path, StFile *f, bool all) {
   snprintf(stored, sizeof stored, "%s", META("crc32"));
 #undef META
   st_close(f);  // the check below reads the file again: one copy in memory at a time
-  char err[4096], *model_config = NULL, *train_config = NULL;
+  char err[4608], *model_config = NULL, *train_config = NULL;
   int rc = checkpoint_read_configs(path, &model_config, &train_config, err, sizeof err);
   free(model_config);
   free(train_config);
@@ -159,7 +159,7 @@ int cmd_info(int argc, char **argv, const Dist *job) {
     return 2;
   }
   const char *path = pos[0];
-  char err[4096];
+  char err[4608];
   StFile *f = st_open(path, err, sizeof err);
   if (!f) {
     fprintf(stderr, "detr info: %s\n", err);

@@ -12,13 +12,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/json_text.h"
 #include "datasets/image.h"
 #include "include/detr.h"
 #include "train/commands.h"
 #include "train/cpu_share.h"
 #include "train/draw.h"
-#include "train/progress.h"
 #include "train/out_file.h"
 #include "train/setup.h"
 
@@ -419,18 +419,18 @@ static int parse_args(int argc, char **argv, PredictArgs *a) {
 // The model through the C API. Usage-level problems (config, device) return 2; unreadable or
 // wrong files 1.
 static int open_model(const Dist *job, const PredictArgs *a, detr_model **model) {
-  char err[4096];
+  char err[4608];
   Device dev;
-  CliList sets = a->sets;                                     // with --precision's keys
+  CliList sets = a->sets;                                     // with --precision's keys and --enact's
   if (setup_device(job, a->device, &dev, err, sizeof err) ||  // binds this rank's GPU under mpirun
-      setup_precision(a->precision, true, dev, &sets, err, sizeof err)) {
+      setup_precision(a->precision, true, dev, &sets, err, sizeof err) ||
+      setup_enact(a->enact, &sets, err, sizeof err)) {
     fprintf(stderr, "detr predict: %s\n", err);
     return 2;
   }
-  const char *all_sets[CLI_MAX_LIST + 2];
+  const char *all_sets[CLI_MAX_LIST + 1];
   int n_sets = 0;
   for (int i = 0; i < sets.count; i++) all_sets[n_sets++] = sets.items[i];
-  if (a->enact) all_sets[n_sets++] = "encoder_attn=enact";  // the --enact shortcut, last
   all_sets[n_sets] = NULL;
   detr_options opt = detr_options_default();
   opt.device = dev == DEVICE_CUDA ? DETR_DEVICE_CUDA : DETR_DEVICE_CPU;
@@ -608,7 +608,7 @@ int cmd_predict(int argc, char **argv, const Dist *job) {
     cpu_share_init(&cpu, a.threads);
     p.dir_json = data_path_join(a.out_dir, "predictions.json");
     p.json = a.json_path ? a.json_path : p.dir_json;
-    char err[4096];
+    char err[4608];
     rc = check_outputs(&p, err, sizeof err);  // before the model: a usage error
     if (rc) {
       fprintf(stderr, "detr predict: %s\n", err);

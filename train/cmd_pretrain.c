@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "autograd/ops.h"
+#include "core/clock.h"
 #include "datasets/crops.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "nn/model_io.h"
@@ -18,7 +19,6 @@
 #include "train/commands.h"
 #include "train/cpu_share.h"
 #include "train/optim.h"
-#include "train/progress.h"
 #include "train/out_file.h"
 #include "train/setup.h"
 
@@ -52,7 +52,7 @@ static double accuracy(const Classifier *m, const CropSet *c, int crop, int batc
     for (int i = 0; i < n; i++) index[i] = start + i;
     crops_batch(c, index, n, crop, false, NULL, host);
     ScopeMark mark = tensor_scope_mark();
-    Tensor *x = tensor_scoped(tensor_from_host(dev, SHAPE(n, 3, crop, crop), host));
+    Tensor *x = op_constant(dev, SHAPE(n, 3, crop, crop), host);
     Tensor *y = classify(m, x);
     tensor_to_host(y, logits);
     for (int i = 0; i < n; i++) {
@@ -153,7 +153,7 @@ static int pretrain_epoch(Pretrainer *p, int epoch, Rng *rng, double *loss_mean)
     crops_batch(&p->train, order + start, p->B, o->crop, true, rng, p->host);
     for (int i = 0; i < p->B; i++) p->labels[i] = p->train.labels[order[start + i]];
     ScopeMark mark = tensor_scope_mark();
-    Tensor *x = tensor_scoped(tensor_from_host(p->dev, SHAPE(p->B, 3, o->crop, o->crop), p->host));
+    Tensor *x = op_constant(p->dev, SHAPE(p->B, 3, o->crop, o->crop), p->host);
     Tensor *loss = op_cross_entropy(classify(&p->m, x), p->labels, NULL);
     float l = tensor_item(loss);
     if (!isfinite(l)) {
@@ -265,7 +265,7 @@ int cmd_pretrain(int argc, char **argv, const Dist *job) {
     return 2;
   }
   Pretrainer p = {.o = &o};
-  char err[1024];
+  char err[4400];
   char ann[4200], img[4200];
   setup_split_paths(o.data, o.train_split, ann, sizeof ann, img, sizeof img);
   const char *inputs[] = {ann};

@@ -146,7 +146,7 @@ int cmd_step(int argc, char **argv, const Dist *job) {
     fprintf(stderr, "detr step: --config, --batch and --out are required (see detr step --help)\n");
     return 2;
   }
-  char err[4096];
+  char err[4608];
   DetrConfig cfg;
   Device dev;
   if (setup_model_config(config, &sets, &cfg, err, sizeof err) || setup_device(job, device, &dev, err, sizeof err))

@@ -28,11 +28,36 @@ static bool has_flag(int argc, char **argv, const char *flag) {
   return false;
 }
 
-// Appends " word" (no space first) when it fits whole: a value cut off would read as another one.
+// word as the shell reads it back: as it is when every character is one the shell takes literally,
+// else in single quotes (a ' inside as '\''), so that the resume command printed from the stored
+// command line can be pasted whatever the paths hold (spaces, $, quotes). NULL when it does not fit.
+static const char *shell_word(const char *word, char *out, size_t cap) {
+  if (*word && strspn(word, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+=:,./-") == strlen(word))
+    return word;
+  size_t n = 0;
+  out[n++] = '\'';
+  for (const char *c = word; *c; c++) {
+    const char *piece = *c == '\'' ? "'\\''" : NULL;
+    size_t len = piece ? 4 : 1;
+    if (n + len + 2 > cap) return NULL;
+    if (piece) memcpy(out + n, piece, len);
+    else out[n] = *c;
+    n += len;
+  }
+  out[n++] = '\'';
+  out[n] = 0;
+  return out;
+}
+
+// Appends " word" (no space first), quoted for the shell, when it fits whole: a value cut off
+// would read as another one.
 static bool append_word(char *text, size_t cap, size_t *n, const char *word) {
-  size_t len = strlen(word) + (*n ? 1 : 0);
+  char quoted[4200];
+  const char *w = shell_word(word, quoted, sizeof quoted);
+  if (!w) return false;
+  size_t len = strlen(w) + (*n ? 1 : 0);
   if (*n + len >= cap) return false;
-  *n += (size_t)snprintf(text + *n, cap - *n, "%s%s", *n ? " " : "", word);
+  *n += (size_t)snprintf(text + *n, cap - *n, "%s%s", *n ? " " : "", w);
   return true;
 }
 
@@ -52,9 +77,12 @@ static void store_command_line(TrainOptions *o, int argc, char **argv, int image
                   {"--image-size", image_size},
                   {"--max-size", max_size}};
   for (size_t k = 0; k < sizeof ran_with / sizeof ran_with[0]; k++) {
-    char pair[48];
-    snprintf(pair, sizeof pair, "%s %d", ran_with[k].flag, ran_with[k].value);
-    if (!has_flag(argc, argv, ran_with[k].flag)) append_word(text, cap, &n, pair);
+    char value[24];
+    snprintf(value, sizeof value, "%d", ran_with[k].value);
+    if (!has_flag(argc, argv, ran_with[k].flag) && n + strlen(ran_with[k].flag) + strlen(value) + 2 < cap) {
+      append_word(text, cap, &n, ran_with[k].flag);
+      append_word(text, cap, &n, value);
+    }
   }
   for (int i = 2; i < argc && append_word(text, cap, &n, argv[i]); i++) {}
 }
@@ -143,15 +171,14 @@ static size_t config_differences(const DetrConfig *here, const DetrConfig *check
 
 // The model: the checkpoint's (resumed, or fine-tuned without --config) with --set/--enact over
 // it, else --config's (the default preset without one) with them.
-static int model_config(TrainOptions *o, const char *config, const CliList *sets, bool enact, const CheckpointInfo *ci,
-                        char *err, size_t err_cap) {
+static int model_config(TrainOptions *o, const char *config, const CliList *sets, const CheckpointInfo *ci, char *err,
+                        size_t err_cap) {
   if (ci && !config) {
     o->model = ci->cfg;
     if (setup_apply_sets(&o->model, sets, err, err_cap)) return -1;
   } else if (setup_model_config(config ? config : SETUP_DEFAULT_PRESET, sets, &o->model, err, err_cap)) {
     return -1;
   }
-  setup_enact_shortcut(&o->model, enact);
   if (o->optim.lr_backbone == 0) o->model.train_backbone = false;  // as the reference: lr_backbone 0 freezes it
   if (o->resume) {  // a resumed run is its checkpoint's model: --config/--set may only restate it
     // ... and goes on in its precision unless --precision or --set says otherwise.
@@ -179,14 +206,15 @@ static int resolve(const Dist *job, TrainOptions *o, const char *config, const C
                    const char *device, const char *precision, const char *bad_input, int *image_size_io,
                    int *max_size_io, bool augment, const CheckpointInfo *ci) {
   int image_size = *image_size_io, max_size = *max_size_io;
-  char err[4096];
-  CliList all_sets = *sets;  // with --precision's keys last
+  char err[4608];
+  CliList all_sets = *sets;  // with --precision's keys, then --enact's, last
   if (setup_device(job, device, &o->device, err, sizeof err) ||
-      setup_precision(precision, false, o->device, &all_sets, err, sizeof err)) {
+      setup_precision(precision, false, o->device, &all_sets, err, sizeof err) ||
+      setup_enact(enact, &all_sets, err, sizeof err)) {
     fprintf(stderr, "detr train: %s\n", err);
     return 2;
   }
-  if (model_config(o, config, &all_sets, enact, ci, err, sizeof err)) {
+  if (model_config(o, config, &all_sets, ci, err, sizeof err)) {
     fprintf(stderr, "detr train: %s\n", err);
     return o->resume ? 1 : 2;
   }

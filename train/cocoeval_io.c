@@ -10,12 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <yajl/yajl_parse.h>
-#include <zlib.h>
 
-#include <sys/stat.h>
-
-#include "api/model_file.h"  // file_check_readable
-#include "datasets/coco.h"   // the limits on instances files (COCO_MAX_*), applied here too
+#include "datasets/coco.h"  // the limits on instances files (COCO_MAX_*), applied here too
+#include "datasets/json_stream.h"
 #include "core/error.h"
 #include "kernels/common.h"  // DETR_MAX_JSON_DEPTH
 #include "train/cocoeval.h"
@@ -269,7 +266,7 @@ static int value(Reader *r, ValueKind k, const char *s, size_t len, bool b) {
       return fail(r, false,
                   "more than %lld items, the limit for a file of this size (%d per byte on disk, at least %d; a gzip "
                   "bomb?)",
-                  (long long)r->max_items, COCO_MAX_ITEMS_PER_BYTE, COCO_MIN_ITEM_BUDGET);
+                  (long long)r->max_items, JSON_MAX_ITEMS_PER_BYTE, JSON_MIN_ITEM_BUDGET);
     r->count[r->section]++;
     r->seen = 0;
     r->ignore_true = false;
@@ -336,70 +333,14 @@ static int cb_end(void *ctx) {  // end of a map or an array: YAJL has checked th
 static int parse_file(Reader *r) {
   static const yajl_callbacks callbacks = {cb_null,      cb_boolean, NULL,   NULL,           cb_number, cb_string,
                                            cb_start_map, cb_key,     cb_end, cb_start_array, cb_end};
-  if (file_check_readable(r->path, r->err, r->err_cap)) return -1;  // a named pipe would block
-  errno = 0;
-  gzFile f = coco_json_open(r->path, 0);  // reads plain files as they are
-  if (!f) {
-    snprintf(r->err, r->err_cap, "%s: cannot open: %s", r->path, errno ? strerror(errno) : "out of memory");
-    return -1;
-  }
-  struct stat sb;
-  int64_t file_bytes = stat(r->path, &sb) == 0 && sb.st_size > 0 ? (int64_t)sb.st_size : 0;
-  r->max_items = file_bytes * COCO_MAX_ITEMS_PER_BYTE > COCO_MIN_ITEM_BUDGET ? file_bytes * COCO_MAX_ITEMS_PER_BYTE
-                                                                             : COCO_MIN_ITEM_BUDGET;
-  int64_t max_json =
-      file_bytes * COCO_MAX_GZIP_RATIO > COCO_MIN_GZIP_BUDGET ? file_bytes * COCO_MAX_GZIP_RATIO : COCO_MIN_GZIP_BUDGET;
-  yajl_handle h = yajl_alloc(&callbacks, NULL, r);
-  DETR_CHECK(h, "cocoeval: out of host memory (JSON parser)");
-#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
-  enum { CHUNK = 509 };  // inputs of a few kilobytes cross chunk boundaries, as real files do
-#else
-  enum { CHUNK = 1 << 16 };
-#endif
-  unsigned char *buf = detr_malloc(CHUNK, "cocoeval read buffer");
-  long long offset = 0;  // bytes handed to the parser before the current chunk
-  yajl_status st = yajl_status_ok;
-  bool read_error = false;
-  for (;;) {
-    int n = gzread(f, buf, CHUNK);
-    if (n < 0) {
-      int code;
-      const char *msg = gzerror(f, &code);
-      snprintf(r->err, r->err_cap, "%s: read error: %s", r->path, code == Z_ERRNO ? strerror(errno) : msg);
-      read_error = true;
-      break;
-    }
-    if (n == 0) {
-      st = yajl_complete_parse(h);
-      break;
-    }
-    if (!gzdirect(f) && offset + n > max_json) {
-      snprintf(r->err, r->err_cap,
-               "%s: decompresses to more than %lld bytes, the limit for a %lld-byte .gz file (%dx, at least %lld; a "
-               "gzip bomb?)",
-               r->path, (long long)max_json, (long long)file_bytes, COCO_MAX_GZIP_RATIO,
-               (long long)COCO_MIN_GZIP_BUDGET);
-      read_error = true;
-      break;
-    }
-    st = yajl_parse(h, buf, (size_t)n);
-    if (st != yajl_status_ok) {
-      offset += (long long)yajl_get_bytes_consumed(h);
-      break;
-    }
-    offset += n;
-  }
-  if (!read_error && st != yajl_status_ok && !r->failed) {
-    unsigned char *msg = yajl_get_error(h, 0, NULL, 0);
-    size_t len = strlen((const char *)msg);
-    while (len && (msg[len - 1] == '\n' || msg[len - 1] == ' ')) msg[--len] = 0;
-    snprintf(r->err, r->err_cap, "%s: malformed JSON near byte %lld: %s", r->path, offset, (const char *)msg);
-    yajl_free_error(h, msg);
-  }
-  free(buf);
-  yajl_free(h);
-  gzclose(f);
-  return read_error || st != yajl_status_ok || r->failed ? -1 : 0;
+  r->max_items = json_item_budget(r->path);
+  JsonReader jr = {.path = r->path,
+                   .callbacks = &callbacks,
+                   .ctx = r,
+                   .expect = r->results ? "a JSON array of detections" : "a COCO instances file",
+                   .check_utf8 = true};
+  // The file's own failures are worded by json_read_file; an item's by the callbacks (r->err).
+  return json_read_file(&jr, NULL, r->err, r->err_cap) || r->failed ? -1 : 0;
 }
 
 typedef struct {

@@ -9,7 +9,8 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "train/progress.h"  // now_s
+#include "core/clock.h"
+#include "core/error.h"
 
 #define CPU_SHARE_INTERVAL_S 2.0
 

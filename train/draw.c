@@ -19,12 +19,6 @@
 // Coordinates are widened to 64 bits before any arithmetic: callers may pass INT_MIN/INT_MAX.
 static inline int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
 
-void draw_pixel(Image *img, int x, int y, Rgb c) {
-  if (!img->data || x < 0 || y < 0 || x >= img->w || y >= img->h) return;
-  uint8_t *p = img->data + ((size_t)y * (size_t)img->w + (size_t)x) * 3;
-  p[0] = c.r, p[1] = c.g, p[2] = c.b;
-}
-
 // Blends c over the inclusive rectangle [x0, x1] x [y0, y1] (ordered), clipped to the image.
 // alpha >= 1 copies c; otherwise out = alpha * c + (1 - alpha) * old, rounded to nearest.
 static void fill(Image *img, int64_t x0, int64_t y0, int64_t x1, int64_t y1, Rgb c, float alpha) {

@@ -21,8 +21,6 @@ typedef struct {
 #define DRAW_CELL_W 6
 #define DRAW_CELL_H 10
 
-// Pixel (x, y) set to c; ignored outside the image.
-void draw_pixel(Image *img, int x, int y, Rgb c);
 // A straight line from (x0, y0) to (x1, y1), both ends included, `thickness` pixels wide (a
 // square brush centred on the line).
 void draw_line(Image *img, int x0, int y0, int x1, int y1, Rgb c, int thickness);

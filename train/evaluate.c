@@ -7,9 +7,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "train/dist.h"
+#include "core/clock.h"
 #include "nn/postprocess.h"
-#include "train/progress.h"
+#include "train/dist.h"
 
 int write_coco_results(const char *path, const CocoEvalDet *dets, int64_t n, char *err, size_t err_cap) {
   char tmp[4096];

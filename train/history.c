@@ -66,14 +66,10 @@ void history_free(TrainHistory *h) {
   h->n = h->cap = 0;
 }
 
-int history_chart_render(const TrainHistory *h, const char *title, Image *out, char *err, size_t err_cap) {
+void history_chart_render(const TrainHistory *h, const char *title, Image *out) {
   *out = (Image){0};
   int n = h->n;
-  double *mean = malloc(sizeof(double) * (size_t)(n ? n : 1));  // [n]
-  if (!mean) {
-    snprintf(err, err_cap, "out of memory for a chart of %d steps", n);
-    return -1;
-  }
+  double *mean = detr_malloc(sizeof(double) * (size_t)n, "chart running mean");  // [n]
   double run = 0;
   for (int i = 0; i < n; i++) {  // running mean over the last 50 steps
     run += h->loss[i] - (i >= 50 ? h->loss[i - 50] : 0.0);
@@ -92,5 +88,4 @@ int history_chart_render(const TrainHistory *h, const char *title, Image *out, c
       (ChartSeries){.name = "AP50", .x = h->epoch, .y = h->ap50, .n = h->n_evals, .colour = {40, 160, 60}};
   chart_render(&spec, out);
   free(mean);
-  return 0;
 }

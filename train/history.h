@@ -25,5 +25,5 @@ void history_add_eval(TrainHistory *h, double epoch, double ap, double ap50);  /
 void history_load(TrainHistory *h, const char *metrics_path);
 void history_free(TrainHistory *h);
 // The chart: the loss and its 50-step running mean by step, AP and AP50 by epoch, into *out
-// (free it with image_free). Returns 0, or -1 with err set (out of memory).
-int history_chart_render(const TrainHistory *h, const char *title, Image *out, char *err, size_t err_cap);
+// (free it with image_free).
+void history_chart_render(const TrainHistory *h, const char *title, Image *out);

@@ -1,15 +1,9 @@
-#define _POSIX_C_SOURCE 200809L  // clock_gettime under -std=c11
 #include "train/progress.h"
 
 #include <stdio.h>
-#include <time.h>
 #include <unistd.h>
 
-double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "core/clock.h"
 
 void progress_init(Progress *p, bool enabled, int64_t first_step, int64_t total_steps) {
   *p = (Progress){.enabled = enabled,

@@ -18,9 +18,6 @@ typedef struct {
   bool line_open;
 } Progress;
 
-// Seconds on the monotonic clock (for durations and rates).
-double now_s(void);
-
 void progress_init(Progress *p, bool enabled, int64_t first_step, int64_t total_steps);
 void progress_update(Progress *p, int64_t step, int64_t epoch, int64_t epochs, int images, double step_seconds,
                      const double terms[4], const AttnStatSums *attn);  // total, ce, bbox, giou

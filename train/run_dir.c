@@ -208,7 +208,7 @@ static long dead_temp_pid(const char *name) {
   return 0;
 }
 
-int run_dir_remove_dead_temps(const char *dir) {
+int run_dir_remove_dead_temps(const char *dir, bool locked) {
   DIR *d = opendir(dir);
   if (!d) return 0;
   int removed = 0;
@@ -220,8 +220,9 @@ int run_dir_remove_dead_temps(const char *dir) {
     char path[4200];
     struct stat st;
     snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-    // Untouched for a minute as well: a writer on another host (a shared --out) is no pid here.
-    if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || now - st.st_mtime < 60) continue;
+    // Untouched for a minute as well, unless this process holds the run's lock (no other run can be
+    // writing here): a writer on another host (a shared --out) is no pid here.
+    if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || (!locked && now - st.st_mtime < 60)) continue;
     if (unlink(path) != 0) {
       fprintf(stderr, "detr train: cannot remove %s, left by process %ld that ended mid-write: %s\n", path, pid,
               strerror(errno));

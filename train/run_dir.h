@@ -51,10 +51,11 @@ int run_dir_cut_metrics(const char *path, int64_t step, char *err, size_t err_ca
 // Removes the temporary files (NAME.tmp.PID, NAME a checkpoint, a results JSON or a picture) that a
 // process which has ended (PID no longer running here) was writing when it was killed: a SIGKILL, or
 // mpirun's kill a second after a Ctrl-C, cuts a checkpoint's write short, leaving a file as large
-// as the checkpoint that nothing will ever read. A file of a process still running here, or written
-// to in the last minute (a writer on another host of a shared file system), stays. Says what it
-// removed on stderr; returns how many.
-int run_dir_remove_dead_temps(const char *dir);
+// as the checkpoint that nothing will ever read. A file of a process still running here stays, and
+// so does one written to in the last minute (a writer on another host of a shared file system)
+// unless `locked`: the caller holds the run's lock (train/run_lock.h), so no other run writes here.
+// Says what it removed on stderr; returns how many.
+int run_dir_remove_dead_temps(const char *dir, bool locked);
 
 // Removes this run's checkpoints beyond the newest `keep` among those at steps <= current_step;
 // never a checkpoint from past current_step (not this run's).

@@ -62,8 +62,14 @@ int setup_device(const Dist *job, const char *name, Device *dev, char *err, size
 #endif
 }
 
-void setup_enact_shortcut(DetrConfig *cfg, bool enact) {
-  if (enact) cfg->encoder_attn = encoder_attn_find("enact");
+int setup_enact(bool enact, CliList *sets, char *err, size_t err_cap) {
+  if (!enact) return 0;
+  if (sets->count >= CLI_MAX_LIST) {
+    snprintf(err, err_cap, "--enact: too many --set flags (at most %d with it)", CLI_MAX_LIST - 1);
+    return -1;
+  }
+  sets->items[sets->count++] = "encoder_attn=enact";
+  return 0;
 }
 
 int setup_precision(const char *precision, bool inference, Device dev, CliList *sets, char *err, size_t err_cap) {
@@ -85,14 +91,10 @@ int setup_precision(const char *precision, bool inference, Device dev, CliList *
   return 0;
 }
 
-int setup_load_model(const char *checkpoint, const char *weights, const char *config, const CliList *sets, bool enact,
-                     Device dev, DetrModel **out, CheckpointInfo *info, char *err, size_t err_cap) {
-  // --enact: a last override (setup_enact_shortcut's effect, in model_file_load's terms).
-  const char *all[CLI_MAX_LIST + 1];
-  int n = 0;
-  for (int i = 0; sets && i < sets->count; i++) all[n++] = sets->items[i];
-  if (enact) all[n++] = "encoder_attn=enact";
-  detr_status st = model_file_load(checkpoint, weights, config, all, n, dev, out, info, err, err_cap);
+int setup_load_model(const char *checkpoint, const char *weights, const char *config, const CliList *sets, Device dev,
+                     DetrModel **out, CheckpointInfo *info, char *err, size_t err_cap) {
+  detr_status st = model_file_load(checkpoint, weights, config, sets ? sets->items : NULL, sets ? sets->count : 0, dev,
+                                   out, info, err, err_cap);
   return st == DETR_OK ? 0 : -1;
 }
 

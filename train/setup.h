@@ -17,9 +17,11 @@
 int setup_model_config(const char *config, const CliList *sets, DetrConfig *cfg, char *err, size_t err_cap);
 // Applies "key=value" overrides in order (no validation). Returns 0, or -1 with err set.
 int setup_apply_sets(DetrConfig *cfg, const CliList *sets, char *err, size_t err_cap);
-// The --enact flag of every verb that builds a model: a shortcut for --set encoder_attn=enact.
+// The --enact flag of every verb that builds a model: a shortcut for --set encoder_attn=enact,
+// appended to sets after the user's --set (so it has the last word, as --precision's keys).
+// Returns 0, or -1 with err set (too many --set flags).
 #define SETUP_ENACT_HELP "ENACT clustering in the encoder (same as --set encoder_attn=enact)"
-void setup_enact_shortcut(DetrConfig *cfg, bool enact);
+int setup_enact(bool enact, CliList *sets, char *err, size_t err_cap);
 
 // --precision fp32 | tf32 | bf16 of every verb that builds a model: the config keys tf32 and bf16,
 // appended to sets (after the user's --set, so it has the last word). NULL precision: the model's
@@ -37,11 +39,11 @@ void setup_split_paths(const char *data_dir, const char *split, char *ann, size_
 int setup_device(const Dist *job, const char *name, Device *dev, char *err, size_t err_cap);
 
 // A model to run: from a detr-c checkpoint (its stored config, then `sets`; the crc is verified),
-// or from weights (strict) with a config from `config` (+ sets). enact forces ENACT on. info (may
+// or from weights (strict) with a config from `config` (+ sets, --enact's included). info (may
 // be NULL) receives the checkpoint's info (free it with checkpoint_info_free). Returns 0 or -1
 // with err set. The same loader as the C API's (api/model_file.c: model_file_load).
-int setup_load_model(const char *checkpoint, const char *weights, const char *config, const CliList *sets, bool enact,
-                     Device dev, DetrModel **out, CheckpointInfo *info, char *err, size_t err_cap);
+int setup_load_model(const char *checkpoint, const char *weights, const char *config, const CliList *sets, Device dev,
+                     DetrModel **out, CheckpointInfo *info, char *err, size_t err_cap);
 
 // A checkpoint's categories ("id:name;id:name;...", CheckpointInfo.categories; NULL: unknown)
 // against a dataset's. Returns 0 when they are the same (or unknown), 1 when the ids are the same

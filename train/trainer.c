@@ -1,7 +1,6 @@
-#define _DEFAULT_SOURCE  // mkdir, opendir
+#define _DEFAULT_SOURCE  // SA_RESTART, sigaction
 #include "train/trainer.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
@@ -12,10 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "nn/model_io.h"
 #include "train/checkpoint.h"
@@ -104,20 +103,11 @@ static CocoDataset *open_split(const Dist *g, const TrainOptions *o, bool traini
   return NULL;
 }
 
+// --out and its missing parents (datasets/data_util.c's data_mkdirs, as detr synth and predict's).
 static int mkdir_p(const char *dir, char *err, size_t err_cap) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s", dir);
-  for (char *p = path + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = 0;
-    if (mkdir(path, 0777) && errno != EEXIST) goto fail;
-    *p = '/';
-  }
-  if (mkdir(path, 0777) && errno != EEXIST) goto fail;
-  return 0;
-fail:
-  if (snprintf(err, err_cap, "%s: cannot create the directory: %s", path, strerror(errno)) >= (int)err_cap)
-    err[err_cap - 1] = 0;
+  DataError derr;
+  if (data_mkdirs(dir, &derr) == DATA_OK) return 0;
+  snprintf(err, err_cap, "%s", derr.msg);
   return -1;
 }
 
@@ -129,13 +119,22 @@ static void prune_checkpoints(const Dist *g, const TrainOptions *o, int64_t curr
   if (dist_is_main(g)) run_dir_prune(o->out_dir, o->keep_last, current_step);
 }
 
-// Rank 0 writes (every rank holds the same state); every rank learns whether it worked.
+static void print_resume_hint(const TrainOptions *o, const Dist *g, const char *how, const char *flag,
+                              const char *value);
+
+// Rank 0 writes (every rank holds the same state); every rank learns whether it worked. A failed
+// write (a full disk) stops the run: what is kept and how to go on are said.
 static int save(const Dist *g, const TrainOptions *o, const char *path, const DetrModel *m, const AdamW *opt,
                 const TrainState *st, const char *categories) {
-  char err[1024];
+  char err[4400];
   bool ok = true;
   if (dist_is_main(g) && checkpoint_save(path, m, opt, st, o->train_config_text, categories, err, sizeof err)) {
     fprintf(stderr, "detr train: %s\n", err);
+    fprintf(stderr,
+            "detr train: stopping: the state of step %lld could not be saved; the newest checkpoint in %s is "
+            "kept as it was, and a resumed run does the steps after it again\n",
+            (long long)st->step, o->out_dir);
+    print_resume_hint(o, g, "once the write can succeed (room on the disk), resume", NULL, NULL);
     ok = false;
   }
   return dist_all_ok(g, ok) ? 0 : -1;
@@ -151,17 +150,14 @@ static double as_logged(double v) {
 }
 
 // OUT/chart.png: the loss (and its 50-step running mean) by step, AP and AP50 by epoch. A chart
-// that fails to render is reported and training goes on.
+// that cannot be written is reported and training goes on.
 static void write_chart(const Dist *g, const TrainOptions *o, const TrainHistory *h) {
   if (!dist_is_main(g)) return;
   char title[96], path[4200], err[1024];
   snprintf(title, sizeof title, "%s training (encoder attention: %s)", detr_decoder(&o->model)->model,
            detr_encoder_attn(&o->model)->name);
   Image img;
-  if (history_chart_render(h, title, &img, err, sizeof err)) {
-    fprintf(stderr, "detr train: chart: %s\n", err);
-    return;
-  }
+  history_chart_render(h, title, &img);
   snprintf(path, sizeof path, "%s/chart.png", o->out_dir);
   if (image_save_png(path, &img, err, sizeof err)) fprintf(stderr, "detr train: chart: %s\n", err);
   image_free(&img);
@@ -383,7 +379,7 @@ static int lock_and_check_run_dir(Trainer *t, char *err, size_t err_cap) {
 // Rank 0 decides (and moves an old run aside); every rank learns the outcome.
 static int claim_run_dir(Trainer *t, char *err, size_t err_cap) {
   bool ok = !dist_is_main(&t->dist) || lock_and_check_run_dir(t, err, err_cap) == 0;
-  if (ok && dist_is_main(&t->dist)) run_dir_remove_dead_temps(t->o->out_dir);
+  if (ok && dist_is_main(&t->dist)) run_dir_remove_dead_temps(t->o->out_dir, t->lock.held);
   if (dist_all_ok(&t->dist, ok)) return 0;
   if (ok) snprintf(err, err_cap, "the run directory was refused (see the message of rank 0)");
   return -1;
@@ -872,9 +868,22 @@ static int stop_requested(const Dist *g) {
 // How to go on from the run's last checkpoint: the command that made the run, with --resume auto
 // for its --resume and without --move-old-run; with `flag value` (NULL: none) instead of the
 // run's own value of that flag.
+// The next word of a stored command line (cmd_train.c quotes each for the shell: a quoted one may
+// hold spaces), NUL-terminated in place with its quotes kept; NULL at the end.
+static char *next_word(char **at) {
+  char *w = *at + strspn(*at, " ");
+  if (!*w) return NULL;
+  char *c = w;
+  for (bool quoted = false; *c && (quoted || *c != ' '); c++)
+    if (*c == '\'') quoted = !quoted;
+  *at = *c ? c + 1 : c;
+  *c = 0;
+  return w;
+}
+
 static void print_resume_hint(const TrainOptions *o, const Dist *g, const char *how, const char *flag,
                               const char *value) {
-  char text[sizeof o->train_config_text], *save = NULL;
+  char text[sizeof o->train_config_text], *at = text;
   snprintf(text, sizeof text, "%s", o->train_config_text);
   if (g->world > 1)  // the launcher's own options (a host file, say) are not known here
     fprintf(stderr,
@@ -883,10 +892,11 @@ static void print_resume_hint(const TrainOptions *o, const Dist *g, const char *
             how, g->world, g->world);
   else fprintf(stderr, "detr train: %s with: detr", how);
   size_t flag_len = flag ? strlen(flag) : 0;
-  for (char *w = strtok_r(text, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
+  for (char *w = next_word(&at); w; w = next_word(&at)) {
     bool replaced = flag && !strncmp(w, flag, flag_len) && (w[flag_len] == 0 || w[flag_len] == '=');
-    if (!strcmp(w, "--resume") || (replaced && w[flag_len] == 0)) w = strtok_r(NULL, " ", &save);  // and its value
-    else if (strncmp(w, "--resume=", 9) && strcmp(w, "--move-old-run") && !replaced) fprintf(stderr, " %s", w);
+    if (!strcmp(w, "--resume") || (replaced && w[flag_len] == 0)) w = next_word(&at);  // and its value
+    else if (strncmp(w, "--resume=", 9) && strncmp(w, "'--resume=", 10) && strcmp(w, "--move-old-run") && !replaced)
+      fprintf(stderr, " %s", w);
     if (!w) break;
   }
   if (flag) fprintf(stderr, " %s %s", flag, value);
@@ -932,7 +942,7 @@ static int stop_on_bad_data(Trainer *t) {
 static int train_epoch(Trainer *t, bool *stop) {
   const TrainOptions *o = t->o;
   TrainState *st = &t->st;
-  char err[4096], path[4200];
+  char err[4608], path[4200];
   while (!*stop) {
     const Batch *b;
     DataError derr;
@@ -983,6 +993,22 @@ static int train_epoch(Trainer *t, bool *stop) {
 }
 
 // --- stage 4, evaluation: COCO AP on the val split, its log, the best checkpoint ---
+
+// Whether the run owes the evaluation due at the end of its checkpoint's epoch: killed during it,
+// the run resumes from the checkpoint saved before it, and the evaluation's line was never written
+// (metrics.jsonl's history, read by rank 0; every rank gets its answer).
+static bool owes_evaluation(Trainer *t) {
+  const TrainOptions *o = t->o;
+  uint64_t owes = 0;
+  if (t->resumed && t->val && t->st.next_batch == 0 && t->st.epoch > 0 && dist_is_main(&t->dist)) {
+    bool due = (o->eval_every > 0 && t->st.epoch % o->eval_every == 0) || t->st.epoch >= o->epochs;
+    bool logged = false;
+    for (int i = 0; i < t->history.n_evals; i++) logged = logged || t->history.epoch[i] == (double)t->st.epoch;
+    owes = due && !logged;
+  }
+  dist_allreduce_max_u64(&t->dist, &owes, 1);
+  return owes != 0;
+}
 
 static int evaluate_epoch(Trainer *t) {
   const TrainOptions *o = t->o;
@@ -1084,7 +1110,7 @@ static void report_end(const Trainer *t, int rc) {
 
 int train_run(TrainOptions *o, const Dist *group) {
   Trainer t = {.o = o, .dist = *group, .saved_step = -1};
-  char err[4096];
+  char err[4608];
   stop_signal = 0;
   stepping = 0;
   stop_thread_speaks = dist_is_main(group);
@@ -1098,6 +1124,7 @@ int train_run(TrainOptions *o, const Dist *group) {
     rc = -1;
   }
   bool complete = rc == 0 && run_complete(&t), stop = complete;
+  if (rc == 0 && !complete && owes_evaluation(&t)) rc = evaluate_epoch(&t);
   stepping = 1;
   while (rc == 0 && !stop && t.st.epoch < o->epochs) {
     t.opt.epoch = (int)t.st.epoch;
@@ -1105,7 +1132,9 @@ int train_run(TrainOptions *o, const Dist *group) {
     rc = train_epoch(&t, &stop);
     if (rc) break;
     progress_end_line(&t.progress);
-    bool epoch_finished = t.st.next_batch == 0, last = t.st.epoch >= o->epochs || stop;
+    // The last epoch, or a --max-steps stop at an epoch's end, is evaluated; a signal stops at once
+    // (an evaluation would delay it, and a run left alone would not have made it).
+    bool epoch_finished = t.st.next_batch == 0, last = t.st.epoch >= o->epochs || (stop && !t.interrupted);
     if (epoch_finished && dist_is_main(&t.dist))
       fprintf(stderr, "epoch %lld done in %.1f s\n", (long long)t.st.epoch - 1, now_s() - epoch_t0);
     if (epoch_finished && t.val && ((o->eval_every > 0 && t.st.epoch % o->eval_every == 0) || last))

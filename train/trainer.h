@@ -61,6 +61,6 @@ typedef struct {
 TrainOptions train_options_default(void);
 // Returns 0 on success, 1 on a failure (message printed; nothing already saved is lost), 130 or
 // 143 after SIGINT or SIGTERM (the step in progress finished and checkpointed first).
-// group: the processes that train together (dist_group(); DIST_SINGLE alone), every one of them
+// group: the processes that train together (dist_init's; DIST_SINGLE alone), every one of them
 // calling this.
 int train_run(TrainOptions *o, const Dist *group);

@@ -42,23 +42,11 @@
 
 #include <omp.h>
 #include <pthread.h>
-#include <oneapi/dnnl/dnnl.h>
-#include <oneapi/dnnl/dnnl_debug.h>
 
 #include "core/runtime.h"
 #include "kernels/cpu/conv_onednn.h"
+#include "kernels/cpu/onednn.h"
 #include "kernels/cpu/parallel.h"
-
-#if DNNL_CPU_RUNTIME != DNNL_RUNTIME_OMP
-#error "oneDNN must be the OpenMP build: another runtime's threads fight OpenBLAS's and ours for the cores"
-#endif
-
-// Fails with file:line, the call's text and oneDNN's status name.
-#define DNNL_CHECK(call)                                                                      \
-  do {                                                                                        \
-    dnnl_status_t st_ = (call);                                                               \
-    if (st_ != dnnl_success) DETR_FAIL("oneDNN: %s failed: %s", #call, dnnl_status2str(st_)); \
-  } while (0)
 
 // One tensor argument of a pass: the plain buffer the framework holds and the layout the
 // convolution runs on. Inputs are reordered plain -> prim when they differ; an output in another

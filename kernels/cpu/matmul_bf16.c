@@ -21,14 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <oneapi/dnnl/dnnl.h>
-#include <oneapi/dnnl/dnnl_debug.h>
-
-#define DNNL_CHECK(call)                                                                      \
-  do {                                                                                        \
-    dnnl_status_t st_ = (call);                                                               \
-    if (st_ != dnnl_success) DETR_FAIL("oneDNN: %s failed: %s", #call, dnnl_status2str(st_)); \
-  } while (0)
+#include "kernels/cpu/onednn.h"
 
 // Below this many multiply-adds a GEMM stays fp32: the copies and the call cost more than bf16
 // saves (a judgement, not swept; the bf16 step: bench/README.md#bench_step).
