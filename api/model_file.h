@@ -1,5 +1,5 @@
 // The inference side of model files, shared by the public API (api/detr_api.c) and the `detr`
-// verbs (train/): model configs from a preset or a key=value file plus overrides, what a detr-c
+// verbs (cli/): model configs from a preset or a key=value file plus overrides, what a detr-c
 // checkpoint says about its run (config, class names, image sizes), its format and crc32 check,
 // class names from a COCO instances file, and loading a model for inference from a checkpoint or
 // from weights + a config. Every problem with a file or a config is returned with a message naming

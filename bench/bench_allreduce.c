@@ -10,7 +10,7 @@
 
 #include "core/runtime.h"
 #include "nn/detr.h"
-#include "train/dist.h"
+#include "dist/dist.h"
 #include "bench/bench_util.h"
 
 int main(int argc, char **argv) {

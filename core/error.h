@@ -1,5 +1,5 @@
 // The bottom of the project: how a failure that cannot be recovered from ends the process. Every
-// layer includes this (kernels/ through train/); it includes nothing of the project.
+// layer includes this (kernels/ through cli/); it includes nothing of the project.
 //
 // Two kinds of failure, two conventions (docs/architecture.md, "Errors"):
 // - programming errors and unrecoverable conditions (shape mismatches, CUDA failures, out of

@@ -4,7 +4,7 @@
 // mutable and process-wide but the caches listed in tools/globals_allowed.txt, each with why.
 //
 // A caller creates a runtime once and binds it to the thread that runs ops: the CLI one for its
-// process (train/main.c), the C API one per model, bound for each call (api/detr_api.c), so two
+// process (cli/main.c), the C API one per model, bound for each call (api/detr_api.c), so two
 // threads detecting on two models share no state. nn/ passes its NnCtx down explicitly; the ops
 // below it find the runtime through the thread's binding, as PyTorch's ops find grad mode and
 // autocast: a parameter on each of some 640 op calls would carry nothing more. OpenMP's worker

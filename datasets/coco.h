@@ -12,7 +12,7 @@
 #include "datasets/transforms.h"
 
 // Limits an instances file cannot exceed, each a clear error naming the file and the limit, so
-// that a small file cannot make a reader allocate or work without bound (train/cocoeval_io.c
+// that a small file cannot make a reader allocate or work without bound (eval/cocoeval_io.c
 // applies them too):
 #define COCO_MAX_CATEGORY_ID (1 << 20)  // the label map is an array indexed by category id
 #define COCO_MAX_STRING_BYTES 4096      // a file_name, category name or supercategory (a bad item)

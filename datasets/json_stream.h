@@ -1,5 +1,5 @@
 // One reader for every JSON input: COCO instances files (datasets/coco.c), detection results
-// (train/cocoeval_io.c) and a model's class names from a COCO file (api/model_file.c). The file,
+// (eval/cocoeval_io.c) and a model's class names from a COCO file (api/model_file.c). The file,
 // plain or gzip (zlib passes plain files through; a UTF-8 byte-order mark is skipped), is read in
 // chunks into YAJL with the caller's callbacks, so no file is ever held whole, and every failure of
 // the file itself is worded here, once: not a regular file (a named pipe would block the open),

@@ -18,7 +18,7 @@
 #include "fuzz_util.h"
 #include "tensor/safetensors.h"
 #include "train/checkpoint.h"
-#include "train/commands.h"
+#include "cli/commands.h"
 
 static DetrModel *model;
 static AdamW opt;
@@ -35,7 +35,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 static void read_all(const char *path) {
   char *argv[] = {"detr", "info", (char *)path, "--all", NULL};  // describe_checkpoint
-  int rc = cmd_info(4, argv);
+  Dist alone = DIST_SINGLE;
+  int rc = cmd_info(4, argv, &alone);
   FUZZ_ASSERT(rc == 0 || rc == 1, "detr info returned %d", rc);
   char err[4096] = "";
   CheckpointInfo ci;

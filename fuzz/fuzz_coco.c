@@ -1,7 +1,7 @@
 // COCO instances JSON, read by every reader of such files: the training reader (datasets/coco.c,
 // coco_open under the fail and the skip policy, ids as labels and contiguous labels), predict's
-// class names (label_names_from_coco, api/model_file.c) and cocoeval's (train/cocoeval_io.c), whose ground truth is
-// then evaluated against detections made from its own boxes (train/cocoeval.c). fuzz_coco_gz compiles this file with FUZZ_COCO_GZIP: the
+// class names (label_names_from_coco, api/model_file.c) and cocoeval's (eval/cocoeval_io.c), whose ground truth is
+// then evaluated against detections made from its own boxes (eval/cocoeval.c). fuzz_coco_gz compiles this file with FUZZ_COCO_GZIP: the
 // input is gzip-compressed first and read as a .json.gz.
 #include <math.h>
 #include <stdlib.h>
@@ -12,7 +12,7 @@
 #include "api/model_file.h"
 #include "datasets/coco.h"
 #include "fuzz_util.h"
-#include "train/cocoeval.h"
+#include "eval/cocoeval.h"
 
 static const char *write_input(const uint8_t *data, size_t size) {
 #ifdef FUZZ_COCO_GZIP

@@ -1,12 +1,12 @@
-// COCO results JSON (train/cocoeval_io.c: an array of {image_id, category_id, bbox, score}), as
-// `detr cocoeval --results` reads it, evaluated (train/cocoeval.c) against a fixed ground truth
+// COCO results JSON (eval/cocoeval_io.c: an array of {image_id, category_id, bbox, score}), as
+// `detr cocoeval --results` reads it, evaluated (eval/cocoeval.c) against a fixed ground truth
 // of 3 images, 3 categories and crowd and non-crowd boxes of every area range.
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/runtime.h"
+#include "eval/cocoeval.h"
 #include "fuzz_util.h"
-#include "train/cocoeval.h"
 
 static CocoEvalGt gt;
 

@@ -1,14 +1,14 @@
 #define _DEFAULT_SOURCE  // strtok_r
-// key=value model config files (train/setup.c setup_model_config -> api/model_file.c -> nn/config.c: # comments,
+// key=value model config files (cli/setup.c setup_model_config -> api/model_file.c -> nn/config.c: # comments,
 // blank lines, every DetrConfig field, encoder_attn=NAME, NAME=true|false and the attention
 // variants' settings), as `--config FILE` reads them; the same lines as --set overrides; and the
 // round trip of an accepted config through detr_config_format (the text checkpoints store).
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/setup.h"
 #include "core/runtime.h"
 #include "fuzz_util.h"
-#include "train/setup.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerInitialize(int *argc, char ***argv) {

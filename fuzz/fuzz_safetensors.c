@@ -5,10 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/commands.h"
 #include "core/runtime.h"
 #include "fuzz_util.h"
 #include "tensor/safetensors.h"
-#include "train/commands.h"
 #include "train/step_batch.h"
 
 static uint64_t touch(const void *p, size_t n) {  // reads every byte, so ASan sees each access
@@ -45,7 +45,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const char *path = fuzz_write_file("input.safetensors", data, size);
   // `detr info FILE --all` (its output goes to stdout, which tools/fuzz.sh closes).
   char *argv[] = {"detr", "info", (char *)path, "--all", NULL};
-  int rc = cmd_info(4, argv);
+  Dist alone = DIST_SINGLE;
+  int rc = cmd_info(4, argv, &alone);
   FUZZ_ASSERT(rc == 0 || rc == 1, "detr info returned %d", rc);
   char err[2048] = "";
   StFile *f = st_open(path, err, sizeof err);

@@ -90,9 +90,11 @@ typedef struct DecoderKind {
   // Optional, for a model prepared for inference (detr_model_prepare_inference; its weights do not
   // change after): computes once what the kind's forward derives from its weights and the learned
   // queries alone (query_embed [Q, d], NULL for a kind with its own queries), for its forward to
-  // use where ctx->inference - the same floats the forward would compute. release_inference frees
-  // it (also called by detr_model_free; safe when nothing was prepared).
-  void (*prepare_inference)(void *state, Tensor *query_embed);
+  // use where ctx->inference - the same floats the forward would compute, its tensors owned by
+  // `owner` (the model's ParamStore.derived, cleared before each preparation and at the model's
+  // free). release_inference forgets them (also called by detr_model_free; safe when nothing was
+  // prepared).
+  void (*prepare_inference)(void *state, Tensor *query_embed, TensorOwner *owner);  // its tensors: owner's
   void (*release_inference)(void *state);
   // The kind's own encoder judges DecoderShape.encoder_attn itself (in unsupported): Anchor DETR's
   // takes enact_official (Anchor-DETR-ENACT). false: a kind with encode refuses any encoder_attn.

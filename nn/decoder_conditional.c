@@ -254,35 +254,44 @@ static void forward(const void *state, const NnCtx *ctx, const DecoderInput *in,
 
 // The forward's terms of the learned queries alone, computed by the same ops (the same floats) once:
 // the reference points and their sine embedding, and per layer the self-attention's query and key
-// positions and layer 0's query position and spatial query. Retained: they outlive every scope.
+// positions and layer 0's query position and spatial query. The model's owner keeps them.
 static void release_inference(void *state) {
   CondDecoder *c = state;
-  tensor_release(c->reference), tensor_release(c->sine);
   c->reference = c->sine = NULL;
-  for (int i = 0; i < c->n_layers; i++) {
-    QueryTerms *t = &c->terms[i];
-    tensor_release(t->sa_qpos), tensor_release(t->sa_kpos), tensor_release(t->ca_qpos), tensor_release(t->q_sine);
-    *t = (QueryTerms){0};
-  }
+  for (int i = 0; i < c->n_layers; i++) c->terms[i] = (QueryTerms){0};
 }
 
-static void prepare_inference(void *state, Tensor *query_embed) {
-  CondDecoder *c = state;
-  bool was = autograd_set_grad_enabled(false);
-  ScopeMark mark = tensor_scope_mark();
-  c->reference = tensor_retain(op_sigmoid(mlp_forward(&c->ref_point_head, query_embed)));
-  c->sine = tensor_retain(sine_embed(c->reference, c->s.dim));
+typedef struct {
+  CondDecoder *c;
+  Tensor *query_embed;
+  TensorOwner *owner;
+} Prepare;
+
+// One step (tensor_run_layers): every term made in it is kept by the owner; the rest goes after it.
+static void prepare_step(void *state, int step, TensorCarry *carry) {
+  (void)step, (void)carry;
+  const Prepare *p = state;
+  CondDecoder *c = p->c;
+  TensorOwner *o = p->owner;
+  c->reference = tensor_owner_keep(o, op_sigmoid(mlp_forward(&c->ref_point_head, p->query_embed)));
+  c->sine = tensor_owner_keep(o, sine_embed(c->reference, c->s.dim));
   for (int i = 0; i < c->n_layers; i++) {
     const CondLayer *l = &c->layers[i];
     QueryTerms *t = &c->terms[i];
-    t->sa_qpos = tensor_retain(linear_forward(&l->sa_qpos, query_embed));
-    t->sa_kpos = tensor_retain(linear_forward(&l->sa_kpos, query_embed));
+    t->sa_qpos = tensor_owner_keep(o, linear_forward(&l->sa_qpos, p->query_embed));
+    t->sa_kpos = tensor_owner_keep(o, linear_forward(&l->sa_kpos, p->query_embed));
     if (i == 0) {
-      t->ca_qpos = tensor_retain(linear_forward(&l->ca_qpos, query_embed));
-      t->q_sine = tensor_retain(linear_forward(&l->ca_qpos_sine, c->sine));
+      t->ca_qpos = tensor_owner_keep(o, linear_forward(&l->ca_qpos, p->query_embed));
+      t->q_sine = tensor_owner_keep(o, linear_forward(&l->ca_qpos_sine, c->sine));
     }
   }
-  tensor_scope_release(mark);
+}
+
+static void prepare_inference(void *state, Tensor *query_embed, TensorOwner *owner) {
+  bool was = autograd_set_grad_enabled(false);
+  Prepare p = {.c = state, .query_embed = query_embed, .owner = owner};
+  TensorCarry none = {.n = 0};
+  tensor_run_layers(1, prepare_step, &p, &none);
   autograd_set_grad_enabled(was);
 }
 

@@ -84,20 +84,23 @@ void detr_model_init(DetrModel *m, uint64_t seed) {
 }
 
 void detr_model_prepare_inference(DetrModel *m) {
-  resnet_fold_bn(&m->backbone);
+  // What an earlier preparation derived goes: the weights may have been loaded since.
+  resnet_unfold_bn(&m->backbone);
+  const DecoderKind *dk = detr_decoder(&m->cfg);
+  if (dk->release_inference) dk->release_inference(m->decoder_state);
+  tensor_owner_clear(&m->params.derived);
+  resnet_fold_bn(&m->backbone, &m->params.derived);
   // bf16 mode's linear layers read their weights kept in bf16 instead of rounding them every forward
   // (op_linear; the matrices of the parameters: the linear layers' weights, and a few embeddings).
   // Before the decoder's terms below, so that those are the forward's floats.
   if (m->cfg.bf16 && m->params.device == DEVICE_CPU)
     for (int i = 0; i < m->params.count; i++)
       if (m->params.items[i].tensor->shape.ndim == 2) tensor_keep_bf16(m->params.items[i].tensor);
-  const DecoderKind *dk = detr_decoder(&m->cfg);
   if (dk->prepare_inference) {
     DETR_CHECK(dk->release_inference, "detr_model_prepare_inference: decoder %s prepares but has no release_inference",
                dk->name);
-    dk->release_inference(m->decoder_state);
     device_set_bf16(m->params.device, m->cfg.bf16);  // the model's precision, as its forward sets it
-    dk->prepare_inference(m->decoder_state, m->query_embed);
+    dk->prepare_inference(m->decoder_state, m->query_embed, &m->params.derived);
   }
   m->prepared_for_inference = true;
 }

@@ -29,7 +29,7 @@ Tensor *frozen_bn_act_forward(const FrozenBn *bn, Tensor *x, Tensor *residual, b
 // folded weight is rounded once per element (W[o] * s[o] in float); the rest of the difference from
 // the training path's conv-then-norm is the summation's rounding at another scale
 // (tests/test_infer.c: folded_conv_within_bound derives the bound).
-FoldedConv frozen_bn_fold(const Conv2d *c, const FrozenBn *bn) {
+FoldedConv frozen_bn_fold(const Conv2d *c, const FrozenBn *bn, TensorOwner *owner) {
   int64_t O = c->weight->shape.d[0], per = c->weight->numel / O;
   DETR_CHECK(bn->weight->numel == O, "frozen_bn_fold: a norm of %lld channels after a convolution of %lld outputs",
              (long long)bn->weight->numel, (long long)O);
@@ -47,8 +47,8 @@ FoldedConv frozen_bn_fold(const Conv2d *c, const FrozenBn *bn) {
     for (int64_t i = 0; i < per; i++) w[o * per + i] *= s;
     b[o] = c->bias ? cb[o] * s + t : t;
   }
-  FoldedConv f = {.weight = tensor_from_host(c->weight->device, c->weight->shape, w),
-                  .bias = tensor_from_host(c->weight->device, SHAPE(O), b),
+  FoldedConv f = {.weight = tensor_owner_adopt(owner, tensor_from_host(c->weight->device, c->weight->shape, w)),
+                  .bias = tensor_owner_adopt(owner, tensor_from_host(c->weight->device, SHAPE(O), b)),
                   .pack = c->weight->device == DEVICE_CPU ? conv_weight_pack_new() : NULL,
                   .p = c->p};
   free(w);
@@ -56,9 +56,7 @@ FoldedConv frozen_bn_fold(const Conv2d *c, const FrozenBn *bn) {
 }
 
 void folded_conv_free(FoldedConv *f) {
-  if (f->weight) tensor_release(f->weight);
-  if (f->bias) tensor_release(f->bias);
-  conv_weight_pack_free(f->pack);
+  conv_weight_pack_free(f->pack);  // the tensors are the owner's
   *f = (FoldedConv){0};
 }
 

@@ -69,16 +69,16 @@ Tensor *frozen_bn_act_forward(const FrozenBn *bn, Tensor *x, Tensor *residual, b
 // A convolution with the frozen batch norm after it folded in, for inference: weight [O, C, KH, KW]
 // = the convolution's scaled by the norm's scale[o] = weight[o] / sqrt(var[o] + eps), bias [O] =
 // the norm's shift[o] = bias[o] - mean[o] * scale[o] (plus scale[o] * the convolution's own bias).
-// Its own tensors (not in any ParamStore), on the convolution's device; a copy of the weights at
-// the time of folding. On the CPU the weight's reordered copies are kept in pack (the weight never
+// Tensors owned by `owner` (the model's ParamStore.derived), on the convolution's device; a copy
+// of the weights at the time of folding. On the CPU the weight's reordered copies are kept in pack (the weight never
 // changes), one per oneDNN weight layout the forwards use (kernels/cpu/cpu_kernels.h).
 typedef struct {
   Tensor *weight, *bias;
   ConvWeightPack *pack;  // NULL off the CPU
   Conv2dParams p;
 } FoldedConv;
-FoldedConv frozen_bn_fold(const Conv2d *c, const FrozenBn *bn);
-void folded_conv_free(FoldedConv *f);
+FoldedConv frozen_bn_fold(const Conv2d *c, const FrozenBn *bn, TensorOwner *owner);
+void folded_conv_free(FoldedConv *f);  // its weight packs; its tensors are the owner's
 // relu?(bn(conv(x)) + residual) as one op_conv2d_fused (grad mode off); residual_dead: the
 // residual is a temporary no one reads afterwards, and its buffer becomes the output
 // (op_conv2d_fused_into).

@@ -11,7 +11,8 @@
 void params_init(ParamStore *ps, Device dev) { *ps = (ParamStore){.device = dev}; }
 
 void params_free(ParamStore *ps) {
-  for (int i = 0; i < ps->count; i++) tensor_release(ps->items[i].tensor);
+  tensor_owner_clear(&ps->derived);
+  tensor_owner_clear(&ps->owner);
   free(ps->items);
   *ps = (ParamStore){.device = ps->device};
 }
@@ -33,7 +34,7 @@ Tensor *params_add(ParamStore *ps, Shape shape, ParamKind kind, LrGroup group, c
   Param *p = &ps->items[ps->count++];
   *p = (Param){0};
   memcpy(p->name, name, sizeof name);
-  p->tensor = tensor_zeros(ps->device, shape);
+  p->tensor = tensor_owner_adopt(&ps->owner, tensor_zeros(ps->device, shape));
   p->kind = kind;
   p->group = group;
   tensor_set_requires_grad(p->tensor, kind == PARAM_TRAINABLE);

@@ -26,6 +26,8 @@ typedef struct {
   Param *items;
   int count, capacity;
   Device device;
+  TensorOwner owner;    // the parameters' tensors
+  TensorOwner derived;  // what inference derives from them (folded convolutions, a decoder's query terms)
 } ParamStore;
 
 void params_init(ParamStore *ps, Device dev);

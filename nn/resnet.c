@@ -161,15 +161,15 @@ Tensor *resblock_forward(const ResBlock *b, Tensor *x) {
   return frozen_bn_act_forward(last_bn, out, identity, true);
 }
 
-void resnet_fold_bn(ResNet *r) {
+void resnet_fold_bn(ResNet *r, TensorOwner *owner) {
   resnet_unfold_bn(r);
-  r->fstem = frozen_bn_fold(&r->conv1, &r->bn1);
+  r->fstem = frozen_bn_fold(&r->conv1, &r->bn1, owner);
   for (int i = 0; i < r->n_blocks; i++) {
     ResBlock *b = &r->blocks[i];
-    b->f1 = frozen_bn_fold(&b->conv1, &b->bn1);
-    b->f2 = frozen_bn_fold(&b->conv2, &b->bn2);
-    if (b->bottleneck) b->f3 = frozen_bn_fold(&b->conv3, &b->bn3);
-    if (b->has_downsample) b->fdown = frozen_bn_fold(&b->down_conv, &b->down_bn);
+    b->f1 = frozen_bn_fold(&b->conv1, &b->bn1, owner);
+    b->f2 = frozen_bn_fold(&b->conv2, &b->bn2, owner);
+    if (b->bottleneck) b->f3 = frozen_bn_fold(&b->conv3, &b->bn3, owner);
+    if (b->has_downsample) b->fdown = frozen_bn_fold(&b->down_conv, &b->down_bn, owner);
   }
   r->folded = true;
 }

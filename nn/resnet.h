@@ -49,8 +49,8 @@ void resnet_calibrate(ResNet *r, Tensor *x);
 // residual add and the ReLU as one op_conv2d_fused: no normalisation pass over the activations.
 // The folded copies are the weights at the time of the call: only a model that is no longer
 // trained is folded (the C API's and `detr eval`'s; with grad mode on the forward ignores them).
-void resnet_fold_bn(ResNet *r);
-void resnet_unfold_bn(ResNet *r);  // releases the folded copies (a no-op when none)
+void resnet_fold_bn(ResNet *r, TensorOwner *owner);  // the folded tensors: owner's
+void resnet_unfold_bn(ResNet *r);  // drops the folded copies (their tensors stay the owner's until it clears)
 // [B, 3, H, W] (or, channels_last, [B, H, W, 3]) -> [B, H/32, W/32, C] (H/16: 3 layers)
 Tensor *resnet_forward(const ResNet *r, Tensor *x, bool channels_last);
 // One residual block alone (its gradient test): x [B, H, W, C].

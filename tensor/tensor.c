@@ -228,6 +228,23 @@ void tensor_scope_keep(ScopeMark mark, Tensor *const *keep, int n) {
   for (int i = 0; i < n; i++) tensor_scoped(keep[i]);
 }
 
+Tensor *tensor_owner_adopt(TensorOwner *o, Tensor *t) {
+  if (o->count == o->capacity) {
+    o->capacity = o->capacity ? 2 * o->capacity : 64;
+    o->items = detr_realloc(o->items, (size_t)o->capacity * sizeof(Tensor *), "a tensor owner");
+  }
+  o->items[o->count++] = t;
+  return t;
+}
+
+Tensor *tensor_owner_keep(TensorOwner *o, Tensor *t) { return tensor_owner_adopt(o, tensor_retain(t)); }
+
+void tensor_owner_clear(TensorOwner *o) {
+  for (int i = 0; i < o->count; i++) tensor_release(o->items[i]);
+  free(o->items);
+  *o = (TensorOwner){0};
+}
+
 void tensor_run_layers(int n, TensorLayerStep step, void *state, TensorCarry *carry) {
   ScopeMark mark = tensor_scope_mark();
   for (int i = 0; i < n; i++) {

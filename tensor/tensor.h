@@ -80,6 +80,21 @@ size_t tensor_scope_size(void);
 // backward is held by its nodes, so only tensors nothing refers to any more are freed.
 void tensor_scope_keep(ScopeMark mark, Tensor *const *keep, int n);
 
+// --- tensors a long-lived object owns: a model's parameters and what it derives from them ---
+// Model code declares the owner of what outlives a forward; the owner releases it all at once.
+typedef struct {
+  Tensor **items;  // [capacity]
+  int count, capacity;
+} TensorOwner;
+// o takes t over: a tensor made unscoped for it (tensor_zeros, tensor_from_host), whose reference o
+// now holds. Returns t.
+Tensor *tensor_owner_adopt(TensorOwner *o, Tensor *t);
+// o keeps t alive with a reference of its own: an op's output (scoped), which the scope releases as
+// usual. Returns t.
+Tensor *tensor_owner_keep(TensorOwner *o, Tensor *t);
+// Releases every tensor o holds; o is empty after, and reusable.
+void tensor_owner_clear(TensorOwner *o);
+
 // --- a stack of layers, each one's temporaries freed after it: the lifetimes of model code ---
 // A layer's step sets `carry` to every tensor that must outlive it: its output (the next layer's
 // input) and the outputs the caller collects (each layer's, so far). NULL entries are allowed.

@@ -27,12 +27,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli.h"
+#include "cli/setup.h"
 #include "core/runtime.h"
 #include "nn/detr.h"
 #include "nn/model_io.h"
 #include "tensor/safetensors.h"
-#include "train/cli.h"
-#include "train/setup.h"
 
 static int usage(void) {
   fprintf(stderr,

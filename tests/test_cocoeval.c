@@ -12,9 +12,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "cli/commands.h"
 #include "core/runtime.h"
-#include "train/cocoeval.h"
-#include "train/commands.h"
+#include "eval/cocoeval.h"
 
 // --- helpers -------------------------------------------------------------------------------------
 

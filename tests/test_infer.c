@@ -79,7 +79,8 @@ static double fold_case(const FoldCase *fc, uint64_t seed) {
   bool was = autograd_set_grad_enabled(false);
   ScopeMark mark = tensor_scope_mark();
   Tensor *y = frozen_bn_act_forward(&bn, conv2d_forward(&conv, x), res, fc->relu);
-  FoldedConv f = frozen_bn_fold(&conv, &bn);
+  TensorOwner owner = {0};
+  FoldedConv f = frozen_bn_fold(&conv, &bn, &owner);
   Tensor *yf = folded_conv_forward(&f, x, res, fc->relu, false);
   ck_assert(shape_equal(y->shape, yf->shape));
   if (res) {  // accumulating into the residual's own buffer: the same floats
@@ -105,6 +106,7 @@ static double fold_case(const FoldCase *fc, uint64_t seed) {
   }
   free(a);
   folded_conv_free(&f);
+  tensor_owner_clear(&owner);
   tensor_scope_release(mark);
   autograd_set_grad_enabled(was);
   tensor_release(x);
@@ -629,7 +631,7 @@ START_TEST(folded_model_matches_training_forward) {
     model_outputs(m, images, mask, computed, nl, nb);
     ck_assert_msg(!memcmp(computed, folded, (size_t)(nl + nb) * sizeof(float)),
                   "the decoder's prepared terms change the outputs");
-    dk->prepare_inference(m->decoder_state, m->query_embed);
+    dk->prepare_inference(m->decoder_state, m->query_embed, &m->params.derived);
     free(computed);
   }
   for (int part = 0; part < 2; part++) {  // logits, boxes

@@ -25,9 +25,10 @@
 #include "nn/model_io.h"
 #include "include/detr.h"
 #include "train/checkpoint.h"
-#include "train/draw.h"
+#include "viz/draw.h"
 #include "train/progress.h"
-#include "train/setup.h"
+#include "cli/setup.h"
+#include "train/data_layout.h"
 #include "nn/postprocess.h"
 #include "nn/position.h"
 

@@ -17,7 +17,7 @@
 #include "nn/model_io.h"
 #include "train/checkpoint.h"
 #include "train/cpu_share.h"
-#include "train/setup.h"
+#include "cli/setup.h"
 
 START_TEST(adamw_matches_torch_formula) {
   ParamStore ps;

@@ -121,7 +121,7 @@ def make_case(seed, scale=1.0):
     rng.shuffle(anns)
     rng.shuffle(dets)
     rng.shuffle(images)
-    first_id = 0 if rng.random() < 0.1 else 1  # id 0: a quirk of pycocotools (see train/cocoeval.h)
+    first_id = 0 if rng.random() < 0.1 else 1  # id 0: a quirk of pycocotools (see eval/cocoeval.h)
     for i, a in enumerate(anns):
         a["id"] = first_id + i
     if not dets:  # COCO.loadRes cannot read an empty results list

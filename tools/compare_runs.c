@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "core/runtime.h"
-#include "train/draw.h"
+#include "viz/draw.h"
 
 #define MAX_RUNS CHART_MAX_SERIES
 #define MAX_EVALS 4096

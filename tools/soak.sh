@@ -108,7 +108,8 @@ eval_running() {
 ref="$work/ref"
 t0=$(date +%s)
 train "$ref" || { echo "soak: the reference run failed: $ref.log" >&2; exit 1; }
-say "reference: $steps steps in $(($(date +%s) - t0)) s"
+ref_s=$(($(date +%s) - t0))
+say "reference: $steps steps in $ref_s s"
 
 # --- the run that meets every fault ---
 run="$work/run"
@@ -123,6 +124,11 @@ for ((i = ${#faults[@]} - 1; i > 0; i--)); do
   j=$((RANDOM % (i + 1)))
   tmp=${faults[i]} faults[i]=${faults[j]} faults[j]=$tmp
 done
+# A launch that a timed fault ends runs for half to one and a half times its share of the reference
+# run's time (at least 2 s), so that the faults fall all along the run.
+share=$(((ref_s + ${#faults[@]} - 1) / ${#faults[@]}))
+[ $share -ge 4 ] || share=4
+moment() { at=$((share / 2 + RANDOM % (share + 1))).$((RANDOM % 10)); }  # into $at (no subshell: one RANDOM stream)
 launches=0
 for fault in "${faults[@]}"; do
   [ -f "$run/ckpt-$steps.safetensors" ] && break
@@ -130,7 +136,8 @@ for fault in "${faults[@]}"; do
   case "$fault" in
     kill)
       launch "$run"
-      sleep "$((2 + RANDOM % 12)).$((RANDOM % 10))"
+      moment
+      sleep "$at"
       kill -KILL "$pid" 2>/dev/null || true
       { wait "$pid"; } 2>/dev/null || true
       ;;
@@ -146,7 +153,8 @@ for fault in "${faults[@]}"; do
       ;;
     term)
       launch "$run"
-      sleep "$((3 + RANDOM % 8))"
+      moment
+      sleep "$at"
       kill -TERM "$pid" 2>/dev/null || true
       rc=0 && wait "$pid" || rc=$?
       [ $rc -eq 143 ] || [ -f "$run/ckpt-$steps.safetensors" ] || fail "SIGTERM: exit status $rc, not 143"

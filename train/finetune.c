@@ -5,7 +5,7 @@
 
 #include "api/model_file.h"  // checkpoint_is, checkpoint_verify
 #include "nn/model_io.h"
-#include "train/setup.h"  // categories_compare
+#include "train/data_layout.h"  // categories_compare
 
 // The file's `name` has another number of rows than the model's (classes, queries) and is
 // otherwise the same shape: what a re-initialisation adapts. Any other difference is a model that

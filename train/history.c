@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "train/draw.h"
+#include "viz/draw.h"
 
 void history_add_step(TrainHistory *h, double step, double loss) {
   if (h->n == h->cap) {

@@ -1,4 +1,4 @@
-// `detr step`'s batch file (train/step_batch.h), moved out of cmd_step.c so the fuzz harnesses
+// `detr step`'s batch file (train/step_batch.h), moved out of cli/cmd_step.c so the fuzz harnesses
 // reach it.
 #include "train/step_batch.h"
 

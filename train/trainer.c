@@ -15,19 +15,19 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "dist/dist.h"
+#include "eval/evaluate.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "nn/model_io.h"
 #include "train/checkpoint.h"
 #include "train/cpu_share.h"
-#include "train/dist.h"
-#include "train/evaluate.h"
+#include "train/data_layout.h"
 #include "train/finetune.h"
 #include "train/history.h"
-#include "train/draw.h"
 #include "train/progress.h"
 #include "train/run_dir.h"
 #include "train/run_lock.h"
-#include "train/setup.h"
+#include "viz/draw.h"
 
 TrainOptions train_options_default(void) {
   TrainOptions o = {.optim = optim_config_default(),
@@ -167,7 +167,7 @@ static void write_chart(const Dist *g, const TrainOptions *o, const TrainHistory
 
 typedef struct {
   TrainOptions *o;
-  Dist dist;  // the processes of a data-parallel run (train/dist.h)
+  Dist dist;  // the processes of a data-parallel run (dist/dist.h)
   CocoDataset *train, *val;
   char *categories;  // "id:name;..." of the training categories, stored in every checkpoint
   DetrModel *m;
@@ -868,7 +868,7 @@ static int stop_requested(const Dist *g) {
 // How to go on from the run's last checkpoint: the command that made the run, with --resume auto
 // for its --resume and without --move-old-run; with `flag value` (NULL: none) instead of the
 // run's own value of that flag.
-// The next word of a stored command line (cmd_train.c quotes each for the shell: a quoted one may
+// The next word of a stored command line (cli/cmd_train.c quotes each for the shell: a quoted one may
 // hold spaces), NUL-terminated in place with its quotes kept; NULL at the end.
 static char *next_word(char **at) {
   char *w = *at + strspn(*at, " ");

@@ -7,9 +7,9 @@
 
 #include "api/model_file.h"  // RunSettings
 #include "datasets/loader.h"
+#include "dist/dist.h"
 #include "nn/criterion.h"
 #include "nn/detr.h"
-#include "train/dist.h"
 #include "train/optim.h"
 
 // The loss and matcher weights of the reference's flags (--bbox_loss_coef, --set_cost_class, ...);

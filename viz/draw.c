@@ -1,6 +1,6 @@
-// Drawing primitives, the embedded font and the line-chart renderer (train/draw.h).
+// Drawing primitives, the embedded font and the line-chart renderer (viz/draw.h).
 #define _POSIX_C_SOURCE 200809L  // fsync, getpid
-#include "train/draw.h"
+#include "viz/draw.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -3,9 +3,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "train/cli.h"
-#include "train/cocoeval.h"
-#include "train/commands.h"
+#include "cli/cli.h"
+#include "cli/commands.h"
+#include "eval/cocoeval.h"
 
 static const char *USAGE =
     "--ann A.json[.gz] --results R.json [--json OUT.json]\n"

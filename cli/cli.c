@@ -1,4 +1,4 @@
-#include "train/cli.h"
+#include "cli/cli.h"
 
 #include <errno.h>
 #include <limits.h>

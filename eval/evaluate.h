@@ -1,12 +1,12 @@
 // COCO evaluation of a model on a dataset: one pass of the val loader (no augmentation beyond the
-// val resize), no-grad forward, DETR's post-processing, and the 12 COCO numbers (train/cocoeval.h)
+// val resize), no-grad forward, DETR's post-processing, and the 12 COCO numbers (eval/cocoeval.h)
 // against the annotation file, optionally writing a COCO results JSON.
 #pragma once
 #include "nn/encoder_attn.h"
 #include "datasets/loader.h"
 #include "nn/detr.h"
-#include "train/cocoeval.h"
-#include "train/dist.h"
+#include "eval/cocoeval.h"
+#include "dist/dist.h"
 
 typedef struct {
   int batch_size, num_workers;
@@ -15,7 +15,7 @@ typedef struct {
   BadInputPolicy policy;     // unreadable images: fail or skip
   const char *results_path;  // a COCO results JSON to write, or NULL
   bool progress;             // a progress line on stderr
-  Dist dist;                 // the processes (train/dist.h; zero or DIST_SINGLE: this one alone).
+  Dist dist;                 // the processes (dist/dist.h; zero or DIST_SINGLE: this one alone).
                              // Several: each evaluates its slice of every batch, rank 0 merges the
                              // detections in dataset order and scores them, and every process gets
                              // the report. Collective: every rank of the group calls it.

@@ -4,11 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/commands.h"
+#include "cli/setup.h"
+#include "dist/dist.h"
 #include "tensor/safetensors.h"
-#include "train/commands.h"
-#include "train/dist.h"
 #include "train/run_dir.h"
-#include "train/setup.h"
 #include "train/trainer.h"
 
 static const char *USAGE =

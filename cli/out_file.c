@@ -1,5 +1,5 @@
 #define _DEFAULT_SOURCE  // realpath
-#include "train/out_file.h"
+#include "cli/out_file.h"
 
 #include <ctype.h>
 #include <limits.h>

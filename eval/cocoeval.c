@@ -2,7 +2,7 @@
 // per image evaluateImg() for each area range (matching at 10 IoU thresholds), then accumulate()
 // over images for each maxDets, then summarize(). Comments name the Python they mirror where the
 // exact arithmetic or order matters.
-#include "train/cocoeval.h"
+#include "eval/cocoeval.h"
 
 #include <errno.h>
 #include <float.h>

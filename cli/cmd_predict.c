@@ -12,15 +12,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli/commands.h"
+#include "cli/out_file.h"
+#include "cli/setup.h"
 #include "core/clock.h"
 #include "core/json_text.h"
 #include "datasets/image.h"
 #include "include/detr.h"
-#include "train/commands.h"
 #include "train/cpu_share.h"
-#include "train/draw.h"
-#include "train/out_file.h"
-#include "train/setup.h"
+#include "viz/draw.h"
 
 static const char *USAGE =
     "(--checkpoint C.safetensors | --weights W.safetensors [--config PRESET|FILE] [--set key=value ...])\n"

@@ -1,10 +1,9 @@
 // Shared set-up of the verbs: model configuration from a preset or file plus overrides, devices.
 #pragma once
-#include "train/dist.h"
+#include "dist/dist.h"
 #include "api/model_file.h"  // CheckpointInfo, model_eval_sizes, checkpoint_info_free
 #include "nn/detr.h"
-#include "train/cli.h"
-#include "datasets/coco.h"
+#include "cli/cli.h"
 #include "datasets/transforms.h"
 
 // The model preset of --config when none is given (train, pretrain; eval and predict with --weights).
@@ -32,9 +31,6 @@ int setup_enact(bool enact, CliList *sets, char *err, size_t err_cap);
   "fp32 (default), tf32 (CUDA tensor cores) or bf16 (bf16 inputs, fp32 accumulation in convolutions " \
   "and GEMMs: CPUs with AVX512-BF16 or AMX; a checkpoint keeps fp32 weights)"
 int setup_precision(const char *precision, bool inference, Device dev, CliList *sets, char *err, size_t err_cap);
-// A dataset split: ann = DIR/annotations/instances_<split>.json, or .json.gz when only that
-// exists; img = DIR/<split>.
-void setup_split_paths(const char *data_dir, const char *split, char *ann, size_t ann_cap, char *img, size_t img_cap);
 // "cpu" or "cuda". Returns 0, or -1 with err set (unknown name, or CUDA not built / no device).
 int setup_device(const Dist *job, const char *name, Device *dev, char *err, size_t err_cap);
 
@@ -44,14 +40,3 @@ int setup_device(const Dist *job, const char *name, Device *dev, char *err, size
 // with err set. The same loader as the C API's (api/model_file.c: model_file_load).
 int setup_load_model(const char *checkpoint, const char *weights, const char *config, const CliList *sets, Device dev,
                      DetrModel **out, CheckpointInfo *info, char *err, size_t err_cap);
-
-// A checkpoint's categories ("id:name;id:name;...", CheckpointInfo.categories; NULL: unknown)
-// against a dataset's. Returns 0 when they are the same (or unknown), 1 when the ids are the same
-// but some names differ, 2 when the ids differ; for 1 and 2, msg says the first few differences.
-int categories_compare(const char *checkpoint_categories, const CocoDataset *ds, char *msg, size_t cap);
-
-// The data set's layout for one split, checked before anything is read, with the fix in the
-// message: DIR/annotations/instances_<split>.json[.gz] and DIR/<split>/ must exist; when they do
-// not, err names what is there instead (the instances files and folders) and the flag that picks
-// the split (`flag`, e.g. "--train-split"). Returns 0 or -1 with err set.
-int setup_check_split_layout(const char *data_dir, const char *split, const char *flag, char *err, size_t err_cap);

@@ -3,9 +3,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/cli.h"
+#include "cli/commands.h"
 #include "datasets/synth.h"
-#include "train/cli.h"
-#include "train/commands.h"
 
 static const char *USAGE =
     "--out DIR [--train N] [--val M] [--seed S] [--min-side PX] [--max-side PX] [--quality Q]\n"

@@ -7,10 +7,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cli/cli.h"
+#include "cli/commands.h"
 #include "tensor/safetensors.h"
 #include "train/checkpoint.h"
-#include "train/cli.h"
-#include "train/commands.h"
 
 static const char *USAGE =
     "FILE [--all]\n"

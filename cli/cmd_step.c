@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/commands.h"
+#include "cli/setup.h"
 #include "nn/model_io.h"
-#include "train/commands.h"
-#include "train/setup.h"
 #include "train/step_batch.h"
 
 static const char *USAGE =

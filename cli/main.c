@@ -1,4 +1,4 @@
-// detr: the command-line tool. Each verb lives in train/cmd_<verb>.c (train/commands.h).
+// detr: the command-line tool. Each verb lives in cli/cmd_<verb>.c (cli/commands.h).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,8 +7,8 @@
 #include "autograd/ops.h"
 #include "include/detr.h"
 #include "kernels/cpu/cpu_kernels.h"
-#include "train/commands.h"
-#include "train/dist.h"
+#include "cli/commands.h"
+#include "dist/dist.h"
 
 typedef struct {
   const char *name;

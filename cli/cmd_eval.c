@@ -2,13 +2,14 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/commands.h"
+#include "cli/out_file.h"
+#include "cli/setup.h"
+#include "dist/dist.h"
+#include "eval/evaluate.h"
 #include "kernels/cpu/cpu_kernels.h"
-#include "train/commands.h"
 #include "train/cpu_share.h"
-#include "train/dist.h"
-#include "train/evaluate.h"
-#include "train/out_file.h"
-#include "train/setup.h"
+#include "train/data_layout.h"
 
 static const char *USAGE =
     "(--checkpoint C.safetensors | --weights W.safetensors [--config PRESET|FILE] [--set k=v ...] [--enact])\n"

@@ -1,5 +1,5 @@
 #define _POSIX_C_SOURCE 200809L  // fileno under -std=c11
-#include "train/evaluate.h"
+#include "eval/evaluate.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "dist/dist.h"
 #include "nn/postprocess.h"
-#include "train/dist.h"
 
 int write_coco_results(const char *path, const CocoEvalDet *dets, int64_t n, char *err, size_t err_cap) {
   char tmp[4096];

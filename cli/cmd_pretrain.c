@@ -11,16 +11,17 @@
 #include <string.h>
 
 #include "autograd/ops.h"
+#include "cli/commands.h"
+#include "cli/out_file.h"
+#include "cli/setup.h"
 #include "core/clock.h"
 #include "datasets/crops.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "nn/model_io.h"
 #include "nn/resnet.h"
-#include "train/commands.h"
 #include "train/cpu_share.h"
+#include "train/data_layout.h"
 #include "train/optim.h"
-#include "train/out_file.h"
-#include "train/setup.h"
 
 static const char *USAGE =
     "--data DIR --out FILE [--config PRESET|FILE] [--set key=value ...] [options]\n"

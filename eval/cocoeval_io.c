@@ -15,7 +15,7 @@
 #include "datasets/json_stream.h"
 #include "core/error.h"
 #include "kernels/common.h"  // DETR_MAX_JSON_DEPTH
-#include "train/cocoeval.h"
+#include "eval/cocoeval.h"
 
 typedef enum { SEC_NONE, SEC_IMAGES, SEC_ANNS, SEC_CATS, SEC_RESULTS, SEC_COUNT } Section;
 static const char *const SECTION_NAME[SEC_COUNT] = {"", "images", "annotations", "categories", "detection"};

@@ -1,5 +1,5 @@
 #define _DEFAULT_SOURCE  // setenv
-#include "train/dist.h"
+#include "dist/dist.h"
 
 #include <stdio.h>
 #include <stdlib.h>
