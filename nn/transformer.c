@@ -110,6 +110,8 @@ Tensor *decoder_layer_forward(const DecoderLayer *l, const NnCtx *ctx, Tensor *t
   return layernorm_forward(&l->norm3, tgt);
 }
 
+// DETR's Transformer._reset_parameters xaviers every matrix, the output projection's too (Anchor
+// DETR's keeps torch's MultiheadAttention init there: nn/decoder_anchor.c's init_mha differs).
 static void init_mha(MultiheadAttention *a, Rng *rng) {
   init_xavier_uniform(a->in_proj_weight, rng);
   tensor_fill_(a->in_proj_bias, 0.0f);

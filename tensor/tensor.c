@@ -51,17 +51,20 @@ static Tensor *header_pool = NULL;  // linked through `grad`
 static pthread_mutex_t header_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t header_system_allocs = 0;
 
-uint64_t tensor_header_system_allocs(void) { return header_system_allocs; }
+uint64_t tensor_header_system_allocs(void) {
+  pthread_mutex_lock(&header_lock);
+  uint64_t n = header_system_allocs;
+  pthread_mutex_unlock(&header_lock);
+  return n;
+}
 
 static Tensor *header_get(void) {
   pthread_mutex_lock(&header_lock);
   Tensor *t = header_pool;
   if (t) header_pool = t->grad;
+  else header_system_allocs++;  // under the lock: the loader's threads make tensors too
   pthread_mutex_unlock(&header_lock);
-  if (!t) {
-    header_system_allocs++;
-    t = detr_malloc(sizeof(Tensor), "a tensor header");
-  }
+  if (!t) t = detr_malloc(sizeof(Tensor), "a tensor header");
   memset(t, 0, sizeof(*t));
   return t;
 }
