@@ -15,7 +15,8 @@
 #include <zlib.h>  // crc32
 
 #include "datasets/coco.h"
-#include "datasets/json_stream.h"  // the limits of instances files
+#include "datasets/data_util.h"
+#include "datasets/json_stream.h"
 #include "nn/model_io.h"
 
 // --- checkpoint format and checksum ------------------------------------------------------------
@@ -467,21 +468,9 @@ static int np_end_array(void *ctx) {
   return 1;
 }
 
-// open() + fstat: a missing, unreadable or non-regular file is an I/O error with errno's words.
+// A missing, unreadable or non-regular file is an I/O error with errno's words.
 int file_check_readable(const char *path, char *err, size_t err_cap) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a named pipe: refused below, not waited on
-  if (fd < 0) {
-    snprintf(err, err_cap, "%s: cannot open: %s", path, strerror(errno));
-    return -1;
-  }
-  struct stat st;
-  int rc = fstat(fd, &st);
-  close(fd);
-  if (rc || !S_ISREG(st.st_mode)) {
-    snprintf(err, err_cap, "%s: not a regular file", path);
-    return -1;
-  }
-  return 0;
+  return data_regular_file_size(path, err, err_cap) < 0 ? -1 : 0;
 }
 
 detr_status label_names_from_coco(const char *path, LabelNames *nm, char *err, size_t err_cap) {

@@ -1,12 +1,15 @@
+#define _POSIX_C_SOURCE 200809L  // O_CLOEXEC under -std=c11
 #include "datasets/data_util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/error.h"
 
@@ -86,4 +89,20 @@ void data_reserve(void **buf, int64_t *cap, int64_t need, size_t elem, const cha
   while (c < need) c += c / 2 + 16;  // x1.5: bounded overshoot for the big annotation arrays
   *buf = detr_realloc(*buf, (size_t)c * elem, what);
   *cap = c;
+}
+
+int64_t data_regular_file_size(const char *path, char *err, size_t err_cap) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    snprintf(err, err_cap, "%s: cannot open: %s", path, strerror(errno));
+    return -1;
+  }
+  struct stat st;
+  int rc = fstat(fd, &st);
+  close(fd);
+  if (rc || !S_ISREG(st.st_mode)) {
+    snprintf(err, err_cap, "%s: not a regular file", path);
+    return -1;
+  }
+  return (int64_t)st.st_size;
 }

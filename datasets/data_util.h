@@ -42,6 +42,9 @@ char *data_path_join(const char *dir, const char *name);
 // Creates dir and its missing parents (mode 0777 less the umask, as mkdir -p). Returns 0 or
 // DATA_ERROR with the reason. The project's one mkdir -p: detr synth, predict and train use it.
 int data_mkdirs(const char *dir, DataError *err);
+// The size of the regular file at path, or -1 with err set ("cannot open" with errno's words, or
+// "not a regular file"). Opened without blocking: a named pipe with no writer would wait for one.
+int64_t data_regular_file_size(const char *path, char *err, size_t err_cap);
 
 // Grows *buf (elements of `elem` bytes, capacity *cap) to hold at least `need` elements.
 void data_reserve(void **buf, int64_t *cap, int64_t need, size_t elem, const char *what);

@@ -11,6 +11,7 @@
 #include <zlib.h>
 
 #include "core/error.h"
+#include "datasets/data_util.h"
 
 // The fuzz harnesses' inputs are a few kilobytes: small chunks make them cross chunk boundaries,
 // as real files do.
@@ -19,24 +20,6 @@
 #else
 #define DEFAULT_CHUNK (1u << 16)
 #endif
-
-// The file's size on disk, or -1 with err set when it is no regular file (opened without blocking:
-// a named pipe with no writer would wait for one) or cannot be opened.
-static int64_t regular_file_size(const char *path, char *err, size_t err_cap) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    snprintf(err, err_cap, "%s: cannot open: %s", path, strerror(errno));
-    return -1;
-  }
-  struct stat st;
-  int rc = fstat(fd, &st);
-  close(fd);
-  if (rc || !S_ISREG(st.st_mode)) {
-    snprintf(err, err_cap, "%s: not a regular file", path);
-    return -1;
-  }
-  return (int64_t)st.st_size;
-}
 
 int64_t json_item_budget(const char *path) {
   struct stat st;
@@ -142,7 +125,7 @@ static JsonStatus feed(const JsonReader *r, gzFile gz, yajl_handle h, int64_t ma
 
 JsonStatus json_read_file(const JsonReader *r, int64_t *json_bytes, char *err, size_t err_cap) {
   if (json_bytes) *json_bytes = 0;
-  int64_t file_bytes = regular_file_size(r->path, err, err_cap);
+  int64_t file_bytes = data_regular_file_size(r->path, err, err_cap);
   if (file_bytes < 0) return JSON_ERR_IO;
   errno = 0;
   gzFile gz = gzopen(r->path, "rb");
