@@ -493,6 +493,25 @@ static void *work(void *arg) {
   return NULL;
 }
 
+// a and b detect on two threads at once; each of their results must equal its reference (freed here).
+static void detect_on_two_threads(Worker *a, Worker *b, detr_result *ref_a, detr_result *ref_b) {
+  pthread_t ta, tb;
+  ck_assert_int_eq(pthread_create(&ta, NULL, work, a), 0);
+  ck_assert_int_eq(pthread_create(&tb, NULL, work, b), 0);
+  pthread_join(ta, NULL);
+  pthread_join(tb, NULL);
+  for (int i = 0; i < 4; i++) {
+    ck_assert_int_eq(a->st[i], DETR_OK);
+    ck_assert_int_eq(b->st[i], DETR_OK);
+    assert_same_result(a->r[i], ref_a);
+    assert_same_result(b->r[i], ref_b);
+    detr_result_free(a->r[i]);
+    detr_result_free(b->r[i]);
+  }
+  detr_result_free(ref_a);
+  detr_result_free(ref_b);
+}
+
 START_TEST(two_threads_one_model) {
   detr_model *m = open_tiny(NULL);
   char jpg[300], png[300];
@@ -500,28 +519,14 @@ START_TEST(two_threads_one_model) {
   snprintf(png, sizeof png, "%s", at("img.png"));
   detr_result *ref_jpg = detect(m, jpg, 0.0), *ref_png = detect(m, png, 0.0);
   Worker a = {.m = m, .file = jpg}, b = {.m = m, .file = png};
-  pthread_t ta, tb;
-  ck_assert_int_eq(pthread_create(&ta, NULL, work, &a), 0);
-  ck_assert_int_eq(pthread_create(&tb, NULL, work, &b), 0);
-  pthread_join(ta, NULL);
-  pthread_join(tb, NULL);
-  for (int i = 0; i < 4; i++) {
-    ck_assert_int_eq(a.st[i], DETR_OK);
-    ck_assert_int_eq(b.st[i], DETR_OK);
-    assert_same_result(a.r[i], ref_jpg);
-    assert_same_result(b.r[i], ref_png);
-    detr_result_free(a.r[i]);
-    detr_result_free(b.r[i]);
-  }
-  detr_result_free(ref_jpg);
-  detr_result_free(ref_png);
+  detect_on_two_threads(&a, &b, ref_jpg, ref_png);
   detr_close(m);
 }
 END_TEST
 
 // Two models (two files, different weights) on two threads at once: each result equal to the one
 // the model gives alone. Each model runs in its own runtime (core/runtime.h): nothing is shared but
-// the allocator's and oneDNN's locked caches (the tsan_api test runs this under ThreadSanitizer).
+// the allocator's and oneDNN's locked caches (tools/test.sh runs this test under ThreadSanitizer).
 START_TEST(two_threads_two_models) {
   detr_model *m1 = open_tiny(NULL), *m2 = NULL;
   ck_assert_int_eq(detr_open_weights(at("w2.safetensors"), "tiny", NULL, &m2), DETR_OK);
@@ -533,21 +538,7 @@ START_TEST(two_threads_two_models) {
   ck_assert(detr_result_get(other, 0)->score != detr_result_get(ref1, 0)->score);
   detr_result_free(other);
   Worker a = {.m = m1, .file = jpg}, b = {.m = m2, .file = png};
-  pthread_t ta, tb;
-  ck_assert_int_eq(pthread_create(&ta, NULL, work, &a), 0);
-  ck_assert_int_eq(pthread_create(&tb, NULL, work, &b), 0);
-  pthread_join(ta, NULL);
-  pthread_join(tb, NULL);
-  for (int i = 0; i < 4; i++) {
-    ck_assert_int_eq(a.st[i], DETR_OK);
-    ck_assert_int_eq(b.st[i], DETR_OK);
-    assert_same_result(a.r[i], ref1);
-    assert_same_result(b.r[i], ref2);
-    detr_result_free(a.r[i]);
-    detr_result_free(b.r[i]);
-  }
-  detr_result_free(ref1);
-  detr_result_free(ref2);
+  detect_on_two_threads(&a, &b, ref1, ref2);
   detr_close(m1);
   detr_close(m2);
 }
