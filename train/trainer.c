@@ -994,6 +994,11 @@ static int train_epoch(Trainer *t, bool *stop) {
 
 // --- stage 4, evaluation: COCO AP on the val split, its log, the best checkpoint ---
 
+// Whether the epochs done so far end at an evaluation: every --eval-every epochs, and the last.
+static bool evaluation_due(const TrainOptions *o, int64_t epochs_done, bool last) {
+  return (o->eval_every > 0 && epochs_done % o->eval_every == 0) || last;
+}
+
 // Whether the run owes the evaluation due at the end of its checkpoint's epoch: killed during it,
 // the run resumes from the checkpoint saved before it, and the evaluation's line was never written
 // (metrics.jsonl's history, read by rank 0; every rank gets its answer).
@@ -1001,7 +1006,7 @@ static bool owes_evaluation(Trainer *t) {
   const TrainOptions *o = t->o;
   uint64_t owes = 0;
   if (t->resumed && t->val && t->st.next_batch == 0 && t->st.epoch > 0 && dist_is_main(&t->dist)) {
-    bool due = (o->eval_every > 0 && t->st.epoch % o->eval_every == 0) || t->st.epoch >= o->epochs;
+    bool due = evaluation_due(o, t->st.epoch, t->st.epoch >= o->epochs);
     bool logged = false;
     for (int i = 0; i < t->history.n_evals; i++) logged = logged || t->history.epoch[i] == (double)t->st.epoch;
     owes = due && !logged;
@@ -1137,8 +1142,7 @@ int train_run(TrainOptions *o, const Dist *group) {
     bool epoch_finished = t.st.next_batch == 0, last = t.st.epoch >= o->epochs || (stop && !t.interrupted);
     if (epoch_finished && dist_is_main(&t.dist))
       fprintf(stderr, "epoch %lld done in %.1f s\n", (long long)t.st.epoch - 1, now_s() - epoch_t0);
-    if (epoch_finished && t.val && ((o->eval_every > 0 && t.st.epoch % o->eval_every == 0) || last))
-      rc = evaluate_epoch(&t);
+    if (epoch_finished && t.val && evaluation_due(o, t.st.epoch, last)) rc = evaluate_epoch(&t);
   }
   if (rc == 0 && !complete) rc = save_final(&t);
   if (rc == 0 && !complete) write_chart(&t.dist, o, &t.history);
