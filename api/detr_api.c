@@ -424,13 +424,7 @@ static void fill_batch(const detr_model *m, const Prepared *p, int n, int64_t H,
 #pragma omp parallel for schedule(static) if (n * H * W * 3 > PARALLEL_MIN_LIGHT)
   for (int64_t row = 0; row < n * H; row++) {
     int64_t b = row / H, y = row % H, w = y < p[b].h ? p[b].w : 0;  // the image's pixels in this row
-    const unsigned char *px = w ? p[b].rgb + y * w * 3 : NULL;
-    float *out = pixels + row * W * 3;
-    for (int64_t x = 0; x < w; x++, px += 3, out += 3)
-      out[0] = lut[0][px[0]], out[1] = lut[1][px[1]], out[2] = lut[2][px[2]];
-    memset(out, 0, (size_t)((W - w) * 3) * sizeof(float));
-    memset(mask + row * W, 0, (size_t)w);
-    memset(mask + row * W + w, 1, (size_t)(W - w));
+    pad_normalize_row(w ? p[b].rgb + y * w * 3 : NULL, w, W, lut, pixels + row * W * 3, mask + row * W);
   }
 }
 
@@ -455,15 +449,13 @@ static detr_status detect_prepared(detr_model *m, Prepared *p, int n, double thr
   ScopeMark mark = tensor_scope_mark();
   // [n, H, W, 3], padded straight into a CPU tensor: the allocator's arena keeps its pages mapped
   // from one call to the next, where a malloc'd buffer of this size is fresh pages every time.
-  // Channels last, the backbone's layout: no permute of the image in the forward.
   Tensor *images = tensor_new_scoped(DEVICE_CPU, SHAPE(n, H, W, 3));
   fill_batch(m, p, n, H, W, images->data, mask);
   for (int b = 0; b < n; b++) image_free(&p[b].owned);
   if (m->net->params.device != DEVICE_CPU) images = tensor_scoped(tensor_to_device(images, m->net->params.device));
   NnCtx ctx = {.training = false,
                .want_cross_attn = m->outputs & DETR_OUTPUT_ATTENTION,
-               .want_clusters = m->outputs & DETR_OUTPUT_CLUSTERS,
-               .images_channels_last = true};
+               .want_clusters = m->outputs & DETR_OUTPUT_CLUSTERS};
   DetrOutput fwd;
   detr_status st = DETR_OK;
   if (detr_model_forward(m->net, &ctx, images, mask, &fwd, last_error, sizeof last_error)) {

@@ -80,7 +80,7 @@ static Measure bench_step(const EncoderAttnKind *kind, int reps) {
   cfg.encoder_attn = kind;
   DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
   detr_model_init(m, 1);
-  Tensor *images = rand_tensor(SHAPE(2, 3, 320, 320), 5, 2.0f);
+  Tensor *images = rand_tensor(SHAPE(2, 320, 320, 3), 5, 2.0f);
   uint8_t *mask = calloc(2 * 320 * 320, 1);
   float boxes[12] = {0.3f, 0.3f, 0.2f, 0.2f, 0.6f, 0.5f, 0.3f, 0.4f, 0.5f, 0.7f, 0.1f, 0.1f};
   int64_t labels[6] = {1, 5, 9, 3, 7, 2};

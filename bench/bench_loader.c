@@ -46,7 +46,7 @@ static void bench_training(const CocoDataset *ds, int scale, int max_size, int s
     DETR_CHECK(loader_next(L, &b, &err) == DATA_OK, "%s", err.msg);
     if (step > 0) waited += now() - t0, images += b->size;
     ScopeMark mark = tensor_scope_mark();
-    Tensor *x = batch_images_tensor(b, DEVICE_CPU);  // [B, 3, H, W]
+    Tensor *x = batch_images_tensor(b, DEVICE_CPU);  // [B, H, W, 3]
     DetrOutput out;
     DETR_CHECK(detr_model_forward(model, &ctx, x, b->mask, &out, msg, sizeof msg) == 0, "%s", msg);
     DetrTarget targets[16];

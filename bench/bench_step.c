@@ -233,7 +233,7 @@ static int load_inputs(StepArgs *a, const DetrConfig *cfg, Device dev, StepBatch
     a->batch = (int)in->B, a->height = (int)in->H, a->width = (int)in->W;
   } else {
     in->B = a->batch, in->H = a->height, in->W = a->width;
-    in->images = tensor_new(dev, SHAPE(in->B, 3, in->H, in->W));
+    in->images = tensor_new(dev, SHAPE(in->B, in->H, in->W, 3));
     Rng rng = rng_make(7);
     tensor_normal_(in->images, &rng, 0.0f, 1.0f);
     in->mask = detr_calloc((size_t)(in->B * in->H * in->W), 1, "mask");
@@ -384,7 +384,7 @@ int main(int argc, char **argv) {
     }
     if (a.vary && r >= 0) {  // step r: (height - 8 (r + 1)) x (width - 12 (r + 1)); the mask is all valid
       if (images != in.images) tensor_release(images);
-      images = tensor_new(dev, SHAPE(a.batch, 3, height - 8 * (r + 1), width - 12 * (r + 1)));
+      images = tensor_new(dev, SHAPE(a.batch, height - 8 * (r + 1), width - 12 * (r + 1), 3));
       tensor_normal_(images, &rng, 0.0f, 1.0f);
     }
     if (r == 0) capture(&a, true);

@@ -35,9 +35,9 @@ typedef struct {
   ParamStore params;  // backbone.0.body.* and head.*
 } Classifier;
 
-// logits [B, classes] of the images [B, 3, S, S].
+// logits [B, classes] of the images [B, S, S, 3].
 static Tensor *classify(const Classifier *m, Tensor *images) {
-  Tensor *feat = resnet_forward(&m->resnet, images, false);  // [B, h, w, C]
+  Tensor *feat = resnet_forward(&m->resnet, images);  // [B, h, w, C]
   int64_t B = feat->shape.d[0], C = feat->shape.d[3];
   Tensor *pooled = op_mean(op_reshape(feat, SHAPE(B, -1, C)), 1, false);  // [B, C]
   return linear_forward(&m->head, pooled);
@@ -53,7 +53,7 @@ static double accuracy(const Classifier *m, const CropSet *c, int crop, int batc
     for (int i = 0; i < n; i++) index[i] = start + i;
     crops_batch(c, index, n, crop, false, NULL, host);
     ScopeMark mark = tensor_scope_mark();
-    Tensor *x = op_constant(dev, SHAPE(n, 3, crop, crop), host);
+    Tensor *x = op_constant(dev, SHAPE(n, crop, crop, 3), host);
     Tensor *y = classify(m, x);
     tensor_to_host(y, logits);
     for (int i = 0; i < n; i++) {
@@ -104,7 +104,7 @@ typedef struct {
   AdamW opt;
   int B;                    // crops per step (the whole set when smaller than --batch)
   int64_t *order, *labels;  // [train.n], [B]
-  float *host;              // [B, 3, crop, crop]
+  float *host;              // [B, crop, crop, 3]
   CpuShare cpu;             // compute threads: the cores other processes leave free
 } Pretrainer;
 
@@ -127,7 +127,7 @@ static void build_classifier(Pretrainer *p) {
   p->host = detr_malloc(sizeof(float) * (size_t)p->B * 3 * (size_t)o->crop * (size_t)o->crop, "pretrain images");
   for (int i = 0; i < p->B; i++) p->order[i] = i;
   crops_batch(&p->train, p->order, p->B, o->crop, false, NULL, p->host);
-  Tensor *x = tensor_from_host(p->dev, SHAPE(p->B, 3, o->crop, o->crop), p->host);
+  Tensor *x = tensor_from_host(p->dev, SHAPE(p->B, o->crop, o->crop, 3), p->host);
   resnet_calibrate(&m->resnet, x);
   tensor_release(x);
   OptimConfig oc = optim_config_default();
@@ -154,7 +154,7 @@ static int pretrain_epoch(Pretrainer *p, int epoch, Rng *rng, double *loss_mean)
     crops_batch(&p->train, order + start, p->B, o->crop, true, rng, p->host);
     for (int i = 0; i < p->B; i++) p->labels[i] = p->train.labels[order[start + i]];
     ScopeMark mark = tensor_scope_mark();
-    Tensor *x = op_constant(p->dev, SHAPE(p->B, 3, o->crop, o->crop), p->host);
+    Tensor *x = op_constant(p->dev, SHAPE(p->B, o->crop, o->crop, 3), p->host);
     Tensor *loss = op_cross_entropy(classify(&p->m, x), p->labels, NULL);
     float l = tensor_item(loss);
     if (!isfinite(l)) {

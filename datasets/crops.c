@@ -100,13 +100,12 @@ void crops_batch(const CropSet *c, const int64_t *index, int n, int out_side, bo
       left = (int)rng_next_below(rng, (uint64_t)room + 1);
       flip = rng_next_uniform(rng) < 0.5f;
     }
-    float *dst = out + (size_t)b * 3 * plane;  // [3, out_side, out_side]
+    float *dst = out + (size_t)b * plane * 3;  // [out_side, out_side, 3]
     for (int y = 0; y < out_side; y++)
-      for (int x = 0; x < out_side; x++) {
+      for (int x = 0; x < out_side; x++, dst += 3) {
         int sx = left + (flip ? out_side - 1 - x : x);
         const uint8_t *px = src + ((size_t)(top + y) * (size_t)S + (size_t)sx) * 3;
-        for (int ch = 0; ch < 3; ch++)
-          dst[(size_t)ch * plane + (size_t)y * (size_t)out_side + (size_t)x] = c->lut[ch][px[ch]];
+        for (int ch = 0; ch < 3; ch++) dst[ch] = c->lut[ch][px[ch]];
       }
   }
 }

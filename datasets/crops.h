@@ -23,7 +23,7 @@ typedef struct {
 int crops_extract(const CocoDataset *ds, int side, float context, CropSet *out, DataError *err);
 void crops_free(CropSet *c);
 
-// A batch of n crops as normalized float images [n, 3, out_side, out_side] (the caller's buffer,
+// A batch of n crops as normalized float images [n, out_side, out_side, 3] (the caller's buffer,
 // ImageNet mean and std as the detector's loader): with `augment`, a random out_side window of
 // each stored crop and a random left-right flip (draws from rng); without, the centre window.
 void crops_batch(const CropSet *c, const int64_t *index, int n, int out_side, bool augment, Rng *rng, float *out);

@@ -186,22 +186,12 @@ static void collate(DataLoader *L, Batch *b, const Scratch *s, const int64_t *in
   for (int i = 0; i < m; i++) {
     const Image *im = &s->images[i];
     const Target *t = &s->targets[i];
-    float *dst = b->images + (int64_t)i * 3 * plane;  // [3, H, W]
+    float *dst = b->images + (int64_t)i * plane * 3;  // [H, W, 3]
     uint8_t *mask = b->mask + (int64_t)i * plane;     // [H, W]
-    for (int c = 0; c < 3; c++) {
-      const float *lut = L->lut[c];
-      for (int y = 0; y < H; y++) {
-        float *row = dst + (int64_t)c * plane + (int64_t)y * W;
-        int valid = y < im->h ? im->w : 0;
-        const uint8_t *src = im->data + (int64_t)y * im->w * 3 + c;  // [w, 3] interleaved
-        for (int x = 0; x < valid; x++) row[x] = lut[src[x * 3]];
-        for (int x = valid; x < W; x++) row[x] = 0.0f;  // the reference pads the normalized tensor with 0
-      }
-    }
     for (int y = 0; y < H; y++) {
       int valid = y < im->h ? im->w : 0;
-      memset(mask + (int64_t)y * W, 0, (size_t)valid);
-      memset(mask + (int64_t)y * W + valid, 1, (size_t)(W - valid));
+      pad_normalize_row(valid ? im->data + (int64_t)y * im->w * 3 : NULL, valid, W, L->lut,
+                        dst + (int64_t)y * W * 3, mask + (int64_t)y * W);
     }
     BatchTarget *bt = &b->targets[i];
     int64_t idx = indices[i];
@@ -599,5 +589,5 @@ void loader_free(DataLoader *L) {
 // --- tensors -------------------------------------------------------------------------------------
 
 Tensor *batch_images_tensor(const Batch *b, Device dev) {
-  return tensor_from_host(dev, SHAPE(b->size, 3, b->h, b->w), b->images);
+  return tensor_from_host(dev, SHAPE(b->size, b->h, b->w, 3), b->images);
 }

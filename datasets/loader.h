@@ -4,8 +4,8 @@
 // so 0, 1 or N workers give byte-identical batches, and a run resumed at a saved position sees
 // the same batches an uninterrupted run would.
 //
-// Batches are host structs in the reference DETR's layout (NestedTensor + targets): images padded
-// bottom/right to the largest in the batch (its height and width rounded up to a multiple of
+// Batches are host structs holding what the reference DETR's NestedTensor + targets hold, images
+// channels last (the backbone's layout, so the forward permutes nothing): images padded bottom/right to the largest in the batch (its height and width rounded up to a multiple of
 // LoaderConfig.pad_multiple), a mask with 1 at padding, per-image targets with normalized cxcywh
 // boxes relative to the unpadded augmented image.
 #pragma once
@@ -29,7 +29,7 @@ typedef struct {
 typedef struct {
   int size;              // images (fewer than batch_size at an epoch's end, or after skipped images)
   int h, w;              // padded size
-  float *images;         // [size, 3, h, w] normalized, 0 in the padding
+  float *images;         // [size, h, w, 3] normalized, 0 in the padding
   uint8_t *mask;         // [size, h, w] 1 = padding
   BatchTarget *targets;  // [size]
   int64_t epoch, index;  // which batch this is: number `index` of epoch `epoch`
@@ -112,4 +112,4 @@ void loader_epoch_order(uint64_t seed, int64_t epoch, bool shuffle, int64_t n, i
 Rng loader_sample_rng(uint64_t seed, int64_t epoch, int64_t dataset_index);
 
 // The batch's images as a tensor (the caller owns it).
-Tensor *batch_images_tensor(const Batch *b, Device dev);  // [size, 3, h, w]
+Tensor *batch_images_tensor(const Batch *b, Device dev);  // [size, h, w, 3]

@@ -219,3 +219,11 @@ void aug_normalize_lut(const AugConfig *cfg, float lut[3][256]) {
   for (int c = 0; c < 3; c++)
     for (int v = 0; v < 256; v++) lut[c][v] = ((float)v / 255.0f - cfg->mean[c]) / cfg->std[c];
 }
+
+void pad_normalize_row(const uint8_t *rgb, int64_t w, int64_t W, const float lut[3][256], float *out, uint8_t *mask) {
+  for (int64_t x = 0; x < w; x++, rgb += 3, out += 3)
+    out[0] = lut[0][rgb[0]], out[1] = lut[1][rgb[1]], out[2] = lut[2][rgb[2]];
+  memset(out, 0, (size_t)((W - w) * 3) * sizeof(float));
+  memset(mask, 0, (size_t)w);
+  memset(mask + w, 1, (size_t)(W - w));
+}

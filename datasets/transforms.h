@@ -72,3 +72,7 @@ void aug_apply(Image *img, Target *t, const AugConfig *cfg, Rng *rng);
 void target_to_cxcywh_normalized(const Target *t, int image_w, int image_h, float *out);
 // lut[c][v] = (v / 255 - mean[c]) / std[c] in float32, as ToTensor + Normalize compute it.
 void aug_normalize_lut(const AugConfig *cfg, float lut[3][256]);
+// One row of a batch, channels last as the backbone computes: rgb [w, 3] normalized by lut into
+// out [W, 3], zeros past w (the reference pads the normalized tensor with 0); mask [W] 0 on the
+// image, 1 on the padding. The loader's collate and the C API's batch both write rows with it.
+void pad_normalize_row(const uint8_t *rgb, int64_t w, int64_t W, const float lut[3][256], float *out, uint8_t *mask);

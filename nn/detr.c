@@ -207,15 +207,12 @@ int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, con
   ctx = &run;
   device_set_bf16(images->device, m->cfg.bf16);  // this model's precision (its backward's too), resolved at creation
   char sbuf[64];
-  bool nhwc = ctx->images_channels_last;
-  DETR_CHECK(images->shape.ndim == 4 && images->shape.d[nhwc ? 3 : 1] == 3,
-             "detr_model_forward: images must be %s, got %s", nhwc ? "[B, H, W, 3]" : "[B, 3, H, W]",
+  DETR_CHECK(images->shape.ndim == 4 && images->shape.d[3] == 3, "detr_model_forward: images must be [B, H, W, 3], got %s",
              shape_str(images->shape, sbuf, sizeof sbuf));
   const DetrConfig *c = &m->cfg;
   const DecoderKind *dk = detr_decoder(c);
-  int64_t B = images->shape.d[0], H = images->shape.d[nhwc ? 1 : 2], W = images->shape.d[nhwc ? 2 : 3],
-          d = c->hidden_dim;
-  Tensor *feat = resnet_forward(&m->backbone, images, nhwc);  // [B, h, w, C] (channels last)
+  int64_t B = images->shape.d[0], H = images->shape.d[1], W = images->shape.d[2], d = c->hidden_dim;
+  Tensor *feat = resnet_forward(&m->backbone, images);  // [B, h, w, C] (channels last)
   int64_t h = feat->shape.d[1], w = feat->shape.d[2], N = h * w;
   Tensor *src = conv2d_forward(&m->input_proj, feat);  // [B, h, w, d]
   src = op_reshape(src, SHAPE(B, N, d));               // [B, N, d]

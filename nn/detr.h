@@ -150,7 +150,7 @@ int64_t detr_detections_per_image(const DetrConfig *cfg);
 void detr_postprocess_output(const DetrModel *m, const DetrOutput *o, const int *orig_w, const int *orig_h,
                              Detection *out);
 
-// images [B, 3, H, W] normalized ([B, H, W, 3] where ctx->images_channels_last); mask host [B, H, W]
+// images [B, H, W, 3] normalized (channels last: the backbone's layout); mask host [B, H, W]
 // (1 = padding). Returns 0, or -1 with err
 // set for a batch the encoder's attention variant cannot handle (e.g. ENACT: an image with no valid
 // pixel at feature resolution).

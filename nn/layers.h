@@ -17,8 +17,6 @@ typedef struct {
   bool want_cross_attn;
   bool want_clusters;
   bool inference;
-  bool images_channels_last;  // detr_model_forward's images are [B, H, W, 3] (the C API's, made from
-                              // interleaved pixels), not [B, 3, H, W]
 } NnCtx;
 
 Tensor *nn_dropout(const NnCtx *ctx, Tensor *x, float p);

@@ -125,7 +125,6 @@ static void calibrate_step(void *state, int i, TensorCarry *carry) {
   ResNet *r = state;
   Tensor *x = carry->t[0];
   if (i == 0) {
-    x = op_permute(x, (const int[]){0, 2, 3, 1});  // [B, H, W, 3]
     carry->t[0] = op_maxpool2d(op_relu(calibrated(&r->bn1, conv2d_forward(&r->conv1, x))), 3, 2, 1, true);
     return;
   }
@@ -197,7 +196,7 @@ static Tensor *resblock_forward_folded(const ResBlock *b, Tensor *x) {
 
 typedef struct {
   const ResNet *r;
-  bool channels_last, folded;
+  bool folded;
 } ForwardStep;
 
 // The stem (i 0) or block i - 1 on carry->t[0] (tensor_run_layers): after each, everything made
@@ -208,7 +207,6 @@ static void forward_step(void *state, int i, TensorCarry *carry) {
   const ResNet *r = s->r;
   Tensor *x = carry->t[0];
   if (i == 0) {
-    if (!s->channels_last) x = op_permute(x, (const int[]){0, 2, 3, 1});  // [B, H, W, 3]: channels last from here on
     x = s->folded ? folded_conv_forward(&r->fstem, x, NULL, true, false)
                   : frozen_bn_act_forward(&r->bn1, conv2d_forward(&r->conv1, x), NULL, true);
     carry->t[0] = op_maxpool2d(x, 3, 2, 1, true);
@@ -218,8 +216,8 @@ static void forward_step(void *state, int i, TensorCarry *carry) {
   carry->t[0] = s->folded ? resblock_forward_folded(b, x) : resblock_forward(b, x);
 }
 
-Tensor *resnet_forward(const ResNet *r, Tensor *x, bool channels_last) {
-  ForwardStep s = {.r = r, .channels_last = channels_last, .folded = r->folded && !autograd_grad_enabled()};
+Tensor *resnet_forward(const ResNet *r, Tensor *x) {
+  ForwardStep s = {.r = r, .folded = r->folded && !autograd_grad_enabled()};
   TensorCarry carry = {.t = {x}, .n = 1};
   tensor_run_layers(1 + r->n_blocks, forward_step, &s, &carry);
   return carry.t[0];

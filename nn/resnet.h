@@ -41,7 +41,7 @@ typedef struct {
 void resnet_create(ResNet *r, ParamStore *ps, const char *prefix, int depth, int width, int layers, bool dilation,
                    bool train_layers, int frozen_stages);
 void resnet_init(ResNet *r, Rng *rng);  // kaiming-normal (fan out) convolutions
-// Sets every frozen batch norm's statistics to those of its input on the batch x [B, 3, H, W]
+// Sets every frozen batch norm's statistics to those of its input on the batch x [B, H, W, 3]
 // (training from scratch: no pretrained statistics). No gradient.
 void resnet_calibrate(ResNet *r, Tensor *x);
 // Inference: folds every frozen batch norm into the convolution before it (nn/layers.h
@@ -51,7 +51,8 @@ void resnet_calibrate(ResNet *r, Tensor *x);
 // trained is folded (the C API's and `detr eval`'s; with grad mode on the forward ignores them).
 void resnet_fold_bn(ResNet *r, TensorOwner *owner);  // the folded tensors: owner's
 void resnet_unfold_bn(ResNet *r);  // drops the folded copies (their tensors stay the owner's until it clears)
-// [B, 3, H, W] (or, channels_last, [B, H, W, 3]) -> [B, H/32, W/32, C] (H/16: 3 layers)
-Tensor *resnet_forward(const ResNet *r, Tensor *x, bool channels_last);
+// [B, H, W, 3] -> [B, H/32, W/32, C] (H/16: 3 layers): channels last throughout, from the input
+// (the loader's and the C API's layout) on
+Tensor *resnet_forward(const ResNet *r, Tensor *x);
 // One residual block alone (its gradient test): x [B, H, W, C].
 Tensor *resblock_forward(const ResBlock *b, Tensor *x);

@@ -89,7 +89,7 @@ START_TEST(sra_ratio_one_is_dense) {
   detr_model_init(dense, 3);
   detr_model_init(sra, 3);
   ck_assert_int_eq(dense->params.count, sra->params.count);  // R = 1: no parameters of its own
-  Tensor *images = test_uniform(SHAPE(2, 3, 64, 96), -2, 2, 20, false);
+  Tensor *images = test_uniform(SHAPE(2, 64, 96, 3), -2, 2, 20, false);
   uint8_t *mask = calloc(2 * 64 * 96, 1);
   for (int y = 0; y < 64; y++)
     for (int x = 64; x < 96; x++) mask[64 * 96 + y * 96 + x] = 1;
@@ -157,7 +157,7 @@ START_TEST(detr_weights_load_into_every_variant) {
   params_save(&plain->params, w, "");
   ck_assert_int_eq(st_writer_save(w, path, err, sizeof err), 0);
   st_writer_free(w);
-  Tensor *images = test_uniform(SHAPE(2, 3, 64, 96), -2, 2, 21, false);
+  Tensor *images = test_uniform(SHAPE(2, 64, 96, 3), -2, 2, 21, false);
   uint8_t *mask = calloc(2 * 64 * 96, 1);
   for (int y = 32; y < 64; y++)
     for (int x = 0; x < 96; x++) mask[64 * 96 + y * 96 + x] = 1;

@@ -657,7 +657,7 @@ static void train_losses(bool bf16, int steps, double *losses) {
   OptimConfig oc = optim_config_default();
   oc.lr = 1e-3f, oc.lr_backbone = 1e-4f;
   adamw_init(&opt, &m->params, oc);
-  Tensor *images = test_uniform(SHAPE(2, 3, 96, 128), -2, 2, 5, false);
+  Tensor *images = test_uniform(SHAPE(2, 96, 128, 3), -2, 2, 5, false);
   uint8_t mask[2 * 96 * 128] = {0};
   float tb[8] = {0.5f, 0.5f, 0.2f, 0.3f, 0.3f, 0.6f, 0.1f, 0.2f};
   int64_t tl[2] = {3, 6};
@@ -713,7 +713,11 @@ START_TEST(training_losses_follow_fp32) {
   double worst = 0, mean32 = 0, mean16 = 0;
   for (int s = 0; s < STEADY; s++) worst = fmax(worst, fabs(bf16[s] - fp32[s]) / fp32[s]);
   for (int s = STEPS - 10; s < STEPS; s++) mean32 += fp32[s] / 10, mean16 += bf16[s] / 10;
-  ck_assert_msg(bf16[0] != fp32[0], "the first losses are equal (%g): bf16 did not run", fp32[0]);
+  // bf16 ran: some step's loss differs (where no forward convolution of this model takes bf16 -
+  // each pass's implementation depends on the CPU - the first losses are equal, the backward's not).
+  bool differ = false;
+  for (int s = 0; s < STEPS; s++) differ |= bf16[s] != fp32[s];
+  ck_assert_msg(differ, "the losses are equal at every step (first %g): bf16 did not run", fp32[0]);
   ck_assert_msg(fp32[LEARNT - 1] < 0.5 * fp32[0], "fp32 did not learn the batch: %g -> %g", fp32[0], fp32[LEARNT - 1]);
   ck_assert_msg(worst < 0.01, "bf16 losses leave fp32's by %.3g (relative) in the first %d steps", worst, STEADY);
   ck_assert_msg(fabs(mean16 - mean32) < 0.1 * mean32, "last 10 steps: bf16 mean loss %g, fp32 %g", mean16, mean32);

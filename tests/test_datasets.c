@@ -785,7 +785,7 @@ START_TEST(batch_pad_multiple) {
         valid += inside;
         ck_assert_int_eq(b->mask[((size_t)i * b->h + y) * b->w + x], inside ? 0 : 1);
         for (int c = 0; c < 3 && !inside; c++)
-          ck_assert_float_eq(b->images[(((size_t)i * 3 + c) * b->h + y) * b->w + x], 0.0f);
+          ck_assert_float_eq(b->images[(((size_t)i * b->h + y) * b->w + x) * 3 + c], 0.0f);
       }
     ck_assert_int_eq(valid, (int64_t)t->w * t->h);
   }
@@ -832,7 +832,7 @@ START_TEST(batch_padding_mask_normalization) {
         bool inside = y < t->h && x < t->w;
         ck_assert_int_eq(b->mask[((size_t)i * b->h + y) * b->w + x], inside ? 0 : 1);
         for (int c = 0; c < 3; c++) {
-          float v = b->images[(((size_t)i * 3 + c) * b->h + y) * b->w + x];
+          float v = b->images[(((size_t)i * b->h + y) * b->w + x) * 3 + c];  // [B, H, W, 3]
           float want = inside ? ((float)px[c] / 255.0f - cfg.aug.mean[c]) / cfg.aug.std[c] : 0.0f;
           ck_assert_float_eq(v, want);
         }
@@ -841,7 +841,7 @@ START_TEST(batch_padding_mask_normalization) {
   // The images as a tensor.
   Tensor *images = batch_images_tensor(b, DEVICE_CPU);
   char s[64];
-  ck_assert_str_eq(shape_str(images->shape, s, sizeof s), "[2, 3, 14, 20]");
+  ck_assert_str_eq(shape_str(images->shape, s, sizeof s), "[2, 14, 20, 3]");
   ck_assert_mem_eq(images->data, b->images, sizeof(float) * 2 * 3 * 14 * 20);
   tensor_release(images);
   // One pass: the end, and it stays the end.
@@ -1253,8 +1253,8 @@ START_TEST(crops_cut_every_box) {
   int64_t idx[2] = {1, 0};
   crops_batch(&c, idx, 2, 32, false, NULL, a);
   const uint8_t *px = c.pixels + ((size_t)1 * 40 * 40 + (size_t)(4 + 5) * 40 + (4 + 7)) * 3;  // crop 1, window (4, 4)
-  ck_assert_float_eq(a[0 * 1024 + 5 * 32 + 7], lut[0][px[0]]);
-  ck_assert_float_eq(a[2 * 1024 + 5 * 32 + 7], lut[2][px[2]]);
+  ck_assert_float_eq(a[(5 * 32 + 7) * 3 + 0], lut[0][px[0]]);  // [n, 32, 32, 3]
+  ck_assert_float_eq(a[(5 * 32 + 7) * 3 + 2], lut[2][px[2]]);
   Rng r1 = rng_make(9), r2 = rng_make(9);
   crops_batch(&c, idx, 2, 32, true, &r1, a);
   crops_batch(&c, idx, 2, 32, true, &r2, b);

@@ -60,7 +60,7 @@ static void tiny_step(const char *const *sets) {
   int stride = cfg.backbone_layers == 3 ? 16 : 32;
   DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
   detr_model_init(m, 1);
-  Tensor *images = test_uniform(SHAPE(2, 3, 64, 96), -2, 2, 5, false);
+  Tensor *images = test_uniform(SHAPE(2, 64, 96, 3), -2, 2, 5, false);
   uint8_t mask[2 * 64 * 96] = {0};
   for (int y = 0; y < 64; y++)
     for (int x = 64; x < 96; x++) mask[64 * 96 + y * 96 + x] = 1;  // image 1 is 64 x 64, padded right

@@ -1770,7 +1770,7 @@ static const int64_t TARGET_LABELS[3] = {3, 6, 1};
 
 typedef struct {
   DetrModel *cpu, *gpu;
-  Tensor *images_cpu, *images_gpu;  // [2, 3, H, W]
+  Tensor *images_cpu, *images_gpu;  // [2, H, W, 3]
   uint8_t *mask;                    // [2, H, W]: image 1's right third is padding
   DetrTarget targets[2];            // 2 boxes and 1 box
 } ModelPair;
@@ -1793,7 +1793,7 @@ static void model_pair_make(ModelPair *mp, const char *attn, const char *decoder
   for (int i = 0; i < mp->cpu->params.count; i++)
     tensor_copy_(mp->gpu->params.items[i].tensor, mp->cpu->params.items[i].tensor);
   float *img = host_uniform(2 * 3 * H * W, 31000, -2, 2);
-  mp->images_cpu = tensor_from_host(DEVICE_CPU, SHAPE(2, 3, H, W), img);
+  mp->images_cpu = tensor_from_host(DEVICE_CPU, SHAPE(2, H, W, 3), img);
   mp->images_gpu = tensor_to_device(mp->images_cpu, DEVICE_CUDA);
   free(img);
   mp->mask = calloc((size_t)(2 * H * W), 1);

@@ -595,7 +595,7 @@ START_TEST(folded_model_matches_training_forward) {
   Rng rng = rng_make(8);
   if (_i == 2)  // Conditional DETR starts every box at its reference point (a zero last layer): not here
     tensor_normal_(m->bbox_embed.layers[m->bbox_embed.n_layers - 1].weight, &rng, 0.0f, 0.1f);
-  Tensor *images = tensor_new(DEVICE_CPU, SHAPE(2, 3, 96, 128));
+  Tensor *images = tensor_new(DEVICE_CPU, SHAPE(2, 96, 128, 3));
   tensor_normal_(images, &rng, 0.0f, 1.0f);
   resnet_calibrate(&m->backbone, images);      // the activations stay normalised, as with real statistics
   for (int i = 0; i < m->params.count; i++) {  // and the affine parts away from the identity

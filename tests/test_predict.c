@@ -1057,7 +1057,7 @@ END_TEST
 START_TEST(cross_attention_capture) {
   const char *kinds[][2] = {{"detr", "softmax"}, {"conditional", "softmax"}, {"detr", "kmeans"}, {"anchor", "softmax"}};
   enum { B = 2, H = 96, W = 128 };
-  float *px = malloc(sizeof(float) * B * 3 * H * W);  // [B, 3, H, W]
+  float *px = malloc(sizeof(float) * B * H * W * 3);  // [B, H, W, 3]
   uint8_t mask[B * H * W] = {0};                      // [B, H, W]: image 1's right half is padding
   for (int i = 0; i < B * 3 * H * W; i++) px[i] = sinf(0.37f * (float)i) + 0.5f * cosf(0.011f * (float)i);
   for (int y = 0; y < H; y++)
@@ -1073,7 +1073,7 @@ START_TEST(cross_attention_capture) {
     DetrModel *m = detr_model_create(&cfg, DEVICE_CPU);
     detr_model_init(m, 3);
     ScopeMark mark = tensor_scope_mark();
-    Tensor *images = tensor_scoped(tensor_from_host(DEVICE_CPU, SHAPE(B, 3, H, W), px));
+    Tensor *images = tensor_scoped(tensor_from_host(DEVICE_CPU, SHAPE(B, H, W, 3), px));
     for (int want = 0; want <= 1; want++) {
       NnCtx ctx = {.want_cross_attn = want};
       DetrOutput out;

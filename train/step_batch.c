@@ -37,12 +37,20 @@ int step_batch_read(const StFile *f, Device dev, int64_t num_classes, StepBatch 
              (long long)b->W);
     return -1;
   }
-  float *pixels = detr_malloc(img->nbytes ? img->nbytes : 1, "pixels");
+  // The file holds the reference's layout, [B, 3, H, W]; the model takes [B, H, W, 3].
+  // Copied out first: a tensor's bytes in the file need not be aligned for float.
+  int64_t plane = b->H * b->W;
+  float *planes = detr_malloc(img->nbytes, "planes");  // [B, 3, H, W]
+  float *pixels = detr_malloc(img->nbytes, "pixels");  // [B, H, W, 3]
+  memcpy(planes, st_data(f, img), img->nbytes);
+  for (int64_t i = 0; i < b->B; i++)
+    for (int64_t s = 0; s < plane; s++)
+      for (int c = 0; c < 3; c++) pixels[(i * plane + s) * 3 + c] = planes[(i * 3 + c) * plane + s];
+  free(planes);
   b->mask = detr_malloc((size_t)(b->B * b->H * b->W), "mask");
   b->targets = detr_calloc((size_t)b->B, sizeof(DetrTarget), "targets");
-  memcpy(pixels, st_data(f, img), img->nbytes);
   memcpy(b->mask, st_data(f, mask), mask->nbytes);
-  b->images = tensor_from_host(dev, SHAPE(b->B, 3, b->H, b->W), pixels);
+  b->images = tensor_from_host(dev, SHAPE(b->B, b->H, b->W, 3), pixels);
   free(pixels);
   int64_t total = 0;
   for (int64_t i = 0; i < b->B; i++) {

@@ -8,7 +8,7 @@
 
 typedef struct {
   int64_t B, H, W;
-  Tensor *images;        // owned
+  Tensor *images;        // owned, [B, H, W, 3]: the file's [B, 3, H, W] channels last, the backbone's layout
   uint8_t *mask;         // [B, H, W]
   DetrTarget *targets;   // [B], pointing into the file's data (valid while it is open)
   float *boxes_storage;  // aligned copies of the targets
