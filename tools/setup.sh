@@ -5,7 +5,8 @@ packages=(build-essential cmake pkg-config libopenblas-openmp-dev check libsubun
           openmpi-bin libopenmpi-dev   # data-parallel training (optional at build time)
           libdnnl-dev                  # oneDNN: CPU convolution (optional at build time)
           clang libclang-rt-dev libomp-dev  # the fuzz harnesses: clang, its libFuzzer runtime and OpenMP
-          clang-format)                    # the layout check (tools/format.sh)
+          clang-format                     # the layout check (tools/format.sh)
+          protobuf-c-compiler libprotobuf-c-dev)  # TensorBoard event files (train/tensorboard.c)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

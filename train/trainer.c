@@ -27,6 +27,8 @@
 #include "train/progress.h"
 #include "train/run_dir.h"
 #include "train/run_lock.h"
+#include "train/tensorboard.h"
+#include "train/val_pictures.h"
 #include "viz/draw.h"
 
 TrainOptions train_options_default(void) {
@@ -175,6 +177,7 @@ typedef struct {
   TrainState st;  // step, data position, dropout stream, best AP: what a checkpoint resumes
   bool resumed;
   FILE *metrics;  // OUT/metrics.jsonl (rank 0; NULL elsewhere)
+  TbWriter *tb;   // OUT/events.out.tfevents.* (rank 0; NULL elsewhere, or when it cannot be written)
   DataLoader *loader;
   int64_t per_epoch;  // global batches per epoch
   CriterionConfig criterion;
@@ -460,8 +463,21 @@ static void say_how_to_stop_under_mpirun(void) {
           grace, who);
 }
 
-// metrics.jsonl (appended to when resuming; the history read back first), the loader at the
-// saved data position, and the run's summary line.
+// The run's TensorBoard events (rank 0): its event files cut back to the resumed step, as
+// metrics.jsonl is, and a new file. A failure is said, and the run goes on without one.
+static void open_tensorboard(Trainer *t) {
+  char err[4608];
+  if (tb_cut(t->o->out_dir, t->st.step, err, sizeof err))
+    fprintf(stderr,
+            "detr train: TensorBoard: %s; its events past step %lld stay, but TensorBoard's reader drops them (the new "
+            "file starts with a SessionLog START at step %lld)\n",
+            err, (long long)t->st.step, (long long)t->st.step + 1);
+  t->tb = tb_open(t->o->out_dir, t->st.step, err, sizeof err);
+  if (!t->tb) fprintf(stderr, "detr train: TensorBoard: %s: the run goes on without an event file\n", err);
+}
+
+// metrics.jsonl (appended to when resuming; the history read back first), the TensorBoard events,
+// the loader at the saved data position, and the run's summary line.
 static int open_log_and_loader(Trainer *t, char *err, size_t err_cap) {
   const TrainOptions *o = t->o;
   char path[4200];
@@ -479,6 +495,7 @@ static int open_log_and_loader(Trainer *t, char *err, size_t err_cap) {
       if (!t->metrics) fprintf(stderr, "detr train: %s: cannot write: %s\n", path, strerror(errno));
       ok = t->metrics != NULL;
     }
+    if (ok) open_tensorboard(t);
   }
   if (!dist_all_ok(&t->dist, ok)) {
     snprintf(err, err_cap, "no metrics log: stopping (see the message above%s)",
@@ -554,6 +571,7 @@ static int trainer_setup(Trainer *t, char *err, size_t err_cap) {
 
 static void trainer_free(Trainer *t) {
   if (t->metrics) fclose(t->metrics);
+  tb_close(t->tb);
   run_lock_release(&t->lock);
   loader_free(t->loader);
   if (t->m) adamw_free(&t->opt);
@@ -715,35 +733,73 @@ static int train_step(Trainer *t, const Batch *b, StepLog *log, char *err, size_
 
 // --- stage 3, logging ---
 
+// A metrics.jsonl row (rank 0) and its TensorBoard scalars: each value as the row prints it, under
+// the tag "<type>/<key>" (train/loss, eval/AP50, ...), so that the two match one to one.
+typedef struct {
+  FILE *f;
+  TbWriter *tb;      // NULL: no event file
+  const char *type;  // "train" or "eval"
+  int64_t step;
+} LogRow;
+
+static void row_value(const LogRow *r, const char *key, const char *fmt, double v) {
+  char text[64], tag[96];
+  snprintf(text, sizeof text, fmt, v);
+  fprintf(r->f, ", \"%s\": %s", key, text);
+  snprintf(tag, sizeof tag, "%s/%s", r->type, key);
+  tb_scalar(r->tb, r->step, tag, strtod(text, NULL));
+}
+
+static void row_end(const LogRow *r) {
+  fprintf(r->f, "}\n");
+  fflush(r->f);
+  tb_flush(r->tb);
+}
+
 static void log_train_step(Trainer *t, const Batch *b, const StepLog *log, double seconds) {
-  FILE *f = t->metrics;
-  if (f) {  // every loss term, the logged errors, rates and the attention variant's statistics
-    fprintf(f, "{\"type\": \"train\", \"step\": %lld, \"epoch\": %lld, \"batch\": %lld, \"loss\": %.6f",
-            (long long)t->st.step, (long long)t->st.epoch, (long long)b->index, log->total);
-    for (int i = 0; i < log->n_terms; i++) fprintf(f, ", \"%s\": %.6f", log->names[i], log->terms[i]);
-    fprintf(f,
-            ", \"class_error\": %.4f, \"cardinality_error\": %.4f, \"grad_norm\": %.6f, \"lr\": %.3g, "
-            "\"images_per_s\": %.3f",
-            log->class_error, log->cardinality_error, log->grad_norm, (double)adamw_lr(&t->opt, LR_GROUP_MAIN),
-            log->images / seconds);
-    for (int i = 0; i < log->attn.n; i++)
-      fprintf(f, ", \"%s\": %.2f", log->attn.name[i], attn_stats_mean(&log->attn, i));
-    fprintf(f, "}\n");
-    fflush(f);
+  if (t->metrics) {  // every loss term, the logged errors, rates and the attention variant's statistics
+    LogRow r = {t->metrics, t->tb, "train", t->st.step};
+    fprintf(r.f, "{\"type\": \"train\", \"step\": %lld, \"epoch\": %lld, \"batch\": %lld", (long long)t->st.step,
+            (long long)t->st.epoch, (long long)b->index);
+    row_value(&r, "loss", "%.6f", log->total);
+    for (int i = 0; i < log->n_terms; i++) row_value(&r, log->names[i], "%.6f", log->terms[i]);
+    row_value(&r, "class_error", "%.4f", log->class_error);
+    row_value(&r, "cardinality_error", "%.4f", log->cardinality_error);
+    row_value(&r, "grad_norm", "%.6f", log->grad_norm);
+    row_value(&r, "lr", "%.3g", (double)adamw_lr(&t->opt, LR_GROUP_MAIN));
+    row_value(&r, "images_per_s", "%.3f", log->images / seconds);
+    for (int i = 0; i < log->attn.n; i++) row_value(&r, log->attn.name[i], "%.2f", attn_stats_mean(&log->attn, i));
+    row_end(&r);
   }
   history_add_step(&t->history, (double)t->st.step, as_logged(log->total));
   double shown[4] = {log->total, log->terms[0], log->terms[1], log->terms[2]};  // total, ce, bbox, giou
   progress_update(&t->progress, t->st.step, t->st.epoch, t->o->epochs, log->images, seconds, shown, &log->attn);
 }
 
-static void log_eval(FILE *metrics, int64_t epoch, int64_t step, const EvalReport *r) {
-  if (!metrics) return;  // not rank 0
-  fprintf(metrics, "{\"type\": \"eval\", \"epoch\": %lld, \"step\": %lld", (long long)epoch, (long long)step);
-  for (int k = 0; k < COCO_N_STATS; k++) fprintf(metrics, ", \"%s\": %.6f", coco_stat_names[k], r->coco.stats[k]);
-  fprintf(metrics, ", \"images\": %lld, \"seconds\": %.2f", (long long)r->images, r->seconds);
-  for (int i = 0; i < r->attn.n; i++) fprintf(metrics, ", \"%s\": %.2f", r->attn.name[i], attn_stats_mean(&r->attn, i));
-  fprintf(metrics, "}\n");
-  fflush(metrics);
+// The evaluation's row, then its pictures in the event file: the model's detections on the first
+// val images (train/val_pictures.h), under "eval/predictions/<file name>".
+static void log_eval(Trainer *t, int64_t epoch, const EvalReport *r) {
+  if (!t->metrics) return;  // not rank 0
+  LogRow row = {t->metrics, t->tb, "eval", t->st.step};
+  fprintf(row.f, "{\"type\": \"eval\", \"epoch\": %lld, \"step\": %lld", (long long)epoch, (long long)t->st.step);
+  for (int k = 0; k < COCO_N_STATS; k++) row_value(&row, coco_stat_names[k], "%.6f", r->coco.stats[k]);
+  row_value(&row, "images", "%.0f", (double)r->images);
+  row_value(&row, "seconds", "%.2f", r->seconds);
+  for (int i = 0; i < r->attn.n; i++) row_value(&row, r->attn.name[i], "%.2f", attn_stats_mean(&r->attn, i));
+  row_end(&row);
+  if (!t->tb) return;
+  ValPictures pics;
+  char err[2048], tag[160];
+  if (val_pictures_draw(t->m, t->val, t->o->val_aug, t->o->pad_multiple, 3, &pics, err, sizeof err)) {
+    fprintf(stderr, "detr train: TensorBoard: the pictures of the val images: %s (the run goes on)\n", err);
+    return;
+  }
+  for (int i = 0; i < pics.n; i++) {
+    snprintf(tag, sizeof tag, "eval/predictions/%s", pics.name[i]);
+    tb_image(t->tb, t->st.step, tag, &pics.img[i]);
+  }
+  tb_flush(t->tb);
+  val_pictures_free(&pics);
 }
 
 // --- the epoch: steps, their log, checkpoints ---
@@ -1038,7 +1094,7 @@ static int evaluate_epoch(Trainer *t) {
             rep.seconds);
     coco_print_summary(&rep.coco, stderr);
   }
-  log_eval(t->metrics, epoch, t->st.step, &rep);
+  log_eval(t, epoch, &rep);
   history_add_eval(&t->history, (double)epoch, as_logged(rep.coco.stats[COCO_AP]),
                    as_logged(rep.coco.stats[COCO_AP50]));
   write_chart(&t->dist, o, &t->history);
