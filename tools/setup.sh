@@ -6,7 +6,8 @@ packages=(build-essential cmake pkg-config libopenblas-openmp-dev check libsubun
           libdnnl-dev                  # oneDNN: CPU convolution (optional at build time)
           clang libclang-rt-dev libomp-dev  # the fuzz harnesses: clang, its libFuzzer runtime and OpenMP
           clang-format                     # the layout check (tools/format.sh)
-          protobuf-c-compiler libprotobuf-c-dev)  # TensorBoard event files (train/tensorboard.c)
+          protobuf-c-compiler libprotobuf-c-dev  # TensorBoard event files (train/tensorboard.c)
+          python3-venv)                          # tools/test.sh's venv for TensorBoard's reader
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -2,7 +2,8 @@
 # Set-up, build and the default test suite: the README's test command. CI runs it with --full.
 #   1. installs the Debian packages (tools/setup.sh)
 #   2. builds with warnings as errors, the CUDA backend included when nvcc is present
-#   3. runs ctest (GPU tests skip themselves without a device; the `slow` label is left out)
+#   3. runs ctest (GPU tests skip themselves without a device; the `slow` label is left out), with
+#      TensorBoard's reader pip-installed in build/tb-venv for the event-file test
 #   4. rebuilds with AddressSanitizer + UndefinedBehaviorSanitizer (at -O1, ASan's recommended
 #      level: the same tests take 0.6x the time they take at -O0) and runs the unit tests again,
 #      but for the runs of the built `detr` tool (label `train`) and the source checks (`source`)
@@ -26,6 +27,14 @@ cuda=OFF
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then cuda=ON; fi
 cmake -S . -B build -DDETR_CUDA=$cuda -DDETR_WERROR=ON
 cmake --build build -j"$jobs"
+# TensorBoard's own reader for the event-file test (tests/tensorboard_test.sh): PyPI's tensorboard in a
+# venv beside the build; where pip cannot reach PyPI, that test skips itself and says so.
+tb_python=$PWD/build/tb-venv/bin/python
+if ! "$tb_python" -c 'import tensorboard' 2>/dev/null; then
+  { python3 -m venv build/tb-venv && "$tb_python" -m pip install -q tensorboard; } ||
+    echo "tools/test.sh: could not install the tensorboard package: the tensorboard_reader test will skip"
+fi
+export DETR_TB_PYTHON=$tb_python
 (cd build && ctest --output-on-failure -j"$jobs" -LE slow)
 
 cmake -S . -B build-asan -DDETR_CUDA=OFF -DDETR_WERROR=ON -DDETR_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
