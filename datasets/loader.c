@@ -190,8 +190,8 @@ static void collate(DataLoader *L, Batch *b, const Scratch *s, const int64_t *in
     uint8_t *mask = b->mask + (int64_t)i * plane;     // [H, W]
     for (int y = 0; y < H; y++) {
       int valid = y < im->h ? im->w : 0;
-      pad_normalize_row(valid ? im->data + (int64_t)y * im->w * 3 : NULL, valid, W, L->lut,
-                        dst + (int64_t)y * W * 3, mask + (int64_t)y * W);
+      pad_normalize_row(valid ? im->data + (int64_t)y * im->w * 3 : NULL, valid, W, L->lut, dst + (int64_t)y * W * 3,
+                        mask + (int64_t)y * W);
     }
     BatchTarget *bt = &b->targets[i];
     int64_t idx = indices[i];

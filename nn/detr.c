@@ -207,8 +207,8 @@ int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, con
   ctx = &run;
   device_set_bf16(images->device, m->cfg.bf16);  // this model's precision (its backward's too), resolved at creation
   char sbuf[64];
-  DETR_CHECK(images->shape.ndim == 4 && images->shape.d[3] == 3, "detr_model_forward: images must be [B, H, W, 3], got %s",
-             shape_str(images->shape, sbuf, sizeof sbuf));
+  DETR_CHECK(images->shape.ndim == 4 && images->shape.d[3] == 3,
+             "detr_model_forward: images must be [B, H, W, 3], got %s", shape_str(images->shape, sbuf, sizeof sbuf));
   const DetrConfig *c = &m->cfg;
   const DecoderKind *dk = detr_decoder(c);
   int64_t B = images->shape.d[0], H = images->shape.d[1], W = images->shape.d[2], d = c->hidden_dim;

@@ -1253,7 +1253,7 @@ START_TEST(crops_cut_every_box) {
   int64_t idx[2] = {1, 0};
   crops_batch(&c, idx, 2, 32, false, NULL, a);
   const uint8_t *px = c.pixels + ((size_t)1 * 40 * 40 + (size_t)(4 + 5) * 40 + (4 + 7)) * 3;  // crop 1, window (4, 4)
-  ck_assert_float_eq(a[(5 * 32 + 7) * 3 + 0], lut[0][px[0]]);  // [n, 32, 32, 3]
+  ck_assert_float_eq(a[(5 * 32 + 7) * 3 + 0], lut[0][px[0]]);                                 // [n, 32, 32, 3]
   ck_assert_float_eq(a[(5 * 32 + 7) * 3 + 2], lut[2][px[2]]);
   Rng r1 = rng_make(9), r2 = rng_make(9);
   crops_batch(&c, idx, 2, 32, true, &r1, a);
