@@ -431,6 +431,12 @@ ConvImpl cpu_conv2d_impl(const ConvGeom *g, ConvPass pass) {
     if (!one && !cpu_has_avx512() && avx2_im2col_wins(g, pass)) return CONV_IMPL_IM2COL;
     if (pass == CONV_PASS_BWD_DATA && one) return CONV_IMPL_IM2COL;
     if (pass == CONV_PASS_BWD_WEIGHTS && one && g->in_ch >= 256) return CONV_IMPL_IM2COL;
+    // oneDNN 2.6's jit_1x1:avx2 backward-weights of a strided 1x1 from under 8 channels is wrong,
+    // differently from run to run (reproduced with oneDNN alone; tests/test_reference.c's detr
+    // fixture under ONEDNN_MAX_CPU_ISA=AVX2): right from 8 channels, at stride 1, with AVX-512.
+    if (pass == CONV_PASS_BWD_WEIGHTS && one && (g->stride_h > 1 || g->stride_w > 1) && g->in_ch < 8 &&
+        !cpu_has_avx512())
+      return CONV_IMPL_IM2COL;
     if (pass == CONV_PASS_BWD_WEIGHTS && !one && g->stride_h > 1 && g->in_ch >= 64 && out_spatial >= 400)
       return CONV_IMPL_IM2COL;
     return CONV_IMPL_ONEDNN;
