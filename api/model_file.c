@@ -11,12 +11,10 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <yajl/yajl_parse.h>
 #include <zlib.h>  // crc32
 
 #include "datasets/coco.h"
 #include "datasets/data_util.h"
-#include "datasets/json_stream.h"
 #include "nn/model_io.h"
 
 // --- checkpoint format and checksum ------------------------------------------------------------
@@ -154,26 +152,6 @@ int model_config_load(const char *config, const char *const *sets, int n_sets, D
 
 // --- checkpoint metadata -----------------------------------------------------------------------
 
-// The value of --flag in a stored command line ("train --data d --image-size 256 ..."): `absent`
-// when the flag is not there, -1 when its value is not an integer.
-static long long flag_in_command(const char *cmd, const char *flag, long long absent) {
-  size_t fl = strlen(flag);
-  for (const char *p = cmd; p && *p;) {
-    p += strspn(p, " ");
-    size_t len = strcspn(p, " ");
-    const char *value = NULL;
-    if (len == fl && !strncmp(p, flag, fl)) value = p + len + strspn(p + len, " ");
-    else if (len > fl && !strncmp(p, flag, fl) && p[fl] == '=') value = p + fl + 1;
-    if (value) {
-      char *end = NULL;
-      long long v = strtoll(value, &end, 10);
-      return end != value && (*end == 0 || *end == ' ') ? v : -1;
-    }
-    p += len;
-  }
-  return absent;
-}
-
 // A checkpoint's config (stored, then the overrides) against the file's own tensors, before a
 // model is built from it: the tensors that pin hidden_dim, num_queries, num_classes, ffn_dim,
 // dec_layers and the backbone width must be there with the config's shapes, so a small file
@@ -294,7 +272,7 @@ int run_settings_parse(const char *text, RunSettings *s, const char *where, char
 }
 
 int checkpoint_info_read(const StFile *f, CheckpointInfo *ci, char *err, size_t err_cap) {
-  *ci = (CheckpointInfo){.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
+  *ci = (CheckpointInfo){0};
   const char *mc = st_metadata(f, "model_config");
   if (!checkpoint_is(f)) {
     not_a_checkpoint(f, "plain model weights load with --weights (detr_open_weights)", err, err_cap);
@@ -312,18 +290,12 @@ int checkpoint_info_read(const StFile *f, CheckpointInfo *ci, char *err, size_t 
     rc = model_config_line(&ci->cfg, line, where, err, err_cap);
   free(text);
   if (rc) return -1;
-  const char *cats = st_metadata(f, "categories"), *train = st_metadata(f, "train_config"),
-             *run = st_metadata(f, "run_settings");
+  // Without run_settings (written by no training run, or by a version before they were stored)
+  // the run's settings are unknown: whoever reads the checkpoint uses the model's run defaults.
+  const char *cats = st_metadata(f, "categories"), *run = st_metadata(f, "run_settings");
   if (run) {
     snprintf(where, sizeof where, "%s: run_settings", st_path(f));
     if (run_settings_parse(run, &ci->run, where, err, err_cap)) return -1;
-    ci->image_size = ci->run.image_size, ci->max_size = ci->run.max_size;
-    ci->pad_multiple = ci->run.pad_multiple, ci->batch = ci->run.batch;
-  } else if (train && *train) {  // a checkpoint from before run_settings ("": written by no training run)
-    ci->image_size = flag_in_command(train, "--image-size", -1);
-    ci->max_size = flag_in_command(train, "--max-size", -1);
-    ci->pad_multiple = flag_in_command(train, "--pad-multiple", -1);
-    ci->batch = flag_in_command(train, "--batch", CHECKPOINT_TRAIN_DEFAULT_BATCH);
   }
   if (cats && *cats) ci->categories = detr_strdup(cats, "a string");
   return 0;
@@ -336,8 +308,9 @@ void checkpoint_info_free(CheckpointInfo *ci) {
 
 void model_eval_sizes(const DetrConfig *cfg, const CheckpointInfo *ci, int *image_size, int *max_size) {
   const RunDefaults *d = detr_run_defaults(cfg);
-  *image_size = ci && ci->image_size >= 32 ? (int)ci->image_size : d->image_size;
-  *max_size = ci && ci->max_size >= 32 ? (int)ci->max_size : d->max_size;
+  bool known = ci && ci->run.known;
+  *image_size = known ? ci->run.image_size : d->image_size;
+  *max_size = known ? ci->run.max_size : d->max_size;
 }
 
 // --- class names -------------------------------------------------------------------------------
@@ -361,130 +334,28 @@ void label_names_free(LabelNames *nm) {
   *nm = (LabelNames){0};
 }
 
-typedef struct {
-  LabelNames *nm;
-  const char *path;
-  int depth;               // open maps and arrays
-  bool top_is_categories;  // the current key of the top-level object is "categories"
-  bool in_categories;      // inside its array
-  bool seen;               // the array was there
-  char key[16];            // current key inside a category object
-  long long id, index;     // the category being read, and its position in the array
-  bool has_id;
-  char *name;
-  char err[4400];  // room for the path and the reason
-} NameParser;
-
-static int np_fail(NameParser *p, const char *what) {
-  snprintf(p->err, sizeof p->err, "%s: categories[%lld]: %s", p->path, p->index, what);
-  return 0;  // cancels the parse
-}
-
-static int np_deep(NameParser *p) {
-  snprintf(p->err, sizeof p->err, "%s: JSON nested deeper than the limit of %d levels", p->path, DETR_MAX_JSON_DEPTH);
-  return 0;
-}
-
-static bool np_field(const NameParser *p, const char *key) {
-  return p->in_categories && p->depth == 3 && !strcmp(p->key, key);
-}
-
-static int np_integer(void *ctx, long long v) {
-  NameParser *p = ctx;
-  if (np_field(p, "id")) p->id = v, p->has_id = true;
-  else if (np_field(p, "name")) return np_fail(p, "'name' is not a string");
-  return 1;
-}
-
-static int np_other(NameParser *p) {
-  if (np_field(p, "id")) return np_fail(p, "'id' is not an integer");
-  if (np_field(p, "name")) return np_fail(p, "'name' is not a string");
-  return 1;
-}
-static int np_null(void *ctx) { return np_other(ctx); }
-static int np_bool(void *ctx, int v) { return (void)v, np_other(ctx); }
-static int np_double(void *ctx, double v) { return (void)v, np_other(ctx); }
-
-static int np_string(void *ctx, const unsigned char *s, size_t len) {
-  NameParser *p = ctx;
-  if (np_field(p, "id")) return np_fail(p, "'id' is not an integer");
-  if (np_field(p, "name")) {
-    if (len > COCO_MAX_STRING_BYTES) return np_fail(p, "'name' is longer than the limit of 4096 bytes");
-    if (memchr(s, 0, len)) return np_fail(p, "'name' contains a NUL character");
-    free(p->name);
-    p->name = detr_malloc(len + 1, "a label name");
-    memcpy(p->name, s, len);
-    p->name[len] = 0;
-  }
-  return 1;
-}
-
-static int np_map_key(void *ctx, const unsigned char *s, size_t len) {
-  NameParser *p = ctx;
-  if (p->depth == 1) p->top_is_categories = len == 10 && !memcmp(s, "categories", 10);
-  if (p->in_categories && p->depth == 3) snprintf(p->key, sizeof p->key, "%.*s", (int)(len < 15 ? len : 15), s);
-  return 1;
-}
-
-static int np_start_map(void *ctx) {
-  NameParser *p = ctx;
-  if (p->depth >= DETR_MAX_JSON_DEPTH) return np_deep(p);
-  if (p->depth == 1 && p->top_is_categories) {
-    snprintf(p->err, sizeof p->err, "%s: 'categories' is not an array", p->path);
-    return 0;
-  }
-  if (p->in_categories && p->depth == 2) p->has_id = false, p->key[0] = 0;
-  else if (np_field(p, "id")) return np_fail(p, "'id' is not an integer");
-  p->depth++;
-  return 1;
-}
-
-static int np_end_map(void *ctx) {
-  NameParser *p = ctx;
-  p->depth--;
-  if (p->in_categories && p->depth == 2) {
-    if (!p->has_id || !p->name) return np_fail(p, !p->has_id ? "no integer 'id'" : "no string 'name'");
-    if (p->id < 0 || p->id > MAX_LABEL) return np_fail(p, "'id' outside [0, 1000000]");
-    names_set(p->nm, (int)p->id, p->name);
-    free(p->name);
-    p->name = NULL;
-    p->index++;
-  }
-  return 1;
-}
-
-static int np_start_array(void *ctx) {
-  NameParser *p = ctx;
-  if (p->depth >= DETR_MAX_JSON_DEPTH) return np_deep(p);
-  if (p->depth == 1 && p->top_is_categories) p->in_categories = p->seen = true;
-  else if (np_field(p, "id")) return np_fail(p, "'id' is not an integer");
-  p->depth++;
-  return 1;
-}
-
-static int np_end_array(void *ctx) {
-  NameParser *p = ctx;
-  if (--p->depth == 1) p->in_categories = false;
-  return 1;
-}
-
 // A missing, unreadable or non-regular file is an I/O error with errno's words.
 int file_check_readable(const char *path, char *err, size_t err_cap) {
   return data_regular_file_size(path, err, err_cap) < 0 ? -1 : 0;
 }
 
+// The categories of a COCO file as coco.c reads them (categories_only: the rest of the file is
+// skipped unread), every item checked as for training.
 detr_status label_names_from_coco(const char *path, LabelNames *nm, char *err, size_t err_cap) {
-  static const yajl_callbacks CB = {np_null,      np_bool,    np_integer, np_double,      NULL,        np_string,
-                                    np_start_map, np_map_key, np_end_map, np_start_array, np_end_array};
-  NameParser p = {.nm = nm, .path = path};
-  JsonReader r = {.path = path, .callbacks = &CB, .ctx = &p, .expect = "a COCO instances file", .check_utf8 = true};
-  JsonStatus js = json_read_file(&r, NULL, p.err, sizeof p.err);  // a callback's failure: in p.err too
-  if (js == JSON_OK && (!p.seen || p.index == 0))
-    snprintf(p.err, sizeof p.err, "%s: no categories (expected a COCO instances file)", path);
-  free(p.name);
-  if (js == JSON_OK && !p.err[0]) return DETR_OK;
-  snprintf(err, err_cap, "%s", p.err);
-  return js == JSON_ERR_IO ? DETR_ERR_IO : DETR_ERR_FORMAT;
+  if (file_check_readable(path, err, err_cap)) return DETR_ERR_IO;
+  CocoOpenConfig cc = {.ann_path = path, .policy = BAD_INPUT_FAIL, .quiet = true, .categories_only = true};
+  CocoDataset *ds;
+  DataError derr;
+  if (coco_open(&cc, &ds, &derr) != DATA_OK) {
+    snprintf(err, err_cap, "%s", derr.msg);
+    return DETR_ERR_FORMAT;
+  }
+  for (int i = 0; i < ds->n_categories; i++) names_set(nm, ds->categories[i].id, ds->categories[i].name);
+  int n = ds->n_categories;
+  coco_free(ds);
+  if (n > 0) return DETR_OK;
+  snprintf(err, err_cap, "%s: no categories (expected a COCO instances file)", path);
+  return DETR_ERR_FORMAT;
 }
 
 int label_names_from_text(const char *path, const char *text, LabelNames *nm, char *err, size_t err_cap) {
@@ -558,7 +429,7 @@ void weights_mismatch_hint(const ParamStore *ps, const StFile *f, bool with_part
 detr_status model_file_load(const char *checkpoint, const char *weights, const char *config, const char *const *sets,
                             int n_sets, Device dev, DetrModel **out, CheckpointInfo *info, char *err, size_t err_cap) {
   *out = NULL;
-  CheckpointInfo ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
+  CheckpointInfo ci = {0};
   if (info) *info = ci;
   if ((checkpoint != NULL) == (weights != NULL)) {
     snprintf(err, err_cap, "give exactly one of a checkpoint (--checkpoint) and weights (--weights)");

@@ -59,14 +59,11 @@ int run_settings_parse(const char *text, RunSettings *s, const char *where, char
 
 // What a detr-c checkpoint says about the run that made it (its metadata).
 typedef struct {
-  DetrConfig cfg;                  // the stored model config
-  char *categories;                // "id:name;..." of the training data, or NULL
-  RunSettings run;                 // the run's settings, where the checkpoint holds them
-  long long image_size, max_size;  // the run's --image-size / --max-size, or -1
-  long long pad_multiple;          // the run's --pad-multiple, or -1
-  long long batch;                 // the run's --batch, or -1
+  DetrConfig cfg;    // the stored model config
+  char *categories;  // "id:name;..." of the training data, or NULL
+  RunSettings run;   // the run's settings (run.known: the checkpoint holds them)
 } CheckpointInfo;
-// detr train's --batch when none is given: a stored command without --batch ran with it.
+// detr train's --batch when none is given, and detr eval's for a checkpoint that does not say its run's.
 #define CHECKPOINT_TRAIN_DEFAULT_BATCH 2
 
 // From an open file: checks the format (not the crc: checkpoint_verify) and reads the stored

@@ -103,8 +103,8 @@ static int eval_loaded_model(const Dist *job, DetrModel *m, CheckpointInfo *ci, 
   detr_model_prepare_inference(m);  // evaluation only (docs/inference.md)
   int is, ms;                       // the training run's sizes when the checkpoint says them
   model_eval_sizes(&m->cfg, ci, &is, &ms);
-  if (a->pad_multiple < 0) a->pad_multiple = ci->pad_multiple >= 1 && ci->pad_multiple <= 256 ? ci->pad_multiple : 1;
-  if (a->batch < 0) a->batch = ci->batch >= 1 && ci->batch <= 64 ? ci->batch : 2;
+  if (a->pad_multiple < 0) a->pad_multiple = ci->run.known ? ci->run.pad_multiple : 1;
+  if (a->batch < 0) a->batch = ci->run.known ? ci->run.batch : CHECKPOINT_TRAIN_DEFAULT_BATCH;
   if (a->image_size > 0) is = (int)a->image_size;
   if (a->max_size > 0) ms = (int)a->max_size;
   CocoDataset *ds = NULL;
@@ -186,7 +186,7 @@ int cmd_eval(int argc, char **argv, const Dist *job) {
     return 2;
   }
   DetrModel *m;
-  CheckpointInfo ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
+  CheckpointInfo ci = {0};
   if (setup_load_model(a.checkpoint, a.weights, a.config, &a.sets, dev, &m, &ci, err, sizeof err)) {
     fprintf(stderr, "detr eval: %s\n", err);
     return 1;

@@ -1,5 +1,6 @@
 // detr train: flags -> TrainOptions -> train_run (train/trainer.c).
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,7 +201,8 @@ static int model_config(TrainOptions *o, const char *config, const CliList *sets
 }
 
 // The model, device and input policy; the defaults that follow the model (detr_run_defaults)
-// or, when resuming, the checkpoint's training command; the learning rates' constraints.
+// or, when resuming (or fine-tuning without --config), the checkpoint's run settings; the learning
+// rates' constraints.
 // ci: the resumed checkpoint's info, or the --init checkpoint's (fine-tuning), or NULL.
 static int resolve(const Dist *job, TrainOptions *o, const char *config, const CliList *sets, bool enact,
                    const char *device, const char *precision, const char *bad_input, int *image_size_io,
@@ -237,11 +239,11 @@ static int resolve(const Dist *job, TrainOptions *o, const char *config, const C
       return 2;
     }
   const RunDefaults *d = detr_run_defaults(&o->model);
-  if (ci && (o->resume || !config)) {  // what the run's command said, where this one says nothing
-    if (image_size < 0) image_size = (int)ci->image_size;
-    if (max_size < 0) max_size = (int)ci->max_size;
-    if (o->pad_multiple < 0) o->pad_multiple = (int)ci->pad_multiple;
-    if (o->resume && o->batch_size < 0 && ci->batch >= 1 && ci->batch <= 64) o->batch_size = (int)ci->batch;
+  if (ci && ci->run.known && (o->resume || !config)) {  // the run's settings, where this command gives none
+    if (image_size < 0) image_size = ci->run.image_size;
+    if (max_size < 0) max_size = ci->run.max_size;
+    if (o->pad_multiple < 0) o->pad_multiple = ci->run.pad_multiple;
+    if (o->resume && o->batch_size < 0) o->batch_size = ci->run.batch;
   }
   if (o->pad_multiple < 1 || o->pad_multiple > 256) o->pad_multiple = 1;
   if (o->batch_size < 0) o->batch_size = CHECKPOINT_TRAIN_DEFAULT_BATCH;
@@ -267,8 +269,6 @@ typedef struct {
   int image_size, max_size;
 } TrainFlags;
 
-static bool same_setting(float a, float b) { return a == b || (isnan(a) && isnan(b)); }
-
 // A float setting as a person writes it (5e-4, not 0.000500000024), unless that would hide a difference.
 static void setting_text(double v, char *out, size_t cap) {
   if (isnan(v)) snprintf(out, cap, "the model's");
@@ -284,51 +284,72 @@ static void note_change(char *out, size_t cap, size_t *n, const char *flag, doub
   *n += (size_t)snprintf(out + *n, cap - *n, " %s %s (the run's: %s);", flag, a, b);
 }
 
+// The run settings a flag sets: the flag, the setting's place in RunSettings, and where detr train
+// keeps its value (a float or an int option). continue_run restores a resumed run's settings through
+// this list and run_settings_of records this run's, so the two cannot name a flag differently.
+typedef struct {
+  const char *flag;
+  size_t offset;  // in RunSettings
+  float *f;       // the option: one of f and i
+  int *i;
+} SettingBinding;
+
+enum { N_SETTING_BINDINGS = 16 };
+
+static void setting_bindings(TrainOptions *o, TrainFlags *f, SettingBinding out[N_SETTING_BINDINGS]) {
+#define FLOAT_SETTING(flag, field, option) \
+  { flag, offsetof(RunSettings, field), option, NULL }
+#define INT_SETTING(flag, field, option) \
+  { flag, offsetof(RunSettings, field), NULL, option }
+  const SettingBinding all[] = {
+      FLOAT_SETTING("--lr", lr, &o->optim.lr),
+      FLOAT_SETTING("--lr-backbone", lr_backbone, &o->optim.lr_backbone),
+      FLOAT_SETTING("--weight-decay", weight_decay, &o->optim.weight_decay),
+      FLOAT_SETTING("--clip", clip, &o->optim.clip_max_norm),
+      FLOAT_SETTING("--ce-loss-coef", ce, &o->loss.ce),
+      FLOAT_SETTING("--bbox-loss-coef", bbox, &o->loss.bbox),
+      FLOAT_SETTING("--giou-loss-coef", giou, &o->loss.giou),
+      FLOAT_SETTING("--eos-coef", eos, &o->loss.eos),
+      FLOAT_SETTING("--cost-class", cost_class, &o->loss.cost_class),
+      FLOAT_SETTING("--cost-bbox", cost_bbox, &o->loss.cost_bbox),
+      FLOAT_SETTING("--cost-giou", cost_giou, &o->loss.cost_giou),
+      INT_SETTING("--epochs", epochs, &o->epochs),
+      INT_SETTING("--lr-drop", lr_drop, &o->optim.lr_drop),
+      INT_SETTING("--image-size", image_size, &f->image_size),
+      INT_SETTING("--max-size", max_size, &f->max_size),
+      INT_SETTING("--pad-multiple", pad_multiple, &o->pad_multiple),
+  };
+#undef FLOAT_SETTING
+#undef INT_SETTING
+  _Static_assert(sizeof all / sizeof all[0] == N_SETTING_BINDINGS, "N_SETTING_BINDINGS");
+  memcpy(out, all, sizeof all);
+}
+
+static double binding_option(const SettingBinding *b) { return b->f ? *b->f : *b->i; }
+
+static double binding_stored(const SettingBinding *b, const RunSettings *r) {
+  const char *p = (const char *)r + b->offset;
+  return b->f ? *(const float *)p : *(const int *)p;
+}
+
 // A resumed run continues the run it resumes (docs/cli.md, "Stopping and resuming"): every setting
 // this command does not give is the run's own, as its checkpoint recorded it - the schedule (so a
 // larger --epochs keeps the learning-rate drop where the run had it), the optimizer, the loss and
 // matcher weights, the image sizes and augmentation. One it gives that differs is applied, and
 // said. (--batch: restored, or refused when it differs, by resume() in train/trainer.c.)
 static void continue_run(const Dist *g, TrainOptions *o, TrainFlags *f, const RunSettings *r, int argc, char **argv) {
-  const struct {
-    const char *flag;
-    float *value;
-    float stored;
-  } floats[] = {
-      {"--lr", &o->optim.lr, r->lr},
-      {"--lr-backbone", &o->optim.lr_backbone, r->lr_backbone},
-      {"--weight-decay", &o->optim.weight_decay, r->weight_decay},
-      {"--clip", &o->optim.clip_max_norm, r->clip},
-      {"--ce-loss-coef", &o->loss.ce, r->ce},
-      {"--bbox-loss-coef", &o->loss.bbox, r->bbox},
-      {"--giou-loss-coef", &o->loss.giou, r->giou},
-      {"--eos-coef", &o->loss.eos, r->eos},
-      {"--cost-class", &o->loss.cost_class, r->cost_class},
-      {"--cost-bbox", &o->loss.cost_bbox, r->cost_bbox},
-      {"--cost-giou", &o->loss.cost_giou, r->cost_giou},
-  };
-  const struct {
-    const char *flag;
-    int *value;
-    int stored;
-  } ints[] = {
-      {"--epochs", &o->epochs, r->epochs},
-      {"--lr-drop", &o->optim.lr_drop, r->lr_drop},
-      {"--image-size", &f->image_size, r->image_size},
-      {"--max-size", &f->max_size, r->max_size},
-      {"--pad-multiple", &o->pad_multiple, r->pad_multiple},
-  };
+  SettingBinding b[N_SETTING_BINDINGS];
+  setting_bindings(o, f, b);
   char changed[2048] = "";
   size_t n = 0;
-  for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++) {
-    if (!has_flag(argc, argv, floats[i].flag)) *floats[i].value = floats[i].stored;
-    else if (!same_setting(*floats[i].value, floats[i].stored))
-      note_change(changed, sizeof changed, &n, floats[i].flag, *floats[i].value, floats[i].stored);
-  }
-  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
-    if (!has_flag(argc, argv, ints[i].flag)) *ints[i].value = ints[i].stored;
-    else if (*ints[i].value != ints[i].stored)
-      note_change(changed, sizeof changed, &n, ints[i].flag, *ints[i].value, ints[i].stored);
+  for (int k = 0; k < N_SETTING_BINDINGS; k++) {
+    double now = binding_option(&b[k]), stored = binding_stored(&b[k], r);
+    if (!has_flag(argc, argv, b[k].flag)) {
+      if (b[k].f) *b[k].f = (float)stored;
+      else *b[k].i = (int)stored;
+    } else if (!(now == stored || (isnan(now) && isnan(stored)))) {
+      note_change(changed, sizeof changed, &n, b[k].flag, now, stored);
+    }
   }
   if (!has_flag(argc, argv, "--no-augment")) f->no_augment = !r->augment;
   else if (r->augment && n < sizeof changed)
@@ -338,40 +359,30 @@ static void continue_run(const Dist *g, TrainOptions *o, TrainFlags *f, const Ru
 }
 
 // What the checkpoints of this run record of its settings (after resolve()).
-static RunSettings run_settings_of(const TrainOptions *o, const TrainFlags *f) {
-  return (RunSettings){.known = true,
-                       .epochs = o->epochs,
-                       .lr_drop = o->optim.lr_drop,
-                       .batch = o->batch_size,
-                       .pad_multiple = o->pad_multiple,
-                       .image_size = f->image_size,
-                       .max_size = f->max_size,
-                       .augment = !f->no_augment,
-                       .lr = o->optim.lr,
-                       .lr_backbone = o->optim.lr_backbone,
-                       .weight_decay = o->optim.weight_decay,
-                       .clip = o->optim.clip_max_norm,
-                       .ce = o->loss.ce,
-                       .bbox = o->loss.bbox,
-                       .giou = o->loss.giou,
-                       .eos = o->loss.eos,
-                       .cost_class = o->loss.cost_class,
-                       .cost_bbox = o->loss.cost_bbox,
-                       .cost_giou = o->loss.cost_giou};
+static RunSettings run_settings_of(TrainOptions *o, TrainFlags *f) {
+  RunSettings r = {.known = true, .batch = o->batch_size, .augment = !f->no_augment};
+  SettingBinding b[N_SETTING_BINDINGS];
+  setting_bindings(o, f, b);
+  for (int k = 0; k < N_SETTING_BINDINGS; k++) {
+    char *p = (char *)&r + b[k].offset;
+    if (b[k].f) *(float *)p = *b[k].f;
+    else *(int *)p = *b[k].i;
+  }
+  return r;
 }
 
 // Reads the checkpoint to resume and the --init weights, resolves the options against them and
 // trains: the verb's exit status.
 static int resolve_and_train(const Dist *job, TrainOptions *o, TrainFlags *f, int argc, char **argv) {
   char resume_path[4200], err[4096];
-  CheckpointInfo ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
+  CheckpointInfo ci = {0};
   const char *resume_arg = o->resume;
   Dist g = *job;
   if (find_resume(&g, o, resume_path, sizeof resume_path, &ci, err, sizeof err)) {
     if (dist_is_main(&g)) fprintf(stderr, "detr train: --resume %s: %s\n", resume_arg, err);
     return 1;
   }
-  CheckpointInfo init_ci = {.image_size = -1, .max_size = -1, .pad_multiple = -1, .batch = -1};
+  CheckpointInfo init_ci = {0};
   bool init_is_checkpoint;
   if (read_init(o, &init_ci, &init_is_checkpoint, err, sizeof err)) {
     if (dist_is_main(&g)) fprintf(stderr, "detr train: --init %s\n", err);
@@ -415,7 +426,7 @@ static int check_paths(const TrainOptions *o) {
 int cmd_train(int argc, char **argv, const Dist *job) {
   TrainOptions o = train_options_default();
   o.epochs = o.optim.lr_drop = -1;     // from the model (resolve)
-  o.batch_size = o.pad_multiple = -1;  // from the resumed run's command, else 2 and 1 (resolve)
+  o.batch_size = o.pad_multiple = -1;  // the resumed run's settings, else 2 and 1 (resolve)
   TrainFlags f = {.device = "cpu", .bad_input = "fail", .image_size = -1, .max_size = -1};
   CliFlag flags[] = {
       {"data", FLAG_STRING, &o.data_dir, "dataset root (annotations/instances_<split>.json and <split>/)"},

@@ -65,6 +65,7 @@ typedef struct {
   int skip_depth;  // while skipping, the depth at which the skipped value started
   bool skipping;
   bool seen_top, seen_images, seen_categories;
+  bool categories_only;  // CocoOpenConfig's: the images and annotations are skipped, not required
   Section section;
   Field field;
   int64_t item_index;        // position of the current item in its array
@@ -511,9 +512,10 @@ static int cb_map_key(void *ctx, const unsigned char *k, size_t n) {
   if (p->skipping) return 1;
   if (p->depth == 1) {
     p->section = SEC_OTHER;
-    if (key_is(k, n, "images")) p->section = SEC_IMAGES, p->seen_images = true;
+    if (key_is(k, n, "categories")) p->section = SEC_CATEGORIES, p->seen_categories = true;
+    else if (p->categories_only) return 1;
+    else if (key_is(k, n, "images")) p->section = SEC_IMAGES, p->seen_images = true;
     else if (key_is(k, n, "annotations")) p->section = SEC_ANNOTATIONS;
-    else if (key_is(k, n, "categories")) p->section = SEC_CATEGORIES, p->seen_categories = true;
     return 1;
   }
   if (p->depth != 3) return 1;
@@ -570,7 +572,8 @@ static int parse_file(Parser *p) {
               offset == 0 ? "empty file" : "not a COCO instances file");
     return DATA_ERROR;
   }
-  if (!p->seen_images) set_error(p, "%s: no 'images' array (not a COCO instances file)", p->path);
+  if (!p->seen_images && !p->categories_only)
+    set_error(p, "%s: no 'images' array (not a COCO instances file)", p->path);
   else if (!p->seen_categories) set_error(p, "%s: no 'categories' array (not a COCO instances file)", p->path);
   return p->failed ? DATA_ERROR : DATA_OK;
 }
@@ -921,7 +924,11 @@ int coco_open(const CocoOpenConfig *cfg, CocoDataset **out, DataError *err) {
   DataError local;
   if (!err) err = &local;
   err->msg[0] = '\0';
-  Parser p = {.path = cfg->ann_path, .policy = cfg->policy, .err = err, .stats = &ds->stats};
+  Parser p = {.path = cfg->ann_path,
+              .policy = cfg->policy,
+              .err = err,
+              .stats = &ds->stats,
+              .categories_only = cfg->categories_only};
   int rc = parse_file(&p);
   if (rc == DATA_OK) rc = build_dataset(&p, ds);
   if (rc == DATA_OK) rc = check_duplicate_files(&p, ds);

@@ -71,6 +71,7 @@ typedef struct {
   bool check_images;       // at open: every image file exists and its header matches its size
   bool contiguous_labels;  // labels 0..K-1 in category-id order; default: label = category id
   bool quiet;              // no summary line on stderr (warnings are still printed)
+  bool categories_only;    // the categories alone (class names): images and annotations skipped unread
 } CocoOpenConfig;
 
 typedef struct {

@@ -23,6 +23,7 @@
 #include "nn/model_io.h"
 #include "nn/postprocess.h"
 #include "train/checkpoint.h"
+#include "tests/run_settings_fixture.h"
 
 static char tmp[64];  // this test's scratch folder
 
@@ -75,7 +76,8 @@ static void setup_files(void) {
   save_weights(m2, at("w2.safetensors"));
   detr_model_free(m2);
   char err[1024];
-  TrainState state = {.step = 7, .epoch = 2, .next_batch = 3, .seed = 42, .best_map = 0.125};
+  TrainState state = {
+      .step = 7, .epoch = 2, .next_batch = 3, .seed = 42, .best_map = 0.125, .run = test_run_settings(96, 160, 16, 2)};
   ck_assert_msg(checkpoint_save(at("ckpt.safetensors"), m, NULL, &state,
                                 "train --data d --config tiny --image-size 96 --max-size=160 --pad-multiple 16",
                                 "1:one;3:three", err, sizeof err) == 0,
@@ -251,7 +253,7 @@ START_TEST(checkpoint_sizes_and_names) {
   ck_assert_msg(f != NULL, "%s", err);
   CheckpointInfo ci;
   ck_assert_int_eq(checkpoint_info_read(f, &ci, err, sizeof err), 0);
-  ck_assert(ci.image_size == 96 && ci.max_size == 160 && ci.pad_multiple == 16);
+  ck_assert(ci.run.known && ci.run.image_size == 96 && ci.run.max_size == 160 && ci.run.pad_multiple == 16);
   checkpoint_info_free(&ci);
   st_close(f);
   ck_assert_str_eq(detr_label_name(c, 1), "one");
@@ -733,6 +735,8 @@ START_TEST(bad_models) {
   EXPECT_OPEN(detr_open_checkpoint(C, &o, &m), DETR_ERR_FORMAT, "junk.json");
   write_text(at("nocats.json"), "{\"images\": []}");
   o.names = at("nocats.json");
+  EXPECT_OPEN(detr_open_weights(W, "tiny", &o, &m), DETR_ERR_FORMAT, "no 'categories' array");
+  write_text(at("nocats.json"), "{\"categories\": []}");
   EXPECT_OPEN(detr_open_weights(W, "tiny", &o, &m), DETR_ERR_FORMAT, "no categories");
   o.names = at("img.jpg");
   EXPECT_OPEN(detr_open_weights(W, "tiny", &o, &m), DETR_ERR_FORMAT, "malformed JSON");

@@ -25,6 +25,7 @@
 #include "nn/model_io.h"
 #include "include/detr.h"
 #include "train/checkpoint.h"
+#include "tests/run_settings_fixture.h"
 #include "viz/draw.h"
 #include "train/progress.h"
 #include "cli/setup.h"
@@ -567,7 +568,8 @@ END_TEST
 START_TEST(predict_checkpoint) {
   DetrModel *m = make_fixture();
   char err[1024];
-  TrainState state = {.step = 7, .epoch = 2, .next_batch = 3, .seed = 42, .best_map = 0.125};
+  TrainState state = {
+      .step = 7, .epoch = 2, .next_batch = 3, .seed = 42, .best_map = 0.125, .run = test_run_settings(96, 160, 1, 2)};
   ck_assert_int_eq(
       checkpoint_save(at("plain.safetensors"), m, NULL, &state,
                       "train --data d --config tiny --image-size 96 --max-size=160", NULL, err, sizeof err),
@@ -921,28 +923,29 @@ static void make_data(void) {
   ck_assert_int_eq(system(cmd), 0);
 }
 
-// A checkpoint of m trained by `train_cmd`, with categories metadata (NULL: none).
-static void save_checkpoint(const DetrModel *m, const char *path, const char *train_cmd, const char *categories) {
+// A checkpoint of m trained in batches of `batch` (0: a checkpoint without run settings, as one
+// written by no training run), with categories metadata (NULL: none).
+static void save_checkpoint(const DetrModel *m, const char *path, int batch, const char *categories) {
   char err[1024];
   TrainState state = {.step = 1, .seed = 42};
-  ck_assert_msg(checkpoint_save(path, m, NULL, &state, train_cmd, categories, err, sizeof err) == 0, "%s", err);
+  if (batch) state.run = test_run_settings(96, 160, 1, batch);
+  ck_assert_msg(
+      checkpoint_save(path, m, NULL, &state, "train --data d --config tiny", categories, err, sizeof err) == 0, "%s",
+      err);
 }
 
 START_TEST(checkpoint_batch) {
   DetrModel *m = make_fixture();
-  const struct {
-    const char *cmd;
-    long long batch;
-  } cases[] = {
-      {"train --data d --batch 4", 4}, {"train --data d --batch=3 --workers 1", 3}, {"train --data d", 2}, {NULL, -1}};
-  for (int i = 0; i < 4; i++) {
-    save_checkpoint(m, at("c.safetensors"), cases[i].cmd, NULL);
+  const int batches[] = {4, 3, 0};  // 0: no run settings
+  for (int i = 0; i < 3; i++) {
+    save_checkpoint(m, at("c.safetensors"), batches[i], NULL);
     char err[1024];
     StFile *f = st_open(at("c.safetensors"), err, sizeof err);
     ck_assert_ptr_nonnull(f);
     CheckpointInfo ci;
     ck_assert_msg(checkpoint_info_read(f, &ci, err, sizeof err) == 0, "%s", err);
-    ck_assert_int_eq(ci.batch, cases[i].batch);
+    ck_assert_int_eq(ci.run.known, batches[i] != 0);
+    if (ci.run.known) ck_assert_int_eq(ci.run.batch, batches[i]);
     checkpoint_info_free(&ci);
     st_close(f);
   }
@@ -971,9 +974,9 @@ START_TEST(categories_differ) {
 
   // detr eval: other ids are an error unless allowed, other names a warning.
   static char out[1 << 16];
-  save_checkpoint(m, at("ids.safetensors"), "train --data d --config tiny", "1:alpha;2:beta");
-  save_checkpoint(m, at("names.safetensors"), "train --data d --config tiny", "1:alpha;3:gamma");
-  save_checkpoint(m, at("same.safetensors"), "train --data d --config tiny", "1:alpha;3:be\"ta");
+  save_checkpoint(m, at("ids.safetensors"), 0, "1:alpha;2:beta");
+  save_checkpoint(m, at("names.safetensors"), 0, "1:alpha;3:gamma");
+  save_checkpoint(m, at("same.safetensors"), 0, "1:alpha;3:be\"ta");
   int rc = run(out, sizeof out, "%s eval --checkpoint %s --data %s", DETR_BIN, at("ids.safetensors"), at("data"));
   ck_assert_msg(rc == 1 && strstr(out, "meaningless") && strstr(out, "--allow-other-categories") &&
                     strstr(out, "id 2 (beta) only in the checkpoint"),
@@ -994,8 +997,8 @@ START_TEST(eval_run_defaults) {
   DetrModel *m = make_fixture();
   make_data();
   static char out[1 << 16];
-  save_checkpoint(m, at("b4.safetensors"), "train --data d --config tiny --batch 4", NULL);
-  save_checkpoint(m, at("b.safetensors"), "train --data d --config tiny", NULL);
+  save_checkpoint(m, at("b4.safetensors"), 4, NULL);
+  save_checkpoint(m, at("b.safetensors"), 0, NULL);
   int rc =
       run(out, sizeof out, "%s eval --checkpoint %s --data %s --threads 1", DETR_BIN, at("b4.safetensors"), at("data"));
   ck_assert_msg(rc == 0 && strstr(out, "in batches of 4 "), "exit %d: %s", rc, out);
@@ -1031,7 +1034,7 @@ START_TEST(predict_defaults) {
   cfg.decoder = decoder_find("conditional");
   DetrModel *c = detr_model_create(&cfg, DEVICE_CPU);
   detr_model_init(c, 5);
-  save_checkpoint(c, at("cond.safetensors"), "train --data d --config tiny --set decoder=conditional", NULL);
+  save_checkpoint(c, at("cond.safetensors"), 0, NULL);
   detr_model_free(c);
   rc = run(out, sizeof out, "%s predict --checkpoint %s %s --out %s", DETR_BIN, at("cond.safetensors"), at("img.jpg"),
            at("o"));

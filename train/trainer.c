@@ -463,8 +463,8 @@ static void say_how_to_stop_under_mpirun(void) {
           grace, who);
 }
 
-// The run's TensorBoard events (rank 0): its event files cut back to the resumed step, as
-// metrics.jsonl is, and a new file. A failure is said, and the run goes on without one.
+// The run's TensorBoard events (rank 0, once it is known to train): its event files cut back to the
+// resumed step, as metrics.jsonl is, and a new file. A failure is said, and the run goes on without one.
 static void open_tensorboard(Trainer *t) {
   char err[4608];
   if (tb_cut(t->o->out_dir, t->st.step, err, sizeof err))
@@ -476,8 +476,8 @@ static void open_tensorboard(Trainer *t) {
   if (!t->tb) fprintf(stderr, "detr train: TensorBoard: %s: the run goes on without an event file\n", err);
 }
 
-// metrics.jsonl (appended to when resuming; the history read back first), the TensorBoard events,
-// the loader at the saved data position, and the run's summary line.
+// metrics.jsonl (appended to when resuming; the history read back first), the loader at the saved
+// data position, and the run's summary line.
 static int open_log_and_loader(Trainer *t, char *err, size_t err_cap) {
   const TrainOptions *o = t->o;
   char path[4200];
@@ -495,7 +495,6 @@ static int open_log_and_loader(Trainer *t, char *err, size_t err_cap) {
       if (!t->metrics) fprintf(stderr, "detr train: %s: cannot write: %s\n", path, strerror(errno));
       ok = t->metrics != NULL;
     }
-    if (ok) open_tensorboard(t);
   }
   if (!dist_all_ok(&t->dist, ok)) {
     snprintf(err, err_cap, "no metrics log: stopping (see the message above%s)",
@@ -1185,6 +1184,7 @@ int train_run(TrainOptions *o, const Dist *group) {
     rc = -1;
   }
   bool complete = rc == 0 && run_complete(&t), stop = complete;
+  if (rc == 0 && !complete && t.metrics) open_tensorboard(&t);  // a run with nothing to do writes nothing
   if (rc == 0 && !complete && owes_evaluation(&t)) rc = evaluate_epoch(&t);
   stepping = 1;
   while (rc == 0 && !stop && t.st.epoch < o->epochs) {
