@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/commands.h"
 #include "cli/setup.h"
@@ -62,9 +63,10 @@ static bool append_word(char *text, size_t cap, size_t *n, const char *word) {
   return true;
 }
 
-// The command line, stored in every checkpoint, with the batch, padding and input sizes it ran
-// with where it did not say them (a resumed run takes them from there, and so does `detr eval`),
-// right after the verb so that they are never the part cut off.
+// The command line, stored in every checkpoint (`detr info` shows it, the resume hint prints it
+// again), with the batch, padding and input sizes it ran with where it did not say them, right after
+// the verb so that they are never the part cut off. (What a resumed run and `detr eval` read back is
+// the typed run settings.)
 static void store_command_line(TrainOptions *o, int argc, char **argv, int image_size, int max_size) {
   char *text = o->train_config_text;
   size_t n = 0, cap = sizeof o->train_config_text;
@@ -371,6 +373,22 @@ static RunSettings run_settings_of(TrainOptions *o, TrainFlags *f) {
   return r;
 }
 
+// Resuming a run directory that exists: its lock (rank 0), before a checkpoint in it is read or a
+// damaged one renamed, so that a live run there refuses this one first (the trainer takes it
+// otherwise). Returns 0 or -1 on every rank.
+static int lock_to_resume(const Dist *g, const TrainOptions *o, int argc, char **argv, RunLock *lock) {
+  struct stat st;
+  bool ok = true;
+  if (o->resume && dist_is_main(g) && stat(o->out_dir, &st) == 0 && S_ISDIR(st.st_mode)) {
+    char command[4096] = "detr", err[4608];
+    size_t n = strlen(command);
+    for (int i = 1; i < argc && append_word(command, sizeof command, &n, argv[i]); i++) {}
+    ok = run_lock_acquire(lock, o->out_dir, command, err, sizeof err) == 0;
+    if (!ok) fprintf(stderr, "detr train: %s\n", err);
+  }
+  return dist_all_ok(g, ok) ? 0 : -1;
+}
+
 // Reads the checkpoint to resume and the --init weights, resolves the options against them and
 // trains: the verb's exit status.
 static int resolve_and_train(const Dist *job, TrainOptions *o, TrainFlags *f, int argc, char **argv) {
@@ -378,8 +396,11 @@ static int resolve_and_train(const Dist *job, TrainOptions *o, TrainFlags *f, in
   CheckpointInfo ci = {0};
   const char *resume_arg = o->resume;
   Dist g = *job;
+  RunLock lock = {0};
+  if (lock_to_resume(&g, o, argc, argv, &lock)) return 1;
   if (find_resume(&g, o, resume_path, sizeof resume_path, &ci, err, sizeof err)) {
     if (dist_is_main(&g)) fprintf(stderr, "detr train: --resume %s: %s\n", resume_arg, err);
+    run_lock_release(&lock);
     return 1;
   }
   CheckpointInfo init_ci = {0};
@@ -387,6 +408,7 @@ static int resolve_and_train(const Dist *job, TrainOptions *o, TrainFlags *f, in
   if (read_init(o, &init_ci, &init_is_checkpoint, err, sizeof err)) {
     if (dist_is_main(&g)) fprintf(stderr, "detr train: --init %s\n", err);
     checkpoint_info_free(&ci);
+    run_lock_release(&lock);
     return 1;
   }
   if (o->resume && ci.run.known) continue_run(&g, o, f, &ci.run, argc, argv);
@@ -400,8 +422,9 @@ static int resolve_and_train(const Dist *job, TrainOptions *o, TrainFlags *f, in
     store_command_line(o, argc, argv, f->image_size, f->max_size);
     o->run = run_settings_of(o, f);
     o->seed_given = has_flag(argc, argv, "--seed");
-    rc = train_run(o, &g);
+    rc = train_run(o, &g, &lock);
   }
+  run_lock_release(&lock);  // not handed over: resolve() refused the command
   checkpoint_info_free(&ci);
   checkpoint_info_free(&init_ci);
   return rc;

@@ -466,7 +466,7 @@ START_TEST(small_mistakes_get_clear_messages) {
 END_TEST
 
 // One process per run directory: while a run lives, a second run into its directory, a --resume
-// auto and a --move-old-run are refused before they touch anything, naming the live run's pid and
+// auto and a --move-old-run are refused before they touch or read anything, naming the live run's pid and
 // command; the lock of a run killed with SIGKILL is taken over with a line that says so.
 START_TEST(second_process_is_refused_while_the_run_lives) {
   setup_data();
@@ -491,7 +491,8 @@ START_TEST(second_process_is_refused_while_the_run_lives) {
         1);
     ASSERT_LOG(holder);
     ASSERT_LOG("is running in this directory: detr train ");
-    ck_assert(!log_has("dropped"));  // the live run's metrics.jsonl untouched
+    ck_assert(!log_has("dropped"));        // the live run's metrics.jsonl untouched
+    ck_assert(!log_has("resuming from"));  // refused before a checkpoint of the live run was read
   }
   ck_assert_int_eq(sh("test -d %s/l && ! ls -d %s/l.old-* 2>/dev/null", test_root, test_root), 0);
   kill(pid, SIGKILL);

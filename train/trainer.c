@@ -372,7 +372,8 @@ static int lock_and_check_run_dir(Trainer *t, char *err, size_t err_cap) {
   const TrainOptions *o = t->o;
   char command[sizeof o->train_config_text + 8];
   snprintf(command, sizeof command, "detr %s", o->train_config_text);
-  if (mkdir_p(o->out_dir, err, err_cap) || run_lock_acquire(&t->lock, o->out_dir, command, err, err_cap) ||
+  if (mkdir_p(o->out_dir, err, err_cap) ||
+      (!t->lock.held && run_lock_acquire(&t->lock, o->out_dir, command, err, err_cap)) ||
       check_run_dir(t, err, err_cap))
     return -1;
   if (!t->moved_old_run) return 0;
@@ -1168,8 +1169,9 @@ static void report_end(const Trainer *t, int rc) {
   }
 }
 
-int train_run(TrainOptions *o, const Dist *group) {
+int train_run(TrainOptions *o, const Dist *group, RunLock *lock) {
   Trainer t = {.o = o, .dist = *group, .saved_step = -1};
+  if (lock && lock->held) t.lock = *lock, *lock = (RunLock){0};
   char err[4608];
   stop_signal = 0;
   stepping = 0;

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 
 #include "api/model_file.h"  // RunSettings
+#include "train/run_lock.h"
 #include "datasets/loader.h"
 #include "dist/dist.h"
 #include "nn/criterion.h"
@@ -62,5 +63,6 @@ TrainOptions train_options_default(void);
 // Returns 0 on success, 1 on a failure (message printed; nothing already saved is lost), 130 or
 // 143 after SIGINT or SIGTERM (the step in progress finished and checkpointed first).
 // group: the processes that train together (dist_init's; DIST_SINGLE alone), every one of them
-// calling this.
-int train_run(TrainOptions *o, const Dist *group);
+// calling this. lock: the run directory's lock where the caller took it already (resuming: before
+// choosing the checkpoint), handed over to the run; NULL or not held: the run takes it.
+int train_run(TrainOptions *o, const Dist *group, RunLock *lock);
