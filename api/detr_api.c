@@ -232,6 +232,7 @@ static detr_status open_model(const char *checkpoint, const char *weights, const
     if (o.max_size) m->max_size = o.max_size;
     m->threads = o.threads;
     m->aug = aug_config_scaled(false, m->image_size, m->max_size);
+    m->aug.resize_transformers = m->net->cfg.resize_transformers;
     aug_normalize_lut(&m->aug, m->lut);
   }
   checkpoint_info_free(&ci);
@@ -404,7 +405,7 @@ static Prepared prepare(const detr_model *m, const unsigned char *rgb, int width
   Prepared p = {.rgb = rgb, .w = width, .h = height, .ow = width, .oh = height};
   if (img) p.owned = *img;
   int nw, nh;
-  aug_resize_size(width, height, m->aug.val_size, m->aug.max_size, &nw, &nh);
+  aug_resize_size_rule(width, height, m->aug.val_size, m->aug.max_size, m->aug.resize_transformers, &nw, &nh);
   if (nw != width || nh != height) {
     Image src = {.w = width, .h = height, .data = (uint8_t *)rgb};  // read only
     Image resized = image_resize_bilinear(&src, nw, nh);

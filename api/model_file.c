@@ -395,7 +395,7 @@ void weights_fitting_presets(const StFile *f, char *out, size_t cap) {
     const DecoderModelLayout *lay = decoder_layout(detr_decoder(&cfg));
     char class_w[112];
     snprintf(class_w, sizeof class_w, "%s.weight", lay->class_embed);
-    const StEntry *c = st_find(f, class_w), *q = st_find(f, "query_embed.weight");
+    const StEntry *c = params_file_entry(f, class_w), *q = params_file_entry(f, "query_embed.weight");
     if (!c || c->ndim != 2) continue;  // not this decoder's layout
     cfg.num_classes = c->shape[0] - detr_classes(&cfg)->extra_columns;
     if (q && q->ndim == 2 && !lay->own_queries) cfg.num_queries = q->shape[0];
@@ -465,6 +465,9 @@ detr_status model_file_load(const char *checkpoint, const char *weights, const c
              weights);
     st = DETR_ERR_MISMATCH;
   }
+  // Weights from transformers resize as its image processor does, the sizes its users compare with.
+  if (!st && weights && hf_format(f) != HF_NONE && !detr_config_sets_name(sets, n_sets, "resize"))
+    cfg.resize_transformers = true;
   if (!st) {
     DetrModel *m = detr_model_create(&cfg, dev);
     // A load sets every tensor but the optional ones (ENACT's W_prob) that the file lacks: those

@@ -124,6 +124,7 @@ static int eval_loaded_model(const Dist *job, DetrModel *m, CheckpointInfo *ci, 
                    .policy = policy,
                    .results_path = a->results,
                    .dist = *job};
+  ec.aug.resize_transformers = m->cfg.resize_transformers;
   ec.progress = dist_is_main(&ec.dist);
   rc = evaluate_and_report(m, ds, &ec, a->batch, a->pad_multiple, a->json);
   coco_free(ds);
@@ -143,7 +144,7 @@ int cmd_eval(int argc, char **argv, const Dist *job) {
                 .workers = 2};
   CliFlag flags[] = {
       {"checkpoint", FLAG_STRING, &a.checkpoint, "a detr-c checkpoint (its config is used)"},
-      {"weights", FLAG_STRING, &a.weights, "model weights (safetensors, reference names)"},
+      {"weights", FLAG_STRING, &a.weights, "model weights (safetensors, reference or transformers names)"},
       {"config", FLAG_STRING, &a.config,
        "model preset (" DETR_PRESET_LIST ") or key=value file, with --weights (default " SETUP_DEFAULT_PRESET ")"},
       {"set", FLAG_LIST, &a.sets, "override one config field, with --weights"},

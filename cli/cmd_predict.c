@@ -27,9 +27,10 @@ static const char *USAGE =
     "       [--enact] IMAGE... --out DIR [--threshold S] [--image-size N] [--max-size M] [--names ANN.json]\n"
     "       [--device cpu|cuda] [--threads T] [--json FILE] [--bad-input fail|skip] [--show attention|clusters]\n"
     "Detects objects in JPEG/PNG images. Writes DIR/predictions.json (per image: file, width, height, output,\n"
-    "detections [{label, category_id, name, score, box [x0, y0, x1, y1] in pixels}] by falling score) and\n"
-    "DIR/<image name>.png with the boxes, class names and scores drawn. Class names come from --names (a COCO\n"
-    "instances JSON; only its categories are used), else from the checkpoint, else 'class <id>'.\n"
+    "detections [{label, category_id, name, score, box [x0, y0, x1, y1] in pixels, query: the decoder query that\n"
+    "made it}] by falling score) and DIR/<image name>.png with the boxes, class names and scores drawn. Class\n"
+    "names come from --names (a COCO instances JSON; only its categories are used), else from the checkpoint,\n"
+    "else 'class <id>'.\n"
     "--show attention: DIR/<image name>-attention.png, a row per detection (the best 24): its box, and its query's "
     "last\n"
     "decoder layer cross-attention (mean over heads) as a heat map over the image. --show clusters:\n"
@@ -282,8 +283,8 @@ static void write_json(FILE *f, const ImageResult *res, int n) {
       const detr_detection *d = detr_result_get(r->res, k);
       fprintf(f, "%s\n  {\"label\": %d, \"category_id\": %d, \"name\": ", k ? "," : "", d->label, d->label);
       json_string(f, d->name);
-      fprintf(f, ", \"score\": %.6g, \"box\": [%.2f, %.2f, %.2f, %.2f]}", d->score, d->box[0], d->box[1], d->box[2],
-              d->box[3]);
+      fprintf(f, ", \"score\": %.6g, \"box\": [%.2f, %.2f, %.2f, %.2f], \"query\": %d}", d->score, d->box[0], d->box[1],
+              d->box[2], d->box[3], d->query);
     }
     fputs(count ? "\n ]}" : "]}", f);
   }
@@ -363,7 +364,8 @@ static int parse_args(int argc, char **argv, PredictArgs *a) {
   *a = (PredictArgs){.device = "cpu", .bad_input = "fail", .threshold = -1, .image_size = -1, .max_size = -1};
   CliFlag flags[] = {
       {"checkpoint", FLAG_STRING, &a->checkpoint, "a detr-c training checkpoint (model config and weights)"},
-      {"weights", FLAG_STRING, &a->weights, "model weights safetensors (reference names), with --config"},
+      {"weights", FLAG_STRING, &a->weights,
+       "model weights safetensors (reference or transformers names), with --config"},
       {"config", FLAG_STRING, &a->config,
        "with --weights: preset (" DETR_PRESET_LIST ") or key=value file (default " SETUP_DEFAULT_PRESET ")"},
       {"set", FLAG_LIST, &a->sets, "override one model config field, e.g. --set enact_sigma=2"},

@@ -132,7 +132,8 @@ int cmd_step(int argc, char **argv, const Dist *job) {
   CliFlag flags[] = {
       {"config", FLAG_STRING, &config, "model preset (" DETR_PRESET_LIST ") or key=value file"},
       {"set", FLAG_LIST, &sets, "override one config field, e.g. --set hidden_dim=64"},
-      {"weights", FLAG_STRING, &weights, "model safetensors (reference names); default: reference init from --seed"},
+      {"weights", FLAG_STRING, &weights,
+       "model safetensors (reference or transformers names); default: reference init from --seed"},
       {"batch", FLAG_STRING, &batch_path, "input batch safetensors"},
       {"out", FLAG_STRING, &out_path, "output safetensors"},
       {"no-dropout", FLAG_BOOL, &no_dropout, "run with dropout off (for parity tests)"},

@@ -258,6 +258,7 @@ static int resolve(const Dist *job, TrainOptions *o, const char *config, const C
   if (max_size < 32) max_size = d->max_size;
   o->train_aug = aug_config_scaled(augment, image_size, max_size);
   o->val_aug = aug_config_scaled(false, image_size, max_size);
+  o->train_aug.resize_transformers = o->val_aug.resize_transformers = o->model.resize_transformers;
   *image_size_io = image_size;
   *max_size_io = max_size;
   return 0;
@@ -492,8 +493,9 @@ int cmd_train(int argc, char **argv, const Dist *job) {
       {"keep-all-results", FLAG_BOOL, &o.keep_all_results,
        "keep every evaluation's results-epoch<E>.json (default: the best's and the last's)"},
       {"init", FLAG_STRING, &o.init_weights,
-       "start from these weights (safetensors, reference names) or a checkpoint's model (fine-tuning: a class head for "
-       "other classes, query embeddings for another num_queries are re-initialised; docs/finetune.md)"},
+       "start from these weights (safetensors, reference or transformers names) or a checkpoint's model "
+       "(fine-tuning: a class head for other classes, query embeddings for another num_queries are re-initialised; "
+       "docs/finetune.md)"},
       {"init-partial", FLAG_BOOL, &o.init_partial,
        "with --init: tensors that do not fit the model keep their initialisation (listed) instead of an error"},
       {"init-backbone", FLAG_STRING, &o.init_backbone,

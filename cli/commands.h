@@ -11,3 +11,4 @@ int cmd_eval(int argc, char **argv, const Dist *job);
 int cmd_synth(int argc, char **argv, const Dist *job);
 int cmd_predict(int argc, char **argv, const Dist *job);
 int cmd_info(int argc, char **argv, const Dist *job);
+int cmd_export(int argc, char **argv, const Dist *job);

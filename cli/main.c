@@ -26,6 +26,7 @@ static const Verb VERBS[] = {
     {"synth", cmd_synth, "write the built-in synthetic COCO-format dataset"},
     {"predict", cmd_predict, "detect objects in images: boxes, labels, scores (JSON) and pictures"},
     {"info", cmd_info, "describe a checkpoint or any safetensors file"},
+    {"export", cmd_export, "write a model as a Hugging Face transformers folder (config.json, model.safetensors)"},
 };
 #define N_VERBS (int)(sizeof VERBS / sizeof VERBS[0])
 

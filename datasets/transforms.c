@@ -76,21 +76,30 @@ void target_free(Target *t) {
 // --- the reference's box arithmetic ------------------------------------------------------------
 
 void aug_resize_size(int w, int h, int size, int max_size, int *out_w, int *out_h) {
+  aug_resize_size_rule(w, h, size, max_size, false, out_w, out_h);
+}
+
+void aug_resize_size_rule(int w, int h, int size, int max_size, bool transformers, int *out_w, int *out_h) {
+  double raw = size;  // the shorter side before rounding (transformers' raw_size)
   if (max_size > 0) {
     double min_original = w < h ? w : h, max_original = w < h ? h : w;
     // Python's round() rounds halves to even, as nearbyint does in the default rounding mode.
-    if (max_original / min_original * size > max_size) size = (int)nearbyint(max_size * min_original / max_original);
+    if (max_original / min_original * size > max_size) {
+      raw = max_size * min_original / max_original;
+      size = (int)nearbyint(raw);
+    }
   }
   if (size < 1) size = 1;
+  if (!transformers) raw = size;
   if ((w <= h && w == size) || (h <= w && h == size)) {
     *out_w = w;
     *out_h = h;
   } else if (w < h) {
     *out_w = size;
-    *out_h = (int)((double)((int64_t)size * h) / w);  // int(size * h / w): truncation
+    *out_h = (int)(raw * h / w);  // int(size * h / w): truncation, in Python's order of operations
   } else {
     *out_h = size;
-    *out_w = (int)((double)((int64_t)size * w) / h);
+    *out_w = (int)(raw * w / h);
   }
   if (*out_w < 1) *out_w = 1;
   if (*out_h < 1) *out_h = 1;
@@ -154,9 +163,9 @@ void target_crop(Target *t, int top, int left, int ch, int cw) {
 
 // --- the transforms ----------------------------------------------------------------------------
 
-static void resize_both(Image *img, Target *t, int size, int max_size) {
+static void resize_both(Image *img, Target *t, int size, int max_size, bool transformers) {
   int nw, nh;
-  aug_resize_size(img->w, img->h, size, max_size, &nw, &nh);
+  aug_resize_size_rule(img->w, img->h, size, max_size, transformers, &nw, &nh);
   if (nw == img->w && nh == img->h) return;
   Image out = image_resize_bilinear(img, nw, nh);
   target_resize(t, img->w, img->h, nw, nh);
@@ -187,7 +196,7 @@ static void random_size_crop(Image *img, Target *t, int min_size, int max_size, 
 
 void aug_apply(Image *img, Target *t, const AugConfig *cfg, Rng *rng) {
   if (!cfg->train) {
-    resize_both(img, t, cfg->val_size, cfg->max_size);
+    resize_both(img, t, cfg->val_size, cfg->max_size, cfg->resize_transformers);
     return;
   }
   if (rng_next_uniform(rng) < cfg->flip_prob) {
@@ -195,11 +204,14 @@ void aug_apply(Image *img, Target *t, const AugConfig *cfg, Rng *rng) {
     target_hflip(t, img->w);
   }
   if (rng_next_uniform(rng) < cfg->resize_only_prob) {
-    resize_both(img, t, cfg->scales[rng_next_below(rng, (uint64_t)cfg->n_scales)], cfg->max_size);
+    resize_both(img, t, cfg->scales[rng_next_below(rng, (uint64_t)cfg->n_scales)], cfg->max_size,
+                cfg->resize_transformers);
   } else {
-    resize_both(img, t, cfg->crop_resize_scales[rng_next_below(rng, (uint64_t)cfg->n_crop_resize_scales)], 0);
+    resize_both(img, t, cfg->crop_resize_scales[rng_next_below(rng, (uint64_t)cfg->n_crop_resize_scales)], 0,
+                cfg->resize_transformers);
     random_size_crop(img, t, cfg->crop_min, cfg->crop_max, rng);
-    resize_both(img, t, cfg->scales[rng_next_below(rng, (uint64_t)cfg->n_scales)], cfg->max_size);
+    resize_both(img, t, cfg->scales[rng_next_below(rng, (uint64_t)cfg->n_scales)], cfg->max_size,
+                cfg->resize_transformers);
   }
 }
 

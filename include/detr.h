@@ -129,9 +129,10 @@ DETR_API detr_options detr_options_default(void);
 
 /* A detr-c checkpoint. On failure *model is NULL. */
 DETR_API detr_status detr_open_checkpoint(const char *path, const detr_options *options, detr_model **model);
-/* Weights (safetensors, the reference implementation's names) with a config: a preset name or a
- * key=value file (NULL: "detr-r50"). Loading is strict: every tensor of the model must be in the
- * file with its shape, and nothing else. On failure *model is NULL. */
+/* Weights (safetensors, the reference implementation's names or Hugging Face transformers', whose
+ * model then resizes images as transformers does) with a config: a preset name or a key=value file
+ * (NULL: "detr-r50"). Loading is strict: every tensor of the model must be in the file with its
+ * shape, and nothing else. On failure *model is NULL. */
 DETR_API detr_status detr_open_weights(const char *weights, const char *config, const detr_options *options,
                                        detr_model **model);
 /* Releases the model (NULL is fine). */

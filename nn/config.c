@@ -81,7 +81,8 @@ static int set_encoder_attn(DetrConfig *cfg, const char *key, const char *value,
 #undef F
 
 // The keys beyond the fields, in the order detr_config_key lists them.
-static const char *const KIND_KEYS[] = {"encoder_attn", "decoder", "decoder_cross_attn"};
+static const char *const KIND_KEYS[] = {"encoder_attn", "decoder", "decoder_cross_attn", "resize"};
+#define N_KIND_KEYS (int)(sizeof KIND_KEYS / sizeof KIND_KEYS[0])
 
 const char *detr_config_key(int i, char *help, size_t cap) {
   char names[256];
@@ -91,18 +92,22 @@ const char *detr_config_key(int i, char *help, size_t cap) {
     return FIELDS[i].key;
   }
   i -= N_FIELDS;
-  if (i < 3) {
+  if (i < N_KIND_KEYS) {
     if (help && i == 0)
       snprintf(help, cap, "the encoder's self-attention: %s (docs/attention.md)",
                encoder_attn_names(names, sizeof names));
     else if (help && i == 1)
       snprintf(help, cap, "the decoder: %s (docs/conditional_detr.md)", decoder_names(names, sizeof names));
-    else if (help)
+    else if (help && i == 2)
       snprintf(help, cap, "the decoder's cross-attention: %s with decoder=detr (docs/kmeans_cross_attention.md)",
                decoder_cross_attn_names(decoder_default(), names, sizeof names));
+    else if (help)
+      snprintf(help, cap,
+               "reference or transformers: the long side's rounding of the image resize (transformers' "
+               "DetrImageProcessor: 512x900 -> 758x1333, the reference 758x1332; docs/ecosystem.md)");
     return KIND_KEYS[i];
   }
-  i -= 3;
+  i -= N_KIND_KEYS;
   for (int k = 0; k < encoder_attn_count(); k++) {  // each variant: its NAME=true shortcut, its settings
     const EncoderAttnKind *kind = encoder_attn_at(k);
     if (i == 0) {
@@ -143,6 +148,14 @@ int detr_config_set(DetrConfig *cfg, const char *key, const char *value, char *e
       return -1;
     }
     cfg->decoder_cross_attn = c;
+    return 0;
+  }
+  if (!strcmp(key, "resize")) {
+    if (strcmp(value, "reference") && strcmp(value, "transformers")) {
+      snprintf(err, err_cap, "config resize: '%s' is not reference or transformers", value);
+      return -1;
+    }
+    cfg->resize_transformers = !strcmp(value, "transformers");
     return 0;
   }
   int attn = set_encoder_attn(cfg, key, value, err, err_cap);
@@ -208,7 +221,8 @@ void detr_config_format(const DetrConfig *cfg, char *buf, size_t cap) {
   if (n < cap) n += (size_t)snprintf(buf + n, cap - n, "decoder=%s\n", detr_decoder(cfg)->name);
   // Written only when not the default, so default checkpoints are as before; absent reads as softmax.
   if (n < cap && cfg->decoder_cross_attn && strcmp(cfg->decoder_cross_attn, "softmax"))
-    snprintf(buf + n, cap - n, "decoder_cross_attn=%s\n", cfg->decoder_cross_attn);
+    n += (size_t)snprintf(buf + n, cap - n, "decoder_cross_attn=%s\n", cfg->decoder_cross_attn);
+  if (n < cap && cfg->resize_transformers) snprintf(buf + n, cap - n, "resize=transformers\n");  // the same way
 }
 
 int detr_config_validate(const DetrConfig *c, char *err, size_t err_cap) {

@@ -27,6 +27,10 @@ typedef struct {
   AttnSettings attn_settings;           // the variants' settings (e.g. enact_sigma); n == 0: defaults
   bool tf32;                            // CUDA: TF32 tensor-core matmuls and convolutions (off: fp32, CPU parity)
   bool bf16;  // bf16 inputs, fp32 accumulation in convolutions and GEMMs (CPU: AVX512-BF16 or AMX)
+  // Key resize=transformers: images are resized with the long side as transformers'
+  // DetrImageProcessor computes it (512x900 -> 758x1333; the reference's 758x1332). On by default
+  // for weights read from a transformers file (api/model_file.c); docs/ecosystem.md.
+  bool resize_transformers;
 } DetrConfig;
 
 // The presets, one row each (the only list of them; their models are built in nn/presets.c):
@@ -35,6 +39,7 @@ typedef struct {
 // below be one string literal, joinable into --help texts.
 #define DETR_PRESET_ROWS(X, LAST)                                                                    \
   X(r50, "detr-r50", 300, 800, 1333, 200)                /* the paper: its schedule, COCO's sizes */ \
+  X(r50_dc5, "detr-r50-dc5", 500, 800, 1333, 400)        /* the paper's DC5 (layer4 dilated) */      \
   X(r18_small, "detr-r18-small", 50, 320, 512, 0)        /* CPU-sized: the synthetic set's scale */  \
   X(cond_r50, "conditional-detr-r50", 50, 800, 1333, 40) /* Conditional DETR's paper and main.py */  \
   X(cond_r18_small, "conditional-detr-r18-small", 50, 320, 512, 0)                                   \

@@ -1,8 +1,10 @@
-// Model tensors to and from safetensors files under their reference names. Loading is strict:
+// Model tensors to and from safetensors files under their reference names, or transformers' (a
+// file's naming is found from its tensor names: nn/hf_names.h). Loading is strict:
 // every parameter and buffer must be present as F32 with the model's shape, and nothing else may
 // be in the file (beyond names under the given ignored prefixes, e.g. a checkpoint's optimizer
 // state). Parameters marked optional (ENACT's W_prob) may be absent and keep their values. All problems are reported by name and the load is refused.
 #pragma once
+#include "nn/hf_names.h"
 #include "nn/params.h"
 #include "tensor/safetensors.h"
 
@@ -30,6 +32,8 @@ typedef struct {
   int fit, other, missing, unused;
 } ParamsFit;
 ParamsFit params_fit(const ParamStore *ps, const StFile *f);
+// The file's entry of model tensor `name` under the file's naming; NULL when absent or held in parts.
+const StEntry *params_file_entry(const StFile *f, const char *name);
 int params_load_file(ParamStore *ps, const char *path, char *err, size_t err_cap);
 // Loads only the parameters and buffers whose names start with prefix (e.g. "backbone." from a
 // `detr pretrain` file or any checkpoint); each of them must be in the file as F32 with the
@@ -42,3 +46,7 @@ int params_load_file_prefix_as(ParamStore *ps, const char *path, const char *pre
                                size_t err_cap);
 // Adds every parameter and buffer to w, with an optional name prefix ("" for none).
 void params_save(const ParamStore *ps, StWriter *w, const char *prefix);
+// Adds every parameter and buffer to w under transformers' names (fmt HF_TIMM or HF_RESNET; a
+// packed in_proj as its q, k, v rows). Returns 0, or -1 with err naming the first tensor
+// transformers' model has no place for.
+int params_save_hf(const ParamStore *ps, StWriter *w, HfFormat fmt, char *err, size_t err_cap);

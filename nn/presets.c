@@ -25,6 +25,12 @@ static void preset_r50(DetrConfig *cfg) {
   attn_settings_default(&cfg->attn_settings);
 }
 
+// The paper's DETR-DC5-R50: layer4 dilated (stride 16), the rest DETR-R50.
+static void preset_r50_dc5(DetrConfig *cfg) {
+  preset_r50(cfg);
+  cfg->dilation = true;
+}
+
 // CPU-sized: ResNet-18, hidden 128, 4 heads, 2 + 2 layers.
 static void preset_r18_small(DetrConfig *cfg) {
   preset_r50(cfg);
@@ -105,13 +111,14 @@ int detr_config_preset(const char *name, DetrConfig *cfg) {
 }
 
 // How far model a is from model b in what sets a run's cost, and so its schedule: the backbone's
-// depth and the transformer's width, layers and feed-forward size, each as a ratio.
+// depth and the transformer's width, layers and feed-forward size, each as a ratio, and whether
+// layer4 is dilated (DC5: 4x its feature map).
 static double model_distance(const DetrConfig *a, const DetrConfig *b) {
   const double fa[4] = {a->backbone_depth, a->hidden_dim, a->enc_layers + a->dec_layers, a->ffn_dim};
   const double fb[4] = {b->backbone_depth, b->hidden_dim, b->enc_layers + b->dec_layers, b->ffn_dim};
   double d = 0;
   for (int i = 0; i < 4; i++) d += fabs(log((fa[i] + 1) / (fb[i] + 1)));
-  return d;
+  return d + (a->dilation != b->dilation ? log(4.0) : 0.0);
 }
 
 const RunDefaults *detr_run_defaults(const DetrConfig *cfg) {

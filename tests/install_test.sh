@@ -56,7 +56,7 @@ ckpt=$(ls "$dir"/run/ckpt-*.safetensors | head -1)
 
 # predict's JSON detection lines in the example's format: "NAME (label L): SCORE at [X0, Y0, X1, Y1]".
 from_json() {
-  sed -n 's/^  {"label": \([0-9]*\), "category_id": [0-9]*, "name": "\([^"]*\)", "score": \([^,]*\), "box": \[\([^,]*\), \([^,]*\), \([^,]*\), \([^]]*\)\]},\{0,1\}$/\2 (label \1): \3 at [\4, \5, \6, \7]/p' "$1"
+  sed -n 's/^  {"label": \([0-9]*\), "category_id": [0-9]*, "name": "\([^"]*\)", "score": \([^,]*\), "box": \[\([^,]*\), \([^,]*\), \([^,]*\), \([^]]*\)\], "query": [0-9]*},\{0,1\}$/\2 (label \1): \3 at [\4, \5, \6, \7]/p' "$1"
 }
 compare() {  # compare NAME EXAMPLE_OUTPUT PREDICT_JSON
   from_json "$3" >"$dir/$1.predict.txt"

@@ -406,7 +406,7 @@ static DetrModel *make_fixture(void) {
 }
 
 typedef struct {
-  int label, category_id;
+  int label, category_id, query;
   char name[64];
   double score, box[4];
 } Pred;
@@ -458,6 +458,7 @@ static int read_preds(const char *path, int index, const char *file, int n_image
     p->category_id = (int)YAJL_GET_INTEGER(get(d, "category_id", yajl_t_number));
     snprintf(p->name, sizeof p->name, "%s", YAJL_GET_STRING(get(d, "name", yajl_t_string)));
     p->score = YAJL_GET_DOUBLE(get(d, "score", yajl_t_number));
+    p->query = (int)YAJL_GET_INTEGER(get(d, "query", yajl_t_number));
     yajl_val box = get(d, "box", yajl_t_array);
     ck_assert_int_eq((int)box->u.array.len, 4);
     for (int c = 0; c < 4; c++) p->box[c] = YAJL_GET_DOUBLE(box->u.array.values[c]);
@@ -526,6 +527,7 @@ START_TEST(predict_matches_evaluation) {
   for (int k = 0; k < n; k++) {
     char buf[32];
     ck_assert_int_eq(preds[k].label, ref[k].label);
+    ck_assert_int_eq(preds[k].query, (int)ref[k].query);  // pairs a detection with its query's outputs
     ck_assert_int_eq(preds[k].category_id, ref[k].label);
     ck_assert_str_eq(preds[k].name, expected_name(ref[k].label, buf));
     ck_assert_msg(fabs(preds[k].score - ref[k].score) <= 1e-5 * fabs(ref[k].score) + 1e-7, "score %d: %g vs %g", k,

@@ -11,7 +11,7 @@
 // otherwise the same shape: what a re-initialisation adapts. Any other difference is a model that
 // does not fit, left to the strict load.
 static bool rows_differ(const StFile *f, const Tensor *t, const char *name, char *what, size_t cap) {
-  const StEntry *e = st_find(f, name);
+  const StEntry *e = params_file_entry(f, name);  // a transformers file's too
   bool same_rest = e && e->ndim == t->shape.ndim;
   for (int d = 1; same_rest && d < e->ndim; d++) same_rest = e->shape[d] == t->shape.d[d];
   if (!same_rest || e->shape[0] == t->shape.d[0]) return false;
