@@ -2,12 +2,12 @@
 // transformers model folder (config.json + model.safetensors) that DetrForObjectDetection or
 // ConditionalDetrForObjectDetection's from_pretrained loads (docs/ecosystem.md).
 #define _POSIX_C_SOURCE 200809L
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "core/atomic_file.h"
 #include "core/json_text.h"
 #include "cli/cli.h"
 #include "cli/commands.h"
@@ -165,22 +165,22 @@ static void write_config_json(FILE *f, const DetrConfig *c, HfFormat fmt, const 
   fputs("  \"torch_dtype\": \"float32\"\n}\n", f);
 }
 
-// Writes DIR/config.json through a temporary file renamed over it. Returns 0, or -1 with err.
+typedef struct {
+  const DetrConfig *c;
+  HfFormat fmt;
+  const LabelNames *nm;
+} ConfigJson;
+
+static void print_config_json(FILE *f, const void *ctx) {
+  const ConfigJson *j = ctx;
+  write_config_json(f, j->c, j->fmt, j->nm);
+}
+
+// DIR/config.json, written whole or not at all. Returns 0, or -1 with err.
 static int save_config_json(const char *dir, const DetrConfig *c, HfFormat fmt, const LabelNames *nm, char *err,
                             size_t err_cap) {
-  char *path = data_path_join(dir, "config.json"), tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-  FILE *f = fopen(tmp, "w");
-  int rc = 0;
-  if (!f) {
-    snprintf(err, err_cap, "%s: fopen: %s", tmp, strerror(errno));
-    rc = -1;
-  } else {
-    write_config_json(f, c, fmt, nm);
-    if (ferror(f) | fclose(f)) snprintf(err, err_cap, "%s: write failed", tmp), rc = -1;
-    else if (rename(tmp, path)) snprintf(err, err_cap, "%s: rename: %s", path, strerror(errno)), rc = -1;
-    if (rc) remove(tmp);
-  }
+  char *path = data_path_join(dir, "config.json");
+  int rc = atomic_file_write(path, print_config_json, &(ConfigJson){c, fmt, nm}, err, err_cap);
   free(path);
   return rc;
 }

@@ -3,7 +3,7 @@
 // the model attends to: each detection's cross-attention, the encoder's clusters. The model, the preprocessing
 // (evaluation's: the val resize, ImageNet normalization, an all-valid mask), the forward pass and
 // the post-processing are the C API's (include/detr.h, api/detr_api.c): this verb is its user.
-#define _POSIX_C_SOURCE 200809L  // fsync, getpid, strdup
+#define _POSIX_C_SOURCE 200809L  // access, open_memstream
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/out_file.h"
 #include "cli/setup.h"
+#include "core/atomic_file.h"
 #include "core/clock.h"
 #include "core/json_text.h"
 #include "datasets/image.h"
@@ -291,34 +292,22 @@ static void write_json(FILE *f, const ImageResult *res, int n) {
   fputs("\n]\n", f);
 }
 
+typedef struct {
+  const ImageResult *res;
+  int n;
+} Results;
+
+static void print_results(FILE *f, const void *ctx) {
+  const Results *r = ctx;
+  write_json(f, r->res, r->n);
+}
+
 static int save_json(const char *path, const ImageResult *res, int n, char *err, size_t err_cap) {
   if (!strcmp(path, "-")) {
     write_json(stdout, res, n);
     return fflush(stdout) ? (snprintf(err, err_cap, "stdout: write failed: %m"), -1) : 0;
   }
-  char tmp[2048];
-  if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= sizeof tmp) {
-    snprintf(err, err_cap, "--json: path too long");
-    return -1;
-  }
-  FILE *f = fopen(tmp, "w");
-  if (!f) {
-    snprintf(err, err_cap, "%s: cannot write: %m", tmp);
-    return -1;
-  }
-  write_json(f, res, n);
-  if (fflush(f) || fsync(fileno(f))) {
-    snprintf(err, err_cap, "%s: write failed: %m", tmp);
-    fclose(f);
-    remove(tmp);
-    return -1;
-  }
-  if (fclose(f) || rename(tmp, path)) {
-    snprintf(err, err_cap, "%s: write or rename to %s failed: %m", tmp, path);
-    remove(tmp);
-    return -1;
-  }
-  return 0;
+  return atomic_file_write(path, print_results, &(Results){res, n}, err, err_cap);
 }
 
 // --- the verb ------------------------------------------------------------------------------------

@@ -7,35 +7,30 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/atomic_file.h"
 #include "core/clock.h"
 #include "dist/dist.h"
 #include "nn/postprocess.h"
 
-int write_coco_results(const char *path, const CocoEvalDet *dets, int64_t n, char *err, size_t err_cap) {
-  char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-  FILE *f = fopen(tmp, "w");
-  if (!f) {
-    snprintf(err, err_cap, "%s: cannot write: %m", tmp);
-    return -1;
-  }
+typedef struct {
+  const CocoEvalDet *dets;
+  int64_t n;
+} CocoResults;
+
+static void print_coco_results(FILE *f, const void *ctx) {
+  const CocoResults *r = ctx;
   fputc('[', f);
-  for (int64_t i = 0; i < n; i++)
+  for (int64_t i = 0; i < r->n; i++) {
+    const CocoEvalDet *d = &r->dets[i];
     fprintf(f, "%s{\"image_id\": %lld, \"category_id\": %lld, \"bbox\": [%.9g, %.9g, %.9g, %.9g], \"score\": %.9g}",
-            i ? ",\n" : "", (long long)dets[i].image_id, (long long)dets[i].category_id, dets[i].bbox[0],
-            dets[i].bbox[1], dets[i].bbox[2], dets[i].bbox[3], dets[i].score);
+            i ? ",\n" : "", (long long)d->image_id, (long long)d->category_id, d->bbox[0], d->bbox[1], d->bbox[2],
+            d->bbox[3], d->score);
+  }
   fputs("]\n", f);
-  if (fflush(f) || fsync(fileno(f)) || fclose(f)) {
-    snprintf(err, err_cap, "%s: write failed: %m", tmp);
-    remove(tmp);
-    return -1;
-  }
-  if (rename(tmp, path)) {
-    snprintf(err, err_cap, "%s: rename to %s failed: %m", tmp, path);
-    remove(tmp);
-    return -1;
-  }
-  return 0;
+}
+
+int write_coco_results(const char *path, const CocoEvalDet *dets, int64_t n, char *err, size_t err_cap) {
+  return atomic_file_write(path, print_coco_results, &(CocoResults){dets, n}, err, err_cap);
 }
 
 // A detection and its place in the single-process order: (batch, image in the batch, query).
