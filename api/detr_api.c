@@ -405,7 +405,7 @@ static Prepared prepare(const detr_model *m, const unsigned char *rgb, int width
   Prepared p = {.rgb = rgb, .w = width, .h = height, .ow = width, .oh = height};
   if (img) p.owned = *img;
   int nw, nh;
-  aug_resize_size_rule(width, height, m->aug.val_size, m->aug.max_size, m->aug.resize_transformers, &nw, &nh);
+  aug_resize_size(width, height, m->aug.val_size, m->aug.max_size, m->aug.resize_transformers, &nw, &nh);
   if (nw != width || nh != height) {
     Image src = {.w = width, .h = height, .data = (uint8_t *)rgb};  // read only
     Image resized = image_resize_bilinear(&src, nw, nh);

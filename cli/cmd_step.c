@@ -102,25 +102,15 @@ static int load_model_and_batch(const DetrConfig *cfg, Device dev, uint64_t seed
   return rc;
 }
 
-// Forward, loss (the batch's boxes as the normaliser) and backward.
-static int forward_backward(DetrModel *model, const DetrConfig *cfg, const StepBatch *batch, bool dropout,
-                            uint64_t seed, DetrOutput *out, CriterionResult *loss, char *err, size_t err_cap) {
+// Forward, loss (the batch's boxes as the normaliser) and backward, with dropout from seed's stream.
+static int forward_backward(DetrModel *model, const StepBatch *batch, bool dropout, uint64_t seed, DetrOutput *out,
+                            CriterionResult *loss, char *err, size_t err_cap) {
   Rng dropout_rng = rng_make(seed ^ 0xd40bu);
   NnCtx ctx = {.training = dropout, .dropout_rng = &dropout_rng};
-  if (detr_model_forward(model, &ctx, batch->images, batch->mask, out, err, err_cap)) return -1;
-  int64_t total_boxes = 0;
-  for (int64_t i = 0; i < batch->B; i++) total_boxes += batch->targets[i].n;
-  float num_boxes = total_boxes > 1 ? (float)total_boxes : 1.0f;
-  CriterionConfig ccfg = detr_criterion_config(cfg);
-  int n_aux = cfg->aux_loss ? out->n_layers - 1 : 0;
-  if (criterion_forward(&ccfg, out->layers[out->n_layers - 1], out->layers, n_aux, batch->targets, num_boxes, NULL,
-                        loss, err, err_cap)) {
-    detr_output_free(out);
+  if (step_forward_backward(model, &ctx, batch->images, batch->mask, batch->targets, batch->B, out, loss, err, err_cap))
     return -1;
-  }
   float total = tensor_item(loss->total);
   if (!isfinite(total)) fprintf(stderr, "detr step: warning: the loss is %g\n", total);
-  autograd_backward(loss->total);
   return 0;
 }
 
@@ -157,7 +147,7 @@ int cmd_step(int argc, char **argv, const Dist *job) {
   DetrOutput out;
   CriterionResult loss;
   if (load_model_and_batch(&cfg, dev, seed, weights, batch_path, &model, &batch, err, sizeof err) ||
-      forward_backward(model, &cfg, &batch, !no_dropout, seed, &out, &loss, err, sizeof err)) {
+      forward_backward(model, &batch, !no_dropout, seed, &out, &loss, err, sizeof err)) {
     step_batch_free(&batch);
     detr_model_free(model);
     return fail(err);

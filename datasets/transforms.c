@@ -75,11 +75,7 @@ void target_free(Target *t) {
 
 // --- the reference's box arithmetic ------------------------------------------------------------
 
-void aug_resize_size(int w, int h, int size, int max_size, int *out_w, int *out_h) {
-  aug_resize_size_rule(w, h, size, max_size, false, out_w, out_h);
-}
-
-void aug_resize_size_rule(int w, int h, int size, int max_size, bool transformers, int *out_w, int *out_h) {
+void aug_resize_size(int w, int h, int size, int max_size, bool transformers, int *out_w, int *out_h) {
   double raw = size;  // the shorter side before rounding (transformers' raw_size)
   if (max_size > 0) {
     double min_original = w < h ? w : h, max_original = w < h ? h : w;
@@ -165,7 +161,7 @@ void target_crop(Target *t, int top, int left, int ch, int cw) {
 
 static void resize_both(Image *img, Target *t, int size, int max_size, bool transformers) {
   int nw, nh;
-  aug_resize_size_rule(img->w, img->h, size, max_size, transformers, &nw, &nh);
+  aug_resize_size(img->w, img->h, size, max_size, transformers, &nw, &nh);
   if (nw == img->w && nh == img->h) return;
   Image out = image_resize_bilinear(img, nw, nh);
   target_resize(t, img->w, img->h, nw, nh);

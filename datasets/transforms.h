@@ -30,7 +30,7 @@ typedef struct {
   int crop_min, crop_max;  // RandomSizeCrop(384, 600): crop width and height drawn in [min, max]
   int val_size;            // 800: the val shortest side
   float mean[3], std[3];   // ImageNet statistics, on [0, 1] pixel values
-  // Resizes round as transformers' DetrImageProcessor (aug_resize_size_rule; model config resize).
+  // Resizes round as transformers' DetrImageProcessor (aug_resize_size; model config resize).
   bool resize_transformers;
 } AugConfig;
 
@@ -57,13 +57,12 @@ void target_free(Target *t);
 // get_size_with_aspect_ratio: the output size for resizing a w x h image so that its shorter
 // side is `size`, shrunk (with the reference's rounding) when the longer side would exceed
 // max_size (<= 0: no limit). Unlike the reference, a side never exceeds IMAGE_MAX_SIDE (a very
-// thin image resized without max_size keeps its aspect ratio up to that side).
-void aug_resize_size(int w, int h, int size, int max_size, int *out_w, int *out_h);
-// The same, or with transformers=true as transformers' DetrImageProcessor computes it: where
-// max_size shrinks the size, the longer side is int(raw * long / short) of the unrounded
+// thin image resized without max_size keeps its aspect ratio up to that side). With
+// transformers=true, as transformers' DetrImageProcessor computes it instead: where max_size
+// shrinks the size, the longer side is int(raw * long / short) of the unrounded
 // raw = max_size * short / long, where the reference takes int(round(raw) * long / short)
 // (512x900 at 800/1333: 758x1333 against 758x1332).
-void aug_resize_size_rule(int w, int h, int size, int max_size, bool transformers, int *out_w, int *out_h);
+void aug_resize_size(int w, int h, int size, int max_size, bool transformers, int *out_w, int *out_h);
 
 // The box arithmetic of the reference transforms, in float32 as torch does it.
 void target_hflip(Target *t, int image_w);

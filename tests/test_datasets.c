@@ -481,10 +481,10 @@ START_TEST(hostile_images) {
   decode_fails(at("fill.jpg"), "a Huffman table with more than 256 codes");
 
   // A thin image resized without max_size (the crop branch) stops at IMAGE_MAX_SIDE.
-  aug_resize_size(1, 2000, 400, 0, &w, &h);
+  aug_resize_size(1, 2000, 400, 0, false, &w, &h);
   ck_assert_int_eq(h, IMAGE_MAX_SIDE);
   ck_assert_int_ge(w, 1);
-  aug_resize_size(2000, 3, 400, 0, &w, &h);
+  aug_resize_size(2000, 3, 400, 0, false, &w, &h);
   ck_assert_int_eq(w, IMAGE_MAX_SIDE);
   ck_assert_int_eq(h, 49);  // 400 * 32768 / 266666
 }
@@ -576,21 +576,21 @@ END_TEST
 
 START_TEST(resize_size_as_reference) {
   int w, h;
-  aug_resize_size(640, 480, 800, 1333, &w, &h);  // int(800 * 640 / 480) = int(1066.67)
+  aug_resize_size(640, 480, 800, 1333, false, &w, &h);  // int(800 * 640 / 480) = int(1066.67)
   ck_assert(w == 1066 && h == 800);
-  aug_resize_size(480, 640, 800, 1333, &w, &h);
+  aug_resize_size(480, 640, 800, 1333, false, &w, &h);
   ck_assert(w == 800 && h == 1066);
-  aug_resize_size(2000, 500, 800, 1333, &w, &h);  // 4 * 800 > 1333: size = round(333.25) = 333
+  aug_resize_size(2000, 500, 800, 1333, false, &w, &h);  // 4 * 800 > 1333: size = round(333.25) = 333
   ck_assert(w == 1332 && h == 333);
-  aug_resize_size(1000, 500, 800, 1333, &w, &h);  // round(666.5) = 666: Python rounds halves to even
+  aug_resize_size(1000, 500, 800, 1333, false, &w, &h);  // round(666.5) = 666: Python rounds halves to even
   ck_assert(w == 1332 && h == 666);
-  aug_resize_size(1000, 500, 800, 0, &w, &h);  // no max size
+  aug_resize_size(1000, 500, 800, 0, false, &w, &h);  // no max size
   ck_assert(w == 1600 && h == 800);
-  aug_resize_size(600, 800, 600, 1333, &w, &h);  // already the size: unchanged
+  aug_resize_size(600, 800, 600, 1333, false, &w, &h);  // already the size: unchanged
   ck_assert(w == 600 && h == 800);
-  aug_resize_size(333, 333, 320, 512, &w, &h);
+  aug_resize_size(333, 333, 320, 512, false, &w, &h);
   ck_assert(w == 320 && h == 320);
-  aug_resize_size(427, 640, 320, 512, &w, &h);  // int(320 * 640 / 427) = int(479.63)
+  aug_resize_size(427, 640, 320, 512, false, &w, &h);  // int(320 * 640 / 427) = int(479.63)
   ck_assert(w == 320 && h == 479);
 }
 END_TEST

@@ -186,19 +186,19 @@ END_TEST
 // transformers' DetrImageProcessor keeps the unrounded short side for the long one.
 START_TEST(resize_rules) {
   int w, h;
-  aug_resize_size_rule(900, 512, 800, 1333, false, &w, &h);
+  aug_resize_size(900, 512, 800, 1333, false, &w, &h);
   ck_assert_int_eq(w, 1332);
   ck_assert_int_eq(h, 758);
-  aug_resize_size_rule(900, 512, 800, 1333, true, &w, &h);
+  aug_resize_size(900, 512, 800, 1333, true, &w, &h);
   ck_assert_int_eq(w, 1333);
   ck_assert_int_eq(h, 758);
-  aug_resize_size_rule(512, 900, 800, 1333, true, &w, &h);  // portrait: the same
+  aug_resize_size(512, 900, 800, 1333, true, &w, &h);  // portrait: the same
   ck_assert_int_eq(w, 758);
   ck_assert_int_eq(h, 1333);
-  aug_resize_size_rule(640, 480, 800, 1333, true, &w, &h);  // max_size not reached: both rules agree
+  aug_resize_size(640, 480, 800, 1333, true, &w, &h);  // max_size not reached: both rules agree
   ck_assert_int_eq(w, 1066);
   ck_assert_int_eq(h, 800);
-  aug_resize_size(900, 512, 800, 1333, &w, &h);
+  aug_resize_size(900, 512, 800, 1333, false, &w, &h);
   ck_assert_int_eq(w, 1332);
 }
 END_TEST

@@ -36,6 +36,7 @@
 #include "nn/model_io.h"
 #include "nn/postprocess.h"
 #include "tensor/safetensors.h"
+#include "train/step_batch.h"
 
 #ifndef DETR_REFERENCE_DIR
 #error "DETR_REFERENCE_DIR (tests/CMakeLists.txt): the folder of the reference fixtures"
@@ -173,16 +174,9 @@ static void run_fixture(Fixture *x, const char *name) {
   load_batch(x);
   Rng dropout_rng = rng_make(0xd40bu);
   NnCtx ctx = {.training = false, .dropout_rng = &dropout_rng};
-  ck_assert_msg(detr_model_forward(x->model, &ctx, x->images, x->mask, &x->out, err, sizeof err) == 0,
-                "%s: detr_model_forward: %s", path, err);
-  int64_t total = 0;
-  for (int64_t b = 0; b < x->B; b++) total += x->targets[b].n;
-  CriterionConfig ccfg = detr_criterion_config(&x->cfg);
-  int n_aux = x->cfg.aux_loss ? x->out.n_layers - 1 : 0;
-  ck_assert_msg(criterion_forward(&ccfg, x->out.layers[x->out.n_layers - 1], x->out.layers, n_aux, x->targets,
-                                  total > 1 ? (float)total : 1.0f, NULL, &x->loss, err, sizeof err) == 0,
-                "%s: criterion_forward: %s", path, err);
-  autograd_backward(x->loss.total);
+  ck_assert_msg(step_forward_backward(x->model, &ctx, x->images, x->mask, x->targets, x->B, &x->out, &x->loss, err,
+                                      sizeof err) == 0,
+                "%s: step_forward_backward: %s", path, err);
 }
 
 static void free_fixture(Fixture *x) {

@@ -27,9 +27,6 @@ static const char *USAGE =
     "       [--lr 1e-4] [--lr-backbone 1e-5] [--weight-decay 1e-4] [--clip 0.1] [--lr-drop-step S]\n"
     "       --out FINAL.safetensors";
 
-// One optimizer step on the batch file at path: forward (dropout off), the criterion with the
-// batch's box count as normaliser (as `detr step` and a one-process `detr train`), backward,
-// clipping and AdamW. Returns 0 with the loss and the norm before clipping, or -1 with err set.
 // The encoder attention's one-value integer exports of every layer (ENACT's cluster_size), as
 // " name=v,v" for the step's line: where a clustering variant's discrete choice changes.
 static void format_exports(const DetrOutput *out, char *buf, size_t cap) {
@@ -44,8 +41,11 @@ static void format_exports(const DetrOutput *out, char *buf, size_t cap) {
   }
 }
 
-static int train_one(DetrModel *m, AdamW *opt, const CriterionConfig *ccfg, const char *path, float *loss_out,
-                     double *norm_out, char *exports, size_t exports_cap, char *err, size_t err_cap) {
+// One optimizer step on the batch file at path: `detr step`'s forward (dropout off), criterion and
+// backward (step_forward_backward), then clipping and AdamW. Returns 0 with the loss and the norm
+// before clipping, or -1 with err set.
+static int train_one(DetrModel *m, AdamW *opt, const char *path, float *loss_out, double *norm_out, char *exports,
+                     size_t exports_cap, char *err, size_t err_cap) {
   StFile *f = st_open(path, err, err_cap);
   if (!f) return -1;
   StepBatch b = {0};
@@ -54,19 +54,10 @@ static int train_one(DetrModel *m, AdamW *opt, const CriterionConfig *ccfg, cons
   DetrOutput out;
   CriterionResult loss;
   NnCtx ctx = {.training = false};  // dropout off; training changes nothing else in the forward
-  if (!rc) rc = detr_model_forward(m, &ctx, b.images, b.mask, &out, err, err_cap);
-  if (!rc) {
-    int64_t boxes = 0;
-    for (int64_t i = 0; i < b.B; i++) boxes += b.targets[i].n;
-    int n_aux = m->cfg.aux_loss ? out.n_layers - 1 : 0;
-    rc = criterion_forward(ccfg, out.layers[out.n_layers - 1], out.layers, n_aux, b.targets,
-                           boxes > 1 ? (float)boxes : 1.0f, NULL, &loss, err, err_cap);
-    if (rc) detr_output_free(&out);
-  }
+  if (!rc) rc = step_forward_backward(m, &ctx, b.images, b.mask, b.targets, b.B, &out, &loss, err, err_cap);
   if (!rc) {
     *loss_out = tensor_item(loss.total);
     format_exports(&out, exports, exports_cap);
-    autograd_backward(loss.total);
     *norm_out = adamw_clip_step(opt, opt->cfg.clip_max_norm);  // clipping, AdamW, gradients released
     criterion_result_free(&loss);
     detr_output_free(&out);
@@ -130,7 +121,6 @@ int main(int argc, char **argv) {
   oc.lr_drop = drop_step;  // AdamW's StepLR counts "epochs": here each step is one
   AdamW opt;
   adamw_init(&opt, &m->params, oc);
-  CriterionConfig ccfg = detr_criterion_config(&cfg);
   for (int s = 0; s < steps && !rc; s++) {
     char path[4200];
     snprintf(path, sizeof path, "%s/batch-%04d.safetensors", dir, s % pool);
@@ -138,7 +128,7 @@ int main(int argc, char **argv) {
     float loss = 0.0f;
     double norm = 0.0;
     char exports[512] = "";
-    rc = train_one(m, &opt, &ccfg, path, &loss, &norm, exports, sizeof exports, err, sizeof err);
+    rc = train_one(m, &opt, path, &loss, &norm, exports, sizeof exports, err, sizeof err);
     if (rc) fprintf(stderr, "train_steps: step %d (%s): %s\n", s, path, err);
     else printf("step %d loss %.9g grad_norm %.9g%s\n", s, loss, norm, exports);
   }

@@ -1,11 +1,13 @@
-// `detr step`'s batch file (train/step_batch.h), moved out of cli/cmd_step.c so the fuzz harnesses
-// reach it.
+// `detr step`'s batch file and its forward, loss and backward (train/step_batch.h), moved out of
+// cli/cmd_step.c so the fuzz harnesses, tools/train_steps.c and test_reference reach them.
 #include "train/step_batch.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "autograd/autograd.h"
 
 static const StEntry *need(const StFile *f, const char *name, StDtype dtype, int ndim, char *err, size_t err_cap) {
   const StEntry *e = st_find(f, name);
@@ -102,4 +104,21 @@ void step_batch_free(StepBatch *b) {
   free(b->targets);
   free(b->boxes_storage);
   free(b->labels_storage);
+}
+
+int step_forward_backward(DetrModel *m, const NnCtx *ctx, Tensor *images, const uint8_t *mask,
+                          const DetrTarget *targets, int64_t B, DetrOutput *out, CriterionResult *loss, char *err,
+                          size_t err_cap) {
+  if (detr_model_forward(m, ctx, images, mask, out, err, err_cap)) return -1;
+  int64_t boxes = 0;
+  for (int64_t i = 0; i < B; i++) boxes += targets[i].n;
+  CriterionConfig ccfg = detr_criterion_config(&m->cfg);
+  int n_aux = m->cfg.aux_loss ? out->n_layers - 1 : 0;
+  if (criterion_forward(&ccfg, out->layers[out->n_layers - 1], out->layers, n_aux, targets,
+                        boxes > 1 ? (float)boxes : 1.0f, NULL, loss, err, err_cap)) {
+    detr_output_free(out);
+    return -1;
+  }
+  autograd_backward(loss->total);
+  return 0;
 }

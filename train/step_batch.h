@@ -3,6 +3,8 @@
 // targets.{i}.boxes F32 [n, 4] (normalized cxcywh, finite) and targets.{i}.labels I64 [n] (in
 // 0..num_classes) for each image i.
 #pragma once
+#include "nn/criterion.h"
+#include "nn/detr.h"
 #include "nn/matcher.h"
 #include "tensor/safetensors.h"
 
@@ -19,3 +21,12 @@ typedef struct {
 // the tensor; b must then still be freed with step_batch_free (it is zeroed first).
 int step_batch_read(const StFile *f, Device dev, int64_t num_classes, StepBatch *b, char *err, size_t err_cap);
 void step_batch_free(StepBatch *b);
+
+// `detr step`'s computation (and tools/train_steps.c's, tests/test_reference.c's): the forward of
+// images [B, H, W, 3] under ctx, the model's set criterion over every decoder layer (auxiliary
+// losses where the config has them) normalised by the batch's box count, and the backward. Returns
+// 0 with *out and *loss to free (detr_output_free, criterion_result_free), or -1 with err set and
+// nothing to free.
+int step_forward_backward(DetrModel *m, const NnCtx *ctx, Tensor *images, const uint8_t *mask,
+                          const DetrTarget *targets, int64_t B, DetrOutput *out, CriterionResult *loss, char *err,
+                          size_t err_cap);
