@@ -54,9 +54,6 @@ FAMILIES = {  # the ENACT checkout's folder, detr-c's decoder
     "conditional_enact": ("Conditional-DETR-ENACT", "conditional"),
     "detr_enact": ("DETR-ENACT", "detr"),
 }
-NUM_CLASSES = 14
-IMAGE_SIZE, MAX_SIZE, BATCH, LR, LR_BACKBONE = 160, 224, 4, 2e-4, 5e-5
-MODEL = dict(hidden=128, heads=4, enc=2, dec=3, ffn=512, queries=10, width=16, layers=3)
 
 
 def main_job_config():
@@ -68,19 +65,30 @@ def main_job_config():
     return data, model.split(), flags.split()
 
 
+def main_job_settings():
+    """What the official side is given of the main job: its --set values (over the `tiny` preset's, which sets
+    4 heads and 2 encoder layers) and its training flags' values, by name."""
+    _, model, flags = main_job_config()
+    assert model[:2] == ["--config", "tiny"], model
+    sets = dict(nheads="4", enc_layers="2")
+    sets.update(model[i + 1].split("=", 1) for i in range(len(model)) if model[i] == "--set")
+    given = {flags[i].lstrip("-"): flags[i + 1] for i in range(0, len(flags), 2)}
+    return sets, given
+
+
 def detr_c_model_flags(family):
     """The main job's model flags with the family's decoder and ENACT's official form (sigma 3, the official
     default)."""
     _, model, _ = main_job_config()
     flags = []
-    for i, word in enumerate(model):
+    for word in model:
         flags.append("decoder=" + FAMILIES[family][1] if word.startswith("decoder=") else word)
     return flags + ["--set", "encoder_attn=enact_official"]
 
 
-def scaled(x):
-    """detr-c's aug_config_scaled rounding: lround(x * 160 / 800)."""
-    return int(math.floor(x * IMAGE_SIZE / 800 + 0.5))
+def scaled(x, image_size):
+    """detr-c's aug_config_scaled: x * image_size / 800, rounded half away from 0 (lround)."""
+    return int(math.floor(x * image_size / 800 + 0.5))
 
 
 def timed(cmd, log, env=None):
@@ -130,8 +138,7 @@ def run_detr_c(args, family, seed, out):
     os.makedirs(out, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     lr_drop = max(args.epochs * 5 // 7, 1)
-    if not os.path.exists(os.path.join(out, "run", "best.safetensors")) or not os.path.exists(
-            os.path.join(out, "trained")):
+    if not os.path.exists(os.path.join(out, "trained")):
         wall = timed([args.detr, "train", "--data", data, "--out", os.path.join(out, "run"),
                       *detr_c_model_flags(family), "--init-backbone", backbone, *train_flags, "--lr-drop",
                       str(lr_drop), "--epochs", str(args.epochs), "--eval-every", "1", "--seed", str(seed),
@@ -139,9 +146,10 @@ def run_detr_c(args, family, seed, out):
         add_wall(os.path.join(out, "wall.json"), wall)
         open(os.path.join(out, "trained"), "w").close()
     results = os.path.join(out, "results.json")
+    _, given = main_job_settings()
     timed([args.detr, "eval", "--checkpoint", os.path.join(out, "run", "best.safetensors"), "--data", data,
-           "--results", results, "--image-size", str(IMAGE_SIZE), "--max-size", str(MAX_SIZE), "--batch",
-           str(BATCH)], os.path.join(out, "log.txt"), env)
+           "--results", results, "--image-size", given["image-size"], "--max-size", given["max-size"], "--batch",
+           given["batch"]], os.path.join(out, "log.txt"), env)
     best_epoch = max((json.loads(line) for line in open(os.path.join(out, "run", "metrics.jsonl"))
                       if '"type": "eval"' in line), key=lambda m: m["AP"])["epoch"]
     return results, best_epoch
@@ -284,9 +292,13 @@ def reference_run(args):
     from models import build_model
 
     model_mod = sys.modules["models.conditional_detr" if decoder == "conditional" else "models.detr"]
+    sets, given = main_job_settings()
+    assert sets["frozen_stages"] == "0" and sets["dropout"] == "0", sets  # what is given below
+    num_classes, hidden = int(sets["num_classes"]), int(sets["hidden_dim"])
+    image_size, max_size = int(given["image-size"]), int(given["max-size"])
 
     # The narrow backbone, "pretrained" with the seed's detr-c backbone; all stages trained (below).
-    wrf.WIDTH, wrf.LAYERS = MODEL["width"], MODEL["layers"]
+    wrf.WIDTH, wrf.LAYERS = int(sets["backbone_width"]), int(sets["backbone_layers"])
     wrf.patch_backbone(repo, True, False)
     narrow = torchvision.models.resnet18
     weights = parity_step.read_safetensors(args.backbone)
@@ -304,34 +316,34 @@ def reference_run(args):
 
     class Model(getattr(model_mod, "ConditionalDETR" if decoder == "conditional" else "DETR")):
         def __init__(self, *a, num_classes, **k):
-            super().__init__(*a, num_classes=NUM_CLASSES, **k)
+            super().__init__(*a, num_classes=num_classes, **k)
 
     class Criterion(model_mod.SetCriterion):
         def __init__(self, num_classes, *a, **k):
-            super().__init__(NUM_CLASSES, *a, **k)
+            super().__init__(num_classes, *a, **k)
 
     setattr(model_mod, Model.__mro__[1].__name__, Model)
     model_mod.SetCriterion = Criterion
     if decoder == "conditional":
-        transformer_mod.gen_sineembed_for_position = parity_step.sine_embed_for_position(MODEL["hidden"] // 2)
+        transformer_mod.gen_sineembed_for_position = parity_step.sine_embed_for_position(hidden // 2)
 
     def make_coco_transforms(image_set):  # the official function with the main job's numbers
         normalize = T.Compose([T.ToTensor(), T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
-        scales = [scaled(s) for s in [480, 512, 544, 576, 608, 640, 672, 704, 736, 768, 800]]
+        scales = [scaled(s, image_size) for s in [480, 512, 544, 576, 608, 640, 672, 704, 736, 768, 800]]
         if image_set == "train":
             return T.Compose([
                 T.RandomHorizontalFlip(),
                 T.RandomSelect(
-                    T.RandomResize(scales, max_size=MAX_SIZE),
+                    T.RandomResize(scales, max_size=max_size),
                     T.Compose([
-                        T.RandomResize([scaled(s) for s in (400, 500, 600)]),
-                        T.RandomSizeCrop(scaled(384), scaled(600)),
-                        T.RandomResize(scales, max_size=MAX_SIZE),
+                        T.RandomResize([scaled(s, image_size) for s in (400, 500, 600)]),
+                        T.RandomSizeCrop(scaled(384, image_size), scaled(600, image_size)),
+                        T.RandomResize(scales, max_size=max_size),
                     ])
                 ),
                 normalize,
             ])
-        return T.Compose([T.RandomResize([scaled(800)], max_size=MAX_SIZE), normalize])
+        return T.Compose([T.RandomResize([scaled(800, image_size)], max_size=max_size), normalize])
 
     coco_mod.make_coco_transforms = make_coco_transforms
 
@@ -346,13 +358,13 @@ def reference_run(args):
             if not os.path.lexists(link):
                 os.symlink(target, link)
 
-    m = MODEL
     official = official_main.get_args_parser().parse_args([
-        "--lr", str(LR), "--lr_backbone", str(LR_BACKBONE), "--batch_size", str(BATCH), "--epochs", str(args.epochs),
-        "--lr_drop", str(max(args.epochs * 5 // 7, 1)), "--backbone", "resnet18", "--enc_layers", str(m["enc"]),
-        "--dec_layers", str(m["dec"]), "--dim_feedforward", str(m["ffn"]), "--hidden_dim", str(m["hidden"]),
-        "--dropout", "0", "--nheads", str(m["heads"]), "--num_queries", str(m["queries"]), "--device", "cpu",
-        "--coco_path", coco, "--seed", str(args.seed), "--output_dir", args.out])
+        "--lr", given["lr"], "--lr_backbone", given["lr-backbone"], "--batch_size", given["batch"],
+        "--epochs", str(args.epochs), "--lr_drop", str(max(args.epochs * 5 // 7, 1)), "--backbone", "resnet18",
+        "--enc_layers", sets["enc_layers"], "--dec_layers", sets["dec_layers"], "--dim_feedforward", sets["ffn_dim"],
+        "--hidden_dim", sets["hidden_dim"], "--dropout", sets["dropout"], "--nheads", sets["nheads"],
+        "--num_queries", sets["num_queries"], "--device", "cpu", "--coco_path", coco, "--seed", str(args.seed),
+        "--output_dir", args.out])
     official.distributed = False
     print(official, flush=True)
 
