@@ -32,7 +32,11 @@ interrupted reference run resumes from its last finished epoch (model, optimizer
   python3 -m venv --system-site-packages V && V/bin/pip install pycocotools   # the official datasets/coco.py
   V/bin/python tools/parity_accuracy.py --enact-root ENACT_CHECKOUT [--family conditional_enact|detr_enact|all]
       [--seeds 1 2 3] [--sides detr-c reference] [--detr build-main/detr] [--work runs/parity-accuracy]
-      [--epochs 7] [--threads 2] [--report-only]
+      [--epochs 7] [--threads 2] [--pretrain-only | --report-only]
+
+--pretrain-only writes the data set and the seeds' backbones and stops (do it first when several of these run
+side by side: they would pretrain the same seed at once). --threads: each run's threads (OMP_NUM_THREADS for
+detr-c, torch.set_num_threads for the official code).
 
 Each finished run leaves WORK/FAMILY/seedS/SIDE/result.json (AP, AP50, the best epoch, the wall time); the
 table (per seed, means, ranges, and the judgement: mean AP50 within 0.03, each side's values overlapping the
@@ -177,7 +181,12 @@ def run_one(args, family, seed, side):
     if os.path.exists(done):
         return json.load(open(done))
     print(f"parity_accuracy: {family} seed {seed} {side} ...", flush=True)
-    results, best_epoch = (run_detr_c if side == "detr-c" else run_reference)(args, family, seed, out)
+    try:
+        results, best_epoch = (run_detr_c if side == "detr-c" else run_reference)(args, family, seed, out)
+    except subprocess.CalledProcessError as e:
+        sys.exit(f"parity_accuracy: {family} seed {seed} {side}: {os.path.basename(e.cmd[0])} exited with "
+                 f"{e.returncode}; its output is in {os.path.join(out, 'log.txt')} (the pretraining's: "
+                 f"{os.path.join(args.work, f'backbone-seed{seed}.safetensors.log')}); a rerun resumes")
     metrics = cocoeval(args, results, os.path.join(out, "cocoeval.json"))
     result = dict(AP=metrics["AP"], AP50=metrics["AP50"], best_epoch=best_epoch,
                   wall_s=json.load(open(os.path.join(out, "wall.json")))["wall_s"])
