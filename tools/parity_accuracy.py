@@ -164,12 +164,10 @@ def run_reference(args, family, seed, out):
     top-level `models`, `util` and `datasets` packages)."""
     backbone = pretrain(args, seed)
     os.makedirs(out, exist_ok=True)
-    if not os.path.exists(os.path.join(out, "trained")):
-        wall = timed([sys.executable, os.path.abspath(__file__), "--reference-run", "--family", family, "--seed",
-                      str(seed), "--enact-root", args.enact_root, "--backbone", backbone, "--out", out,
-                      "--epochs", str(args.epochs), "--threads", str(args.threads), "--detr", args.detr],
-                     os.path.join(out, "log.txt"))
-        add_wall(os.path.join(out, "wall.json"), wall)
+    if not os.path.exists(os.path.join(out, "trained")):  # its wall.json is written epoch by epoch
+        timed([sys.executable, os.path.abspath(__file__), "--reference-run", "--family", family, "--seed", str(seed),
+               "--enact-root", args.enact_root, "--backbone", backbone, "--out", out, "--epochs", str(args.epochs),
+               "--threads", str(args.threads), "--detr", args.detr], os.path.join(out, "log.txt"))
         open(os.path.join(out, "trained"), "w").close()
     state = json.load(open(os.path.join(out, "best.json")))
     return os.path.join(out, "best_results.json"), state["best_epoch"]
@@ -270,6 +268,10 @@ def report(args):
 # --- the official side, in its own interpreter ---------------------------------------------------------------
 
 def reference_run(args):
+    """One official run (in its own interpreter). The wall time of each finished epoch, the start-up before the
+    first one included, is added to wall.json as it finishes: an interrupted epoch, done again on resume, is
+    not counted twice."""
+    started = time.time()
     import random
 
     import numpy as np
@@ -438,6 +440,8 @@ def reference_run(args):
                         lr_scheduler=lr_scheduler.state_dict(), epoch=epoch, best=best, rng=torch.get_rng_state()),
                    state_path + ".tmp")
         os.replace(state_path + ".tmp", state_path)
+        add_wall(os.path.join(args.out, "wall.json"), time.time() - started)
+        started = time.time()
     json.dump(best, open(best_path, "w"))
 
 
