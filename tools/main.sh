@@ -44,22 +44,19 @@ cmake -S . -B build-main -DDETR_CUDA=OFF -DCMAKE_BUILD_TYPE=Release > /dev/null
 cmake --build build-main -j"$(nproc)" --target detr_cli
 detr=build-main/detr
 
-source tools/main_job_config.sh  # main_data, main_make_data, main_model, main_train_flags
+source tools/main_job_config.sh  # main_data, main_make_data, main_model, main_train_flags, ...
 data=$main_data
 model=$main_model
 main_make_data "$detr"
-# DETR starts from a pretrained backbone; none can be downloaded here, so the backbone first
-# learns to classify the training set's object crops (15 passes over 9495 crops, a minute: with 10,
-# a weaker seed's crop accuracy stayed at 0.96 and its detector 0.15 AP50 behind; docs/training.md).
-# Both cores, or the one another busy process leaves free (detr's default: bench/README.md#bench_step
+# The backbone is pretrained on the training set's object crops first (main_pretrain_epochs). Both cores, or the one another busy process leaves free (detr's default: bench/README.md#bench_step
 # and bench/README.md#main_job_speed).
 train_start=$(date +%s)  # pretraining, training and evaluation from here
 if [ ! -f "$out/backbone.safetensors" ]; then
   mkdir -p "$out"
-  "$detr" pretrain --data "$data" --out "$out/backbone.safetensors" $model --epochs 15 --seed "$seed"
+  "$detr" pretrain --data "$data" --out "$out/backbone.safetensors" $model --epochs "$main_pretrain_epochs" --seed "$seed"
 fi
 "$detr" train --data "$data" --out "$out" $model --enact --init-backbone "$out/backbone.safetensors" \
-  $main_train_flags --lr-drop $(( epochs * 5 / 7 > 0 ? epochs * 5 / 7 : 1 )) \
+  $main_train_flags --lr-drop "$(main_lr_drop "$epochs")" \
   --epochs "$epochs" --eval-every 1 --seed "$seed" --precision "$precision" --resume auto
 
 # Evaluated in batches of 4 as during training: padding to the batch's largest image changes a

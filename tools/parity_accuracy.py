@@ -44,6 +44,7 @@ other's range) is printed and written to WORK/report.md and WORK/report.json fro
 A rerun skips what is finished and resumes what is not.
 """
 import argparse
+import functools
 import json
 import math
 import os
@@ -60,19 +61,28 @@ FAMILIES = {  # the ENACT checkout's folder, detr-c's decoder
 }
 
 
+@functools.lru_cache(maxsize=None)
 def main_job_config():
-    """The main job's data set, model flags and training flags, read from tools/main_job_config.sh."""
-    script = (f"source {shlex.quote(os.path.join(TOOLS, 'main_job_config.sh'))}; "
-              "printf '%s\\0%s\\0%s' \"$main_data\" \"$main_model\" \"$main_train_flags\"")
-    data, model, flags = subprocess.run(["bash", "-c", script], check=True, capture_output=True,
-                                        text=True).stdout.split("\0")
-    return data, model.split(), flags.split()
+    """The main job's data set, model flags, training flags and pretraining passes, read once from
+    tools/main_job_config.sh."""
+    script = (f"source {shlex.quote(os.path.join(TOOLS, 'main_job_config.sh'))}; printf '%s\\0%s\\0%s\\0%s' "
+              "\"$main_data\" \"$main_model\" \"$main_train_flags\" \"$main_pretrain_epochs\"")
+    data, model, flags, pretrain_epochs = subprocess.run(["bash", "-c", script], check=True, capture_output=True,
+                                                         text=True).stdout.split("\0")
+    return data, model.split(), flags.split(), pretrain_epochs
+
+
+@functools.lru_cache(maxsize=None)
+def lr_drop(epochs):
+    """The main job's learning-rate drop for a run of this many epochs (main_lr_drop)."""
+    script = f"source {shlex.quote(os.path.join(TOOLS, 'main_job_config.sh'))}; main_lr_drop {int(epochs)}"
+    return subprocess.run(["bash", "-c", script], check=True, capture_output=True, text=True).stdout.strip()
 
 
 def main_job_settings():
     """What the official side is given of the main job: its --set values (over the `tiny` preset's, which sets
     4 heads and 2 encoder layers) and its training flags' values, by name."""
-    _, model, flags = main_job_config()
+    _, model, flags, _ = main_job_config()
     assert model[:2] == ["--config", "tiny"], model
     sets = dict(nheads="4", enc_layers="2")
     sets.update(model[i + 1].split("=", 1) for i in range(len(model)) if model[i] == "--set")
@@ -83,7 +93,7 @@ def main_job_settings():
 def detr_c_model_flags(family):
     """The main job's model flags with the family's decoder and ENACT's official form (sigma 3, the official
     default)."""
-    _, model, _ = main_job_config()
+    _, model, _, _ = main_job_config()
     flags = []
     for word in model:
         flags.append("decoder=" + FAMILIES[family][1] if word.startswith("decoder=") else word)
@@ -113,7 +123,7 @@ def add_wall(path, seconds):
 
 
 def cocoeval(args, results, out):
-    data, _, _ = main_job_config()
+    data = main_job_config()[0]
     ann = os.path.join(ROOT, data, "annotations", "instances_val.json")
     subprocess.run([args.detr, "cocoeval", "--ann", ann, "--results", results, "--json", out], check=True,
                    capture_output=True)
@@ -125,10 +135,10 @@ def pretrain(args, seed):
     main job's data set is written first unless it is there (main_make_data)."""
     path = os.path.join(args.work, f"backbone-seed{seed}.safetensors")
     if not os.path.exists(path):
-        data, model, _ = main_job_config()
+        data, model, _, epochs = main_job_config()
         subprocess.run(["bash", "-c", f"cd {shlex.quote(ROOT)} && source tools/main_job_config.sh && "
                         f"main_make_data {shlex.quote(args.detr)}"], check=True)
-        timed([args.detr, "pretrain", "--data", os.path.join(ROOT, data), "--out", path, *model, "--epochs", "15",
+        timed([args.detr, "pretrain", "--data", os.path.join(ROOT, data), "--out", path, *model, "--epochs", epochs,
                "--seed", str(seed)], path + ".log")
     return path
 
@@ -136,16 +146,15 @@ def pretrain(args, seed):
 def run_detr_c(args, family, seed, out):
     """`detr train` as tools/main.sh runs it (the family's decoder, ENACT's official form), then `detr eval`
     of its best checkpoint as tools/main.sh evaluates it (batches of 4), its detections scored by cocoeval."""
-    data, _, train_flags = main_job_config()
+    data, _, train_flags, _ = main_job_config()
     data = os.path.join(ROOT, data)
     backbone = pretrain(args, seed)
     os.makedirs(out, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    lr_drop = max(args.epochs * 5 // 7, 1)
     if not os.path.exists(os.path.join(out, "trained")):
         wall = timed([args.detr, "train", "--data", data, "--out", os.path.join(out, "run"),
                       *detr_c_model_flags(family), "--init-backbone", backbone, *train_flags, "--lr-drop",
-                      str(lr_drop), "--epochs", str(args.epochs), "--eval-every", "1", "--seed", str(seed),
+                      lr_drop(args.epochs), "--epochs", str(args.epochs), "--eval-every", "1", "--seed", str(seed),
                       "--resume", "auto", "--no-progress"], os.path.join(out, "log.txt"), env)
         add_wall(os.path.join(out, "wall.json"), wall)
         open(os.path.join(out, "trained"), "w").close()
@@ -287,12 +296,7 @@ def reference_run(args):
     folder, decoder = FAMILIES[args.family]
     repo = os.path.join(args.enact_root, folder)
     parity_enact_official.stub_matplotlib()  # the official enact.py imports it for its plotting helpers
-    # Conditional DETR's attention.py imports what torch 1.x had under these names (parity_step.build_reference).
-    import torch.nn.modules.linear as linear_mod
-    import torch.overrides
-    if not hasattr(linear_mod, "_LinearWithBias"):
-        linear_mod._LinearWithBias = linear_mod.NonDynamicallyQuantizableLinear
-    sys.modules.setdefault("torch._overrides", torch.overrides)
+    parity_step.torch_1x_names()
     sys.path.insert(0, repo)
     import datasets.coco as coco_mod
     import datasets.transforms as T
@@ -359,7 +363,7 @@ def reference_run(args):
     coco_mod.make_coco_transforms = make_coco_transforms
 
     # The official layout (train2017, val2017, annotations/instances_*2017.json) as links to the synthetic set.
-    data, _, _ = main_job_config()
+    data = main_job_config()[0]
     coco = os.path.join(args.out, "coco")
     os.makedirs(os.path.join(coco, "annotations"), exist_ok=True)
     for split in ("train", "val"):
@@ -371,7 +375,7 @@ def reference_run(args):
 
     official = official_main.get_args_parser().parse_args([
         "--lr", given["lr"], "--lr_backbone", given["lr-backbone"], "--batch_size", given["batch"],
-        "--epochs", str(args.epochs), "--lr_drop", str(max(args.epochs * 5 // 7, 1)), "--backbone", "resnet18",
+        "--epochs", str(args.epochs), "--lr_drop", lr_drop(args.epochs), "--backbone", "resnet18",
         "--enc_layers", sets["enc_layers"], "--dec_layers", sets["dec_layers"], "--dim_feedforward", sets["ffn_dim"],
         "--hidden_dim", sets["hidden_dim"], "--dropout", sets["dropout"], "--nheads", sets["nheads"],
         "--num_queries", sets["num_queries"], "--device", "cpu", "--coco_path", coco, "--seed", str(args.seed),

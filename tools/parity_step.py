@@ -248,16 +248,20 @@ def official_state_dict(model):
             if not re.match(r"transformer\.(class|bbox)_embed\.[1-9][0-9]*\.", k)}
 
 
-def build_reference(repo, p, seed, decoder="detr"):
-    sys.path.insert(0, repo)
-    # Conditional DETR's attention.py tests `(major == 1 and minor) < N`, true on every 2.x, and then
-    # imports what 1.x before N had (_LinearWithBias, torch._overrides): give it what it imports on
-    # 1.9-1.13 under the old names.
+def torch_1x_names():
+    """Conditional DETR's attention.py tests `(major == 1 and minor) < N`, true on every 2.x, and then
+    imports what 1.x before N had (_LinearWithBias, torch._overrides): give it what it imports on
+    1.9-1.13 under the old names."""
     import torch.nn.modules.linear as linear_mod
     import torch.overrides
     if not hasattr(linear_mod, "_LinearWithBias"):
         linear_mod._LinearWithBias = linear_mod.NonDynamicallyQuantizableLinear
     sys.modules.setdefault("torch._overrides", torch.overrides)
+
+
+def build_reference(repo, p, seed, decoder="detr"):
+    sys.path.insert(0, repo)
+    torch_1x_names()
     if decoder == "anchor":
         return build_anchor_reference(p, seed)
     import models.backbone as backbone_mod  # noqa: E402  (the reference's own modules)
