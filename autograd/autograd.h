@@ -10,7 +10,7 @@
 
 #define NODE_MAX_INPUTS 8
 #define NODE_MAX_OUTPUTS 2
-#define NODE_MAX_SAVED 6
+#define NODE_MAX_SAVED 8
 #define NODE_ATTRS_BYTES 104  // the largest op attributes: conv2d's and maxpool2d's ConvGeom
 
 typedef struct TapeNode TapeNode;

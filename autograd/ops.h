@@ -142,13 +142,49 @@ Tensor *op_box_xyxy_to_cxcywh(Tensor *boxes);
 Tensor *op_box_giou(Tensor *a, Tensor *b);
 
 // --- ENACT (ops_enact.c; nn/enact.h builds the layer from them) ---
+// Regions found where the data lives (a GPU's regions never come to the host mid-forward): int64
+// arrays kept in the storage of a float tensor (tensors hold floats; the tape then keeps the arrays
+// alive as it keeps any saved tensor): starts [cap], lengths [cap], image_offset [B + 1] (image b's
+// regions are [image_offset[b], image_offset[b+1]), image_offset[B] the count L <= cap), then two
+// slots for the authors' form: its cluster size and mean run length (a double's bits).
+typedef struct {
+  Tensor *storage;  // [2 * (2 cap + B + 3)] floats, scoped
+  int64_t cap, B;
+} EnactRegionIndex;
+static inline int64_t *enact_region_starts(const EnactRegionIndex *r) { return (int64_t *)r->storage->data; }
+static inline int64_t *enact_region_lengths(const EnactRegionIndex *r) { return enact_region_starts(r) + r->cap; }
+static inline int64_t *enact_region_image_offset(const EnactRegionIndex *r) { return enact_region_lengths(r) + r->cap; }
+static inline int64_t *enact_region_cluster_size(const EnactRegionIndex *r) {
+  return enact_region_image_offset(r) + r->B + 1;
+}
+static inline double *enact_region_mean_length(const EnactRegionIndex *r) {
+  return (double *)(enact_region_cluster_size(r) + 1);
+}
+// Regions given on the host (tests, regions held fixed): L regions, image_offset [B + 1].
+EnactRegionIndex enact_region_index_upload(Device dev, const int64_t *starts, const int64_t *lengths, int64_t L,
+                                           const int64_t *image_offset, int64_t B);
+// The curvature sign of the smoothed map hsm [B, Hp*Wp] (no gradient): +1 where concave, -1
+// elsewhere on each image's valid top-left valid_h x valid_w pixels (host [B]), 0 on padding; 2-D
+// Sobel curvature or (one_d) along the valid pixels' row-major sequence.
+Tensor *op_enact_signs(Tensor *hsm, int64_t Hp, int64_t Wp, const int64_t *valid_h, const int64_t *valid_w, bool one_d);
+// The maximal runs of equal sign of signs [B, N] within each image (0 ends a run), on its device
+// (cap = B*N: at most one region a pixel).
+EnactRegionIndex op_enact_regions(Tensor *signs);
+// The authors' chunks of hsm [B, N]: one cluster size c for the batch (the images' mean run length of
+// the 1-D curvature sign, rounded), N / c chunks per image after trimming (N mod c) / 2 at the start.
+EnactRegionIndex op_enact_official_regions(Tensor *hsm);
 // Clustering (the supplement's Eq. 2): K, V [M, d], H [M] -> K' (returned) and V' (*Vc_out),
-// [L, d]: row j = sum over region j (rows starts[j] .. starts[j]+lengths[j]-1) of w_i s_i K_i with
-// w = softmax of H within the region and s_i = -signs[i] (signs: host [M], or NULL for s = 1).
-// Gradients reach K, V and H (the exact form of Eq. 3; docs/enact.md).
-Tensor *op_enact_cluster(Tensor *K, Tensor *V, Tensor *H, const float *signs, const int64_t *starts,
-                         const int64_t *lengths, int64_t L, Tensor **Vc_out);
+// [cap, d]: row j < L = sum over region j of w_i s_i K_i with w = softmax of H within the region and
+// s_i = -signs[i] (signs [M] on K's device, or NULL for s = 1); rows from L on are zero. Gradients
+// reach K, V and H (the exact form of Eq. 3; docs/enact.md).
+Tensor *op_enact_cluster(Tensor *K, Tensor *V, Tensor *H, Tensor *signs, const EnactRegionIndex *r, Tensor **Vc_out);
 // Gaussian smoothing of x [B, Hp*Wp] inside each image's valid top-left valid_h x valid_w region
 // (zero outside): rows then columns, or (one_d) along the valid pixels' row-major sequence.
 Tensor *op_enact_smooth(Tensor *x, int64_t Hp, int64_t Wp, const int64_t *valid_h, const int64_t *valid_w,
                         const float *taps, int ntaps, bool one_d);
+// Attention of each image's queries over that image's clusters only: q [B, N, heads*hd], k, v
+// [r->cap, heads*hd] (row j: region j of r; rows from the count on are not read) -> [B, N, heads*hd]; per head
+// out_scale dropout_p(softmax(scale q k^T)) v, the dropout drawn from rng (p = 0: none, rng may be
+// NULL). No padding to the longest image, nothing read on the host.
+Tensor *op_cluster_attention(Tensor *q, Tensor *k, Tensor *v, const EnactRegionIndex *r, int64_t heads, float scale,
+                             float out_scale, float p, Rng *rng);

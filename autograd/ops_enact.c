@@ -4,73 +4,216 @@
 
 #include "autograd/op_util.h"
 
-// --- clustering: node buffer = [starts L][lengths L] int64, then signs [M] float (optional) ---
+// --- regions ---
 
-typedef struct {
-  int64_t regions;  // L
-  bool has_signs;   // the node buffer ends with signs [M]
-} ClusterAttrs;
-
-// The node buffer lives on the tensors' device: [starts L][lengths L] int64, then signs [M] float.
-static void enact_cluster_backward_node(TapeNode *n) {
-  Tensor *K = n->in[0], *V = n->in[1], *H = n->in[2], *Kc = n->out[0], *Vc = n->out[1];
-  const ClusterAttrs *at = NODE_ATTRS(n, ClusterAttrs);
-  int64_t L = at->regions, d = K->shape.d[1];
-  const int64_t *starts = n->buf, *lengths = starts + L;
-  const float *signs = at->has_signs ? (const float *)(lengths + L) : NULL;
-  float *dK = grad_data_or_null(K), *dV = grad_data_or_null(V), *dH = grad_data_or_null(H);
-  DISPATCH(K->device,
-           cpu_enact_cluster_backward(K->data, V->data, H->data, signs, starts, lengths, L, d, Kc->data, Vc->data,
-                                      Kc->grad->data, Vc->grad->data, dK, dV, dH),
-           cuda_enact_cluster_backward(K->data, V->data, H->data, signs, starts, lengths, L, d, Kc->data, Vc->data,
-                                       Kc->grad->data, Vc->grad->data, dK, dV, dH));
+static EnactRegionIndex region_index_new(Device dev, int64_t cap, int64_t B) {
+  EnactRegionIndex r = {.cap = cap, .B = B};
+  r.storage = tensor_new_scoped(dev, SHAPE(2 * (2 * cap + B + 3)));  // int64 [2 cap + B + 3]
+  return r;
 }
 
-Tensor *op_enact_cluster(Tensor *K, Tensor *V, Tensor *H, const float *signs, const int64_t *starts,
-                         const int64_t *lengths, int64_t L, Tensor **Vc_out) {
+EnactRegionIndex enact_region_index_upload(Device dev, const int64_t *starts, const int64_t *lengths, int64_t L,
+                                           const int64_t *image_offset, int64_t B) {
+  DETR_CHECK(image_offset[0] == 0 && image_offset[B] == L,
+             "enact_region_index: image offsets [0, %lld] do not cover %lld regions", (long long)image_offset[B],
+             (long long)L);
+  int64_t covered = 0;
+  for (int64_t j = 0; j < L; j++) {
+    DETR_CHECK(lengths[j] >= 1 && starts[j] >= covered,
+               "enact_region_index: region %lld [%lld, +%lld) is empty or overlaps the previous one", (long long)j,
+               (long long)starts[j], (long long)lengths[j]);
+    covered = starts[j] + lengths[j];
+  }
+  EnactRegionIndex r = region_index_new(dev, L, B);
+  int64_t n = 2 * L + B + 3, *host = detr_calloc((size_t)n, sizeof(int64_t), "enact_region_index host");
+  memcpy(host, starts, (size_t)L * sizeof(int64_t));
+  memcpy(host + L, lengths, (size_t)L * sizeof(int64_t));
+  memcpy(host + 2 * L, image_offset, (size_t)(B + 1) * sizeof(int64_t));
+  tensor_copy_from_host_(r.storage, (const float *)host);
+  free(host);
+  return r;
+}
+
+Tensor *op_enact_signs(Tensor *hsm, int64_t Hp, int64_t Wp, const int64_t *valid_h, const int64_t *valid_w,
+                       bool one_d) {
+  char s[64];
+  DETR_CHECK(hsm->shape.ndim == 2 && hsm->shape.d[1] == Hp * Wp, "enact_signs: input %s is not [B, %lld]",
+             shape_str(hsm->shape, s, sizeof s), (long long)(Hp * Wp));
+  int64_t B = hsm->shape.d[0];
+  int64_t *host = detr_malloc((size_t)(2 * B) * sizeof(int64_t), "enact_signs geometry");
+  memcpy(host, valid_h, (size_t)B * sizeof(int64_t));
+  memcpy(host + B, valid_w, (size_t)B * sizeof(int64_t));
+  int64_t *dims = upload_block(hsm->device, host, (size_t)(2 * B) * sizeof(int64_t));
+  free(host);
+  Tensor *signs = tensor_new_scoped(hsm->device, hsm->shape);
+  DISPATCH(hsm->device, cpu_enact_signs(hsm->data, signs->data, B, Hp, Wp, dims, dims + B, one_d),
+           cuda_enact_signs(hsm->data, signs->data, B, Hp, Wp, dims, dims + B, one_d));
+  detr_free(hsm->device, dims, (size_t)(2 * B) * sizeof(int64_t));  // the stream orders its reuse
+  return signs;
+}
+
+EnactRegionIndex op_enact_regions(Tensor *signs) {
+  char s[64];
+  DETR_CHECK(signs->shape.ndim == 2, "enact_regions: signs %s is not [B, N]", shape_str(signs->shape, s, sizeof s));
+  int64_t B = signs->shape.d[0], N = signs->shape.d[1], M = B * N;
+  EnactRegionIndex r = region_index_new(signs->device, M, B);
+  size_t ws_bytes = 0;
+  DISPATCH(signs->device, ws_bytes = cpu_enact_regions_workspace(M), ws_bytes = cuda_enact_regions_workspace(M));
+  void *ws = detr_alloc(signs->device, ws_bytes);
+  DISPATCH(signs->device,
+           cpu_enact_regions(signs->data, B, N, enact_region_starts(&r), enact_region_lengths(&r),
+                             enact_region_image_offset(&r), ws),
+           cuda_enact_regions(signs->data, B, N, enact_region_starts(&r), enact_region_lengths(&r),
+                              enact_region_image_offset(&r), ws));
+  detr_free(signs->device, ws, ws_bytes);
+  return r;
+}
+
+EnactRegionIndex op_enact_official_regions(Tensor *hsm) {
+  char s[64];
+  DETR_CHECK(hsm->shape.ndim == 2, "enact_official_regions: input %s is not [B, N]",
+             shape_str(hsm->shape, s, sizeof s));
+  int64_t B = hsm->shape.d[0], N = hsm->shape.d[1];
+  EnactRegionIndex r = region_index_new(hsm->device, B * N, B);  // c >= 1: at most N chunks an image
+  size_t ws_bytes = (size_t)B * sizeof(int64_t);
+  int64_t *ws = detr_alloc(hsm->device, ws_bytes);
+  DISPATCH(hsm->device,
+           cpu_enact_official_regions(hsm->data, B, N, enact_region_starts(&r), enact_region_lengths(&r),
+                                      enact_region_image_offset(&r), enact_region_cluster_size(&r),
+                                      enact_region_mean_length(&r), ws),
+           cuda_enact_official_regions(hsm->data, B, N, enact_region_starts(&r), enact_region_lengths(&r),
+                                       enact_region_image_offset(&r), enact_region_cluster_size(&r),
+                                       enact_region_mean_length(&r), ws));
+  detr_free(hsm->device, ws, ws_bytes);
+  return r;
+}
+
+// --- clustering ---
+
+typedef struct {
+  int64_t cap, B;  // the index's
+} ClusterAttrs;
+
+// in: K, V, H, the index storage, then the signs (optional).
+static void enact_cluster_backward_node(TapeNode *n) {
+  Tensor *K = n->in[0], *V = n->in[1], *H = n->in[2], *Kc = n->out[0], *Vc = n->out[1];
+  Tensor *signs_t = n->n_in > 4 ? n->in[4] : NULL;
+  const ClusterAttrs *at = NODE_ATTRS(n, ClusterAttrs);
+  EnactRegionIndex r = {.storage = n->in[3], .cap = at->cap, .B = at->B};
+  const int64_t *starts = enact_region_starts(&r), *lengths = enact_region_lengths(&r);
+  const int64_t *count = enact_region_image_offset(&r) + r.B;
+  int64_t d = K->shape.d[1], cap = r.cap;
+  const float *signs = signs_t ? signs_t->data : NULL;
+  float *dK = grad_data_or_null(K), *dV = grad_data_or_null(V), *dH = grad_data_or_null(H);
+  DISPATCH(K->device,
+           cpu_enact_cluster_backward(K->data, V->data, H->data, signs, starts, lengths, count, cap, d, Kc->data,
+                                      Vc->data, Kc->grad->data, Vc->grad->data, dK, dV, dH),
+           cuda_enact_cluster_backward(K->data, V->data, H->data, signs, starts, lengths, count, cap, d, Kc->data,
+                                       Vc->data, Kc->grad->data, Vc->grad->data, dK, dV, dH));
+}
+
+Tensor *op_enact_cluster(Tensor *K, Tensor *V, Tensor *H, Tensor *signs, const EnactRegionIndex *r, Tensor **Vc_out) {
   char sk[64], sv[64], sh[64];
   DETR_CHECK(K->shape.ndim == 2 && shape_equal(K->shape, V->shape) && H->numel == K->shape.d[0],
              "enact_cluster: K %s, V %s, H %s are not [M, d], [M, d], [M]", shape_str(K->shape, sk, sizeof sk),
              shape_str(V->shape, sv, sizeof sv), shape_str(H->shape, sh, sizeof sh));
+  DETR_CHECK(!signs || signs->numel == K->shape.d[0], "enact_cluster: %lld signs for %lld rows",
+             (long long)signs->numel, (long long)K->shape.d[0]);
   check_same_device("enact_cluster", K, V);
   check_same_device("enact_cluster", K, H);
-  int64_t M = K->shape.d[0], d = K->shape.d[1];
-  int64_t covered = 0;
-  for (int64_t j = 0; j < L; j++) {
-    DETR_CHECK(lengths[j] >= 1 && starts[j] >= covered && starts[j] + lengths[j] <= M,
-               "enact_cluster: region %lld [%lld, +%lld) is empty, overlaps the previous one or leaves [0, %lld)",
-               (long long)j, (long long)starts[j], (long long)lengths[j], (long long)M);
-    covered = starts[j] + lengths[j];
-  }
-  Tensor *Kc = tensor_new_scoped(K->device, SHAPE(L, d)), *Vc = tensor_new_scoped(K->device, SHAPE(L, d));
-  // Regions (and signs) in one block on the tensors' device: the kernels read them there, and the
-  // node keeps the block for backward.
-  size_t index_bytes = (size_t)(2 * L) * sizeof(int64_t), sign_bytes = signs ? (size_t)M * sizeof(float) : 0;
-  size_t bytes = index_bytes + sign_bytes;
-  char *host = detr_malloc(bytes, "enact_cluster regions");
-  memcpy(host, starts, (size_t)L * sizeof(int64_t));
-  memcpy(host + (size_t)L * sizeof(int64_t), lengths, (size_t)L * sizeof(int64_t));
-  if (signs) memcpy(host + index_bytes, signs, sign_bytes);
-  char *block = upload_block(K->device, host, bytes);
-  free(host);
-  const int64_t *dev_starts = (const int64_t *)block, *dev_lengths = dev_starts + L;
-  const float *dev_signs = signs ? (const float *)(block + index_bytes) : NULL;
-  DISPATCH(K->device,
-           cpu_enact_cluster_forward(K->data, V->data, H->data, dev_signs, dev_starts, dev_lengths, L, d, Kc->data,
-                                     Vc->data),
-           cuda_enact_cluster_forward(K->data, V->data, H->data, dev_signs, dev_starts, dev_lengths, L, d, Kc->data,
-                                      Vc->data));
-  Tensor *in[3] = {K, V, H};
-  TapeNode *n = autograd_record("enact_cluster", enact_cluster_backward_node, Kc, 3, in);
+  check_same_device("enact_cluster", K, r->storage);
+  int64_t d = K->shape.d[1], cap = r->cap;
+  Tensor *Kc = tensor_new_scoped(K->device, SHAPE(cap, d)), *Vc = tensor_new_scoped(K->device, SHAPE(cap, d));
+  const int64_t *starts = enact_region_starts(r), *lengths = enact_region_lengths(r);
+  const int64_t *count = enact_region_image_offset(r) + r->B;
+  const float *sg = signs ? signs->data : NULL;
+  DISPATCH(
+      K->device,
+      cpu_enact_cluster_forward(K->data, V->data, H->data, sg, starts, lengths, count, cap, d, Kc->data, Vc->data),
+      cuda_enact_cluster_forward(K->data, V->data, H->data, sg, starts, lengths, count, cap, d, Kc->data, Vc->data));
+  Tensor *in[5] = {K, V, H, r->storage, signs};
+  TapeNode *n = autograd_record("enact_cluster", enact_cluster_backward_node, Kc, signs ? 5 : 4, in);
   if (n) {
     autograd_add_output(n, Vc);
-    Tensor *read[5] = {K, V, H, Kc, Vc};  // backward reads all five
-    for (int i = 0; i < 5; i++) autograd_save(n, read[i]);
-    *NODE_ATTRS(n, ClusterAttrs) = (ClusterAttrs){.regions = L, .has_signs = signs != NULL};
+    Tensor *read[7] = {K, V, H, r->storage, Kc, Vc, signs};  // backward reads all of them
+    for (int i = 0; i < (signs ? 7 : 6); i++) autograd_save(n, read[i]);
+    *NODE_ATTRS(n, ClusterAttrs) = (ClusterAttrs){.cap = cap, .B = r->B};
   }
-  node_take_block(n, K->device, block, bytes);  // the node owns the block now (or it is freed)
   *Vc_out = Vc;
   return Kc;
+}
+
+// --- the clustered attention ---
+
+typedef struct {
+  int64_t B, N, heads, hd, cap;
+  float scale, out_scale, p;  // p: dropout, drawn from (seed, offset)
+  uint64_t seed, offset;
+} ClusterAttnAttrs;
+
+// in: q, k, v, the index storage; the node keeps lse [B, heads, N] in its buffer.
+static void cluster_attention_backward_node(TapeNode *n) {
+  Tensor *q = n->in[0], *k = n->in[1], *v = n->in[2], *o = n->out[0];
+  const ClusterAttnAttrs *a = NODE_ATTRS(n, ClusterAttnAttrs);
+  EnactRegionIndex r = {.storage = n->in[3], .cap = a->cap, .B = a->B};
+  const int64_t *offset = enact_region_image_offset(&r);
+  size_t ws_bytes = (size_t)(a->B * a->heads * a->N) * sizeof(float);
+  float *ws = detr_alloc(q->device, ws_bytes);
+  float *dq = grad_data_or_null(q), *dk = grad_data_or_null(k), *dv = grad_data_or_null(v);
+  DISPATCH(q->device,
+           cpu_cluster_attention_backward(q->data, k->data, v->data, offset, a->B, a->N, a->heads, a->hd, a->scale,
+                                          a->out_scale, a->p, a->seed, a->offset, o->data, n->buf, o->grad->data, dq,
+                                          dk, dv, ws),
+           cuda_cluster_attention_backward(q->data, k->data, v->data, offset, a->B, a->N, a->heads, a->hd, a->scale,
+                                           a->out_scale, a->p, a->seed, a->offset, o->data, n->buf, o->grad->data, dq,
+                                           dk, dv, ws));
+  detr_free(q->device, ws, ws_bytes);
+}
+
+Tensor *op_cluster_attention(Tensor *q, Tensor *k, Tensor *v, const EnactRegionIndex *r, int64_t heads, float scale,
+                             float out_scale, float p, Rng *rng) {
+  DETR_CHECK(p >= 0.0f && p < 1.0f && (p == 0.0f || rng),
+             "cluster_attention: dropout %g is not in [0, 1) with a stream", p);
+  char sq[64], sk[64], sv[64];
+  DETR_CHECK(q->shape.ndim == 3 && k->shape.ndim == 2 && shape_equal(k->shape, v->shape) &&
+                 k->shape.d[1] == q->shape.d[2] && q->shape.d[0] == r->B && k->shape.d[0] == r->cap && heads >= 1 &&
+                 q->shape.d[2] % heads == 0,
+             "cluster_attention: q %s, k %s, v %s are not [%lld, N, heads*hd], [%lld, heads*hd] x 2 (heads %lld)",
+             shape_str(q->shape, sq, sizeof sq), shape_str(k->shape, sk, sizeof sk), shape_str(v->shape, sv, sizeof sv),
+             (long long)r->B, (long long)r->cap, (long long)heads);
+  check_same_device("cluster_attention", q, k);
+  check_same_device("cluster_attention", q, v);
+  check_same_device("cluster_attention", q, r->storage);
+  int64_t B = q->shape.d[0], N = q->shape.d[1], hd = q->shape.d[2] / heads;
+  Tensor *o = tensor_new_scoped(q->device, q->shape);
+  size_t lse_bytes = (size_t)(B * heads * N) * sizeof(float);
+  float *lse = detr_alloc(q->device, lse_bytes);  // [B, heads, N]
+  const int64_t *offset = enact_region_image_offset(r);
+  uint64_t seed = p > 0.0f ? rng->seed : 0, draw = p > 0.0f ? rng->offset : 0;
+  if (p > 0.0f) rng->offset += rng_counters_uniform((uint64_t)(B * heads * N * N));  // the dense numbering
+  DISPATCH(q->device,
+           cpu_cluster_attention_forward(q->data, k->data, v->data, offset, B, N, heads, hd, scale, out_scale, p, seed,
+                                         draw, o->data, lse),
+           cuda_cluster_attention_forward(q->data, k->data, v->data, offset, B, N, heads, hd, scale, out_scale, p, seed,
+                                          draw, o->data, lse));
+  Tensor *in[4] = {q, k, v, r->storage};
+  TapeNode *n = autograd_record("cluster_attention", cluster_attention_backward_node, o, 4, in);
+  if (n) {
+    Tensor *read[5] = {q, k, v, r->storage, o};
+    for (int i = 0; i < 5; i++) autograd_save(n, read[i]);
+    *NODE_ATTRS(n, ClusterAttnAttrs) = (ClusterAttnAttrs){.B = B,
+                                                          .N = N,
+                                                          .heads = heads,
+                                                          .hd = hd,
+                                                          .cap = r->cap,
+                                                          .scale = scale,
+                                                          .out_scale = out_scale,
+                                                          .p = p,
+                                                          .seed = seed,
+                                                          .offset = draw};
+  }
+  node_take_block(n, q->device, lse, lse_bytes);
+  return o;
 }
 
 // --- smoothing: linear and self-adjoint, so backward applies the same filter to the gradient.

@@ -52,6 +52,7 @@ static Measure bench_layer(const EncoderAttnKind *kind, int64_t B, int64_t h, in
     char err[256];
     Tensor *y = encoder_layer_forward(&layer, &ctx, src, pos, &g, &trace, err, sizeof err);
     DETR_CHECK(y, "bench_attention: %s", err);
+    attn_trace_resolve(&trace);  // as the model does after its forward
     Tensor *grad = tensor_new_scoped(DEVICE_CPU, y->shape);
     tensor_fill_(grad, 1e-3f);
     autograd_backward_with(y, grad);

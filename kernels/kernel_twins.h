@@ -107,22 +107,52 @@
   void P##_box_giou_forward(const float *a, const float *b, float *out, int64_t n);          \
   void P##_box_giou_backward(const float *a, const float *b, const float *dout, float *da, float *db, int64_t n);
 
-// enact.c/.cu: ENACT's clustering (kernels/enact_math.h). K, V [M, d]; H [M]; signs [M] or NULL;
-// regions starts/lengths [L]; Kc, Vc [L, d]. dK, dV, dH may be NULL.
+// enact.c/.cu: ENACT (kernels/enact_math.h), every shape-setting step on the data's device: no host
+// copy. Regions: starts/lengths [cap] (cap bounds the count) and image_offset [B + 1] (image b's
+// regions are [image_offset[b], image_offset[b+1]); image_offset[B] is the count, read by the kernels
+// where it lives).
+// enact_cluster: K, V [M, d]; H [M]; signs [M] or NULL; Kc, Vc [cap, d], rows from the count on zero.
+// dK, dV, dH may be NULL.
 // enact_smooth: Gaussian smoothing of each image's valid h_b x w_b region of x [B, Hp*Wp] (zero
 // outside it): taps [ntaps] centred, rows then columns (two_d), or along the valid pixels' row-major
 // sequence. y [B, Hp*Wp] += result (0 on padding). Self-adjoint: backward is the same call on the
 // gradient. workspace: B*Hp*Wp floats.
-#define TWIN_ENACT(P)                                                                                              \
-  void P##_enact_cluster_forward(const float *K, const float *V, const float *H, const float *signs,               \
-                                 const int64_t *starts, const int64_t *lengths, int64_t L, int64_t d, float *Kc,   \
-                                 float *Vc);                                                                       \
-  void P##_enact_cluster_backward(const float *K, const float *V, const float *H, const float *signs,              \
-                                  const int64_t *starts, const int64_t *lengths, int64_t L, int64_t d,             \
-                                  const float *Kc, const float *Vc, const float *dKc, const float *dVc, float *dK, \
-                                  float *dV, float *dH);                                                           \
-  void P##_enact_smooth(const float *x, float *y, int64_t B, int64_t Hp, int64_t Wp, const int64_t *valid_h,       \
-                        const int64_t *valid_w, const float *taps, int64_t ntaps, bool two_d, float *workspace);
+// enact_signs: the curvature sign of hsm [B, Hp*Wp] on each image's valid pixels (+1, -1), 0 on padding.
+// enact_regions: maximal runs of equal sign within an image (0 ends a run), cap = M = B*N; workspace:
+// enact_regions_workspace(M) bytes.
+// enact_official_regions: the authors' chunks: one cluster size c for the batch from hsm [B, N]
+// (written to *cluster_size), L = N / c chunks per image, cap = B*N; workspace: B int64.
+// cluster_attention: each query row of image b over image b's clusters only, per head of hd:
+// o[b, n, h] = out_scale sum_j P_j v[j, h], P = softmax_j(scale q[b, n, h] . k[j, h]) over
+// j in [image_offset[b], image_offset[b+1]); q, o [B, N, heads*hd], k, v [cap, heads*hd], lse [B, heads, N]
+// (the log of each softmax's normaliser, which the backward recomputes P from). Dropout p on P
+// (0: none) with the draw (seed, offset): kernels/enact_math.h, cluster_attention_keep. Backward:
+// dq, dk, dv accumulate; workspace: B*heads*N floats.
+#define TWIN_ENACT(P)                                                                                                \
+  void P##_enact_cluster_forward(const float *K, const float *V, const float *H, const float *signs,                 \
+                                 const int64_t *starts, const int64_t *lengths, const int64_t *count, int64_t cap,   \
+                                 int64_t d, float *Kc, float *Vc);                                                   \
+  void P##_enact_cluster_backward(const float *K, const float *V, const float *H, const float *signs,                \
+                                  const int64_t *starts, const int64_t *lengths, const int64_t *count, int64_t cap,  \
+                                  int64_t d, const float *Kc, const float *Vc, const float *dKc, const float *dVc,   \
+                                  float *dK, float *dV, float *dH);                                                  \
+  void P##_enact_smooth(const float *x, float *y, int64_t B, int64_t Hp, int64_t Wp, const int64_t *valid_h,         \
+                        const int64_t *valid_w, const float *taps, int64_t ntaps, bool two_d, float *workspace);     \
+  void P##_enact_signs(const float *hsm, float *signs, int64_t B, int64_t Hp, int64_t Wp, const int64_t *valid_h,    \
+                       const int64_t *valid_w, bool one_d);                                                          \
+  size_t P##_enact_regions_workspace(int64_t M);                                                                     \
+  void P##_enact_regions(const float *signs, int64_t B, int64_t N, int64_t *starts, int64_t *lengths,                \
+                         int64_t *image_offset, void *workspace);                                                    \
+  void P##_enact_official_regions(const float *hsm, int64_t B, int64_t N, int64_t *starts, int64_t *lengths,         \
+                                  int64_t *image_offset, int64_t *cluster_size, double *mean_length,                 \
+                                  int64_t *workspace);                                                               \
+  void P##_cluster_attention_forward(const float *q, const float *k, const float *v, const int64_t *image_offset,    \
+                                     int64_t B, int64_t N, int64_t heads, int64_t hd, float scale, float out_scale,  \
+                                     float p, uint64_t seed, uint64_t offset, float *o, float *lse);                 \
+  void P##_cluster_attention_backward(const float *q, const float *k, const float *v, const int64_t *image_offset,   \
+                                      int64_t B, int64_t N, int64_t heads, int64_t hd, float scale, float out_scale, \
+                                      float p, uint64_t seed, uint64_t offset, const float *o, const float *lse,     \
+                                      const float *dout, float *dq, float *dk, float *dv, float *workspace);
 
 // optim.c/.cu: AdamW over n elements (kernels/optim_math.h); scale in place.
 #define TWIN_OPTIM(P)                                                                   \

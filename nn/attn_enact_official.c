@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/cpu_kernels.h"  // the host forms of the region steps
+#include "kernels/enact_math.h"
+
 #include "nn/enact.h"
 
 int enact_official_taps(int sigma, float *taps) {
@@ -35,71 +38,69 @@ Tensor *enact_official_entropy(const Linear *w_prob, Tensor *k, int sigma) {
 }
 
 int64_t enact_official_cluster_size(const float *hsm, int64_t B, int64_t N, double *mean_length) {
-  double sum = 0.0;
-  for (int64_t b = 0; b < B; b++) {
-    const float *m = hsm + b * N;
-    // conv1d(Hsm, [-1, 2, -1], padding 'same') > 0 (the STE's forward); runs of equal value.
-    int64_t runs = 1;
-    bool prev_sign = false;
-    for (int64_t i = 0; i < N; i++) {
-      float c = -(i > 0 ? m[i - 1] : 0.0f) + 2.0f * m[i] - (i + 1 < N ? m[i + 1] : 0.0f);
-      bool sign = c > 0.0f;
-      if (i > 0 && sign != prev_sign) runs++;
-      prev_sign = sign;
-    }
-    sum += (double)((float)N / (float)runs);  // region_lengths.float().mean(): float32, then .item()
-  }
-  double mean = sum / (double)B;  // np.mean of the images' means
-  if (mean_length) *mean_length = mean;
-  int64_t c = (int64_t)nearbyint(mean);  // Python's round: half to even (the default rounding mode)
-  return c < 1 ? 1 : c;
+  int64_t *runs = detr_malloc((size_t)B * sizeof(int64_t), "enact_official_cluster_size runs");
+  for (int64_t b = 0; b < B; b++) runs[b] = enact_official_runs(hsm + b * N, N);
+  int64_t c = enact_official_size(runs, B, N, mean_length);
+  free(runs);
+  return c;
+}
+
+EnactRegionIndex enact_official_fixed_regions(Device dev, int64_t B, int64_t N, int64_t c) {
+  DETR_CHECK(c >= 1 && c <= N, "enact_official: cluster size %lld outside [1, %lld]", (long long)c, (long long)N);
+  int64_t L = N / c;
+  int64_t *starts = detr_malloc((size_t)(2 * B * L + B + 1) * sizeof(int64_t), "enact_official regions");
+  int64_t *lengths = starts + B * L, *offset = lengths + B * L;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t j = 0; j < L; j++) starts[b * L + j] = enact_official_chunk_start(b, j, N, c), lengths[b * L + j] = c;
+  for (int64_t b = 0; b <= B; b++) offset[b] = b * L;
+  EnactRegionIndex r = enact_region_index_upload(dev, starts, lengths, B * L, offset, B);
+  free(starts);
+  return r;
 }
 
 Tensor *enact_official_cluster(Tensor *k, Tensor *v, Tensor *hsm, int64_t c, Tensor **vc) {
-  int64_t B = k->shape.d[0], N = k->shape.d[1], d = k->shape.d[2];
-  DETR_CHECK(c >= 1 && c <= N, "enact_official_cluster: cluster size %lld outside [1, %lld]", (long long)c,
-             (long long)N);
-  // k[:, (N % c) // 2 : N - (N % c - (N % c) // 2)] viewed as [B, L, c, d].
-  int64_t L = N / c, first = (N % c) / 2;
-  int64_t *starts = detr_malloc((size_t)(2 * B * L) * sizeof(int64_t), "enact_official_cluster regions");
-  int64_t *lengths = starts + B * L;
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t j = 0; j < L; j++) starts[b * L + j] = b * N + first + j * c, lengths[b * L + j] = c;
+  int64_t B = k->shape.d[0], N = k->shape.d[1], d = k->shape.d[2], L = N / c;
+  // k[:, (N % c) // 2 : N - (N % c - (N % c) // 2)] viewed as [B, L, c, d], summed over each chunk.
+  EnactRegionIndex index = enact_official_fixed_regions(k->device, B, N, c);
   Tensor *vflat = NULL;
   Tensor *kflat = op_enact_cluster(op_reshape(k, SHAPE(B * N, d)), op_reshape(v, SHAPE(B * N, d)),
-                                   op_reshape(hsm, SHAPE(B * N)), NULL, starts, lengths, B * L, &vflat);
-  free(starts);
+                                   op_reshape(hsm, SHAPE(B * N)), NULL, &index, &vflat);  // [B * L, d]
   *vc = op_reshape(vflat, SHAPE(B, L, d));
   return op_reshape(kflat, SHAPE(B, L, d));
 }
 
-Tensor *enact_official_attend(const EnactOfficial *e, Tensor *q, Tensor *kc, Tensor *vc) {
-  int64_t B = q->shape.d[0], hd = q->shape.d[2] / e->heads;
-  Tensor *qh = mha_split_heads(linear_forward(&e->w_q, q), e->heads);   // [B*h, N, hd]
-  Tensor *kh = mha_split_heads(linear_forward(&e->w_k, kc), e->heads);  // [B*h, L, hd]
-  Tensor *vh = mha_split_heads(linear_forward(&e->w_v, vc), e->heads);  // [B*h, L, hd]
-  Tensor *attn = op_softmax(op_bmm(qh, kh, false, true), NULL);         // [B*h, N, L], unscaled logits
-  attn = op_mul_scalar(attn, 1.0f / (float)hd);  // softmax(...) / head_dim (exact for a power-of-2 head_dim)
-  return linear_forward(&e->w_o, mha_merge_heads(op_bmm(attn, vh, false, false), B));  // [B, N, d]
+Tensor *enact_official_attend(const EnactOfficial *e, Tensor *q, Tensor *kc, Tensor *vc,
+                              const EnactRegionIndex *index) {
+  int64_t hd = q->shape.d[2] / e->heads;
+  Tensor *qp = linear_forward(&e->w_q, q);   // [B, N, d]
+  Tensor *kp = linear_forward(&e->w_k, kc);  // [cap, d]
+  Tensor *vp = linear_forward(&e->w_v, vc);  // [cap, d]
+  // softmax(q k^T) / head_dim, unscaled logits (exact for a power-of-2 head_dim).
+  return linear_forward(&e->w_o, op_cluster_attention(qp, kp, vp, index, e->heads, 1.0f, 1.0f / (float)hd, 0.0f, NULL));
+}
+
+int64_t enact_official_trace_cluster_size(const EnactOfficialTrace *t, double *mean_length) {
+  int64_t host[2];  // the cluster size, then the mean length's bits
+  int64_t first = enact_region_cluster_size(&t->index) - enact_region_starts(&t->index);
+  Tensor *part = tensor_view_range(t->index.storage, 2 * first, SHAPE(4));
+  tensor_to_host(part, (float *)host);
+  tensor_release(part);
+  if (mean_length) memcpy(mean_length, &host[1], sizeof(double));
+  return host[0];
 }
 
 Tensor *enact_official_attention(const EnactOfficial *e, Tensor *q_in, Tensor *k_in, Tensor *v_in, int64_t fixed_c,
                                  EnactOfficialTrace *trace) {
-  int64_t B = k_in->shape.d[0], N = k_in->shape.d[1];
+  int64_t B = k_in->shape.d[0], N = k_in->shape.d[1], d = k_in->shape.d[2];
   Tensor *hsm = enact_official_entropy(&e->w_prob, k_in, e->sigma);  // [B, N]
-  double mean = 0.0;
-  int64_t c = fixed_c;
-  if (c <= 0) {
-    // The cluster size is read on the host from the smoothed map [B, N] (a few KB): it sets the
-    // shapes after it. On a GPU this copy is a synchronisation point, one per layer, as ENACT's.
-    float *host = detr_malloc((size_t)(B * N) * sizeof(float), "enact_official_attention host");
-    tensor_to_host(hsm, host);
-    c = enact_official_cluster_size(host, B, N, &mean);
-    free(host);
-  }
-  Tensor *vc = NULL, *kc = enact_official_cluster(k_in, v_in, hsm, c, &vc);
-  if (trace) *trace = (EnactOfficialTrace){.entropy = hsm, .cluster_size = c, .mean_length = mean};
-  return enact_official_attend(e, q_in, kc, vc);
+  // The cluster size and the chunks, found where hsm lives: the count stays on the device.
+  EnactRegionIndex index =
+      fixed_c > 0 ? enact_official_fixed_regions(k_in->device, B, N, fixed_c) : op_enact_official_regions(hsm);
+  Tensor *vc = NULL;
+  Tensor *kc = op_enact_cluster(op_reshape(k_in, SHAPE(B * N, d)), op_reshape(v_in, SHAPE(B * N, d)),
+                                op_reshape(hsm, SHAPE(B * N)), NULL, &index, &vc);  // [cap, d]
+  if (trace) *trace = (EnactOfficialTrace){.entropy = hsm, .index = index};
+  return enact_official_attend(e, q_in, kc, vc, &index);
 }
 
 // --- the encoder-attention variant (nn/encoder_attn.h) ---
@@ -134,8 +135,10 @@ static void init(void *extras, Rng *rng) {
 }
 
 typedef struct {
-  int64_t cluster_size;  // the export's host value [1]
+  EnactOfficialTrace t;
+  int64_t cluster_size;  // the export's host value [1], once resolved
   int32_t *clusters;     // [B * N] or NULL
+  bool want_clusters;
 } OfficialOwned;
 
 static void release_owned(void *owned) {
@@ -155,26 +158,33 @@ static int32_t *chunk_map(int64_t B, int64_t N, int64_t c) {
   return map;
 }
 
+// After the whole forward is queued: the cluster size to the host, then the stats and the map.
+static void resolve_trace(AttnTrace *trace) {
+  OfficialOwned *o = trace->owned;
+  int64_t B = o->t.entropy->shape.d[0], N = o->t.entropy->shape.d[1];
+  int64_t c = o->cluster_size = enact_official_trace_cluster_size(&o->t, NULL);
+  trace->stats[0].value = (double)(N / c);
+  trace->stats[1].value = (double)N / (double)(N / c);
+  if (o->want_clusters) trace->clusters = o->clusters = chunk_map(B, N, c);
+}
+
 static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnInput *in, AttnTrace *trace, char *err,
                        size_t err_cap) {
   (void)err, (void)err_cap;
   Tensor *k_in = op_add(in->x, in->pos);  // q = k = x + pos, v = x
-  EnactOfficialTrace t;
-  Tensor *y = enact_official_attention(extras, k_in, k_in, in->x, 0, &t);
-  if (!trace) return y;
-  int64_t B = in->x->shape.d[0], N = in->x->shape.d[1];
+  if (!trace) return enact_official_attention(extras, k_in, k_in, in->x, 0, NULL);
   OfficialOwned *o = detr_calloc(1, sizeof *o, "an ENACT (official) trace");
-  o->cluster_size = t.cluster_size;
-  if (ctx->want_clusters) o->clusters = chunk_map(B, N, t.cluster_size);
+  o->want_clusters = ctx->want_clusters;
+  Tensor *y = enact_official_attention(extras, k_in, k_in, in->x, 0, &o->t);
   *trace = (AttnTrace){
       .n_stats = 2,
-      .stats = {{"clusters_per_image", "clusters/img", (double)(N / t.cluster_size)},
-                {"compression", "N/L", (double)N / (double)(N / t.cluster_size)}},
+      .stats = {{"clusters_per_image", "clusters/img", 0.0}, {"compression", "N/L", 0.0}},
       .n_exports = 2,
-      .exports = {{"entropy", t.entropy, NULL, 0}, {"cluster_size", NULL, &o->cluster_size, 1}},
-      .clusters = o->clusters,
+      .exports = {{"entropy", o->t.entropy, NULL, 0}, {"cluster_size", NULL, &o->cluster_size, 1}},
       .owned = o,
       .release = release_owned,
+      .resolve = resolve_trace,
+      .pending = {o->t.index.storage, NULL},
   };
   return y;
 }

@@ -122,7 +122,7 @@ void detr_output_free(DetrOutput *out) {
 }
 
 // One encoder layer (tensor_run_layers): the memory in carry->t[0], then the attention traces'
-// exported tensors of this layer and every earlier one (DetrOutput.attn keeps them).
+// exported and pending tensors of this layer and every earlier one (DetrOutput.attn keeps them).
 typedef struct {
   const DetrModel *m;
   const NnCtx *ctx;
@@ -138,9 +138,10 @@ static void encode_step(void *state, int i, TensorCarry *carry) {
   if (!carry->t[0]) return;  // an earlier layer failed (e->err says why)
   AttnTrace *t = &e->out->attn[e->out->n_attn++];
   carry->t[0] = encoder_layer_forward(&e->m->enc[i], e->ctx, carry->t[0], e->pos, e->g, t, e->err, e->err_cap);
-  for (int k = 0; k < t->n_exports; k++) {
+  for (int k = 0; k < t->n_exports + 2; k++) {
+    Tensor *keep = k < t->n_exports ? t->exports[k].f32 : t->pending[k - t->n_exports];
     DETR_CHECK(carry->n < TENSOR_CARRY_MAX, "detr encoder: more attention traces than a carry holds");
-    if (t->exports[k].f32) carry->t[carry->n++] = t->exports[k].f32;
+    if (keep) carry->t[carry->n++] = keep;
   }
 }
 
@@ -238,6 +239,8 @@ int detr_model_forward(const DetrModel *m, const NnCtx *ctx, Tensor *images, con
                            .geom = &geom},
            out);
   }
+  // The whole forward is queued: the traces' device numbers can come to the host now.
+  for (int i = 0; i < out->n_attn; i++) attn_trace_resolve(&out->attn[i]);
   feature_geometry_free(&geom);
   free(small);
   return memory ? 0 : -1;

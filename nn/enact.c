@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/cpu_kernels.h"  // the host forms of the region steps
+#include "kernels/enact_math.h"
+
 int enact_check_geometry(const EnactGeometry *g, char *err, size_t err_cap) {
   for (int64_t b = 0; b < g->B; b++) {
     if (g->valid_h[b] == 0 || g->valid_w[b] == 0) {
@@ -41,63 +44,50 @@ int enact_gaussian_taps(float sigma, float *taps) {
 }
 
 void enact_curvature_sign(const float *hsm, const EnactGeometry *g, bool one_d, float *signs) {
-  int64_t N = g->Hp * g->Wp;
-  for (int64_t b = 0; b < g->B; b++) {
-    const float *m = hsm + b * N;
-    float *s = signs + b * N;
-    int64_t h = g->valid_h[b], w = g->valid_w[b];
-    memset(s, 0, (size_t)N * sizeof(float));
-    for (int64_t y = 0; y < h; y++)
-      for (int64_t x = 0; x < w; x++) {
-        float c;
-        if (one_d) {  // [-1, 2, -1] along the valid row-major sequence
-          int64_t i = y * w + x, n = h * w;
-          float prev = i > 0 ? m[((i - 1) / w) * g->Wp + (i - 1) % w] : 0.0f;
-          float next = i + 1 < n ? m[((i + 1) / w) * g->Wp + (i + 1) % w] : 0.0f;
-          c = -prev + 2.0f * m[y * g->Wp + x] - next;
-        } else {  // -(Sxx + Syy) = -[[2, 0, 2], [0, -8, 0], [2, 0, 2]], zero outside the valid region
-          static const float sxx[3][3] = {{1, -2, 1}, {2, -4, 2}, {1, -2, 1}};
-          float acc = 0.0f;
-          for (int dy = -1; dy <= 1; dy++)
-            for (int dx = -1; dx <= 1; dx++) {
-              int64_t yy = y + dy, xx = x + dx;
-              if (yy < 0 || yy >= h || xx < 0 || xx >= w) continue;
-              acc += (sxx[dy + 1][dx + 1] + sxx[dx + 1][dy + 1]) * m[yy * g->Wp + xx];
-            }
-          c = -acc;
-        }
-        s[y * g->Wp + x] = c > 0.0f ? 1.0f : -1.0f;
-      }
-  }
+  cpu_enact_signs(hsm, signs, g->B, g->Hp, g->Wp, g->valid_h, g->valid_w, one_d);
+}
+
+// Room for the most regions of B images of N pixels (one a pixel), then B + 1 offsets.
+static void regions_alloc(EnactRegions *r, int64_t B, int64_t M) {
+  *r = (EnactRegions){.B = B};
+  r->starts = detr_malloc((size_t)(2 * M + B + 1) * sizeof(int64_t), "ENACT regions");
+  r->lengths = r->starts + M;
+  r->image_offset = r->lengths + M;
 }
 
 void enact_find_regions(const float *signs, const EnactGeometry *g, EnactRegions *r) {
   int64_t N = g->Hp * g->Wp, M = g->B * N;
-  *r = (EnactRegions){.B = g->B};
-  // At most one region per valid pixel: size the arrays for that.
-  r->starts = detr_malloc((size_t)(2 * M + g->B + 1) * sizeof(int64_t), "enact_find_regions starts");
-  r->lengths = r->starts + M;
-  r->image_offset = r->lengths + M;
-  for (int64_t b = 0; b < g->B; b++) {
-    r->image_offset[b] = r->count;
-    bool open = false;
-    for (int64_t p = 0; p < N; p++) {
-      int64_t i = b * N + p;
-      if (signs[i] == 0.0f) {  // padding closes a run
-        open = false;
-        continue;
-      }
-      if (open && signs[i] == signs[i - 1]) {
-        r->lengths[r->count - 1]++;
-      } else {
-        r->starts[r->count] = i;
-        r->lengths[r->count] = 1;
-        r->count++;
-        open = true;
-      }
-    }
-  }
-  r->image_offset[g->B] = r->count;
+  regions_alloc(r, g->B, M);
+  void *ws = detr_malloc(cpu_enact_regions_workspace(M), "enact_find_regions scan");
+  cpu_enact_regions(signs, g->B, N, r->starts, r->lengths, r->image_offset, ws);
+  free(ws);
+  r->count = r->image_offset[g->B];
+}
+
+// int64 values [n] of a device index into host.
+static void index_to_host(const EnactRegionIndex *index, const int64_t *values, int64_t n, int64_t *host) {
+  if (n == 0) return;
+  int64_t first = values - enact_region_starts(index);  // its offset in the storage, in int64
+  Tensor *part = tensor_view_range(index->storage, 2 * first, SHAPE(2 * n));
+  tensor_to_host(part, (float *)host);
+  tensor_release(part);
+}
+
+void enact_regions_from_index(const EnactRegionIndex *index, EnactRegions *r) {
+  regions_alloc(r, index->B, 0);  // offsets first: they say how many regions to copy
+  index_to_host(index, enact_region_image_offset(index), index->B + 1, r->image_offset);
+  int64_t L = r->image_offset[index->B];
+  int64_t *offsets = r->image_offset;
+  regions_alloc(r, index->B, L);
+  memcpy(r->image_offset, offsets, (size_t)(index->B + 1) * sizeof(int64_t));
+  free(offsets);
+  r->count = L;
+  index_to_host(index, enact_region_starts(index), L, r->starts);
+  index_to_host(index, enact_region_lengths(index), L, r->lengths);
+}
+
+EnactRegionIndex enact_regions_upload(Device dev, const EnactRegions *r) {
+  return enact_region_index_upload(dev, r->starts, r->lengths, r->count, r->image_offset, r->B);
 }
 
 double enact_pixels_per_cluster(const EnactRegions *r) {
@@ -111,40 +101,30 @@ void enact_regions_free(EnactRegions *r) {
   *r = (EnactRegions){0};
 }
 
+void enact_trace_to_host(EnactTrace *t) {
+  if (!t->signs && t->signs_t) {
+    t->signs = detr_malloc((size_t)t->signs_t->numel * sizeof(float), "ENACT signs");
+    tensor_to_host(t->signs_t, t->signs);
+  }
+  if (!t->regions.starts && t->index.storage) enact_regions_from_index(&t->index, &t->regions);
+}
+
 void enact_trace_free(EnactTrace *t) {
   free(t->signs);
   free(t->clusters);
   enact_regions_free(&t->regions);
-  t->signs = NULL;
-  t->clusters = NULL;
-  t->entropy = NULL;
+  *t = (EnactTrace){0};
 }
 
 Tensor *enact_cluster_attention(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *Kc, Tensor *Vc,
-                                const EnactRegions *r) {
-  int64_t B = r->B, L = r->count, d = Kc->shape.d[1], lmax = 0;
-  for (int64_t b = 0; b < B; b++) {
-    int64_t n = r->image_offset[b + 1] - r->image_offset[b];
-    lmax = n > lmax ? n : lmax;
-  }
-  // Each image's clusters padded to lmax with a zero row (index L) that the key mask hides.
-  int64_t *idx = detr_malloc((size_t)(B * lmax) * sizeof(int64_t), "enact_cluster_attention idx");
-  float *mask = detr_malloc((size_t)(B * lmax) * sizeof(float), "enact_cluster_attention mask");
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t k = 0; k < lmax; k++) {
-      int64_t j = r->image_offset[b] + k;
-      bool real = j < r->image_offset[b + 1];
-      idx[b * lmax + k] = real ? j : L;
-      mask[b * lmax + k] = real ? 0.0f : -INFINITY;
-    }
-  Tensor *zero = op_zeros(Kc->device, SHAPE(1, d));
-  Tensor *kparts[2] = {Kc, zero}, *vparts[2] = {Vc, zero};
-  Tensor *kpad = op_reshape(op_index_select(op_concat(kparts, 2, 0), idx, B * lmax), SHAPE(B, lmax, d));
-  Tensor *vpad = op_reshape(op_index_select(op_concat(vparts, 2, 0), idx, B * lmax), SHAPE(B, lmax, d));
-  Tensor *key_mask = op_constant(Kc->device, SHAPE(B, lmax), mask);
-  free(idx);
-  free(mask);
-  return mha_forward(a, ctx, query, kpad, vpad, key_mask);
+                                const EnactRegionIndex *index) {
+  int64_t d = Kc->shape.d[1], cap = Kc->shape.d[0];
+  Tensor *q = mha_project(a, query, 0);                                                        // [B, N, d]
+  Tensor *k = op_reshape(mha_project(a, op_reshape(Kc, SHAPE(1, cap, d)), 1), SHAPE(cap, d));  // [cap, d]
+  Tensor *v = op_reshape(mha_project(a, op_reshape(Vc, SHAPE(1, cap, d)), 2), SHAPE(cap, d));  // [cap, d]
+  float scale = 1.0f / sqrtf((float)(d / a->heads));
+  float p = ctx->training ? a->dropout : 0.0f;  // on the attention weights, as mha_forward
+  return linear_forward(&a->out_proj, op_cluster_attention(q, k, v, index, a->heads, scale, 1.0f, p, ctx->dropout_rng));
 }
 
 Tensor *enact_attention(const EnactAttn *e, const MultiheadAttention *proj, const NnCtx *ctx, Tensor *x, Tensor *pos,
@@ -159,37 +139,26 @@ Tensor *enact_attention(const EnactAttn *e, const MultiheadAttention *proj, cons
   Tensor *p = op_softmax(logit, g->key_mask);
   Tensor *H = op_mul_scalar(op_mul(p, op_log(op_add_scalar(p, 1e-8f))),
                             (float)(-1.0 / 0.6931471805599453) /* log2 = ln / ln 2 */);
-  // 2. Smoothing (differentiable) and the curvature sign (host, no gradient).
+  // 2. Smoothing (differentiable), the curvature sign (no gradient) and 3. the regions of equal
+  // sign, on x's device: their count stays there (the kernels after read it).
   float taps[64];
   int ntaps = enact_gaussian_taps(e->opt.sigma, taps);
   Tensor *hsm = op_enact_smooth(H, g->Hp, g->Wp, g->valid_h, g->valid_w, taps, ntaps, e->opt.one_d);
   EnactTrace local = {.entropy = hsm};
-  const EnactTrace *use = fixed;
-  if (!use) {
-    // The curvature sign and the regions are computed on the host from the smoothed map [B, N]
-    // (a few KB): the regions set the shapes of everything after them. On a GPU this copy is a
-    // synchronisation point, one per ENACT encoder layer (docs/cuda.md).
-    float *host = detr_malloc((size_t)(B * N) * sizeof(float), "enact_attention host");
-    local.signs = detr_malloc((size_t)(B * N) * sizeof(float), "enact_attention signs");
-    tensor_to_host(hsm, host);
-    enact_curvature_sign(host, g, e->opt.one_d, local.signs);
-    free(host);
-    // 3. Regions of equal sign.
-    enact_find_regions(local.signs, g, &local.regions);
-    use = &local;
+  if (fixed) {
+    local.signs_t = op_constant(x->device, SHAPE(B, N), fixed->signs);
+    local.index = enact_regions_upload(x->device, &fixed->regions);
+  } else {
+    local.signs_t = op_enact_signs(hsm, g->Hp, g->Wp, g->valid_h, g->valid_w, e->opt.one_d);
+    local.index = op_enact_regions(local.signs_t);
   }
   // 4. Cluster the keys' and values' inputs; 5. attend over each image's clusters.
   Tensor *vc = NULL;
-  Tensor *kc = op_enact_cluster(op_reshape(k_in, SHAPE(B * N, d)), op_reshape(x, SHAPE(B * N, d)),
-                                op_reshape(hsm, SHAPE(B * N)), e->opt.sign_factor ? use->signs : NULL,
-                                use->regions.starts, use->regions.lengths, use->regions.count, &vc);
-  Tensor *attn = enact_cluster_attention(proj, ctx, k_in, kc, vc, &use->regions);
-  if (trace && !fixed) {
-    *trace = local;
-  } else {
-    if (trace) *trace = (EnactTrace){.entropy = hsm};
-    enact_trace_free(&local);
-  }
+  Tensor *kc =
+      op_enact_cluster(op_reshape(k_in, SHAPE(B * N, d)), op_reshape(x, SHAPE(B * N, d)), op_reshape(hsm, SHAPE(B * N)),
+                       e->opt.sign_factor ? local.signs_t : NULL, &local.index, &vc);
+  Tensor *attn = enact_cluster_attention(proj, ctx, k_in, kc, vc, &local.index);
+  if (trace) *trace = local;
   return attn;
 }
 
@@ -217,8 +186,14 @@ static void init(void *extras, Rng *rng) {
   init_torch_default(e->w_prob.weight, e->w_prob.bias, rng);
 }
 
+// The trace's owned data: the layer's EnactTrace and whether a cluster map was asked for.
+typedef struct {
+  EnactTrace t;
+  bool want_clusters;
+} EnactOwned;
+
 static void release_trace(void *owned) {
-  enact_trace_free(owned);
+  enact_trace_free(&((EnactOwned *)owned)->t);
   free(owned);
 }
 
@@ -232,28 +207,38 @@ static int32_t *cluster_map(const EnactRegions *r, int64_t n_pixels) {
   return map;
 }
 
+// After the whole forward is queued: the regions to the host, then the stats, the exports and the
+// cluster map.
+static void resolve_trace(AttnTrace *trace) {
+  EnactOwned *o = trace->owned;
+  EnactTrace *t = &o->t;
+  enact_trace_to_host(t);
+  const EnactRegions *r = &t->regions;
+  trace->stats[0].value = (double)r->count / (double)r->B;
+  trace->stats[1].value = enact_pixels_per_cluster(r);
+  trace->exports[1] = (AttnExport){"region_starts", NULL, r->starts, r->count};
+  trace->exports[2] = (AttnExport){"region_lengths", NULL, r->lengths, r->count};
+  if (o->want_clusters) trace->clusters = t->clusters = cluster_map(r, t->signs_t->numel);  // [B * N]
+}
+
 static Tensor *forward(const void *extras, const NnCtx *ctx, const EncoderAttnInput *in, AttnTrace *trace, char *err,
                        size_t err_cap) {
   if (enact_check_geometry(in->geom, err, err_cap)) return NULL;
-  EnactTrace *t = detr_calloc(1, sizeof *t, "an ENACT trace");
-  Tensor *y = enact_attention(extras, in->proj, ctx, in->x, in->pos, in->geom, NULL, t);
-  if (!trace) {
-    release_trace(t);
-    return y;
-  }
-  const EnactRegions *r = &t->regions;
-  if (ctx->want_clusters) t->clusters = cluster_map(r, in->x->shape.d[0] * in->x->shape.d[1]);  // [B * N]
+  if (!trace) return enact_attention(extras, in->proj, ctx, in->x, in->pos, in->geom, NULL, NULL);
+  EnactOwned *o = detr_calloc(1, sizeof *o, "an ENACT trace");
+  o->want_clusters = ctx->want_clusters;
+  Tensor *y = enact_attention(extras, in->proj, ctx, in->x, in->pos, in->geom, NULL, &o->t);
   *trace = (AttnTrace){
       .n_stats = 2,
-      .stats = {{"clusters_per_image", "clusters/img", (double)r->count / (double)r->B},
-                {"compression", "N/L", enact_pixels_per_cluster(r)}},
+      .stats = {{"clusters_per_image", "clusters/img", 0.0}, {"compression", "N/L", 0.0}},
       .n_exports = 3,
-      .exports = {{"entropy", t->entropy, NULL, 0},
-                  {"region_starts", NULL, r->starts, r->count},
-                  {"region_lengths", NULL, r->lengths, r->count}},
-      .clusters = t->clusters,
-      .owned = t,
+      .exports = {{"entropy", o->t.entropy, NULL, 0},
+                  {"region_starts", NULL, NULL, 0},
+                  {"region_lengths", NULL, NULL, 0}},
+      .owned = o,
       .release = release_trace,
+      .resolve = resolve_trace,
+      .pending = {o->t.signs_t, o->t.index.storage},
   };
   return y;
 }

@@ -35,10 +35,10 @@ int enact_gaussian_taps(float sigma, float *taps);
 // Curvature sign of the smoothed map hsm [B, Hp*Wp] (host): +1 where C > 0 (concave), -1 elsewhere
 // in the valid region, 0 on padding. C = -(Sxx * Hsm + Syy * Hsm) with the second-order Sobel
 // kernels, zero padding outside the valid region (2-D), or C = -Hsm[i-1] + 2 Hsm[i] - Hsm[i+1]
-// along the valid row-major sequence (1-D).
+// along the valid row-major sequence (1-D). op_enact_signs on a host array.
 void enact_curvature_sign(const float *hsm, const EnactGeometry *g, bool one_d, float *signs);
 
-// Regions of a batch: starts/lengths index the batch-flattened pixel order b*N + y*Wp + x.
+// Regions of a batch on the host: starts/lengths index the batch-flattened pixel order b*N + y*Wp + x.
 typedef struct {
   int64_t count;              // L
   int64_t *starts, *lengths;  // [L]
@@ -48,19 +48,28 @@ typedef struct {
 
 // Maximal runs of equal sign over valid pixels: a region starts at each image's first pixel, at
 // every sign change and at the first valid pixel after padding. signs: 0 marks padding.
+// op_enact_regions on host arrays.
 void enact_find_regions(const float *signs, const EnactGeometry *g, EnactRegions *r);
+// A device index's regions on the host (a copy from a GPU: after the forward, not in it).
+void enact_regions_from_index(const EnactRegionIndex *index, EnactRegions *r);
+// The host regions as an index on dev (regions held fixed).
+EnactRegionIndex enact_regions_upload(Device dev, const EnactRegions *r);
 void enact_regions_free(EnactRegions *r);
 // Pixels per cluster N/L: the regions cover exactly the valid pixels.
 double enact_pixels_per_cluster(const EnactRegions *r);
 
-// What one layer's clustering did (the AttnTrace's exports point into it).
+// What one layer's clustering did. The forward leaves it on the tensors' device (entropy, signs_t,
+// index); enact_trace_to_host copies signs and regions to the host.
 typedef struct {
-  Tensor *entropy;       // smoothed map Hsm [B, N] (scoped)
-  float *signs;          // curvature signs [B * N] (+1, -1; 0 on padding), owned
-  EnactRegions regions;  // owned
-  int32_t *clusters;     // [B * N] each pixel's region within its image (0, 1, ...; -1 on padding), owned,
-                         // or NULL (the variant's forward makes it for its AttnTrace)
+  Tensor *entropy;         // smoothed map Hsm [B, N] (scoped)
+  Tensor *signs_t;         // curvature signs [B, N] (scoped)
+  EnactRegionIndex index;  // the regions (scoped)
+  float *signs;            // host [B * N] (+1, -1; 0 on padding), owned, or NULL
+  EnactRegions regions;    // host, owned (count 0 until copied)
+  int32_t *clusters;       // [B * N] each pixel's region within its image (0, 1, ...; -1 on padding), owned,
+                           // or NULL (the variant makes it for its AttnTrace)
 } EnactTrace;
+void enact_trace_to_host(EnactTrace *t);
 void enact_trace_free(EnactTrace *t);
 
 // The variant's per-layer state: `<layer>.self_attn.W_prob.{weight,bias}` and the options.
@@ -70,16 +79,19 @@ typedef struct {
 } EnactAttn;
 
 // ENACT's attention of an encoder layer: x, pos [B, N, d] (q = k = x + pos, v = x); proj: the
-// layer's DETR projections; g: the batch geometry (checked by the caller). fixed: regions and signs
-// to use instead of computing them (gradient checks hold them fixed), or NULL. trace (may be NULL)
-// receives the smoothed entropy and the regions. Returns [B, N, d] before the layer's residual.
+// layer's DETR projections; g: the batch geometry (checked by the caller). fixed: host signs and
+// regions to use instead of computing them (gradient checks hold them fixed), or NULL. trace (may
+// be NULL) receives the smoothed entropy, the signs and the regions, on the device. Returns
+// [B, N, d] before the layer's residual. Nothing is read on the host: the regions are found, the
+// keys clustered and the attention computed where the tensors live.
 Tensor *enact_attention(const EnactAttn *e, const MultiheadAttention *proj, const NnCtx *ctx, Tensor *x, Tensor *pos,
                         const EnactGeometry *g, const EnactTrace *fixed, EnactTrace *trace);
 
-// Attention of every pixel's query [B, N, d] over its own image's clusters Kc, Vc [L, d]
-// (multi-head, 1/sqrt(head_dim)); clusters are gathered into [B, Lmax, d] with a -inf key mask.
+// Attention of every pixel's query [B, N, d] over its own image's clusters Kc, Vc [cap, d] (the
+// index's regions; multi-head, 1/sqrt(head_dim), the layer's attention dropout when training)
+// through the layer's projections: op_cluster_attention.
 Tensor *enact_cluster_attention(const MultiheadAttention *a, const NnCtx *ctx, Tensor *query, Tensor *Kc, Tensor *Vc,
-                                const EnactRegions *r);
+                                const EnactRegionIndex *index);
 
 // --- ENACT as the authors' code computes it (nn/attn_enact_official.c, `encoder_attn=enact_official`;
 // docs/enact.md, "The two forms"): GSavathrakis/ENACT, DETR-ENACT/models/ENACT_attn/enact.py, ClustAttn.
@@ -107,18 +119,24 @@ int enact_official_taps(int sigma, float *taps);
 // Steps 1-2: k [B, N, d] -> Hsm [B, N] (differentiable w.r.t. W_prob and k).
 Tensor *enact_official_entropy(const Linear *w_prob, Tensor *k, int sigma);
 // Step 3 on the host: hsm [B * N] -> c (>= 1); *mean_length: the batch's mean run length before rounding.
+// (op_enact_official_regions computes the same where hsm lives.)
 int64_t enact_official_cluster_size(const float *hsm, int64_t B, int64_t N, double *mean_length);
-// Step 4: k, v [B, N, d], hsm [B, N] -> K' [B, L, d] (returned) and V' (*vc), L = N / c (integer part).
+// Step 4 for a cluster size known on the host: k, v [B, N, d], hsm [B, N] -> K' [B, L, d] (returned)
+// and V' (*vc), L = N / c (integer part). Anchor-DETR-ENACT's row and column keys.
 Tensor *enact_official_cluster(Tensor *k, Tensor *v, Tensor *hsm, int64_t c, Tensor **vc);
-// Step 5: q [B, N, d] over K', V' [B, L, d] -> [B, N, d].
-Tensor *enact_official_attend(const EnactOfficial *e, Tensor *q, Tensor *kc, Tensor *vc);
+// The chunks of cluster size c as an index on dev (a cluster size held fixed).
+EnactRegionIndex enact_official_fixed_regions(Device dev, int64_t B, int64_t N, int64_t c);
+// Step 5: q [B, N, d] over each image's chunks K', V' [cap, d] of the index -> [B, N, d].
+Tensor *enact_official_attend(const EnactOfficial *e, Tensor *q, Tensor *kc, Tensor *vc, const EnactRegionIndex *index);
 
 typedef struct {
-  Tensor *entropy;       // Hsm [B, N] (scoped)
-  int64_t cluster_size;  // c
-  double mean_length;    // the mean run length c was rounded from
+  Tensor *entropy;         // Hsm [B, N] (scoped)
+  EnactRegionIndex index;  // the chunks and the cluster size, on the tensors' device (scoped)
 } EnactOfficialTrace;
-// ClustAttn.forward(q_in, k_in, v_in): [B, N, d] each -> [B, N, d]. fixed_c > 0 uses that cluster
-// size instead of computing it (gradient checks hold it fixed). trace may be NULL.
+// The trace's cluster size c and the mean run length it was rounded from (a copy from a GPU).
+int64_t enact_official_trace_cluster_size(const EnactOfficialTrace *t, double *mean_length);
+// ClustAttn.forward(q_in, k_in, v_in): [B, N, d] each -> [B, N, d], the cluster size found where the
+// tensors live. fixed_c > 0 uses that cluster size instead (gradient checks hold it fixed). trace
+// may be NULL.
 Tensor *enact_official_attention(const EnactOfficial *e, Tensor *q_in, Tensor *k_in, Tensor *v_in, int64_t fixed_c,
                                  EnactOfficialTrace *trace);

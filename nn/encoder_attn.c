@@ -154,6 +154,13 @@ void attn_stats_add(AttnStatSums *s, const AttnTrace *layers, int n_layers, int 
 
 double attn_stats_mean(const AttnStatSums *s, int i) { return s->images > 0 ? s->sum[i] / s->images : 0.0; }
 
+void attn_trace_resolve(AttnTrace *t) {
+  if (!t->resolve) return;
+  t->resolve(t);
+  t->resolve = NULL;
+  t->pending[0] = t->pending[1] = NULL;
+}
+
 void attn_trace_free(AttnTrace *t) {
   if (t->release && t->owned) t->release(t->owned);
   *t = (AttnTrace){0};

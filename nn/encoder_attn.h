@@ -43,7 +43,7 @@ typedef struct {
   const int64_t *i64;  // host int64 values [n], owned by the trace
   int64_t n;
 } AttnExport;
-typedef struct {
+typedef struct AttnTrace {
   int n_stats, n_exports;
   AttnStat stats[ATTN_TRACE_MAX];
   AttnExport exports[ATTN_TRACE_MAX];
@@ -52,8 +52,16 @@ typedef struct {
   const int32_t *clusters;
   void *owned;                   // the variant's host data behind the exports and clusters
   void (*release)(void *owned);  // frees it
+  // A variant whose numbers are on the device when its forward returns (ENACT's region counts on a
+  // GPU: reading them mid-forward would stall the stream once a layer) leaves stats, host exports and
+  // clusters to resolve, which the model calls once its whole forward is queued (attn_trace_resolve);
+  // the tensors it reads until then are in pending (the model keeps them alive past the layer).
+  void (*resolve)(struct AttnTrace *t);
+  Tensor *pending[2];
 } AttnTrace;
 void attn_trace_free(AttnTrace *t);
+// Calls t->resolve once (none: nothing to do).
+void attn_trace_resolve(AttnTrace *t);
 
 // A variant's stats accumulated over batches: per batch the mean over the encoder layers, weighted
 // by the batch's images. sum[] and images are plain sums (data-parallel runs add them up).

@@ -79,7 +79,8 @@ START_TEST(erratum_in_eq3) {
   Tensor *H = test_uniform(SHAPE(4), -1, 1, 3, true);
   Tensor *R = test_uniform(SHAPE(2, 3), -1, 1, 4, false);  // dL/dK'_0 = R[0], dL/dV'_0 = R[1]
   ScopeMark mark = tensor_scope_mark();
-  Tensor *vc, *kc = op_enact_cluster(K, V, H, NULL, starts, lengths, 1, &vc);
+  EnactRegionIndex one = enact_region_index_upload(DEVICE_CPU, starts, lengths, 1, (int64_t[]){0, 1}, 1);
+  Tensor *vc, *kc = op_enact_cluster(K, V, H, NULL, &one, &vc);
   Tensor *both[2] = {kc, vc};
   autograd_backward(op_sum_all(op_mul(op_concat(both, 2, 0), R)));
   double S = 0;
@@ -92,7 +93,7 @@ START_TEST(erratum_in_eq3) {
     for (int side = 0; side < 2; side++) {
       float saved = H->data[i];
       H->data[i] = saved + (side ? -1e-3f : 1e-3f);
-      Tensor *v2, *k2 = op_enact_cluster(K, V, H, NULL, starts, lengths, 1, &v2);
+      Tensor *v2, *k2 = op_enact_cluster(K, V, H, NULL, &one, &v2);
       Lpm[side] = 0;
       for (int c = 0; c < 3; c++) Lpm[side] += R->data[c] * k2->data[c] + R->data[3 + c] * v2->data[c];
       H->data[i] = saved;
@@ -141,6 +142,7 @@ START_TEST(matches_dense_implementation) {
   for (int i = 0; i < 24; i++) neg_signs[i] = -signs[i];
   Tensor *region_mask = tensor_from_host(DEVICE_CPU, SHAPE(L, M), mask);
   Tensor *sign_col = tensor_from_host(DEVICE_CPU, SHAPE(M, 1), neg_signs);
+  Tensor *sign_t = tensor_from_host(DEVICE_CPU, SHAPE(M), signs);
   free(mask);
   for (int with_sign = 0; with_sign < 2; with_sign++) {
     const float *s = with_sign ? signs : NULL;
@@ -152,8 +154,9 @@ START_TEST(matches_dense_implementation) {
     }
     Tensor *R = test_uniform(SHAPE(2 * L, d), -1, 1, 13, false);
     ScopeMark mark = tensor_scope_mark();
+    EnactRegionIndex index = enact_region_index_upload(DEVICE_CPU, starts, lengths, L, (int64_t[]){0, L}, 1);
     // One backward per recorded graph (backward releases the whole tape): ours first, then dense.
-    Tensor *vc, *kc = op_enact_cluster(in[0][0], in[0][1], in[0][2], s, starts, lengths, L, &vc);
+    Tensor *vc, *kc = op_enact_cluster(in[0][0], in[0][1], in[0][2], s ? sign_t : NULL, &index, &vc);
     Tensor *ours[2] = {kc, vc};
     Tensor *yo = op_concat(ours, 2, 0);
     autograd_backward(op_sum_all(op_mul(yo, R)));
@@ -172,6 +175,142 @@ START_TEST(matches_dense_implementation) {
   }
   tensor_release(region_mask);
   tensor_release(sign_col);
+  tensor_release(sign_t);
+}
+END_TEST
+
+// The regions as the first implementation found them on the host, one pixel at a time: a run
+// opens at an image's first valid pixel, after padding or at a sign change.
+static int64_t naive_regions(const float *signs, int64_t B, int64_t N, int64_t *starts, int64_t *lengths,
+                             int64_t *image_offset) {
+  int64_t count = 0;
+  for (int64_t b = 0; b < B; b++) {
+    image_offset[b] = count;
+    bool open = false;
+    for (int64_t p = 0; p < N; p++) {
+      int64_t i = b * N + p;
+      if (signs[i] == 0.0f) {
+        open = false;
+        continue;
+      }
+      if (open && signs[i] == signs[i - 1]) {
+        lengths[count - 1]++;
+      } else {
+        starts[count] = i, lengths[count] = 1, count++;
+        open = true;
+      }
+    }
+  }
+  image_offset[B] = count;
+  return count;
+}
+
+// op_enact_regions (flags, scan, scatter: the GPU's formulation) finds the naive loop's regions on
+// random maps of several paddings, both curvature forms; runs cross rows where no padding ends them.
+START_TEST(regions_by_scan_match_naive) {
+  static const int64_t vh[4] = {7, 7, 3, 1}, vw[4] = {9, 4, 9, 1};  // full, right, bottom, one pixel
+  const int64_t B = 4, Hp = 7, Wp = 9, N = Hp * Wp;
+  for (int one_d = 0; one_d < 2; one_d++)
+    for (uint64_t seed = 0; seed < 5; seed++) {
+      ScopeMark mark = tensor_scope_mark();
+      Tensor *hsm = tensor_scoped(test_uniform(SHAPE(B, N), 0, 1, 700 + seed + 10 * (uint64_t)one_d, false));
+      Tensor *signs = op_enact_signs(hsm, Hp, Wp, vh, vw, one_d);
+      EnactRegions r;
+      EnactRegionIndex index = op_enact_regions(signs);
+      enact_regions_from_index(&index, &r);
+      int64_t starts[4 * 63], lengths[4 * 63], offsets[5];
+      int64_t count = naive_regions(signs->data, B, N, starts, lengths, offsets);
+      ck_assert_int_gt(count, 2 * B);
+      ck_assert_int_eq(r.count, count);
+      ck_assert_mem_eq(r.image_offset, offsets, sizeof offsets);
+      ck_assert_mem_eq(r.starts, starts, (size_t)count * sizeof(int64_t));
+      ck_assert_mem_eq(r.lengths, lengths, (size_t)count * sizeof(int64_t));
+      for (int64_t b = 0; b < B; b++)  // the signs are zero exactly on padding
+        for (int64_t p = 0; p < N; p++)
+          ck_assert_int_eq(signs->data[b * N + p] == 0.0f, p / Wp >= vh[b] || p % Wp >= vw[b]);
+      enact_regions_free(&r);
+      tensor_scope_release(mark);
+    }
+}
+END_TEST
+
+// The clustered attention (op_cluster_attention: each image over its own clusters, from the
+// device-side offsets) against the first implementation: every image's clusters gathered into
+// [B, Lmax, d] with a -inf key mask for the padding, then multi-head attention. Output and every
+// gradient (inputs and the projections).
+static Tensor *padded_cluster_attention(const MultiheadAttention *a, Tensor *query, Tensor *Kc, Tensor *Vc,
+                                        const int64_t *offset, int64_t B) {
+  int64_t L = Kc->shape.d[0], d = Kc->shape.d[1], lmax = 0;
+  for (int64_t b = 0; b < B; b++) lmax = offset[b + 1] - offset[b] > lmax ? offset[b + 1] - offset[b] : lmax;
+  int64_t *idx = malloc((size_t)(B * lmax) * sizeof(int64_t));
+  float *mask = malloc((size_t)(B * lmax) * sizeof(float));
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t k = 0; k < lmax; k++) {
+      bool real = offset[b] + k < offset[b + 1];
+      idx[b * lmax + k] = real ? offset[b] + k : L;  // row L: a zero row that the mask hides
+      mask[b * lmax + k] = real ? 0.0f : -INFINITY;
+    }
+  Tensor *zero = op_zeros(DEVICE_CPU, SHAPE(1, d));
+  Tensor *kparts[2] = {Kc, zero}, *vparts[2] = {Vc, zero};
+  Tensor *kpad = op_reshape(op_index_select(op_concat(kparts, 2, 0), idx, B * lmax), SHAPE(B, lmax, d));
+  Tensor *vpad = op_reshape(op_index_select(op_concat(vparts, 2, 0), idx, B * lmax), SHAPE(B, lmax, d));
+  Tensor *key_mask = op_constant(DEVICE_CPU, SHAPE(B, lmax), mask);
+  free(idx), free(mask);
+  return mha_forward(a, &(NnCtx){.training = false}, query, kpad, vpad, key_mask);
+}
+
+START_TEST(cluster_attention_matches_padded) {
+  ParamStore ps;
+  params_init(&ps, DEVICE_CPU);
+  MultiheadAttention mha = mha_create(&ps, "attn", 16, 4, 0.0f);
+  Rng rng = rng_make(3);
+  for (int i = 0; i < ps.count; i++) tensor_uniform_(ps.items[i].tensor, &rng, -0.5f, 0.5f);
+  const int64_t B = 3, N = 10, L = 12, offsets[4] = {0, 7, 8, 12};  // 7, 1 and 4 clusters
+  int64_t starts[12], lengths[12];
+  for (int64_t j = 0; j < L; j++) starts[j] = j, lengths[j] = 1;
+  Tensor *in[2][3];
+  float *grads[2][3 + 4];
+  Tensor *y[2];
+  for (int impl = 0; impl < 2; impl++) {
+    in[impl][0] = test_uniform(SHAPE(B, N, 16), -1, 1, 720, true);
+    in[impl][1] = test_uniform(SHAPE(L, 16), -1, 1, 721, true);
+    in[impl][2] = test_uniform(SHAPE(L, 16), -1, 1, 722, true);
+    ScopeMark mark = tensor_scope_mark();
+    EnactRegionIndex index = enact_region_index_upload(DEVICE_CPU, starts, lengths, L, offsets, B);
+    Tensor *out = impl ? padded_cluster_attention(&mha, in[impl][0], in[impl][1], in[impl][2], offsets, B)
+                       : enact_cluster_attention(&mha, &(NnCtx){.training = false}, in[impl][0], in[impl][1],
+                                                 in[impl][2], &index);
+    y[impl] = tensor_retain(out);
+    Tensor *R = tensor_scoped(test_uniform(out->shape, -1, 1, 723, false));
+    autograd_backward(op_sum_all(op_mul(out, R)));
+    for (int k = 0; k < 3; k++) {
+      grads[impl][k] = malloc((size_t)in[impl][k]->numel * sizeof(float));
+      memcpy(grads[impl][k], in[impl][k]->grad->data, (size_t)in[impl][k]->numel * sizeof(float));
+    }
+    Tensor *w[4] = {mha.in_proj_weight, mha.in_proj_bias, mha.out_proj.weight, mha.out_proj.bias};
+    for (int k = 0; k < 4; k++) {
+      grads[impl][3 + k] = malloc((size_t)w[k]->numel * sizeof(float));
+      memcpy(grads[impl][3 + k], w[k]->grad->data, (size_t)w[k]->numel * sizeof(float));
+    }
+    autograd_zero_grad(w, 4);
+    tensor_scope_release(mark);
+  }
+  ck_assert_double_le(max_rel_diff(y[0]->data, y[1]->data, y[0]->numel), 1e-5);
+  static const char *names[7] = {"query",           "Kc",           "Vc", "in_proj_weight", "in_proj_bias",
+                                 "out_proj.weight", "out_proj.bias"};
+  int64_t sizes[7] = {in[0][0]->numel,           in[0][1]->numel,         in[0][2]->numel,
+                      mha.in_proj_weight->numel, mha.in_proj_bias->numel, mha.out_proj.weight->numel,
+                      mha.out_proj.bias->numel};
+  for (int k = 0; k < 7; k++) {
+    ck_assert_msg(max_rel_diff(grads[0][k], grads[1][k], sizes[k]) < 1e-4, "gradient of %s: %g", names[k],
+                  max_rel_diff(grads[0][k], grads[1][k], sizes[k]));
+    free(grads[0][k]), free(grads[1][k]);
+  }
+  for (int impl = 0; impl < 2; impl++) {
+    tensor_release(y[impl]);
+    for (int k = 0; k < 3; k++) tensor_release(in[impl][k]);
+  }
+  params_free(&ps);
 }
 END_TEST
 
@@ -257,6 +396,8 @@ int main(void) {
   tcase_add_test(tc, matches_dense_implementation);
   tcase_add_test(tc, detr_weights_load_into_enact);
   tcase_add_test(tc, official_form_pieces);
+  tcase_add_test(tc, regions_by_scan_match_naive);
+  tcase_add_test(tc, cluster_attention_matches_padded);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -1126,10 +1126,14 @@ START_TEST(autograd_enact_cluster) {
     leaf_pair(SHAPE(24, 37), 41, -1, 1, &k, &kg);
     leaf_pair(SHAPE(24, 37), 42, -1, 1, &v, &vg);
     leaf_pair(SHAPE(24), 43, -2, 2, &h, &hg);
-    const float *s = with_sign ? signs : NULL;
-    Tensor *vc, *kc = op_enact_cluster(k, v, h, s, starts, lengths, 9, &vc);
+    int64_t images[2] = {0, 9};
+    EnactRegionIndex index = enact_region_index_upload(DEVICE_CPU, starts, lengths, 9, images, 1);
+    EnactRegionIndex gindex = enact_region_index_upload(DEVICE_CUDA, starts, lengths, 9, images, 1);
+    Tensor *s = with_sign ? op_constant(DEVICE_CPU, SHAPE(24), signs) : NULL;
+    Tensor *sg = with_sign ? op_constant(DEVICE_CUDA, SHAPE(24), signs) : NULL;
+    Tensor *vc, *kc = op_enact_cluster(k, v, h, s, &index, &vc);
     backward_two_seeded(kc, vc, 44);
-    Tensor *vcg, *kcg = op_enact_cluster(kg, vg, hg, s, starts, lengths, 9, &vcg);
+    Tensor *vcg, *kcg = op_enact_cluster(kg, vg, hg, sg, &gindex, &vcg);
     backward_two_seeded(kcg, vcg, 44);
     ck_assert_int_eq(kcg->device, DEVICE_CUDA);
     record_compared("enact_cluster");
@@ -1681,6 +1685,107 @@ START_TEST(ops_enact_smooth) {
 }
 END_TEST
 
+// ENACT's regions found on the GPU (signs, flags, cub's scan, scatter; the authors' cluster size and
+// chunks) are the CPU's, value for value: 3 images of a padded 25 x 38 map, full, right-padded and
+// bottom-right padded; both curvature forms. Then the clustering over the device-found regions
+// (cap = B*N rows, the count read on the device).
+START_TEST(ops_enact_regions) {
+  static const int64_t vh[] = {25, 25, 13}, vw[] = {38, 21, 30};
+  const int64_t B = 3, Hp = 25, Wp = 38, N = Hp * Wp, d = 24;
+  for (int one_d = 0; one_d < 2; one_d++) {
+    ScopeMark mark = tensor_scope_mark();
+    Tensor *hsm = cpu_uniform_tensor(SHAPE(B, N), 29500 + (uint64_t)one_d, 0, 1, false);
+    Tensor *hsmg = tensor_scoped(tensor_to_device(hsm, DEVICE_CUDA));
+    Tensor *signs = op_enact_signs(hsm, Hp, Wp, vh, vw, one_d), *signsg = op_enact_signs(hsmg, Hp, Wp, vh, vw, one_d);
+    expect_tensor_close("enact_signs", signsg, signs);  // +-1 and 0: close is equal
+    EnactRegionIndex r = op_enact_regions(signs), rg = op_enact_regions(signsg);
+    EnactRegions host, hostg;
+    enact_regions_from_index(&r, &host);
+    enact_regions_from_index(&rg, &hostg);
+    ck_assert_int_gt(host.count, 3 * B);
+    ck_assert_int_eq(hostg.count, host.count);
+    ck_assert_mem_eq(hostg.image_offset, host.image_offset, (size_t)(B + 1) * sizeof(int64_t));
+    ck_assert_mem_eq(hostg.starts, host.starts, (size_t)host.count * sizeof(int64_t));
+    ck_assert_mem_eq(hostg.lengths, host.lengths, (size_t)host.count * sizeof(int64_t));
+    // The clustering over them, cap = B*N rows (zero past the count), forward and backward.
+    Tensor *k, *kg, *v, *vg, *h, *hg;
+    leaf_pair(SHAPE(B * N, d), 29510, -1, 1, &k, &kg);
+    leaf_pair(SHAPE(B * N, d), 29511, -1, 1, &v, &vg);
+    leaf_pair(SHAPE(B * N), 29512, -2, 2, &h, &hg);
+    Tensor *vc, *kc = op_enact_cluster(k, v, h, op_reshape(signs, SHAPE(B * N)), &r, &vc);
+    backward_two_seeded(kc, vc, 29513);
+    Tensor *vcg, *kcg = op_enact_cluster(kg, vg, hg, op_reshape(signsg, SHAPE(B * N)), &rg, &vcg);
+    backward_two_seeded(kcg, vcg, 29513);
+    expect_tensor_close("enact_regions cluster K'", kcg, kc);
+    expect_tensor_close("enact_regions cluster V'", vcg, vc);
+    expect_tensor_close("enact_regions cluster dK", kg->grad, k->grad);
+    expect_tensor_close("enact_regions cluster dH", hg->grad, h->grad);
+    // The authors' form: the same cluster size, mean length and chunks.
+    EnactRegionIndex o = op_enact_official_regions(hsm), og = op_enact_official_regions(hsmg);
+    EnactOfficialTrace t = {.entropy = hsm, .index = o}, tg = {.entropy = hsmg, .index = og};
+    double mean, meang;
+    int64_t c = enact_official_trace_cluster_size(&t, &mean), cg = enact_official_trace_cluster_size(&tg, &meang);
+    ck_assert_int_eq(cg, c);
+    ck_assert(mean == meang);
+    EnactRegions chunks, chunksg;
+    enact_regions_from_index(&o, &chunks);
+    enact_regions_from_index(&og, &chunksg);
+    ck_assert_int_eq(chunks.count, B * (N / c));
+    ck_assert_int_eq(chunksg.count, chunks.count);
+    ck_assert_mem_eq(chunksg.starts, chunks.starts, (size_t)chunks.count * sizeof(int64_t));
+    ck_assert_mem_eq(chunksg.image_offset, chunks.image_offset, (size_t)(B + 1) * sizeof(int64_t));
+    enact_regions_free(&host), enact_regions_free(&hostg), enact_regions_free(&chunks), enact_regions_free(&chunksg);
+    tensor_scope_release(mark);
+    Tensor *leaves[] = {hsm, k, kg, v, vg, h, hg};
+    for (int i = 0; i < 7; i++) tensor_release(leaves[i]);
+  }
+}
+END_TEST
+
+// The clustered attention over per-image cluster counts of 1 to 400 (no padding to the longest):
+// heads of 16, 32 and 64 features (each register width), both scalings, attention dropout.
+typedef struct {
+  const int64_t *starts, *lengths, *offsets;
+  int64_t L, B, heads;
+  float scale, out_scale, p;  // p: attention dropout, the same draw on both devices
+} ClusterAttnArg;
+
+static Tensor *f_cluster_attention(Tensor *const *in, void *c) {
+  ClusterAttnArg *a = c;
+  EnactRegionIndex r = enact_region_index_upload(in[0]->device, a->starts, a->lengths, a->L, a->offsets, a->B);
+  Rng rng = rng_make(29640);
+  return op_cluster_attention(in[0], in[1], in[2], &r, a->heads, a->scale, a->out_scale, a->p, &rng);
+}
+
+START_TEST(ops_cluster_attention) {
+  const int64_t B = 3, N = 950, counts[3] = {400, 1, 137};
+  int64_t offsets[4] = {0}, L = 0;
+  for (int b = 0; b < 3; b++) offsets[b + 1] = L += counts[b];
+  int64_t *starts = malloc((size_t)L * sizeof(int64_t)), *lengths = malloc((size_t)L * sizeof(int64_t));
+  for (int64_t j = 0; j < L; j++) starts[j] = j, lengths[j] = 1;  // the op reads only the offsets
+  static const int64_t heads[3] = {16, 8, 4};                     // 256 features: head widths 16, 32, 64
+  for (int k = 0; k < 3; k++) {
+    ClusterAttnArg a = {.starts = starts,
+                        .lengths = lengths,
+                        .offsets = offsets,
+                        .L = L,
+                        .B = B,
+                        .heads = heads[k],
+                        .scale = k == 1 ? 1.0f : 1.0f / sqrtf(256.0f / (float)heads[k]),
+                        .out_scale = k == 1 ? 1.0f / 32.0f : 1.0f,
+                        .p = k == 2 ? 0.1f : 0.0f};
+    Tensor *in[3] = {cpu_uniform_tensor(SHAPE(B, N, 256), 29600 + (uint64_t)k, -1, 1, true),
+                     cpu_uniform_tensor(SHAPE(L, 256), 29610 + (uint64_t)k, -1, 1, true),
+                     cpu_uniform_tensor(SHAPE(L, 256), 29620 + (uint64_t)k, -1, 1, true)};
+    char what[64];
+    snprintf(what, sizeof what, "cluster_attention %lld heads", (long long)heads[k]);
+    compare_op(what, f_cluster_attention, in, 3, &a, 29630 + (uint64_t)k, false);
+  }
+  free(starts);
+  free(lengths);
+}
+END_TEST
+
 // Every op table entry marked .cuda was compared with the CPU by the autograd and op tests
 // (which run first, in this process): the structural form of "every op has a CUDA test".
 START_TEST(ops_coverage) {
@@ -2098,6 +2203,8 @@ int main(int argc, char **argv) {
   tcase_add_test(ops, ops_shape);
   tcase_add_test(ops, ops_losses_and_boxes);
   tcase_add_test(ops, ops_enact_smooth);
+  tcase_add_test(ops, ops_enact_regions);
+  tcase_add_test(ops, ops_cluster_attention);
   tcase_add_test(ops, ops_coverage);  // after every op test
   tcase_add_test(ops, staged_uploads);
   TCase *model = gpu_tcase(s, "model");  // the tiny DETR: a step, and AdamW training

@@ -937,9 +937,14 @@ static const int64_t REGION_LENGTHS[] = {3, 1, 5, 3, 3, 1, 2, 1, 2};
 #define N_REGIONS 9
 static const float SIGNS[24] = {1, 1, 1, -1, 1, 1, 1, 1, 1, -1, -1, -1, 1, 1, 1, 0, -1, 1, 1, 0, 1, -1, -1, 0};
 
+static const int64_t REGION_IMAGES[] = {0, N_REGIONS};  // one image of all 24 rows
+
 static Tensor *f_enact_cluster(Tensor *const *in, void *c) {
   Tensor *vc;
-  Tensor *kc = op_enact_cluster(in[0], in[1], in[2], c ? SIGNS : NULL, REGION_STARTS, REGION_LENGTHS, N_REGIONS, &vc);
+  EnactRegionIndex index =
+      enact_region_index_upload(DEVICE_CPU, REGION_STARTS, REGION_LENGTHS, N_REGIONS, REGION_IMAGES, 1);
+  Tensor *signs = c ? op_constant(DEVICE_CPU, SHAPE(24), SIGNS) : NULL;
+  Tensor *kc = op_enact_cluster(in[0], in[1], in[2], signs, &index, &vc);
   Tensor *both[2] = {kc, vc};
   return op_concat(both, 2, 0);
 }
@@ -983,8 +988,34 @@ typedef struct {
 
 static Tensor *f_cluster_attention(Tensor *const *in, void *c) {
   ClusterAttnCtx *a = c;
-  return enact_cluster_attention(&a->mha, &EVAL_CTX, in[0], in[1], in[2], &a->regions);
+  EnactRegionIndex index = enact_regions_upload(DEVICE_CPU, &a->regions);
+  return enact_cluster_attention(&a->mha, &EVAL_CTX, in[0], in[1], in[2], &index);
 }
+
+// The op alone: both scalings (ENACT's 1/sqrt(hd) inside, the authors' 1/hd outside), attention
+// dropout, and an image of one cluster.
+typedef struct {
+  float scale, out_scale, p;  // p: attention dropout, the same draw every call
+} ClusterAttnOpCtx;
+
+static Tensor *f_cluster_attention_op(Tensor *const *in, void *c) {
+  ClusterAttnOpCtx *a = c;
+  int64_t starts[4] = {0, 2, 3, 7}, lengths[4] = {2, 1, 4, 1}, offsets[3] = {0, 3, 4};
+  EnactRegionIndex index = enact_region_index_upload(DEVICE_CPU, starts, lengths, 4, offsets, 2);
+  Rng rng = rng_make(431);
+  return op_cluster_attention(in[0], in[1], in[2], &index, 2, a->scale, a->out_scale, a->p, &rng);
+}
+
+START_TEST(grad_cluster_attention) {
+  ClusterAttnOpCtx c[3] = {{0.5f, 1.0f, 0.0f}, {1.0f, 0.25f, 0.0f}, {0.5f, 1.0f, 0.4f}};
+  static const char *what[3] = {"cluster attention", "cluster attention (outside scale)",
+                                "cluster attention (dropout)"};
+  for (int k = 0; k < 3; k++) {
+    Tensor *in[3] = {U(SHAPE(2, 5, 6), 425 + k), U(SHAPE(4, 6), 428 + k), U(SHAPE(4, 6), 431 + k)};
+    expect_grad(what[k], f_cluster_attention_op, in, 3, &c[k], TOL);
+  }
+}
+END_TEST
 
 START_TEST(grad_enact_attention) {
   ParamStore ps;
@@ -993,7 +1024,7 @@ START_TEST(grad_enact_attention) {
   randomize_params(&ps, 420);
   int64_t starts[5] = {0, 2, 3, 7, 9}, lengths[5] = {2, 1, 4, 2, 1}, offsets[3] = {0, 3, 5};
   c.regions = (EnactRegions){.count = 5, .starts = starts, .lengths = lengths, .image_offset = offsets, .B = 2};
-  // Queries [2, 6, 8]; clusters [5, 8]: image 0 has 3, image 1 has 2 (padded to 3 with a masked key).
+  // Queries [2, 6, 8]; clusters [5, 8]: image 0 has 3, image 1 has 2.
   Tensor *in[16] = {U(SHAPE(2, 6, 8), 421), U(SHAPE(5, 8), 422), U(SHAPE(5, 8), 423)};
   int n = block_inputs(in, 3, &ps);
   expect_grad("enact attention", f_cluster_attention, in, n, &c, TOL);
@@ -1050,6 +1081,9 @@ START_TEST(grad_enact_layer) {
     ScopeMark mark = tensor_scope_mark();
     bool was = autograd_set_grad_enabled(false);
     enact_layer(&c, in[0], NULL, &c.fixed);
+    enact_trace_to_host(&c.fixed);  // the host copies outlive the scope; its tensors do not
+    c.fixed.entropy = c.fixed.signs_t = NULL;
+    c.fixed.index = (EnactRegionIndex){0};
     autograd_set_grad_enabled(was);
     tensor_scope_release(mark);
     ck_assert_int_gt(c.fixed.regions.count, 2);
@@ -1111,6 +1145,7 @@ static void check_variant_with(const char *name, const char *key, const char *va
     AttnTrace t;
     char err[128];
     ck_assert_msg(encoder_layer_forward(&c.layer, &EVAL_CTX, in[0], c.pos, &c.geom, &t, err, sizeof err), "%s", err);
+    attn_trace_resolve(&t);
     ck_assert_int_eq(t.n_exports, 2);
     int64_t size = t.exports[1].i64[0];
     ck_assert_msg(size >= 2 && 12 / size >= 2, "%s: cluster size %lld", name, (long long)size);
@@ -1531,6 +1566,7 @@ static int grad_suites(GradSuite *out) {
       {"enact_cluster", grad_enact_cluster},
       {"enact_smooth", grad_enact_smooth},
       {"enact_attention", grad_enact_attention},
+      {"cluster_attention", grad_cluster_attention},
       {"encoder_attn.dense", grad_attn_dense},
       {"encoder_attn.enact", grad_enact_layer},
       {"encoder_attn.efficient", grad_attn_efficient},

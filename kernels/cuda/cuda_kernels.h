@@ -120,9 +120,14 @@ void cuda_l1_sum_forward(const float *a, const float *b, float *loss, int64_t n)
 void cuda_l1_sum_backward(const float *a, const float *b, const float *dloss, float *da, float *db, int64_t n);
 TWIN_BOXES(cuda)
 
-// enact.cu: ENACT's clustering (Algorithm 1's regions x features grid); arrays on the device.
-// Gaussian smoothing: valid_h, valid_w [B], taps and workspace (B*Hp*Wp floats) on the device.
+// enact.cu: ENACT's regions, clustering (Algorithm 1's regions x features grid) and clustered
+// attention; arrays on the device. Gaussian smoothing: valid_h, valid_w [B], taps and workspace
+// (B*Hp*Wp floats) on the device.
 TWIN_ENACT(cuda)
+
+// scan.cu: out[i] = in[0] + ... + in[i] for n int64 on the device (cub); temp: cuda_inclusive_scan_i64_bytes(n) bytes.
+size_t cuda_inclusive_scan_i64_bytes(int64_t n);
+void cuda_inclusive_scan_i64(const int64_t *in, int64_t *out, int64_t n, void *temp, size_t temp_bytes);
 
 // optim.cu: AdamW; the clipping norm as per-gradient partial sums of squares (exactly
 // CUDA_SUM_SQUARES_PARTIALS doubles each), added up by cuda_sum_doubles into out[0]; scaling.
