@@ -150,6 +150,9 @@ Tensor *op_box_giou(Tensor *a, Tensor *b);
 typedef struct {
   Tensor *storage;  // [2 * (2 cap + B + 3)] floats, scoped
   int64_t cap, B;
+  // The rows of the clustered tensors made from it: cap on a GPU (the count stays there); the count
+  // itself on the CPU, which reads it for free, so that nothing is projected for rows no one reads.
+  int64_t rows;
 } EnactRegionIndex;
 static inline int64_t *enact_region_starts(const EnactRegionIndex *r) { return (int64_t *)r->storage->data; }
 static inline int64_t *enact_region_lengths(const EnactRegionIndex *r) { return enact_region_starts(r) + r->cap; }
@@ -174,7 +177,7 @@ EnactRegionIndex op_enact_regions(Tensor *signs);
 // the 1-D curvature sign, rounded), N / c chunks per image after trimming (N mod c) / 2 at the start.
 EnactRegionIndex op_enact_official_regions(Tensor *hsm);
 // Clustering (the supplement's Eq. 2): K, V [M, d], H [M] -> K' (returned) and V' (*Vc_out),
-// [cap, d]: row j < L = sum over region j of w_i s_i K_i with w = softmax of H within the region and
+// [r->rows, d]: row j < L = sum over region j of w_i s_i K_i with w = softmax of H within the region and
 // s_i = -signs[i] (signs [M] on K's device, or NULL for s = 1); rows from L on are zero. Gradients
 // reach K, V and H (the exact form of Eq. 3; docs/enact.md).
 Tensor *op_enact_cluster(Tensor *K, Tensor *V, Tensor *H, Tensor *signs, const EnactRegionIndex *r, Tensor **Vc_out);
@@ -183,7 +186,7 @@ Tensor *op_enact_cluster(Tensor *K, Tensor *V, Tensor *H, Tensor *signs, const E
 Tensor *op_enact_smooth(Tensor *x, int64_t Hp, int64_t Wp, const int64_t *valid_h, const int64_t *valid_w,
                         const float *taps, int ntaps, bool one_d);
 // Attention of each image's queries over that image's clusters only: q [B, N, heads*hd], k, v
-// [r->cap, heads*hd] (row j: region j of r; rows from the count on are not read) -> [B, N, heads*hd]; per head
+// [r->rows, heads*hd] (row j: region j of r; rows from the count on are not read) -> [B, N, heads*hd]; per head
 // out_scale dropout_p(softmax(scale q k^T)) v, the dropout drawn from rng (p = 0: none, rng may be
 // NULL). No padding to the longest image, nothing read on the host.
 Tensor *op_cluster_attention(Tensor *q, Tensor *k, Tensor *v, const EnactRegionIndex *r, int64_t heads, float scale,

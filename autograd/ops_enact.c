@@ -7,9 +7,14 @@
 // --- regions ---
 
 static EnactRegionIndex region_index_new(Device dev, int64_t cap, int64_t B) {
-  EnactRegionIndex r = {.cap = cap, .B = B};
+  EnactRegionIndex r = {.cap = cap, .B = B, .rows = cap};
   r.storage = tensor_new_scoped(dev, SHAPE(2 * (2 * cap + B + 3)));  // int64 [2 cap + B + 3]
   return r;
+}
+
+// On the CPU the count is in host memory: the clustered tensors need only its rows.
+static void fit_rows(EnactRegionIndex *r) {
+  if (r->storage->device == DEVICE_CPU) r->rows = enact_region_image_offset(r)[r->B];
 }
 
 EnactRegionIndex enact_region_index_upload(Device dev, const int64_t *starts, const int64_t *lengths, int64_t L,
@@ -66,6 +71,7 @@ EnactRegionIndex op_enact_regions(Tensor *signs) {
            cuda_enact_regions(signs->data, B, N, enact_region_starts(&r), enact_region_lengths(&r),
                               enact_region_image_offset(&r), ws));
   detr_free(signs->device, ws, ws_bytes);
+  fit_rows(&r);
   return r;
 }
 
@@ -85,6 +91,7 @@ EnactRegionIndex op_enact_official_regions(Tensor *hsm) {
                                        enact_region_image_offset(&r), enact_region_cluster_size(&r),
                                        enact_region_mean_length(&r), ws));
   detr_free(hsm->device, ws, ws_bytes);
+  fit_rows(&r);
   return r;
 }
 
@@ -102,7 +109,7 @@ static void enact_cluster_backward_node(TapeNode *n) {
   EnactRegionIndex r = {.storage = n->in[3], .cap = at->cap, .B = at->B};
   const int64_t *starts = enact_region_starts(&r), *lengths = enact_region_lengths(&r);
   const int64_t *count = enact_region_image_offset(&r) + r.B;
-  int64_t d = K->shape.d[1], cap = r.cap;
+  int64_t d = K->shape.d[1], cap = Kc->shape.d[0];
   const float *signs = signs_t ? signs_t->data : NULL;
   float *dK = grad_data_or_null(K), *dV = grad_data_or_null(V), *dH = grad_data_or_null(H);
   DISPATCH(K->device,
@@ -122,7 +129,7 @@ Tensor *op_enact_cluster(Tensor *K, Tensor *V, Tensor *H, Tensor *signs, const E
   check_same_device("enact_cluster", K, V);
   check_same_device("enact_cluster", K, H);
   check_same_device("enact_cluster", K, r->storage);
-  int64_t d = K->shape.d[1], cap = r->cap;
+  int64_t d = K->shape.d[1], cap = r->rows;  // the rows written: the count's first, then zeros
   Tensor *Kc = tensor_new_scoped(K->device, SHAPE(cap, d)), *Vc = tensor_new_scoped(K->device, SHAPE(cap, d));
   const int64_t *starts = enact_region_starts(r), *lengths = enact_region_lengths(r);
   const int64_t *count = enact_region_image_offset(r) + r->B;
@@ -137,7 +144,7 @@ Tensor *op_enact_cluster(Tensor *K, Tensor *V, Tensor *H, Tensor *signs, const E
     autograd_add_output(n, Vc);
     Tensor *read[7] = {K, V, H, r->storage, Kc, Vc, signs};  // backward reads all of them
     for (int i = 0; i < (signs ? 7 : 6); i++) autograd_save(n, read[i]);
-    *NODE_ATTRS(n, ClusterAttrs) = (ClusterAttrs){.cap = cap, .B = r->B};
+    *NODE_ATTRS(n, ClusterAttrs) = (ClusterAttrs){.cap = r->cap, .B = r->B};
   }
   *Vc_out = Vc;
   return Kc;
@@ -176,11 +183,11 @@ Tensor *op_cluster_attention(Tensor *q, Tensor *k, Tensor *v, const EnactRegionI
              "cluster_attention: dropout %g is not in [0, 1) with a stream", p);
   char sq[64], sk[64], sv[64];
   DETR_CHECK(q->shape.ndim == 3 && k->shape.ndim == 2 && shape_equal(k->shape, v->shape) &&
-                 k->shape.d[1] == q->shape.d[2] && q->shape.d[0] == r->B && k->shape.d[0] == r->cap && heads >= 1 &&
+                 k->shape.d[1] == q->shape.d[2] && q->shape.d[0] == r->B && k->shape.d[0] == r->rows && heads >= 1 &&
                  q->shape.d[2] % heads == 0,
              "cluster_attention: q %s, k %s, v %s are not [%lld, N, heads*hd], [%lld, heads*hd] x 2 (heads %lld)",
              shape_str(q->shape, sq, sizeof sq), shape_str(k->shape, sk, sizeof sk), shape_str(v->shape, sv, sizeof sv),
-             (long long)r->B, (long long)r->cap, (long long)heads);
+             (long long)r->B, (long long)r->rows, (long long)heads);
   check_same_device("cluster_attention", q, k);
   check_same_device("cluster_attention", q, v);
   check_same_device("cluster_attention", q, r->storage);

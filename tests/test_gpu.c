@@ -1688,7 +1688,7 @@ END_TEST
 // ENACT's regions found on the GPU (signs, flags, cub's scan, scatter; the authors' cluster size and
 // chunks) are the CPU's, value for value: 3 images of a padded 25 x 38 map, full, right-padded and
 // bottom-right padded; both curvature forms. Then the clustering over the device-found regions
-// (cap = B*N rows, the count read on the device).
+// (the GPU's B*N rows, the count read on the device; the CPU's the count's).
 START_TEST(ops_enact_regions) {
   static const int64_t vh[] = {25, 25, 13}, vw[] = {38, 21, 30};
   const int64_t B = 3, Hp = 25, Wp = 38, N = Hp * Wp, d = 24;
@@ -1716,8 +1716,18 @@ START_TEST(ops_enact_regions) {
     backward_two_seeded(kc, vc, 29513);
     Tensor *vcg, *kcg = op_enact_cluster(kg, vg, hg, op_reshape(signsg, SHAPE(B * N)), &rg, &vcg);
     backward_two_seeded(kcg, vcg, 29513);
-    expect_tensor_close("enact_regions cluster K'", kcg, kc);
-    expect_tensor_close("enact_regions cluster V'", vcg, vc);
+    // The CPU's K', V' have the count's rows; the GPU's the bound's, zero past the count.
+    ck_assert_int_eq(kc->shape.d[0], host.count);
+    ck_assert_int_eq(kcg->shape.d[0], kcg->device == DEVICE_CPU ? host.count : B * N);  // gpu_harness: a CPU
+    Tensor *out[2] = {kc, vc}, *gout[2] = {kcg, vcg};
+    for (int t = 0; t < 2; t++) {
+      Tensor *head = tensor_view_range(gout[t], 0, out[t]->shape);
+      expect_tensor_close(t ? "enact_regions cluster V'" : "enact_regions cluster K'", head, out[t]);
+      tensor_release(head);
+      float *all = download(gout[t]);
+      for (int64_t e = host.count * d; e < gout[t]->numel; e++) ck_assert_float_eq(all[e], 0.0f);
+      free(all);
+    }
     expect_tensor_close("enact_regions cluster dK", kg->grad, k->grad);
     expect_tensor_close("enact_regions cluster dH", hg->grad, h->grad);
     // The authors' form: the same cluster size, mean length and chunks.

@@ -5,9 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
+
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/enact_math.h"
+#include "kernels/norm_math.h"  // log_sum_exp, exp_poly
 
 void cpu_enact_cluster_forward(const float *K, const float *V, const float *H, const float *signs,
                                const int64_t *starts, const int64_t *lengths, const int64_t *count, int64_t cap,
@@ -137,11 +140,34 @@ static int64_t most_clusters(const int64_t *image_offset, int64_t B) {
   return lmax;
 }
 
+// y[j] = exp(x[j] - shift) for j < n (exp_poly: a loop that vectorizes).
+CPU_AVX2_CLONES static void exp_shifted(const float *x, float *y, float shift, int64_t n) {
+  for (int64_t j = 0; j < n; j++) y[j] = exp_poly(x[j] - shift);
+}
+
+// Row n's weights in place: scores s [Lb] -> P = exp(s - lse) (times the dropout's factor);
+// returns lse = max + log(sum exp(s - max)), the sum in double as the dense softmax's.
+static float row_weights(float *s, int64_t Lb, float *tmp, float p, uint64_t seed, uint64_t offset, int64_t row,
+                         int64_t N) {
+  float max = -INFINITY;
+  for (int64_t j = 0; j < Lb; j++) max = s[j] > max ? s[j] : max;
+  exp_shifted(s, tmp, max, Lb);
+  double sum = 0.0;
+  for (int64_t j = 0; j < Lb; j++) sum += tmp[j];
+  float lse = log_sum_exp(max, sum);
+  exp_shifted(s, s, lse, Lb);  // P as the backward recomputes it
+  if (p > 0.0f)
+    for (int64_t j = 0; j < Lb; j++) s[j] *= cluster_attention_keep(p, seed, offset, row, N, j);
+  return lse;
+}
+
 void cpu_cluster_attention_forward(const float *q, const float *k, const float *v, const int64_t *image_offset,
                                    int64_t B, int64_t N, int64_t heads, int64_t hd, float scale, float out_scale,
                                    float p, uint64_t seed, uint64_t offset, float *o, float *lse) {
   int64_t D = heads * hd, lmax = most_clusters(image_offset, B);
-  float *s = detr_malloc((size_t)(N * (lmax > 0 ? lmax : 1)) * sizeof(float), "cpu_cluster_attention scores");
+  lmax = lmax > 0 ? lmax : 1;
+  float *s = detr_malloc((size_t)((N + omp_get_max_threads()) * lmax) * sizeof(float), "cpu_cluster_attention scores");
+  float *tmp = s + N * lmax;  // [threads, lmax]
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < heads; h++) {
       int64_t first = image_offset[b], Lb = image_offset[b + 1] - first, row0 = (b * heads + h) * N;
@@ -155,14 +181,8 @@ void cpu_cluster_attention_forward(const float *q, const float *k, const float *
       }
       head_scores(q, k, first, Lb, b, h, N, D, hd, scale, s);
 #pragma omp parallel for schedule(static) if (N * Lb > PARALLEL_MIN_HEAVY)
-      for (int64_t n = 0; n < N; n++) {
-        float *row = s + n * Lb, m = -INFINITY, sum = 0.0f;
-        for (int64_t j = 0; j < Lb; j++) m = row[j] > m ? row[j] : m;
-        for (int64_t j = 0; j < Lb; j++) sum += expf(row[j] - m);
-        l[n] = m + logf(sum);
-        for (int64_t j = 0; j < Lb; j++)
-          row[j] = expf(row[j] - l[n]) * cluster_attention_keep(p, seed, offset, row0 + n, N, j);
-      }
+      for (int64_t n = 0; n < N; n++)
+        l[n] = row_weights(s + n * Lb, Lb, tmp + omp_get_thread_num() * lmax, p, seed, offset, row0 + n, N);
       cpu_gemm(false, false, N, hd, Lb, out_scale, s, Lb, v + first * D + h * hd, D, 0.0f, o + b * N * D + h * hd, D);
     }
   free(s);
@@ -190,11 +210,16 @@ void cpu_cluster_attention_backward(const float *q, const float *k, const float 
         float acc = 0.0f;
         for (int64_t c = 0; c < hd; c++) acc += dob[n * D + c] * ob[n * D + c];
         dsum[n] = acc;
+        float *pr = pw + n * Lb, *dr = ds + n * Lb;
+        exp_shifted(pr, pr, l[n], Lb);  // P, as the forward computed it
+        if (p == 0.0f) {
+          for (int64_t j = 0; j < Lb; j++) dr[j] = pr[j] * (dr[j] - acc);  // dS = P (dP - D)
+          continue;
+        }
         for (int64_t j = 0; j < Lb; j++) {
           float keep = cluster_attention_keep(p, seed, offset, row0 + n, N, j);
-          float pj = expf(pw[n * Lb + j] - l[n]);
-          ds[n * Lb + j] = pj * (ds[n * Lb + j] * keep - acc);  // dS = P (dP - D), dP through the dropout
-          pw[n * Lb + j] = pj * keep;                           // the weights v was summed with
+          dr[j] = pr[j] * (dr[j] * keep - acc);  // dP through the dropout
+          pr[j] *= keep;                         // the weights v was summed with
         }
       }
       if (dq) cpu_gemm(false, false, N, hd, Lb, scale, ds, Lb, kb, D, 1.0f, dq + b * N * D + h * hd, D);

@@ -6,6 +6,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/enact_math.h"
+#include "kernels/exp_math.h"  // the softmaxes' exponential, as the CPU twin
 
 // Threads per block: 32 regions x 8 features (d = 256 -> 32 blocks along y).
 #define ENACT_BLOCK_X 32
@@ -223,9 +224,9 @@ __global__ void enact_official_size_kernel(const int64_t *runs, int64_t B, int64
 __global__ void enact_official_chunks_kernel(const int64_t *cluster_size, int64_t B, int64_t N, int64_t *starts,
                                              int64_t *lengths, int64_t *image_offset) {
   int64_t c = *cluster_size, L = N / c;
-  GRID_STRIDE_LOOP(e, B * N) {
+  GRID_STRIDE_LOOP(e, B * N + 1) {  // + 1: the B + 1 offsets even where N is 1
     int64_t b = e / N, j = e % N;
-    if (j < L) {
+    if (e < B * N && j < L) {
       starts[b * L + j] = enact_official_chunk_start(b, j, N, c);
       lengths[b * L + j] = c;
     }
@@ -293,13 +294,14 @@ __global__ void cluster_attention_forward_kernel(const float *q, const float *k,
         for (int c = 0; c < W; c++) s += qr[c] * ks[j][c];
         s *= scale;
         if (s > m) {  // a new maximum: rescale what was summed under the old one
-          float corr = expf(m - s);
+          float corr = exp_poly(m - s);
           l *= corr;
 #pragma unroll
           for (int c = 0; c < W; c++) acc[c] *= corr;
           m = s;
         }
-        float p = expf(s - m), pk = p * cluster_attention_keep(drop, seed, offset, (b * heads + h) * N + n, N, t0 + j);
+        float p = exp_poly(s - m),
+              pk = p * cluster_attention_keep(drop, seed, offset, (b * heads + h) * N + n, N, t0 + j);
         l += p;  // the normaliser of the weights before dropout
 #pragma unroll
         for (int c = 0; c < W; c++) acc[c] += pk * vs[j][c];
@@ -347,7 +349,7 @@ __global__ void cluster_attention_dq_kernel(const float *q, const float *k, cons
           dp += dor[c] * vs[j][c];
         }
         float keep = cluster_attention_keep(drop, seed, offset, (b * heads + h) * N + n, N, t0 + j);
-        float p = expf(s * scale - ln), ds = p * (dp * out_scale * keep - dd);
+        float p = exp_poly(s * scale - ln), ds = p * (dp * out_scale * keep - dd);
 #pragma unroll
         for (int c = 0; c < W; c++) dqr[c] += ds * ks[j][c];
       }
@@ -390,7 +392,7 @@ __global__ void cluster_attention_dkv_kernel(const float *q, const float *k, con
     }
     int64_t r = (b * heads + h) * N + n;
     float keep = cluster_attention_keep(drop, seed, offset, r, N, j - image_offset[b]);
-    float p = expf(s * scale - lse[r]), ds = p * (dp * out_scale * keep - dsum[r]), pk = p * keep;
+    float p = exp_poly(s * scale - lse[r]), ds = p * (dp * out_scale * keep - dsum[r]), pk = p * keep;
 #pragma unroll
     for (int c = 0; c < W; c++) {
       dkr[c] += ds * qv[c];
