@@ -8,8 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cpu/cpu_kernels.h"  // the host forms of the region steps
-#include "kernels/enact_math.h"
+#include "kernels/enact_math.h"  // the run count, the cluster size and the chunks, as the kernels
 
 #include "nn/enact.h"
 

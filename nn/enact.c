@@ -5,8 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cpu/cpu_kernels.h"  // the host forms of the region steps
-#include "kernels/enact_math.h"
+#include "kernels/cpu/cpu_kernels.h"  // the host forms of the signs and regions (cpu_enact_*)
 
 int enact_check_geometry(const EnactGeometry *g, char *err, size_t err_cap) {
   for (int64_t b = 0; b < g->B; b++) {
