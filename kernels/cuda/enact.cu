@@ -361,44 +361,60 @@ __global__ void cluster_attention_dq_kernel(const float *q, const float *k, cons
     if (c < hd) dq[row + c] += scale * dqr[c];
 }
 
-// dk, dv: one thread per (cluster j, head) over its image's N queries, in order. (W = 64 spills a
-// few hundred bytes: four rows of 64 do not fit the registers; DETR's heads are 32 wide.)
+// dk, dv: one thread per (cluster, head) over its image's N queries, in order. A block's clusters
+// are one image's (grid as the forward's, x over an image's clusters, at most N), so the queries'
+// rows, dO, lse and D pass through shared memory a tile at a time, as the clusters do above.
+// (W = 64 spills: four rows of 64 do not fit the registers; DETR's heads are 32 wide.)
 template <int W>
 __global__ void cluster_attention_dkv_kernel(const float *q, const float *k, const float *v,
-                                             const int64_t *image_offset, int64_t B, int64_t N, int64_t heads,
-                                             int64_t hd, int64_t cap, float scale, float out_scale, float drop,
-                                             uint64_t seed, uint64_t offset, const float *lse, const float *dsum,
-                                             const float *dout, float *dk, float *dv) {
-  int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y, D = heads * hd;
-  if (j >= cap || j >= image_offset[B]) return;
-  int64_t b = 0;
-  while (image_offset[b + 1] <= j) b++;  // the cluster's image (B is small)
+                                             const int64_t *image_offset, int64_t N, int64_t heads, int64_t hd,
+                                             float scale, float out_scale, float drop, uint64_t seed, uint64_t offset,
+                                             const float *lse, const float *dsum, const float *dout, float *dk,
+                                             float *dv) {
+  __shared__ float qs[CLUSTER_ATTN_TILE][W], dos[CLUSTER_ATTN_TILE][W], ls[CLUSTER_ATTN_TILE], dds[CLUSTER_ATTN_TILE];
+  int64_t b = blockIdx.z, h = blockIdx.y, D = heads * hd, first = image_offset[b], L = image_offset[b + 1] - first;
+  int64_t local = (int64_t)blockIdx.x * CLUSTER_ATTN_QUERIES + threadIdx.x, j = first + local;  // the cluster
+  if ((int64_t)blockIdx.x * CLUSTER_ATTN_QUERIES >= L) return;  // the whole block is past the image's clusters
+  bool active = local < L;
   float kr[W], vr[W], dkr[W], dvr[W];
 #pragma unroll
   for (int c = 0; c < W; c++) {
-    kr[c] = c < hd ? k[j * D + h * hd + c] : 0.0f;
-    vr[c] = c < hd ? v[j * D + h * hd + c] : 0.0f;
+    kr[c] = active && c < hd ? k[j * D + h * hd + c] : 0.0f;
+    vr[c] = active && c < hd ? v[j * D + h * hd + c] : 0.0f;
     dkr[c] = dvr[c] = 0.0f;
   }
-  for (int64_t n = 0; n < N; n++) {
-    const float *qn = q + (b * N + n) * D + h * hd, *dn = dout + (b * N + n) * D + h * hd;
-    float qv[W], dv_[W], s = 0.0f, dp = 0.0f;
-#pragma unroll
-    for (int c = 0; c < W; c++) {
-      qv[c] = c < hd ? qn[c] : 0.0f;
-      dv_[c] = c < hd ? dn[c] : 0.0f;
-      s += qv[c] * kr[c];
-      dp += dv_[c] * vr[c];
+  int64_t rows = (b * heads + h) * N;  // this image's and head's rows of lse and dsum
+  for (int64_t n0 = 0; n0 < N; n0 += CLUSTER_ATTN_TILE) {
+    int64_t count = N - n0 < CLUSTER_ATTN_TILE ? N - n0 : CLUSTER_ATTN_TILE;
+    for (int64_t e = threadIdx.x; e < count * W; e += blockDim.x) {
+      int64_t r = e / W, c = e % W, at = (b * N + n0 + r) * D + h * hd + c;
+      qs[r][c] = c < hd ? q[at] : 0.0f;
+      dos[r][c] = c < hd ? dout[at] : 0.0f;
     }
-    int64_t r = (b * heads + h) * N + n;
-    float keep = cluster_attention_keep(drop, seed, offset, r, N, j - image_offset[b]);
-    float p = exp_poly(s * scale - lse[r]), ds = p * (dp * out_scale * keep - dsum[r]), pk = p * keep;
-#pragma unroll
-    for (int c = 0; c < W; c++) {
-      dkr[c] += ds * qv[c];
-      dvr[c] += pk * dv_[c];
+    for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
+      ls[e] = lse[rows + n0 + e];
+      dds[e] = dsum[rows + n0 + e];
     }
+    __syncthreads();
+    if (active)
+      for (int64_t r = 0; r < count; r++) {
+        float s = 0.0f, dp = 0.0f;
+#pragma unroll
+        for (int c = 0; c < W; c++) {
+          s += qs[r][c] * kr[c];
+          dp += dos[r][c] * vr[c];
+        }
+        float keep = cluster_attention_keep(drop, seed, offset, rows + n0 + r, N, local);
+        float p = exp_poly(s * scale - ls[r]), ds = p * (dp * out_scale * keep - dds[r]), pk = p * keep;
+#pragma unroll
+        for (int c = 0; c < W; c++) {
+          dkr[c] += ds * qs[r][c];
+          dvr[c] += pk * dos[r][c];
+        }
+      }
+    __syncthreads();
   }
+  if (!active) return;
 #pragma unroll
   for (int c = 0; c < W; c++) {
     if (c >= hd) continue;
@@ -451,14 +467,9 @@ extern "C" void cuda_cluster_attention_backward(const float *q, const float *k, 
 #undef LAUNCH_DQ
   CUDA_CHECK_LAUNCH("cluster_attention_dq_kernel");
   if (!dk && !dv) return;
-  // One thread per (cluster, head) of the bound B*N clusters; those past the count return at once.
-  int64_t cap = B * N;
-  dim3 kv_grid((unsigned)((cap + CLUSTER_ATTN_QUERIES - 1) / CLUSTER_ATTN_QUERIES), (unsigned)heads);
-  DETR_CHECK(cap / CLUSTER_ATTN_QUERIES < INT32_MAX, "cuda_cluster_attention: %lld clusters exceed the grid",
-             (long long)cap);
-#define LAUNCH_DKV(W)                                                                        \
-  cluster_attention_dkv_kernel<W><<<kv_grid, CLUSTER_ATTN_QUERIES, 0, detr_cuda_stream()>>>( \
-      q, k, v, image_offset, B, N, heads, hd, cap, scale, out_scale, p, seed, offset, lse, workspace, dout, dk, dv)
+#define LAUNCH_DKV(W)                                                                     \
+  cluster_attention_dkv_kernel<W><<<grid, CLUSTER_ATTN_QUERIES, 0, detr_cuda_stream()>>>( \
+      q, k, v, image_offset, N, heads, hd, scale, out_scale, p, seed, offset, lse, workspace, dout, dk, dv)
   CLUSTER_ATTN_DISPATCH(hd, LAUNCH_DKV);
 #undef LAUNCH_DKV
   CUDA_CHECK_LAUNCH("cluster_attention_dkv_kernel");
