@@ -163,6 +163,9 @@ static inline int64_t *enact_region_cluster_size(const EnactRegionIndex *r) {
 static inline double *enact_region_mean_length(const EnactRegionIndex *r) {
   return (double *)(enact_region_cluster_size(r) + 1);
 }
+// n int64 values of the index from `values` (a pointer into one of its arrays, as the accessors
+// above give) into host: a copy from a GPU (a synchronisation), a read on the CPU.
+void enact_region_index_read(const EnactRegionIndex *r, const int64_t *values, int64_t n, int64_t *host);
 // Regions given on the host (tests, regions held fixed): L regions, image_offset [B + 1].
 EnactRegionIndex enact_region_index_upload(Device dev, const int64_t *starts, const int64_t *lengths, int64_t L,
                                            const int64_t *image_offset, int64_t B);

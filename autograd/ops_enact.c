@@ -17,6 +17,16 @@ static void fit_rows(EnactRegionIndex *r) {
   if (r->storage->device == DEVICE_CPU) r->rows = enact_region_image_offset(r)[r->B];
 }
 
+void enact_region_index_read(const EnactRegionIndex *r, const int64_t *values, int64_t n, int64_t *host) {
+  if (n == 0) return;
+  int64_t first = values - enact_region_starts(r);  // its place in the storage, in int64
+  DETR_CHECK(first >= 0 && first + n <= 2 * r->cap + r->B + 3,
+             "enact_region_index_read: [%lld, +%lld) is outside the index", (long long)first, (long long)n);
+  Tensor *part = tensor_view_range(r->storage, 2 * first, SHAPE(2 * n));  // 2 floats an int64
+  tensor_to_host(part, (float *)host);
+  tensor_release(part);
+}
+
 EnactRegionIndex enact_region_index_upload(Device dev, const int64_t *starts, const int64_t *lengths, int64_t L,
                                            const int64_t *image_offset, int64_t B) {
   DETR_CHECK(image_offset[0] == 0 && image_offset[B] == L,

@@ -80,10 +80,7 @@ Tensor *enact_official_attend(const EnactOfficial *e, Tensor *q, Tensor *kc, Ten
 
 int64_t enact_official_trace_cluster_size(const EnactOfficialTrace *t, double *mean_length) {
   int64_t host[2];  // the cluster size, then the mean length's bits
-  int64_t first = enact_region_cluster_size(&t->index) - enact_region_starts(&t->index);
-  Tensor *part = tensor_view_range(t->index.storage, 2 * first, SHAPE(4));
-  tensor_to_host(part, (float *)host);
-  tensor_release(part);
+  enact_region_index_read(&t->index, enact_region_cluster_size(&t->index), 2, host);
   if (mean_length) memcpy(mean_length, &host[1], sizeof(double));
   return host[0];
 }

@@ -63,26 +63,14 @@ void enact_find_regions(const float *signs, const EnactGeometry *g, EnactRegions
   r->count = r->image_offset[g->B];
 }
 
-// int64 values [n] of a device index into host.
-static void index_to_host(const EnactRegionIndex *index, const int64_t *values, int64_t n, int64_t *host) {
-  if (n == 0) return;
-  int64_t first = values - enact_region_starts(index);  // its offset in the storage, in int64
-  Tensor *part = tensor_view_range(index->storage, 2 * first, SHAPE(2 * n));
-  tensor_to_host(part, (float *)host);
-  tensor_release(part);
-}
-
 void enact_regions_from_index(const EnactRegionIndex *index, EnactRegions *r) {
-  regions_alloc(r, index->B, 0);  // offsets first: they say how many regions to copy
-  index_to_host(index, enact_region_image_offset(index), index->B + 1, r->image_offset);
-  int64_t L = r->image_offset[index->B];
-  int64_t *offsets = r->image_offset;
+  int64_t L;  // the count first: it sizes the rest
+  enact_region_index_read(index, enact_region_image_offset(index) + index->B, 1, &L);
   regions_alloc(r, index->B, L);
-  memcpy(r->image_offset, offsets, (size_t)(index->B + 1) * sizeof(int64_t));
-  free(offsets);
   r->count = L;
-  index_to_host(index, enact_region_starts(index), L, r->starts);
-  index_to_host(index, enact_region_lengths(index), L, r->lengths);
+  enact_region_index_read(index, enact_region_image_offset(index), index->B + 1, r->image_offset);
+  enact_region_index_read(index, enact_region_starts(index), L, r->starts);
+  enact_region_index_read(index, enact_region_lengths(index), L, r->lengths);
 }
 
 EnactRegionIndex enact_regions_upload(Device dev, const EnactRegions *r) {

@@ -257,14 +257,15 @@ extern "C" void cuda_enact_official_regions(const float *hsm, int64_t B, int64_t
 // Rows are held W wide (W >= hd, a compile-time width so that the rows stay in registers: loops
 // over a run-time hd would put them in local memory); features hd..W-1 are zero.
 
-// Tile [t0, t0 + count) of image rows first.. of k and v, head h, into shared memory (zero-padded).
+// Rows [row0, row0 + count) of a and b [*, D], head h's hd features, into shared memory (zero-padded
+// to W): a tile of clusters (k, v) or of queries (q, dO).
 template <int W>
-__device__ void load_cluster_tile(const float *k, const float *v, int64_t first, int64_t t0, int64_t count, int64_t D,
-                                  int64_t h, int64_t hd, float (*ks)[W], float (*vs)[W]) {
+__device__ void load_rows_tile(const float *a, const float *b, int64_t row0, int64_t count, int64_t D, int64_t h,
+                               int64_t hd, float (*as)[W], float (*bs)[W]) {
   for (int64_t e = threadIdx.x; e < count * W; e += blockDim.x) {
-    int64_t j = e / W, c = e % W, row = (first + t0 + j) * D + h * hd + c;
-    ks[j][c] = c < hd ? k[row] : 0.0f;
-    vs[j][c] = c < hd ? v[row] : 0.0f;
+    int64_t r = e / W, c = e % W, at = (row0 + r) * D + h * hd + c;
+    as[r][c] = c < hd ? a[at] : 0.0f;
+    bs[r][c] = c < hd ? b[at] : 0.0f;
   }
 }
 
@@ -285,7 +286,7 @@ __global__ void cluster_attention_forward_kernel(const float *q, const float *k,
   }
   for (int64_t t0 = 0; t0 < L; t0 += CLUSTER_ATTN_TILE) {
     int64_t count = L - t0 < CLUSTER_ATTN_TILE ? L - t0 : CLUSTER_ATTN_TILE;
-    load_cluster_tile<W>(k, v, first, t0, count, D, h, hd, ks, vs);
+    load_rows_tile<W>(k, v, first + t0, count, D, h, hd, ks, vs);
     __syncthreads();
     if (active)
       for (int64_t j = 0; j < count; j++) {
@@ -338,7 +339,7 @@ __global__ void cluster_attention_dq_kernel(const float *q, const float *k, cons
   if (active) dsum[(b * heads + h) * N + n] = dd;
   for (int64_t t0 = 0; t0 < L; t0 += CLUSTER_ATTN_TILE) {
     int64_t count = L - t0 < CLUSTER_ATTN_TILE ? L - t0 : CLUSTER_ATTN_TILE;
-    load_cluster_tile<W>(k, v, first, t0, count, D, h, hd, ks, vs);
+    load_rows_tile<W>(k, v, first + t0, count, D, h, hd, ks, vs);
     __syncthreads();
     if (active)
       for (int64_t j = 0; j < count; j++) {
@@ -386,11 +387,7 @@ __global__ void cluster_attention_dkv_kernel(const float *q, const float *k, con
   int64_t rows = (b * heads + h) * N;  // this image's and head's rows of lse and dsum
   for (int64_t n0 = 0; n0 < N; n0 += CLUSTER_ATTN_TILE) {
     int64_t count = N - n0 < CLUSTER_ATTN_TILE ? N - n0 : CLUSTER_ATTN_TILE;
-    for (int64_t e = threadIdx.x; e < count * W; e += blockDim.x) {
-      int64_t r = e / W, c = e % W, at = (b * N + n0 + r) * D + h * hd + c;
-      qs[r][c] = c < hd ? q[at] : 0.0f;
-      dos[r][c] = c < hd ? dout[at] : 0.0f;
-    }
+    load_rows_tile<W>(q, dout, b * N + n0, count, D, h, hd, qs, dos);
     for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
       ls[e] = lse[rows + n0 + e];
       dds[e] = dsum[rows + n0 + e];
