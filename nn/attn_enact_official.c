@@ -57,17 +57,6 @@ EnactRegionIndex enact_official_fixed_regions(Device dev, int64_t B, int64_t N, 
   return r;
 }
 
-Tensor *enact_official_cluster(Tensor *k, Tensor *v, Tensor *hsm, int64_t c, Tensor **vc) {
-  int64_t B = k->shape.d[0], N = k->shape.d[1], d = k->shape.d[2], L = N / c;
-  // k[:, (N % c) // 2 : N - (N % c - (N % c) // 2)] viewed as [B, L, c, d], summed over each chunk.
-  EnactRegionIndex index = enact_official_fixed_regions(k->device, B, N, c);
-  Tensor *vflat = NULL;
-  Tensor *kflat = op_enact_cluster(op_reshape(k, SHAPE(B * N, d)), op_reshape(v, SHAPE(B * N, d)),
-                                   op_reshape(hsm, SHAPE(B * N)), NULL, &index, &vflat);  // [B * L, d]
-  *vc = op_reshape(vflat, SHAPE(B, L, d));
-  return op_reshape(kflat, SHAPE(B, L, d));
-}
-
 Tensor *enact_official_attend(const EnactOfficial *e, Tensor *q, Tensor *kc, Tensor *vc,
                               const EnactRegionIndex *index) {
   int64_t hd = q->shape.d[2] / e->heads;

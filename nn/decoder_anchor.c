@@ -217,25 +217,27 @@ static Tensor *ffn(const Linear *l1, const Linear *l2, const LayerNorm *norm, co
 // Anchor-DETR-ENACT's encoder attention (GSavathrakis/ENACT, Anchor-DETR-ENACT models/enact.py
 // ClustAttn): the row keys xr, column keys xc and values x [B, H, W, d], flattened to N = H*W (the
 // whole padded map, no mask), are cut into L = N / c chunks of c pixels by the entropy of W_prob(xr)
-// (nn/enact.h, enact_official_*: one cluster size c for the batch, read on the host); the chunks'
-// entropy-weighted sums are RCDA's keys and values (rcda_cluster_forward). -> [B, HW, d].
+// (nn/enact.h, enact_official_*: one cluster size c for the batch, found where the tensors live:
+// nothing is read on the host); the chunks' entropy-weighted sums are RCDA's keys and values
+// (rcda_cluster_forward). -> [B, HW, d].
 static Tensor *enact_rcda(const EncLayer *l, const NnCtx *ctx, int sigma, int64_t fixed_c, Tensor *xr, Tensor *xc,
                           Tensor *x) {
   int64_t B = x->shape.d[0], N = x->shape.d[1] * x->shape.d[2], d = x->shape.d[3];
-  Tensor *kr = op_reshape(xr, SHAPE(B, N, d)), *kc = op_reshape(xc, SHAPE(B, N, d)), *v = op_reshape(x, SHAPE(B, N, d));
-  Tensor *hsm = enact_official_entropy(&l->w_prob, kr, sigma);  // [B, N]
-  int64_t c = fixed_c;
-  if (c <= 0) {  // the size sets the shapes after it: a host read (a sync on a GPU), as the reference's .item()
-    double mean = 0.0;
-    float *host = detr_malloc((size_t)(B * N) * sizeof(float), "anchor ENACT entropy");
-    tensor_to_host(hsm, host);
-    c = enact_official_cluster_size(host, B, N, &mean);
-    free(host);
-  }
-  Tensor *vc = NULL, *unused = NULL;
-  Tensor *krc = enact_official_cluster(kr, v, hsm, c, &vc);  // [B, L, d] each
-  Tensor *kcc = enact_official_cluster(kc, v, hsm, c, &unused);
-  return rcda_cluster_forward(&l->self_attn, ctx, xr, xc, krc, kcc, vc);
+  Tensor *kr = op_reshape(xr, SHAPE(B * N, d)), *kc = op_reshape(xc, SHAPE(B * N, d)),
+         *v = op_reshape(x, SHAPE(B * N, d));
+  Tensor *hsm = enact_official_entropy(&l->w_prob, op_reshape(xr, SHAPE(B, N, d)), sigma);  // [B, N]
+  EnactRegionIndex index =
+      fixed_c > 0 ? enact_official_fixed_regions(x->device, B, N, fixed_c) : op_enact_official_regions(hsm);
+  Tensor *h = op_reshape(hsm, SHAPE(B * N)), *vc = NULL, *unused = NULL, *mask = NULL;
+  Tensor *krc = op_enact_cluster(kr, v, h, NULL, &index, &vc);  // [rows, d] each
+  Tensor *kcc = op_enact_cluster(kc, v, h, NULL, &index, &unused);
+  // RCDA takes [B, L, d]: every image has the same L chunks; L = rows / B is that count where it is
+  // known (the CPU, a fixed size) and the bound N on a GPU, whose rows past the count are masked.
+  int64_t width = index.rows / B;
+  krc = op_enact_pad(krc, &index, width, &mask);
+  kcc = op_enact_pad(kcc, &index, width, &mask);
+  vc = op_enact_pad(vc, &index, width, &mask);
+  return rcda_cluster_forward(&l->self_attn, ctx, xr, xc, krc, kcc, vc, mask);
 }
 
 // x [B, H, W, d]; prow [B, 1, W, d], pcol [B, H, 1, d]; masks [B, W], [B, H]; sigma > 0: ENACT's

@@ -121,9 +121,6 @@ Tensor *enact_official_entropy(const Linear *w_prob, Tensor *k, int sigma);
 // Step 3 on the host: hsm [B * N] -> c (>= 1); *mean_length: the batch's mean run length before rounding.
 // (op_enact_official_regions computes the same where hsm lives.)
 int64_t enact_official_cluster_size(const float *hsm, int64_t B, int64_t N, double *mean_length);
-// Step 4 for a cluster size known on the host: k, v [B, N, d], hsm [B, N] -> K' [B, L, d] (returned)
-// and V' (*vc), L = N / c (integer part). Anchor-DETR-ENACT's row and column keys.
-Tensor *enact_official_cluster(Tensor *k, Tensor *v, Tensor *hsm, int64_t c, Tensor **vc);
 // The chunks of cluster size c as an index on dev (a cluster size held fixed).
 EnactRegionIndex enact_official_fixed_regions(Device dev, int64_t B, int64_t N, int64_t c);
 // Step 5: q [B, N, d] over each image's chunks K', V' [cap, d] of the index -> [B, N, d].
