@@ -197,6 +197,8 @@ Tensor *op_enact_smooth(Tensor *x, int64_t Hp, int64_t Wp, const int64_t *valid_
 // Attention of each image's queries over that image's clusters only: q [B, N, heads*hd], k, v
 // [r->rows, heads*hd] (row j: region j of r; rows from the count on are not read) -> [B, N, heads*hd]; per head
 // out_scale dropout_p(softmax(scale q k^T)) v, the dropout drawn from rng (p = 0: none, rng may be
-// NULL). No padding to the longest image, nothing read on the host.
+// NULL). No padding to the longest image, nothing read on the host. An image has at most N clusters
+// (a region or chunk holds at least one pixel; checked on the CPU): the dropout numbering and the
+// GPU's grid rest on it.
 Tensor *op_cluster_attention(Tensor *q, Tensor *k, Tensor *v, const EnactRegionIndex *r, int64_t heads, float scale,
                              float out_scale, float p, Rng *rng);

@@ -69,7 +69,8 @@ Tensor *op_enact_signs(Tensor *hsm, int64_t Hp, int64_t Wp, const int64_t *valid
 
 EnactRegionIndex op_enact_regions(Tensor *signs) {
   char s[64];
-  DETR_CHECK(signs->shape.ndim == 2, "enact_regions: signs %s is not [B, N]", shape_str(signs->shape, s, sizeof s));
+  DETR_CHECK(signs->shape.ndim == 2 && signs->shape.d[0] >= 1 && signs->shape.d[1] >= 1,
+             "enact_regions: signs %s is not [B, N] with B, N >= 1", shape_str(signs->shape, s, sizeof s));
   int64_t B = signs->shape.d[0], N = signs->shape.d[1], M = B * N;
   EnactRegionIndex r = region_index_new(signs->device, M, B);
   size_t ws_bytes = 0;
@@ -87,8 +88,8 @@ EnactRegionIndex op_enact_regions(Tensor *signs) {
 
 EnactRegionIndex op_enact_official_regions(Tensor *hsm) {
   char s[64];
-  DETR_CHECK(hsm->shape.ndim == 2, "enact_official_regions: input %s is not [B, N]",
-             shape_str(hsm->shape, s, sizeof s));
+  DETR_CHECK(hsm->shape.ndim == 2 && hsm->shape.d[0] >= 1 && hsm->shape.d[1] >= 1,
+             "enact_official_regions: input %s is not [B, N] with B, N >= 1", shape_str(hsm->shape, s, sizeof s));
   int64_t B = hsm->shape.d[0], N = hsm->shape.d[1];
   EnactRegionIndex r = region_index_new(hsm->device, B * N, B);  // c >= 1: at most N chunks an image
   size_t ws_bytes = (size_t)B * sizeof(int64_t);
@@ -202,10 +203,15 @@ Tensor *op_cluster_attention(Tensor *q, Tensor *k, Tensor *v, const EnactRegionI
   check_same_device("cluster_attention", q, v);
   check_same_device("cluster_attention", q, r->storage);
   int64_t B = q->shape.d[0], N = q->shape.d[1], hd = q->shape.d[2] / heads;
+  const int64_t *offset = enact_region_image_offset(r);
+  if (q->device == DEVICE_CPU)  // the counts are in host memory here (a GPU's come from op_enact_*regions)
+    for (int64_t b = 0; b < B; b++)
+      DETR_CHECK(offset[b + 1] - offset[b] <= N,
+                 "cluster_attention: image %lld has %lld clusters, more than its %lld queries", (long long)b,
+                 (long long)(offset[b + 1] - offset[b]), (long long)N);
   Tensor *o = tensor_new_scoped(q->device, q->shape);
   size_t lse_bytes = (size_t)(B * heads * N) * sizeof(float);
   float *lse = detr_alloc(q->device, lse_bytes);  // [B, heads, N]
-  const int64_t *offset = enact_region_image_offset(r);
   uint64_t seed = p > 0.0f ? rng->seed : 0, draw = p > 0.0f ? rng->offset : 0;
   if (p > 0.0f) rng->offset += rng_counters_uniform((uint64_t)(B * heads * N * N));  // the dense numbering
   DISPATCH(q->device,
@@ -254,9 +260,9 @@ static void enact_pad_backward_node(TapeNode *n) {
 
 Tensor *op_enact_pad(Tensor *x, const EnactRegionIndex *r, int64_t width, Tensor **mask_out) {
   char s[64];
-  DETR_CHECK(x->shape.ndim == 2 && x->shape.d[0] == r->rows && width >= 1,
-             "enact_pad: x %s is not [%lld, d] or the width %lld is not positive", shape_str(x->shape, s, sizeof s),
-             (long long)r->rows, (long long)width);
+  DETR_CHECK(x->shape.ndim == 2 && x->shape.d[0] == r->rows && x->shape.d[1] >= 1 && width >= 1,
+             "enact_pad: x %s is not [%lld, d >= 1] or the width %lld is not positive",
+             shape_str(x->shape, s, sizeof s), (long long)r->rows, (long long)width);
   check_same_device("enact_pad", x, r->storage);
   const int64_t *offset = enact_region_image_offset(r);
   if (x->device == DEVICE_CPU)  // the counts are in host memory here: a region left out is an error

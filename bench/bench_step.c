@@ -5,6 +5,7 @@
 //                          [--precision fp32 | tf32 | bf16] [--set key=value ...]   (any model config
 //                          field, e.g. --set tf32=true; --precision sets tf32 or bf16)
 //                          [--weights W.safetensors] [--batch-file B.safetensors] [--capture]
+//                          [--conv-survey]
 // --forward times the no-grad forward alone (e.g. detr-r50 on one 800x1066 image: --batch 1
 // --hw 800x1066 --forward). --conv forces one CPU convolution implementation everywhere (default
 // auto: the faster per shape and pass). --vary-size gives every step its own input size, 8 and 12
@@ -29,6 +30,13 @@
 // in turn (the order swapped every rep), and the line adds the fp32 steps, their median and the
 // ratio of each rep's bf16 step to its fp32 one: the two precisions measured seconds apart, where
 // separate runs on a shared machine meet different neighbours (bench/README.md#bench_step).
+// --conv-survey (with --device cuda): after the warm-up step, instead of timed steps, the cost of
+// the cuDNN algorithm choice: every convolution pass the step ran (geometry, direction, runs a
+// step) timed by cuDNN's Find in every algorithm, and the step's convolution milliseconds with the
+// algorithms detr-c picks deterministically (its default), the ones it picks with
+// DETR_CUDNN_DETERMINISTIC=0 (cuDNN's heuristic order), the fastest, and the fastest deterministic
+// ones. The first line is the summary with the passes where determinism costs most; one line a
+// pass follows.
 // bench/compare_torch.sh runs this and bench/torch_step.py alternately.
 #include <math.h>
 #include <stdio.h>
@@ -63,7 +71,7 @@ typedef struct {
   int size, boxes, reps, batch, height, width;
   float num_boxes;   // the loss's normaliser: the batch's boxes
   float first_loss;  // the warm-up step's total loss (a check that both sides run the same model)
-  bool enact, profile, forward_only, vary, capture, pair_fp32;
+  bool enact, profile, forward_only, vary, capture, pair_fp32, conv_survey;
   Device dev;
   const char *sets[32];
   int n_sets;
@@ -144,6 +152,7 @@ static int parse_args(int argc, char **argv, StepArgs *a) {
     else if (!strcmp(argv[i], "--conv") && i + 1 < argc) rc = parse_conv(argv[++i]);
     else if (!strcmp(argv[i], "--precision") && i + 1 < argc) a->precision = argv[++i];
     else if (!strcmp(argv[i], "--pair-fp32")) a->pair_fp32 = true;
+    else if (!strcmp(argv[i], "--conv-survey")) a->conv_survey = true;
     else {
       fprintf(stderr, "bench_step: unknown argument '%s'\n", argv[i]);
       return 2;
@@ -154,6 +163,10 @@ static int parse_args(int argc, char **argv, StepArgs *a) {
   if (a->reps < 1 || a->height - (a->vary ? 8 * a->reps : 0) < 32 || a->width - (a->vary ? 12 * a->reps : 0) < 32 ||
       a->boxes < 0 || a->batch < 1 || a->batch > 64) {
     fprintf(stderr, "bench_step: need --reps >= 1, sizes >= 32, --boxes >= 0, --batch 1..64\n");
+    return 2;
+  }
+  if (a->conv_survey && (a->dev != DEVICE_CUDA || !DETR_HAVE_CUDA || a->forward_only || a->pair_fp32)) {
+    fprintf(stderr, "bench_step: --conv-survey needs --device cuda and a training step (not --forward, --pair-fp32)\n");
     return 2;
   }
   if (a->capture && (a->dev != DEVICE_CUDA || !DETR_HAVE_CUDA)) {
@@ -304,6 +317,15 @@ static void print_pairs(int reps, const double *t, const double *t32) {
   free(ratio);
 }
 
+#if DETR_HAVE_CUDA
+// The GPU's name as a JSON string's contents (quotes and backslashes blanked).
+static void gpu_name_json(char *name, size_t cap) {
+  cuda_device_name(name, cap);
+  for (char *c = name; *c; c++)
+    if (*c == '"' || *c == '\\') *c = ' ';
+}
+#endif
+
 // Prints the JSON line: the median and each step's seconds, peak memory, the allocators' figures
 // (t32: --pair-fp32's fp32 steps, or NULL).
 static void print_report(const StepArgs *a, const DetrConfig *cfg, const double *t, const double *t32) {
@@ -333,9 +355,7 @@ static void print_report(const StepArgs *a, const DetrConfig *cfg, const double 
     size_t used, total;
     char name[256];
     cuda_device_memory(&used, &total);
-    cuda_device_name(name, sizeof name);
-    for (char *c = name; *c; c++)
-      if (*c == '"' || *c == '\\') *c = ' ';
+    gpu_name_json(name, sizeof name);
     printf(
         ", \"device\": \"cuda\", \"gpu\": \"%s\", \"peak_device_mb\": %.1f, \"peak_device_held_mb\": %.1f, "
         "\"device_used_mb\": %.1f, \"device_total_mb\": %.1f",
@@ -344,6 +364,118 @@ static void print_report(const StepArgs *a, const DetrConfig *cfg, const double 
 #endif
   printf("}\n");
 }
+
+#if DETR_HAVE_CUDA
+// --- --conv-survey ---
+
+static const char *const PASS_NAMES[3] = {"forward", "backward-data", "backward-filter"};
+
+// Index in row->algos of algorithm algo, timed, or -1.
+static int algo_index(const ConvSurveyRow *row, int algo) {
+  for (int i = 0; i < row->n; i++)
+    if (row->algos[i].algo == algo && row->algos[i].ran) return i;
+  return -1;
+}
+
+// Index of the fastest timed algorithm (deterministic ones only, or any), or -1.
+static int fastest_index(const ConvSurveyRow *row, bool deterministic) {
+  int best = -1;
+  for (int i = 0; i < row->n; i++)
+    if (row->algos[i].ran && (!deterministic || row->algos[i].deterministic) &&
+        (best < 0 || row->algos[i].ms < row->algos[best].ms))
+      best = i;
+  return best;
+}
+
+static double row_ms(const ConvSurveyRow *row, int index) {
+  return index < 0 ? NAN : (double)row->calls * row->algos[index].ms;
+}
+
+static void geometry_text(const ConvGeom *g, char *out, size_t cap) {
+  snprintf(out, cap, "%lldx%lldx%lldx%lld -> %lld %lldx%lld s%d p%d d%d%s", (long long)g->batch, (long long)g->in_ch,
+           (long long)g->in_h, (long long)g->in_w, (long long)g->out_ch, (long long)g->kh, (long long)g->kw,
+           g->stride_h, g->pad_h, g->dil_h, g->channels_last ? " nhwc" : "");
+}
+
+static void print_json_ms(const char *key, double ms) {
+  if (isnan(ms)) printf("\"%s\": null", key);
+  else printf("\"%s\": %.3f", key, ms);
+}
+
+// The summary line, then one line a pass. 0, or 1 when no pass was found.
+static int print_conv_survey(const StepArgs *a, const DetrConfig *cfg) {
+  enum { CAP = 1024, COSTLIEST = 8 };
+  ConvSurveyRow *rows = malloc(CAP * sizeof *rows);
+  DETR_CHECK(rows, "bench_step: out of memory for the survey");
+  int n = cuda_conv2d_survey(rows, CAP);
+  if (n > CAP) fprintf(stderr, "bench_step: %d convolution passes, the first %d surveyed\n", n, CAP), n = CAP;
+  if (n == 0) {
+    fprintf(stderr, "bench_step: --conv-survey: the step ran no cuDNN convolution\n");
+    free(rows);
+    return 1;
+  }
+  // Each pass's cost of determinism: its deterministic pick's time less the fastest's, per step.
+  double total[4] = {0}, *cost = malloc((size_t)n * sizeof(double));
+  int untimed[2] = {0}, *order = malloc((size_t)n * sizeof(int));
+  DETR_CHECK(cost && order, "bench_step: out of memory for the survey");
+  for (int i = 0; i < n; i++) {
+    const ConvSurveyRow *r = &rows[i];
+    double ms[4] = {row_ms(r, algo_index(r, r->pick_deterministic)), row_ms(r, algo_index(r, r->pick_any)),
+                    row_ms(r, fastest_index(r, false)), row_ms(r, fastest_index(r, true))};
+    for (int k = 0; k < 4; k++) total[k] += isnan(ms[k]) ? 0.0 : ms[k];
+    untimed[0] += isnan(ms[0]), untimed[1] += isnan(ms[1]);
+    cost[i] = isnan(ms[0]) || isnan(ms[2]) ? 0.0 : ms[0] - ms[2];
+    order[i] = i;
+  }
+  for (int i = 1; i < n; i++)  // by cost, the largest first (insertion: n is small)
+    for (int j = i; j > 0 && cost[order[j]] > cost[order[j - 1]]; j--) {
+      int t = order[j];
+      order[j] = order[j - 1], order[j - 1] = t;
+    }
+  char gpu[256], geom[128];
+  gpu_name_json(gpu, sizeof gpu);
+  printf(
+      "{\"impl\": \"detr-c\", \"what\": \"conv survey\", \"preset\": \"%s\", \"hw\": \"%dx%d\", \"batch\": %d, "
+      "\"tf32\": %s, \"bf16\": %s, \"gpu\": \"%s\", \"passes\": %d, \"step_conv_ms\": {",
+      a->preset, a->height, a->width, a->batch, cfg->tf32 ? "true" : "false", cfg->bf16 ? "true" : "false", gpu, n);
+  static const char *const KEYS[4] = {"deterministic_picks", "heuristic_picks", "fastest", "fastest_deterministic"};
+  for (int k = 0; k < 4; k++) {
+    if (k) printf(", ");
+    print_json_ms(KEYS[k], total[k]);
+  }
+  printf("}, \"untimed_picks\": {\"deterministic\": %d, \"heuristic\": %d}, \"costliest\": [", untimed[0], untimed[1]);
+  for (int i = 0; i < n && i < COSTLIEST; i++) {
+    const ConvSurveyRow *r = &rows[order[i]];
+    int best = fastest_index(r, false);
+    geometry_text(&r->g, geom, sizeof geom);
+    printf("%s{\"conv\": \"%s\", \"pass\": \"%s\", \"calls\": %lld, ", i ? ", " : "", geom, PASS_NAMES[r->pass],
+           (long long)r->calls);
+    print_json_ms("deterministic_ms", row_ms(r, algo_index(r, r->pick_deterministic)));
+    printf(", ");
+    print_json_ms("fastest_ms", row_ms(r, best));
+    printf(", \"fastest_algo\": %d, \"fastest_is_deterministic\": %s}", best < 0 ? -1 : r->algos[best].algo,
+           best >= 0 && r->algos[best].deterministic ? "true" : "false");
+  }
+  printf("]}\n");
+  for (int i = 0; i < n; i++) {
+    const ConvSurveyRow *r = &rows[i];
+    geometry_text(&r->g, geom, sizeof geom);
+    printf(
+        "{\"conv\": \"%s\", \"pass\": \"%s\", \"calls\": %lld, \"pick_deterministic\": %d, \"pick_heuristic\": %d, "
+        "\"algos\": [",
+        geom, PASS_NAMES[r->pass], (long long)r->calls, r->pick_deterministic, r->pick_any);
+    for (int k = 0; k < r->n; k++) {
+      const ConvAlgoTime *t = &r->algos[k];
+      printf("%s{\"algo\": %d, \"deterministic\": %s, ", k ? ", " : "", t->algo, t->deterministic ? "true" : "false");
+      print_json_ms("ms", t->ran ? (double)t->ms : NAN);
+      printf(", \"workspace_mb\": %.1f}", t->bytes / 1048576.0);
+    }
+    printf("]}\n");
+  }
+  free(cost), free(order), free(rows);
+  return 0;
+}
+#endif
 
 int main(int argc, char **argv) {
   runtime_bind(runtime_create());  // the thread that runs ops (core/runtime.h)
@@ -376,8 +508,8 @@ int main(int argc, char **argv) {
   double *t = malloc(sizeof(double) * (size_t)a.reps),
          *t32 = a.pair_fp32 ? malloc(sizeof(double) * (size_t)a.reps) : NULL;
   DETR_CHECK(t && (t32 || !a.pair_fp32), "bench_step: out of memory");
-  bool asked_bf16 = m->cfg.bf16;  // the precision asked for, resolved at creation
-  for (int r = -1; r < a.reps; r++) {
+  bool asked_bf16 = m->cfg.bf16;                             // the precision asked for, resolved at creation
+  for (int r = -1; r < (a.conv_survey ? 0 : a.reps); r++) {  // --conv-survey: the warm-up step alone
     if (r == 0 && a.profile) {
       autograd_profile_reset();
       autograd_profile_enable(true);
@@ -400,12 +532,16 @@ int main(int argc, char **argv) {
   }
   m->cfg.bf16 = asked_bf16;
   capture(&a, false);
-  print_report(&a, &m->cfg, t, t32);
+#if DETR_HAVE_CUDA
+  if (a.conv_survey) rc = print_conv_survey(&a, &m->cfg);
+  else
+#endif
+    print_report(&a, &m->cfg, t, t32);
   if (a.profile) autograd_profile_report(stderr);
   adamw_free(&opt);
   detr_model_free(m);
   if (images != in.images) tensor_release(images);
   step_batch_free(&in);
   free(t), free(t32);
-  return 0;
+  return rc;
 }

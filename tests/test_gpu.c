@@ -1749,11 +1749,30 @@ START_TEST(ops_enact_regions) {
     Tensor *leaves[] = {hsm, k, kg, v, vg, h, hg};
     for (int i = 0; i < 7; i++) tensor_release(leaves[i]);
   }
+  // One image of one pixel: one region, and the authors' one chunk of size 1, on both devices.
+  ScopeMark mark = tensor_scope_mark();
+  static const int64_t one[1] = {1};
+  Tensor *hsm = tensor_scoped(cpu_uniform_tensor(SHAPE(1, 1), 29520, 0, 1, false));
+  Tensor *hsmg = tensor_scoped(tensor_to_device(hsm, DEVICE_CUDA));
+  EnactRegionIndex idx[4] = {op_enact_regions(op_enact_signs(hsm, 1, 1, one, one, false)),
+                             op_enact_regions(op_enact_signs(hsmg, 1, 1, one, one, false)),
+                             op_enact_official_regions(hsm), op_enact_official_regions(hsmg)};
+  for (int i = 0; i < 4; i++) {
+    EnactRegions r;
+    enact_regions_from_index(&idx[i], &r);
+    ck_assert_int_eq(r.count, 1);
+    ck_assert_int_eq(r.starts[0], 0);
+    ck_assert_int_eq(r.lengths[0], 1);
+    ck_assert_int_eq(r.image_offset[1], 1);
+    enact_regions_free(&r);
+  }
+  tensor_scope_release(mark);
 }
 END_TEST
 
-// The clustered attention over per-image cluster counts of 1 to 400 (no padding to the longest):
-// heads of 16, 32 and 64 features (each register width), both scalings, attention dropout.
+// The clustered attention over per-image cluster counts of 1 to 400 (no padding to the longest),
+// then over an image of no cluster beside one with a cluster per query (N = 37, under a block's
+// queries): heads of 16, 32 and 64 features (each register width), both scalings, attention dropout.
 typedef struct {
   const int64_t *starts, *lengths, *offsets;
   int64_t L, B, heads;
@@ -1768,31 +1787,35 @@ static Tensor *f_cluster_attention(Tensor *const *in, void *c) {
 }
 
 START_TEST(ops_cluster_attention) {
-  const int64_t B = 3, N = 950, counts[3] = {400, 1, 137};
-  int64_t offsets[4] = {0}, L = 0;
-  for (int b = 0; b < 3; b++) offsets[b + 1] = L += counts[b];
-  int64_t *starts = malloc((size_t)L * sizeof(int64_t)), *lengths = malloc((size_t)L * sizeof(int64_t));
-  for (int64_t j = 0; j < L; j++) starts[j] = j, lengths[j] = 1;  // the op reads only the offsets
-  static const int64_t heads[3] = {16, 8, 4};                     // 256 features: head widths 16, 32, 64
-  for (int k = 0; k < 3; k++) {
-    ClusterAttnArg a = {.starts = starts,
-                        .lengths = lengths,
-                        .offsets = offsets,
-                        .L = L,
-                        .B = B,
-                        .heads = heads[k],
-                        .scale = k == 1 ? 1.0f : 1.0f / sqrtf(256.0f / (float)heads[k]),
-                        .out_scale = k == 1 ? 1.0f / 32.0f : 1.0f,
-                        .p = k == 2 ? 0.1f : 0.0f};
-    Tensor *in[3] = {cpu_uniform_tensor(SHAPE(B, N, 256), 29600 + (uint64_t)k, -1, 1, true),
-                     cpu_uniform_tensor(SHAPE(L, 256), 29610 + (uint64_t)k, -1, 1, true),
-                     cpu_uniform_tensor(SHAPE(L, 256), 29620 + (uint64_t)k, -1, 1, true)};
-    char what[64];
-    snprintf(what, sizeof what, "cluster_attention %lld heads", (long long)heads[k]);
-    compare_op(what, f_cluster_attention, in, 3, &a, 29630 + (uint64_t)k, false);
+  static const int64_t Bs[2] = {3, 2}, Ns[2] = {950, 37}, counts[2][3] = {{400, 1, 137}, {0, 37, 0}};
+  for (int scene = 0; scene < 2; scene++) {
+    const int64_t B = Bs[scene], N = Ns[scene];
+    int64_t offsets[4] = {0}, L = 0;
+    for (int b = 0; b < B; b++) offsets[b + 1] = L += counts[scene][b];
+    int64_t *starts = malloc((size_t)L * sizeof(int64_t)), *lengths = malloc((size_t)L * sizeof(int64_t));
+    for (int64_t j = 0; j < L; j++) starts[j] = j, lengths[j] = 1;  // the op reads only the offsets
+    static const int64_t heads[3] = {16, 8, 4};                     // 256 features: head widths 16, 32, 64
+    for (int k = 0; k < 3; k++) {
+      ClusterAttnArg a = {.starts = starts,
+                          .lengths = lengths,
+                          .offsets = offsets,
+                          .L = L,
+                          .B = B,
+                          .heads = heads[k],
+                          .scale = k == 1 ? 1.0f : 1.0f / sqrtf(256.0f / (float)heads[k]),
+                          .out_scale = k == 1 ? 1.0f / 32.0f : 1.0f,
+                          .p = k == 2 ? 0.1f : 0.0f};
+      uint64_t seed = 29600 + 40 * (uint64_t)scene + (uint64_t)k;
+      Tensor *in[3] = {cpu_uniform_tensor(SHAPE(B, N, 256), seed, -1, 1, true),
+                       cpu_uniform_tensor(SHAPE(L, 256), seed + 10, -1, 1, true),
+                       cpu_uniform_tensor(SHAPE(L, 256), seed + 20, -1, 1, true)};
+      char what[96];
+      snprintf(what, sizeof what, "cluster_attention N %lld, %lld heads", (long long)N, (long long)heads[k]);
+      compare_op(what, f_cluster_attention, in, 3, &a, seed + 30, false);
+    }
+    free(starts);
+    free(lengths);
   }
-  free(starts);
-  free(lengths);
 }
 END_TEST
 

@@ -10,8 +10,8 @@
 #                           [--jobs N] [--arch SM] [--use-bundle] [--no-werror]
 #                           [--cpu] [--tiny]   (the CPU path; --tiny: tiny sizes, seconds per run)
 #                           [--copy-to DIR]   (at the end: report.md, runs.jsonl and logs.tar.gz there)
-#                           [--parts "main bf16 enact"]   (a round's parts, in this order: what comes first
-#                           runs before the budget can run out)
+#                           [--parts "main bf16 enact convs"]   (a round's parts, in this order: what comes
+#                           first runs before the budget can run out)
 #   bash tools/gpu_bench.sh --stage-refs DETR_CHECKOUT CONDITIONAL_DETR_CHECKOUT [--refs DIR]
 #
 # 1. builds bench_step for the GPU (tools/gpu_check.sh --build-only: the GPU's architecture, the
@@ -32,6 +32,10 @@
 #    both in TF32 beside them when the main part does not run (bf16 against TF32 on one machine);
 # 5. ENACT against dense (detr-c, detr-r50, batch 8) at 800x1066 and 800x1333, fp32 and TF32:
 #    step time and peak memory, and the memory ENACT saves against the dense attention maps;
+# 5b. convs (the first round only, on a GPU): the cost of detr-c's deterministic cuDNN algorithms,
+#    detr-r50 at the larger batch in fp32 and TF32 (bench_step --conv-survey: every convolution
+#    pass of a step timed by cuDNN's Find in every algorithm; the step's convolution time with
+#    the deterministic picks, the heuristic's, the fastest, the fastest deterministic);
 # 6. with --profile: bench_step dense and with ENACT (batch 8, 800x1333, fp32, the step after the
 #    warm-up: bench_step --capture) under Nsight Compute, every kernel's duration (Nsight Systems cannot make a report on
 #    the lent machines): kernels per step, GPU busy time against the step's wall time (the rest is
@@ -64,7 +68,7 @@ tiny=0
 check_args=()
 stage=()
 copy_to=""
-parts="main bf16 enact"
+parts="main bf16 enact convs"
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift 2 ;;
@@ -92,9 +96,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-[ -n "${parts// /}" ] || { echo "gpu_bench: --parts names no part (main, bf16, enact)" >&2; exit 2; }
+[ -n "${parts// /}" ] || { echo "gpu_bench: --parts names no part (main, bf16, enact, convs)" >&2; exit 2; }
 for p in $parts; do
-  case $p in main|bf16|enact) ;; *) echo "gpu_bench: --parts: unknown part '$p' (main, bf16, enact)" >&2; exit 2 ;; esac
+  case $p in main|bf16|enact|convs) ;; *) echo "gpu_bench: --parts: unknown part '$p' (main, bf16, enact, convs)" >&2; exit 2 ;; esac
 done
 for v in $profile_variants; do
   case $v in dense|enact|bf16|tf32) ;; *) echo "gpu_bench: --profile-variants: unknown '$v' (dense, enact, bf16, tf32)" >&2; exit 2 ;; esac
@@ -358,6 +362,19 @@ enact_round() {
         fi
       done
     done
+  done
+}
+# convs_round ROUND: the cuDNN algorithm survey of detr-r50's step at the larger batch, fp32 and TF32
+# (once: Find's timings do not change between rounds; cuDNN only, so not on the CPU path).
+convs_round() {
+  local math
+  [ "$1" = 1 ] || return 0
+  if [ "$cpu" = 1 ]; then
+    meta_add convs "skipped: the survey times cuDNN's algorithms (a GPU's)"
+    return 0
+  fi
+  for math in "${maths[@]}"; do
+    run_one convs "${models[0]%%:*}:detr" "${batches[-1]}" "$hw" "$math" detr-c "$1" --conv-survey
   done
 }
 # round ROUND: the parts asked for, in their order.

@@ -98,6 +98,39 @@ def enact_table(runs, gpu):
     return lines
 
 
+def convs_table(runs):
+    """bench_step --conv-survey: the step's convolution time under each algorithm choice, and the
+    passes where determinism costs most."""
+    rows = [r for r in runs if r["section"] == "convs" and r["result"]]
+    if not rows:
+        return []
+    lines = ["", "## The cost of deterministic cuDNN algorithms (detr-c, bench_step --conv-survey)", "",
+             "Every convolution pass of one training step (geometry and direction, times its runs a step) timed by "
+             "cuDNN's Find in every algorithm on zero tensors, within the workspace limit; summed over the step. "
+             "Deterministic picks: detr-c's default; heuristic picks: `--cudnn-any` (DETR_CUDNN_DETERMINISTIC=0).", "",
+             "| model | batch | HxW | math | passes | deterministic picks ms | heuristic picks ms | fastest ms "
+             "| fastest deterministic ms | untimed picks (det / heur) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        res, t = r["result"], r["result"].get("step_conv_ms", {})
+        u = res.get("untimed_picks", {})
+        lines.append(f"| {r['model']} | {r['batch']} | {r['hw']} | {r['math']} | {res.get('passes')} | "
+                     f"{fmt(t.get('deterministic_picks'), 1)} | {fmt(t.get('heuristic_picks'), 1)} | "
+                     f"{fmt(t.get('fastest'), 1)} | {fmt(t.get('fastest_deterministic'), 1)} | "
+                     f"{u.get('deterministic', '-')} / {u.get('heuristic', '-')} |")
+    for r in rows:
+        costliest = r["result"].get("costliest", [])
+        if not costliest:
+            continue
+        lines += ["", f"{r['math']}: where the deterministic pick costs most (ms a step)", "",
+                  "| convolution | pass | runs a step | deterministic pick | fastest | fastest algo (deterministic?) |",
+                  "|---|---|---|---|---|---|"]
+        for c in costliest:
+            lines.append(f"| {c['conv']} | {c['pass']} | {c['calls']} | {fmt(c.get('deterministic_ms'), 2)} | "
+                         f"{fmt(c.get('fastest_ms'), 2)} | {c.get('fastest_algo')} "
+                         f"({'yes' if c.get('fastest_is_deterministic') else 'no'}) |")
+    return lines
+
+
 def read_ncu(path):
     """Nsight Compute's raw CSV (one row per kernel launch): {kernel name: [launches, total ns]}."""
     lines = open(path, errors="replace").read().splitlines()
@@ -198,6 +231,7 @@ def main():
     out += step_table(runs, gpu)
     out += ["", "## ENACT against dense (detr-c)", ""]
     out += enact_table(runs, gpu)
+    out += convs_table(runs)
     out += profile_tables(os.path.dirname(os.path.abspath(args.runs)), runs, args.profiled, args.profiled_step)
     out += ["", "## Runs, in order", "", "| # | section | model | batch | HxW | math | impl | round | status | s | median ms | steps ms |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -133,6 +133,7 @@ struct AlgoCacheEntry {
   ConvMath math;
   int fwd, bwd_data, bwd_filter;  // ALGO_UNSET until first chosen
   size_t fwd_bytes, bwd_data_bytes, bwd_filter_bytes;
+  int64_t calls[3];  // each pass's runs (a ConvPass index), for cuda_conv2d_survey
 };
 
 #define ALGO_CACHE_SIZE 256
@@ -160,6 +161,7 @@ static AlgoCacheEntry *algo_cache_entry(const ConvGeom *g, bool deterministic, C
   e->math = math;
   e->fwd = e->bwd_data = e->bwd_filter = ALGO_UNSET;
   e->fwd_bytes = e->bwd_data_bytes = e->bwd_filter_bytes = 0;
+  e->calls[0] = e->calls[1] = e->calls[2] = 0;
   return e;
 }
 
@@ -300,6 +302,79 @@ extern "C" size_t cuda_conv2d_backward_workspace(const ConvGeom *g, bool dx, boo
   size_t a = dx ? e->bwd_data_bytes : 0, b = dw ? e->bwd_filter_bytes : 0;
   // The passes run one after the other on the stream: one buffer serves both algorithms.
   return backward_copies(g, e->math, dx, dw) + (a > b ? a : b);
+}
+
+// --- the survey: every algorithm cuDNN has for the passes run so far, timed by its Find ---
+
+// Zeroed device memory for a survey (outside the tensor allocator: a measurement, not training).
+static void *survey_alloc(size_t bytes) {
+  void *p = NULL;
+  if (bytes == 0) return NULL;
+  CUDA_CHECK(cudaMalloc(&p, bytes));
+  CUDA_CHECK(cudaMemset(p, 0, bytes));
+  return p;
+}
+
+template <class Perf>
+static void survey_fill(ConvSurveyRow *row, const Perf *perf, int returned) {
+  for (int i = 0; i < returned && row->n < CONV_SURVEY_ALGOS; i++)
+    row->algos[row->n++] = {(int)perf[i].algo, perf[i].determinism == CUDNN_DETERMINISTIC,
+                            perf[i].status == CUDNN_STATUS_SUCCESS, perf[i].time, perf[i].memory};
+}
+
+// One pass of e's geometry: detr-c's choice either way, then cuDNN's Find over zero tensors with the
+// workspace limit's bytes (an algorithm that needs more is reported as not run).
+static void survey_pass(const AlgoCacheEntry *e, ConvPass p, ConvSurveyRow *row) {
+  const ConvGeom *g = &e->g;
+  ConvDescs d(g, e->math);
+  *row = ConvSurveyRow{};
+  row->g = *g;
+  row->pass = p;
+  row->calls = e->calls[p];
+  size_t bytes = 0, elem = e->math == CONV_MATH_BF16 ? sizeof(uint16_t) : sizeof(float);
+  choose(d, p, true, &row->pick_deterministic, &bytes);
+  choose(d, p, false, &row->pick_any, &bytes);
+  size_t limit = cudnn_workspace_limit();
+  void *x = survey_alloc((size_t)conv_input_numel(g) * elem), *w = survey_alloc((size_t)conv_weight_numel(g) * elem);
+  void *y = survey_alloc((size_t)conv_output_numel(g) * elem), *ws = survey_alloc(limit);
+  cudnnHandle_t h = detr_cudnn_handle();
+  int returned = 0;
+  if (p == CONV_PASS_FWD) {
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, d.x, x, d.w, w, d.conv, d.y, y,
+                                                       CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf, ws, limit));
+    survey_fill(row, perf, returned);
+  } else if (p == CONV_PASS_BWD_DATA) {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
+        h, d.w, w, d.y, y, d.conv, d.x, x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, perf, ws, limit));
+    survey_fill(row, perf, returned);
+  } else {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+        h, d.x, x, d.y, y, d.conv, d.w, w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, perf, ws, limit));
+    survey_fill(row, perf, returned);
+  }
+  void *bufs[4] = {x, w, y, ws};
+  for (int i = 0; i < 4; i++)
+    if (bufs[i]) CUDA_CHECK(cudaFree(bufs[i]));
+}
+
+extern "C" int cuda_conv2d_survey(ConvSurveyRow *rows, int cap) {
+  CUDA_CHECK(cudaStreamSynchronize(detr_cuda_stream()));  // the passes counted have run
+  bool deterministic = cudnn_deterministic();
+  ConvMath math = current_math();
+  int total = 0;
+  for (int i = 0; i < g_algo_cache_count; i++) {
+    const AlgoCacheEntry *e = &g_algo_cache[i];
+    if (e->deterministic != deterministic || e->math != math) continue;
+    for (int p = 0; p < 3; p++) {
+      if (e->calls[p] == 0) continue;
+      if (total < cap) survey_pass(e, (ConvPass)p, &rows[total]);
+      total++;
+    }
+  }
+  return total;
 }
 
 // w' [O, KH, KW, C] = w [O, C, KH, KW] (to_krsc), or w (+)= the inverse of w' (a gradient: add, or
@@ -461,6 +536,7 @@ extern "C" void cuda_conv2d_forward(const float *x, const float *w, const float 
     CUDA_CHECK(cudaMemsetAsync(y, 0, (size_t)total * sizeof(float), detr_cuda_stream()));
   } else {
     AlgoCacheEntry *e = conv_choose(g, true, false, false);
+    e->calls[CONV_PASS_FWD]++;
     size_t copies = forward_copies(g, e->math);
     check_workspace("forward", copies + e->fwd_bytes, workspace, workspace_bytes);
     char *algo_ws = (char *)workspace + copies;
@@ -498,6 +574,8 @@ extern "C" void cuda_conv2d_forward(const float *x, const float *w, const float 
 static void conv_backward_cudnn(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
                                 bool set_dw, const ConvGeom *g, void *ws, size_t ws_bytes) {
   AlgoCacheEntry *e = conv_choose(g, false, dx != NULL, dw != NULL);
+  e->calls[CONV_PASS_BWD_DATA] += dx != NULL;
+  e->calls[CONV_PASS_BWD_WEIGHTS] += dw != NULL;
   ConvDescs d(g, e->math);
   cudnnHandle_t h = detr_cudnn_handle();
   const float one = 1.0f, zero = 0.0f;  // alpha = 1, beta = 1: gradients accumulate (beta 0 when set)

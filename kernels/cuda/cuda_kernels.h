@@ -94,6 +94,28 @@ void cuda_conv2d_forward(const float *x, const float *w, const float *bias, floa
 // cpu_conv2d_backward.
 void cuda_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, bool set_dx, float *dw,
                           bool set_dw, float *dbias, const ConvGeom *g, void *workspace, size_t workspace_bytes);
+// The cost of convolution algorithms, for bench_step --conv-survey: each pass (geometry and
+// direction) run under the current math and determinism setting, with how many times it ran since
+// the process started, detr-c's choice when determinism is required and when not
+// (DETR_CUDNN_DETERMINISTIC=0), and every algorithm cuDNN's Find timed on zero tensors within
+// DETR_CUDNN_WORKSPACE_MB, fastest first. Writes up to cap rows; returns the passes' count.
+#define CONV_SURVEY_ALGOS 16
+typedef struct {
+  int algo;  // a cudnnConvolution*Algo_t of the row's pass
+  bool deterministic;
+  bool ran;  // false: cuDNN could not run it here (unsupported, or over the workspace limit)
+  float ms;
+  size_t bytes;  // its workspace
+} ConvAlgoTime;
+typedef struct {
+  ConvGeom g;
+  ConvPass pass;
+  int64_t calls;
+  int pick_deterministic, pick_any;  // the algorithm detr-c runs in each setting
+  int n;
+  ConvAlgoTime algos[CONV_SURVEY_ALGOS];
+} ConvSurveyRow;
+int cuda_conv2d_survey(ConvSurveyRow *rows, int cap);
 // conv.cu: depthwise convolution, max pooling (argmax int32 on the device), frozen batch norm.
 TWIN_CONV(cuda)
 
