@@ -184,12 +184,6 @@ EnactRegionIndex op_enact_official_regions(Tensor *hsm);
 // s_i = -signs[i] (signs [M] on K's device, or NULL for s = 1); rows from L on are zero. Gradients
 // reach K, V and H (the exact form of Eq. 3; docs/enact.md).
 Tensor *op_enact_cluster(Tensor *K, Tensor *V, Tensor *H, Tensor *signs, const EnactRegionIndex *r, Tensor **Vc_out);
-// Each image's clusters as a block of `width` rows: x [r->rows, d] -> [B, width, d], row j of
-// image b = x[image_offset[b] + j] below the image's count, zero from it on; *mask_out [B, width]
-// the additive key mask (0, then -inf; no gradient) for op_softmax. width must hold every image's
-// count (checked on the CPU; N, the pixels an image, always does): where the counts stay on a GPU,
-// the layers that need a dense [B, L, d] take the bound. The gradient reaches x.
-Tensor *op_enact_pad(Tensor *x, const EnactRegionIndex *r, int64_t width, Tensor **mask_out);
 // Gaussian smoothing of x [B, Hp*Wp] inside each image's valid top-left valid_h x valid_w region
 // (zero outside): rows then columns, or (one_d) along the valid pixels' row-major sequence.
 Tensor *op_enact_smooth(Tensor *x, int64_t Hp, int64_t Wp, const int64_t *valid_h, const int64_t *valid_w,

@@ -239,50 +239,6 @@ Tensor *op_cluster_attention(Tensor *q, Tensor *k, Tensor *v, const EnactRegionI
   return o;
 }
 
-// --- the clusters laid out per image ---
-
-typedef struct {
-  int64_t cap, B, width;  // the index's cap and images; the block's rows an image
-} PadAttrs;
-
-// in: x, the index storage.
-static void enact_pad_backward_node(TapeNode *n) {
-  Tensor *x = n->in[0], *y = n->out[0];
-  float *dx = grad_data_or_null(x);
-  if (!dx) return;
-  const PadAttrs *a = NODE_ATTRS(n, PadAttrs);
-  EnactRegionIndex r = {.storage = n->in[1], .cap = a->cap, .B = a->B};
-  const int64_t *offset = enact_region_image_offset(&r);
-  int64_t d = x->shape.d[1];
-  DISPATCH(x->device, cpu_enact_pad_backward(y->grad->data, offset, a->B, a->width, d, dx),
-           cuda_enact_pad_backward(y->grad->data, offset, a->B, a->width, d, dx));
-}
-
-Tensor *op_enact_pad(Tensor *x, const EnactRegionIndex *r, int64_t width, Tensor **mask_out) {
-  char s[64];
-  DETR_CHECK(x->shape.ndim == 2 && x->shape.d[0] == r->rows && x->shape.d[1] >= 1 && width >= 1,
-             "enact_pad: x %s is not [%lld, d >= 1] or the width %lld is not positive",
-             shape_str(x->shape, s, sizeof s), (long long)r->rows, (long long)width);
-  check_same_device("enact_pad", x, r->storage);
-  const int64_t *offset = enact_region_image_offset(r);
-  if (x->device == DEVICE_CPU)  // the counts are in host memory here: a region left out is an error
-    for (int64_t b = 0; b < r->B; b++)
-      DETR_CHECK(offset[b + 1] - offset[b] <= width, "enact_pad: image %lld has %lld regions, more than the width %lld",
-                 (long long)b, (long long)(offset[b + 1] - offset[b]), (long long)width);
-  int64_t B = r->B, d = x->shape.d[1];
-  Tensor *y = tensor_new_scoped(x->device, SHAPE(B, width, d)), *mask = tensor_new_scoped(x->device, SHAPE(B, width));
-  DISPATCH(x->device, cpu_enact_pad(x->data, offset, B, width, d, y->data, mask->data),
-           cuda_enact_pad(x->data, offset, B, width, d, y->data, mask->data));
-  Tensor *in[2] = {x, r->storage};
-  TapeNode *n = autograd_record("enact_pad", enact_pad_backward_node, y, 2, in);
-  if (n) {
-    autograd_save(n, r->storage);  // the backward reads only the offsets
-    *NODE_ATTRS(n, PadAttrs) = (PadAttrs){.cap = r->cap, .B = B, .width = width};
-  }
-  *mask_out = mask;
-  return y;
-}
-
 // --- smoothing: linear and self-adjoint, so backward applies the same filter to the gradient.
 // The geometry block lives on x's device (the node keeps it): [valid_h B][valid_w B] int64, then
 // the taps [ntaps] float. ---

@@ -35,8 +35,10 @@
 // step) timed by cuDNN's Find in every algorithm, and the step's convolution milliseconds with the
 // algorithms detr-c picks deterministically (its default), the ones it picks with
 // DETR_CUDNN_DETERMINISTIC=0 (cuDNN's heuristic order), the fastest, and the fastest deterministic
-// ones. The first line is the summary with the passes where determinism costs most; one line a
-// pass follows.
+// ones, summed over the passes where all four are timed (the others counted apart). The first line
+// is the summary with the passes where determinism costs most; one line a pass follows. Find's
+// times leave out what detr-c adds around cuDNN (bf16 staging copies, channels-last weight copies)
+// and are taken with beta = 0 on zero tensors, where the backward accumulates (beta = 1).
 // bench/compare_torch.sh runs this and bench/torch_step.py alternately.
 #include <math.h>
 #include <stdio.h>
@@ -370,7 +372,8 @@ static void print_report(const StepArgs *a, const DetrConfig *cfg, const double 
 
 static const char *const PASS_NAMES[3] = {"forward", "backward-data", "backward-filter"};
 
-// Index in row->algos of algorithm algo, timed, or -1.
+// Index in row->algos of algorithm algo, timed, or -1 (listed under several math types: the fastest,
+// Find's order).
 static int algo_index(const ConvSurveyRow *row, int algo) {
   for (int i = 0; i < row->n; i++)
     if (row->algos[i].algo == algo && row->algos[i].ran) return i;
@@ -405,6 +408,7 @@ static void print_json_ms(const char *key, double ms) {
 // The summary line, then one line a pass. 0, or 1 when no pass was found.
 static int print_conv_survey(const StepArgs *a, const DetrConfig *cfg) {
   enum { CAP = 1024, COSTLIEST = 8 };
+  detr_alloc_empty_cache(DEVICE_CUDA);  // the step's cached blocks back to the driver: room for Find
   ConvSurveyRow *rows = malloc(CAP * sizeof *rows);
   DETR_CHECK(rows, "bench_step: out of memory for the survey");
   int n = cuda_conv2d_survey(rows, CAP);
@@ -414,16 +418,18 @@ static int print_conv_survey(const StepArgs *a, const DetrConfig *cfg) {
     free(rows);
     return 1;
   }
-  // Each pass's cost of determinism: its deterministic pick's time less the fastest's, per step.
+  // Each pass's cost of determinism: its deterministic pick's time less the fastest's, per step. The
+  // totals add the same passes in every column: those with all four timed.
   double total[4] = {0}, *cost = malloc((size_t)n * sizeof(double));
-  int untimed[2] = {0}, *order = malloc((size_t)n * sizeof(int));
+  int left_out = 0, *order = malloc((size_t)n * sizeof(int));
   DETR_CHECK(cost && order, "bench_step: out of memory for the survey");
   for (int i = 0; i < n; i++) {
     const ConvSurveyRow *r = &rows[i];
     double ms[4] = {row_ms(r, algo_index(r, r->pick_deterministic)), row_ms(r, algo_index(r, r->pick_any)),
                     row_ms(r, fastest_index(r, false)), row_ms(r, fastest_index(r, true))};
-    for (int k = 0; k < 4; k++) total[k] += isnan(ms[k]) ? 0.0 : ms[k];
-    untimed[0] += isnan(ms[0]), untimed[1] += isnan(ms[1]);
+    bool complete = !isnan(ms[0]) && !isnan(ms[1]) && !isnan(ms[2]) && !isnan(ms[3]);
+    for (int k = 0; k < 4 && complete; k++) total[k] += ms[k];
+    left_out += !complete;
     cost[i] = isnan(ms[0]) || isnan(ms[2]) ? 0.0 : ms[0] - ms[2];
     order[i] = i;
   }
@@ -443,7 +449,7 @@ static int print_conv_survey(const StepArgs *a, const DetrConfig *cfg) {
     if (k) printf(", ");
     print_json_ms(KEYS[k], total[k]);
   }
-  printf("}, \"untimed_picks\": {\"deterministic\": %d, \"heuristic\": %d}, \"costliest\": [", untimed[0], untimed[1]);
+  printf("}, \"passes_left_out\": %d, \"costliest\": [", left_out);
   for (int i = 0; i < n && i < COSTLIEST; i++) {
     const ConvSurveyRow *r = &rows[order[i]];
     int best = fastest_index(r, false);
@@ -466,7 +472,8 @@ static int print_conv_survey(const StepArgs *a, const DetrConfig *cfg) {
         geom, PASS_NAMES[r->pass], (long long)r->calls, r->pick_deterministic, r->pick_any);
     for (int k = 0; k < r->n; k++) {
       const ConvAlgoTime *t = &r->algos[k];
-      printf("%s{\"algo\": %d, \"deterministic\": %s, ", k ? ", " : "", t->algo, t->deterministic ? "true" : "false");
+      printf("%s{\"algo\": %d, \"math_type\": %d, \"deterministic\": %s, ", k ? ", " : "", t->algo, t->math_type,
+             t->deterministic ? "true" : "false");
       print_json_ms("ms", t->ran ? (double)t->ms : NAN);
       printf(", \"workspace_mb\": %.1f}", t->bytes / 1048576.0);
     }

@@ -137,15 +137,6 @@ DETR_HD int64_t enact_official_chunk_start(int64_t b, int64_t j, int64_t N, int6
   return b * N + (N % c) / 2 + j * c;
 }
 
-// --- the clusters laid out per image (op_enact_pad) ---
-
-// Row j of image b's padded block [width, d]: its source row in the index's order (image b's
-// regions are [image_offset[b], image_offset[b+1])), or -1 past the image's count.
-DETR_HD int64_t enact_pad_source(const int64_t *image_offset, int64_t b, int64_t j) {
-  int64_t row = image_offset[b] + j;
-  return row < image_offset[b + 1] ? row : -1;
-}
-
 // --- the clustered attention (op_cluster_attention) ---
 
 // Attention dropout's factor for query row `row` (= (b * heads + h) * N + n) and cluster k of its

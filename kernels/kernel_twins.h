@@ -152,11 +152,7 @@
   void P##_cluster_attention_backward(const float *q, const float *k, const float *v, const int64_t *image_offset,   \
                                       int64_t B, int64_t N, int64_t heads, int64_t hd, float scale, float out_scale, \
                                       float p, uint64_t seed, uint64_t offset, const float *o, const float *lse,     \
-                                      const float *dout, float *dq, float *dk, float *dv, float *workspace);         \
-  void P##_enact_pad(const float *x, const int64_t *image_offset, int64_t B, int64_t width, int64_t d, float *y,     \
-                     float *mask);                                                                                   \
-  void P##_enact_pad_backward(const float *dy, const int64_t *image_offset, int64_t B, int64_t width, int64_t d,     \
-                              float *dx);
+                                      const float *dout, float *dq, float *dk, float *dv, float *workspace);
 
 // optim.c/.cu: AdamW over n elements (kernels/optim_math.h); scale in place.
 #define TWIN_OPTIM(P)                                                                   \

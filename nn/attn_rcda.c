@@ -96,28 +96,19 @@ void rcda_masks(Tensor *key_mask, int64_t H, int64_t W, Tensor **row_mask, Tenso
   *col_mask = op_reshape(op_slice(m, 2, 0, 1), SHAPE(B, H));
 }
 
-// Dropout of cluster weights w [B*h, R, L] drawn as over [B*h, R, width] (width >= L) and cut to L:
-// a cluster's draw does not depend on L, which is the exact count on the CPU and a bound on a GPU.
-static Tensor *cluster_dropout(const NnCtx *ctx, Tensor *w, float p, int64_t width) {
-  int64_t L = w->shape.d[2];
-  if (!ctx->training || p == 0.0f || L == width) return nn_dropout(ctx, w, p);
-  Tensor *parts[2] = {w, op_zeros(w->device, SHAPE(w->shape.d[0], w->shape.d[1], width - L))};
-  return op_slice(nn_dropout(ctx, op_concat(parts, 2, 2), p), 2, 0, L);
-}
-
 Tensor *rcda_cluster_forward(const MultiheadRcda *a, const NnCtx *ctx, Tensor *map_row, Tensor *map_col,
-                             Tensor *k_row_cl, Tensor *k_col_cl, Tensor *v_cl, Tensor *cluster_mask) {
+                             Tensor *k_row_cl, Tensor *k_col_cl, Tensor *v_cl) {
   int64_t B = map_row->shape.d[0], H = map_row->shape.d[1], W = map_row->shape.d[2], d = map_row->shape.d[3];
   int64_t L = v_cl->shape.d[1], heads = a->heads, hd = d / heads, bh = B * heads;
   // The map's projections averaged over the other axis are the queries (projection then mean, as
   // the reference: the same affine map either way); the clusters are the keys, projected with the
   // query weights (the reference's argument order turns RCDA's roles).
-  Tensor *q_row = op_mean(rcda_project(a, map_row, RCDA_K_ROW), 1, false);                      // [B, W, d]
-  Tensor *q_col = op_mean(rcda_project(a, map_col, RCDA_K_COL), 2, false);                      // [B, H, d]
-  Tensor *row = weights_1d(q_row, rcda_project(a, k_row_cl, RCDA_Q_ROW), heads, cluster_mask);  // [B*h, W, L]
-  Tensor *col = weights_1d(q_col, rcda_project(a, k_col_cl, RCDA_Q_COL), heads, cluster_mask);  // [B*h, H, L]
-  row = cluster_dropout(ctx, row, a->dropout, H * W);
-  col = cluster_dropout(ctx, col, a->dropout, H * W);
+  Tensor *q_row = op_mean(rcda_project(a, map_row, RCDA_K_ROW), 1, false);              // [B, W, d]
+  Tensor *q_col = op_mean(rcda_project(a, map_col, RCDA_K_COL), 2, false);              // [B, H, d]
+  Tensor *row = weights_1d(q_row, rcda_project(a, k_row_cl, RCDA_Q_ROW), heads, NULL);  // [B*h, W, L]
+  Tensor *col = weights_1d(q_col, rcda_project(a, k_col_cl, RCDA_Q_COL), heads, NULL);  // [B*h, H, L]
+  row = nn_dropout(ctx, row, a->dropout);
+  col = nn_dropout(ctx, col, a->dropout);
   Tensor *v = mha_split_heads(rcda_project(a, v_cl, RCDA_V), heads);  // [B*h, L, hd]
   // out[y, x] = sum_n col[y, n] row[x, n] v[n]: the column weights scale the values, then one
   // batched product over n with the row weights.

@@ -217,9 +217,8 @@ static Tensor *ffn(const Linear *l1, const Linear *l2, const LayerNorm *norm, co
 // Anchor-DETR-ENACT's encoder attention (GSavathrakis/ENACT, Anchor-DETR-ENACT models/enact.py
 // ClustAttn): the row keys xr, column keys xc and values x [B, H, W, d], flattened to N = H*W (the
 // whole padded map, no mask), are cut into L = N / c chunks of c pixels by the entropy of W_prob(xr)
-// (nn/enact.h, enact_official_*: one cluster size c for the batch, found where the tensors live:
-// nothing is read on the host); the chunks' entropy-weighted sums are RCDA's keys and values
-// (rcda_cluster_forward). -> [B, HW, d].
+// (nn/enact.h, enact_official_*: one cluster size c for the batch, found where the tensors live);
+// the chunks' entropy-weighted sums are RCDA's keys and values (rcda_cluster_forward). -> [B, HW, d].
 static Tensor *enact_rcda(const EncLayer *l, const NnCtx *ctx, int sigma, int64_t fixed_c, Tensor *xr, Tensor *xc,
                           Tensor *x) {
   int64_t B = x->shape.d[0], N = x->shape.d[1] * x->shape.d[2], d = x->shape.d[3];
@@ -228,16 +227,21 @@ static Tensor *enact_rcda(const EncLayer *l, const NnCtx *ctx, int sigma, int64_
   Tensor *hsm = enact_official_entropy(&l->w_prob, op_reshape(xr, SHAPE(B, N, d)), sigma);  // [B, N]
   EnactRegionIndex index =
       fixed_c > 0 ? enact_official_fixed_regions(x->device, B, N, fixed_c) : op_enact_official_regions(hsm);
-  Tensor *h = op_reshape(hsm, SHAPE(B * N)), *vc = NULL, *unused = NULL, *mask = NULL;
-  Tensor *krc = op_enact_cluster(kr, v, h, NULL, &index, &vc);  // [rows, d] each
+  // RCDA takes the chunks as [B, L, d], every image's L the same: the first B * L rows of the
+  // clustered tensors. L is read where the index lives: free on the CPU, one 8-byte read (a
+  // synchronisation) a layer on a GPU. At the bound N instead, RCDA's products and what they keep
+  // for the backward would grow c-fold: N^2 hd a head, ~8 GB at batch 8 for anchor-r50 at 800x1066.
+  int64_t L;
+  enact_region_index_read(&index, enact_region_image_offset(&index) + 1, 1, &L);
+  Tensor *h = op_reshape(hsm, SHAPE(B * N)), *vc = NULL, *unused = NULL;
+  Tensor *krc = op_enact_cluster(kr, v, h, NULL, &index, &vc);  // [rows, d] each, rows >= B * L
   Tensor *kcc = op_enact_cluster(kc, v, h, NULL, &index, &unused);
-  // RCDA takes [B, L, d]: every image has the same L chunks; L = rows / B is that count where it is
-  // known (the CPU, a fixed size) and the bound N on a GPU, whose rows past the count are masked.
-  int64_t width = index.rows / B;
-  krc = op_enact_pad(krc, &index, width, &mask);
-  kcc = op_enact_pad(kcc, &index, width, &mask);
-  vc = op_enact_pad(vc, &index, width, &mask);
-  return rcda_cluster_forward(&l->self_attn, ctx, xr, xc, krc, kcc, vc, mask);
+  Tensor *chunks[3] = {krc, kcc, vc};
+  for (int i = 0; i < 3; i++) {
+    Tensor *rows = chunks[i]->shape.d[0] == B * L ? chunks[i] : op_slice(chunks[i], 0, 0, B * L);
+    chunks[i] = op_reshape(rows, SHAPE(B, L, d));
+  }
+  return rcda_cluster_forward(&l->self_attn, ctx, xr, xc, chunks[0], chunks[1], chunks[2]);
 }
 
 // x [B, H, W, d]; prow [B, 1, W, d], pcol [B, H, 1, d]; masks [B, W], [B, H]; sigma > 0: ENACT's

@@ -209,13 +209,11 @@ Tensor *rcda_forward(const MultiheadRcda *a, const NnCtx *ctx, Tensor *query_row
 // row_column_decoupled_attention.py multi_head_rcda_forward_enc): map_row, map_col [B, H, W, d] give
 // the queries (projected with k_row / k_col's weights, averaged over H / W: one per column, one per
 // row); k_row_cl, k_col_cl, v_cl [B, L, d] the clusters' keys (projected with q_row / q_col's
-// weights) and values, cluster_mask [B, L] the additive mask of rows past an image's clusters (where
-// L is a bound: op_enact_pad) or NULL. Per head, row = softmax_n [W, L], col = softmax_n [H, L]
-// (1/sqrt(hd); no padding mask: the reference clusters the padded map), out[y, x] = sum_n col[y, n]
-// row[x, n] v[n], then out_proj. The weights' dropout is numbered as if L were H*W, so that a
-// cluster draws the same whatever L is. -> [B, HW, d].
+// weights) and values. Per head, row = softmax_n [W, L], col = softmax_n [H, L] (1/sqrt(hd), no
+// mask: the reference clusters the padded map), out[y, x] = sum_n col[y, n] row[x, n] v[n], then
+// out_proj. -> [B, HW, d].
 Tensor *rcda_cluster_forward(const MultiheadRcda *a, const NnCtx *ctx, Tensor *map_row, Tensor *map_col,
-                             Tensor *k_row_cl, Tensor *k_col_cl, Tensor *v_cl, Tensor *cluster_mask);
+                             Tensor *k_row_cl, Tensor *k_col_cl, Tensor *v_cl);
 // The additive masks of a key-padding mask [B, H * W]: row_mask its first row [B, W], col_mask its
 // first column [B, H] (the reference's key_padding_mask[:, 0, :] and [:, :, 0]).
 void rcda_masks(Tensor *key_mask, int64_t H, int64_t W, Tensor **row_mask, Tensor **col_mask);

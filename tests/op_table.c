@@ -100,7 +100,6 @@ const OpEntry OP_TABLE[] = {
     SUITE("enact_smooth", true),
     SUITE("enact_attention", false),
     SUITE("cluster_attention", true),
-    SUITE("enact_pad", true),
     SUITE("encoder_attn.dense", false),
     SUITE("encoder_attn.enact", false),
     SUITE("encoder_attn.efficient", false),

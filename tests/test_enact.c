@@ -9,7 +9,6 @@
 #include "core/runtime.h"
 #include "nn/detr.h"
 #include "nn/enact.h"
-#include "nn/layers.h"
 #include "nn/model_io.h"
 #include "tests/gradcheck.h"
 
@@ -315,91 +314,6 @@ START_TEST(cluster_attention_matches_padded) {
 }
 END_TEST
 
-// op_enact_pad's layout: image b's clusters first in its block, zero rows after, the mask 0 then -inf.
-START_TEST(pad_layout) {
-  int64_t starts[5] = {0, 1, 2, 3, 4}, lengths[5] = {1, 1, 1, 1, 1}, offsets[4] = {0, 3, 3, 5};
-  Tensor *x = test_uniform(SHAPE(5, 2), -1, 1, 750, false);
-  ScopeMark mark = tensor_scope_mark();
-  EnactRegionIndex index = enact_region_index_upload(DEVICE_CPU, starts, lengths, 5, offsets, 3);
-  Tensor *mask = NULL, *y = op_enact_pad(x, &index, 4, &mask);
-  ck_assert_int_eq(y->shape.d[0], 3);
-  ck_assert_int_eq(y->shape.d[1], 4);
-  ck_assert_int_eq(y->shape.d[2], 2);
-  for (int64_t b = 0; b < 3; b++)
-    for (int64_t j = 0; j < 4; j++) {
-      bool real = offsets[b] + j < offsets[b + 1];
-      for (int64_t f = 0; f < 2; f++)
-        ck_assert_float_eq(y->data[(b * 4 + j) * 2 + f], real ? x->data[(offsets[b] + j) * 2 + f] : 0.0f);
-      ck_assert(real ? mask->data[b * 4 + j] == 0.0f : isinf(mask->data[b * 4 + j]) && mask->data[b * 4 + j] < 0);
-    }
-  tensor_scope_release(mark);
-  tensor_release(x);
-}
-END_TEST
-
-// Anchor-DETR-ENACT's row-column attention over the authors' chunks laid out two ways
-// (op_enact_pad): the CPU's, each image's chunk count exactly, and a GPU's, the bound N with the
-// rows past the count zero and masked. Training with attention dropout: the same output and the
-// same gradients of the maps and the entropy, so the GPU's formulation is the CPU's.
-START_TEST(anchor_chunks_bound_layout_matches_count) {
-  ParamStore ps;
-  params_init(&ps, DEVICE_CPU);
-  MultiheadRcda rcda = rcda_create(&ps, "rcda", 16, 4, 0.3f);
-  Rng init = rng_make(5);
-  for (int i = 0; i < ps.count; i++) tensor_uniform_(ps.items[i].tensor, &init, -0.5f, 0.5f);
-  const int64_t B = 2, H = 3, W = 4, N = H * W, d = 16;
-  Tensor *in[2][4];
-  float *grads[2][4];
-  Tensor *y[2];
-  for (int bound = 0; bound < 2; bound++) {
-    in[bound][0] = test_uniform(SHAPE(B, H, W, d), -1, 1, 740, true);  // xr
-    in[bound][1] = test_uniform(SHAPE(B, H, W, d), -1, 1, 741, true);  // xc
-    in[bound][2] = test_uniform(SHAPE(B, H, W, d), -1, 1, 742, true);  // x
-    in[bound][3] = test_uniform(SHAPE(B, N), -1, 1, 743, true);        // the smoothed entropy:
-    for (int64_t i = 0; i < B * N; i++)  // a wave, whose curvature changes sign every few pixels
-      in[bound][3]->data[i] = sinf(0.6f * (float)(i % N) + (float)(i / N)) + 0.1f * in[bound][3]->data[i];
-    ScopeMark mark = tensor_scope_mark();
-    EnactRegionIndex index = op_enact_official_regions(in[bound][3]);
-    ck_assert_int_lt(index.rows, B * N);  // more than one pixel a chunk: the layouts differ
-    if (bound) index.rows = index.cap;    // a GPU's rows: the count is not read
-    Tensor *h = op_reshape(in[bound][3], SHAPE(B * N)), *v = op_reshape(in[bound][2], SHAPE(B * N, d));
-    Tensor *vc = NULL, *unused = NULL, *mask = NULL;
-    Tensor *krc = op_enact_cluster(op_reshape(in[bound][0], SHAPE(B * N, d)), v, h, NULL, &index, &vc);
-    Tensor *kcc = op_enact_cluster(op_reshape(in[bound][1], SHAPE(B * N, d)), v, h, NULL, &index, &unused);
-    int64_t width = index.rows / B;
-    ck_assert_int_eq(width, bound ? N : index.rows / B);
-    krc = op_enact_pad(krc, &index, width, &mask);
-    kcc = op_enact_pad(kcc, &index, width, &mask);
-    vc = op_enact_pad(vc, &index, width, &mask);
-    Rng drop = rng_make(744);
-    Tensor *out = rcda_cluster_forward(&rcda, &(NnCtx){.training = true, .dropout_rng = &drop}, in[bound][0],
-                                       in[bound][1], krc, kcc, vc, mask);
-    y[bound] = tensor_retain(out);
-    Tensor *R = tensor_scoped(test_uniform(out->shape, -1, 1, 745, false));
-    autograd_backward(op_sum_all(op_mul(out, R)));
-    for (int k = 0; k < 4; k++) {
-      grads[bound][k] = malloc((size_t)in[bound][k]->numel * sizeof(float));
-      memcpy(grads[bound][k], in[bound][k]->grad->data, (size_t)in[bound][k]->numel * sizeof(float));
-    }
-    Tensor *w[4] = {rcda.in_proj_weight, rcda.in_proj_bias, rcda.out_proj.weight, rcda.out_proj.bias};
-    autograd_zero_grad(w, 4);
-    tensor_scope_release(mark);
-  }
-  ck_assert_double_le(max_rel_diff(y[0]->data, y[1]->data, y[0]->numel), 1e-5);
-  static const char *names[4] = {"xr", "xc", "x", "entropy"};
-  for (int k = 0; k < 4; k++) {
-    double diff = max_rel_diff(grads[0][k], grads[1][k], in[0][k]->numel);
-    ck_assert_msg(diff < 1e-4, "gradient of %s: %g", names[k], diff);
-    free(grads[0][k]), free(grads[1][k]);
-  }
-  for (int bound = 0; bound < 2; bound++) {
-    tensor_release(y[bound]);
-    for (int k = 0; k < 4; k++) tensor_release(in[bound][k]);
-  }
-  params_free(&ps);
-}
-END_TEST
-
 // DETR weights (no W_prob) load into DETR+ENACT; everything else must still match strictly.
 // The official form's pieces (nn/attn_enact_official.c): its taps, its cluster size (a run is a
 // maximal stretch of equal sign of conv1d(Hsm, [-1, 2, -1]) > 0 over the whole flattened map; each
@@ -486,8 +400,6 @@ int main(void) {
   tcase_add_test(tc, official_form_pieces);
   tcase_add_test(tc, regions_by_scan_match_naive);
   tcase_add_test(tc, cluster_attention_matches_padded);
-  tcase_add_test(tc, pad_layout);
-  tcase_add_test(tc, anchor_chunks_bound_layout_matches_count);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -1819,35 +1819,6 @@ START_TEST(ops_cluster_attention) {
 }
 END_TEST
 
-// The per-image layout of clusters (op_enact_pad) for counts of 400, 1 and 137 in blocks of 450
-// rows: the rows, and the key mask as exp(mask) (1, then 0) beside them. Bitwise: copies.
-typedef struct {
-  const int64_t *starts, *lengths, *offsets;
-  int64_t L, B, width;
-} PadArg;
-
-static Tensor *f_enact_pad(Tensor *const *in, void *c) {
-  PadArg *a = c;
-  EnactRegionIndex r = enact_region_index_upload(in[0]->device, a->starts, a->lengths, a->L, a->offsets, a->B);
-  Tensor *mask = NULL, *y = op_enact_pad(in[0], &r, a->width, &mask);
-  Tensor *parts[2] = {y, op_exp(op_reshape(mask, SHAPE(a->B, a->width, 1)))};
-  return op_concat(parts, 2, 2);
-}
-
-START_TEST(ops_enact_pad) {
-  const int64_t B = 3, counts[3] = {400, 1, 137};
-  int64_t offsets[4] = {0}, L = 0;
-  for (int b = 0; b < 3; b++) offsets[b + 1] = L += counts[b];
-  int64_t *starts = malloc((size_t)L * sizeof(int64_t)), *lengths = malloc((size_t)L * sizeof(int64_t));
-  for (int64_t j = 0; j < L; j++) starts[j] = j, lengths[j] = 1;  // the op reads only the offsets
-  PadArg a = {.starts = starts, .lengths = lengths, .offsets = offsets, .L = L, .B = B, .width = 450};
-  Tensor *x = cpu_uniform_tensor(SHAPE(L, 256), 29650, -1, 1, true);
-  compare_op("enact_pad", f_enact_pad, &x, 1, &a, 29651, true);
-  free(starts);
-  free(lengths);
-}
-END_TEST
-
 // Every op table entry marked .cuda was compared with the CPU by the autograd and op tests
 // (which run first, in this process): the structural form of "every op has a CUDA test".
 START_TEST(ops_coverage) {
@@ -2104,8 +2075,7 @@ END_TEST
 
 // Anchor DETR (nn/decoder_anchor.c): its RCDA encoder and decoder, GroupNorm input projection,
 // anchors and focal classes, on a map taller than wide and one wider than tall (both of RCDA's
-// summation orders); then Anchor-DETR-ENACT, whose chunks the GPU lays out at the bound N with the
-// rows past the count masked (op_enact_pad) where the CPU has the count's.
+// summation orders); then Anchor-DETR-ENACT (its cluster size and chunks found on the device).
 START_TEST(model_anchor_step) {
   compare_model_step("dense", "anchor", 64, 96);
   compare_model_step("dense", "anchor", 128, 64);
@@ -2269,7 +2239,6 @@ int main(int argc, char **argv) {
   tcase_add_test(ops, ops_enact_smooth);
   tcase_add_test(ops, ops_enact_regions);
   tcase_add_test(ops, ops_cluster_attention);
-  tcase_add_test(ops, ops_enact_pad);
   tcase_add_test(ops, ops_coverage);  // after every op test
   tcase_add_test(ops, staged_uploads);
   TCase *model = gpu_tcase(s, "model");  // the tiny DETR: a step, and AdamW training

@@ -43,7 +43,6 @@ int main(void) {
   tcase_add_test(tc, ops_enact_smooth);
   tcase_add_test(tc, ops_enact_regions);
   tcase_add_test(tc, ops_cluster_attention);
-  tcase_add_test(tc, ops_enact_pad);
   tcase_add_test(tc, ops_coverage);  // after every op test
   tcase_add_test(tc, model_detr_step);
   tcase_add_test(tc, model_detr_enact_step);

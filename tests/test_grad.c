@@ -1017,22 +1017,6 @@ START_TEST(grad_cluster_attention) {
 }
 END_TEST
 
-// The per-image layout: images of 3, 0 and 2 clusters in blocks of 4 rows (the index's rows from
-// the count on are not read).
-static Tensor *f_enact_pad(Tensor *const *in, void *c) {
-  (void)c;
-  int64_t starts[5] = {0, 1, 2, 3, 4}, lengths[5] = {1, 1, 1, 1, 1}, offsets[4] = {0, 3, 3, 5};
-  EnactRegionIndex index = enact_region_index_upload(DEVICE_CPU, starts, lengths, 5, offsets, 3);
-  Tensor *mask = NULL;
-  return op_enact_pad(in[0], &index, 4, &mask);  // the mask has no gradient (test_enact checks it)
-}
-
-START_TEST(grad_enact_pad) {
-  Tensor *x = U(SHAPE(5, 3), 432);
-  expect_grad("enact_pad", f_enact_pad, &x, 1, NULL, TOL);
-}
-END_TEST
-
 START_TEST(grad_enact_attention) {
   ParamStore ps;
   params_init(&ps, DEVICE_CPU);
@@ -1583,7 +1567,6 @@ static int grad_suites(GradSuite *out) {
       {"enact_smooth", grad_enact_smooth},
       {"enact_attention", grad_enact_attention},
       {"cluster_attention", grad_cluster_attention},
-      {"enact_pad", grad_enact_pad},
       {"encoder_attn.dense", grad_attn_dense},
       {"encoder_attn.enact", grad_enact_layer},
       {"encoder_attn.efficient", grad_attn_efficient},

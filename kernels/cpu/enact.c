@@ -228,27 +228,3 @@ void cpu_cluster_attention_backward(const float *q, const float *k, const float 
     }
   free(pw);
 }
-
-void cpu_enact_pad(const float *x, const int64_t *image_offset, int64_t B, int64_t width, int64_t d, float *y,
-                   float *mask) {
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t j = 0; j < width; j++) {
-      int64_t src = enact_pad_source(image_offset, b, j);
-      float *yr = y + (b * width + j) * d;
-      if (src >= 0) memcpy(yr, x + src * d, (size_t)d * sizeof(float));
-      else memset(yr, 0, (size_t)d * sizeof(float));
-      mask[b * width + j] = src >= 0 ? 0.0f : -INFINITY;
-    }
-}
-
-void cpu_enact_pad_backward(const float *dy, const int64_t *image_offset, int64_t B, int64_t width, int64_t d,
-                            float *dx) {
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t j = 0; j < width; j++) {
-      int64_t src = enact_pad_source(image_offset, b, j);
-      if (src < 0) continue;
-      const float *dyr = dy + (b * width + j) * d;
-      float *dxr = dx + src * d;
-      for (int64_t f = 0; f < d; f++) dxr[f] += dyr[f];
-    }
-}

@@ -208,8 +208,9 @@ static int append_ranked(const ConvDescs &d, ConvPass p, const Perf *perf, int r
   return n;
 }
 
-// The pass's algorithm for these descriptors and its workspace, into *algo and *algo_bytes.
-static void choose(const ConvDescs &d, ConvPass p, bool deterministic, int *algo, size_t *algo_bytes) {
+// The pass's algorithm for these descriptors and its workspace, into *algo and *algo_bytes; false
+// (and -1) when none supports the geometry.
+static bool choose_algo(const ConvDescs &d, ConvPass p, bool deterministic, int *algo, size_t *algo_bytes) {
   cudnnHandle_t h = detr_cudnn_handle();
   ConvAlgoOption opts[MAX_CANDIDATES];
   int n = 0, returned = 0;
@@ -235,10 +236,15 @@ static void choose(const ConvDescs &d, ConvPass p, bool deterministic, int *algo
     n = append_ranked(d, p, perf, returned, opts, n);
   }
   int k = conv_algo_pick(opts, n, deterministic, cudnn_workspace_limit());
-  DETR_CHECK(k >= 0, "conv2d (cuDNN): no %s%s algorithm supports this geometry", deterministic ? "deterministic " : "",
+  *algo = k >= 0 ? opts[k].algo : -1;
+  *algo_bytes = k >= 0 ? opts[k].bytes : 0;
+  return k >= 0;
+}
+
+static void choose(const ConvDescs &d, ConvPass p, bool deterministic, int *algo, size_t *algo_bytes) {
+  DETR_CHECK(choose_algo(d, p, deterministic, algo, algo_bytes),
+             "conv2d (cuDNN): no %s%s algorithm supports this geometry", deterministic ? "deterministic " : "",
              PASS_NAME[p]);
-  *algo = opts[k].algo;
-  *algo_bytes = opts[k].bytes;
 }
 
 // Whether cuDNN runs at all for g (an empty output or C = 0 is handled without it).
@@ -306,25 +312,39 @@ extern "C" size_t cuda_conv2d_backward_workspace(const ConvGeom *g, bool dx, boo
 
 // --- the survey: every algorithm cuDNN has for the passes run so far, timed by its Find ---
 
-// Zeroed device memory for a survey (outside the tensor allocator: a measurement, not training).
-static void *survey_alloc(size_t bytes) {
-  void *p = NULL;
-  if (bytes == 0) return NULL;
-  CUDA_CHECK(cudaMalloc(&p, bytes));
-  CUDA_CHECK(cudaMemset(p, 0, bytes));
-  return p;
-}
-
 template <class Perf>
 static void survey_fill(ConvSurveyRow *row, const Perf *perf, int returned) {
   for (int i = 0; i < returned && row->n < CONV_SURVEY_ALGOS; i++)
-    row->algos[row->n++] = {(int)perf[i].algo, perf[i].determinism == CUDNN_DETERMINISTIC,
-                            perf[i].status == CUDNN_STATUS_SUCCESS, perf[i].time, perf[i].memory};
+    row->algos[row->n++] = {(int)perf[i].algo,
+                            (int)perf[i].mathType,
+                            perf[i].determinism == CUDNN_DETERMINISTIC,
+                            perf[i].status == CUDNN_STATUS_SUCCESS,
+                            perf[i].time,
+                            perf[i].memory};
 }
 
-// One pass of e's geometry: detr-c's choice either way, then cuDNN's Find over zero tensors with the
-// workspace limit's bytes (an algorithm that needs more is reported as not run).
-static void survey_pass(const AlgoCacheEntry *e, ConvPass p, ConvSurveyRow *row) {
+// Buffers for the largest pass, allocated once (outside the tensor allocator: a measurement).
+struct SurveyBuffers {
+  void *x = NULL, *w = NULL, *y = NULL, *ws = NULL;
+  size_t x_bytes = 0, w_bytes = 0, y_bytes = 0, ws_bytes = 0;
+  static void grow(void **p, size_t *have, size_t want) {
+    if (want <= *have) return;
+    if (*p) CUDA_CHECK(cudaFree(*p));
+    CUDA_CHECK(cudaMalloc(p, want));
+    CUDA_CHECK(cudaMemset(*p, 0, want));  // zeros: no NaN or denormal slows an algorithm down
+    *have = want;
+  }
+  ~SurveyBuffers() {
+    void *all[4] = {x, w, y, ws};
+    for (int i = 0; i < 4; i++)
+      if (all[i]) CUDA_CHECK(cudaFree(all[i]));
+  }
+};
+
+// One pass of e's geometry: detr-c's choice either way (-1 where none), then cuDNN's Find with the
+// workspace limit's bytes (an algorithm that needs more is reported as not run). Find lists each
+// (algorithm, math type) it tried, fastest first.
+static void survey_pass(const AlgoCacheEntry *e, ConvPass p, SurveyBuffers *b, ConvSurveyRow *row) {
   const ConvGeom *g = &e->g;
   ConvDescs d(g, e->math);
   *row = ConvSurveyRow{};
@@ -332,45 +352,54 @@ static void survey_pass(const AlgoCacheEntry *e, ConvPass p, ConvSurveyRow *row)
   row->pass = p;
   row->calls = e->calls[p];
   size_t bytes = 0, elem = e->math == CONV_MATH_BF16 ? sizeof(uint16_t) : sizeof(float);
-  choose(d, p, true, &row->pick_deterministic, &bytes);
-  choose(d, p, false, &row->pick_any, &bytes);
+  choose_algo(d, p, true, &row->pick_deterministic, &bytes);
+  choose_algo(d, p, false, &row->pick_any, &bytes);
+  SurveyBuffers::grow(&b->x, &b->x_bytes, (size_t)conv_input_numel(g) * elem);
+  SurveyBuffers::grow(&b->w, &b->w_bytes, (size_t)conv_weight_numel(g) * elem);
+  SurveyBuffers::grow(&b->y, &b->y_bytes, (size_t)conv_output_numel(g) * elem);
   size_t limit = cudnn_workspace_limit();
-  void *x = survey_alloc((size_t)conv_input_numel(g) * elem), *w = survey_alloc((size_t)conv_weight_numel(g) * elem);
-  void *y = survey_alloc((size_t)conv_output_numel(g) * elem), *ws = survey_alloc(limit);
+  if (!b->ws && limit) {  // the workspace's contents do not matter: allocated, not cleared
+    CUDA_CHECK(cudaMalloc(&b->ws, limit));
+    b->ws_bytes = limit;
+  }
   cudnnHandle_t h = detr_cudnn_handle();
-  int returned = 0;
+  int max = 0, returned = 0;
   if (p == CONV_PASS_FWD) {
-    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, d.x, x, d.w, w, d.conv, d.y, y,
-                                                       CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf, ws, limit));
+    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max));
+    cudnnConvolutionFwdAlgoPerf_t perf[CONV_SURVEY_ALGOS];
+    CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, d.x, b->x, d.w, b->w, d.conv, d.y, b->y,
+                                                       max < CONV_SURVEY_ALGOS ? max : CONV_SURVEY_ALGOS, &returned,
+                                                       perf, b->ws, b->ws_bytes));
     survey_fill(row, perf, returned);
   } else if (p == CONV_PASS_BWD_DATA) {
-    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
-        h, d.w, w, d.y, y, d.conv, d.x, x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, perf, ws, limit));
+    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max));
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CONV_SURVEY_ALGOS];
+    CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, d.w, b->w, d.y, b->y, d.conv, d.x, b->x,
+                                                            max < CONV_SURVEY_ALGOS ? max : CONV_SURVEY_ALGOS,
+                                                            &returned, perf, b->ws, b->ws_bytes));
     survey_fill(row, perf, returned);
   } else {
-    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-        h, d.x, x, d.y, y, d.conv, d.w, w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, perf, ws, limit));
+    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max));
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CONV_SURVEY_ALGOS];
+    CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d.x, b->x, d.y, b->y, d.conv, d.w, b->w,
+                                                              max < CONV_SURVEY_ALGOS ? max : CONV_SURVEY_ALGOS,
+                                                              &returned, perf, b->ws, b->ws_bytes));
     survey_fill(row, perf, returned);
   }
-  void *bufs[4] = {x, w, y, ws};
-  for (int i = 0; i < 4; i++)
-    if (bufs[i]) CUDA_CHECK(cudaFree(bufs[i]));
 }
 
 extern "C" int cuda_conv2d_survey(ConvSurveyRow *rows, int cap) {
   CUDA_CHECK(cudaStreamSynchronize(detr_cuda_stream()));  // the passes counted have run
   bool deterministic = cudnn_deterministic();
   ConvMath math = current_math();
+  SurveyBuffers buffers;
   int total = 0;
   for (int i = 0; i < g_algo_cache_count; i++) {
     const AlgoCacheEntry *e = &g_algo_cache[i];
     if (e->deterministic != deterministic || e->math != math) continue;
     for (int p = 0; p < 3; p++) {
       if (e->calls[p] == 0) continue;
-      if (total < cap) survey_pass(e, (ConvPass)p, &rows[total]);
+      if (total < cap) survey_pass(e, (ConvPass)p, &buffers, &rows[total]);
       total++;
     }
   }

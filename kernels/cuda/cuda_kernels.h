@@ -97,11 +97,14 @@ void cuda_conv2d_backward(const float *x, const float *w, const float *dy, float
 // The cost of convolution algorithms, for bench_step --conv-survey: each pass (geometry and
 // direction) run under the current math and determinism setting, with how many times it ran since
 // the process started, detr-c's choice when determinism is required and when not
-// (DETR_CUDNN_DETERMINISTIC=0), and every algorithm cuDNN's Find timed on zero tensors within
-// DETR_CUDNN_WORKSPACE_MB, fastest first. Writes up to cap rows; returns the passes' count.
-#define CONV_SURVEY_ALGOS 16
+// (DETR_CUDNN_DETERMINISTIC=0; -1: none supports it), and every (algorithm, math type) cuDNN's Find
+// timed on zero tensors within DETR_CUDNN_WORKSPACE_MB, fastest first. Writes up to cap rows;
+// returns the passes' count. The caller leaves room on the device: buffers for the largest pass
+// and the workspace limit are allocated outside the tensor allocator.
+#define CONV_SURVEY_ALGOS 32
 typedef struct {
-  int algo;  // a cudnnConvolution*Algo_t of the row's pass
+  int algo;       // a cudnnConvolution*Algo_t of the row's pass
+  int math_type;  // the cudnnMathType_t it ran with
   bool deterministic;
   bool ran;  // false: cuDNN could not run it here (unsupported, or over the workspace limit)
   float ms;

@@ -471,35 +471,3 @@ extern "C" void cuda_cluster_attention_backward(const float *q, const float *k, 
 #undef LAUNCH_DKV
   CUDA_CHECK_LAUNCH("cluster_attention_dkv_kernel");
 }
-
-// --- the clusters laid out per image: one thread per padded element; each source row has one
-// place, so the backward adds without atomics. ---
-
-__global__ void enact_pad_kernel(const float *x, const int64_t *image_offset, int64_t width, int64_t d, int64_t n,
-                                 float *y, float *mask) {
-  GRID_STRIDE_LOOP(e, n) {
-    int64_t row = e / d, f = e % d, src = enact_pad_source(image_offset, row / width, row % width);
-    y[e] = src >= 0 ? x[src * d + f] : 0.0f;
-    if (f == 0) mask[row] = src >= 0 ? 0.0f : -INFINITY;
-  }
-}
-
-__global__ void enact_pad_backward_kernel(const float *dy, const int64_t *image_offset, int64_t width, int64_t d,
-                                          int64_t n, float *dx) {
-  GRID_STRIDE_LOOP(e, n) {
-    int64_t row = e / d, src = enact_pad_source(image_offset, row / width, row % width);
-    if (src >= 0) dx[src * d + e % d] += dy[e];
-  }
-}
-
-extern "C" void cuda_enact_pad(const float *x, const int64_t *image_offset, int64_t B, int64_t width, int64_t d,
-                               float *y, float *mask) {
-  if (B * width * d == 0) return;
-  LAUNCH_GRID_STRIDE(enact_pad_kernel, B * width * d, x, image_offset, width, d, B * width * d, y, mask);
-}
-
-extern "C" void cuda_enact_pad_backward(const float *dy, const int64_t *image_offset, int64_t B, int64_t width,
-                                        int64_t d, float *dx) {
-  if (B * width * d == 0) return;
-  LAUNCH_GRID_STRIDE(enact_pad_backward_kernel, B * width * d, dy, image_offset, width, d, B * width * d, dx);
-}
