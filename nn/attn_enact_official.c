@@ -57,6 +57,11 @@ EnactRegionIndex enact_official_fixed_regions(Device dev, int64_t B, int64_t N, 
   return r;
 }
 
+EnactRegionIndex enact_official_chunks(Tensor *hsm, int64_t fixed_c) {
+  return fixed_c > 0 ? enact_official_fixed_regions(hsm->device, hsm->shape.d[0], hsm->shape.d[1], fixed_c)
+                     : op_enact_official_regions(hsm);
+}
+
 Tensor *enact_official_attend(const EnactOfficial *e, Tensor *q, Tensor *kc, Tensor *vc,
                               const EnactRegionIndex *index) {
   int64_t hd = q->shape.d[2] / e->heads;
@@ -79,8 +84,7 @@ Tensor *enact_official_attention(const EnactOfficial *e, Tensor *q_in, Tensor *k
   int64_t B = k_in->shape.d[0], N = k_in->shape.d[1], d = k_in->shape.d[2];
   Tensor *hsm = enact_official_entropy(&e->w_prob, k_in, e->sigma);  // [B, N]
   // The cluster size and the chunks, found where hsm lives: the count stays on the device.
-  EnactRegionIndex index =
-      fixed_c > 0 ? enact_official_fixed_regions(k_in->device, B, N, fixed_c) : op_enact_official_regions(hsm);
+  EnactRegionIndex index = enact_official_chunks(hsm, fixed_c);
   Tensor *vc = NULL;
   Tensor *kc = op_enact_cluster(op_reshape(k_in, SHAPE(B * N, d)), op_reshape(v_in, SHAPE(B * N, d)),
                                 op_reshape(hsm, SHAPE(B * N)), NULL, &index, &vc);  // [cap, d]

@@ -225,8 +225,7 @@ static Tensor *enact_rcda(const EncLayer *l, const NnCtx *ctx, int sigma, int64_
   Tensor *kr = op_reshape(xr, SHAPE(B * N, d)), *kc = op_reshape(xc, SHAPE(B * N, d)),
          *v = op_reshape(x, SHAPE(B * N, d));
   Tensor *hsm = enact_official_entropy(&l->w_prob, op_reshape(xr, SHAPE(B, N, d)), sigma);  // [B, N]
-  EnactRegionIndex index =
-      fixed_c > 0 ? enact_official_fixed_regions(x->device, B, N, fixed_c) : op_enact_official_regions(hsm);
+  EnactRegionIndex index = enact_official_chunks(hsm, fixed_c);
   // RCDA takes the chunks as [B, L, d], every image's L the same: the first B * L rows of the
   // clustered tensors. L is read where the index lives: free on the CPU, one 8-byte read (a
   // synchronisation) a layer on a GPU. At the bound N instead, RCDA's products and what they keep

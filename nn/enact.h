@@ -123,6 +123,8 @@ Tensor *enact_official_entropy(const Linear *w_prob, Tensor *k, int sigma);
 int64_t enact_official_cluster_size(const float *hsm, int64_t B, int64_t N, double *mean_length);
 // The chunks of cluster size c as an index on dev (a cluster size held fixed).
 EnactRegionIndex enact_official_fixed_regions(Device dev, int64_t B, int64_t N, int64_t c);
+// Step 4's chunks of hsm [B, N] on its device: of the cluster size found there, or of fixed_c > 0.
+EnactRegionIndex enact_official_chunks(Tensor *hsm, int64_t fixed_c);
 // Step 5: q [B, N, d] over each image's chunks K', V' [cap, d] of the index -> [B, N, d].
 Tensor *enact_official_attend(const EnactOfficial *e, Tensor *q, Tensor *kc, Tensor *vc, const EnactRegionIndex *index);
 
